@@ -1,0 +1,1 @@
+"""The asyncio IO layer: listeners, sessions, upstream connections, address mapping."""

@@ -1,0 +1,5 @@
+"""Allows ``python -m sluice``."""
+
+from sluice.cli import main
+
+raise SystemExit(main())

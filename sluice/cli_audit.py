@@ -1,0 +1,14 @@
+"""The `sluice audit` subcommand (not implemented yet)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    del subparsers  # filled in by the issue that builds `sluice audit`
+
+
+def _unused(args: argparse.Namespace) -> int:
+    return 2
