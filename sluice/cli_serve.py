@@ -1,9 +1,47 @@
-"""The ``sluice serve`` subcommand: run the proxy in the foreground."""
+"""The ``sluice serve`` subcommand: run the proxy in the foreground.
+
+Contract (tests and bench rely on it): ``sluice serve --listen HOST:PORT --upstream HOST:PORT
+[--config FILE]`` prints one line containing ``listening`` when ready and stops cleanly on
+SIGTERM or Ctrl-C.
+"""
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
 from typing import Any
+
+from sluice.proxy.hostport import parse_hostport
 
 
 def register(subparsers: Any) -> None:
-    del subparsers  # filled in with the proxy core
+    p = subparsers.add_parser(
+        "serve",
+        help="run the proxy in the foreground",
+        description="Run the Kafka proxy. Clients bootstrap at --listen; each broker node gets "
+        "its own port after it (listen port + 1, + 2, ...) unless node_ports are configured.",
+    )
+    p.add_argument("--listen", required=True, metavar="HOST:PORT",
+                   help="bootstrap address clients connect to")
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT",
+                   help="bootstrap address of the real Kafka cluster (comma-separated for several)")
+    p.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (filters, telemetry, ...)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from sluice.proxy.app import run
+    from sluice.proxy.config_load import ConfigFileError, build_config
+    from sluice.proxy.logs import configure_logging
+
+    configure_logging(args.log_level)
+    try:
+        listen = parse_hostport(args.listen, "--listen")
+        upstream = [parse_hostport(u, "--upstream") for u in args.upstream.split(",") if u.strip()]
+        config = build_config(listen, upstream, args.config)
+    except (ValueError, ConfigFileError) as exc:
+        print(f"sluice serve: {exc}", file=sys.stderr)
+        return 2
+    return run(config)

@@ -1,0 +1,34 @@
+"""The proxy's runtime configuration: command-line flags merged with the YAML config file."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
+
+
+class ConfigFileError(ValueError):
+    """A problem in the config file; the message names the file, line and field."""
+
+
+@dataclass
+class ProxyConfig:
+    listen: tuple[str, int]
+    upstream: list[tuple[str, int]]
+    advertised_host: str | None = None
+    node_ports: dict[int, int] = field(default_factory=dict)
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    filters: list[Any] = field(default_factory=list)
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def advertised(self) -> str:
+        if self.advertised_host:
+            return self.advertised_host
+        host = self.listen[0]
+        return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host

@@ -1,0 +1,38 @@
+"""structlog set-up: JSON lines for machines, console rendering on a terminal.
+
+Log events carry connection and filter context, never record payloads or credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+
+def configure_logging(level: str = "info", fmt: str | None = None) -> None:
+    fmt = fmt or os.environ.get("SLUICE_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
+    renderer: structlog.typing.Processor
+    if fmt == "console":
+        renderer = structlog.dev.ConsoleRenderer()
+    else:
+        renderer = structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        cache_logger_on_first_use=True,
+    )
+
+
+log = structlog.get_logger("sluice")

@@ -1,0 +1,40 @@
+"""Shared fixtures: one real Tansu broker per test session, and proxies in front of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.broker import TansuBroker
+from tests.harness.proxy import SluiceProxy
+
+
+@pytest.fixture(scope="session")
+def broker() -> Iterator[TansuBroker]:
+    with TansuBroker() as b:
+        yield b
+
+
+@pytest.fixture
+def start_proxy(broker: TansuBroker) -> Iterator[Callable[..., SluiceProxy]]:
+    """Factory: start_proxy(config=None, extra_args=[]) -> a running SluiceProxy, stopped after."""
+    started: list[SluiceProxy] = []
+
+    def start(config: Path | None = None, extra_args: list[str] | None = None,
+              upstream: str | None = None) -> SluiceProxy:
+        proxy = SluiceProxy(upstream=upstream or broker.bootstrap, config=config,
+                            extra_args=list(extra_args or []))
+        started.append(proxy.start())
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+@pytest.fixture
+def proxy(start_proxy: Callable[..., SluiceProxy]) -> SluiceProxy:
+    """A proxy with no filters in front of the session broker."""
+    return start_proxy()
