@@ -657,9 +657,7 @@ def make_sink(
             FileSink(
                 info,
                 directory,
-                rotate_bytes=int(
-                    _get(cfg, "rotate_bytes", int, "telemetry", DEFAULT_ROTATE_BYTES)
-                ),
+                rotate_bytes=int(_get(cfg, "rotate_bytes", int, "telemetry", DEFAULT_ROTATE_BYTES)),
                 rotate_seconds=float(
                     _get(cfg, "rotate_seconds", (int, float), "telemetry", DEFAULT_ROTATE_SECONDS)
                 ),
