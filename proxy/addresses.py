@@ -60,7 +60,9 @@ class BrokerMap:
                 return port
         raise PortsExhausted(f"more than {self._max_nodes} broker nodes; configure node_ports")
 
-    def local_endpoint(self, node_id: int, upstream_host: str, upstream_port: int) -> tuple[str, int]:
+    def local_endpoint(
+        self, node_id: int, upstream_host: str, upstream_port: int
+    ) -> tuple[str, int]:
         """The (host, port) to advertise for a node, learning it (and its address) if new."""
         route = self._routes.get(node_id)
         if route is None or (route.upstream_host, route.upstream_port) != (

@@ -28,7 +28,9 @@ def intersect_api_versions(response: Any) -> Any:
             continue
         kept.append(
             dataclasses.replace(
-                entry, min_version=type(entry.min_version)(low), max_version=type(entry.max_version)(high)
+                entry,
+                min_version=type(entry.min_version)(low),
+                max_version=type(entry.max_version)(high),
             )
         )
     return dataclasses.replace(response, api_keys=tuple(kept))

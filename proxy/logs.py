@@ -13,7 +13,9 @@ import structlog
 
 
 def configure_logging(level: str = "info", fmt: str | None = None) -> None:
-    fmt = fmt or os.environ.get("SLUICE_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
+    fmt = (
+        fmt or os.environ.get("SLUICE_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
+    )
     renderer: structlog.typing.Processor
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer()

@@ -124,15 +124,19 @@ class ProxyServer:
             # Listen now, synchronously: the client may dial this port as soon as it reads the
             # response that taught us the node, and the kernel backlog holds it until we serve.
             self._unstarted[route.node_id] = (route, self._bound_socket(route.local_port))
-        log.info("broker_learned", node=route.node_id,
-                 upstream=f"{route.upstream_host}:{route.upstream_port}", local_port=route.local_port)
+        log.info(
+            "broker_learned",
+            node=route.node_id,
+            upstream=f"{route.upstream_host}:{route.upstream_port}",
+            local_port=route.local_port,
+        )
 
     def has_unstarted_listeners(self) -> bool:
         return bool(self._unstarted)
 
     async def start_pending_listeners(self) -> None:
         while self._unstarted:
-            node_id, (route, sock) = self._unstarted.popitem()
+            node_id, (_route, sock) = self._unstarted.popitem()
             server = await self._listen(
                 sock, functools.partial(self._node_upstream, node_id), node_id
             )
@@ -174,7 +178,9 @@ class ProxyServer:
         return server
 
     async def start(self) -> None:
-        await self._listen(self._bound_socket(self.config.listen[1]), self._bootstrap_upstream, None)
+        await self._listen(
+            self._bound_socket(self.config.listen[1]), self._bootstrap_upstream, None
+        )
 
     async def close(self) -> None:
         self.closing = True

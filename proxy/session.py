@@ -98,12 +98,16 @@ class Session:
         to_upstream = asyncio.create_task(self._pump_requests())
         to_client = asyncio.create_task(self._pump_responses())
         try:
-            done, _ = await asyncio.wait({to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED
+            )
             for task in done:
                 exc = task.exception()
                 if isinstance(exc, ProtocolViolation):
                     self.log.warning("connection_closed_protocol_violation", reason=str(exc))
-                elif exc is not None and not isinstance(exc, ConnectionError | asyncio.CancelledError):
+                elif exc is not None and not isinstance(
+                    exc, ConnectionError | asyncio.CancelledError
+                ):
                     self.log.error("connection_failed", error=repr(exc))
         finally:
             for task in (to_upstream, to_client):

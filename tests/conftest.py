@@ -22,10 +22,12 @@ def start_proxy(broker: TansuBroker) -> Iterator[Callable[..., SluiceProxy]]:
     """Factory: start_proxy(config=None, extra_args=[]) -> a running SluiceProxy, stopped after."""
     started: list[SluiceProxy] = []
 
-    def start(config: Path | None = None, extra_args: list[str] | None = None,
-              upstream: str | None = None) -> SluiceProxy:
-        proxy = SluiceProxy(upstream=upstream or broker.bootstrap, config=config,
-                            extra_args=list(extra_args or []))
+    def start(
+        config: Path | None = None, extra_args: list[str] | None = None, upstream: str | None = None
+    ) -> SluiceProxy:
+        proxy = SluiceProxy(
+            upstream=upstream or broker.bootstrap, config=config, extra_args=list(extra_args or [])
+        )
         started.append(proxy.start())
         return proxy
 
@@ -38,3 +40,10 @@ def start_proxy(broker: TansuBroker) -> Iterator[Callable[..., SluiceProxy]]:
 def proxy(start_proxy: Callable[..., SluiceProxy]) -> SluiceProxy:
     """A proxy with no filters in front of the session broker."""
     return start_proxy()
+
+
+@pytest.fixture(scope="session")
+def shared_proxy(broker: TansuBroker) -> Iterator[SluiceProxy]:
+    """One filterless proxy for the whole session (tests that only pass traffic through)."""
+    with SluiceProxy(upstream=broker.bootstrap) as p:
+        yield p
