@@ -18,7 +18,7 @@ from typing import Any
 
 from kio.serial import entity_reader, entity_writer
 
-from . import tolerant
+from . import guard, tolerant
 from .errors import DecodeError, EncodeError
 from .schemas import known_versions, request_schema, response_schema
 
@@ -151,6 +151,8 @@ def _writer(schema: type[Any]) -> Any:
 
 
 def _decode(schema: type[Any], body: Buffer, what: str) -> Entity:
+    # Must run first: kio's native reader aborts the process on huge declared array sizes.
+    guard.check_body(schema, body)
     try:
         entity, size = _reader(schema)(body, 0)
     except KeyError as exc:
@@ -165,6 +167,11 @@ def _decode(schema: type[Any], body: Buffer, what: str) -> Entity:
             raise DecodeError(f"{what}: {exc2!r}") from exc2
     except Exception as exc:
         # kio's SerialError family, ValueError/OverflowError from primitive readers, ...
+        raise DecodeError(f"{what}: {exc!r}") from exc
+    except BaseException as exc:
+        # A Rust panic inside kio surfaces as pyo3's PanicException, a BaseException.
+        if isinstance(exc, KeyboardInterrupt | SystemExit | GeneratorExit):
+            raise
         raise DecodeError(f"{what}: {exc!r}") from exc
     if size != len(body):
         raise DecodeError(f"{what}: {len(body) - size} trailing bytes after the body")

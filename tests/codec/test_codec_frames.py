@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from sluice.codec.errors import CodecError
 from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE, FrameBuffer, FrameTooLarge, frame
 
@@ -107,7 +107,7 @@ def test_random_chunking_yields_the_same_frames(bodies: list[bytes], cuts: list[
     points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
     fb = FrameBuffer()
     got: list[bytes] = []
-    for a, b in zip(points, points[1:], strict=False):
+    for a, b in itertools.pairwise(points):
         got.extend(bytes(f) for f in fb.feed(stream[a:b]))
     assert got == bodies
     assert fb.pending == 0

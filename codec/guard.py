@@ -1,0 +1,224 @@
+"""Structural pre-check of a message body before kio's compiled reader sees it.
+
+Why: kio 0.6.5's native reader reserves memory for an array from its declared element count
+before reading any element. A hostile or corrupt frame that declares billions of elements
+(for example a compact-array length of 2**32) makes that reservation fail, and Rust aborts the
+whole process: no exception, the proxy dies. So every body is first walked here, following
+the same kio schema, checking only lengths: each array's count times the smallest possible
+element size must fit in the bytes that remain. The walk reads integers with struct and
+skips strings/bytes by their length; it builds no objects.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+from kio.serial._introspect import (
+    EntityField,
+    EntityTupleField,
+    PrimitiveField,
+    PrimitiveTupleField,
+    classify_field,
+    get_field_tag,
+    get_schema_field_type,
+    is_optional,
+)
+
+from .errors import DecodeError
+
+__all__ = ["check_body"]
+
+# (buffer, position, end) -> new position
+_Scan = Callable[[Any, int, int], int]
+
+_FIXED: dict[str, int] = {
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "error_code": 2,
+    "int32": 4,
+    "uint32": 4,
+    "timedelta_i32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "float64": 8,
+    "timedelta_i64": 8,
+    "datetime_i64": 8,
+    "uuid": 16,
+}
+
+_i16 = struct.Struct(">h").unpack_from
+_i32 = struct.Struct(">i").unpack_from
+
+
+def check_body(entity_type: type[Any], body: Any) -> None:
+    """Raise DecodeError if `body` declares an array larger than the bytes it holds.
+
+    Bodies that pass may still be invalid; kio reports those as ordinary errors.
+    """
+    end = len(body)
+    try:
+        _entity_scanner(entity_type)[0](body, 0, end)
+    except (IndexError, struct.error):
+        raise DecodeError("body truncated") from None
+
+
+def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    if pos >= end:
+        raise DecodeError("body truncated inside a varint")
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        if pos >= end:
+            raise DecodeError("body truncated inside a varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 28:
+            raise DecodeError("varint longer than 5 bytes")
+
+
+_scanners: dict[object, tuple[_Scan, int]] = {}
+
+
+def _entity_scanner(entity_type: type[Any]) -> tuple[_Scan, int]:
+    """(scanner, minimum encoded size) for an entity type."""
+    found = _scanners.get(entity_type)
+    if found is None:
+        found = _scanners[entity_type] = _build_entity_scanner(entity_type)
+    return found
+
+
+def _build_entity_scanner(entity_type: type[Any]) -> tuple[_Scan, int]:
+    flexible = bool(entity_type.__flexible__)
+    plain: list[_Scan] = []
+    tagged: dict[int, _Scan] = {}
+    min_size = 1 if flexible else 0  # the tagged-field count
+    for fld in fields(entity_type):
+        tag = get_field_tag(fld)
+        scan, size = _field_scanner(fld, flexible, tag is not None)
+        if tag is None:
+            plain.append(scan)
+            min_size += size
+        else:
+            tagged[int(tag)] = scan
+    # Merge runs of fixed-size fields would be faster, but most time is in nested loops.
+
+    def scan_entity(buf: Any, pos: int, end: int) -> int:
+        for scan in plain:
+            pos = scan(buf, pos, end)
+        if flexible:
+            count, pos = _uvarint(buf, pos, end)
+            if count > end - pos:
+                raise DecodeError(f"{count} tagged fields declared in {end - pos} bytes")
+            for _ in range(count):
+                tag, pos = _uvarint(buf, pos, end)
+                size, pos = _uvarint(buf, pos, end)
+                tag_end = pos + size
+                if tag_end > end:
+                    raise DecodeError("tagged field runs past the end of the body")
+                inner = tagged.get(tag)
+                if inner is not None:
+                    inner(buf, pos, tag_end)
+                pos = tag_end
+        if pos > end:
+            raise DecodeError("body truncated")
+        return pos
+
+    return scan_entity, max(min_size, 1)
+
+
+def _field_scanner(fld: Any, flexible: bool, is_tag: bool) -> tuple[_Scan, int]:
+    field_class = classify_field(fld)
+    if isinstance(field_class, PrimitiveField):
+        return _primitive_scanner(get_schema_field_type(fld), flexible)
+    if isinstance(field_class, EntityField):
+        inner, size = _entity_scanner(field_class.type_)
+        if is_tag or not is_optional(fld):
+            return inner, size
+        return _nullable_scanner(inner), 1
+    if isinstance(field_class, PrimitiveTupleField):
+        item, item_size = _primitive_scanner(get_schema_field_type(fld), flexible)
+        return _array_scanner(item, item_size, flexible, get_schema_field_type(fld))
+    if isinstance(field_class, EntityTupleField):
+        item, item_size = _entity_scanner(field_class.type_)
+        return _array_scanner(item, item_size, flexible, None)
+    raise DecodeError(f"unsupported field {fld.name}")  # pragma: no cover
+
+
+def _primitive_scanner(kafka_type: str, flexible: bool) -> tuple[_Scan, int]:
+    fixed = _FIXED.get(kafka_type)
+    if fixed is not None:
+
+        def scan_fixed(buf: Any, pos: int, end: int) -> int:
+            return pos + fixed
+
+        return scan_fixed, fixed
+    if kafka_type not in ("string", "bytes", "records"):
+        raise DecodeError(f"unknown kafka type {kafka_type}")  # pragma: no cover
+    if flexible:
+
+        def scan_compact(buf: Any, pos: int, end: int) -> int:
+            n, pos = _uvarint(buf, pos, end)
+            return pos + max(n - 1, 0)
+
+        return scan_compact, 1
+    if kafka_type == "string":
+
+        def scan_string(buf: Any, pos: int, end: int) -> int:
+            return pos + 2 + max(_i16(buf, pos)[0], 0)
+
+        return scan_string, 2
+
+    def scan_bytes(buf: Any, pos: int, end: int) -> int:
+        return pos + 4 + max(_i32(buf, pos)[0], 0)
+
+    return scan_bytes, 4
+
+
+def _nullable_scanner(inner: _Scan) -> _Scan:
+    def scan(buf: Any, pos: int, end: int) -> int:
+        if pos >= end:
+            raise DecodeError("body truncated")
+        if buf[pos] == 0xFF:
+            return pos + 1
+        return inner(buf, pos + 1, end)
+
+    return scan
+
+
+def _array_scanner(
+    item: _Scan, item_size: int, flexible: bool, primitive: str | None
+) -> tuple[_Scan, int]:
+    fixed = _FIXED.get(primitive) if primitive is not None else None
+
+    def scan(buf: Any, pos: int, end: int) -> int:
+        if flexible:
+            n, pos = _uvarint(buf, pos, end)
+            n -= 1
+        else:
+            n = _i32(buf, pos)[0]
+            pos += 4
+        if n <= 0:
+            return pos
+        if n * item_size > end - pos:
+            raise DecodeError(f"array of {n} items declared in {end - pos} bytes")
+        if fixed is not None:
+            return pos + n * fixed
+        for _ in range(n):
+            pos = item(buf, pos, end)
+        return pos
+
+    return scan, 1 if flexible else 4
