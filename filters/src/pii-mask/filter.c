@@ -1,0 +1,1192 @@
+/*
+ * builtin:pii-mask: finds personal data and secrets in record values (optionally keys and
+ * header values) and masks them.
+ *
+ * Detectors: email, card (13-19 digits, Luhn), phone (E.164 and common national formats),
+ * ssn (US), iban (mod-97), ipv4, aws_access_key (AKIA...), aws_secret_key (KEY=value form),
+ * bearer (Authorization bearer tokens), jwt. Each can be switched off or given its own masking.
+ * JSON values are edited structurally: strings (and numbers) are scanned, whole fields can be
+ * masked by path, and the output stays valid JSON. Anything else is treated as text.
+ * Per batch the filter reports how many matches each detector made (plus "field" for
+ * path-masked values).
+ *
+ * Configuration (all optional), see docs/WRITING_FILTERS.md "builtin:pii-mask":
+ *   mode: auto | json | text        mask: "*"        keep_last: 0      replacement: "[x]"
+ *   preserve_format: true           fields: ["user.email", "cards[*].number"]
+ *   detectors: {card: {keep_last: 4}, ipv4: false}   (or a list naming the enabled ones)
+ *   keys: false     headers: false | true | ["name", ...]
+ *   secret_keys: ["AWS_SECRET_ACCESS_KEY", ...]  (names whose KEY=value values are masked)
+ */
+#include "sluice_filter.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* Configuration                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+enum {
+    D_EMAIL,
+    D_CARD,
+    D_PHONE,
+    D_SSN,
+    D_IBAN,
+    D_IPV4,
+    D_AWS_KEY,
+    D_AWS_SECRET,
+    D_JWT,
+    D_BEARER,
+    D_FIELD, /* not a detector: masking by JSON path */
+    D_COUNT
+};
+
+/* Order = priority when two detectors claim exactly the same span. */
+static const char *const det_names[D_COUNT] = {
+    "email", "card", "phone", "ssn", "iban", "ipv4", "aws_access_key", "aws_secret_key", "jwt", "bearer", "field",
+};
+
+typedef struct {
+    int enabled;
+    sluice_bytes mask;        /* unit written per masked character */
+    int64_t keep_last;        /* characters left visible at the end */
+    sluice_bytes replacement; /* when not null: the whole match becomes this */
+    int preserve_format;      /* keep separators and punctuation */
+} mask_rule;
+
+static mask_rule rules[D_COUNT];
+
+enum { MODE_AUTO, MODE_JSON, MODE_TEXT };
+static int mode = MODE_AUTO;
+static int do_keys;
+static int headers_all;
+static const sluice_json *header_names; /* array of strings, or NULL */
+
+#define MAX_SECRET_KEYS 32
+static sluice_bytes secret_keys[MAX_SECRET_KEYS];
+static uint32_t secret_key_n;
+
+/* Field paths, parsed into segments. */
+enum { SEG_KEY, SEG_ANY, SEG_INDEX, SEG_ANY_INDEX };
+typedef struct {
+    uint8_t type;
+    sluice_bytes key;
+    uint32_t index;
+} seg;
+typedef struct {
+    seg *segs;
+    uint32_t n;
+} path;
+#define MAX_PATHS 64
+static path paths[MAX_PATHS];
+static uint32_t path_n;
+
+static int config_error(const char *msg) {
+    sluice_set_error(msg);
+    return 1;
+}
+
+static int parse_rule(const sluice_json *n, mask_rule *r) {
+    int64_t v;
+    if (n == NULL) return 0;
+    if (n->type == SLUICE_JSON_TRUE || n->type == SLUICE_JSON_FALSE) {
+        r->enabled = n->type == SLUICE_JSON_TRUE;
+        return 0;
+    }
+    if (n->type != SLUICE_JSON_OBJECT) return config_error("pii-mask: a detector setting must be true, false or a mapping");
+    for (const sluice_json *c = n->child; c; c = c->next) {
+        if (sluice_eq_str(c->key, "enabled")) {
+            r->enabled = sluice_json_bool(c, r->enabled);
+        } else if (sluice_eq_str(c->key, "mask")) {
+            if (c->type != SLUICE_JSON_STRING || c->str.len == 0) return config_error("pii-mask: mask must be a non-empty string");
+            r->mask = c->str;
+        } else if (sluice_eq_str(c->key, "keep_last")) {
+            if (!sluice_json_int(c, 0, &v) || v < 0 || v > 64) return config_error("pii-mask: keep_last must be an integer 0..64");
+            r->keep_last = v;
+        } else if (sluice_eq_str(c->key, "replacement")) {
+            if (c->type == SLUICE_JSON_NULL) r->replacement = sluice_null();
+            else if (c->type == SLUICE_JSON_STRING) r->replacement = c->str;
+            else return config_error("pii-mask: replacement must be a string or null");
+        } else if (sluice_eq_str(c->key, "preserve_format")) {
+            r->preserve_format = sluice_json_bool(c, r->preserve_format);
+        } else {
+            return config_error("pii-mask: unknown detector setting (use enabled, mask, keep_last, replacement, preserve_format)");
+        }
+    }
+    return 0;
+}
+
+static int parse_path(sluice_bytes text, path *out) {
+    /* at most one segment per '.' and per '[' */
+    uint32_t max = 1;
+    for (int32_t i = 0; i < text.len; i++) {
+        if (text.ptr[i] == '.' || text.ptr[i] == '[') max++;
+    }
+    out->segs = (seg *)sluice_malloc(sizeof(seg) * max);
+    out->n = 0;
+    if (out->segs == NULL) return config_error("pii-mask: out of memory");
+    int32_t i = 0;
+    if (text.len == 0) return config_error("pii-mask: empty field path");
+    while (i < text.len) {
+        if (text.ptr[i] == '[') {
+            int32_t j = i + 1;
+            seg s;
+            s.key = sluice_null();
+            s.index = 0;
+            if (j < text.len && text.ptr[j] == '*') {
+                s.type = SEG_ANY_INDEX;
+                j++;
+            } else {
+                s.type = SEG_INDEX;
+                int32_t start = j;
+                while (j < text.len && text.ptr[j] >= '0' && text.ptr[j] <= '9') s.index = s.index * 10u + (uint32_t)(text.ptr[j++] - '0');
+                if (j == start) return config_error("pii-mask: bad [index] in field path");
+            }
+            if (j >= text.len || text.ptr[j] != ']') return config_error("pii-mask: missing ] in field path");
+            out->segs[out->n++] = s;
+            i = j + 1;
+            if (i < text.len && text.ptr[i] == '.') {
+                i++;
+                if (i >= text.len) return config_error("pii-mask: field path ends with '.'");
+            }
+            continue;
+        }
+        int32_t j = i;
+        while (j < text.len && text.ptr[j] != '.' && text.ptr[j] != '[') j++;
+        if (j == i) return config_error("pii-mask: empty segment in field path");
+        seg s;
+        s.index = 0;
+        s.key = sluice_bytes_of(text.ptr + i, (size_t)(j - i));
+        s.type = (s.key.len == 1 && s.key.ptr[0] == '*') ? SEG_ANY : SEG_KEY;
+        out->segs[out->n++] = s;
+        i = j;
+        if (i < text.len && text.ptr[i] == '.') {
+            i++;
+            if (i >= text.len) return config_error("pii-mask: field path ends with '.'");
+        }
+    }
+    return 0;
+}
+
+static const char *const default_secret_keys[] = {
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "aws_secret_key", "secret_access_key",
+};
+
+int sluice_on_config(const sluice_json *cfg) {
+    mask_rule base;
+    base.enabled = 1;
+    base.mask = sluice_str("*");
+    base.keep_last = 0;
+    base.replacement = sluice_null();
+    base.preserve_format = 1;
+    const sluice_json *detectors = NULL;
+    int64_t v;
+
+    secret_key_n = 0;
+    for (uint32_t i = 0; i < sizeof default_secret_keys / sizeof default_secret_keys[0]; i++) {
+        secret_keys[secret_key_n++] = sluice_str(default_secret_keys[i]);
+    }
+    if (cfg != NULL && cfg->type != SLUICE_JSON_OBJECT) return config_error("pii-mask: config must be a mapping");
+    for (const sluice_json *c = cfg ? cfg->child : NULL; c; c = c->next) {
+        if (sluice_eq_str(c->key, "mode")) {
+            if (sluice_eq_str(c->str, "auto") && c->type == SLUICE_JSON_STRING) mode = MODE_AUTO;
+            else if (sluice_eq_str(c->str, "json") && c->type == SLUICE_JSON_STRING) mode = MODE_JSON;
+            else if (sluice_eq_str(c->str, "text") && c->type == SLUICE_JSON_STRING) mode = MODE_TEXT;
+            else return config_error("pii-mask: mode must be auto, json or text");
+        } else if (sluice_eq_str(c->key, "mask")) {
+            if (c->type != SLUICE_JSON_STRING || c->str.len == 0) return config_error("pii-mask: mask must be a non-empty string");
+            base.mask = c->str;
+        } else if (sluice_eq_str(c->key, "keep_last")) {
+            if (!sluice_json_int(c, 0, &v) || v < 0 || v > 64) return config_error("pii-mask: keep_last must be an integer 0..64");
+            base.keep_last = v;
+        } else if (sluice_eq_str(c->key, "replacement")) {
+            if (c->type == SLUICE_JSON_NULL) base.replacement = sluice_null();
+            else if (c->type == SLUICE_JSON_STRING) base.replacement = c->str;
+            else return config_error("pii-mask: replacement must be a string or null");
+        } else if (sluice_eq_str(c->key, "preserve_format")) {
+            base.preserve_format = sluice_json_bool(c, 1);
+        } else if (sluice_eq_str(c->key, "detectors")) {
+            if (c->type != SLUICE_JSON_OBJECT && c->type != SLUICE_JSON_ARRAY) return config_error("pii-mask: detectors must be a mapping or a list");
+            detectors = c;
+        } else if (sluice_eq_str(c->key, "fields")) {
+            if (c->type != SLUICE_JSON_ARRAY) return config_error("pii-mask: fields must be a list of paths");
+            path_n = 0;
+            for (const sluice_json *f = c->child; f; f = f->next) {
+                if (f->type != SLUICE_JSON_STRING) return config_error("pii-mask: fields must be a list of paths");
+                if (path_n >= MAX_PATHS) return config_error("pii-mask: at most 64 field paths");
+                if (parse_path(f->str, &paths[path_n])) return 1;
+                path_n++;
+            }
+        } else if (sluice_eq_str(c->key, "keys")) {
+            do_keys = sluice_json_bool(c, 0);
+        } else if (sluice_eq_str(c->key, "headers")) {
+            if (c->type == SLUICE_JSON_ARRAY) {
+                header_names = c;
+                headers_all = 0;
+            } else if (c->type == SLUICE_JSON_TRUE || c->type == SLUICE_JSON_FALSE) {
+                headers_all = c->type == SLUICE_JSON_TRUE;
+                header_names = NULL;
+            } else {
+                return config_error("pii-mask: headers must be true, false or a list of header names");
+            }
+        } else if (sluice_eq_str(c->key, "secret_keys")) {
+            if (c->type != SLUICE_JSON_ARRAY) return config_error("pii-mask: secret_keys must be a list of names");
+            secret_key_n = 0;
+            for (const sluice_json *k = c->child; k; k = k->next) {
+                if (k->type != SLUICE_JSON_STRING || k->str.len == 0) return config_error("pii-mask: secret_keys must be a list of names");
+                if (secret_key_n >= MAX_SECRET_KEYS) return config_error("pii-mask: at most 32 secret_keys");
+                secret_keys[secret_key_n++] = k->str;
+            }
+        } else {
+            return config_error("pii-mask: unknown config key (known: mode, mask, keep_last, replacement, preserve_format, detectors, fields, keys, headers, secret_keys)");
+        }
+    }
+    for (int d = 0; d < D_COUNT; d++) rules[d] = base;
+    if (detectors && detectors->type == SLUICE_JSON_ARRAY) {
+        for (int d = 0; d < D_FIELD; d++) rules[d].enabled = 0;
+    }
+    for (const sluice_json *c = detectors ? detectors->child : NULL; c; c = c->next) {
+        sluice_bytes name = detectors->type == SLUICE_JSON_ARRAY ? sluice_json_string(c) : c->key;
+        int found = -1;
+        for (int d = 0; d < D_COUNT; d++) {
+            if (sluice_eq_str(name, det_names[d])) found = d;
+        }
+        if (found < 0) return config_error("pii-mask: unknown detector (known: email, card, phone, ssn, iban, ipv4, aws_access_key, aws_secret_key, jwt, bearer, field)");
+        if (detectors->type == SLUICE_JSON_ARRAY) rules[found].enabled = 1;
+        else if (parse_rule(c, &rules[found])) return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Character classes                                                                          */
+/* ------------------------------------------------------------------------------------------ */
+
+static int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+static int is_upper(uint8_t c) { return c >= 'A' && c <= 'Z'; }
+static int is_alpha(uint8_t c) { return (c >= 'a' && c <= 'z') || is_upper(c); }
+static int is_alnum(uint8_t c) { return is_digit(c) || is_alpha(c); }
+static int is_b64url(uint8_t c) { return is_alnum(c) || c == '-' || c == '_'; }
+
+/* ------------------------------------------------------------------------------------------ */
+/* Spans                                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef struct {
+    uint32_t start, end;
+    uint8_t det;
+} span;
+
+typedef struct {
+    span *v;
+    uint32_t n, cap;
+    int failed;
+} spans;
+
+static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
+    if (s->n == s->cap) {
+        uint32_t cap = s->cap ? s->cap * 2 : 8;
+        span *v = (span *)sluice_malloc(sizeof(span) * cap);
+        if (v == NULL) {
+            s->failed = 1;
+            return;
+        }
+        if (s->n) memcpy(v, s->v, sizeof(span) * s->n);
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n].start = start;
+    s->v[s->n].end = end;
+    s->v[s->n].det = (uint8_t)det;
+    s->n++;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Detectors: each scans p[0..n) and adds spans                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+static int email_local(uint8_t c) {
+    return is_alnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-';
+}
+
+static void find_email(const uint8_t *p, uint32_t n, spans *out) {
+    uint32_t floor = 0; /* do not reach back into the previous match */
+    for (uint32_t i = 1; i + 1 < n; i++) {
+        if (p[i] != '@') continue;
+        uint32_t j = i;
+        while (j > floor && email_local(p[j - 1])) j--;
+        while (j < i && p[j] == '.') j++;
+        if (j == i) continue;
+        /* domain: labels of [A-Za-z0-9-] separated by single dots; last label alphabetic, >= 2 */
+        uint32_t k = i + 1, label_start = k, last_label = k, labels = 0, good_end = 0;
+        while (k <= n) {
+            if (k < n && (is_alnum(p[k]) || p[k] == '-')) {
+                k++;
+                continue;
+            }
+            uint32_t len = k - label_start;
+            if (len == 0 || p[label_start] == '-' || p[k - 1] == '-') break;
+            labels++;
+            last_label = label_start;
+            if (labels >= 2) {
+                int alpha = (k - last_label) >= 2;
+                for (uint32_t t = last_label; t < k && alpha; t++) alpha = is_alpha(p[t]);
+                if (alpha) good_end = k;
+            }
+            if (k < n && p[k] == '.' && k + 1 < n && is_alnum(p[k + 1])) {
+                k++;
+                label_start = k;
+                continue;
+            }
+            break;
+        }
+        if (good_end == 0) continue;
+        add_span(out, j, good_end, D_EMAIL);
+        floor = good_end;
+        i = good_end;
+    }
+}
+
+static int luhn_ok(const uint8_t *digits, uint32_t n) {
+    uint32_t sum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t d = digits[n - 1 - i];
+        if (i & 1) {
+            d *= 2;
+            if (d > 9) d -= 9;
+        }
+        sum += d;
+    }
+    return sum % 10 == 0;
+}
+
+/* A number-like run starts here: not glued to a preceding word or decimal number. */
+static int num_boundary_before(const uint8_t *p, uint32_t i) {
+    if (i == 0) return 1;
+    uint8_t c = p[i - 1];
+    if (is_alnum(c) || c == '_') return 0;
+    if ((c == '.' || c == ',' || c == '-' || c == '/' || c == ':') && i >= 2 && is_digit(p[i - 2])) return 0;
+    return 1;
+}
+
+static int num_boundary_after(const uint8_t *p, uint32_t n, uint32_t e) {
+    if (e >= n) return 1;
+    uint8_t c = p[e];
+    if (is_alnum(c) || c == '_') return 0;
+    if ((c == '.' || c == ',' || c == '-' || c == '/' || c == ':') && e + 1 < n && is_digit(p[e + 1])) return 0;
+    return 1;
+}
+
+#define MAX_GROUPS 24
+
+/* "DE89 3704 ...": digits continuing an IBAN-shaped token are an account number, not a card
+ * (even when the IBAN's checksum is wrong and the iban detector passed on it). */
+static int after_iban_prefix(const uint8_t *p, uint32_t i) {
+    if (i < 5 || p[i - 1] != ' ') return 0;
+    const uint8_t *t = p + i - 5;
+    if (!is_upper(t[0]) || !is_upper(t[1]) || !is_digit(t[2]) || !is_digit(t[3])) return 0;
+    return i == 5 || !is_alnum(p[i - 6]);
+}
+
+static void find_card(const uint8_t *p, uint32_t n, spans *out) {
+    uint32_t i = 0;
+    while (i < n) {
+        if (!is_digit(p[i]) || !num_boundary_before(p, i) || after_iban_prefix(p, i)) {
+            i++;
+            continue;
+        }
+        /* digit groups separated by one space or one dash, the same separator throughout */
+        uint32_t gs[MAX_GROUPS], ge[MAX_GROUPS], g = 0, k = i;
+        uint8_t sep = 0;
+        for (;;) {
+            uint32_t s = k;
+            while (k < n && is_digit(p[k])) k++;
+            if (g < MAX_GROUPS) {
+                gs[g] = s;
+                ge[g] = k;
+                g++;
+            }
+            if (k + 1 < n && (p[k] == ' ' || p[k] == '-') && is_digit(p[k + 1]) && (sep == 0 || sep == p[k]) && g < MAX_GROUPS) {
+                sep = p[k];
+                k++;
+                continue;
+            }
+            break;
+        }
+        uint32_t run_end = k;
+        int matched = 0;
+        /* try windows of whole groups, longest first from each start */
+        for (uint32_t a = 0; a < g && !matched; a++) {
+            if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;
+            for (uint32_t b = g; b > a && !matched; b--) {
+                uint32_t e = ge[b - 1];
+                if (b < g && sep == '-') continue; /* a dashed number is one token */
+                if (b == g && !num_boundary_after(p, n, e)) continue;
+                uint8_t digits[19];
+                uint32_t dn = 0;
+                int too_many = 0;
+                for (uint32_t t = gs[a]; t < e; t++) {
+                    if (is_digit(p[t])) {
+                        if (dn == 19) {
+                            too_many = 1;
+                            break;
+                        }
+                        digits[dn++] = (uint8_t)(p[t] - '0');
+                    }
+                }
+                if (too_many || dn < 13) continue;
+                if (digits[0] < 2 || digits[0] > 6) continue;
+                if (!luhn_ok(digits, dn)) continue;
+                add_span(out, gs[a], e, D_CARD);
+                matched = 1;
+            }
+        }
+        i = run_end > i ? run_end : i + 1;
+    }
+}
+
+static uint32_t digits_at(const uint8_t *p, uint32_t n, uint32_t i) {
+    uint32_t k = i;
+    while (k < n && is_digit(p[k])) k++;
+    return k - i;
+}
+
+static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        if (c == '+') {
+            /* E.164: +CC then digits with single separators ( -.) and optional (area) */
+            if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
+            if (i + 1 >= n || p[i + 1] < '1' || p[i + 1] > '9') continue;
+            uint32_t k = i + 1, digits = 0, last_digit = 0;
+            int prev_sep = 1;
+            while (k < n) {
+                uint8_t d = p[k];
+                if (is_digit(d)) {
+                    digits++;
+                    last_digit = k;
+                    prev_sep = 0;
+                } else if ((d == ' ' || d == '-' || d == '.') && !prev_sep) {
+                    prev_sep = 1;
+                } else if (d == '(' && k + 1 < n && is_digit(p[k + 1])) {
+                    prev_sep = 1;
+                } else if (d == ')' && k > 0 && is_digit(p[k - 1])) {
+                    prev_sep = 0; /* "(0) 20" : a separator may follow */
+                } else {
+                    break;
+                }
+                k++;
+                if (digits > 15) break;
+            }
+            if (digits < 8 || digits > 15) continue;
+            uint32_t e = last_digit + 1;
+            if (!num_boundary_after(p, n, e)) continue;
+            add_span(out, i, e, D_PHONE);
+            i = e;
+            continue;
+        }
+        if (c == '(' || is_digit(c)) {
+            if (!num_boundary_before(p, i) || (i > 0 && p[i - 1] == '+')) continue;
+            /* not the tail of a longer space-separated digit sequence */
+            if (i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) continue;
+            uint32_t k = i, e = 0, start = i;
+            /* optional NANP country code written as "1-", "1 " or "1." */
+            if (c == '1' && i + 2 < n && (p[i + 1] == '-' || p[i + 1] == ' ' || p[i + 1] == '.') &&
+                (p[i + 2] == '(' || is_digit(p[i + 2]))) {
+                i += 2;
+                c = p[i];
+            }
+            /* North American: (NXX) NXX-XXXX, NXX-NXX-XXXX, NXX.NXX.XXXX, NXX NXX XXXX */
+            if (c == '(') {
+                if (digits_at(p, n, i + 1) == 3 && i + 4 < n && p[i + 4] == ')' && p[i + 1] >= '2') {
+                    k = i + 5;
+                    if (k < n && p[k] == ' ') k++;
+                    if (digits_at(p, n, k) == 3 && p[k] >= '2' && k + 3 < n && (p[k + 3] == '-' || p[k + 3] == '.' || p[k + 3] == ' ') &&
+                        digits_at(p, n, k + 4) == 4) {
+                        e = k + 8;
+                    }
+                }
+            } else if (digits_at(p, n, i) == 3 && p[i] >= '2' && i + 3 < n) {
+                uint8_t sep = p[i + 3];
+                if ((sep == '-' || sep == '.' || sep == ' ') && digits_at(p, n, i + 4) == 3 && p[i + 4] >= '2' && i + 7 < n &&
+                    p[i + 7] == sep && digits_at(p, n, i + 8) == 4) {
+                    e = i + 12;
+                }
+            }
+            /* national trunk prefix 0: 0AA[A..] BBB[B] CCC[C], 10-11 digits, space or dash */
+            if (e == 0 && c == '0') {
+                uint32_t g1 = digits_at(p, n, i);
+                if (g1 >= 2 && g1 <= 5 && i + g1 < n) {
+                    uint8_t sep = p[i + g1];
+                    if (sep == ' ' || sep == '-') {
+                        uint32_t total = g1, groups = 1;
+                        k = i + g1;
+                        while (k < n && p[k] == sep && k + 1 < n && is_digit(p[k + 1])) {
+                            uint32_t gl = digits_at(p, n, k + 1);
+                            if (gl < 2 || gl > 8) break;
+                            total += gl;
+                            groups++;
+                            k += 1 + gl;
+                        }
+                        if (groups >= 2 && total >= 10 && total <= 12) e = k;
+                    }
+                }
+            }
+            if (e != 0 && num_boundary_after(p, n, e)) {
+                add_span(out, start, e, D_PHONE);
+                i = e;
+            } else {
+                i = start;
+            }
+        }
+    }
+}
+
+static void find_ssn(const uint8_t *p, uint32_t n, spans *out) {
+    for (uint32_t i = 0; i + 11 <= n; i++) {
+        if (!is_digit(p[i]) || !num_boundary_before(p, i)) continue;
+        if (i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) continue;
+        if (digits_at(p, n, i) != 3) continue;
+        uint8_t sep = p[i + 3];
+        if (sep != '-' && sep != ' ') continue;
+        if (digits_at(p, n, i + 4) != 2 || p[i + 6] != sep || digits_at(p, n, i + 7) != 4) continue;
+        uint32_t e = i + 11;
+        if (!num_boundary_after(p, n, e)) continue;
+        uint32_t area = (uint32_t)(p[i] - '0') * 100 + (uint32_t)(p[i + 1] - '0') * 10 + (uint32_t)(p[i + 2] - '0');
+        uint32_t group = (uint32_t)(p[i + 4] - '0') * 10 + (uint32_t)(p[i + 5] - '0');
+        int serial0 = p[i + 7] == '0' && p[i + 8] == '0' && p[i + 9] == '0' && p[i + 10] == '0';
+        if (area == 0 || area == 666 || area >= 900 || group == 0 || serial0) continue;
+        add_span(out, i, e, D_SSN);
+        i = e;
+    }
+}
+
+/* IBAN lengths by country (ISO 13616 registry). */
+static const struct {
+    char cc[3];
+    uint8_t len;
+} iban_lengths[] = {
+    {"AD", 24}, {"AE", 23}, {"AL", 28}, {"AT", 20}, {"AZ", 28}, {"BA", 20}, {"BE", 16}, {"BG", 22}, {"BH", 22},
+    {"BR", 29}, {"BY", 28}, {"CH", 21}, {"CR", 22}, {"CY", 28}, {"CZ", 24}, {"DE", 22}, {"DK", 18}, {"DO", 28},
+    {"EE", 20}, {"EG", 29}, {"ES", 24}, {"FI", 18}, {"FO", 18}, {"FR", 27}, {"GB", 22}, {"GE", 22}, {"GI", 23},
+    {"GL", 18}, {"GR", 27}, {"GT", 28}, {"HR", 21}, {"HU", 28}, {"IE", 22}, {"IL", 23}, {"IQ", 23}, {"IS", 26},
+    {"IT", 27}, {"JO", 30}, {"KW", 30}, {"KZ", 20}, {"LB", 28}, {"LC", 32}, {"LI", 21}, {"LT", 20}, {"LU", 20},
+    {"LV", 21}, {"MC", 27}, {"MD", 24}, {"ME", 22}, {"MK", 19}, {"MR", 27}, {"MT", 31}, {"MU", 30}, {"NL", 18},
+    {"NO", 15}, {"PK", 24}, {"PL", 28}, {"PS", 29}, {"PT", 25}, {"QA", 29}, {"RO", 24}, {"RS", 22}, {"SA", 24},
+    {"SC", 31}, {"SE", 24}, {"SI", 19}, {"SK", 24}, {"SM", 27}, {"ST", 25}, {"SV", 28}, {"TL", 23}, {"TN", 24},
+    {"TR", 26}, {"UA", 29}, {"VA", 22}, {"VG", 24}, {"XK", 20},
+};
+
+static uint32_t iban_length(uint8_t a, uint8_t b) {
+    for (uint32_t i = 0; i < sizeof iban_lengths / sizeof iban_lengths[0]; i++) {
+        if ((uint8_t)iban_lengths[i].cc[0] == a && (uint8_t)iban_lengths[i].cc[1] == b) return iban_lengths[i].len;
+    }
+    return 0;
+}
+
+static int iban_checksum_ok(const uint8_t *chars, uint32_t n) {
+    uint32_t rem = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        uint8_t c = chars[(k + 4) % n];
+        if (is_digit(c)) {
+            rem = (rem * 10u + (uint32_t)(c - '0')) % 97u;
+        } else {
+            uint32_t v = (uint32_t)(c - 'A') + 10u;
+            rem = (rem * 100u + v) % 97u;
+        }
+    }
+    return rem == 1;
+}
+
+static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
+    for (uint32_t i = 0; i + 15 <= n; i++) {
+        if (!is_upper(p[i]) || !is_upper(p[i + 1]) || !is_digit(p[i + 2]) || !is_digit(p[i + 3])) continue;
+        if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
+        uint32_t want = iban_length(p[i], p[i + 1]);
+        uint8_t chars[34];
+        uint32_t cn = 0, k = i, end = 0;
+        while (k < n && cn < 34) {
+            uint8_t c = p[k];
+            if (is_digit(c) || is_upper(c)) {
+                chars[cn++] = c;
+                k++;
+                end = k;
+                if (want && cn == want) break;
+            } else if (c == ' ' && k + 1 < n && (is_digit(p[k + 1]) || is_upper(p[k + 1])) && cn % 4 == 0) {
+                k++; /* print format groups of four */
+            } else {
+                break;
+            }
+        }
+        if (want ? cn != want : (cn < 15 || cn > 34)) continue;
+        if (end < n && (is_alnum(p[end]) || p[end] == '_')) continue;
+        if (!iban_checksum_ok(chars, cn)) continue;
+        add_span(out, i, end, D_IBAN);
+        i = end;
+    }
+}
+
+static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
+    for (uint32_t i = 0; i + 7 <= n; i++) {
+        if (!is_digit(p[i])) continue;
+        if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '.' || p[i - 1] == '_')) continue;
+        uint32_t k = i;
+        int ok = 1;
+        for (int octet = 0; octet < 4 && ok; octet++) {
+            uint32_t len = digits_at(p, n, k);
+            if (len == 0 || len > 3 || (len > 1 && p[k] == '0')) {
+                ok = 0;
+                break;
+            }
+            uint32_t v = 0;
+            for (uint32_t t = 0; t < len; t++) v = v * 10u + (uint32_t)(p[k + t] - '0');
+            if (v > 255) ok = 0;
+            k += len;
+            if (octet < 3) {
+                if (k < n && p[k] == '.') k++;
+                else ok = 0;
+            }
+        }
+        if (!ok) {
+            while (i + 1 < n && (is_digit(p[i + 1]) || p[i + 1] == '.')) i++;
+            continue;
+        }
+        if (k < n && (is_alnum(p[k]) || p[k] == '_' || (p[k] == '.' && k + 1 < n && is_digit(p[k + 1])))) {
+            while (i + 1 < n && (is_digit(p[i + 1]) || p[i + 1] == '.')) i++;
+            continue;
+        }
+        add_span(out, i, k, D_IPV4);
+        i = k;
+    }
+}
+
+static void find_aws_key(const uint8_t *p, uint32_t n, spans *out) {
+    static const char prefixes[][5] = {"AKIA", "ASIA", "AGPA", "AIDA", "AROA", "AIPA", "ANPA", "ANVA", "ABIA", "ACCA"};
+    for (uint32_t i = 0; i + 20 <= n; i++) {
+        if (p[i] != 'A') continue;
+        if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
+        int pre = 0;
+        for (uint32_t t = 0; t < sizeof prefixes / sizeof prefixes[0]; t++) {
+            if (memcmp(p + i, prefixes[t], 4) == 0) pre = 1;
+        }
+        if (!pre) continue;
+        int ok = 1;
+        for (uint32_t t = 4; t < 20; t++) {
+            if (!is_upper(p[i + t]) && !is_digit(p[i + t])) ok = 0;
+        }
+        if (!ok || (i + 20 < n && (is_alnum(p[i + 20]) || p[i + 20] == '_'))) continue;
+        add_span(out, i, i + 20, D_AWS_KEY);
+        i += 19;
+    }
+}
+
+static int secret_value_char(uint8_t c) {
+    return is_alnum(c) || c == '/' || c == '+' || c == '=' || c == '_' || c == '-' || c == '.';
+}
+
+/* NAME=value, NAME: value, "NAME": "value", NAME = 'value' */
+static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
+    for (uint32_t s = 0; s < secret_key_n; s++) {
+        sluice_bytes name = secret_keys[s];
+        uint32_t L = (uint32_t)name.len;
+        if (L == 0 || L > n) continue;
+        uint8_t first = sluice_lower(name.ptr[0]);
+        for (uint32_t i = 0; i + L < n; i++) {
+            if (sluice_lower(p[i]) != first) continue;
+            if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
+            if (!sluice_eq_nocase(sluice_bytes_of(p + i, L), name)) continue;
+            uint32_t k = i + L;
+            if (k < n && (is_alnum(p[k]) || p[k] == '_')) continue;
+            if (k < n && (p[k] == '"' || p[k] == '\'')) k++;
+            while (k < n && p[k] == ' ') k++;
+            if (k >= n || (p[k] != '=' && p[k] != ':')) continue;
+            k++;
+            while (k < n && p[k] == ' ') k++;
+            if (k < n && (p[k] == '"' || p[k] == '\'')) k++;
+            uint32_t vs = k;
+            while (k < n && secret_value_char(p[k])) k++;
+            if (k == vs) continue;
+            add_span(out, vs, k, D_AWS_SECRET);
+            i = k;
+        }
+    }
+}
+
+static void find_bearer(const uint8_t *p, uint32_t n, spans *out) {
+    static const char word[] = "bearer";
+    for (uint32_t i = 0; i + 7 < n; i++) {
+        if (sluice_lower(p[i]) != 'b') continue;
+        if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
+        int ok = 1;
+        for (uint32_t t = 0; t < 6 && ok; t++) ok = sluice_lower(p[i + t]) == (uint8_t)word[t];
+        if (!ok || p[i + 6] != ' ') continue;
+        uint32_t k = i + 6;
+        while (k < n && p[k] == ' ') k++;
+        uint32_t ts = k;
+        int digit = 0;
+        while (k < n && (is_alnum(p[k]) || p[k] == '-' || p[k] == '.' || p[k] == '_' || p[k] == '~' || p[k] == '+' || p[k] == '/')) {
+            if (is_digit(p[k])) digit = 1;
+            k++;
+        }
+        while (k < n && p[k] == '=') k++;
+        uint32_t len = k - ts;
+        if (len < 16 && !(len >= 8 && digit)) continue;
+        add_span(out, ts, k, D_BEARER);
+        i = k;
+    }
+}
+
+static void find_jwt(const uint8_t *p, uint32_t n, spans *out) {
+    for (uint32_t i = 0; i + 8 < n; i++) {
+        if (p[i] != 'e' || p[i + 1] != 'y' || p[i + 2] != 'J') continue;
+        if (i > 0 && is_b64url(p[i - 1])) continue;
+        uint32_t k = i;
+        while (k < n && is_b64url(p[k])) k++;
+        if (k - i < 10 || k >= n || p[k] != '.') continue;
+        uint32_t s2 = ++k;
+        while (k < n && is_b64url(p[k])) k++;
+        if (k - s2 < 10 || p[s2] != 'e' || p[s2 + 1] != 'y' || p[s2 + 2] != 'J' || k >= n || p[k] != '.') continue;
+        k++;
+        while (k < n && is_b64url(p[k])) k++;
+        if (k < n && (p[k] == '.' || p[k] == '=')) continue;
+        add_span(out, i, k, D_JWT);
+        i = k;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Masking                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static int utf8_step(const uint8_t *p, uint32_t i, uint32_t end) {
+    int n = sluice_utf8_len(p + i, p + end);
+    return n ? n : 1;
+}
+
+static int maskable(const mask_rule *r, const uint8_t *p, uint32_t i) {
+    return !r->preserve_format || p[i] >= 0x80 || is_alnum(p[i]);
+}
+
+/* Append the masked form of p[s..e) to out. */
+static void put_masked(sluice_buf *out, const uint8_t *p, uint32_t s, uint32_t e, const mask_rule *r) {
+    if (!sluice_is_null(r->replacement)) {
+        sluice_buf_put_bytes(out, r->replacement);
+        return;
+    }
+    int64_t total = 0;
+    for (uint32_t i = s; i < e; i += (uint32_t)utf8_step(p, i, e)) {
+        if (maskable(r, p, i)) total++;
+    }
+    int64_t keep = r->keep_last;
+    if (keep >= total) keep = 0; /* never reveal a whole match */
+    int64_t seen = 0;
+    for (uint32_t i = s; i < e;) {
+        uint32_t step = (uint32_t)utf8_step(p, i, e);
+        if (maskable(r, p, i)) {
+            if (seen < total - keep) sluice_buf_put_bytes(out, r->mask);
+            else sluice_buf_put(out, p + i, step);
+            seen++;
+        } else {
+            sluice_buf_put(out, p + i, step);
+        }
+        i += step;
+    }
+}
+
+static void sort_spans(spans *s) {
+    for (uint32_t i = 1; i < s->n; i++) {
+        span x = s->v[i];
+        uint32_t j = i;
+        while (j > 0) {
+            span *y = &s->v[j - 1];
+            int after = y->start > x.start || (y->start == x.start && (y->end < x.end || (y->end == x.end && y->det > x.det)));
+            if (!after) break;
+            s->v[j] = *y;
+            j--;
+        }
+        s->v[j] = x;
+    }
+}
+
+/* Run the enabled detectors on p[0..n); append the masked text to out. Returns the number of
+ * matches (0 = out holds an unchanged copy). */
+static uint32_t mask_text(const uint8_t *p, uint32_t n, sluice_buf *out) {
+    spans s = {NULL, 0, 0, 0};
+    if (n == 0) return 0;
+    if (rules[D_EMAIL].enabled) find_email(p, n, &s);
+    if (rules[D_CARD].enabled) find_card(p, n, &s);
+    if (rules[D_PHONE].enabled) find_phone(p, n, &s);
+    if (rules[D_SSN].enabled) find_ssn(p, n, &s);
+    if (rules[D_IBAN].enabled) find_iban(p, n, &s);
+    if (rules[D_IPV4].enabled) find_ipv4(p, n, &s);
+    if (rules[D_AWS_KEY].enabled) find_aws_key(p, n, &s);
+    if (rules[D_AWS_SECRET].enabled) find_aws_secret(p, n, &s);
+    if (rules[D_JWT].enabled) find_jwt(p, n, &s);
+    if (rules[D_BEARER].enabled) find_bearer(p, n, &s);
+    if (s.failed) out->failed = 1;
+    if (s.n == 0) {
+        sluice_buf_put(out, p, n);
+        return 0;
+    }
+    sort_spans(&s);
+    uint32_t pos = 0, matches = 0;
+    for (uint32_t i = 0; i < s.n; i++) {
+        span *x = &s.v[i];
+        if (x->start < pos) continue; /* overlaps a match already taken */
+        sluice_buf_put(out, p + pos, x->start - pos);
+        put_masked(out, p, x->start, x->end, &rules[x->det]);
+        sluice_count(det_names[x->det], 1);
+        pos = x->end;
+        matches++;
+    }
+    sluice_buf_put(out, p + pos, n - pos);
+    return matches;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* JSON-aware masking: a copying scanner that keeps every byte it does not mask               */
+/* ------------------------------------------------------------------------------------------ */
+
+#define MAX_DEPTH 64
+
+typedef struct {
+    const uint8_t *p, *end;
+    sluice_buf *out;
+    uint32_t changes;
+    int depth;
+    int field_depth; /* depth of the value a field path matched, or -1 */
+    int secret;      /* the current member name is a secret key name */
+    struct {
+        uint8_t is_array;
+        uint32_t index;
+        sluice_bytes key; /* raw member name (escapes not decoded) */
+    } frames[MAX_DEPTH];
+} jctx;
+
+static void jws(jctx *c) {
+    const uint8_t *s = c->p;
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
+    if (c->p > s) sluice_buf_put(c->out, s, (uint32_t)(c->p - s));
+}
+
+static int path_matches(const jctx *c) {
+    for (uint32_t k = 0; k < path_n; k++) {
+        const path *pa = &paths[k];
+        if (pa->n != (uint32_t)c->depth) continue;
+        int ok = 1;
+        for (uint32_t i = 0; i < pa->n && ok; i++) {
+            const seg *sg = &pa->segs[i];
+            int arr = c->frames[i].is_array;
+            switch (sg->type) {
+            case SEG_ANY: break;
+            case SEG_ANY_INDEX: ok = arr; break;
+            case SEG_INDEX: ok = arr && c->frames[i].index == sg->index; break;
+            default: ok = !arr && sluice_eq(c->frames[i].key, sg->key); break;
+            }
+        }
+        if (ok) return 1;
+    }
+    return 0;
+}
+
+/* Scan a string literal at c->p (on the quote) without copying; returns 0 if malformed.
+ * *escaped tells whether it holds escape sequences. */
+static int jstring_span(jctx *c, const uint8_t **s, const uint8_t **e, int *escaped) {
+    const uint8_t *q = c->p + 1;
+    *escaped = 0;
+    *s = q;
+    while (q < c->end) {
+        uint8_t ch = *q;
+        if (ch == '"') {
+            *e = q;
+            c->p = q + 1;
+            return 1;
+        }
+        if (ch < 0x20) return 0;
+        if (ch == '\\') {
+            *escaped = 1;
+            q += 2;
+            continue;
+        }
+        if (ch >= 0x80) {
+            int n = sluice_utf8_len(q, c->end);
+            if (!n) return 0;
+            q += n;
+            continue;
+        }
+        q++;
+    }
+    return 0;
+}
+
+/* Decode a string literal body (escapes) into out, with the SDK's strict decoder. */
+static int jdecode(const uint8_t *s, const uint8_t *e, sluice_buf *out) {
+    sl__jp j = {s - 1, e + 1, NULL, 0};
+    return sl__jstring(&j, out) && j.p == e + 1;
+}
+
+static void put_field_masked(jctx *c, const uint8_t *p, uint32_t n) {
+    sluice_buf tmp;
+    sluice_buf_init(&tmp, n + 8);
+    put_masked(&tmp, p, 0, n, &rules[D_FIELD]);
+    if (tmp.failed) c->out->failed = 1;
+    sluice_buf_put_json_string(c->out, sluice_buf_bytes(&tmp));
+}
+
+static int jvalue(jctx *c);
+
+static int jstring_value(jctx *c) {
+    const uint8_t *s, *e;
+    int escaped;
+    if (!jstring_span(c, &s, &e, &escaped)) return 0;
+    sluice_bytes text = sluice_bytes_of(s, (size_t)(e - s));
+    if (escaped) {
+        sluice_buf dec;
+        sluice_buf_init(&dec, (uint32_t)text.len + 1);
+        if (!jdecode(s, e, &dec)) return 0;
+        text = sluice_buf_bytes(&dec);
+    }
+    if (c->field_depth >= 0 || (c->secret && rules[D_AWS_SECRET].enabled)) {
+        int field = c->field_depth >= 0;
+        if (text.len == 0) {
+            sluice_buf_put(c->out, s - 1, (uint32_t)(e - s) + 2);
+            return 1;
+        }
+        if (field) {
+            put_field_masked(c, text.ptr, (uint32_t)text.len);
+        } else {
+            sluice_buf tmp;
+            sluice_buf_init(&tmp, (uint32_t)text.len + 8);
+            put_masked(&tmp, text.ptr, 0, (uint32_t)text.len, &rules[D_AWS_SECRET]);
+            sluice_buf_put_json_string(c->out, sluice_buf_bytes(&tmp));
+            sluice_count(det_names[D_AWS_SECRET], 1);
+        }
+        c->changes++;
+        return 1;
+    }
+    sluice_buf masked;
+    sluice_buf_init(&masked, (uint32_t)text.len + 16);
+    uint32_t m = mask_text(text.ptr, (uint32_t)text.len, &masked);
+    if (masked.failed) c->out->failed = 1;
+    if (m == 0) {
+        sluice_buf_put(c->out, s - 1, (uint32_t)(e - s) + 2);
+        return 1;
+    }
+    c->changes += m;
+    sluice_buf_put_json_string(c->out, sluice_buf_bytes(&masked));
+    return 1;
+}
+
+static int jnumber_value(jctx *c) {
+    sl__jp j = {c->p, c->end, NULL, 0};
+    if (!sl__jnumber(&j)) return 0;
+    const uint8_t *s = c->p;
+    uint32_t n = (uint32_t)(j.p - s);
+    c->p = j.p;
+    if (c->field_depth >= 0) {
+        put_field_masked(c, s, n); /* the masked number becomes a string */
+        c->changes++;
+        return 1;
+    }
+    sluice_buf masked;
+    sluice_buf_init(&masked, n + 16);
+    uint32_t m = mask_text(s, n, &masked);
+    if (m == 0) {
+        sluice_buf_put(c->out, s, n);
+        return 1;
+    }
+    c->changes += m;
+    sluice_buf_put_json_string(c->out, sluice_buf_bytes(&masked));
+    return 1;
+}
+
+static int jlit(jctx *c, const char *lit) {
+    uint32_t n = (uint32_t)sluice_strlen(lit);
+    if ((uint32_t)(c->end - c->p) < n || memcmp(c->p, lit, n) != 0) return 0;
+    sluice_buf_put(c->out, c->p, n);
+    c->p += n;
+    return 1;
+}
+
+/* Value at the current path (frames[0..depth)); handles field-path matching on entry. */
+static int jvalue(jctx *c) {
+    int entered_field = 0;
+    if (c->field_depth < 0 && path_n && path_matches(c)) {
+        c->field_depth = c->depth;
+        entered_field = 1;
+        sluice_count(det_names[D_FIELD], 1);
+    }
+    int ok = 0;
+    if (c->p >= c->end) return 0;
+    uint8_t ch = *c->p;
+    if (ch == '{' || ch == '[') {
+        if (c->depth >= MAX_DEPTH) return 0;
+        int is_array = ch == '[';
+        uint8_t close = is_array ? ']' : '}';
+        sluice_buf_putc(c->out, ch);
+        c->p++;
+        jws(c);
+        if (c->p < c->end && *c->p == close) {
+            sluice_buf_putc(c->out, close);
+            c->p++;
+            ok = 1;
+        } else {
+            uint32_t index = 0;
+            int outer_secret = c->secret;
+            for (;;) {
+                c->frames[c->depth].is_array = (uint8_t)is_array;
+                c->frames[c->depth].index = index;
+                c->frames[c->depth].key = sluice_null();
+                c->secret = 0;
+                if (!is_array) {
+                    const uint8_t *s, *e;
+                    int escaped;
+                    jws(c);
+                    if (c->p >= c->end || *c->p != '"') return 0;
+                    const uint8_t *q = c->p;
+                    if (!jstring_span(c, &s, &e, &escaped)) return 0;
+                    sluice_buf_put(c->out, q, (uint32_t)(c->p - q));
+                    c->frames[c->depth].key = sluice_bytes_of(s, (size_t)(e - s));
+                    for (uint32_t k = 0; k < secret_key_n && !c->secret; k++) {
+                        c->secret = sluice_eq_nocase(c->frames[c->depth].key, secret_keys[k]);
+                    }
+                    jws(c);
+                    if (c->p >= c->end || *c->p != ':') return 0;
+                    sluice_buf_putc(c->out, ':');
+                    c->p++;
+                }
+                jws(c);
+                c->depth++;
+                int vok = jvalue(c);
+                c->depth--;
+                if (!vok) return 0;
+                jws(c);
+                if (c->p >= c->end) return 0;
+                if (*c->p == ',') {
+                    sluice_buf_putc(c->out, ',');
+                    c->p++;
+                    index++;
+                    continue;
+                }
+                if (*c->p == close) {
+                    sluice_buf_putc(c->out, close);
+                    c->p++;
+                    break;
+                }
+                return 0;
+            }
+            c->secret = outer_secret;
+            ok = 1;
+        }
+    } else if (ch == '"') {
+        ok = jstring_value(c);
+    } else if (ch == '-' || is_digit(ch)) {
+        ok = jnumber_value(c);
+    } else if (ch == 't') {
+        ok = jlit(c, "true");
+    } else if (ch == 'f') {
+        ok = jlit(c, "false");
+    } else if (ch == 'n') {
+        ok = jlit(c, "null");
+    }
+    if (entered_field) c->field_depth = -1;
+    return ok;
+}
+
+static int looks_like_json(sluice_bytes b) {
+    for (int32_t i = 0; i < b.len; i++) {
+        uint8_t ch = b.ptr[i];
+        if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r') continue;
+        return ch == '{' || ch == '[';
+    }
+    return 0;
+}
+
+/* Masks one key / value / header value. Returns 1 and sets *res when something changed, 0 when
+ * nothing did, -1 when memory ran out (the caller fails the batch rather than leak data). */
+static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
+    if (in.len <= 0) return 0;
+    uint32_t n = (uint32_t)in.len;
+    if (mode == MODE_JSON || (mode == MODE_AUTO && looks_like_json(in))) {
+        sluice_buf out;
+        sluice_buf_init(&out, n + n / 4 + 16);
+        jctx c;
+        c.p = in.ptr;
+        c.end = in.ptr + n;
+        c.out = &out;
+        c.changes = 0;
+        c.depth = 0;
+        c.field_depth = -1;
+        c.secret = 0;
+        /* counters are only kept if the JSON pass succeeds: snapshot them */
+        uint32_t saved_n = sl__counter_n;
+        uint32_t saved[SLUICE_MAX_COUNTERS];
+        for (uint32_t i = 0; i < saved_n; i++) saved[i] = sl__counters[i].count;
+        jws(&c);
+        int ok = jvalue(&c);
+        if (ok) {
+            jws(&c);
+            ok = c.p == c.end;
+        }
+        if (out.failed) return -1;
+        if (ok) {
+            if (c.changes == 0) return 0;
+            *res = sluice_buf_bytes(&out);
+            return 1;
+        }
+        sl__counter_n = saved_n;
+        for (uint32_t i = 0; i < saved_n; i++) sl__counters[i].count = saved[i];
+        /* not JSON after all: fall through to text */
+    }
+    sluice_buf out;
+    sluice_buf_init(&out, n + 16);
+    uint32_t m = mask_text(in.ptr, n, &out);
+    if (out.failed) return -1;
+    if (m == 0) return 0;
+    *res = sluice_buf_bytes(&out);
+    return 1;
+}
+
+static int header_selected(sluice_bytes name) {
+    if (headers_all) return 1;
+    if (header_names == NULL) return 0;
+    for (const sluice_json *h = header_names->child; h; h = h->next) {
+        if (sluice_eq_nocase(sluice_json_string(h), name)) return 1;
+    }
+    return 0;
+}
+
+sluice_decision sluice_on_record(const sluice_record *rec) {
+    sluice_bytes key = rec->key, value = rec->value;
+    int changed = 0;
+    sluice_bytes tmp;
+    int r = mask_bytes(rec->value, &tmp);
+    if (r < 0) return sluice_error("pii-mask: out of memory");
+    if (r) {
+        value = tmp;
+        changed = 1;
+    }
+    r = do_keys ? mask_bytes(rec->key, &tmp) : 0;
+    if (r < 0) return sluice_error("pii-mask: out of memory");
+    if (r) {
+        key = tmp;
+        changed = 1;
+    }
+    const sluice_header *headers = rec->headers;
+    if ((headers_all || header_names) && rec->header_count) {
+        sluice_header *hs = NULL;
+        for (uint32_t i = 0; i < rec->header_count; i++) {
+            if (!header_selected(rec->headers[i].key)) continue;
+            r = mask_bytes(rec->headers[i].value, &tmp);
+            if (r < 0) return sluice_error("pii-mask: out of memory");
+            if (r == 0) continue;
+            if (hs == NULL) {
+                hs = (sluice_header *)sluice_malloc(sizeof(sluice_header) * rec->header_count);
+                if (hs == NULL) return sluice_error("pii-mask: out of memory");
+                memcpy(hs, rec->headers, sizeof(sluice_header) * rec->header_count);
+            }
+            hs[i].value = tmp;
+            changed = 1;
+        }
+        if (hs) headers = hs;
+    }
+    if (!changed) return sluice_keep();
+    return sluice_rewrite(key, value, headers, rec->header_count);
+}
