@@ -1,0 +1,157 @@
+"""The Sluice Wasm ABI v1: one guest call per record batch (selected by ``sluice_abi_version``).
+
+Guest exports: ``memory``; ``sluice_abi_version() -> i32`` (= 1); ``sluice_alloc(i32) -> i32``;
+``sluice_filter(i32, i32) -> i64``; optional ``sluice_init(i32, i32) -> i32``,
+``sluice_admin(i32, i32) -> i64``, ``sluice_last_error() -> i64``. Results pack
+``(ptr << 32) | len``; a negative result is an error whose text ``sluice_last_error`` may give.
+Byte layouts: records_io. The guest may reset an arena on each ``sluice_alloc``: the host calls
+it exactly once per guest call, right before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final
+
+import wasmtime
+from sluice.filters.abi_base import AbiRunner, FilterLoadError
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import RecordContext, RecordLike
+from sluice.filters.decisions import Decision
+from sluice.filters.engine import FilterEngine
+from sluice.filters.guest import (
+    GuestFailure,
+    GuestInstance,
+    RawFunc,
+    export_signatures,
+    exports_memory,
+    format_signature,
+)
+from sluice.filters.records_io import AbiError, decode_filter_output, encode_filter_input
+
+ABI_VERSION: Final = 1
+MAX_ERROR_CHARS: Final = 500
+
+_REQUIRED: Final = {
+    "sluice_abi_version": ((), ("i32",)),
+    "sluice_alloc": (("i32",), ("i32",)),
+    "sluice_filter": (("i32", "i32"), ("i64",)),
+}
+_OPTIONAL: Final = {
+    "sluice_init": (("i32", "i32"), ("i32",)),
+    "sluice_admin": (("i32", "i32"), ("i64",)),
+    "sluice_last_error": ((), ("i64",)),
+}
+
+
+def is_sluice_module(module: wasmtime.Module) -> bool:
+    return "sluice_abi_version" in export_signatures(module)
+
+
+def unpack(result: int) -> tuple[int, int]:
+    """(ptr, len) from a packed i64 result."""
+    return (result >> 32) & 0xFFFFFFFF, result & 0xFFFFFFFF
+
+
+class SluiceAbi(AbiRunner):
+    abi = "sluice-v1"
+
+    def __init__(self, engine: FilterEngine, module: wasmtime.Module, spec: FilterSpec,
+                 who: str) -> None:
+        super().__init__(engine, module, spec, who)
+        sigs = export_signatures(module)
+        if not exports_memory(module):
+            raise FilterLoadError(f"{who}: module does not export 'memory'")
+        for name, want in _REQUIRED.items():
+            got = sigs.get(name)
+            if got is None:
+                raise FilterLoadError(f"{who}: Sluice ABI module lacks export {name!r}")
+            if got != want:
+                raise FilterLoadError(f"{who}: export {name} has signature "
+                                      f"{format_signature(got)}, expected "
+                                      f"{format_signature(want)}")
+        for name, want in _OPTIONAL.items():
+            got = sigs.get(name)
+            if got is not None and got != want:
+                raise FilterLoadError(f"{who}: export {name} has signature "
+                                      f"{format_signature(got)}, expected "
+                                      f"{format_signature(want)}")
+        self.has_init = "sluice_init" in sigs
+        self.has_admin = "sluice_admin" in sigs
+        self.has_last_error = "sluice_last_error" in sigs
+        self.config_json = spec.config_json
+        self.prepare()
+        self._alloc: RawFunc | None = None
+        self._filter: RawFunc | None = None
+        self._admin: RawFunc | None = None
+        self._last_error: RawFunc | None = None
+
+    @property
+    def supports_admin(self) -> bool:
+        return self.has_admin
+
+    def on_instantiate(self, guest: GuestInstance) -> None:
+        version = guest.func("sluice_abi_version")
+        assert version is not None
+        got = version()
+        if got != ABI_VERSION:
+            raise FilterLoadError(f"{self.who}: module speaks Sluice ABI version {got}, "
+                                  f"this host supports {ABI_VERSION}")
+        self._alloc = guest.func("sluice_alloc")
+        self._filter = guest.func("sluice_filter")
+        self._admin = guest.func("sluice_admin") if self.has_admin else None
+        self._last_error = guest.func("sluice_last_error") if self.has_last_error else None
+        if self.has_init:
+            init = guest.func("sluice_init")
+            assert init is not None
+            ptr = self._write_input(guest, self.config_json)
+            rc = init(ptr, len(self.config_json))
+            if rc != 0:
+                raise FilterLoadError(f"{self.who}: sluice_init rejected the config (code "
+                                      f"{rc}): {self.last_error(guest) or 'no message'}")
+
+    def _write_input(self, guest: GuestInstance, data: bytes) -> int:
+        assert self._alloc is not None
+        ptr = self._alloc(len(data))
+        if ptr == 0 and data:
+            raise GuestFailure("memory", f"sluice_alloc({len(data)}) returned 0")
+        guest.write(ptr & 0xFFFFFFFF, data)
+        return ptr & 0xFFFFFFFF
+
+    def last_error(self, guest: GuestInstance) -> str | None:
+        """The guest's own description of its last error (None if it offers none)."""
+        if self._last_error is None or guest.dead:
+            return None
+        try:
+            ptr, n = unpack(self._last_error())
+            text = guest.read(ptr, min(n, 4 * MAX_ERROR_CHARS))
+        except GuestFailure:
+            return None
+        message = text.decode("utf-8", "replace")
+        return message[:MAX_ERROR_CHARS] if message else None
+
+    def _call(self, admin: bool, data: bytes) -> bytes:
+        guest = self.guest()  # may re-instantiate, which rebinds the RawFuncs
+        ptr = self._write_input(guest, data)
+        call = self._admin if admin else self._filter
+        assert call is not None
+        result = call(ptr, len(data))
+        if result < 0:
+            message = self.last_error(guest) or f"returned {result}"
+            raise GuestFailure("error", message)
+        out_ptr, out_len = unpack(result)
+        return guest.read(out_ptr, out_len)
+
+    def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
+            timestamp_base: int) -> tuple[list[Decision], dict[str, int]]:
+        data = encode_filter_input(ctx, records, offset_base, timestamp_base)
+        out = self._call(False, data)
+        try:
+            return decode_filter_output(out, len(records))
+        except AbiError as exc:
+            raise GuestFailure("invalid-output", str(exc)) from None
+
+    def admin(self, request: bytes) -> bytes:
+        if not self.has_admin:
+            raise GuestFailure("error", "module does not export sluice_admin")
+        return self._call(True, request)

@@ -1,0 +1,92 @@
+"""The wasmtime Engine every filter shares, and the epoch ticker that enforces CPU deadlines.
+
+One Engine per process (per configuration): compiled modules, the on-disk cache key and the
+epoch counter all hang off it. The engine is built with epoch interruption enabled; a daemon
+thread increments the epoch every `tick_ms`, and each guest call sets its store's deadline to
+``ceil(timeout_ms / tick_ms) + 1`` ticks, so a runaway loop traps within one tick of its
+deadline. wasmtime releases the GIL while guest code runs, so the ticker keeps ticking.
+
+`fingerprint` names every setting that changes generated code; serialized modules are only
+valid for an engine with the same fingerprint and wasmtime version (see module_cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import math
+import platform
+import threading
+from typing import Final
+
+import wasmtime
+
+DEFAULT_TICK_MS: Final = 2.0
+# Settings that affect compiled code; part of the cache key. Change both together.
+_ENGINE_SETTINGS: Final = (
+    ("epoch_interruption", True),
+    ("cranelift_opt_level", "speed"),
+    ("max_wasm_stack", 512 * 1024),
+    ("wasm_threads", False),
+)
+
+
+def wasmtime_version() -> str:
+    """Version of the installed wasmtime-py (its artifacts are tied to it)."""
+    try:
+        return importlib.metadata.version("wasmtime")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - vendored installs
+        return "unknown"
+
+
+class FilterEngine:
+    """A wasmtime Engine with epoch interruption plus the thread that advances the epoch."""
+
+    def __init__(self, tick_ms: float = DEFAULT_TICK_MS) -> None:
+        if tick_ms <= 0:
+            raise ValueError("tick_ms must be positive")
+        cfg = wasmtime.Config()
+        cfg.epoch_interruption = True
+        cfg.cranelift_opt_level = "speed"
+        cfg.max_wasm_stack = 512 * 1024
+        cfg.wasm_threads = False
+        self.engine = wasmtime.Engine(cfg)
+        self.tick_ms = tick_ms
+        settings = ";".join(f"{k}={v}" for k, v in _ENGINE_SETTINGS)
+        raw = f"wasmtime={wasmtime_version()};arch={platform.machine()};{settings}"
+        self.fingerprint = hashlib.sha256(raw.encode()).hexdigest()[:16]
+        self.fingerprint_text = raw
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="sluice-wasm-epoch", daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        interval = self.tick_ms / 1000.0
+        while not self._stop.wait(interval):
+            self.engine.increment_epoch()
+
+    def ticks_for(self, timeout_ms: float) -> int:
+        """Epoch ticks to allow for a call of at most `timeout_ms` (at least two)."""
+        return max(2, math.ceil(timeout_ms / self.tick_ms) + 1)
+
+    def close(self) -> None:
+        """Stop the ticker (tests; a process-wide engine lives as long as the process)."""
+        self._stop.set()
+        self._thread.join(timeout=1.0)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+
+_default: FilterEngine | None = None
+_default_lock = threading.Lock()
+
+
+def default_engine() -> FilterEngine:
+    """The process-wide FilterEngine, created on first use."""
+    global _default
+    with _default_lock:
+        if _default is None or not _default.running:
+            _default = FilterEngine()
+        return _default

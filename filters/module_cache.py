@@ -1,0 +1,138 @@
+"""Compiled-module cache: one wasmtime Module per filter module, kept in memory and on disk.
+
+A filter's identity is the sha256 of its module bytes. Compiling costs milliseconds per module;
+deserializing a precompiled artifact costs tens of microseconds, so artifacts are written to
+``cache_dir`` (default ``~/.cache/sluice/modules``, or ``$SLUICE_MODULE_CACHE``) as
+``<sha256>-<engine fingerprint>.cwasm``. The fingerprint covers the wasmtime version, the
+machine and every engine setting that changes code, so an upgrade never loads a stale artifact.
+
+Deserializing trusts its input (it is native code), so each file starts with the sha256 of the
+artifact that follows; a truncated or altered file is recompiled, never loaded. Files are
+written to a temporary name and renamed, so a crash never leaves half an artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import wasmtime
+from sluice.filters.engine import FilterEngine, wasmtime_version
+
+log = structlog.get_logger("sluice.filters.cache")
+
+_MAGIC = b"SLUICEM1"
+
+
+def default_cache_dir() -> Path:
+    """``$SLUICE_MODULE_CACHE`` or ``~/.cache/sluice/modules``."""
+    env = os.environ.get("SLUICE_MODULE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME")
+    root = Path(base).expanduser() if base else Path.home() / ".cache"
+    return root / "sluice" / "modules"
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledModule:
+    """A compiled module and where it came from (``compiled``, ``disk`` or ``memory``)."""
+
+    module: wasmtime.Module
+    sha256: str
+    origin: str
+    load_seconds: float
+
+
+class ModuleCache:
+    """Compile-once cache keyed by sha256(module) + wasmtime version + engine fingerprint.
+
+    `cache_dir=None` uses the default directory; `persist=False` keeps artifacts in memory
+    only. Failing to write the disk cache (read-only home, full disk) is logged, not fatal.
+    """
+
+    def __init__(self, engine: FilterEngine, cache_dir: str | Path | None = None,
+                 persist: bool = True) -> None:
+        self.engine = engine
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.persist = persist
+        self._memory: dict[str, CompiledModule] = {}
+        self._lock = threading.Lock()
+
+    def artifact_path(self, sha256: str) -> Path:
+        return self.cache_dir / f"{sha256}-{self.engine.fingerprint}.cwasm"
+
+    def load(self, wasm: bytes) -> CompiledModule:
+        """The compiled Module for `wasm` (raises wasmtime.WasmtimeError if it does not compile)."""
+        sha = hashlib.sha256(wasm).hexdigest()
+        with self._lock:
+            hit = self._memory.get(sha)
+            if hit is not None:
+                return CompiledModule(hit.module, sha, "memory", 0.0)
+            compiled = self._from_disk(sha)
+            if compiled is None:
+                started = time.perf_counter()
+                module = wasmtime.Module(self.engine.engine, wasm)
+                compiled = CompiledModule(module, sha, "compiled", time.perf_counter() - started)
+                self._to_disk(sha, module)
+            self._memory[sha] = compiled
+            return compiled
+
+    def _from_disk(self, sha: str) -> CompiledModule | None:
+        if not self.persist:
+            return None
+        path = self.artifact_path(sha)
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("module_cache_unreadable", path=str(path), error=str(exc))
+            return None
+        header_len = len(_MAGIC) + 32
+        body = blob[header_len:]
+        if (len(blob) <= header_len or blob[:len(_MAGIC)] != _MAGIC
+                or hashlib.sha256(body).digest() != blob[len(_MAGIC):header_len]):
+            log.warning("module_cache_corrupt", path=str(path), sha256=sha)
+            return None
+        started = time.perf_counter()
+        try:
+            module = wasmtime.Module.deserialize(self.engine.engine, body)
+        except wasmtime.WasmtimeError as exc:
+            # Another wasmtime build or setting produced it: recompile and overwrite.
+            log.info("module_cache_incompatible", path=str(path), error=str(exc))
+            return None
+        return CompiledModule(module, sha, "disk", time.perf_counter() - started)
+
+    def _to_disk(self, sha: str, module: wasmtime.Module) -> None:
+        if not self.persist:
+            return
+        path = self.artifact_path(sha)
+        try:
+            body = bytes(module.serialize())
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=".tmp-", suffix=".cwasm")
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(_MAGIC + hashlib.sha256(body).digest() + body)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except (OSError, wasmtime.WasmtimeError) as exc:
+            log.warning("module_cache_write_failed", path=str(path), error=str(exc))
+
+    def describe(self) -> dict[str, str]:
+        """What the cache key is made of (for docs, logs and `sluice filter` output)."""
+        return {
+            "cache_dir": str(self.cache_dir),
+            "wasmtime": wasmtime_version(),
+            "engine_fingerprint": self.engine.fingerprint,
+            "engine_settings": self.engine.fingerprint_text,
+        }

@@ -1,0 +1,231 @@
+"""Loading a filter module and running it: the host API the chain, the CLI and tests use.
+
+    from sluice.filters.runtime import load_filter
+    f = load_filter(spec)                      # FilterSpec from sluice.filters.config
+    result = f.run_batch(ctx, records)         # -> BatchResult, one Decision per record
+    verdict = f.run_admin(resource)            # -> AdminVerdict (Sluice ABI with sluice_admin)
+
+`load_filter` reads the module, compiles it through the shared ModuleCache, picks the ABI from
+the module's exports (Sluice ABI v1 if it exports ``sluice_abi_version``; the Kafka Connect ABI
+if ``function`` names a ``() -> ()``/``() -> i64`` export and ``alloc`` is exported; the in-place
+ABI if ``function`` (default ``transform_record``) has signature ``(i32, i32, i32, i32) -> i64``),
+instantiates it once (so a broken module or config fails at start-up, not on the first record)
+and returns a `LoadedFilter`.
+
+A trap, timeout, memory exhaustion, invalid output or guest-reported error never escapes
+`run_batch`/`run_admin`: it is counted, logged (without payloads) and turned into decisions by
+the filter's ``on_error`` policy: ``reject`` -> REJECT, ``pass`` -> KEEP, ``dead-letter`` ->
+REJECT with ``dead_letter=True``. Calls on one LoadedFilter are serialised by a lock (a wasmtime
+store is single-threaded).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import structlog
+import wasmtime
+from sluice.filters.abi_base import AbiRunner, FilterLoadError
+from sluice.filters.abi_connect import ConnectAbi, connect_function
+from sluice.filters.abi_inplace import InPlaceAbi, inplace_function
+from sluice.filters.abi_sluice import SluiceAbi, is_sluice_module
+from sluice.filters.admin import AdminResource, AdminVerdict, decode_admin_output
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import RecordContext, RecordLike
+from sluice.filters.decisions import Action, BatchResult, Decision
+from sluice.filters.engine import FilterEngine, default_engine
+from sluice.filters.guest import GuestFailure
+from sluice.filters.module_cache import ModuleCache
+from sluice.filters.records_io import AbiError
+
+__all__ = ["FilterLoadError", "LoadedFilter", "load_filter", "shared_cache"]
+
+log = structlog.get_logger("sluice.filters")
+
+_caches: dict[tuple[int, str | None], ModuleCache] = {}
+_caches_lock = threading.Lock()
+
+
+def shared_cache(engine: FilterEngine | None = None,
+                 cache_dir: str | Path | None = None) -> ModuleCache:
+    """The process-wide ModuleCache for (engine, cache_dir)."""
+    eng = engine or default_engine()
+    key = (id(eng), None if cache_dir is None else str(cache_dir))
+    with _caches_lock:
+        cache = _caches.get(key)
+        if cache is None or cache.engine is not eng:
+            cache = _caches[key] = ModuleCache(eng, cache_dir)
+        return cache
+
+
+def _select_abi(module: wasmtime.Module, spec: FilterSpec, who: str,
+                engine: FilterEngine) -> AbiRunner:
+    if is_sluice_module(module):
+        return SluiceAbi(engine, module, spec, who)
+    if connect_function(module, spec.function):
+        return ConnectAbi(engine, module, spec, who)
+    if inplace_function(module, spec.function):
+        return InPlaceAbi(engine, module, spec, who)
+    entry = spec.function or "transform_record"
+    raise FilterLoadError(
+        f"{who}: module matches no supported ABI: export sluice_abi_version (Sluice ABI v1), "
+        f"or {entry}(i32, i32, i32, i32) -> i64 (in-place ABI), or set 'function' to a "
+        "() -> () export plus alloc/dealloc (Kafka Connect ABI)")
+
+
+def load_filter(spec: FilterSpec, *, cache: ModuleCache | None = None,
+                engine: FilterEngine | None = None,
+                cache_dir: str | Path | None = None) -> LoadedFilter:
+    """Load, check and instantiate the module of `spec` (FilterLoadError on any problem)."""
+    who = f"filter {spec.name!r} ({spec.where})"
+    if cache is None:
+        cache = shared_cache(engine, cache_dir)
+    eng = cache.engine
+    path = spec.module_path
+    try:
+        wasm = path.read_bytes()
+    except OSError as exc:
+        raise FilterLoadError(f"{who}: cannot read module {path}: "
+                              f"{exc.strerror or exc}") from None
+    try:
+        compiled = cache.load(wasm)
+    except wasmtime.WasmtimeError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "invalid module"
+        raise FilterLoadError(f"{who}: {path} is not a valid Wasm module: {first}") from None
+    runner = _select_abi(compiled.module, spec, who, eng)
+    if "admin" in spec.apply_to and not runner.supports_admin:
+        if runner.abi == "sluice-v1":
+            raise FilterLoadError(f"{who}: bound to admin but the module does not export "
+                                  "sluice_admin")
+        raise FilterLoadError(f"{who}: {runner.abi} ABI modules cannot act on admin requests "
+                              "(remove admin from apply_to)")
+    try:
+        runner.guest()
+    except GuestFailure as exc:
+        raise FilterLoadError(f"{who}: instantiation failed: {exc}") from None
+    return LoadedFilter(spec, compiled.sha256, runner, compiled.origin,
+                        compiled.load_seconds)
+
+
+class LoadedFilter:
+    """A filter ready to run. Thread-safe (calls are serialised)."""
+
+    def __init__(self, spec: FilterSpec, sha256: str, runner: AbiRunner, origin: str,
+                 load_seconds: float) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.sha256 = sha256
+        self.abi = runner.abi
+        self.origin = origin
+        self.load_seconds = load_seconds
+        self._runner = runner
+        self._lock = threading.Lock()
+        self.failures: Counter[str] = Counter()
+        self._log = log.bind(filter=spec.name, sha256=sha256[:16], abi=runner.abi)
+
+    @property
+    def supports_admin(self) -> bool:
+        return self._runner.supports_admin
+
+    @property
+    def instantiations(self) -> int:
+        """How many instances were created (1 + re-instantiations after failures)."""
+        return self._runner.instantiations
+
+    def _policy(self, failure: str) -> Decision:
+        on_error = self.spec.on_error
+        if on_error == "pass":
+            return Decision(Action.KEEP, failure=failure)
+        reason = f"filter {self.name} failed: {failure}"
+        return Decision(Action.REJECT, reason=reason, failure=failure,
+                        dead_letter=on_error == "dead-letter")
+
+    def _failed(self, exc: BaseException, what: str, ctx: RecordContext | None,
+                records: int) -> str:
+        if isinstance(exc, GuestFailure):
+            kind, message = exc.kind, exc.message
+        elif isinstance(exc, AbiError):
+            kind, message = "invalid-output", str(exc)
+        elif isinstance(exc, FilterLoadError):
+            kind, message = "init", str(exc)
+        else:
+            kind, message = "internal", f"{type(exc).__name__}: {exc}"
+        self.failures[kind] += 1
+        self._log.warning("filter_failure", call=what, kind=kind, reason=message[:200],
+                          policy=self.spec.on_error, records=records,
+                          topic=ctx.topic if ctx else None,
+                          partition=ctx.partition if ctx else None,
+                          exc_info=kind == "internal")
+        return f"{kind}: {message}"
+
+    def run_batch(self, ctx: RecordContext, records: Sequence[RecordLike], *,
+                  offset_base: int = 0, timestamp_base: int = 0,
+                  apply_policy: bool = True) -> BatchResult:
+        """Run the filter over one batch: one Decision per record, in order.
+
+        Offsets/timestamps given to the guest are ``offset_base + offset_delta`` and
+        ``timestamp_base + timestamp_delta``. With `apply_policy` False, failed records come
+        back as REJECT decisions whose `failure` is set, whatever ``on_error`` says (for tools
+        that want to show what happened).
+        """
+        if not records:
+            return BatchResult([])
+        started = time.perf_counter_ns()
+        failure: str | None = None
+        with self._lock:
+            try:
+                decisions, detectors = self._runner.run(ctx, records, offset_base,
+                                                        timestamp_base)
+            except Exception as exc:
+                # GuestFailure, a failed re-initialisation, or a bug of ours: a trapped
+                # instance is already marked dead; anything unexpected drops it too.
+                if not isinstance(exc, GuestFailure):
+                    self._runner.discard()
+                failure = self._failed(exc, "filter", ctx, len(records))
+                decisions = [Decision(Action.REJECT, reason=failure, failure=failure)] * len(
+                    records)
+                detectors = {}
+        failed = 0
+        for i, d in enumerate(decisions):
+            if d.failure is None:
+                continue
+            failed += 1
+            if failure is None:
+                # A per-record failure (in-place and Connect ABIs): count and log it here.
+                self.failures["record"] += 1
+                self._log.warning("filter_failure", call="record", reason=d.failure[:200],
+                                  policy=self.spec.on_error, topic=ctx.topic,
+                                  partition=ctx.partition, record_index=i)
+            if apply_policy:
+                decisions[i] = self._policy(d.failure)
+        return BatchResult(decisions, detectors, failure, failed,
+                           time.perf_counter_ns() - started)
+
+    def run_admin(self, resource: AdminResource) -> AdminVerdict:
+        """Offer one admin resource to the filter; failures follow ``on_error`` (``pass``
+        allows unchanged; ``reject`` and ``dead-letter`` deny)."""
+        with self._lock:
+            try:
+                verdict = decode_admin_output(self._runner.admin(resource.to_json()))
+            except Exception as exc:
+                if not isinstance(exc, GuestFailure):
+                    self._runner.discard()
+                failure = self._failed(exc, "admin", None, 1)
+                if self.spec.on_error == "pass":
+                    return AdminVerdict("allow", filter=self.name, failure=failure)
+                return AdminVerdict("deny", message=f"filter {self.name} failed: {failure}",
+                                    filter=self.name, failure=failure)
+        return AdminVerdict(verdict.decision, verdict.message, verdict.partitions,
+                            verdict.configs, filter=self.name)
+
+    def close(self) -> None:
+        with self._lock:
+            self._runner.close()
+
+    def __repr__(self) -> str:
+        return (f"LoadedFilter(name={self.name!r}, abi={self.abi!r}, "
+                f"sha256={self.sha256[:12]}..., origin={self.origin!r})")
