@@ -1,0 +1,117 @@
+"""Record-batch compression codecs (attributes bits 0-2): none, gzip, snappy, lz4, zstd.
+
+All through `cramjam` (Rust, releases the GIL). Choices that follow what Kafka clients write:
+- snappy: Java producers use xerial's framed stream ("\\x82SNAPPY\\x00" header, then
+  length-prefixed raw blocks of 32 KiB input); librdkafka writes raw snappy. Both are read;
+  `compress` writes whichever the caller asks for.
+- lz4: the LZ4 frame format with independent blocks, as Kafka's Java LZ4 stream requires.
+- gzip: level 6, zstd: level 3 (the defaults of zlib and of the zstd library used by Kafka).
+Any failure to decompress is a `CorruptBatch`.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import cramjam
+
+from .errors import CorruptBatch, UnsupportedCompression
+
+__all__ = [
+    "CODEC_GZIP",
+    "CODEC_LZ4",
+    "CODEC_NAMES",
+    "CODEC_NONE",
+    "CODEC_SNAPPY",
+    "CODEC_ZSTD",
+    "compress",
+    "decompress",
+    "is_xerial",
+]
+
+CODEC_NONE = 0
+CODEC_GZIP = 1
+CODEC_SNAPPY = 2
+CODEC_LZ4 = 3
+CODEC_ZSTD = 4
+CODEC_NAMES = ("none", "gzip", "snappy", "lz4", "zstd")
+
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
+_XERIAL_BLOCK = 32 * 1024
+_i32 = struct.Struct(">i")
+
+Buffer = bytes | bytearray | memoryview
+
+
+def is_xerial(payload: Buffer) -> bool:
+    """Whether a snappy payload uses xerial's framed stream (Java producers)."""
+    return bytes(payload[:8]) == XERIAL_MAGIC
+
+
+def _xerial_decompress(payload: Buffer) -> bytes:
+    view = memoryview(payload)
+    pos = 16
+    end = len(view)
+    parts = []
+    while pos < end:
+        if pos + 4 > end:
+            raise CorruptBatch("truncated xerial snappy block length")
+        (size,) = _i32.unpack_from(view, pos)
+        pos += 4
+        if size < 0 or pos + size > end:
+            raise CorruptBatch("xerial snappy block runs past the payload")
+        parts.append(bytes(cramjam.snappy.decompress_raw(view[pos : pos + size])))
+        pos += size
+    return b"".join(parts)
+
+
+def _xerial_compress(data: Buffer) -> bytes:
+    view = memoryview(data)
+    parts = [_XERIAL_HEADER]
+    for start in range(0, len(view), _XERIAL_BLOCK):
+        block = bytes(cramjam.snappy.compress_raw(view[start : start + _XERIAL_BLOCK]))
+        parts.append(_i32.pack(len(block)))
+        parts.append(block)
+    return b"".join(parts)
+
+
+def decompress(codec: int, payload: Buffer) -> Buffer:
+    """Decompress a batch's records section (returns `payload` itself for codec none)."""
+    if codec == CODEC_NONE:
+        return payload
+    try:
+        if codec == CODEC_GZIP:
+            return bytes(cramjam.gzip.decompress(payload))
+        if codec == CODEC_SNAPPY:
+            if is_xerial(payload):
+                return _xerial_decompress(payload)
+            return bytes(cramjam.snappy.decompress_raw(payload))
+        if codec == CODEC_LZ4:
+            return bytes(cramjam.lz4.decompress(payload))
+        if codec == CODEC_ZSTD:
+            return bytes(cramjam.zstd.decompress(payload))
+    except CorruptBatch:
+        raise
+    except Exception as exc:  # cramjam raises DecompressionError, ValueError, ...
+        raise CorruptBatch(f"{CODEC_NAMES[codec]} decompression failed: {exc}") from exc
+    raise UnsupportedCompression(f"compression codec id {codec}")
+
+
+def compress(codec: int, data: Buffer, xerial: bool = True) -> Buffer:
+    """Compress a records section with `codec` (snappy: xerial framing unless xerial=False)."""
+    if codec == CODEC_NONE:
+        return data
+    if codec == CODEC_GZIP:
+        return bytes(cramjam.gzip.compress(data, level=6))
+    if codec == CODEC_SNAPPY:
+        if xerial:
+            return _xerial_compress(data)
+        return bytes(cramjam.snappy.compress_raw(data))
+    if codec == CODEC_LZ4:
+        compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        compressor.compress(data if isinstance(data, bytes) else bytes(data))
+        return bytes(compressor.finish())
+    if codec == CODEC_ZSTD:
+        return bytes(cramjam.zstd.compress(data, level=3))
+    raise UnsupportedCompression(f"compression codec id {codec}")

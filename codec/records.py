@@ -1,0 +1,377 @@
+"""Record batches, magic v2 (Kafka's DefaultRecordBatch layout).
+
+    baseOffset i64 | batchLength i32 | partitionLeaderEpoch i32 | magic i8 (=2) | crc u32 |
+    attributes i16 | lastOffsetDelta i32 | baseTimestamp i64 | maxTimestamp i64 |
+    producerId i64 | producerEpoch i16 | baseSequence i32 | recordCount i32 | records...
+
+batchLength counts from partitionLeaderEpoch to the end; the CRC32C covers attributes to the
+end. With compression, everything after recordCount is one compressed blob.
+
+Per-record parsing and encoding use aiokafka's Cython record module (several times faster than
+pure Python); batch headers, compression and CRCs are handled here so that every header field
+survives a rebuild exactly as the caller gives it. A pure-Python encoder covers the two cases
+aiokafka's builder cannot express (a first record with a non-zero timestamp delta, non-zero
+record attributes).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import google_crc32c
+from aiokafka.record._crecords.default_records import (
+    DefaultRecordBatch as _CyBatch,
+)
+from aiokafka.record._crecords.default_records import (
+    DefaultRecordBatchBuilder as _CyBuilder,
+)
+
+from .compression import CODEC_NONE, CODEC_SNAPPY, compress, decompress, is_xerial
+from .errors import CorruptBatch, EncodeError, UnsupportedCompression
+
+__all__ = [
+    "HEADER_SIZE",
+    "BatchHeader",
+    "RawBatch",
+    "Record",
+    "RecordList",
+    "build_batch",
+    "crc32c",
+    "decode_records",
+    "parse_batch_header",
+    "split_batches",
+    "verify_crc",
+]
+
+# Offsets into a batch.
+_LENGTH_END = 12  # baseOffset + batchLength
+_MAGIC_OFFSET = 16
+_CRC_OFFSET = 17
+_ATTRIBUTES_OFFSET = 21
+HEADER_SIZE = 61
+_MIN_BATCH_LENGTH = HEADER_SIZE - _LENGTH_END
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_AFTER_CRC = struct.Struct(">hiqqqhii")
+_BEFORE_CRC = struct.Struct(">qiibI")
+_OFFSET_AND_LENGTH = struct.Struct(">qi")
+
+_COMPRESSION_MASK = 0x07
+_TIMESTAMP_TYPE_MASK = 0x08
+_TRANSACTIONAL_MASK = 0x10
+_CONTROL_MASK = 0x20
+_MAX_CODEC = 4
+
+Buffer = bytes | bytearray | memoryview
+
+
+def crc32c(data: Buffer) -> int:
+    """CRC-32C (Castagnoli) of `data`."""
+    return int(google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data))
+
+
+@dataclass(slots=True)
+class Record:
+    """One record of a batch; offsets and timestamps relative to the batch header."""
+
+    offset_delta: int
+    timestamp_delta: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+    attributes: int = 0
+
+
+@dataclass(slots=True)
+class BatchHeader:
+    """The 61-byte header of a v2 record batch.
+
+    snappy_xerial records how a snappy batch was framed (True: xerial, as Java producers
+    write; False: raw, as librdkafka writes) so that a rebuild keeps the producer's choice;
+    None when not snappy or not known (a rebuild then uses xerial).
+    """
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+    snappy_xerial: bool | None = None
+
+    @property
+    def compression(self) -> int:
+        """0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd (5-7 are invalid)."""
+        return self.attributes & _COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> int:
+        """0 CreateTime, 1 LogAppendTime."""
+        return 1 if self.attributes & _TIMESTAMP_TYPE_MASK else 0
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & _TRANSACTIONAL_MASK)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _CONTROL_MASK)
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id >= 0
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        """Offset a consumer continues from after this batch."""
+        return self.base_offset + self.last_offset_delta + 1
+
+
+@dataclass(slots=True)
+class RawBatch:
+    """A whole batch: its parsed header and its bytes (a view into the input when possible)."""
+
+    header: BatchHeader
+    data: bytes | memoryview
+
+
+class RecordList(list[Record]):
+    """The list `decode_records` returns. It remembers the batch's original records section so
+    that `build_batch` can reuse the producer's compressed bytes when the records are
+    unchanged (compressors are not deterministic across libraries and levels)."""
+
+    __slots__ = ("_codec", "_payload", "_plain")
+
+    def __init__(self, records: list[Record], codec: int, payload: Buffer, plain: Buffer):
+        super().__init__(records)
+        self._codec = codec
+        self._payload = payload
+        self._plain = plain
+
+
+def parse_batch_header(data: Buffer) -> BatchHeader:
+    """Parse the 61-byte header at the start of `data`."""
+    try:
+        fields = _HEADER.unpack_from(data, 0)
+    except struct.error:
+        raise CorruptBatch(f"batch header needs {HEADER_SIZE} bytes, got {len(data)}") from None
+    header = BatchHeader(*fields)
+    if header.magic != 2:
+        raise CorruptBatch(f"unsupported record batch magic {header.magic} (legacy format)")
+    if header.compression == CODEC_SNAPPY and len(data) >= HEADER_SIZE + 8:
+        header.snappy_xerial = is_xerial(data[HEADER_SIZE : HEADER_SIZE + 8])
+    return header
+
+
+def split_batches(records: Buffer) -> tuple[list[RawBatch], bytes | memoryview]:
+    """Split a records field into whole batches plus the partial tail (possibly empty).
+
+    A Fetch response may end with a batch cut short by the fetch size limit; that tail is
+    returned untouched as the second element. Batches are views of `records` (no copy).
+    Raises CorruptBatch on a legacy magic byte or a batch length shorter than a header.
+    """
+    view = memoryview(records)
+    if view.ndim != 1 or view.itemsize != 1:
+        view = view.cast("B")
+    total = len(view)
+    pos = 0
+    batches: list[RawBatch] = []
+    while total - pos >= _LENGTH_END:
+        _base, length = _OFFSET_AND_LENGTH.unpack_from(view, pos)
+        if length < _MIN_BATCH_LENGTH:
+            raise CorruptBatch(f"batch at byte {pos} declares length {length}")
+        if total - pos > _MAGIC_OFFSET and view[pos + _MAGIC_OFFSET] != 2:
+            raise CorruptBatch(
+                f"unsupported record batch magic {view[pos + _MAGIC_OFFSET]} (legacy format)"
+            )
+        end = pos + _LENGTH_END + length
+        if end > total:
+            break
+        data = view[pos:end]
+        batches.append(RawBatch(parse_batch_header(data), data))
+        pos = end
+    return batches, view[pos:]
+
+
+def verify_crc(batch: Buffer) -> bool:
+    """Whether the CRC32C stored in a whole batch matches its contents."""
+    if len(batch) < HEADER_SIZE:
+        return False
+    (_base, length) = _OFFSET_AND_LENGTH.unpack_from(batch, 0)
+    end = _LENGTH_END + length
+    if length < _MIN_BATCH_LENGTH or end > len(batch):
+        return False
+    (stored,) = struct.unpack_from(">I", batch, _CRC_OFFSET)
+    view = memoryview(batch)[_ATTRIBUTES_OFFSET:end]
+    return int(google_crc32c.value(bytes(view))) == stored
+
+
+def decode_records(batch: RawBatch) -> RecordList:
+    """Decompress and parse the records of a batch."""
+    header = batch.header
+    codec = header.compression
+    if codec > _MAX_CODEC:
+        raise UnsupportedCompression(f"compression codec id {codec}")
+    data = batch.data
+    if len(data) < HEADER_SIZE:
+        raise CorruptBatch("batch shorter than its header")
+    payload = data[HEADER_SIZE:]
+    plain = decompress(codec, payload)
+    if header.record_count < 0:
+        raise CorruptBatch(f"negative record count {header.record_count}")
+    # Hand aiokafka a copy of the batch whose header is neutralised: base offset and base
+    # timestamp 0 (so it reports deltas), no compression (already undone) and CreateTime (for
+    # LogAppendTime it would report maxTimestamp instead of each record's delta).
+    neutral = _HEADER.pack(
+        0,
+        _MIN_BATCH_LENGTH + len(plain),
+        -1,
+        2,
+        0,
+        header.attributes & ~(_COMPRESSION_MASK | _TIMESTAMP_TYPE_MASK),
+        header.last_offset_delta,
+        0,
+        0,
+        -1,
+        -1,
+        -1,
+        header.record_count,
+    )
+    try:
+        records = [
+            Record(r.offset, r.timestamp, r.key, r.value, r.headers)
+            for r in _CyBatch(b"".join((neutral, plain)))
+        ]
+    except Exception as exc:  # aiokafka's CorruptRecordException, UnicodeDecodeError, ...
+        raise CorruptBatch(f"undecodable records: {exc}") from exc
+    return RecordList(records, codec, payload, plain)
+
+
+def _encode_records_cython(records: list[Record]) -> Buffer | None:
+    builder = _CyBuilder(2, 0, 0, -1, -1, -1, 2**31 - 1)
+    append = builder.append
+    for r in records:
+        if r.attributes:
+            return None
+        append(r.offset_delta, r.timestamp_delta, r.key, r.value, r.headers)
+    return memoryview(builder.build())[HEADER_SIZE:]
+
+
+def _varint(value: int, out: bytearray) -> None:
+    value = (value << 1) ^ (value >> 63)  # zigzag
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _encode_records_python(records: list[Record]) -> bytes:
+    out = bytearray()
+    body = bytearray()
+    for r in records:
+        body.clear()
+        body.append(r.attributes & 0xFF)
+        _varint(r.timestamp_delta, body)
+        _varint(r.offset_delta, body)
+        for blob in (r.key, r.value):
+            if blob is None:
+                body.append(1)  # zigzag(-1)
+            else:
+                _varint(len(blob), body)
+                body += blob
+        _varint(len(r.headers), body)
+        for h_key, h_value in r.headers:
+            raw_key = h_key.encode("utf-8")
+            _varint(len(raw_key), body)
+            body += raw_key
+            if h_value is None:
+                body.append(1)
+            else:
+                _varint(len(h_value), body)
+                body += h_value
+        _varint(len(body), out)
+        out += body
+    return bytes(out)
+
+
+def encode_records(records: list[Record]) -> Buffer:
+    """The uncompressed records section for `records` (no batch header)."""
+    if not records:
+        return b""
+    try:
+        if records[0].timestamp_delta == 0:
+            plain = _encode_records_cython(records)
+            if plain is not None:
+                return plain
+        return _encode_records_python(records)
+    except (TypeError, ValueError, OverflowError, AttributeError, UnicodeEncodeError) as exc:
+        raise EncodeError(f"cannot encode records: {exc!r}") from exc
+
+
+def build_batch(header: BatchHeader, records: list[Record]) -> bytes:
+    """Encode a whole v2 batch.
+
+    Keeps every header field as given (base offset, leader epoch, attributes, last offset
+    delta, base/max timestamp, producer id/epoch, base sequence); writes record_count =
+    len(records), the batch length and a fresh CRC32C. Records are compressed with the
+    header's codec, except that an empty record list is written as Kafka writes empty batches:
+    no payload and the compression bits cleared. When `records` is a `RecordList` from
+    `decode_records` whose encoding is unchanged, the original compressed bytes are reused,
+    so an unchanged batch is rebuilt byte for byte.
+    """
+    codec = header.compression
+    if codec > _MAX_CODEC:
+        raise UnsupportedCompression(f"compression codec id {codec}")
+    attributes = header.attributes
+    plain = encode_records(records)
+    payload: Buffer
+    if not records:
+        attributes &= ~_COMPRESSION_MASK
+        payload = b""
+    elif codec == CODEC_NONE:
+        payload = plain
+    elif isinstance(records, RecordList) and records._codec == codec and records._plain == plain:
+        payload = records._payload
+    else:
+        xerial = header.snappy_xerial is not False
+        payload = compress(codec, plain, xerial)
+    try:
+        after_crc = _AFTER_CRC.pack(
+            attributes,
+            header.last_offset_delta,
+            header.base_timestamp,
+            header.max_timestamp,
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            len(records),
+        )
+        crc = google_crc32c.extend(google_crc32c.value(after_crc), _as_bytes(payload))
+        before_crc = _BEFORE_CRC.pack(
+            header.base_offset,
+            _MIN_BATCH_LENGTH + len(payload),
+            header.partition_leader_epoch,
+            2,
+            crc,
+        )
+    except struct.error as exc:
+        raise EncodeError(f"batch header field out of range: {exc}") from exc
+    return b"".join((before_crc, after_crc, payload))
+
+
+def _as_bytes(data: Any) -> Any:
+    # google_crc32c's C functions accept bytes; memoryviews must be converted.
+    return data if isinstance(data, bytes) else bytes(data)
