@@ -1,0 +1,95 @@
+"""The seed examples under filters/examples, run through the production filter runtime.
+
+They double as tests of the three ABIs from the guest side: Sluice ABI v1 (enrich in C,
+upper in Zig), the Kafka Connect ABI (connect-functions) and the in-place ABI
+(inplace-enrich).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import FilterRecord, RecordContext
+from sluice.filters.decisions import Action, Decision
+from sluice.filters.runtime import LoadedFilter, load_filter
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "filters" / "examples"
+CTX = RecordContext(topic="raw-events", partition=0, direction="produce", client_id="t")
+
+
+def example(name: str, function: str | None = None, **kw: Any) -> LoadedFilter:
+    spec = FilterSpec(name=name, module=str(EXAMPLES / name / f"{name}.wasm"),
+                      function=function, **kw)
+    return load_filter(spec)
+
+
+def run(f: LoadedFilter, *values: bytes | None, key: bytes | None = None,
+        timestamp_ms: int = 0) -> list[Decision]:
+    recs = [FilterRecord(i, 0, key, v, [("h", b"1")]) for i, v in enumerate(values)]
+    return f.run_batch(CTX, recs, timestamp_base=timestamp_ms).decisions
+
+
+def test_enrich_adds_timestamp_drops_without_user_id_rejects_non_json() -> None:
+    f = example("enrich")
+    ts = 1_700_000_123_456  # 2023-11-14T22:15:23.456Z
+    got = run(f, b'{"user_id": 7, "event": "click"}', b'{"event": "click"}',
+              b'{"user_id": 8, "timestamp": "x"}', b"not json", b"[1]", None, timestamp_ms=ts)
+    assert got[0].action == Action.REWRITE
+    assert got[0].value is not None
+    assert json.loads(got[0].value) == {"user_id": 7, "event": "click",
+                                        "timestamp": "2023-11-14T22:15:23.456Z"}
+    assert got[0].headers == [("h", b"1")]
+    assert got[1].action == Action.DROP
+    assert got[2].action == Action.KEEP
+    assert got[3].action == Action.REJECT
+    assert got[3].reason is not None and got[3].reason.startswith("value is not a JSON object")
+    assert got[4].action == Action.REJECT
+    assert got[5].action == Action.REJECT
+
+
+@pytest.mark.parametrize(("ms", "text"), [(0, "1970-01-01T00:00:00.000Z"),
+                                          (951_782_400_000, "2000-02-29T00:00:00.000Z"),
+                                          (-1, "1969-12-31T23:59:59.999Z")])
+def test_enrich_timestamp_formatting(ms: int, text: str) -> None:
+    (d,) = run(example("enrich"), b'{"user_id":1}', timestamp_ms=ms)
+    assert d.value == b'{"user_id":1,"timestamp":"' + text.encode() + b'"}'
+
+
+def test_upper_zig_sdk() -> None:
+    f = example("upper")
+    got = run(f, b"hello w\xc3\xb6rld", b"ABC", None)
+    assert got[0].action == Action.REWRITE
+    assert got[0].value == b"HELLO W\xc3\xb6RLD"
+    assert got[1].action == Action.KEEP
+    assert got[2].action == Action.KEEP
+    res = f.run_batch(CTX, [FilterRecord(0, 0, None, b"a" * 100_000)] * 20)
+    assert res.detector_counts == {"upper_cased": 20}
+
+
+def test_connect_abi_to_upper_and_value_to_key() -> None:
+    upper = example("connect-functions", function="to_upper")
+    assert upper.abi == "connect"
+    (d,) = run(upper, b"the-value", key=b"the-key")
+    assert (d.action, d.key, d.value) == (Action.REWRITE, b"the-key", b"THE-VALUE")
+    v2k = example("connect-functions", function="value_to_key")
+    (d,) = run(v2k, b"the-value", key=b"the-key")
+    assert (d.action, d.key, d.value) == (Action.REWRITE, b"the-value", b"the-value")
+    # many records: the guest's allocator must not leak
+    decisions = run(upper, *[b"x" * 5000] * 400)
+    assert all(d.value == b"X" * 5000 for d in decisions)
+
+
+def test_inplace_abi_transform_record() -> None:
+    f = example("inplace-enrich")
+    assert f.abi == "inplace"
+    got = run(f, b'{ "user_id" : 1,\n  "tags": [ "a b", 2 ] }', b'{"name": "user_id"}',
+              b"garbage", b'{"user_id": 1} trailing')
+    assert got[0].action == Action.REWRITE
+    assert got[0].value == b'{"user_id":1,"tags":["a b",2]}'
+    assert got[1].action == Action.DROP
+    assert got[2].action == Action.REJECT and got[2].failure is not None
+    assert got[3].action == Action.REJECT
