@@ -1,0 +1,187 @@
+"""The self-contained HTML summary: inline SVG charts and tables, no JavaScript, no links out.
+
+``render(data)`` is pure (no Spark): the job collects small aggregates into ``ReportData``
+and this module turns them into one HTML file that opens from the output folder.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from string import Template
+from typing import Any
+
+from sluice.spark_audit.svg import (
+    FETCH_COLOUR,
+    PRODUCE_COLOUR,
+    Edge,
+    bar_chart,
+    esc,
+    line_chart,
+    topology,
+)
+
+
+@dataclass
+class ReportData:
+    source: str
+    generated_at: str
+    time_from: str | None = None
+    time_to: str | None = None
+    first_event: str | None = None
+    last_event: str | None = None
+    events_by_type: dict[str, int] = field(default_factory=dict)
+    totals: dict[str, int] = field(default_factory=dict)
+    instances: list[str] = field(default_factory=list)
+    bucket_label: str = "hour"
+    traffic: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    top_topics: list[tuple[str, int, int]] = field(default_factory=list)
+    detections: list[tuple[str, int]] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+    modules: list[dict[str, Any]] = field(default_factory=list)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    compliance: list[dict[str, Any]] = field(default_factory=list)
+    files: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+    if not rows:
+        return '<p class="note">none</p>'
+    head = "".join(
+        f'<th class="{"n" if _is_num(rows[0].get(key)) else ""}">{esc(title)}</th>'
+        for key, title in columns
+    )
+    body = []
+    for row in rows:
+        cells = []
+        for key, _title in columns:
+            value = row.get(key)
+            if _is_num(value):
+                cells.append(f'<td class="n">{value:,}</td>')
+            elif isinstance(value, list | tuple):
+                cells.append(f"<td>{esc(', '.join(str(v) for v in value))}</td>")
+            elif value is None:
+                cells.append("<td></td>")
+            else:
+                cells.append(f"<td>{esc(value)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _card(value: Any, label: str) -> str:
+    shown = f"{value:,}" if _is_num(value) else esc(value)
+    return f'<div class="card"><b>{shown}</b><span>{esc(label)}</span></div>'
+
+
+def render(data: ReportData) -> str:
+    template = Template(
+        importlib.resources.files("sluice.spark_audit")
+        .joinpath("templates/report.html")
+        .read_text(encoding="utf-8")
+    )
+    window = ""
+    if data.time_from or data.time_to:
+        window = f" · window {esc(data.time_from or '…')} to {esc(data.time_to or '…')}"
+    meta = (
+        f"Telemetry: <code>{esc(data.source)}</code>{window} · events from "
+        f"{esc(data.first_event or '-')} to {esc(data.last_event or '-')} · generated "
+        f"{esc(data.generated_at)}"
+    )
+    t = data.totals
+    cards = "".join(
+        [
+            _card(sum(data.events_by_type.values()), "events"),
+            _card(len(data.instances), "proxy instances"),
+            _card(t.get("produce_records", 0), "records produced (to broker)"),
+            _card(t.get("fetch_records", 0), "records consumed (to clients)"),
+            _card(t.get("detections", 0), "detections"),
+            _card(t.get("rejected", 0), "records rejected"),
+            _card(t.get("filter_errors", 0), "filter errors"),
+            _card(t.get("telemetry_dropped", 0), "telemetry events lost"),
+        ]
+    )
+    topics_svg = bar_chart(
+        [(name, (float(p), float(f))) for name, p, f in data.top_topics],
+        series=("produced", "consumed"),
+        colours=(PRODUCE_COLOUR, FETCH_COLOUR),
+        title="Records per topic (top 15)",
+    )
+    detections_svg = bar_chart(
+        [(label, (float(n),)) for label, n in data.detections],
+        series=("detections",),
+        colours=("#e15759",),
+        title="Detections per detector and topic (top 15)",
+    )
+    traffic_svg = line_chart(
+        data.traffic,
+        title=f"Record bytes per client per {data.bucket_label} (produce in + fetch out)",
+        y_label="bytes",
+    )
+    topology_svg = topology(data.edges, title="Clients → proxies → topics")
+    modules = _table(
+        data.modules,
+        [
+            ("module_sha256", "module sha256"),
+            ("filter_names", "names"),
+            ("proxy_instances", "instances"),
+            ("topics", "topics touched"),
+            ("topic_partitions", "partitions"),
+            ("batches", "batches"),
+            ("kept", "kept"),
+            ("rewritten", "rewritten"),
+            ("dropped", "dropped"),
+            ("rejected", "rejected"),
+            ("detections", "detections"),
+            ("errors", "errors"),
+            ("admin_items", "admin items"),
+        ],
+    )
+    clients = _table(
+        data.clients,
+        [
+            ("principal", "principal"),
+            ("client_id", "client id"),
+            ("produce_records_out", "records produced"),
+            ("produce_bytes_in", "bytes produced"),
+            ("fetch_records_out", "records consumed"),
+            ("fetch_bytes_out", "bytes consumed"),
+            ("filter_time_ns", "filter time ns"),
+        ],
+    )
+    compliance = _table(
+        data.compliance,
+        [
+            ("kind", "kind"),
+            ("topic", "topic"),
+            ("api", "api"),
+            ("filter_name", "filter"),
+            ("name", "detector / reason / error"),
+            ("count", "count"),
+        ],
+    )
+    files = (
+        "<ul>"
+        + "".join(
+            f'<li>{esc(name)}: <a href="{esc(parquet)}">{esc(parquet)}</a> · '
+            f'<a href="{esc(csv)}">{esc(csv)}</a></li>'
+            for name, parquet, csv in data.files
+        )
+        + "</ul>"
+    )
+    return template.substitute(
+        meta=meta,
+        cards=cards,
+        topology=topology_svg,
+        traffic=traffic_svg,
+        topics=topics_svg,
+        detections=detections_svg,
+        modules=modules,
+        clients=clients,
+        compliance=compliance,
+        files=files,
+    )

@@ -1,0 +1,181 @@
+"""A batch Kafka reader for Spark built on the Python Data Source API and confluent-kafka.
+
+Spark's own Kafka source is a jar from a Maven repository; this reader needs only Python
+packages, so it works offline. It yields the same columns as Spark's Kafka source (``key``,
+``value``, ``topic``, ``partition``, ``offset``, ``timestamp``, ``timestampType``), so the job
+reads either the same way::
+
+    spark.dataSource.register(KafkaBatchSource)
+    df = (spark.read.format("sluice_kafka")
+          .option("bootstrap.servers", "host:9092").option("subscribe", "telemetry").load())
+
+One Spark partition per Kafka partition. Each reads from the partition's start (earliest, or
+``startingOffsets`` as JSON ``{"0": 42}``) to the high watermark that the broker reports in
+its first Fetch response for that read: a per-partition snapshot. The high watermark from
+Fetch is used rather than ListOffsets because some brokers (Tansu 0.6) answer ListOffsets
+LATEST wrongly. Options named ``kafka.<key>`` go to the librdkafka consumer as ``<key>``.
+Executors need ``confluent-kafka`` and ``pyarrow`` installed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
+from sluice.spark_audit.schema import KAFKA_ROWS
+
+FORMAT_NAME = "sluice_kafka"
+# Rows per Arrow batch handed to Spark: large enough to amortise the Python->JVM crossing.
+ARROW_BATCH_ROWS = 10_000
+
+
+class KafkaPartition(InputPartition):
+    def __init__(self, topic: str, partition: int, start: int) -> None:
+        super().__init__((topic, partition, start))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+
+
+def _consumer_config(options: dict[str, str]) -> dict[str, Any]:
+    bootstrap = options.get("bootstrap.servers") or options.get("kafka.bootstrap.servers")
+    if not bootstrap:
+        raise ValueError(f"{FORMAT_NAME}: option bootstrap.servers is required")
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"sluice-audit-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+        "fetch.max.bytes": 52_428_800,
+        "log_level": 3,
+    }
+    for key, value in options.items():
+        if key.startswith("kafka.") and key != "kafka.bootstrap.servers":
+            conf[key[len("kafka.") :]] = value
+    return conf
+
+
+class KafkaBatchReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = dict(options)
+        topic = self.options.get("subscribe") or self.options.get("topic")
+        if not topic:
+            raise ValueError(f"{FORMAT_NAME}: option subscribe (the topic) is required")
+        self.topic = topic
+        self.timeout_s = float(self.options.get("timeout.seconds", "30"))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        from confluent_kafka import OFFSET_BEGINNING, Consumer
+
+        consumer = Consumer(_consumer_config(self.options))
+        try:
+            metadata = consumer.list_topics(self.topic, timeout=self.timeout_s)
+            topic_md = metadata.topics.get(self.topic)
+            if topic_md is None or topic_md.error is not None:
+                error = topic_md.error if topic_md is not None else "not found"
+                raise ValueError(f"{FORMAT_NAME}: topic {self.topic!r}: {error}")
+            numbers = sorted(topic_md.partitions)
+        finally:
+            consumer.close()
+        starting = json.loads(self.options.get("startingOffsets", "{}") or "{}")
+        if starting == "earliest":
+            starting = {}
+        if not isinstance(starting, dict):
+            raise ValueError(f"{FORMAT_NAME}: startingOffsets must be a JSON object or earliest")
+        return [
+            KafkaPartition(self.topic, p, int(starting.get(str(p), OFFSET_BEGINNING)))
+            for p in numbers
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        import pyarrow as pa
+        from confluent_kafka import Consumer as KafkaConsumer
+        from confluent_kafka import KafkaError, TopicPartition
+
+        assert isinstance(partition, KafkaPartition)
+        arrow_schema = pa.schema(
+            [
+                ("key", pa.binary()),
+                ("value", pa.binary()),
+                ("topic", pa.string()),
+                ("partition", pa.int32()),
+                ("offset", pa.int64()),
+                ("timestamp", pa.timestamp("us", tz="UTC")),
+                ("timestampType", pa.int32()),
+            ]
+        )
+        consumer = KafkaConsumer(_consumer_config(self.options))
+        tp = TopicPartition(partition.topic, partition.partition, partition.start)
+        consumer.assign([tp])
+        cols: dict[str, list[Any]] = {name: [] for name in arrow_schema.names}
+        end: int | None = None
+        next_offset = -1
+        idle_since = time.monotonic()
+        try:
+            while True:
+                messages = consumer.consume(num_messages=ARROW_BATCH_ROWS, timeout=0.5)
+                reached_eof = False
+                for msg in messages:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            reached_eof = True
+                            continue
+                        raise RuntimeError(f"{FORMAT_NAME}: {partition.topic}: {err}")
+                    offset = int(msg.offset() or 0)
+                    if end is not None and offset >= end:
+                        reached_eof = True
+                        break
+                    ts_type, ts_ms = msg.timestamp()
+                    cols["key"].append(msg.key())
+                    cols["value"].append(msg.value())
+                    cols["topic"].append(msg.topic())
+                    cols["partition"].append(msg.partition())
+                    cols["offset"].append(offset)
+                    cols["timestamp"].append(
+                        datetime.fromtimestamp(ts_ms / 1000, tz=UTC) if ts_ms >= 0 else None
+                    )
+                    cols["timestampType"].append(ts_type)
+                    next_offset = offset + 1
+                if messages:
+                    idle_since = time.monotonic()
+                if end is None:
+                    # The high watermark of the first Fetch response: this read's snapshot.
+                    _low, high = consumer.get_watermark_offsets(tp, cached=True)
+                    if high >= 0:
+                        end = high
+                if len(cols["offset"]) >= ARROW_BATCH_ROWS:
+                    yield pa.RecordBatch.from_pydict(cols, schema=arrow_schema)
+                    cols = {name: [] for name in arrow_schema.names}
+                if reached_eof or (end is not None and next_offset >= end):
+                    break
+                if time.monotonic() - idle_since > self.timeout_s:
+                    raise TimeoutError(
+                        f"{FORMAT_NAME}: {partition.topic}[{partition.partition}]: "
+                        f"no data and no end of partition within {self.timeout_s} s"
+                    )
+        finally:
+            consumer.close()
+        if cols["offset"]:
+            yield pa.RecordBatch.from_pydict(cols, schema=arrow_schema)
+
+
+class KafkaBatchSource(DataSource):
+    """``spark.read.format("sluice_kafka")``: a batch read of one Kafka topic."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return KAFKA_ROWS
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(dict(self.options))

@@ -1,0 +1,83 @@
+"""Command-line options of the audit job, shared by ``sluice audit`` and spark-submit.
+
+Kept free of pyspark imports so that building the ``sluice`` CLI stays fast and works
+without the ``spark`` extra installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--telemetry",
+        required=True,
+        metavar="PATH",
+        help="telemetry directory or any Spark path (s3a://, hdfs://), or kafka://HOST:PORT/TOPIC",
+    )
+    parser.add_argument("--out", required=True, metavar="DIR", help="output folder for reports")
+    parser.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master (default: local[*], or what spark-submit set)",
+    )
+    parser.add_argument(
+        "--from",
+        dest="time_from",
+        default=None,
+        metavar="T",
+        help="only events at or after T (ISO-8601, date, or epoch ms; UTC if no zone)",
+    )
+    parser.add_argument(
+        "--to", dest="time_to", default=None, metavar="T", help="only events before T"
+    )
+    parser.add_argument(
+        "--input-format",
+        choices=("json", "parquet"),
+        default="json",
+        help="telemetry files are JSON Lines (default) or Parquet with the same columns",
+    )
+    parser.add_argument(
+        "--glob",
+        default="*.jsonl",
+        help="file-name filter inside a telemetry directory (default *.jsonl; '' = all files)",
+    )
+    parser.add_argument(
+        "--kafka-reader",
+        choices=("python", "spark"),
+        default="python",
+        help="for kafka:// sources: the built-in Python reader (default) or Spark's Kafka "
+        "connector (needs its jar, e.g. spark-submit --packages)",
+    )
+    parser.add_argument(
+        "--dedupe",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="drop repeated event ids (default: on for kafka://, off for files)",
+    )
+    parser.add_argument(
+        "--html",
+        default=None,
+        metavar="FILE",
+        help="where to write the HTML summary (default OUT/report.html; needed when OUT is "
+        "not a local folder)",
+    )
+    parser.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark setting (repeatable), e.g. --conf spark.driver.memory=8g",
+    )
+
+
+def parse_conf(items: list[str]) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--conf {item!r}: expected KEY=VALUE")
+        conf[key.strip()] = value
+    return conf

@@ -1,0 +1,73 @@
+"""Getting a SparkSession for the audit job: local by default, any master on request.
+
+PySpark starts Python workers with ``PYSPARK_PYTHON``; pointing it at the interpreter that
+runs the job (``sys.executable``) means the workers see the same packages (pyarrow,
+confluent-kafka, sluice) without users setting anything. On a cluster, executors must have
+those packages too (or receive them with ``--py-files`` / an archive).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+APP_NAME = "sluice-audit"
+
+# Settings that suit a small local run; a cluster's spark-defaults or --conf override them.
+LOCAL_DEFAULTS: dict[str, str] = {
+    "spark.driver.memory": "4g",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+ALWAYS: dict[str, str] = {
+    # Billing hours and report times are UTC whatever the machine's zone.
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.sources.partitionOverwriteMode": "static",
+}
+
+
+def prepare_python_env() -> None:
+    """Make Spark's Python workers use this interpreter unless the user chose another."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def get_session(
+    master: str | None = None, conf: Mapping[str, str] | None = None
+) -> tuple[SparkSession, bool]:
+    """The active session if there is one, else a new one; returns (session, created_here).
+
+    ``master`` None means: whatever spark-submit configured, else ``local[*]``.
+    """
+    prepare_python_env()
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        for key, value in (conf or {}).items():
+            try:
+                active.conf.set(key, value)
+            except Exception:  # static settings cannot change on a running session
+                continue
+        for key, value in ALWAYS.items():
+            active.conf.set(key, value)
+        return active, False
+    builder = SparkSession.builder.appName(APP_NAME)
+    # Under spark-submit the JVM already runs with its --master and --conf settings.
+    under_submit = "PYSPARK_GATEWAY_PORT" in os.environ
+    effective_master = master or ("" if under_submit else "local[*]")
+    if effective_master:
+        builder = builder.master(effective_master)
+    if effective_master.startswith("local"):
+        for key, value in LOCAL_DEFAULTS.items():
+            if key not in (conf or {}):
+                builder = builder.config(key, value)
+    for key, value in {**ALWAYS, **dict(conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark, True
