@@ -188,10 +188,26 @@ def _encode(entity: Entity) -> bytes:
     return buf.getvalue()
 
 
+_METADATA_KEY = 3
+_LIBRDKAFKA_PLACEHOLDER = b"\x00\x00\x00\x00"
+
+
 def decode_request(api_key: int, version: int, body: Buffer) -> Entity:
     """Decode a request body (the frame after the request header)."""
     schema = request_schema(api_key, version)
-    return _decode(schema, body, f"request api_key={api_key} v{version}")
+    what = f"request api_key={api_key} v{version}"
+    try:
+        return _decode(schema, body, what)
+    except DecodeError:
+        if not (api_key == _METADATA_KEY and version >= 9):
+            raise
+        if bytes(body[:4]) != _LIBRDKAFKA_PLACEHOLDER:
+            raise
+        # librdkafka asks for all topics (v9+) by leaving its 4-byte placeholder for the
+        # topic count unfinalised: a compact null (0x00) followed by three stray zero bytes.
+        # Read naively, those zeros become allow_auto_topic_creation, authorized-operations
+        # and the tag count, and the real values show up as "trailing bytes".
+        return _decode(schema, memoryview(body)[3:], what)
 
 
 def decode_response(api_key: int, version: int, body: Buffer) -> Entity:
