@@ -76,8 +76,8 @@ def trap_text(trap: wasmtime.Trap) -> str:
     backtrace."""
     lines = [ln.strip() for ln in (trap.message or "").splitlines() if ln.strip()]
     for ln in reversed(lines):
-        if ln.startswith("wasm trap:"):
-            return ln[len("wasm trap:"):].strip()
+        if "wasm trap:" in ln:
+            return ln.split("wasm trap:", 1)[1].strip()
     code = trap.trap_code
     if lines:
         return lines[-1]

@@ -1,0 +1,287 @@
+"""The filter chain: which filters apply where, and running records and admin items through them.
+
+`FilterChain.from_specs(specs)` loads every filter (failing fast with FilterLoadError).
+`applies(topic, direction, principal)` answers from a per-(topic, direction, principal) cache,
+so the proxy can decide cheaply whether to decode a partition at all.
+
+Records go through the filters bound to their topic in listed order: a rewrite by one filter is
+what the next one sees; a drop or reject ends that record's trip. Admin resources go through
+the ``admin`` filters in order: a rewrite is what the next filter sees; the first deny wins.
+
+Topic globs use shell syntax (``*``, ``?``, ``[...]``; ``*`` also matches dots), case-sensitive
+like Kafka topic names. Principal globs match the authenticated principal (e.g.
+``User:alice``); a connection without one counts as ``User:ANONYMOUS`` (Kafka's name for it),
+so a filter scoped with ``principals: ["User:*"]`` cannot be bypassed by skipping
+authentication.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from fnmatch import translate
+from pathlib import Path
+from typing import Final
+
+from sluice.filters.admin import AdminResource, AdminVerdict
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import Header, RecordContext, RecordLike
+from sluice.filters.decisions import Action
+from sluice.filters.engine import FilterEngine
+from sluice.filters.module_cache import ModuleCache
+from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
+
+ANONYMOUS: Final = "User:ANONYMOUS"
+_CACHE_LIMIT: Final = 10_000
+
+KEEP: Final = int(Action.KEEP)
+REWRITE: Final = int(Action.REWRITE)
+DROP: Final = int(Action.DROP)
+REJECT: Final = int(Action.REJECT)
+
+# Dead-letter headers naming the filter and the reason.
+H_FILTER: Final = "sluice.filter"
+H_SHA256: Final = "sluice.filter.sha256"
+H_REASON: Final = "sluice.reason"
+H_TOPIC: Final = "sluice.source.topic"
+H_PARTITION: Final = "sluice.source.partition"
+H_DIRECTION: Final = "sluice.source.direction"
+
+
+def _glob(patterns: Sequence[str]) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{translate(p)})" for p in patterns))
+
+
+@dataclass(slots=True)
+class FilterStats:
+    """What one filter did to one partition's records (telemetry reads these)."""
+
+    name: str
+    sha256: str
+    kept: int = 0
+    rewritten: int = 0
+    dropped: int = 0
+    rejected: int = 0
+    detector_counts: dict[str, int] = field(default_factory=dict)
+    time_ns: int = 0
+    errors: int = 0
+    failure: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record the proxy must produce to `topic` (failure policy ``dead-letter``)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+
+    def __iter__(self) -> Iterator[object]:
+        # Lets callers unpack (topic, key, value, headers) as the shared contract describes.
+        return iter((self.topic, self.key, self.value, self.headers))
+
+
+@dataclass(slots=True)
+class ChainResult:
+    """The fate of each input record after the whole chain.
+
+    `fates[i]` is KEEP (untouched), REWRITE (`records[i]` is the new record), DROP or REJECT
+    (`records[i]` is None; `reasons[i]` says ``filter NAME: reason`` for rejects; `by[i]`
+    names the filter that dropped or rejected it).
+    `changed` is False when every record was kept as it came.
+    """
+
+    records: list[RecordLike | None]
+    fates: list[int]
+    reasons: dict[int, str]
+    by: dict[int, str]
+    dead_letters: list[DeadLetter]
+    stats: list[FilterStats]
+
+    @property
+    def changed(self) -> bool:
+        return any(f != KEEP for f in self.fates)
+
+    @property
+    def rejected(self) -> list[tuple[int, str]]:
+        return sorted(self.reasons.items())
+
+
+class _Bound:
+    __slots__ = ("directions", "filter", "principals", "spec", "topics")
+
+    def __init__(self, loaded: LoadedFilter) -> None:
+        spec = loaded.spec
+        self.filter = loaded
+        self.spec = spec
+        self.topics = _glob(spec.topics)
+        self.principals = _glob(spec.principals) if spec.principals else None
+        self.directions = spec.apply_to
+
+    def matches(self, topic: str, direction: str, principal: str) -> bool:
+        if direction not in self.directions or self.topics.fullmatch(topic) is None:
+            return False
+        return self.principals is None or self.principals.fullmatch(principal) is not None
+
+
+class FilterChain:
+    """Filters in config order, with the binding rules of each."""
+
+    def __init__(self, filters: Sequence[LoadedFilter]) -> None:
+        self._bound = [_Bound(f) for f in filters]
+        self.filters: tuple[LoadedFilter, ...] = tuple(filters)
+        self._cache: dict[tuple[str, str, str], tuple[LoadedFilter, ...]] = {}
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[FilterSpec], cache_dir: str | Path | None = None, *,
+                   engine: FilterEngine | None = None,
+                   cache: ModuleCache | None = None) -> FilterChain:
+        """Load every filter (FilterLoadError names the first that cannot run)."""
+        module_cache = cache or shared_cache(engine, cache_dir)
+        loaded: list[LoadedFilter] = []
+        try:
+            for spec in specs:
+                loaded.append(load_filter(spec, cache=module_cache))
+        except BaseException:
+            for f in loaded:
+                f.close()
+            raise
+        return cls(loaded)
+
+    def __len__(self) -> int:
+        return len(self.filters)
+
+    def filters_for(self, topic: str, direction: str,
+                    principal: str | None = None) -> tuple[LoadedFilter, ...]:
+        """The filters bound to (topic, direction, principal), in order (cached)."""
+        key = (topic, direction, principal or ANONYMOUS)
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = tuple(b.filter for b in self._bound if b.matches(*key))
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[key] = hit
+        return hit
+
+    def applies(self, topic: str, direction: str, principal: str | None = None) -> bool:
+        """Whether any filter is bound to `topic` for `direction` ("produce", "fetch",
+        "admin") and `principal`."""
+        return bool(self.filters_for(topic, direction, principal))
+
+    @property
+    def has_admin(self) -> bool:
+        return any("admin" in b.directions for b in self._bound)
+
+    def run_records(self, ctx: RecordContext, records: Sequence[RecordLike], *,
+                    offset_base: int = 0, timestamp_base: int = 0) -> ChainResult:
+        """Run `records` of one batch through the filters bound to ctx's topic/direction."""
+        n = len(records)
+        current: list[RecordLike | None] = list(records)
+        fates = [KEEP] * n
+        reasons: dict[int, str] = {}
+        by: dict[int, str] = {}
+        dead: list[DeadLetter] = []
+        stats: list[FilterStats] = []
+        alive = list(range(n))
+        for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
+            st = FilterStats(f.name, f.sha256)
+            stats.append(st)
+            if not alive:
+                continue
+            batch = [current[i] for i in alive]
+            result = f.run_batch(ctx, batch, offset_base=offset_base,
+                                 timestamp_base=timestamp_base)
+            st.time_ns = result.time_ns
+            st.detector_counts = result.detector_counts
+            st.errors = result.failed_records
+            st.failure = result.failure
+            survivors: list[int] = []
+            for j, d in enumerate(result.decisions):
+                i = alive[j]
+                action = d.action
+                if action is Action.KEEP:
+                    st.kept += 1
+                    survivors.append(i)
+                elif action is Action.REWRITE:
+                    st.rewritten += 1
+                    rec = batch[j]
+                    current[i] = _rewritten(rec, d.key, d.value, d.headers or [])
+                    fates[i] = REWRITE
+                    survivors.append(i)
+                elif action is Action.DROP:
+                    st.dropped += 1
+                    current[i] = None
+                    fates[i] = DROP
+                    by[i] = f.name
+                else:
+                    st.rejected += 1
+                    reason = d.reason or "rejected"
+                    reasons[i] = f"filter {f.name}: {reason}"
+                    fates[i] = REJECT
+                    by[i] = f.name
+                    if d.dead_letter and f.spec.dead_letter_topic:
+                        dead.append(_dead_letter(f, ctx, batch[j], reason))
+                    current[i] = None
+            alive = survivors
+        return ChainResult(current, fates, reasons, by, dead, stats)
+
+    def run_admin(self, resource: AdminResource) -> AdminVerdict:
+        """Offer one admin resource to the ``admin`` filters bound to its name."""
+        filters = self.filters_for(resource.name, "admin", resource.principal)
+        current = resource
+        rewrote: str | None = None
+        messages: list[str] = []
+        for f in filters:
+            verdict = f.run_admin(current)
+            if verdict.decision == "deny":
+                return verdict
+            if verdict.decision == "rewrite":
+                rewrote = f.name
+                if verdict.message:
+                    messages.append(verdict.message)
+                current = AdminResource(
+                    op=current.op, name=current.name, resource_type=current.resource_type,
+                    partitions=verdict.partitions if verdict.partitions is not None
+                    else current.partitions,
+                    replication_factor=current.replication_factor,
+                    configs=dict(verdict.configs) if verdict.configs is not None
+                    else current.configs,
+                    principal=current.principal, client_id=current.client_id)
+        if rewrote is None:
+            return AdminVerdict("allow")
+        return AdminVerdict("rewrite", "; ".join(messages), current.partitions,
+                            dict(current.configs), filter=rewrote)
+
+    def describe(self) -> list[dict[str, object]]:
+        """One line per filter for start-up logs and `sluice config check`."""
+        return [{"name": f.name, "sha256": f.sha256, "abi": f.abi, "origin": f.origin,
+                 "topics": list(f.spec.topics), "apply_to": sorted(f.spec.apply_to),
+                 "on_error": f.spec.on_error} for f in self.filters]
+
+    def close(self) -> None:
+        for f in self.filters:
+            f.close()
+
+
+def _rewritten(rec: RecordLike, key: bytes | None, value: bytes | None,
+               headers: list[Header]) -> RecordLike:
+    # Same class as the input (codec Record or FilterRecord): field order is shared.
+    return type(rec)(rec.offset_delta, rec.timestamp_delta, key, value,
+                     headers, rec.attributes)
+
+
+def _dead_letter(f: LoadedFilter, ctx: RecordContext, rec: RecordLike,
+                 reason: str) -> DeadLetter:
+    headers: list[Header] = list(rec.headers)
+    headers += [
+        (H_FILTER, f.name.encode()),
+        (H_SHA256, f.sha256.encode()),
+        (H_REASON, reason.encode("utf-8", "replace")),
+        (H_TOPIC, ctx.topic.encode()),
+        (H_PARTITION, str(ctx.partition).encode()),
+        (H_DIRECTION, ctx.direction.encode()),
+    ]
+    assert f.spec.dead_letter_topic is not None
+    return DeadLetter(f.spec.dead_letter_topic, rec.key, rec.value, headers)

@@ -1,0 +1,312 @@
+"""Record-batch semantics of filtering one partition's records, for Produce and Fetch.
+
+`filter_produce(chain, ctx, records)` and `filter_fetch(chain, ctx, records)` take the raw
+``records`` bytes of one partition and return an outcome with the bytes to forward (the very
+same object when nothing changed), a Kafka error code for the partition, per-record errors,
+dead letters to produce, and per-filter stats for telemetry.
+
+Produce (client -> broker):
+
+- Fail closed: records the proxy cannot filter never reach a filtered topic. Legacy message
+  format (magic < 2), more than one batch (Produce v3+ allows exactly one), a control batch
+  from a client -> INVALID_RECORD (87), as Kafka's broker answers; an unknown compression codec
+  -> UNSUPPORTED_COMPRESSION_TYPE (76); a truncated or corrupt batch or a bad CRC ->
+  CORRUPT_MESSAGE (2).
+- A rewrite keeps the record count; every header field (compression codec, producer id and
+  epoch, base sequence, transactional flag, timestamps) is kept; the CRC is recomputed.
+- A drop is legal only in batches without a producer id: the kept records' offset deltas are
+  renumbered 0..n-1, last_offset_delta = n-1, max_timestamp recomputed. In an idempotent or
+  transactional batch a drop becomes a reject (dropping would break the producer's sequence
+  numbers: the broker demands that the next batch continue at baseSequence + count).
+- Any reject fails the whole partition with INVALID_RECORD and ``record_errors`` of
+  ``(batch_index, "filter NAME: reason")`` (batch_index = the record's index in its batch);
+  nothing of that partition is forwarded.
+- When every record was dropped, ``records`` is None and ``all_dropped`` is True: the proxy
+  must not forward the partition and answers it itself with error_code 0 (NONE), base_offset
+  -1, log_append_time_ms -1, log_start_offset -1, so the producer completes its send.
+
+Fetch (broker -> client):
+
+- Every batch keeps base offset, last offset delta, max timestamp, producer id/epoch, base
+  sequence, leader epoch and attributes; kept records keep their offset deltas (gaps are
+  normal for consumers, as after compaction). A batch whose records were all removed stays as
+  an empty batch, so consumers advance past it. Control batches, empty batches and a truncated
+  trailing batch pass through untouched. Changed batches get a fresh CRC; unchanged batches
+  keep their original bytes.
+- Rejected records are removed like drops and counted (``rejected`` in the stats); there is
+  no per-record error in a Fetch response, and failing the whole partition would stall the
+  consumer on that offset forever.
+- Fail closed: a batch the proxy cannot decode (bad CRC, unknown codec, corrupt records,
+  legacy format) fails the partition with CORRUPT_MESSAGE or UNSUPPORTED_COMPRESSION_TYPE and
+  no records, rather than passing unfiltered records to the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from sluice.codec.errors import CodecError, CorruptBatch, UnsupportedCompression
+from sluice.codec.records import (
+    BatchHeader,
+    RawBatch,
+    Record,
+    build_batch,
+    decode_records,
+    split_batches,
+    verify_crc,
+)
+from sluice.filters.chain import DROP, REJECT, DeadLetter, FilterChain, FilterStats
+from sluice.filters.context import RecordContext
+
+NONE: Final = 0
+CORRUPT_MESSAGE: Final = 2
+UNSUPPORTED_COMPRESSION_TYPE: Final = 76
+INVALID_RECORD: Final = 87
+
+_MAGIC_OFFSET: Final = 16
+_MAX_ERROR_CHARS: Final = 1000
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(slots=True)
+class ProduceOutcome:
+    """What to do with one partition of a Produce request.
+
+    `records`: bytes to forward (the input object itself when unchanged), or None when the
+    partition must not be forwarded: because of an error (`error_code` != 0) or because every
+    record was dropped (`all_dropped`, answer success).
+    """
+
+    records: Buffer | None
+    error_code: int = NONE
+    error_message: str | None = None
+    record_errors: list[tuple[int, str]] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    stats: list[FilterStats] = field(default_factory=list)
+    all_dropped: bool = False
+    changed: bool = False
+
+
+@dataclass(slots=True)
+class FetchOutcome:
+    """What to hand the client for one partition of a Fetch response.
+
+    `records`: the filtered bytes (the input object itself when unchanged; b"" with an error).
+    """
+
+    records: Buffer
+    error_code: int = NONE
+    error_message: str | None = None
+    record_errors: list[tuple[int, str]] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    stats: list[FilterStats] = field(default_factory=list)
+    changed: bool = False
+
+
+def _merge(into: list[FilterStats], more: Sequence[FilterStats]) -> None:
+    by_name = {s.name: s for s in into}
+    for st in more:
+        acc = by_name.get(st.name)
+        if acc is None:
+            acc = FilterStats(st.name, st.sha256)
+            by_name[st.name] = acc
+            into.append(acc)
+        acc.kept += st.kept
+        acc.rewritten += st.rewritten
+        acc.dropped += st.dropped
+        acc.rejected += st.rejected
+        acc.time_ns += st.time_ns
+        acc.errors += st.errors
+        acc.failure = acc.failure or st.failure
+        for name, count in st.detector_counts.items():
+            acc.detector_counts[name] = acc.detector_counts.get(name, 0) + count
+
+
+def _legacy_magic(records: Buffer) -> int | None:
+    if len(records) > _MAGIC_OFFSET:
+        magic = records[_MAGIC_OFFSET]
+        if magic != 2:
+            return int(magic)
+    return None
+
+
+def _truncate(message: str) -> str:
+    return message if len(message) <= _MAX_ERROR_CHARS else message[:_MAX_ERROR_CHARS] + "..."
+
+
+def _decode(batch: RawBatch) -> tuple[list[Record] | None, int, str]:
+    """Records of `batch`, or (None, error code, message) when it cannot be filtered."""
+    if batch.header.compression > 4:
+        return None, UNSUPPORTED_COMPRESSION_TYPE, (
+            f"unsupported compression codec id {batch.header.compression}")
+    if not verify_crc(batch.data):
+        return None, CORRUPT_MESSAGE, "record batch CRC mismatch"
+    try:
+        return decode_records(batch), NONE, ""
+    except UnsupportedCompression as exc:
+        return None, UNSUPPORTED_COMPRESSION_TYPE, str(exc)
+    except CodecError as exc:
+        return None, CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
+
+
+def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
+                   allow_multiple_batches: bool = False) -> ProduceOutcome:
+    """Filter one partition of a Produce request (see the module docstring)."""
+    if ctx.direction != "produce":
+        raise ValueError("filter_produce needs a produce RecordContext")
+    if not chain.applies(ctx.topic, "produce", ctx.principal) or not len(records):
+        return ProduceOutcome(records)
+
+    def fail(code: int, message: str) -> ProduceOutcome:
+        return ProduceOutcome(None, code, _truncate(message), changed=True)
+
+    magic = _legacy_magic(records)
+    if magic is not None:
+        return fail(INVALID_RECORD, f"record batches with magic {magic} (legacy message format) "
+                                    "cannot be filtered; the proxy accepts magic 2 only")
+    try:
+        batches, tail = split_batches(records)
+    except CorruptBatch as exc:
+        return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
+    if len(tail):
+        return fail(CORRUPT_MESSAGE, "truncated record batch in a produce request")
+    if not batches:
+        return fail(CORRUPT_MESSAGE, "no record batch in a produce request")
+    if len(batches) > 1 and not allow_multiple_batches:
+        return fail(INVALID_RECORD, "produce requests with version 3 or above must contain "
+                                    "exactly one record batch per partition")
+
+    out = ProduceOutcome(records)
+    rebuilt: list[bytes | memoryview] = []
+    changed = False
+    for batch in batches:
+        header = batch.header
+        if header.is_control:
+            return fail(INVALID_RECORD, "clients may not send control batches")
+        decoded, code, message = _decode(batch)
+        if decoded is None:
+            return fail(code, message)
+        result = chain.run_records(ctx, decoded, offset_base=0,
+                                   timestamp_base=header.base_timestamp)
+        _merge(out.stats, result.stats)
+        out.dead_letters.extend(result.dead_letters)
+        errors: list[tuple[int, str]] = sorted(result.reasons.items())
+        if header.has_producer_id:
+            for i, fate in enumerate(result.fates):
+                if fate == DROP:
+                    errors.append((i, f"filter {result.by[i]}: dropped a record of an "
+                                      "idempotent or transactional batch (a drop would break "
+                                      "its sequence numbers), so the batch is rejected"))
+            errors.sort()
+        if errors:
+            out.record_errors.extend(errors)
+            continue
+        if not result.changed:
+            rebuilt.append(batch.data)
+            continue
+        changed = True
+        kept = [r for r in result.records if r is not None]
+        if not kept:
+            continue  # every record dropped: leave the batch out
+        rebuilt.append(_build_produce(header, kept, dropped=len(kept) != len(decoded)))
+    if out.record_errors:
+        first = out.record_errors[0][1]
+        more = len(out.record_errors) - 1
+        suffix = f" (and {more} more record error{'s' if more > 1 else ''})" if more else ""
+        out.records = None
+        out.error_code = INVALID_RECORD
+        out.error_message = _truncate(first + suffix)
+        out.changed = True
+        return out
+    if not changed:
+        return out
+    out.changed = True
+    if not rebuilt:
+        out.records = None
+        out.all_dropped = True
+        return out
+    out.records = rebuilt[0] if len(rebuilt) == 1 else b"".join(rebuilt)
+    if isinstance(out.records, memoryview):
+        out.records = bytes(out.records)
+    return out
+
+
+def _build_produce(header: BatchHeader, kept: list[Record], dropped: bool) -> bytes:
+    if not dropped:
+        return build_batch(header, kept)
+    # Records are ours (decoded here or rebuilt by the chain): renumbering them is safe.
+    max_delta = kept[0].timestamp_delta
+    for i, rec in enumerate(kept):
+        rec.offset_delta = i
+        if rec.timestamp_delta > max_delta:
+            max_delta = rec.timestamp_delta
+    new_header = BatchHeader(
+        header.base_offset, header.batch_length, header.partition_leader_epoch, header.magic,
+        header.crc, header.attributes, len(kept) - 1, header.base_timestamp,
+        header.base_timestamp + max_delta, header.producer_id, header.producer_epoch,
+        header.base_sequence, len(kept), header.snappy_xerial)
+    return build_batch(new_header, kept)
+
+
+def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer) -> FetchOutcome:
+    """Filter one partition of a Fetch response (see the module docstring)."""
+    if ctx.direction != "fetch":
+        raise ValueError("filter_fetch needs a fetch RecordContext")
+    if not chain.applies(ctx.topic, "fetch", ctx.principal) or not len(records):
+        return FetchOutcome(records)
+
+    def fail(code: int, message: str) -> FetchOutcome:
+        return FetchOutcome(b"", code, _truncate(message), changed=True)
+
+    magic = _legacy_magic(records)
+    if magic is not None:
+        return fail(CORRUPT_MESSAGE, f"record batches with magic {magic} (legacy message "
+                                     "format) cannot be filtered")
+    try:
+        batches, tail = split_batches(records)
+    except CorruptBatch as exc:
+        return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
+
+    out = FetchOutcome(records)
+    parts: list[Buffer] = []
+    changed = False
+    for batch in batches:
+        header = batch.header
+        if header.is_control or header.record_count == 0:
+            parts.append(batch.data)
+            continue
+        decoded, code, message = _decode(batch)
+        if decoded is None:
+            return fail(code, message)
+        result = chain.run_records(ctx, decoded, offset_base=header.base_offset,
+                                   timestamp_base=header.base_timestamp)
+        _merge(out.stats, result.stats)
+        out.dead_letters.extend(result.dead_letters)
+        if not result.changed:
+            parts.append(batch.data)
+            continue
+        changed = True
+        kept = [r for r, fate in zip(result.records, result.fates, strict=True)
+                if fate not in (DROP, REJECT) and r is not None]
+        parts.append(build_batch(header, kept))
+    if not changed:
+        return out
+    out.changed = True
+    parts.append(tail)
+    out.records = b"".join(parts)
+    return out
+
+
+__all__ = [
+    "CORRUPT_MESSAGE",
+    "INVALID_RECORD",
+    "NONE",
+    "UNSUPPORTED_COMPRESSION_TYPE",
+    "FetchOutcome",
+    "ProduceOutcome",
+    "filter_fetch",
+    "filter_produce",
+]

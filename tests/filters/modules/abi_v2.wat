@@ -1,0 +1,7 @@
+;; Claims a Sluice ABI version this host does not speak: refused at load.
+(module
+  (memory (export "memory") 1)
+  (func (export "sluice_abi_version") (result i32) (i32.const 2))
+  (func (export "sluice_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "sluice_filter") (param i32 i32) (result i64) (i64.const -1))
+)
