@@ -91,9 +91,8 @@ def _csv_ready(df: DataFrame) -> DataFrame:
 
 def _write_report(spark: SparkSession, df: DataFrame, out: str, name: str) -> dict[str, str]:
     parquet_path = _join(out, f"{name}.parquet")
-    # Reports are aggregates: one file each keeps the folder readable; the sort order of the
-    # DataFrame survives coalesce.
-    df.coalesce(1).write.mode("overwrite").parquet(parquet_path)
+    # Reports come as one sorted partition (reports._sorted): one file each.
+    df.write.mode("overwrite").parquet(parquet_path)
     # CSV from the written Parquet, so the aggregation runs once.
     written = spark.read.parquet(parquet_path)
     csv_path = _join(out, f"{name}.csv")

@@ -33,6 +33,12 @@ REPORT_NAMES = (
 _RUN_KEYS = ["module_sha256", "api", "topic", "partition"]
 
 
+def _sorted(df: DataFrame, *keys: str | Column) -> DataFrame:
+    """One sorted partition: reports are aggregates, and a global ``orderBy`` would cost an
+    extra sampling job per report."""
+    return df.coalesce(1).sortWithinPartitions(*keys)
+
+
 def _sum0(col: Column) -> Column:
     return F.coalesce(F.sum(col), F.lit(0)).cast("long")
 
@@ -165,7 +171,7 @@ def audit(events: DataFrame) -> DataFrame:
         with_runs.withColumn("run", F.col("run").cast("long"))
         .select(*columns)
         .unionByName(no_offsets.select(*columns))
-        .orderBy(*_RUN_KEYS, F.col("offset_first").asc_nulls_last())
+        .transform(lambda df: _sorted(df, *_RUN_KEYS, F.col("offset_first").asc_nulls_last()))
     )
 
 
@@ -257,7 +263,7 @@ def audit_modules(events: DataFrame) -> DataFrame:
         "last_loaded",
         "first_seen",
         "last_seen",
-    ).orderBy("module_sha256")
+    ).transform(lambda df: _sorted(df, "module_sha256"))
 
 
 def billing(events: DataFrame) -> DataFrame:
@@ -289,7 +295,7 @@ def billing(events: DataFrame) -> DataFrame:
     return (
         rb.groupBy("principal", "client_id", "topic", "hour")
         .agg(*aggs)
-        .orderBy("hour", "principal", "client_id", "topic")
+        .transform(lambda df: _sorted(df, "hour", "principal", "client_id", "topic"))
     )
 
 
@@ -348,7 +354,7 @@ def billing_connections(events: DataFrame) -> DataFrame:
     return (
         totals.select(*columns)
         .unionByName(per_api.select(*columns))
-        .orderBy("hour", "principal", "client_id", "api")
+        .transform(lambda df: _sorted(df, "hour", "principal", "client_id", "api"))
     )
 
 
@@ -463,7 +469,7 @@ def compliance(events: DataFrame) -> DataFrame:
     union = parts[0].select(*cols)
     for part in parts[1:]:
         union = union.unionByName(part.select(*cols))
-    return agg(union).orderBy("kind", "topic", "api", "filter_name", "name")
+    return _sorted(agg(union), "kind", "topic", "api", "filter_name", "name")
 
 
 def admin(events: DataFrame) -> DataFrame:
@@ -487,7 +493,7 @@ def admin(events: DataFrame) -> DataFrame:
             F.min("ts").alias("first_time"),
             F.max("ts").alias("last_time"),
         )
-        .orderBy("module_sha256", "op", "resource", "decision")
+        .transform(lambda df: _sorted(df, "module_sha256", "op", "resource", "decision"))
     )
 
 
