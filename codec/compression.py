@@ -6,12 +6,15 @@ All through `cramjam` (Rust, releases the GIL). Choices that follow what Kafka c
   `compress` writes whichever the caller asks for.
 - lz4: the LZ4 frame format with independent blocks, as Kafka's Java LZ4 stream requires.
 - gzip: level 6, zstd: level 3 (the defaults of zlib and of the zstd library used by Kafka).
-Any failure to decompress is a `CorruptBatch`.
+Any failure to decompress is a `CorruptBatch`, and so is output beyond
+`MAX_DECOMPRESSED_SIZE` (a few KiB of zstd can claim gigabytes): decompression stops there
+instead of exhausting memory.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 
 import cramjam
 
@@ -24,6 +27,7 @@ __all__ = [
     "CODEC_NONE",
     "CODEC_SNAPPY",
     "CODEC_ZSTD",
+    "MAX_DECOMPRESSED_SIZE",
     "compress",
     "decompress",
     "is_xerial",
@@ -35,6 +39,12 @@ CODEC_SNAPPY = 2
 CODEC_LZ4 = 3
 CODEC_ZSTD = 4
 CODEC_NAMES = ("none", "gzip", "snappy", "lz4", "zstd")
+
+MAX_DECOMPRESSED_SIZE = 256 * 1024 * 1024
+"""Largest records section a batch may decompress to (Kafka batches are usually < 1 MiB)."""
+
+_FIRST_GUESS_RATIO = 8
+_MIN_FIRST_GUESS = 64 * 1024
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
@@ -49,11 +59,22 @@ def is_xerial(payload: Buffer) -> bool:
     return bytes(payload[:8]) == XERIAL_MAGIC
 
 
-def _xerial_decompress(payload: Buffer) -> bytes:
+def _too_large(limit: int) -> CorruptBatch:
+    return CorruptBatch(f"records decompress to more than {limit} bytes")
+
+
+def _snappy_raw(block: Buffer, limit: int) -> bytes:
+    if cramjam.snappy.decompress_raw_len(block) > limit:
+        raise _too_large(limit)
+    return bytes(cramjam.snappy.decompress_raw(block))
+
+
+def _xerial_decompress(payload: Buffer, limit: int) -> bytes:
     view = memoryview(payload)
     pos = 16
     end = len(view)
     parts = []
+    total = 0
     while pos < end:
         if pos + 4 > end:
             raise CorruptBatch("truncated xerial snappy block length")
@@ -61,9 +82,50 @@ def _xerial_decompress(payload: Buffer) -> bytes:
         pos += 4
         if size < 0 or pos + size > end:
             raise CorruptBatch("xerial snappy block runs past the payload")
-        parts.append(bytes(cramjam.snappy.decompress_raw(view[pos : pos + size])))
+        block = view[pos : pos + size]
+        total += cramjam.snappy.decompress_raw_len(block)
+        if total > limit:
+            raise _too_large(limit)
+        parts.append(bytes(cramjam.snappy.decompress_raw(block)))
         pos += size
     return b"".join(parts)
+
+
+def _gzip_decompress(payload: Buffer, limit: int) -> bytes:
+    parts = []
+    total = 0
+    data = bytes(payload)
+    while True:
+        # wbits 47: a gzip (or zlib) header, detected automatically.
+        inflater = zlib.decompressobj(47)
+        chunk = inflater.decompress(data, limit - total + 1)
+        total += len(chunk)
+        if total > limit:
+            raise _too_large(limit)
+        if not inflater.eof:
+            raise CorruptBatch("truncated gzip stream")
+        parts.append(chunk)
+        data = inflater.unused_data
+        if not data:
+            return b"".join(parts)
+
+
+def _bounded_into(decompress_into: object, payload: Buffer, limit: int) -> memoryview:
+    """Decompress into a buffer that grows up to `limit` (cramjam cannot cap its own output)."""
+    size = min(limit, max(_MIN_FIRST_GUESS, len(payload) * _FIRST_GUESS_RATIO))
+    data = payload if isinstance(payload, bytes) else bytes(payload)
+    while True:
+        out = bytearray(size)
+        try:
+            written = decompress_into(data, out)  # type: ignore[operator]
+        except Exception as exc:
+            if "failed to write whole buffer" not in str(exc):
+                raise
+            if size >= limit:
+                raise _too_large(limit) from None
+            size = min(limit, size * _FIRST_GUESS_RATIO)
+            continue
+        return memoryview(out)[:written]
 
 
 def _xerial_compress(data: Buffer) -> bytes:
@@ -76,21 +138,26 @@ def _xerial_compress(data: Buffer) -> bytes:
     return b"".join(parts)
 
 
-def decompress(codec: int, payload: Buffer) -> Buffer:
-    """Decompress a batch's records section (returns `payload` itself for codec none)."""
+def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
+    """Decompress a batch's records section (returns `payload` itself for codec none).
+
+    `limit` (default MAX_DECOMPRESSED_SIZE) bounds the output size.
+    """
     if codec == CODEC_NONE:
         return payload
+    if limit is None:
+        limit = MAX_DECOMPRESSED_SIZE
     try:
         if codec == CODEC_GZIP:
-            return bytes(cramjam.gzip.decompress(payload))
+            return _gzip_decompress(payload, limit)
         if codec == CODEC_SNAPPY:
             if is_xerial(payload):
-                return _xerial_decompress(payload)
-            return bytes(cramjam.snappy.decompress_raw(payload))
+                return _xerial_decompress(payload, limit)
+            return _snappy_raw(payload, limit)
         if codec == CODEC_LZ4:
-            return bytes(cramjam.lz4.decompress(payload))
+            return _bounded_into(cramjam.lz4.decompress_into, payload, limit)
         if codec == CODEC_ZSTD:
-            return bytes(cramjam.zstd.decompress(payload))
+            return _bounded_into(cramjam.zstd.decompress_into, payload, limit)
     except CorruptBatch:
         raise
     except Exception as exc:  # cramjam raises DecompressionError, ValueError, ...

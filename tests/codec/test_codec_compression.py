@@ -1,0 +1,86 @@
+"""Compression codecs: round trips, snappy framings, lz4 block independence, output caps."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+
+import cramjam
+import pytest
+from sluice.codec.compression import (
+    XERIAL_MAGIC,
+    compress,
+    decompress,
+    is_xerial,
+)
+from sluice.codec.errors import CorruptBatch, UnsupportedCompression
+
+DATA = b"".join(os.urandom(64) * 3 for _ in range(2000))  # ~384 KiB, several blocks
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("xerial", [True, False])
+def test_round_trip(codec: int, xerial: bool) -> None:
+    assert bytes(decompress(codec, compress(codec, DATA, xerial))) == DATA
+    assert bytes(decompress(codec, compress(codec, b"", xerial))) == b""
+
+
+def test_snappy_framings() -> None:
+    framed = compress(2, DATA, xerial=True)
+    raw = compress(2, DATA, xerial=False)
+    assert is_xerial(framed)
+    assert bytes(framed[:8]) == XERIAL_MAGIC
+    assert not is_xerial(raw)
+    # xerial splits input into 32 KiB blocks, each length-prefixed.
+    (first_block,) = struct.unpack_from(">i", framed, 16)
+    assert cramjam.snappy.decompress_raw_len(framed[20 : 20 + first_block]) == 32 * 1024
+    assert bytes(decompress(2, framed)) == bytes(decompress(2, raw)) == DATA
+
+
+def test_lz4_frames_have_independent_blocks() -> None:
+    # Kafka's Java LZ4 reader decodes each block on its own.
+    frame = compress(3, DATA)
+    assert bytes(frame[:4]) == b"\x04\x22\x4d\x18"
+    flags = frame[4]
+    assert flags >> 6 == 1  # version
+    assert flags & 0x20  # block independence
+
+
+def test_gzip_reads_other_writers_and_multiple_members() -> None:
+    python_gzip = gzip.compress(DATA[:1000]) + gzip.compress(DATA[1000:3000])
+    assert bytes(decompress(1, python_gzip)) == DATA[:3000]
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+@pytest.mark.parametrize("xerial", [True, False])
+def test_output_cap_stops_decompression_bombs(codec: int, xerial: bool) -> None:
+    bomb = compress(codec, bytes(8 * 1024 * 1024), xerial)
+    assert len(bomb) < 1024 * 1024
+    with pytest.raises(CorruptBatch, match="more than"):
+        decompress(codec, bomb, limit=1024 * 1024)
+    assert len(decompress(codec, bomb, limit=8 * 1024 * 1024)) == 8 * 1024 * 1024
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_garbage_and_truncation_are_corrupt_batch(codec: int) -> None:
+    good = bytes(compress(codec, DATA))
+    for bad in (b"", b"\x00" * 10, os.urandom(100), good[: len(good) // 2], good[:-3]):
+        with pytest.raises(CorruptBatch):
+            decompress(codec, bad)
+
+
+def test_truncated_xerial_blocks() -> None:
+    framed = bytes(compress(2, DATA, xerial=True))
+    with pytest.raises(CorruptBatch):
+        decompress(2, framed[:18])
+    with pytest.raises(CorruptBatch):
+        decompress(2, framed[:-5])
+
+
+@pytest.mark.parametrize("codec", [5, 6, 7])
+def test_unknown_codec_ids(codec: int) -> None:
+    with pytest.raises(UnsupportedCompression):
+        decompress(codec, b"abc")
+    with pytest.raises(UnsupportedCompression):
+        compress(codec, b"abc")
