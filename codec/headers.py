@@ -24,6 +24,7 @@ __all__ = [
     "RequestHeader",
     "is_flexible",
     "parse_request_header",
+    "peek_request_header",
     "read_correlation_id",
     "request_header_bytes",
     "response_header_bytes",
@@ -128,6 +129,19 @@ def parse_request_header(frame: Buffer) -> RequestHeader:
     if flexible:
         pos = _skip_tagged_fields(frame, pos)
     return RequestHeader(api_key, api_version, correlation_id, client_id, pos, flexible)
+
+
+_REQ_IDS = struct.Struct(">hhi")
+_unpack_ids = _REQ_IDS.unpack_from
+
+
+def peek_request_header(frame: Buffer) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a request frame: the cheapest read, for
+    frames that are relayed without looking further (no client_id, no RequestHeader)."""
+    try:
+        return _unpack_ids(frame, 0)
+    except struct.error:
+        raise DecodeError(f"request frame of {len(frame)} bytes is too short") from None
 
 
 def read_correlation_id(frame: Buffer) -> int:
