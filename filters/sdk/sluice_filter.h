@@ -793,6 +793,9 @@ static sluice_json *sl__jvalue(sl__jp *j, int build, int *ok) {
     return node;
 }
 
+/* Byte offset of the last error of sluice_json_parse / sluice_json_valid. */
+static int32_t sluice_json_error_offset;
+
 /* Parse one JSON text. Returns NULL on error and sets *error (if given) to a static message.
  * Number and string values may point into `data` (numbers) or the arena (strings). */
 static sluice_json *sluice_json_parse(sluice_bytes data, const char **error) {
@@ -812,6 +815,7 @@ static sluice_json *sluice_json_parse(sluice_bytes data, const char **error) {
     }
     if (!ok) {
         if (error) *error = j.error ? j.error : "invalid JSON";
+        sluice_json_error_offset = (int32_t)(j.p - data.ptr);
         return NULL;
     }
     return root;
@@ -833,7 +837,10 @@ static int sluice_json_valid(sluice_bytes data, const char **error) {
             j.error = "trailing characters after JSON value";
         }
     }
-    if (!ok && error) *error = j.error ? j.error : "invalid JSON";
+    if (!ok) {
+        if (error) *error = j.error ? j.error : "invalid JSON";
+        sluice_json_error_offset = (int32_t)(j.p - data.ptr);
+    }
     return ok;
 }
 
