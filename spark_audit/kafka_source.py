@@ -64,7 +64,8 @@ def _consumer_config(options: dict[str, str]) -> dict[str, Any]:
 
 class KafkaBatchReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self.options = dict(options)
+        # Spark hands options over case-insensitively (lower-cased keys); so do we.
+        self.options = {key.lower(): value for key, value in options.items()}
         topic = self.options.get("subscribe") or self.options.get("topic")
         if not topic:
             raise ValueError(f"{FORMAT_NAME}: option subscribe (the topic) is required")
@@ -84,7 +85,7 @@ class KafkaBatchReader(DataSourceReader):
             numbers = sorted(topic_md.partitions)
         finally:
             consumer.close()
-        starting = json.loads(self.options.get("startingOffsets", "{}") or "{}")
+        starting = json.loads(self.options.get("startingoffsets", "{}") or "{}")
         if starting == "earliest":
             starting = {}
         if not isinstance(starting, dict):

@@ -8,6 +8,7 @@ from the constants here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from datetime import UTC, datetime
 from typing import Any
@@ -38,7 +39,9 @@ def _batch(proxy: t.ProxyInfo, minute: int, **fields: Any) -> dict[str, Any]:
     return t.record_batch_event(proxy, time_ms=T0 + minute * MIN, **base)
 
 
+@functools.cache
 def events() -> list[dict[str, Any]]:
+    """Built once: event ids come from a process-wide counter. Do not mutate."""
     alice = {"client_id": "app-1", "principal": "alice"}
     app2 = {"client_id": "app-2", "principal": None}
     bob = {"client_id": "reader", "principal": "bob"}
@@ -157,6 +160,19 @@ def events() -> list[dict[str, Any]]:
         )
     )
     return out
+
+
+# (principal, client_id, topic, hour) -> (produce_batches, produce_records_in,
+# produce_records_out, produce_bytes_in, produce_bytes_out, fetch_batches, fetch_records_out,
+# fetch_bytes_out, produce_errors, filter_time_ns), summed by hand from events() above.
+EXPECTED_BILLING = {
+    ("alice", "app-1", "orders", "10"): (3, 30, 30, 3000, 3300, 0, 0, 0, 0, 15000),
+    ("alice", "app-1", "orders", "11"): (1, 10, 10, 1000, 1000, 0, 0, 0, 0, 3000),
+    (None, "app-2", "payments", "10"): (2, 9, 4, 900, 400, 0, 0, 0, 1, 6000),
+    ("bob", "reader", "orders", "10"): (0, 0, 0, 0, 0, 1, 30, 3300, 0, 6000),
+    ("bob", "reader", "orders", "11"): (0, 0, 0, 0, 0, 1, 20, 2000, 0, 1000),
+    ("bob", "reader", "metrics", "11"): (0, 0, 0, 0, 0, 1, 5, 500, 0, 0),
+}
 
 
 def events_from(minute: int) -> int:

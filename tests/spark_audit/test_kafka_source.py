@@ -1,0 +1,118 @@
+"""Reading the telemetry topic on a real broker through the Python Kafka data source."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sluice.proxy import telemetry as t
+
+from sluice.cli import main as sluice_main
+from tests.spark_audit import known_telemetry as k
+from tests.spark_audit.test_audit_job import billing_figures
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def telemetry_topic(broker: Any) -> tuple[str, int]:
+    """The known events produced by the Kafka sink (one sink per proxy instance, as in
+    production), plus one duplicate delivered to the other partition, as an at-least-once
+    retry might. Returns (topic, messages on the topic)."""
+    from confluent_kafka import Producer
+
+    topic = f"sluice-telemetry-{uuid.uuid4().hex[:8]}"
+    by_instance: dict[str, list[dict[str, Any]]] = {}
+    for event in k.events():
+        by_instance.setdefault(event["proxy"]["instance_id"], []).append(event)
+    for proxy in (k.A, k.B):
+        sink = t.make_sink(
+            {"kafka": {"bootstrap": broker.bootstrap, "topic": topic, "create_partitions": 2}},
+            proxy.instance_id,
+            proxy=proxy,
+        )
+        for event in by_instance[proxy.instance_id]:
+            sink.emit(event)
+        sink.close(timeout=30)
+        stats = sink.stats()
+        assert stats["written"] == len(by_instance[proxy.instance_id]), stats
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for partition in (0, 1):
+        producer.produce(topic, json.dumps(k.events()[3]).encode(), partition=partition)
+    assert producer.flush(30) == 0
+    return topic, len(k.events()) + 2
+
+
+def test_data_source_reads_every_partition_to_its_end(
+    spark: Any, broker: Any, telemetry_topic: tuple[str, int]
+) -> None:
+    from sluice.spark_audit.kafka_source import FORMAT_NAME, KafkaBatchSource
+
+    topic, total = telemetry_topic
+    spark.dataSource.register(KafkaBatchSource)
+    df = (
+        spark.read.format(FORMAT_NAME)
+        .option("bootstrap.servers", broker.bootstrap)
+        .option("subscribe", topic)
+        .load()
+    )
+    assert df.rdd.getNumPartitions() == 2
+    got = df.select("partition", "offset", "topic", "value").collect()
+    assert len(got) == total
+    assert {r["topic"] for r in got} == {topic}
+    for partition in (0, 1):
+        offsets = sorted(r["offset"] for r in got if r["partition"] == partition)
+        assert offsets == list(range(len(offsets)))  # every offset from 0 to the end
+        assert offsets  # each partition holds at least the duplicate
+    ids = sorted(json.loads(r["value"])["event_id"] for r in got)
+    assert ids == sorted([e["event_id"] for e in k.events()] + [k.events()[3]["event_id"]] * 2)
+
+
+def test_data_source_starting_offsets(
+    spark: Any, broker: Any, telemetry_topic: tuple[str, int]
+) -> None:
+    from sluice.spark_audit.kafka_source import FORMAT_NAME, KafkaBatchSource
+
+    topic, total = telemetry_topic
+    spark.dataSource.register(KafkaBatchSource)
+    df = (
+        spark.read.format(FORMAT_NAME)
+        .option("bootstrap.servers", broker.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", json.dumps({"0": 1, "1": 1}))
+        .load()
+    )
+    assert df.count() == total - 2
+    assert df.filter("offset = 0").count() == 0
+
+
+def test_audit_job_over_kafka_dedupes_and_matches_known_figures(
+    spark: Any, broker: Any, telemetry_topic: tuple[str, int], tmp_path: Path
+) -> None:
+    topic, _total = telemetry_topic
+    out = tmp_path / "kafka-report"
+    code = sluice_main(
+        ["audit", "--telemetry", f"kafka://{broker.bootstrap}/{topic}", "--out", str(out)]
+    )
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["events"] == len(k.events())  # the duplicates are gone
+    assert billing_figures(out) == k.EXPECTED_BILLING
+
+
+def test_missing_topic_is_reported(spark: Any, broker: Any, tmp_path: Path) -> None:
+    from sluice.spark_audit.kafka_source import FORMAT_NAME, KafkaBatchSource
+
+    spark.dataSource.register(KafkaBatchSource)
+    df = (
+        spark.read.format(FORMAT_NAME)
+        .option("bootstrap.servers", broker.bootstrap)
+        .option("subscribe", f"absent-{uuid.uuid4().hex[:6]}")
+        .option("kafka.allow.auto.create.topics", "false")
+        .load()
+    )
+    with pytest.raises(Exception, match="absent-"):
+        df.count()
