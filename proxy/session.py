@@ -154,6 +154,8 @@ class Session:
                 await uw.drain()
 
     async def _on_request(self, body: memoryview | bytes) -> None:
+        if type(body) is memoryview and not body.readonly:
+            body = body.toreadonly()
         try:
             header = parse_request_header(body)
         except CodecError as exc:
@@ -217,6 +219,10 @@ class Session:
                 await self._cw.drain()
 
     async def _on_response(self, body: memoryview | bytes) -> None:
+        if type(body) is memoryview and not body.readonly:
+            # Frames reassembled across reads are views of a bytearray; kio's native decoder
+            # only takes read-only buffers (toreadonly is zero-copy).
+            body = body.toreadonly()
         try:
             correlation_id = read_correlation_id(body)
         except CodecError as exc:

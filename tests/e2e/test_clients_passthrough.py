@@ -153,3 +153,17 @@ def test_admin_calls_match_direct(broker: TansuBroker, shared_proxy: SluiceProxy
     for fut in via.delete_topics([topic]).values():
         fut.result(15)
     assert topic not in direct.list_topics(timeout=10).topics
+
+
+def test_large_fetch_responses_spanning_many_reads(
+    broker: TansuBroker, shared_proxy: SluiceProxy
+) -> None:
+    """Fetch responses of megabytes arrive in many TCP reads and are decoded (KIP-951 check)."""
+    topic = unique("large")
+    create_topic(shared_proxy.bootstrap, topic, partitions=1)
+    sent = [(None, (f"{i:08d}" * 40).encode()) for i in range(20_000)]
+    confluent_produce(broker.bootstrap, topic, sent, **{"compression.type": "none"})
+    got = confluent_consume(
+        shared_proxy.bootstrap, topic, len(sent), **{"fetch.max.bytes": 4 * 1024 * 1024}
+    )
+    assert got == sent

@@ -1,0 +1,1 @@
+"""Benchmarks: throughput and latency measured side by side in one run, reported as ratios."""
