@@ -302,8 +302,9 @@ static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
 /* Detectors: each scans p[0..n) and adds spans                                               */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Bytes >= 0x80 are UTF-8 of internationalised addresses (RFC 6531). */
 static int email_local(uint8_t c) {
-    return is_alnum(c) || c == '.' || c == '_' || c == '%' || c == '+' || c == '-';
+    return is_alnum(c) || c >= 0x80 || c == '.' || c == '_' || c == '%' || c == '+' || c == '-';
 }
 
 static void find_email(const uint8_t *p, uint32_t n, spans *out) {
@@ -317,7 +318,7 @@ static void find_email(const uint8_t *p, uint32_t n, spans *out) {
         /* domain: labels of [A-Za-z0-9-] separated by single dots; last label alphabetic, >= 2 */
         uint32_t k = i + 1, label_start = k, last_label = k, labels = 0, good_end = 0;
         while (k <= n) {
-            if (k < n && (is_alnum(p[k]) || p[k] == '-')) {
+            if (k < n && (is_alnum(p[k]) || p[k] == '-' || p[k] >= 0x80)) {
                 k++;
                 continue;
             }
