@@ -17,6 +17,7 @@ import importlib.metadata
 import math
 import platform
 import threading
+import time
 from typing import Final
 
 import wasmtime
@@ -61,9 +62,16 @@ class FilterEngine:
         self._thread.start()
 
     def _tick(self) -> None:
+        # Catch up from the wall clock: a late wake-up (busy machine, GIL) still advances the
+        # epoch by the ticks that were due, so deadlines track real time, not sleep counts.
         interval = self.tick_ms / 1000.0
+        started = time.monotonic()
+        done = 0
         while not self._stop.wait(interval):
-            self.engine.increment_epoch()
+            due = int((time.monotonic() - started) / interval)
+            while done < due:
+                self.engine.increment_epoch()
+                done += 1
 
     def ticks_for(self, timeout_ms: float) -> int:
         """Epoch ticks to allow for a call of at most `timeout_ms` (at least two)."""

@@ -173,10 +173,11 @@ class GuestInstance:
             return GuestFailure("host", f"host function failed: {type(host_exc).__name__}: "
                                         f"{host_exc}")
         text = trap_text(trap)
-        if self.memory is not None and self.memory_size() >= self.memory_bytes - max(
-                16 * WASM_PAGE, self.memory_bytes // 8):
-            # wasmtime does not say that a memory.grow was refused; a trap with memory at
-            # (or within one allocator step of) the cap is the out-of-memory signature.
+        near = min(16 * WASM_PAGE, self.memory_bytes // 4)
+        if self.memory is not None and self.memory_size() > self.memory_bytes - near:
+            # wasmtime does not say that a memory.grow was refused; a trap with memory within
+            # one allocator step (<= 1 MiB, <= a quarter of the cap) of the cap is the
+            # out-of-memory signature.
             return GuestFailure("memory", f"{text} (memory cap of {self.memory_bytes} "
                                           "bytes reached)")
         return GuestFailure("trap", text)

@@ -35,9 +35,10 @@ MAX_REASON_CHARS: Final = 500
 
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
-_QQ = struct.Struct("<qq")
+_QQI = struct.Struct("<qqi")
 _HEAD = struct.Struct("<IB")
 _NULL = _I32.pack(-1)
+_NO_HEADERS = _U32.pack(0)
 
 
 class AbiError(ValueError):
@@ -66,17 +67,20 @@ def encode_filter_input(ctx: RecordContext, records: Sequence[RecordLike],
         _U32.pack(len(records)),
     ]
     append = parts.append
-    pack_qq = _QQ.pack
+    pack_qqi = _QQI.pack
     pack_i = _I32.pack
     pack_u = _U32.pack
     null = _NULL
+    no_headers = _NO_HEADERS
     for rec in records:
-        append(pack_qq(offset_base + rec.offset_delta, timestamp_base + rec.timestamp_delta))
+        # Offset, timestamp and the key length go out in one pack: the loop is the hot path.
         key = rec.key
         if key is None:
-            append(null)
+            append(pack_qqi(offset_base + rec.offset_delta,
+                            timestamp_base + rec.timestamp_delta, -1))
         else:
-            append(pack_i(len(key)))
+            append(pack_qqi(offset_base + rec.offset_delta,
+                            timestamp_base + rec.timestamp_delta, len(key)))
             append(key)
         value = rec.value
         if value is None:
@@ -85,6 +89,9 @@ def encode_filter_input(ctx: RecordContext, records: Sequence[RecordLike],
             append(pack_i(len(value)))
             append(value)
         headers = rec.headers
+        if not headers:
+            append(no_headers)
+            continue
         append(pack_u(len(headers)))
         for hkey, hval in headers:
             raw = hkey.encode("utf-8", "surrogateescape")
@@ -127,6 +134,8 @@ def _nullable(value: bytes | None) -> bytes:
 
 
 class _Reader:
+    """Bounds-checked cursor over an output buffer. Labels are formatted only on error."""
+
     __slots__ = ("buf", "end", "pos")
 
     def __init__(self, buf: bytes) -> None:
@@ -134,45 +143,45 @@ class _Reader:
         self.pos = 0
         self.end = len(buf)
 
-    def need(self, n: int, what: str) -> None:
-        if self.pos + n > self.end:
-            raise AbiError(f"output truncated reading {what} at byte {self.pos}")
+    def fail(self, what: str, index: int, problem: str = "truncated") -> AbiError:
+        label = what if index < 0 else f"{what} of record {index}"
+        if problem == "truncated":
+            return AbiError(f"output truncated reading {label} at byte {self.pos}")
+        return AbiError(f"{problem} for {label}" if problem.startswith("negative")
+                        else f"{label} {problem}")
 
-    def u32(self, what: str) -> int:
-        self.need(4, what)
-        (v,) = _U32.unpack_from(self.buf, self.pos)
-        self.pos += 4
-        return int(v)
+    def u32(self, what: str, index: int = -1) -> int:
+        pos = self.pos
+        if pos + 4 > self.end:
+            raise self.fail(what, index)
+        self.pos = pos + 4
+        return int(_U32.unpack_from(self.buf, pos)[0])
 
-    def u8(self, what: str) -> int:
-        self.need(1, what)
-        v = self.buf[self.pos]
-        self.pos += 1
-        return v
+    def raw(self, n: int, what: str, index: int = -1) -> bytes:
+        pos = self.pos
+        if pos + n > self.end:
+            raise self.fail(what, index)
+        self.pos = pos + n
+        return self.buf[pos:pos + n]
 
-    def raw(self, n: int, what: str) -> bytes:
-        self.need(n, what)
-        out = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return out
-
-    def nullable(self, what: str) -> bytes | None:
-        self.need(4, what)
-        (n,) = _I32.unpack_from(self.buf, self.pos)
-        self.pos += 4
+    def nullable(self, what: str, index: int = -1) -> bytes | None:
+        pos = self.pos
+        if pos + 4 > self.end:
+            raise self.fail(what, index)
+        n = _I32.unpack_from(self.buf, pos)[0]
+        self.pos = pos + 4
         if n == -1:
             return None
         if n < 0:
-            raise AbiError(f"negative length {n} for {what}")
-        return self.raw(n, what)
+            raise self.fail(what, index, f"negative length {n}")
+        return self.raw(n, what, index)
 
-    def text(self, what: str) -> str:
-        n = self.u32(what)
-        raw = self.raw(n, what)
+    def text(self, what: str, index: int = -1) -> str:
+        raw = self.raw(self.u32(what, index), what, index)
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise AbiError(f"{what} is not valid UTF-8") from None
+            raise self.fail(what, index, "is not valid UTF-8") from None
 
 
 def decode_filter_output(buf: bytes,
@@ -186,42 +195,60 @@ def decode_filter_output(buf: bytes,
     count = r.u32("record_count")
     if count != expected_records:
         raise AbiError(f"output has {count} decisions for {expected_records} records")
-    decisions: list[Decision] = []
-    append = decisions.append
-    for i in range(count):
-        action = r.u8(f"decision of record {i}")
-        if action == 0:
-            append(KEEP)
-        elif action == 2:
-            append(DROP)
-        elif action == 1:
-            key = r.nullable(f"key of record {i}")
-            value = r.nullable(f"value of record {i}")
-            nh = r.u32(f"header count of record {i}")
-            # Each header takes at least 8 bytes: refuse absurd counts before looping.
-            if nh * 8 > r.end - r.pos:
-                raise AbiError(f"header count {nh} of record {i} exceeds the output size")
-            headers: list[Header] = []
-            for h in range(nh):
-                hkey = r.text(f"header {h} key of record {i}")
-                headers.append((hkey, r.nullable(f"header {h} value of record {i}")))
-            append(Decision(Action.REWRITE, key=key, value=value, headers=headers))
-        elif action == 3:
-            reason = r.text(f"reject reason of record {i}")
-            if len(reason) > MAX_REASON_CHARS:
-                reason = reason[:MAX_REASON_CHARS] + "..."
-            append(Decision(Action.REJECT, reason=reason or "rejected by filter"))
-        else:
-            raise AbiError(f"unknown decision {action} for record {i}")
+    start = r.pos
+    if count and r.end - start >= count and buf.count(0, start, start + count) == count:
+        # Every record kept (the common case for many batches): n zero decision bytes.
+        r.pos = start + count
+        decisions = [KEEP] * count
+    else:
+        decisions = _decode_decisions(r, count)
     detectors: dict[str, int] = {}
     if r.pos == r.end:
         return decisions, detectors
     nd = r.u32("detector_count")
     if nd * 8 > r.end - r.pos:
         raise AbiError(f"detector count {nd} exceeds the output size")
-    for d in range(nd):
-        name = r.text(f"detector {d} name")
-        detectors[name] = detectors.get(name, 0) + r.u32(f"detector {d} count")
+    for _ in range(nd):
+        name = r.text("detector name")
+        detectors[name] = detectors.get(name, 0) + r.u32("detector count")
     if r.pos != r.end:
         raise AbiError(f"{r.end - r.pos} unexpected bytes after the output")
     return decisions, detectors
+
+
+def _decode_decisions(r: _Reader, count: int) -> list[Decision]:
+    buf = r.buf
+    end = r.end
+    decisions: list[Decision] = []
+    append = decisions.append
+    for i in range(count):
+        # keep and drop inline; the reader's checked helpers for everything with fields.
+        pos = r.pos
+        if pos >= end:
+            raise AbiError(f"output truncated reading decision of record {i} at byte {pos}")
+        action = buf[pos]
+        r.pos = pos + 1
+        if action == 0:
+            append(KEEP)
+        elif action == 2:
+            append(DROP)
+        elif action == 1:
+            key = r.nullable("key", i)
+            value = r.nullable("value", i)
+            nh = r.u32("header count", i)
+            # Each header takes at least 8 bytes: refuse absurd counts before looping.
+            if nh * 8 > r.end - r.pos:
+                raise AbiError(f"header count {nh} of record {i} exceeds the output size")
+            headers: list[Header] = []
+            for _ in range(nh):
+                hkey = r.text("header key", i)
+                headers.append((hkey, r.nullable("header value", i)))
+            append(Decision(Action.REWRITE, key=key, value=value, headers=headers))
+        elif action == 3:
+            reason = r.text("reject reason", i)
+            if len(reason) > MAX_REASON_CHARS:
+                reason = reason[:MAX_REASON_CHARS] + "..."
+            append(Decision(Action.REJECT, reason=reason or "rejected by filter"))
+        else:
+            raise AbiError(f"unknown decision {action} for record {i}")
+    return decisions

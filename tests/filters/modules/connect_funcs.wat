@@ -10,6 +10,8 @@
 ;;   fail          returns an i64 error: bit 31 of the low word set, message "boom"
 ;;   done_i64      returns a non-error i64 buffer; the host must dealloc it
 ;;   trap          unreachable
+;;   pull_forever  calls get_value in an endless loop (the host's nested alloc calls must not
+;;                 extend the CPU deadline)
 (module
   (import "env" "get_value" (func $get_value (result i64)))
   (import "env" "set_value" (func $set_value (param i32 i32)))
@@ -107,4 +109,10 @@
     (i64.or (i64.shl (i64.extend_i32_u (local.get $p)) (i64.const 32)) (i64.const 8)))
 
   (func (export "trap") unreachable)
+
+  (func (export "pull_forever")
+    (loop $again
+      (call $reset)
+      (drop (call $get_value))
+      (br $again)))
 )

@@ -169,7 +169,7 @@
           ;; "GROW"
           (if (i32.eq (local.get $word) (i32.const 0x574F5247))
             (then (loop $more
-                    (br_if $more (i32.ne (memory.grow (i32.const 16)) (i32.const -1))))
+                    (br_if $more (i32.ne (memory.grow (i32.const 1)) (i32.const -1))))
                   unreachable))
           ;; "BADO"(UT): claim one record more than we got
           (if (i32.eq (local.get $word) (i32.const 0x4F444142))

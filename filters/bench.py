@@ -1,0 +1,253 @@
+"""Micro-benchmarks of the filter host: ``python -m sluice.filters.bench [--quick]``.
+
+Measures what docs/FILTER_ABI.md reports: the cost of one guest call through wasmtime-py's
+``Func.__call__`` against the unchecked fast path (`RawFunc`), records/s with one call per
+batch of 100 against one call per record, how fast the epoch deadline stops an infinite loop,
+and compiling a module against deserializing its cached artifact. Self-contained: the guest
+modules are small WAT texts below. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import wasmtime
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import FilterRecord, RecordContext
+from sluice.filters.engine import default_engine
+from sluice.filters.guest import GuestInstance
+from sluice.filters.module_cache import ModuleCache
+from sluice.filters.runtime import load_filter
+
+# Sluice ABI v1: keeps every record (output = count + zero bytes), or loops forever when the
+# batch holds a record whose value starts with "LOOP" (checked on the first record only).
+_KEEP_WAT = """
+(module
+  (memory (export "memory") 2)
+  (func (export "sluice_abi_version") (result i32) (i32.const 1))
+  (func (export "sluice_alloc") (param $n i32) (result i32)
+    (local $need i32)
+    (local.set $need (i32.add (i32.const 65536) (i32.add (i32.mul (local.get $n) (i32.const 2))
+                                                         (i32.const 4096))))
+    (if (i32.gt_u (local.get $need) (i32.mul (memory.size) (i32.const 65536)))
+      (then (drop (memory.grow (i32.add (i32.div_u (i32.sub (local.get $need)
+          (i32.mul (memory.size) (i32.const 65536))) (i32.const 65536)) (i32.const 1))))))
+    (i32.const 65536))
+  (func (export "add") (param i32 i32) (result i64)
+    (i64.extend_i32_u (i32.add (local.get 0) (local.get 1))))
+  (func (export "spin") (loop $l (br $l)))
+  (func (export "sluice_filter") (param $in i32) (param $len i32) (result i64)
+    (local $pos i32) (local $n i32) (local $out i32)
+    (local.set $pos (i32.add (local.get $in) (i32.const 5)))
+    (local.set $pos (i32.add (i32.add (local.get $pos) (i32.const 4)) (i32.load (local.get $pos))))
+    (local.set $pos (i32.add (local.get $pos) (i32.const 4)))
+    (local.set $pos (i32.add (i32.add (local.get $pos) (i32.const 4)) (i32.load (local.get $pos))))
+    (local.set $pos (i32.add (i32.add (local.get $pos) (i32.const 4)) (i32.load (local.get $pos))))
+    (local.set $n (i32.load (local.get $pos)))
+    (local.set $out (i32.add (local.get $in) (local.get $len)))
+    (i32.store (local.get $out) (local.get $n))
+    (memory.fill (i32.add (local.get $out) (i32.const 4)) (i32.const 0) (local.get $n))
+    (i64.or (i64.shl (i64.extend_i32_u (local.get $out)) (i64.const 32))
+            (i64.extend_i32_u (i32.add (local.get $n) (i32.const 4)))))
+)
+"""
+
+# In-place ABI: upper-cases the value in place (one call per record).
+_INPLACE_WAT = """
+(module
+  (memory (export "memory") 1)
+  (func (export "transform_record") (param $p i32) (param $n i32) (param $k i32) (param $kn i32)
+                                    (result i64)
+    (local $i i32) (local $c i32)
+    (block $done
+      (loop $next
+        (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+        (local.set $c (i32.load8_u (i32.add (local.get $p) (local.get $i))))
+        (if (i32.and (i32.ge_u (local.get $c) (i32.const 97))
+                     (i32.le_u (local.get $c) (i32.const 122)))
+          (then (i32.store8 (i32.add (local.get $p) (local.get $i))
+                            (i32.sub (local.get $c) (i32.const 32)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $next)))
+    (i64.extend_i32_u (local.get $n)))
+)
+"""
+
+
+def _rate(fn: Callable[[], int], seconds: float) -> float:
+    """Median units/s over 3 runs of about `seconds` each (fn returns units done)."""
+    rates = []
+    for _ in range(3):
+        done = 0
+        started = time.perf_counter()
+        while True:
+            done += fn()
+            elapsed = time.perf_counter() - started
+            if elapsed >= seconds:
+                break
+        rates.append(done / elapsed)
+    return statistics.median(rates)
+
+
+def _record(i: int) -> FilterRecord:
+    value = json.dumps({"user_id": i, "email": f"user{i}@example.com", "amount": 12.5,
+                        "note": "x" * 120}).encode()[:200].ljust(200, b" ")
+    return FilterRecord(i, 0, f"key-{i}".encode(), value, [("trace", b"abc123")])
+
+
+def bench_calls(seconds: float) -> dict[str, float]:
+    engine = default_engine()
+    module = wasmtime.Module(engine.engine, _KEEP_WAT)
+    guest = GuestInstance(engine, module, wasmtime.Linker(engine.engine),
+                          memory_bytes=16 << 20, timeout_ms=1000)
+    func = guest.exports["add"]
+    assert isinstance(func, wasmtime.Func)
+    store = guest.store
+    store.set_epoch_deadline(1 << 40)
+
+    def checked() -> int:
+        for i in range(1000):
+            func(store, i, 2)
+        return 1000
+
+    raw = guest.func("add")
+    assert raw is not None
+
+    def unchecked() -> int:
+        for i in range(1000):
+            raw(i, 2)
+        return 1000
+
+    return {"func_call_per_s": _rate(checked, seconds),
+            "unchecked_call_per_s": _rate(unchecked, seconds)}
+
+
+def bench_records(seconds: float, tmp: Path) -> dict[str, float]:
+    keep = tmp / "keep.wasm"
+    keep.write_bytes(wasmtime.wat2wasm(_KEEP_WAT))
+    inplace = tmp / "inplace.wasm"
+    inplace.write_bytes(wasmtime.wat2wasm(_INPLACE_WAT))
+    cache = ModuleCache(default_engine(), tmp / "cache")
+    ctx = RecordContext("bench", 0, "produce", "bench", None)
+    batch = [_record(i) for i in range(100)]
+    out: dict[str, float] = {}
+    f = load_filter(FilterSpec(name="keep", module=str(keep)), cache=cache)
+    out["sluice_abi_batch100_records_per_s"] = _rate(
+        lambda: len(f.run_batch(ctx, batch).decisions), seconds)
+    out["sluice_abi_per_record_records_per_s"] = _rate(
+        lambda: sum(len(f.run_batch(ctx, [r]).decisions) for r in batch), seconds)
+    g = load_filter(FilterSpec(name="inplace", module=str(inplace)), cache=cache)
+    out["inplace_abi_upper_records_per_s"] = _rate(
+        lambda: len(g.run_batch(ctx, batch).decisions), seconds)
+    builtin = Path(__file__).resolve().parent / "builtin" / "pii-mask.wasm"
+    if builtin.is_file():
+        pii = load_filter(FilterSpec(name="pii", module="builtin:pii-mask"), cache=cache)
+        out["pii_mask_batch100_records_per_s"] = _rate(
+            lambda: len(pii.run_batch(ctx, batch).decisions), seconds)
+    return out
+
+
+def bench_pipeline(seconds: float, tmp: Path) -> dict[str, float]:
+    """filter_produce / filter_fetch over one batch of 100 x 200-byte records (codec none)."""
+    from sluice.codec.records import BatchHeader, Record, build_batch
+    from sluice.filters.chain import FilterChain
+    from sluice.filters.pipeline import filter_fetch, filter_produce
+
+    keep = tmp / "keep-p.wasm"
+    keep.write_bytes(wasmtime.wat2wasm(_KEEP_WAT))
+    records = [Record(i, 0, r.key, r.value, r.headers) for i, r in
+               enumerate(_record(i) for i in range(100))]
+    header = BatchHeader(0, 0, -1, 2, 0, 0, 99, 1_700_000_000_000, 1_700_000_000_000, -1, -1,
+                         -1, 100)
+    raw = build_batch(header, records)
+    cache = ModuleCache(default_engine(), tmp / "cache-p")
+    out: dict[str, float] = {}
+    produce = RecordContext("bench", 0, "produce", "bench", None)
+    fetch = RecordContext("bench", 0, "fetch", "bench", None)
+    chain = FilterChain.from_specs([FilterSpec(name="keep", module=str(keep),
+                                               apply_to=frozenset({"produce", "fetch"}))],
+                                   cache=cache)
+    out["produce_keep_records_per_s"] = _rate(
+        lambda: 100 if filter_produce(chain, produce, raw).error_code == 0 else 0, seconds)
+    out["fetch_keep_records_per_s"] = _rate(
+        lambda: 100 if filter_fetch(chain, fetch, raw).error_code == 0 else 0, seconds)
+    builtin = Path(__file__).resolve().parent / "builtin" / "pii-mask.wasm"
+    if builtin.is_file():
+        pii = FilterChain.from_specs([FilterSpec(name="pii", module="builtin:pii-mask",
+                                                 apply_to=frozenset({"produce"}))],
+                                     cache=cache)
+        out["produce_pii_mask_records_per_s"] = _rate(
+            lambda: 100 if filter_produce(pii, produce, raw).changed else 0, seconds)
+    return out
+
+
+def bench_epoch(runs: int) -> dict[str, Any]:
+    engine = default_engine()
+    module = wasmtime.Module(engine.engine, _KEEP_WAT)
+    result: dict[str, Any] = {"tick_ms": engine.tick_ms}
+    for timeout_ms in (10, 50):
+        stops = []
+        for _ in range(runs):
+            guest = GuestInstance(engine, module, wasmtime.Linker(engine.engine),
+                                  memory_bytes=16 << 20, timeout_ms=timeout_ms)
+            spin = guest.func("spin")
+            assert spin is not None
+            started = time.perf_counter()
+            try:
+                spin()
+            except Exception:  # the GuestFailure("timeout") we are timing
+                pass
+            stops.append((time.perf_counter() - started) * 1000)
+        result[f"timeout_{timeout_ms}ms_stop_ms_median"] = statistics.median(stops)
+        result[f"timeout_{timeout_ms}ms_stop_ms_max"] = max(stops)
+    return result
+
+
+def bench_compile(tmp: Path, runs: int) -> dict[str, float]:
+    engine = default_engine()
+    sources = {"keep_wat": bytes(wasmtime.wat2wasm(_KEEP_WAT))}
+    builtin = Path(__file__).resolve().parent / "builtin" / "pii-mask.wasm"
+    if builtin.is_file():
+        sources["pii_mask"] = builtin.read_bytes()
+    out: dict[str, float] = {}
+    for name, data in sources.items():
+        compile_s, load_s = [], []
+        for i in range(runs):
+            d = tmp / f"c-{name}-{i}"
+            compile_s.append(ModuleCache(engine, d).load(data).load_seconds)
+            load_s.append(ModuleCache(engine, d).load(data).load_seconds)
+        out[f"{name}_bytes"] = len(data)
+        out[f"{name}_compile_ms"] = statistics.median(compile_s) * 1000
+        out[f"{name}_deserialize_ms"] = statistics.median(load_s) * 1000
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    args = parser.parse_args(argv)
+    seconds = 0.05 if args.quick else 1.0
+    runs = 2 if args.quick else 7
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        report = {
+            "wasmtime": default_engine().fingerprint_text,
+            "calls": bench_calls(seconds),
+            "records": bench_records(seconds, tmp),
+            "pipeline": bench_pipeline(seconds, tmp),
+            "epoch": bench_epoch(runs),
+            "compile": bench_compile(tmp, runs),
+        }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

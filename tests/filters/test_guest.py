@@ -1,0 +1,112 @@
+"""GuestInstance and the unchecked fast call path: results, bounds, deadlines, dead instances."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+import wasmtime
+from sluice.filters.context import FilterRecord, RecordContext
+from sluice.filters.engine import FilterEngine, default_engine
+from sluice.filters.guest import GuestFailure, GuestInstance
+from sluice.filters.runtime import LoadedFilter
+
+WAT = """
+(module
+  (memory (export "memory") 1 3)
+  (global $g (mut i32) (i32.const 0))
+  (func (export "neg32") (result i32) (i32.const -5))
+  (func (export "big64") (param i64) (result i64) (i64.mul (local.get 0) (i64.const 2)))
+  (func (export "sum") (param i32 i32 i32 i32) (result i64)
+    (i64.extend_i32_u (i32.add (i32.add (local.get 0) (local.get 1))
+                               (i32.add (local.get 2) (local.get 3)))))
+  (func (export "bump") (global.set $g (i32.add (global.get $g) (i32.const 1))))
+  (func (export "get") (result i32) (global.get $g))
+  (func (export "boom") unreachable)
+  (func (export "f32") (param f32) (result f32) (local.get 0))
+)
+"""
+
+
+def guest(timeout_ms: int = 50) -> GuestInstance:
+    engine = default_engine()
+    return GuestInstance(engine, wasmtime.Module(engine.engine, WAT),
+                         wasmtime.Linker(engine.engine), memory_bytes=2 * 65536,
+                         timeout_ms=timeout_ms)
+
+
+def test_results_and_arguments() -> None:
+    g = guest()
+    neg, big, total = g.func("neg32"), g.func("big64"), g.func("sum")
+    assert neg is not None and big is not None and total is not None
+    assert neg() == -5
+    assert big(2**40) == 2**41
+    assert big(-3) == -6
+    assert total(1, 2, 3, 4) == 10
+    assert total.sig == (("i32", "i32", "i32", "i32"), ("i64",))
+    with pytest.raises(TypeError):
+        total(1, 2)
+    bump, get = g.func("bump"), g.func("get")
+    assert bump is not None and get is not None
+    assert bump() == 0 and bump() == 0 and get() == 2
+    assert g.func("missing") is None and g.func("memory") is None
+
+
+def test_float_signatures_are_refused_for_the_fast_path() -> None:
+    with pytest.raises(GuestFailure, match="unsupported signature"):
+        guest().func("f32")
+
+
+def test_trap_kills_the_instance() -> None:
+    g = guest()
+    boom, get = g.func("boom"), g.func("get")
+    assert boom is not None and get is not None
+    with pytest.raises(GuestFailure) as info:
+        boom()
+    assert info.value.kind == "trap" and "unreachable" in info.value.message
+    assert g.dead
+    with pytest.raises(GuestFailure, match="instance is dead"):
+        get()
+
+
+def test_memory_bounds_and_growth_cap() -> None:
+    g = guest()
+    g.write(10, b"abc")
+    assert g.read(10, 3) == b"abc"
+    assert g.read(0, 0) == b""
+    with pytest.raises(GuestFailure, match="outside linear memory"):
+        g.read(65535, 2)
+    with pytest.raises(GuestFailure, match="outside linear memory"):
+        g.write(-1, b"x")
+    assert g.grow(1) == 65536
+    with pytest.raises(GuestFailure) as info:
+        g.grow(1)  # the store's cap is two pages
+    assert info.value.kind == "memory"
+
+
+def test_initial_memory_above_the_cap_fails_instantiation() -> None:
+    engine = default_engine()
+    module = wasmtime.Module(engine.engine, '(module (memory (export "memory") 10))')
+    with pytest.raises(GuestFailure, match="instantiation failed"):
+        GuestInstance(engine, module, wasmtime.Linker(engine.engine), memory_bytes=65536,
+                      timeout_ms=50)
+
+
+def test_engine_ticks_and_close() -> None:
+    engine = FilterEngine(tick_ms=5)
+    assert engine.ticks_for(100) == 21 and engine.ticks_for(1) == 2
+    assert engine.running
+    engine.close()
+    assert not engine.running
+    with pytest.raises(ValueError):
+        FilterEngine(tick_ms=0)
+
+
+def test_host_calls_do_not_extend_the_deadline(load_wat: Callable[..., LoadedFilter]) -> None:
+    f = load_wat("connect_funcs", name="pull", function="pull_forever", timeout_ms=30)
+    started = time.perf_counter()
+    result = f.run_batch(RecordContext("t", 0, "produce"), [FilterRecord(0, 0, None, b"v", [])],
+                         apply_policy=False)
+    assert result.decisions[0].failure == "timeout: exceeded the 30 ms CPU deadline"
+    assert time.perf_counter() - started < 1.0
