@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sluice.codec.errors import CodecError
 from sluice.codec.frames import FrameBuffer, frame
 from sluice.codec.headers import (
     parse_request_header,
@@ -256,3 +257,29 @@ def test_golden_produce_header_offsets_follow_kafka_rules() -> None:
         assert batch.header.base_offset == 0
         assert batch.header.record_count == batch.header.last_offset_delta + 1
         assert struct.unpack_from(">b", batch.data, 16)[0] == 2
+
+
+def _has_strict_prefixes(g: Golden) -> bool:
+    # The librdkafka all-topics Metadata request is left out: its first 4 bytes are by
+    # themselves a valid (canonical) all-topics request. Empty bodies have no prefixes.
+    if g.scenario == "confluent-admin-list-topics" and g.api_key == 3:
+        return False
+    body = _body_of_request(g) if g.direction == "request" else _body_of_response(g)
+    return len(body) > 0
+
+
+_PREFIX_CASES = [g for g in REQUESTS + RESPONSES if _has_strict_prefixes(g)]
+
+
+@pytest.mark.parametrize("g", _PREFIX_CASES, ids=lambda g: g.name)
+def test_every_strict_prefix_of_a_golden_body_is_refused(g: Golden) -> None:
+    if g.direction == "request":
+        body = bytes(_body_of_request(g))
+        decode = decode_request
+    else:
+        body = bytes(_body_of_response(g))
+        decode = decode_response
+    step = max(1, len(body) // 40)
+    for cut in [*range(0, len(body), step), len(body) - 1]:
+        with pytest.raises(CodecError):
+            decode(g.api_key, g.api_version, body[:cut])

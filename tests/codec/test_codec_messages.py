@@ -175,3 +175,25 @@ def test_huge_legacy_array_lengths_are_refused_before_kio(count: int) -> None:
     body = count.to_bytes(4, "big") + b"a" * 10
     with pytest.raises(DecodeError, match="array"):
         decode_request(3, 1, body)
+
+
+_ALL_VERSIONS = [
+    (int(key), version, request)
+    for key in ApiKey
+    if (rng := codec_version_range(key)) is not None
+    for version in range(rng[0], rng[1] + 1)
+    for request in (True, False)
+]
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(target=st.sampled_from(_ALL_VERSIONS), data=st.binary(max_size=120))
+def test_random_bodies_for_every_api_version_raise_only_codec_errors(
+    target: tuple[int, int, bool], data: bytes
+) -> None:
+    api_key, version, request = target
+    decode = decode_request if request else decode_response
+    try:
+        decode(api_key, version, data)
+    except CodecError:
+        pass
