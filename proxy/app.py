@@ -1,4 +1,5 @@
-"""Running the proxy: event loop set-up, signal handling, the `listening` line."""
+"""Running the proxy: event loop set-up, the filter chain and telemetry sink, signals, and the
+`listening` line."""
 
 from __future__ import annotations
 
@@ -6,13 +7,36 @@ import asyncio
 import signal
 
 import uvloop
-from sluice.proxy.config import ProxyConfig
+from sluice.filters.abi_base import FilterLoadError
+from sluice.filters.chain import FilterChain
+from sluice.proxy import telemetry
+from sluice.proxy.config import ConfigFileError, ProxyConfig
 from sluice.proxy.logs import log
 from sluice.proxy.server import ProxyServer
 
 
+def load_chain(config: ProxyConfig) -> FilterChain | None:
+    if not config.filters:
+        return None
+    try:
+        return FilterChain.from_specs(config.filters, cache_dir=config.module_cache_dir)
+    except FilterLoadError as exc:
+        raise ConfigFileError(f"{config.path}: {exc}") from None
+
+
 async def serve(config: ProxyConfig) -> int:
+    chain = load_chain(config)
     server = ProxyServer(config)
+    try:
+        server.telemetry = telemetry.make_sink(
+            config.telemetry, server.instance_id, proxy=server.proxy_info
+        )
+    except telemetry.TelemetryConfigError as exc:
+        raise ConfigFileError(f"{config.path}: {exc}") from None
+    server.install_chain(chain)
+    if chain is not None:
+        for line in chain.describe():
+            log.info("filter_loaded", **line)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -24,6 +48,7 @@ async def serve(config: ProxyConfig) -> int:
     await stop.wait()
     log.info("stopping", connections=len(server.sessions))
     await server.close()
+    server.telemetry.close(timeout=5)
     return 0
 
 

@@ -23,6 +23,7 @@ class ProxyConfig:
     filters: list[Any] = field(default_factory=list)
     telemetry: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    module_cache_dir: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 

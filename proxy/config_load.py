@@ -1,32 +1,95 @@
-"""Building a ProxyConfig from flags and the YAML config file."""
+"""Building a ProxyConfig from flags and the YAML config file.
+
+Every problem is reported as ``ConfigFileError`` (a ValueError) whose message names the file,
+the line and the field, e.g. ``sluice.yaml:12: filters[1].apply_to: unknown value 'prodcue'``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import yaml
+from sluice.filters.config import parse_filter_specs
+from sluice.filters.yaml_lines import ConfigError, LineMap, load_yaml_with_lines
 from sluice.proxy.config import ConfigFileError, ProxyConfig
 
-__all__ = ["ConfigFileError", "build_config"]
+__all__ = ["KNOWN_SECTIONS", "ConfigFileError", "build_config", "load_config_file"]
+
+#: Top-level keys of the config file (docs/CONFIGURATION.md documents each).
+KNOWN_SECTIONS = (
+    "filters",
+    "telemetry",
+    "metrics",
+    "proxy",
+    "tls",
+    "upstream_tls",
+    "limits",
+    "fleet",
+    "module_cache_dir",
+)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _int(raw: dict[str, Any], key: str, lines: LineMap, path: tuple[str, ...], default: int) -> int:
+    value = raw.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise lines.error((*path, key), f"must be a non-negative integer, got {value!r}")
+    return value
+
+
+def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
     try:
-        text = path.read_text()
+        data, lines = load_yaml_with_lines(path)
+    except ConfigError as exc:
+        raise ConfigFileError(str(exc)) from None
     except OSError as exc:
         raise ConfigFileError(f"{path}: cannot read config file: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise ConfigFileError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
     if data is None:
-        return {}
+        data = {}
     if not isinstance(data, dict):
-        raise ConfigFileError(f"{path}:1: the config file must be a mapping")
-    return data
+        raise ConfigFileError(f"{path}:1: the config file must be a mapping of sections")
+    try:
+        for key in data:
+            if key not in KNOWN_SECTIONS:
+                raise lines.error(
+                    (key,), f"unknown section (expected one of {', '.join(KNOWN_SECTIONS)})"
+                )
+        config.filters = parse_filter_specs(data.get("filters"), path, lines)
+        for section in ("telemetry", "metrics", "proxy", "tls", "upstream_tls", "limits", "fleet"):
+            value = data.get(section)
+            if value is not None and not isinstance(value, dict):
+                raise lines.error((section,), "must be a mapping")
+        config.telemetry = dict(data.get("telemetry") or {})
+        telemetry_dir = config.telemetry.get("dir")
+        if isinstance(telemetry_dir, str) and not Path(telemetry_dir).is_absolute():
+            config.telemetry["dir"] = str(path.resolve().parent / telemetry_dir)
+        config.metrics = dict(data.get("metrics") or {})
+        proxy = dict(data.get("proxy") or {})
+        if "advertised_host" in proxy:
+            if not isinstance(proxy["advertised_host"], str):
+                raise lines.error(("proxy", "advertised_host"), "must be a host name")
+            config.advertised_host = proxy["advertised_host"]
+        node_ports = proxy.get("node_ports") or {}
+        if not isinstance(node_ports, dict):
+            raise lines.error(("proxy", "node_ports"), "must map node ids to ports")
+        for node, port in node_ports.items():
+            if not isinstance(node, int) or not isinstance(port, int) or not 0 < port < 65536:
+                raise lines.error(
+                    ("proxy", "node_ports", node), f"node id {node!r} -> port {port!r} is not valid"
+                )
+        config.node_ports = dict(node_ports)
+        limits = dict(data.get("limits") or {})
+        config.max_frame_size = _int(
+            limits, "max_frame_size", lines, ("limits",), config.max_frame_size
+        )
+        cache_dir = data.get("module_cache_dir")
+        if cache_dir is not None and not isinstance(cache_dir, str):
+            raise lines.error(("module_cache_dir",), "must be a directory path")
+        config.module_cache_dir = cache_dir
+    except ConfigError as exc:
+        raise ConfigFileError(str(exc)) from None
+    config.raw = data
+    config.path = path
+    return config
 
 
 def build_config(
@@ -37,7 +100,4 @@ def build_config(
     config = ProxyConfig(listen=listen, upstream=upstream)
     if path is None:
         return config
-    raw = _read_yaml(path)
-    config.raw = raw
-    config.path = path
-    return config
+    return load_config_file(path, config)

@@ -10,19 +10,26 @@ import asyncio
 import functools
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_response
+from sluice.proxy import telemetry
 from sluice.proxy.addresses import BrokerMap, NodeRoute
 from sluice.proxy.apiversions import rewrite_api_versions_response
 from sluice.proxy.config import ProxyConfig
+from sluice.proxy.dead_letters import DeadLetterWriter
 from sluice.proxy.endpoints import carries_endpoints, rewrite_endpoints
 from sluice.proxy.logs import log
 from sluice.proxy.session import Pending, ProtocolViolation, ResponseHook, Session
+
+if TYPE_CHECKING:
+    from sluice.filters.chain import FilterChain, FilterStats
+    from sluice.proxy.produce_path import ProduceState
 
 RequestHandler = Callable[[Session, RequestHeader, memoryview | bytes], Any]
 
@@ -48,6 +55,43 @@ class ProxyServer:
         self._hooks: dict[tuple[int, int], ResponseHook | None] = {}
         self._session_tasks: set[asyncio.Task[None]] = set()
         self.closing = False
+        self.chain: FilterChain | None = None
+        self._filter_directions: frozenset[str] = frozenset()
+        self.proxy_info = telemetry.proxy_info(self.instance_id)
+        self.telemetry: telemetry.TelemetrySink = telemetry.NullSink()
+        self.dead_letters = DeadLetterWriter(self)
+        from sluice.proxy.produce_path import handle_produce
+
+        # Always: even unfiltered Produce needs its acks read (acks=0 gets no response).
+        self.set_request_handler(ApiKey.PRODUCE, handle_produce)
+
+    # ------------------------------------------------------------------ filters
+    def install_chain(self, chain: FilterChain | None) -> FilterChain | None:
+        """Switch to a new filter chain; batches after the switch use it. Returns the old one."""
+        from sluice.proxy.admin_path import ADMIN_APIS, handle_admin
+
+        old, self.chain = self.chain, chain
+        directions: set[str] = set()
+        for f in chain.filters if chain is not None else ():
+            directions |= set(f.spec.apply_to)
+        self._filter_directions = frozenset(directions)
+        for api_key in ADMIN_APIS:
+            self.set_request_handler(api_key, handle_admin if "admin" in directions else None)
+        self._hooks.clear()
+        for f in chain.filters if chain is not None else ():
+            self.telemetry.emit(
+                telemetry.filter_loaded_event(
+                    self.proxy_info,
+                    name=f.name,
+                    module_sha256=f.sha256,
+                    topics=list(f.spec.topics),
+                    apply_to=sorted(f.spec.apply_to),
+                )
+            )
+        return old
+
+    def filters_on(self, direction: str) -> bool:
+        return direction in self._filter_directions
 
     # ------------------------------------------------------------------ routing tables
     def set_request_handler(self, api_key: int, handler: RequestHandler | None) -> None:
@@ -71,6 +115,10 @@ class ProxyServer:
     def _make_hook(self, api_key: int, version: int) -> ResponseHook | None:
         if api_key == ApiKey.API_VERSIONS:
             return _api_versions_hook
+        if api_key == ApiKey.FETCH and self.filters_on("fetch"):
+            from sluice.proxy.fetch_path import on_fetch_response
+
+            return on_fetch_response
         if carries_endpoints(api_key, version):
             return self._endpoint_hook
         return None
@@ -107,6 +155,104 @@ class ProxyServer:
         if rewritten is response:
             return body
         return bytes(body[:size]) + encode_response(rewritten)
+
+    def transform_response(
+        self, pending: Pending, frame: memoryview | bytes, transform: Callable[[Any], Any]
+    ) -> Any:
+        """Decode a response, rewrite its endpoints, apply `transform`, re-encode if changed."""
+        hdr = pending.header
+        size, response = self.decode_response_of(pending, frame)
+        final = transform(
+            rewrite_endpoints(response, hdr.api_key, hdr.api_version, self.map_endpoint)
+        )
+        if final is response:
+            return frame
+        return bytes(frame[:size]) + encode_response(final)
+
+    # ------------------------------------------------------------------ telemetry
+    def connection_id(self, session: Session) -> str:
+        return f"{self.instance_id}-{session.id}"
+
+    def emit_record_telemetry(self, session: Session, **fields: Any) -> None:
+        try:
+            self._emit_record_telemetry(session, **fields)
+        except Exception as exc:  # telemetry must never break client traffic
+            log.error("telemetry_event_failed", error=repr(exc))
+
+    def _emit_record_telemetry(
+        self,
+        session: Session,
+        *,
+        api: str,
+        topic: str,
+        partition: int,
+        offset_first: int | None,
+        offset_last: int | None,
+        records_in: int,
+        records_out: int,
+        bytes_in: int,
+        bytes_out: int,
+        stats: list[FilterStats],
+        error_code: int = 0,
+        error_message: str | None = None,
+        record_errors: list[tuple[int, str]] | None = None,
+        dead_letters: int = 0,
+    ) -> None:
+        self.telemetry.emit(
+            telemetry.record_batch_event(
+                self.proxy_info,
+                connection_id=self.connection_id(session),
+                client_address=session.client_address,
+                client_id=session.client_id,
+                principal=session.principal,
+                api=api,  # type: ignore[arg-type]
+                topic=topic,
+                partition=partition,
+                offset_first=offset_first,
+                offset_last=offset_last,
+                records_in=records_in,
+                records_out=records_out,
+                bytes_in=bytes_in,
+                bytes_out=bytes_out,
+                filters=[_filter_entry(st) for st in stats],
+                error_code=error_code,
+                error_message=error_message,
+                reject_reasons=telemetry.reject_reason_counts(record_errors or []),
+                dead_letters=dead_letters,
+            )
+        )
+
+    def emit_produce_telemetry(self, session: Session, state: ProduceState, response: Any) -> None:
+        base: dict[tuple[str, int], tuple[int, int]] = {}
+        if response is not None:
+            for t in response.responses:
+                name = getattr(t, "name", None) or self.topic_names.get(
+                    getattr(t, "topic_id", None)
+                )
+                for p in t.partition_responses:
+                    base[(name or "", int(p.index))] = (int(p.base_offset), int(p.error_code))
+        for info in state.filtered:
+            offset, code = base.get((info.topic, info.index), (-1, info.error_code))
+            first, last = telemetry.produce_offsets(
+                offset if info.forwarded else None, info.records_out
+            )
+            self.emit_record_telemetry(
+                session,
+                api="produce",
+                topic=info.topic,
+                partition=info.index,
+                offset_first=first,
+                offset_last=last,
+                records_in=info.records_in,
+                records_out=info.records_out if info.forwarded else 0,
+                bytes_in=info.bytes_in,
+                bytes_out=info.bytes_out,
+                stats=info.stats,
+                error_code=info.error_code or code,
+                error_message=info.error_message,
+                record_errors=info.record_errors,
+                dead_letters=info.dead_letters,
+            )
 
     # ------------------------------------------------------------------ listeners
     def _bound_socket(self, port: int) -> socket.socket:
@@ -191,16 +337,70 @@ class ProxyServer:
         await asyncio.gather(*self._session_tasks, return_exceptions=True)
         for server in self._servers:
             await server.wait_closed()
+        await self.dead_letters.close()
+        if self.chain is not None:
+            self.chain.close()
 
     # ------------------------------------------------------------------ observation
     def session_opened(self, session: Session) -> None:
         self.sessions.add(session)
+        self.telemetry.emit(
+            telemetry.connection_event(
+                self.proxy_info,
+                phase="open",
+                connection_id=self.connection_id(session),
+                client_address=session.client_address,
+                upstream="{}:{}".format(*session.upstream_address),
+            )
+        )
 
     def session_closed(self, session: Session) -> None:
+        if session not in self.sessions:
+            return
         self.sessions.discard(session)
+        apis = {}
+        for key, count in session.stats.requests.items():
+            try:
+                name = ApiKey(key).name.lower()
+            except ValueError:
+                name = f"api_{key}"
+            apis[name] = {"requests": count}
+        self.telemetry.emit(
+            telemetry.connection_event(
+                self.proxy_info,
+                phase="close",
+                connection_id=self.connection_id(session),
+                client_address=session.client_address,
+                client_id=session.client_id,
+                principal=session.principal,
+                upstream="{}:{}".format(*session.upstream_address),
+                bytes_in=session.stats.bytes_in,
+                bytes_out=session.stats.bytes_out,
+                apis=apis,
+                duration_ms=int((time.time() - session.opened) * 1000),
+            )
+        )
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
         del api_key, seconds  # metrics are wired by the observability layer
+
+
+def _filter_entry(st: FilterStats) -> dict[str, Any]:
+    # The chain counts failures (errors) and keeps the last failure text; telemetry lists texts.
+    errors = [st.failure] * min(st.errors, 1) if st.failure else []
+    if st.errors and not errors:
+        errors = [f"{st.errors} filter failure(s)"]
+    return telemetry.filter_entry(
+        st.name,
+        st.sha256,
+        kept=st.kept,
+        rewritten=st.rewritten,
+        dropped=st.dropped,
+        rejected=st.rejected,
+        detectors=st.detector_counts,
+        time_ns=st.time_ns,
+        errors=errors,
+    )
 
 
 def _api_versions_hook(session: Session, pending: Pending, body: memoryview | bytes) -> bytes:

@@ -108,7 +108,7 @@ class Session:
                 elif exc is not None and not isinstance(
                     exc, ConnectionError | asyncio.CancelledError
                 ):
-                    self.log.error("connection_failed", error=repr(exc))
+                    self.log.error("connection_failed", error=repr(exc), exc_info=exc)
         finally:
             for task in (to_upstream, to_client):
                 task.cancel()

@@ -22,11 +22,18 @@ def register(subparsers: Any) -> None:
         description="Run the Kafka proxy. Clients bootstrap at --listen; each broker node gets "
         "its own port after it (listen port + 1, + 2, ...) unless node_ports are configured.",
     )
-    p.add_argument("--listen", required=True, metavar="HOST:PORT",
-                   help="bootstrap address clients connect to")
-    p.add_argument("--upstream", required=True, metavar="HOST:PORT",
-                   help="bootstrap address of the real Kafka cluster (comma-separated for several)")
-    p.add_argument("--config", type=Path, metavar="FILE", help="YAML config file (filters, telemetry, ...)")
+    p.add_argument(
+        "--listen", required=True, metavar="HOST:PORT", help="bootstrap address clients connect to"
+    )
+    p.add_argument(
+        "--upstream",
+        required=True,
+        metavar="HOST:PORT",
+        help="bootstrap address of the real Kafka cluster (comma-separated for several)",
+    )
+    p.add_argument(
+        "--config", type=Path, metavar="FILE", help="YAML config file (filters, telemetry, ...)"
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run_serve)
 
@@ -44,4 +51,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, ConfigFileError) as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 2
-    return run(config)
+    try:
+        return run(config)
+    except ConfigFileError as exc:
+        print(f"sluice serve: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"sluice serve: cannot listen on {args.listen}: {exc.strerror}", file=sys.stderr)
+        return 1

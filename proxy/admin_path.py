@@ -1,0 +1,320 @@
+"""Topic administration through ``admin`` filters, like a validating/mutating admission webhook.
+
+CreateTopics, CreatePartitions, AlterConfigs and IncrementalAlterConfigs are decoded only when
+an admin filter is configured. Each item (a topic, a config resource) is offered to the filters
+bound to its name as the *resulting* state: the partitions and replication factor asked for,
+and the whole config the topic would have afterwards (for IncrementalAlterConfigs the proxy
+reads the current config from the broker and applies SET/DELETE/APPEND/SUBTRACT). A denial
+answers POLICY_VIOLATION with the filter's message for that item only; the other items go to
+the broker, and the two answers are merged in request order of items.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.codec.errors import CodecError
+from sluice.codec.headers import RequestHeader, response_header_bytes
+from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
+from sluice.filters.admin import AdminResource, AdminVerdict
+from sluice.proxy import entities, telemetry
+from sluice.proxy.logs import log
+from sluice.proxy.session import Pending, ProtocolViolation, Session
+from sluice.proxy.upstream_client import UpstreamConnection, UpstreamError
+
+POLICY_VIOLATION = 44
+TOPIC_RESOURCE = 2
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+
+ADMIN_APIS = (
+    ApiKey.CREATE_TOPICS,
+    ApiKey.CREATE_PARTITIONS,
+    ApiKey.ALTER_CONFIGS,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Api:
+    op: str
+    items: str  # request field holding the items
+    results: str  # response field holding per-item results
+    name_of: Callable[[Any], str]
+
+
+_APIS = {
+    ApiKey.CREATE_TOPICS: _Api("create_topics", "topics", "topics", lambda i: str(i.name)),
+    ApiKey.CREATE_PARTITIONS: _Api("create_partitions", "topics", "results", lambda i: str(i.name)),
+    ApiKey.ALTER_CONFIGS: _Api(
+        "alter_configs", "resources", "responses", lambda i: str(i.resource_name)
+    ),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: _Api(
+        "incremental_alter_configs", "resources", "responses", lambda i: str(i.resource_name)
+    ),
+}
+
+
+@dataclass(slots=True)
+class _Denied:
+    item: Any
+    message: str
+
+
+def _split_list(value: str | None) -> list[str]:
+    return [v for v in (value or "").split(",") if v]
+
+
+def apply_incremental(current: dict[str, str | None], ops: Any) -> dict[str, str | None]:
+    """The config after IncrementalAlterConfigs operations (Kafka's semantics)."""
+    result = dict(current)
+    for op in ops:
+        name, value, kind = str(op.name), op.value, int(op.config_operation)
+        if kind == SET:
+            result[name] = value
+        elif kind == DELETE:
+            result.pop(name, None)
+        elif kind == APPEND:
+            items = _split_list(result.get(name))
+            items += [v for v in _split_list(value) if v not in items]
+            result[name] = ",".join(items)
+        elif kind == SUBTRACT:
+            drop = set(_split_list(value))
+            result[name] = ",".join(v for v in _split_list(result.get(name)) if v not in drop)
+    return result
+
+
+async def _current_configs(session: Session, names: list[str]) -> dict[str, dict[str, str | None]]:
+    host, port = session.server.config.upstream[0]
+    conn = await UpstreamConnection.open(host, port)
+    try:
+        version = conn.pick_version(ApiKey.DESCRIBE_CONFIGS)
+        from sluice.codec import schemas
+
+        rcls = entities.element_class(
+            schemas.request_schema(ApiKey.DESCRIBE_CONFIGS, version), "resources"
+        )
+        response = await conn.request(
+            ApiKey.DESCRIBE_CONFIGS,
+            version,
+            resources=tuple(
+                entities.build(
+                    rcls, resource_type=TOPIC_RESOURCE, resource_name=n, configuration_keys=None
+                )
+                for n in names
+            ),
+            include_synonyms=False,
+            include_documentation=False,
+        )
+    finally:
+        await conn.close()
+    out: dict[str, dict[str, str | None]] = {}
+    for result in response.results:
+        out[str(result.resource_name)] = {str(c.name): c.value for c in result.configs}
+    return out
+
+
+def _resource(
+    api: ApiKey, item: Any, session: Session, current: dict[str, str | None] | None
+) -> AdminResource | None:
+    op = _APIS[api].op
+    common = {"principal": session.principal, "client_id": session.client_id}
+    if api == ApiKey.CREATE_TOPICS:
+        return AdminResource(
+            op=op,
+            name=str(item.name),
+            partitions=int(item.num_partitions) if int(item.num_partitions) >= 0 else None,
+            replication_factor=int(item.replication_factor)
+            if int(item.replication_factor) >= 0
+            else None,
+            configs={str(c.name): c.value for c in item.configs},
+            **common,
+        )
+    if api == ApiKey.CREATE_PARTITIONS:
+        return AdminResource(op=op, name=str(item.name), partitions=int(item.count), **common)
+    if int(item.resource_type) != TOPIC_RESOURCE:
+        return None  # broker configs are not topic policy
+    if api == ApiKey.ALTER_CONFIGS:
+        configs = {str(c.name): c.value for c in item.configs}
+    else:
+        configs = apply_incremental(current or {}, item.configs)
+    return AdminResource(op=op, name=str(item.resource_name), configs=configs, **common)
+
+
+def _rewrite(
+    api: ApiKey,
+    item: Any,
+    verdict: AdminVerdict,
+    before: AdminResource,
+    current: dict[str, str | None] | None,
+) -> Any:
+    if api == ApiKey.CREATE_TOPICS:
+        changes: dict[str, Any] = {}
+        if verdict.partitions is not None:
+            changes["num_partitions"] = type(item.num_partitions)(verdict.partitions)
+        if verdict.configs is not None:
+            ccls = entities.element_class(type(item), "configs")
+            changes["configs"] = tuple(
+                entities.build(ccls, name=k, value=v) for k, v in verdict.configs.items()
+            )
+        return dataclasses.replace(item, **changes)
+    if api == ApiKey.CREATE_PARTITIONS:
+        if verdict.partitions is None:
+            return item
+        return dataclasses.replace(item, count=type(item.count)(verdict.partitions))
+    if verdict.configs is None:
+        return item
+    ccls = entities.element_class(type(item), "configs")
+    if api == ApiKey.ALTER_CONFIGS:
+        return dataclasses.replace(
+            item,
+            configs=tuple(
+                entities.build(ccls, name=k, value=v) for k, v in verdict.configs.items()
+            ),
+        )
+    # Incremental: express the rewritten resulting config as operations on the current one.
+    base = current or {}
+    ops = [
+        entities.build(ccls, name=k, config_operation=SET, value=v)
+        for k, v in verdict.configs.items()
+        if base.get(k) != v or k not in base
+    ]
+    ops += [
+        entities.build(ccls, name=k, config_operation=DELETE, value=None)
+        for k in base
+        if k not in verdict.configs
+    ]
+    return dataclasses.replace(item, configs=tuple(ops))
+
+
+def _result_entity(api: ApiKey, cls: type[Any], item: Any, message: str) -> Any:
+    if api in (ApiKey.CREATE_TOPICS, ApiKey.CREATE_PARTITIONS):
+        return entities.build(
+            cls,
+            name=item.name,
+            error_code=POLICY_VIOLATION,
+            error_message=message,
+            num_partitions=-1,
+            replication_factor=-1,
+            configs=None,
+        )
+    return entities.build(
+        cls,
+        error_code=POLICY_VIOLATION,
+        error_message=message,
+        resource_type=item.resource_type,
+        resource_name=item.resource_name,
+    )
+
+
+def _merge(api: ApiKey, response: Any, denied: list[_Denied]) -> Any:
+    spec = _APIS[api]
+    cls = entities.element_class(type(response), spec.results)
+    extra = tuple(_result_entity(api, cls, d.item, d.message) for d in denied)
+    return dataclasses.replace(
+        response, **{spec.results: (*getattr(response, spec.results), *extra)}
+    )
+
+
+async def handle_admin(session: Session, header: RequestHeader, frame: memoryview | bytes) -> None:
+    server = session.server
+    chain = server.chain
+    api = ApiKey(header.api_key)
+    spec = _APIS[api]
+    body = frame[header.header_size :]
+    try:
+        request = decode_request(api, header.api_version, body)
+    except CodecError as exc:
+        raise ProtocolViolation(f"cannot decode {api.name} v{header.api_version}: {exc}") from None
+    items = list(getattr(request, spec.items))
+    if chain is None or not any(
+        chain.applies(spec.name_of(i), "admin", session.principal) for i in items
+    ):
+        session.forward(header, frame)
+        return
+
+    currents: dict[str, dict[str, str | None]] = {}
+    if api == ApiKey.INCREMENTAL_ALTER_CONFIGS:
+        names = [spec.name_of(i) for i in items if int(i.resource_type) == TOPIC_RESOURCE]
+        try:
+            currents = await _current_configs(session, names)
+        except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
+            # Without the current config the result cannot be validated: refuse, do not guess.
+            log.warning("admin_current_config_failed", error=str(exc))
+            denied_all = [
+                _Denied(i, f"sluice: cannot read current config to validate: {exc}") for i in items
+            ]
+            _answer(session, header, api, denied_all)
+            return
+
+    kept: list[Any] = []
+    denied: list[_Denied] = []
+    for item in items:
+        name = spec.name_of(item)
+        resource = None
+        if chain.applies(name, "admin", session.principal):
+            resource = _resource(api, item, session, currents.get(name))
+        if resource is None:
+            kept.append(item)
+            continue
+        verdict = chain.run_admin(resource)
+        _emit(session, resource, verdict)
+        if verdict.decision == "deny":
+            denied.append(_Denied(item, verdict.message or "denied by policy"))
+        elif verdict.decision == "rewrite":
+            kept.append(_rewrite(api, item, verdict, resource, currents.get(name)))
+        else:
+            kept.append(item)
+    if not denied and all(a is b for a, b in zip(kept, items, strict=True)):
+        session.forward(header, frame)
+        return
+    if not kept:
+        _answer(session, header, api, denied)
+        return
+    new_body = encode_request(dataclasses.replace(request, **{spec.items: tuple(kept)}))
+
+    def on_response(sess: Session, pending: Pending, raw: memoryview | bytes) -> Any:
+        return server.transform_response(
+            pending, raw, lambda r: _merge(api, r, denied) if denied else r
+        )
+
+    session.forward(header, bytes(frame[: header.header_size]) + new_body, on_response=on_response)
+
+
+def _answer(session: Session, header: RequestHeader, api: ApiKey, denied: list[_Denied]) -> None:
+    cls = entities.response_class(api, header.api_version)
+    empty = entities.build(cls, **{_APIS[api].results: ()})
+    body = encode_response(_merge(api, empty, denied))
+    session.answer(
+        header,
+        response_header_bytes(header.correlation_id, header.api_key, header.api_version) + body,
+    )
+
+
+def _emit(session: Session, resource: AdminResource, verdict: AdminVerdict) -> None:
+    server = session.server
+    chain = server.chain
+    assert chain is not None
+    filters = chain.filters_for(resource.name, "admin", session.principal)
+    deciding = next(
+        (f for f in filters if f.name == verdict.filter), filters[0] if filters else None
+    )
+    server.telemetry.emit(
+        telemetry.admin_event(
+            server.proxy_info,
+            connection_id=server.connection_id(session),
+            client_address=session.client_address,
+            client_id=session.client_id,
+            principal=session.principal,
+            op=resource.op,
+            resource_type=resource.resource_type,
+            resource=resource.name,
+            decision=verdict.decision,  # type: ignore[arg-type]
+            message=verdict.message,
+            filter_name=deciding.name if deciding else "",
+            module_sha256=deciding.sha256 if deciding else "",
+            error_code=POLICY_VIOLATION if verdict.decision == "deny" else 0,
+        )
+    )
