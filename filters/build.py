@@ -41,9 +41,11 @@ EXAMPLES_DIR = FILTERS_DIR / "examples"
 # bytes, so --check refuses to compare across versions.
 ZIG_VERSION = "0.17.0"
 
+# -O2 rather than -Oz: on builtin:pii-mask it ran ~1.6x faster for ~1.5x the bytes (47 KB),
+# and filters sit on the proxy's hot path.
 C_FLAGS = (
     "--target=wasm32-freestanding",
-    "-Oz",
+    "-O2",
     "-s",
     "-nostdlib",
     "-mbulk-memory",

@@ -806,26 +806,33 @@ static void sort_spans(spans *s) {
     }
 }
 
-/* Run the enabled detectors on p[0..n); append the masked text to out. Returns the number of
- * matches (0 = out holds an unchanged copy). */
+/* Run the enabled detectors on p[0..n). When something matched, append the masked text to
+ * out and return the number of matches; when nothing did, return 0 and leave out untouched. */
 static uint32_t mask_text(const uint8_t *p, uint32_t n, sluice_buf *out) {
     spans s = {NULL, 0, 0, 0};
     if (n == 0) return 0;
-    if (rules[D_EMAIL].enabled) find_email(p, n, &s);
-    if (rules[D_CARD].enabled) find_card(p, n, &s);
-    if (rules[D_PHONE].enabled) find_phone(p, n, &s);
-    if (rules[D_SSN].enabled) find_ssn(p, n, &s);
-    if (rules[D_IBAN].enabled) find_iban(p, n, &s);
-    if (rules[D_IPV4].enabled) find_ipv4(p, n, &s);
-    if (rules[D_AWS_KEY].enabled) find_aws_key(p, n, &s);
-    if (rules[D_AWS_SECRET].enabled) find_aws_secret(p, n, &s);
-    if (rules[D_JWT].enabled) find_jwt(p, n, &s);
-    if (rules[D_BEARER].enabled) find_bearer(p, n, &s);
-    if (s.failed) out->failed = 1;
-    if (s.n == 0) {
-        sluice_buf_put(out, p, n);
-        return 0;
+    /* one cheap pass decides which detectors can possibly match */
+    int digit = 0, at = 0, upper = 0, assign = 0, b = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        digit |= is_digit(c);
+        at |= c == '@';
+        upper |= is_upper(c);
+        assign |= c == '=' || c == ':';
+        b |= c == 'b' || c == 'B';
     }
+    if (rules[D_EMAIL].enabled && at) find_email(p, n, &s);
+    if (rules[D_CARD].enabled && digit) find_card(p, n, &s);
+    if (rules[D_PHONE].enabled && digit) find_phone(p, n, &s);
+    if (rules[D_SSN].enabled && digit) find_ssn(p, n, &s);
+    if (rules[D_IBAN].enabled && digit && upper) find_iban(p, n, &s);
+    if (rules[D_IPV4].enabled && digit) find_ipv4(p, n, &s);
+    if (rules[D_AWS_KEY].enabled && upper) find_aws_key(p, n, &s);
+    if (rules[D_AWS_SECRET].enabled && assign) find_aws_secret(p, n, &s);
+    if (rules[D_JWT].enabled && upper) find_jwt(p, n, &s);
+    if (rules[D_BEARER].enabled && b) find_bearer(p, n, &s);
+    if (s.failed) out->failed = 1;
+    if (s.n == 0) return 0;
     sort_spans(&s);
     uint32_t pos = 0, matches = 0;
     for (uint32_t i = 0; i < s.n; i++) {
