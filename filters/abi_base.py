@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import wasmtime
+
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Action, Decision

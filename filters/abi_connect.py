@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 import wasmtime
+
 from sluice.filters.abi_base import AbiRunner, FilterLoadError, Signature, failure_decision
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import Header, RecordContext, RecordLike

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Final
 
 import wasmtime
+
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import wasmtime
+
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.engine import default_engine

@@ -26,8 +26,9 @@ from typing import Any, Final
 
 import wasmtime
 import wasmtime._func as _wt_func
-from sluice.filters.engine import FilterEngine
 from wasmtime import _bindings as _b
+
+from sluice.filters.engine import FilterEngine
 
 WASM_PAGE: Final = 65536
 

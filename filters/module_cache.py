@@ -23,6 +23,7 @@ from pathlib import Path
 
 import structlog
 import wasmtime
+
 from sluice.filters.engine import FilterEngine, wasmtime_version
 
 log = structlog.get_logger("sluice.filters.cache")

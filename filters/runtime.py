@@ -29,6 +29,7 @@ from pathlib import Path
 
 import structlog
 import wasmtime
+
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
 from sluice.filters.abi_connect import ConnectAbi, connect_function
 from sluice.filters.abi_inplace import InPlaceAbi, inplace_function

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import wasmtime
+
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.module_cache import ModuleCache

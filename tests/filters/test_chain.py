@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+
 from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.admin import AdminResource
 from sluice.filters.chain import DROP, KEEP, REJECT, REWRITE, FilterChain

@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from sluice.filters.config import (
     BUILTIN_DIR,
     DEFAULT_MAX_MEMORY_MB,

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import wasmtime
+
 from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.engine import FilterEngine, default_engine
 from sluice.filters.guest import GuestFailure, GuestInstance

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 import wasmtime
+
 from sluice.filters.config import FilterSpec
 from sluice.filters.engine import default_engine, wasmtime_version
 from sluice.filters.module_cache import _MAGIC, ModuleCache

@@ -11,6 +11,7 @@ import struct
 from collections.abc import Callable
 
 import pytest
+
 from sluice.codec.compression import CODEC_NAMES
 from sluice.codec.records import (
     BatchHeader,

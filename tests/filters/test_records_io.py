@@ -7,6 +7,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.decisions import DROP, KEEP, Action, Decision, reject, rewrite
 from sluice.filters.records_io import (

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.decisions import Action
