@@ -130,7 +130,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         _err(str(exc))
         return 1
     data = out.read_bytes()
-    print(f"built {out} ({len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()})")
+    print(f"built {output} ({len(data)} bytes, sha256 {hashlib.sha256(data).hexdigest()})")
     return 0
 
 

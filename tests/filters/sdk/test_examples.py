@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.decisions import Action, Decision
