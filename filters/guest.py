@@ -101,13 +101,19 @@ class GuestInstance:
         self._ctx = ctypes.cast(self.store._context(), _vp).value
         self.dead = False
         self.depth = 0
+        engine.register(self)
+        # Instantiation runs the module's start function: same deadline as any call.
         _set_deadline(self._ctx, self.ticks)
+        self.depth = 1
+        engine.wake()
         try:
             self.instance = linker.instantiate(self.store, module)
         except wasmtime.Trap as exc:
             raise self._trap_failure(exc) from None
         except wasmtime.WasmtimeError as exc:
             raise GuestFailure("trap", f"instantiation failed: {exc}") from None
+        finally:
+            self.depth = 0
         self.exports = self.instance.exports(self.store)
         mem = self.exports.get("memory")
         self.memory: wasmtime.Memory | None = mem if isinstance(mem, wasmtime.Memory) else None
@@ -247,7 +253,10 @@ class RawFunc:
         # guest (Connect ABI getters call alloc) must not extend it.
         if not guest.depth:
             _set_deadline(guest._ctx, guest.ticks)
-        guest.depth += 1
+            guest.depth = 1
+            guest.engine.wake()  # after raising depth: see engine's docstring
+        else:
+            guest.depth += 1
         try:
             err = _call_unchecked(guest._ctx, self._fn_addr, self._args, self._n,
                                   self._trap_addr)

@@ -111,3 +111,43 @@ def test_host_calls_do_not_extend_the_deadline(load_wat: Callable[..., LoadedFil
                          apply_policy=False)
     assert result.decisions[0].failure == "timeout: exceeded the 30 ms CPU deadline"
     assert time.perf_counter() - started < 1.0
+
+
+def test_parked_ticker_wakes_for_a_call_and_still_stops_loops() -> None:
+    engine = FilterEngine(tick_ms=2)
+    engine.idle_after_s = 0.02
+    try:
+        module = wasmtime.Module(engine.engine, '(module (func (export "spin") (loop $l (br $l))))')
+        g = GuestInstance(engine, module, wasmtime.Linker(engine.engine), memory_bytes=65536,
+                          timeout_ms=20)
+        deadline = time.monotonic() + 2
+        while not engine.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.idle, "ticker should park when no guest call is in flight"
+        spin = g.func("spin")
+        assert spin is not None
+        started = time.perf_counter()
+        with pytest.raises(GuestFailure) as info:
+            spin()
+        assert info.value.kind == "timeout"
+        assert time.perf_counter() - started < 1.0
+        assert not engine.busy()
+    finally:
+        engine.close()
+    assert not engine.running
+
+
+def test_start_function_loop_is_stopped_even_when_the_ticker_is_parked() -> None:
+    engine = FilterEngine(tick_ms=2)
+    engine.idle_after_s = 0.01
+    try:
+        time.sleep(0.1)
+        assert engine.idle
+        module = wasmtime.Module(engine.engine,
+                                 '(module (func $s (loop $l (br $l))) (start $s))')
+        with pytest.raises(GuestFailure) as info:
+            GuestInstance(engine, module, wasmtime.Linker(engine.engine), memory_bytes=65536,
+                          timeout_ms=20)
+        assert info.value.kind == "timeout"
+    finally:
+        engine.close()
