@@ -1,0 +1,147 @@
+"""The shipped filters end to end: real clients through `sluice serve` in front of Tansu.
+
+pii-mask on produce (the broker stores masked records), json-validate rejecting a bad record
+(the producer gets the reason), and topic-policy denying, allowing and rewriting CreateTopics
+items (POLICY_VIOLATION for the denied item only).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from tests.harness.broker import TansuBroker
+from tests.harness.proxy import SluiceProxy
+
+QUIET = {"log_level": 3}
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def write_config(tmp_path: Path, filters: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "sluice.yaml"
+    path.write_text(json.dumps({"filters": filters}))  # JSON is YAML
+    return path
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes]) -> list[str | None]:
+    """Produce one record at a time; the delivery error (or None) of each."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 0, **QUIET})
+    errors: list[str | None] = []
+    for v in values:
+        result: list[str | None] = []
+        p.produce(topic, v, on_delivery=lambda err, _msg, r=result: r.append(
+            None if err is None else f"{err.name()}: {err.str()}"))
+        assert p.flush(30) == 0
+        errors.append(result[0])
+    return errors
+
+
+def consume(bootstrap: str, topic: str, want: int) -> list[bytes]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), **QUIET})
+    c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < want and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        value = m.value() if m is not None and m.error() is None else None
+        if value is not None:
+            got.append(value)
+    c.close()
+    return got
+
+
+def create(bootstrap: str, topics: list[NewTopic]) -> dict[str, str | None]:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+    out: dict[str, str | None] = {}
+    for name, fut in admin.create_topics(topics, request_timeout=20).items():
+        try:
+            fut.result(30)
+            out[name] = None
+        except Exception as exc:
+            err = exc.args[0] if exc.args else None
+            out[name] = (f"{err.name()}: {err.str()}" if isinstance(err, KafkaError)
+                         else str(exc))
+    return out
+
+
+def test_pii_mask_on_produce_stores_masked(tmp_path: Path, broker: TansuBroker,
+                                           start_proxy: Callable[..., SluiceProxy]) -> None:
+    topic = unique("payments")
+    cfg = write_config(tmp_path, [{"name": "mask", "module": "builtin:pii-mask",
+                                   "topics": ["payments-*"], "apply_to": ["produce"],
+                                   "config": {"fields": ["user.name"],
+                                              "detectors": {"card": {"keep_last": 4}}}}])
+    proxy = start_proxy(config=cfg)
+    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    doc = {"user": {"name": "Ann Lee", "email": "ann@example.com"},
+           "card": "4111 1111 1111 1111", "amount": 12.5}
+    assert produce(proxy.bootstrap, topic, [json.dumps(doc).encode(), b"no pii"]) == [None, None]
+    stored = consume(broker.bootstrap, topic, 2)
+    assert json.loads(stored[0]) == {"user": {"name": "*** ***", "email": "***@*******.***"},
+                                     "card": "**** **** **** 1111", "amount": 12.5}
+    assert stored[1] == b"no pii"
+
+
+def test_json_validate_rejects_with_reason(tmp_path: Path, broker: TansuBroker,
+                                           start_proxy: Callable[..., SluiceProxy]) -> None:
+    topic = unique("events")
+    cfg = write_config(tmp_path, [{"name": "validate", "module": "builtin:json-validate",
+                                   "topics": ["events-*"], "apply_to": ["produce"],
+                                   "config": {"required_fields": ["user_id"]}}])
+    proxy = start_proxy(config=cfg)
+    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    errors = produce(proxy.bootstrap, topic, [b'{"user_id": 1}', b'{"event": "x"}', b"{bad"])
+    assert errors[0] is None
+    assert errors[1] is not None and errors[1].startswith("INVALID_RECORD")
+    assert errors[2] is not None and errors[2].startswith("INVALID_RECORD")
+    assert consume(broker.bootstrap, topic, 1) == [b'{"user_id": 1}']
+
+
+@pytest.fixture
+def policy_proxy(tmp_path: Path, start_proxy: Callable[..., SluiceProxy]) -> SluiceProxy:
+    cfg = write_config(tmp_path, [{
+        "name": "policy", "module": "builtin:topic-policy", "topics": ["*"],
+        "apply_to": ["admin"],
+        "config": {"name_pattern": "^[a-z0-9._-]+$", "partitions": {"min": 1, "max": 4},
+                   "required_configs": ["retention.ms"],
+                   "retention_ms": {"min": 3600000, "max": 604800000},
+                   "defaults": {"retention.ms": "86400000"}, "cap_partitions": True}}])
+    return start_proxy(config=cfg)
+
+
+def test_topic_policy_denies_per_item(policy_proxy: SluiceProxy, broker: TansuBroker) -> None:
+    good, bad = unique("good.topic"), unique("Bad_Topic")
+    short = unique("short")
+    result = create(policy_proxy.bootstrap, [
+        NewTopic(good, 2, 1, config={"retention.ms": "7200000"}),
+        NewTopic(bad, 1, 1),
+        NewTopic(short, 1, 1, config={"retention.ms": "1000"}),
+    ])
+    assert result[good] is None
+    assert result[bad] is not None and result[bad].startswith("POLICY_VIOLATION")
+    assert "name_pattern" in result[bad] and bad in result[bad]
+    assert result[short] is not None and "retention_ms.min" in result[short]
+    md = AdminClient({"bootstrap.servers": broker.bootstrap, **QUIET}).list_topics(timeout=10)
+    assert good in md.topics and bad not in md.topics and short not in md.topics
+
+
+def test_topic_policy_rewrites(policy_proxy: SluiceProxy, broker: TansuBroker) -> None:
+    name = unique("capped")
+    assert create(policy_proxy.bootstrap, [NewTopic(name, 50, 1)]) == {name: None}
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, **QUIET})
+    md = admin.list_topics(timeout=10)
+    assert len(md.topics[name].partitions) == 4  # capped by the policy
+    res = ConfigResource(ConfigResource.Type.TOPIC, name)
+    configs = admin.describe_configs([res])[res].result(15)
+    assert configs["retention.ms"].value == "86400000"  # the policy's default
