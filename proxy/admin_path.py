@@ -120,7 +120,7 @@ def _resource(
     api: ApiKey, item: Any, session: Session, current: dict[str, str | None] | None
 ) -> AdminResource | None:
     op = _APIS[api].op
-    common = {"principal": session.principal, "client_id": session.client_id}
+    common: dict[str, Any] = {"principal": session.principal, "client_id": session.client_id}
     if api == ApiKey.CREATE_TOPICS:
         return AdminResource(
             op=op,

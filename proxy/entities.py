@@ -8,7 +8,6 @@ read from the schema's type hints, so one piece of code serves every version.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
 from typing import Any
 
@@ -16,14 +15,27 @@ from kio.schema.errors import ErrorCode
 from sluice.codec import schemas
 
 
-@functools.cache
+_hint_cache: dict[type[Any], dict[str, Any]] = {}
+_element_cache: dict[tuple[type[Any], str], type[Any]] = {}
+
+
 def _hints(cls: type[Any]) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    hints = _hint_cache.get(cls)
+    if hints is None:
+        hints = _hint_cache[cls] = typing.get_type_hints(cls)
+    return hints
 
 
-@functools.cache
 def element_class(cls: type[Any], field_name: str) -> type[Any]:
     """The entity class held by `field_name` (a tuple of entities, or a single entity)."""
+    key = (cls, field_name)
+    found = _element_cache.get(key)
+    if found is None:
+        found = _element_cache[key] = _element_class(cls, field_name)
+    return found
+
+
+def _element_class(cls: type[Any], field_name: str) -> type[Any]:
     tp = _hints(cls)[field_name]
     origin = typing.get_origin(tp)
     if origin is tuple:

@@ -83,6 +83,8 @@ class Session:
         self.opened = time.time()
         self._inflight: deque[Pending] = deque()
         self._awaiting: deque[Pending] = deque()
+        # Correlation ids of requests sent without expecting a response (acks=0 Produce).
+        self._unanswered: deque[int] = deque(maxlen=256)
         self.log = log.bind(conn=self.id, client=self.client_address, node=node_id)
 
     # ---------------------------------------------------------------- lifecycle
@@ -102,13 +104,13 @@ class Session:
                 {to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED
             )
             for task in done:
-                exc = task.exception()
-                if isinstance(exc, ProtocolViolation):
-                    self.log.warning("connection_closed_protocol_violation", reason=str(exc))
-                elif exc is not None and not isinstance(
-                    exc, ConnectionError | asyncio.CancelledError
+                failure = task.exception()
+                if isinstance(failure, ProtocolViolation):
+                    self.log.warning("connection_closed_protocol_violation", reason=str(failure))
+                elif failure is not None and not isinstance(
+                    failure, ConnectionError | asyncio.CancelledError
                 ):
-                    self.log.error("connection_failed", error=repr(exc), exc_info=exc)
+                    self.log.error("connection_failed", error=repr(failure), exc_info=failure)
         finally:
             for task in (to_upstream, to_client):
                 task.cancel()
@@ -186,6 +188,8 @@ class Session:
             pending = Pending(header, True, hook, state)
             self._inflight.append(pending)
             self._awaiting.append(pending)
+        else:
+            self._unanswered.append(header.correlation_id)
         assert self._uw is not None
         self._uw.writelines((_SIZE.pack(len(body)), body))
 
@@ -227,7 +231,15 @@ class Session:
             correlation_id = read_correlation_id(body)
         except CodecError as exc:
             raise ProtocolViolation(f"malformed response: {exc}") from None
-        if not self._awaiting:
+        awaiting = self._awaiting
+        if (
+            not awaiting or awaiting[0].header.correlation_id != correlation_id
+        ) and correlation_id in self._unanswered:
+            # Tansu 0.6 answers acks=0 Produce requests, which Kafka never does; clients
+            # ignore such answers, so the proxy drops them instead of closing the connection.
+            self._unanswered.remove(correlation_id)
+            return
+        if not awaiting:
             raise ProtocolViolation(f"unsolicited response, correlation id {correlation_id}")
         pending = self._awaiting.popleft()
         if pending.header.correlation_id != correlation_id:

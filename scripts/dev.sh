@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Sluice's one entry point for people and CI.
+#
+#   bash scripts/dev.sh demo      install everything, then run `sluice demo`
+#   bash scripts/dev.sh test      install everything, then lint, type-check, check the
+#                                 committed Wasm builds, and run the test suite
+#   bash scripts/dev.sh install   only install
+#
+# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark) when missing, and
+# a virtualenv in .venv with the project and every Python dependency from constraints.txt.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="${SLUICE_VENV:-$ROOT/.venv}"
+PY="${PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+
+say() { printf '\n==> %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null 2>&1; then sudo "$@"; else
+    echo "need root to run: $*" >&2; return 1; fi
+}
+
+install_debian_packages() {
+  local missing=()
+  command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+  command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+  command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing Debian packages: ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+
+install_python() {
+  "$PY" -c 'import sys; assert sys.version_info[:2] == (3, 11), sys.version' || {
+    echo "Sluice needs Python 3.11 (found $("$PY" --version))" >&2; exit 2; }
+  local stamp="$VENV/.sluice-installed"
+  local want
+  want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
+  fi
+  say "creating $VENV and installing pinned Python packages (first time: a few minutes)"
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt pip==23.2.1 setuptools==75.8.0 wheel==0.45.1
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,spark,build]"
+  echo "$want" > "$stamp"
+}
+
+install_all() {
+  install_debian_packages
+  install_python
+}
+
+run_checks() {
+  say "ruff"
+  "$VENV/bin/ruff" check .
+  say "mypy"
+  bash scripts/typecheck.sh "$VENV"
+  say "committed Wasm modules match a rebuild from source"
+  "$VENV/bin/python" filters/build.py --check
+}
+
+run_tests() {
+  say "pytest"
+  set +e
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+  local rc=$?
+  set -e
+  # pytest exits 5 when it collected no tests: that is a failure of this command.
+  return $rc
+}
+
+cmd="${1:-}"
+shift || true
+case "$cmd" in
+  install) install_all ;;
+  demo) install_all; exec "$VENV/bin/sluice" demo "$@" ;;
+  test) install_all; run_checks; run_tests "$@" ;;
+  *) echo "usage: bash scripts/dev.sh {demo|test|install} [args]" >&2; exit 2 ;;
+esac
