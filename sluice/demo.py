@@ -161,7 +161,7 @@ def _consume(bootstrap: str, topic: str, count: int, group: str | None = None) -
 
 
 def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
-    from confluent_kafka import Producer
+    from confluent_kafka import KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     out_dir = out_dir.resolve()
@@ -175,7 +175,8 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
     with TansuBroker() as broker:
         print(f"    broker at {broker.bootstrap}")
         _say(
-            "Starting the Sluice proxy with pii-mask (produce), pii-mask keep-last-4 (fetch), topic-policy (admin)"
+            "Starting the Sluice proxy: pii-mask (produce), keep-last-4 mask (fetch), "
+            "topic-policy (admin)"
         )
         print(f"    config: {config_path}")
         with proxy_process(config_path, broker.bootstrap, out_dir / "proxy.log") as proxy:
@@ -193,7 +194,8 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
             print("    created payments.orders (3 partitions), users, support.tickets")
 
             _say(
-                f"Producing {records} payment events with librdkafka (idempotent, zstd) as 'checkout-service'"
+                f"Producing {records} payment events with librdkafka (idempotent, zstd) "
+                "as 'checkout-service'"
             )
             producer = Producer(
                 {
@@ -265,9 +267,9 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
                 try:
                     fut.result(20)
                     print(f"    {name}: created")
-                except Exception as exc:  # the client raises KafkaException with the policy text
-                    err = exc.args[0] if exc.args else exc
-                    print(f"    {name}: refused: {getattr(err, 'str', lambda: str(err))()}")
+                except KafkaException as exc:  # carries the broker's (or policy's) message
+                    err = exc.args[0]
+                    print(f"    {name}: refused: {err.str()}")
             # librdkafka clients live until collected; stop them before the proxy goes away.
             del admin, producer, helpdesk
             gc.collect()
