@@ -1,0 +1,482 @@
+"""Every way a record could reach a filtered topic unfiltered is refused or filtered.
+
+The proxy runs builtin:pii-mask on produce for ``pm-*`` and on fetch for ``fm-*``. Each case
+sends raw frames (built with sluice.codec over a plain socket) that a well-behaved client would
+never send, then reads the broker directly (raw Fetch, no proxy) to prove that no unmasked
+value landed. A control case shows that the same raw produce to an unfiltered topic does land
+unmasked, so the "nothing unmasked" checks can fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import wire
+from sluice.codec.messages import codec_version_range, encode_request
+from sluice.codec.records import crc32c
+from tests.e2e.clients import create_topic, unique
+from tests.harness.broker import TansuBroker
+from tests.harness.proxy import SluiceProxy
+
+SECRET = b"mail alice@example.com today"
+MASKED = b"mail *****@*******.*** today"
+CONFIG = """
+filters:
+  - name: mask-in
+    module: builtin:pii-mask
+    topics: ["pm-*"]
+    apply_to: [produce]
+  - name: mask-out
+    module: builtin:pii-mask
+    topics: ["fm-*"]
+    apply_to: [fetch]
+"""
+NONE, CORRUPT_MESSAGE, UNSUPPORTED_COMPRESSION, INVALID_RECORD, UNKNOWN_TOPIC_ID = 0, 2, 76, 87, 100
+
+
+@pytest.fixture(scope="module")
+def filtering_proxy(
+    broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SluiceProxy]:
+    cfg = tmp_path_factory.mktemp("bypass") / "sluice.yaml"
+    cfg.write_text(CONFIG)
+    with SluiceProxy(upstream=broker.bootstrap, config=cfg) as proxy:
+        yield proxy
+
+
+def values_on_broker(broker: TansuBroker, topic: str, partition: int = 0) -> list[bytes | None]:
+    return [r.value for r in wire.read_partition(broker.bootstrap, topic, partition)]
+
+
+def assert_nothing_unmasked(broker: TansuBroker, topic: str) -> list[bytes | None]:
+    stored = values_on_broker(broker, topic)
+    assert not any(v is not None and b"alice@example.com" in v for v in stored), stored
+    return stored
+
+
+def produce_errors(response: Any) -> list[int]:
+    return [int(p.error_code) for t in response.responses for p in t.partition_responses]
+
+
+def with_attributes(batch: bytes, attributes: int) -> bytes:
+    """The batch with other attribute bits and a valid CRC (so only the attributes are wrong)."""
+    data = bytearray(batch)
+    data[21:23] = attributes.to_bytes(2, "big")
+    data[17:21] = crc32c(bytes(data[21:])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def produce_and_expect(
+    proxy: SluiceProxy | str, version: int, topic: str, records: bytes
+) -> tuple[list[int], bool]:
+    """(partition error codes, connection closed) for one raw Produce."""
+    address = proxy if isinstance(proxy, str) else proxy.bootstrap
+    with wire.RawConnection(address) as conn:
+        try:
+            response = conn.call(0, version, wire.produce_request(version, [(topic, 0, records)]))
+        except ConnectionError:
+            return [], True
+        return produce_errors(response), False
+
+
+@pytest.fixture
+def pm_topic(filtering_proxy: SluiceProxy) -> str:
+    name = unique("pm")
+    create_topic(filtering_proxy.bootstrap, name, partitions=1)
+    return name
+
+
+# ------------------------------------------------------------------ control
+def test_control_unfiltered_topic_lands_as_sent(
+    broker: TansuBroker, filtering_proxy: SluiceProxy
+) -> None:
+    topic = unique("plain")
+    create_topic(filtering_proxy.bootstrap, topic)
+    errors, closed = produce_and_expect(filtering_proxy, 9, topic, wire.batch([SECRET]))
+    assert (errors, closed) == ([NONE], False)
+    assert values_on_broker(broker, topic) == [SECRET]
+
+
+@pytest.mark.parametrize("version", [3, 7, 9, 11])
+def test_every_supported_produce_version_is_filtered(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str, version: int
+) -> None:
+    errors, closed = produce_and_expect(filtering_proxy, version, pm_topic, wire.batch([SECRET]))
+    assert (errors, closed) == ([NONE], False)
+    assert assert_nothing_unmasked(broker, pm_topic) == [MASKED]
+
+
+# ------------------------------------------------------------------ versions
+def test_produce_versions_outside_the_codec_range_are_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    low, high = codec_version_range(0) or (0, 0)
+    v3 = wire.produce_request(3, [(pm_topic, 0, wire.batch([SECRET]))])
+    body_v3 = encode_request(v3)
+    # Produce v2 is v3 without the transactional_id (a null string, two bytes of -1).
+    assert body_v3[:2] == b"\xff\xff"
+    below = wire.raw_request(0, low - 1, body_v3[2:], 7)
+    top = wire.produce_request(high, [(pm_topic, 0, wire.batch([SECRET]))])
+    above = wire.raw_request(0, high + 1, encode_request(top), 8)
+    for frame in (below, above):
+        with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+            conn.send_raw(frame)
+            assert conn.closed_by_peer(), "an undecodable Produce must close the connection"
+    assert_nothing_unmasked(broker, pm_topic)
+    assert any(
+        "connection_closed_protocol_violation" in line and f"v{low - 1}" in line
+        for line in filtering_proxy.output
+    )
+
+
+def test_api_versions_never_advertise_what_the_codec_cannot_decode(
+    filtering_proxy: SluiceProxy,
+) -> None:
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        response = conn.call(18, 3, wire.api_versions_request(3))
+    assert response.api_keys
+    for entry in response.api_keys:
+        ours = codec_version_range(int(entry.api_key))
+        assert ours is not None, int(entry.api_key)
+        assert ours[0] <= int(entry.min_version) <= int(entry.max_version) <= ours[1]
+
+
+# ------------------------------------------------------------------ batches
+@pytest.mark.parametrize("magic", [0, 1])
+def test_legacy_message_format_is_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str, magic: int
+) -> None:
+    legacy = wire.legacy_message_set([SECRET, SECRET], magic)
+    errors, closed = produce_and_expect(filtering_proxy, 3, pm_topic, legacy)
+    assert closed or errors == [INVALID_RECORD]
+    assert assert_nothing_unmasked(broker, pm_topic) == []
+
+
+@pytest.mark.parametrize("codec", [5, 6, 7])
+def test_unknown_compression_is_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str, codec: int
+) -> None:
+    bad = with_attributes(wire.batch([SECRET]), codec)
+    errors, closed = produce_and_expect(filtering_proxy, 9, pm_topic, bad)
+    assert (errors, closed) == ([UNSUPPORTED_COMPRESSION], False)
+    assert assert_nothing_unmasked(broker, pm_topic) == []
+
+
+@pytest.mark.parametrize(("claimed", "actual"), [(1, 0), (4, 1), (2, 3)])
+def test_mismatched_compression_is_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str, claimed: int, actual: int
+) -> None:
+    """The attribute bits name one codec, the payload is plain or another codec's output."""
+    bad = with_attributes(wire.batch([SECRET], compression=actual), claimed)
+    errors, closed = produce_and_expect(filtering_proxy, 9, pm_topic, bad)
+    assert (errors, closed) == ([CORRUPT_MESSAGE], False)
+    assert assert_nothing_unmasked(broker, pm_topic) == []
+
+
+def test_record_count_lower_than_the_records_present_is_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    """A filter that saw only the counted records must not let the extra ones through."""
+    data = bytearray(wire.batch([b"harmless", SECRET]))
+    data[57:61] = (1).to_bytes(4, "big")  # record_count
+    data[23:27] = (0).to_bytes(4, "big")  # last_offset_delta
+    data[17:21] = crc32c(bytes(data[21:])).to_bytes(4, "big")
+    errors, closed = produce_and_expect(filtering_proxy, 9, pm_topic, bytes(data))
+    assert closed or errors == [CORRUPT_MESSAGE]
+    assert assert_nothing_unmasked(broker, pm_topic) == []
+
+
+def test_bad_crc_is_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    data = bytearray(wire.batch([SECRET]))
+    data[-1] ^= 0x01
+    errors, closed = produce_and_expect(filtering_proxy, 9, pm_topic, bytes(data))
+    assert (errors, closed) == ([CORRUPT_MESSAGE], False)
+    assert assert_nothing_unmasked(broker, pm_topic) == []
+
+
+def test_several_batches_in_one_partition_are_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    two = wire.batch([b"harmless"]) + wire.batch([SECRET])
+    errors, closed = produce_and_expect(filtering_proxy, 9, pm_topic, two)
+    assert (errors, closed) == ([INVALID_RECORD], False)
+    assert assert_nothing_unmasked(broker, pm_topic) == []
+
+
+def test_truncated_batch_is_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    full = wire.batch([b"harmless"]) + wire.batch([SECRET])
+    errors, closed = produce_and_expect(filtering_proxy, 9, pm_topic, full[:-5])
+    assert (errors, closed) == ([CORRUPT_MESSAGE], False)
+    assert assert_nothing_unmasked(broker, pm_topic) == []
+
+
+def test_acks_zero_is_filtered_too(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        conn.send(0, 9, wire.produce_request(9, [(pm_topic, 0, wire.batch([SECRET]))], acks=0))
+        # acks=0 has no response; an ApiVersions after it proves the connection still works.
+        conn.call(18, 0, wire.api_versions_request(0))
+    deadline = time.monotonic() + 10
+    stored: list[bytes | None] = []
+    while time.monotonic() < deadline and not stored:
+        stored = assert_nothing_unmasked(broker, pm_topic)
+        time.sleep(0.1)
+    assert stored == [MASKED]
+
+
+# ------------------------------------------------------------------ topic ids
+def test_produce_by_topic_id(broker: TansuBroker, start_proxy: Any, tmp_path: Path) -> None:
+    """Produce v13 names topics by id. An id the proxy learned is filtered (or the request is
+    refused); an id it never saw is answered UNKNOWN_TOPIC_ID by the proxy itself."""
+    cfg = tmp_path / "sluice.yaml"
+    cfg.write_text(CONFIG)
+    proxy = start_proxy(config=cfg)
+    known, unknown = unique("pm-known"), unique("pm-unknown")
+    create_topic(broker.bootstrap, known)
+    create_topic(broker.bootstrap, unknown)
+    with wire.RawConnection(broker.bootstrap) as conn:
+        ids = {
+            t.name: t.topic_id
+            for t in conn.call(3, 12, wire.metadata_request(12, [unknown])).topics
+        }
+    with wire.RawConnection(proxy.bootstrap) as conn:
+        (learned,) = conn.call(3, 12, wire.metadata_request(12, [known])).topics
+    assert learned.topic_id.int != 0
+    high = (codec_version_range(0) or (0, 0))[1]
+    assert high >= 13, "the codec covers Produce v13 (topic ids)"
+
+    with wire.RawConnection(proxy.bootstrap) as conn:
+        request = wire.produce_request(high, [(ids[unknown], 0, wire.batch([SECRET]))])
+        response = conn.call(0, high, request)
+    assert produce_errors(response) == [UNKNOWN_TOPIC_ID]
+    assert assert_nothing_unmasked(broker, unknown) == []
+
+    with wire.RawConnection(proxy.bootstrap) as conn:
+        request = wire.produce_request(high, [(learned.topic_id, 0, wire.batch([SECRET]))])
+        try:
+            errors = produce_errors(conn.call(0, high, request))
+        except ConnectionError:
+            errors = []  # Tansu 0.6 does not speak Produce v13 and hangs up: refused
+    stored = assert_nothing_unmasked(broker, known)
+    assert stored in ([], [MASKED]), stored
+    assert errors in ([], [NONE]) or NONE not in errors
+
+
+def test_fetch_by_unknown_topic_id_returns_no_records(
+    broker: TansuBroker, start_proxy: Any, tmp_path: Path
+) -> None:
+    cfg = tmp_path / "sluice.yaml"
+    cfg.write_text(CONFIG)
+    proxy = start_proxy(config=cfg)
+    topic = unique("fm-unseen")
+    create_topic(broker.bootstrap, topic)
+    with wire.RawConnection(broker.bootstrap) as conn:
+        conn.call(0, 9, wire.produce_request(9, [(topic, 0, wire.batch([SECRET]))]))
+        (md,) = conn.call(3, 12, wire.metadata_request(12, [topic])).topics
+    with wire.RawConnection(proxy.bootstrap) as conn:
+        conn.send(1, 13, wire.fetch_request(13, md.topic_id, 0, 0))
+        raw = conn.read_frame()
+    assert b"alice@example.com" not in raw
+    with wire.RawConnection(proxy.bootstrap) as conn:
+        response = conn.call(1, 13, wire.fetch_request(13, md.topic_id, 0, 0))
+    ((part,),) = [t.partitions for t in response.responses]
+    assert int(part.error_code) == UNKNOWN_TOPIC_ID
+    assert not part.records
+    # Once the proxy has learned the id (a Metadata through it), the same fetch is filtered.
+    with wire.RawConnection(proxy.bootstrap) as conn:
+        conn.call(3, 12, wire.metadata_request(12, [topic]))
+        conn.send(1, 13, wire.fetch_request(13, md.topic_id, 0, 0))
+        raw = conn.read_frame()
+    assert b"alice@example.com" not in raw and MASKED in raw
+
+
+def test_fetch_version_outside_the_codec_range_never_returns_records(
+    broker: TansuBroker, filtering_proxy: SluiceProxy
+) -> None:
+    topic = unique("fm-old")
+    create_topic(broker.bootstrap, topic)
+    with wire.RawConnection(broker.bootstrap) as conn:
+        conn.call(0, 9, wire.produce_request(9, [(topic, 0, wire.batch([SECRET]))]))
+    low = (codec_version_range(1) or (0, 0))[0]
+    body = encode_request(wire.fetch_request(low, topic, 0, 0))
+    # Fetch v3 is v4 without isolation_level (the int8 after max_bytes: 4+4+4+4 bytes in).
+    older = body[:16] + body[17:]
+    frame = wire.raw_request(1, low - 1, older, 5)
+    with wire.RawConnection(broker.bootstrap) as conn:
+        conn.send_raw(frame)
+        assert SECRET in conn.read_frame(), "control: the broker answers this frame with records"
+    received = b""
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        conn.send_raw(frame)
+        conn.sock.settimeout(5)
+        try:
+            while chunk := conn.sock.recv(65536):
+                received += chunk
+        except (TimeoutError, ConnectionError):
+            pass
+    assert b"alice@example.com" not in received
+    assert received == b"", "the proxy cannot filter this version: no response at all"
+
+
+# ------------------------------------------------------------------ framing
+def test_frames_split_at_every_byte(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    request = wire.produce_request(9, [(pm_topic, 0, wire.batch([SECRET]))])
+    frames = [wire.request_bytes(0, 9, request, cid) for cid in range(1, 200)]
+    size = len(frames[0])
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        # One request a byte at a time...
+        for i in range(size):
+            conn.send_raw(frames[0][i : i + 1])
+            time.sleep(0.001)
+        cid, response = conn.read_response(0, 9)
+        assert (cid, produce_errors(response)) == (1, [NONE])
+        # ...then one request per split point, each in two writes.
+        for k in range(1, size):
+            frame = frames[k]
+            conn.send_raw(frame[:k])
+            time.sleep(0.002)
+            conn.send_raw(frame[k:])
+            cid, response = conn.read_response(0, 9)
+            assert (cid, produce_errors(response)) == (k + 1, [NONE])
+    stored = assert_nothing_unmasked(broker, pm_topic)
+    assert stored == [MASKED] * size
+
+
+def test_pipelined_requests_are_answered_in_order_and_filtered(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    """Produce requests (some answered by the broker, some refused by the proxy itself) and
+    other requests, all written before reading a single response."""
+    plain = unique("plain")
+    create_topic(filtering_proxy.bootstrap, plain)
+    plan: list[tuple[int, int, Any, list[int] | None]] = []
+    for i in range(30):
+        kind = i % 5
+        if kind == 0:
+            plan.append((18, 3, wire.api_versions_request(3), None))
+        elif kind == 1:
+            legacy = wire.legacy_message_set([SECRET], 1)
+            plan.append((0, 9, wire.produce_request(9, [(pm_topic, 0, legacy)]), [INVALID_RECORD]))
+        elif kind == 2:
+            plan.append((3, 12, wire.metadata_request(12, [pm_topic]), None))
+        elif kind == 3:
+            both = [(pm_topic, 0, wire.batch([SECRET])), (plain, 0, wire.batch([b"p"]))]
+            plan.append((0, 9, wire.produce_request(9, both), [NONE, NONE]))
+        else:
+            plan.append(
+                (0, 9, wire.produce_request(9, [(pm_topic, 0, wire.batch([SECRET]))]), [NONE])
+            )
+    blob = b"".join(
+        wire.request_bytes(key, version, entity, cid)
+        for cid, (key, version, entity, _) in enumerate(plan, start=100)
+    )
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        conn.send_raw(blob)
+        for cid, (key, version, _, expected) in enumerate(plan, start=100):
+            got, response = conn.read_response(key, version)
+            assert got == cid
+            if expected is not None:
+                assert sorted(produce_errors(response)) == sorted(expected)
+    stored = assert_nothing_unmasked(broker, pm_topic)
+    assert stored == [MASKED] * 12
+    assert values_on_broker(broker, plain) == [b"p"] * 6
+
+
+# ------------------------------------------------------------------ addresses
+def _proxy_ports(proxy: SluiceProxy) -> range:
+    base = int(proxy.bootstrap.rsplit(":", 1)[1])
+    return range(base, base + 9)
+
+
+def _endpoints(entity: Any) -> Iterator[tuple[str, int]]:
+    """Every (host, port) pair anywhere inside a decoded response."""
+    if dataclasses.is_dataclass(entity) and not isinstance(entity, type):
+        names = {f.name for f in dataclasses.fields(entity)}
+        if "host" in names and "port" in names:
+            yield getattr(entity, "host"), int(getattr(entity, "port"))  # noqa: B009
+        for name in names:
+            yield from _endpoints(getattr(entity, name))
+    elif isinstance(entity, tuple):
+        for item in entity:
+            yield from _endpoints(item)
+
+
+def _advertised(conn: wire.RawConnection, key: int) -> range:
+    response = conn.call(18, 3, wire.api_versions_request(3))
+    for entry in response.api_keys:
+        if int(entry.api_key) == key:
+            return range(int(entry.min_version), int(entry.max_version) + 1)
+    return range(0)
+
+
+def test_every_broker_address_points_at_the_proxy(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    from sluice.codec.schemas import request_schema
+    from sluice.proxy import entities
+
+    broker_port = int(broker.bootstrap.rsplit(":", 1)[1])
+    ports = _proxy_ports(filtering_proxy)
+    seen: dict[str, int] = {}
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        for version in _advertised(conn, 3):
+            for endpoint in _endpoints(
+                conn.call(3, version, wire.metadata_request(version, [pm_topic]))
+            ):
+                assert endpoint[1] in ports and endpoint[1] != broker_port, (version, endpoint)
+                seen["metadata"] = seen.get("metadata", 0) + 1
+        for version in _advertised(conn, 10):
+            cls = request_schema(10, version)
+            if "coordinator_keys" in {f.name for f in dataclasses.fields(cls)}:
+                request = entities.build(cls, key_type=0, coordinator_keys=(unique("g"),))
+            else:
+                request = entities.build(cls, key=unique("g"), key_type=0)
+            for endpoint in _endpoints(conn.call(10, version, request)):
+                assert endpoint[1] in ports, (version, endpoint)
+                seen["find_coordinator"] = seen.get("find_coordinator", 0) + 1
+        for version in _advertised(conn, 60):
+            request = entities.build(request_schema(60, version))
+            for endpoint in _endpoints(conn.call(60, version, request)):
+                assert endpoint[1] in ports, (version, endpoint)
+                seen["describe_cluster"] = seen.get("describe_cluster", 0) + 1
+        produce_high = max(_advertised(conn, 0))
+        response = conn.call(
+            0, produce_high, wire.produce_request(produce_high, [(pm_topic, 0, wire.batch([b"x"]))])
+        )
+        for endpoint in _endpoints(response):
+            assert endpoint[1] in ports, endpoint
+    assert set(seen) == {"metadata", "find_coordinator", "describe_cluster"}, seen
+
+
+def test_node_listeners_filter_like_the_bootstrap_port(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
+) -> None:
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        (node,) = conn.call(3, 12, wire.metadata_request(12, [pm_topic])).brokers
+    assert int(node.port) != int(filtering_proxy.bootstrap.rsplit(":", 1)[1])
+    errors, closed = produce_and_expect(
+        f"{node.host}:{int(node.port)}", 9, pm_topic, wire.batch([SECRET])
+    )
+    assert (errors, closed) == ([NONE], False)
+    assert assert_nothing_unmasked(broker, pm_topic) == [MASKED]
+
+
+def test_random_uuid_is_not_a_known_topic(filtering_proxy: SluiceProxy) -> None:
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        high = (codec_version_range(0) or (0, 0))[1]
+        request = wire.produce_request(high, [(uuid.uuid4(), 0, wire.batch([SECRET]))])
+        assert produce_errors(conn.call(0, high, request)) == [UNKNOWN_TOPIC_ID]
