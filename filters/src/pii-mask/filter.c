@@ -949,6 +949,10 @@ static int jstring_value(jctx *c) {
         sluice_buf dec;
         sluice_buf_init(&dec, (uint32_t)text.len + 1);
         if (!jdecode(s, e, &dec)) return 0;
+        if (dec.failed) {
+            c->out->failed = 1; /* never scan a truncated copy: fail the batch instead */
+            return 0;
+        }
         text = sluice_buf_bytes(&dec);
     }
     if (c->field_depth >= 0 || (c->secret && rules[D_AWS_SECRET].enabled)) {
@@ -963,6 +967,7 @@ static int jstring_value(jctx *c) {
             sluice_buf tmp;
             sluice_buf_init(&tmp, (uint32_t)text.len + 8);
             put_masked(&tmp, text.ptr, 0, (uint32_t)text.len, &rules[D_AWS_SECRET]);
+            if (tmp.failed) c->out->failed = 1;
             sluice_buf_put_json_string(c->out, sluice_buf_bytes(&tmp));
             sluice_count(det_names[D_AWS_SECRET], 1);
         }
@@ -996,6 +1001,7 @@ static int jnumber_value(jctx *c) {
     sluice_buf masked;
     sluice_buf_init(&masked, n + 16);
     uint32_t m = mask_text(s, n, &masked);
+    if (masked.failed) c->out->failed = 1;
     if (m == 0) {
         sluice_buf_put(c->out, s, n);
         return 1;

@@ -7,6 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import FilterRecord, RecordContext
+from sluice.filters.decisions import Action
+from sluice.filters.runtime import load_filter
 from tests.filters.sdk.guest_abi import KEEP, REWRITE, Guest, GuestError, Rec
 
 Loader = Callable[..., Guest]
@@ -216,3 +220,16 @@ def test_large_batch_and_unicode(load_builtin: Loader) -> None:
     decisions, counts = g.run(recs)
     assert counts == {"email": 500}
     assert decisions[7].value == "Grüße 7 \u2013 mail *****@*******.*** ☃".encode()
+
+
+def test_memory_exhaustion_fails_closed() -> None:
+    # Under a tight memory cap the filter must fail (the on_error policy then rejects), never
+    # pass a record it could not finish masking.
+    f = load_filter(FilterSpec(name="pii", module="builtin:pii-mask", max_memory_mb=2))
+    ctx = RecordContext(topic="t", partition=0, direction="produce")
+    big = b"a@b.io " * 60_000
+    result = f.run_batch(ctx, [FilterRecord(0, 0, None, big), FilterRecord(1, 0, None, b"x")])
+    assert result.failure is not None
+    assert [d.action for d in result.decisions] == [Action.REJECT, Action.REJECT]
+    small = f.run_batch(ctx, [FilterRecord(0, 0, None, b"mail a@b.io")])
+    assert small.failure is None and small.decisions[0].value == b"mail *@*.**"
