@@ -7,21 +7,21 @@ import asyncio
 import signal
 
 import uvloop
-from sluice.filters.abi_base import FilterLoadError
+
 from sluice.filters.chain import FilterChain
+from sluice.filters.yaml_lines import ConfigError
 from sluice.proxy import telemetry
 from sluice.proxy.config import ConfigFileError, ProxyConfig
 from sluice.proxy.logs import log
+from sluice.proxy.reload import ChainManager, build_chain, locate_telemetry_error
 from sluice.proxy.server import ProxyServer
 
 
 def load_chain(config: ProxyConfig) -> FilterChain | None:
-    if not config.filters:
-        return None
     try:
-        return FilterChain.from_specs(config.filters, cache_dir=config.module_cache_dir)
-    except FilterLoadError as exc:
-        raise ConfigFileError(f"{config.path}: {exc}") from None
+        return build_chain(config.filters, config.module_cache_dir)
+    except ConfigError as exc:
+        raise ConfigFileError(str(exc)) from None
 
 
 async def serve(config: ProxyConfig) -> int:
@@ -32,11 +32,14 @@ async def serve(config: ProxyConfig) -> int:
             config.telemetry, server.instance_id, proxy=server.proxy_info
         )
     except telemetry.TelemetryConfigError as exc:
-        raise ConfigFileError(f"{config.path}: {exc}") from None
+        raise ConfigFileError(str(locate_telemetry_error(config.path, exc))) from None
     server.install_chain(chain)
     if chain is not None:
         for line in chain.describe():
             log.info("filter_loaded", **line)
+    # Before the listeners open, so the first client already meets the fleet's filters.
+    chains = ChainManager(server, config)
+    await chains.start()
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -47,6 +50,7 @@ async def serve(config: ProxyConfig) -> int:
     log.info("listening", listen=f"{host}:{port}", upstream=upstream, instance=server.instance_id)
     await stop.wait()
     log.info("stopping", connections=len(server.sessions))
+    await chains.stop()
     await server.close()
     server.telemetry.close(timeout=5)
     return 0
