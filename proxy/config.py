@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
+
+if TYPE_CHECKING:
+    from sluice.proxy.tls import ServerTLS, UpstreamTLS
 
 
 class ConfigFileError(ValueError):
@@ -24,6 +27,13 @@ class ProxyConfig:
     telemetry: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     module_cache_dir: str | None = None
+    tls: ServerTLS | None = None  # towards clients (section `tls:`)
+    upstream_tls: UpstreamTLS | None = None  # towards brokers (section `upstream_tls:`)
+    max_connections: int = 0  # limits.max_connections, per worker; 0 = unlimited
+    idle_timeout: float = 0  # limits.idle_timeout_seconds; 0 = never
+    metrics_listen: tuple[str, int] | None = None  # metrics.listen
+    workers: int = 1  # `--workers N`: processes sharing the ports (SO_REUSEPORT)
+    worker_index: int = 0  # which of them this process is
     raw: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 
