@@ -12,6 +12,7 @@ from typing import Any
 from sluice.filters.config import parse_filter_specs
 from sluice.filters.yaml_lines import ConfigError, LineMap, load_yaml_with_lines
 from sluice.proxy.config import ConfigFileError, ProxyConfig
+from sluice.proxy.fleet import parse_fleet_section
 
 __all__ = ["KNOWN_SECTIONS", "ConfigFileError", "build_config", "load_config_file"]
 
@@ -85,6 +86,7 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
         if cache_dir is not None and not isinstance(cache_dir, str):
             raise lines.error(("module_cache_dir",), "must be a directory path")
         config.module_cache_dir = cache_dir
+        parse_fleet_section(data.get("fleet"), lines)  # proxy/reload.py reads it from raw
     except ConfigError as exc:
         raise ConfigFileError(str(exc)) from None
     config.raw = data
