@@ -24,7 +24,9 @@ from sluice.proxy.apiversions import rewrite_api_versions_response
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dead_letters import DeadLetterWriter
 from sluice.proxy.endpoints import carries_endpoints, rewrite_endpoints
+from sluice.proxy.limits import IdleReaper
 from sluice.proxy.logs import log
+from sluice.proxy.metrics import Metrics
 from sluice.proxy.session import Pending, ProtocolViolation, ResponseHook, Session
 
 if TYPE_CHECKING:
@@ -60,7 +62,22 @@ class ProxyServer:
         self.proxy_info = telemetry.proxy_info(self.instance_id)
         self.telemetry: telemetry.TelemetrySink = telemetry.NullSink()
         self.dead_letters = DeadLetterWriter(self)
+        self.metrics = Metrics(
+            active_connections=lambda: len(self.sessions),
+            sink_stats=lambda: self.telemetry.stats(),
+            worker=str(config.worker_index),
+        )
+        self.server_ssl = config.tls.context() if config.tls is not None else None
+        self.upstream_ssl = (
+            config.upstream_tls.context() if config.upstream_tls is not None else None
+        )
+        self.clients = 0  # accepted client connections being served (limits.max_connections)
+        self._rejected_logged = 0.0
+        self.idle_reaper = IdleReaper(config.idle_timeout, lambda: self.sessions, self._idle_closed)
+        from sluice.proxy import sasl
         from sluice.proxy.produce_path import handle_produce
+
+        sasl.install(self)
 
         # Always: even unfiltered Produce needs its acks read (acks=0 gets no response).
         self.set_request_handler(ApiKey.PRODUCE, handle_produce)
@@ -151,6 +168,10 @@ class ProxyServer:
         size, response = self.decode_response_of(pending, body)
         if hdr.api_key == ApiKey.METADATA:
             self.learn_topics(response)
+            # Learn brokers in node id order, not response order, so that every worker of a
+            # `--workers N` proxy gives each node the same local port.
+            for b in sorted(getattr(response, "brokers", ()) or (), key=lambda b: int(b.node_id)):
+                self.map_endpoint(int(b.node_id), str(b.host), int(b.port))
         rewritten = rewrite_endpoints(response, hdr.api_key, hdr.api_version, self.map_endpoint)
         if rewritten is response:
             return body
@@ -174,6 +195,7 @@ class ProxyServer:
         return f"{self.instance_id}-{session.id}"
 
     def emit_record_telemetry(self, session: Session, **fields: Any) -> None:
+        self.metrics.filter_stats(fields.get("stats") or [])
         try:
             self._emit_record_telemetry(session, **fields)
         except Exception as exc:  # telemetry must never break client traffic
@@ -260,6 +282,9 @@ class ProxyServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.config.workers > 1:
+            # All workers bind the same ports; the kernel spreads new connections over them.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(512)
         sock.setblocking(False)
@@ -304,6 +329,8 @@ class ProxyServer:
             if self.closing:
                 writer.close()
                 return
+            if not self._admit(writer):
+                return
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -316,10 +343,13 @@ class ProxyServer:
             except asyncio.CancelledError:
                 pass  # shutdown
             finally:
+                self.clients -= 1
                 if task is not None:
                     self._session_tasks.discard(task)
 
-        server = await asyncio.start_server(on_client, sock=sock, limit=256 * 1024)
+        server = await asyncio.start_server(
+            on_client, sock=sock, limit=256 * 1024, ssl=self.server_ssl
+        )
         self._servers.append(server)
         return server
 
@@ -327,9 +357,13 @@ class ProxyServer:
         await self._listen(
             self._bound_socket(self.config.listen[1]), self._bootstrap_upstream, None
         )
+        self.idle_reaper.start()
+        self.metrics.ready = True
 
     async def close(self) -> None:
         self.closing = True
+        self.metrics.ready = False
+        await self.idle_reaper.stop()
         for server in self._servers:
             server.close()
         for task in list(self._session_tasks):
@@ -381,8 +415,38 @@ class ProxyServer:
             )
         )
 
-    def observe_latency(self, api_key: int, seconds: float) -> None:
-        del api_key, seconds  # metrics are wired by the observability layer
+    # ------------------------------------------------------------------ limits and TLS
+    def _admit(self, writer: asyncio.StreamWriter) -> bool:
+        """Count a new client connection, or close it at once if limits.max_connections is hit."""
+        limit = self.config.max_connections
+        if limit and self.clients >= limit:
+            self.metrics.connections_rejected += 1
+            now = time.monotonic()
+            if now - self._rejected_logged >= 1.0:  # at most one line a second under a flood
+                self._rejected_logged = now
+                peer = writer.get_extra_info("peername")
+                log.warning(
+                    "connection_rejected",
+                    reason="max_connections",
+                    limit=limit,
+                    client=f"{peer[0]}:{peer[1]}" if peer else "?",
+                    rejected_total=self.metrics.connections_rejected,
+                )
+            writer.close()
+            return False
+        self.clients += 1
+        self.metrics.connections_total += 1
+        return True
+
+    def _idle_closed(self, session: Session) -> None:
+        self.metrics.connections_idle_closed += 1
+
+    def upstream_tls_args(self, host: str) -> dict[str, Any]:
+        """Keyword arguments for `asyncio.open_connection` to a broker at `host`."""
+        tls = self.config.upstream_tls
+        if self.upstream_ssl is None or tls is None:
+            return {}
+        return {"ssl": self.upstream_ssl, "server_hostname": tls.hostname_for(host)}
 
 
 def _filter_entry(st: FilterStats) -> dict[str, Any]:

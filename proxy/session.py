@@ -79,6 +79,7 @@ class Session:
         self.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.client_id: str | None = None
         self.principal: str | None = None
+        self.sasl: Any = None  # sluice.proxy.sasl.SaslState once SASL starts
         self.stats = ConnectionStats()
         self.opened = time.time()
         self._inflight: deque[Pending] = deque()
@@ -91,7 +92,9 @@ class Session:
     async def run(self) -> None:
         host, port = self.upstream_address
         try:
-            self._ur, self._uw = await asyncio.open_connection(host, port, limit=_READ_CHUNK)
+            self._ur, self._uw = await asyncio.open_connection(
+                host, port, limit=_READ_CHUNK, **self.server.upstream_tls_args(host)
+            )
         except OSError as exc:
             self.log.warning("upstream_connect_failed", upstream=f"{host}:{port}", error=str(exc))
             await self._close_client()
@@ -106,6 +109,7 @@ class Session:
             for task in done:
                 failure = task.exception()
                 if isinstance(failure, ProtocolViolation):
+                    self.server.metrics.protocol_violations += 1
                     self.log.warning("connection_closed_protocol_violation", reason=str(failure))
                 elif failure is not None and not isinstance(
                     failure, ConnectionError | asyncio.CancelledError
@@ -133,6 +137,16 @@ class Session:
                 await asyncio.wait_for(self._uw.wait_closed(), 2)
             except (OSError, TimeoutError, asyncio.CancelledError):
                 pass
+
+    @property
+    def busy(self) -> bool:
+        """Requests are waiting for their responses."""
+        return bool(self._inflight)
+
+    def close(self, reason: str, **fields: Any) -> None:
+        """Close the connection from the proxy's side (a limit, shutdown); `run` then ends."""
+        self.log.info("connection_closed_by_proxy", reason=reason, **fields)
+        self._cw.close()
 
     # ---------------------------------------------------------------- client -> broker
     async def _pump_requests(self) -> None:
@@ -166,6 +180,7 @@ class Session:
             self.client_id = header.client_id
         counts = self.stats.requests
         counts[header.api_key] = counts.get(header.api_key, 0) + 1
+        self.server.metrics.request(header.api_key, header.api_version, len(body))
         handler = self.server.request_handler(header.api_key)
         if handler is None:
             self.forward(header, body)
@@ -254,7 +269,10 @@ class Session:
             if inspect.isawaitable(result):
                 result = await result
             pending.response = result
-        self.server.observe_latency(pending.header.api_key, time.monotonic() - pending.started)
+        hdr = pending.header
+        self.server.metrics.response(
+            hdr.api_key, hdr.api_version, len(body), time.monotonic() - pending.started
+        )
 
     def _flush(self) -> None:
         inflight = self._inflight
