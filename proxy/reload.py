@@ -74,10 +74,22 @@ class ChainBuildError(ConfigError):
     ``fleet.NAME`` for a fleet filter)."""
 
 
-def _field_of(spec: FilterSpec, index: int) -> str:
+def _load_error(spec: FilterSpec, index: int, exc: FilterLoadError) -> ChainBuildError:
+    message = str(exc)
+    who = f"filter {spec.name!r} ({spec.where}): "
+    reason = f"filter {spec.name!r}: {message[len(who):]}" if message.startswith(who) else message
+    # Which key to blame, for the log line and `sluice config check`.
+    if "rejected the config" in message:
+        key = "config"
+    elif "bound to admin" in message or "act on admin" in message:
+        key = "apply_to"
+    elif "function" in message and "export" in message and spec.function:
+        key = "function"
+    else:
+        key = "module"
     if spec.source.startswith(FLEET_SOURCE_PREFIX):
-        return f"fleet.{spec.name}"
-    return f"filters[{index}]"
+        return ChainBuildError(spec.source, None, f"fleet.{spec.name}.{key}", reason)
+    return ChainBuildError(spec.source, spec.line, f"filters[{index}].{key}", reason)
 
 
 def build_chain(specs: Sequence[FilterSpec],
@@ -93,8 +105,7 @@ def build_chain(specs: Sequence[FilterSpec],
             try:
                 loaded.append(load_filter(spec, cache=cache))
             except FilterLoadError as exc:
-                raise ChainBuildError(spec.source, spec.line, _field_of(spec, i),
-                                      str(exc)) from None
+                raise _load_error(spec, i, exc) from None
     except BaseException:
         for f in loaded:
             f.close()
