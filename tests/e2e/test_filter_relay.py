@@ -50,7 +50,7 @@ def batch(
 
 
 def send(stack: RelayedBroker, topic: str, records: bytes, cid: int = 1) -> int:
-    bodies = exchange(stack.bootstrap, [produce_frame(cid, VERSION, topic, 0, records)])
+    bodies = exchange(stack.bootstrap, [produce_frame(cid, VERSION, {(topic, 0): records})])
     assert len(bodies) == 1
     response = produce_response(VERSION, bodies[0])
     return int(response.responses[0].partition_responses[0].error_code)
@@ -153,7 +153,7 @@ def test_legacy_magic_and_unknown_codec_are_caught_without_the_broker() -> None:
     unknown = bytearray(batch(1))
     unknown[22] |= 0x07  # low byte of attributes: compression bits 7
     for cid, records in enumerate((bytes(legacy), bytes(unknown))):
-        frame = produce_frame(cid, VERSION, "t", 0, records)
+        frame = produce_frame(cid, VERSION, {("t", 0): records})
         (size,) = struct.unpack_from(">i", frame)
         validator.check_frame(frame[4 : 4 + size])
     found = [str(v) for v in validator.snapshot()]

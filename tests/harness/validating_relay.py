@@ -26,6 +26,7 @@ import socket
 import struct
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,16 @@ class SeenBatch:
     partition: int
     header: BatchHeader
     api_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerAnswer:
+    """The broker's answer for one partition of a Produce request the relay forwarded."""
+
+    topic: str
+    partition: int
+    error_code: int
+    base_offset: int
 
 
 @dataclass(slots=True)
@@ -120,6 +131,7 @@ class BatchValidator:
     def __init__(self) -> None:
         self.violations: list[Violation] = []
         self.batches: list[SeenBatch] = []
+        self.answers: list[BrokerAnswer] = []
         self.produce_requests = 0
         self._producers: dict[tuple[int, str, int], _ProducerState] = {}
         self._lock = threading.Lock()
@@ -246,14 +258,36 @@ class BatchValidator:
             state.last_seq = last
             state.recent.append((first, last))
 
-    def check_frame(self, frame: bytes | memoryview) -> None:
-        """Check one request frame body (without its size prefix) if it is a Produce."""
+    def check_frame(self, frame: bytes | memoryview) -> tuple[int, int] | None:
+        """Check one request frame body (without its size prefix) if it is a Produce; returns
+        (correlation id, version) of a Produce, so that its response can be noted."""
         try:
             header = parse_request_header(frame)
         except CodecError:
-            return  # not ours to judge; the broker answers garbage itself
-        if header.api_key == ApiKey.PRODUCE:
-            self.check_produce(header.api_version, frame[header.header_size :])
+            return None  # not ours to judge; the broker answers garbage itself
+        if header.api_key != ApiKey.PRODUCE:
+            return None
+        self.check_produce(header.api_version, frame[header.header_size :])
+        return header.correlation_id, header.api_version
+
+    def note_response(self, api_version: int, frame: bytes | memoryview) -> None:
+        """Record the broker's per-partition answers to a forwarded Produce."""
+        try:
+            response = produce_response(api_version, bytes(frame))
+        except CodecError as exc:
+            self._fail("?", -1, f"Produce v{api_version} response does not decode: {exc}")
+            return
+        with self._lock:
+            for topic in response.responses:
+                name = getattr(topic, "name", None) or str(getattr(topic, "topic_id", "?"))
+                for p in topic.partition_responses:
+                    self.answers.append(
+                        BrokerAnswer(name, int(p.index), int(p.error_code), int(p.base_offset))
+                    )
+
+    def answers_for(self, topic: str) -> list[BrokerAnswer]:
+        with self._lock:
+            return [a for a in self.answers if a.topic == topic]
 
     def snapshot(self) -> list[Violation]:
         with self._lock:
@@ -352,16 +386,26 @@ class ValidatingRelay:
             writer.close()
             return
 
+        produces: dict[int, int] = {}  # correlation id -> Produce version awaiting an answer
+
         async def requests() -> None:
             frames = FrameBuffer()
             while data := await reader.read(256 * 1024):
                 for body in frames.feed(data):
-                    self.validator.check_frame(bytes(body))
+                    produce = self.validator.check_frame(bytes(body))
+                    if produce is not None:
+                        produces[produce[0]] = produce[1]
                 up_writer.write(data)
                 await up_writer.drain()
 
         async def responses() -> None:
+            frames = FrameBuffer()
             while data := await up_reader.read(256 * 1024):
+                for body in frames.feed(data):
+                    (correlation_id,) = struct.unpack_from(">i", body)
+                    version = produces.pop(correlation_id, None)
+                    if version is not None:
+                        self.validator.note_response(version, body)
                 writer.write(data)
                 await writer.drain()
 
@@ -377,9 +421,14 @@ class ValidatingRelay:
 
 
 def produce_frame(
-    correlation_id: int, version: int, topic: str, partition: int, records: bytes, acks: int = -1
+    correlation_id: int,
+    version: int,
+    parts: Mapping[tuple[str, int], bytes],
+    acks: int = -1,
+    client_id: str = "relay-test",
 ) -> bytes:
-    """A whole Produce request frame (size prefix included) carrying `records` as they are."""
+    """A whole Produce request frame (size prefix included): `parts` maps (topic, partition)
+    to the records bytes sent as they are, topics in first-seen order."""
     from sluice.codec import schemas
     from sluice.codec.headers import request_header_bytes
     from sluice.codec.messages import encode_request
@@ -388,20 +437,22 @@ def produce_frame(
     cls = schemas.request_schema(ApiKey.PRODUCE, version)
     tcls = entities.element_class(cls, "topic_data")
     pcls = entities.element_class(tcls, "partition_data")
+    by_topic: dict[str, list[Any]] = {}
+    for (topic, partition), records in parts.items():
+        by_topic.setdefault(topic, []).append(
+            entities.build(pcls, index=partition, records=records)
+        )
     request: Any = entities.build(
         cls,
         transactional_id=None,
         acks=acks,
         timeout=datetime.timedelta(seconds=10),
-        topic_data=(
-            entities.build(
-                tcls,
-                name=topic,
-                partition_data=(entities.build(pcls, index=partition, records=records),),
-            ),
+        topic_data=tuple(
+            entities.build(tcls, name=topic, partition_data=tuple(ps))
+            for topic, ps in by_topic.items()
         ),
     )
-    body = request_header_bytes(ApiKey.PRODUCE, version, correlation_id, "relay-test")
+    body = request_header_bytes(ApiKey.PRODUCE, version, correlation_id, client_id)
     body += encode_request(request)
     return struct.pack(">i", len(body)) + body
 
@@ -479,3 +530,84 @@ def produce_response(version: int, body: bytes) -> Any:
 
     size = response_header_size(body, ApiKey.PRODUCE, version)
     return decode_response(ApiKey.PRODUCE, version, body[size:])
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+def fetch_stored(
+    address: str, topic: str, partitions: int, version: int = 11
+) -> dict[int, list[StoredRecord]]:
+    """Every record stored in `topic`'s partitions, read with raw Fetch requests from offset
+    0 until the broker returns no more batches (one short wait at the end of each partition;
+    no reliance on ListOffsets, whose high watermark Tansu reports per batch, not per record)."""
+    from sluice.codec import schemas
+    from sluice.codec.headers import request_header_bytes, response_header_size
+    from sluice.codec.messages import decode_response, encode_request
+    from sluice.proxy import entities
+
+    cls = schemas.request_schema(ApiKey.FETCH, version)
+    tcls = entities.element_class(cls, "topics")
+    pcls = entities.element_class(tcls, "partitions")
+    out: dict[int, list[StoredRecord]] = {}
+    for partition in range(partitions):
+        records: list[StoredRecord] = []
+        offset = 0
+        for correlation_id in range(1, 10_000):
+            request = entities.build(
+                cls,
+                replica_id=-1,
+                max_wait=datetime.timedelta(milliseconds=200),
+                min_bytes=1,
+                max_bytes=64 * 1024 * 1024,
+                isolation_level=0,
+                session_id=0,
+                session_epoch=-1,
+                topics=(
+                    entities.build(
+                        tcls,
+                        topic=topic,
+                        partitions=(
+                            entities.build(
+                                pcls,
+                                partition=partition,
+                                current_leader_epoch=-1,
+                                fetch_offset=offset,
+                                log_start_offset=-1,
+                                partition_max_bytes=16 * 1024 * 1024,
+                            ),
+                        ),
+                    ),
+                ),
+                rack_id="",
+            )
+            body = request_header_bytes(ApiKey.FETCH, version, correlation_id, "relay-test")
+            body += encode_request(request)
+            (raw,) = exchange(address, [struct.pack(">i", len(body)) + body])
+            size = response_header_size(raw, ApiKey.FETCH, version)
+            response = decode_response(ApiKey.FETCH, version, raw[size:])
+            found = [p for t in response.responses for p in t.partitions]
+            if not found:
+                break  # Tansu answers an empty partition with no partition at all
+            part = found[0]
+            if int(part.error_code) != 0:
+                raise RuntimeError(f"fetch {topic}[{partition}]@{offset}: {part.error_code}")
+            batches, _tail = split_batches(part.records or b"")
+            batches = [b for b in batches if b.header.next_offset > offset]
+            if not batches:
+                break
+            for batch in batches:
+                if batch.header.is_control:
+                    continue
+                for r in decode_records(batch):
+                    at = batch.header.base_offset + r.offset_delta
+                    if at >= offset:
+                        records.append(StoredRecord(at, r.key, r.value, list(r.headers)))
+            offset = batches[-1].header.next_offset
+        out[partition] = records
+    return out
