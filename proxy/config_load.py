@@ -13,6 +13,9 @@ from sluice.filters.config import parse_filter_specs
 from sluice.filters.yaml_lines import ConfigError, LineMap, load_yaml_with_lines
 from sluice.proxy.config import ConfigFileError, ProxyConfig
 from sluice.proxy.fleet import parse_fleet_section
+from sluice.proxy.limits import parse_limits
+from sluice.proxy.metrics import parse_listen
+from sluice.proxy.tls import parse_server_tls, parse_upstream_tls
 
 __all__ = ["KNOWN_SECTIONS", "ConfigFileError", "build_config", "load_config_file"]
 
@@ -30,11 +33,16 @@ KNOWN_SECTIONS = (
 )
 
 
-def _int(raw: dict[str, Any], key: str, lines: LineMap, path: tuple[str, ...], default: int) -> int:
-    value = raw.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise lines.error((*path, key), f"must be a non-negative integer, got {value!r}")
-    return value
+def _metrics_listen(metrics: dict[str, Any], lines: LineMap) -> tuple[str, int] | None:
+    for key in metrics:
+        if key != "listen":
+            raise lines.error(("metrics", key), "unknown key (expected listen)")
+    if metrics.get("listen") is None:
+        return None
+    try:
+        return parse_listen(metrics["listen"])
+    except ValueError as exc:
+        raise lines.error(("metrics", "listen"), str(exc)) from None
 
 
 def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
@@ -78,10 +86,14 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                     ("proxy", "node_ports", node), f"node id {node!r} -> port {port!r} is not valid"
                 )
         config.node_ports = dict(node_ports)
-        limits = dict(data.get("limits") or {})
-        config.max_frame_size = _int(
-            limits, "max_frame_size", lines, ("limits",), config.max_frame_size
-        )
+        limits = parse_limits(data.get("limits"), lines, config.max_frame_size)
+        config.max_frame_size = limits.max_frame_size
+        config.max_connections = limits.max_connections
+        config.idle_timeout = limits.idle_timeout_seconds
+        base = path.resolve().parent
+        config.tls = parse_server_tls(data.get("tls"), lines, base)
+        config.upstream_tls = parse_upstream_tls(data.get("upstream_tls"), lines, base)
+        config.metrics_listen = _metrics_listen(config.metrics, lines)
         cache_dir = data.get("module_cache_dir")
         if cache_dir is not None and not isinstance(cache_dir, str):
             raise lines.error(("module_cache_dir",), "must be a directory path")
