@@ -28,6 +28,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
+
 from sluice.spark_audit.schema import KAFKA_ROWS
 
 FORMAT_NAME = "sluice_kafka"

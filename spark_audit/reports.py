@@ -18,6 +18,8 @@ Reports (column meanings are in docs/TELEMETRY.md, section "Reports"):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -87,6 +89,8 @@ def filter_rows(events: DataFrame) -> DataFrame:
         ).alias("detections"),
         F.coalesce(F.size(f["errors"]), F.lit(0)).alias("errors"),
         F.coalesce(f["time_ns"], F.lit(0)).alias("time_ns"),
+        f["detectors"].alias("detectors"),
+        f["errors"].alias("error_messages"),
     )
 
 
@@ -114,7 +118,7 @@ def _run_aggregates() -> list[Column]:
     ]
 
 
-def audit(events: DataFrame) -> DataFrame:
+def audit(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
     """Contiguous offset runs each module touched, per api and topic-partition.
 
     Runs are islands of overlapping or adjacent offset ranges (a new run starts where a
@@ -123,7 +127,22 @@ def audit(events: DataFrame) -> DataFrame:
     filtered) splits. Batches without offsets (acks=0, broker errors) get one row per key
     with null offsets and null run.
     """
-    rows = filter_rows(events)
+    rows = (frows if frows is not None else filter_rows(events)).select(
+        *_RUN_KEYS,
+        "filter_name",
+        "offset_first",
+        "offset_last",
+        "ts",
+        "instance_id",
+        "host",
+        "kept",
+        "rewritten",
+        "dropped",
+        "rejected",
+        "detections",
+        "errors",
+        "time_ns",
+    )
     with_offsets = rows.filter(F.col("offset_first").isNotNull())
     w = Window.partitionBy(*_RUN_KEYS).orderBy("offset_first", "offset_last")
     prev_max = F.max("offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
@@ -175,10 +194,10 @@ def audit(events: DataFrame) -> DataFrame:
     )
 
 
-def audit_modules(events: DataFrame) -> DataFrame:
+def audit_modules(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
     """One row per module sha256: where it was loaded, what data and admin items it touched."""
     touched = (
-        filter_rows(events)
+        (frows if frows is not None else filter_rows(events))
         .groupBy("module_sha256")
         .agg(
             F.array_sort(F.collect_set("filter_name")).alias("touched_names"),
@@ -266,7 +285,7 @@ def audit_modules(events: DataFrame) -> DataFrame:
     ).transform(lambda df: _sorted(df, "module_sha256"))
 
 
-def billing(events: DataFrame) -> DataFrame:
+def billing(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
     """Per principal, client id, topic and hour: records and bytes each way, filter time."""
     rb = record_batches(events).withColumn(
         "_filter_ns",
@@ -299,7 +318,7 @@ def billing(events: DataFrame) -> DataFrame:
     )
 
 
-def billing_connections(events: DataFrame) -> DataFrame:
+def billing_connections(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
     """Connection-level traffic (including unfiltered APIs) per principal, client, hour, API.
 
     A connection's ``open`` event precedes its first request, so it has no client id: each
@@ -370,18 +389,18 @@ def _map_total_requests() -> Column:
     )
 
 
-def compliance(events: DataFrame) -> DataFrame:
+def compliance(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
     """Detections, rejects with reasons, filter and partition errors, admin denials, gaps."""
     rb = record_batches(events)
-    per_filter = rb.select("topic", "api", "ts", F.explode("filters").alias("f")).select(
+    per_filter = (frows if frows is not None else filter_rows(events)).select(
         "topic",
         "api",
         "ts",
-        F.col("f.name").alias("filter_name"),
-        F.col("f.module_sha256").alias("module_sha256"),
-        F.col("f.detectors").alias("detectors"),
-        F.col("f.rejected").alias("rejected"),
-        F.col("f.errors").alias("errors"),
+        "filter_name",
+        "module_sha256",
+        "detectors",
+        "rejected",
+        F.col("error_messages").alias("errors"),
     )
     keys = ["kind", "topic", "api", "filter_name", "module_sha256", "name"]
 
@@ -472,7 +491,7 @@ def compliance(events: DataFrame) -> DataFrame:
     return _sorted(agg(union), "kind", "topic", "api", "filter_name", "name")
 
 
-def admin(events: DataFrame) -> DataFrame:
+def admin(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
     """Admin decisions per module, operation, resource, decision, principal and client."""
     return (
         events.filter(F.col("type") == "admin")
@@ -497,7 +516,9 @@ def admin(events: DataFrame) -> DataFrame:
     )
 
 
-BUILDERS = {
+Builder = Callable[[DataFrame, DataFrame | None], DataFrame]
+
+BUILDERS: dict[str, Builder] = {
     "audit": audit,
     "audit_modules": audit_modules,
     "billing": billing,
