@@ -13,6 +13,7 @@ from sluice.filters.yaml_lines import ConfigError
 from sluice.proxy import telemetry
 from sluice.proxy.config import ConfigFileError, ProxyConfig
 from sluice.proxy.logs import log
+from sluice.proxy.metrics import MetricsServer
 from sluice.proxy.reload import ChainManager, build_chain, locate_telemetry_error
 from sluice.proxy.server import ProxyServer
 
@@ -24,9 +25,16 @@ def load_chain(config: ProxyConfig) -> FilterChain | None:
         raise ConfigFileError(str(exc)) from None
 
 
-async def serve(config: ProxyConfig) -> int:
+async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
     chain = load_chain(config)
     server = ProxyServer(config)
+    metrics_server = None
+    if config.metrics_listen is not None:
+        # Worker k of `--workers N` serves its own metrics on the configured port + k.
+        m_host, m_port = config.metrics_listen
+        m_port = m_port + config.worker_index if m_port else 0
+        metrics_server = MetricsServer(server.metrics, m_host, m_port)
+        await metrics_server.start()
     try:
         server.telemetry = telemetry.make_sink(
             config.telemetry, server.instance_id, proxy=server.proxy_info
@@ -47,14 +55,23 @@ async def serve(config: ProxyConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     host, port = config.listen
     upstream = ",".join(f"{h}:{p}" for h, p in config.upstream)
-    log.info("listening", listen=f"{host}:{port}", upstream=upstream, instance=server.instance_id)
+    if ready_fd is None:
+        log.info(
+            "listening", listen=f"{host}:{port}", upstream=upstream, instance=server.instance_id
+        )
+    else:
+        from sluice.proxy.workers import notify_ready
+
+        notify_ready(ready_fd, config.worker_index, server.instance_id)
     await stop.wait()
     log.info("stopping", connections=len(server.sessions))
     await chains.stop()
     await server.close()
+    if metrics_server is not None:
+        await metrics_server.close()
     server.telemetry.close(timeout=5)
     return 0
 
 
-def run(config: ProxyConfig) -> int:
-    return uvloop.run(serve(config))
+def run(config: ProxyConfig, ready_fd: int | None = None) -> int:
+    return uvloop.run(serve(config, ready_fd))

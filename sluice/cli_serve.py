@@ -35,6 +35,14 @@ def register(subparsers: Any) -> None:
         "--config", type=Path, metavar="FILE", help="YAML config file (filters, telemetry, ...)"
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N proxy processes sharing the listening ports (SO_REUSEPORT) to use N cores; "
+        "the limits and metrics port apply per worker (worker k serves metrics on port + k)",
+    )
     p.set_defaults(func=run_serve)
 
 
@@ -48,9 +56,18 @@ def run_serve(args: argparse.Namespace) -> int:
         listen = parse_hostport(args.listen, "--listen")
         upstream = [parse_hostport(u, "--upstream") for u in args.upstream.split(",") if u.strip()]
         config = build_config(listen, upstream, args.config)
+        config.workers = args.workers
+        if args.workers < 1:
+            raise ValueError(f"--workers {args.workers}: must be at least 1")
+        if args.workers > 1 and listen[1] == 0:
+            raise ValueError("--workers needs a fixed --listen port (not 0)")
     except (ValueError, ConfigFileError) as exc:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 2
+    if config.workers > 1:
+        from sluice.proxy.workers import supervise
+
+        return supervise(config)
     try:
         return run(config)
     except ConfigFileError as exc:

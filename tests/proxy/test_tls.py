@@ -1,0 +1,242 @@
+"""TLS on both sides of the proxy with real clients: clients -> proxy (server certificate,
+client certificates) and proxy -> broker (CA bundle, client certificate, hostname check)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from sluice.codec.headers import request_header_bytes
+from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
+from tests.harness.proxy import SluiceProxy
+from tests.proxy.broker_front import FrontedTansu
+from tests.proxy.tls_certs import Pki, make_pki
+
+StartProxy = Callable[..., SluiceProxy]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def broker_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    # The broker's certificate names only broker.test, not the 127.0.0.1 the proxy dials.
+    return make_pki(tmp_path_factory.mktemp("broker-pki"), server_names=["broker.test"])
+
+
+@pytest.fixture(scope="module")
+def tls_broker(broker_pki: Pki) -> Iterator[FrontedTansu]:
+    """Tansu behind a TLS listener that requires a client certificate signed by the CA."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(broker_pki.server_cert, broker_pki.server_key)
+    ctx.load_verify_locations(broker_pki.ca)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    with FrontedTansu(front_kwargs={"ssl_context": ctx}) as b:
+        yield b
+
+
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def ssl_conf(pki: Pki, client_cert: bool = False) -> dict[str, Any]:
+    conf: dict[str, Any] = {"security.protocol": "SSL", "ssl.ca.location": str(pki.ca)}
+    if client_cert:
+        conf["ssl.certificate.location"] = str(pki.client_cert)
+        conf["ssl.key.location"] = str(pki.client_key)
+    return conf
+
+
+def api_versions_over(sock: socket.socket) -> bytes:
+    """Send ApiVersions v0 and return whatever comes back (b"" when the peer hangs up)."""
+    body = request_header_bytes(18, 0, 7, "tls-test")
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    return sock.recv(4)
+
+
+def records(n: int) -> list[tuple[bytes | None, bytes | None]]:
+    return [(f"k{i}".encode(), f"v{i}".encode()) for i in range(n)]
+
+
+# ------------------------------------------------------------------ clients -> proxy
+
+
+def test_confluent_over_tls_to_the_proxy(pki: Pki, start_proxy: StartProxy, tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "sluice.yaml",
+        f"tls:\n  cert: {pki.server_cert}\n  key: {pki.server_key}\n",
+    )
+    proxy = start_proxy(config=config)
+    topic = unique("tls-in")
+    create_topic_tls(proxy.bootstrap, topic, ssl_conf(pki))
+    sent = records(50)
+    offsets = confluent_produce(proxy.bootstrap, topic, sent, **ssl_conf(pki))
+    assert [o for _, o in offsets] == list(range(50))
+    got = confluent_consume(proxy.bootstrap, topic, 50, **ssl_conf(pki))
+    assert got == sent
+
+
+@pytest.fixture
+def tls_proxy(pki: Pki, start_proxy: StartProxy, tmp_path: Path) -> SluiceProxy:
+    config = write_config(
+        tmp_path / "sluice.yaml",
+        f"tls:\n  cert: {pki.server_cert}\n  key: {pki.server_key}\n",
+    )
+    return start_proxy(config=config)
+
+
+def test_plaintext_client_gets_no_kafka_answer_from_a_tls_listener(
+    tls_proxy: SluiceProxy,
+) -> None:
+    with socket.create_connection(("127.0.0.1", tls_proxy.port), timeout=5) as sock:
+        answer = api_versions_over(sock)
+    # A TLS server answers garbage with an alert record (0x15) or just hangs up.
+    assert answer == b"" or answer[0] == 0x15
+
+
+def test_proxy_certificate_verifies_against_the_ca(pki: Pki, tls_proxy: SluiceProxy) -> None:
+    good = ssl.create_default_context(cafile=str(pki.ca))
+    with socket.create_connection(("127.0.0.1", tls_proxy.port), timeout=5) as raw:
+        with good.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+            assert len(api_versions_over(sock)) == 4  # a Kafka size prefix came back
+            cert = sock.getpeercert()
+    assert cert is not None and ("IP Address", "127.0.0.1") in cert["subjectAltName"]
+    untrusting = ssl.create_default_context(cafile=str(pki.other_ca))
+    with socket.create_connection(("127.0.0.1", tls_proxy.port), timeout=5) as raw:
+        with pytest.raises(ssl.SSLCertVerificationError):
+            untrusting.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_client_certificates_required(pki: Pki, start_proxy: StartProxy, tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path / "sluice.yaml",
+        f"tls:\n  cert: {pki.server_cert}\n  key: {pki.server_key}\n  client_ca: {pki.ca}\n",
+    )
+    proxy = start_proxy(config=config)
+    topic = unique("mtls")
+    sent = records(20)
+    create_topic_tls(proxy.bootstrap, topic, ssl_conf(pki, client_cert=True))
+    confluent_produce(proxy.bootstrap, topic, sent, **ssl_conf(pki, client_cert=True))
+    assert confluent_consume(proxy.bootstrap, topic, 20, **ssl_conf(pki, client_cert=True)) == sent
+
+    def attempt(cert: Path | None, key: Path | None) -> bytes:
+        ctx = ssl.create_default_context(cafile=str(pki.ca))
+        if cert is not None:
+            ctx.load_cert_chain(str(cert), str(key))
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as raw:
+            try:
+                with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+                    return api_versions_over(sock)
+            except (ssl.SSLError, ConnectionError):
+                return b""
+
+    assert len(attempt(pki.client_cert, pki.client_key)) == 4
+    assert attempt(None, None) == b""  # no certificate: refused
+    assert attempt(pki.other_client_cert, pki.other_client_key) == b""  # unknown CA: refused
+    assert any("listening" in line for line in proxy.output)
+
+
+def create_topic_tls(bootstrap: str, topic: str, conf: dict[str, Any]) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET, **conf})
+    for fut in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+        fut.result(15)
+
+
+# ------------------------------------------------------------------ proxy -> brokers
+
+
+def upstream_config(path: Path, broker_pki: Pki, **overrides: object) -> Path:
+    keys: dict[str, object] = {
+        "ca": broker_pki.ca,
+        "cert": broker_pki.client_cert,
+        "key": broker_pki.client_key,
+        "server_hostname": "broker.test",
+    }
+    keys.update(overrides)
+    lines = ["upstream_tls:"]
+    for key, value in keys.items():
+        if value is not None:
+            rendered = str(value).lower() if isinstance(value, bool) else str(value)
+            lines.append(f"  {key}: {rendered}")
+    return write_config(path, "\n".join(lines) + "\n")
+
+
+def metadata_ok(bootstrap: str) -> bool:
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+    try:
+        admin.list_topics(timeout=4)
+    except KafkaException:
+        return False
+    return True
+
+
+def test_proxy_to_broker_over_tls_with_client_certificate(
+    broker_pki: Pki, tls_broker: FrontedTansu, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start_proxy(
+        config=upstream_config(tmp_path / "up.yaml", broker_pki), upstream=tls_broker.bootstrap
+    )
+    assert tls_broker.front is not None
+    before = tls_broker.front.connections
+    topic = unique("tls-up")
+    create_topic(proxy.bootstrap, topic)
+    sent = records(40)
+    confluent_produce(proxy.bootstrap, topic, sent)
+    assert confluent_consume(proxy.bootstrap, topic, 40) == sent
+    assert tls_broker.front.connections > before  # every byte went through the TLS listener
+
+
+def test_upstream_hostname_check_can_be_switched_off(
+    broker_pki: Pki, tls_broker: FrontedTansu, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    proxy = start_proxy(
+        config=upstream_config(
+            tmp_path / "up.yaml", broker_pki, server_hostname=None, check_hostname=False
+        ),
+        upstream=tls_broker.bootstrap,
+    )
+    topic = unique("tls-nohost")
+    create_topic(proxy.bootstrap, topic)
+    confluent_produce(proxy.bootstrap, topic, records(5))
+    assert confluent_consume(proxy.bootstrap, topic, 5) == records(5)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["hostname-mismatch", "untrusted-ca", "no-client-certificate"],
+)
+def test_upstream_tls_failures_refuse_the_broker(
+    case: str,
+    broker_pki: Pki,
+    tls_broker: FrontedTansu,
+    start_proxy: StartProxy,
+    tmp_path: Path,
+) -> None:
+    table: dict[str, dict[str, object]] = {
+        "hostname-mismatch": {"server_hostname": None},  # 127.0.0.1 is not in the certificate
+        "untrusted-ca": {"ca": broker_pki.other_ca},
+        "no-client-certificate": {"cert": None, "key": None},
+    }
+    overrides = table[case]
+    proxy = start_proxy(
+        config=upstream_config(tmp_path / "up.yaml", broker_pki, **overrides),
+        upstream=tls_broker.bootstrap,
+    )
+    assert not metadata_ok(proxy.bootstrap)
+    if case != "no-client-certificate":
+        # Refused during the handshake, before any Kafka byte went to the broker.
+        assert any("upstream_connect_failed" in line for line in proxy.output)
+        assert any("CERTIFICATE_VERIFY_FAILED" in line for line in proxy.output)
