@@ -8,7 +8,9 @@ naming the filter and the reason (set by the filter chain). Failures are counted
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
+import typing
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +25,19 @@ if TYPE_CHECKING:
     from sluice.proxy.server import ProxyServer
 
 _QUEUE_LIMIT = 100_000
+_NETWORK_TIMEOUT = 15.0  # seconds to wait for the broker's answer
+_PRODUCE_TIMEOUT = datetime.timedelta(seconds=10)  # Produce's own replication timeout
+
+
+def _optional_tuple_element(cls: type[Any], field_name: str) -> type[Any]:
+    """Element class of a nullable array field (Metadata's `topics` is
+    `tuple[MetadataRequestTopic, ...] | None`, which entities.element_class does not unwrap)."""
+    for arg in typing.get_args(typing.get_type_hints(cls)[field_name]):
+        if typing.get_origin(arg) is tuple:
+            return typing.cast(type[Any], typing.get_args(arg)[0])
+    from sluice.proxy import entities
+
+    return entities.element_class(cls, field_name)
 
 
 def _batch(letters: list[DeadLetter]) -> bytes:
@@ -83,10 +98,13 @@ class DeadLetterWriter:
                 try:
                     await self._produce(topic, letters)
                     self.produced += len(letters)
-                except (OSError, UpstreamError, TimeoutError, ValueError) as exc:
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    # Whatever goes wrong, this task must live on for the next dead letters.
                     self.failed += len(letters)
                     log.error(
-                        "dead_letter_failed", topic=topic, records=len(letters), error=str(exc)
+                        "dead_letter_failed", topic=topic, records=len(letters), error=repr(exc)
                     )
 
     async def _produce(self, topic: str, letters: list[DeadLetter]) -> None:
@@ -102,9 +120,10 @@ class DeadLetterWriter:
             response = await conn.request(
                 ApiKey.PRODUCE,
                 version,
+                _NETWORK_TIMEOUT,
                 transactional_id=None,
                 acks=-1,
-                timeout=15000,
+                timeout=_PRODUCE_TIMEOUT,
                 topic_data=(self._topic_data(version, topic, _batch(letters)),),
             )
         finally:
@@ -133,7 +152,7 @@ class DeadLetterWriter:
 
         version = conn.pick_version(ApiKey.METADATA, ceiling=12)
         cls = schemas.request_schema(ApiKey.METADATA, version)
-        tcls = entities.element_class(cls, "topics")
+        tcls = _optional_tuple_element(cls, "topics")
         response = await conn.request(
             ApiKey.METADATA,
             version,

@@ -60,7 +60,11 @@ class UpstreamConnection:
             raise UpstreamError(f"no common version for {ApiKey(api_key).name}")
         return high
 
-    async def request(self, api_key: int, version: int, timeout: float = 15, **fields: Any) -> Any:
+    async def request(
+        self, api_key: int, version: int, timeout: float = 15, /, **fields: Any
+    ) -> Any:
+        # `timeout` (seconds to wait for the answer) is positional-only so that a request
+        # field of the same name (Produce's `timeout`) can be passed in `fields`.
         cls = schemas.request_schema(api_key, version)
         body = encode_request(entities.build(cls, **fields))
         corr = next(_ids) & 0x7FFFFFFF
