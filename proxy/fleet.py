@@ -426,8 +426,8 @@ async def ensure_topic(bootstrap: str, topic: str, *, timeout: float = 15.0) -> 
     """Create `topic` compacted (1 partition) if it does not exist; True if it was created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=_servers(bootstrap),
                                 request_timeout_ms=int(timeout * 1000))
-    await admin.start()
     try:
+        await admin.start()
         if topic in await admin.list_topics():
             return False
         response = await admin.create_topics(
@@ -480,8 +480,8 @@ async def follow_view(bootstrap: str, topic: str,
     deadline = time.monotonic() + timeout
     view = FleetView()
     consumer = _consumer(bootstrap, client_id, 200)
-    await consumer.start()
     try:
+        await consumer.start()
         tps = await _assign_all(consumer, topic)
         if tps is None:
             return view, until(view)
@@ -516,8 +516,8 @@ async def produce(bootstrap: str, topic: str, key: bytes, value: bytes | None, *
     producer = AIOKafkaProducer(bootstrap_servers=_servers(bootstrap), acks="all",
                                 max_request_size=MAX_RECORD_BYTES,
                                 compression_type="gzip", request_timeout_ms=int(timeout * 1000))
-    await producer.start()
     try:
+        await producer.start()
         meta = await asyncio.wait_for(producer.send_and_wait(topic, key=key, value=value),
                                       timeout)
         return meta.partition, meta.offset
@@ -596,8 +596,8 @@ class FleetFollower:
         poll_ms = int(s.poll_seconds * 1000)
         consumer = _consumer(self.bootstrap, f"sluice-fleet-{self.instance_id}",
                              min(500, poll_ms))
-        await consumer.start()
         try:
+            await consumer.start()
             tps = await _assign_all(consumer, s.topic)
             while tps is None:
                 await asyncio.sleep(s.poll_seconds)

@@ -235,6 +235,7 @@ def _describe(chain: FilterChain | None) -> list[dict[str, Any]]:
     if chain is None:
         return []
     return [{"name": f.name, "sha256": f.sha256,
+             "config_sha256": hashlib.sha256(f.spec.config_json).hexdigest(),
              "source": "fleet" if f.spec.source.startswith(FLEET_SOURCE_PREFIX) else "file",
              "topics": list(f.spec.topics), "apply_to": sorted(f.spec.apply_to)}
             for f in chain.filters]
@@ -329,12 +330,19 @@ class ChainManager:
     def heartbeat(self) -> dict[str, Any]:
         """This proxy as `sluice filter list` shows it."""
         host, port = self.server.config.listen
+        accepted = self.catalog.accepted if self.catalog is not None else {}
         refused = self.catalog.refused.values() if self.catalog is not None else ()
+        filters = _describe(self.server.chain)
+        for f in filters:
+            got = accepted.get(f["name"]) if f["source"] == "fleet" else None
+            if got is not None:
+                # The record's position identifies the deploy (a new config keeps the sha256).
+                f["fleet_partition"], f["fleet_offset"] = got.record.version
         return {
             "host": self.server.hostname, "pid": self.server.pid, "listen": f"{host}:{port}",
-            "started": self.started_at, "generation": self.generation,
-            "filters": _describe(self.server.chain),
-            "refused": [{"name": r.name, "sha256": r.sha256, "reason": r.reason[:500]}
+            "started": self.started_at, "generation": self.generation, "filters": filters,
+            "refused": [{"name": r.name, "sha256": r.sha256, "fleet_partition": r.version[0],
+                         "fleet_offset": r.version[1], "reason": r.reason[:500]}
                         for r in refused],
         }
 

@@ -12,8 +12,9 @@ string (its UTF-8 bytes) or ``{"base64": "..."}``; headers are an object or a li
 ``[name, value]`` pairs. ``--output`` writes the records in the same format plus ``decision``,
 ``reason`` and ``filter_error`` fields (dropped and rejected records keep their input form).
 
-Deploying modules to a running proxy (``deploy``/``remove``/``list``) belongs to another issue
-and will join these subcommands here.
+    sluice filter deploy NAME MODULE --topics T1,T2 --on produce,fetch --bootstrap HOST:PORT
+    sluice filter remove NAME --bootstrap HOST:PORT
+    sluice filter list --bootstrap HOST:PORT        the filter fleet: see sluice/fleet_cli.py
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ _LANG_ENTRY = {"c": "filter.c", "zig": "filter.zig"}
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "filter", help="write, build and test Wasm filters",
-        description="The filter author's loop: new -> build -> test.")
+        "filter", help="write, build, test and deploy Wasm filters",
+        description="The filter author's loop: new -> build -> test; then deploy, remove "
+                    "and list filters of the fleet topic that proxies follow.")
     sub = parser.add_subparsers(dest="filter_command", metavar="ACTION")
     parser.set_defaults(func=lambda _args: _usage(parser))
 
@@ -72,6 +74,10 @@ def register(subparsers: Any) -> None:
     test.add_argument("--principal", default="User:test")
     test.add_argument("--quiet", "-q", action="store_true", help="print only the summary")
     test.set_defaults(func=cmd_test)
+
+    from sluice.fleet_cli import add_subcommands
+
+    add_subcommands(sub)  # deploy, remove, list: the filter fleet (sluice/fleet_cli.py)
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:

@@ -1,0 +1,402 @@
+"""``sluice filter deploy|remove|list``: manage the filter fleet topic (see proxy/fleet.py).
+
+    sluice filter deploy NAME MODULE --topics T1,T2 --on produce,fetch --bootstrap HOST:PORT
+    sluice filter remove NAME --bootstrap HOST:PORT
+    sluice filter list --bootstrap HOST:PORT [--json]
+
+Every proxy whose config has a ``fleet:`` section follows the topic and applies a deploy or
+remove within seconds; ``--wait SECONDS`` waits until every live proxy reports it.
+Exit status: 0 done, 1 the cluster could not be reached / a proxy refused / ``--wait`` timed
+out, 2 bad arguments (the message names the flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import getpass
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_FLAG_OF_FIELD = {
+    "name": "NAME", "module": "MODULE", "topics": "--topics", "apply_to": "--on",
+    "on_error": "--on-error", "dead_letter_topic": "--dead-letter-topic",
+    "config": "--config-json/--config-file", "function": "--function",
+    "principals": "--principals", "timeout_ms": "--timeout-ms",
+    "max_memory_mb": "--max-memory-mb",
+}
+
+
+class UsageError(ValueError):
+    """A bad argument; the message names the flag."""
+
+
+def _csv(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    from sluice.proxy.fleet import DEFAULT_TOPIC
+
+    p.add_argument("--bootstrap", metavar="HOST:PORT",
+                   default=os.environ.get("SLUICE_BOOTSTRAP"),
+                   help="the Kafka cluster holding the fleet topic (or a Sluice proxy in front "
+                        "of it); default $SLUICE_BOOTSTRAP")
+    p.add_argument("--fleet-topic", default=DEFAULT_TOPIC, metavar="TOPIC",
+                   help=f"the fleet topic (default {DEFAULT_TOPIC}; must match fleet.topic in "
+                        "the proxies' config)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="give up talking to the cluster after this long (default 30)")
+
+
+def _quiet_client_logs() -> None:
+    # aiokafka logs every failed connection attempt; the command reports the outcome itself.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+def add_subcommands(sub: Any) -> None:
+    """Add deploy, remove and list to the ``sluice filter`` subparsers."""
+    deploy = sub.add_parser(
+        "deploy", help="publish a filter to the fleet topic (every following proxy runs it)",
+        description="Publish MODULE with its binding under NAME in the fleet topic (created "
+                    "compacted if missing). Every proxy configured with `fleet:` adds it "
+                    "to its chain (after the config file's filters) within seconds; a newer "
+                    "deploy of NAME replaces it. The module is loaded locally first, so a "
+                    "module or config that cannot run is refused here.")
+    deploy.add_argument("name", metavar="NAME", help="filter name (the record key)")
+    deploy.add_argument("module", metavar="MODULE", help="a .wasm file or builtin:NAME")
+    deploy.add_argument("--topics", required=True, metavar="T1,T2",
+                        help="topic globs the filter applies to (comma-separated)")
+    deploy.add_argument("--on", required=True, metavar="DIRECTIONS",
+                        help="comma-separated: produce, fetch, admin")
+    deploy.add_argument("--on-error", default="reject", choices=("reject", "pass", "dead-letter"),
+                        help="what a filter failure does to the records (default reject)")
+    deploy.add_argument("--dead-letter-topic", metavar="TOPIC",
+                        help="where --on-error dead-letter sends failed records")
+    cfg = deploy.add_mutually_exclusive_group()
+    cfg.add_argument("--config-json", metavar="JSON", help="the filter's config, a JSON object")
+    cfg.add_argument("--config-file", type=Path, metavar="FILE",
+                     help="the filter's config, a YAML or JSON file holding a mapping")
+    deploy.add_argument("--function", help="entry point for the in-place and Connect ABIs")
+    deploy.add_argument("--principals", metavar="P1,P2",
+                        help="only for these principal globs (e.g. User:alice,User:svc-*)")
+    deploy.add_argument("--timeout-ms", type=int, help="CPU deadline per call (default 100)")
+    deploy.add_argument("--max-memory-mb", type=int,
+                        help="linear memory cap per instance (default 64)")
+    deploy.add_argument("--no-verify", action="store_true",
+                        help="do not load the module locally before publishing it")
+    deploy.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait until every live proxy runs this version (exit 1 if one "
+                             "refuses it or time runs out)")
+    _add_common(deploy)
+    deploy.set_defaults(func=cmd_deploy)
+
+    remove = sub.add_parser(
+        "remove", help="remove a filter from the fleet topic (a tombstone)",
+        description="Write a tombstone for NAME: every following proxy drops the filter.")
+    remove.add_argument("name", metavar="NAME")
+    remove.add_argument("--force", action="store_true",
+                        help="write the tombstone even if NAME is not deployed")
+    remove.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait until no live proxy runs NAME from the fleet")
+    _add_common(remove)
+    remove.set_defaults(func=cmd_remove)
+
+    lst = sub.add_parser(
+        "list", help="what the fleet runs: filters by sha256, and which proxy runs which",
+        description="Read the fleet topic: the deployed filters (name, sha256, binding) and "
+                    "the proxies following it (from their heartbeats), with the sha256 of "
+                    "every filter each one runs.")
+    lst.add_argument("--json", action="store_true", help="print one JSON object")
+    _add_common(lst)
+    lst.set_defaults(func=cmd_list)
+
+
+def _err(message: str) -> None:
+    print(f"sluice filter: {message}", file=sys.stderr)
+
+
+def _bootstrap(args: argparse.Namespace) -> str:
+    if not args.bootstrap:
+        raise UsageError("--bootstrap HOST:PORT is required (or set SLUICE_BOOTSTRAP)")
+    return str(args.bootstrap)
+
+
+def _filter_config(args: argparse.Namespace) -> dict[str, Any]:
+    if args.config_json is not None:
+        try:
+            value = json.loads(args.config_json)
+        except ValueError as exc:
+            raise UsageError(f"--config-json: not JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise UsageError("--config-json: must be a JSON object")
+        return value
+    if args.config_file is not None:
+        import yaml
+
+        try:
+            value = yaml.safe_load(Path(args.config_file).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"--config-file: {exc}") from None
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise UsageError("--config-file: must hold a mapping")
+        return value
+    return {}
+
+
+def deploy_fields(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The record's spec fields and a FilterSpec for the local check (UsageError if bad)."""
+    from sluice.filters.config import parse_filter_specs
+    from sluice.filters.yaml_lines import ConfigError
+
+    if not _NAME.match(args.name):
+        raise UsageError(f"NAME {args.name!r}: use letters, digits, '.', '-' and '_' "
+                         "(at most 128, starting with a letter or digit)")
+    fields: dict[str, Any] = {
+        "name": args.name, "topics": _csv(args.topics), "apply_to": _csv(args.on),
+        "on_error": args.on_error, "dead_letter_topic": args.dead_letter_topic,
+        "config": _filter_config(args), "function": args.function,
+        "principals": _csv(args.principals) if args.principals else None,
+        "timeout_ms": args.timeout_ms, "max_memory_mb": args.max_memory_mb,
+    }
+    fields = {k: v for k, v in fields.items() if v is not None}
+    raw = dict(fields, module=args.module)
+    try:
+        [spec] = parse_filter_specs([raw], Path.cwd() / "deploy", None, field_prefix=("d",))
+    except ConfigError as exc:
+        key = re.split(r"[.\[]", exc.field.removeprefix("d[0]."), maxsplit=1)[0]
+        raise UsageError(f"{_FLAG_OF_FIELD.get(key, key)}: {exc.reason}") from None
+    return fields, dataclasses.replace(spec, source="command line")
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _kafka_failure(exc: BaseException, bootstrap: str) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"cannot talk to the cluster at {bootstrap}: {text}"
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    _quiet_client_logs()
+    from sluice.filters.abi_base import FilterLoadError
+    from sluice.filters.runtime import load_filter
+    from sluice.proxy.fleet import MAX_MODULE_BYTES, filter_record_value
+
+    try:
+        bootstrap = _bootstrap(args)
+        fields, spec = deploy_fields(args)
+    except UsageError as exc:
+        _err(f"deploy: {exc}")
+        return 2
+    path = spec.module_path
+    try:
+        module = path.read_bytes()
+    except OSError as exc:
+        _err(f"deploy: MODULE {args.module}: cannot read {path}: {exc.strerror or exc}")
+        return 2
+    if len(module) > MAX_MODULE_BYTES:
+        _err(f"deploy: MODULE {args.module}: {len(module)} bytes; the fleet takes modules up "
+             f"to {MAX_MODULE_BYTES} bytes")
+        return 2
+    if not args.no_verify:
+        try:
+            load_filter(spec).close()
+        except FilterLoadError as exc:
+            _err(f"deploy: {exc}")
+            return 2
+    value = filter_record_value(fields, args.module, module, _who())
+    body = json.loads(value)
+    try:
+        partition, offset = asyncio.run(_publish(bootstrap, args.fleet_topic, args.name, value,
+                                                 args.timeout))
+    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+        _err(f"deploy: {_kafka_failure(exc, bootstrap)}")
+        return 1
+    print(f"deployed {args.name}: sha256 {body['module_sha256']} ({len(module)} bytes) "
+          f"to {args.fleet_topic} (partition {partition}, offset {offset})")
+    if args.wait > 0:
+        return _wait(bootstrap, args, args.name, (partition, offset))
+    return 0
+
+
+async def _publish(bootstrap: str, topic: str, name: str, value: bytes | None,
+                   timeout: float) -> tuple[int, int]:
+    from sluice.proxy.fleet import ensure_topic, produce
+
+    await asyncio.wait_for(ensure_topic(bootstrap, topic, timeout=timeout), timeout)
+    return await produce(bootstrap, topic, name.encode("utf-8"), value, timeout=timeout)
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    _quiet_client_logs()
+    from sluice.proxy.fleet import read_view
+
+    try:
+        bootstrap = _bootstrap(args)
+    except UsageError as exc:
+        _err(f"remove: {exc}")
+        return 2
+    try:
+        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout))
+        if args.name not in view.filters and not args.force:
+            _err(f"remove: {args.name!r} is not deployed in {args.fleet_topic} "
+                 "(--force writes the tombstone anyway)")
+            return 1
+        partition, offset = asyncio.run(_publish(bootstrap, args.fleet_topic, args.name, None,
+                                                 args.timeout))
+    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+        _err(f"remove: {_kafka_failure(exc, bootstrap)}")
+        return 1
+    print(f"removed {args.name} from {args.fleet_topic} (tombstone at partition {partition}, "
+          f"offset {offset})")
+    if args.wait > 0:
+        return _wait(bootstrap, args, args.name, None)
+    return 0
+
+
+def _position(entry: dict[str, Any]) -> tuple[Any, Any]:
+    return (entry.get("fleet_partition"), entry.get("fleet_offset"))
+
+
+def _instance_state(inst: Any, name: str, version: tuple[int, int] | None) -> str:
+    """'ok', 'refused: ...' or 'pending' for one live proxy and the wanted deploy (the
+    record's partition and offset; None: the filter was removed)."""
+    entry = next((f for f in inst.filters() if f.get("name") == name), None)
+    if version is None:
+        return "ok" if entry is None or entry.get("source") != "fleet" else "pending"
+    if entry is not None and entry.get("source") == "fleet" and _position(entry) == version:
+        return "ok"
+    for r in inst.refused():
+        if r.get("name") == name and _position(r) == version:
+            return f"refused: {r.get('reason')}"
+    return "pending"
+
+
+def _wait(bootstrap: str, args: argparse.Namespace, name: str,
+          version: tuple[int, int] | None) -> int:
+    from sluice.proxy.fleet import FleetView, follow_view
+
+    started = time.monotonic()
+
+    def settled(view: FleetView) -> bool:
+        live = [i for i in view.instances.values() if i.live()]
+        return all(_instance_state(i, name, version) != "pending" for i in live)
+
+    try:
+        view, done = asyncio.run(follow_view(bootstrap, args.fleet_topic, settled,
+                                             timeout=args.wait))
+    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+        _err(_kafka_failure(exc, bootstrap))
+        return 1
+    live = sorted((i for i in view.instances.values() if i.live()), key=lambda i: i.instance)
+    if not live:
+        print("no live proxy follows this fleet topic")
+    failed = not done
+    for inst in live:
+        state = _instance_state(inst, name, version)
+        failed |= state != "ok"
+        print(f"  {inst.instance} ({inst.data.get('host')}, pid {inst.data.get('pid')}): {state}")
+    elapsed = time.monotonic() - started
+    print(f"{'settled' if done else 'timed out'} after {elapsed:.1f} s")
+    return 1 if failed else 0
+
+
+def _listing(view: Any, topic: str, bootstrap: str) -> dict[str, Any]:
+    now = int(time.time() * 1000)
+    filters = []
+    for name in sorted(view.filters):
+        r = view.filters[name]
+        filters.append({"name": name, "sha256": r.sha256, "size": r.size, "module": r.module,
+                        **{k: v for k, v in r.fields.items() if k != "name"},
+                        "deployed_at": r.deployed_at, "deployed_by": r.deployed_by,
+                        "partition": r.partition, "offset": r.offset})
+    instances = []
+    for inst in sorted(view.instances.values(), key=lambda i: i.instance):
+        data = dict(inst.data)
+        data["instance"] = inst.instance
+        data["live"] = inst.live(now)
+        data["seconds_since_heartbeat"] = round((now - inst.time_ms) / 1000, 1)
+        instances.append(data)
+    return {"topic": topic, "bootstrap": bootstrap, "filters": filters,
+            "instances": instances, "invalid": dict(view.invalid)}
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    _quiet_client_logs()
+    from sluice.proxy.fleet import read_view
+
+    try:
+        bootstrap = _bootstrap(args)
+    except UsageError as exc:
+        _err(f"list: {exc}")
+        return 2
+    try:
+        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout))
+    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+        _err(f"list: {_kafka_failure(exc, bootstrap)}")
+        return 1
+    listing = _listing(view, args.fleet_topic, bootstrap)
+    if args.json:
+        print(json.dumps(listing, default=str))
+        return 0
+    _print_listing(listing)
+    return 0
+
+
+def _print_listing(listing: dict[str, Any]) -> None:
+    filters, instances = listing["filters"], listing["instances"]
+    live = sum(1 for i in instances if i["live"])
+    print(f"fleet topic {listing['topic']} at {listing['bootstrap']}: {len(filters)} "
+          f"filter(s), {live} live proxy instance(s)")
+    print("\nFILTERS")
+    if not filters:
+        print("  (none deployed)")
+    deployed = {f["name"]: f["sha256"] for f in filters}
+    positions = {f["name"]: (f["partition"], f["offset"]) for f in filters}
+    for f in filters:
+        print(f"  {f['name']}  sha256 {f['sha256']}  {f['size']} bytes  {f['module']}")
+        topics, on = ", ".join(f.get("topics", [])), ", ".join(f.get("apply_to", []))
+        print(f"      topics {topics}  on {on}"
+              f"  on_error {f.get('on_error', 'reject')}"
+              f"  deployed {f['deployed_at']} by {f['deployed_by']}")
+    for name, reason in sorted(listing["invalid"].items()):
+        print(f"  {name}  INVALID newest record: {reason}")
+    print("\nINSTANCES")
+    if not instances:
+        print("  (no proxy has announced itself)")
+    for inst in instances:
+        status = "live" if inst["live"] else "stale"
+        print(f"  {inst['instance']}  {inst.get('host')} pid {inst.get('pid')}  listen "
+              f"{inst.get('listen')}  {status}, last heartbeat "
+              f"{inst['seconds_since_heartbeat']:g} s ago")
+        for f in inst.get("filters") or []:
+            note = ""
+            if f.get("source") == "fleet":
+                want = positions.get(f.get("name"))
+                note = ("current" if want == _position(f)
+                        else "removed from fleet" if want is None else "OUTDATED")
+            config = str(f.get("config_sha256") or "")[:12]
+            print(f"      {f.get('name')}  sha256 {f.get('sha256')}  config {config}  "
+                  f"{f.get('source')}{'  ' + note if note else ''}")
+        running = {f.get("name") for f in inst.get("filters") or [] if f.get("source") == "fleet"}
+        for name in sorted(set(deployed) - running):
+            print(f"      {name}  NOT RUNNING (deployed sha256 {deployed[name]})")
+        for r in inst.get("refused") or []:
+            print(f"      {r.get('name')}  sha256 {r.get('sha256')}  REFUSED: {r.get('reason')}")
