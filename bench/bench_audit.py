@@ -27,6 +27,7 @@ from typing import Any
 
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
+
 from sluice.spark_audit.job import run_audit
 from sluice.spark_audit.session import get_session
 

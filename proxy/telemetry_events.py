@@ -103,7 +103,19 @@ class FilterStatsLike(Protocol):
     rejected: int
     detector_counts: Mapping[str, int]
     time_ns: int
-    errors: Iterable[str]
+    # sluice.filters.chain.FilterStats counts failures (int) and keeps the last text in
+    # ``failure``; a list of texts is accepted too.
+    errors: int | Iterable[str]
+
+
+def _error_texts(stats: FilterStatsLike) -> list[str]:
+    errors = stats.errors
+    if isinstance(errors, int):
+        failure = getattr(stats, "failure", None)
+        if not errors:
+            return []
+        return [failure] if failure else [f"{errors} filter failure(s)"]
+    return [str(e) for e in errors]
 
 
 def filter_entry(
@@ -144,7 +156,7 @@ def filter_entries(stats: Iterable[FilterStatsLike]) -> list[dict[str, Any]]:
             rejected=s.rejected,
             detectors=s.detector_counts,
             time_ns=s.time_ns,
-            errors=s.errors,
+            errors=_error_texts(s),
         )
         for s in stats
     ]

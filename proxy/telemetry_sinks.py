@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import structlog
+
 from sluice.proxy.telemetry_events import ProxyInfo, now_ms, proxy_info, telemetry_dropped_event
 
 log = structlog.get_logger("sluice.telemetry")

@@ -23,6 +23,9 @@ LOCAL_DEFAULTS: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Local mode stays on loopback: no driver port on an external interface.
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
 }
 
 ALWAYS: dict[str, str] = {
@@ -63,6 +66,7 @@ def get_session(
     if effective_master:
         builder = builder.master(effective_master)
     if effective_master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         for key, value in LOCAL_DEFAULTS.items():
             if key not in (conf or {}):
                 builder = builder.config(key, value)

@@ -90,6 +90,17 @@ def test_record_batch_event_from_pipeline_stats() -> None:
     assert json.loads(json.dumps(event)) == event
 
 
+def test_filter_entries_from_the_chain_stats() -> None:
+    from sluice.filters.chain import FilterStats
+
+    failed = FilterStats("pii", "ab" * 32, kept=1, errors=2, failure="trap: unreachable")
+    clean = FilterStats("pii", "ab" * 32, kept=3)
+    counted = FilterStats("pii", "ab" * 32, errors=1)
+    entries = t.filter_entries([failed, clean, counted])
+    assert [e["errors"] for e in entries] == [["trap: unreachable"], [], ["1 filter failure(s)"]]
+    assert entries[0]["kept"] == 1
+
+
 def test_produce_offsets_none_when_broker_assigned_none() -> None:
     assert t.produce_offsets(-1, 5) == (None, None)
     assert t.produce_offsets(None, 5) == (None, None)

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sluice.proxy import telemetry as t
 
+from sluice.proxy import telemetry as t
 from tests.harness.ports import free_port
 
 PROXY = t.ProxyInfo(host="h", pid=1, instance_id="testinst")

@@ -10,9 +10,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from sluice.proxy import telemetry as t
 
 from sluice.cli import main as sluice_main
+from sluice.proxy import telemetry as t
 from tests.spark_audit import known_telemetry as k
 
 pytestmark = pytest.mark.spark

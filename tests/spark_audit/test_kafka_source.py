@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sluice.proxy import telemetry as t
 
 from sluice.cli import main as sluice_main
+from sluice.proxy import telemetry as t
 from tests.spark_audit import known_telemetry as k
 from tests.spark_audit.test_audit_job import billing_figures
 
