@@ -2,8 +2,9 @@
 
 SaslHandshake and SaslAuthenticate frames go to the broker unchanged; the broker decides.
 The proxy reads the user name out of the client's own messages (PLAIN: the authcid; SCRAM:
-the ``n=`` attribute of the client-first-message) and makes it the session's principal only
-once the broker has answered the exchange's last step with error code 0. Passwords, proofs
+the ``n=`` attribute of the client-first-message) and makes ``User:<name>`` (Kafka's principal
+form) the session's principal only once the broker has answered the exchange's last step
+with error code 0. Passwords, proofs
 and nonces are never stored, logged or put in exception messages.
 
 Only SaslHandshake v1+ is supported by this pass-through: after a v0 handshake the client sends
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from sluice.proxy.session import Pending, Session
 
 _ERROR_CODE = struct.Struct(">h")
+PRINCIPAL_PREFIX = "User:"
 SCRAM_MECHANISMS = frozenset({"SCRAM-SHA-256", "SCRAM-SHA-512"})
 
 
@@ -146,6 +148,7 @@ def handle_sasl_handshake(
         state.mechanism = str(request.mechanism).upper()
     except CodecError:
         state.mechanism = None
+    session.log.debug("sasl_handshake", mechanism=state.mechanism, version=header.api_version)
     if header.api_version == 0:
         session.log.warning("sasl_handshake_v0", mechanism=state.mechanism)
     session.forward(header, frame)
@@ -163,6 +166,10 @@ def handle_sasl_authenticate(
     except CodecError:
         # Still the broker's call; we only lose the user name for telemetry.
         step = _Step(state.mechanism, None, final=False)
+    # The user name and the step kind only: the message itself holds the password or proof.
+    session.log.debug(
+        "sasl_authenticate", mechanism=step.mechanism, user=step.user, final=step.final
+    )
     session.forward(header, frame, on_response=_on_authenticate_response, state=step)
 
 
@@ -181,9 +188,12 @@ def _on_authenticate_response(
         server.metrics.sasl(step.mechanism, "failed")
     elif step.final:
         if step.user is not None:
-            session.principal = step.user
-            session.log = session.log.bind(principal=step.user)
-        session.log.info("sasl_authenticated", mechanism=step.mechanism, principal=step.user)
+            # Kafka's principal form, which filter `principals:` globs match (User:alice).
+            session.principal = PRINCIPAL_PREFIX + step.user
+            session.log = session.log.bind(principal=session.principal)
+        session.log.info(
+            "sasl_authenticated", mechanism=step.mechanism, principal=session.principal
+        )
         server.metrics.sasl(step.mechanism, "ok")
     return body
 
