@@ -125,12 +125,15 @@ def line_chart(
         f"{esc(y_label)}</text>"
     )
     for idx, (name, values) in enumerate(series.items()):
-        colour = PALETTE[idx % len(PALETTE)]
+        other = name.startswith("other ")
+        colour = "#999999" if other else PALETTE[idx % len(PALETTE)]
+        dash = ' stroke-dasharray="5,3"' if other else ""
         ordered = sorted(values)
         coords = " ".join(f"{x_of(x):.1f},{y_of(y):.1f}" for x, y in ordered)
         if len(ordered) > 1:
             parts.append(
-                f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>'
+                f'<polyline points="{coords}" fill="none" stroke="{colour}" '
+                f'stroke-width="2"{dash}/>'
             )
         for x, y in ordered:
             parts.append(
@@ -205,6 +208,11 @@ def bar_chart(
     return "".join(parts)
 
 
+def _ordered(names: set[str]) -> list[str]:
+    """Sorted, with the catch-all "other ..." nodes last."""
+    return sorted(names, key=lambda n: (n.startswith("other "), n))
+
+
 @dataclass(frozen=True)
 class Edge:
     """Traffic between a client and a topic through one proxy instance."""
@@ -222,9 +230,9 @@ def topology(edges: Sequence[Edge], *, title: str, width: int = 900) -> str:
     arrow towards the topic, fetch in orange with the arrow towards the client."""
     if not edges:
         return empty_chart(f"{title}: no traffic")
-    clients = sorted({e.client for e in edges})
-    proxies = sorted({e.proxy for e in edges})
-    topics = sorted({e.topic for e in edges})
+    clients = _ordered({e.client for e in edges})
+    proxies = _ordered({e.proxy for e in edges})
+    topics = _ordered({e.topic for e in edges})
     row_h, top = 34, 50
     height = top + row_h * max(len(clients), len(proxies), len(topics)) + 20
     col_x = (150, width // 2, width - 150)
@@ -258,8 +266,9 @@ def topology(edges: Sequence[Edge], *, title: str, width: int = 900) -> str:
         f"<title>{esc(title)}</title>",
         "<defs>",
         *(
-            f'<marker id="arrow-{api}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="5" '
-            f'markerHeight="5" orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" '
+            f'<marker id="arrow-{api}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="9" '
+            f'markerHeight="9" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+            f'<path d="M0,0L10,5L0,10z" '
             f'fill="{colour}"/></marker>'
             for api, colour in (("produce", PRODUCE_COLOUR), ("fetch", FETCH_COLOUR))
         ),
