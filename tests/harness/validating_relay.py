@@ -132,6 +132,7 @@ class BatchValidator:
         self.violations: list[Violation] = []
         self.batches: list[SeenBatch] = []
         self.answers: list[BrokerAnswer] = []
+        self.topics_seen: set[str] = set()  # every topic named in a forwarded Produce
         self.produce_requests = 0
         self._producers: dict[tuple[int, str, int], _ProducerState] = {}
         self._lock = threading.Lock()
@@ -147,6 +148,8 @@ class BatchValidator:
             self.produce_requests += 1
         for topic in request.topic_data:
             name = getattr(topic, "name", None) or str(getattr(topic, "topic_id", "?"))
+            with self._lock:
+                self.topics_seen.add(name)
             for part in topic.partition_data:
                 self._check_partition(api_version, name, int(part.index), part.records)
 
