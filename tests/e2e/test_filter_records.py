@@ -8,6 +8,7 @@ forwards is checked by the relay the way Apache Kafka's broker would check it.
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import (
     RelayedBroker,
     exchange,
+    fetch_batches,
     fetch_stored,
     produce_frame,
     produce_response,
@@ -89,6 +91,13 @@ def proxy(
                 "builtin:json-validate",
                 "jvreject-*",
                 config={**require_user, "action": "reject"},
+            ),
+            entry(
+                "require-user-out",
+                "builtin:json-validate",
+                "fdrop-*",
+                apply_to=["fetch"],
+                config={**require_user, "action": "drop"},
             ),
             entry("enrich", str(EXAMPLES / "enrich" / "enrich.wasm"), "enrich-*"),
             entry(
@@ -160,7 +169,9 @@ def produce_report(
     return [r for r in results if r is not None]
 
 
-def consume(bootstrap: str, topic: str, partitions: int, expect: int) -> dict[int, list[Stored]]:
+def consume(
+    bootstrap: str, topic: str, partitions: int, expect: int, **conf: Any
+) -> dict[int, list[Stored]]:
     """`expect` records from every partition of `topic`, read by a real consumer (through the
     proxy when `bootstrap` is the proxy's), by partition in offset order."""
     consumer = Consumer(
@@ -168,7 +179,9 @@ def consume(bootstrap: str, topic: str, partitions: int, expect: int) -> dict[in
             "bootstrap.servers": bootstrap,
             "group.id": unique("reader"),
             "enable.auto.commit": False,
+            "check.crcs": True,  # as the Java consumer does by default
             **QUIET,
+            **conf,
         }
     )
     out: dict[int, list[Stored]] = {p: [] for p in range(partitions)}
@@ -246,7 +259,8 @@ def test_mask_on_produce_stores_masked_records(
         proxy.bootstrap,
         topic,
         [(f"k{i}".encode(), pii_value(i)) for i in range(n)],
-        **{"compression.type": codec, "enable.idempotence": idempotent},
+        # Small batches: several in flight per partition, so sequence numbers are exercised.
+        **{"compression.type": codec, "enable.idempotence": idempotent, "batch.num.messages": 4},
     )
     stored = broker_records(stack, topic, 2)
     values = [r.value for part in stored.values() for r in part]
@@ -255,7 +269,7 @@ def test_mask_on_produce_stores_masked_records(
         assert value is not None
         assert_masked(value, json.loads(value)["n"])
     seen = stack.relay.validator.batches_for(topic)
-    assert seen and {b.header.compression for b in seen} == {codec_id(codec)}
+    assert len(seen) >= 10 and {b.header.compression for b in seen} == {codec_id(codec)}
     assert all(b.header.has_producer_id == idempotent for b in seen)
 
 
@@ -424,6 +438,83 @@ def test_reject_reason_reaches_the_client(proxy: SluiceProxy) -> None:
         producer.close()
 
 
+def test_fetch_drop_keeps_emptied_batches(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+    topic = unique("fdrop")
+    create_topic(stack.bootstrap, topic)
+    layout = [(3, False), (2, True), (2, False), (1, True), (2, False)]  # (records, valid?)
+    for cid, (count, valid) in enumerate(layout):
+        values = [user_event(cid * 10 + i, valid) for i in range(count)]
+        frame = produce_frame(cid, PRODUCE_VERSION, {(topic, 0): raw_batch(values, 0)})
+        (body,) = exchange(stack.bootstrap, [frame])
+        assert int(produce_response(PRODUCE_VERSION, body).responses[0]
+                   .partition_responses[0].error_code) == 0
+    direct = fetch_batches(stack.bootstrap, topic, 0, 0)
+    filtered = fetch_batches(proxy.bootstrap, topic, 0, 0)  # CRCs checked on the way
+    assert [(b.header.base_offset, b.header.last_offset_delta) for b in filtered] == [
+        (b.header.base_offset, b.header.last_offset_delta) for b in direct
+    ]
+    assert [b.header.record_count for b in filtered] == [0, 2, 0, 1, 0]
+    # The trap: a fetch from the last, emptied batch must still let the consumer advance.
+    (last,) = fetch_batches(proxy.bootstrap, topic, 0, 8)
+    assert (last.header.base_offset, last.header.next_offset) == (8, 10)
+    got = consume(proxy.bootstrap, topic, 1, 3)[0]
+    assert [r.offset for r in got] == [3, 4, 7]
+
+
+def test_transactional_records_and_markers_through_fetch_masking(
+    stack: RelayedBroker, proxy: SluiceProxy
+) -> None:
+    topic = unique("fmask")
+    create_topic(proxy.bootstrap, topic)
+    producer = Producer(
+        {"bootstrap.servers": proxy.bootstrap, "transactional.id": unique("tx"), **QUIET}
+    )
+    producer.init_transactions(15)
+    for start, count in ((0, 4), (10, 2)):
+        producer.begin_transaction()
+        for i in range(start, start + count):
+            producer.produce(topic, pii_value(i), key=f"k{i}".encode())
+        producer.commit_transaction(15)
+    seen = stack.relay.validator.batches_for(topic)
+    assert seen and all(b.header.is_transactional for b in seen)
+    direct = fetch_batches(stack.bootstrap, topic, 0, 0)
+    filtered = fetch_batches(proxy.bootstrap, topic, 0, 0)
+    markers = [b for b in direct if b.header.is_control]
+    assert len(markers) == 2
+    # Control batches (commit markers) pass through byte for byte.
+    assert [bytes(b.data) for b in filtered if b.header.is_control] == [
+        bytes(b.data) for b in markers
+    ]
+    assert all(b.header.is_transactional for b in filtered)
+    got = consume(proxy.bootstrap, topic, 1, 6, **{"isolation.level": "read_committed"})[0]
+    assert [r.offset for r in got] == [0, 1, 2, 3, 5, 6]
+    for r in got:
+        assert r.key is not None
+        assert_masked(r.value, int(r.key[1:]))
+
+
+def test_acks_zero_gets_no_answer_even_when_refused(
+    stack: RelayedBroker, proxy: SluiceProxy
+) -> None:
+    topic = unique("jvreject")
+    create_topic(proxy.bootstrap, topic)
+    frames = [
+        produce_frame(1, PRODUCE_VERSION, {(topic, 0): raw_batch([b"{}"], 0)}, acks=0),
+        produce_frame(
+            2, PRODUCE_VERSION, {(topic, 0): raw_batch([user_event(2, True)], 0)}, acks=0
+        ),
+        produce_frame(3, PRODUCE_VERSION, {(topic, 0): raw_batch([user_event(3, True)], 0)}),
+    ]
+    # Only the acks=-1 request is answered, and its answer is the first thing on the wire.
+    (body,) = exchange(proxy.bootstrap, frames, replies=1)
+    (correlation_id,) = struct.unpack_from(">i", body)
+    assert correlation_id == 3
+    assert int(produce_response(PRODUCE_VERSION, body).responses[0]
+               .partition_responses[0].error_code) == 0
+    stored = broker_records(stack, topic, 1)[0]
+    assert [r.value for r in stored] == [user_event(2, True), user_event(3, True)]
+
+
 # --------------------------------------------------------------------------- seed ABIs
 
 
@@ -530,3 +621,35 @@ def test_telemetry_produce_offsets_are_the_brokers(
     assert all(e["error_code"] == 0 and e["filters"][0]["name"] == "mask-in" for e in events)
     masked = sum(e["filters"][0]["rewritten"] for e in events)
     assert masked == n
+
+
+def test_telemetry_offsets_after_drops_are_the_stored_ones(
+    stack: RelayedBroker, proxy: SluiceProxy, telemetry_dir: Path
+) -> None:
+    # The producer's per-record offsets are off after a drop (a documented Kafka-side effect);
+    # telemetry must report what the broker stored.
+    topic = unique("jvdrop")
+    create_topic(proxy.bootstrap, topic)
+    items: list[tuple[int, bytes | None, bytes | None]] = [
+        (0, None, user_event(i, with_user=i % 4 != 1)) for i in range(40)
+    ]
+    produce_report(
+        proxy.bootstrap, topic, items,
+        **{"enable.idempotence": False, "linger.ms": 1, "batch.num.messages": 6},
+    )
+    stored = {r.offset for r in broker_records(stack, topic, 1)[0]}
+    assert len(stored) == 30
+    deadline = time.monotonic() + 15
+    covered: set[int] = set()
+    while time.monotonic() < deadline and covered != stored:
+        events = _produce_events(telemetry_dir, topic)
+        covered = {
+            o
+            for e in events
+            if e["offset_first"] is not None
+            for o in range(e["offset_first"], e["offset_last"] + 1)
+        }
+        time.sleep(0.2)
+    assert covered == stored
+    assert sum(e["records_in"] for e in events) == 40
+    assert sum(e["filters"][0]["dropped"] for e in events) == 10

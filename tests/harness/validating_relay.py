@@ -497,14 +497,21 @@ class RelayedBroker:
         self.stop()
 
 
-def exchange(address: str, frames: list[bytes], timeout: float = 15.0) -> list[bytes]:
+def exchange(
+    address: str, frames: list[bytes], timeout: float = 15.0, replies: int | None = None
+) -> list[bytes]:
     """Send whole request frames over one plain TCP connection; return the response bodies
-    (without size prefix), one per frame. A closed connection ends the list early."""
+    (without size prefix). By default one request, one response, in turn; with `replies`,
+    all frames are sent first and that many responses read (for acks=0 requests, which get
+    none). A closed connection ends the list early."""
     host, port = address.rsplit(":", 1)
     out: list[bytes] = []
     with socket.create_connection((host, int(port)), timeout=timeout) as sock:
-        for frame in frames:
-            sock.sendall(frame)
+        if replies is not None:
+            sock.sendall(b"".join(frames))
+        for frame in frames if replies is None else range(replies):
+            if isinstance(frame, bytes):
+                sock.sendall(frame)
             size_bytes = _recv_exact(sock, 4)
             if size_bytes is None:
                 return out
@@ -543,12 +550,11 @@ class StoredRecord:
     headers: list[tuple[str, bytes | None]]
 
 
-def fetch_stored(
-    address: str, topic: str, partitions: int, version: int = 11
-) -> dict[int, list[StoredRecord]]:
-    """Every record stored in `topic`'s partitions, read with raw Fetch requests from offset
-    0 until the broker returns no more batches (one short wait at the end of each partition;
-    no reliance on ListOffsets, whose high watermark Tansu reports per batch, not per record)."""
+def fetch_batches(
+    address: str, topic: str, partition: int, offset: int, version: int = 11
+) -> list[RawBatch]:
+    """The whole batches of one raw Fetch of `topic`[`partition`] from `offset` (the broker may
+    include batches that start before it). CRCs are checked (as the Java consumer does)."""
     from sluice.codec import schemas
     from sluice.codec.headers import request_header_bytes, response_header_size
     from sluice.codec.messages import decode_response, encode_request
@@ -557,51 +563,65 @@ def fetch_stored(
     cls = schemas.request_schema(ApiKey.FETCH, version)
     tcls = entities.element_class(cls, "topics")
     pcls = entities.element_class(tcls, "partitions")
+    request = entities.build(
+        cls,
+        replica_id=-1,
+        max_wait=datetime.timedelta(milliseconds=200),
+        min_bytes=1,
+        max_bytes=64 * 1024 * 1024,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(
+            entities.build(
+                tcls,
+                topic=topic,
+                partitions=(
+                    entities.build(
+                        pcls,
+                        partition=partition,
+                        current_leader_epoch=-1,
+                        fetch_offset=offset,
+                        log_start_offset=-1,
+                        partition_max_bytes=16 * 1024 * 1024,
+                    ),
+                ),
+            ),
+        ),
+        rack_id="",
+    )
+    body = request_header_bytes(ApiKey.FETCH, version, 1, "relay-test") + encode_request(request)
+    (raw,) = exchange(address, [struct.pack(">i", len(body)) + body])
+    size = response_header_size(raw, ApiKey.FETCH, version)
+    response = decode_response(ApiKey.FETCH, version, raw[size:])
+    found = [p for t in response.responses for p in t.partitions]
+    if not found:
+        return []  # Tansu answers an empty partition with no partition at all
+    part = found[0]
+    if int(part.error_code) != 0:
+        raise RuntimeError(f"fetch {topic}[{partition}]@{offset}: error {part.error_code}")
+    batches, _tail = split_batches(part.records or b"")
+    for batch in batches:
+        if not verify_crc(batch.data):
+            raise RuntimeError(f"fetch {topic}[{partition}]: batch at {batch.header.base_offset} "
+                               "has a wrong CRC")
+    return batches
+
+
+def fetch_stored(address: str, topic: str, partitions: int) -> dict[int, list[StoredRecord]]:
+    """Every record stored in `topic`'s partitions, read with raw Fetch requests from offset
+    0 until the broker returns no more batches (one short wait at the end of each partition;
+    no reliance on ListOffsets, whose high watermark Tansu reports per batch, not per record)."""
     out: dict[int, list[StoredRecord]] = {}
     for partition in range(partitions):
         records: list[StoredRecord] = []
         offset = 0
-        for correlation_id in range(1, 10_000):
-            request = entities.build(
-                cls,
-                replica_id=-1,
-                max_wait=datetime.timedelta(milliseconds=200),
-                min_bytes=1,
-                max_bytes=64 * 1024 * 1024,
-                isolation_level=0,
-                session_id=0,
-                session_epoch=-1,
-                topics=(
-                    entities.build(
-                        tcls,
-                        topic=topic,
-                        partitions=(
-                            entities.build(
-                                pcls,
-                                partition=partition,
-                                current_leader_epoch=-1,
-                                fetch_offset=offset,
-                                log_start_offset=-1,
-                                partition_max_bytes=16 * 1024 * 1024,
-                            ),
-                        ),
-                    ),
-                ),
-                rack_id="",
-            )
-            body = request_header_bytes(ApiKey.FETCH, version, correlation_id, "relay-test")
-            body += encode_request(request)
-            (raw,) = exchange(address, [struct.pack(">i", len(body)) + body])
-            size = response_header_size(raw, ApiKey.FETCH, version)
-            response = decode_response(ApiKey.FETCH, version, raw[size:])
-            found = [p for t in response.responses for p in t.partitions]
-            if not found:
-                break  # Tansu answers an empty partition with no partition at all
-            part = found[0]
-            if int(part.error_code) != 0:
-                raise RuntimeError(f"fetch {topic}[{partition}]@{offset}: {part.error_code}")
-            batches, _tail = split_batches(part.records or b"")
-            batches = [b for b in batches if b.header.next_offset > offset]
+        while True:
+            batches = [
+                b
+                for b in fetch_batches(address, topic, partition, offset)
+                if b.header.next_offset > offset
+            ]
             if not batches:
                 break
             for batch in batches:
