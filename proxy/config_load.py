@@ -97,6 +97,9 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
         cache_dir = data.get("module_cache_dir")
         if cache_dir is not None and not isinstance(cache_dir, str):
             raise lines.error(("module_cache_dir",), "must be a directory path")
+        if cache_dir is not None and not Path(cache_dir).expanduser().is_absolute():
+            # Like telemetry.dir and the tls paths: relative to the config file.
+            cache_dir = str(path.resolve().parent / cache_dir)
         config.module_cache_dir = cache_dir
         parse_fleet_section(data.get("fleet"), lines)  # proxy/reload.py reads it from raw
     except ConfigError as exc:
