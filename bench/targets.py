@@ -1,5 +1,6 @@
 """The things a benchmark can point clients at: the broker directly, a plain TCP relay, or
-Sluice with a given config. Each target is a context manager yielding a bootstrap address."""
+Sluice with a given config. Each target is a context manager yielding a `Target`: the bootstrap
+address and the pid of the process in the middle (None for direct), for CPU accounting."""
 
 from __future__ import annotations
 
@@ -10,21 +11,28 @@ import subprocess
 import tempfile
 import textwrap
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness.ports import free_port, wait_for_port
+from tests.harness.ports import wait_for_port
 from tests.harness.proxy import SluiceProxy
 
 
+@dataclass(frozen=True)
+class Target:
+    bootstrap: str
+    pid: int | None
+
+
 @contextlib.contextmanager
-def direct(broker_bootstrap: str) -> Iterator[str]:
-    yield broker_bootstrap
+def direct(broker_bootstrap: str) -> Iterator[Target]:
+    yield Target(broker_bootstrap, None)
 
 
 @contextlib.contextmanager
 def sluice(
     broker_bootstrap: str, config_text: str | None = None, args: list[str] | None = None
-) -> Iterator[str]:
+) -> Iterator[Target]:
     cfg_path: Path | None = None
     if config_text is not None:
         fd, name = tempfile.mkstemp(prefix="sluice-bench-", suffix=".yaml")
@@ -34,7 +42,8 @@ def sluice(
     proxy = SluiceProxy(upstream=broker_bootstrap, config=cfg_path, extra_args=list(args or []))
     proxy.start()
     try:
-        yield proxy.bootstrap
+        assert proxy.process is not None
+        yield Target(proxy.bootstrap, proxy.process.pid)
     finally:
         proxy.stop()
         if cfg_path is not None:
@@ -46,14 +55,12 @@ def haproxy_available() -> bool:
 
 
 @contextlib.contextmanager
-def haproxy_relay(broker_bootstrap: str) -> Iterator[str]:
-    """HAProxy in TCP mode in front of the broker: the cost of any extra hop.
+def haproxy_relay(broker_bootstrap: str, port: int) -> Iterator[Target]:
+    """HAProxy in TCP mode on `port` in front of the broker: the cost of any extra hop.
 
-    Tansu advertises its own address, so after bootstrap the clients would go around a plain
-    relay; the broker is therefore restarted by the caller with the relay's address advertised
-    (see bench_proxy.py), and this relay simply forwards one port to it.
+    The broker must advertise `port` (TansuBroker(advertised_port=port)), or clients would go
+    around the relay after bootstrap.
     """
-    port = free_port()
     host, bport = broker_bootstrap.rsplit(":", 1)
     cfg = textwrap.dedent(
         f"""
@@ -77,7 +84,7 @@ def haproxy_relay(broker_bootstrap: str) -> Iterator[str]:
     )
     try:
         wait_for_port(port)
-        yield f"127.0.0.1:{port}"
+        yield Target(f"127.0.0.1:{port}", proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -12,8 +12,8 @@ import typing
 from typing import Any
 
 from kio.schema.errors import ErrorCode
-from sluice.codec import schemas
 
+from sluice.codec import schemas
 
 _hint_cache: dict[type[Any], dict[str, Any]] = {}
 _element_cache: dict[tuple[type[Any], str], type[Any]] = {}

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kio.serial import entity_reader
+
 from sluice.codec import guard
 from sluice.codec.frames import FrameBuffer, frame
 from sluice.codec.headers import (

@@ -43,7 +43,6 @@ sys.path.insert(0, str(REPO))
 
 from sluice.codec.frames import FrameBuffer  # noqa: E402
 from sluice.codec.headers import parse_request_header, read_correlation_id  # noqa: E402
-
 from tests.harness.broker import tansu_binary  # noqa: E402
 from tests.harness.ports import free_port, wait_for_port  # noqa: E402
 

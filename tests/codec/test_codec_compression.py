@@ -8,6 +8,7 @@ import struct
 
 import cramjam
 import pytest
+
 from sluice.codec.compression import (
     XERIAL_MAGIC,
     compress,

@@ -8,6 +8,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from sluice.codec.errors import CodecError
 from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE, FrameBuffer, FrameTooLarge, frame
 

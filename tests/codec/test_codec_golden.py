@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from sluice.codec.errors import CodecError
 from sluice.codec.frames import FrameBuffer, frame
 from sluice.codec.headers import (

@@ -11,6 +11,7 @@ from kio.schema.index import api_key_map
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
 from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
+
 from sluice.codec.errors import CodecError, DecodeError, EncodeError, UnsupportedVersion
 from sluice.codec.messages import (
     ApiKey,

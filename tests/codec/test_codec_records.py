@@ -9,6 +9,7 @@ import struct
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from sluice.codec.compression import XERIAL_MAGIC
 from sluice.codec.errors import CodecError, CorruptBatch, EncodeError, UnsupportedCompression
 from sluice.codec.records import (
