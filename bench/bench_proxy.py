@@ -64,7 +64,8 @@ def run(
                 table[name]["produce"].append(records / p)
                 table[name]["consume"].append(records / c)
                 print(
-                    f"  round {r + 1} {name:13s} produce {records / p:10.0f} rec/s  consume {records / c:10.0f} rec/s",
+                    f"  round {r + 1} {name:13s} produce {records / p:10.0f} rec/s"
+                    f"  consume {records / c:10.0f} rec/s",
                     file=sys.stderr,
                 )
     return table
@@ -74,7 +75,8 @@ def report(table: dict[str, dict[str, list[float]]]) -> str:
     base_p = statistics.median(table["direct"]["produce"])
     base_c = statistics.median(table["direct"]["consume"])
     lines = [
-        f"{'variant':14s} {'produce rec/s':>14s} {'ratio':>6s} {'consume rec/s':>14s} {'ratio':>6s}",
+        f"{'variant':14s} {'produce rec/s':>14s} {'ratio':>6s}"
+        f" {'consume rec/s':>14s} {'ratio':>6s}",
     ]
     for name, row in table.items():
         p = statistics.median(row["produce"])
@@ -100,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown variants: {', '.join(sorted(unknown))}")
     table = run(args.records, args.rounds, names, args.compression)
     print(
-        f"records={args.records} x ~200-byte JSON, compression={args.compression}, rounds={args.rounds} (medians)"
+        f"records={args.records} x ~200-byte JSON, compression={args.compression},"
+        f" rounds={args.rounds} (medians)"
     )
     print(report(table))
     return 0
