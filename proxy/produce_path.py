@@ -186,11 +186,14 @@ def handle_produce(session: Session, header: RequestHeader, frame: memoryview | 
 
 
 def _partition_response(pcls: type[Any], answer: LocalAnswer) -> Any:
-    rcls = entities.element_class(pcls, "record_errors")
-    record_errors = tuple(
-        entities.build(rcls, batch_index=i, batch_index_error_message=msg)
-        for i, msg in answer.record_errors
-    )
+    record_errors: tuple[Any, ...] = ()
+    # Produce responses before v8 carry no per-record errors (nor an error message).
+    if entities.has_field(pcls, "record_errors"):
+        rcls = entities.element_class(pcls, "record_errors")
+        record_errors = tuple(
+            entities.build(rcls, batch_index=i, batch_index_error_message=msg)
+            for i, msg in answer.record_errors
+        )
     return entities.build(
         pcls,
         index=answer.index,

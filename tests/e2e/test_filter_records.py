@@ -21,7 +21,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sluice.codec.compression import CODEC_NAMES
 from sluice.codec.records import BatchHeader, Record, build_batch
-from tests.e2e.clients import QUIET, confluent_produce, create_topic, unique
+from tests.e2e.clients import (
+    QUIET,
+    aiokafka_produce,
+    confluent_produce,
+    create_topic,
+    kafka_python_produce,
+    unique,
+)
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import (
     RelayedBroker,
@@ -513,6 +520,49 @@ def test_acks_zero_gets_no_answer_even_when_refused(
                .partition_responses[0].error_code) == 0
     stored = broker_records(stack, topic, 1)[0]
     assert [r.value for r in stored] == [user_event(2, True), user_event(3, True)]
+
+
+@pytest.mark.parametrize("version", [3, 5, 7, 8])
+def test_reject_answers_every_produce_version(
+    stack: RelayedBroker, proxy: SluiceProxy, version: int
+) -> None:
+    topic = unique("jvreject")
+    create_topic(proxy.bootstrap, topic)
+    bad = produce_frame(1, version, {(topic, 0): raw_batch([b"{}"], 0)})
+    good = produce_frame(2, version, {(topic, 0): raw_batch([user_event(1, True)], 0)})
+    # Both on one connection: the refusal must not cost the client its connection.
+    first, second = exchange(proxy.bootstrap, [bad, good])
+    refused = produce_response(version, first).responses[0].partition_responses[0]
+    assert int(refused.error_code) == INVALID_RECORD
+    if version >= 8:
+        assert [int(e.batch_index) for e in refused.record_errors] == [0]
+    accepted = produce_response(version, second).responses[0].partition_responses[0]
+    assert int(accepted.error_code) == 0
+    assert [r.value for r in broker_records(stack, topic, 1)[0]] == [user_event(1, True)]
+
+
+def test_python_clients_mask_and_reject(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+    import aiokafka.errors
+    import kafka.errors
+
+    clients: list[tuple[Any, str, dict[str, Any]]] = [
+        (kafka_python_produce, "gzip", {"retries": 0}),
+        (aiokafka_produce, "lz4", {}),
+    ]
+    for produce, compression, no_retry in clients:
+        masked = unique("pmask")
+        create_topic(proxy.bootstrap, masked)
+        produce(
+            proxy.bootstrap, masked, [(b"k1", pii_value(1))], compression_type=compression
+        )
+        (record,) = broker_records(stack, masked, 1)[0]
+        assert_masked(record.value, 1)
+        strict = unique("jvreject")
+        create_topic(proxy.bootstrap, strict)
+        # A Kafka error (aiokafka does not know code 87 by name), not a dropped connection.
+        with pytest.raises((kafka.errors.InvalidRecordError, aiokafka.errors.UnknownError)):
+            produce(proxy.bootstrap, strict, [(None, b"{}")], **no_retry)
+        assert broker_records(stack, strict, 1)[0] == []
 
 
 # --------------------------------------------------------------------------- seed ABIs
