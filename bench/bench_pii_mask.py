@@ -48,8 +48,10 @@ def json_values(n: int, pii: bool, size: int = 200, seed: int = 7) -> list[bytes
 
 def measure(f: LoadedFilter, values: list[bytes], batch: int, rounds: int) -> tuple[float, int]:
     ctx = RecordContext(topic="bench", partition=0, direction="produce", client_id="bench")
-    batches = [[FilterRecord(j, 0, None, v, []) for j, v in enumerate(values[i:i + batch])]
-               for i in range(0, len(values), batch)]
+    batches = [
+        [FilterRecord(j, 0, None, v, []) for j, v in enumerate(values[i : i + batch])]
+        for i in range(0, len(values), batch)
+    ]
     for b in batches[:10]:  # warm-up
         f.run_batch(ctx, b)
     rates = []
@@ -73,8 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     pii = json_values(args.records, pii=True)
     clean = json_values(args.records, pii=False)
     sizes = [len(v) for v in pii]
-    print(f"{args.records} records of {min(sizes)}-{max(sizes)} bytes, batches of {args.batch}, "
-          f"median of {args.rounds} rounds")
+    print(
+        f"{args.records} records of {min(sizes)}-{max(sizes)} bytes, batches of {args.batch}, "
+        f"median of {args.rounds} rounds"
+    )
     variants = [
         ("pii-mask/pii", "builtin:pii-mask", {}, pii),
         ("pii-mask/clean", "builtin:pii-mask", {}, clean),

@@ -6,6 +6,7 @@ import json
 import random
 import time
 import uuid
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -88,3 +89,45 @@ def consume(bootstrap: str, topic: str, count: int) -> float:
         return elapsed
     finally:
         consumer.close()
+
+
+def produce_latency(
+    bootstrap: str, topic: str, rate: int = 2000, seconds: float = 10.0, size: int = 200
+) -> list[float]:
+    """Delivery latencies (seconds) of records produced at a fixed `rate` with acks=all,
+    linger.ms=0, measured from produce() to the delivery callback."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 0,
+            "acks": "all",
+            "compression.type": "none",
+            **QUIET,
+        }
+    )
+    producer.list_topics(topic, timeout=10)
+    latencies: list[float] = []
+    errors: list[str] = []
+    value = json_records(1, size)[0]
+
+    def delivered(sent: float) -> Any:
+        def cb(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                latencies.append(time.perf_counter() - sent)
+
+        return cb
+
+    total = int(rate * seconds)
+    start = time.perf_counter()
+    for i in range(total):
+        due = start + i / rate
+        while (now := time.perf_counter()) < due:
+            producer.poll(min(due - now, 0.001))
+        producer.produce(topic, value=value, on_delivery=delivered(now))
+        producer.poll(0)
+    producer.flush(60)
+    if errors:
+        raise RuntimeError(f"{len(errors)} deliveries failed: {errors[:3]}")
+    return latencies

@@ -1,0 +1,96 @@
+"""Profile the proxy under the benchmark workloads with py-spy (sampling, no code changes).
+
+    python -m bench.profile_proxy [--variant mask-produce|mask-fetch|sluice] [--records N]
+
+Starts Tansu and `sluice serve` with the variant's config, attaches `py-spy record` to the
+proxy process while the produce (or, for mask-fetch, the consume) workload runs, and prints the
+functions with the most samples, by own time and by inclusive time. Needs py-spy==0.4.3 and
+root (ptrace) or a permissive ptrace_scope.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench import bench_proxy, targets, workload
+from tests.harness.broker import TansuBroker
+
+
+def summarise(collapsed: Path, top: int) -> str:
+    own: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack:
+            continue
+        count = int(count_text)
+        total += count
+        frames = stack.split(";")
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    out = [f"{total} samples", "", "own time:"]
+    out += [f"  {100 * n / total:5.1f}%  {name}" for name, n in own.most_common(top)]
+    out += ["", "inclusive:"]
+    out += [f"  {100 * n / total:5.1f}%  {name}" for name, n in inclusive.most_common(top)]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--variant", default="mask-produce")
+    ap.add_argument("--records", type=int, default=200_000)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    args = ap.parse_args(argv)
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    configs = {
+        "sluice": None,
+        "mask-produce": bench_proxy.MASK_PRODUCE,
+        "mask-fetch": bench_proxy.MASK_FETCH,
+    }
+    values = workload.json_records(args.records)
+    out = Path(tempfile.mkdtemp(prefix="sluice-prof-")) / f"{args.variant}.txt"
+    with TansuBroker() as broker, targets.sluice(broker.bootstrap, configs[args.variant]) as t:
+        topic = workload.make_topic(t.bootstrap)
+        if args.variant == "mask-fetch":
+            workload.produce(broker.bootstrap, topic, values)
+        spy = subprocess.Popen(
+            [
+                py_spy,
+                "record",
+                "--pid",
+                str(t.pid),
+                "--rate",
+                str(args.rate),
+                "--format",
+                "raw",
+                "--output",
+                str(out),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            if args.variant == "mask-fetch":
+                workload.consume(t.bootstrap, topic, args.records)
+            else:
+                workload.produce(t.bootstrap, topic, values)
+        finally:
+            spy.send_signal(subprocess.signal.SIGINT)  # type: ignore[attr-defined]
+            spy.wait(30)
+    print(f"collapsed stacks: {out}")
+    print(summarise(out, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
