@@ -272,3 +272,27 @@ def test_rewrite_caps_partitions_and_sets_defaults_on_the_broker(
     assert configs_on_broker(broker, wide)["retention.ms"] == str(24 * HOUR_MS)
     assert partitions_on_broker(broker, explicit) == 2
     assert configs_on_broker(broker, explicit)["retention.ms"] == str(HOUR_MS)
+
+
+def test_rewrite_of_incremental_alter_sets_the_defaults_too(
+    broker: TansuBroker, proxy: SluiceProxy
+) -> None:
+    topic = unique("rw-late")
+    # Created behind the proxy's back: no retention.ms yet.
+    assert create(broker.bootstrap, NewTopic(topic, 1, 1, config={"segment.ms": "600000"}))[
+        topic
+    ] is None
+    client = admin(proxy.bootstrap)
+    resource = ConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[
+            ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    (future,) = client.incremental_alter_configs([resource]).values()
+    future.result(15)
+    stored = configs_on_broker(broker, topic)
+    assert stored["cleanup.policy"] == "compact"
+    assert stored["retention.ms"] == str(24 * HOUR_MS)  # added by the rewrite
+    assert stored["segment.ms"] == "600000"  # untouched
