@@ -70,7 +70,11 @@ class AbiRunner:
     """Base of the ABI adapters. Subclasses set `abi`, fill the linker, implement `run`."""
 
     abi: ClassVar[str] = ""
-    supports_admin: ClassVar[bool] = False
+
+    @property
+    def supports_admin(self) -> bool:
+        """Whether this ABI can answer admin requests (only the Sluice ABI can)."""
+        return False
 
     def __init__(self, engine: FilterEngine, module: wasmtime.Module, spec: FilterSpec,
                  who: str) -> None:

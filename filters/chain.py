@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fnmatch import translate
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, cast
 
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.config import FilterSpec
@@ -190,7 +190,8 @@ class FilterChain:
             stats.append(st)
             if not alive:
                 continue
-            batch = [current[i] for i in alive]
+            # Indices in `alive` always hold a record (None marks dropped/rejected ones).
+            batch: list[RecordLike] = [cast(RecordLike, current[i]) for i in alive]
             result = f.run_batch(ctx, batch, offset_base=offset_base,
                                  timestamp_base=timestamp_base)
             st.time_ns = result.time_ns
@@ -268,8 +269,9 @@ class FilterChain:
 def _rewritten(rec: RecordLike, key: bytes | None, value: bytes | None,
                headers: list[Header]) -> RecordLike:
     # Same class as the input (codec Record or FilterRecord): field order is shared.
-    return type(rec)(rec.offset_delta, rec.timestamp_delta, key, value,
-                     headers, rec.attributes)
+    record_class = cast(Any, type(rec))
+    return cast(RecordLike, record_class(rec.offset_delta, rec.timestamp_delta, key, value,
+                                         headers, rec.attributes))
 
 
 def _dead_letter(f: LoadedFilter, ctx: RecordContext, rec: RecordLike,

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 from sluice.codec.errors import CodecError, CorruptBatch, UnsupportedCompression
 from sluice.codec.records import (
@@ -208,7 +208,8 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
             rebuilt.append(batch.data)
             continue
         changed = True
-        kept = [r for r in result.records if r is not None]
+        # The chain hands back the codec's own Record objects (or rewritten copies of them).
+        kept = cast(list[Record], [r for r in result.records if r is not None])
         if not kept:
             continue  # every record dropped: leave the batch out
         rebuilt.append(_build_produce(header, kept, dropped=len(kept) != len(decoded)))
@@ -289,8 +290,8 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer) -> Fet
             parts.append(batch.data)
             continue
         changed = True
-        kept = [r for r, fate in zip(result.records, result.fates, strict=True)
-                if fate not in (DROP, REJECT) and r is not None]
+        kept = cast(list[Record], [r for r, fate in zip(result.records, result.fates, strict=True)
+                                   if fate not in (DROP, REJECT) and r is not None])
         parts.append(build_batch(header, kept))
     if not changed:
         return out
