@@ -29,6 +29,7 @@ import binascii
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -51,6 +52,8 @@ DEFAULT_POLL_SECONDS: Final = 2.0
 DEFAULT_HEARTBEAT_SECONDS: Final = 5.0
 DEFAULT_STARTUP_WAIT_SECONDS: Final = 10.0
 INSTANCE_PREFIX: Final = "instance:"
+#: While the fleet cluster is unreachable, repeat the warning at most this often.
+FAILURE_LOG_SECONDS: Final = 30.0
 FORMAT_VERSION: Final = 1
 #: Largest module `sluice filter deploy` accepts (it travels base64-encoded in one record).
 MAX_MODULE_BYTES: Final = 8 * 1024 * 1024
@@ -578,15 +581,20 @@ class FleetFollower:
             await asyncio.wait_for(producer.stop(), timeout)
 
     async def _follow_forever(self) -> None:
+        # aiokafka logs each failed connection attempt; the warning below reports them instead.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        failures, logged_at = 0, 0.0
         while True:
             try:
                 await self._follow()
-            except asyncio.CancelledError:
-                raise
-            except (KafkaError, OSError, TimeoutError) as exc:
-                log.warning("fleet_follow_failed", topic=self.settings.topic,
-                            bootstrap=self.bootstrap, error=str(exc) or type(exc).__name__,
-                            retry_seconds=self.settings.poll_seconds)
+            except Exception as exc:  # any client failure: retry; the proxy keeps serving
+                failures += 1
+                now = time.monotonic()
+                if failures == 1 or now - logged_at >= FAILURE_LOG_SECONDS:
+                    logged_at = now
+                    log.warning("fleet_follow_failed", topic=self.settings.topic,
+                                bootstrap=self.bootstrap, error=str(exc) or type(exc).__name__,
+                                failures=failures, retry_seconds=self.settings.poll_seconds)
                 await asyncio.sleep(self.settings.poll_seconds)
 
     async def _follow(self) -> None:
@@ -643,8 +651,8 @@ class FleetFollower:
             try:
                 await producer.start()
                 self._producer = producer
-            except (KafkaError, OSError) as exc:
-                log.warning("fleet_heartbeat_failed", error=str(exc))
+            except Exception as exc:  # cluster unreachable: try again later
+                log.warning("fleet_heartbeat_failed", error=str(exc) or type(exc).__name__)
                 with contextlib.suppress(Exception):
                     await producer.stop()
                 await asyncio.sleep(s.heartbeat_seconds)
@@ -657,7 +665,7 @@ class FleetFollower:
                 await asyncio.wait_for(self._producer.send_and_wait(
                     s.topic, key=self.key,
                     value=json.dumps(body, separators=(",", ":")).encode()), 10)
-            except (KafkaError, OSError, TimeoutError) as exc:
+            except Exception as exc:  # the next heartbeat tries again
                 log.warning("fleet_heartbeat_failed", error=str(exc) or type(exc).__name__)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poke.wait(), s.heartbeat_seconds)
