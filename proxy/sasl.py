@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_size
-from sluice.codec.messages import ApiKey, decode_request
+from sluice.codec.messages import ApiKey, decode_request, decode_response
 
 if TYPE_CHECKING:
     from sluice.proxy.server import ProxyServer
@@ -180,6 +180,8 @@ def _on_authenticate_response(
     hdr = pending.header
     try:
         code = response_error_code(body, hdr.api_key, hdr.api_version)
+        if code == 0 and step.final and step.mechanism in SCRAM_MECHANISMS:
+            code = _scram_final_code(body, hdr.api_version)
     except (CodecError, struct.error):
         code = -1
     server = session.server
@@ -196,6 +198,17 @@ def _on_authenticate_response(
         )
         server.metrics.sasl(step.mechanism, "ok")
     return body
+
+
+def _scram_final_code(body: memoryview | bytes, version: int) -> int:
+    """0 if the server-final-message carries a verifier (``v=``), -1 for ``e=<error>``.
+
+    RFC 5802 lets a server report failure inside the message; a broker should also set an
+    error code, but one that does not must not get the user a principal.
+    """
+    size = response_header_size(body, ApiKey.SASL_AUTHENTICATE, version)
+    response = decode_response(ApiKey.SASL_AUTHENTICATE, version, body[size:])
+    return 0 if bytes(response.auth_bytes).startswith(b"v=") else -1
 
 
 def install(server: ProxyServer) -> None:

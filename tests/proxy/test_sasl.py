@@ -10,6 +10,7 @@ and relays everything else to a real Tansu.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,8 @@ from sluice.proxy.sasl import (
     scram_user,
 )
 from tests.e2e.clients import QUIET, unique
+from tests.harness.broker import tansu_binary
+from tests.harness.ports import free_port, wait_for_port
 from tests.harness.proxy import SluiceProxy
 from tests.proxy.broker_front import FrontedTansu
 
@@ -295,3 +298,55 @@ def test_credentials_never_logged(sasl_proxy: SluiceProxy, telemetry_dir: Path) 
     for password in (*USERS.values(), typo):
         assert password not in output
         assert password not in telemetry
+
+
+# ------------------------------------------------------------------ real Tansu SCRAM frames
+
+
+@pytest.fixture
+def tansu_with_authentication(tmp_path: Path) -> Iterator[str]:
+    """Tansu with --authentication: it runs real SCRAM exchanges, but knows no user."""
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    with (tmp_path / "tansu.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                str(tansu_binary()),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+                "--authentication",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for_port(port, timeout=15)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_real_tansu_scram_exchange_passes_through(
+    tansu_with_authentication: str, start_proxy: StartProxy
+) -> None:
+    proxy = start_proxy(upstream=tansu_with_authentication, extra_args=["--log-level", "debug"])
+    admin = AdminClient(
+        {"bootstrap.servers": proxy.bootstrap, **QUIET, **sasl_conf("SCRAM-SHA-512", "alice")}
+    )
+    with pytest.raises(KafkaException):
+        admin.list_topics(timeout=3)
+    steps = [json.loads(line) for line in proxy.output if '"sasl_authenticate"' in line]
+    # Both SCRAM steps reached the broker through the proxy, who saw only the user name.
+    assert [(s["user"], s["final"]) for s in steps[:2]] == [("alice", False), ("alice", True)]
+    # Tansu answers the final step with error_code 0 and "e=unknown-user" inside the SCRAM
+    # server-final-message: the proxy must read the message, not only the error code.
+    failed = [json.loads(line) for line in proxy.output if '"sasl_failed"' in line]
+    assert failed and all(f["mechanism"] == "SCRAM-SHA-512" for f in failed)
+    assert not any('"sasl_authenticated"' in line for line in proxy.output)
+    assert not any("protocol_violation" in line for line in proxy.output)
