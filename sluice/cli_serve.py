@@ -36,6 +36,12 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
+        "--advertised-host",
+        metavar="HOST",
+        help="host name clients are told to reach the proxy at (overrides proxy.advertised_host; "
+        "default: the --listen host, or 127.0.0.1 when listening on all interfaces)",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -57,6 +63,8 @@ def run_serve(args: argparse.Namespace) -> int:
         upstream = [parse_hostport(u, "--upstream") for u in args.upstream.split(",") if u.strip()]
         config = build_config(listen, upstream, args.config)
         config.workers = args.workers
+        if args.advertised_host:
+            config.advertised_host = args.advertised_host
         if args.workers < 1:
             raise ValueError(f"--workers {args.workers}: must be at least 1")
         if args.workers > 1 and listen[1] == 0:
