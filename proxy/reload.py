@@ -380,7 +380,8 @@ class ChainManager:
         if old is not None and old is not chain:
             old.close()
         self.generation += 1
-        log.info("chain_installed", trigger=trigger, generation=self.generation,
+        log.info("chain_installed", instance=self.server.instance_id, trigger=trigger,
+                 generation=self.generation,
                  filters=_describe(chain), build_ms=round(build_seconds * 1000, 3),
                  switch_us=round((switched - before) * 1e6, 1),
                  total_ms=round((switched - started) * 1000, 3))
@@ -404,7 +405,8 @@ class ChainManager:
         try:
             config, _specs, chain, build_s = await asyncio.to_thread(load_and_build)
         except (ConfigFileError, ConfigError) as exc:
-            log.error("config_reload_refused", trigger=trigger, **error_fields(exc),
+            log.error("config_reload_refused", instance=self.server.instance_id,
+                      trigger=trigger, **error_fields(exc),
                       keeping=[f["sha256"][:12] + " " + f["name"]
                                for f in _describe(self.server.chain)])
             return False

@@ -202,3 +202,32 @@ def test_hot_reload_under_live_traffic(
     assert {f["name"] for e in batches for f in e["filters"]} == {"pii"}
     assert all(f["module_sha256"] == PII_SHA for e in batches for f in e["filters"])
     print(f"reload timings: {timings}")
+
+
+def test_rebuilt_module_file_is_reloaded(
+    start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+) -> None:
+    """The watcher also follows the module files the config names (a rebuild in place)."""
+    module = tmp_path / "mine.wasm"
+    module.write_bytes((BUILTIN_DIR / "pii-mask.wasm").read_bytes())
+    path = tmp_path / "sluice.yaml"
+    path.write_text("filters:\n  - name: mine\n    module: mine.wasm\n    topics: [t]\n"
+                    "    apply_to: [produce]\n", encoding="utf-8")
+    proxy = start_proxy(config=path)
+    other = (BUILTIN_DIR / "json-validate.wasm").read_bytes()
+    tmp = tmp_path / "mine.tmp"
+    tmp.write_bytes(other)
+    os.replace(tmp, module)
+    ev = wait_for(lambda: events(proxy, "chain_installed"), 10, "reload after rebuild")[-1]
+    assert ev["trigger"] == "file-changed"
+    assert [f["sha256"] for f in ev["filters"]] == [hashlib.sha256(other).hexdigest()]
+
+
+def test_sighup_without_config_file_is_reported(
+    start_proxy: Callable[..., SluiceProxy]
+) -> None:
+    proxy = start_proxy()
+    proxy.send_signal(signal.SIGHUP)
+    [ev] = wait_for(lambda: events(proxy, "config_reload_unavailable"), 10, "refusal")
+    assert ev["trigger"] == "sighup" and "without --config" in ev["reason"]
+    assert proxy.process is not None and proxy.process.poll() is None  # still serving
