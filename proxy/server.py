@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_response
@@ -335,6 +337,11 @@ class ProxyServer:
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             session = Session(self, reader, writer, upstream(), node_id)
+            # This task's own context: whatever logs on this connection's behalf (filters,
+            # dead letters, admin look-ups) carries which connection it was.
+            structlog.contextvars.bind_contextvars(
+                conn=session.id, client=session.client_address, node=node_id
+            )
             task = asyncio.current_task()
             if task is not None:
                 self._session_tasks.add(task)
