@@ -9,6 +9,7 @@ from __future__ import annotations
 import struct
 
 from sluice.codec.errors import DecodeError
+from sluice.codec.headers import _read_uvarint
 
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
@@ -19,22 +20,6 @@ def response_correlation_id(frame: bytes | memoryview) -> int:
     if len(frame) < 4:
         raise DecodeError("response frame shorter than its correlation id")
     return int(_I32.unpack_from(frame, 0)[0])
-
-
-def _read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    shift = 0
-    value = 0
-    while True:
-        if pos >= len(buf):
-            raise DecodeError("truncated varint")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 28:
-            raise DecodeError("varint too long")
 
 
 def produce_acks(body: bytes | memoryview, flexible: bool) -> int:

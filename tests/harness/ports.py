@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import socket
 
+from sluice.local_broker import free_port, wait_for_port
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+__all__ = ["free_port", "free_port_block", "port_is_free", "wait_for_port"]
 
 
 def port_is_free(port: int) -> bool:
@@ -27,16 +25,3 @@ def free_port_block(size: int) -> int:
         if base + size < 65535 and all(port_is_free(base + i) for i in range(size)):
             return base
     raise RuntimeError(f"no block of {size} free ports found")
-
-
-def wait_for_port(port: int, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.settimeout(0.2)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
-    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
