@@ -33,7 +33,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -52,6 +52,8 @@ DEFAULT_POLL_SECONDS: Final = 2.0
 DEFAULT_HEARTBEAT_SECONDS: Final = 5.0
 DEFAULT_STARTUP_WAIT_SECONDS: Final = 10.0
 INSTANCE_PREFIX: Final = "instance:"
+#: Fleet batches larger than this are parsed in a worker thread, not on the event loop.
+INLINE_APPLY_BYTES: Final = 256 * 1024
 #: While the fleet cluster is unreachable, repeat the warning at most this often.
 FAILURE_LOG_SECONDS: Final = 30.0
 FORMAT_VERSION: Final = 1
@@ -256,6 +258,13 @@ class FleetView:
     #: Keys whose newest record could not be parsed (the previous version stays in `filters`).
     invalid: dict[str, str] = field(default_factory=dict)
     records: int = 0
+
+    def apply_all(self, records: Iterable[tuple[bytes | None, bytes | None, int, int]]) -> bool:
+        """Fold (key, value, partition, offset) records in order; True if filters changed."""
+        changed = False
+        for key, value, partition, offset in records:
+            changed = self.apply(key, value, partition, offset) or changed
+        return changed
 
     def apply(self, key: bytes | None, value: bytes | None, partition: int = 0,
               offset: int = 0) -> bool:
@@ -618,10 +627,15 @@ class FleetFollower:
             reported: dict[str, str] = {}
             while True:
                 batch = await consumer.getmany(timeout_ms=poll_ms)
-                for tp, messages in batch.items():
-                    for m in messages:
-                        if view.apply(m.key, m.value, tp.partition, m.offset):
-                            pending = True
+                records = [(m.key, m.value, tp.partition, m.offset)
+                           for tp, messages in batch.items() for m in messages]
+                size = sum(len(r[1] or b"") for r in records)
+                if size > INLINE_APPLY_BYTES:
+                    # Parsing megabytes of JSON would stall client traffic: do it off the loop.
+                    changed = await asyncio.to_thread(view.apply_all, records)
+                else:
+                    changed = view.apply_all(records)
+                pending = pending or changed
                 for name, reason in view.invalid.items():
                     if reported.get(name) != reason:
                         log.error("fleet_record_invalid", topic=s.topic, key=name, reason=reason)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -220,3 +221,40 @@ def test_fleet_filters_follow_the_config_file_filters(
     # The file's filter ('#') ran first, so the fleet's '*' filters found nothing left to mask.
     value = produce_and_read(broker, proxy, topic, "order")
     assert MASKED.search(value) and b"*" not in value.split(b" mail ")[1]
+
+
+def _leb128(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def test_fleet_carries_a_multi_megabyte_module(
+    broker: TansuBroker, start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+) -> None:
+    """A 3 MiB module (pii-mask plus a custom section of random bytes) travels inline."""
+    name = b"padding"
+    payload = _leb128(len(name)) + name + os.urandom(3 * 1024 * 1024)
+    big = (BUILTIN_DIR / "pii-mask.wasm").read_bytes() + b"\x00" + _leb128(len(payload)) + payload
+    module = tmp_path / "big.wasm"
+    module.write_bytes(big)
+    sha = hashlib.sha256(big).hexdigest()
+    topic = unique("fleet-big")
+    fleet_topic = unique("_sluice_filters")
+    create_topic(broker.bootstrap, topic)
+    config = tmp_path / "sluice.yaml"
+    config.write_text(f"fleet:\n  topic: {fleet_topic}\nmodule_cache_dir: cache\n",
+                      encoding="utf-8")
+    proxy = start_proxy(config=config)
+    proc = sluice("filter", "deploy", "big", str(module), "--topics", topic, "--on", "produce",
+                  "--wait", "30", *fleet_args(broker, fleet_topic))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"sha256 {sha}" in proc.stdout
+    ev = wait_for(functools.partial(installed, proxy, 1), 10, "big module installed")
+    assert [f["sha256"] for f in ev["filters"]] == [sha]
+    assert (tmp_path / "cache" / "fleet" / f"{sha}.wasm").read_bytes() == big
+    value = produce_and_read(broker, proxy, topic, "big")
+    assert b"@example.com" not in value and MASKED.search(value)
