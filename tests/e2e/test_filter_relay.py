@@ -139,11 +139,13 @@ def test_sequence_gap_is_caught_and_retries_and_new_epochs_are_not(stack: Relaye
     send(stack, topic, batch(2, producer_id=pid, epoch=1, base_sequence=3), cid=5)  # gap
     send(stack, topic, batch(1, producer_id=pid, epoch=2, base_sequence=4), cid=6)
     send(stack, topic, batch(1, producer_id=pid, epoch=0, base_sequence=5), cid=7)  # fenced
+    send(stack, topic, batch(1, producer_id=pid, epoch=1, base_sequence=-1), cid=8)
     found = new_violations(stack, before)
-    assert len(found) == 3, found
+    assert len(found) == 4, found
     assert "sequence 3 after 0 (OUT_OF_ORDER_SEQUENCE_NUMBER)" in found[0]
     assert "new epoch 2 starts at sequence 4" in found[1]
     assert "epoch 0 is fenced" in found[2]
+    assert "an idempotent batch needs both" in found[3]
 
 
 def test_legacy_magic_and_unknown_codec_are_caught_without_the_broker() -> None:

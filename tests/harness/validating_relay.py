@@ -224,7 +224,12 @@ class BatchValidator:
             newest = h.base_timestamp + max(ts for _d, ts in walked)
             if h.max_timestamp != newest:
                 fail(f"max timestamp {h.max_timestamp} != newest record timestamp {newest}")
-        if h.has_producer_id:
+        if h.has_producer_id and (h.base_sequence < 0 or h.producer_epoch < 0):
+            fail(
+                f"producer id {h.producer_id} with epoch {h.producer_epoch} and base sequence "
+                f"{h.base_sequence} (an idempotent batch needs both)"
+            )
+        elif h.has_producer_id:
             self._check_sequence(topic, partition, h)
         return len(self.violations) == before
 
