@@ -31,6 +31,8 @@ KNOWN_SECTIONS = (
     "fleet",
     "module_cache_dir",
 )
+#: Keys of the ``proxy:`` section.
+PROXY_KEYS = ("advertised_host", "node_ports")
 
 
 def _metrics_listen(metrics: dict[str, Any], lines: LineMap) -> tuple[str, int] | None:
@@ -73,6 +75,11 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
             config.telemetry["dir"] = str(path.resolve().parent / telemetry_dir)
         config.metrics = dict(data.get("metrics") or {})
         proxy = dict(data.get("proxy") or {})
+        for key in proxy:
+            if key not in PROXY_KEYS:
+                raise lines.error(
+                    ("proxy", str(key)), f"unknown key (expected one of {', '.join(PROXY_KEYS)})"
+                )
         if "advertised_host" in proxy:
             if not isinstance(proxy["advertised_host"], str):
                 raise lines.error(("proxy", "advertised_host"), "must be a host name")

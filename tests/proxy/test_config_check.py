@@ -87,6 +87,7 @@ def test_json_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         ("fleet:\n  topic: x\n  poll_seconds: -1\n", 3, "fleet.poll_seconds", ">= 0.05"),
         ("fleet:\n  topci: x\n", 2, "fleet.topci", "unknown key"),
         ("proxy: {}\nfilterz: []\n", 2, "filterz", "unknown section"),
+        ("proxy:\n  advertized_host: h\n", 2, "proxy.advertized_host", "unknown key"),
     ],
 )
 def test_errors_name_file_line_and_field(
