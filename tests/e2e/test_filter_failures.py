@@ -1,4 +1,5 @@
-"""Failure policies end to end: filters that trap, loop forever and exhaust their memory.
+"""Failure policies end to end: filters that trap, loop forever and exhaust their memory
+(on produce, and on fetch where a failure must never stall the consumer).
 
 The test filter (tests/filters/modules/sluice_upper.wat, compiled here) upper-cases values and
 misbehaves on markers: "TRAP..." hits `unreachable`, "LOOP..." never returns (the per-call CPU
@@ -26,6 +27,7 @@ from tests.harness.validating_relay import (
     RelayedBroker,
     StoredRecord,
     exchange,
+    fetch_batches,
     fetch_stored,
     produce_frame,
     produce_response,
@@ -71,6 +73,17 @@ def proxy(
         for policy, prefix in POLICIES.items()
     ]
     filters[2]["dead_letter_topic"] = dlq
+    for policy in ("reject", "pass"):
+        filters.append(
+            {
+                "name": f"fetch-{policy}",
+                "module": str(module),
+                "topics": [f"ff{policy}-*"],
+                "on_error": policy,
+                **limits,
+                "apply_to": ["fetch"],
+            }
+        )
     config = {
         "module_cache_dir": str(tmp_path_factory.getbasetemp() / "sluice-module-cache"),
         "filters": filters,
@@ -190,3 +203,46 @@ def test_reject_reasons_name_the_filter_and_the_failure_kind(
         assert f"filter fault-reject failed: {FAULTS[fault]}: " in message, message
     assert int(answers[other].error_code) == 0
     assert [r.value for r in stored(stack, other)] == [b"FINE"]
+
+
+@pytest.mark.parametrize("policy", ["reject", "pass"])
+def test_fetch_failures_never_stall_the_consumer(
+    stack: RelayedBroker, proxy: SluiceProxy, policy: str
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = unique(f"ff{policy}")
+    create_topic(stack.bootstrap, topic)
+    now = int(time.time() * 1000)
+    values = [b"hello", b"TRAP x", b"LOOP y", b"GROW z", b"world"]
+    for cid, value in enumerate(values):
+        batch = build_batch(
+            BatchHeader(0, 0, -1, 2, 0, 0, 0, now, now, -1, -1, -1, 1),
+            [Record(0, 0, None, value, [])],
+        )
+        exchange(stack.bootstrap, [produce_frame(cid, 9, {(topic, 0): batch})])
+    batches = fetch_batches(proxy.bootstrap, topic, 0, 0)
+    assert [b.header.base_offset for b in batches] == [0, 1, 2, 3, 4]
+    counts = [b.header.record_count for b in batches]
+    assert counts == ([1, 0, 0, 0, 1] if policy == "reject" else [1, 1, 1, 1, 1])
+    consumer = Consumer(
+        {
+            "bootstrap.servers": proxy.bootstrap,
+            "group.id": unique("g"),
+            "check.crcs": True,
+            **QUIET,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got: list[bytes | None] = []
+        deadline = time.monotonic() + 20
+        want = 2 if policy == "reject" else 5
+        while len(got) < want and time.monotonic() < deadline:
+            msg = consumer.poll(0.3)
+            if msg is not None and not msg.error():
+                got.append(msg.value())
+    finally:
+        consumer.close()
+    expected = [b"HELLO", b"WORLD"] if policy == "reject" else [b"HELLO", *values[1:4], b"WORLD"]
+    assert got == expected
