@@ -21,6 +21,7 @@ from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
 from sluice.filters.admin import AdminResource, AdminVerdict
+from sluice.filters.chain import FilterChain
 from sluice.proxy import entities, telemetry
 from sluice.proxy.logs import log
 from sluice.proxy.session import Pending, ProtocolViolation, Session
@@ -261,7 +262,7 @@ async def handle_admin(session: Session, header: RequestHeader, frame: memoryvie
             kept.append(item)
             continue
         verdict = chain.run_admin(resource)
-        _emit(session, resource, verdict)
+        _emit(session, chain, resource, verdict)
         if verdict.decision == "deny":
             denied.append(_Denied(item, verdict.message or "denied by policy"))
         elif verdict.decision == "rewrite":
@@ -295,10 +296,12 @@ def _answer(session: Session, header: RequestHeader, api: ApiKey, denied: list[_
     )
 
 
-def _emit(session: Session, resource: AdminResource, verdict: AdminVerdict) -> None:
+def _emit(
+    session: Session, chain: FilterChain, resource: AdminResource, verdict: AdminVerdict
+) -> None:
+    # `chain` is the one this request started with: a hot reload may have swapped
+    # server.chain while the request awaited the broker's current config.
     server = session.server
-    chain = server.chain
-    assert chain is not None
     filters = chain.filters_for(resource.name, "admin", session.principal)
     deciding = next(
         (f for f in filters if f.name == verdict.filter), filters[0] if filters else None

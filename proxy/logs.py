@@ -32,7 +32,8 @@ def configure_logging(level: str = "info", fmt: str | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        # One write() per line, so lines from several --workers processes never interleave.
+        logger_factory=structlog.WriteLoggerFactory(sys.stdout),
         cache_logger_on_first_use=True,
     )
 
