@@ -147,7 +147,7 @@ def _min_version(raw: dict[str, Any], lines: LineMap, section: str) -> str:
     return str(value)
 
 
-def _build_or_fail(make: Any, lines: LineMap, section: str, field: str) -> ssl.SSLContext:
+def _build_or_fail(make: Any, lines: LineMap, section: str, field: str) -> Any:
     try:
         return make()
     except ssl.SSLError as exc:
@@ -155,6 +155,13 @@ def _build_or_fail(make: Any, lines: LineMap, section: str, field: str) -> ssl.S
         raise lines.error((section, field), f"TLS set-up failed: {reason}") from None
     except OSError as exc:
         raise lines.error((section, field), f"TLS set-up failed: {exc.strerror or exc}") from None
+
+
+def _check_ca(path: Path | None, lines: LineMap, section: str, field: str) -> None:
+    if path is None:
+        return
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    _build_or_fail(lambda: probe.load_verify_locations(cafile=str(path)), lines, section, field)
 
 
 def parse_server_tls(raw: Any, lines: LineMap, base: Path | None) -> ServerTLS | None:
@@ -172,6 +179,7 @@ def parse_server_tls(raw: Any, lines: LineMap, base: Path | None) -> ServerTLS |
     if key is None:
         raise lines.error((section, "key"), "is required (PEM private key of the proxy)")
     client_ca = _file(raw, "client_ca", lines, section, base)
+    _check_ca(client_ca, lines, section, "client_ca")
     default_auth = "required" if client_ca is not None else "none"
     client_auth = raw.get("client_auth", default_auth)
     if client_auth not in _CLIENT_AUTH:
@@ -209,8 +217,10 @@ def parse_upstream_tls(raw: Any, lines: LineMap, base: Path | None) -> UpstreamT
     key = _file(raw, "key", lines, section, base)
     if key is not None and cert is None:
         raise lines.error((section, "cert"), "a client key needs its certificate (cert)")
+    ca = _file(raw, "ca", lines, section, base)
+    _check_ca(ca, lines, section, "ca")
     tls = UpstreamTLS(
-        ca=_file(raw, "ca", lines, section, base),
+        ca=ca,
         cert=cert,
         key=key,
         key_password=_str(raw, "key_password", lines, section),
@@ -218,5 +228,5 @@ def parse_upstream_tls(raw: Any, lines: LineMap, base: Path | None) -> UpstreamT
         server_hostname=_str(raw, "server_hostname", lines, section),
         min_version=_min_version(raw, lines, section),
     )
-    _build_or_fail(tls.context, lines, section, "cert" if cert is not None else "ca")
+    _build_or_fail(tls.context, lines, section, "cert" if cert is not None else "min_version")
     return tls

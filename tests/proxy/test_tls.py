@@ -240,3 +240,72 @@ def test_upstream_tls_failures_refuse_the_broker(
         # Refused during the handshake, before any Kafka byte went to the broker.
         assert any("upstream_connect_failed" in line for line in proxy.output)
         assert any("CERTIFICATE_VERIFY_FAILED" in line for line in proxy.output)
+
+
+# ------------------------------------------------------------------ config errors
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tls:\n  cert: {server_cert}\n", "sluice.yaml:1: tls.key: is required"),
+        (
+            "tls:\n  cert: missing.pem\n  key: {server_key}\n",
+            "sluice.yaml:2: tls.cert: file not found",
+        ),
+        (
+            "tls:\n  cert: {server_cert}\n  key: {other_client_key}\n",
+            "sluice.yaml:2: tls.cert: TLS set-up failed: KEY_VALUES_MISMATCH",
+        ),
+        (
+            "tls:\n  cert: {server_cert}\n  key: {server_key}\n  client_auth: required\n",
+            "sluice.yaml:4: tls.client_auth: client certificates need client_ca",
+        ),
+        (
+            "tls:\n  cert: {server_cert}\n  key: {server_key}\n  client_ca: {server_key}\n",
+            "sluice.yaml:4: tls.client_ca: TLS set-up failed",
+        ),
+        ("tls:\n  certificate: x\n", "sluice.yaml:2: tls.certificate: unknown key"),
+        (
+            "upstream_tls:\n  ca: {client_key}\n",
+            "sluice.yaml:2: upstream_tls.ca: TLS set-up failed",
+        ),
+        ("upstream_tls:\n  verify: false\n", "sluice.yaml:2: upstream_tls.verify: unknown key"),
+        ("upstream_tls:\n  key: {client_key}\n", "sluice.yaml:1: upstream_tls.cert: a client key"),
+        ("upstream_tls:\n  min_version: SSLv3\n", "sluice.yaml:2: upstream_tls.min_version:"),
+        ("upstream_tls:\n  check_hostname: 'no'\n", "sluice.yaml:2: upstream_tls.check_hostname"),
+        ("upstream_tls: [ca]\n", "sluice.yaml:1: upstream_tls: must be a mapping"),
+    ],
+)
+def test_tls_config_errors_name_file_line_field(
+    pki: Pki, tmp_path: Path, text: str, message: str
+) -> None:
+    from sluice.proxy.config_load import ConfigFileError, build_config
+
+    fields = {k: str(getattr(pki, k)) for k in pki.__dataclass_fields__}
+    path = write_config(tmp_path / "sluice.yaml", text.format(**fields))
+    with pytest.raises(ConfigFileError) as err:
+        build_config(("127.0.0.1", 9092), [("127.0.0.1", 9093)], path)
+    assert message in str(err.value)
+
+
+def test_tls_config_relative_paths_and_defaults(pki: Pki, tmp_path: Path) -> None:
+    import shutil
+
+    from sluice.proxy.config_load import build_config
+
+    for src in (pki.server_cert, pki.server_key, pki.ca):
+        shutil.copy(src, tmp_path / src.name)
+    path = write_config(
+        tmp_path / "sluice.yaml",
+        "tls:\n  cert: server.pem\n  key: server.key\n  client_ca: ca.pem\nupstream_tls: {}\n",
+    )
+    config = build_config(("127.0.0.1", 9092), [("127.0.0.1", 9093)], path)
+    assert config.tls is not None and config.tls.cert == tmp_path / "server.pem"
+    assert config.tls.client_auth == "required"  # client_ca alone turns verification on
+    assert config.tls.context().verify_mode == ssl.CERT_REQUIRED
+    up = config.upstream_tls
+    assert up is not None and up.ca is None and up.check_hostname  # system CAs, names checked
+    assert up.context().verify_mode == ssl.CERT_REQUIRED
+    off = write_config(tmp_path / "off.yaml", "upstream_tls:\n  enabled: false\n")
+    assert build_config(("127.0.0.1", 9092), [("127.0.0.1", 9093)], off).upstream_tls is None
