@@ -85,6 +85,7 @@ class Metrics:
     requests: dict[int, list[int]] = field(default_factory=dict)  # key -> [count, bytes]
     responses: dict[int, list[int]] = field(default_factory=dict)
     latency: dict[int, Histogram] = field(default_factory=dict)
+    _latency_of: dict[int, Histogram] = field(default_factory=dict, repr=False)
     filters: dict[str, FilterCounters] = field(default_factory=dict)
     sasl_outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
     active_connections: Callable[[], int] = lambda: 0
@@ -106,12 +107,12 @@ class Metrics:
         slot = self.responses.get(key)
         if slot is None:
             slot = self.responses[key] = [0, 0]
+            self._latency_of[key] = self.latency.setdefault(api_key, Histogram())
         slot[0] += 1
         slot[1] += size
-        hist = self.latency.get(api_key)
-        if hist is None:
-            hist = self.latency[api_key] = Histogram()
-        hist.observe(seconds)
+        hist = self._latency_of[key]
+        hist.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        hist.sum += seconds
 
     def filter_stats(self, stats: list[FilterStats]) -> None:
         for st in stats:
