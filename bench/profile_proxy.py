@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    ap.add_argument(
+        "--latency", action="store_true", help="profile the fixed-rate latency workload instead"
+    )
     args = ap.parse_args(argv)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     configs = {
@@ -80,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             stderr=subprocess.DEVNULL,
         )
         try:
-            if args.variant == "mask-fetch":
+            if args.latency:
+                workload.produce_latency(t.bootstrap, topic, 2000, 10)
+            elif args.variant == "mask-fetch":
                 workload.consume(t.bootstrap, topic, args.records)
             else:
                 workload.produce(t.bootstrap, topic, values)

@@ -53,13 +53,19 @@ def produce(bootstrap: str, topic: str, values: list[bytes], compression: str = 
         }
     )
     producer.list_topics(topic, timeout=10)  # connect and learn metadata before the clock starts
+    errors: list[str] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
     start = time.perf_counter()
     for v in values:
-        producer.produce(topic, value=v)
+        producer.produce(topic, value=v, on_delivery=delivered)
     left = producer.flush(120)
     elapsed = time.perf_counter() - start
-    if left:
-        raise RuntimeError(f"{left} records not delivered")
+    if left or errors:
+        raise RuntimeError(f"{left} records not delivered, {len(errors)} failed: {errors[:2]}")
     return elapsed
 
 
