@@ -71,14 +71,14 @@ def metadata_request(version: int, topics: list[str] | None) -> Any:
 
 
 def batch(
-    values: list[bytes | None],
+    values: Sequence[bytes | None],
     *,
     compression: int = 0,
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
     timestamp_ms: int | None = None,
-    keys: list[bytes | None] | None = None,
+    keys: Sequence[bytes | None] | None = None,
 ) -> bytes:
     """One magic-2 record batch holding `values` (offset deltas 0..n-1)."""
     ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms

@@ -242,3 +242,128 @@ def test_every_garbage_produce_version_fails_closed(
     assert proxy.process is not None and proxy.process.poll() is None
     stored = [r.value for r in wire.read_partition(broker.bootstrap, topic)]
     assert all(v is None or b"bob@example.com" not in v for v in stored), stored
+
+
+# ------------------------------------------------------------------ hostile Wasm modules
+MODULES = Path(__file__).resolve().parent.parent / "filters" / "modules"
+HUGE_MEMORY_WAT = """
+(module
+  (memory (export "memory") 60000)
+  (func (export "sluice_abi_version") (result i32) (i32.const 1))
+  (func (export "sluice_alloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "sluice_filter") (param i32 i32) (result i64) (i64.const -1)))
+"""
+
+
+def _module_file(tmp_path: Path, kind: str) -> Path:
+    import wasmtime
+
+    path = tmp_path / f"{kind}.wasm"
+    if kind == "not-wasm":
+        path.write_bytes(random.Random(1).randbytes(4096))
+    elif kind == "huge-file":
+        # A valid preamble, then 32 MiB the parser has to reject.
+        path.write_bytes(b"\0asm\x01\0\0\0" + b"\x0b" * (32 << 20))
+    elif kind == "huge-memory":
+        path.write_bytes(wasmtime.wat2wasm(HUGE_MEMORY_WAT))
+    else:
+        path.write_bytes(wasmtime.wat2wasm((MODULES / f"{kind}.wat").read_text()))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("not-wasm", "not a valid Wasm module"),
+        ("huge-file", "not a valid Wasm module"),
+        ("huge-memory", "instantiation failed"),
+        ("forbidden_import", "open_socket"),
+        ("wasi_fs_import", "path_open"),
+        ("start_loop", "instantiation failed"),
+        ("abi_v2", "filter 'bad'"),
+    ],
+)
+def test_bad_module_in_the_config_stops_serve_with_a_clear_message(
+    tmp_path: Path, kind: str, expected: str
+) -> None:
+    import subprocess
+    import sys
+
+    module = _module_file(tmp_path, kind)
+    cfg = tmp_path / "sluice.yaml"
+    cfg.write_text(
+        "filters:\n"
+        "  - name: bad\n"
+        f"    module: {module}\n"
+        '    topics: ["*"]\n'
+        "    apply_to: [produce]\n"
+        "    timeout_ms: 50\n"
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "127.0.0.1:9",
+            "--config",
+            str(cfg),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output, output
+    assert expected in done.stderr, done.stderr
+    assert "sluice.yaml" in done.stderr or str(module) in done.stderr, done.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.fixture(scope="module")
+def misbehaving(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[TansuBroker, SluiceProxy]]:
+    tmp = tmp_path_factory.mktemp("wasm")
+    module = _module_file(tmp, "sluice_upper")
+    cfg = tmp / "sluice.yaml"
+    cfg.write_text(
+        "filters:\n"
+        "  - name: upper\n"
+        f"    module: {module}\n"
+        '    topics: ["wr-*"]\n'
+        "    apply_to: [produce]\n"
+        "    timeout_ms: 200\n"
+        "    max_memory_mb: 16\n"
+    )
+    with TansuBroker() as broker, SluiceProxy(upstream=broker.bootstrap, config=cfg) as proxy:
+        yield broker, proxy
+
+
+@pytest.mark.parametrize("marker", [b"LOOP", b"TRAP", b"GROW", b"BADOUT", b"ERROR"])
+def test_misbehaving_module_is_contained(
+    misbehaving: tuple[TansuBroker, SluiceProxy], marker: bytes
+) -> None:
+    """A guest that loops, traps, exhausts its memory or writes garbage fails that partition
+    (INVALID_RECORD, on_error: reject) within its deadline; the proxy and the next batch are
+    fine."""
+    broker, proxy = misbehaving
+    topic = unique("wr")
+    create_topic(proxy.bootstrap, topic)
+    with wire.RawConnection(proxy.bootstrap, timeout=30) as conn:
+        started = time.monotonic()
+        bad = conn.call(0, 9, wire.produce_request(9, [(topic, 0, wire.batch([b"ok", marker]))]))
+        elapsed = time.monotonic() - started
+        good = conn.call(0, 9, wire.produce_request(9, [(topic, 0, wire.batch([b"fine"]))]))
+    codes = [int(p.error_code) for t in bad.responses for p in t.partition_responses]
+    assert codes == [87], codes
+    assert elapsed < 5, f"the guest was not stopped in time: {elapsed:.1f}s"
+    assert [int(p.error_code) for t in good.responses for p in t.partition_responses] == [0]
+    assert [r.value for r in wire.read_partition(broker.bootstrap, topic)] == [b"FINE"]
+    assert proxy.process is not None and proxy.process.poll() is None
