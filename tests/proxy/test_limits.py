@@ -18,6 +18,7 @@ from sluice.proxy.config_load import ConfigFileError, build_config
 from sluice.proxy.limits import IdleReaper
 from tests.e2e.clients import confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.proxy import SluiceProxy
+from tests.proxy.proxy_output import wait_for_output
 
 StartProxy = Callable[..., SluiceProxy]
 
@@ -126,9 +127,7 @@ def test_max_connections(start_proxy: StartProxy, tmp_path: Path) -> None:
         assert answered(first) and answered(second)
         with socket.create_connection(("127.0.0.1", proxy.port)) as third:
             assert closed_by_peer(third, within=5)
-        assert any(
-            "connection_rejected" in line and "max_connections" in line for line in proxy.output
-        )
+        assert wait_for_output(proxy, "connection_rejected", "max_connections")
         first.close()
         deadline = time.monotonic() + 5
         admitted = False
@@ -157,7 +156,7 @@ def test_idle_connections_are_closed_busy_ones_kept(
             time.sleep(0.3)
         assert closed_by_peer(idle, within=2)
         assert answered(busy)
-    assert any("idle_timeout" in line for line in proxy.output)
+    assert wait_for_output(proxy, "idle_timeout")
     # Real clients keep working: their connections carry traffic or reconnect.
     topic = unique("idle")
     create_topic(proxy.bootstrap, topic)
@@ -173,4 +172,4 @@ def test_max_frame_size(start_proxy: StartProxy, tmp_path: Path) -> None:
     with socket.create_connection(("127.0.0.1", proxy.port)) as big:
         big.sendall(struct.pack(">i", 1_000_000) + b"\x00" * 16)
         assert closed_by_peer(big, within=5)
-    assert any("frame too large" in line for line in proxy.output)
+    assert wait_for_output(proxy, "frame too large")

@@ -11,6 +11,7 @@ import yaml
 
 from tests.e2e.clients import confluent_produce, create_topic, unique
 from tests.harness.proxy import SluiceProxy
+from tests.proxy.proxy_output import wait_for_output
 
 MODULES = Path(__file__).resolve().parents[1] / "filters" / "modules"
 
@@ -41,6 +42,7 @@ def test_filter_failure_log_names_connection_and_filter(
     create_topic(proxy.bootstrap, topic)
     secret = b"payload-4111111111111111-never-logged"
     confluent_produce(proxy.bootstrap, topic, [(b"key-never-logged", secret)])
+    assert wait_for_output(proxy, '"filter_failure"')
     failures = [json.loads(line) for line in proxy.output if '"filter_failure"' in line]
     assert failures
     for event in failures:

@@ -36,6 +36,7 @@ from tests.harness.broker import tansu_binary
 from tests.harness.ports import free_port, wait_for_port
 from tests.harness.proxy import SluiceProxy
 from tests.proxy.broker_front import FrontedTansu
+from tests.proxy.proxy_output import wait_for_output
 
 StartProxy = Callable[..., SluiceProxy]
 
@@ -244,7 +245,7 @@ def test_principal_in_telemetry(
     assert events and {e["principal"] for e in events} == {f"User:{user}"}
     # The broker really authenticated this user (the proxy only watched).
     assert sasl_broker.front is not None and user in sasl_broker.front.authenticated
-    assert any("sasl_authenticated" in line and mechanism in line for line in sasl_proxy.output)
+    assert wait_for_output(sasl_proxy, "sasl_authenticated", mechanism)
 
 
 def test_filters_bind_per_principal(sasl_proxy: SluiceProxy) -> None:
@@ -273,6 +274,7 @@ def test_wrong_password_sets_no_principal(
         with pytest.raises(KafkaException):
             admin.list_topics(timeout=3)
     assert sasl_broker.front.auth_failures > failures
+    assert wait_for_output(sasl_proxy, "sasl_failed")
     failed = [line for line in sasl_proxy.output if "sasl_failed" in line]
     assert failed and not any("sasl_authenticated" in line for line in sasl_proxy.output)
     assert all('"principal"' not in line for line in failed)
@@ -291,8 +293,9 @@ def test_credentials_never_logged(sasl_proxy: SluiceProxy, telemetry_dir: Path) 
     )
     with pytest.raises(KafkaException):
         admin.list_topics(timeout=2)
+    assert wait_for_output(sasl_proxy, "sasl_failed")
     output = "".join(sasl_proxy.output)
-    assert "sasl_authenticated" in output and "sasl_failed" in output
+    assert "sasl_authenticated" in output
     assert '"event": "sasl_authenticate", "level": "debug"' in output
     telemetry = "".join(p.read_text() for p in telemetry_dir.glob("*.jsonl*"))
     for password in (*USERS.values(), typo):
@@ -341,6 +344,7 @@ def test_real_tansu_scram_exchange_passes_through(
     )
     with pytest.raises(KafkaException):
         admin.list_topics(timeout=3)
+    assert wait_for_output(proxy, '"sasl_failed"')
     steps = [json.loads(line) for line in proxy.output if '"sasl_authenticate"' in line]
     # Both SCRAM steps reached the broker through the proxy, who saw only the user name.
     assert [(s["user"], s["final"]) for s in steps[:2]] == [("alice", False), ("alice", True)]

@@ -18,6 +18,7 @@ from sluice.codec.headers import request_header_bytes
 from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.proxy import SluiceProxy
 from tests.proxy.broker_front import FrontedTansu
+from tests.proxy.proxy_output import wait_for_output
 from tests.proxy.tls_certs import Pki, make_pki
 
 StartProxy = Callable[..., SluiceProxy]
@@ -238,8 +239,7 @@ def test_upstream_tls_failures_refuse_the_broker(
     assert not metadata_ok(proxy.bootstrap)
     if case != "no-client-certificate":
         # Refused during the handshake, before any Kafka byte went to the broker.
-        assert any("upstream_connect_failed" in line for line in proxy.output)
-        assert any("CERTIFICATE_VERIFY_FAILED" in line for line in proxy.output)
+        assert wait_for_output(proxy, "upstream_connect_failed", "CERTIFICATE_VERIFY_FAILED")
 
 
 # ------------------------------------------------------------------ config errors
