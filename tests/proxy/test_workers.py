@@ -18,6 +18,7 @@ from sluice.codec.headers import request_header_bytes
 from tests.e2e.clients import confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.ports import free_port_block
 from tests.harness.proxy import SluiceProxy
+from tests.proxy.proxy_output import wait_for_output
 
 StartProxy = Callable[..., SluiceProxy]
 
@@ -97,7 +98,7 @@ def test_a_dying_worker_stops_the_proxy(start_proxy: StartProxy) -> None:
     os.kill(pids[0], signal.SIGKILL)
     assert proxy.process is not None
     assert proxy.process.wait(timeout=20) != 0
-    assert events(proxy, "worker_exited")
+    assert wait_for_output(proxy, '"worker_exited"')
     assert not alive(pids[1]) or _reaped_soon(pids[1])
 
 
