@@ -16,9 +16,12 @@ from sluice.codec.messages import ApiKey, codec_version_range, decode_response, 
 UNSUPPORTED_VERSION = 35
 
 
-def intersect_api_versions(response: Any) -> Any:
+def intersect_api_versions(response: Any, hidden: frozenset[int] = frozenset()) -> Any:
+    """Keep the versions both sides support; drop the API keys in `hidden` altogether."""
     kept = []
     for entry in response.api_keys:
+        if int(entry.api_key) in hidden:
+            continue
         ours = codec_version_range(int(entry.api_key))
         if ours is None:
             continue
@@ -36,7 +39,9 @@ def intersect_api_versions(response: Any) -> Any:
     return dataclasses.replace(response, api_keys=tuple(kept))
 
 
-def rewrite_api_versions_response(version: int, body: bytes | memoryview) -> bytes:
+def rewrite_api_versions_response(
+    version: int, body: bytes | memoryview, hidden: frozenset[int] = frozenset()
+) -> bytes:
     """`body` is the response after its (always v0, 4-byte) header."""
     try:
         response = decode_response(ApiKey.API_VERSIONS, version, body)
@@ -45,4 +50,4 @@ def rewrite_api_versions_response(version: int, body: bytes | memoryview) -> byt
             raise
         # A broker that does not support the requested version answers in v0.
         response = decode_response(ApiKey.API_VERSIONS, 0, body)
-    return encode_response(intersect_api_versions(response))
+    return encode_response(intersect_api_versions(response, hidden))

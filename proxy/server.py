@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from sluice.proxy.produce_path import ProduceState
 
 RequestHandler = Callable[[Session, RequestHeader, memoryview | bytes], Any]
+#: APIs whose responses carry records outside the Fetch path (hidden when fetch filters run).
+_UNFILTERED_RECORD_APIS = frozenset({ApiKey.SHARE_FETCH, ApiKey.SHARE_ACKNOWLEDGE})
 
 
 class ProxyServer:
@@ -96,6 +98,11 @@ class ProxyServer:
         self._filter_directions = frozenset(directions)
         for api_key in ADMIN_APIS:
             self.set_request_handler(api_key, handle_admin if "admin" in directions else None)
+        # ShareFetch (KIP-932 share groups) carries records the fetch path does not filter:
+        # with fetch filters it is neither advertised nor relayed (fail closed).
+        self.set_request_handler(
+            ApiKey.SHARE_FETCH, _refuse_unfiltered_records if "fetch" in directions else None
+        )
         self._hooks.clear()
         for f in chain.filters if chain is not None else ():
             self.telemetry.emit(
@@ -474,9 +481,19 @@ def _filter_entry(st: FilterStats) -> dict[str, Any]:
     )
 
 
+def _refuse_unfiltered_records(session: Session, header: RequestHeader, body: Any) -> None:
+    raise ProtocolViolation(
+        f"{ApiKey(header.api_key).name} v{header.api_version} returns records the fetch "
+        "filters do not see; refused while fetch filters are configured"
+    )
+
+
 def _api_versions_hook(session: Session, pending: Pending, body: memoryview | bytes) -> bytes:
     # ApiVersions responses always use header v0: the 4-byte correlation id.
+    hidden = _UNFILTERED_RECORD_APIS if session.server.filters_on("fetch") else frozenset()
     try:
-        return bytes(body[:4]) + rewrite_api_versions_response(pending.header.api_version, body[4:])
+        return bytes(body[:4]) + rewrite_api_versions_response(
+            pending.header.api_version, body[4:], hidden
+        )
     except CodecError as exc:
         raise ProtocolViolation(f"cannot decode ApiVersions response: {exc}") from None

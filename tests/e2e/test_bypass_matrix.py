@@ -10,6 +10,7 @@ unmasked, so the "nothing unmasked" checks can fail.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 import uuid
 from collections.abc import Iterator
@@ -480,3 +481,51 @@ def test_random_uuid_is_not_a_known_topic(filtering_proxy: SluiceProxy) -> None:
         high = (codec_version_range(0) or (0, 0))[1]
         request = wire.produce_request(high, [(uuid.uuid4(), 0, wire.batch([SECRET]))])
         assert produce_errors(conn.call(0, high, request)) == [UNKNOWN_TOPIC_ID]
+
+
+# ------------------------------------------------------------------ share groups
+def test_share_fetch_is_refused_while_fetch_filters_run(filtering_proxy: SluiceProxy) -> None:
+    """ShareFetch (KIP-932) returns records outside the Fetch path: not relayed at all."""
+    from sluice.codec.schemas import request_schema
+    from sluice.proxy import entities
+
+    high = (codec_version_range(78) or (0, 0))[1]
+    request = entities.build(
+        request_schema(78, high),
+        group_id="g",
+        member_id=unique("m"),
+        max_wait=datetime.timedelta(milliseconds=100),
+    )
+    with wire.RawConnection(filtering_proxy.bootstrap) as conn:
+        conn.send(78, high, request)
+        assert conn.closed_by_peer()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any(
+        "SHARE_FETCH" in line and "refused" in line for line in filtering_proxy.output
+    ):
+        time.sleep(0.1)
+    assert any("SHARE_FETCH" in line and "refused" in line for line in filtering_proxy.output)
+
+
+def test_share_group_apis_are_not_advertised_with_fetch_filters() -> None:
+    """A broker that offers ShareFetch/ShareAcknowledge: the proxy's ApiVersions rewrite
+    drops them when asked to (fetch filters configured) and keeps them otherwise."""
+    from sluice.codec.messages import decode_response, encode_response
+    from sluice.codec.schemas import response_schema
+    from sluice.proxy import entities
+    from sluice.proxy.apiversions import rewrite_api_versions_response
+    from sluice.proxy.server import _UNFILTERED_RECORD_APIS
+
+    cls = response_schema(18, 3)
+    kcls = wire._element(cls, "api_keys")
+    offered = tuple(
+        entities.build(kcls, api_key=key, min_version=lo, max_version=hi)
+        for key, lo, hi in ((1, 4, 17), (78, 1, 2), (79, 1, 2))
+    )
+    body = encode_response(
+        entities.build(cls, api_keys=offered, throttle_time=datetime.timedelta(0))
+    )
+    hidden = decode_response(18, 3, rewrite_api_versions_response(3, body, _UNFILTERED_RECORD_APIS))
+    shown = decode_response(18, 3, rewrite_api_versions_response(3, body))
+    assert [int(k.api_key) for k in hidden.api_keys] == [1]
+    assert [int(k.api_key) for k in shown.api_keys] == [1, 78, 79]
