@@ -30,6 +30,7 @@ from sluice.proxy.limits import IdleReaper
 from sluice.proxy.logs import log
 from sluice.proxy.metrics import Metrics
 from sluice.proxy.session import Pending, ProtocolViolation, ResponseHook, Session
+from sluice.proxy.tls import peer_principal
 
 if TYPE_CHECKING:
     from sluice.filters.chain import FilterChain, FilterStats
@@ -344,6 +345,9 @@ class ProxyServer:
             if sock is not None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             session = Session(self, reader, writer, upstream(), node_id)
+            if self.server_ssl is not None:
+                # A verified client certificate names the principal (SASL, if any, overrides).
+                session.principal = peer_principal(writer.get_extra_info("peercert"))
             # This task's own context: whatever logs on this connection's behalf (filters,
             # dead letters, admin look-ups) carries which connection it was.
             structlog.contextvars.bind_contextvars(

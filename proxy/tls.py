@@ -92,6 +92,46 @@ class UpstreamTLS:
         return self.server_hostname or host
 
 
+# ------------------------------------------------------------------ client certificates
+
+_RDN_NAMES = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "stateOrProvinceName": "ST",
+    "localityName": "L",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+
+
+def _escape_rdn_value(value: str) -> str:
+    # RFC 2253 section 2.4: these characters are escaped with a backslash.
+    out = "".join("\\" + ch if ch in ',+"\\<>;=' else ch for ch in value)
+    if out.startswith((" ", "#")):
+        out = "\\" + out
+    if out.endswith(" "):
+        out = out[:-1] + "\\ "
+    return out
+
+
+def peer_principal(peercert: Any) -> str | None:
+    """Kafka's principal for a verified client certificate: ``User:`` + the subject DN in
+    RFC 2253 order (``User:CN=app,OU=payments,O=Example``), as Kafka's SSL listeners name it.
+    None without a (verified) certificate."""
+    if not peercert:
+        return None
+    subject = peercert.get("subject") or ()
+    parts = []
+    for rdn in reversed(subject):  # the certificate lists the most significant RDN first
+        parts.append(
+            "+".join(f"{_RDN_NAMES.get(k, k)}={_escape_rdn_value(str(v))}" for k, v in rdn)
+        )
+    return "User:" + ",".join(parts) if parts else None
+
+
 # ------------------------------------------------------------------ parsing
 
 

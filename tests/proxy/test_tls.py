@@ -309,3 +309,64 @@ def test_tls_config_relative_paths_and_defaults(pki: Pki, tmp_path: Path) -> Non
     assert up.context().verify_mode == ssl.CERT_REQUIRED
     off = write_config(tmp_path / "off.yaml", "upstream_tls:\n  enabled: false\n")
     assert build_config(("127.0.0.1", 9092), [("127.0.0.1", 9093)], off).upstream_tls is None
+
+
+def test_client_certificate_names_the_principal(
+    pki: Pki, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    import json
+    import time
+
+    import yaml
+
+    from tests.proxy.test_sasl import produce
+
+    telemetry_dir = tmp_path / "telemetry"
+    config = {
+        "tls": {"cert": str(pki.server_cert), "key": str(pki.server_key), "client_ca": str(pki.ca)},
+        "filters": [
+            {
+                "name": "cert-json",
+                "module": "builtin:json-validate",
+                "topics": ["mtls-*"],
+                "apply_to": ["produce"],
+                "principals": ["User:CN=test-client"],
+            }
+        ],
+        "telemetry": {"dir": str(telemetry_dir)},
+    }
+    path = write_config(tmp_path / "sluice.yaml", yaml.safe_dump(config))
+    proxy = start_proxy(config=path)
+    conf = ssl_conf(pki, client_cert=True)
+    topic = unique("mtls")
+    create_topic_tls(proxy.bootstrap, topic, conf)
+    assert produce(proxy.bootstrap, topic, [b"not json"], conf) == ["INVALID_RECORD"]
+    assert produce(proxy.bootstrap, topic, [b'{"ok": true}'], conf) == [""]
+    deadline = time.monotonic() + 15
+    principals: set[str] = set()
+    while not principals and time.monotonic() < deadline:
+        for f in telemetry_dir.glob("*.jsonl*"):
+            for line in f.read_text().splitlines():
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if event.get("type") == "record_batch" and event.get("topic") == topic:
+                    principals.add(event["principal"])
+        time.sleep(0.2)
+    assert principals == {"User:CN=test-client"}
+
+
+def test_peer_principal_is_the_rfc2253_subject() -> None:
+    from sluice.proxy.tls import peer_principal
+
+    cert = {
+        "subject": (
+            (("countryName", "GB"),),
+            (("organizationName", "Example, Ltd"),),
+            (("organizationalUnitName", "payments"),),
+            (("commonName", "app=1"),),
+        )
+    }
+    assert peer_principal(cert) == r"User:CN=app\=1,OU=payments,O=Example\, Ltd,C=GB"
+    assert peer_principal({}) is None and peer_principal(None) is None
