@@ -107,3 +107,24 @@ def _reaped_soon(pid: int) -> bool:
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not alive(pid)
+
+
+def test_sighup_reaches_every_worker(start_proxy: StartProxy, tmp_path: Path) -> None:
+    config = tmp_path / "sluice.yaml"
+    config.write_text(
+        "filters:\n  - name: mask\n    module: builtin:pii-mask\n    topics: [hup-*]\n"
+        "    apply_to: [produce]\n"
+    )
+    proxy = start_proxy(config=config, extra_args=["--workers", "2"])
+    instances = {str(e["instance"]) for e in events(proxy, "worker_ready")}
+    assert len(instances) == 2
+    proxy.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    reloaded: set[str] = set()
+    while reloaded != instances and time.monotonic() < deadline:
+        reloaded = {
+            str(e["instance"]) for e in events(proxy, "chain_installed") if e["trigger"] == "sighup"
+        }
+        time.sleep(0.1)
+    assert reloaded == instances
+    assert proxy.process is not None and proxy.process.poll() is None  # SIGHUP did not stop it
