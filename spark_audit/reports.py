@@ -203,7 +203,9 @@ def audit_modules(events: DataFrame, frows: DataFrame | None = None) -> DataFram
             F.array_sort(F.collect_set("filter_name")).alias("touched_names"),
             F.array_sort(F.collect_set("api")).alias("apis"),
             F.array_sort(F.collect_set("topic")).alias("topics"),
-            F.countDistinct("topic", "partition").alias("topic_partitions"),
+            # size(collect_set) rather than countDistinct: a distinct count next to other
+            # aggregates makes Spark expand every row once per distinct group.
+            F.size(F.collect_set(F.struct("topic", "partition"))).alias("topic_partitions"),
             F.array_sort(F.collect_set("instance_id")).alias("touched_instances"),
             F.array_sort(F.collect_set("host")).alias("proxy_hosts"),
             F.min("ts").alias("first_seen"),
@@ -389,106 +391,124 @@ def _map_total_requests() -> Column:
     )
 
 
+_ITEM = "array<struct<kind:string,name:string,n:bigint>>"
+
+
+def _item(kind: Column | str, name: Column | str, n: Column | int) -> Column:
+    def col(v: Column | str | int) -> Column:
+        return v if isinstance(v, Column) else F.lit(v)
+
+    return F.struct(
+        col(kind).cast("string").alias("kind"),
+        col(name).cast("string").alias("name"),
+        col(n).cast("long").alias("n"),
+    )
+
+
+def _items(*parts: Column) -> Column:
+    empty = F.array().cast(_ITEM)
+    return F.concat(*[F.coalesce(p.cast(_ITEM), empty) for p in parts])
+
+
 def compliance(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
-    """Detections, rejects with reasons, filter and partition errors, admin denials, gaps."""
-    rb = record_batches(events)
-    per_filter = (frows if frows is not None else filter_rows(events)).select(
+    """Detections, rejects with reasons, filter and partition errors, admin denials, gaps.
+
+    Two scans: each row turns into an array of (kind, name, n) items which is exploded once,
+    rather than one scan of the cached data per kind.
+    """
+    rows = frows if frows is not None else filter_rows(events)
+    per_filter = rows.select(
         "topic",
         "api",
-        "ts",
         "filter_name",
         "module_sha256",
-        "detectors",
-        "rejected",
-        F.col("error_messages").alias("errors"),
+        "ts",
+        F.explode(
+            _items(
+                F.transform(
+                    F.filter(F.map_entries("detectors"), lambda e: e["value"] > 0),
+                    lambda e: _item("detection", e["key"], e["value"]),
+                ),
+                F.when(F.col("rejected") > 0, F.array(_item("rejected", "", F.col("rejected")))),
+                F.transform("error_messages", lambda m: _item("filter_error", m, 1)),
+            )
+        ).alias("item"),
+    )
+    kind = F.col("type")
+    is_batch = kind == "record_batch"
+    is_admin = (kind == "admin") & F.col("decision").isin("deny", "error")
+    is_gap = kind == "telemetry_dropped"
+    per_event = events.filter(is_batch | is_admin | is_gap).select(
+        F.when(is_admin, F.col("resource")).otherwise(F.col("topic")).alias("topic"),
+        F.when(is_admin, F.col("op")).otherwise(F.col("api")).alias("api"),
+        F.when(is_admin, F.col("filter.name"))
+        .when(is_gap, F.col("proxy.instance_id"))
+        .alias("filter_name"),
+        F.when(is_admin, F.col("filter.module_sha256")).alias("module_sha256"),
+        "ts",
+        F.explode(
+            F.when(
+                is_batch,
+                _items(
+                    F.transform(
+                        F.map_entries("reject_reasons"),
+                        lambda e: _item("reject_reason", e["key"], e["value"]),
+                    ),
+                    F.when(
+                        F.coalesce(F.col("error_code"), F.lit(0)) != 0,
+                        F.array(
+                            _item(
+                                "partition_error",
+                                F.concat_ws(
+                                    ": ",
+                                    F.col("error_code").cast("string"),
+                                    F.coalesce(F.col("error_message"), F.lit("")),
+                                ),
+                                1,
+                            )
+                        ),
+                    ),
+                ),
+            )
+            .when(
+                is_admin,
+                F.array(
+                    _item(
+                        F.concat(F.lit("admin_"), F.col("decision")),
+                        F.coalesce(F.col("message"), F.lit("")),
+                        1,
+                    )
+                ),
+            )
+            .otherwise(
+                F.array(
+                    _item(
+                        "telemetry_dropped",
+                        F.coalesce(F.col("reason"), F.lit("")),
+                        F.col("dropped"),
+                    )
+                )
+            )
+        ).alias("item"),
     )
     keys = ["kind", "topic", "api", "filter_name", "module_sha256", "name"]
-
-    def agg(df: DataFrame) -> DataFrame:
-        return df.groupBy(*keys).agg(
-            _sum0(F.col("n")).alias("count"),
-            F.count(F.lit(1)).alias("events"),
-            F.min("ts").alias("first_time"),
-            F.max("ts").alias("last_time"),
-        )
-
-    detections = per_filter.select(
-        F.lit("detection").alias("kind"),
+    union = per_filter.unionByName(per_event).select(
+        F.col("item.kind").alias("kind"),
         "topic",
         "api",
         "filter_name",
         "module_sha256",
-        "ts",
-        F.explode("detectors").alias("name", "n"),
-    ).filter(F.col("n") > 0)
-    rejected = per_filter.filter(F.col("rejected") > 0).select(
-        F.lit("rejected").alias("kind"),
-        "topic",
-        "api",
-        "filter_name",
-        "module_sha256",
-        F.lit("").alias("name"),
-        F.col("rejected").alias("n"),
+        F.col("item.name").alias("name"),
+        F.col("item.n").alias("n"),
         "ts",
     )
-    reasons = rb.select(
-        F.lit("reject_reason").alias("kind"),
-        "topic",
-        "api",
-        F.lit(None).cast("string").alias("filter_name"),
-        F.lit(None).cast("string").alias("module_sha256"),
-        "ts",
-        F.explode("reject_reasons").alias("name", "n"),
+    aggregated = union.groupBy(*keys).agg(
+        _sum0(F.col("n")).alias("count"),
+        F.count(F.lit(1)).alias("events"),
+        F.min("ts").alias("first_time"),
+        F.max("ts").alias("last_time"),
     )
-    filter_errors = per_filter.select(
-        F.lit("filter_error").alias("kind"),
-        "topic",
-        "api",
-        "filter_name",
-        "module_sha256",
-        "ts",
-        F.explode("errors").alias("name"),
-    ).withColumn("n", F.lit(1))
-    partition_errors = rb.filter(F.coalesce(F.col("error_code"), F.lit(0)) != 0).select(
-        F.lit("partition_error").alias("kind"),
-        "topic",
-        "api",
-        F.lit(None).cast("string").alias("filter_name"),
-        F.lit(None).cast("string").alias("module_sha256"),
-        F.concat_ws(
-            ": ", F.col("error_code").cast("string"), F.coalesce(F.col("error_message"), F.lit(""))
-        ).alias("name"),
-        F.lit(1).alias("n"),
-        "ts",
-    )
-    admin = events.filter(
-        (F.col("type") == "admin") & F.col("decision").isin("deny", "error")
-    ).select(
-        F.concat(F.lit("admin_"), F.col("decision")).alias("kind"),
-        F.col("resource").alias("topic"),
-        F.col("op").alias("api"),
-        F.col("filter.name").alias("filter_name"),
-        F.col("filter.module_sha256").alias("module_sha256"),
-        F.coalesce(F.col("message"), F.lit("")).alias("name"),
-        F.lit(1).alias("n"),
-        "ts",
-    )
-    gaps = events.filter(F.col("type") == "telemetry_dropped").select(
-        F.lit("telemetry_dropped").alias("kind"),
-        F.lit(None).cast("string").alias("topic"),
-        F.lit(None).cast("string").alias("api"),
-        F.col("proxy.instance_id").alias("filter_name"),
-        F.lit(None).cast("string").alias("module_sha256"),
-        F.coalesce(F.col("reason"), F.lit("")).alias("name"),
-        F.col("dropped").alias("n"),
-        "ts",
-    )
-    parts = [detections, rejected, reasons, filter_errors, partition_errors, admin, gaps]
-    cols = [*keys, "n", "ts"]
-    union = parts[0].select(*cols)
-    for part in parts[1:]:
-        union = union.unionByName(part.select(*cols))
-    return _sorted(agg(union), "kind", "topic", "api", "filter_name", "name")
+    return _sorted(aggregated, "kind", "topic", "api", "filter_name", "name")
 
 
 def admin(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
