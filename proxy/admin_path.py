@@ -90,7 +90,7 @@ def apply_incremental(current: dict[str, str | None], ops: Any) -> dict[str, str
 
 async def _current_configs(session: Session, names: list[str]) -> dict[str, dict[str, str | None]]:
     host, port = session.server.config.upstream[0]
-    conn = await UpstreamConnection.open(host, port)
+    conn = await UpstreamConnection.open(host, port, **session.server.upstream_tls_args(host))
     try:
         version = conn.pick_version(ApiKey.DESCRIBE_CONFIGS)
         from sluice.codec import schemas

@@ -108,13 +108,14 @@ class DeadLetterWriter:
                     )
 
     async def _produce(self, topic: str, letters: list[DeadLetter]) -> None:
-        host, port = self._server.config.upstream[0]
-        conn = await UpstreamConnection.open(host, port)
+        server = self._server
+        host, port = server.config.upstream[0]
+        conn = await UpstreamConnection.open(host, port, **server.upstream_tls_args(host))
         try:
             leader = await self._leader(conn, topic)
         finally:
             await conn.close()
-        conn = await UpstreamConnection.open(*leader)
+        conn = await UpstreamConnection.open(*leader, **server.upstream_tls_args(leader[0]))
         try:
             version = conn.pick_version(ApiKey.PRODUCE, ceiling=12)
             response = await conn.request(

@@ -40,8 +40,11 @@ class UpstreamConnection:
         self.versions: dict[int, tuple[int, int]] = {}
 
     @classmethod
-    async def open(cls, host: str, port: int, timeout: float = 10) -> UpstreamConnection:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    async def open(
+        cls, host: str, port: int, timeout: float = 10, **tls: Any
+    ) -> UpstreamConnection:
+        """Connect and negotiate versions; `tls` is ProxyServer.upstream_tls_args(host)."""
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, **tls), timeout)
         conn = cls(reader, writer)
         resp = await conn.request(
             ApiKey.API_VERSIONS, 3, client_software_name="sluice", client_software_version="0.1.0"
