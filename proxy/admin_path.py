@@ -12,7 +12,6 @@ the broker, and the two answers are merged in request order of items.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -287,8 +286,7 @@ async def handle_admin(session: Session, header: RequestHeader, frame: memoryvie
 
 def _answer(session: Session, header: RequestHeader, api: ApiKey, denied: list[_Denied]) -> None:
     cls = entities.response_class(api, header.api_version)
-    # throttle_time is required in these responses and has no neutral value in entities.build.
-    empty = entities.build(cls, throttle_time=datetime.timedelta(0), **{_APIS[api].results: ()})
+    empty = entities.build(cls, **{_APIS[api].results: ()})
     body = encode_response(_merge(api, empty, denied))
     session.answer(
         header,

@@ -8,6 +8,7 @@ read from the schema's type hints, so one piece of code serves every version.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import typing
 from typing import Any
 
@@ -38,12 +39,11 @@ def element_class(cls: type[Any], field_name: str) -> type[Any]:
 def _element_class(cls: type[Any], field_name: str) -> type[Any]:
     tp = _hints(cls)[field_name]
     origin = typing.get_origin(tp)
+    if origin is not None and origin is not tuple:  # Optional[X] or tuple[X, ...] | None
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        origin = typing.get_origin(tp)
     if origin is tuple:
         return typing.cast(type[Any], typing.get_args(tp)[0])
-    if origin is not None:  # Optional[X]
-        for arg in typing.get_args(tp):
-            if dataclasses.is_dataclass(arg):
-                return typing.cast(type[Any], arg)
     return typing.cast(type[Any], tp)
 
 
@@ -80,6 +80,10 @@ def _neutral(tp: Any) -> Any:
         return None
     if tp is ErrorCode:
         return ErrorCode(0)
+    if isinstance(tp, type) and issubclass(tp, datetime.timedelta):
+        # Throttle times and the like: no delay. kio's phantom types construct via parse().
+        parse: Any = getattr(tp, "parse", tp)
+        return parse(datetime.timedelta(0))
     if isinstance(tp, type):
         if issubclass(tp, bool):
             return tp(False)

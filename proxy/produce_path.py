@@ -10,7 +10,6 @@ A Produce the proxy cannot decode never reaches the broker: the connection is cl
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -235,7 +234,7 @@ def _local_response(header: RequestHeader, local: list[LocalAnswer]) -> bytes:
     from sluice.codec.headers import response_header_bytes
 
     cls = entities.response_class(ApiKey.PRODUCE, header.api_version)
-    empty = entities.build(cls, responses=(), throttle_time=datetime.timedelta(0))
+    empty = entities.build(cls, responses=())
     body = encode_response(_merge_local(empty, local))
     return response_header_bytes(header.correlation_id, header.api_key, header.api_version) + body
 
