@@ -219,7 +219,9 @@ class FilterChain:
                 else:
                     st.rejected += 1
                     reason = d.reason or "rejected"
-                    reasons[i] = f"filter {f.name}: {reason}"
+                    # Failure-policy rejects already name the filter ("filter X failed: ...").
+                    own = reason.startswith(f"filter {f.name} ")
+                    reasons[i] = reason if own else f"filter {f.name}: {reason}"
                     fates[i] = REJECT
                     by[i] = f.name
                     if d.dead_letter and f.spec.dead_letter_topic:
