@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--latency", action="store_true", help="profile the fixed-rate latency workload instead"
     )
+    ap.add_argument("--native", action="store_true", help="include native (C) frames")
     args = ap.parse_args(argv)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     configs = {
@@ -77,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
                 "raw",
                 "--output",
                 str(out),
-                "--nonblocking",
+                # --native cannot sample without pausing the process.
+                *(["--native"] if args.native else ["--nonblocking"]),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

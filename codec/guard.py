@@ -29,7 +29,7 @@ from kio.serial._introspect import (
 
 from .errors import DecodeError
 
-__all__ = ["check_body"]
+__all__ = ["check_body", "fields_end"]
 
 # (buffer, position, end) -> new position
 _Scan = Callable[[Any, int, int], int]
@@ -68,6 +68,27 @@ def check_body(entity_type: type[Any], body: Any) -> None:
         raise DecodeError("body truncated") from None
 
 
+_field_scanners: dict[object, _Scan] = {}
+
+
+def fields_end(entity_type: type[Any], body: Any) -> int:
+    """Offset in `body` where its top-level tagged-field section starts.
+
+    Every regular field is walked as in `check_body` (arrays checked, no objects built); the
+    top-level tagged fields are not read. A flexible body whose result is ``len(body) - 1``
+    and whose last byte is 0 carries no top-level tagged field: the proxy uses this to skip
+    decoding Produce/Fetch responses whose KIP-951 ``node_endpoints`` (a tagged field) are
+    absent.
+    """
+    scan = _field_scanners.get(entity_type)
+    if scan is None:
+        scan = _field_scanners[entity_type] = _build_entity_scanner(entity_type, False)[0]
+    try:
+        return scan(body, 0, len(body))
+    except (IndexError, struct.error):
+        raise DecodeError("body truncated") from None
+
+
 def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
     if pos >= end:
         raise DecodeError("body truncated inside a varint")
@@ -101,8 +122,9 @@ def _entity_scanner(entity_type: type[Any]) -> tuple[_Scan, int]:
     return found
 
 
-def _build_entity_scanner(entity_type: type[Any]) -> tuple[_Scan, int]:
-    """Generate a scanner function for one entity type.
+def _build_entity_scanner(entity_type: type[Any], tags: bool = True) -> tuple[_Scan, int]:
+    """Generate a scanner function for one entity type (`tags` False: stop before its own
+    tagged-field section).
 
     The scanner is generated as Python source with every field inlined (fixed-size runs
     folded into one addition, one-byte varints read without a call) because a function call
@@ -182,7 +204,7 @@ def _build_entity_scanner(entity_type: type[Any]) -> tuple[_Scan, int]:
             ]
             min_size += 1 if flexible else 4
     flush()
-    if flexible:
+    if flexible and tags:
         lines += [
             "count = buf[pos]",
             "if count < 0x80:",

@@ -16,8 +16,10 @@ import atheris
 with atheris.instrument_imports(include=["sluice"]):
     from sluice.codec.errors import CodecError
     from sluice.codec.frames import FrameBuffer, frame
+    from sluice.codec.guard import fields_end
     from sluice.codec.headers import parse_request_header
     from sluice.codec.messages import ApiKey, codec_version_range, decode_request, decode_response
+    from sluice.codec.schemas import response_schema
 
 _TARGETS = [
     (int(key), version)
@@ -53,6 +55,12 @@ def test_one_input(data: bytes) -> None:
             decode_response(api_key, version, body)
     except CodecError:
         pass
+    if not request:
+        try:
+            end = fields_end(response_schema(api_key, version), body)
+        except CodecError:
+            return
+        assert 0 <= end <= len(body)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+from kio.serial._introspect import get_field_tag
+
 from sluice.codec import schemas
 
 _ID_FIELDS = ("node_id", "broker_id", "leader_id")
@@ -74,6 +76,19 @@ def endpoint_paths(api_key: int, version: int) -> tuple[Path, ...]:
 
 def carries_endpoints(api_key: int, version: int) -> bool:
     return bool(endpoint_paths(api_key, version))
+
+
+@functools.cache
+def endpoints_only_in_tags(api_key: int, version: int) -> bool:
+    """Whether every endpoint of the response schema sits under a top-level tagged field (the
+    KIP-951 ``node_endpoints`` of Produce v10+ and Fetch v16+): a response without top-level
+    tagged fields then has none to rewrite."""
+    paths = endpoint_paths(api_key, version)
+    if not paths:
+        return False
+    cls = schemas.response_schema(api_key, version)
+    tagged = {f.name for f in dataclasses.fields(cls) if get_field_tag(f) is not None}
+    return all(path and path[0][0] in tagged for path in paths)
 
 
 def _node_id(entity: Any) -> int:

@@ -18,14 +18,16 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from sluice.codec.errors import CodecError
+from sluice.codec.guard import fields_end
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_response
+from sluice.codec.schemas import response_schema
 from sluice.proxy import telemetry
 from sluice.proxy.addresses import BrokerMap, NodeRoute
 from sluice.proxy.apiversions import rewrite_api_versions_response
 from sluice.proxy.config import ProxyConfig
 from sluice.proxy.dead_letters import DeadLetterWriter
-from sluice.proxy.endpoints import carries_endpoints, rewrite_endpoints
+from sluice.proxy.endpoints import carries_endpoints, endpoints_only_in_tags, rewrite_endpoints
 from sluice.proxy.limits import IdleReaper
 from sluice.proxy.logs import log
 from sluice.proxy.metrics import Metrics
@@ -147,6 +149,8 @@ class ProxyServer:
 
             return on_fetch_response
         if carries_endpoints(api_key, version):
+            if endpoints_only_in_tags(api_key, version):
+                return self._tagged_endpoint_hook
             return self._endpoint_hook
         return None
 
@@ -172,6 +176,23 @@ class ProxyServer:
             name = getattr(topic, "name", None)
             if topic_id is not None and name and topic_id.int != 0:
                 self.topic_names[topic_id] = name
+
+    def _tagged_endpoint_hook(
+        self, session: Session, pending: Pending, body: memoryview | bytes
+    ) -> Any:
+        """Produce v10+ / Fetch v16+ without fetch filters: their only endpoints are the
+        KIP-951 node_endpoints, a top-level tagged field. Most responses carry no top-level
+        tagged field at all; a scan of the regular fields proves it without decoding (the
+        full decode of every Produce response was the largest Python cost of pass-through)."""
+        hdr = pending.header
+        size = response_header_size(body, hdr.api_key, hdr.api_version)
+        try:
+            end = fields_end(response_schema(hdr.api_key, hdr.api_version), body[size:])
+        except CodecError:
+            end = -1  # the full decode below reports it
+        if end == len(body) - size - 1 and body[-1] == 0:
+            return body
+        return self._endpoint_hook(session, pending, body)
 
     def _endpoint_hook(self, session: Session, pending: Pending, body: memoryview | bytes) -> Any:
         hdr = pending.header

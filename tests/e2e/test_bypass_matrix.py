@@ -529,3 +529,52 @@ def test_share_group_apis_are_not_advertised_with_fetch_filters() -> None:
     shown = decode_response(18, 3, rewrite_api_versions_response(3, body))
     assert [int(k.api_key) for k in hidden.api_keys] == [1]
     assert [int(k.api_key) for k in shown.api_keys] == [1, 78, 79]
+
+
+# ------------------------------------------------------------------ KIP-951 node_endpoints
+@pytest.mark.parametrize(("api_key", "version"), [(0, 11), (0, 13), (1, 16), (1, 17)])
+def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
+    api_key: int, version: int
+) -> None:
+    """Produce v10+ and Fetch v16+ carry broker addresses only in the tagged node_endpoints.
+    The proxy skips decoding responses without top-level tagged fields (a fast path) and
+    must still rewrite every endpoint when they are present."""
+    from sluice.codec.headers import RequestHeader, response_header_bytes
+    from sluice.codec.messages import decode_response, encode_response
+    from sluice.codec.schemas import response_schema
+    from sluice.proxy import entities
+    from sluice.proxy.config import ProxyConfig
+    from sluice.proxy.server import ProxyServer
+    from sluice.proxy.session import Pending
+    from tests.harness.ports import free_port_block
+
+    base = free_port_block(9)
+    server = ProxyServer(ProxyConfig(listen=("127.0.0.1", base), upstream=[("127.0.0.1", 1)]))
+    hook = server.response_hook(api_key, version)
+    assert hook is not None
+    cls = response_schema(api_key, version)
+    ecls = wire._element(cls, "node_endpoints")
+    header = RequestHeader(api_key, version, 42, "c", 0, True)
+    times = {"throttle_time": datetime.timedelta(0)}
+
+    def frame(**values: Any) -> bytes:
+        body = encode_response(entities.build(cls, **times, **values))
+        return response_header_bytes(42, api_key, version) + body
+
+    plain = frame(responses=())
+    decode = server.decode_response_of
+
+    def no_decode(*args: Any) -> Any:
+        raise AssertionError("a response without tagged fields was decoded")
+
+    server.decode_response_of = no_decode
+    assert hook(None, Pending(header, True), plain) is plain, "no tagged fields: relayed as is"
+    server.decode_response_of = decode
+    remote = entities.build(ecls, node_id=7, host="broker-7.internal", port=9092, rack=None)
+    tagged = frame(responses=(), node_endpoints=(remote,))
+    out = hook(None, Pending(header, True), tagged)
+    size = len(response_header_bytes(42, api_key, version))
+    (endpoint,) = decode_response(api_key, version, out[size:]).node_endpoints
+    assert endpoint.host == "127.0.0.1" and int(endpoint.port) in range(base, base + 9), endpoint
+    for sock in server._unstarted.values():
+        sock[1].close()
