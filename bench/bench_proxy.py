@@ -15,7 +15,9 @@ noisy machine hit all variants alike). Per variant and round:
 - latency: records produced at a fixed rate (acks=all, linger 0, no compression), p50/p99
   of the time from produce() to the delivery callback;
 - CPU seconds per GB: user+system CPU of the process in the middle (proxy or relay) during
-  the produce and consume phases, divided by the payload bytes it carried both ways.
+  the produce and consume phases, divided by the payload bytes it carried both ways;
+- CPU µs per request: the same process's CPU during the latency phase per record (linger 0:
+  one Produce request and response each).
 
 The table reports medians over rounds; ratios are to direct.
 """
@@ -61,6 +63,7 @@ class Row:
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
     cpu_per_gb: list[float] = field(default_factory=list)
+    cpu_per_request: list[float] = field(default_factory=list)
 
 
 def variants() -> dict[str, Variant]:
@@ -115,9 +118,11 @@ def run(
                 cpu = _cpu(target.pid) - cpu0
                 lat_topic = workload.make_topic(target.bootstrap, partitions=1)
                 time.sleep(0.5)
+                lat_cpu = _cpu(target.pid)
                 lat = sorted(
                     workload.produce_latency(target.bootstrap, lat_topic, rate, latency_seconds)
                 )
+                lat_cpu = _cpu(target.pid) - lat_cpu
             row = table[name]
             row.produce.append(records / p)
             row.consume.append(records / c)
@@ -125,6 +130,7 @@ def run(
             row.p99.append(1000 * lat[int(len(lat) * 0.99)])
             if target.pid is not None:
                 row.cpu_per_gb.append(cpu / (2 * payload / 1e9))
+                row.cpu_per_request.append(1e6 * lat_cpu / len(lat))
             print(
                 f"  round {r + 1} {name:13s} produce {records / p:9.0f} rec/s  consume "
                 f"{records / c:9.0f} rec/s  p50 {row.p50[-1]:6.2f} ms  p99 {row.p99[-1]:6.2f} ms"
@@ -145,16 +151,17 @@ def report(table: dict[str, Row]) -> str:
     base_p99 = _median(base.p99)
     lines = [
         "| variant | produce rec/s | ratio | consume rec/s | ratio | p50 ms | p99 ms "
-        "| p99 added ms | CPU s/GB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| p99 added ms | CPU s/GB | CPU µs/request |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in table.items():
         p, c = _median(row.produce), _median(row.consume)
         p99 = _median(row.p99)
         cpu = f"{_median(row.cpu_per_gb):.2f}" if row.cpu_per_gb else "-"
+        per_req = f"{_median(row.cpu_per_request):.0f}" if row.cpu_per_request else "-"
         lines.append(
             f"| {name} | {p:.0f} | {p / base_p:.2f} | {c:.0f} | {c / base_c:.2f} "
-            f"| {_median(row.p50):.2f} | {p99:.2f} | {p99 - base_p99:+.2f} | {cpu} |"
+            f"| {_median(row.p50):.2f} | {p99:.2f} | {p99 - base_p99:+.2f} | {cpu} | {per_req} |"
         )
     if "relay" in table and "sluice" in table:
         relay, sl = table["relay"], table["sluice"]
