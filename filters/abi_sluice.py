@@ -32,6 +32,8 @@ from sluice.filters.records_io import AbiError, decode_filter_output, encode_fil
 
 ABI_VERSION: Final = 1
 MAX_ERROR_CHARS: Final = 500
+#: CPU time a batch call is allowed per record, on top of the filter's timeout_ms.
+RECORD_BUDGET_US: Final = 100
 
 _REQUIRED: Final = {
     "sluice_abi_version": ((), ("i32",)),
@@ -131,12 +133,18 @@ class SluiceAbi(AbiRunner):
         message = text.decode("utf-8", "replace")
         return message[:MAX_ERROR_CHARS] if message else None
 
-    def _call(self, admin: bool, data: bytes) -> bytes:
+    def _call(self, admin: bool, data: bytes, records: int = 0) -> bytes:
         guest = self.guest()  # may re-instantiate, which rebinds the RawFuncs
         ptr = self._write_input(guest, data)
         call = self._admin if admin else self._filter
         assert call is not None
-        result = call(ptr, len(data))
+        # timeout_ms bounds a call; a batch of N records also gets N x RECORD_BUDGET_US, so a
+        # producer's 5 000-record batch on a busy machine is not refused for being large.
+        guest.extra_ticks = int(records * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)
+        try:
+            result = call(ptr, len(data))
+        finally:
+            guest.extra_ticks = 0
         if result < 0:
             message = self.last_error(guest) or f"returned {result}"
             raise GuestFailure("error", message)
@@ -146,7 +154,7 @@ class SluiceAbi(AbiRunner):
     def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
             timestamp_base: int) -> tuple[list[Decision], dict[str, int]]:
         data = encode_filter_input(ctx, records, offset_base, timestamp_base)
-        out = self._call(False, data)
+        out = self._call(False, data, len(records))
         try:
             return decode_filter_output(out, len(records))
         except AbiError as exc:

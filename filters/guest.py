@@ -94,6 +94,9 @@ class GuestInstance:
         self.memory_bytes = memory_bytes
         self.timeout_ms = timeout_ms
         self.ticks = engine.ticks_for(timeout_ms)
+        # Added to `ticks` for the next outermost call: a batch call gets time in proportion to
+        # its records (set by the batch ABI before each call, 0 otherwise).
+        self.extra_ticks = 0
         self.store = wasmtime.Store(engine.engine)
         # memories=1 so that multi-memory cannot multiply the cap.
         self.store.set_limits(memory_size=memory_bytes, table_elements=1_000_000,
@@ -252,7 +255,7 @@ class RawFunc:
         # Only the outermost call arms the deadline: a host function calling back into the
         # guest (Connect ABI getters call alloc) must not extend it.
         if not guest.depth:
-            _set_deadline(guest._ctx, guest.ticks)
+            _set_deadline(guest._ctx, guest.ticks + guest.extra_ticks)
             guest.depth = 1
             guest.engine.wake()  # after raising depth: see engine's docstring
         else:

@@ -121,6 +121,18 @@ def test_epoch_deadline_stops_an_infinite_loop_quickly(load_wat: Load) -> None:
     assert 15 <= elapsed_ms < 200, elapsed_ms
 
 
+def test_batch_deadline_grows_with_the_batch(load_wat: Load) -> None:
+    # 20 ms per call plus 100 us per record: 3 000 records get about 320 ms before the stop.
+    f = load_wat("sluice_upper", timeout_ms=20)
+    f.run_batch(CTX, [rec(b"warm")])
+    batch = [rec(b"LOOP")] + [rec(b"x") for _ in range(2_999)]
+    started = time.perf_counter()
+    result = f.run_batch(CTX, batch)
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    assert result.failure is not None and result.failure.startswith("timeout:")
+    assert elapsed_ms >= 300, elapsed_ms
+
+
 def test_memory_cap_is_enforced_per_instance(load_wat: Load) -> None:
     f = load_wat("sluice_upper", max_memory_mb=2)
     result = f.run_batch(CTX, [rec(b"GROW")])
