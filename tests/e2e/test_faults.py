@@ -8,7 +8,7 @@ Documented behaviour (docs/PERFORMANCE.md, "Faults"):
   upstream connect (``upstream_connect_failed``). Once the broker listens again, clients
   recover through the same proxy. With S3 storage (moto's S3 server) every acknowledged record
   survives the restart exactly once, filtered.
-- Slow broker: the proxy sets no deadline of its own on upstream answers (the client's
+- Slow broker (answers delayed by 5 s): the proxy sets no deadline of its own on upstream answers (the client's
   request timeout decides); a slow connection never delays other connections.
 - A client that disconnects mid-request: its session and upstream connection are closed, its
   late response is discarded; no file descriptor or session is left behind.
@@ -326,7 +326,7 @@ def _settle_fds(proxy: SluiceProxy, baseline: int, timeout: float = 15) -> int:
 @pytest.fixture
 def slow_setup(tmp_path: Path) -> Iterator[tuple[TansuBroker, DelayRelay, SluiceProxy]]:
     broker_port = free_port()
-    with DelayRelay(broker_port, delay=3.0) as relay:
+    with DelayRelay(broker_port, delay=5.0) as relay:
         broker = TansuBroker(port=broker_port, advertised_port=relay.port)
         with broker, SluiceProxy(upstream=f"127.0.0.1:{relay.port}") as proxy:
             yield broker, relay, proxy
