@@ -13,7 +13,6 @@ import datetime
 import socket
 import struct
 import time
-import typing
 import uuid
 import zlib
 from collections.abc import Sequence
@@ -48,15 +47,6 @@ def raw_request(
 
 
 # ---------------------------------------------------------------- entities
-def _element(cls: type[Any], name: str) -> type[Any]:
-    """The entity class inside a (possibly nullable) tuple field."""
-    tp = typing.get_type_hints(cls)[name]
-    for arg in (tp, *typing.get_args(tp)):
-        if typing.get_origin(arg) is tuple:
-            return typing.cast(type[Any], typing.get_args(arg)[0])
-    return typing.cast(type[Any], tp)
-
-
 def api_versions_request(version: int = 3) -> Any:
     cls = request_schema(18, version)
     return entities.build(cls, client_software_name="sluice-raw", client_software_version="1.0")
@@ -65,7 +55,7 @@ def api_versions_request(version: int = 3) -> Any:
 def metadata_request(version: int, topics: list[str] | None) -> Any:
     """Metadata for `topics` (None: every topic)."""
     cls = request_schema(3, version)
-    tcls = _element(cls, "topics")
+    tcls = entities.element_class(cls, "topics")
     items = None if topics is None else tuple(entities.build(tcls, name=t) for t in topics)
     return entities.build(cls, topics=items, allow_auto_topic_creation=False)
 
@@ -110,8 +100,8 @@ def produce_request(
 ) -> Any:
     """A Produce request: (topic name or topic id, partition, records bytes) per partition."""
     cls = request_schema(0, version)
-    tcls = _element(cls, "topic_data")
-    pcls = _element(tcls, "partition_data")
+    tcls = entities.element_class(cls, "topic_data")
+    pcls = entities.element_class(tcls, "partition_data")
     by_topic: dict[str | uuid.UUID, list[Any]] = {}
     for topic, index, records in parts:
         by_topic.setdefault(topic, []).append(entities.build(pcls, index=index, records=records))
@@ -151,8 +141,8 @@ def fetch_request(
 ) -> Any:
     """A Fetch of one partition by topic name (v12-) or topic id (v13+)."""
     cls = request_schema(1, version)
-    tcls = _element(cls, "topics")
-    pcls = _element(tcls, "partitions")
+    tcls = entities.element_class(cls, "topics")
+    pcls = entities.element_class(tcls, "partitions")
     part = entities.build(
         pcls, partition=partition, fetch_offset=offset, partition_max_bytes=max_bytes
     )

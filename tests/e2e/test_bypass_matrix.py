@@ -517,7 +517,7 @@ def test_share_group_apis_are_not_advertised_with_fetch_filters() -> None:
     from sluice.proxy.server import _UNFILTERED_RECORD_APIS
 
     cls = response_schema(18, 3)
-    kcls = wire._element(cls, "api_keys")
+    kcls = entities.element_class(cls, "api_keys")
     offered = tuple(
         entities.build(kcls, api_key=key, min_version=lo, max_version=hi)
         for key, lo, hi in ((1, 4, 17), (78, 1, 2), (79, 1, 2))
@@ -553,7 +553,7 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     hook = server.response_hook(api_key, version)
     assert hook is not None
     cls = response_schema(api_key, version)
-    ecls = wire._element(cls, "node_endpoints")
+    ecls = entities.element_class(cls, "node_endpoints")
     header = RequestHeader(api_key, version, 42, "c", 0, True)
     times = {"throttle_time": datetime.timedelta(0)}
 
