@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,8 +21,9 @@ from typing import Any
 import pytest
 
 from bench import wire
+from sluice.codec.compression import compress
 from sluice.codec.messages import codec_version_range, encode_request
-from sluice.codec.records import crc32c
+from sluice.codec.records import Record, crc32c, encode_records
 from tests.e2e.clients import create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
@@ -191,6 +193,25 @@ def test_record_count_lower_than_the_records_present_is_refused(
     data[17:21] = crc32c(bytes(data[21:])).to_bytes(4, "big")
     errors, closed = produce_and_expect(filtering_proxy, 9, pm_topic, bytes(data))
     assert closed or errors == [CORRUPT_MESSAGE]
+    assert assert_nothing_unmasked(broker, pm_topic) == []
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_records_hidden_after_the_counted_ones_in_the_compressed_payload_are_refused(
+    broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str, codec: int
+) -> None:
+    """Two compressed streams back to back (gzip members, lz4/zstd frames, snappy streams),
+    record_count covering the first only: a decoder that stopped after the first stream or
+    after record_count records would let the filter miss the second record."""
+    first = bytes(encode_records([Record(0, 0, None, b"harmless", [])]))
+    second = bytes(encode_records([Record(1, 0, None, SECRET, [])]))
+    payload = bytes(compress(codec, first)) + bytes(compress(codec, second))
+    header = struct.pack(">qiibIhiqqqhii", 0, 0, -1, 2, 0, codec, 0, 1000, 1000, -1, -1, -1, 1)
+    data = bytearray(header + payload)
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
+    errors, closed = produce_and_expect(filtering_proxy, 9, pm_topic, bytes(data))
+    assert (errors, closed) == ([CORRUPT_MESSAGE], False)
     assert assert_nothing_unmasked(broker, pm_topic) == []
 
 
