@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import os
 import re
 import signal
 import time
@@ -144,50 +143,9 @@ def error_fields(exc: BaseException) -> dict[str, Any]:
 def check_telemetry(cfg: Mapping[str, Any] | None) -> str:
     """Validate ``telemetry:`` exactly as ``telemetry.make_sink`` does, without opening files
     or connections; returns a one-line description. Raises TelemetryConfigError."""
-    from sluice.proxy.telemetry_sinks import (  # the same key sets and checks as make_sink
-        _FILE_KEYS,
-        _KAFKA_KEYS,
-        DEFAULT_QUEUE_SIZE,
-        DEFAULT_ROTATE_BYTES,
-        DEFAULT_ROTATE_SECONDS,
-        TelemetryConfigError,
-        _get,
-    )
+    from sluice.proxy.telemetry_sinks import parse_telemetry_config
 
-    c = dict(cfg or {})
-    unknown = set(c) - _FILE_KEYS
-    if unknown:
-        raise TelemetryConfigError(f"telemetry.{sorted(unknown)[0]}: unknown key")
-    enabled = _get(c, "enabled", bool, "telemetry", True)
-    queue = _get(c, "queue_size", int, "telemetry", DEFAULT_QUEUE_SIZE)
-    parts: list[str] = []
-    directory = _get(c, "dir", (str, os.PathLike), "telemetry", None)
-    if directory is not None:
-        rotate_bytes = _get(c, "rotate_bytes", int, "telemetry", DEFAULT_ROTATE_BYTES)
-        rotate_s = _get(c, "rotate_seconds", (int, float), "telemetry", DEFAULT_ROTATE_SECONDS)
-        fsync = _get(c, "fsync", bool, "telemetry", True)
-        parts.append(f"JSON Lines files in {directory} (rotate at {rotate_bytes} bytes or "
-                     f"{rotate_s:g} s, fsync {'on' if fsync else 'off'})")
-    kafka = _get(c, "kafka", dict, "telemetry", None)
-    if kafka is not None:
-        unknown = set(kafka) - _KAFKA_KEYS
-        if unknown:
-            raise TelemetryConfigError(f"telemetry.kafka.{sorted(unknown)[0]}: unknown key")
-        bootstrap = _get(kafka, "bootstrap", str, "telemetry.kafka", None)
-        topic = _get(kafka, "topic", str, "telemetry.kafka", None)
-        if not bootstrap:
-            raise TelemetryConfigError("telemetry.kafka.bootstrap: required (HOST:PORT)")
-        if not topic:
-            raise TelemetryConfigError("telemetry.kafka.topic: required")
-        _get(kafka, "config", dict, "telemetry.kafka", None)
-        _get(kafka, "create_partitions", int, "telemetry.kafka", None)
-        _get(kafka, "message_timeout_ms", int, "telemetry.kafka", 30_000)
-        parts.append(f"Kafka topic {topic} at {bootstrap}")
-    if enabled is False:
-        return "off (enabled: false)"
-    if not parts:
-        return "off (no dir or kafka configured)"
-    return " and ".join(parts) + f", queue {queue} events"
+    return parse_telemetry_config(cfg).describe()
 
 
 def locate_telemetry_error(path: Path | None, exc: Exception) -> ConfigError:

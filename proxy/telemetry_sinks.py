@@ -21,6 +21,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -631,6 +632,82 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
+@dataclass(frozen=True, slots=True)
+class TelemetrySettings:
+    """The validated ``telemetry:`` section (see docs/TELEMETRY.md for each key)."""
+
+    enabled: bool
+    queue_size: int
+    directory: str | os.PathLike[str] | None
+    rotate_bytes: int
+    rotate_seconds: float
+    fsync: bool
+    kafka_bootstrap: str | None
+    kafka_topic: str | None
+    kafka_config: dict[str, Any] | None
+    create_partitions: int | None
+    message_timeout_ms: int
+
+    def describe(self) -> str:
+        """One line for `sluice config check` and start-up logs."""
+        if not self.enabled:
+            return "off (enabled: false)"
+        parts = []
+        if self.directory is not None:
+            parts.append(
+                f"JSON Lines files in {self.directory} (rotate at {self.rotate_bytes} bytes or "
+                f"{self.rotate_seconds:g} s, fsync {'on' if self.fsync else 'off'})"
+            )
+        if self.kafka_topic is not None:
+            parts.append(f"Kafka topic {self.kafka_topic} at {self.kafka_bootstrap}")
+        if not parts:
+            return "off (no dir or kafka configured)"
+        return " and ".join(parts) + f", queue {self.queue_size} events"
+
+
+def parse_telemetry_config(telemetry_config: Mapping[str, Any] | None) -> TelemetrySettings:
+    """Validate the ``telemetry:`` section without opening files or connections.
+
+    Raises ``TelemetryConfigError`` naming the offending field.
+    """
+    cfg = dict(telemetry_config or {})
+    unknown = set(cfg) - _FILE_KEYS
+    if unknown:
+        raise TelemetryConfigError(f"telemetry.{sorted(unknown)[0]}: unknown key")
+    bootstrap = topic = None
+    producer_config = create_partitions = None
+    message_timeout_ms = 30_000
+    kafka = _get(cfg, "kafka", dict, "telemetry", None)
+    if kafka is not None:
+        unknown = set(kafka) - _KAFKA_KEYS
+        if unknown:
+            raise TelemetryConfigError(f"telemetry.kafka.{sorted(unknown)[0]}: unknown key")
+        bootstrap = _get(kafka, "bootstrap", str, "telemetry.kafka", None)
+        topic = _get(kafka, "topic", str, "telemetry.kafka", None)
+        if not bootstrap:
+            raise TelemetryConfigError("telemetry.kafka.bootstrap: required (HOST:PORT)")
+        if not topic:
+            raise TelemetryConfigError("telemetry.kafka.topic: required")
+        producer_config = _get(kafka, "config", dict, "telemetry.kafka", None)
+        create_partitions = _get(kafka, "create_partitions", int, "telemetry.kafka", None)
+        message_timeout_ms = int(_get(kafka, "message_timeout_ms", int, "telemetry.kafka", 30_000))
+    return TelemetrySettings(
+        enabled=_get(cfg, "enabled", bool, "telemetry", True) is not False,
+        queue_size=int(_get(cfg, "queue_size", int, "telemetry", DEFAULT_QUEUE_SIZE)),
+        directory=_get(cfg, "dir", (str, os.PathLike), "telemetry", None),
+        rotate_bytes=int(_get(cfg, "rotate_bytes", int, "telemetry", DEFAULT_ROTATE_BYTES)),
+        rotate_seconds=float(
+            _get(cfg, "rotate_seconds", (int, float), "telemetry", DEFAULT_ROTATE_SECONDS)
+        ),
+        fsync=bool(_get(cfg, "fsync", bool, "telemetry", True)),
+        kafka_bootstrap=bootstrap,
+        kafka_topic=topic,
+        kafka_config=producer_config,
+        create_partitions=create_partitions,
+        message_timeout_ms=message_timeout_ms,
+    )
+
+
 def make_sink(
     telemetry_config: Mapping[str, Any] | None,
     instance_id: str,
@@ -643,51 +720,32 @@ def make_sink(
     both together write to both; ``None``/``{}``/``{enabled: false}`` is a ``NullSink``.
     Raises ``TelemetryConfigError`` naming the offending field.
     """
-    cfg = dict(telemetry_config or {})
-    unknown = set(cfg) - _FILE_KEYS
-    if unknown:
-        raise TelemetryConfigError(f"telemetry.{sorted(unknown)[0]}: unknown key")
-    if _get(cfg, "enabled", bool, "telemetry", True) is False:
+    settings = parse_telemetry_config(telemetry_config)
+    if not settings.enabled:
         return NullSink()
     info = proxy or proxy_info(instance_id)
-    queue_size = int(_get(cfg, "queue_size", int, "telemetry", DEFAULT_QUEUE_SIZE))
     sinks: list[TelemetrySink] = []
-    directory = _get(cfg, "dir", (str, os.PathLike), "telemetry", None)
-    if directory is not None:
+    if settings.directory is not None:
         sinks.append(
             FileSink(
                 info,
-                directory,
-                rotate_bytes=int(_get(cfg, "rotate_bytes", int, "telemetry", DEFAULT_ROTATE_BYTES)),
-                rotate_seconds=float(
-                    _get(cfg, "rotate_seconds", (int, float), "telemetry", DEFAULT_ROTATE_SECONDS)
-                ),
-                queue_size=queue_size,
-                fsync=bool(_get(cfg, "fsync", bool, "telemetry", True)),
+                settings.directory,
+                rotate_bytes=settings.rotate_bytes,
+                rotate_seconds=settings.rotate_seconds,
+                queue_size=settings.queue_size,
+                fsync=settings.fsync,
             )
         )
-    kafka = _get(cfg, "kafka", dict, "telemetry", None)
-    if kafka is not None:
-        unknown = set(kafka) - _KAFKA_KEYS
-        if unknown:
-            raise TelemetryConfigError(f"telemetry.kafka.{sorted(unknown)[0]}: unknown key")
-        bootstrap = _get(kafka, "bootstrap", str, "telemetry.kafka", None)
-        topic = _get(kafka, "topic", str, "telemetry.kafka", None)
-        if not bootstrap:
-            raise TelemetryConfigError("telemetry.kafka.bootstrap: required (HOST:PORT)")
-        if not topic:
-            raise TelemetryConfigError("telemetry.kafka.topic: required")
+    if settings.kafka_topic is not None and settings.kafka_bootstrap is not None:
         sinks.append(
             KafkaSink(
                 info,
-                bootstrap,
-                topic,
-                queue_size=queue_size,
-                producer_config=_get(kafka, "config", dict, "telemetry.kafka", None),
-                create_partitions=_get(kafka, "create_partitions", int, "telemetry.kafka", None),
-                message_timeout_ms=int(
-                    _get(kafka, "message_timeout_ms", int, "telemetry.kafka", 30_000)
-                ),
+                settings.kafka_bootstrap,
+                settings.kafka_topic,
+                queue_size=settings.queue_size,
+                producer_config=settings.kafka_config,
+                create_partitions=settings.create_partitions,
+                message_timeout_ms=settings.message_timeout_ms,
             )
         )
     if not sinks:
