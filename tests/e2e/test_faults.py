@@ -8,8 +8,9 @@ Documented behaviour (docs/PERFORMANCE.md, "Faults"):
   upstream connect (``upstream_connect_failed``). Once the broker listens again, clients
   recover through the same proxy. With S3 storage (moto's S3 server) every acknowledged record
   survives the restart exactly once, filtered.
-- Slow broker (answers delayed by 5 s): the proxy sets no deadline of its own on upstream answers (the client's
-  request timeout decides); a slow connection never delays other connections.
+- Slow broker (answers delayed by 5 s): the proxy sets no deadline of its own on upstream
+  answers (the client's request timeout decides); a slow connection never delays other
+  connections.
 - A client that disconnects mid-request: its session and upstream connection are closed, its
   late response is discarded; no file descriptor or session is left behind.
 - Telemetry directory unwritable: events are dropped and counted, a rate-limited warning is
