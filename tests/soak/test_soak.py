@@ -135,6 +135,7 @@ def soak_target(tmp_path: Path) -> Iterator[tuple[TansuBroker, SluiceProxy]]:
         yield broker, proxy
 
 
+@pytest.mark.timeout(SECONDS + 300)  # the project default (300 s) would cut a soak short
 def test_soak_memory_and_fds_stay_flat(soak_target: tuple[TansuBroker, SluiceProxy]) -> None:
     broker, proxy = soak_target
     assert proxy.process is not None
