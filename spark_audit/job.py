@@ -378,6 +378,16 @@ def _relative(path: str, out: str) -> str:
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Entry point shared by ``sluice audit`` and ``python -m sluice.spark_audit``."""
+    telemetry_path = str(args.telemetry)
+    if (
+        load.parse_kafka_url(telemetry_path) is None
+        and _is_local(telemetry_path)
+        and not _local(telemetry_path).exists()
+    ):
+        # Checked before Spark starts: a typo should not cost a JVM start and a stack trace.
+        print(f"sluice audit: --telemetry {telemetry_path}: no such file or directory",
+              file=sys.stderr)
+        return 2
     try:
         conf = parse_conf(list(args.conf or []))
         result = run_audit(
@@ -396,6 +406,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sluice audit: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # Spark's own errors (bad paths on a cluster, unreadable input)
+        if type(exc).__module__.startswith(("pyspark", "py4j")):
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"sluice audit: Spark refused the job: {first_line}", file=sys.stderr)
+            return 1
+        raise
     print(
         f"sluice audit: {result.events:,} events "
         f"({', '.join(f'{k} {v:,}' for k, v in sorted(result.events_by_type.items()))}) "

@@ -236,3 +236,13 @@ def test_bad_time_is_a_usage_error(spark: Any, telemetry_dir: Path, tmp_path: Pa
         ["audit", "--telemetry", str(telemetry_dir), "--out", str(tmp_path), "--from", "noon"]
     )
     assert code == 2
+
+
+def test_missing_telemetry_path_is_a_clear_error_before_spark_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-such-dir"
+    assert sluice_main(["audit", "--telemetry", str(missing), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--telemetry {missing}: no such file or directory" in err
+    assert "Traceback" not in err
