@@ -94,6 +94,19 @@ def filter_rows(events: DataFrame) -> DataFrame:
     )
 
 
+def _decision_sums() -> list[Column]:
+    """What the filters did, summed: the columns the audit and module reports share."""
+    return [
+        _sum0(F.col("kept")).alias("kept"),
+        _sum0(F.col("rewritten")).alias("rewritten"),
+        _sum0(F.col("dropped")).alias("dropped"),
+        _sum0(F.col("rejected")).alias("rejected"),
+        _sum0(F.col("detections")).alias("detections"),
+        _sum0(F.col("errors")).alias("errors"),
+        _sum0(F.col("time_ns")).alias("filter_time_ns"),
+    ]
+
+
 def _run_aggregates() -> list[Column]:
     return [
         F.array_sort(F.collect_set("filter_name")).alias("filter_names"),
@@ -104,13 +117,7 @@ def _run_aggregates() -> list[Column]:
             + _sum0(F.col("dropped"))
             + _sum0(F.col("rejected"))
         ).alias("records"),
-        _sum0(F.col("kept")).alias("kept"),
-        _sum0(F.col("rewritten")).alias("rewritten"),
-        _sum0(F.col("dropped")).alias("dropped"),
-        _sum0(F.col("rejected")).alias("rejected"),
-        _sum0(F.col("detections")).alias("detections"),
-        _sum0(F.col("errors")).alias("errors"),
-        _sum0(F.col("time_ns")).alias("filter_time_ns"),
+        *_decision_sums(),
         F.array_sort(F.collect_set("instance_id")).alias("proxy_instances"),
         F.array_sort(F.collect_set("host")).alias("proxy_hosts"),
         F.min("ts").alias("time_first"),
@@ -211,13 +218,7 @@ def audit_modules(events: DataFrame, frows: DataFrame | None = None) -> DataFram
             F.min("ts").alias("first_seen"),
             F.max("ts").alias("last_seen"),
             F.count(F.lit(1)).alias("batches"),
-            _sum0(F.col("kept")).alias("kept"),
-            _sum0(F.col("rewritten")).alias("rewritten"),
-            _sum0(F.col("dropped")).alias("dropped"),
-            _sum0(F.col("rejected")).alias("rejected"),
-            _sum0(F.col("detections")).alias("detections"),
-            _sum0(F.col("errors")).alias("errors"),
-            _sum0(F.col("time_ns")).alias("filter_time_ns"),
+            *_decision_sums(),
         )
     )
     loaded = (
