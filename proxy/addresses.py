@@ -60,6 +60,11 @@ class BrokerMap:
                 return port
         raise PortsExhausted(f"more than {self._max_nodes} broker nodes; configure node_ports")
 
+    def forget(self, node_id: int) -> None:
+        """Drop a node's route (its local port could not be bound); the next response that
+        names the node learns it again, on the next free port unless the port is fixed."""
+        self._routes.pop(node_id, None)
+
     def local_endpoint(
         self, node_id: int, upstream_host: str, upstream_port: int
     ) -> tuple[str, int]:

@@ -325,7 +325,21 @@ class ProxyServer:
         if route.node_id not in self._node_servers and route.node_id not in self._unstarted:
             # Listen now, synchronously: the client may dial this port as soon as it reads the
             # response that taught us the node, and the kernel backlog holds it until we serve.
-            self._unstarted[route.node_id] = (route, self._bound_socket(route.local_port))
+            try:
+                sock = self._bound_socket(route.local_port)
+            except OSError as exc:
+                # Say which port and why, and let the next Metadata response try again rather
+                # than leave the node unreachable for good.
+                log.error(
+                    "node_port_unavailable",
+                    node=route.node_id,
+                    local_port=route.local_port,
+                    error=exc.strerror,
+                    hint="free the port or set proxy.node_ports; retried on the next response",
+                )
+                self.broker_map.forget(route.node_id)
+                return
+            self._unstarted[route.node_id] = (route, sock)
         log.info(
             "broker_learned",
             node=route.node_id,

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sluice.local_broker import TansuBroker, free_port, wait_for_port
+from sluice.local_broker import TansuBroker, free_port_block, wait_for_port
 
 DEMO_CONFIG = """\
 # The demo's proxy config: the three shipped filters.
@@ -88,7 +88,8 @@ def ticket(rng: random.Random, i: int) -> bytes:
 
 @contextlib.contextmanager
 def proxy_process(config: Path, upstream: str, log_path: Path) -> Iterator[str]:
-    port = free_port()
+    # The proxy puts broker nodes on the ports after the bootstrap port: keep a few free.
+    port = free_port_block(9)
     listen = f"127.0.0.1:{port}"
     log = log_path.open("w")
     proc = subprocess.Popen(

@@ -29,6 +29,24 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port_block(size: int) -> int:
+    """A port P such that P .. P+size-1 are all free now (the proxy puts nodes at P+1, ...)."""
+    for _ in range(200):
+        base = free_port()
+        if base + size < 65535 and all(port_is_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports found on 127.0.0.1")
+
+
 def wait_for_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
