@@ -38,9 +38,13 @@ __all__ = [
     "Record",
     "RecordList",
     "build_batch",
+    "build_batch_from_section",
+    "check_section",
     "crc32c",
     "decode_records",
+    "decode_section",
     "parse_batch_header",
+    "records_section",
     "split_batches",
     "verify_crc",
 ]
@@ -219,8 +223,8 @@ def verify_crc(batch: Buffer) -> bool:
     return int(google_crc32c.value(bytes(view))) == stored
 
 
-def decode_records(batch: RawBatch) -> RecordList:
-    """Decompress and parse the records of a batch."""
+def records_section(batch: RawBatch) -> Buffer:
+    """The batch's records section, decompressed (Kafka's record encoding, no header)."""
     header = batch.header
     codec = header.compression
     if codec > _MAX_CODEC:
@@ -228,11 +232,13 @@ def decode_records(batch: RawBatch) -> RecordList:
     data = batch.data
     if len(data) < HEADER_SIZE:
         raise CorruptBatch("batch shorter than its header")
-    payload = data[HEADER_SIZE:]
-    plain = decompress(codec, payload)
     if header.record_count < 0:
         raise CorruptBatch(f"negative record count {header.record_count}")
-    # Hand aiokafka a copy of the batch whose header is neutralised: base offset and base
+    return decompress(codec, data[HEADER_SIZE:])
+
+
+def _neutral_batch(plain: Buffer, count: int, attributes: int) -> bytes:
+    # A copy of the batch whose header is neutralised for aiokafka: base offset and base
     # timestamp 0 (so it reports deltas), no compression (already undone) and CreateTime (for
     # LogAppendTime it would report maxTimestamp instead of each record's delta).
     neutral = _HEADER.pack(
@@ -241,23 +247,48 @@ def decode_records(batch: RawBatch) -> RecordList:
         -1,
         2,
         0,
-        header.attributes & ~(_COMPRESSION_MASK | _TIMESTAMP_TYPE_MASK),
-        header.last_offset_delta,
+        attributes & ~(_COMPRESSION_MASK | _TIMESTAMP_TYPE_MASK),
+        max(count - 1, 0),
         0,
         0,
         -1,
         -1,
         -1,
-        header.record_count,
+        count,
     )
+    return b"".join((neutral, plain))
+
+
+def decode_section(plain: Buffer, count: int, attributes: int = 0) -> list[Record]:
+    """Parse exactly `count` records from an uncompressed records section (CorruptBatch when
+    it holds anything else: fewer or more records, bad lengths, trailing bytes)."""
     try:
-        records = [
+        return [
             Record(r.offset, r.timestamp, r.key, r.value, r.headers)
-            for r in _CyBatch(b"".join((neutral, plain)))
+            for r in _CyBatch(_neutral_batch(plain, count, attributes))
         ]
     except Exception as exc:  # aiokafka's CorruptRecordException, UnicodeDecodeError, ...
         raise CorruptBatch(f"undecodable records: {exc}") from exc
-    return RecordList(records, codec, payload, plain)
+
+
+def check_section(plain: Buffer, count: int, attributes: int = 0) -> None:
+    """Raise CorruptBatch unless `plain` is exactly `count` well-formed records.
+
+    Parses every record like `decode_section` but keeps nothing: the check costs well under
+    0.1 µs per record, so a section the proxy did not parse itself can be vetted cheaply."""
+    try:
+        for _ in _CyBatch(_neutral_batch(plain, count, attributes)):
+            pass
+    except Exception as exc:
+        raise CorruptBatch(f"undecodable records: {exc}") from exc
+
+
+def decode_records(batch: RawBatch) -> RecordList:
+    """Decompress and parse the records of a batch."""
+    header = batch.header
+    plain = records_section(batch)
+    records = decode_section(plain, header.record_count, header.attributes)
+    return RecordList(records, header.compression, batch.data[HEADER_SIZE:], plain)
 
 
 def _encode_records_cython(records: list[Record]) -> Buffer | None:
@@ -335,19 +366,35 @@ def build_batch(header: BatchHeader, records: list[Record]) -> bytes:
     codec = header.compression
     if codec > _MAX_CODEC:
         raise UnsupportedCompression(f"compression codec id {codec}")
-    attributes = header.attributes
     plain = encode_records(records)
+    if records and codec != CODEC_NONE and isinstance(records, RecordList) and (
+            records._codec == codec and records._plain == plain):
+        return _assemble(header, header.attributes, records._payload, len(records))
+    return build_batch_from_section(header, plain, len(records))
+
+
+def build_batch_from_section(header: BatchHeader, plain: Buffer, count: int) -> bytes:
+    """Encode a whole v2 batch around an uncompressed records section of `count` records.
+
+    The header is kept as `build_batch` keeps it; the section is compressed with its codec
+    (an empty section makes an empty batch without compression bits, as Kafka writes them).
+    """
+    codec = header.compression
+    if codec > _MAX_CODEC:
+        raise UnsupportedCompression(f"compression codec id {codec}")
+    attributes = header.attributes
     payload: Buffer
-    if not records:
+    if not count:
         attributes &= ~_COMPRESSION_MASK
         payload = b""
     elif codec == CODEC_NONE:
         payload = plain
-    elif isinstance(records, RecordList) and records._codec == codec and records._plain == plain:
-        payload = records._payload
     else:
-        xerial = header.snappy_xerial is not False
-        payload = compress(codec, plain, xerial)
+        payload = compress(codec, plain, header.snappy_xerial is not False)
+    return _assemble(header, attributes, payload, count)
+
+
+def _assemble(header: BatchHeader, attributes: int, payload: Buffer, count: int) -> bytes:
     try:
         after_crc = _AFTER_CRC.pack(
             attributes,
@@ -357,7 +404,7 @@ def build_batch(header: BatchHeader, records: list[Record]) -> bytes:
             header.producer_id,
             header.producer_epoch,
             header.base_sequence,
-            len(records),
+            count,
         )
         crc = google_crc32c.extend(google_crc32c.value(after_crc), _as_bytes(payload))
         before_crc = _BEFORE_CRC.pack(

@@ -2,7 +2,9 @@
 
 Guest exports: ``memory``; ``sluice_abi_version() -> i32`` (= 1); ``sluice_alloc(i32) -> i32``;
 ``sluice_filter(i32, i32) -> i64``; optional ``sluice_init(i32, i32) -> i32``,
-``sluice_admin(i32, i32) -> i64``, ``sluice_last_error() -> i64``. Results pack
+``sluice_admin(i32, i32) -> i64``, ``sluice_last_error() -> i64``,
+``sluice_filter_records(i32, i32) -> i64`` (the same filter over Kafka's record encoding, the
+host's fast path: native_io). Results pack
 ``(ptr << 32) | len``; a negative result is an error whose text ``sluice_last_error`` may give.
 Byte layouts: records_io. The guest may reset an arena on each ``sluice_alloc``: the host calls
 it exactly once per guest call, right before it.
@@ -28,12 +30,15 @@ from sluice.filters.guest import (
     exports_memory,
     format_signature,
 )
+from sluice.filters.native_io import NativeOutput, decode_native_output, native_input_head
 from sluice.filters.records_io import AbiError, decode_filter_output, encode_filter_input
 
 ABI_VERSION: Final = 1
 MAX_ERROR_CHARS: Final = 500
 #: CPU time a batch call is allowed per record, on top of the filter's timeout_ms.
 RECORD_BUDGET_US: Final = 100
+
+Buffer = bytes | bytearray | memoryview
 
 _REQUIRED: Final = {
     "sluice_abi_version": ((), ("i32",)),
@@ -44,6 +49,7 @@ _OPTIONAL: Final = {
     "sluice_init": (("i32", "i32"), ("i32",)),
     "sluice_admin": (("i32", "i32"), ("i64",)),
     "sluice_last_error": ((), ("i64",)),
+    "sluice_filter_records": (("i32", "i32"), ("i64",)),
 }
 
 
@@ -82,12 +88,14 @@ class SluiceAbi(AbiRunner):
         self.has_init = "sluice_init" in sigs
         self.has_admin = "sluice_admin" in sigs
         self.has_last_error = "sluice_last_error" in sigs
+        self.has_native = "sluice_filter_records" in sigs
         self.config_json = spec.config_json
         self.prepare()
         self._alloc: RawFunc | None = None
         self._filter: RawFunc | None = None
         self._admin: RawFunc | None = None
         self._last_error: RawFunc | None = None
+        self._native: RawFunc | None = None
 
     @property
     def supports_admin(self) -> bool:
@@ -104,6 +112,7 @@ class SluiceAbi(AbiRunner):
         self._filter = guest.func("sluice_filter")
         self._admin = guest.func("sluice_admin") if self.has_admin else None
         self._last_error = guest.func("sluice_last_error") if self.has_last_error else None
+        self._native = guest.func("sluice_filter_records") if self.has_native else None
         if self.has_init:
             init = guest.func("sluice_init")
             assert init is not None
@@ -157,6 +166,33 @@ class SluiceAbi(AbiRunner):
         out = self._call(False, data, len(records))
         try:
             return decode_filter_output(out, len(records))
+        except AbiError as exc:
+            raise GuestFailure("invalid-output", str(exc)) from None
+
+    def run_native(self, ctx: RecordContext, records: Buffer, count: int, offset_base: int,
+                   timestamp_base: int) -> NativeOutput:
+        """``sluice_filter_records`` over one records section (GuestFailure on any failure)."""
+        head = native_input_head(ctx, count, offset_base, timestamp_base)
+        guest = self.guest()
+        assert self._alloc is not None
+        size = len(head) + len(records)
+        ptr = self._alloc(size) & 0xFFFFFFFF
+        if ptr == 0:
+            raise GuestFailure("memory", f"sluice_alloc({size}) returned 0")
+        guest.write(ptr, head)
+        guest.write(ptr + len(head), records)
+        call = self._native
+        assert call is not None
+        guest.extra_ticks = int(count * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)
+        try:
+            result = call(ptr, size)
+        finally:
+            guest.extra_ticks = 0
+        if result < 0:
+            raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
+        out_ptr, out_len = unpack(result)
+        try:
+            return decode_native_output(guest.read(out_ptr, out_len), count)
         except AbiError as exc:
             raise GuestFailure("invalid-output", str(exc)) from None
 

@@ -18,6 +18,7 @@ authentication.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from fnmatch import translate
@@ -34,6 +35,8 @@ from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
 
 ANONYMOUS: Final = "User:ANONYMOUS"
 _CACHE_LIMIT: Final = 10_000
+
+Buffer = bytes | bytearray | memoryview
 
 KEEP: Final = int(Action.KEEP)
 REWRITE: Final = int(Action.REWRITE)
@@ -107,6 +110,23 @@ class ChainResult:
     @property
     def rejected(self) -> list[tuple[int, str]]:
         return sorted(self.reasons.items())
+
+
+@dataclass(slots=True)
+class NativeChainResult:
+    """The chain over one records section in Kafka's encoding (`FilterChain.run_native`).
+
+    `records` is the section after the last filter (the input object itself when nothing
+    changed) holding `count` records; `rejected` maps an input index to ``filter NAME:
+    reason`` and `dropped` maps an input index to the filter that dropped it.
+    """
+
+    records: Buffer
+    count: int
+    changed: bool
+    rejected: dict[int, str]
+    dropped: dict[int, str]
+    stats: list[FilterStats]
 
 
 class _Bound:
@@ -229,6 +249,62 @@ class FilterChain:
                     current[i] = None
             alive = survivors
         return ChainResult(current, fates, reasons, by, dead, stats)
+
+    def native_for(self, topic: str, direction: str, principal: str | None = None) -> bool:
+        """Whether every filter bound here offers the native entry point (`run_native`)."""
+        filters = self.filters_for(topic, direction, principal)
+        return bool(filters) and all(f.native for f in filters)
+
+    def run_native(self, ctx: RecordContext, records: Buffer, count: int, *,
+                   offset_base: int = 0, timestamp_base: int = 0) -> NativeChainResult | None:
+        """Run a records section (Kafka's encoding, uncompressed) through the filters bound to
+        ctx's topic/direction, every one over its native entry point.
+
+        Same semantics as `run_records`; the records are never decoded here. Returns None
+        when a filter call failed: the caller then runs the batch through `run_records`,
+        where the filter's failure policy applies.
+        """
+        current = records
+        n = count
+        changed = False
+        alive: list[int] | None = None  # input index of each current record (None: identity)
+        rejected: dict[int, str] = {}
+        dropped: dict[int, str] = {}
+        stats: list[FilterStats] = []
+        for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
+            st = FilterStats(f.name, f.sha256)
+            stats.append(st)
+            if not n:
+                continue
+            started = time.perf_counter_ns()
+            out = f.run_native(ctx, current, n, offset_base=offset_base,
+                               timestamp_base=timestamp_base)
+            if out is None:
+                return None
+            st.time_ns = time.perf_counter_ns() - started
+            st.detector_counts = out.detector_counts
+            if out.records is None:
+                st.kept = n
+                continue
+            fates = out.fates
+            st.rewritten = fates.count(REWRITE)
+            st.dropped = fates.count(DROP)
+            st.rejected = fates.count(REJECT)
+            st.kept = n - st.rewritten - st.dropped - st.rejected
+            changed = True
+            current = out.records
+            if st.dropped or st.rejected:
+                index = alive if alive is not None else range(n)
+                for j, fate in enumerate(fates):
+                    if fate == DROP:
+                        dropped[index[j]] = f.name
+                    elif fate == REJECT:
+                        reason = out.rejects[j]
+                        own = reason.startswith(f"filter {f.name} ")
+                        rejected[index[j]] = reason if own else f"filter {f.name}: {reason}"
+                alive = [index[j] for j, fate in enumerate(fates) if fate <= REWRITE]
+                n = len(alive)
+        return NativeChainResult(current, n, changed, rejected, dropped, stats)
 
     def run_admin(self, resource: AdminResource) -> AdminVerdict:
         """Offer one admin resource to the ``admin`` filters bound to its name."""

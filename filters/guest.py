@@ -138,8 +138,14 @@ class GuestInstance:
         if ptr < 0 or ptr + n > self.memory_size():
             raise GuestFailure("invalid-output",
                                f"guest buffer {ptr}+{n} is outside linear memory")
-        if n:
-            ctypes.memmove(self._base() + ptr, data if isinstance(data, bytes) else bytes(data), n)
+        if not n:
+            return
+        if isinstance(data, bytes):
+            ctypes.memmove(self._base() + ptr, data, n)
+        else:
+            # Views (a decompressed records section) go in without an intermediate copy.
+            dst = (ctypes.c_ubyte * n).from_address(self._base() + ptr)
+            memoryview(dst).cast("B")[:] = memoryview(data).cast("B")
 
     def read(self, ptr: int, n: int) -> bytes:
         """Copy `n` bytes out of guest memory at `ptr` (GuestFailure if out of bounds)."""

@@ -53,11 +53,22 @@ from sluice.codec.records import (
     RawBatch,
     Record,
     build_batch,
+    build_batch_from_section,
+    check_section,
     decode_records,
+    decode_section,
+    records_section,
     split_batches,
     verify_crc,
 )
-from sluice.filters.chain import DROP, REJECT, DeadLetter, FilterChain, FilterStats
+from sluice.filters.chain import (
+    DROP,
+    REJECT,
+    DeadLetter,
+    FilterChain,
+    FilterStats,
+    NativeChainResult,
+)
 from sluice.filters.context import RecordContext
 
 NONE: Final = 0
@@ -152,6 +163,32 @@ def _decode(batch: RawBatch) -> tuple[list[Record] | None, int, str]:
         return None, CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
 
 
+def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
+                offset_base: int) -> NativeChainResult | None:
+    """The chain over the batch's records section without decoding it in Python, or None when
+    the batch needs the decoding path: it cannot be decoded (that path reports why), a filter
+    failed (that path applies the failure policy), or the final section is not exactly the
+    records it claims to be (the codec's check; unchanged input is checked the same way, so
+    nothing reaches a filtered topic that the decoding path would have refused)."""
+    header = batch.header
+    if header.compression > 4 or not verify_crc(batch.data):
+        return None
+    try:
+        plain = records_section(batch)
+        result = chain.run_native(ctx, plain, header.record_count, offset_base=offset_base,
+                                  timestamp_base=header.base_timestamp)
+        if result is not None:
+            check_section(result.records, result.count, header.attributes)
+    except CodecError:
+        return None
+    return result
+
+
+def _idempotent_drop(name: str) -> str:
+    return (f"filter {name}: dropped a record of an idempotent or transactional batch (a "
+            "drop would break its sequence numbers), so the batch is rejected")
+
+
 def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                    allow_multiple_batches: bool = False) -> ProduceOutcome:
     """Filter one partition of a Produce request (see the module docstring)."""
@@ -182,10 +219,31 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
     out = ProduceOutcome(records)
     rebuilt: list[bytes | memoryview] = []
     changed = False
+    native = chain.native_for(ctx.topic, "produce", ctx.principal)
     for batch in batches:
         header = batch.header
         if header.is_control:
             return fail(INVALID_RECORD, "clients may not send control batches")
+        nat = _run_native(chain, ctx, batch, 0) if native else None
+        if nat is not None:
+            _merge(out.stats, nat.stats)
+            errors: list[tuple[int, str]] = sorted(nat.rejected.items())
+            if header.has_producer_id and nat.dropped:
+                errors += [(i, _idempotent_drop(name)) for i, name in nat.dropped.items()]
+                errors.sort()
+            if errors:
+                out.record_errors.extend(errors)
+            elif not nat.changed:
+                rebuilt.append(batch.data)
+            else:
+                changed = True
+                if nat.dropped and nat.count:
+                    # Renumbering offset deltas and the max timestamp needs the records.
+                    kept = decode_section(nat.records, nat.count)
+                    rebuilt.append(_build_produce(header, kept, dropped=True))
+                elif nat.count:
+                    rebuilt.append(build_batch_from_section(header, nat.records, nat.count))
+            continue
         decoded, code, message = _decode(batch)
         if decoded is None:
             return fail(code, message)
@@ -193,13 +251,11 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                                    timestamp_base=header.base_timestamp)
         _merge(out.stats, result.stats)
         out.dead_letters.extend(result.dead_letters)
-        errors: list[tuple[int, str]] = sorted(result.reasons.items())
+        errors = sorted(result.reasons.items())
         if header.has_producer_id:
             for i, fate in enumerate(result.fates):
                 if fate == DROP:
-                    errors.append((i, f"filter {result.by[i]}: dropped a record of an "
-                                      "idempotent or transactional batch (a drop would break "
-                                      "its sequence numbers), so the batch is rejected"))
+                    errors.append((i, _idempotent_drop(result.by[i])))
             errors.sort()
         if errors:
             out.record_errors.extend(errors)
@@ -274,10 +330,20 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer) -> Fet
     out = FetchOutcome(records)
     parts: list[Buffer] = []
     changed = False
+    native = chain.native_for(ctx.topic, "fetch", ctx.principal)
     for batch in batches:
         header = batch.header
         if header.is_control or header.record_count == 0:
             parts.append(batch.data)
+            continue
+        nat = _run_native(chain, ctx, batch, header.base_offset) if native else None
+        if nat is not None:
+            _merge(out.stats, nat.stats)
+            if nat.changed:
+                changed = True
+                parts.append(build_batch_from_section(header, nat.records, nat.count))
+            else:
+                parts.append(batch.data)
             continue
         decoded, code, message = _decode(batch)
         if decoded is None:

@@ -41,11 +41,14 @@ from sluice.filters.decisions import Action, BatchResult, Decision
 from sluice.filters.engine import FilterEngine, default_engine
 from sluice.filters.guest import GuestFailure
 from sluice.filters.module_cache import ModuleCache
+from sluice.filters.native_io import NativeOutput
 from sluice.filters.records_io import AbiError
 
 __all__ = ["FilterLoadError", "LoadedFilter", "load_filter", "shared_cache"]
 
 log = structlog.get_logger("sluice.filters")
+
+Buffer = bytes | bytearray | memoryview
 
 _caches: dict[tuple[int, str | None], ModuleCache] = {}
 _caches_lock = threading.Lock()
@@ -126,11 +129,39 @@ class LoadedFilter:
         self._runner = runner
         self._lock = threading.Lock()
         self.failures: Counter[str] = Counter()
+        #: Fast-path calls that failed and were redone through run_batch.
+        self.native_fallbacks = 0
         self._log = log.bind(filter=spec.name, sha256=sha256[:16], abi=runner.abi)
 
     @property
     def supports_admin(self) -> bool:
         return self._runner.supports_admin
+
+    @property
+    def native(self) -> bool:
+        """Whether the module offers ``sluice_filter_records`` (the host's fast path)."""
+        return isinstance(self._runner, SluiceAbi) and self._runner.has_native
+
+    def run_native(self, ctx: RecordContext, records: Buffer, count: int, *,
+                   offset_base: int = 0, timestamp_base: int = 0) -> NativeOutput | None:
+        """Run the filter over a records section in Kafka's encoding (see native_io).
+
+        Returns None when the call failed in any way, without counting or logging it: the
+        caller then runs the batch through `run_batch`, which meets the same failure (guests
+        are deterministic) and applies, counts and logs the failure policy once. The cost is
+        a second call on a failing batch only.
+        """
+        runner = self._runner
+        if not isinstance(runner, SluiceAbi) or not runner.has_native:
+            return None
+        with self._lock:
+            try:
+                return runner.run_native(ctx, records, count, offset_base, timestamp_base)
+            except Exception as exc:
+                if not isinstance(exc, GuestFailure):
+                    runner.discard()
+                self.native_fallbacks += 1
+                return None
 
     @property
     def instantiations(self) -> int:

@@ -1158,6 +1158,270 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     return sl__pack(out, (uint32_t)(w - out));
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* sluice_filter_records: the same filter over Kafka's own record encoding                     */
+/* ------------------------------------------------------------------------------------------ */
+/* The host hands over a batch's records section exactly as Kafka stores it (uncompressed) and
+ * gets back the new records section plus one fate byte per record. Keeping Kafka's encoding on
+ * both sides is what lets the host skip decoding and re-encoding every record in Python. */
+
+static int64_t sl__varlong(sl__rd *r) {
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 64; shift += 7) {
+        if (r->p >= r->end) break;
+        uint8_t b = *r->p++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return (int64_t)((v >> 1) ^ (~(v & 1) + 1)); /* zigzag */
+    }
+    r->ok = 0;
+    return 0;
+}
+
+/* Kafka's varint fields are 32-bit; anything wider is a malformed record. */
+static int32_t sl__varint(sl__rd *r) {
+    int64_t v = sl__varlong(r);
+    if (v < -2147483647 - 1 || v > 2147483647) r->ok = 0;
+    return r->ok ? (int32_t)v : 0;
+}
+
+static sluice_bytes sl__vbytes(sl__rd *r, int nullable) {
+    int32_t n = sl__varint(r);
+    if (!r->ok) return sluice_null();
+    if (n < 0) {
+        if (!nullable || n != -1) r->ok = 0;
+        return sluice_null();
+    }
+    if (r->end - r->p < n) {
+        r->ok = 0;
+        return sluice_null();
+    }
+    sluice_bytes b = sluice_bytes_of(r->p, (size_t)n);
+    r->p += n;
+    return b;
+}
+
+static uint32_t sl__vsize(int64_t v) {
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    uint32_t n = 1;
+    while (z > 0x7f) {
+        z >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static void sl__wvar(uint8_t **p, int64_t v) {
+    uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    while (z > 0x7f) {
+        *(*p)++ = (uint8_t)((z & 0x7f) | 0x80);
+        z >>= 7;
+    }
+    *(*p)++ = (uint8_t)z;
+}
+
+static uint64_t sl__vblen(sluice_bytes b) {
+    return b.len < 0 ? 1u : sl__vsize(b.len) + (uint64_t)b.len;
+}
+
+static void sl__wvbytes(uint8_t **p, sluice_bytes b) {
+    if (b.len < 0) {
+        sl__wvar(p, -1);
+        return;
+    }
+    sl__wvar(p, b.len);
+    if (b.len) memcpy(*p, b.ptr, (size_t)b.len);
+    *p += b.len;
+}
+
+typedef struct {
+    const uint8_t *raw;  /* the record as it came, length prefix included */
+    uint32_t raw_len;
+    uint8_t attributes;
+    int64_t timestamp_delta;
+    int32_t offset_delta;
+    sluice_decision d;
+} sl__native;
+
+static uint64_t sl__rewrite_body(const sl__native *n) {
+    const sluice_decision *d = &n->d;
+    uint64_t size = 1u + sl__vsize(n->timestamp_delta) + sl__vsize(n->offset_delta) + sl__vblen(d->key) +
+                    sl__vblen(d->value) + sl__vsize(d->header_count);
+    for (uint32_t h = 0; h < d->header_count; h++) {
+        sluice_bytes hk = d->headers[h].key;
+        size += sl__vblen(hk.len < 0 ? sluice_bytes_of("", 0) : hk) + sl__vblen(d->headers[h].value);
+    }
+    return size;
+}
+
+static int sl__ensure_init(void) {
+    if (!sl__initialised && sluice_on_config) {
+        if (sluice_on_config(NULL) != 0) {
+            if (sl__error_len == 0) sluice_set_error("filter needs a configuration");
+            return 0;
+        }
+        sl__initialised = 1;
+    }
+    return 1;
+}
+
+__attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_records(int32_t in_ptr, int32_t in_len) {
+    sl__begin_call(in_ptr, in_len);
+    if (!sl__ensure_init()) return -1;
+    sl__rd r = {(const uint8_t *)(uintptr_t)(uint32_t)in_ptr, (const uint8_t *)(uintptr_t)(uint32_t)in_ptr + (uint32_t)in_len, 1};
+    sluice_record ctx;
+    memset(&ctx, 0, sizeof ctx);
+    uint32_t version = sl__u32(&r);
+    if (r.ok && version != SLUICE_ABI_VERSION) {
+        sluice_set_error("unsupported input version");
+        return -1;
+    }
+    if (r.end - r.p < 1) r.ok = 0;
+    else ctx.direction = *r.p++;
+    ctx.topic = sl__bytes(&r, 0);
+    ctx.partition = (int32_t)sl__u32(&r);
+    ctx.client_id = sl__bytes(&r, 0);
+    ctx.principal = sl__bytes(&r, 0);
+    int64_t offset_base = sl__i64(&r);
+    int64_t timestamp_base = sl__i64(&r);
+    uint32_t count = sl__u32(&r);
+    /* The smallest Kafka record is 7 bytes (length and six one-byte fields). */
+    if (!r.ok || count > (uint32_t)(r.end - r.p) / 7u + 1u) {
+        sluice_set_error("malformed batch header");
+        return -1;
+    }
+    sl__native *recs = (sl__native *)sluice_malloc(sizeof(sl__native) * (count ? count : 1));
+    if (recs == NULL) {
+        sluice_set_error("out of memory");
+        return -1;
+    }
+    uint32_t changed = 0, rejects = 0;
+    uint64_t records_size = 0, rejects_size = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        sl__native *n = &recs[i];
+        n->raw = r.p;
+        int32_t len = sl__varint(&r);
+        if (!r.ok || len < 0 || r.end - r.p < len) {
+            sluice_set_error("malformed record");
+            return -1;
+        }
+        sl__rd body = {r.p, r.p + len, 1};
+        r.p += len;
+        n->raw_len = (uint32_t)(r.p - n->raw);
+        sluice_record rec = ctx;
+        rec.index = i;
+        if (body.end - body.p < 1) body.ok = 0;
+        else n->attributes = *body.p++;
+        n->timestamp_delta = sl__varlong(&body);
+        n->offset_delta = sl__varint(&body);
+        rec.offset = offset_base + n->offset_delta;
+        rec.timestamp_ms = timestamp_base + n->timestamp_delta;
+        rec.key = sl__vbytes(&body, 1);
+        rec.value = sl__vbytes(&body, 1);
+        int32_t hc = sl__varint(&body);
+        if (!body.ok || hc < 0 || (uint32_t)hc > (uint32_t)(body.end - body.p) / 2u) {
+            sluice_set_error("malformed record");
+            return -1;
+        }
+        rec.header_count = (uint32_t)hc;
+        sluice_header *hs = NULL;
+        if (hc) {
+            hs = (sluice_header *)sluice_malloc(sizeof(sluice_header) * (uint32_t)hc);
+            if (hs == NULL) {
+                sluice_set_error("out of memory");
+                return -1;
+            }
+            for (int32_t h = 0; h < hc; h++) {
+                hs[h].key = sl__vbytes(&body, 0);
+                hs[h].value = sl__vbytes(&body, 1);
+            }
+        }
+        if (!body.ok || body.p != body.end) {
+            sluice_set_error("malformed record");
+            return -1;
+        }
+        rec.headers = hs;
+        sluice_decision d = sluice_on_record ? sluice_on_record(&rec) : sluice_keep();
+        if (d.kind == SLUICE_ERROR) {
+            sluice_set_error_bytes(d.reason);
+            if (sl__error_len == 0) sluice_set_error("filter error");
+            return -1;
+        }
+        n->d = d;
+        if (d.kind == SLUICE_KEEP) {
+            records_size += n->raw_len;
+        } else if (d.kind == SLUICE_REWRITE) {
+            uint64_t b = sl__rewrite_body(n);
+            records_size += sl__vsize((int64_t)b) + b;
+            changed++;
+        } else if (d.kind == SLUICE_DROP) {
+            changed++;
+        } else if (d.kind == SLUICE_REJECT) {
+            rejects_size += 4u + sl__blen(d.reason);
+            changed++;
+            rejects++;
+        } else {
+            sluice_set_error("filter returned an unknown decision");
+            return -1;
+        }
+    }
+    if (r.p != r.end) {
+        sluice_set_error("malformed batch: bytes after the last record");
+        return -1;
+    }
+    uint64_t out_size = 4u + count + 4u + (changed ? records_size : 0u) + 4u + rejects_size + 4u;
+    for (uint32_t c = 0; c < sl__counter_n; c++) out_size += 8u + sl__counters[c].name_len;
+    if (out_size > 0x7fffffffu || records_size > 0x7fffffffu) {
+        sluice_set_error("output too large");
+        return -1;
+    }
+    uint8_t *out = (uint8_t *)sluice_malloc((size_t)out_size);
+    if (out == NULL) {
+        sluice_set_error("out of memory");
+        return -1;
+    }
+    uint8_t *w = out;
+    sl__w32(&w, count);
+    for (uint32_t i = 0; i < count; i++) *w++ = recs[i].d.kind;
+    if (!changed) {
+        sl__w32(&w, 0xFFFFFFFFu); /* -1: the records section is unchanged */
+    } else {
+        sl__w32(&w, (uint32_t)records_size);
+        for (uint32_t i = 0; i < count; i++) {
+            const sl__native *n = &recs[i];
+            if (n->d.kind == SLUICE_KEEP) {
+                memcpy(w, n->raw, n->raw_len);
+                w += n->raw_len;
+            } else if (n->d.kind == SLUICE_REWRITE) {
+                const sluice_decision *d = &n->d;
+                sl__wvar(&w, (int64_t)sl__rewrite_body(n));
+                *w++ = n->attributes;
+                sl__wvar(&w, n->timestamp_delta);
+                sl__wvar(&w, n->offset_delta);
+                sl__wvbytes(&w, d->key);
+                sl__wvbytes(&w, d->value);
+                sl__wvar(&w, d->header_count);
+                for (uint32_t h = 0; h < d->header_count; h++) {
+                    sluice_bytes hk = d->headers[h].key;
+                    sl__wvbytes(&w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
+                    sl__wvbytes(&w, d->headers[h].value);
+                }
+            }
+        }
+    }
+    sl__w32(&w, rejects);
+    for (uint32_t i = 0; i < count; i++) {
+        if (recs[i].d.kind != SLUICE_REJECT) continue;
+        sl__w32(&w, i);
+        sl__wbytes(&w, recs[i].d.reason.len < 0 ? sluice_bytes_of("", 0) : recs[i].d.reason);
+    }
+    sl__w32(&w, sl__counter_n);
+    for (uint32_t c = 0; c < sl__counter_n; c++) {
+        sl__wbytes(&w, sluice_bytes_of(sl__counters[c].name, sl__counters[c].name_len));
+        sl__w32(&w, sl__counters[c].count);
+    }
+    return sl__pack(out, (uint32_t)(w - out));
+}
+
 #ifdef SLUICE_ADMIN_FILTER
 /* Exported only by admin filters: the host offers admin requests to modules exporting it. */
 __attribute__((export_name("sluice_admin"))) int64_t sluice_admin(int32_t in_ptr, int32_t in_len) {

@@ -1,0 +1,153 @@
+"""Byte layout of ``sluice_filter_records``: the Sluice ABI v1 entry point over Kafka's own
+record encoding (the fast path; ``sluice_filter`` in records_io is the portable one).
+
+The host passes a batch's records section as Kafka stores it, decompressed, and reads back
+the new records section plus one fate byte per record, so neither side builds per-record
+objects in Python. All integers little-endian; ``str`` = u32 length + UTF-8 bytes.
+
+Input (host -> guest)::
+
+    u32 version (=1) | u8 direction (0 produce, 1 fetch) | str topic | i32 partition |
+    str client_id | str principal | i64 offset_base | i64 timestamp_base |
+    u32 record_count | the records section (Kafka RecordBatch v2 records, uncompressed)
+
+Output (guest -> host)::
+
+    u32 record_count (= input) | record_count x u8 fate (0 keep, 1 rewrite, 2 drop, 3 reject) |
+    i32 records_len (-1: every record kept, the section is unchanged) | records_len bytes:
+      the kept and rewritten records in input order, in Kafka's record encoding |
+    u32 reject_count | per reject: u32 index, str reason |
+    u32 detector_count | per detector: str name, u32 count
+
+`decode_native_output` checks everything but the records section itself, which the caller
+validates with the codec (it knows how many records it must hold: keeps + rewrites).
+It never raises anything but `AbiError`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Final
+
+from sluice.filters.context import DIRECTION_CODE, RecordContext
+from sluice.filters.records_io import MAX_REASON_CHARS, AbiError
+
+ABI_VERSION: Final = 1
+FATE_KEEP: Final = 0
+FATE_REWRITE: Final = 1
+FATE_DROP: Final = 2
+FATE_REJECT: Final = 3
+
+_U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_HEAD = struct.Struct("<IB")
+_TAIL = struct.Struct("<qqI")
+
+
+def _str(value: str | None) -> bytes:
+    raw = (value or "").encode("utf-8", "surrogateescape")
+    return _U32.pack(len(raw)) + raw
+
+
+def native_input_head(ctx: RecordContext, record_count: int, offset_base: int,
+                      timestamp_base: int) -> bytes:
+    """Everything of the input before the records section (the caller appends it)."""
+    return b"".join((
+        _HEAD.pack(ABI_VERSION, DIRECTION_CODE[ctx.direction]),
+        _str(ctx.topic),
+        _I32.pack(ctx.partition),
+        _str(ctx.client_id),
+        _str(ctx.principal),
+        _TAIL.pack(offset_base, timestamp_base, record_count),
+    ))
+
+
+@dataclass(slots=True)
+class NativeOutput:
+    """One filter's answer for one records section.
+
+    `fates[i]` is the fate byte of input record i; `records` is the new records section, or
+    None when every record was kept; `rejects` maps input index -> reason.
+    """
+
+    fates: bytes
+    records: bytes | None
+    rejects: dict[int, str] = field(default_factory=dict)
+    detector_counts: dict[str, int] = field(default_factory=dict)
+
+    def count(self, fate: int) -> int:
+        return self.fates.count(fate)
+
+
+def _u32(buf: bytes, pos: int, what: str) -> int:
+    if pos + 4 > len(buf):
+        raise AbiError(f"output truncated reading {what} at byte {pos}")
+    return int(_U32.unpack_from(buf, pos)[0])
+
+
+def _text(buf: bytes, pos: int, what: str) -> tuple[str, int]:
+    n = _u32(buf, pos, what)
+    pos += 4
+    if pos + n > len(buf):
+        raise AbiError(f"output truncated reading {what} at byte {pos}")
+    try:
+        return buf[pos:pos + n].decode("utf-8"), pos + n
+    except UnicodeDecodeError:
+        raise AbiError(f"{what} is not valid UTF-8") from None
+
+
+def decode_native_output(buf: bytes, expected_records: int) -> NativeOutput:
+    """Parse a ``sluice_filter_records`` output (AbiError when it breaks the layout)."""
+    count = _u32(buf, 0, "record_count")
+    if count != expected_records:
+        raise AbiError(f"output has {count} fates for {expected_records} records")
+    pos = 4
+    if pos + count > len(buf):
+        raise AbiError(f"output truncated reading fates at byte {pos}")
+    fates = buf[pos:pos + count]
+    pos += count
+    if count and max(fates) > FATE_REJECT:
+        raise AbiError(f"unknown fate {max(fates)}")
+    if pos + 4 > len(buf):
+        raise AbiError(f"output truncated reading records_len at byte {pos}")
+    records_len = _I32.unpack_from(buf, pos)[0]
+    pos += 4
+    all_kept = fates.count(FATE_KEEP) == count
+    records: bytes | None = None
+    if records_len == -1:
+        if not all_kept:
+            raise AbiError("records_len -1 (unchanged) with records not kept")
+    elif records_len < 0:
+        raise AbiError(f"negative records_len {records_len}")
+    else:
+        if pos + records_len > len(buf):
+            raise AbiError(f"output truncated reading {records_len} bytes of records")
+        # A guest that keeps everything yet returns a section: the input stands.
+        records = None if all_kept else buf[pos:pos + records_len]
+        pos += records_len
+    nrej = _u32(buf, pos, "reject_count")
+    pos += 4
+    if nrej != fates.count(FATE_REJECT):
+        raise AbiError(f"{nrej} reject reasons for {fates.count(FATE_REJECT)} rejected records")
+    rejects: dict[int, str] = {}
+    for _ in range(nrej):
+        index = _u32(buf, pos, "reject index")
+        reason, pos = _text(buf, pos + 4, "reject reason")
+        if index >= count or fates[index] != FATE_REJECT or index in rejects:
+            raise AbiError(f"reject reason for record {index}, which was not rejected")
+        if len(reason) > MAX_REASON_CHARS:
+            reason = reason[:MAX_REASON_CHARS] + "..."
+        rejects[index] = reason or "rejected by filter"
+    detectors: dict[str, int] = {}
+    nd = _u32(buf, pos, "detector_count")
+    pos += 4
+    if nd * 8 > len(buf) - pos:
+        raise AbiError(f"detector count {nd} exceeds the output size")
+    for _ in range(nd):
+        name, pos = _text(buf, pos, "detector name")
+        detectors[name] = detectors.get(name, 0) + _u32(buf, pos, "detector count")
+        pos += 4
+    if pos != len(buf):
+        raise AbiError(f"{len(buf) - pos} unexpected bytes after the output")
+    return NativeOutput(fates, records, rejects, detectors)
