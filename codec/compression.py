@@ -176,7 +176,10 @@ def compress(codec: int, data: Buffer, xerial: bool = True) -> Buffer:
             return _xerial_compress(data)
         return bytes(cramjam.snappy.compress_raw(data))
     if codec == CODEC_LZ4:
-        compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        # Level 0 is LZ4's fast mode, which librdkafka producers use by default; cramjam's
+        # default (4) is the high-compression mode, ~6x slower for ~25% smaller batches.
+        compressor = cramjam.lz4.Compressor(level=0, content_checksum=False,
+                                            block_linked=False)
         compressor.compress(data if isinstance(data, bytes) else bytes(data))
         return bytes(compressor.finish())
     if codec == CODEC_ZSTD:
