@@ -3,12 +3,14 @@
 Both paths must give the same outcome for every batch: the same bytes forwarded, the same
 errors, the same per-filter counts. The decoding path is the reference; the native path is
 only allowed to be faster. Guests come from the C SDK (tests/filters/sdk/probe_c: each record
-value is a command) and the shipped pii-mask; `native_bad.wat` returns a broken native answer.
+value is a command), the Zig SDK (tests/filters/sdk/probe_zig, the same idea) and the shipped
+pii-mask and upper example; `native_bad.wat` returns a broken native answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from sluice.codec.records import (
     decode_records,
     split_batches,
 )
+from sluice.filters import pipeline
 from sluice.filters.build import build_filter
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
@@ -41,9 +44,12 @@ from sluice.filters.pipeline import (
 from sluice.filters.records_io import AbiError
 
 PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
+ZIG_PROBE = Path(__file__).resolve().parent / "sdk" / "probe_zig"
+UPPER = Path(__file__).resolve().parents[2] / "filters" / "examples" / "upper" / "upper.wasm"
 PRODUCE = RecordContext("orders", 3, "produce", "app", "User:alice")
 FETCH = RecordContext("orders", 3, "fetch", "app", "User:alice")
-COMMANDS = [b"keep", b"drop", b"ctx", b"count", b"headers", b"json", b"other", b"fail", None]
+COMMANDS = [b"keep", b"drop", b"ctx", b"count", b"headers", b"json", b"other", b"fail", None,
+            b"reject", b"key"]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +58,13 @@ def probe_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def chains(probe_wasm: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def zig_probe_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_filter(ZIG_PROBE, tmp_path_factory.mktemp("zig-probe") / "probe.wasm")
+
+
+@pytest.fixture(scope="module")
+def chains(probe_wasm: Path, zig_probe_wasm: Path,
+           tmp_path_factory: pytest.TempPathFactory) -> Any:
     """name -> chain. Hypothesis calls the test many times: chains are built once."""
     from sluice.filters.runtime import shared_cache
 
@@ -73,6 +85,21 @@ def chains(probe_wasm: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
         "probe-twice": make(
             FilterSpec(name="first", module=str(probe_wasm), topics=("*",), apply_to=both),
             FilterSpec(name="second", module=str(probe_wasm), topics=("*",), apply_to=both)),
+        "zig-probe": make(FilterSpec(name="zig", module=str(zig_probe_wasm), topics=("*",),
+                                     apply_to=both, config={"prefix": "z:"})),
+        "probe-then-zig": make(
+            FilterSpec(name="probe", module=str(probe_wasm), topics=("*",), apply_to=both),
+            FilterSpec(name="zig", module=str(zig_probe_wasm), topics=("*",), apply_to=both,
+                       on_error="pass")),
+        "zig-then-probe": make(
+            FilterSpec(name="zig", module=str(zig_probe_wasm), topics=("*",), apply_to=both,
+                       on_error="pass"),
+            FilterSpec(name="probe", module=str(probe_wasm), topics=("*",), apply_to=both)),
+        "upper": make(FilterSpec(name="upper", module=str(UPPER), topics=("*",),
+                                 apply_to=both)),
+        # Its "ctx" text equals the C probe's without config (limit 1000).
+        "zig-like-c": make(FilterSpec(name="zig", module=str(zig_probe_wasm), topics=("*",),
+                                      apply_to=both, config={"prefix": "1000"})),
     }
     yield built
     for c in built.values():
@@ -106,6 +133,23 @@ def both_paths(chain: FilterChain, run: Callable[..., Any], ctx: RecordContext,
     return native, slow
 
 
+@contextmanager
+def native_answers() -> Iterator[list[Any]]:
+    """Collects what the pipeline's native attempt returned (None: it fell back)."""
+    answers: list[Any] = []
+    original = pipeline._run_native
+
+    def spy(*args: Any) -> Any:
+        answers.append(original(*args))
+        return answers[-1]
+
+    pipeline._run_native = spy
+    try:
+        yield answers
+    finally:
+        pipeline._run_native = original
+
+
 def summary(out: ProduceOutcome | FetchOutcome) -> tuple[object, ...]:
     records = None if out.records is None else bytes(out.records)
     stats = [(s.name, s.kept, s.rewritten, s.dropped, s.rejected, s.detector_counts,
@@ -119,10 +163,11 @@ values_st = st.lists(st.one_of(st.sampled_from(COMMANDS), st.binary(max_size=40)
                      min_size=1, max_size=12)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(values=values_st, codec=st.integers(0, 4), idempotent=st.booleans(),
        fetch=st.booleans(),
-       chain_name=st.sampled_from(["probe", "probe-pass", "mask-then-probe", "probe-twice"]),
+       chain_name=st.sampled_from(["probe", "probe-pass", "mask-then-probe", "probe-twice",
+                                   "zig-probe", "probe-then-zig", "zig-then-probe", "upper"]),
        base_offset=st.integers(0, 2**40), null_keys=st.booleans())
 def test_native_and_decoding_paths_agree(chains: Any, values: list[bytes | None], codec: int,
                                          idempotent: bool, fetch: bool, chain_name: str,
@@ -131,11 +176,16 @@ def test_native_and_decoding_paths_agree(chains: Any, values: list[bytes | None]
     keys: list[bytes | None] | None = [None] * len(values) if null_keys else None
     data = make_batch(values, codec=codec, producer_id=5 if idempotent else -1, keys=keys,
                       base_offset=base_offset if fetch else 0)
-    if fetch:
-        native, slow = both_paths(chain, filter_fetch, FETCH, data)
-    else:
-        native, slow = both_paths(chain, filter_produce, PRODUCE, data)
+    with native_answers() as answers:
+        if fetch:
+            native, slow = both_paths(chain, filter_fetch, FETCH, data)
+        else:
+            native, slow = both_paths(chain, filter_produce, PRODUCE, data)
     assert summary(native) == summary(slow)
+    if b"fail" not in values:
+        # No filter is asked to fail: the native answer itself was used, not the fallback
+        # (a section the codec refuses would be redone silently and still agree).
+        assert len(answers) == 1 and answers[0] is not None
 
 
 def test_native_path_is_taken_and_sees_the_context(chains: Any) -> None:
@@ -162,6 +212,149 @@ def test_native_path_is_taken_and_sees_the_context(chains: Any) -> None:
     assert recs[0].value == b"orders|3|app|User:alice|1|40|1700000000000|4"
     assert recs[1].value == b"keep"
     assert b.header.base_offset == 40 and b.header.last_offset_delta == 1
+
+
+def test_zig_modules_export_the_native_entry_point(chains: Any) -> None:
+    # The committed example and a freshly built probe: both come from sluice.zig.
+    assert chains["upper"].filters[0].native
+    chain = chains["zig-probe"]
+    probe = chain.filters[0]
+    assert probe.native and chain.native_for("orders", "fetch", "User:alice")
+    data = make_batch([b"ctx", b"keep", b"count", None], base_offset=40)
+    fallbacks = probe.native_fallbacks
+    calls: list[int] = []
+    original = probe.run_native
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        calls.append(args[2])
+        return original(*args, **kw)
+
+    probe.run_native = spy  # type: ignore[method-assign]
+    try:
+        out = filter_fetch(chain, FETCH, data)
+    finally:
+        probe.run_native = original  # type: ignore[method-assign]
+    assert calls == [4] and probe.native_fallbacks == fallbacks
+    (b,), _ = split_batches(out.records)
+    recs = decode_records(b)
+    # topic|partition|client|principal|direction|absolute offset|timestamp|prefix
+    assert recs[0].value == b"orders|3|app|User:alice|1|40|1700000000000|z:"
+    assert [r.value for r in recs[1:]] == [b"keep", b"count"]
+    assert [r.offset_delta for r in recs] == [0, 1, 2]
+    stats = out.stats[0]
+    assert (stats.kept, stats.rewritten, stats.dropped) == (2, 1, 1)
+    assert stats.detector_counts == {"a": 2, "b": 1}
+
+
+def _section(batch: bytes) -> bytes:
+    """The records section of an uncompressed batch (after the 61-byte v2 header)."""
+    return batch[61:]
+
+
+def test_zig_native_answer_is_kafkas_record_encoding(chains: Any) -> None:
+    zig = chains["zig-probe"].filters[0]
+    values: list[bytes | None] = [b"keep", b"v", b"drop", b"keep", b"reject", b"count"]
+    data = make_batch(values, keys=[b"a", None, b"b", b"c", b"d", b"e"],
+                      ts_deltas=[5, -3, 0, 2**40, 9, 1])
+    out = zig.run_native(PRODUCE, _section(data), len(values), timestamp_base=1)
+    assert out is not None
+    assert out.fates == bytes([0, 1, 2, 0, 3, 0])
+    assert out.rejects == {4: "no"} and out.detector_counts == {"seen": 1, "a": 2, "b": 1}
+    (batch,), _ = split_batches(data)
+    recs = decode_records(batch)
+    # Kept records as they came; the rewrite keeps its attributes and both deltas.
+    rewritten = Record(1, -3, None, b"z:v@orders", [("h", None)], recs[1].attributes)
+    expected = build_batch(batch.header, [recs[0], rewritten, recs[3], recs[5]])
+    assert out.records == _section(expected)
+    # Nothing changed: the section is not sent back at all.
+    kept = zig.run_native(PRODUCE, _section(make_batch([b"keep", b"count"])), 2)
+    assert kept is not None and kept.records is None and kept.fates == bytes([0, 0])
+
+
+shared_st = st.lists(st.tuples(st.sampled_from([b"ctx", b"count", b"drop", b"keep"]),
+                               st.one_of(st.none(), st.binary(max_size=300)),
+                               st.integers(-(2**62), 2**62)),
+                     min_size=1, max_size=10)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=shared_st, fetch=st.booleans(), offset_base=st.integers(0, 2**40),
+       timestamp_base=st.integers(-(2**40), 2**40))
+def test_zig_and_c_give_the_same_native_answer_for_the_same_decisions(
+        chains: Any, recs: list[tuple[bytes, bytes | None, int]], fetch: bool,
+        offset_base: int, timestamp_base: int) -> None:
+    c_probe = chains["probe-twice"].filters[0]  # no config: its "ctx" ends with limit 1000
+    data = make_batch([v for v, _, _ in recs], keys=[k for _, k, _ in recs],
+                      ts_deltas=[t for _, _, t in recs])
+    ctx = FETCH if fetch else PRODUCE
+    c_answer, zig_answer = (
+        f.run_native(ctx, _section(data), len(recs), offset_base=offset_base if fetch else 0,
+                     timestamp_base=timestamp_base)
+        for f in (c_probe, chains["zig-like-c"].filters[0]))
+    assert c_answer is not None
+    assert c_answer == zig_answer
+
+
+def _varint(v: int) -> bytes:
+    z = (v << 1) ^ (v >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    return bytes(out + bytes([z]))
+
+
+def _record(body: bytes) -> bytes:
+    return _varint(len(body)) + body
+
+
+# attributes, timestampDelta 0, offsetDelta 0, null key, value "keep"
+_HEAD = b"\x00\x00\x00\x01" + _varint(4) + b"keep"
+_GOOD = _record(_HEAD + _varint(1) + _varint(1) + b"h" + _varint(-1))
+
+
+@pytest.mark.parametrize("section", [
+    pytest.param(_GOOD + b"\x00", id="bytes after the last record"),
+    pytest.param(_GOOD[:-1], id="truncated"),
+    pytest.param(_GOOD + _GOOD, id="more records than record_count"),
+    pytest.param(_record(_HEAD + _varint(1) + _varint(-1) + _varint(-1)), id="null header key"),
+    pytest.param(_record(_HEAD + _varint(40) + b"\x00\x00"), id="header count beyond the record"),
+    pytest.param(_record(_HEAD + _varint(0) + b"\x00"), id="bytes left inside the record"),
+    pytest.param(_record(_HEAD + _varint(-2)), id="header count below zero"),
+    pytest.param(_record(b"\x00\x00" + _varint(2**31) + _HEAD[3:] + _varint(0)),
+                 id="33-bit offsetDelta"),
+    pytest.param(_record(b"\x00\x00\x00" + _varint(-2) + _varint(4) + b"keep" + _varint(0)),
+                 id="key length -2"),
+    pytest.param(_varint(-1), id="negative record length"),
+    pytest.param(b"\xff" * 11, id="varint longer than ten bytes"),
+])
+def test_zig_and_c_refuse_the_same_malformed_sections(chains: Any, section: bytes) -> None:
+    c_probe, zig = chains["probe-twice"].filters[0], chains["zig-like-c"].filters[0]
+    good = [f.run_native(PRODUCE, _GOOD, 1) for f in (c_probe, zig)]
+    assert good[0] is not None and good[0] == good[1]
+    before = (c_probe.native_fallbacks, zig.native_fallbacks)
+    assert c_probe.run_native(PRODUCE, section, 1) is None
+    assert zig.run_native(PRODUCE, section, 1) is None
+    assert (c_probe.native_fallbacks, zig.native_fallbacks) == (before[0] + 1, before[1] + 1)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(recs=shared_st, where=st.integers(0, 2**16), byte=st.integers(1, 255),
+       how=st.sampled_from(["flip", "cut", "append"]))
+def test_zig_and_c_refuse_the_same_damaged_sections(
+        chains: Any, recs: list[tuple[bytes, bytes | None, int]], where: int, byte: int,
+        how: str) -> None:
+    section = _section(make_batch([v for v, _, _ in recs], keys=[k for _, k, _ in recs],
+                                  ts_deltas=[t for _, _, t in recs]))
+    i = where % len(section)
+    damaged = {"flip": section[:i] + bytes([section[i] ^ byte]) + section[i + 1:],
+               "cut": section[:i], "append": section + bytes([byte])}[how]
+    answers = [f.run_native(PRODUCE, damaged, len(recs))
+               for f in (chains["probe-twice"].filters[0], chains["zig-like-c"].filters[0])]
+    # A flipped value byte may change a command, and the probes differ on unknown ones.
+    assert (answers[0] is None) == (answers[1] is None)
+    if how != "flip":
+        assert answers == [None, None]
 
 
 def test_a_failing_call_falls_back_and_the_policy_applies_once(chains: Any) -> None:

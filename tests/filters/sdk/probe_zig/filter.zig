@@ -1,4 +1,6 @@
-//! SDK probe for tests/filters/sdk/test_sdk_abi.py: exercises every hook of sluice.zig.
+//! SDK probe for tests/filters/sdk/test_sdk_abi.py and tests/filters/test_native_path.py:
+//! exercises every hook of sluice.zig; each record value is a command ("keep", "drop",
+//! "count", "ctx" as in probe_c; anything unknown is rewritten to prefix + value + "@" + topic).
 const std = @import("std");
 const sluice = @import("sluice");
 comptime { sluice.exportAbi(@This()); }
@@ -14,6 +16,20 @@ pub fn onRecord(rec: *const sluice.Record) !sluice.Decision {
     if (std.mem.eql(u8, v, "fail")) return error.AskedToFail;
     if (std.mem.eql(u8, v, "reject")) return .{ .reject = "no" };
     if (std.mem.eql(u8, v, "key")) return rec.withKey(null);
+    if (std.mem.eql(u8, v, "keep")) return .keep;
+    if (std.mem.eql(u8, v, "drop")) return .drop;
+    if (std.mem.eql(u8, v, "count")) {
+        sluice.count("a", 2);
+        sluice.count("b", 1);
+        return .keep;
+    }
+    if (std.mem.eql(u8, v, "ctx")) {
+        const text = try std.fmt.allocPrint(sluice.allocator(), "{s}|{d}|{s}|{s}|{d}|{d}|{d}|{s}", .{
+            rec.topic, rec.partition, rec.client_id, rec.principal, @intFromEnum(rec.direction),
+            rec.offset, rec.timestamp_ms, prefix,
+        });
+        return rec.withValue(text);
+    }
     sluice.count("seen", 1);
     const out = try std.mem.concat(sluice.allocator(), u8, &.{ prefix, v, "@", rec.topic });
     return .{ .rewrite = .{ .key = rec.key, .value = out, .headers = &.{.{ .key = "h", .value = null }} } };
