@@ -18,6 +18,7 @@
  *   secret_keys: ["AWS_SECRET_ACCESS_KEY", ...]  (names whose KEY=value values are masked)
  */
 #include "sluice_filter.h"
+#include <wasm_simd128.h>
 
 /* ------------------------------------------------------------------------------------------ */
 /* Configuration                                                                              */
@@ -52,6 +53,7 @@ typedef struct {
 } mask_rule;
 
 static mask_rule rules[D_COUNT];
+static uint32_t enabled_detectors; /* bit d set: rules[d].enabled (d < D_FIELD) */
 
 enum { MODE_AUTO, MODE_JSON, MODE_TEXT };
 static int mode = MODE_AUTO;
@@ -62,6 +64,7 @@ static const sluice_json *header_names; /* array of strings, or NULL */
 #define MAX_SECRET_KEYS 32
 static sluice_bytes secret_keys[MAX_SECRET_KEYS];
 static uint32_t secret_key_n;
+static uint64_t secret_key_lengths; /* bit L set: a secret key name is L bytes long (L < 64) */
 
 /* Field paths, parsed into segments. */
 enum { SEG_KEY, SEG_ANY, SEG_INDEX, SEG_ANY_INDEX };
@@ -238,6 +241,10 @@ int sluice_on_config(const sluice_json *cfg) {
             return config_error("pii-mask: unknown config key (known: mode, mask, keep_last, replacement, preserve_format, detectors, fields, keys, headers, secret_keys)");
         }
     }
+    secret_key_lengths = 0;
+    for (uint32_t k = 0; k < secret_key_n; k++) {
+        if (secret_keys[k].len < 64) secret_key_lengths |= (uint64_t)1 << secret_keys[k].len;
+    }
     for (int d = 0; d < D_COUNT; d++) rules[d] = base;
     if (detectors && detectors->type == SLUICE_JSON_ARRAY) {
         for (int d = 0; d < D_FIELD; d++) rules[d].enabled = 0;
@@ -252,6 +259,10 @@ int sluice_on_config(const sluice_json *cfg) {
         if (detectors->type == SLUICE_JSON_ARRAY) rules[found].enabled = 1;
         else if (parse_rule(c, &rules[found])) return 1;
     }
+    enabled_detectors = 0;
+    for (int d = 0; d < D_FIELD; d++) {
+        if (rules[d].enabled) enabled_detectors |= 1u << d;
+    }
     return 0;
 }
 
@@ -259,10 +270,29 @@ int sluice_on_config(const sluice_json *cfg) {
 /* Character classes                                                                          */
 /* ------------------------------------------------------------------------------------------ */
 
-static int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
-static int is_upper(uint8_t c) { return c >= 'A' && c <= 'Z'; }
-static int is_alpha(uint8_t c) { return (c >= 'a' && c <= 'z') || is_upper(c); }
-static int is_alnum(uint8_t c) { return is_digit(c) || is_alpha(c); }
+/* A table: the detectors test these for almost every byte they look at. */
+enum {
+    C_DIGIT = 1,
+    C_UPPER = 2,
+    C_LOWER = 4,
+    C_LOCAL = 8,   /* in an e-mail local part besides letters and digits: . _ % + - and >= 0x80 */
+    C_DOMAIN = 16, /* in an e-mail domain label besides letters and digits: - and >= 0x80 */
+};
+static const uint8_t char_class[256] = {
+    ['0' ... '9'] = C_DIGIT,
+    ['A' ... 'Z'] = C_UPPER,
+    ['a' ... 'z'] = C_LOWER,
+    ['.'] = C_LOCAL,
+    ['_'] = C_LOCAL,
+    ['%'] = C_LOCAL,
+    ['+'] = C_LOCAL,
+    ['-'] = C_LOCAL | C_DOMAIN,
+    [0x80 ... 0xff] = C_LOCAL | C_DOMAIN,
+};
+static int is_digit(uint8_t c) { return char_class[c] & C_DIGIT; }
+static int is_upper(uint8_t c) { return char_class[c] & C_UPPER; }
+static int is_alpha(uint8_t c) { return char_class[c] & (C_UPPER | C_LOWER); }
+static int is_alnum(uint8_t c) { return char_class[c] & (C_DIGIT | C_UPPER | C_LOWER); }
 static int is_b64url(uint8_t c) { return is_alnum(c) || c == '-' || c == '_'; }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -274,15 +304,25 @@ typedef struct {
     uint8_t det;
 } span;
 
+#define SPANS_INLINE 8
+
 typedef struct {
     span *v;
     uint32_t n, cap;
     int failed;
+    span first[SPANS_INLINE]; /* a string rarely has more matches: no allocation for those */
 } spans;
+
+static void spans_init(spans *s) {
+    s->v = s->first;
+    s->n = 0;
+    s->cap = SPANS_INLINE;
+    s->failed = 0;
+}
 
 static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
     if (s->n == s->cap) {
-        uint32_t cap = s->cap ? s->cap * 2 : 8;
+        uint32_t cap = s->cap * 2;
         span *v = (span *)sluice_malloc(sizeof(span) * cap);
         if (v == NULL) {
             s->failed = 1;
@@ -303,9 +343,8 @@ static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
 /* ------------------------------------------------------------------------------------------ */
 
 /* Bytes >= 0x80 are UTF-8 of internationalised addresses (RFC 6531). */
-static int email_local(uint8_t c) {
-    return is_alnum(c) || c >= 0x80 || c == '.' || c == '_' || c == '%' || c == '+' || c == '-';
-}
+static int email_local(uint8_t c) { return char_class[c] & (C_DIGIT | C_UPPER | C_LOWER | C_LOCAL); }
+static int email_domain(uint8_t c) { return char_class[c] & (C_DIGIT | C_UPPER | C_LOWER | C_DOMAIN); }
 
 static void find_email(const uint8_t *p, uint32_t n, spans *out) {
     uint32_t floor = 0; /* do not reach back into the previous match */
@@ -318,7 +357,7 @@ static void find_email(const uint8_t *p, uint32_t n, spans *out) {
         /* domain: labels of [A-Za-z0-9-] separated by single dots; last label alphabetic, >= 2 */
         uint32_t k = i + 1, label_start = k, last_label = k, labels = 0, good_end = 0;
         while (k <= n) {
-            if (k < n && (is_alnum(p[k]) || p[k] == '-' || p[k] >= 0x80)) {
+            if (k < n && email_domain(p[k])) {
                 k++;
                 continue;
             }
@@ -753,10 +792,164 @@ static void find_jwt(const uint8_t *p, uint32_t n, spans *out) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Triggers: one pass over a string decides which detectors can possibly match               */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every detector needs certain bytes to match at all (an '@', 13 digits, an 'A' ...), and most
+ * strings in real records hold none of them. So each string is classified once, and only the
+ * detectors whose trigger bytes occur run (candidates); a string none can match is not copied.
+ *
+ * The scans over every byte of a record (classifying strings, finding where a JSON string
+ * ends, masking a match) use Wasm SIMD, 16 bytes per step: a compiled byte loop costs several
+ * instructions per byte, and these loops were most of the filter's time. SIMD is enabled for
+ * these functions only (target attribute), not for the rest of the module or other filters. */
+#define SIMD __attribute__((target("simd128")))
+
+/* Byte classes, chosen so that each is a set of low nibbles within a set of high nibbles: a
+ * byte's classes are then LO[byte & 15] & HI[byte >> 4], two table lookups (swizzles) per 16
+ * bytes. Upper-case letters span two high nibbles, hence two classes. */
+enum {
+    K_DIGIT = 1 << 0,  /* '0'-'9'; bit 0, so that adding (class & K_DIGIT) counts digits */
+    K_UPPER4 = 1 << 1, /* 'A'-'O' (includes the 'J' of "eyJ") */
+    K_UPPER5 = 1 << 2, /* 'P'-'Z' */
+    K_AT = 1 << 3,     /* '@' */
+    K_ASSIGN = 1 << 4, /* ':' '=' */
+    K_B = 1 << 5,      /* 'B' 'b' */
+    K_DOT = 1 << 6,    /* '.' */
+    K_A = 1 << 7,      /* 'A' */
+    K_UPPER = K_UPPER4 | K_UPPER5,
+};
+
+/* classes by low nibble (byte & 15) */
+static const uint8_t class_lo[16] = {
+    [0x0] = K_DIGIT | K_UPPER5 | K_AT,           /* '0' 'P' '@' */
+    [0x1] = K_DIGIT | K_UPPER4 | K_UPPER5 | K_A, /* '1' 'A' 'Q' */
+    [0x2] = K_DIGIT | K_UPPER4 | K_UPPER5 | K_B, /* '2' 'B' 'R' 'b' */
+    [0x3 ... 0x9] = K_DIGIT | K_UPPER4 | K_UPPER5,
+    [0xa] = K_UPPER4 | K_UPPER5 | K_ASSIGN, /* 'J' 'Z' ':' */
+    [0xb ... 0xc] = K_UPPER4,
+    [0xd] = K_UPPER4 | K_ASSIGN, /* 'M' '=' */
+    [0xe] = K_UPPER4 | K_DOT,    /* 'N' '.' */
+    [0xf] = K_UPPER4,
+};
+
+/* classes by high nibble (byte >> 4); bytes >= 0x80 are in none */
+static const uint8_t class_hi[16] = {
+    [0x2] = K_DOT,
+    [0x3] = K_DIGIT | K_ASSIGN,
+    [0x4] = K_UPPER4 | K_AT | K_B | K_A,
+    [0x5] = K_UPPER5,
+    [0x6] = K_B,
+};
+
+static uint32_t byte_class(uint8_t c) { return (uint32_t)(class_lo[c & 15] & class_hi[c >> 4]); }
+
+typedef struct {
+    uint32_t classes; /* K_* bits of the bytes present */
+    uint32_t digits;  /* how many ASCII digits */
+} triggers;
+
+/* Classifies chunks into acc (the union of their classes) and digits. */
+typedef struct {
+    v128_t lo, hi, acc;
+    uint32_t digits;
+} tacc;
+
+SIMD static void tacc_init(tacc *x) {
+    x->lo = wasm_v128_load(class_lo);
+    x->hi = wasm_v128_load(class_hi);
+    x->acc = wasm_i64x2_splat(0);
+    x->digits = 0;
+}
+
+/* Byte 0 is in no class, so a partial chunk is classified with its other lanes cleared. */
+SIMD static void tacc_add(tacc *x, v128_t v) {
+    v128_t lo = wasm_i8x16_swizzle(x->lo, wasm_v128_and(v, wasm_i8x16_splat(15)));
+    v128_t hi = wasm_i8x16_swizzle(x->hi, wasm_u8x16_shr(v, 4));
+    v128_t cls = wasm_v128_and(lo, hi);
+    x->acc = wasm_v128_or(x->acc, cls);
+    x->digits += (uint32_t)__builtin_popcount(wasm_i8x16_bitmask(wasm_i8x16_shl(cls, 7))); /* K_DIGIT to the sign bit */
+}
+
+/* v with lanes n.. cleared (n < 16) */
+SIMD static v128_t first_lanes(v128_t v, uint32_t n) {
+    v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return wasm_v128_and(v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)n)));
+}
+
+/* The triggers collected: the lanes of acc OR-ed together by halving. */
+SIMD static triggers tacc_done(const tacc *x) {
+    v128_t a = x->acc;
+    a = wasm_v128_or(a, wasm_i8x16_shuffle(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0));
+    a = wasm_v128_or(a, wasm_i8x16_shuffle(a, a, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+    a = wasm_v128_or(a, wasm_i8x16_shuffle(a, a, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+    a = wasm_v128_or(a, wasm_i8x16_shuffle(a, a, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+    triggers t = {wasm_u8x16_extract_lane(a, 0), x->digits};
+    return t;
+}
+
+/* The triggers of p[0..n). Bytes up to `readable` may be loaded (not classified): a string
+ * inside a larger buffer then needs no byte-by-byte tail. */
+SIMD static triggers scan_triggers(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+    tacc x;
+    tacc_init(&x);
+    uint32_t i = 0;
+    for (; n - i >= 16; i += 16) tacc_add(&x, wasm_v128_load(p + i));
+    if (i == n) return tacc_done(&x);
+    if (readable - (p + i) >= 16) {
+        tacc_add(&x, first_lanes(wasm_v128_load(p + i), n - i));
+        return tacc_done(&x);
+    }
+    triggers t = tacc_done(&x);
+    for (; i < n; i++) {
+        uint32_t k = byte_class(p[i]);
+        t.classes |= k;
+        t.digits += k & K_DIGIT;
+    }
+    return t;
+}
+
+/* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
+ * Each condition is something the detector cannot match without, so skipping the others
+ * changes nothing: a card has 13-19 digits; a phone 8+ (E.164) or 10+ (national formats); an
+ * SSN 9; an IBAN an upper-case country code and 2 check digits; an IPv4 address 4 digits, dots
+ * and 7 bytes; an AWS key id starts with 'A'; a secret needs '=' or ':'; a JWT "eyJ" and dots;
+ * a bearer token "bearer". */
+static uint32_t candidates(triggers t, uint32_t n) {
+    uint32_t c = 0;
+    if (t.classes & K_AT) c |= 1u << D_EMAIL;
+    if (t.digits >= 13) c |= 1u << D_CARD;
+    if (t.digits >= 8) c |= 1u << D_PHONE;
+    if (t.digits >= 9) c |= 1u << D_SSN;
+    if (t.digits >= 2 && (t.classes & K_UPPER)) c |= 1u << D_IBAN;
+    if (t.digits >= 4 && (t.classes & K_DOT) && n >= 7) c |= 1u << D_IPV4;
+    if (t.classes & K_A) c |= 1u << D_AWS_KEY;
+    if (t.classes & K_ASSIGN) c |= 1u << D_AWS_SECRET;
+    if ((t.classes & K_UPPER4) && (t.classes & K_DOT)) c |= 1u << D_JWT;
+    if (t.classes & K_B) c |= 1u << D_BEARER;
+    return c & enabled_detectors;
+}
+
+/* Run the detectors in the set c on p[0..n). */
+static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s) {
+    if (c & (1u << D_EMAIL)) find_email(p, n, s);
+    if (c & (1u << D_CARD)) find_card(p, n, s);
+    if (c & (1u << D_PHONE)) find_phone(p, n, s);
+    if (c & (1u << D_SSN)) find_ssn(p, n, s);
+    if (c & (1u << D_IBAN)) find_iban(p, n, s);
+    if (c & (1u << D_IPV4)) find_ipv4(p, n, s);
+    if (c & (1u << D_AWS_KEY)) find_aws_key(p, n, s);
+    if (c & (1u << D_AWS_SECRET)) find_aws_secret(p, n, s);
+    if (c & (1u << D_JWT)) find_jwt(p, n, s);
+    if (c & (1u << D_BEARER)) find_bearer(p, n, s);
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Masking                                                                                    */
 /* ------------------------------------------------------------------------------------------ */
 
 static int utf8_step(const uint8_t *p, uint32_t i, uint32_t end) {
+    if (p[i] < 0x80) return 1;
     int n = sluice_utf8_len(p + i, p + end);
     return n ? n : 1;
 }
@@ -765,30 +958,142 @@ static int maskable(const mask_rule *r, const uint8_t *p, uint32_t i) {
     return !r->preserve_format || p[i] >= 0x80 || is_alnum(p[i]);
 }
 
-/* Append the masked form of p[s..e) to out. */
+/* Mask whole 16-byte chunks of ASCII from p[s] on into w with the one-byte mask, every
+ * maskable character masked; returns where the chunks stopped (at a non-ASCII byte or fewer
+ * than 16 bytes before e). */
+SIMD static uint32_t mask_ascii_chunks(uint8_t *w, const uint8_t *p, uint32_t s, uint32_t e, uint8_t mask, int preserve_format) {
+    v128_t m = wasm_i8x16_splat((int8_t)mask);
+    uint32_t i = s;
+    for (; e - i >= 16; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        if (wasm_i8x16_bitmask(v)) break; /* a byte >= 0x80 */
+        v128_t out = m;
+        if (preserve_format) {
+            v128_t digit = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
+            v128_t alpha = wasm_u8x16_lt(wasm_i8x16_sub(wasm_v128_or(v, wasm_i8x16_splat(0x20)), wasm_i8x16_splat('a')), wasm_i8x16_splat(26));
+            out = wasm_v128_bitselect(m, v, wasm_v128_or(digit, alpha));
+        }
+        wasm_v128_store(w + (i - s), out);
+    }
+    return i;
+}
+
+/* Append the masked form of p[s..e) to out. It runs for every match, so it reserves once and
+ * writes in place rather than appending character by character. */
 static void put_masked(sluice_buf *out, const uint8_t *p, uint32_t s, uint32_t e, const mask_rule *r) {
     if (!sluice_is_null(r->replacement)) {
         sluice_buf_put_bytes(out, r->replacement);
         return;
     }
-    int64_t total = 0;
-    for (uint32_t i = s; i < e; i += (uint32_t)utf8_step(p, i, e)) {
-        if (maskable(r, p, i)) total++;
+    uint32_t mlen = (uint32_t)r->mask.len;
+    /* how many maskable characters to mask: all of them unless keep_last leaves some visible;
+     * e - s is at least their number */
+    uint32_t hide = e - s;
+    if (r->keep_last != 0 || mlen != 1) {
+        uint32_t total = 0;
+        for (uint32_t i = s; i < e; i += (uint32_t)utf8_step(p, i, e)) {
+            if (maskable(r, p, i)) total++;
+        }
+        uint32_t keep = (uint32_t)r->keep_last;
+        if (keep >= total) keep = 0; /* never reveal a whole match */
+        hide = total - keep;
     }
-    int64_t keep = r->keep_last;
-    if (keep >= total) keep = 0; /* never reveal a whole match */
-    int64_t seen = 0;
-    for (uint32_t i = s; i < e;) {
+    /* every hidden character is at least one byte and becomes one mask: an upper bound */
+    uint64_t most = (uint64_t)(e - s) + (uint64_t)hide * (mlen - 1u);
+    if (most > 0x7fffffffu) {
+        out->failed = 1;
+        return;
+    }
+    if (!sluice_buf_reserve(out, (uint32_t)most)) return;
+    uint8_t *w = out->ptr + out->len;
+    uint32_t i = s, seen = 0;
+    if (mlen == 1 && hide == e - s) {
+        i = mask_ascii_chunks(w, p, s, e, r->mask.ptr[0], r->preserve_format);
+        w += i - s;
+    }
+    while (i < e) {
         uint32_t step = (uint32_t)utf8_step(p, i, e);
-        if (maskable(r, p, i)) {
-            if (seen < total - keep) sluice_buf_put_bytes(out, r->mask);
-            else sluice_buf_put(out, p + i, step);
-            seen++;
+        if (maskable(r, p, i) && seen++ < hide) {
+            if (mlen == 1) {
+                *w++ = r->mask.ptr[0];
+            } else {
+                memcpy(w, r->mask.ptr, mlen);
+                w += mlen;
+            }
         } else {
-            sluice_buf_put(out, p + i, step);
+            for (uint32_t k = 0; k < step; k++) *w++ = p[i + k];
         }
         i += step;
     }
+    out->len = (uint32_t)(w - out->ptr);
+}
+
+/* Whether s[0..n) holds a byte a JSON string literal must escape. */
+SIMD static int needs_escape(const uint8_t *s, uint32_t n) {
+    uint32_t i = 0;
+    for (; n - i >= 16; i += 16) {
+        v128_t v = wasm_v128_load(s + i);
+        v128_t esc = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('"')), wasm_i8x16_eq(v, wasm_i8x16_splat('\\'))),
+                                  wasm_u8x16_lt(v, wasm_i8x16_splat(0x20)));
+        if (wasm_v128_any_true(esc)) return 1;
+    }
+    for (; i < n; i++) {
+        if (s[i] == '"' || s[i] == '\\' || s[i] < 0x20) return 1;
+    }
+    return 0;
+}
+
+/* Append s[0..n) as a JSON string literal: the same bytes as sluice_buf_put_json_string,
+ * reserved once instead of byte by byte. */
+static void put_json_string(sluice_buf *b, const uint8_t *s, uint32_t n) {
+    if (!needs_escape(s, n)) {
+        if (!sluice_buf_reserve(b, n + 2u)) return;
+        b->ptr[b->len] = '"';
+        if (n) memcpy(b->ptr + b->len + 1, s, n);
+        b->ptr[b->len + 1 + n] = '"';
+        b->len += n + 2u;
+        return;
+    }
+    static const char hex[] = "0123456789abcdef";
+    uint64_t size = 2u + (uint64_t)n;
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t c = s[i];
+        if (c == '"' || c == '\\') size += 1;
+        else if (c < 0x20) size += (c == '\n' || c == '\r' || c == '\t' || c == '\b' || c == '\f') ? 1 : 5;
+    }
+    if (size > 0x7fffffffu) {
+        b->failed = 1;
+        return;
+    }
+    if (!sluice_buf_reserve(b, (uint32_t)size)) return;
+    uint8_t *w = b->ptr + b->len;
+    *w++ = '"';
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t c = s[i];
+        if (c == '"' || c == '\\') {
+            *w++ = '\\';
+            *w++ = c;
+        } else if (c < 0x20) {
+            *w++ = '\\';
+            switch (c) {
+            case '\n': *w++ = 'n'; break;
+            case '\r': *w++ = 'r'; break;
+            case '\t': *w++ = 't'; break;
+            case '\b': *w++ = 'b'; break;
+            case '\f': *w++ = 'f'; break;
+            default:
+                *w++ = 'u';
+                *w++ = '0';
+                *w++ = '0';
+                *w++ = (uint8_t)hex[c >> 4];
+                *w++ = (uint8_t)hex[c & 15];
+            }
+        } else {
+            *w++ = c;
+        }
+    }
+    *w++ = '"';
+    b->len = (uint32_t)(w - b->ptr);
 }
 
 static void sort_spans(spans *s) {
@@ -806,37 +1111,23 @@ static void sort_spans(spans *s) {
     }
 }
 
-/* Run the enabled detectors on p[0..n). When something matched, append the masked text to
- * out and return the number of matches; when nothing did, return 0 and leave out untouched. */
-static uint32_t mask_text(const uint8_t *p, uint32_t n, sluice_buf *out) {
-    spans s = {NULL, 0, 0, 0};
-    if (n == 0) return 0;
-    /* one cheap pass decides which detectors can possibly match */
-    int digit = 0, at = 0, upper = 0, assign = 0, b = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint8_t c = p[i];
-        digit |= is_digit(c);
-        at |= c == '@';
-        upper |= is_upper(c);
-        assign |= c == '=' || c == ':';
-        b |= c == 'b' || c == 'B';
-    }
-    if (rules[D_EMAIL].enabled && at) find_email(p, n, &s);
-    if (rules[D_CARD].enabled && digit) find_card(p, n, &s);
-    if (rules[D_PHONE].enabled && digit) find_phone(p, n, &s);
-    if (rules[D_SSN].enabled && digit) find_ssn(p, n, &s);
-    if (rules[D_IBAN].enabled && digit && upper) find_iban(p, n, &s);
-    if (rules[D_IPV4].enabled && digit) find_ipv4(p, n, &s);
-    if (rules[D_AWS_KEY].enabled && upper) find_aws_key(p, n, &s);
-    if (rules[D_AWS_SECRET].enabled && assign) find_aws_secret(p, n, &s);
-    if (rules[D_JWT].enabled && upper) find_jwt(p, n, &s);
-    if (rules[D_BEARER].enabled && b) find_bearer(p, n, &s);
-    if (s.failed) out->failed = 1;
-    if (s.n == 0) return 0;
-    sort_spans(&s);
+/* The matches of the detectors in the set c (see candidates) in p[0..n), sorted into s;
+ * returns 0 when memory ran out. */
+static int collect_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s) {
+    spans_init(s);
+    if (n == 0 || c == 0) return 1;
+    find_spans(p, n, c, s);
+    if (s->failed) return 0;
+    sort_spans(s);
+    return 1;
+}
+
+/* Append p[0..n) to out with the matches in s masked (of overlapping ones, the first in sort
+ * order wins) and count them; returns how many were masked. */
+static uint32_t put_spans_masked(sluice_buf *out, const uint8_t *p, uint32_t n, const spans *s) {
     uint32_t pos = 0, matches = 0;
-    for (uint32_t i = 0; i < s.n; i++) {
-        span *x = &s.v[i];
+    for (uint32_t i = 0; i < s->n; i++) {
+        const span *x = &s->v[i];
         if (x->start < pos) continue; /* overlaps a match already taken */
         sluice_buf_put(out, p + pos, x->start - pos);
         put_masked(out, p, x->start, x->end, &rules[x->det]);
@@ -849,14 +1140,21 @@ static uint32_t mask_text(const uint8_t *p, uint32_t n, sluice_buf *out) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* JSON-aware masking: a copying scanner that keeps every byte it does not mask               */
+/* JSON-aware masking: the input with some string and number literals replaced               */
 /* ------------------------------------------------------------------------------------------ */
 
 #define MAX_DEPTH 64
 
+/* Everything but the masked literals is kept byte for byte, so the scanner copies nothing
+ * until the first replacement; jreplace then appends the unchanged stretch before it in one
+ * piece, and mask_bytes the rest at the end. A record without personal data is never copied. */
 typedef struct {
     const uint8_t *p, *end;
-    sluice_buf *out;
+    const uint8_t *copied; /* input before this is in out already (or still unchanged) */
+    sluice_buf out;        /* the masked record, allocated at the first replacement */
+    uint32_t out_cap;
+    int started; /* out is allocated */
+    int failed;  /* memory ran out: the caller fails the batch rather than leak data */
     uint32_t changes;
     int depth;
     int field_depth; /* depth of the value a field path matched, or -1 */
@@ -868,10 +1166,19 @@ typedef struct {
     } frames[MAX_DEPTH];
 } jctx;
 
+/* The literal at [from, to) is replaced by what the caller appends to the returned buffer. */
+static sluice_buf *jreplace(jctx *c, const uint8_t *from, const uint8_t *to) {
+    if (!c->started) {
+        sluice_buf_init(&c->out, c->out_cap);
+        c->started = 1;
+    }
+    sluice_buf_put(&c->out, c->copied, (uint32_t)(from - c->copied));
+    c->copied = to;
+    return &c->out;
+}
+
 static void jws(jctx *c) {
-    const uint8_t *s = c->p;
     while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
-    if (c->p > s) sluice_buf_put(c->out, s, (uint32_t)(c->p - s));
 }
 
 static int path_matches(const jctx *c) {
@@ -894,13 +1201,29 @@ static int path_matches(const jctx *c) {
     return 0;
 }
 
-/* Scan a string literal at c->p (on the quote) without copying; returns 0 if malformed.
- * *escaped tells whether it holds escape sequences. */
-static int jstring_span(jctx *c, const uint8_t **s, const uint8_t **e, int *escaped) {
-    const uint8_t *q = c->p + 1;
+/* Scan the string literal at c->p (on the quote) to past its end without copying; returns 0 if
+ * malformed. Sets its body [*s, *e) and whether it holds escape sequences. Plain ASCII goes 16
+ * bytes at a time; quotes, backslashes, control and non-ASCII bytes are looked at one by one. */
+SIMD static int jstring_span(jctx *c, const uint8_t **s, const uint8_t **e, int *escaped) {
+    const uint8_t *q = c->p + 1, *end = c->end;
     *escaped = 0;
     *s = q;
-    while (q < c->end) {
+    for (;;) {
+        while (end - q >= 16) {
+            v128_t v = wasm_v128_load(q);
+            /* signed: bytes >= 0x80 are below 0x20 too */
+            v128_t look = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('"')), wasm_i8x16_eq(v, wasm_i8x16_splat('\\'))),
+                                       wasm_i8x16_lt(v, wasm_i8x16_splat(0x20)));
+            uint32_t m = wasm_i8x16_bitmask(look);
+            if (m) {
+                q += __builtin_ctz(m);
+                goto look;
+            }
+            q += 16;
+        }
+        while (q < end && *q != '"' && *q != '\\' && *q >= 0x20 && *q < 0x80) q++;
+        if (q >= end) return 0;
+    look:;
         uint8_t ch = *q;
         if (ch == '"') {
             *e = q;
@@ -913,15 +1236,10 @@ static int jstring_span(jctx *c, const uint8_t **s, const uint8_t **e, int *esca
             q += 2;
             continue;
         }
-        if (ch >= 0x80) {
-            int n = sluice_utf8_len(q, c->end);
-            if (!n) return 0;
-            q += n;
-            continue;
-        }
-        q++;
+        int n = sluice_utf8_len(q, end);
+        if (!n) return 0;
+        q += n;
     }
-    return 0;
 }
 
 /* Decode a string literal body (escapes) into out, with the SDK's strict decoder. */
@@ -930,60 +1248,77 @@ static int jdecode(const uint8_t *s, const uint8_t *e, sluice_buf *out) {
     return sl__jstring(&j, out) && j.p == e + 1;
 }
 
-static void put_field_masked(jctx *c, const uint8_t *p, uint32_t n) {
+/* Replace the literal [from, to) by text[0..n) masked whole with rule r, as a JSON string. */
+static void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const uint8_t *text, uint32_t n, const mask_rule *r) {
     sluice_buf tmp;
     sluice_buf_init(&tmp, n + 8);
-    put_masked(&tmp, p, 0, n, &rules[D_FIELD]);
-    if (tmp.failed) c->out->failed = 1;
-    sluice_buf_put_json_string(c->out, sluice_buf_bytes(&tmp));
+    put_masked(&tmp, text, 0, n, r);
+    if (tmp.failed) c->failed = 1;
+    put_json_string(jreplace(c, from, to), tmp.ptr, tmp.len);
+}
+
+/* Replace the literal [from, c->p) by text[0..n) with the matches in s masked, as a JSON
+ * string. The masked text goes straight into the output and is escaped afterwards only when it
+ * must be (a quote, backslash or control character kept from the text). */
+static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s) {
+    sluice_buf *out = jreplace(c, from, c->p);
+    uint32_t start = out->len;
+    sluice_buf_putc(out, '"');
+    c->changes += put_spans_masked(out, text, n, s);
+    if (out->failed) {
+        c->failed = 1;
+        return;
+    }
+    uint32_t len = out->len - start - 1;
+    if (!needs_escape(out->ptr + start + 1, len)) {
+        sluice_buf_putc(out, '"');
+        return;
+    }
+    sluice_bytes raw = sluice_copy(sluice_bytes_of(out->ptr + start + 1, len));
+    if (sluice_is_null(raw)) {
+        c->failed = 1;
+        return;
+    }
+    out->len = start;
+    put_json_string(out, raw.ptr, (uint32_t)raw.len);
 }
 
 static int jvalue(jctx *c);
 
 static int jstring_value(jctx *c) {
-    const uint8_t *s, *e;
+    const uint8_t *lit = c->p, *s, *e;
     int escaped;
     if (!jstring_span(c, &s, &e, &escaped)) return 0;
-    sluice_bytes text = sluice_bytes_of(s, (size_t)(e - s));
+    const uint8_t *text = s, *readable = c->end;
+    uint32_t n = (uint32_t)(e - s);
     if (escaped) {
         sluice_buf dec;
-        sluice_buf_init(&dec, (uint32_t)text.len + 1);
+        sluice_buf_init(&dec, n + 1);
         if (!jdecode(s, e, &dec)) return 0;
         if (dec.failed) {
-            c->out->failed = 1; /* never scan a truncated copy: fail the batch instead */
+            c->failed = 1; /* never scan a truncated copy: fail the batch instead */
             return 0;
         }
-        text = sluice_buf_bytes(&dec);
+        text = dec.ptr;
+        n = dec.len;
+        readable = dec.ptr + dec.len;
     }
     if (c->field_depth >= 0 || (c->secret && rules[D_AWS_SECRET].enabled)) {
         int field = c->field_depth >= 0;
-        if (text.len == 0) {
-            sluice_buf_put(c->out, s - 1, (uint32_t)(e - s) + 2);
-            return 1;
-        }
-        if (field) {
-            put_field_masked(c, text.ptr, (uint32_t)text.len);
-        } else {
-            sluice_buf tmp;
-            sluice_buf_init(&tmp, (uint32_t)text.len + 8);
-            put_masked(&tmp, text.ptr, 0, (uint32_t)text.len, &rules[D_AWS_SECRET]);
-            if (tmp.failed) c->out->failed = 1;
-            sluice_buf_put_json_string(c->out, sluice_buf_bytes(&tmp));
-            sluice_count(det_names[D_AWS_SECRET], 1);
-        }
+        if (n == 0) return 1; /* nothing to mask: the literal stays */
+        jmask_whole(c, lit, c->p, text, n, &rules[field ? D_FIELD : D_AWS_SECRET]);
+        if (!field) sluice_count(det_names[D_AWS_SECRET], 1);
         c->changes++;
         return 1;
     }
-    sluice_buf masked;
-    sluice_buf_init(&masked, (uint32_t)text.len + 16);
-    uint32_t m = mask_text(text.ptr, (uint32_t)text.len, &masked);
-    if (masked.failed) c->out->failed = 1;
-    if (m == 0) {
-        sluice_buf_put(c->out, s - 1, (uint32_t)(e - s) + 2);
-        return 1;
+    uint32_t todo = candidates(scan_triggers(text, n, readable), n);
+    if (todo == 0) return 1; /* the common case: the literal stays */
+    spans found;
+    if (!collect_spans(text, n, todo, &found)) {
+        c->failed = 1;
+        return 0;
     }
-    c->changes += m;
-    sluice_buf_put_json_string(c->out, sluice_buf_bytes(&masked));
+    if (found.n) jreplace_masked(c, lit, text, n, &found);
     return 1;
 }
 
@@ -994,29 +1329,47 @@ static int jnumber_value(jctx *c) {
     uint32_t n = (uint32_t)(j.p - s);
     c->p = j.p;
     if (c->field_depth >= 0) {
-        put_field_masked(c, s, n); /* the masked number becomes a string */
+        jmask_whole(c, s, c->p, s, n, &rules[D_FIELD]); /* the masked number becomes a string */
         c->changes++;
         return 1;
     }
-    sluice_buf masked;
-    sluice_buf_init(&masked, n + 16);
-    uint32_t m = mask_text(s, n, &masked);
-    if (masked.failed) c->out->failed = 1;
-    if (m == 0) {
-        sluice_buf_put(c->out, s, n);
-        return 1;
+    uint32_t todo = candidates(scan_triggers(s, n, c->end), n);
+    if (todo == 0) return 1;
+    spans found;
+    if (!collect_spans(s, n, todo, &found)) {
+        c->failed = 1;
+        return 0;
     }
-    c->changes += m;
-    sluice_buf_put_json_string(c->out, sluice_buf_bytes(&masked));
+    if (found.n) jreplace_masked(c, s, s, n, &found);
     return 1;
 }
 
 static int jlit(jctx *c, const char *lit) {
     uint32_t n = (uint32_t)sluice_strlen(lit);
     if ((uint32_t)(c->end - c->p) < n || memcmp(c->p, lit, n) != 0) return 0;
-    sluice_buf_put(c->out, c->p, n);
     c->p += n;
     return 1;
+}
+
+/* Whether a member name is one of secret_keys (lengths first: most names have none of theirs). */
+static int is_secret_key(sluice_bytes key) {
+    if (key.len < 64 && !(secret_key_lengths >> key.len & 1u)) return 0;
+    for (uint32_t k = 0; k < secret_key_n; k++) {
+        if (sluice_eq_nocase(key, secret_keys[k])) return 1;
+    }
+    return 0;
+}
+
+/* A string, number, true, false or null at c->p. */
+static int jscalar(jctx *c) {
+    if (c->p >= c->end) return 0;
+    uint8_t ch = *c->p;
+    if (ch == '"') return jstring_value(c);
+    if (ch == '-' || is_digit(ch)) return jnumber_value(c);
+    if (ch == 't') return jlit(c, "true");
+    if (ch == 'f') return jlit(c, "false");
+    if (ch == 'n') return jlit(c, "null");
+    return 0;
 }
 
 /* Value at the current path (frames[0..depth)); handles field-path matching on entry. */
@@ -1034,11 +1387,9 @@ static int jvalue(jctx *c) {
         if (c->depth >= MAX_DEPTH) return 0;
         int is_array = ch == '[';
         uint8_t close = is_array ? ']' : '}';
-        sluice_buf_putc(c->out, ch);
         c->p++;
         jws(c);
         if (c->p < c->end && *c->p == close) {
-            sluice_buf_putc(c->out, close);
             c->p++;
             ok = 1;
         } else {
@@ -1054,33 +1405,28 @@ static int jvalue(jctx *c) {
                     int escaped;
                     jws(c);
                     if (c->p >= c->end || *c->p != '"') return 0;
-                    const uint8_t *q = c->p;
                     if (!jstring_span(c, &s, &e, &escaped)) return 0;
-                    sluice_buf_put(c->out, q, (uint32_t)(c->p - q));
                     c->frames[c->depth].key = sluice_bytes_of(s, (size_t)(e - s));
-                    for (uint32_t k = 0; k < secret_key_n && !c->secret; k++) {
-                        c->secret = sluice_eq_nocase(c->frames[c->depth].key, secret_keys[k]);
-                    }
+                    c->secret = is_secret_key(c->frames[c->depth].key);
                     jws(c);
                     if (c->p >= c->end || *c->p != ':') return 0;
-                    sluice_buf_putc(c->out, ':');
                     c->p++;
                 }
                 jws(c);
                 c->depth++;
-                int vok = jvalue(c);
+                /* without field paths a scalar member needs none of jvalue's bookkeeping */
+                int scalar = path_n == 0 && c->p < c->end && *c->p != '{' && *c->p != '[';
+                int vok = scalar ? jscalar(c) : jvalue(c);
                 c->depth--;
                 if (!vok) return 0;
                 jws(c);
                 if (c->p >= c->end) return 0;
                 if (*c->p == ',') {
-                    sluice_buf_putc(c->out, ',');
                     c->p++;
                     index++;
                     continue;
                 }
                 if (*c->p == close) {
-                    sluice_buf_putc(c->out, close);
                     c->p++;
                     break;
                 }
@@ -1089,16 +1435,8 @@ static int jvalue(jctx *c) {
             c->secret = outer_secret;
             ok = 1;
         }
-    } else if (ch == '"') {
-        ok = jstring_value(c);
-    } else if (ch == '-' || is_digit(ch)) {
-        ok = jnumber_value(c);
-    } else if (ch == 't') {
-        ok = jlit(c, "true");
-    } else if (ch == 'f') {
-        ok = jlit(c, "false");
-    } else if (ch == 'n') {
-        ok = jlit(c, "null");
+    } else {
+        ok = jscalar(c);
     }
     if (entered_field) c->field_depth = -1;
     return ok;
@@ -1119,12 +1457,13 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
     if (in.len <= 0) return 0;
     uint32_t n = (uint32_t)in.len;
     if (mode == MODE_JSON || (mode == MODE_AUTO && looks_like_json(in))) {
-        sluice_buf out;
-        sluice_buf_init(&out, n + n / 4 + 16);
         jctx c;
         c.p = in.ptr;
         c.end = in.ptr + n;
-        c.out = &out;
+        c.copied = in.ptr;
+        c.out_cap = n + n / 4 + 16;
+        c.started = 0;
+        c.failed = 0;
         c.changes = 0;
         c.depth = 0;
         c.field_depth = -1;
@@ -1139,21 +1478,25 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
             jws(&c);
             ok = c.p == c.end;
         }
-        if (out.failed) return -1;
+        if (c.failed || (c.started && c.out.failed)) return -1;
         if (ok) {
             if (c.changes == 0) return 0;
-            *res = sluice_buf_bytes(&out);
+            sluice_buf_put(&c.out, c.copied, (uint32_t)(c.end - c.copied));
+            if (c.out.failed) return -1;
+            *res = sluice_buf_bytes(&c.out);
             return 1;
         }
         sl__counter_n = saved_n;
         for (uint32_t i = 0; i < saved_n; i++) sl__counters[i].count = saved[i];
         /* not JSON after all: fall through to text */
     }
+    spans found;
+    if (!collect_spans(in.ptr, n, candidates(scan_triggers(in.ptr, n, in.ptr + n), n), &found)) return -1;
+    if (found.n == 0) return 0;
     sluice_buf out;
     sluice_buf_init(&out, n + 16);
-    uint32_t m = mask_text(in.ptr, n, &out);
+    put_spans_masked(&out, in.ptr, n, &found);
     if (out.failed) return -1;
-    if (m == 0) return 0;
     *res = sluice_buf_bytes(&out);
     return 1;
 }
