@@ -16,9 +16,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from bench import bench_proxy, targets, workload
+from bench import bench_proxy, latency, targets, workload
 from tests.harness.broker import TansuBroker
 
 
@@ -86,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             if args.latency:
-                workload.produce_latency(t.bootstrap, topic, 2000, 10)
+                producer = latency.latency_producer(t.bootstrap)
+                producer.list_topics(topic, timeout=10)
+                latency.produce_at_rate(producer, topic, 2000, 10, time.time())
             elif args.variant == "mask-fetch":
                 workload.consume(t.bootstrap, topic, args.records)
             else:
