@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import time
@@ -162,7 +163,25 @@ def run(
                     _latency_window(
                         row, target, (direct_bootstrap, ref_topic), via_topic, rate, latency_seconds
                     )
+            pauses = gc_pauses(target.output or [])
+            if pauses:
+                print(f"    proxy gc pauses: {pauses}", file=sys.stderr, flush=True)
     return table
+
+
+def gc_pauses(output: list[str]) -> str:
+    """The proxy's `gc_pauses` log line (written when it stops), shortened."""
+    for line in output:
+        if '"gc_pauses"' not in line:
+            continue
+        doc = json.loads(line)
+        gens = [
+            f"gen{i} {g['collections']}x max {g['max_ms']:.2f} ms"
+            for i, g in ((i, doc.get(f"gen{i}", {})) for i in range(3))
+            if g.get("collections")
+        ]
+        return f"{doc.get('frozen', 0)} objects frozen; " + (", ".join(gens) or "none")
+    return ""
 
 
 def _latency_window(

@@ -1,6 +1,7 @@
 """The things a benchmark can point clients at: the broker directly, a plain TCP relay, or
 Sluice with a given config. Each target is a context manager yielding a `Target`: the bootstrap
-address and the pid of the process in the middle (None for direct), for CPU accounting."""
+address and the pid of the process in the middle (None for direct), for CPU accounting, and
+for Sluice the lines it has printed so far (the same list keeps growing until it stops)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from tests.harness.proxy import SluiceProxy
 class Target:
     bootstrap: str
     pid: int | None
+    output: list[str] | None = None
 
 
 @contextlib.contextmanager
@@ -43,7 +45,7 @@ def sluice(
     proxy.start()
     try:
         assert proxy.process is not None
-        yield Target(proxy.bootstrap, proxy.process.pid)
+        yield Target(proxy.bootstrap, proxy.process.pid, proxy.output)
     finally:
         proxy.stop()
         if cfg_path is not None:

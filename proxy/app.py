@@ -12,6 +12,7 @@ from sluice.filters.chain import FilterChain
 from sluice.filters.yaml_lines import ConfigError
 from sluice.proxy import telemetry
 from sluice.proxy.config import ConfigFileError, ProxyConfig
+from sluice.proxy.gc_pauses import GcPauses, freeze_startup_heap
 from sluice.proxy.logs import log
 from sluice.proxy.metrics import MetricsServer
 from sluice.proxy.reload import ChainManager, build_chain, locate_telemetry_error
@@ -49,6 +50,11 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
     chains = ChainManager(server, config)
     await chains.start()
     await server.start()
+    # Everything built so far lives as long as the process: keep it out of the collector's
+    # walks (a full collection of it paused the loop for 14-25 ms; see gc_pauses.py).
+    frozen = freeze_startup_heap()
+    gc_pauses = GcPauses()
+    gc_pauses.install()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -65,6 +71,8 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
         notify_ready(ready_fd, config.worker_index, server.instance_id)
     await stop.wait()
     log.info("stopping", connections=len(server.sessions))
+    gc_pauses.uninstall()
+    log.info("gc_pauses", frozen=frozen, **gc_pauses.summary())
     await chains.stop()
     await server.close()
     if metrics_server is not None:
