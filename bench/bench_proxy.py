@@ -28,9 +28,17 @@ noisy machine hit all variants alike). Per variant and round:
 - CPU µs per request: the same process's CPU during the latency phase per record (linger 0:
   one Produce request and response each).
 
+"Moderate load" (the issue-7 latency target) is the default `--rate 2000`: 2 000 Produce
+requests/s of one ~200-byte record each through the variant, one partition, which keeps the
+pass-through proxy at ~25 % of one core. The direct producer beside it doubles the broker's
+load; on the 2-core benchmark machine the whole rig then needs about 1.5 cores, and
+`--rate 1000` leaves more headroom (a tighter noise floor in the direct row).
+
 The table reports medians over rounds (and windows); ratios are to direct. The added columns
-are medians of the per-window differences; the progress lines on stderr show every window,
-with the machine's idle and steal share during it (a saturated machine makes any p99 noise).
+are medians of the per-window differences, with the range of the p99 one; the progress lines
+on stderr show every window with the share of records that left > 1 ms late (a client that
+could not keep its schedule) and the machine's idle and steal share, and, per Sluice variant,
+the proxy's garbage-collector pauses (its `gc_pauses` log line).
 """
 
 from __future__ import annotations
