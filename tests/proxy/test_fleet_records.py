@@ -67,7 +67,8 @@ def test_invalid_newest_record_keeps_previous_and_is_reported() -> None:
 
 def test_sha256_is_checked_against_the_module_bytes() -> None:
     body = json.loads(value())
-    body["module_b64"] = base64.b64encode(PII[:-1] + b"\0").decode()
+    tampered = PII[:-1] + bytes([PII[-1] ^ 0xFF])  # whatever the last byte is, it changes
+    body["module_b64"] = base64.b64encode(tampered).decode()
     view = FleetView()
     view.apply(b"pii", json.dumps(body).encode())
     with pytest.raises(ValueError, match="module sha256 is"):
