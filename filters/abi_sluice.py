@@ -39,6 +39,8 @@ MAX_ERROR_CHARS: Final = 500
 RECORD_BUDGET_US: Final = 100
 
 Buffer = bytes | bytearray | memoryview
+# Below this size, joining the input head and the records costs less than a second write.
+_JOIN_LIMIT: Final = 64 * 1024
 
 _REQUIRED: Final = {
     "sluice_abi_version": ((), ("i32",)),
@@ -179,8 +181,11 @@ class SluiceAbi(AbiRunner):
         ptr = self._alloc(size) & 0xFFFFFFFF
         if ptr == 0:
             raise GuestFailure("memory", f"sluice_alloc({size}) returned 0")
-        guest.write(ptr, head)
-        guest.write(ptr + len(head), records)
+        if len(records) <= _JOIN_LIMIT:
+            guest.write(ptr, head + records)  # one crossing for small batches
+        else:
+            guest.write(ptr, head)
+            guest.write(ptr + len(head), records)
         call = self._native
         assert call is not None
         guest.extra_ticks = int(count * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)

@@ -50,17 +50,27 @@ def _str(value: str | None) -> bytes:
     return _U32.pack(len(raw)) + raw
 
 
+_context_heads: dict[RecordContext, bytes] = {}
+_CONTEXT_CACHE_LIMIT: Final = 4096
+
+
 def native_input_head(ctx: RecordContext, record_count: int, offset_base: int,
                       timestamp_base: int) -> bytes:
     """Everything of the input before the records section (the caller appends it)."""
-    return b"".join((
-        _HEAD.pack(ABI_VERSION, DIRECTION_CODE[ctx.direction]),
-        _str(ctx.topic),
-        _I32.pack(ctx.partition),
-        _str(ctx.client_id),
-        _str(ctx.principal),
-        _TAIL.pack(offset_base, timestamp_base, record_count),
-    ))
+    fixed = _context_heads.get(ctx)
+    if fixed is None:
+        # A connection sends to the same few partitions again and again: encode those once.
+        fixed = b"".join((
+            _HEAD.pack(ABI_VERSION, DIRECTION_CODE[ctx.direction]),
+            _str(ctx.topic),
+            _I32.pack(ctx.partition),
+            _str(ctx.client_id),
+            _str(ctx.principal),
+        ))
+        if len(_context_heads) >= _CONTEXT_CACHE_LIMIT:
+            _context_heads.clear()
+        _context_heads[ctx] = fixed
+    return fixed + _TAIL.pack(offset_base, timestamp_base, record_count)
 
 
 @dataclass(slots=True)
@@ -99,18 +109,16 @@ def _text(buf: bytes, pos: int, what: str) -> tuple[str, int]:
 
 def decode_native_output(buf: bytes, expected_records: int) -> NativeOutput:
     """Parse a ``sluice_filter_records`` output (AbiError when it breaks the layout)."""
+    size = len(buf)
     count = _u32(buf, 0, "record_count")
     if count != expected_records:
         raise AbiError(f"output has {count} fates for {expected_records} records")
-    pos = 4
-    if pos + count > len(buf):
-        raise AbiError(f"output truncated reading fates at byte {pos}")
-    fates = buf[pos:pos + count]
-    pos += count
+    pos = 4 + count
+    if pos + 4 > size:
+        raise AbiError(f"output truncated reading fates and records_len at byte {pos}")
+    fates = buf[4:pos]
     if count and max(fates) > FATE_REJECT:
         raise AbiError(f"unknown fate {max(fates)}")
-    if pos + 4 > len(buf):
-        raise AbiError(f"output truncated reading records_len at byte {pos}")
     records_len = _I32.unpack_from(buf, pos)[0]
     pos += 4
     all_kept = fates.count(FATE_KEEP) == count
@@ -121,33 +129,42 @@ def decode_native_output(buf: bytes, expected_records: int) -> NativeOutput:
     elif records_len < 0:
         raise AbiError(f"negative records_len {records_len}")
     else:
-        if pos + records_len > len(buf):
+        if pos + records_len > size:
             raise AbiError(f"output truncated reading {records_len} bytes of records")
         # A guest that keeps everything yet returns a section: the input stands.
         records = None if all_kept else buf[pos:pos + records_len]
         pos += records_len
     nrej = _u32(buf, pos, "reject_count")
     pos += 4
-    if nrej != fates.count(FATE_REJECT):
-        raise AbiError(f"{nrej} reject reasons for {fates.count(FATE_REJECT)} rejected records")
     rejects: dict[int, str] = {}
-    for _ in range(nrej):
-        index = _u32(buf, pos, "reject index")
-        reason, pos = _text(buf, pos + 4, "reject reason")
-        if index >= count or fates[index] != FATE_REJECT or index in rejects:
-            raise AbiError(f"reject reason for record {index}, which was not rejected")
-        if len(reason) > MAX_REASON_CHARS:
-            reason = reason[:MAX_REASON_CHARS] + "..."
-        rejects[index] = reason or "rejected by filter"
+    if nrej or not all_kept:
+        rejected = fates.count(FATE_REJECT)
+        if nrej != rejected:
+            raise AbiError(f"{nrej} reject reasons for {rejected} rejected records")
+        for _ in range(nrej):
+            index = _u32(buf, pos, "reject index")
+            reason, pos = _text(buf, pos + 4, "reject reason")
+            if index >= count or fates[index] != FATE_REJECT or index in rejects:
+                raise AbiError(f"reject reason for record {index}, which was not rejected")
+            if len(reason) > MAX_REASON_CHARS:
+                reason = reason[:MAX_REASON_CHARS] + "..."
+            rejects[index] = reason or "rejected by filter"
     detectors: dict[str, int] = {}
     nd = _u32(buf, pos, "detector_count")
     pos += 4
-    if nd * 8 > len(buf) - pos:
+    if nd * 8 > size - pos:
         raise AbiError(f"detector count {nd} exceeds the output size")
     for _ in range(nd):
-        name, pos = _text(buf, pos, "detector name")
-        detectors[name] = detectors.get(name, 0) + _u32(buf, pos, "detector count")
-        pos += 4
-    if pos != len(buf):
-        raise AbiError(f"{len(buf) - pos} unexpected bytes after the output")
+        n = _u32(buf, pos, "detector name")
+        end = pos + 4 + n
+        if end + 4 > size:
+            raise AbiError(f"output truncated reading a detector at byte {pos}")
+        try:
+            name = buf[pos + 4:end].decode("utf-8")
+        except UnicodeDecodeError:
+            raise AbiError("detector name is not valid UTF-8") from None
+        detectors[name] = detectors.get(name, 0) + _U32.unpack_from(buf, end)[0]
+        pos = end + 4
+    if pos != size:
+        raise AbiError(f"{size - pos} unexpected bytes after the output")
     return NativeOutput(fates, records, rejects, detectors)
