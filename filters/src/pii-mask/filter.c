@@ -54,6 +54,7 @@ typedef struct {
 
 static mask_rule rules[D_COUNT];
 static uint32_t enabled_detectors; /* bit d set: rules[d].enabled (d < D_FIELD) */
+static int masks_plain; /* no rule's mask or replacement holds a byte a JSON string escapes */
 
 enum { MODE_AUTO, MODE_JSON, MODE_TEXT };
 static int mode = MODE_AUTO;
@@ -263,6 +264,16 @@ int sluice_on_config(const sluice_json *cfg) {
     for (int d = 0; d < D_FIELD; d++) {
         if (rules[d].enabled) enabled_detectors |= 1u << d;
     }
+    masks_plain = 1;
+    for (int d = 0; d < D_COUNT; d++) {
+        const sluice_bytes units[2] = {rules[d].mask, rules[d].replacement};
+        for (int u = 0; u < 2; u++) {
+            for (int32_t i = 0; i < units[u].len; i++) {
+                uint8_t ch = units[u].ptr[i];
+                if (ch == '"' || ch == '\\' || ch < 0x20) masks_plain = 0;
+            }
+        }
+    }
     return 0;
 }
 
@@ -381,6 +392,64 @@ static void find_email(const uint8_t *p, uint32_t n, spans *out) {
         add_span(out, j, good_end, D_EMAIL);
         floor = good_end;
         i = good_end;
+    }
+}
+
+/* bits k.. of a 64-bit mask, and bits below k */
+static uint64_t bits_from(uint32_t k) { return k >= 64 ? 0 : ~(uint64_t)0 << k; }
+static uint64_t bits_below(uint32_t k) { return k >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << k) - 1; }
+
+/* find_email for a string of at most 64 bytes that may be read in whole 16-byte steps: the
+ * same walk, with the character classes as bit masks (bit i for p[i]), so that it steps over
+ * '@' signs, local parts and domain labels rather than over bytes. */
+__attribute__((target("simd128"))) static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
+    uint64_t at = 0, local = 0, domain = 0, alpha = 0;
+    for (uint32_t i = 0; i < n; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        if (n - i < 16) { /* lanes n - i.. cleared: a zero byte is in no class */
+            v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            v = wasm_v128_and(v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)(n - i))));
+        }
+        v128_t digit = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
+        v128_t letter = wasm_v128_or(wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('a')), wasm_i8x16_splat(26)),
+                                     wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('A')), wasm_i8x16_splat(26)));
+        v128_t dom = wasm_v128_or(wasm_v128_or(digit, letter), wasm_v128_or(wasm_i8x16_lt(v, wasm_i8x16_splat(0)), wasm_i8x16_eq(v, wasm_i8x16_splat('-'))));
+        v128_t loc = wasm_v128_or(wasm_v128_or(dom, wasm_i8x16_eq(v, wasm_i8x16_splat('.'))),
+                                  wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('_')),
+                                               wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('%')), wasm_i8x16_eq(v, wasm_i8x16_splat('+')))));
+        at |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('@'))) << i;
+        local |= (uint64_t)wasm_i8x16_bitmask(loc) << i;
+        domain |= (uint64_t)wasm_i8x16_bitmask(dom) << i;
+        alpha |= (uint64_t)wasm_i8x16_bitmask(letter) << i;
+    }
+    /* the '@' of find_email's loop: 1 <= i, i + 1 < n */
+    at &= bits_from(1) & bits_below(n - 1);
+    uint32_t floor = 0;
+    while (at) {
+        uint32_t i = (uint32_t)__builtin_ctzll(at);
+        at &= at - 1;
+        uint64_t stop = ~local & bits_below(i) & bits_from(floor);
+        uint32_t j = stop ? 64 - (uint32_t)__builtin_clzll(stop) : floor;
+        while (j < i && p[j] == '.') j++;
+        if (j == i) continue;
+        uint32_t label_start = i + 1, labels = 0, good_end = 0;
+        for (;;) {
+            uint64_t rest = ~domain & bits_from(label_start);
+            uint32_t k = rest ? (uint32_t)__builtin_ctzll(rest) : 64;
+            if (k > n) k = n;
+            if (k == label_start || p[label_start] == '-' || p[k - 1] == '-') break;
+            labels++;
+            if (labels >= 2 && k - label_start >= 2 && (bits_below(k) & bits_from(label_start) & ~alpha) == 0) good_end = k;
+            if (k < n && p[k] == '.' && k + 1 < n && is_alnum(p[k + 1])) {
+                label_start = k + 1;
+                continue;
+            }
+            break;
+        }
+        if (good_end == 0) continue;
+        add_span(out, j, good_end, D_EMAIL);
+        floor = good_end;
+        at &= bits_from(good_end + 1); /* find_email goes on after the match */
     }
 }
 
@@ -877,14 +946,13 @@ SIMD static v128_t first_lanes(v128_t v, uint32_t n) {
     return wasm_v128_and(v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)n)));
 }
 
-/* The triggers collected: the lanes of acc OR-ed together by halving. */
+/* The triggers collected: the lanes of acc OR-ed together (as two 64-bit halves, folded). */
 SIMD static triggers tacc_done(const tacc *x) {
-    v128_t a = x->acc;
-    a = wasm_v128_or(a, wasm_i8x16_shuffle(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 0, 0, 0, 0, 0, 0, 0));
-    a = wasm_v128_or(a, wasm_i8x16_shuffle(a, a, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
-    a = wasm_v128_or(a, wasm_i8x16_shuffle(a, a, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
-    a = wasm_v128_or(a, wasm_i8x16_shuffle(a, a, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
-    triggers t = {wasm_u8x16_extract_lane(a, 0), x->digits};
+    uint64_t a = wasm_i64x2_extract_lane(x->acc, 0) | wasm_i64x2_extract_lane(x->acc, 1);
+    a |= a >> 32;
+    a |= a >> 16;
+    a |= a >> 8;
+    triggers t = {(uint32_t)(a & 0xff), x->digits};
     return t;
 }
 
@@ -909,30 +977,79 @@ SIMD static triggers scan_triggers(const uint8_t *p, uint32_t n, const uint8_t *
     return t;
 }
 
+/* How many '.' p[0..n) holds (an IPv4 address needs three). */
+SIMD static uint32_t count_dots(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+    uint32_t dots = 0, i = 0;
+    for (; n - i >= 16; i += 16) dots += (uint32_t)__builtin_popcount(wasm_i8x16_bitmask(wasm_i8x16_eq(wasm_v128_load(p + i), wasm_i8x16_splat('.'))));
+    if (i < n && readable - (p + i) >= 16) return dots + (uint32_t)__builtin_popcount(wasm_i8x16_bitmask(wasm_i8x16_eq(first_lanes(wasm_v128_load(p + i), n - i), wasm_i8x16_splat('.'))));
+    for (; i < n; i++) dots += p[i] == '.';
+    return dots;
+}
+
+/* For phone and ssn, which most strings with many digits (card numbers, ids) cannot match:
+ * both need a run of exactly three digits, except a phone starting with '+' or a trunk '0'. */
+SIMD static uint32_t phone_ssn_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+    if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
+        /* bit i of digits: p[i] is a digit (bits from n on clear) */
+        uint64_t digits = 0, plus_or_zero = 0;
+        for (uint32_t i = 0; i < n; i += 16) {
+            v128_t v = wasm_v128_load(p + i);
+            if (n - i < 16) v = first_lanes(v, n - i);
+            v128_t d = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
+            v128_t z = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('0')), wasm_i8x16_eq(v, wasm_i8x16_splat('+')));
+            digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
+            plus_or_zero |= (uint64_t)wasm_i8x16_bitmask(z) << i;
+        }
+        /* a run of exactly three: starts, has its next two digits and not a third */
+        uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
+        return (run3 || plus_or_zero ? 1u << D_PHONE : 0) | (run3 ? 1u << D_SSN : 0);
+    }
+    uint32_t run = 0, run3 = 0, plus_or_zero = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t ch = p[i];
+        if (is_digit(ch)) {
+            run++;
+            plus_or_zero |= ch == '0';
+            continue;
+        }
+        run3 |= run == 3;
+        run = 0;
+        plus_or_zero |= ch == '+';
+    }
+    run3 |= run == 3;
+    return (run3 || plus_or_zero ? 1u << D_PHONE : 0) | (run3 ? 1u << D_SSN : 0);
+}
+
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
  * Each condition is something the detector cannot match without, so skipping the others
  * changes nothing: a card has 13-19 digits; a phone 8+ (E.164) or 10+ (national formats); an
- * SSN 9; an IBAN an upper-case country code and 2 check digits; an IPv4 address 4 digits, dots
+ * SSN 9; an IBAN an upper-case country code and 2 check digits; an IPv4 address 4 digits, 3 dots
  * and 7 bytes; an AWS key id starts with 'A'; a secret needs '=' or ':'; a JWT "eyJ" and dots;
  * a bearer token "bearer". */
-static uint32_t candidates(triggers t, uint32_t n) {
+static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8_t *readable) {
     uint32_t c = 0;
     if (t.classes & K_AT) c |= 1u << D_EMAIL;
     if (t.digits >= 13) c |= 1u << D_CARD;
     if (t.digits >= 8) c |= 1u << D_PHONE;
     if (t.digits >= 9) c |= 1u << D_SSN;
     if (t.digits >= 2 && (t.classes & K_UPPER)) c |= 1u << D_IBAN;
-    if (t.digits >= 4 && (t.classes & K_DOT) && n >= 7) c |= 1u << D_IPV4;
+    if (t.digits >= 4 && (t.classes & K_DOT) && n >= 7 && (enabled_detectors >> D_IPV4 & 1u) && count_dots(p, n, readable) >= 3) c |= 1u << D_IPV4;
     if (t.classes & K_A) c |= 1u << D_AWS_KEY;
     if (t.classes & K_ASSIGN) c |= 1u << D_AWS_SECRET;
     if ((t.classes & K_UPPER4) && (t.classes & K_DOT)) c |= 1u << D_JWT;
     if (t.classes & K_B) c |= 1u << D_BEARER;
-    return c & enabled_detectors;
+    c &= enabled_detectors;
+    const uint32_t ps = 1u << D_PHONE | 1u << D_SSN;
+    if (c & ps) c &= ~ps | phone_ssn_possible(p, n, readable);
+    return c;
 }
 
 /* Run the detectors in the set c on p[0..n). */
-static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s) {
-    if (c & (1u << D_EMAIL)) find_email(p, n, s);
+static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
+    if (c & (1u << D_EMAIL)) {
+        if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) find_email_short(p, n, s);
+        else find_email(p, n, s);
+    }
     if (c & (1u << D_CARD)) find_card(p, n, s);
     if (c & (1u << D_PHONE)) find_phone(p, n, s);
     if (c & (1u << D_SSN)) find_ssn(p, n, s);
@@ -974,6 +1091,19 @@ SIMD static uint32_t mask_ascii_chunks(uint8_t *w, const uint8_t *p, uint32_t s,
             out = wasm_v128_bitselect(m, v, wasm_v128_or(digit, alpha));
         }
         wasm_v128_store(w + (i - s), out);
+    }
+    if (i < e && e - i < 16 && e - s >= 16) {
+        /* the last 16 bytes, overlapping: each output byte depends on its input byte only */
+        v128_t v = wasm_v128_load(p + e - 16);
+        if (wasm_i8x16_bitmask(v)) return i;
+        v128_t out = m;
+        if (preserve_format) {
+            v128_t digit = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
+            v128_t alpha = wasm_u8x16_lt(wasm_i8x16_sub(wasm_v128_or(v, wasm_i8x16_splat(0x20)), wasm_i8x16_splat('a')), wasm_i8x16_splat(26));
+            out = wasm_v128_bitselect(m, v, wasm_v128_or(digit, alpha));
+        }
+        wasm_v128_store(w + (e - 16 - s), out);
+        return e;
     }
     return i;
 }
@@ -1113,10 +1243,10 @@ static void sort_spans(spans *s) {
 
 /* The matches of the detectors in the set c (see candidates) in p[0..n), sorted into s;
  * returns 0 when memory ran out. */
-static int collect_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s) {
+static int collect_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
     spans_init(s);
     if (n == 0 || c == 0) return 1;
-    find_spans(p, n, c, s);
+    find_spans(p, n, c, s, readable);
     if (s->failed) return 0;
     sort_spans(s);
     return 1;
@@ -1149,7 +1279,7 @@ static uint32_t put_spans_masked(sluice_buf *out, const uint8_t *p, uint32_t n, 
  * until the first replacement; jreplace then appends the unchanged stretch before it in one
  * piece, and mask_bytes the rest at the end. A record without personal data is never copied. */
 typedef struct {
-    const uint8_t *p, *end;
+    const uint8_t *begin, *p, *end;
     const uint8_t *copied; /* input before this is in out already (or still unchanged) */
     sluice_buf out;        /* the masked record, allocated at the first replacement */
     uint32_t out_cap;
@@ -1177,8 +1307,16 @@ static sluice_buf *jreplace(jctx *c, const uint8_t *from, const uint8_t *to) {
     return &c->out;
 }
 
+static int is_ws(uint8_t ch) { return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r'; }
+
 static void jws(jctx *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
+    /* between tokens there is mostly no whitespace or one space: those without a loop */
+    if (c->p < c->end && !is_ws(*c->p)) return;
+    if (c->end - c->p >= 2 && !is_ws(c->p[1])) {
+        c->p++;
+        return;
+    }
+    while (c->p < c->end && is_ws(*c->p)) c->p++;
 }
 
 static int path_matches(const jctx *c) {
@@ -1203,11 +1341,10 @@ static int path_matches(const jctx *c) {
 
 /* Scan the string literal at c->p (on the quote) to past its end without copying; returns 0 if
  * malformed. Sets its body [*s, *e) and whether it holds escape sequences. Plain ASCII goes 16
- * bytes at a time; quotes, backslashes, control and non-ASCII bytes are looked at one by one. */
-SIMD static int jstring_span(jctx *c, const uint8_t **s, const uint8_t **e, int *escaped) {
-    const uint8_t *q = c->p + 1, *end = c->end;
-    *escaped = 0;
-    *s = q;
+ * bytes at a time; quotes, backslashes, control and non-ASCII bytes are looked at one by one.
+ * The scan resumes at q (inside the body: the bytes before it are plain ASCII). */
+SIMD static int jstring_from(jctx *c, const uint8_t *q, const uint8_t **e, int *escaped) {
+    const uint8_t *end = c->end;
     for (;;) {
         while (end - q >= 16) {
             v128_t v = wasm_v128_load(q);
@@ -1242,6 +1379,87 @@ SIMD static int jstring_span(jctx *c, const uint8_t **s, const uint8_t **e, int 
     }
 }
 
+/* The quotes, backslashes, control and non-ASCII bytes of a chunk, as a bit mask. */
+SIMD static uint32_t jstring_stops(v128_t v) {
+    /* signed: bytes >= 0x80 are below 0x20 too */
+    v128_t look = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('"')), wasm_i8x16_eq(v, wasm_i8x16_splat('\\'))),
+                               wasm_i8x16_lt(v, wasm_i8x16_splat(0x20)));
+    return wasm_i8x16_bitmask(look);
+}
+
+/* jstring_from from the opening quote; the last bytes of the input are read with one load
+ * ending at its end (overlapping bytes already scanned) rather than one by one. */
+SIMD static inline __attribute__((always_inline)) int jstring_span(jctx *c, const uint8_t **s, const uint8_t **e, int *escaped) {
+    const uint8_t *q = c->p + 1, *end = c->end;
+    *escaped = 0;
+    *s = q;
+    while (end - q >= 16) {
+        uint32_t m = jstring_stops(wasm_v128_load(q));
+        if (m) {
+            q += __builtin_ctz(m);
+            if (*q != '"') return jstring_from(c, q, e, escaped);
+            *e = q;
+            c->p = q + 1;
+            return 1;
+        }
+        q += 16;
+    }
+    if (q < end && end - c->begin >= 16) {
+        uint32_t m = jstring_stops(wasm_v128_load(end - 16)) >> (16 - (end - q));
+        if (m == 0) return 0; /* no closing quote */
+        q += __builtin_ctz(m);
+        if (*q != '"') return jstring_from(c, q, e, escaped);
+        *e = q;
+        c->p = q + 1;
+        return 1;
+    }
+    return jstring_from(c, q, e, escaped);
+}
+
+/* jstring_span for a value, classifying the body in the same pass (scan_triggers' result):
+ * returns 2 with *t set for a body of plain ASCII without escapes (nearly every string), 1
+ * without *t for any other well-formed literal (the caller classifies the decoded text), 0 if
+ * malformed. The last bytes of the input are read with one load ending at its end, which
+ * overlaps bytes already scanned. */
+SIMD static inline __attribute__((always_inline)) int jstring_classify(jctx *c, const uint8_t **s, const uint8_t **e, int *escaped, triggers *t) {
+    const uint8_t *q = c->p + 1, *end = c->end;
+    *escaped = 0;
+    *s = q;
+    tacc x;
+    tacc_init(&x);
+    while (end - q >= 16) {
+        v128_t v = wasm_v128_load(q);
+        uint32_t m = jstring_stops(v);
+        if (m) {
+            uint32_t k = (uint32_t)__builtin_ctz(m);
+            if (q[k] != '"') return jstring_from(c, q + k, e, escaped);
+            tacc_add(&x, first_lanes(v, k));
+            *e = q + k;
+            c->p = q + k + 1;
+            *t = tacc_done(&x);
+            return 2;
+        }
+        tacc_add(&x, v);
+        q += 16;
+    }
+    if (q < end && end - c->begin >= 16) {
+        uint32_t r = (uint32_t)(end - q); /* 1..15 bytes left, lanes 16 - r .. 15 */
+        v128_t v = wasm_v128_load(end - 16);
+        uint32_t m = jstring_stops(v) >> (16 - r);
+        if (m == 0) return 0; /* no closing quote */
+        uint32_t k = (uint32_t)__builtin_ctz(m);
+        if (q[k] != '"') return jstring_from(c, q + k, e, escaped);
+        v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        v128_t keep = wasm_v128_and(wasm_u8x16_ge(lane, wasm_i8x16_splat((int8_t)(16 - r))), wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)(16 - r + k))));
+        tacc_add(&x, wasm_v128_and(v, keep));
+        *e = q + k;
+        c->p = q + k + 1;
+        *t = tacc_done(&x);
+        return 2;
+    }
+    return jstring_from(c, q, e, escaped);
+}
+
 /* Decode a string literal body (escapes) into out, with the SDK's strict decoder. */
 static int jdecode(const uint8_t *s, const uint8_t *e, sluice_buf *out) {
     sl__jp j = {s - 1, e + 1, NULL, 0};
@@ -1260,7 +1478,7 @@ static void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const u
 /* Replace the literal [from, c->p) by text[0..n) with the matches in s masked, as a JSON
  * string. The masked text goes straight into the output and is escaped afterwards only when it
  * must be (a quote, backslash or control character kept from the text). */
-static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s) {
+static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain) {
     sluice_buf *out = jreplace(c, from, c->p);
     uint32_t start = out->len;
     sluice_buf_putc(out, '"');
@@ -1270,7 +1488,8 @@ static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, u
         return;
     }
     uint32_t len = out->len - start - 1;
-    if (!needs_escape(out->ptr + start + 1, len)) {
+    /* plain text masked with plain masks is plain */
+    if ((plain && masks_plain) || !needs_escape(out->ptr + start + 1, len)) {
         sluice_buf_putc(out, '"');
         return;
     }
@@ -1285,10 +1504,12 @@ static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, u
 
 static int jvalue(jctx *c);
 
-static int jstring_value(jctx *c) {
+SIMD static int jstring_value(jctx *c) {
     const uint8_t *lit = c->p, *s, *e;
     int escaped;
-    if (!jstring_span(c, &s, &e, &escaped)) return 0;
+    triggers t;
+    int scanned = jstring_classify(c, &s, &e, &escaped, &t);
+    if (!scanned) return 0;
     const uint8_t *text = s, *readable = c->end;
     uint32_t n = (uint32_t)(e - s);
     if (escaped) {
@@ -1311,14 +1532,17 @@ static int jstring_value(jctx *c) {
         c->changes++;
         return 1;
     }
-    uint32_t todo = candidates(scan_triggers(text, n, readable), n);
+    if (scanned != 2) t = scan_triggers(text, n, readable);
+    /* most strings hold no trigger at all (see candidates) */
+    if (!(t.classes & (K_AT | K_UPPER | K_ASSIGN | K_B)) && t.digits < 8 && !(t.digits >= 4 && (t.classes & K_DOT))) return 1;
+    uint32_t todo = candidates(t, text, n, readable);
     if (todo == 0) return 1; /* the common case: the literal stays */
     spans found;
-    if (!collect_spans(text, n, todo, &found)) {
+    if (!collect_spans(text, n, todo, &found, readable)) {
         c->failed = 1;
         return 0;
     }
-    if (found.n) jreplace_masked(c, lit, text, n, &found);
+    if (found.n) jreplace_masked(c, lit, text, n, &found, !escaped); /* a raw body escapes nothing */
     return 1;
 }
 
@@ -1333,14 +1557,20 @@ static int jnumber_value(jctx *c) {
         c->changes++;
         return 1;
     }
-    uint32_t todo = candidates(scan_triggers(s, n, c->end), n);
+    /* Of the detectors only card, phone and ssn can match in a number ([0-9.eE+-] only: no
+     * '@', 'A', 'b', '=' or ':', no two upper-case letters as an IBAN starts, no three dots as
+     * in an IPv4 address, no "eyJ"), and they need 8 digits or more. */
+    uint32_t digits = 0;
+    for (uint32_t i = 0; i < n; i++) digits += (uint32_t)(s[i] - '0') < 10u;
+    if (digits < 8) return 1;
+    uint32_t todo = candidates(scan_triggers(s, n, c->end), s, n, c->end);
     if (todo == 0) return 1;
     spans found;
-    if (!collect_spans(s, n, todo, &found)) {
+    if (!collect_spans(s, n, todo, &found, c->end)) {
         c->failed = 1;
         return 0;
     }
-    if (found.n) jreplace_masked(c, s, s, n, &found);
+    if (found.n) jreplace_masked(c, s, s, n, &found, 1);
     return 1;
 }
 
@@ -1353,7 +1583,6 @@ static int jlit(jctx *c, const char *lit) {
 
 /* Whether a member name is one of secret_keys (lengths first: most names have none of theirs). */
 static int is_secret_key(sluice_bytes key) {
-    if (key.len < 64 && !(secret_key_lengths >> key.len & 1u)) return 0;
     for (uint32_t k = 0; k < secret_key_n; k++) {
         if (sluice_eq_nocase(key, secret_keys[k])) return 1;
     }
@@ -1361,7 +1590,7 @@ static int is_secret_key(sluice_bytes key) {
 }
 
 /* A string, number, true, false or null at c->p. */
-static int jscalar(jctx *c) {
+static inline __attribute__((always_inline)) int jscalar(jctx *c) {
     if (c->p >= c->end) return 0;
     uint8_t ch = *c->p;
     if (ch == '"') return jstring_value(c);
@@ -1373,7 +1602,7 @@ static int jscalar(jctx *c) {
 }
 
 /* Value at the current path (frames[0..depth)); handles field-path matching on entry. */
-static int jvalue(jctx *c) {
+SIMD static int jvalue(jctx *c) {
     int entered_field = 0;
     if (c->field_depth < 0 && path_n && path_matches(c)) {
         c->field_depth = c->depth;
@@ -1407,7 +1636,8 @@ static int jvalue(jctx *c) {
                     if (c->p >= c->end || *c->p != '"') return 0;
                     if (!jstring_span(c, &s, &e, &escaped)) return 0;
                     c->frames[c->depth].key = sluice_bytes_of(s, (size_t)(e - s));
-                    c->secret = is_secret_key(c->frames[c->depth].key);
+                    sluice_bytes key = c->frames[c->depth].key;
+                    c->secret = (key.len >= 64 || (secret_key_lengths >> key.len & 1u)) && is_secret_key(key);
                     jws(c);
                     if (c->p >= c->end || *c->p != ':') return 0;
                     c->p++;
@@ -1442,6 +1672,59 @@ static int jvalue(jctx *c) {
     return ok;
 }
 
+/* jvalue without field paths (the usual configuration) as one loop over an explicit stack of
+ * open containers: the same grammar, depth limit and results, without a call per value and
+ * without the per-member frames that only field paths read. */
+SIMD static int jwalk(jctx *c) {
+    uint8_t closes[MAX_DEPTH]; /* '}' or ']' of each open container */
+    uint32_t depth = 0;
+    const uint8_t *end = c->end;
+value:
+    if (c->p >= end) return 0;
+    if (*c->p == '{' || *c->p == '[') {
+        if (depth >= MAX_DEPTH) return 0;
+        uint8_t close = *c->p == '[' ? ']' : '}';
+        c->p++;
+        jws(c);
+        if (c->p < end && *c->p == close) {
+            c->p++;
+            goto after;
+        }
+        closes[depth++] = close;
+        goto member;
+    }
+    if (!jscalar(c)) return 0;
+after:
+    if (depth == 0) return 1;
+    jws(c);
+    if (c->p >= end) return 0;
+    if (*c->p == ',') {
+        c->p++;
+        goto member;
+    }
+    if (*c->p != closes[depth - 1]) return 0;
+    c->p++;
+    depth--;
+    goto after;
+member:
+    c->secret = 0;
+    if (closes[depth - 1] == '}') {
+        const uint8_t *s, *e;
+        int escaped;
+        jws(c);
+        if (c->p >= end || *c->p != '"') return 0;
+        if (!jstring_span(c, &s, &e, &escaped)) return 0;
+        uint32_t klen = (uint32_t)(e - s);
+        /* lengths first, here rather than in is_secret_key: most names have none of theirs */
+        c->secret = (klen >= 64 || (secret_key_lengths >> klen & 1u)) && is_secret_key(sluice_bytes_of(s, klen));
+        jws(c);
+        if (c->p >= end || *c->p != ':') return 0;
+        c->p++;
+    }
+    jws(c);
+    goto value;
+}
+
 static int looks_like_json(sluice_bytes b) {
     for (int32_t i = 0; i < b.len; i++) {
         uint8_t ch = b.ptr[i];
@@ -1458,6 +1741,7 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
     uint32_t n = (uint32_t)in.len;
     if (mode == MODE_JSON || (mode == MODE_AUTO && looks_like_json(in))) {
         jctx c;
+        c.begin = in.ptr;
         c.p = in.ptr;
         c.end = in.ptr + n;
         c.copied = in.ptr;
@@ -1473,7 +1757,7 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         uint32_t saved[SLUICE_MAX_COUNTERS];
         for (uint32_t i = 0; i < saved_n; i++) saved[i] = sl__counters[i].count;
         jws(&c);
-        int ok = jvalue(&c);
+        int ok = path_n ? jvalue(&c) : jwalk(&c);
         if (ok) {
             jws(&c);
             ok = c.p == c.end;
@@ -1491,7 +1775,7 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         /* not JSON after all: fall through to text */
     }
     spans found;
-    if (!collect_spans(in.ptr, n, candidates(scan_triggers(in.ptr, n, in.ptr + n), n), &found)) return -1;
+    if (!collect_spans(in.ptr, n, candidates(scan_triggers(in.ptr, n, in.ptr + n), in.ptr, n, in.ptr + n), &found, in.ptr + n)) return -1;
     if (found.n == 0) return 0;
     sluice_buf out;
     sluice_buf_init(&out, n + 16);
