@@ -29,7 +29,7 @@ from kio.serial._introspect import (
 
 from .errors import DecodeError
 
-__all__ = ["check_body", "fields_end"]
+__all__ = ["check_body", "fields_end", "prepare"]
 
 # (buffer, position, end) -> new position
 _Scan = Callable[[Any, int, int], int]
@@ -66,6 +66,14 @@ def check_body(entity_type: type[Any], body: Any) -> None:
         _entity_scanner(entity_type)[0](body, 0, end)
     except (IndexError, struct.error):
         raise DecodeError("body truncated") from None
+
+
+def prepare(entity_type: type[Any]) -> None:
+    """Generate the scanners `check_body` and `fields_end` use for `entity_type` now rather
+    than on first use."""
+    _entity_scanner(entity_type)
+    if entity_type not in _field_scanners:
+        _field_scanners[entity_type] = _build_entity_scanner(entity_type, False)[0]
 
 
 _field_scanners: dict[object, _Scan] = {}

@@ -10,7 +10,7 @@ import uvloop
 
 from sluice.filters.chain import FilterChain
 from sluice.filters.yaml_lines import ConfigError
-from sluice.proxy import telemetry
+from sluice.proxy import telemetry, warmup
 from sluice.proxy.config import ConfigFileError, ProxyConfig
 from sluice.proxy.gc_pauses import GcPauses, freeze_startup_heap
 from sluice.proxy.logs import log
@@ -50,13 +50,22 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
     chains = ChainManager(server, config)
     await chains.start()
     await server.start()
-    # Everything built so far lives as long as the process: keep it out of the collector's
-    # walks (a full collection of it paused the loop for 14-25 ms; see gc_pauses.py).
-    frozen = freeze_startup_heap()
+    # Everything built at start-up lives as long as the process: keep it out of the
+    # collector's walks (a full collection of it paused the loop for 14-25 ms; see
+    # gc_pauses.py). The codec's hot schemas are prepared first, in small steps on the loop
+    # (warmup.py), so that they are frozen too.
+    loop = asyncio.get_running_loop()
+    startup = {"frozen": 0, "schemas": 0}
+
+    def warmed(schemas: int) -> None:
+        startup["schemas"] = schemas
+        startup["frozen"] = freeze_startup_heap()
+        log.info("codec_warmed", schemas=schemas, frozen=startup["frozen"])
+
+    warming = loop.create_task(warmup.warm(warmed))
     gc_pauses = GcPauses()
     gc_pauses.install()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     host, port = config.listen
@@ -71,8 +80,10 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
         notify_ready(ready_fd, config.worker_index, server.instance_id)
     await stop.wait()
     log.info("stopping", connections=len(server.sessions))
+    warming.cancel()
     gc_pauses.uninstall()
-    log.info("gc_pauses", frozen=frozen, **gc_pauses.summary())
+    log.info("gc_pauses", frozen=startup["frozen"], warmed_schemas=startup["schemas"],
+             **gc_pauses.summary())
     await chains.stop()
     await server.close()
     if metrics_server is not None:

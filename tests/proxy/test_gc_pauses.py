@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -50,11 +51,18 @@ def test_proxy_freezes_its_heap_and_reports_pauses_when_it_stops(
     start_proxy: Callable[..., SluiceProxy],
 ) -> None:
     proxy = start_proxy()
+    # The heap is frozen once the codec's hot schemas are prepared (warmup.py).
+    deadline = time.monotonic() + 30
+    while not any('"codec_warmed"' in line for line in proxy.output):
+        assert time.monotonic() < deadline, proxy.output[-5:]
+        time.sleep(0.05)
     proxy.stop()
     lines = [json.loads(line) for line in proxy.output if '"gc_pauses"' in line]
     assert len(lines) == 1, proxy.output[-5:]
     report = lines[0]
     # kio's schema classes alone are tens of thousands of objects.
     assert report["frozen"] > 10_000
+    # Every version of Produce requests is among the prepared schemas.
+    assert report["warmed_schemas"] > 13
     for gen in ("gen0", "gen1", "gen2"):
         assert set(report[gen]) == {"collections", "total_ms", "max_ms"}
