@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,13 @@ def sluice(
     proxy.start()
     try:
         assert proxy.process is not None
+        # Measure the steady state: the proxy prepares its codec for a few seconds after
+        # start-up (proxy/warmup.py), which would land in the first phase's CPU and time.
+        deadline = time.monotonic() + 60
+        while not any('"codec_warmed"' in line for line in proxy.output):
+            if time.monotonic() > deadline:
+                raise RuntimeError("sluice serve did not finish its codec warm-up in 60 s")
+            time.sleep(0.05)
         yield Target(proxy.bootstrap, proxy.process.pid, proxy.output)
     finally:
         proxy.stop()

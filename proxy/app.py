@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 
 import uvloop
@@ -52,14 +53,16 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
     await server.start()
     # Everything built at start-up lives as long as the process: keep it out of the
     # collector's walks (a full collection of it paused the loop for 14-25 ms; see
-    # gc_pauses.py). The codec's hot schemas are prepared first, in small steps on the loop
-    # (warmup.py), so that they are frozen too.
+    # gc_pauses.py). The codec's hot schemas, prepared next in small steps on the loop
+    # (warmup.py), are frozen too when they are done: a plain freeze, without the full
+    # collection, which by then could pause clients' traffic.
     loop = asyncio.get_running_loop()
-    startup = {"frozen": 0, "schemas": 0}
+    startup = {"frozen": freeze_startup_heap(), "schemas": 0}
 
     def warmed(schemas: int) -> None:
+        gc.freeze()
         startup["schemas"] = schemas
-        startup["frozen"] = freeze_startup_heap()
+        startup["frozen"] = gc.get_freeze_count()
         log.info("codec_warmed", schemas=schemas, frozen=startup["frozen"])
 
     warming = loop.create_task(warmup.warm(warmed))
