@@ -9,7 +9,7 @@ import pytest
 import wasmtime
 
 from sluice.filters.context import FilterRecord, RecordContext
-from sluice.filters.engine import FilterEngine, default_engine
+from sluice.filters.engine import MAX_CATCH_UP_TICKS, FilterEngine, default_engine
 from sluice.filters.guest import GuestFailure, GuestInstance
 from sluice.filters.runtime import LoadedFilter
 
@@ -149,5 +149,32 @@ def test_start_function_loop_is_stopped_even_when_the_ticker_is_parked() -> None
             GuestInstance(engine, module, wasmtime.Linker(engine.engine), memory_bytes=65536,
                           timeout_ms=20)
         assert info.value.kind == "timeout"
+    finally:
+        engine.close()
+
+
+def test_a_late_ticker_does_not_charge_the_gap_to_guests() -> None:
+    now = [1000.0]
+    engine = FilterEngine(tick_ms=2, clock=lambda: now[0])
+    ticks: list[int] = []
+    engine._increment = lambda: ticks.append(1)
+
+    class InFlight:
+        depth = 1  # a guest call in progress keeps the ticker awake
+
+    busy = InFlight()
+    engine.register(busy)
+    engine.wake()
+    try:
+        time.sleep(0.05)
+        assert ticks == []  # the (fake) clock has not moved: nothing was due
+        now[0] += 0.005  # a normal late wake-up: 2 ticks due, both added
+        deadline = time.monotonic() + 2
+        while len(ticks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(ticks) == 2
+        now[0] += 1.0  # the ticker "was not scheduled" for a second: 500 ticks due
+        time.sleep(0.1)
+        assert len(ticks) == 2 + MAX_CATCH_UP_TICKS
     finally:
         engine.close()
