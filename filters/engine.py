@@ -101,8 +101,8 @@ class FilterEngine:
             # epoch by the ticks that were due, so deadlines track real time. A long gap (the
             # ticker not scheduled: VM steal, a descheduled process, the GIL held elsewhere)
             # is not charged: it happened before or beside the guest's work, and charging it
-            # at once trapped calls that had only just started (a keep-all filter timed out
-            # on a 100-record batch in filters.bench while the machine showed 15-19 % steal).
+            # at once can trap calls that have only just started (the likely cause of a keep-all
+            # filter's timeout on a 100-record batch in filters.bench under 15-19 % steal).
             started = self._clock()
             done = 0
             quiet_since: float | None = None
