@@ -1040,29 +1040,41 @@ __attribute__((export_name("sluice_init"))) int32_t sluice_init(int32_t cfg_ptr,
     return rc;
 }
 
-__attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_ptr, int32_t in_len) {
-    sl__begin_call(in_ptr, in_len);
+static int sl__ensure_init(void) {
     if (!sl__initialised && sluice_on_config) {
         if (sluice_on_config(NULL) != 0) {
             if (sl__error_len == 0) sluice_set_error("filter needs a configuration");
-            return -1;
+            return 0;
         }
         sl__initialised = 1;
     }
+    return 1;
+}
+
+/* The input fields both batch entry points start with; 0 (error set) on a foreign version.
+ * Truncation is left in r->ok for the caller's own header check. */
+static int sl__read_context(sl__rd *r, sluice_record *ctx) {
+    memset(ctx, 0, sizeof *ctx);
+    uint32_t version = sl__u32(r);
+    if (r->ok && version != SLUICE_ABI_VERSION) {
+        sluice_set_error("unsupported input version");
+        return 0;
+    }
+    if (r->end - r->p < 1) r->ok = 0;
+    else ctx->direction = *r->p++;
+    ctx->topic = sl__bytes(r, 0);
+    ctx->partition = (int32_t)sl__u32(r);
+    ctx->client_id = sl__bytes(r, 0);
+    ctx->principal = sl__bytes(r, 0);
+    return 1;
+}
+
+__attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_ptr, int32_t in_len) {
+    sl__begin_call(in_ptr, in_len);
+    if (!sl__ensure_init()) return -1;
     sl__rd r = {(const uint8_t *)(uintptr_t)(uint32_t)in_ptr, (const uint8_t *)(uintptr_t)(uint32_t)in_ptr + (uint32_t)in_len, 1};
     sluice_record ctx;
-    memset(&ctx, 0, sizeof ctx);
-    uint32_t version = sl__u32(&r);
-    if (r.ok && version != SLUICE_ABI_VERSION) {
-        sluice_set_error("unsupported input version");
-        return -1;
-    }
-    if (r.end - r.p < 1) r.ok = 0;
-    else ctx.direction = *r.p++;
-    ctx.topic = sl__bytes(&r, 0);
-    ctx.partition = (int32_t)sl__u32(&r);
-    ctx.client_id = sl__bytes(&r, 0);
-    ctx.principal = sl__bytes(&r, 0);
+    if (!sl__read_context(&r, &ctx)) return -1;
     uint32_t count = sl__u32(&r);
     if (!r.ok || count > (uint32_t)(r.end - r.p) / 28u + 1u) {
         sluice_set_error("malformed batch header");
@@ -1253,34 +1265,12 @@ static uint64_t sl__rewrite_body(const sl__native *n) {
     return size;
 }
 
-static int sl__ensure_init(void) {
-    if (!sl__initialised && sluice_on_config) {
-        if (sluice_on_config(NULL) != 0) {
-            if (sl__error_len == 0) sluice_set_error("filter needs a configuration");
-            return 0;
-        }
-        sl__initialised = 1;
-    }
-    return 1;
-}
-
 __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_records(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
     if (!sl__ensure_init()) return -1;
     sl__rd r = {(const uint8_t *)(uintptr_t)(uint32_t)in_ptr, (const uint8_t *)(uintptr_t)(uint32_t)in_ptr + (uint32_t)in_len, 1};
     sluice_record ctx;
-    memset(&ctx, 0, sizeof ctx);
-    uint32_t version = sl__u32(&r);
-    if (r.ok && version != SLUICE_ABI_VERSION) {
-        sluice_set_error("unsupported input version");
-        return -1;
-    }
-    if (r.end - r.p < 1) r.ok = 0;
-    else ctx.direction = *r.p++;
-    ctx.topic = sl__bytes(&r, 0);
-    ctx.partition = (int32_t)sl__u32(&r);
-    ctx.client_id = sl__bytes(&r, 0);
-    ctx.principal = sl__bytes(&r, 0);
+    if (!sl__read_context(&r, &ctx)) return -1;
     int64_t offset_base = sl__i64(&r);
     int64_t timestamp_base = sl__i64(&r);
     uint32_t count = sl__u32(&r);

@@ -188,11 +188,9 @@ def test_native_and_decoding_paths_agree(chains: Any, values: list[bytes | None]
         assert len(answers) == 1 and answers[0] is not None
 
 
-def test_native_path_is_taken_and_sees_the_context(chains: Any) -> None:
-    chain = chains["probe"]
-    probe = chain.filters[0]
-    assert probe.native and chain.native_for("orders", "produce", "User:alice")
-    data = make_batch([b"ctx", b"keep"], base_offset=40)
+def fetch_counting_native_calls(chain: FilterChain, probe: Any,
+                                data: bytes) -> tuple[FetchOutcome, list[int]]:
+    """filter_fetch, recording the record count of every native call `probe` gets."""
     calls: list[int] = []
     original = probe.run_native
 
@@ -200,11 +198,19 @@ def test_native_path_is_taken_and_sees_the_context(chains: Any) -> None:
         calls.append(args[2])
         return original(*args, **kw)
 
-    probe.run_native = spy  # type: ignore[method-assign]
+    probe.run_native = spy
     try:
-        out = filter_fetch(chain, FETCH, data)
+        return filter_fetch(chain, FETCH, data), calls
     finally:
-        probe.run_native = original  # type: ignore[method-assign]
+        probe.run_native = original
+
+
+def test_native_path_is_taken_and_sees_the_context(chains: Any) -> None:
+    chain = chains["probe"]
+    probe = chain.filters[0]
+    assert probe.native and chain.native_for("orders", "produce", "User:alice")
+    data = make_batch([b"ctx", b"keep"], base_offset=40)
+    out, calls = fetch_counting_native_calls(chain, probe, data)
     assert calls == [2]
     (b,), _ = split_batches(out.records)
     recs = decode_records(b)
@@ -222,18 +228,7 @@ def test_zig_modules_export_the_native_entry_point(chains: Any) -> None:
     assert probe.native and chain.native_for("orders", "fetch", "User:alice")
     data = make_batch([b"ctx", b"keep", b"count", None], base_offset=40)
     fallbacks = probe.native_fallbacks
-    calls: list[int] = []
-    original = probe.run_native
-
-    def spy(*args: Any, **kw: Any) -> Any:
-        calls.append(args[2])
-        return original(*args, **kw)
-
-    probe.run_native = spy  # type: ignore[method-assign]
-    try:
-        out = filter_fetch(chain, FETCH, data)
-    finally:
-        probe.run_native = original  # type: ignore[method-assign]
+    out, calls = fetch_counting_native_calls(chain, probe, data)
     assert calls == [4] and probe.native_fallbacks == fallbacks
     (b,), _ = split_batches(out.records)
     recs = decode_records(b)
