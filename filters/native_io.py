@@ -31,23 +31,24 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from sluice.filters.context import DIRECTION_CODE, RecordContext
-from sluice.filters.records_io import MAX_REASON_CHARS, AbiError
+from sluice.filters.decisions import Action
+from sluice.filters.records_io import (
+    _HEAD,
+    _I32,
+    _U32,
+    ABI_VERSION,
+    MAX_REASON_CHARS,
+    AbiError,
+    _str,
+)
 
-ABI_VERSION: Final = 1
-FATE_KEEP: Final = 0
-FATE_REWRITE: Final = 1
-FATE_DROP: Final = 2
-FATE_REJECT: Final = 3
+# Fate bytes are the decision bytes of sluice_filter's output.
+FATE_KEEP: Final = int(Action.KEEP)
+FATE_REWRITE: Final = int(Action.REWRITE)
+FATE_DROP: Final = int(Action.DROP)
+FATE_REJECT: Final = int(Action.REJECT)
 
-_U32 = struct.Struct("<I")
-_I32 = struct.Struct("<i")
-_HEAD = struct.Struct("<IB")
 _TAIL = struct.Struct("<qqI")
-
-
-def _str(value: str | None) -> bytes:
-    raw = (value or "").encode("utf-8", "surrogateescape")
-    return _U32.pack(len(raw)) + raw
 
 
 _context_heads: dict[RecordContext, bytes] = {}

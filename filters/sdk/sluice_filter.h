@@ -957,8 +957,8 @@ static int64_t sl__i64(sl__rd *r) {
     return (int64_t)(lo | (hi << 32));
 }
 
-static sluice_bytes sl__bytes(sl__rd *r, int nullable) {
-    int32_t n = (int32_t)sl__u32(r);
+/* `n` bytes at the cursor, for a length just read (-1 = null where `nullable`). */
+static sluice_bytes sl__take(sl__rd *r, int32_t n, int nullable) {
     if (!r->ok) return sluice_null();
     if (n < 0) {
         if (!nullable || n != -1) r->ok = 0;
@@ -971,6 +971,11 @@ static sluice_bytes sl__bytes(sl__rd *r, int nullable) {
     sluice_bytes b = sluice_bytes_of(r->p, (size_t)n);
     r->p += n;
     return b;
+}
+
+static sluice_bytes sl__bytes(sl__rd *r, int nullable) {
+    int32_t n = (int32_t)sl__u32(r);
+    return sl__take(r, n, nullable);
 }
 
 static int64_t sl__pack(const void *ptr, uint32_t len) {
@@ -1198,18 +1203,7 @@ static int32_t sl__varint(sl__rd *r) {
 
 static sluice_bytes sl__vbytes(sl__rd *r, int nullable) {
     int32_t n = sl__varint(r);
-    if (!r->ok) return sluice_null();
-    if (n < 0) {
-        if (!nullable || n != -1) r->ok = 0;
-        return sluice_null();
-    }
-    if (r->end - r->p < n) {
-        r->ok = 0;
-        return sluice_null();
-    }
-    sluice_bytes b = sluice_bytes_of(r->p, (size_t)n);
-    r->p += n;
-    return b;
+    return sl__take(r, n, nullable);
 }
 
 static uint32_t sl__vsize(int64_t v) {
