@@ -17,6 +17,7 @@ from typing import Final
 
 import wasmtime
 
+from sluice.codec.records import Buffer
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
@@ -38,7 +39,6 @@ MAX_ERROR_CHARS: Final = 500
 #: CPU time a batch call is allowed per record, on top of the filter's timeout_ms.
 RECORD_BUDGET_US: Final = 100
 
-Buffer = bytes | bytearray | memoryview
 # Below this size, joining the input head and the records costs less than a second write.
 _JOIN_LIMIT: Final = 64 * 1024
 

@@ -25,6 +25,7 @@ from fnmatch import translate
 from pathlib import Path
 from typing import Any, Final, cast
 
+from sluice.codec.records import Buffer
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import Header, RecordContext, RecordLike
@@ -36,7 +37,6 @@ from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
 ANONYMOUS: Final = "User:ANONYMOUS"
 _CACHE_LIMIT: Final = 10_000
 
-Buffer = bytes | bytearray | memoryview
 
 KEEP: Final = int(Action.KEEP)
 REWRITE: Final = int(Action.REWRITE)

@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 import wasmtime
 
+from sluice.codec.records import Buffer
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
 from sluice.filters.abi_connect import ConnectAbi, connect_function
 from sluice.filters.abi_inplace import InPlaceAbi, inplace_function
@@ -48,7 +49,6 @@ __all__ = ["FilterLoadError", "LoadedFilter", "load_filter", "shared_cache"]
 
 log = structlog.get_logger("sluice.filters")
 
-Buffer = bytes | bytearray | memoryview
 
 _caches: dict[tuple[int, str | None], ModuleCache] = {}
 _caches_lock = threading.Lock()
