@@ -448,8 +448,8 @@ def _advertised(conn: wire.RawConnection, key: int) -> range:
 def test_every_broker_address_points_at_the_proxy(
     broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
 ) -> None:
+    from sluice.codec import entities
     from sluice.codec.schemas import request_schema
-    from sluice.proxy import entities
 
     broker_port = int(broker.bootstrap.rsplit(":", 1)[1])
     ports = _proxy_ports(filtering_proxy)
@@ -507,8 +507,8 @@ def test_random_uuid_is_not_a_known_topic(filtering_proxy: SluiceProxy) -> None:
 # ------------------------------------------------------------------ share groups
 def test_share_fetch_is_refused_while_fetch_filters_run(filtering_proxy: SluiceProxy) -> None:
     """ShareFetch (KIP-932) returns records outside the Fetch path: not relayed at all."""
+    from sluice.codec import entities
     from sluice.codec.schemas import request_schema
-    from sluice.proxy import entities
 
     high = (codec_version_range(78) or (0, 0))[1]
     request = entities.build(
@@ -531,11 +531,11 @@ def test_share_fetch_is_refused_while_fetch_filters_run(filtering_proxy: SluiceP
 def test_share_group_apis_are_not_advertised_with_fetch_filters() -> None:
     """A broker that offers ShareFetch/ShareAcknowledge: the proxy's ApiVersions rewrite
     drops them when asked to (fetch filters configured) and keeps them otherwise."""
+    from sluice.codec import entities
     from sluice.codec.messages import decode_response, encode_response
     from sluice.codec.schemas import response_schema
-    from sluice.proxy import entities
-    from sluice.proxy.apiversions import rewrite_api_versions_response
-    from sluice.proxy.server import _UNFILTERED_RECORD_APIS
+    from sluice.proxy.net.server import _UNFILTERED_RECORD_APIS
+    from sluice.proxy.paths.apiversions import rewrite_api_versions_response
 
     cls = response_schema(18, 3)
     kcls = entities.element_class(cls, "api_keys")
@@ -560,13 +560,13 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     """Produce v10+ and Fetch v16+ carry broker addresses only in the tagged node_endpoints.
     The proxy skips decoding responses without top-level tagged fields (a fast path) and
     must still rewrite every endpoint when they are present."""
+    from sluice.codec import entities
     from sluice.codec.headers import RequestHeader, response_header_bytes
     from sluice.codec.messages import decode_response, encode_response
     from sluice.codec.schemas import response_schema
-    from sluice.proxy import entities
-    from sluice.proxy.config import ProxyConfig
-    from sluice.proxy.server import ProxyServer
-    from sluice.proxy.session import Pending
+    from sluice.proxy.net.server import ProxyServer
+    from sluice.proxy.net.session import Pending
+    from sluice.proxy.ops.config import ProxyConfig
     from tests.harness.ports import free_port_block
 
     base = free_port_block(9)

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import uvloop
 
-from sluice.proxy.config import ProxyConfig
-from sluice.proxy.server import ProxyServer
-from sluice.proxy.session import Session
-from sluice.proxy.tls import ServerTLS, UpstreamTLS
+from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.net.session import Session
+from sluice.proxy.net.tls import ServerTLS, UpstreamTLS
+from sluice.proxy.ops.config import ProxyConfig
 from tests.harness.ports import free_port_block
 from tests.proxy.tls_certs import make_pki
 

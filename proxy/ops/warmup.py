@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable, Iterator
 
 from sluice.codec.messages import ApiKey, codec_version_range, prepare
-from sluice.proxy.logs import log
+from sluice.proxy.telemetry.logs import log
 
 # (api key, request side?, encoded by the proxy too?): what the proxy decodes on its hot
 # paths: Produce requests (filters) and responses (telemetry, endpoint check), Fetch responses

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sluice.codec.batch_counts import count_records, offset_range
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_fetch
-from sluice.proxy.batch_counts import count_records, offset_range
-from sluice.proxy.session import Pending, Session
+from sluice.proxy.net.session import Pending, Session
 
 UNKNOWN_TOPIC_ID = 100
 

@@ -45,7 +45,7 @@ from aiokafka.errors import KafkaError
 from sluice.filters.config import FilterSpec, parse_filter_specs
 from sluice.filters.module_cache import default_cache_dir
 from sluice.filters.yaml_lines import ConfigError, LineMap
-from sluice.proxy.logs import log
+from sluice.proxy.telemetry.logs import log
 
 DEFAULT_TOPIC: Final = "_sluice_filters"
 DEFAULT_POLL_SECONDS: Final = 2.0

@@ -11,13 +11,14 @@ import uvloop
 
 from sluice.filters.chain import FilterChain
 from sluice.filters.yaml_lines import ConfigError
-from sluice.proxy import telemetry, warmup
-from sluice.proxy.config import ConfigFileError, ProxyConfig
-from sluice.proxy.gc_pauses import GcPauses, freeze_startup_heap
-from sluice.proxy.logs import log
-from sluice.proxy.metrics import MetricsServer
-from sluice.proxy.reload import ChainManager, build_chain, locate_telemetry_error
-from sluice.proxy.server import ProxyServer
+from sluice.proxy import telemetry
+from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.ops import warmup
+from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
+from sluice.proxy.ops.gc_pauses import GcPauses, freeze_startup_heap
+from sluice.proxy.ops.reload import ChainManager, build_chain, locate_telemetry_error
+from sluice.proxy.telemetry.logs import log
+from sluice.proxy.telemetry.metrics import MetricsServer
 
 
 def load_chain(config: ProxyConfig) -> FilterChain | None:
@@ -78,7 +79,7 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
             "listening", listen=f"{host}:{port}", upstream=upstream, instance=server.instance_id
         )
     else:
-        from sluice.proxy.workers import notify_ready
+        from sluice.proxy.ops.workers import notify_ready
 
         notify_ready(ready_fd, config.worker_index, server.instance_id)
     await stop.wait()

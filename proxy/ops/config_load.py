@@ -11,11 +11,11 @@ from typing import Any
 
 from sluice.filters.config import parse_filter_specs
 from sluice.filters.yaml_lines import ConfigError, LineMap, load_yaml_with_lines
-from sluice.proxy.config import ConfigFileError, ProxyConfig
-from sluice.proxy.fleet import parse_fleet_section
-from sluice.proxy.limits import parse_limits
-from sluice.proxy.metrics import parse_listen
-from sluice.proxy.tls import parse_server_tls, parse_upstream_tls
+from sluice.proxy.net.tls import parse_server_tls, parse_upstream_tls
+from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
+from sluice.proxy.ops.fleet import parse_fleet_section
+from sluice.proxy.ops.limits import parse_limits
+from sluice.proxy.telemetry.metrics import parse_listen
 
 __all__ = ["KNOWN_SECTIONS", "ConfigFileError", "build_config", "load_config_file"]
 
@@ -108,7 +108,7 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
             # Like telemetry.dir and the tls paths: relative to the config file.
             cache_dir = str(path.resolve().parent / cache_dir)
         config.module_cache_dir = cache_dir
-        parse_fleet_section(data.get("fleet"), lines)  # proxy/reload.py reads it from raw
+        parse_fleet_section(data.get("fleet"), lines)  # proxy/ops/reload.py reads it from raw
     except ConfigError as exc:
         raise ConfigFileError(str(exc)) from None
     config.raw = data

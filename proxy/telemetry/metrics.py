@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sluice.codec.messages import ApiKey
-from sluice.proxy.logs import log
+from sluice.proxy.telemetry.logs import log
 
 if TYPE_CHECKING:
     from sluice.filters.chain import FilterStats
@@ -343,7 +343,7 @@ class MetricsServer:
 
 def parse_listen(value: Any) -> tuple[str, int]:
     """`metrics.listen` as (host, port); raises ValueError with a readable reason."""
-    from sluice.proxy.hostport import parse_hostport
+    from sluice.proxy.net.hostport import parse_hostport
 
     if not isinstance(value, str):
         raise ValueError("must be HOST:PORT")

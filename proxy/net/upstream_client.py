@@ -11,7 +11,7 @@ import itertools
 import struct
 from typing import Any
 
-from sluice.codec import schemas
+from sluice.codec import entities, schemas
 from sluice.codec.frames import FrameBuffer
 from sluice.codec.headers import request_header_bytes, response_header_size
 from sluice.codec.messages import (
@@ -20,7 +20,6 @@ from sluice.codec.messages import (
     decode_response,
     encode_request,
 )
-from sluice.proxy import entities
 
 _SIZE = struct.Struct(">i")
 _ids = itertools.count(1)

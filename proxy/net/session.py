@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 from sluice.codec.errors import CodecError, FrameTooLarge
 from sluice.codec.frames import FrameBuffer
 from sluice.codec.headers import RequestHeader, parse_request_header, read_correlation_id
-from sluice.proxy.logs import log
+from sluice.proxy.telemetry.logs import log
 
 if TYPE_CHECKING:
-    from sluice.proxy.server import ProxyServer
+    from sluice.proxy.net.server import ProxyServer
 
 _SIZE = struct.Struct(">i")
 _READ_CHUNK = 256 * 1024
@@ -79,7 +79,7 @@ class Session:
         self.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.client_id: str | None = None
         self.principal: str | None = None
-        self.sasl: Any = None  # sluice.proxy.sasl.SaslState once SASL starts
+        self.sasl: Any = None  # sluice.proxy.paths.sasl.SaslState once SASL starts
         self.stats = ConnectionStats()
         self.opened = time.time()
         self._inflight: deque[Pending] = deque()

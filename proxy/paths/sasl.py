@@ -23,8 +23,8 @@ from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_request, decode_response
 
 if TYPE_CHECKING:
-    from sluice.proxy.server import ProxyServer
-    from sluice.proxy.session import Pending, Session
+    from sluice.proxy.net.server import ProxyServer
+    from sluice.proxy.net.session import Pending, Session
 
 _ERROR_CODE = struct.Struct(">h")
 PRINCIPAL_PREFIX = "User:"

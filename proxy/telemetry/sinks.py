@@ -28,7 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
-from sluice.proxy.telemetry_events import ProxyInfo, now_ms, proxy_info, telemetry_dropped_event
+from sluice.proxy.telemetry.events import ProxyInfo, now_ms, proxy_info, telemetry_dropped_event
 
 log = structlog.get_logger("sluice.telemetry")
 

@@ -17,26 +17,26 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from sluice.codec.endpoints import carries_endpoints, endpoints_only_in_tags, rewrite_endpoints
 from sluice.codec.errors import CodecError
 from sluice.codec.guard import fields_end
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_response
 from sluice.codec.schemas import response_schema
 from sluice.proxy import telemetry
-from sluice.proxy.addresses import BrokerMap, NodeRoute
-from sluice.proxy.apiversions import rewrite_api_versions_response
-from sluice.proxy.config import ProxyConfig
-from sluice.proxy.dead_letters import DeadLetterWriter
-from sluice.proxy.endpoints import carries_endpoints, endpoints_only_in_tags, rewrite_endpoints
-from sluice.proxy.limits import IdleReaper
-from sluice.proxy.logs import log
-from sluice.proxy.metrics import Metrics
-from sluice.proxy.session import Pending, ProtocolViolation, ResponseHook, Session
-from sluice.proxy.tls import peer_principal
+from sluice.proxy.net.addresses import BrokerMap, NodeRoute
+from sluice.proxy.net.session import Pending, ProtocolViolation, ResponseHook, Session
+from sluice.proxy.net.tls import peer_principal
+from sluice.proxy.ops.config import ProxyConfig
+from sluice.proxy.ops.limits import IdleReaper
+from sluice.proxy.paths.apiversions import rewrite_api_versions_response
+from sluice.proxy.telemetry.dead_letters import DeadLetterWriter
+from sluice.proxy.telemetry.logs import log
+from sluice.proxy.telemetry.metrics import Metrics
 
 if TYPE_CHECKING:
     from sluice.filters.chain import FilterChain, FilterStats
-    from sluice.proxy.produce_path import ProduceState
+    from sluice.proxy.paths.produce import ProduceState
 
 RequestHandler = Callable[[Session, RequestHeader, memoryview | bytes], Any]
 #: APIs whose responses carry records outside the Fetch path (hidden when fetch filters run).
@@ -81,8 +81,8 @@ class ProxyServer:
         self.clients = 0  # accepted client connections being served (limits.max_connections)
         self._rejected_logged = 0.0
         self.idle_reaper = IdleReaper(config.idle_timeout, lambda: self.sessions, self._idle_closed)
-        from sluice.proxy import sasl
-        from sluice.proxy.produce_path import handle_produce
+        from sluice.proxy.paths import sasl
+        from sluice.proxy.paths.produce import handle_produce
 
         sasl.install(self)
 
@@ -92,7 +92,7 @@ class ProxyServer:
     # ------------------------------------------------------------------ filters
     def install_chain(self, chain: FilterChain | None) -> FilterChain | None:
         """Switch to a new filter chain; batches after the switch use it. Returns the old one."""
-        from sluice.proxy.admin_path import ADMIN_APIS, handle_admin
+        from sluice.proxy.paths.admin import ADMIN_APIS, handle_admin
 
         old, self.chain = self.chain, chain
         directions: set[str] = set()
@@ -145,7 +145,7 @@ class ProxyServer:
         if api_key == ApiKey.API_VERSIONS:
             return _api_versions_hook
         if api_key == ApiKey.FETCH and self.filters_on("fetch"):
-            from sluice.proxy.fetch_path import on_fetch_response
+            from sluice.proxy.paths.fetch import on_fetch_response
 
             return on_fetch_response
         if carries_endpoints(api_key, version):

@@ -13,15 +13,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sluice.codec import entities
+from sluice.codec.batch_counts import count_records
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader
 from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
 from sluice.codec.peek import produce_acks
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_produce
-from sluice.proxy import entities
-from sluice.proxy.batch_counts import count_records
-from sluice.proxy.session import Pending, ProtocolViolation, Session
+from sluice.proxy.net.session import Pending, ProtocolViolation, Session
 
 if TYPE_CHECKING:
     from sluice.filters.chain import FilterStats

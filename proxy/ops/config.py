@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
 
 if TYPE_CHECKING:
-    from sluice.proxy.tls import ServerTLS, UpstreamTLS
+    from sluice.proxy.net.tls import ServerTLS, UpstreamTLS
 
 
 class ConfigFileError(ValueError):

@@ -16,15 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sluice.codec import entities
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.chain import FilterChain
-from sluice.proxy import entities, telemetry
-from sluice.proxy.logs import log
-from sluice.proxy.session import Pending, ProtocolViolation, Session
-from sluice.proxy.upstream_client import UpstreamConnection, UpstreamError
+from sluice.proxy import telemetry
+from sluice.proxy.net.session import Pending, ProtocolViolation, Session
+from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamError
+from sluice.proxy.telemetry.logs import log
 
 POLICY_VIOLATION = 44
 TOPIC_RESOURCE = 2

@@ -22,8 +22,8 @@ import sys
 import time
 from typing import Any
 
-from sluice.proxy.config import ConfigFileError, ProxyConfig
-from sluice.proxy.logs import log
+from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
+from sluice.proxy.telemetry.logs import log
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
@@ -49,7 +49,7 @@ def _die_with_parent() -> None:
 
 
 def _run_worker(config: ProxyConfig, index: int, ready_fd: int) -> int:
-    from sluice.proxy.app import run
+    from sluice.proxy.ops.app import run
 
     _die_with_parent()
     config.worker_index = index

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.codec.messages import ApiKey
 from sluice.codec.records import BatchHeader, Record, build_batch
-from sluice.proxy.logs import log
-from sluice.proxy.upstream_client import UpstreamConnection, UpstreamError
+from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamError
+from sluice.proxy.telemetry.logs import log
 
 if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter
-    from sluice.proxy.server import ProxyServer
+    from sluice.proxy.net.server import ProxyServer
 
 _QUEUE_LIMIT = 100_000
 _NETWORK_TIMEOUT = 15.0  # seconds to wait for the broker's answer
@@ -35,7 +35,7 @@ def _optional_tuple_element(cls: type[Any], field_name: str) -> type[Any]:
     for arg in typing.get_args(typing.get_type_hints(cls)[field_name]):
         if typing.get_origin(arg) is tuple:
             return typing.cast(type[Any], typing.get_args(arg)[0])
-    from sluice.proxy import entities
+    from sluice.codec import entities
 
     return entities.element_class(cls, field_name)
 
@@ -136,8 +136,7 @@ class DeadLetterWriter:
 
     @staticmethod
     def _topic_data(version: int, topic: str, records: bytes) -> Any:
-        from sluice.codec import schemas
-        from sluice.proxy import entities
+        from sluice.codec import entities, schemas
 
         cls = schemas.request_schema(ApiKey.PRODUCE, version)
         tcls = entities.element_class(cls, "topic_data")
@@ -148,8 +147,7 @@ class DeadLetterWriter:
 
     @staticmethod
     async def _leader(conn: UpstreamConnection, topic: str) -> tuple[str, int]:
-        from sluice.codec import schemas
-        from sluice.proxy import entities
+        from sluice.codec import entities, schemas
 
         version = conn.pick_version(ApiKey.METADATA, ceiling=12)
         cls = schemas.request_schema(ApiKey.METADATA, version)

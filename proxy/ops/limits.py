@@ -18,7 +18,7 @@ from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
 from sluice.filters.yaml_lines import LineMap
 
 if TYPE_CHECKING:
-    from sluice.proxy.session import Session
+    from sluice.proxy.net.session import Session
 
 _KEYS = ("max_connections", "max_frame_size", "idle_timeout_seconds")
 

@@ -15,7 +15,7 @@ The schema is documented in docs/TELEMETRY.md; the builders live in
 
 from __future__ import annotations
 
-from sluice.proxy.telemetry_events import (
+from sluice.proxy.telemetry.events import (
     MAX_TEXT,
     SCHEMA_VERSION,
     AdminDecision,
@@ -39,7 +39,7 @@ from sluice.proxy.telemetry_events import (
     reject_reason_counts,
     telemetry_dropped_event,
 )
-from sluice.proxy.telemetry_sinks import (
+from sluice.proxy.telemetry.sinks import (
     FileSink,
     KafkaSink,
     NullSink,

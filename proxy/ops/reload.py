@@ -1,7 +1,7 @@
 """Changing the filter chain of a running proxy without dropping a connection.
 
 Three things rebuild the chain: SIGHUP, a change of the config file (or of a module file it
-names; polled every second), and the filter fleet (proxy/fleet.py). The new chain is built in
+names; polled every second), and the filter fleet (proxy/ops/fleet.py). The new chain is built in
 a worker thread (compiling a module takes milliseconds to seconds) and switched in on the event
 loop with ``server.install_chain``: batches after the switch use it, open connections stay
 open. The old chain is closed right after the switch, which is safe because the produce and
@@ -37,18 +37,18 @@ from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
 from sluice.filters.yaml_lines import ConfigError, load_yaml_with_lines
-from sluice.proxy.config import ConfigFileError, ProxyConfig
-from sluice.proxy.fleet import (
+from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
+from sluice.proxy.ops.fleet import (
     FilterRecord,
     FleetCatalog,
     FleetFollower,
     FleetSettings,
     parse_fleet_section,
 )
-from sluice.proxy.logs import log
+from sluice.proxy.telemetry.logs import log
 
 if TYPE_CHECKING:
-    from sluice.proxy.server import ProxyServer
+    from sluice.proxy.net.server import ProxyServer
 
 __all__ = [
     "ChainBuildError",
@@ -143,7 +143,7 @@ def error_fields(exc: BaseException) -> dict[str, Any]:
 def check_telemetry(cfg: Mapping[str, Any] | None) -> str:
     """Validate ``telemetry:`` exactly as ``telemetry.make_sink`` does, without opening files
     or connections; returns a one-line description. Raises TelemetryConfigError."""
-    from sluice.proxy.telemetry_sinks import parse_telemetry_config
+    from sluice.proxy.telemetry.sinks import parse_telemetry_config
 
     return parse_telemetry_config(cfg).describe()
 
@@ -164,8 +164,8 @@ def locate_telemetry_error(path: Path | None, exc: Exception) -> ConfigError:
 
 def load_checked_config(path: Path, base: ProxyConfig) -> ProxyConfig:
     """`load_config_file` on a copy of `base`, plus the telemetry check (ConfigFileError)."""
-    from sluice.proxy.config_load import load_config_file
-    from sluice.proxy.telemetry_sinks import TelemetryConfigError
+    from sluice.proxy.ops.config_load import load_config_file
+    from sluice.proxy.telemetry.sinks import TelemetryConfigError
 
     config = load_config_file(path, dataclasses.replace(base))
     try:
