@@ -13,16 +13,24 @@ import time
 import typing
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.codec.messages import ApiKey
 from sluice.codec.records import BatchHeader, Record, build_batch
 from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamError
+from sluice.proxy.ops.config import ProxyConfig
 from sluice.proxy.telemetry.logs import log
 
 if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter
-    from sluice.proxy.net.server import ProxyServer
+
+
+class _Upstream(Protocol):
+    """Where dead letters go: the proxy's config and its TLS settings towards brokers."""
+
+    config: ProxyConfig
+
+    def upstream_tls_args(self, host: str) -> dict[str, Any]: ...
 
 _QUEUE_LIMIT = 100_000
 _NETWORK_TIMEOUT = 15.0  # seconds to wait for the broker's answer
@@ -65,7 +73,7 @@ def _batch(letters: list[DeadLetter]) -> bytes:
 
 
 class DeadLetterWriter:
-    def __init__(self, server: ProxyServer) -> None:
+    def __init__(self, server: _Upstream) -> None:
         self._server = server
         self._queue: asyncio.Queue[DeadLetter] | None = None
         self._task: asyncio.Task[None] | None = None
