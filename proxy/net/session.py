@@ -14,6 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol, cast
 
+import structlog
+
 from sluice.proxy.net.client_info import ClientInfo, ConnectionStats
 from sluice.proxy.net.connection import (
     Action,
@@ -241,20 +243,33 @@ class Session(asyncio.Protocol):
     def _start(self, action: StartJob) -> None:
         job = action.job
         loop = asyncio.get_running_loop()
+        client = self.client
+        # What logs on this connection's behalf (filters, look-ups) says which connection.
+        context = {"conn": client.id, "client": client.client_address, "node": self.node_id}
+
+        def run() -> Any:
+            with structlog.contextvars.bound_contextvars(**context):
+                return job.run()
+
         future: asyncio.Future[Any]
         if not job.in_thread:
-            future = asyncio.ensure_future(job.run())
+
+            async def run_async() -> Any:
+                with structlog.contextvars.bound_contextvars(**context):
+                    return await job.run()
+
+            future = asyncio.ensure_future(run_async())
         elif self._executor is None:
             # No filter threads configured: run inline, on the loop.
             try:
-                result = job.run()
+                result = run()
             except Exception as exc:
                 self._job_done(action.job_id, None, exc)
             else:
                 self._job_done(action.job_id, result, None)
             return
         else:
-            future = loop.run_in_executor(self._executor, job.run)
+            future = loop.run_in_executor(self._executor, run)
 
         def done(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled():
