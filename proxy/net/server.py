@@ -68,7 +68,7 @@ class ProxyServer:
         self._filter_directions: frozenset[str] = frozenset()
         self.proxy_info = telemetry.proxy_info(self.instance_id)
         self.telemetry: telemetry.TelemetrySink = telemetry.NullSink()
-        self.dead_letters = DeadLetterWriter(self)
+        self.dead_letters = DeadLetterWriter.from_config(config)
         self.metrics = Metrics(
             active_connections=lambda: len(self.sessions),
             sink_stats=lambda: self.telemetry.stats(),
