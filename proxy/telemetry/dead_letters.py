@@ -319,6 +319,12 @@ class DeadLetterWriter:
         try:
             refused = await self._ensure_metadata({i.letter.topic for i in items})
         except (TimeoutError, OSError, UpstreamError) as exc:
+            log.warning(
+                "dead_letter_broker_unreachable",
+                broker="bootstrap" if not self._conns else "any",
+                records=len(items),
+                error=repr(exc),
+            )
             self._requeue(items, f"metadata: {exc!r}")
             return True
         retry = False

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
+from sluice.codec import entities
+from sluice.codec.headers import RequestHeader, parse_request_header, response_header_bytes
+from sluice.codec.messages import ApiKey, decode_request, encode_response
 from sluice.proxy.net.upstream_client import UpstreamDialer
 from sluice.proxy.telemetry.dead_letters import DeadLetterWriter, letter_size
 from tests.e2e.clients import confluent_produce, create_topic, unique
@@ -21,6 +25,8 @@ from tests.harness.broker import TansuBroker
 from tests.harness.ports import free_port
 from tests.proxy.broker_front import BrokerFront, FrontedTansu
 from tests.proxy.dead_letter_helpers import config_for, consume_with_partitions, letters
+
+NOT_LEADER_OR_FOLLOWER = 6
 
 
 @pytest.fixture(scope="module")
@@ -126,32 +132,6 @@ def test_one_connection_is_reused_across_flushes_and_topics(fronted: FrontedTans
     assert len(consume_with_partitions(fronted.bootstrap, topics[0], 30)) == 30
 
 
-def test_a_broken_connection_is_dialled_again_after_a_back_off(fronted: FrontedTansu) -> None:
-    front = fronted.front
-    assert front is not None
-    topic = unique("dlq-reconnect")
-    create_topic(fronted.bootstrap, topic, 1)
-
-    async def run() -> DeadLetterWriter:
-        writer = writer_for(fronted.bootstrap)
-        writer.submit(letters(topic, 5))
-        await wait_produced(writer, 5)
-        # The relay goes away (its connections with it) and comes back on the same port.
-        await asyncio.to_thread(front.stop)
-        fronted.front = await asyncio.to_thread(
-            BrokerFront(front.target_port, front.port).start
-        )
-        writer.submit(letters(topic, 5))
-        await wait_produced(writer, 10)
-        await writer.close()
-        return writer
-
-    writer = asyncio.run(run())
-    assert writer.connections_opened == 2
-    assert fronted.front.connections == 1
-    assert len(consume_with_partitions(fronted.bootstrap, topic, 10)) == 10
-
-
 def test_queue_is_bounded_in_bytes_and_shutdown_counts_what_is_left() -> None:
     # Nothing listens on this port: every letter stays queued until close().
     dead = f"127.0.0.1:{free_port()}"
@@ -237,3 +217,134 @@ def test_a_refused_topic_fails_its_letters_only(broker: TansuBroker) -> None:
 
     writer = asyncio.run(run())
     assert (writer.produced, writer.failed) == (3, 2), writer.stats()
+
+
+class Relay:
+    """An in-test relay on the port Tansu advertises (the front's, which steps aside): counts
+    connections and Metadata/Produce requests, can cut every connection (a broker restart) and
+    can answer the first `refuse_produces` Produce requests itself with NOT_LEADER_OR_FOLLOWER
+    for every partition, as a broker does after a leader moved."""
+
+    def __init__(self, target_port: int, port: int, refuse_produces: int = 0) -> None:
+        self.target_port, self.port = target_port, port
+        self.refusals_left = refuse_produces
+        self.connections = 0
+        self.metadata_requests = 0
+        self.produce_requests = 0
+        self._open: set[asyncio.StreamWriter] = set()
+
+    def cut(self) -> None:
+        for writer in self._open:
+            writer.close()
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._open.add(writer)
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        back = asyncio.create_task(self._pipe(up_reader, writer))
+        try:
+            while True:
+                size = await reader.readexactly(4)
+                body = await reader.readexactly(int.from_bytes(size, "big", signed=True))
+                header = parse_request_header(body)
+                self.metadata_requests += header.api_key == ApiKey.METADATA
+                if header.api_key == ApiKey.PRODUCE:
+                    self.produce_requests += 1
+                    if self.refusals_left:
+                        self.refusals_left -= 1
+                        writer.write(self._not_leader(header, body))
+                        continue
+                up_writer.write(size + body)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self._open.discard(writer)
+            back.cancel()
+            up_writer.close()
+            writer.close()
+
+    @staticmethod
+    def _not_leader(header: RequestHeader, body: bytes) -> bytes:
+        request = decode_request(header.api_key, header.api_version, body[header.header_size :])
+        cls = entities.response_class(header.api_key, header.api_version)
+        tcls = entities.element_class(cls, "responses")
+        pcls = entities.element_class(tcls, "partition_responses")
+        response = entities.build(
+            cls,
+            responses=tuple(
+                entities.build(
+                    tcls,
+                    name=t.name,
+                    partition_responses=tuple(
+                        entities.build(pcls, index=p.index, error_code=NOT_LEADER_OR_FOLLOWER)
+                        for p in t.partition_data
+                    ),
+                )
+                for t in request.topic_data
+            ),
+        )
+        payload = response_header_bytes(
+            header.correlation_id, header.api_key, header.api_version
+        ) + encode_response(response)
+        return len(payload).to_bytes(4, "big") + payload
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+        except ConnectionError:
+            pass
+
+
+async def relayed(fronted: FrontedTansu, relay: Relay, scenario: Any) -> DeadLetterWriter:
+    """Run `scenario(writer)` with `relay` in place of the front; the front comes back after."""
+    front = fronted.front
+    assert front is not None
+    front.stop()
+    server = await asyncio.start_server(relay.serve, "127.0.0.1", relay.port)
+    try:
+        writer = writer_for(fronted.bootstrap)
+        await scenario(writer)
+        await writer.close()
+        return writer
+    finally:
+        server.close()
+        relay.cut()
+        fronted.front = BrokerFront(front.target_port, front.port).start()
+
+
+def test_not_leader_refreshes_metadata_and_retries(fronted: FrontedTansu) -> None:
+    assert fronted.front is not None
+    topic = unique("dlq-moved")
+    create_topic(fronted.bootstrap, topic, 2)
+    relay = Relay(fronted.front.target_port, fronted.front.port, refuse_produces=1)
+
+    async def scenario(writer: DeadLetterWriter) -> None:
+        writer.submit(letters(topic, 6))
+        await wait_produced(writer, 6)
+
+    writer = asyncio.run(relayed(fronted, relay, scenario))
+    assert relay.produce_requests == 2  # refused once, then sent again
+    assert relay.metadata_requests == 2  # the refusal dropped the cached leaders
+    assert (writer.stats()["produced"], writer.connections_opened) == (6, 1)
+    landed = consume_with_partitions(fronted.bootstrap, topic, 6)
+    assert sorted(key for _, key, _, _ in landed) == sorted(d.key for d in letters(topic, 6))
+
+
+def test_a_broken_connection_is_dialled_again_after_a_back_off(fronted: FrontedTansu) -> None:
+    assert fronted.front is not None
+    topic = unique("dlq-reconnect")
+    create_topic(fronted.bootstrap, topic, 1)
+    relay = Relay(fronted.front.target_port, fronted.front.port)
+
+    async def scenario(writer: DeadLetterWriter) -> None:
+        writer.submit(letters(topic, 5))
+        await wait_produced(writer, 5)
+        relay.cut()  # the broker side goes away, as in a broker restart
+        writer.submit(letters(topic, 5))
+        await wait_produced(writer, 10)
+
+    writer = asyncio.run(relayed(fronted, relay, scenario))
+    assert (writer.connections_opened, relay.connections) == (2, 2)
+    assert len(consume_with_partitions(fronted.bootstrap, topic, 10)) == 10
