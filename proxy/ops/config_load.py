@@ -38,18 +38,8 @@ KNOWN_SECTIONS = (
 PROXY_KEYS = ("advertised_host", "node_ports")
 #: Keys of the ``dead_letters:`` section.
 DEAD_LETTER_KEYS = ("max_queued_bytes", "shutdown_timeout_seconds")
-#: Sections whose value must be a mapping.
-_MAPPING_SECTIONS = (
-    "telemetry",
-    "metrics",
-    "proxy",
-    "tls",
-    "upstream_tls",
-    "upstream_sasl",
-    "dead_letters",
-    "limits",
-    "fleet",
-)
+#: Sections whose value must be a mapping (the others: a list, a path).
+_MAPPING_SECTIONS = tuple(s for s in KNOWN_SECTIONS if s not in ("filters", "module_cache_dir"))
 
 
 def _dead_letters(raw: dict[str, Any], lines: LineMap) -> DeadLetterSettings:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import ssl
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from tests.proxy.dead_letter_helpers import (
     create_topic_with,
     letters,
 )
-from tests.proxy.tls_certs import Pki, make_pki
+from tests.proxy.tls_certs import Pki
 
 USERS = {"alice": "alice-Pa55word-7f3a", "carol,ops=x": "carol-Pa55word-5d0e"}
 
@@ -40,22 +39,6 @@ USERS = {"alice": "alice-Pa55word-7f3a", "carol,ops=x": "carol-Pa55word-5d0e"}
 @pytest.fixture(scope="module")
 def sasl_broker() -> Iterator[FrontedTansu]:
     with FrontedTansu(front_kwargs={"sasl_users": USERS}) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def broker_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    # The certificate names only broker.test, not the 127.0.0.1 the dialer connects to.
-    return make_pki(tmp_path_factory.mktemp("broker-pki"), server_names=["broker.test"])
-
-
-@pytest.fixture(scope="module")
-def tls_broker(broker_pki: Pki) -> Iterator[FrontedTansu]:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(broker_pki.server_cert, broker_pki.server_key)
-    ctx.load_verify_locations(broker_pki.ca)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    with FrontedTansu(front_kwargs={"ssl_context": ctx}) as b:
         yield b
 
 
