@@ -58,6 +58,7 @@ _FLUSH_BYTES = 900 * 1024  # under the broker's default message.max.bytes (1 MiB
 _DELIVERY_TIMEOUT = 120.0  # seconds a letter may wait for the broker before it counts as failed
 _METADATA_MAX_AGE = 300.0  # seconds, as the Java client's metadata.max.age.ms
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.1, 5.0
+_BACKOFF_CLOSING = 0.5  # longest pause between attempts once close() waits for the queue
 _LETTER_OVERHEAD = 64  # bytes held per letter besides its key, value and headers
 _LOG_EVERY = 1.0  # seconds between two `dead_letter_dropped` lines under a flood
 
@@ -75,6 +76,7 @@ class _Queued:
     letter: DeadLetter
     size: int
     queued_at: float  # time.monotonic() when submitted
+    settled: bool = False  # produced, failed or requeued in the flush that took it
 
 
 @dataclass(slots=True)
@@ -134,6 +136,7 @@ class DeadLetterWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._close_requested = asyncio.Event()  # cuts a back-off short for the final flush
         self._closed = False
         self._conns: dict[Address, UpstreamConnection] = {}
         self._brokers: dict[int, Address] = {}
@@ -146,6 +149,7 @@ class DeadLetterWriter:
         self.dropped = 0
         self.lost_at_shutdown = 0
         self.connections_opened = 0
+        self.produce_requests = 0
 
     @classmethod
     def from_config(cls, config: ProxyConfig) -> DeadLetterWriter:
@@ -219,6 +223,7 @@ class DeadLetterWriter:
         if self._closed:
             return
         self._closing = True
+        self._close_requested.set()
         self._wake.set()
         task = self._task
         if task is not None:
@@ -260,7 +265,7 @@ class DeadLetterWriter:
                 await self._wake.wait()
                 continue
             if self._backoff:
-                await asyncio.sleep(self._backoff)
+                await self._pause()
             items = self._take()
             try:
                 retry = await self._flush(items)
@@ -268,24 +273,39 @@ class DeadLetterWriter:
                 raise
             except Exception as exc:
                 # Whatever goes wrong, this task must live on for the next dead letters.
-                log.error("dead_letter_failed", records=len(items), error=repr(exc))
-                self._resolve(items, failed=True)
+                unsettled = [i for i in items if not i.settled]
+                log.error("dead_letter_failed", records=len(unsettled), error=repr(exc))
+                self._resolve(unsettled, failed=True)
                 retry = False
             self._backoff = (
                 min(_BACKOFF_MAX, max(_BACKOFF_FIRST, self._backoff * 2)) if retry else 0.0
             )
+
+    async def _pause(self) -> None:
+        """Back off after a failed attempt; close() ends the pause for one more try, and the
+        pauses after it are short so the final flush fits its timeout."""
+        if self._closing:
+            await asyncio.sleep(min(self._backoff, _BACKOFF_CLOSING))
+            return
+        try:
+            await asyncio.wait_for(self._close_requested.wait(), self._backoff)
+        except TimeoutError:
+            pass
 
     def _take(self) -> list[_Queued]:
         items: list[_Queued] = []
         size = 0
         while self._queue and (not items or size + self._queue[0].size <= _FLUSH_BYTES):
             item = self._queue.popleft()
+            item.settled = False
             items.append(item)
             size += item.size
         self._inflight += len(items)
         return items
 
     def _resolve(self, items: list[_Queued], failed: bool) -> None:
+        for item in items:
+            item.settled = True
         self._inflight -= len(items)
         self._held_bytes -= sum(i.size for i in items)
         if failed:
@@ -299,6 +319,7 @@ class DeadLetterWriter:
         again: list[_Queued] = []
         expired = time.monotonic() - self.delivery_timeout
         for item in items:
+            item.settled = True
             if item.queued_at <= expired:
                 self._held_bytes -= item.size
                 self.failed += 1
@@ -381,6 +402,7 @@ class DeadLetterWriter:
         try:
             conn = await self._connection(address)
             version = conn.pick_version(ApiKey.PRODUCE, ceiling=12)
+            self.produce_requests += 1
             response = await conn.request(
                 ApiKey.PRODUCE,
                 version,

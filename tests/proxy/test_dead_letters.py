@@ -65,6 +65,7 @@ def test_keyed_letters_land_where_kafka_clients_put_the_key(broker: TansuBroker)
         writer = writer_for(broker.bootstrap)
         writer.submit(keyed + keyless)  # one flush: keyless letters stick to one partition
         await wait_produced(writer, 72)
+        assert writer.produce_requests == 1  # one leader: one Produce, a batch per partition
         await writer.close()
         return writer
 
