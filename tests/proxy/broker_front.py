@@ -176,6 +176,12 @@ class BrokerFront:
         except (asyncio.CancelledError, RuntimeError):
             pass
         finally:
+            # Let the cancelled connections finish their clean-up before the loop goes.
+            rest = asyncio.all_tasks(loop)
+            for task in rest:
+                task.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
             loop.close()
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -184,10 +190,17 @@ class BrokerFront:
 
     def stop(self) -> None:
         loop, server = self._loop, self._server
+
+        def shut_down() -> None:  # in the loop's thread: all_tasks is not thread-safe
+            server.close()
+            for task in asyncio.all_tasks():
+                task.cancel()
+
         if loop is not None and server is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(server.close)
-            for task in asyncio.all_tasks(loop):
-                loop.call_soon_threadsafe(task.cancel)
+            try:
+                loop.call_soon_threadsafe(shut_down)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
         if self._thread is not None:
             self._thread.join(5)
 
@@ -308,8 +321,13 @@ class FrontedTansu:
         return self
 
     def stop(self) -> None:
-        if self.front is not None:
-            self.front.stop()
+        try:
+            if self.front is not None:
+                self.front.stop()
+        finally:
+            self._stop_broker()
+
+    def _stop_broker(self) -> None:
         proc, self.process = self.process, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
