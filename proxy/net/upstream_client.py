@@ -209,10 +209,12 @@ class UpstreamDialer:
                         f" ({resp.error_message or 'no message'})"
                     )
                 message = client.step(bytes(resp.auth_bytes))
-                lifetime = int(getattr(resp, "session_lifetime_ms", 0) or 0)
-                if lifetime > 0:
+                # SessionLifetimeMs (v1+), a timedelta in the codec's entities; 0 = unlimited.
+                lifetime = getattr(resp, "session_lifetime", None)
+                seconds = lifetime.total_seconds() if lifetime is not None else 0.0
+                if seconds > 0:
                     # Reconnect a little before the broker's connections.max.reauth.ms ends.
-                    conn.expires_at = time.monotonic() + lifetime / 1000 * 0.9
+                    conn.expires_at = time.monotonic() + seconds * 0.9
         except SaslClientError as exc:
             raise UpstreamAuthError(f"SASL {who}: {exc}") from None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import hashlib
 import hmac
 import os
@@ -138,11 +139,14 @@ class BrokerFront:
         port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
         sasl_users: dict[str, str] | None = None,
+        session_lifetime_ms: int = 0,
     ) -> None:
         self.target_port = target_port
         self.port = port or free_port()
         self.ssl_context = ssl_context
         self.sasl_users = sasl_users
+        # Announced in SaslAuthenticate v1+ like connections.max.reauth.ms (not enforced here).
+        self.session_lifetime_ms = session_lifetime_ms
         self.connections = 0
         self.authenticated: list[str] = []
         self.auth_failures = 0
@@ -255,7 +259,8 @@ class BrokerFront:
                 "auth_bytes": data,
             }
             if header.api_version >= 1:
-                fields["session_lifetime_ms"] = 0
+                lifetime = self.session_lifetime_ms if code == 0 else 0
+                fields["session_lifetime"] = datetime.timedelta(milliseconds=lifetime)
             writer.write(_response(header, **fields))
             if code == 0 and sasl.authenticated and sasl.authenticated not in self.authenticated:
                 self.authenticated.append(sasl.authenticated)

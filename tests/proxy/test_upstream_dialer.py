@@ -158,6 +158,30 @@ def test_dead_letters_over_sasl_use_one_connection(sasl_broker: FrontedTansu) ->
     assert len(landed) == 30
 
 
+def test_a_connection_is_replaced_before_the_brokers_session_lifetime_ends() -> None:
+    with FrontedTansu(front_kwargs={"sasl_users": USERS, "session_lifetime_ms": 400}) as b:
+        assert b.front is not None
+        topic = unique("dlq-reauth")
+        create_topic_with(b.bootstrap, topic, 1, **sasl_conf("alice"))
+        sasl = UpstreamSasl("SCRAM-SHA-256", "alice", USERS["alice"])
+
+        async def run() -> DeadLetterWriter:
+            writer = DeadLetterWriter(UpstreamDialer(config_for(b.bootstrap, sasl=sasl)))
+            writer.submit(letters(topic, 3))
+            await writer_settled(writer)
+            writer.submit(letters(topic, 3))  # still within the session: same connection
+            await writer_settled(writer)
+            assert writer.connections_opened == 1
+            await asyncio.sleep(0.5)  # past 90 % of the lifetime the broker announced
+            writer.submit(letters(topic, 3))
+            await writer_settled(writer)
+            await writer.close()
+            return writer
+
+        writer = asyncio.run(run())
+        assert (writer.produced, writer.failed, writer.connections_opened) == (9, 0, 2)
+
+
 def test_dead_letters_with_a_wrong_password_fail_quietly(sasl_broker: FrontedTansu) -> None:
     wrong = "not-alices-password-5678"
     sasl = UpstreamSasl("PLAIN", "alice", wrong)
