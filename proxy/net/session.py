@@ -1,287 +1,330 @@
-"""One client connection: frames in both directions, request/response correlation, ordering.
+"""Thin asyncio glue around one `Connection`: two protocols (client side, broker side) that
+feed it bytes and perform the actions it returns.
 
-A session owns one upstream connection to the broker the client meant to reach. Requests are
-handled strictly in arrival order; every request that expects a response gets a slot in
-``_inflight`` and responses are written to the client in slot order, whether they come from the
-broker (matched by correlation id) or are answered by the proxy itself. Frames that nothing
-needs to change are forwarded as their original bytes.
+Nothing here decides anything about Kafka: correlation, order, back-pressure and refusals are
+the sans-IO `Connection`'s (`connection.py`). This module owns the sockets, the filter thread
+pool hand-off, and what happens once when a connection ends (telemetry, metrics, logs).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import itertools
-import struct
-import time
-from collections import deque
+import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Executor
+from typing import Any, Protocol, cast
 
-from sluice.codec.errors import CodecError, FrameTooLarge
-from sluice.codec.frames import FrameBuffer
-from sluice.codec.headers import RequestHeader, parse_request_header, read_correlation_id
+import structlog
+
+from sluice.proxy.net.client_info import ClientInfo, ConnectionStats
+from sluice.proxy.net.connection import (
+    Action,
+    Close,
+    Connection,
+    PauseBroker,
+    PauseClient,
+    ResumeBroker,
+    ResumeClient,
+    SendToBroker,
+    SendToClient,
+    StartJob,
+)
 from sluice.proxy.telemetry.logs import log
 
-if TYPE_CHECKING:
-    from sluice.proxy.net.server import ProxyServer
-
-_SIZE = struct.Struct(">i")
-_READ_CHUNK = 256 * 1024
-_HIGH_WATER = 4 * 1024 * 1024
-_session_ids = itertools.count(1)
-
-ResponseHook = Callable[["Session", "Pending", memoryview | bytes], Any]
+#: Bytes a socket's send buffer may hold before the connection stops reading the other side.
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+_CONNECT_TIMEOUT = 10.0
 
 
-class ProtocolViolation(Exception):
-    """The peer sent something the proxy cannot safely relay; the connection is closed."""
+class SessionHooks(Protocol):
+    """What a session tells the process about itself (the listener implements it)."""
+
+    def admit(self, session: Session) -> bool: ...
+
+    def session_opened(self, session: Session) -> None: ...
+
+    def session_closed(self, session: Session, close: Close) -> None: ...
 
 
-@dataclass(slots=True)
-class Pending:
-    """A request that awaits its response, in client order."""
+class Session(asyncio.Protocol):
+    """The client side of one proxied connection (asyncio calls it), and the owner of the
+    broker side."""
 
-    header: RequestHeader
-    from_upstream: bool
-    on_response: ResponseHook | None = None
-    state: Any = None
-    response: bytes | memoryview | None = None
-    started: float = field(default_factory=time.monotonic)
-
-
-@dataclass(slots=True)
-class ConnectionStats:
-    bytes_in: int = 0
-    bytes_out: int = 0
-    requests: dict[int, int] = field(default_factory=dict)
-
-
-class Session:
     def __init__(
         self,
-        server: ProxyServer,
-        client_reader: asyncio.StreamReader,
-        client_writer: asyncio.StreamWriter,
+        make_connection: Callable[[ClientInfo], Connection],
         upstream: tuple[str, int],
+        upstream_ssl: dict[str, Any],
         node_id: int | None,
+        hooks: SessionHooks,
+        executor: Executor | None,
+        principal_of: Callable[[Any], str | None] | None = None,
     ) -> None:
-        self.server = server
-        self.id = next(_session_ids)
-        self.node_id = node_id
+        self._make_connection = make_connection
         self.upstream_address = upstream
-        self._cr = client_reader
-        self._cw = client_writer
-        self._ur: asyncio.StreamReader | None = None
-        self._uw: asyncio.StreamWriter | None = None
-        peer = client_writer.get_extra_info("peername")
-        self.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.client_id: str | None = None
-        self.principal: str | None = None
-        self.sasl: Any = None  # sluice.proxy.paths.sasl.SaslState once SASL starts
-        self.stats = ConnectionStats()
-        self.opened = time.time()
-        self._inflight: deque[Pending] = deque()
-        self._awaiting: deque[Pending] = deque()
-        # Correlation ids of requests sent without expecting a response (acks=0 Produce).
-        self._unanswered: deque[int] = deque(maxlen=256)
-        self.log = log.bind(conn=self.id, client=self.client_address, node=node_id)
+        self._upstream_ssl = upstream_ssl
+        self.node_id = node_id
+        self._hooks = hooks
+        self._executor = executor
+        self._principal_of = principal_of
+        self._client: asyncio.Transport | None = None
+        self._broker: asyncio.Transport | None = None
+        self._early: list[bytes] = []  # client bytes before the broker connection is up
+        self._early_eof = False
+        self.conn: Connection | None = None
+        self.client = ClientInfo("?", upstream, node_id)
+        self._ended = False
+        self._opened = False
+        self._connecting: asyncio.Task[None] | None = None
 
-    # ---------------------------------------------------------------- lifecycle
-    async def run(self) -> None:
-        host, port = self.upstream_address
-        try:
-            self._ur, self._uw = await asyncio.open_connection(
-                host, port, limit=_READ_CHUNK, **self.server.upstream_tls_args(host)
-            )
-        except OSError as exc:
-            self.log.warning("upstream_connect_failed", upstream=f"{host}:{port}", error=str(exc))
-            await self._close_client()
-            return
-        self.server.session_opened(self)
-        to_upstream = asyncio.create_task(self._pump_requests())
-        to_client = asyncio.create_task(self._pump_responses())
-        try:
-            done, _ = await asyncio.wait(
-                {to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in done:
-                failure = task.exception()
-                if isinstance(failure, ProtocolViolation):
-                    self.server.metrics.protocol_violations += 1
-                    self.log.warning("connection_closed_protocol_violation", reason=str(failure))
-                elif failure is not None and not isinstance(
-                    failure, ConnectionError | asyncio.CancelledError
-                ):
-                    self.log.error("connection_failed", error=repr(failure), exc_info=failure)
-        finally:
-            for task in (to_upstream, to_client):
-                task.cancel()
-            await asyncio.gather(to_upstream, to_client, return_exceptions=True)
-            await self._close_upstream()
-            await self._close_client()
-            self.server.session_closed(self)
-
-    async def _close_client(self) -> None:
-        self._cw.close()
-        try:
-            await asyncio.wait_for(self._cw.wait_closed(), 2)
-        except (OSError, TimeoutError, asyncio.CancelledError):
-            pass
-
-    async def _close_upstream(self) -> None:
-        if self._uw is not None:
-            self._uw.close()
-            try:
-                await asyncio.wait_for(self._uw.wait_closed(), 2)
-            except (OSError, TimeoutError, asyncio.CancelledError):
-                pass
+    # ------------------------------------------------------------ observed by limits
+    @property
+    def stats(self) -> ConnectionStats:
+        return self.client.stats
 
     @property
     def busy(self) -> bool:
-        """Requests are waiting for their responses."""
-        return bool(self._inflight)
+        return self.conn is not None and self.conn.busy
 
     def close(self, reason: str, **fields: Any) -> None:
-        """Close the connection from the proxy's side (a limit, shutdown); `run` then ends."""
-        self.log.info("connection_closed_by_proxy", reason=reason, **fields)
-        self._cw.close()
-
-    # ---------------------------------------------------------------- client -> broker
-    async def _pump_requests(self) -> None:
-        frames = FrameBuffer(self.server.config.max_frame_size)
-        reader = self._cr
-        uw = self._uw
-        assert uw is not None
-        transport = uw.transport
-        while True:
-            data = await reader.read(_READ_CHUNK)
-            if not data:
-                return
-            self.stats.bytes_in += len(data)
-            try:
-                bodies = frames.feed(data)
-            except FrameTooLarge as exc:
-                raise ProtocolViolation(f"request frame too large: {exc}") from None
-            for body in bodies:
-                await self._on_request(body)
-            if transport.get_write_buffer_size() > _HIGH_WATER:
-                await uw.drain()
-
-    async def _on_request(self, body: memoryview | bytes) -> None:
-        if type(body) is memoryview and not body.readonly:
-            body = body.toreadonly()
-        try:
-            header = parse_request_header(body)
-        except CodecError as exc:
-            raise ProtocolViolation(f"malformed request header: {exc}") from None
-        if header.client_id is not None:
-            self.client_id = header.client_id
-        counts = self.stats.requests
-        counts[header.api_key] = counts.get(header.api_key, 0) + 1
-        self.server.metrics.request(header.api_key, header.api_version, len(body))
-        handler = self.server.request_handler(header.api_key)
-        if handler is None:
-            self.forward(header, body)
-            return
-        result = handler(self, header, body)
-        if inspect.isawaitable(result):
-            await result
-
-    def forward(
-        self,
-        header: RequestHeader,
-        body: memoryview | bytes,
-        on_response: ResponseHook | None = None,
-        state: Any = None,
-        expect_response: bool = True,
-    ) -> None:
-        """Send a request frame body upstream and reserve its response slot."""
-        if expect_response:
-            hook = on_response or self.server.response_hook(header.api_key, header.api_version)
-            pending = Pending(header, True, hook, state)
-            self._inflight.append(pending)
-            self._awaiting.append(pending)
+        """Close from the proxy's side (a limit, shutdown)."""
+        log.info("connection_closed_by_proxy", conn=self.client.id, reason=reason, **fields)
+        if self.conn is not None:
+            self._do(self.conn.abort(reason))
         else:
-            self._unanswered.append(header.correlation_id)
-        assert self._uw is not None
-        self._uw.writelines((_SIZE.pack(len(body)), body))
+            self._end(Close(reason))
 
-    def answer(self, header: RequestHeader, response: bytes) -> None:
-        """Answer a request from the proxy itself, in order with the broker's answers."""
-        self._inflight.append(Pending(header, False, response=response))
-        self._flush()
-
-    # ---------------------------------------------------------------- broker -> client
-    async def _pump_responses(self) -> None:
-        assert self._ur is not None
-        frames = FrameBuffer(self.server.config.max_frame_size)
-        reader = self._ur
-        transport = self._cw.transport
-        while True:
-            data = await reader.read(_READ_CHUNK)
-            if not data:
-                if self._inflight:
-                    self.log.info("upstream_closed", unanswered=len(self._inflight))
-                return
-            try:
-                bodies = frames.feed(data)
-            except FrameTooLarge as exc:
-                raise ProtocolViolation(f"response frame too large: {exc}") from None
-            for body in bodies:
-                await self._on_response(body)
-            if self.server.has_unstarted_listeners():
-                await self.server.start_pending_listeners()
-            self._flush()
-            if transport.get_write_buffer_size() > _HIGH_WATER:
-                await self._cw.drain()
-
-    async def _on_response(self, body: memoryview | bytes) -> None:
-        if type(body) is memoryview and not body.readonly:
-            # Frames reassembled across reads are views of a bytearray; kio's native decoder
-            # only takes read-only buffers (toreadonly is zero-copy).
-            body = body.toreadonly()
-        try:
-            correlation_id = read_correlation_id(body)
-        except CodecError as exc:
-            raise ProtocolViolation(f"malformed response: {exc}") from None
-        awaiting = self._awaiting
-        if (
-            not awaiting or awaiting[0].header.correlation_id != correlation_id
-        ) and correlation_id in self._unanswered:
-            # Tansu 0.6 answers acks=0 Produce requests, which Kafka never does; clients
-            # ignore such answers, so the proxy drops them instead of closing the connection.
-            self._unanswered.remove(correlation_id)
+    # ------------------------------------------------------------ client side (asyncio)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio.Transport, only compatible.
+        transport = cast(asyncio.Transport, transport)
+        self._client = transport
+        if not self._hooks.admit(self):
+            self._ended = True  # never admitted: nothing to account for
+            transport.close()
             return
-        if not awaiting:
-            raise ProtocolViolation(f"unsolicited response, correlation id {correlation_id}")
-        pending = self._awaiting.popleft()
-        if pending.header.correlation_id != correlation_id:
-            raise ProtocolViolation(
-                f"response correlation id {correlation_id} does not match request "
-                f"{pending.header.correlation_id}"
+        try:
+            self._set_up(transport)
+        except Exception as exc:
+            log.error("session_setup_failed", error=repr(exc), exc_info=True)
+            self._end(Close(f"connection set-up failed: {type(exc).__name__}"))
+
+    def _set_up(self, transport: asyncio.Transport) -> None:
+        peer = transport.get_extra_info("peername")
+        self.client.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass  # not TCP (a test's socketpair) or already gone
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        if self._principal_of is not None:
+            # A verified client certificate names the principal (SASL, if any, overrides).
+            self.client.principal = self._principal_of(transport.get_extra_info("peercert"))
+        self.conn = self._make_connection(self.client)
+        transport.pause_reading()  # until the broker connection is up
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        host, port = self.upstream_address
+        loop = asyncio.get_running_loop()
+        try:
+            _transport, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: _BrokerSide(self), host, port, **self._upstream_ssl),
+                _CONNECT_TIMEOUT,
             )
-        if pending.on_response is None:
-            pending.response = body
-        else:
-            result = pending.on_response(self, pending, body)
-            if inspect.isawaitable(result):
-                result = await result
-            pending.response = result
-        hdr = pending.header
-        self.server.metrics.response(
-            hdr.api_key, hdr.api_version, len(body), time.monotonic() - pending.started
-        )
+        except (OSError, TimeoutError) as exc:
+            log.warning(
+                "upstream_connect_failed",
+                conn=self.client.id,
+                upstream=f"{host}:{port}",
+                error=str(exc) or type(exc).__name__,
+            )
+            self._end(Close("broker unreachable"))
+            return
+        if self._ended:
+            _transport.close()
+            return
+        self._opened = True
+        self._hooks.session_opened(self)
+        assert self.conn is not None
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
+        if self._early_eof:
+            self.eof_received()
+        assert self._client is not None
+        if not self._ended and not self._client.is_closing() and not self.conn.client_paused:
+            self._client.resume_reading()
 
-    def _flush(self) -> None:
-        inflight = self._inflight
-        out: list[bytes | memoryview] = []
-        while inflight and inflight[0].response is not None:
-            response = inflight.popleft().response
-            assert response is not None
-            out.append(_SIZE.pack(len(response)))
-            out.append(response)
-        if out:
-            self._cw.writelines(out)
-            self.stats.bytes_out += sum(len(b) for b in out)
+    def broker_connected(self, transport: asyncio.Transport) -> None:
+        self._broker = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        if conn is None or self._ended:
+            return
+        if self._broker is None:
+            # Read before pause_reading took effect (uvloop delivers what it had read).
+            self._early.append(data)
+            return
+        self._do(conn.client_data(data))
+
+    def eof_received(self) -> bool:
+        if self._broker is None:
+            self._early_eof = True
+        elif self.conn is not None and not self._ended:
+            self._do(self.conn.client_eof())
+        return True  # keep our side open: responses still in flight go out (half-close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._ended:
+            if self.conn is not None:
+                self._do(self.conn.abort("client connection lost"))
+            else:
+                self._end(Close("client connection lost"))
+
+    def pause_writing(self) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.client_writable(False))
+
+    def resume_writing(self) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.client_writable(True))
+
+    # ------------------------------------------------------------ broker side (from _BrokerSide)
+    def broker_data(self, data: bytes) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.broker_data(data))
+
+    def broker_eof(self) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.broker_eof())
+
+    def broker_writable(self, writable: bool) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.broker_writable(writable))
+
+    # ------------------------------------------------------------ actions
+    def _do(self, actions: list[Action]) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is SendToBroker:
+                assert self._broker is not None
+                self._broker.writelines(action.data)  # type: ignore[union-attr]
+            elif kind is SendToClient:
+                assert self._client is not None
+                self._client.writelines(action.data)  # type: ignore[union-attr]
+            elif kind is StartJob:
+                self._start(action)  # type: ignore[arg-type]
+            elif kind is PauseClient:
+                if self._client is not None and not self._client.is_closing():
+                    self._client.pause_reading()
+            elif kind is ResumeClient:
+                if self._client is not None and not self._client.is_closing():
+                    self._client.resume_reading()
+            elif kind is PauseBroker:
+                if self._broker is not None and not self._broker.is_closing():
+                    self._broker.pause_reading()
+            elif kind is ResumeBroker:
+                if self._broker is not None and not self._broker.is_closing():
+                    self._broker.resume_reading()
+            elif kind is Close:
+                self._end(action)  # type: ignore[arg-type]
+
+    def _start(self, action: StartJob) -> None:
+        job = action.job
+        loop = asyncio.get_running_loop()
+        client = self.client
+        # What logs on this connection's behalf (filters, look-ups) says which connection.
+        context = {"conn": client.id, "client": client.client_address, "node": self.node_id}
+
+        def run() -> Any:
+            with structlog.contextvars.bound_contextvars(**context):
+                return job.run()
+
+        future: asyncio.Future[Any]
+        if not job.in_thread:
+
+            async def run_async() -> Any:
+                with structlog.contextvars.bound_contextvars(**context):
+                    return await job.run()
+
+            future = asyncio.ensure_future(run_async())
+        elif self._executor is None:
+            # No filter threads configured: run inline, on the loop.
+            try:
+                result = run()
+            except Exception as exc:
+                self._job_done(action.job_id, None, exc)
+            else:
+                self._job_done(action.job_id, result, None)
+            return
+        else:
+            future = loop.run_in_executor(self._executor, run)
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled():
+                self._job_done(action.job_id, None, asyncio.CancelledError())
+                return
+            error = fut.exception()
+            self._job_done(action.job_id, None if error else fut.result(), error)
+
+        future.add_done_callback(done)
+
+    def _job_done(self, job_id: int, result: Any, error: BaseException | None) -> None:
+        if self.conn is None:
+            return
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            log.error("job_failed", conn=self.client.id, error=repr(error), exc_info=error)
+        self._do(self.conn.job_done(job_id, result, error))
+
+    def _end(self, close: Close) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+        # transport.close() sends what is buffered first (a reply before a close).
+        if self._client is not None:
+            self._client.close()
+        if self._broker is not None:
+            self._broker.close()
+        self._hooks.session_closed(self, close)
+
+    @property
+    def opened(self) -> bool:
+        """The broker connection came up (telemetry has an `open` event for it)."""
+        return self._opened
+
+
+class _BrokerSide(asyncio.Protocol):
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._session.broker_connected(cast(asyncio.Transport, transport))
+
+    def data_received(self, data: bytes) -> None:
+        self._session.broker_data(data)
+
+    def eof_received(self) -> bool:
+        self._session.broker_eof()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._session.broker_eof()
+
+    def pause_writing(self) -> None:
+        self._session.broker_writable(False)
+
+    def resume_writing(self) -> None:
+        self._session.broker_writable(True)

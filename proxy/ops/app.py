@@ -16,6 +16,7 @@ from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops import warmup
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.ops.gc_pauses import GcPauses, freeze_startup_heap
+from sluice.proxy.ops.readiness import notify_ready
 from sluice.proxy.ops.reload import ChainManager, build_chain, locate_telemetry_error
 from sluice.proxy.telemetry.logs import log
 from sluice.proxy.telemetry.metrics import MetricsServer
@@ -79,8 +80,6 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
             "listening", listen=f"{host}:{port}", upstream=upstream, instance=server.instance_id
         )
     else:
-        from sluice.proxy.ops.workers import notify_ready
-
         notify_ready(ready_fd, config.worker_index, server.instance_id)
     await stop.wait()
     log.info("stopping", connections=len(server.sessions))

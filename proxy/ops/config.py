@@ -50,6 +50,9 @@ class ProxyConfig:
     idle_timeout: float = 0  # limits.idle_timeout_seconds; 0 = never
     metrics_listen: tuple[str, int] | None = None  # metrics.listen
     workers: int = 1  # `--workers N`: processes sharing the ports (SO_REUSEPORT)
+    # proxy.filter_threads: threads that run filters off the event loop (0 = on the loop)
+    filter_threads: int = 2
+    node_port_table: str | None = None  # the workers' shared node -> port file (addresses.py)
     worker_index: int = 0  # which of them this process is
     raw: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None

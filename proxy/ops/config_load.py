@@ -35,7 +35,7 @@ KNOWN_SECTIONS = (
     "module_cache_dir",
 )
 #: Keys of the ``proxy:`` section.
-PROXY_KEYS = ("advertised_host", "node_ports")
+PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
 #: Keys of the ``dead_letters:`` section.
 DEAD_LETTER_KEYS = ("max_queued_bytes", "shutdown_timeout_seconds")
 #: Sections whose value must be a mapping (the others: a list, a path).
@@ -121,6 +121,13 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                     ("proxy", "node_ports", node), f"node id {node!r} -> port {port!r} is not valid"
                 )
         config.node_ports = dict(node_ports)
+        if "filter_threads" in proxy:
+            threads = proxy["filter_threads"]
+            if not isinstance(threads, int) or isinstance(threads, bool) or not 0 <= threads <= 64:
+                raise lines.error(
+                    ("proxy", "filter_threads"), f"must be an integer 0..64, got {threads!r}"
+                )
+            config.filter_threads = threads
         limits = parse_limits(data.get("limits"), lines, config.max_frame_size)
         config.max_frame_size = limits.max_frame_size
         config.max_connections = limits.max_connections

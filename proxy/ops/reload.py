@@ -3,11 +3,10 @@
 Three things rebuild the chain: SIGHUP, a change of the config file (or of a module file it
 names; polled every second), and the filter fleet (proxy/ops/fleet.py). The new chain is built in
 a worker thread (compiling a module takes milliseconds to seconds) and switched in on the event
-loop with ``server.install_chain``: batches after the switch use it, open connections stay
-open. The old chain is closed right after the switch, which is safe because the produce and
-fetch paths run a chain synchronously within one loop callback, so no batch is in flight in it
-at that point; an admin request that awaits (IncrementalAlterConfigs reads the current config
-first) and still holds the old chain gets a fresh instance, as closing only drops instances.
+loop with ``server.install_chain``: requests handled and responses sent after the switch use
+it (a response processed under the old chain is processed again before it is sent), open
+connections stay open. The old chain is closed by the router once no filter job that started
+with it is still running in the filter thread pool (`paths/registry.py`, lease/release).
 
 An invalid new config (bad YAML, bad field, a module that does not load) is refused with one
 ``config_reload_refused`` log line naming file, line and field, and the old chain keeps
@@ -333,10 +332,9 @@ class ChainManager:
     def _switch(self, chain: FilterChain | None, trigger: str, started: float,
                 build_seconds: float) -> None:
         before = time.perf_counter()
-        old = self.server.install_chain(chain)
+        # The server closes the old chain once no filter job runs with it any more.
+        self.server.install_chain(chain)
         switched = time.perf_counter()
-        if old is not None and old is not chain:
-            old.close()
         self.generation += 1
         log.info("chain_installed", instance=self.server.instance_id, trigger=trigger,
                  generation=self.generation,

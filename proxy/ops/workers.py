@@ -4,7 +4,7 @@ The parent parses the config once, forks N workers and supervises them. Every wo
 bootstrap port and each per-node port with SO_REUSEPORT, so the kernel spreads new connections
 over them; a connection then stays with the worker that accepted it. All workers give a broker
 node the same local port because ports come from `proxy.node_ports` or, without it, from the
-order of node ids in Metadata responses (see `ProxyServer._endpoint_hook`).
+shared node -> port table the parent creates before forking (`net/addresses.py`, PortTable).
 
 The parent prints the single ``listening`` line once every worker has opened its listeners,
 forwards SIGTERM/SIGINT (stop) and SIGHUP (reload filters) to the workers, and exits when they
@@ -16,24 +16,21 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from typing import Any
 
+from sluice.proxy.net.addresses import PortTable
+from sluice.proxy.ops.app import run
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.telemetry.logs import log
 
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
-
-
-def notify_ready(fd: int, index: int, instance: str) -> None:
-    """Called by a worker once its listeners are open."""
-    log.info("worker_ready", worker=index, instance=instance, pid=os.getpid())
-    os.write(fd, f"{index}\n".encode())
-    os.close(fd)
 
 
 def _die_with_parent() -> None:
@@ -49,8 +46,6 @@ def _die_with_parent() -> None:
 
 
 def _run_worker(config: ProxyConfig, index: int, ready_fd: int) -> int:
-    from sluice.proxy.ops.app import run
-
     _die_with_parent()
     config.worker_index = index
     try:
@@ -69,11 +64,16 @@ class Supervisor:
         self.children: dict[int, int] = {}  # pid -> worker index
         self.stopping = False
         self.exit_code = 0
+        self._table_dir: str | None = None
 
     # ---------------------------------------------------------------- start
     def start(self) -> int:
         """Fork the workers and wait until all are ready; returns 0, or an exit code."""
         read_fd, write_fd = os.pipe()
+        if not self.config.node_port_table:
+            # Every worker must map a broker node to the same local port.
+            self._table_dir = tempfile.mkdtemp(prefix="sluice-ports-")
+            self.config.node_port_table = str(PortTable.create(self._table_dir).path)
         for index in range(self.config.workers):
             pid = os.fork()
             if pid == 0:
@@ -136,6 +136,10 @@ class Supervisor:
         self.stopping = True
         self._signal_all(signal.SIGTERM)
 
+    def cleanup(self) -> None:
+        if self._table_dir is not None:
+            shutil.rmtree(self._table_dir, ignore_errors=True)
+
     # ---------------------------------------------------------------- exits
     def _reap(self) -> bool:
         """Collect exited workers; True if one exited while not stopping (a failure)."""
@@ -186,6 +190,7 @@ def supervise(config: ProxyConfig) -> int:
     supervisor = Supervisor(config)
     code = supervisor.start()
     if code != 0 or not supervisor.children:
+        supervisor.cleanup()
         return code or supervisor.exit_code
     host, port = config.listen
     log.info(
@@ -197,4 +202,5 @@ def supervise(config: ProxyConfig) -> int:
     )
     code = supervisor.wait()
     log.info("stopped", workers=config.workers, code=code)
+    supervisor.cleanup()
     return code

@@ -16,18 +16,32 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.codec import entities
+from sluice.codec import entities, schemas
+from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.chain import FilterChain
-from sluice.proxy import telemetry
-from sluice.proxy.net.session import Pending, ProtocolViolation, Session
-from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamError
+from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.paths import responses
+from sluice.proxy.paths.base import (
+    Answer,
+    Defer,
+    Exchange,
+    Forward,
+    Frame,
+    Job,
+    PathContext,
+    Refuse,
+    RequestOutcome,
+    Respond,
+    UpstreamOpener,
+)
 from sluice.proxy.telemetry.logs import log
 
-POLICY_VIOLATION = 44
+POLICY_VIOLATION = ErrorCode.POLICY_VIOLATION
 TOPIC_RESOURCE = 2
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
@@ -88,13 +102,12 @@ def apply_incremental(current: dict[str, str | None], ops: Any) -> dict[str, str
     return result
 
 
-async def _current_configs(session: Session, names: list[str]) -> dict[str, dict[str, str | None]]:
-    host, port = session.server.config.upstream[0]
-    conn = await UpstreamConnection.open(host, port, **session.server.upstream_tls_args(host))
+async def _current_configs(
+    open_upstream: UpstreamOpener, names: list[str]
+) -> dict[str, dict[str, str | None]]:
+    conn = await open_upstream()
     try:
         version = conn.pick_version(ApiKey.DESCRIBE_CONFIGS)
-        from sluice.codec import schemas
-
         rcls = entities.element_class(
             schemas.request_schema(ApiKey.DESCRIBE_CONFIGS, version), "resources"
         )
@@ -119,10 +132,10 @@ async def _current_configs(session: Session, names: list[str]) -> dict[str, dict
 
 
 def _resource(
-    api: ApiKey, item: Any, session: Session, current: dict[str, str | None] | None
+    api: ApiKey, item: Any, client: ClientInfo, current: dict[str, str | None] | None
 ) -> AdminResource | None:
     op = _APIS[api].op
-    common: dict[str, Any] = {"principal": session.principal, "client_id": session.client_id}
+    common: dict[str, Any] = {"principal": client.principal, "client_id": client.client_id}
     if api == ApiKey.CREATE_TOPICS:
         return AdminResource(
             op=op,
@@ -220,105 +233,137 @@ def _merge(api: ApiKey, response: Any, denied: list[_Denied]) -> Any:
     )
 
 
-async def handle_admin(session: Session, header: RequestHeader, frame: memoryview | bytes) -> None:
-    server = session.server
-    chain = server.chain
-    api = ApiKey(header.api_key)
-    spec = _APIS[api]
-    body = frame[header.header_size :]
-    try:
-        request = decode_request(api, header.api_version, body)
-    except CodecError as exc:
-        raise ProtocolViolation(f"cannot decode {api.name} v{header.api_version}: {exc}") from None
-    items = list(getattr(request, spec.items))
-    if chain is None or not any(
-        chain.applies(spec.name_of(i), "admin", session.principal) for i in items
-    ):
-        session.forward(header, frame)
-        return
+class AdminPath:
+    """Topic administration requests, decoded only while an admin filter is in force."""
 
-    currents: dict[str, dict[str, str | None]] = {}
-    if api == ApiKey.INCREMENTAL_ALTER_CONFIGS:
-        names = [spec.name_of(i) for i in items if int(i.resource_type) == TOPIC_RESOURCE]
+    name = "admin"
+    api_keys = frozenset(int(k) for k in ADMIN_APIS)
+
+    def wants_request(self, ctx: PathContext, api_key: int) -> bool:
+        return ctx.filters_on("admin")
+
+    def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
+        return False  # answers to changed requests are pinned by the request
+
+    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
+        header = exchange.header
+        chain = ctx.chain
+        api = ApiKey(header.api_key)
+        spec = _APIS[api]
         try:
-            currents = await _current_configs(session, names)
-        except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
-            # Without the current config the result cannot be validated: refuse, do not guess.
-            log.warning("admin_current_config_failed", error=str(exc))
-            denied_all = [
-                _Denied(i, f"sluice: cannot read current config to validate: {exc}") for i in items
-            ]
-            _answer(session, header, api, denied_all)
-            return
+            request = decode_request(api, header.api_version, frame[header.header_size :])
+        except CodecError as exc:
+            return Refuse(f"cannot decode {api.name} v{header.api_version}: {exc}")
+        items = list(getattr(request, spec.items))
+        principal = exchange.client.principal
+        if chain is None or not any(
+            chain.applies(spec.name_of(i), "admin", principal) for i in items
+        ):
+            return Forward()
+        if api != ApiKey.INCREMENTAL_ALTER_CONFIGS:
+            return self._decide(ctx, chain, exchange, frame, request, items, {})
+        names = [spec.name_of(i) for i in items if int(i.resource_type) == TOPIC_RESOURCE]
 
-    kept: list[Any] = []
-    denied: list[_Denied] = []
-    for item in items:
-        name = spec.name_of(item)
-        resource = None
-        if chain.applies(name, "admin", session.principal):
-            resource = _resource(api, item, session, currents.get(name))
-        if resource is None:
-            kept.append(item)
-            continue
-        verdict = chain.run_admin(resource)
-        _emit(session, chain, resource, verdict)
-        if verdict.decision == "deny":
-            denied.append(_Denied(item, verdict.message or "denied by policy"))
-        elif verdict.decision == "rewrite":
-            kept.append(_rewrite(api, item, verdict, resource, currents.get(name)))
-        else:
-            kept.append(item)
-    if not denied and all(a is b for a, b in zip(kept, items, strict=True)):
-        session.forward(header, frame)
-        return
-    if not kept:
-        _answer(session, header, api, denied)
-        return
-    new_body = encode_request(dataclasses.replace(request, **{spec.items: tuple(kept)}))
+        async def current() -> Any:
+            try:
+                return await _current_configs(ctx.open_upstream, names)
+            except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
+                return exc
 
-    def on_response(sess: Session, pending: Pending, raw: memoryview | bytes) -> Any:
-        return server.transform_response(
-            pending, raw, lambda r: _merge(api, r, denied) if denied else r
+        def decide(found: Any) -> RequestOutcome:
+            if isinstance(found, Exception):
+                # Without the current config the result cannot be validated: refuse, do not
+                # guess.
+                log.warning("admin_current_config_failed", error=str(found))
+                denied_all = [
+                    _Denied(i, f"sluice: cannot read current config to validate: {found}")
+                    for i in items
+                ]
+                return Answer(_answer(header, api, denied_all))
+            return self._decide(ctx, chain, exchange, frame, request, items, found)
+
+        return Defer(Job(run=current, finish=decide, in_thread=False, what="config look-up"))
+
+    def _decide(
+        self,
+        ctx: PathContext,
+        chain: FilterChain,
+        exchange: Exchange,
+        frame: Frame,
+        request: Any,
+        items: list[Any],
+        currents: dict[str, dict[str, str | None]],
+    ) -> RequestOutcome:
+        # `chain` is the one this request started with: a hot reload may have installed
+        # another while the request awaited the broker's current config.
+        header = exchange.header
+        api = ApiKey(header.api_key)
+        spec = _APIS[api]
+        client = exchange.client
+        kept: list[Any] = []
+        denied: list[_Denied] = []
+        for item in items:
+            name = spec.name_of(item)
+            resource = None
+            if chain.applies(name, "admin", client.principal):
+                resource = _resource(api, item, client, currents.get(name))
+            if resource is None:
+                kept.append(item)
+                continue
+            verdict = chain.run_admin(resource)
+            _emit(ctx, client, chain, resource, verdict)
+            if verdict.decision == "deny":
+                denied.append(_Denied(item, verdict.message or "denied by policy"))
+            elif verdict.decision == "rewrite":
+                kept.append(_rewrite(api, item, verdict, resource, currents.get(name)))
+            else:
+                kept.append(item)
+        if not denied and all(a is b for a, b in zip(kept, items, strict=True)):
+            return Forward()
+        if not kept:
+            return Answer(_answer(header, api, denied))
+        new_body = encode_request(dataclasses.replace(request, **{spec.items: tuple(kept)}))
+        return Forward(frame=bytes(frame[: header.header_size]) + new_body, state=denied, pin=self)
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
+        denied: list[_Denied] = exchange.state
+        api = ApiKey(exchange.header.api_key)
+        return Respond(
+            responses.transform(
+                exchange.header,
+                frame,
+                ctx.map_endpoint,
+                lambda r: _merge(api, r, denied) if denied else r,
+            )
         )
 
-    session.forward(header, bytes(frame[: header.header_size]) + new_body, on_response=on_response)
 
-
-def _answer(session: Session, header: RequestHeader, api: ApiKey, denied: list[_Denied]) -> None:
+def _answer(header: RequestHeader, api: ApiKey, denied: list[_Denied]) -> bytes:
     cls = entities.response_class(api, header.api_version)
     empty = entities.build(cls, **{_APIS[api].results: ()})
     body = encode_response(_merge(api, empty, denied))
-    session.answer(
-        header,
-        response_header_bytes(header.correlation_id, header.api_key, header.api_version) + body,
-    )
+    return response_header_bytes(header.correlation_id, header.api_key, header.api_version) + body
 
 
 def _emit(
-    session: Session, chain: FilterChain, resource: AdminResource, verdict: AdminVerdict
+    ctx: PathContext,
+    client: ClientInfo,
+    chain: FilterChain,
+    resource: AdminResource,
+    verdict: AdminVerdict,
 ) -> None:
-    # `chain` is the one this request started with: a hot reload may have swapped
-    # server.chain while the request awaited the broker's current config.
-    server = session.server
-    filters = chain.filters_for(resource.name, "admin", session.principal)
+    filters = chain.filters_for(resource.name, "admin", client.principal)
     deciding = next(
         (f for f in filters if f.name == verdict.filter), filters[0] if filters else None
     )
-    server.telemetry.emit(
-        telemetry.admin_event(
-            server.proxy_info,
-            connection_id=server.connection_id(session),
-            client_address=session.client_address,
-            client_id=session.client_id,
-            principal=session.principal,
-            op=resource.op,
-            resource_type=resource.resource_type,
-            resource=resource.name,
-            decision=verdict.decision,  # type: ignore[arg-type]
-            message=verdict.message,
-            filter_name=deciding.name if deciding else "",
-            module_sha256=deciding.sha256 if deciding else "",
-            error_code=POLICY_VIOLATION if verdict.decision == "deny" else 0,
-        )
+    ctx.telemetry.admin_decision(
+        client,
+        op=resource.op,
+        resource_type=resource.resource_type,
+        resource=resource.name,
+        decision=verdict.decision,
+        message=verdict.message,
+        filter_name=deciding.name if deciding else "",
+        module_sha256=deciding.sha256 if deciding else "",
+        error_code=POLICY_VIOLATION if verdict.decision == "deny" else 0,
     )

@@ -9,22 +9,29 @@ and nonces are never stored, logged or put in exception messages.
 
 Only SaslHandshake v1+ is supported by this pass-through: after a v0 handshake the client sends
 bare SASL tokens without Kafka request headers, which no client library has done since Kafka
-1.0; the proxy closes such a connection as a protocol violation.
+1.0; the proxy refuses the v0 handshake itself and closes the connection as a protocol
+violation.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import cast
 
 from sluice.codec.errors import CodecError
-from sluice.codec.headers import RequestHeader, response_header_size
+from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey, decode_request, decode_response
-
-if TYPE_CHECKING:
-    from sluice.proxy.net.server import ProxyServer
-    from sluice.proxy.net.session import Pending, Session
+from sluice.proxy.paths.base import (
+    Exchange,
+    Forward,
+    Frame,
+    PathContext,
+    Refuse,
+    RequestOutcome,
+    Respond,
+)
+from sluice.proxy.telemetry.logs import log
 
 _ERROR_CODE = struct.Struct(">h")
 PRINCIPAL_PREFIX = "User:"
@@ -126,78 +133,86 @@ def response_error_code(body: memoryview | bytes, api_key: int, api_version: int
     return int(_ERROR_CODE.unpack_from(body, size)[0])
 
 
-# ------------------------------------------------------------------ proxy hooks
+# ------------------------------------------------------------------ the path
 
 
-def _state(session: Session) -> SaslState:
-    state = session.sasl
+def _state(exchange: Exchange) -> SaslState:
+    state = exchange.client.sasl
     if state is None:
-        state = session.sasl = SaslState()
-    return state
+        state = exchange.client.sasl = SaslState()
+    return cast(SaslState, state)
 
 
-def handle_sasl_handshake(
-    session: Session, header: RequestHeader, frame: memoryview | bytes
-) -> None:
-    state = _state(session)
-    state.user = None
-    try:
-        request = decode_request(
-            ApiKey.SASL_HANDSHAKE, header.api_version, frame[header.header_size :]
-        )
-        state.mechanism = str(request.mechanism).upper()
-    except CodecError:
-        state.mechanism = None
-    session.log.debug("sasl_handshake", mechanism=state.mechanism, version=header.api_version)
-    if header.api_version == 0:
-        session.log.warning("sasl_handshake_v0", mechanism=state.mechanism)
-    session.forward(header, frame)
+class SaslPath:
+    name = "sasl"
+    api_keys = frozenset({int(ApiKey.SASL_HANDSHAKE), int(ApiKey.SASL_AUTHENTICATE)})
 
+    def wants_request(self, ctx: PathContext, api_key: int) -> bool:
+        return True
 
-def handle_sasl_authenticate(
-    session: Session, header: RequestHeader, frame: memoryview | bytes
-) -> None:
-    state = _state(session)
-    try:
-        request = decode_request(
-            ApiKey.SASL_AUTHENTICATE, header.api_version, frame[header.header_size :]
-        )
-        step = sasl_step(state, bytes(request.auth_bytes))
-    except CodecError:
-        # Still the broker's call; we only lose the user name for telemetry.
-        step = _Step(state.mechanism, None, final=False)
-    # The user name and the step kind only: the message itself holds the password or proof.
-    session.log.debug(
-        "sasl_authenticate", mechanism=step.mechanism, user=step.user, final=step.final
-    )
-    session.forward(header, frame, on_response=_on_authenticate_response, state=step)
+    def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
+        return False  # the authenticate answer is pinned by its request
 
+    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
+        header = exchange.header
+        if header.api_key == ApiKey.SASL_HANDSHAKE:
+            return self._handshake(exchange, frame)
+        return self._authenticate(exchange, frame)
 
-def _on_authenticate_response(
-    session: Session, pending: Pending, body: memoryview | bytes
-) -> memoryview | bytes:
-    step: _Step = pending.state
-    hdr = pending.header
-    try:
-        code = response_error_code(body, hdr.api_key, hdr.api_version)
-        if code == 0 and step.final and step.mechanism in SCRAM_MECHANISMS:
-            code = _scram_final_code(body, hdr.api_version)
-    except (CodecError, struct.error):
-        code = -1
-    server = session.server
-    if code != 0:
-        session.log.info("sasl_failed", mechanism=step.mechanism, error_code=code)
-        server.metrics.sasl(step.mechanism, "failed")
-    elif step.final:
-        if step.user is not None:
-            # Kafka's principal form, which filter `principals:` globs match (User:alice).
-            session.principal = PRINCIPAL_PREFIX + step.user
-            session.log = session.log.bind(principal=session.principal)
-        session.log.info(
-            "sasl_authenticated", mechanism=step.mechanism, principal=session.principal
-        )
-        server.metrics.sasl(step.mechanism, "ok")
-    return body
+    def _handshake(self, exchange: Exchange, frame: Frame) -> RequestOutcome:
+        header = exchange.header
+        state = _state(exchange)
+        state.user = None
+        try:
+            request = decode_request(
+                ApiKey.SASL_HANDSHAKE, header.api_version, frame[header.header_size :]
+            )
+            state.mechanism = str(request.mechanism).upper()
+        except CodecError:
+            state.mechanism = None
+        log.debug("sasl_handshake", mechanism=state.mechanism, version=header.api_version)
+        if header.api_version == 0:
+            # After a v0 handshake the client sends bare SASL tokens without Kafka headers,
+            # which the proxy cannot frame: refuse rather than misread them.
+            return Refuse("SaslHandshake v0 (bare SASL tokens) is not supported; use v1+")
+        return Forward()
+
+    def _authenticate(self, exchange: Exchange, frame: Frame) -> RequestOutcome:
+        header = exchange.header
+        state = _state(exchange)
+        try:
+            request = decode_request(
+                ApiKey.SASL_AUTHENTICATE, header.api_version, frame[header.header_size :]
+            )
+            step = sasl_step(state, bytes(request.auth_bytes))
+        except CodecError:
+            # Still the broker's call; we only lose the user name for telemetry.
+            step = _Step(state.mechanism, None, final=False)
+        # The user name and the step kind only: the message itself holds the password or proof.
+        log.debug("sasl_authenticate", mechanism=step.mechanism, user=step.user, final=step.final)
+        return Forward(state=step, pin=self)
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
+        step: _Step = exchange.state
+        hdr = exchange.header
+        try:
+            code = response_error_code(frame, hdr.api_key, hdr.api_version)
+            if code == 0 and step.final and step.mechanism in SCRAM_MECHANISMS:
+                code = _scram_final_code(frame, hdr.api_version)
+        except (CodecError, struct.error):
+            code = -1
+        if code != 0:
+            log.info("sasl_failed", mechanism=step.mechanism, error_code=code)
+            ctx.metrics.sasl(step.mechanism, "failed")
+        elif step.final:
+            if step.user is not None:
+                # Kafka's principal form, which filter `principals:` globs match (User:alice).
+                exchange.client.principal = PRINCIPAL_PREFIX + step.user
+            log.info(
+                "sasl_authenticated", mechanism=step.mechanism, principal=exchange.client.principal
+            )
+            ctx.metrics.sasl(step.mechanism, "ok")
+        return Respond(frame)
 
 
 def _scram_final_code(body: memoryview | bytes, version: int) -> int:
@@ -209,8 +224,3 @@ def _scram_final_code(body: memoryview | bytes, version: int) -> int:
     size = response_header_size(body, ApiKey.SASL_AUTHENTICATE, version)
     response = decode_response(ApiKey.SASL_AUTHENTICATE, version, body[size:])
     return 0 if bytes(response.auth_bytes).startswith(b"v=") else -1
-
-
-def install(server: ProxyServer) -> None:
-    server.set_request_handler(ApiKey.SASL_HANDSHAKE, handle_sasl_handshake)
-    server.set_request_handler(ApiKey.SASL_AUTHENTICATE, handle_sasl_authenticate)

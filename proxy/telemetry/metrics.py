@@ -63,6 +63,11 @@ class Histogram:
         return out
 
 
+_SASL_MECHANISMS = frozenset(
+    {"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER"}
+)
+
+
 @dataclass(slots=True)
 class FilterCounters:
     batches: int = 0
@@ -130,7 +135,9 @@ class Metrics:
             c.failures += st.errors
 
     def sasl(self, mechanism: str | None, result: str) -> None:
-        key = (mechanism or "unknown", result)
+        # The mechanism name comes from the client: only known names become label values.
+        name = mechanism if mechanism in _SASL_MECHANISMS else ("other" if mechanism else "unknown")
+        key = (name, result)
         self.sasl_outcomes[key] = self.sasl_outcomes.get(key, 0) + 1
 
     # ---------------------------------------------------------------- exposition

@@ -564,18 +564,23 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     from sluice.codec.headers import RequestHeader, response_header_bytes
     from sluice.codec.messages import decode_response, encode_response
     from sluice.codec.schemas import response_schema
+    from sluice.proxy.net.client_info import ClientInfo
     from sluice.proxy.net.server import ProxyServer
-    from sluice.proxy.net.session import Pending
     from sluice.proxy.ops.config import ProxyConfig
+    from sluice.proxy.paths import addresses
+    from sluice.proxy.paths.base import Exchange
     from tests.harness.ports import free_port_block
 
     base = free_port_block(9)
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", base), upstream=[("127.0.0.1", 1)]))
-    hook = server.response_hook(api_key, version)
-    assert hook is not None
+    router = server.routes.current
+    path = router.response_path(api_key, version)
+    assert isinstance(path, addresses.AddressPath)
+    exchange = Exchange(
+        RequestHeader(api_key, version, 42, "c", 0, True), ClientInfo("c", ("b", 1))
+    )
     cls = response_schema(api_key, version)
     ecls = entities.element_class(cls, "node_endpoints")
-    header = RequestHeader(api_key, version, 42, "c", 0, True)
     times = {"throttle_time": datetime.timedelta(0)}
 
     def frame(**values: Any) -> bytes:
@@ -583,17 +588,20 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
         return response_header_bytes(42, api_key, version) + body
 
     plain = frame(responses=())
-    decode = server.decode_response_of
+    decode = addresses.responses.decode
 
     def no_decode(*args: Any) -> Any:
         raise AssertionError("a response without tagged fields was decoded")
 
-    server.decode_response_of = no_decode
-    assert hook(None, Pending(header, True), plain) is plain, "no tagged fields: relayed as is"
-    server.decode_response_of = decode
+    addresses.responses.decode = no_decode  # type: ignore[assignment]
+    try:
+        relayed = path.on_response(router.ctx, exchange, plain)
+    finally:
+        addresses.responses.decode = decode  # type: ignore[assignment]
+    assert relayed.frame is plain, "no tagged fields: relayed as is"
     remote = entities.build(ecls, node_id=7, host="broker-7.internal", port=9092, rack=None)
     tagged = frame(responses=(), node_endpoints=(remote,))
-    out = hook(None, Pending(header, True), tagged)
+    out = path.on_response(router.ctx, exchange, tagged).frame
     size = len(response_header_bytes(42, api_key, version))
     (endpoint,) = decode_response(api_key, version, out[size:]).node_endpoints
     assert endpoint.host == "127.0.0.1" and int(endpoint.port) in range(base, base + 9), endpoint
