@@ -16,6 +16,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from sluice.codec import entities
+from sluice.codec.error_codes import ErrorCode
 from sluice.codec.headers import RequestHeader, parse_request_header, response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_response
 from sluice.proxy.net.upstream_client import UpstreamDialer
@@ -25,8 +26,6 @@ from tests.harness.broker import TansuBroker
 from tests.harness.ports import free_port
 from tests.proxy.broker_front import BrokerFront, FrontedTansu
 from tests.proxy.dead_letter_helpers import config_for, consume_with_partitions, letters
-
-NOT_LEADER_OR_FOLLOWER = 6
 
 
 @pytest.fixture(scope="module")
@@ -267,6 +266,7 @@ class Relay:
     @staticmethod
     def _not_leader(header: RequestHeader, body: bytes) -> bytes:
         request = decode_request(header.api_key, header.api_version, body[header.header_size :])
+        not_leader = ErrorCode.NOT_LEADER_OR_FOLLOWER
         cls = entities.response_class(header.api_key, header.api_version)
         tcls = entities.element_class(cls, "responses")
         pcls = entities.element_class(tcls, "partition_responses")
@@ -277,7 +277,7 @@ class Relay:
                     tcls,
                     name=t.name,
                     partition_responses=tuple(
-                        entities.build(pcls, index=p.index, error_code=NOT_LEADER_OR_FOLLOWER)
+                        entities.build(pcls, index=p.index, error_code=not_leader)
                         for p in t.partition_data
                     ),
                 )
