@@ -80,7 +80,8 @@ def check_file(path: Path) -> dict[str, Any]:
         # Other sections by key name only: their values may hold secrets.
         "sections": {name: sorted(str(k) for k in value) if isinstance(value, dict) else []
                      for name, value in config.raw.items()
-                     if name in ("metrics", "tls", "upstream_tls", "limits")},
+                     if name in ("metrics", "tls", "upstream_tls", "upstream_sasl",
+                                 "dead_letters", "limits")},
     }
     return summary
 

@@ -76,7 +76,7 @@ class ProxyServer:
         self.upstream_ssl = (
             config.upstream_tls.context() if config.upstream_tls is not None else None
         )
-        self.dead_letters = DeadLetterWriter(self)
+        self.dead_letters = DeadLetterWriter.from_config(config)
         self.clients = 0  # accepted client connections being served (limits.max_connections)
         self._rejected_logged = 0.0
         self.idle_reaper = IdleReaper(config.idle_timeout, lambda: self.sessions, self._idle_closed)

@@ -10,10 +10,24 @@ from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
 
 if TYPE_CHECKING:
     from sluice.proxy.net.tls import ServerTLS, UpstreamTLS
+    from sluice.proxy.net.upstream_sasl import UpstreamSasl
+
+#: dead_letters.max_queued_bytes when the config file does not say.
+DEFAULT_DEAD_LETTER_QUEUE_BYTES = 64 * 1024 * 1024
+#: dead_letters.shutdown_timeout_seconds when the config file does not say.
+DEFAULT_DEAD_LETTER_SHUTDOWN_TIMEOUT = 5.0
 
 
 class ConfigFileError(ValueError):
     """A problem in the config file; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class DeadLetterSettings:
+    """Section `dead_letters:`: how much may wait for the broker, and for how long at exit."""
+
+    max_queued_bytes: int = DEFAULT_DEAD_LETTER_QUEUE_BYTES
+    shutdown_timeout: float = DEFAULT_DEAD_LETTER_SHUTDOWN_TIMEOUT
 
 
 @dataclass
@@ -29,6 +43,9 @@ class ProxyConfig:
     module_cache_dir: str | None = None
     tls: ServerTLS | None = None  # towards clients (section `tls:`)
     upstream_tls: UpstreamTLS | None = None  # towards brokers (section `upstream_tls:`)
+    # The proxy's own connections to the brokers (section `upstream_sasl:`).
+    upstream_sasl: UpstreamSasl | None = None
+    dead_letters: DeadLetterSettings = field(default_factory=DeadLetterSettings)
     max_connections: int = 0  # limits.max_connections, per worker; 0 = unlimited
     idle_timeout: float = 0  # limits.idle_timeout_seconds; 0 = never
     metrics_listen: tuple[str, int] | None = None  # metrics.listen

@@ -12,7 +12,8 @@ from typing import Any
 from sluice.filters.config import parse_filter_specs
 from sluice.filters.yaml_lines import ConfigError, LineMap, load_yaml_with_lines
 from sluice.proxy.net.tls import parse_server_tls, parse_upstream_tls
-from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
+from sluice.proxy.net.upstream_sasl import parse_upstream_sasl
+from sluice.proxy.ops.config import ConfigFileError, DeadLetterSettings, ProxyConfig
 from sluice.proxy.ops.fleet import parse_fleet_section
 from sluice.proxy.ops.limits import parse_limits
 from sluice.proxy.telemetry.metrics import parse_listen
@@ -27,12 +28,39 @@ KNOWN_SECTIONS = (
     "proxy",
     "tls",
     "upstream_tls",
+    "upstream_sasl",
+    "dead_letters",
     "limits",
     "fleet",
     "module_cache_dir",
 )
 #: Keys of the ``proxy:`` section.
 PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
+#: Keys of the ``dead_letters:`` section.
+DEAD_LETTER_KEYS = ("max_queued_bytes", "shutdown_timeout_seconds")
+#: Sections whose value must be a mapping (the others: a list, a path).
+_MAPPING_SECTIONS = tuple(s for s in KNOWN_SECTIONS if s not in ("filters", "module_cache_dir"))
+
+
+def _dead_letters(raw: dict[str, Any], lines: LineMap) -> DeadLetterSettings:
+    section = "dead_letters"
+    for key in raw:
+        if key not in DEAD_LETTER_KEYS:
+            raise lines.error(
+                (section, key), f"unknown key (expected one of {', '.join(DEAD_LETTER_KEYS)})"
+            )
+    defaults = DeadLetterSettings()
+    size = raw.get("max_queued_bytes", defaults.max_queued_bytes)
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise lines.error(
+            (section, "max_queued_bytes"), f"must be a positive integer, got {size!r}"
+        )
+    timeout = raw.get("shutdown_timeout_seconds", defaults.shutdown_timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise lines.error(
+            (section, "shutdown_timeout_seconds"), f"must be a number >= 0, got {timeout!r}"
+        )
+    return DeadLetterSettings(max_queued_bytes=size, shutdown_timeout=float(timeout))
 
 
 def _metrics_listen(metrics: dict[str, Any], lines: LineMap) -> tuple[str, int] | None:
@@ -65,7 +93,7 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                     (key,), f"unknown section (expected one of {', '.join(KNOWN_SECTIONS)})"
                 )
         config.filters = parse_filter_specs(data.get("filters"), path, lines)
-        for section in ("telemetry", "metrics", "proxy", "tls", "upstream_tls", "limits", "fleet"):
+        for section in _MAPPING_SECTIONS:
             value = data.get(section)
             if value is not None and not isinstance(value, dict):
                 raise lines.error((section,), "must be a mapping")
@@ -107,6 +135,8 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
         base = path.resolve().parent
         config.tls = parse_server_tls(data.get("tls"), lines, base)
         config.upstream_tls = parse_upstream_tls(data.get("upstream_tls"), lines, base)
+        config.upstream_sasl = parse_upstream_sasl(data.get("upstream_sasl"), lines, base)
+        config.dead_letters = _dead_letters(dict(data.get("dead_letters") or {}), lines)
         config.metrics_listen = _metrics_listen(config.metrics, lines)
         cache_dir = data.get("module_cache_dir")
         if cache_dir is not None and not isinstance(cache_dir, str):

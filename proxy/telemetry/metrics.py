@@ -95,6 +95,8 @@ class Metrics:
     sasl_outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
     active_connections: Callable[[], int] = lambda: 0
     sink_stats: Callable[[], dict[str, Any]] | None = None
+    #: DeadLetterWriter.stats (produced, failed, dropped, lost_at_shutdown, queued, queued_bytes)
+    dead_letter_stats: Callable[[], dict[str, int]] | None = None
     ready: bool = False
     worker: str = "0"
 
@@ -245,6 +247,7 @@ class _Collector:
             sasl.add_metric([mechanism, result], n)
         yield sasl
         yield from _sink_families(m.sink_stats)
+        yield from _dead_letter_families(m.dead_letter_stats)
 
 
 def _sink_families(sink_stats: Callable[[], dict[str, Any]] | None) -> Iterator[Any]:
@@ -279,6 +282,37 @@ def _sink_families(sink_stats: Callable[[], dict[str, Any]] | None) -> Iterator[
         "sluice_telemetry_queue_depth",
         "Telemetry events waiting to be written",
         value=int(stats.get("queued", 0)) + int(stats.get("in_flight", 0)),
+    )
+
+
+#: Outcomes of a dead letter, as `sluice_dead_letters_total{outcome}` labels them.
+DEAD_LETTER_OUTCOMES = ("produced", "failed", "dropped", "lost_at_shutdown")
+
+
+def _dead_letter_families(stats_of: Callable[[], dict[str, int]] | None) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    stats: dict[str, int] = {}
+    if stats_of is not None:
+        try:
+            stats = stats_of()
+        except Exception as exc:  # must not break the scrape
+            log.warning("metrics_dead_letter_stats_failed", error=repr(exc))
+    total = CounterMetricFamily(
+        "sluice_dead_letters", "Dead letters by outcome", labels=("outcome",)
+    )
+    for outcome in DEAD_LETTER_OUTCOMES:
+        total.add_metric([outcome], int(stats.get(outcome, 0)))
+    yield total
+    yield GaugeMetricFamily(
+        "sluice_dead_letters_queued",
+        "Dead letters waiting for the broker (queued or being sent)",
+        value=int(stats.get("queued", 0)),
+    )
+    yield GaugeMetricFamily(
+        "sluice_dead_letters_queued_bytes",
+        "Bytes of dead letters waiting for the broker (bounded by dead_letters.max_queued_bytes)",
+        value=int(stats.get("queued_bytes", 0)),
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import hashlib
 import hmac
 import os
@@ -138,11 +139,14 @@ class BrokerFront:
         port: int = 0,
         ssl_context: ssl.SSLContext | None = None,
         sasl_users: dict[str, str] | None = None,
+        session_lifetime_ms: int = 0,
     ) -> None:
         self.target_port = target_port
         self.port = port or free_port()
         self.ssl_context = ssl_context
         self.sasl_users = sasl_users
+        # Announced in SaslAuthenticate v1+ like connections.max.reauth.ms (not enforced here).
+        self.session_lifetime_ms = session_lifetime_ms
         self.connections = 0
         self.authenticated: list[str] = []
         self.auth_failures = 0
@@ -176,6 +180,12 @@ class BrokerFront:
         except (asyncio.CancelledError, RuntimeError):
             pass
         finally:
+            # Let the cancelled connections finish their clean-up before the loop goes.
+            rest = asyncio.all_tasks(loop)
+            for task in rest:
+                task.cancel()
+            if rest:
+                loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
             loop.close()
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -184,10 +194,17 @@ class BrokerFront:
 
     def stop(self) -> None:
         loop, server = self._loop, self._server
+
+        def shut_down() -> None:  # in the loop's thread: all_tasks is not thread-safe
+            server.close()
+            for task in asyncio.all_tasks():
+                task.cancel()
+
         if loop is not None and server is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(server.close)
-            for task in asyncio.all_tasks(loop):
-                loop.call_soon_threadsafe(task.cancel)
+            try:
+                loop.call_soon_threadsafe(shut_down)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
         if self._thread is not None:
             self._thread.join(5)
 
@@ -242,7 +259,8 @@ class BrokerFront:
                 "auth_bytes": data,
             }
             if header.api_version >= 1:
-                fields["session_lifetime_ms"] = 0
+                lifetime = self.session_lifetime_ms if code == 0 else 0
+                fields["session_lifetime"] = datetime.timedelta(milliseconds=lifetime)
             writer.write(_response(header, **fields))
             if code == 0 and sasl.authenticated and sasl.authenticated not in self.authenticated:
                 self.authenticated.append(sasl.authenticated)
@@ -308,8 +326,13 @@ class FrontedTansu:
         return self
 
     def stop(self) -> None:
-        if self.front is not None:
-            self.front.stop()
+        try:
+            if self.front is not None:
+                self.front.stop()
+        finally:
+            self._stop_broker()
+
+    def _stop_broker(self) -> None:
         proc, self.process = self.process, None
         if proc is not None and proc.poll() is None:
             proc.terminate()

@@ -135,3 +135,21 @@ def test_command_line_exit_codes_and_no_traceback(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert PII_SHA in proc.stdout
+
+
+def test_upstream_sasl_password_is_never_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        "upstream_sasl:\n  mechanism: SCRAM-SHA-512\n  username: sluice\n"
+        "  password: Sup3r-s3cret-pw\ndead_letters:\n  max_queued_bytes: 1048576\n",
+    )
+    code, out, err = run(capsys, str(path))
+    assert code == 0, err
+    assert "upstream_sasl" in out and "password" in out  # the key names, for the reader
+    assert "Sup3r-s3cret-pw" not in out + err
+    code, out, err = run(capsys, "--json", str(path))
+    assert code == 0, err
+    assert json.loads(out)["sections"]["upstream_sasl"] == ["mechanism", "password", "username"]
+    assert "Sup3r-s3cret-pw" not in out + err

@@ -94,6 +94,9 @@ def test_counters_and_exposition() -> None:
     assert value(found, "sluice_connections_active") == 3
     assert value(found, "sluice_telemetry_events_emitted_total") == 5
     assert value(found, "sluice_telemetry_events_written_total") == 4
+    for outcome in ("produced", "failed", "dropped", "lost_at_shutdown"):
+        assert value(found, "sluice_dead_letters_total", outcome=outcome) == 0
+    assert value(found, "sluice_dead_letters_queued_bytes") == 0
     assert len(LATENCY_BUCKETS) + 1 == len(
         [k for k in found if k[0] == "sluice_request_latency_seconds_bucket"]
     )
@@ -186,3 +189,22 @@ def test_metrics_endpoint_under_real_traffic(start_proxy: StartProxy, tmp_path: 
     assert value(found, "sluice_telemetry_events_emitted_total") >= 1
     assert value(found, "sluice_ready") == 1
     assert ("sluice_telemetry_events_dropped_total", (("reason", "queue_full"),)) in found
+
+
+def test_dead_letter_counters_are_exposed() -> None:
+    stats = {
+        "produced": 7,
+        "failed": 2,
+        "dropped": 3,
+        "lost_at_shutdown": 1,
+        "queued": 4,
+        "queued_bytes": 4096,
+    }
+    m = Metrics(dead_letter_stats=lambda: stats)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(m.collector())
+    found = samples(generate_latest(registry).decode())
+    for outcome in ("produced", "failed", "dropped", "lost_at_shutdown"):
+        assert value(found, "sluice_dead_letters_total", outcome=outcome) == stats[outcome]
+    assert value(found, "sluice_dead_letters_queued") == 4
+    assert value(found, "sluice_dead_letters_queued_bytes") == 4096

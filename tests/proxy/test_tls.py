@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import ssl
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +27,6 @@ StartProxy = Callable[..., SluiceProxy]
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def broker_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    # The broker's certificate names only broker.test, not the 127.0.0.1 the proxy dials.
-    return make_pki(tmp_path_factory.mktemp("broker-pki"), server_names=["broker.test"])
-
-
-@pytest.fixture(scope="module")
-def tls_broker(broker_pki: Pki) -> Iterator[FrontedTansu]:
-    """Tansu behind a TLS listener that requires a client certificate signed by the CA."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(broker_pki.server_cert, broker_pki.server_key)
-    ctx.load_verify_locations(broker_pki.ca)
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    with FrontedTansu(front_kwargs={"ssl_context": ctx}) as b:
-        yield b
 
 
 def write_config(path: Path, text: str) -> Path:
