@@ -29,7 +29,7 @@ from kio.serial._introspect import (
 
 from .errors import DecodeError
 
-__all__ = ["check_body", "fields_end", "prepare"]
+__all__ = ["check_body", "entity_skipper", "fields_end", "prepare"]
 
 # (buffer, position, end) -> new position
 _Scan = Callable[[Any, int, int], int]
@@ -77,6 +77,13 @@ def prepare(entity_type: type[Any]) -> None:
 
 
 _field_scanners: dict[object, _Scan] = {}
+
+
+def entity_skipper(entity_type: type[Any]) -> Callable[[Any, int, int], int]:
+    """A function (buf, pos, end) -> the offset just past one encoded `entity_type` that
+    starts at `pos`, its arrays checked as in `check_body`. It raises DecodeError, IndexError
+    or struct.error on a truncated buffer (callers turn the last two into DecodeError)."""
+    return _entity_scanner(entity_type)[0]
 
 
 def fields_end(entity_type: type[Any], body: Any) -> int:

@@ -1,0 +1,143 @@
+"""Base offsets out of a Produce response without decoding it.
+
+The proxy relays Produce responses untouched; it reads them only to tell telemetry which
+offsets the broker gave each filtered partition. Decoding the whole response with kio builds
+an object per partition and per record error for that. This scan reads the four values
+telemetry needs with one struct call per partition and skips the rest of each entry with the
+guard's schema-generated scanner (codec/guard.py), so new fields of a later version are
+skipped correctly as long as kio knows the version.
+
+Layout (v3-v13; v9+ flexible; v13+ topics by id): ``responses [name | topic_id,
+partition_responses [index int32, error_code int16, base_offset int64, ...], tags?]``, then
+fields the scan does not read (throttle time, top-level tags).
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import fields
+from functools import cache
+from typing import Any, NamedTuple
+
+from kio.serial._introspect import classify_field
+
+from . import guard
+from .errors import DecodeError, UnsupportedVersion
+from .schemas import known_versions, response_schema
+
+__all__ = ["ProduceOffset", "scan_produce_offsets"]
+
+Buffer = bytes | bytearray | memoryview
+
+_i16 = struct.Struct(">h").unpack_from
+_i32 = struct.Struct(">i").unpack_from
+_head = struct.Struct(">ihq").unpack_from  # index, error_code, base_offset
+
+
+class ProduceOffset(NamedTuple):
+    """One partition of a Produce response: topic name (v3-v12) or topic id (v13+)."""
+
+    topic: str | uuid.UUID
+    partition: int
+    error_code: int
+    base_offset: int
+
+
+@cache
+def _shape(version: int) -> tuple[bool, bool, Callable[[Any, int, int], int]]:
+    """(flexible, topics by id, skipper of one partition entry) for a response version."""
+    if version not in known_versions(0, False):
+        raise UnsupportedVersion(f"Produce v{version} is not supported by the codec")
+    schema = response_schema(0, version)
+    topic_cls = _element(schema, "responses")
+    part_cls = _element(topic_cls, "partition_responses")
+    names = [f.name for f in fields(part_cls)]
+    if names[:3] != ["index", "error_code", "base_offset"]:  # pragma: no cover - kio change
+        raise UnsupportedVersion(f"Produce v{version} response: unexpected layout {names[:3]}")
+    return (
+        bool(schema.__flexible__),
+        "topic_id" in {f.name for f in fields(topic_cls)},
+        (guard.entity_skipper(part_cls)),
+    )
+
+
+def _element(cls: type[Any], field_name: str) -> type[Any]:
+    """The element class of a tuple-of-entities field of a kio class."""
+    (fld,) = (f for f in fields(cls) if f.name == field_name)
+    element: type[Any] = classify_field(fld).type_
+    return element
+
+
+def _uvarint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if pos >= end:
+            raise DecodeError("Produce response truncated inside a varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 28:
+            raise DecodeError("varint longer than 5 bytes")
+
+
+def _count(buf: Buffer, pos: int, end: int, flexible: bool, minimum: int) -> tuple[int, int]:
+    if flexible:
+        n, pos = _uvarint(buf, pos, end)
+        n -= 1
+    else:
+        n = _i32(buf, pos)[0]
+        pos += 4
+    if n * minimum > end - pos:
+        raise DecodeError(f"array of {n} entries declared in {end - pos} bytes")
+    return max(n, 0), pos
+
+
+def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
+    """(topic, partition, error_code, base_offset) of every partition entry of a Produce
+    response body (the frame after the response header), in the response's order.
+
+    Reads only the `responses` array: fields after it (throttle time, top-level tagged fields
+    such as KIP-951 node endpoints) are not looked at. Raises DecodeError for a truncated or
+    inconsistent array, UnsupportedVersion for a version the codec does not know."""
+    flexible, by_id, skip_partition = _shape(version)
+    end = len(body)
+    out: list[ProduceOffset] = []
+    try:
+        n_topics, pos = _count(body, 0, end, flexible, 2)
+        for _ in range(n_topics):
+            topic: str | uuid.UUID
+            if by_id:
+                topic = uuid.UUID(bytes=bytes(body[pos : pos + 16]))
+                pos += 16
+            elif flexible:
+                n, pos = _uvarint(body, pos, end)
+                topic = str(body[pos : pos + n - 1], "utf-8") if n else ""
+                pos += max(n - 1, 0)
+            else:
+                n = _i16(body, pos)[0]
+                topic = str(body[pos + 2 : pos + 2 + n], "utf-8") if n > 0 else ""
+                pos += 2 + max(n, 0)
+            n_parts, pos = _count(body, pos, end, flexible, 14)
+            for _ in range(n_parts):
+                index, error_code, base_offset = _head(body, pos)
+                out.append(ProduceOffset(topic, index, error_code, base_offset))
+                pos = skip_partition(body, pos, end)
+            if flexible:
+                count, pos = _uvarint(body, pos, end)
+                for _ in range(count):
+                    _tag, pos = _uvarint(body, pos, end)
+                    size, pos = _uvarint(body, pos, end)
+                    pos += size
+    except (struct.error, IndexError):
+        raise DecodeError("Produce response truncated") from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"Produce response: a topic name is not UTF-8 ({exc.reason})") from None
+    if pos > end:
+        raise DecodeError("Produce response truncated")
+    return out
