@@ -86,18 +86,6 @@ def _uvarint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
             raise DecodeError("varint longer than 5 bytes")
 
 
-def _count(buf: Buffer, pos: int, end: int, flexible: bool, minimum: int) -> tuple[int, int]:
-    if flexible:
-        n, pos = _uvarint(buf, pos, end)
-        n -= 1
-    else:
-        n = _i32(buf, pos)[0]
-        pos += 4
-    if n * minimum > end - pos:
-        raise DecodeError(f"array of {n} entries declared in {end - pos} bytes")
-    return max(n, 0), pos
-
-
 def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
     """(topic, partition, error_code, base_offset) of every partition entry of a Produce
     response body (the frame after the response header), in the response's order.
@@ -108,32 +96,62 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
     flexible, by_id, skip_partition = _shape(version)
     end = len(body)
     out: list[ProduceOffset] = []
+    # One-byte varints (every count and name length below 127) are read inline: a function
+    # call per field would cost more than kio's compiled decoder of the whole response.
     try:
-        n_topics, pos = _count(body, 0, end, flexible, 2)
+        if flexible:
+            n_topics = body[0]
+            pos = 1
+            if n_topics >= 0x80:
+                n_topics, pos = _uvarint(body, 0, end)
+            n_topics -= 1
+        else:
+            n_topics = _i32(body, 0)[0]
+            pos = 4
+        if n_topics * 2 > end - pos:
+            raise DecodeError(f"array of {n_topics} topics declared in {end - pos} bytes")
         for _ in range(n_topics):
             topic: str | uuid.UUID
             if by_id:
+                if pos + 16 > end:
+                    raise DecodeError("Produce response truncated in a topic id")
                 topic = uuid.UUID(bytes=bytes(body[pos : pos + 16]))
                 pos += 16
             elif flexible:
-                n, pos = _uvarint(body, pos, end)
-                topic = str(body[pos : pos + n - 1], "utf-8") if n else ""
-                pos += max(n - 1, 0)
+                n = body[pos]
+                pos += 1
+                if n >= 0x80:
+                    n, pos = _uvarint(body, pos - 1, end)
+                topic = str(body[pos : pos + n - 1], "utf-8") if n > 1 else ""
+                pos += n - 1 if n else 0
             else:
                 n = _i16(body, pos)[0]
                 topic = str(body[pos + 2 : pos + 2 + n], "utf-8") if n > 0 else ""
-                pos += 2 + max(n, 0)
-            n_parts, pos = _count(body, pos, end, flexible, 14)
+                pos += 2 + n if n > 0 else 2
+            if flexible:
+                n_parts = body[pos]
+                pos += 1
+                if n_parts >= 0x80:
+                    n_parts, pos = _uvarint(body, pos - 1, end)
+                n_parts -= 1
+            else:
+                n_parts = _i32(body, pos)[0]
+                pos += 4
+            if n_parts * 14 > end - pos:
+                raise DecodeError(f"array of {n_parts} partitions declared in {end - pos} bytes")
             for _ in range(n_parts):
                 index, error_code, base_offset = _head(body, pos)
                 out.append(ProduceOffset(topic, index, error_code, base_offset))
                 pos = skip_partition(body, pos, end)
             if flexible:
-                count, pos = _uvarint(body, pos, end)
-                for _ in range(count):
-                    _tag, pos = _uvarint(body, pos, end)
-                    size, pos = _uvarint(body, pos, end)
-                    pos += size
+                if body[pos] == 0:
+                    pos += 1
+                else:
+                    count, pos = _uvarint(body, pos, end)
+                    for _ in range(count):
+                        _tag, pos = _uvarint(body, pos, end)
+                        size, pos = _uvarint(body, pos, end)
+                        pos += size
     except (struct.error, IndexError):
         raise DecodeError("Produce response truncated") from None
     except UnicodeDecodeError as exc:

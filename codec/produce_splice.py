@@ -29,8 +29,8 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from functools import cache
+from typing import NamedTuple
 
 from .errors import DecodeError, UnsupportedVersion
 from .schemas import known_versions
@@ -55,8 +55,9 @@ _MIN_PARTITION = {False: 4 + 4, True: 4 + 1 + 1}
 _MIN_TOPIC = {False: 2 + 4, True: 1 + 1 + 1}
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionSlot:
+# NamedTuples rather than frozen dataclasses: several times cheaper to build, which shows on
+# one-record requests.
+class PartitionSlot(NamedTuple):
     """One partition entry of a Produce request; offsets are into the scanned body."""
 
     index: int
@@ -67,8 +68,7 @@ class PartitionSlot:
     end: int  # just after the entry (after its tagged fields)
 
 
-@dataclass(frozen=True, slots=True)
-class TopicSlot:
+class TopicSlot(NamedTuple):
     """One topic entry: by name (v3-v12) or by id (v13+)."""
 
     name: str | None
@@ -80,8 +80,7 @@ class TopicSlot:
     end: int  # just after the entry (after its tagged fields)
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceRequestLayout:
+class ProduceRequestLayout(NamedTuple):
     """Where everything is in one Produce request body."""
 
     version: int
@@ -170,7 +169,10 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
     try:
         # transactional_id
         if flexible:
-            n, pos = _uvarint(view, 0, end)
+            n = view[0]
+            pos = 1
+            if n >= 0x80:
+                n, pos = _uvarint(view, 0, end)
             txn = None if n == 0 else str(view[pos : pos + n - 1], "utf-8")
             pos += max(n - 1, 0)
         else:
@@ -194,7 +196,10 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
                 topic_id = uuid.UUID(bytes=bytes(view[pos : pos + 16]))
                 pos += 16
             elif flexible:
-                n, pos = _uvarint(view, pos, end)
+                n = view[pos]
+                pos += 1
+                if n >= 0x80:
+                    n, pos = _uvarint(view, pos - 1, end)
                 if n == 0:
                     raise DecodeError("null topic name in a Produce request")
                 name = str(view[pos : pos + n - 1], "utf-8")
@@ -215,7 +220,11 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
                 pos += 4
                 records_at = pos
                 if flexible:
-                    n, pos = _uvarint(view, pos, end)
+                    n = view[pos]
+                    if n < 0x80:
+                        pos += 1
+                    else:
+                        n, pos = _uvarint(view, pos, end)
                     size = n - 1
                 else:
                     size = _i32(view, pos)[0]
@@ -229,16 +238,16 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
                     records = None
                 records_end = pos
                 if flexible:
-                    pos = _skip_tags(view, pos, end)
+                    pos = pos + 1 if view[pos] == 0 else _skip_tags(view, pos, end)
                 parts.append(PartitionSlot(index, records, p_start, records_at, records_end, pos))
             if flexible:
-                pos = _skip_tags(view, pos, end)
+                pos = pos + 1 if view[pos] == 0 else _skip_tags(view, pos, end)
             topics.append(
                 TopicSlot(name, topic_id, tuple(parts), t_start, p_count_at, p_count_end, pos)
             )
         topics_end = pos
         if flexible:
-            pos = _skip_tags(view, pos, end)
+            pos = pos + 1 if view[pos] == 0 else _skip_tags(view, pos, end)
     except (struct.error, IndexError):
         raise DecodeError("Produce request truncated") from None
     except UnicodeDecodeError as exc:
