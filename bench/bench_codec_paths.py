@@ -168,14 +168,14 @@ def batch_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
         for d in ("produce", "fetch")
     }  # fmt: skip
     chains = {d: FilterChain.from_specs([s]) for d, s in specs.items()}
+    produce_ctx = RecordContext("bench", 0, "produce", "bench")
+    fetch_ctx = RecordContext("bench", 0, "fetch", "bench")
     try:
         for codec, name in ((0, "none"), (3, "lz4")):
             raw = batch(values, codec)
             (b,), _ = split_batches(raw)
             plain = records_section(b)
             view = memoryview(raw)
-            produce_ctx = RecordContext("bench", 0, "produce", "bench")
-            fetch_ctx = RecordContext("bench", 0, "fetch", "bench")
             steps: list[tuple[str, Callable[[], Any]]] = [
                 ("split_batches", lambda raw=raw: split_batches(raw)),
                 ("verify_crc", lambda view=view: verify_crc(view)),

@@ -60,7 +60,7 @@ _MIN_TOPIC = {False: 2 + 4, True: 1 + 1 + 1}
 class PartitionSlot(NamedTuple):
     """One partition entry of a Produce request; offsets are into the scanned body."""
 
-    index: int
+    partition: int  # the partition index
     records: memoryview | None  # None: a null records field
     start: int  # the entry's first byte (its index)
     records_at: int  # the records' length prefix

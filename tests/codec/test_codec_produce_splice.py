@@ -122,7 +122,9 @@ def test_scan_finds_what_kio_decodes(request: tuple[int, Any]) -> None:
     for slot, topic in zip(layout.topics, decoded.topic_data, strict=True):
         assert slot.name == getattr(topic, "name", None)
         assert slot.topic_id == getattr(topic, "topic_id", None)
-        got = [(p.index, None if p.records is None else bytes(p.records)) for p in slot.partitions]
+        got = [
+            (p.partition, None if p.records is None else bytes(p.records)) for p in slot.partitions
+        ]
         assert got == [(p.index, p.records) for p in topic.partition_data]
     # Nothing changed: the body comes back as it was.
     assert splice_produce_records(body, layout, {}) == body
