@@ -11,8 +11,9 @@ Rows (µs per call, median of the rounds, thread CPU time):
   `scan_produce_request` + `splice_produce_records` (codec/produce_splice.py);
 - Produce response (v10, one partition): kio's decode against `scan_produce_offsets`;
 - the record-batch steps of one filtered batch, uncompressed and lz4: `split_batches`,
-  `verify_crc`, `records_section`, `check_section`, `build_batch_from_section`, and the whole
-  `filter_produce` / `filter_fetch` with builtin:pii-mask (µs per batch and per record).
+  `verify_crc`, `records_section`, `check_section`, `check_batch` (uncompressed only),
+  `build_batch_from_section`, and the whole `filter_produce` / `filter_fetch` with
+  builtin:pii-mask (µs per batch and per record).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sluice.codec.records import (
     Record,
     build_batch,
     build_batch_from_section,
+    check_batch,
     check_section,
     records_section,
     split_batches,
@@ -181,6 +183,7 @@ def batch_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
                 ("verify_crc", lambda view=view: verify_crc(view)),
                 ("records_section", lambda b=b: records_section(b)),
                 ("check_section", lambda plain=plain: check_section(plain, n)),
+                ("check_batch (in place)", lambda raw=raw: check_batch(raw)),
                 ("build_batch_from_section",
                  lambda b=b, plain=plain: build_batch_from_section(b.header, plain, n)),
                 ("filter_produce pii-mask",
@@ -188,6 +191,8 @@ def batch_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
                 ("filter_fetch pii-mask",
                  lambda view=view: filter_fetch(chains["fetch"], fetch_ctx, view)),
             ]  # fmt: skip
+            if codec:
+                steps = [s for s in steps if not s[0].startswith("check_batch")]
             for step, fn in steps:
                 rows.append((f"batch of {n}, {name}: {step}", per_call_us(fn, rounds)))
     finally:
