@@ -25,6 +25,7 @@ from kio.serial._introspect import classify_field
 
 from . import guard
 from .errors import DecodeError, UnsupportedVersion
+from .guard import read_uvarint, skip_tags
 from .schemas import known_versions, response_schema
 
 __all__ = ["ProduceOffset", "scan_produce_offsets"]
@@ -70,22 +71,6 @@ def _element(cls: type[Any], field_name: str) -> type[Any]:
     return element
 
 
-def _uvarint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= end:
-            raise DecodeError("Produce response truncated inside a varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 28:
-            raise DecodeError("varint longer than 5 bytes")
-
-
 def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
     """(topic, partition, error_code, base_offset) of every partition entry of a Produce
     response body (the frame after the response header), in the response's order.
@@ -103,7 +88,7 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
             n_topics = body[0]
             pos = 1
             if n_topics >= 0x80:
-                n_topics, pos = _uvarint(body, 0, end)
+                n_topics, pos = read_uvarint(body, 0, end)
             n_topics -= 1
         else:
             n_topics = _i32(body, 0)[0]
@@ -121,7 +106,7 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
                 n = body[pos]
                 pos += 1
                 if n >= 0x80:
-                    n, pos = _uvarint(body, pos - 1, end)
+                    n, pos = read_uvarint(body, pos - 1, end)
                 topic = str(body[pos : pos + n - 1], "utf-8") if n > 1 else ""
                 pos += n - 1 if n else 0
             else:
@@ -132,7 +117,7 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
                 n_parts = body[pos]
                 pos += 1
                 if n_parts >= 0x80:
-                    n_parts, pos = _uvarint(body, pos - 1, end)
+                    n_parts, pos = read_uvarint(body, pos - 1, end)
                 n_parts -= 1
             else:
                 n_parts = _i32(body, pos)[0]
@@ -144,14 +129,7 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
                 out.append(ProduceOffset(topic, index, error_code, base_offset))
                 pos = skip_partition(body, pos, end)
             if flexible:
-                if body[pos] == 0:
-                    pos += 1
-                else:
-                    count, pos = _uvarint(body, pos, end)
-                    for _ in range(count):
-                        _tag, pos = _uvarint(body, pos, end)
-                        size, pos = _uvarint(body, pos, end)
-                        pos += size
+                pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
     except (struct.error, IndexError):
         raise DecodeError("Produce response truncated") from None
     except UnicodeDecodeError as exc:

@@ -33,6 +33,7 @@ from functools import cache
 from typing import NamedTuple
 
 from .errors import DecodeError, UnsupportedVersion
+from .guard import read_uvarint, skip_tags
 from .schemas import known_versions
 
 __all__ = [
@@ -102,22 +103,6 @@ def _shape(version: int) -> tuple[bool, bool]:
     return version >= 9, version >= 13
 
 
-def _uvarint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= end:
-            raise DecodeError("Produce request truncated inside a varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 28:
-            raise DecodeError("varint longer than 5 bytes")
-
-
 def _uvarint_bytes(value: int) -> bytes:
     out = bytearray()
     while value >= 0x80:
@@ -127,22 +112,9 @@ def _uvarint_bytes(value: int) -> bytes:
     return bytes(out)
 
 
-def _skip_tags(buf: Buffer, pos: int, end: int) -> int:
-    count, pos = _uvarint(buf, pos, end)
-    if count > end - pos:
-        raise DecodeError(f"{count} tagged fields declared in {end - pos} bytes")
-    for _ in range(count):
-        _tag, pos = _uvarint(buf, pos, end)
-        size, pos = _uvarint(buf, pos, end)
-        pos += size
-        if pos > end:
-            raise DecodeError("tagged field runs past the end of the Produce request")
-    return pos
-
-
 def _count(buf: Buffer, pos: int, end: int, flexible: bool, minimum: int) -> tuple[int, int]:
     if flexible:
-        n, pos = _uvarint(buf, pos, end)
+        n, pos = read_uvarint(buf, pos, end)
         n -= 1
     else:
         if pos + 4 > end:
@@ -172,7 +144,7 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
             n = view[0]
             pos = 1
             if n >= 0x80:
-                n, pos = _uvarint(view, 0, end)
+                n, pos = read_uvarint(view, 0, end)
             txn = None if n == 0 else str(view[pos : pos + n - 1], "utf-8")
             pos += max(n - 1, 0)
         else:
@@ -199,7 +171,7 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
                 n = view[pos]
                 pos += 1
                 if n >= 0x80:
-                    n, pos = _uvarint(view, pos - 1, end)
+                    n, pos = read_uvarint(view, pos - 1, end)
                 if n == 0:
                     raise DecodeError("null topic name in a Produce request")
                 name = str(view[pos : pos + n - 1], "utf-8")
@@ -224,7 +196,7 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
                     if n < 0x80:
                         pos += 1
                     else:
-                        n, pos = _uvarint(view, pos, end)
+                        n, pos = read_uvarint(view, pos, end)
                     size = n - 1
                 else:
                     size = _i32(view, pos)[0]
@@ -238,16 +210,16 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
                     records = None
                 records_end = pos
                 if flexible:
-                    pos = pos + 1 if view[pos] == 0 else _skip_tags(view, pos, end)
+                    pos = pos + 1 if view[pos] == 0 else skip_tags(view, pos, end)
                 parts.append(PartitionSlot(index, records, p_start, records_at, records_end, pos))
             if flexible:
-                pos = pos + 1 if view[pos] == 0 else _skip_tags(view, pos, end)
+                pos = pos + 1 if view[pos] == 0 else skip_tags(view, pos, end)
             topics.append(
                 TopicSlot(name, topic_id, tuple(parts), t_start, p_count_at, p_count_end, pos)
             )
         topics_end = pos
         if flexible:
-            pos = pos + 1 if view[pos] == 0 else _skip_tags(view, pos, end)
+            pos = pos + 1 if view[pos] == 0 else skip_tags(view, pos, end)
     except (struct.error, IndexError):
         raise DecodeError("Produce request truncated") from None
     except UnicodeDecodeError as exc:
