@@ -26,6 +26,7 @@ from kio.serial._introspect import classify_field
 from . import guard
 from .errors import DecodeError, UnsupportedVersion
 from .guard import read_uvarint, skip_tags
+from .produce_splice import read_topic_key
 from .schemas import known_versions, response_schema
 
 __all__ = ["ProduceOffset", "scan_produce_offsets"]
@@ -96,23 +97,8 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
         if n_topics * 2 > end - pos:
             raise DecodeError(f"array of {n_topics} topics declared in {end - pos} bytes")
         for _ in range(n_topics):
-            topic: str | uuid.UUID
-            if by_id:
-                if pos + 16 > end:
-                    raise DecodeError("Produce response truncated in a topic id")
-                topic = uuid.UUID(bytes=bytes(body[pos : pos + 16]))
-                pos += 16
-            elif flexible:
-                n = body[pos]
-                pos += 1
-                if n >= 0x80:
-                    n, pos = read_uvarint(body, pos - 1, end)
-                topic = str(body[pos : pos + n - 1], "utf-8") if n > 1 else ""
-                pos += n - 1 if n else 0
-            else:
-                n = _i16(body, pos)[0]
-                topic = str(body[pos + 2 : pos + 2 + n], "utf-8") if n > 0 else ""
-                pos += 2 + n if n > 0 else 2
+            key, pos = read_topic_key(body, pos, end, flexible, by_id)
+            topic = "" if key is None else key
             if flexible:
                 n_parts = body[pos]
                 pos += 1

@@ -40,6 +40,7 @@ __all__ = [
     "PartitionSlot",
     "ProduceRequestLayout",
     "TopicSlot",
+    "read_topic_key",
     "scan_produce_request",
     "splice_produce_records",
 ]
@@ -112,6 +113,33 @@ def _uvarint_bytes(value: int) -> bytes:
     return bytes(out)
 
 
+def read_topic_key(
+    buf: Buffer, pos: int, end: int, flexible: bool, by_id: bool
+) -> tuple[str | uuid.UUID | None, int]:
+    """The topic name (None: a null string) or topic id at `pos` of a Produce request or
+    response entry, and the position after it. One-byte compact lengths are read inline."""
+    if by_id:
+        if pos + 16 > end:
+            raise DecodeError("Produce message truncated in a topic id")
+        return uuid.UUID(bytes=bytes(buf[pos : pos + 16])), pos + 16
+    if flexible:
+        n = buf[pos]
+        pos += 1
+        if n >= 0x80:
+            n, pos = read_uvarint(buf, pos - 1, end)
+        if n == 0:
+            return None, pos
+        if pos + n - 1 > end:
+            raise DecodeError("Produce message truncated in a topic name")
+        return str(buf[pos : pos + n - 1], "utf-8"), pos + n - 1
+    n = _i16(buf, pos)[0]
+    if n < 0:
+        return None, pos + 2
+    if pos + 2 + n > end:
+        raise DecodeError("Produce message truncated in a topic name")
+    return str(buf[pos + 2 : pos + 2 + n], "utf-8"), pos + 2 + n
+
+
 def _count(buf: Buffer, pos: int, end: int, flexible: bool, minimum: int) -> tuple[int, int]:
     if flexible:
         n, pos = read_uvarint(buf, pos, end)
@@ -160,28 +188,11 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
         topics = []
         for _ in range(n_topics):
             t_start = pos
-            name: str | None = None
-            topic_id: uuid.UUID | None = None
-            if by_id:
-                if pos + 16 > end:
-                    raise DecodeError("Produce request truncated in a topic id")
-                topic_id = uuid.UUID(bytes=bytes(view[pos : pos + 16]))
-                pos += 16
-            elif flexible:
-                n = view[pos]
-                pos += 1
-                if n >= 0x80:
-                    n, pos = read_uvarint(view, pos - 1, end)
-                if n == 0:
-                    raise DecodeError("null topic name in a Produce request")
-                name = str(view[pos : pos + n - 1], "utf-8")
-                pos += n - 1
-            else:
-                n = _i16(view, pos)[0]
-                if n < 0:
-                    raise DecodeError("null topic name in a Produce request")
-                name = str(view[pos + 2 : pos + 2 + n], "utf-8")
-                pos += 2 + n
+            key, pos = read_topic_key(view, pos, end, flexible, by_id)
+            if key is None:
+                raise DecodeError("null topic name in a Produce request")
+            name = key if isinstance(key, str) else None
+            topic_id = key if isinstance(key, uuid.UUID) else None
             p_count_at = pos
             n_parts, pos = _count(view, pos, end, flexible, _MIN_PARTITION[flexible])
             p_count_end = pos
