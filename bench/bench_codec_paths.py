@@ -52,8 +52,9 @@ from sluice.filters.pipeline import filter_fetch, filter_produce
 VERSION = 10  # what librdkafka 2.x sends (golden frames)
 
 
-def per_call_us(fn: Callable[[], Any], rounds: int, min_seconds: float = 0.05) -> float:
-    """Median over `rounds` of the thread CPU µs per call, each round at least min_seconds."""
+def per_call_us(fn: Callable[[], Any], rounds: int) -> float:
+    """Median over `rounds` of the thread CPU µs per call, each round at least MIN_SECONDS."""
+    min_seconds = MIN_SECONDS
     fn()
     calls = 1
     while True:
@@ -122,6 +123,9 @@ def batch(values: list[bytes], codec: int) -> bytes:
     header = BatchHeader(0, 0, -1, 2, 0, codec, n - 1, 1_700_000_000_000, 1_700_000_000_000,
                          -1, -1, -1, n)  # fmt: skip
     return build_batch(header, records)
+
+
+MIN_SECONDS = 0.05  # of thread CPU per round; --min-seconds changes it
 
 
 def request_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
@@ -207,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--records", type=int, default=1000, help="records per batch")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--min-seconds", type=float, default=0.05, help="thread CPU per round")
     args = ap.parse_args(argv)
+    global MIN_SECONDS
+    MIN_SECONDS = args.min_seconds
     values = json_records(args.records)
     rows = request_rows(values, args.rounds) + batch_rows(values, args.rounds)
     print(f"~200-byte JSON records; thread CPU µs per call, median of {args.rounds} rounds")
