@@ -271,9 +271,9 @@ def splice_produce_records(
     """`body` (scanned into `layout`) with new records for some partitions and others removed.
 
     `records` maps a partition's position ``(topic i, partition j)`` to its new records bytes
-    (None writes a null records field); `drop` lists positions to leave out. A topic entry
-    left with no partitions is left out too, as is done when re-encoding the request from its
-    kio entity with those partitions removed. Everything else is copied from `body`: the
+    (None writes a null records field); `drop` lists positions to leave out (a position in
+    both is left out). A topic entry left with no partitions is left out too, as is done when
+    re-encoding the request from its kio entity with those partitions removed. Everything else is copied from `body`: the
     result is the bytes kio would write for the changed entity. Raises ValueError for a
     position the request does not have."""
     for i, j in (*records, *drop):
