@@ -273,9 +273,9 @@ def splice_produce_records(
     `records` maps a partition's position ``(topic i, partition j)`` to its new records bytes
     (None writes a null records field); `drop` lists positions to leave out (a position in
     both is left out). A topic entry left with no partitions is left out too, as is done when
-    re-encoding the request from its kio entity with those partitions removed. Everything else is copied from `body`: the
-    result is the bytes kio would write for the changed entity. Raises ValueError for a
-    position the request does not have."""
+    re-encoding the request from its kio entity with those partitions removed. Everything
+    else is copied from `body`: the result is the bytes kio would write for the changed
+    entity. Raises ValueError for a position the request does not have."""
     for i, j in (*records, *drop):
         if not (0 <= i < len(layout.topics) and 0 <= j < len(layout.topics[i].partitions)):
             raise ValueError(f"Produce request has no partition entry at position {(i, j)}")
