@@ -1,67 +1,54 @@
-"""Throughput, latency and CPU cost through Sluice, next to the broker and a plain TCP relay.
+"""What Sluice costs next to the broker and a plain TCP relay, measured in interleaved slices.
 
-    python -m bench.bench_proxy [--records N] [--rounds R] [--variants direct,relay,...]
-                                [--rate 2000] [--latency-seconds 10] [--latency-windows 1]
-                                [--compression lz4]
+    python -m bench.bench_proxy --workload 1,2,3        # the whole benchmark (one run)
+    python -m bench.bench_proxy --workload 1 --quick    # a few seconds: checks the harness
 
-``--records 0`` skips the throughput phases (latency only).
+Workloads (issue 12, "The benchmark must show the truth"):
 
-Variants: direct (clients to Tansu), relay (HAProxy in TCP mode; Tansu advertises the relay's
-port so every connection crosses it), sluice (no filters), mask-produce and mask-fetch
-(builtin:pii-mask on produce / on fetch for the benchmark topics).
+1. ~200-byte JSON values, every one holding an e-mail address and a card number, no
+   compression, one partition, acks=all, linger.ms=5, confluent-kafka; produced, then read
+   back with the batch consume API;
+2. the same with lz4 and 6 partitions;
+3. small requests: one record per Produce request (linger 0, acks=all) at a fixed rate
+   (`--rate`, default 2 000/s), latency p50/p99, measured side by side with a producer
+   straight to the broker in the same window (bench.latency).
 
-Each round runs every variant once, in turn, each against a fresh broker (slow drifts of a
-noisy machine hit all variants alike). Per variant and round:
+Variants: `direct` (clients to Tansu), `aa` (direct again, measured at another moment of the
+same slice: the A/A row, the noise), `relay` (HAProxy in TCP mode; its broker advertises the
+relay's port so every connection crosses it), `sluice` (`sluice serve`, no filters),
+`mask-produce` and `mask-fetch` (builtin:pii-mask on produce / on fetch for the bench topics).
 
-- produce throughput: N ~200-byte JSON records, confluent-kafka, acks=all, lz4, linger 5 ms;
-- consume throughput: the same N records read back (assigned partitions, no group);
-- latency (bench.latency): two producers at once, each in its own process, on one schedule
-  of `--rate` records/s for `--latency-seconds` (acks=all, linger 0, no compression: one
-  Produce request per record): one through the variant, one straight to the same broker
-  (for the relay, whose broker advertises the relay's port, to a second broker). p50/p99 of
-  the time from produce() to the delivery callback for both, and the difference: what the
-  variant adds, measured in the same window. For `direct` both producers go to the broker:
-  its "added" columns are the method's noise floor. `--latency-windows` repeats the window;
-  every window counts as one sample for the medians;
-- CPU seconds per GB: user+system CPU of the process in the middle (proxy or relay) during
-  the produce and consume phases, divided by the payload bytes it carried both ways;
-- CPU µs per request: the same process's CPU during the latency phase per record (linger 0:
-  one Produce request and response each).
+Every process stays up for the whole run. A run is `--slices` slices; in each slice every
+variant runs its phase once, in an order rotated by one each slice. A variant's ratio in a
+slice is its speed over direct's speed in the same slice; the table gives the median of those
+per-slice ratios with their range. Latency differences are taken inside one window (the
+variant's probe and a direct probe run at once), and likewise summarised over slices.
 
-"Moderate load" (the issue-7 latency target) is the default `--rate 2000`: 2 000 Produce
-requests/s of one ~200-byte record each through the variant, one partition, which keeps the
-pass-through proxy at ~25 % of one core. The direct producer beside it doubles the broker's
-load; on the 2-core benchmark machine the whole rig then needs about 1.5 cores, and
-`--rate 1000` leaves more headroom (a tighter noise floor in the direct row).
+CPU s/GB: user+system CPU of the process in the middle (psutil on its PID and its children,
+so `--workers N` counts every worker) during produce and consume, over the payload bytes it
+carried both ways, over all slices (every slice carries the same bytes, so this is the mean
+of the per-slice figures; one slice is too short for psutil's 10 ms ticks). CPU µs/request
+(workload 3): its CPU in the latency window per record (one Produce request and response
+each), median over slices.
 
-The table reports medians over rounds (and windows); ratios are to direct. The added columns
-are medians of the per-window differences, with the range of the p99 one; the progress lines
-on stderr show every window with the share of records that left > 1 ms late (a client that
-could not keep its schedule) and the machine's idle and steal share, and, per Sluice variant,
-the proxy's garbage-collector pauses (its `gc_pauses` log line).
+`--workers N` and `--proxy-arg ARG` (repeatable) are passed to every `sluice serve`;
+`--proxy-yaml TEXT` is appended to every Sluice variant's config file (for thread-pool and
+similar settings), so scaling can be measured with the same command.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import statistics
+import math
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-import psutil
+from bench import latency, pairs, targets, workload
+from sluice.local_broker import TansuBroker, free_port
 
-from bench import latency, targets, workload
-from tests.harness.broker import TansuBroker
-from tests.harness.ports import free_port
-
-# Default limits: since 3a47d2a a batch call gets 100 µs of deadline per record on top of
-# timeout_ms (before, librdkafka's ~5000-record batches exceeded the flat 100 ms on this
-# loaded machine and were rejected; found by this benchmark, see docs/PERFORMANCE.md).
 MASK_PRODUCE = """
 filters:
   - name: mask-pii
@@ -71,197 +58,267 @@ filters:
 """
 MASK_FETCH = MASK_PRODUCE.replace("[produce]", "[fetch]")
 
-Variant = Callable[[str], AbstractContextManager[targets.Target]]
-ALL = ["direct", "relay", "sluice", "mask-produce", "mask-fetch"]
+ALL = ["direct", "aa", "relay", "sluice", "mask-produce", "mask-fetch"]
+SLUICE_CONFIGS: dict[str, str | None] = {
+    "sluice": None,
+    "mask-produce": MASK_PRODUCE,
+    "mask-fetch": MASK_FETCH,
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    number: int
+    compression: str
+    partitions: int
+    latency: bool = False
+
+    def describe(self, records: int, rate: int, seconds: float) -> str:
+        if self.latency:
+            return (
+                f"workload 3: one ~200-byte record per Produce request, {rate} requests/s, "
+                f"acks=all, linger 0, no compression, 1 partition, {seconds:g} s windows"
+            )
+        return (
+            f"workload {self.number}: {records} ~200-byte JSON records per slice (e-mail and card "
+            f"number in each), compression={self.compression}, {self.partitions} partition(s), "
+            "acks=all, linger.ms=5, confluent-kafka; consume with consume(num_messages=10000)"
+        )
+
+
+WORKLOADS = {
+    1: Workload(1, "none", 1),
+    2: Workload(2, "lz4", 6),
+    3: Workload(3, "none", 1, latency=True),
+}
 
 
 @dataclass
-class Row:
-    produce: list[float] = field(default_factory=list)
-    consume: list[float] = field(default_factory=list)
-    # Latency windows, in ms: through the variant, and the direct producer beside it.
+class Throughput:
+    """Per-slice measurements of one variant (None: not measured in that slice)."""
+
+    produce: list[float | None] = field(default_factory=list)  # records/s
+    consume: list[float | None] = field(default_factory=list)  # records/s
+    cpu_per_gb: list[float | None] = field(default_factory=list)
+
+    def cpu_per_gb_overall(self) -> float:
+        """CPU seconds over GB carried, summed over all slices: psutil counts CPU in clock
+        ticks (10 ms), coarse for one slice's few hundred MB; the sum over slices is not."""
+        present = [x for x in self.cpu_per_gb if x is not None]
+        return sum(present) / len(present) if present else math.nan
+
+
+@dataclass
+class Latency:
+    """Per-slice latency windows of one variant, in ms, with the direct probe beside it."""
+
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
     ref_p50: list[float] = field(default_factory=list)
     ref_p99: list[float] = field(default_factory=list)
-    cpu_per_gb: list[float] = field(default_factory=list)
-    cpu_per_request: list[float] = field(default_factory=list)
-
-    def added(self, q: int) -> list[float]:
-        via, ref = (self.p50, self.ref_p50) if q == 50 else (self.p99, self.ref_p99)
-        return [v - r for v, r in zip(via, ref, strict=True)]
+    late: list[float] = field(default_factory=list)  # share of sends > 1 ms late
+    cpu_per_request: list[float | None] = field(default_factory=list)  # µs
 
 
-def variants() -> dict[str, Variant]:
-    return {
-        "direct": targets.direct,
-        "sluice": lambda b: targets.sluice(b),
-        "mask-produce": lambda b: targets.sluice(b, MASK_PRODUCE),
-        "mask-fetch": lambda b: targets.sluice(b, MASK_FETCH),
-    }
+@dataclass
+class Result:
+    workload: Workload
+    records: int
+    payload_bytes: int
+    throughput: dict[str, Throughput] = field(default_factory=dict)
+    latency: dict[str, Latency] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Point:
+    """One variant in the rig: where clients connect, the process in the middle, and the
+    broker's own address (for topic admin and the side-by-side direct probe)."""
+
+    target: targets.Target
+    broker: str
 
 
 @contextlib.contextmanager
-def setup(name: str) -> Iterator[tuple[targets.Target, str]]:
-    """A fresh broker, the variant's target in front of it, and the bootstrap address a
-    producer reaches the broker at without the target."""
-    if name == "relay":
-        port = free_port()
-        # The relay's broker advertises the relay's port: a producer bootstrapping at the
-        # broker would be sent through the relay, so the direct producer gets its own broker.
-        with (
-            TansuBroker(advertised_port=port) as broker,
-            targets.haproxy_relay(broker.bootstrap, port) as target,
-            TansuBroker() as reference,
-        ):
-            yield target, reference.bootstrap
-        return
-    with TansuBroker() as broker, variants()[name](broker.bootstrap) as target:
-        yield target, broker.bootstrap
-
-
-def _cpu(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
-def _machine() -> tuple[float, float]:
-    t = psutil.cpu_times()
-    return float(t.idle), float(getattr(t, "steal", 0.0))
-
-
-def run(
-    records: int,
-    rounds: int,
-    names: list[str],
-    compression: str,
-    rate: int,
-    latency_seconds: float,
-    latency_windows: int = 1,
-) -> dict[str, Row]:
-    values = workload.json_records(records)
-    payload = sum(len(v) for v in values)
-    table = {n: Row() for n in names}
-    for r in range(rounds):
+def rig(
+    names: Sequence[str], proxy_args: Sequence[str], proxy_yaml: str
+) -> Iterator[dict[str, Point]]:
+    """Start everything the variants need, once, for the whole run."""
+    with contextlib.ExitStack() as stack:
+        broker = stack.enter_context(TansuBroker())
+        points: dict[str, Point] = {}
         for name in names:
-            row = table[name]
-            with setup(name) as (target, direct_bootstrap):
-                line = f"  round {r + 1} {name:13s}"
-                if records:
-                    topic = workload.make_topic(target.bootstrap)
-                    cpu0 = _cpu(target.pid)
-                    p = workload.produce(target.bootstrap, topic, values, compression)
-                    c = workload.consume(target.bootstrap, topic, records)
-                    cpu = _cpu(target.pid) - cpu0
-                    row.produce.append(records / p)
-                    row.consume.append(records / c)
-                    if target.pid is not None:
-                        row.cpu_per_gb.append(cpu / (2 * payload / 1e9))
-                    line += (
-                        f" produce {records / p:9.0f} rec/s  consume {records / c:9.0f} rec/s"
-                        f"  cpu {cpu:6.2f} s"
-                    )
-                print(line, file=sys.stderr, flush=True)
-                via_topic = workload.make_topic(target.bootstrap, partitions=1)
-                ref_topic = workload.make_topic(direct_bootstrap, partitions=1)
-                time.sleep(0.5)
-                for _ in range(latency_windows):
-                    _latency_window(
-                        row, target, (direct_bootstrap, ref_topic), via_topic, rate, latency_seconds
-                    )
-            pauses = gc_pauses(target.output or [])
-            if pauses:
-                print(f"    proxy gc pauses: {pauses}", file=sys.stderr, flush=True)
-    return table
+            if name in ("direct", "aa"):
+                points[name] = Point(targets.Target(broker.bootstrap, None), broker.bootstrap)
+            elif name == "relay":
+                port = free_port()
+                relayed = stack.enter_context(TansuBroker(advertised_port=port))
+                target = stack.enter_context(targets.haproxy_relay(relayed.bootstrap, port))
+                points[name] = Point(target, relayed.bootstrap)
+            else:
+                config = SLUICE_CONFIGS[name]
+                text = "\n".join(t for t in (config, proxy_yaml) if t) or None
+                target = stack.enter_context(
+                    targets.sluice(broker.bootstrap, text, list(proxy_args))
+                )
+                points[name] = Point(target, broker.bootstrap)
+        yield points
 
 
-def gc_pauses(output: list[str]) -> str:
-    """The proxy's `gc_pauses` log line (written when it stops), shortened."""
-    for line in output:
-        if '"gc_pauses"' not in line:
-            continue
-        doc = json.loads(line)
-        gens = [
-            f"gen{i} {g['collections']}x max {g['max_ms']:.2f} ms"
-            for i, g in ((i, doc.get(f"gen{i}", {})) for i in range(3))
-            if g.get("collections")
-        ]
-        return f"{doc.get('frozen', 0)} objects frozen; " + (", ".join(gens) or "none")
-    return ""
+def throughput_slice(
+    point: Point, w: Workload, values: list[bytes], payload: int
+) -> tuple[float, float, float | None]:
+    """One produce + consume phase through `point`: (produce rec/s, consume rec/s, CPU s/GB)."""
+    bootstrap = point.target.bootstrap
+    topic = workload.make_topic(bootstrap, partitions=w.partitions)
+    try:
+        cpu0 = targets.cpu_seconds(point.target.pid)
+        p = workload.produce(bootstrap, topic, values, w.compression)
+        c = workload.consume(bootstrap, topic, len(values))
+        cpu = targets.cpu_seconds(point.target.pid) - cpu0
+    finally:
+        workload.delete_topic(point.broker, topic)
+    per_gb = cpu / (2 * payload / 1e9) if point.target.pid is not None else None
+    return len(values) / p, c.records / c.seconds, per_gb
 
 
-def _latency_window(
-    row: Row,
-    target: targets.Target,
-    direct: tuple[str, str],
-    via_topic: str,
+def latency_slice(
+    point: Point, via_topic: str, reference: tuple[str, str], rate: int, seconds: float
+) -> tuple[latency.Paired, float | None]:
+    """One paired window: the variant's probe and a probe straight to `reference` (a broker
+    address and topic) at once; with the CPU µs per request of the process in the middle."""
+    cpu0 = targets.cpu_seconds(point.target.pid)
+    pair = latency.paired(reference, (point.target.bootstrap, via_topic), rate, seconds)
+    cpu = targets.cpu_seconds(point.target.pid) - cpu0
+    per_request = 1e6 * cpu / len(pair.via.latency) if point.target.pid is not None else None
+    return pair, per_request
+
+
+def measure(
+    w: Workload,
+    points: dict[str, Point],
+    slices: int,
+    records: int,
     rate: int,
     seconds: float,
-) -> None:
-    lat_cpu = _cpu(target.pid)
-    idle0, steal0 = _machine()
+) -> Result:
+    values = workload.json_records(records)
+    payload = sum(len(v) for v in values)
+    result = Result(w, records, payload)
+    names = list(points)
     started = time.monotonic()
-    pair = latency.paired(direct, (target.bootstrap, via_topic), rate, seconds)
-    wall = 2 * (time.monotonic() - started)  # two cores
-    idle1, steal1 = _machine()
-    lat_cpu = _cpu(target.pid) - lat_cpu
-    row.p50.append(1000 * pair.via.quantile(0.5))
-    row.p99.append(1000 * pair.via.quantile(0.99))
-    row.ref_p50.append(1000 * pair.direct.quantile(0.5))
-    row.ref_p99.append(1000 * pair.direct.quantile(0.99))
-    if target.pid is not None:
-        row.cpu_per_request.append(1e6 * lat_cpu / len(pair.via.latency))
-    print(
-        f"    latency window: via p50 {row.p50[-1]:6.2f} p99 {row.p99[-1]:7.2f} ms | direct "
-        f"p50 {row.ref_p50[-1]:6.2f} p99 {row.ref_p99[-1]:7.2f} ms | added p50 "
-        f"{row.p50[-1] - row.ref_p50[-1]:+6.2f} p99 {row.p99[-1] - row.ref_p99[-1]:+7.2f} ms | "
-        f"late sends {100 * max(pair.via.late(), pair.direct.late()):.1f} % | machine idle "
-        f"{100 * (idle1 - idle0) / wall:3.0f} % steal {100 * (steal1 - steal0) / wall:3.0f} %",
-        file=sys.stderr,
-        flush=True,
-    )
+    latency_topics: dict[str, tuple[str, tuple[str, str]]] = {}
+    if w.latency:
+        # The direct row of the latency workload already pairs two direct probes: it is the
+        # A/A row there, so `aa` is not run twice.
+        names = [n for n in names if n != "aa"]
+        # The probe beside every variant goes to the main broker (the relay's own broker
+        # advertises the relay's port, so a probe bootstrapping there would cross the relay).
+        main_broker = points["direct"].broker
+        for name in names:
+            via = workload.make_topic(points[name].target.bootstrap, partitions=1)
+            ref = (main_broker, workload.make_topic(main_broker, partitions=1))
+            latency_topics[name] = (via, ref)
+        time.sleep(0.5)
+    for s in range(slices):
+        for name in pairs.rotation(names, s):
+            point = points[name]
+            line = f"  slice {s + 1}/{slices} {name:13s}"
+            if w.latency:
+                via_topic, reference = latency_topics[name]
+                pair, per_request = latency_slice(point, via_topic, reference, rate, seconds)
+                row = result.latency.setdefault(name, Latency())
+                row.p50.append(1000 * pair.via.quantile(0.5))
+                row.p99.append(1000 * pair.via.quantile(0.99))
+                row.ref_p50.append(1000 * pair.direct.quantile(0.5))
+                row.ref_p99.append(1000 * pair.direct.quantile(0.99))
+                row.late.append(max(pair.via.late(), pair.direct.late()))
+                row.cpu_per_request.append(per_request)
+                line += (
+                    f" p50 {row.p50[-1]:6.2f} p99 {row.p99[-1]:7.2f} ms | direct p50 "
+                    f"{row.ref_p50[-1]:6.2f} p99 {row.ref_p99[-1]:7.2f} ms | late "
+                    f"{100 * row.late[-1]:.1f} %"
+                )
+                if per_request is not None:
+                    line += f" | {per_request:.0f} µs CPU/request"
+            else:
+                p, c, per_gb = throughput_slice(point, w, values, payload)
+                trow = result.throughput.setdefault(name, Throughput())
+                trow.produce.append(p)
+                trow.consume.append(c)
+                trow.cpu_per_gb.append(per_gb)
+                line += f" produce {p:9.0f} rec/s  consume {c:9.0f} rec/s"
+                if per_gb is not None:
+                    line += f"  {per_gb:5.2f} CPU s/GB"
+            print(line, file=sys.stderr, flush=True)
+    result.seconds = time.monotonic() - started
+    return result
 
 
-def _median(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
+def report(result: Result) -> str:
+    """The result as a markdown table (plus the lines that say what the table means)."""
+    if result.workload.latency:
+        return _latency_report(result)
+    return _throughput_report(result)
 
 
-def _spread(xs: list[float]) -> str:
-    return f"{min(xs):+.2f}..{max(xs):+.2f}" if len(xs) > 1 else ""
-
-
-def report(table: dict[str, Row]) -> str:
-    base = table["direct"]
-    base_p, base_c = _median(base.produce), _median(base.consume)
+def _throughput_report(result: Result) -> str:
+    rows = result.throughput
+    base = rows.get("direct")
     lines = [
-        "| variant | produce rec/s | ratio | consume rec/s | ratio | p50 ms | p99 ms "
-        "| direct p50 ms | direct p99 ms | p50 added ms | p99 added ms | p99 added, range "
-        "| CPU s/GB | CPU µs/request |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| variant | produce rec/s | produce ratio (range) | consume rec/s "
+        "| consume ratio (range) | CPU s/GB |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, row in table.items():
-        p, c = _median(row.produce), _median(row.consume)
-        ratios = (
-            f"{p:.0f} | {p / base_p:.2f} | {c:.0f} | {c / base_c:.2f}"
-            if row.produce and base.produce
-            else "- | - | - | -"
-        )
-        cpu = f"{_median(row.cpu_per_gb):.2f}" if row.cpu_per_gb else "-"
-        per_req = f"{_median(row.cpu_per_request):.0f}" if row.cpu_per_request else "-"
+    for name, row in rows.items():
+        p_ratio = pairs.summarise(pairs.ratios(row.produce, base.produce)) if base else pairs.EMPTY
+        c_ratio = pairs.summarise(pairs.ratios(row.consume, base.consume)) if base else pairs.EMPTY
+        cpu = row.cpu_per_gb_overall()
         lines.append(
-            f"| {name} | {ratios} | {_median(row.p50):.2f} | {_median(row.p99):.2f} "
-            f"| {_median(row.ref_p50):.2f} | {_median(row.ref_p99):.2f} "
-            f"| {_median(row.added(50)):+.2f} | {_median(row.added(99)):+.2f} "
-            f"| {_spread(row.added(99))} | {cpu} | {per_req} |"
+            f"| {name} | {pairs.median(row.produce):.0f} | {p_ratio.ratio_text()} "
+            f"| {pairs.median(row.consume):.0f} | {c_ratio.ratio_text()} "
+            f"| {'-' if math.isnan(cpu) else f'{cpu:.2f}'} |"
         )
-    if "relay" in table and "sluice" in table and table["relay"].produce:
-        relay, sl = table["relay"], table["sluice"]
-        lines.append("")
+    lines.append("")
+    if base:
+        mb = result.payload_bytes / result.records / 1e6
+        p, c = pairs.median(base.produce), pairs.median(base.consume)
         lines.append(
-            f"sluice / relay: produce {_median(sl.produce) / _median(relay.produce):.2f}, "
-            f"consume {_median(sl.consume) / _median(relay.consume):.2f}"
+            f"Direct speed (median of slices): produce {p:.0f} records/s ({p * mb:.0f} MB/s), "
+            f"consume {c:.0f} records/s ({c * mb:.0f} MB/s)."
+        )
+        if c < p:
+            lines.append(
+                "WARNING: direct consume is slower than direct produce: the consuming client, "
+                "not the path, may be what the consume column measures."
+            )
+    if "relay" in rows and "sluice" in rows:
+        relay, sl = rows["relay"], rows["sluice"]
+        pr = pairs.summarise(pairs.ratios(sl.produce, relay.produce))
+        cr = pairs.summarise(pairs.ratios(sl.consume, relay.consume))
+        lines.append(
+            f"sluice / relay (median of per-slice ratios): produce {pr.ratio_text()}, "
+            f"consume {cr.ratio_text()}."
+        )
+    return "\n".join(lines)
+
+
+def _latency_report(result: Result) -> str:
+    lines = [
+        "| variant | p50 ms | p99 ms | direct p50 ms | direct p99 ms | added p50 ms (range) "
+        "| added p99 ms (range) | CPU µs/request | late sends % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in result.latency.items():
+        a50 = pairs.summarise(pairs.differences(row.p50, row.ref_p50))
+        a99 = pairs.summarise(pairs.differences(row.p99, row.ref_p99))
+        cpu = pairs.median(row.cpu_per_request)
+        lines.append(
+            f"| {name} | {pairs.median(row.p50):.2f} | {pairs.median(row.p99):.2f} "
+            f"| {pairs.median(row.ref_p50):.2f} | {pairs.median(row.ref_p99):.2f} "
+            f"| {a50.added_text()} | {a99.added_text()} "
+            f"| {'-' if math.isnan(cpu) else f'{cpu:.0f}'} "
+            f"| {100 * max(row.late):.1f} |"
         )
     return "\n".join(lines)
 
@@ -270,41 +327,65 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--records", type=int, default=500_000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workload", default="1,2,3", help="comma-separated: 1, 2, 3")
     ap.add_argument("--variants", default=",".join(ALL))
-    ap.add_argument("--compression", default="lz4")
-    ap.add_argument("--rate", type=int, default=2000, help="records/s of each latency producer")
-    ap.add_argument("--latency-seconds", type=float, default=10.0)
+    ap.add_argument("--slices", type=int, default=7, help="interleaved slices per workload")
     ap.add_argument(
-        "--latency-windows", type=int, default=1, help="latency windows per variant and round"
+        "--records", type=int, default=500_000, help="records per variant and slice (1 and 2)"
+    )
+    ap.add_argument("--rate", type=int, default=2000, help="requests/s of each probe (3)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="latency window per slice (3)")
+    ap.add_argument("--workers", type=int, default=1, help="`sluice serve --workers N`")
+    ap.add_argument(
+        "--proxy-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an argument passed to every `sluice serve` (repeatable; write --proxy-arg=--x)",
+    )
+    ap.add_argument(
+        "--proxy-yaml", default="", help="YAML appended to every Sluice variant's config file"
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny run that checks the harness (2 slices, 3 000 records, 1 s windows at 200/s)",
     )
     args = ap.parse_args(argv)
+    try:
+        numbers = [int(x) for x in args.workload.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--workload {args.workload!r}: expected numbers among 1, 2, 3")
+    if not numbers or any(n not in WORKLOADS for n in numbers):
+        ap.error(f"--workload {args.workload!r}: expected numbers among 1, 2, 3")
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    if "direct" not in names:
-        names.insert(0, "direct")
     unknown = set(names) - set(ALL)
     if unknown:
-        ap.error(f"unknown variants: {', '.join(sorted(unknown))}")
+        ap.error(f"unknown variants: {', '.join(sorted(unknown))} (known: {', '.join(ALL)})")
+    if "direct" not in names:
+        names.insert(0, "direct")
     if "relay" in names and not targets.haproxy_available():
-        ap.error("relay needs haproxy (apt-get install haproxy)")
-    started = time.monotonic()
-    table = run(
-        args.records,
-        args.rounds,
-        names,
-        args.compression,
-        args.rate,
-        args.latency_seconds,
-        args.latency_windows,
-    )
-    print(
-        f"records={args.records} x ~200-byte JSON, compression={args.compression}, "
-        f"rounds={args.rounds} (medians), latency: {args.latency_windows} window(s) of "
-        f"{args.latency_seconds:g} s per round, {args.rate} rec/s through the variant and "
-        f"{args.rate} rec/s direct at once, {time.monotonic() - started:.0f} s in all"
-    )
-    print(report(table))
+        ap.error("the relay variant needs haproxy (bash scripts/dev.sh install adds it)")
+    if args.workers < 1:
+        ap.error("--workers must be at least 1")
+    if args.quick:
+        args.slices, args.records, args.rate, args.seconds = 2, 3000, 200, 1.0
+    proxy_args = [*(["--workers", str(args.workers)] if args.workers > 1 else []), *args.proxy_arg]
+    with rig(names, proxy_args, args.proxy_yaml) as points:
+        for n in numbers:
+            w = WORKLOADS[n]
+            print(f"workload {n} ...", file=sys.stderr, flush=True)
+            result = measure(w, points, args.slices, args.records, args.rate, args.seconds)
+            print(f"{w.describe(args.records, args.rate, args.seconds)}")
+            print(
+                f"{args.slices} interleaved slices, medians of per-slice pairs; "
+                f"sluice serve {' '.join(proxy_args) or '(defaults)'}; "
+                f"{result.seconds:.0f} s"
+            )
+            print()
+            print(report(result))
+            print()
+            sys.stdout.flush()
     return 0
 
 

@@ -1,7 +1,13 @@
 """The things a benchmark can point clients at: the broker directly, a plain TCP relay, or
 Sluice with a given config. Each target is a context manager yielding a `Target`: the bootstrap
 address and the pid of the process in the middle (None for direct), for CPU accounting, and
-for Sluice the lines it has printed so far (the same list keeps growing until it stops)."""
+for Sluice the lines it has printed so far (the same list keeps growing until it stops).
+
+Sluice is started only through its command line (``python -m sluice serve``, the contract
+in sluice/cli_serve.py), never through the proxy's modules, so the benchmark measures whatever
+the proxy's internals look like; extra arguments (``--workers N``, thread-pool options) are
+passed through unchanged.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.harness.ports import wait_for_port
+import psutil
+
+from sluice.local_broker import wait_for_port
 from tests.harness.proxy import SluiceProxy
 
 
@@ -58,6 +66,22 @@ def sluice(
         proxy.stop()
         if cfg_path is not None:
             cfg_path.unlink(missing_ok=True)
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of a process and all its children so far (a `sluice serve
+    --workers N` parent forks N workers), 0.0 for no process."""
+    if pid is None:
+        return 0.0
+    proc = psutil.Process(pid)
+    total = 0.0
+    for p in (proc, *proc.children(recursive=True)):
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
 
 
 def haproxy_available() -> bool:

@@ -29,7 +29,7 @@ from kio.serial._introspect import (
 
 from .errors import DecodeError
 
-__all__ = ["check_body", "fields_end", "prepare"]
+__all__ = ["check_body", "entity_skipper", "fields_end", "prepare", "read_uvarint", "skip_tags"]
 
 # (buffer, position, end) -> new position
 _Scan = Callable[[Any, int, int], int]
@@ -79,6 +79,13 @@ def prepare(entity_type: type[Any]) -> None:
 _field_scanners: dict[object, _Scan] = {}
 
 
+def entity_skipper(entity_type: type[Any]) -> Callable[[Any, int, int], int]:
+    """A function (buf, pos, end) -> the offset just past one encoded `entity_type` that
+    starts at `pos`, its arrays checked as in `check_body`. It raises DecodeError, IndexError
+    or struct.error on a truncated buffer (callers turn the last two into DecodeError)."""
+    return _entity_scanner(entity_type)[0]
+
+
 def fields_end(entity_type: type[Any], body: Any) -> int:
     """Offset in `body` where its top-level tagged-field section starts.
 
@@ -97,7 +104,9 @@ def fields_end(entity_type: type[Any], body: Any) -> int:
         raise DecodeError("body truncated") from None
 
 
-def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+def read_uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    """(value, position after it) of the unsigned varint at `pos`; DecodeError when it runs
+    past `end` or is longer than 5 bytes."""
     if pos >= end:
         raise DecodeError("body truncated inside a varint")
     b = buf[pos]
@@ -117,6 +126,21 @@ def _uvarint(buf: Any, pos: int, end: int) -> tuple[int, int]:
         shift += 7
         if shift > 28:
             raise DecodeError("varint longer than 5 bytes")
+
+
+def skip_tags(buf: Any, pos: int, end: int) -> int:
+    """The position after the tagged-field section at `pos`, whatever its tags (DecodeError
+    when it runs past `end`)."""
+    count, pos = read_uvarint(buf, pos, end)
+    if count > end - pos:
+        raise DecodeError(f"{count} tagged fields declared in {end - pos} bytes")
+    for _ in range(count):
+        _tag, pos = read_uvarint(buf, pos, end)
+        size, pos = read_uvarint(buf, pos, end)
+        pos += size
+        if pos > end:
+            raise DecodeError("tagged field runs past the end of the body")
+    return pos
 
 
 _scanners: dict[object, tuple[_Scan, int]] = {}
@@ -141,7 +165,7 @@ def _build_entity_scanner(entity_type: type[Any], tags: bool = True) -> tuple[_S
     """
     flexible = bool(entity_type.__flexible__)
     namespace: dict[str, Any] = {
-        "uv": _uvarint,
+        "uv": read_uvarint,
         "i16": _i16,
         "i32": _i32,
         "DecodeError": DecodeError,
@@ -279,8 +303,8 @@ def _tag_scanner(entity_type: type[Any]) -> Callable[[Any, int, int, int], int]:
         if count > end - pos:
             raise DecodeError(f"{count} tagged fields declared in {end - pos} bytes")
         for _ in range(count):
-            tag, pos = _uvarint(buf, pos, end)
-            size, pos = _uvarint(buf, pos, end)
+            tag, pos = read_uvarint(buf, pos, end)
+            size, pos = read_uvarint(buf, pos, end)
             tag_end = pos + size
             if tag_end > end:
                 raise DecodeError("tagged field runs past the end of the body")
@@ -328,7 +352,7 @@ def _primitive_scanner(kafka_type: str, flexible: bool) -> tuple[_Scan, int]:
     if flexible:
 
         def scan_compact(buf: Any, pos: int, end: int) -> int:
-            n, pos = _uvarint(buf, pos, end)
+            n, pos = read_uvarint(buf, pos, end)
             return pos + n - 1 if n else pos
 
         return scan_compact, 1
@@ -363,7 +387,7 @@ def _array_scanner(
 
     def scan(buf: Any, pos: int, end: int) -> int:
         if flexible:
-            n, pos = _uvarint(buf, pos, end)
+            n, pos = read_uvarint(buf, pos, end)
             n -= 1
         else:
             n = _i32(buf, pos)[0]

@@ -39,6 +39,7 @@ __all__ = [
     "RecordList",
     "build_batch",
     "build_batch_from_section",
+    "check_batch",
     "check_section",
     "crc32c",
     "decode_records",
@@ -278,6 +279,25 @@ def check_section(plain: Buffer, count: int, attributes: int = 0) -> None:
     0.1 µs per record, so a section the proxy did not parse itself can be vetted cheaply."""
     try:
         for _ in _CyBatch(_neutral_batch(plain, count, attributes)):
+            pass
+    except Exception as exc:
+        raise CorruptBatch(f"undecodable records: {exc}") from exc
+
+
+def check_batch(data: Buffer) -> None:
+    """Raise CorruptBatch unless the whole uncompressed batch `data` holds exactly its
+    record_count well-formed records (and nothing after them).
+
+    The same check as `check_section`, made on the batch bytes where they are: no copy of the
+    records behind a neutral header. `data` must be exactly one batch; the CRC is not looked
+    at (see `verify_crc`). A compressed batch raises ValueError: its records are not in it as
+    they are."""
+    if len(data) < HEADER_SIZE:
+        raise CorruptBatch(f"batch header needs {HEADER_SIZE} bytes, got {len(data)}")
+    if data[_ATTRIBUTES_OFFSET + 1] & _COMPRESSION_MASK:
+        raise ValueError("check_batch needs an uncompressed batch (use check_section)")
+    try:
+        for _ in _CyBatch(data):
             pass
     except Exception as exc:
         raise CorruptBatch(f"undecodable records: {exc}") from exc

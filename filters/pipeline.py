@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, cast
 
+from sluice.codec.compression import CODEC_NONE
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError, CorruptBatch, UnsupportedCompression
 from sluice.codec.records import (
@@ -55,6 +56,7 @@ from sluice.codec.records import (
     Record,
     build_batch,
     build_batch_from_section,
+    check_batch,
     check_section,
     decode_records,
     decode_section,
@@ -165,24 +167,41 @@ def _decode(batch: RawBatch) -> tuple[list[Record] | None, int, str]:
 
 
 def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
-                offset_base: int) -> NativeChainResult | None:
-    """The chain over the batch's records section without decoding it in Python, or None when
-    the batch needs the decoding path: it cannot be decoded (that path reports why), a filter
-    failed (that path applies the failure policy), or the final section is not exactly the
-    records it claims to be (the codec's check; unchanged input is checked the same way, so
-    nothing reaches a filtered topic that the decoding path would have refused)."""
+                offset_base: int) -> tuple[NativeChainResult, bytes | None] | None:
+    """The chain over the batch's records section without decoding it in Python, with the new
+    batch when it was built here, or None when the batch needs the decoding path: it cannot be
+    decoded (that path reports why), a filter failed (that path applies the failure policy),
+    or the final section is not exactly the records it claims to be (the codec's check;
+    unchanged input is checked the same way, so nothing reaches a filtered topic that the
+    decoding path would have refused).
+
+    Uncompressed batches are checked where their records already sit behind a batch header:
+    the input batch itself when nothing changed, or the new batch, built here first, when the
+    caller forwards it as built (a fetch, or a produce without drops or rejects). That saves
+    `check_section`'s copy of the records behind a neutral header."""
     header = batch.header
     if not verify_crc(batch.data):
         return None
+    built: bytes | None = None
     try:  # records_section refuses unknown codecs (UnsupportedCompression is a CodecError)
         plain = records_section(batch)
         result = chain.run_native(ctx, plain, header.record_count, offset_base=offset_base,
                                   timestamp_base=header.base_timestamp)
-        if result is not None:
+        if result is None:
+            return None
+        as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
+        if header.compression != CODEC_NONE:
+            check_section(result.records, result.count, header.attributes)
+        elif not result.changed:
+            check_batch(batch.data)
+        elif result.count and as_built:
+            built = build_batch_from_section(header, result.records, result.count)
+            check_batch(built)
+        else:
             check_section(result.records, result.count, header.attributes)
     except CodecError:
         return None
-    return result
+    return result, built
 
 
 def _idempotent_drop(name: str) -> str:
@@ -225,8 +244,9 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         header = batch.header
         if header.is_control:
             return fail(INVALID_RECORD, "clients may not send control batches")
-        nat = _run_native(chain, ctx, batch, 0) if native else None
-        if nat is not None:
+        ran = _run_native(chain, ctx, batch, 0) if native else None
+        if ran is not None:
+            nat, built = ran
             _merge(out.stats, nat.stats)
             errors: list[tuple[int, str]] = sorted(nat.rejected.items())
             if header.has_producer_id and nat.dropped:
@@ -243,7 +263,8 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                     kept = decode_section(nat.records, nat.count)
                     rebuilt.append(_build_produce(header, kept, dropped=True))
                 elif nat.count:
-                    rebuilt.append(build_batch_from_section(header, nat.records, nat.count))
+                    rebuilt.append(
+                        built or build_batch_from_section(header, nat.records, nat.count))
             continue
         decoded, code, message = _decode(batch)
         if decoded is None:
@@ -337,12 +358,13 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer) -> Fet
         if header.is_control or header.record_count == 0:
             parts.append(batch.data)
             continue
-        nat = _run_native(chain, ctx, batch, header.base_offset) if native else None
-        if nat is not None:
+        ran = _run_native(chain, ctx, batch, header.base_offset) if native else None
+        if ran is not None:
+            nat, built = ran
             _merge(out.stats, nat.stats)
             if nat.changed:
                 changed = True
-                parts.append(build_batch_from_section(header, nat.records, nat.count))
+                parts.append(built or build_batch_from_section(header, nat.records, nat.count))
             else:
                 parts.append(batch.data)
             continue

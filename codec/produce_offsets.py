@@ -1,0 +1,125 @@
+"""Base offsets out of a Produce response without decoding it.
+
+The proxy relays Produce responses untouched; it reads them only to tell telemetry which
+offsets the broker gave each filtered partition. Decoding the whole response with kio builds
+an object per partition and per record error for that. This scan reads the four values
+telemetry needs with one struct call per partition and skips the rest of each entry with the
+guard's schema-generated scanner (codec/guard.py), so new fields of a later version are
+skipped correctly as long as kio knows the version.
+
+Layout (v3-v13; v9+ flexible; v13+ topics by id): ``responses [name | topic_id,
+partition_responses [index int32, error_code int16, base_offset int64, ...], tags?]``, then
+fields the scan does not read (throttle time, top-level tags).
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import fields
+from functools import cache
+from typing import Any, NamedTuple
+
+from kio.serial._introspect import classify_field
+
+from . import guard
+from .errors import DecodeError, UnsupportedVersion
+from .guard import read_uvarint, skip_tags
+from .produce_splice import read_topic_key
+from .schemas import known_versions, response_schema
+
+__all__ = ["ProduceOffset", "scan_produce_offsets"]
+
+Buffer = bytes | bytearray | memoryview
+
+_i16 = struct.Struct(">h").unpack_from
+_i32 = struct.Struct(">i").unpack_from
+_head = struct.Struct(">ihq").unpack_from  # index, error_code, base_offset
+
+
+class ProduceOffset(NamedTuple):
+    """One partition of a Produce response: topic name (v3-v12) or topic id (v13+)."""
+
+    topic: str | uuid.UUID
+    partition: int
+    error_code: int
+    base_offset: int
+
+
+@cache
+def _shape(version: int) -> tuple[bool, bool, Callable[[Any, int, int], int]]:
+    """(flexible, topics by id, skipper of one partition entry) for a response version."""
+    if version not in known_versions(0, False):
+        raise UnsupportedVersion(f"Produce v{version} is not supported by the codec")
+    schema = response_schema(0, version)
+    topic_cls = _element(schema, "responses")
+    part_cls = _element(topic_cls, "partition_responses")
+    names = [f.name for f in fields(part_cls)]
+    if names[:3] != ["index", "error_code", "base_offset"]:  # pragma: no cover - kio change
+        raise UnsupportedVersion(f"Produce v{version} response: unexpected layout {names[:3]}")
+    return (
+        bool(schema.__flexible__),
+        "topic_id" in {f.name for f in fields(topic_cls)},
+        (guard.entity_skipper(part_cls)),
+    )
+
+
+def _element(cls: type[Any], field_name: str) -> type[Any]:
+    """The element class of a tuple-of-entities field of a kio class."""
+    (fld,) = (f for f in fields(cls) if f.name == field_name)
+    element: type[Any] = classify_field(fld).type_
+    return element
+
+
+def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
+    """(topic, partition, error_code, base_offset) of every partition entry of a Produce
+    response body (the frame after the response header), in the response's order.
+
+    Reads only the `responses` array: fields after it (throttle time, top-level tagged fields
+    such as KIP-951 node endpoints) are not looked at. Raises DecodeError for a truncated or
+    inconsistent array, UnsupportedVersion for a version the codec does not know."""
+    flexible, by_id, skip_partition = _shape(version)
+    end = len(body)
+    out: list[ProduceOffset] = []
+    # One-byte varints (every count and name length below 127) are read inline: a function
+    # call per field would cost more than kio's compiled decoder of the whole response.
+    try:
+        if flexible:
+            n_topics = body[0]
+            pos = 1
+            if n_topics >= 0x80:
+                n_topics, pos = read_uvarint(body, 0, end)
+            n_topics -= 1
+        else:
+            n_topics = _i32(body, 0)[0]
+            pos = 4
+        if n_topics * 2 > end - pos:
+            raise DecodeError(f"array of {n_topics} topics declared in {end - pos} bytes")
+        for _ in range(n_topics):
+            key, pos = read_topic_key(body, pos, end, flexible, by_id)
+            topic = "" if key is None else key
+            if flexible:
+                n_parts = body[pos]
+                pos += 1
+                if n_parts >= 0x80:
+                    n_parts, pos = read_uvarint(body, pos - 1, end)
+                n_parts -= 1
+            else:
+                n_parts = _i32(body, pos)[0]
+                pos += 4
+            if n_parts * 14 > end - pos:
+                raise DecodeError(f"array of {n_parts} partitions declared in {end - pos} bytes")
+            for _ in range(n_parts):
+                index, error_code, base_offset = _head(body, pos)
+                out.append(ProduceOffset(topic, index, error_code, base_offset))
+                pos = skip_partition(body, pos, end)
+            if flexible:
+                pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
+    except (struct.error, IndexError):
+        raise DecodeError("Produce response truncated") from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"Produce response: a topic name is not UTF-8 ({exc.reason})") from None
+    if pos > end:
+        raise DecodeError("Produce response truncated")
+    return out

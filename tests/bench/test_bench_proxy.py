@@ -1,0 +1,80 @@
+"""The proxy benchmark's harness: its pair statistics, and a `--quick` run of every variant
+against the real broker, HAProxy and `sluice serve`. No timing is asserted: only that every
+variant was measured in every slice and reported."""
+
+from __future__ import annotations
+
+import math
+
+import psutil
+import pytest
+
+from bench import bench_proxy, pairs, targets
+from tests.harness.broker import TansuBroker
+
+
+def test_pairs_take_the_median_of_per_slice_ratios_and_skip_missing_slices() -> None:
+    values = [110.0, None, 90.0, 200.0]
+    reference = [100.0, 100.0, 100.0, 100.0]
+    r = pairs.ratios(values, reference)
+    assert r == [1.1, 0.9, 2.0]
+    s = pairs.summarise(r)
+    assert (s.median, s.low, s.high, s.n) == (1.1, 0.9, 2.0, 3)
+    assert s.ratio_text() == "1.10 (0.90..2.00)"
+    assert pairs.differences([3.0, 1.0], [1.0, 2.0]) == [2.0, -1.0]
+    assert pairs.summarise([]).ratio_text() == "-"
+    assert math.isnan(pairs.median([None]))
+
+
+def test_rotation_moves_every_variant_through_every_position() -> None:
+    names = ["a", "b", "c"]
+    orders = [pairs.rotation(names, s) for s in range(3)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    for position in range(3):
+        assert {o[position] for o in orders} == set(names)
+
+
+def test_bad_arguments_are_refused_with_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--variants", "direct,nope"], ["--workload", "4"], ["--workload", "x"]):
+        with pytest.raises(SystemExit) as exc:
+            bench_proxy.main(argv)
+        assert exc.value.code == 2
+    assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not targets.haproxy_available(), reason="haproxy not installed")
+def test_quick_run_measures_every_variant_in_every_slice(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert bench_proxy.main(["--workload", "1,3", "--quick"]) == 0
+    out = capsys.readouterr().out
+    tables = out.split("workload 3:")
+    assert len(tables) == 2
+    throughput, latency = tables
+    for name in bench_proxy.ALL:
+        row = next(line for line in throughput.splitlines() if line.startswith(f"| {name} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        # produce rec/s, its ratio, consume rec/s, its ratio: measured in both slices.
+        assert float(cells[1]) > 0 and float(cells[3]) > 0
+        assert "(" in cells[2] and "(" in cells[4]
+        middle = name not in ("direct", "aa")
+        assert (cells[5] != "-") is middle
+    assert "Direct speed" in throughput and "sluice / relay" in throughput
+    for name in [n for n in bench_proxy.ALL if n != "aa"]:
+        row = next(line for line in latency.splitlines() if line.startswith(f"| {name} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and float(cells[2]) >= float(cells[1])
+        assert (cells[7] != "-") is (name != "direct")
+
+
+def test_workers_and_proxy_arguments_reach_sluice_serve_and_cpu_counts_every_worker() -> None:
+    with (
+        TansuBroker() as broker,
+        targets.sluice(broker.bootstrap, args=["--workers", "2", "--log-level=info"]) as t,
+    ):
+        assert t.pid is not None
+        parent = psutil.Process(t.pid)
+        assert "--workers" in parent.cmdline() and "--log-level=info" in parent.cmdline()
+        assert len(parent.children(recursive=True)) == 2
+        own = parent.cpu_times()
+        assert targets.cpu_seconds(t.pid) >= own.user + own.system
