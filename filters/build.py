@@ -164,8 +164,12 @@ def find_rustc() -> str:
     Debian's comes before PATH's because a rustup toolchain on PATH often lacks the wasm32
     target while Debian's libstd-rust-dev-wasm32 provides it.
     """
-    candidates = [os.environ.get("SLUICE_RUSTC"), "/usr/bin/rustc", shutil.which("rustc")]
-    for rustc in candidates:
+    chosen = os.environ.get("SLUICE_RUSTC")
+    if chosen:
+        if _rust_has_wasm_std(chosen):
+            return chosen
+        raise BuildError(f"SLUICE_RUSTC={chosen} cannot build for {RUST_TARGET}. {RUST_MISSING}")
+    for rustc in ("/usr/bin/rustc", shutil.which("rustc")):
         if rustc and _rust_has_wasm_std(rustc):
             return rustc
     raise BuildError(RUST_MISSING)
@@ -187,6 +191,9 @@ def find_asc() -> list[str]:
     env_asc = os.environ.get("SLUICE_ASC")
     local = asc_prefix() / "node_modules" / "assemblyscript" / "bin" / "asc.js"
     if env_asc:
+        if not os.access(env_asc, os.X_OK):
+            raise BuildError(f"SLUICE_ASC={env_asc} is not an executable. "
+                             + ASC_MISSING.format(prefix=asc_prefix()))
         return [env_asc]
     if node and local.is_file():
         return [node, str(local)]
