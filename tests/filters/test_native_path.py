@@ -47,7 +47,7 @@ from sluice.filters.records_io import AbiError
 PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
 EXAMPLES = Path(__file__).resolve().parents[2] / "filters" / "examples"
 # Every example with a Sluice ABI port, by name: the committed modules.
-PORTS = ["upper", "upper-rust", "upper-as", "enrich", "enrich-rust", "enrich-as"]
+PORTS = ["upper", "upper-c", "upper-rust", "upper-as", "enrich", "enrich-rust", "enrich-as"]
 # The probes that mirror probe_zig, by language; each has a "<lang>-probe" chain and a
 # "<lang>-like-c" one whose "ctx" text equals the C probe's.
 SDK_PROBES = {"zig": "probe_zig", "rust": "probe_rust", "as": "probe_as"}

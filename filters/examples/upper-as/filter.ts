@@ -16,9 +16,10 @@ class Upper extends Filter {
     }
     if (!lower) return Decision.keep();
     const out = new Uint8Array(n);
+    const dst = out.dataStart;
     for (let i = 0; i < n; i++) {
       const c = rec.valueByte(i);
-      out[i] = c >= 97 && c <= 122 ? c - 32 : c;
+      store<u8>(dst + <usize>i, c >= 97 && c <= 122 ? c - 32 : c);
     }
     count("upper_cased", 1);
     return rec.withValue(out);

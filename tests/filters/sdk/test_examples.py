@@ -36,7 +36,7 @@ def run(f: LoadedFilter, *values: bytes | None, key: bytes | None = None,
 
 
 ENRICH = ["enrich", "enrich-rust", "enrich-as"]
-UPPER = ["upper", "upper-rust", "upper-as"]
+UPPER = ["upper", "upper-c", "upper-rust", "upper-as"]
 
 
 @pytest.mark.parametrize("name", ENRICH)

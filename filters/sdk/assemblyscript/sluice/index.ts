@@ -53,8 +53,9 @@ export class Decision {
   headerStart: i32 = 0;
   headerCount: i32 = 0;
   headers: Header[] | null = null;
-  // Keeps rewritten bytes alive until the output is written.
-  keepAlive: Uint8Array[] = [];
+  // Keep rewritten bytes alive until the output is written.
+  keyHold: Uint8Array | null = null;
+  valueHold: Uint8Array | null = null;
 
   static keep(): Decision {
     return KEEP_DECISION;
@@ -83,15 +84,15 @@ export class Decision {
   }
 
   setKey(b: Uint8Array | null): void {
+    this.keyHold = b;
     if (b === null) { this.keyPtr = 0; this.keyLen = -1; return; }
-    this.keepAlive.push(b);
     this.keyPtr = b.dataStart;
     this.keyLen = b.length;
   }
 
   setValue(b: Uint8Array | null): void {
+    this.valueHold = b;
     if (b === null) { this.valuePtr = 0; this.valueLen = -1; return; }
-    this.keepAlive.push(b);
     this.valuePtr = b.dataStart;
     this.valueLen = b.length;
   }
