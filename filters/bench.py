@@ -28,7 +28,7 @@ from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.engine import default_engine
 from sluice.filters.guest import GuestInstance
 from sluice.filters.module_cache import ModuleCache
-from sluice.filters.runtime import load_filter
+from sluice.filters.runtime import LoadedFilter, load_filter
 
 # Sluice ABI v1: keeps every record (output = count + zero bytes), or loops forever when the
 # batch holds a record whose value starts with "LOOP" (checked on the first record only).
@@ -214,6 +214,25 @@ UPPER_PORTS = {"c": "upper-c", "zig": "upper", "rust": "upper-rust",
                "assemblyscript": "upper-as"}
 
 
+def _upper_runs(f: LoadedFilter, chain: Any, ctx: RecordContext, batch: list[FilterRecord],
+                raw: bytes) -> tuple[Callable[[], int], Callable[[], int], Callable[[], int]]:
+    """One batch through the decoding path, the native call alone, the whole native path."""
+    from sluice.filters.pipeline import filter_produce
+
+    section = raw[61:]  # the records section after the v2 batch header
+
+    def decoding() -> int:
+        return len(f.run_batch(ctx, batch).decisions)
+
+    def native_call() -> int:
+        return 100 if f.run_native(ctx, section, 100) is not None else 0
+
+    def native_path() -> int:
+        return 100 if filter_produce(chain, ctx, raw).changed else 0
+
+    return decoding, native_call, native_path
+
+
 def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
     """records/s of `upper` per SDK language, batches of 100 x 200-byte records (every record
     rewritten), and each language's rate as a fraction of C's: through the decoding path
@@ -222,7 +241,6 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
     (`filter_produce`: CRC check, the call, the codec's check, the rebuilt batch)."""
     from sluice.codec.records import BatchHeader, Record, build_batch
     from sluice.filters.chain import FilterChain
-    from sluice.filters.pipeline import filter_produce
 
     examples = Path(__file__).resolve().parent / "examples"
     batch = [_record(i) for i in range(100)]
@@ -231,7 +249,6 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
                       [Record(i, 0, r.key, r.value, r.headers) for i, r in enumerate(batch)])
     ctx = RecordContext("bench", 0, "produce", "bench", None)
     cache = ModuleCache(default_engine(), tmp / "cache-lang")
-    section = raw[61:]  # the records section after the v2 batch header
     decoding: dict[str, Callable[[], int]] = {}
     guest: dict[str, Callable[[], int]] = {}
     native: dict[str, Callable[[], int]] = {}
@@ -243,9 +260,7 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
         f = load_filter(spec, cache=cache)
         chain = FilterChain.from_specs([spec], cache=cache)
         opened += [f, chain]
-        decoding[lang] = lambda f=f: len(f.run_batch(ctx, batch).decisions)
-        guest[lang] = lambda f=f: 100 if f.run_native(ctx, section, 100) is not None else 0
-        native[lang] = lambda chain=chain: 100 if filter_produce(chain, ctx, raw).changed else 0
+        decoding[lang], guest[lang], native[lang] = _upper_runs(f, chain, ctx, batch, raw)
         out[lang] = {"module_bytes": module.stat().st_size}
     # Languages take turns in short slices, so a burst of load on the shared machine hits
     # them all alike instead of whichever ran at that moment.
