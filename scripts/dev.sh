@@ -30,10 +30,10 @@ install_debian_packages() {
   command -v kcat >/dev/null 2>&1 || missing+=(kcat)
   command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
-  # Filter SDKs: Debian's rustc with the wasm32-unknown-unknown std (a rustup rustc on PATH
-  # usually lacks it), and Node.js + npm for the AssemblyScript compiler.
+  # Filter SDKs: Debian's rustc (and cargo) with the wasm32-unknown-unknown std (a rustup
+  # rustc on PATH usually lacks it), and Node.js + npm for the AssemblyScript compiler.
   local pkg
-  for pkg in rustc libstd-rust-dev-wasm32; do
+  for pkg in rustc cargo libstd-rust-dev-wasm32; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
   done
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
