@@ -77,10 +77,13 @@ RUST_FLAGS = (
     "-C", "codegen-units=1",
     "-C", "metadata=sluice",
 )
+RUST_INSTALL = (
+    "install Debian's with `apt-get install rustc libstd-rust-dev-wasm32` (bash scripts/dev.sh "
+    "install does), or `rustup target add wasm32-unknown-unknown`"
+)
 RUST_MISSING = (
-    "no Rust compiler with the wasm32-unknown-unknown standard library was found: install "
-    "Debian's with `apt-get install rustc libstd-rust-dev-wasm32` (bash scripts/dev.sh install "
-    "does), or `rustup target add wasm32-unknown-unknown`; SLUICE_RUSTC=/path/to/rustc picks one"
+    "no Rust compiler with the wasm32-unknown-unknown standard library was found: "
+    f"{RUST_INSTALL}; SLUICE_RUSTC=/path/to/rustc picks one"
 )
 
 # AssemblyScript: the npm package pinned in sdk/assemblyscript/toolchain (package-lock.json),
@@ -168,7 +171,8 @@ def find_rustc() -> str:
     if chosen:
         if _rust_has_wasm_std(chosen):
             return chosen
-        raise BuildError(f"SLUICE_RUSTC={chosen} cannot build for {RUST_TARGET}. {RUST_MISSING}")
+        raise BuildError(f"SLUICE_RUSTC={chosen} cannot build for {RUST_TARGET} (missing, or "
+                         f"without its standard library): {RUST_INSTALL}, or unset SLUICE_RUSTC")
     for rustc in ("/usr/bin/rustc", shutil.which("rustc")):
         if rustc and _rust_has_wasm_std(rustc):
             return rustc
@@ -192,7 +196,7 @@ def find_asc() -> list[str]:
     local = asc_prefix() / "node_modules" / "assemblyscript" / "bin" / "asc.js"
     if env_asc:
         if not os.access(env_asc, os.X_OK):
-            raise BuildError(f"SLUICE_ASC={env_asc} is not an executable. "
+            raise BuildError(f"SLUICE_ASC={env_asc} is not an executable; unset it, or "
                              + ASC_MISSING.format(prefix=asc_prefix()))
         return [env_asc]
     if node and local.is_file():
