@@ -3,8 +3,11 @@
 Measures what docs/FILTER_ABI.md reports: the cost of one guest call through wasmtime-py's
 ``Func.__call__`` against the unchecked fast path (`RawFunc`), records/s with one call per
 batch of 100 against one call per record, how fast the epoch deadline stops an infinite loop,
-and compiling a module against deserializing its cached artifact. Self-contained: the guest
-modules are small WAT texts below. Prints one JSON object.
+and compiling a module against deserializing its cached artifact (the guest modules are small
+WAT texts below); and ``languages``: the shipped ``upper`` example built with each SDK (C, Zig,
+Rust, AssemblyScript: ``filters/examples/upper*``) side by side, through the decoding path
+(``run_batch``) and the native path the proxy takes (``filter_produce``). Prints one JSON
+object; ``--only languages`` runs that part alone.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.engine import default_engine
 from sluice.filters.guest import GuestInstance
 from sluice.filters.module_cache import ModuleCache
-from sluice.filters.runtime import load_filter
+from sluice.filters.runtime import LoadedFilter, load_filter
 
 # Sluice ABI v1: keeps every record (output = count + zero bytes), or loops forever when the
 # batch holds a record whose value starts with "LOOP" (checked on the first record only).
@@ -95,6 +98,23 @@ def _rate(fn: Callable[[], int], seconds: float) -> float:
                 break
         rates.append(done / elapsed)
     return statistics.median(rates)
+
+
+def _interleaved(fns: dict[str, Callable[[], int]], seconds: float,
+                 rounds: int = 9) -> dict[str, float]:
+    """Median units/s of each fn over `rounds` turns of `seconds / 3` each, taken in turn."""
+    rates: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            done = 0
+            started = time.perf_counter()
+            while True:
+                done += fn()
+                elapsed = time.perf_counter() - started
+                if elapsed >= seconds / 3:
+                    break
+            rates[name].append(done / elapsed)
+    return {name: statistics.median(r) for name, r in rates.items()}
 
 
 def _record(i: int) -> FilterRecord:
@@ -189,6 +209,76 @@ def bench_pipeline(seconds: float, tmp: Path) -> dict[str, float]:
     return out
 
 
+# The upper example in every SDK language: filters/examples/<dir>/<dir>.wasm.
+UPPER_PORTS = {"c": "upper-c", "zig": "upper", "rust": "upper-rust",
+               "assemblyscript": "upper-as"}
+
+
+def _upper_runs(f: LoadedFilter, chain: Any, ctx: RecordContext, batch: list[FilterRecord],
+                raw: bytes) -> tuple[Callable[[], int], Callable[[], int], Callable[[], int]]:
+    """One batch through the decoding path, the native call alone, the whole native path."""
+    from sluice.filters.pipeline import filter_produce
+
+    section = raw[61:]  # the records section after the v2 batch header
+
+    def decoding() -> int:
+        return len(f.run_batch(ctx, batch).decisions)
+
+    def native_call() -> int:
+        return 100 if f.run_native(ctx, section, 100) is not None else 0
+
+    def native_path() -> int:
+        return 100 if filter_produce(chain, ctx, raw).changed else 0
+
+    return decoding, native_call, native_path
+
+
+def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
+    """records/s of `upper` per SDK language, batches of 100 x 200-byte records (every record
+    rewritten), and each language's rate as a fraction of C's: through the decoding path
+    (`run_batch`: records as Python objects, `sluice_filter`), the native call alone
+    (`run_native`: `sluice_filter_records` on the records section) and the whole native path
+    (`filter_produce`: CRC check, the call, the codec's check, the rebuilt batch)."""
+    from sluice.codec.records import BatchHeader, Record, build_batch
+    from sluice.filters.chain import FilterChain
+
+    examples = Path(__file__).resolve().parent / "examples"
+    batch = [_record(i) for i in range(100)]
+    raw = build_batch(BatchHeader(0, 0, -1, 2, 0, 0, 99, 1_700_000_000_000, 1_700_000_000_000,
+                                  -1, -1, -1, 100),
+                      [Record(i, 0, r.key, r.value, r.headers) for i, r in enumerate(batch)])
+    ctx = RecordContext("bench", 0, "produce", "bench", None)
+    cache = ModuleCache(default_engine(), tmp / "cache-lang")
+    decoding: dict[str, Callable[[], int]] = {}
+    guest: dict[str, Callable[[], int]] = {}
+    native: dict[str, Callable[[], int]] = {}
+    out: dict[str, Any] = {}
+    opened: list[Any] = []
+    for lang, name in UPPER_PORTS.items():
+        module = examples / name / f"{name}.wasm"
+        spec = FilterSpec(name=name, module=str(module), apply_to=frozenset({"produce"}))
+        f = load_filter(spec, cache=cache)
+        chain = FilterChain.from_specs([spec], cache=cache)
+        opened += [f, chain]
+        decoding[lang], guest[lang], native[lang] = _upper_runs(f, chain, ctx, batch, raw)
+        out[lang] = {"module_bytes": module.stat().st_size}
+    # Languages take turns in short slices, so a burst of load on the shared machine hits
+    # them all alike instead of whichever ran at that moment.
+    for path, fns in (("decoding_path_records_per_s", decoding),
+                      ("native_call_records_per_s", guest),
+                      ("native_path_records_per_s", native)):
+        for lang, rate in _interleaved(fns, seconds).items():
+            out[lang][path] = rate
+    for thing in opened:
+        thing.close()
+    for path in ("decoding_path_records_per_s", "native_call_records_per_s",
+                 "native_path_records_per_s"):
+        c_rate = out["c"][path]
+        for lang in UPPER_PORTS:
+            out[lang][path.replace("records_per_s", "vs_c")] = round(out[lang][path] / c_rate, 3)
+    return out
+
+
 def bench_epoch(runs: int) -> dict[str, Any]:
     engine = default_engine()
     module = wasmtime.Module(engine.engine, _KEEP_WAT)
@@ -233,19 +323,21 @@ def bench_compile(tmp: Path, runs: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    parser.add_argument("--only", choices=("languages",),
+                        help="run one part: languages = upper in C, Zig, Rust, AssemblyScript")
     args = parser.parse_args(argv)
     seconds = 0.05 if args.quick else 1.0
     runs = 2 if args.quick else 7
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        report = {
-            "wasmtime": default_engine().fingerprint_text,
-            "calls": bench_calls(seconds),
-            "records": bench_records(seconds, tmp),
-            "pipeline": bench_pipeline(seconds, tmp),
-            "epoch": bench_epoch(runs),
-            "compile": bench_compile(tmp, runs),
-        }
+        report: dict[str, Any] = {"wasmtime": default_engine().fingerprint_text}
+        if args.only is None:
+            report["calls"] = bench_calls(seconds)
+            report["records"] = bench_records(seconds, tmp)
+            report["pipeline"] = bench_pipeline(seconds, tmp)
+            report["epoch"] = bench_epoch(runs)
+            report["compile"] = bench_compile(tmp, runs)
+        report["languages"] = bench_languages(seconds, tmp)
     print(json.dumps(report, indent=2))
     return 0
 

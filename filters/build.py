@@ -1,9 +1,17 @@
 """Build the Wasm filters in this repository (and users' filter directories) reproducibly.
 
-A filter directory holds one entry source, ``filter.c`` (C, freestanding, with
-``sluice_filter.h``) or ``filter.zig`` (Zig, with the ``sluice`` module), and builds to one
-stripped wasm32-freestanding module with the ``ziglang`` wheel's compiler. The output depends
-only on the sources and the compiler version, not on the directory it is built from.
+A filter directory holds one entry source and builds to one stripped Wasm module:
+
+- ``filter.c`` (C, freestanding, with ``sluice_filter.h``) and ``filter.zig`` (Zig, with the
+  ``sluice`` module): the ``ziglang`` wheel's compiler;
+- ``filter.rs`` (Rust, with the ``sluice`` crate, ``sdk/rust/sluice.rs``): a ``rustc`` that has
+  the ``wasm32-unknown-unknown`` standard library (Debian's ``rustc`` +
+  ``libstd-rust-dev-wasm32``);
+- ``filter.ts`` (AssemblyScript, with the ``sluice`` module, ``sdk/assemblyscript/``): the
+  pinned ``assemblyscript`` compiler that ``scripts/dev.sh install`` puts in the virtualenv.
+
+The output depends only on the sources and the compiler versions, not on the directory it is
+built from.
 
 Repository targets:
   filters/src/NAME/       -> filters/builtin/NAME.wasm   (the ``builtin:NAME`` modules)
@@ -57,6 +65,41 @@ C_FLAGS = (
     "-Wl,--export-dynamic",
 )
 
+# Rust: Debian's rustc (bookworm: 1.63) with the wasm32-unknown-unknown standard library. The
+# SDK crate is compiled next to the filter on every build (it is one file), so nothing but rustc
+# is needed and nothing is fetched.
+RUST_VERSION = "1.63.0"
+RUST_TARGET = "wasm32-unknown-unknown"
+RUST_FLAGS = (
+    "--edition", "2021",
+    "--target", RUST_TARGET,
+    "-C", "opt-level=3",
+    "-C", "codegen-units=1",
+    "-C", "metadata=sluice",
+)
+RUST_INSTALL = (
+    "install Debian's with `apt-get install rustc libstd-rust-dev-wasm32` (bash scripts/dev.sh "
+    "install does), or `rustup target add wasm32-unknown-unknown`"
+)
+RUST_MISSING = (
+    "no Rust compiler with the wasm32-unknown-unknown standard library was found: "
+    f"{RUST_INSTALL}; SLUICE_RUSTC=/path/to/rustc picks one"
+)
+
+# AssemblyScript: the npm package pinned in sdk/assemblyscript/toolchain (package-lock.json),
+# installed by scripts/dev.sh into the virtualenv's node/ directory. The minimal runtime's
+# garbage collector only runs when the SDK asks (once per call, before the input arrives).
+ASC_VERSION = "0.28.20"
+ASC_FLAGS = ("--runtime", "minimal", "-O3", "--noAssert", "--use", "abort=")
+ASC_MISSING = (
+    f"the AssemblyScript compiler (assemblyscript@{ASC_VERSION}) is not installed: run "
+    "`bash scripts/dev.sh install`, or `npm ci --prefix {prefix}` with a copy of "
+    "filters/sdk/assemblyscript/toolchain/package.json and package-lock.json in {prefix} "
+    "(it needs Node.js 20+: `apt-get install nodejs npm`); SLUICE_ASC=/path/to/asc picks one"
+)
+
+ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts")
+
 ZIG_FLAGS = (
     "-target",
     "wasm32-freestanding",
@@ -84,12 +127,12 @@ class Target:
 
 
 def entry_source(source_dir: Path) -> Path:
-    """The entry file of a filter directory: filter.c or filter.zig (exactly one)."""
-    found = [p for p in (source_dir / "filter.c", source_dir / "filter.zig") if p.is_file()]
+    """The entry file of a filter directory: filter.c, .zig, .rs or .ts (exactly one)."""
+    found = [source_dir / name for name in ENTRIES if (source_dir / name).is_file()]
     if not found:
-        raise BuildError(f"{source_dir}: no filter.c or filter.zig")
+        raise BuildError(f"{source_dir}: no {', '.join(ENTRIES)}")
     if len(found) > 1:
-        raise BuildError(f"{source_dir}: both filter.c and filter.zig; keep one")
+        raise BuildError(f"{source_dir}: {' and '.join(p.name for p in found)}; keep one")
     return found[0]
 
 
@@ -108,6 +151,99 @@ def zig_version() -> str:
     return out.stdout.strip()
 
 
+def _rust_has_wasm_std(rustc: str) -> bool:
+    try:
+        out = subprocess.run([rustc, "--print", "target-libdir", "--target", RUST_TARGET],
+                             capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return False
+    libdir = Path(out.stdout.strip())
+    return libdir.is_dir() and any(libdir.glob("libstd-*.rlib"))
+
+
+def find_rustc() -> str:
+    """A rustc that can build for wasm32-unknown-unknown: $SLUICE_RUSTC, Debian's, or PATH's.
+
+    Debian's comes before PATH's because a rustup toolchain on PATH often lacks the wasm32
+    target while Debian's libstd-rust-dev-wasm32 provides it.
+    """
+    chosen = os.environ.get("SLUICE_RUSTC")
+    if chosen:
+        if _rust_has_wasm_std(chosen):
+            return chosen
+        raise BuildError(f"SLUICE_RUSTC={chosen} cannot build for {RUST_TARGET} (missing, or "
+                         f"without its standard library): {RUST_INSTALL}, or unset SLUICE_RUSTC")
+    for rustc in ("/usr/bin/rustc", shutil.which("rustc")):
+        if rustc and _rust_has_wasm_std(rustc):
+            return rustc
+    raise BuildError(RUST_MISSING)
+
+
+def rustc_version(rustc: str) -> str:
+    out = subprocess.run([rustc, "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.split()[1]
+
+
+def asc_prefix() -> Path:
+    """Where scripts/dev.sh installs the AssemblyScript toolchain: the virtualenv's node/."""
+    return Path(sys.prefix) / "node"
+
+
+def find_asc() -> list[str]:
+    """The command that runs the pinned AssemblyScript compiler."""
+    node = shutil.which("node")
+    env_asc = os.environ.get("SLUICE_ASC")
+    local = asc_prefix() / "node_modules" / "assemblyscript" / "bin" / "asc.js"
+    if env_asc:
+        if not os.access(env_asc, os.X_OK):
+            raise BuildError(f"SLUICE_ASC={env_asc} is not an executable; unset it, or "
+                             + ASC_MISSING.format(prefix=asc_prefix()))
+        return [env_asc]
+    if node and local.is_file():
+        return [node, str(local)]
+    on_path = shutil.which("asc")
+    if node and on_path:
+        return [on_path]
+    raise BuildError(ASC_MISSING.format(prefix=asc_prefix()))
+
+
+def asc_version(asc: list[str]) -> str:
+    out = subprocess.run([*asc, "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.strip().split()[-1]
+
+
+def _compile_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path) -> list[list[str]]:
+    """The commands that compile `entry` (run in `source_dir`, paths relative to it)."""
+    sdk = os.path.relpath(SDK_DIR, source_dir)
+    if entry.suffix == ".c":
+        return [[*_zig(), "cc", *C_FLAGS, "-I", sdk, entry.name, "-o", str(tmp_out)]]
+    if entry.suffix == ".zig":
+        return [[
+            *_zig(), "build-exe", *ZIG_FLAGS,
+            "--cache-dir", str(tmp / "cache"),
+            "--name", "filter",
+            "--dep", "sluice", f"-Mroot={entry.name}",
+            f"-Msluice={os.path.join(sdk, 'sluice.zig')}",
+            f"-femit-bin={tmp_out}",
+        ]]
+    if entry.suffix == ".rs":
+        rustc = find_rustc()
+        rlib = tmp / "libsluice.rlib"
+        # Paths would end up in panic messages: name them the same from any directory.
+        remap = ["--remap-path-prefix", f"{source_dir}=filter",
+                 "--remap-path-prefix", f"{SDK_DIR}=sdk",
+                 "--remap-path-prefix", f"{sdk}=sdk"]
+        return [
+            [rustc, *RUST_FLAGS, *remap, "--crate-type", "rlib", "--crate-name", "sluice",
+             os.path.join(sdk, "rust", "sluice.rs"), "-o", str(rlib)],
+            [rustc, *RUST_FLAGS, *remap, "--crate-type", "cdylib", "--crate-name", "filter",
+             "-C", "lto", "-C", "strip=symbols", "--extern", f"sluice={rlib}",
+             entry.name, "-o", str(tmp_out)],
+        ]
+    return [[*find_asc(), entry.name, *ASC_FLAGS, "--path",
+             os.path.join(sdk, "assemblyscript"), "-o", str(tmp_out)]]
+
+
 def build_filter(source_dir: Path, output: Path) -> Path:
     """Compile the filter in `source_dir` to `output` (a .wasm path); returns `output`.
 
@@ -120,29 +256,22 @@ def build_filter(source_dir: Path, output: Path) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sluice-build-") as tmp:
         tmp_out = Path(tmp) / "out.wasm"
-        sdk = os.path.relpath(SDK_DIR, source_dir)
-        if entry.suffix == ".c":
-            cmd = [*_zig(), "cc", *C_FLAGS, "-I", sdk, entry.name, "-o", str(tmp_out)]
-        else:
-            cmd = [
-                *_zig(), "build-exe", *ZIG_FLAGS,
-                "--cache-dir", str(Path(tmp) / "cache"),
-                "--name", "filter",
-                "--dep", "sluice", f"-Mroot={entry.name}",
-                f"-Msluice={os.path.join(sdk, 'sluice.zig')}",
-                f"-femit-bin={tmp_out}",
-            ]
         env = dict(os.environ)
         # zig cc caches object files; a private cache keeps builds independent of each other.
         env["ZIG_LOCAL_CACHE_DIR"] = str(Path(tmp) / "cache")
-        try:
-            proc = subprocess.run(cmd, cwd=source_dir, capture_output=True, text=True, env=env)
-        except OSError as exc:
-            raise BuildError(f"cannot run the compiler: {exc}") from exc
-        if proc.returncode != 0 or not tmp_out.is_file():
-            raise BuildError(f"{entry}: compilation failed\n{proc.stderr.strip()}")
-        if proc.stderr.strip():
-            print(proc.stderr.strip(), file=sys.stderr)
+        for cmd in _compile_command(entry, source_dir, Path(tmp), tmp_out):
+            try:
+                proc = subprocess.run(cmd, cwd=source_dir, capture_output=True, text=True,
+                                      env=env)
+            except OSError as exc:
+                raise BuildError(f"cannot run the compiler: {exc}") from exc
+            if proc.returncode != 0:
+                raise BuildError(f"{entry}: compilation failed\n"
+                                 f"{(proc.stderr or proc.stdout).strip()}")
+            if proc.stderr.strip():
+                print(proc.stderr.strip(), file=sys.stderr)
+        if not tmp_out.is_file():
+            raise BuildError(f"{entry}: compilation failed (no module written)")
         shutil.copyfile(tmp_out, output)
     return output
 
@@ -174,12 +303,27 @@ def build_all() -> int:
     return 0
 
 
+def _versions_match(suffixes: set[str]) -> bool:
+    """Whether the installed compilers are the ones the committed modules were built with:
+    another version may emit other bytes, so --check refuses to compare across versions."""
+    found: list[tuple[str, str, str]] = []
+    if suffixes & {".c", ".zig"}:
+        found.append(("ziglang", zig_version(), ZIG_VERSION))
+    if ".rs" in suffixes:
+        found.append(("rustc", rustc_version(find_rustc()), RUST_VERSION))
+    if ".ts" in suffixes:
+        found.append(("assemblyscript", asc_version(find_asc()), ASC_VERSION))
+    ok = True
+    for tool, have, want in found:
+        if have != want:
+            print(f"{tool} {have} installed, the modules are built with {want}", file=sys.stderr)
+            ok = False
+    return ok
+
+
 def check_all() -> int:
     """Rebuild every target into a temporary directory and compare with the committed files."""
-    version = zig_version()
-    if version != ZIG_VERSION:
-        print(f"ziglang {version} installed, the modules are built with {ZIG_VERSION}",
-              file=sys.stderr)
+    if not _versions_match({entry_source(t.source_dir).suffix for t in targets()}):
         return 1
     failures = 0
     with tempfile.TemporaryDirectory(prefix="sluice-check-") as tmp:

@@ -6,8 +6,10 @@
 #                                 committed Wasm builds, and run the test suite
 #   bash scripts/dev.sh install   only install
 #
-# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark) when missing, and
-# a virtualenv in .venv with the project and every Python dependency from constraints.txt.
+# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark, Rust with the
+# wasm32 standard library and Node.js for the Rust and AssemblyScript filter SDKs) when
+# missing, a virtualenv in .venv with the project and every Python dependency from
+# constraints.txt, and the AssemblyScript compiler from its package-lock.json in .venv/node.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,6 +30,14 @@ install_debian_packages() {
   command -v kcat >/dev/null 2>&1 || missing+=(kcat)
   command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  # Filter SDKs: Debian's rustc (and cargo) with the wasm32-unknown-unknown std (a rustup
+  # rustc on PATH usually lacks it), and Node.js + npm for the AssemblyScript compiler.
+  local pkg
+  for pkg in rustc cargo libstd-rust-dev-wasm32; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
+  done
+  command -v node >/dev/null 2>&1 || missing+=(nodejs)
+  command -v npm >/dev/null 2>&1 || missing+=(npm)
   if [ ${#missing[@]} -gt 0 ]; then
     say "installing Debian packages: ${missing[*]}"
     as_root apt-get update -qq
@@ -51,9 +61,28 @@ install_python() {
   echo "$want" > "$stamp"
 }
 
+# The AssemblyScript compiler, exactly as filters/sdk/assemblyscript/toolchain/package-lock.json
+# pins it, in $VENV/node (filters/build.py looks there).
+install_node_tools() {
+  local lock="filters/sdk/assemblyscript/toolchain"
+  local dest="$VENV/node"
+  local stamp="$dest/.sluice-installed"
+  local want
+  want="$(cat "$lock/package.json" "$lock/package-lock.json" | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
+  fi
+  say "installing the AssemblyScript compiler into $dest"
+  mkdir -p "$dest"
+  cp "$lock/package.json" "$lock/package-lock.json" "$dest/"
+  (cd "$dest" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$want" > "$stamp"
+}
+
 install_all() {
   install_debian_packages
   install_python
+  install_node_tools
 }
 
 run_checks() {

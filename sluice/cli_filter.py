@@ -1,7 +1,8 @@
 """The ``sluice filter`` subcommand: the filter author's loop.
 
-    sluice filter new NAME [--lang c|zig] [--dir PARENT]   write a ready-to-build template
-    sluice filter build PATH [-o OUT.wasm]                  compile PATH/filter.{c,zig}
+    sluice filter new NAME [--lang c|zig|rust|assemblyscript] [--dir PARENT]
+                                                            write a ready-to-build template
+    sluice filter build PATH [-o OUT.wasm]                  compile PATH/filter.{c,zig,rs,ts}
     sluice filter test MODULE --input FILE.jsonl [--config FILE] [--output FILE.jsonl]
                                                             run a module over sample records
 
@@ -32,7 +33,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_LANG_ENTRY = {"c": "filter.c", "zig": "filter.zig"}
+_LANG_ENTRY = {"c": "filter.c", "zig": "filter.zig", "rust": "filter.rs",
+               "assemblyscript": "filter.ts"}
 
 
 def register(subparsers: Any) -> None:
@@ -52,7 +54,8 @@ def register(subparsers: Any) -> None:
     new.set_defaults(func=cmd_new)
 
     build = sub.add_parser("build", help="compile a filter directory to a .wasm module")
-    build.add_argument("path", type=Path, help="directory holding filter.c or filter.zig")
+    build.add_argument("path", type=Path,
+                       help="directory holding filter.c, filter.zig, filter.rs or filter.ts")
     build.add_argument("-o", "--output", type=Path,
                        help="output file (default: PATH/NAME.wasm, NAME = the directory name)")
     build.set_defaults(func=cmd_build)

@@ -3,8 +3,9 @@
 Both paths must give the same outcome for every batch: the same bytes forwarded, the same
 errors, the same per-filter counts. The decoding path is the reference; the native path is
 only allowed to be faster. Guests come from the C SDK (tests/filters/sdk/probe_c: each record
-value is a command), the Zig SDK (tests/filters/sdk/probe_zig, the same idea) and the shipped
-pii-mask and upper example; `native_bad.wat` returns a broken native answer.
+value is a command), the Zig, Rust and AssemblyScript SDKs (tests/filters/sdk/probe_zig,
+probe_rust, probe_as: the same commands), the shipped pii-mask and the upper and enrich examples
+in every language; `native_bad.wat` returns a broken native answer.
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ from sluice.filters.pipeline import (
 from sluice.filters.records_io import AbiError
 
 PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
-ZIG_PROBE = Path(__file__).resolve().parent / "sdk" / "probe_zig"
-UPPER = Path(__file__).resolve().parents[2] / "filters" / "examples" / "upper" / "upper.wasm"
+EXAMPLES = Path(__file__).resolve().parents[2] / "filters" / "examples"
+# Every example with a Sluice ABI port, by name: the committed modules.
+PORTS = ["upper", "upper-c", "upper-rust", "upper-as", "enrich", "enrich-rust", "enrich-as"]
+# The probes that mirror probe_zig, by language; each has a "<lang>-probe" chain and a
+# "<lang>-like-c" one whose "ctx" text equals the C probe's.
+SDK_PROBES = {"zig": "probe_zig", "rust": "probe_rust", "as": "probe_as"}
 PRODUCE = RecordContext("orders", 3, "produce", "app", "User:alice")
 FETCH = RecordContext("orders", 3, "fetch", "app", "User:alice")
 COMMANDS = [b"keep", b"drop", b"ctx", b"count", b"headers", b"json", b"other", b"fail", None,
@@ -58,14 +63,16 @@ def probe_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def zig_probe_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_filter(ZIG_PROBE, tmp_path_factory.mktemp("zig-probe") / "probe.wasm")
+def sdk_probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {lang: build_filter(PROBE.parent / d, tmp_path_factory.mktemp(d) / "probe.wasm")
+            for lang, d in SDK_PROBES.items()}
 
 
 @pytest.fixture(scope="module")
-def chains(probe_wasm: Path, zig_probe_wasm: Path,
+def chains(probe_wasm: Path, sdk_probes: dict[str, Path],
            tmp_path_factory: pytest.TempPathFactory) -> Any:
     """name -> chain. Hypothesis calls the test many times: chains are built once."""
+    zig_probe_wasm = sdk_probes["zig"]
     from sluice.filters.runtime import shared_cache
 
     cache: ModuleCache = shared_cache(None, tmp_path_factory.mktemp("cache"))
@@ -85,8 +92,6 @@ def chains(probe_wasm: Path, zig_probe_wasm: Path,
         "probe-twice": make(
             FilterSpec(name="first", module=str(probe_wasm), topics=("*",), apply_to=both),
             FilterSpec(name="second", module=str(probe_wasm), topics=("*",), apply_to=both)),
-        "zig-probe": make(FilterSpec(name="zig", module=str(zig_probe_wasm), topics=("*",),
-                                     apply_to=both, config={"prefix": "z:"})),
         "probe-then-zig": make(
             FilterSpec(name="probe", module=str(probe_wasm), topics=("*",), apply_to=both),
             FilterSpec(name="zig", module=str(zig_probe_wasm), topics=("*",), apply_to=both,
@@ -95,12 +100,21 @@ def chains(probe_wasm: Path, zig_probe_wasm: Path,
             FilterSpec(name="zig", module=str(zig_probe_wasm), topics=("*",), apply_to=both,
                        on_error="pass"),
             FilterSpec(name="probe", module=str(probe_wasm), topics=("*",), apply_to=both)),
-        "upper": make(FilterSpec(name="upper", module=str(UPPER), topics=("*",),
-                                 apply_to=both)),
-        # Its "ctx" text equals the C probe's without config (limit 1000).
-        "zig-like-c": make(FilterSpec(name="zig", module=str(zig_probe_wasm), topics=("*",),
-                                      apply_to=both, config={"prefix": "1000"})),
     }
+    for lang, wasm in sdk_probes.items():
+        built[f"{lang}-probe"] = make(FilterSpec(name=lang, module=str(wasm), topics=("*",),
+                                                 apply_to=both, config={"prefix": "z:"}))
+        # Its "ctx" text equals the C probe's without config (limit 1000).
+        built[f"{lang}-like-c"] = make(FilterSpec(name=lang, module=str(wasm), topics=("*",),
+                                                  apply_to=both, config={"prefix": "1000"}))
+    for lang in ("rust", "as"):
+        built[f"probe-then-{lang}"] = make(
+            FilterSpec(name="probe", module=str(probe_wasm), topics=("*",), apply_to=both),
+            FilterSpec(name=lang, module=str(sdk_probes[lang]), topics=("*",), apply_to=both,
+                       on_error="pass"))
+    for name in PORTS:
+        built[name] = make(FilterSpec(name=name, module=str(EXAMPLES / name / f"{name}.wasm"),
+                                      topics=("*",), apply_to=both))
     yield built
     for c in built.values():
         c.close()
@@ -167,7 +181,9 @@ values_st = st.lists(st.one_of(st.sampled_from(COMMANDS), st.binary(max_size=40)
 @given(values=values_st, codec=st.integers(0, 4), idempotent=st.booleans(),
        fetch=st.booleans(),
        chain_name=st.sampled_from(["probe", "probe-pass", "mask-then-probe", "probe-twice",
-                                   "zig-probe", "probe-then-zig", "zig-then-probe", "upper"]),
+                                   "zig-probe", "probe-then-zig", "zig-then-probe",
+                                   "rust-probe", "as-probe", "probe-then-rust", "probe-then-as",
+                                   *PORTS]),
        base_offset=st.integers(0, 2**40), null_keys=st.booleans())
 def test_native_and_decoding_paths_agree(chains: Any, values: list[bytes | None], codec: int,
                                          idempotent: bool, fetch: bool, chain_name: str,
@@ -220,10 +236,14 @@ def test_native_path_is_taken_and_sees_the_context(chains: Any) -> None:
     assert b.header.base_offset == 40 and b.header.last_offset_delta == 1
 
 
-def test_zig_modules_export_the_native_entry_point(chains: Any) -> None:
-    # The committed example and a freshly built probe: both come from sluice.zig.
-    assert chains["upper"].filters[0].native
-    chain = chains["zig-probe"]
+LANGS = pytest.mark.parametrize("lang", sorted(SDK_PROBES))
+
+
+@LANGS
+def test_sdk_modules_export_the_native_entry_point(chains: Any, lang: str) -> None:
+    # The committed examples and a freshly built probe: all come from the SDKs.
+    assert all(chains[name].filters[0].native for name in PORTS)
+    chain = chains[f"{lang}-probe"]
     probe = chain.filters[0]
     assert probe.native and chain.native_for("orders", "fetch", "User:alice")
     data = make_batch([b"ctx", b"keep", b"count", None], base_offset=40)
@@ -246,8 +266,9 @@ def _section(batch: bytes) -> bytes:
     return batch[61:]
 
 
-def test_zig_native_answer_is_kafkas_record_encoding(chains: Any) -> None:
-    zig = chains["zig-probe"].filters[0]
+@LANGS
+def test_sdk_native_answer_is_kafkas_record_encoding(chains: Any, lang: str) -> None:
+    zig = chains[f"{lang}-probe"].filters[0]
     values: list[bytes | None] = [b"keep", b"v", b"drop", b"keep", b"reject", b"count"]
     data = make_batch(values, keys=[b"a", None, b"b", b"c", b"d", b"e"],
                       ts_deltas=[5, -3, 0, 2**40, 9, 1])
@@ -275,8 +296,9 @@ shared_st = st.lists(st.tuples(st.sampled_from([b"ctx", b"count", b"drop", b"kee
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recs=shared_st, fetch=st.booleans(), offset_base=st.integers(0, 2**40),
        timestamp_base=st.integers(-(2**40), 2**40))
-def test_zig_and_c_give_the_same_native_answer_for_the_same_decisions(
-        chains: Any, recs: list[tuple[bytes, bytes | None, int]], fetch: bool,
+@LANGS
+def test_sdk_and_c_give_the_same_native_answer_for_the_same_decisions(
+        chains: Any, lang: str, recs: list[tuple[bytes, bytes | None, int]], fetch: bool,
         offset_base: int, timestamp_base: int) -> None:
     c_probe = chains["probe-twice"].filters[0]  # no config: its "ctx" ends with limit 1000
     data = make_batch([v for v, _, _ in recs], keys=[k for _, k, _ in recs],
@@ -285,7 +307,7 @@ def test_zig_and_c_give_the_same_native_answer_for_the_same_decisions(
     c_answer, zig_answer = (
         f.run_native(ctx, _section(data), len(recs), offset_base=offset_base if fetch else 0,
                      timestamp_base=timestamp_base)
-        for f in (c_probe, chains["zig-like-c"].filters[0]))
+        for f in (c_probe, chains[f"{lang}-like-c"].filters[0]))
     assert c_answer is not None
     assert c_answer == zig_answer
 
@@ -323,8 +345,10 @@ _GOOD = _record(_HEAD + _varint(1) + _varint(1) + b"h" + _varint(-1))
     pytest.param(_varint(-1), id="negative record length"),
     pytest.param(b"\xff" * 11, id="varint longer than ten bytes"),
 ])
-def test_zig_and_c_refuse_the_same_malformed_sections(chains: Any, section: bytes) -> None:
-    c_probe, zig = chains["probe-twice"].filters[0], chains["zig-like-c"].filters[0]
+@LANGS
+def test_sdk_and_c_refuse_the_same_malformed_sections(chains: Any, section: bytes,
+                                                      lang: str) -> None:
+    c_probe, zig = chains["probe-twice"].filters[0], chains[f"{lang}-like-c"].filters[0]
     good = [f.run_native(PRODUCE, _GOOD, 1) for f in (c_probe, zig)]
     assert good[0] is not None and good[0] == good[1]
     before = (c_probe.native_fallbacks, zig.native_fallbacks)
@@ -336,8 +360,9 @@ def test_zig_and_c_refuse_the_same_malformed_sections(chains: Any, section: byte
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(recs=shared_st, where=st.integers(0, 2**16), byte=st.integers(1, 255),
        how=st.sampled_from(["flip", "cut", "append"]))
-def test_zig_and_c_refuse_the_same_damaged_sections(
-        chains: Any, recs: list[tuple[bytes, bytes | None, int]], where: int, byte: int,
+@LANGS
+def test_sdk_and_c_refuse_the_same_damaged_sections(
+        chains: Any, lang: str, recs: list[tuple[bytes, bytes | None, int]], where: int, byte: int,
         how: str) -> None:
     section = _section(make_batch([v for v, _, _ in recs], keys=[k for _, k, _ in recs],
                                   ts_deltas=[t for _, _, t in recs]))
@@ -345,7 +370,8 @@ def test_zig_and_c_refuse_the_same_damaged_sections(
     damaged = {"flip": section[:i] + bytes([section[i] ^ byte]) + section[i + 1:],
                "cut": section[:i], "append": section + bytes([byte])}[how]
     answers = [f.run_native(PRODUCE, damaged, len(recs))
-               for f in (chains["probe-twice"].filters[0], chains["zig-like-c"].filters[0])]
+               for f in (chains["probe-twice"].filters[0],
+                         chains[f"{lang}-like-c"].filters[0])]
     # A flipped value byte may change a command, and the probes differ on unknown ones.
     assert (answers[0] is None) == (answers[1] is None)
     if how != "flip":

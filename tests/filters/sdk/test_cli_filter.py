@@ -17,15 +17,19 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
     return code, captured.out, captured.err
 
 
-@pytest.mark.parametrize("lang", ["c", "zig"])
+ENTRY = {"c": "filter.c", "zig": "filter.zig", "rust": "filter.rs",
+         "assemblyscript": "filter.ts"}
+
+
+@pytest.mark.parametrize("lang", sorted(ENTRY))
 def test_template_new_build_test(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                  lang: str) -> None:
     code, out, _ = run_cli(capsys, "filter", "new", "starter", "--lang", lang,
                            "--dir", str(tmp_path))
     assert code == 0, out
     d = tmp_path / "starter"
-    assert (d / f"filter.{lang}").is_file()
-    assert "{{NAME}}" not in (d / f"filter.{lang}").read_text()
+    assert (d / ENTRY[lang]).is_file()
+    assert "{{NAME}}" not in (d / ENTRY[lang]).read_text()
     assert "starter.wasm" in (d / "README.md").read_text()
 
     code, out, err = run_cli(capsys, "filter", "build", str(d))
@@ -76,7 +80,7 @@ def test_build_reports_compiler_errors(tmp_path: Path,
     assert code == 1
     assert "nope" in err
     code, _, err = run_cli(capsys, "filter", "build", str(tmp_path))
-    assert code == 1 and "no filter.c or filter.zig" in err
+    assert code == 1 and "no filter.c, filter.zig, filter.rs, filter.ts" in err
 
 
 def test_new_refuses_bad_names_and_existing_dirs(tmp_path: Path,
@@ -137,3 +141,18 @@ def test_test_unknown_module(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     code, _, err = run_cli(capsys, "filter", "test", str(tmp_path / "missing.wasm"), "--input",
                            str(inp))
     assert code == 1 and "cannot read module" in err
+
+
+@pytest.mark.parametrize(("lang", "variable", "install"), [
+    ("rust", "SLUICE_RUSTC", "apt-get install rustc libstd-rust-dev-wasm32"),
+    ("assemblyscript", "SLUICE_ASC", "bash scripts/dev.sh install"),
+])
+def test_build_names_the_missing_toolchain_and_its_install_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        lang: str, variable: str, install: str) -> None:
+    assert run_cli(capsys, "filter", "new", "x", "--lang", lang, "--dir", str(tmp_path))[0] == 0
+    monkeypatch.setenv(variable, str(tmp_path / "no-such-compiler"))
+    code, out, err = run_cli(capsys, "filter", "build", str(tmp_path / "x"))
+    assert code == 1 and out == ""
+    assert install in err and "Traceback" not in err
+    assert not (tmp_path / "x" / "x.wasm").exists()

@@ -1,7 +1,8 @@
 """The seed examples under filters/examples, run through the production filter runtime.
 
-They double as tests of the three ABIs from the guest side: Sluice ABI v1 (enrich in C,
-upper in Zig), the Kafka Connect ABI (connect-functions) and the in-place ABI
+They double as tests of the three ABIs from the guest side: Sluice ABI v1 (enrich in C, Rust
+and AssemblyScript; upper in Zig, Rust and AssemblyScript: each port must behave exactly like
+the original), the Kafka Connect ABI (connect-functions) and the in-place ABI
 (inplace-enrich).
 """
 
@@ -34,8 +35,13 @@ def run(f: LoadedFilter, *values: bytes | None, key: bytes | None = None,
     return f.run_batch(CTX, recs, timestamp_base=timestamp_ms).decisions
 
 
-def test_enrich_adds_timestamp_drops_without_user_id_rejects_non_json() -> None:
-    f = example("enrich")
+ENRICH = ["enrich", "enrich-rust", "enrich-as"]
+UPPER = ["upper", "upper-c", "upper-rust", "upper-as"]
+
+
+@pytest.mark.parametrize("name", ENRICH)
+def test_enrich_adds_timestamp_drops_without_user_id_rejects_non_json(name: str) -> None:
+    f = example(name)
     ts = 1_700_000_123_456  # 2023-11-14T22:15:23.456Z
     got = run(f, b'{"user_id": 7, "event": "click"}', b'{"event": "click"}',
               b'{"user_id": 8, "timestamp": "x"}', b"not json", b"[1]", None, timestamp_ms=ts)
@@ -52,16 +58,38 @@ def test_enrich_adds_timestamp_drops_without_user_id_rejects_non_json() -> None:
     assert got[5].action == Action.REJECT
 
 
+@pytest.mark.parametrize("name", ENRICH)
 @pytest.mark.parametrize(("ms", "text"), [(0, "1970-01-01T00:00:00.000Z"),
                                           (951_782_400_000, "2000-02-29T00:00:00.000Z"),
-                                          (-1, "1969-12-31T23:59:59.999Z")])
-def test_enrich_timestamp_formatting(ms: int, text: str) -> None:
-    (d,) = run(example("enrich"), b'{"user_id":1}', timestamp_ms=ms)
+                                          (-1, "1969-12-31T23:59:59.999Z"),
+                                          (-62_135_596_800_000, "0001-01-01T00:00:00.000Z"),
+                                          (253_402_300_799_999, "9999-12-31T23:59:59.999Z")])
+def test_enrich_timestamp_formatting(name: str, ms: int, text: str) -> None:
+    (d,) = run(example(name), b'{"user_id":1}', timestamp_ms=ms)
     assert d.value == b'{"user_id":1,"timestamp":"' + text.encode() + b'"}'
 
 
-def test_upper_zig_sdk() -> None:
-    f = example("upper")
+JSONISH = [b'{"user_id": 7}', b'{"user_id": 1, "timestamp": 2}', b"{}", b'{"a": [1, 2.5e3]}',
+           b'{"user_id": "\\ud83d\\ude00 \\u0041"}', b'{"user_id": 1,}', b'{"user_id" 1}',
+           b"[1, 2", b'"str"', b"nul", b"-", b"01", b'{"a": "\x01"}', b'{"a": "\xff"}',
+           b'{"a": "\\x"}', b'{"user_id": 1} x', b"", b"  ", b"[" * 70 + b"]" * 70,
+           b'{"user_id": tru}', b'{"k": "\\ud800"}', b'{"user_id":1}  ', None]
+
+
+@pytest.mark.parametrize("name", ENRICH[1:])
+def test_enrich_ports_decide_like_the_c_original(name: str) -> None:
+    """Same decisions, values, reasons (parser messages included) and counters as C."""
+    def outcome(f: LoadedFilter) -> list[tuple[object, ...]]:
+        recs = [FilterRecord(i, i * 1000, None, v, []) for i, v in enumerate(JSONISH)]
+        res = f.run_batch(CTX, recs, timestamp_base=1_700_000_000_000)
+        return [(d.action, d.value, d.reason) for d in res.decisions] + [
+            tuple(sorted(res.detector_counts.items()))]
+    assert outcome(example(name)) == outcome(example("enrich"))
+
+
+@pytest.mark.parametrize("name", UPPER)
+def test_upper_ports(name: str) -> None:
+    f = example(name)
     got = run(f, b"hello w\xc3\xb6rld", b"ABC", None)
     assert got[0].action == Action.REWRITE
     assert got[0].value == b"HELLO W\xc3\xb6RLD"

@@ -1,5 +1,6 @@
-"""The C and Zig SDKs at the ABI boundary: decisions, headers, nulls, counters, config and
-admin hooks, and refusal of malformed batches (with a message through sluice_last_error)."""
+"""The C, Zig, Rust and AssemblyScript SDKs at the ABI boundary: decisions, headers, nulls,
+counters, config and admin hooks, refusal of malformed batches (with a message through
+sluice_last_error), and memory reclaimed between batches."""
 
 from __future__ import annotations
 
@@ -27,11 +28,6 @@ PROBES = Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def c_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_filter(PROBES / "probe_c", tmp_path_factory.mktemp("c") / "probe.wasm")
-
-
-@pytest.fixture(scope="module")
-def zig_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_filter(PROBES / "probe_zig", tmp_path_factory.mktemp("zig") / "probe.wasm")
 
 
 def test_c_decisions_context_and_counters(c_module: Path) -> None:
@@ -92,8 +88,16 @@ def test_c_arena_survives_many_large_batches(c_module: Path) -> None:
     assert pages < 200  # ~10 MB per batch would have grown to 300+ MB without the reset
 
 
-def test_zig_sdk_hooks(zig_module: Path) -> None:
-    g = Guest(zig_module, {"prefix": "> "})
+@pytest.fixture(scope="module", params=["probe_zig", "probe_rust", "probe_as"])
+def hook_module(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The probes that mirror each other command for command (Zig, Rust, AssemblyScript)."""
+    name = request.param
+    return build_filter(PROBES / name, tmp_path_factory.mktemp(name) / "probe.wasm")
+
+
+def test_sdk_hooks(hook_module: Path) -> None:
+    g = Guest(hook_module, {"prefix": "> "})
     ds, counts = g.run([Rec(b"v", key=b"k"), Rec(None), Rec(b"reject"), Rec(b"key", key=b"k")],
                        topic="tt")
     assert (ds[0].kind, ds[0].key, ds[0].value) == (REWRITE, b"k", b"> v@tt")
@@ -108,6 +112,15 @@ def test_zig_sdk_hooks(zig_module: Path) -> None:
                                                                  "message": "no tmp topics"}
     assert g.admin({"op": "create_topics", "name": "ok"})["decision"] == "allow"
     with pytest.raises(GuestError, match="RefusedOnPurpose"):
-        Guest(zig_module, {"refuse": True})
+        Guest(hook_module, {"refuse": True})
     with pytest.raises(GuestError, match=r"malformed|Truncated"):
         g.call_raw(encode_batch([Rec(b"v")])[:-2])
+
+
+def test_sdk_memory_is_reclaimed_between_batches(hook_module: Path) -> None:
+    g = Guest(hook_module, {"prefix": "p"})
+    for _ in range(30):
+        ds, _ = g.run([Rec(b"ctx")] * 50 + [Rec(b"x" * 200_000)])
+        assert ds[-1].value is not None and ds[-1].value.endswith(b"@t")
+    pages = g.memory.size(g.store)
+    assert pages < 200  # ~12 MB per batch would have grown to 350+ MB without reclaiming

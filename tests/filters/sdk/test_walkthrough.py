@@ -1,6 +1,7 @@
-"""docs/WRITING_FILTERS.md section 1, followed as written: the guide's own code blocks are
-extracted, built, tested with `sluice filter test`, and run in a real proxy in front of Tansu
-with a real client. If the guide drifts from what works, this fails."""
+"""docs/WRITING_FILTERS.md section 1, followed as written in each language it shows (C, Zig,
+Rust, AssemblyScript): the guide's own code blocks are extracted, built, tested with `sluice filter
+test`, and run in a real proxy in front of Tansu with a real client. If the guide drifts from
+what works, this fails."""
 
 from __future__ import annotations
 
@@ -41,13 +42,20 @@ def consume_all(bootstrap: str, topic: str, want: int) -> list[bytes]:
     return got
 
 
+# --lang, the fence of the guide's code block, a name only that block uses, the file it goes in
+WALKTHROUGHS = [("c", "c", "ssn_at", "filter.c"), ("zig", "zig", "ssnAt", "filter.zig"),
+                ("rust", "rust", "ssn_at", "filter.rs"),
+                ("assemblyscript", "ts", "ssnAt", "filter.ts")]
+
+
+@pytest.mark.parametrize(("lang", "fence", "marker", "entry"), WALKTHROUGHS)
 def test_guide_walkthrough(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                           broker: TansuBroker,
-                           start_proxy: Callable[..., SluiceProxy]) -> None:
-    assert main(["filter", "new", "redact-ssn", "--dir", str(tmp_path)]) == 0
+                           broker: TansuBroker, start_proxy: Callable[..., SluiceProxy],
+                           lang: str, fence: str, marker: str, entry: str) -> None:
+    assert main(["filter", "new", "redact-ssn", "--lang", lang, "--dir", str(tmp_path)]) == 0
     src = tmp_path / "redact-ssn"
-    (c_code,) = [b for b in blocks("c") if "ssn_at" in b]
-    (src / "filter.c").write_text(c_code)
+    (code,) = [b for b in blocks(fence) if marker in b]
+    (src / entry).write_text(code)
     (sample,) = [b for b in blocks("json") if "emp-1" in b]
     (src / "sample.jsonl").write_text(sample)
     assert main(["filter", "build", str(src)]) == 0
