@@ -13,10 +13,9 @@ import asyncio
 import datetime
 import struct
 
-from sluice.codec import schemas
+from sluice.codec import entities, schemas
 from sluice.codec.messages import ApiKey
 from sluice.codec.records import decode_records, split_batches
-from sluice.codec import entities
 from sluice.proxy.net.upstream_client import UpstreamConnection
 
 _CONTROL_KEY = struct.Struct(">hh")  # version, type (0 abort, 1 commit)
