@@ -12,7 +12,7 @@ Against a fresh bundled broker per phase, with examples/upper.wasm as the chain:
 - duplicates: the same backlog; the process is killed with SIGKILL ``--kills`` times, each
   time while it works through the backlog (1-2.5 s after it got its partitions), and started
   again; at the end the output is counted. Reported: records lost (must be 0), duplicates,
-  and the window (``batch_records`` x partitions). Exactly-once output is read with the
+  and the window (``batch_records`` per crash). Exactly-once output is read with the
   committed-transactions reader of the tests (tests/transforms/committed_log.py); the raw
   count including aborted transactions, which Tansu shows to every reader, is printed too.
 """
@@ -118,7 +118,7 @@ def duplicates(args: argparse.Namespace, guarantee: str) -> dict[str, int]:
         got = Counter(values)
         expected = {f"REC-{i:08d}".encode() for i in range(args.records)}
         return {"lost": len(expected - set(got)), "duplicates": sum(got.values()) - len(got),
-                "raw_records_in_log": len(raw), "window": args.batch * args.partitions}
+                "raw_records_in_log": len(raw), "window_per_crash": args.batch}
 
 
 def main() -> None:

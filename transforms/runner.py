@@ -10,8 +10,8 @@ Two guarantees (docs/TRANSFORMS.md has the contract and the measurements):
   which fences the previous owner and aborts its open transaction.
 * **at-least-once**: one idempotent producer; a batch's records are flushed, then its input
   offsets are committed. A crash between the two re-processes that batch: the duplicate
-  window is at most one batch (``batch_records``) per input partition owned by the crashed
-  process.
+  window is one consume batch (at most ``batch_records`` records, over all the partitions the
+  crashed process owned) per crash or failed offset commit.
 
 Batches never span a rebalance: the loop is synchronous, so a partition is revoked only
 between batches, after their commit.
@@ -176,14 +176,16 @@ class TransformRunner:
             if not self._output_count and not self._wait_for_topics():
                 return
             self._consumer = Consumer({
+                # Defaults `client_config` may change ...
+                "session.timeout.ms": self._session_timeout_ms,
+                "heartbeat.interval.ms": max(100, self._session_timeout_ms // 4),
+                "auto.offset.reset": "earliest",
                 **client_settings(self.spec, self.bootstrap),
+                # ... and what the runner owns (config.py refuses these in client_config).
                 "group.id": self.spec.group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
                 "isolation.level": "read_committed",
-                "session.timeout.ms": self._session_timeout_ms,
-                "heartbeat.interval.ms": max(100, self._session_timeout_ms // 4),
             })
             if self.guarantee == AT_LEAST_ONCE:
                 self._producer = Producer({**client_settings(self.spec, self.bootstrap),
@@ -252,7 +254,9 @@ class TransformRunner:
             # Fences the partition's previous owner and aborts its open transaction.
             producer.init_transactions(_TIMEOUT)
             self._txn[key] = producer
-            self._fenced.discard(key)
+            if key in self._fenced:
+                self._fenced.discard(key)
+                consumer.resume([TopicPartition(*key)])
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("transform_revoked", transform=self.spec.name,

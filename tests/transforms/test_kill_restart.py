@@ -109,9 +109,11 @@ def test_kill_and_restart_under_load(broker: TansuBroker, tmp_path: Path,
     # Same partition count: each record stays in its input partition.
     assert all(int(v[4:]) % PARTITIONS == p for p, v in values)
     duplicates = sum(got.values()) - RECORDS
-    print(f"{guarantee}: {duplicates} duplicates after kill -9 (window {BATCH} x "
-          f"{PARTITIONS} partitions)")
+    print(f"{guarantee}: {duplicates} duplicates after kill -9 (window {BATCH} per crash "
+          "or failed commit)")
     if guarantee == "exactly-once":
         assert duplicates == 0
     else:
-        assert duplicates <= BATCH * PARTITIONS
+        # The window is one batch per crash or failed commit: one kill here, and at most two
+        # rebalances (the second process joining, the first one's session expiring).
+        assert duplicates <= BATCH * 3
