@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sluice.filters.chain import ChainResult, DeadLetter, FilterChain, FilterStats
 from sluice.filters.context import FilterRecord, Header, RecordContext
+from sluice.filters.pipeline import _merge as merge_filter_stats
 from sluice.transforms.config import TRANSFORM_DIRECTION
 from sluice.transforms.partitioning import output_partition
 
@@ -74,7 +75,7 @@ def process_batch(chain: FilterChain, ctx_name: str, topic: str, partition: int,
             {i: p.reasons[0] for i, p in enumerate(parts) if 0 in p.reasons},
             {i: p.by[0] for i, p in enumerate(parts) if 0 in p.by},
             [d for p in parts for d in p.dead_letters],
-            _merged_stats([p.stats for p in parts]))
+            _summed_stats(parts))
     outputs: list[OutputRecord] = []
     dropped = 0
     for i, out in enumerate(result.records):
@@ -99,21 +100,9 @@ def _run(chain: FilterChain, ctx: RecordContext, records: Sequence[InputRecord])
     return chain.run_records(ctx, batch, offset_base=base_offset, timestamp_base=base_ts)
 
 
-def _merged_stats(runs: list[list[FilterStats]]) -> list[FilterStats]:
-    """Per-filter stats of several runs of the same chain, summed (filter order kept)."""
-    merged: dict[str, FilterStats] = {}
-    for stats in runs:
-        for st in stats:
-            m = merged.get(st.name)
-            if m is None:
-                m = merged[st.name] = FilterStats(st.name, st.sha256)
-            m.kept += st.kept
-            m.rewritten += st.rewritten
-            m.dropped += st.dropped
-            m.rejected += st.rejected
-            m.time_ns += st.time_ns
-            m.errors += st.errors
-            m.failure = st.failure or m.failure
-            for name, count in st.detector_counts.items():
-                m.detector_counts[name] = m.detector_counts.get(name, 0) + count
-    return list(merged.values())
+def _summed_stats(parts: list[ChainResult]) -> list[FilterStats]:
+    """Per-filter stats of runs of the same chain, summed in filter order."""
+    stats: list[FilterStats] = []
+    for part in parts:
+        merge_filter_stats(stats, part.stats)  # the pipeline's own sum over batches
+    return stats
