@@ -1,7 +1,8 @@
 """`sluice demo`: the whole product in one command, on an embedded default.
 
 Starts the bundled Tansu broker and the proxy with the shipped filters (pii-mask on produce,
-pii-mask with keep-last-4 on fetch, topic-policy on admin), sends realistic traffic with PII
+pii-mask with keep-last-4 on fetch, topic-policy on admin) and a transform writing the masked
+support tickets to a derived topic (its lag shown until zero), sends realistic traffic with PII
 from real clients (librdkafka and kafka-python), shows records as produced, as stored and as
 consumed, tries a topic creation the policy denies, runs the Spark audit job over the
 telemetry, and prints where the HTML report is. Every process it starts is stopped on exit,
@@ -51,6 +52,15 @@ filters:
 telemetry:
   dir: {telemetry}
   rotate_seconds: 3600
+# A transform the proxy process runs too: the tickets, masked, in a derived topic.
+transforms:
+  - name: tickets-masked
+    input: ["support.tickets"]
+    output: support.tickets.masked
+    filters:
+      - name: mask-tickets
+        module: builtin:pii-mask
+        config: {{keep_last: 4}}
 """
 
 FIRST = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Ken", "Margaret", "Linus"]
@@ -189,10 +199,12 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
                 NewTopic("payments.orders", 3, 1),
                 NewTopic("users", 1, 1),
                 NewTopic("support.tickets", 1, 1),
+                NewTopic("support.tickets.masked", 1, 1),
             ]
             for fut in admin.create_topics(topics).values():
                 fut.result(20)
-            print("    created payments.orders (3 partitions), users, support.tickets")
+            print("    created payments.orders (3 partitions), users, support.tickets, "
+                  "support.tickets.masked")
 
             _say(
                 f"Producing {records} payment events with librdkafka (idempotent, zstd) "
@@ -245,6 +257,12 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
                 helpdesk.produce("support.tickets", value=value)
             assert helpdesk.flush(30) == 0
 
+            _say("The transform 'tickets-masked' (run by the proxy process) writes "
+                 "support.tickets.masked")
+            _follow_transform(config_path, broker.bootstrap)
+            derived = _consume(broker.bootstrap, "support.tickets.masked", 1)
+            _show("support.tickets.masked:", derived[0].value() if derived else None)
+
             _say("What the broker stored (read directly, around the proxy, for this demo only)")
             stored = _consume(broker.bootstrap, "payments.orders", 1)
             _show("payments.orders:", stored[0].value() if stored else None)
@@ -288,6 +306,26 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
         print(f"    {name:<12} {paths.get('csv', '')}")
     _say(f"Done. Open the HTML report: {result.html}")
     return 0
+
+
+def _follow_transform(config_path: Path, bootstrap: str, timeout: float = 90.0) -> None:
+    """Print the transform's lag (as `sluice transform list` reads it) until it is zero."""
+    from sluice.transforms.config import load_transform_specs
+    from sluice.transforms.listing import transform_lag
+
+    spec = load_transform_specs(config_path)[0]
+    deadline = time.monotonic() + timeout
+    last: int | None = -1
+    while time.monotonic() < deadline:
+        rows = transform_lag(spec, bootstrap)
+        lag = None if any(r.lag is None for r in rows) else sum(r.lag or 0 for r in rows)
+        if lag != last:
+            print(f"    {spec.name} lag: {'-' if lag is None else lag}")
+            last = lag
+        if lag == 0 and all(r.committed for r in rows):
+            return
+        time.sleep(0.5)
+    print(f"    {spec.name} did not catch up within {timeout:.0f} s")
 
 
 def demo_banner() -> str:

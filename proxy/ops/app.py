@@ -10,6 +10,7 @@ import signal
 import uvloop
 
 from sluice.filters.chain import FilterChain
+from sluice.filters.runtime import FilterLoadError
 from sluice.filters.yaml_lines import ConfigError
 from sluice.proxy import telemetry
 from sluice.proxy.net.server import ProxyServer
@@ -20,6 +21,7 @@ from sluice.proxy.ops.readiness import notify_ready
 from sluice.proxy.ops.reload import ChainManager, build_chain, locate_telemetry_error
 from sluice.proxy.telemetry.logs import log
 from sluice.proxy.telemetry.metrics import MetricsServer
+from sluice.transforms.supervisor import TransformError, TransformSupervisor
 
 
 def load_chain(config: ProxyConfig) -> FilterChain | None:
@@ -46,6 +48,19 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
     except telemetry.TelemetryConfigError as exc:
         raise ConfigFileError(str(locate_telemetry_error(config.path, exc))) from None
     server.install_chain(chain)
+    transforms = None
+    if config.transforms and config.worker_index == 0:
+        # Only worker 0 runs them: more members of one group would add nothing but joins.
+        transforms = TransformSupervisor(
+            config.transforms, ",".join(f"{h}:{p}" for h, p in config.upstream),
+            cache_dir=config.module_cache_dir, sink=server.telemetry, info=server.proxy_info)
+        try:
+            await asyncio.to_thread(transforms.prepare, check_topics=False)
+        except (TransformError, FilterLoadError) as exc:
+            raise ConfigFileError(f"transforms: {exc}") from None
+        if metrics_server is not None:
+            metrics_server.registry.register(transforms.collector())
+        transforms.start()
     if chain is not None:
         for line in chain.describe():
             log.info("filter_loaded", **line)
@@ -88,6 +103,8 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
     log.info("gc_pauses", frozen=startup["frozen"], warmed_schemas=startup["schemas"],
              **gc_pauses.summary())
     await chains.stop()
+    if transforms is not None:
+        await asyncio.to_thread(transforms.stop)
     await server.close()
     if metrics_server is not None:
         await metrics_server.close()

@@ -38,6 +38,7 @@ class ProxyConfig:
     node_ports: dict[int, int] = field(default_factory=dict)
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     filters: list[Any] = field(default_factory=list)
+    transforms: list[Any] = field(default_factory=list)  # sluice.transforms.config specs
     telemetry: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     module_cache_dir: str | None = None

@@ -17,6 +17,7 @@ from sluice.proxy.ops.config import ConfigFileError, DeadLetterSettings, ProxyCo
 from sluice.proxy.ops.fleet import parse_fleet_section
 from sluice.proxy.ops.limits import parse_limits
 from sluice.proxy.telemetry.metrics import parse_listen
+from sluice.transforms.config import parse_transform_specs
 
 __all__ = ["KNOWN_SECTIONS", "ConfigFileError", "build_config", "load_config_file"]
 
@@ -33,6 +34,7 @@ KNOWN_SECTIONS = (
     "limits",
     "fleet",
     "module_cache_dir",
+    "transforms",
 )
 #: Keys of the ``proxy:`` section.
 PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
@@ -93,6 +95,7 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                     (key,), f"unknown section (expected one of {', '.join(KNOWN_SECTIONS)})"
                 )
         config.filters = parse_filter_specs(data.get("filters"), path, lines)
+        config.transforms = parse_transform_specs(data.get("transforms"), path, lines)
         for section in _MAPPING_SECTIONS:
             value = data.get(section)
             if value is not None and not isinstance(value, dict):

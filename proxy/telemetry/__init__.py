@@ -38,6 +38,7 @@ from sluice.proxy.telemetry.events import (
     record_batch_event,
     reject_reason_counts,
     telemetry_dropped_event,
+    transform_batch_event,
 )
 from sluice.proxy.telemetry.sinks import (
     FileSink,
@@ -81,4 +82,5 @@ __all__ = [
     "record_batch_event",
     "reject_reason_counts",
     "telemetry_dropped_event",
+    "transform_batch_event",
 ]

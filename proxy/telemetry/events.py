@@ -24,7 +24,9 @@ from typing import Any, Literal, Protocol
 
 SCHEMA_VERSION = 1
 
-EventType = Literal["record_batch", "admin", "connection", "filter_loaded", "telemetry_dropped"]
+EventType = Literal[
+    "record_batch", "admin", "connection", "filter_loaded", "telemetry_dropped", "transform_batch"
+]
 Api = Literal["produce", "fetch"]
 ConnectionPhase = Literal["open", "update", "close"]
 AdminDecision = Literal["allow", "deny", "rewrite", "error"]
@@ -393,4 +395,51 @@ def telemetry_dropped_event(
     """Written by a sink itself when it had to drop events, so the gap shows in the data."""
     event = _envelope("telemetry_dropped", proxy, time_ms)
     event.update(dropped=dropped, reason=_text(reason), since_ms=since_ms, until_ms=until_ms)
+    return event
+
+
+def transform_batch_event(
+    proxy: ProxyInfo,
+    *,
+    transform: str,
+    guarantee: str,
+    group: str,
+    input_topic: str,
+    input_partition: int,
+    input_offset_first: int,
+    input_offset_last: int,
+    output_topic: str,
+    outputs: list[dict[str, int]],
+    records_in: int,
+    records_out: int,
+    filters: list[dict[str, Any]],
+    reject_reasons: Mapping[str, int] | None = None,
+    dropped: int = 0,
+    dead_letters: int = 0,
+    transactional_id: str | None = None,
+    time_ms: int | None = None,
+) -> dict[str, Any]:
+    """One input partition's batch that a transform (docs/TRANSFORMS.md) wrote and committed.
+
+    ``outputs`` holds ``{partition, offset_first, offset_last, records}`` per output partition
+    written; with ``filters`` (each naming its ``module_sha256``) it says which module version
+    produced which output offsets from which input offsets.
+    """
+    event = _envelope("transform_batch", proxy, time_ms)
+    event.update(
+        transform=transform,
+        guarantee=guarantee,
+        group=group,
+        transactional_id=transactional_id,
+        input={"topic": input_topic, "partition": input_partition,
+               "offset_first": input_offset_first, "offset_last": input_offset_last},
+        output_topic=output_topic,
+        outputs=[dict(o) for o in outputs],
+        records_in=records_in,
+        records_out=records_out,
+        dropped=dropped,
+        dead_letters=dead_letters,
+        filters=filters,
+        reject_reasons=dict(reject_reasons or {}),
+    )
     return event

@@ -46,6 +46,10 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
         or "3400" in tickets[0]
     )
     assert "****" in tickets[1]
+    # The transform wrote the derived topic, masked, and its lag went to zero.
+    derived = next(ln for ln in lines if "support.tickets.masked:" in ln)
+    assert "****" in derived and "@example" not in derived
+    assert "tickets-masked lag: 0" in text
     assert "Payments_ARCHIVE: refused: topic-policy" in text
     assert "payments.firehose: refused: topic-policy: partitions" in text
     assert "payments.refunds: created" in text

@@ -1,0 +1,133 @@
+"""A transform keeps key, headers and timestamp, picks output partitions by key when the counts
+differ, writes telemetry naming input and output offsets and the module version, and runs
+inside `sluice serve` with its lag in the proxy's /metrics."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from sluice.local_broker import free_port
+from sluice.proxy import telemetry
+from sluice.transforms.config import load_transform_specs
+from sluice.transforms.partitioning import key_partition
+from sluice.transforms.supervisor import TransformSupervisor
+from tests.e2e.clients import QUIET, create_topic, unique
+from tests.harness.broker import TansuBroker
+from tests.harness.proxy import SluiceProxy
+from tests.transforms.committed_log import committed_records
+from tests.transforms.runner_proc import write_config
+
+
+def _produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, **QUIET})
+    for i in range(n):
+        producer.produce(topic, f"value {i}".encode(), f"key-{i}".encode(),
+                         partition=i % partitions, timestamp=1_700_000_000_000 + i,
+                         headers=[("trace", f"t{i}".encode()), ("empty", None)])
+    assert producer.flush(15) == 0
+
+
+def _read(bootstrap: str, topic: str, partitions: int, n: int) -> list[object]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("r"), **QUIET})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    out = []
+    deadline = time.monotonic() + 30
+    while len(out) < n and time.monotonic() < deadline:
+        m = consumer.poll(0.2)
+        if m is not None and not m.error():
+            out.append(m)
+    consumer.close()
+    return out
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def test_records_partitions_and_telemetry(broker: TansuBroker, tmp_path: Path) -> None:
+    bs = broker.bootstrap
+    src, dst = unique("lower"), unique("upper")
+    create_topic(bs, src, 2)
+    create_topic(bs, dst, 3)  # counts differ: partition by key
+    n = 300
+    _produce(bs, src, n, 2)
+    config = write_config(tmp_path, unique("t"), [src], dst, guarantee="exactly-once",
+                          batch_records=50)
+    spec = load_transform_specs(config)[0]
+    info = telemetry.proxy_info()
+    sink = telemetry.make_sink({"dir": str(tmp_path / "tel")}, info.instance_id, proxy=info)
+    supervisor = TransformSupervisor([spec], bs, sink=sink, info=info)
+    supervisor.prepare()
+    supervisor.start()
+    try:
+        _wait(lambda: supervisor.statuses()[0].snapshot().total_lag == 0
+              and supervisor.statuses()[0].snapshot().records_in == n)
+        status = supervisor.statuses()[0].snapshot()
+    finally:
+        supervisor.stop()
+        sink.close(timeout=5)
+    assert status.guarantee == "exactly-once" and status.records_out == n
+    assert status.transactions_committed >= n // 50
+    messages = _read(bs, dst, 3, n)
+    assert len(messages) == n
+    for m in messages:
+        i = int(m.key()[4:])
+        assert m.value() == f"VALUE {i}".encode()
+        assert m.timestamp()[1] == 1_700_000_000_000 + i
+        assert m.headers() == [("trace", f"t{i}".encode()), ("empty", None)]
+        assert m.partition() == key_partition(m.key(), 3)
+    events = [json.loads(line) for f in sorted((tmp_path / "tel").glob("*.jsonl"))
+              for line in f.read_text().splitlines()]
+    batches = [e for e in events if e["type"] == "transform_batch"]
+    assert sum(e["records_in"] for e in batches) == n
+    sha = batches[0]["filters"][0]["module_sha256"]
+    assert len(sha) == 64 and all(e["filters"][0]["module_sha256"] == sha for e in batches)
+    # Input ranges tile each input partition without gap or overlap.
+    for part in (0, 1):
+        ranges = sorted((e["input"]["offset_first"], e["input"]["offset_last"])
+                        for e in batches if e["input"]["partition"] == part)
+        assert ranges[0][0] == 0 and ranges[-1][1] == n // 2 - 1
+        assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges))
+    # Output ranges name the offsets where the records really are (committed ones).
+    committed = {(p, o) for p in range(3) for o, _k, _v in committed_records(bs, dst, p)}
+    named = {(o["partition"], off) for e in batches for o in e["outputs"]
+             for off in range(o["offset_first"], o["offset_last"] + 1)}
+    assert len(committed) == n and committed <= named
+
+
+def test_serve_runs_transforms_with_lag_in_metrics(broker: TansuBroker, tmp_path: Path,
+                                                   start_proxy: Callable[..., SluiceProxy]
+                                                   ) -> None:
+    bs = broker.bootstrap
+    src, dst = unique("lower"), unique("upper")
+    create_topic(bs, src, 2)
+    create_topic(bs, dst, 2)
+    metrics_port = free_port()
+    config = write_config(tmp_path, unique("t"), [src], dst, guarantee="at-least-once",
+                          extra=f"metrics:\n  listen: 127.0.0.1:{metrics_port}\n")
+    start_proxy(config)
+    _produce(bs, src, 200, 2)
+
+    def lag_zero() -> bool:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
+        lags = [line for line in body.splitlines()
+                if line.startswith("sluice_transform_lag_records{")]
+        return len(lags) == 2 and all(line.endswith(" 0.0") for line in lags) and \
+            'sluice_transform_records_out_total{transform=' in body and \
+            any(line.endswith(" 200.0") for line in body.splitlines()
+                if line.startswith("sluice_transform_records_in_total"))
+
+    _wait(lag_zero)
+    assert len(_read(bs, dst, 2, 200)) == 200
