@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sluice.crypto.kms import parse_kms_section
 from sluice.filters.config import parse_filter_specs
 from sluice.filters.yaml_lines import ConfigError, LineMap, load_yaml_with_lines
 from sluice.proxy.config import ConfigFileError, ProxyConfig
@@ -30,6 +31,7 @@ KNOWN_SECTIONS = (
     "limits",
     "fleet",
     "module_cache_dir",
+    "kms",
 )
 #: Keys of the ``proxy:`` section.
 PROXY_KEYS = ("advertised_host", "node_ports")
@@ -64,7 +66,9 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                 raise lines.error(
                     (key,), f"unknown section (expected one of {', '.join(KNOWN_SECTIONS)})"
                 )
-        config.filters = parse_filter_specs(data.get("filters"), path, lines)
+        # kms: is read before filters: builtin:encrypt filters carry it (docs/ENCRYPTION.md).
+        kms = parse_kms_section(data.get("kms"), lines, path.resolve().parent)
+        config.filters = parse_filter_specs(data.get("filters"), path, lines, kms=kms)
         for section in ("telemetry", "metrics", "proxy", "tls", "upstream_tls", "limits", "fleet"):
             value = data.get(section)
             if value is not None and not isinstance(value, dict):
