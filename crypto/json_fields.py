@@ -16,7 +16,6 @@ import base64
 import json
 import re
 from collections.abc import Sequence
-from json.decoder import scanstring
 from typing import Final
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -59,7 +58,7 @@ def _members(text: str, pos: int) -> tuple[list[tuple[str, int, int]], int]:
     while True:
         if text[pos:pos + 1] != '"':
             raise NotJsonObject(f"expected a member name at character {pos}")
-        name, pos = scanstring(text, pos + 1)
+        name, pos = _DECODER.raw_decode(text, pos)  # a string: text[pos] is '"'
         pos = _ws(text, pos)
         if text[pos:pos + 1] != ":":
             raise NotJsonObject(f"expected ':' at character {pos}")
