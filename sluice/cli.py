@@ -22,6 +22,7 @@ _SUBCOMMAND_MODULES = (
     "sluice.cli_audit",
     "sluice.cli_config",
     "sluice.cli_demo",
+    "sluice.cli_keys",
 )
 
 
