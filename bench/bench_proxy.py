@@ -8,7 +8,9 @@
 
 Variants: direct (clients to Tansu), relay (HAProxy in TCP mode; Tansu advertises the relay's
 port so every connection crosses it), sluice (no filters), mask-produce and mask-fetch
-(builtin:pii-mask on produce / on fetch for the benchmark topics).
+(builtin:pii-mask on produce / on fetch for the benchmark topics), encrypt (builtin:encrypt,
+whole values, on produce and fetch, decrypting for the benchmark's unauthenticated clients;
+a local keyring in a temporary directory).
 
 Each round runs every variant once, in turn, each against a fresh broker (slow drifts of a
 noisy machine hit all variants alike). Per variant and round:
@@ -48,6 +50,7 @@ import contextlib
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -70,9 +73,20 @@ filters:
     apply_to: [produce]
 """
 MASK_FETCH = MASK_PRODUCE.replace("[produce]", "[fetch]")
+ENCRYPT = """
+filters:
+  - name: encrypt
+    module: builtin:encrypt
+    topics: ["bench-*"]
+    apply_to: [produce, fetch]
+    config: {{key: bench, decrypt_for: ["User:ANONYMOUS"]}}
+kms:
+  type: local
+  path: {path}
+"""
 
 Variant = Callable[[str], AbstractContextManager[targets.Target]]
-ALL = ["direct", "relay", "sluice", "mask-produce", "mask-fetch"]
+ALL = ["direct", "relay", "sluice", "mask-produce", "mask-fetch", "encrypt"]
 
 
 @dataclass
@@ -98,7 +112,16 @@ def variants() -> dict[str, Variant]:
         "sluice": lambda b: targets.sluice(b),
         "mask-produce": lambda b: targets.sluice(b, MASK_PRODUCE),
         "mask-fetch": lambda b: targets.sluice(b, MASK_FETCH),
+        "encrypt": _encrypt_target,
     }
+
+
+@contextlib.contextmanager
+def _encrypt_target(broker_bootstrap: str) -> Iterator[targets.Target]:
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-keys-") as keys:
+        config = ENCRYPT.format(path=json.dumps(f"{keys}/keys.json"))
+        with targets.sluice(broker_bootstrap, config) as target:
+            yield target
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """Data keys: the current one per KEK name for encrypting, a bounded cache for decrypting.
 
 Encrypting uses one data key per KEK name until it has sealed `max_records` values (a record,
-or one field of a record) or is `max_age_seconds` old; then the next batch gets a fresh one
-from the KMS. The bound keeps AES-GCM's random 96-bit nonces far from their collision limit
+or one field of a record) or is `max_age_seconds` old, or `cache_seconds` old (so that a
+deleted KEK stops being used for new records as soon as it stops decrypting old ones); then
+the next batch gets a fresh one from the KMS. The bound keeps AES-GCM's random 96-bit nonces far from their collision limit
 (NIST SP 800-38D: at most 2^32 messages per key) and limits what one leaked data key exposes.
 A batch always uses a single data key, taken before its first record.
 
@@ -70,8 +71,9 @@ class DataKeys:
         with self._lock:
             now = self.clock()
             key = self._active.get(name)
+            max_age = min(self.max_age_seconds, self.cache_seconds)
             if key is None or key.used + seals > self.max_records or (
-                    now - key.created >= self.max_age_seconds):
+                    now - key.created >= max_age):
                 fresh = self.kms.generate_data_key(name)
                 key = ActiveKey(name, fresh.key_version, fresh.wrapped, AESGCM(fresh.plaintext),
                                 now)

@@ -108,17 +108,27 @@ def _json_list(items: Sequence[str]) -> bytes:
     return json.dumps(list(items), separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def group_start(headers: Sequence[Header]) -> int:
+    """Index of the last ``sluice.enc`` header (-1: none). Checks the usual places first:
+    the proxy's group is the last 3 (value mode) or 4 (fields mode) headers."""
+    n = len(headers)
+    if n >= 3 and headers[n - 3][0] == H_ENC:
+        return n - 3
+    if n >= 4 and headers[n - 4][0] == H_ENC:
+        return n - 4
+    for i in range(n - 1, -1, -1):
+        if headers[i][0] == H_ENC:
+            return i
+    return -1
+
+
 def find_envelope(headers: Sequence[Header]) -> Envelope | None:
     """The proxy's headers at the end of `headers`, or None when the record is not encrypted.
 
     Raises EnvelopeError when a ``sluice.enc`` header is present but the group is malformed
     (edited in the broker, or written by an unknown future layout).
     """
-    start = -1
-    for i in range(len(headers) - 1, -1, -1):
-        if headers[i][0] == H_ENC:
-            start = i
-            break
+    start = group_start(headers)
     if start < 0:
         return None
     group = headers[start:]
@@ -157,9 +167,12 @@ def _parse_fields(raw: bytes) -> tuple[str, ...]:
     return tuple(items)
 
 
-def seal(aead: AESGCM, plaintext: bytes, associated: bytes) -> bytes:
-    """``nonce | ciphertext and tag`` with a fresh random 96-bit nonce."""
-    nonce = os.urandom(NONCE_SIZE)
+def seal(aead: AESGCM, plaintext: bytes, associated: bytes, nonce: bytes | None = None
+         ) -> bytes:
+    """``nonce | ciphertext and tag``; `nonce` must be 12 fresh random bytes (drawn here when
+    not given; callers sealing many values draw them in one `os.urandom` call)."""
+    if nonce is None:
+        nonce = os.urandom(NONCE_SIZE)
     return nonce + aead.encrypt(nonce, plaintext, associated)
 
 
@@ -173,15 +186,19 @@ def unseal(aead: AESGCM, sealed: bytes, associated: bytes) -> bytes:
         raise EnvelopeError("ciphertext failed authentication") from None
 
 
-def seal_value(aead: AESGCM, prefix: bytes, record_key: bytes | None, value: bytes) -> bytes:
+def seal_value(aead: AESGCM, prefix: bytes, record_key: bytes | None, value: bytes,
+               nonce: bytes | None = None) -> bytes:
     """The stored value of a whole-value encrypted record (`prefix`: `aad_prefix` of its
-    envelope)."""
-    return VALUE_PREFIX + seal(aead, value, aad_for(prefix, record_key))
+    envelope; `nonce` as for `seal`)."""
+    return VALUE_PREFIX + seal(aead, value, aad_for(prefix, record_key), nonce)
 
 
-def open_value(aead: AESGCM, env: Envelope, record_key: bytes | None, stored: bytes) -> bytes:
-    """The producer's value from a whole-value encrypted record (EnvelopeError if not)."""
+def open_value(aead: AESGCM, env: Envelope, record_key: bytes | None, stored: bytes,
+               prefix: bytes | None = None) -> bytes:
+    """The producer's value from a whole-value encrypted record (EnvelopeError if not);
+    `prefix` is `aad_prefix` of `env` when the caller has it already."""
     if stored[:1] != VALUE_PREFIX:
         raise EnvelopeError("stored value does not start with the layout marker")
-    associated = aad(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek, record_key)
-    return unseal(aead, stored[1:], associated)
+    if prefix is None:
+        prefix = aad_prefix(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek)
+    return unseal(aead, stored[1:], aad_for(prefix, record_key))

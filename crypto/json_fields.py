@@ -16,6 +16,7 @@ import base64
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -32,6 +33,7 @@ from sluice.crypto.envelope import (
 )
 
 _WS: Final = re.compile(r"[ \t\n\r]*")
+_WS_CHARS: Final = frozenset(" \t\n\r")
 _DECODER: Final = json.JSONDecoder()
 
 Span = tuple[int, int, str]  # value start, value end, path
@@ -42,9 +44,22 @@ class NotJsonObject(ValueError):
 
 
 def _ws(text: str, pos: int) -> int:
+    if pos >= len(text) or text[pos] not in _WS_CHARS:
+        return pos  # the common case (compact JSON) without a regex call
     m = _WS.match(text, pos)
     assert m is not None  # the pattern matches the empty string
     return m.end()
+
+
+Member = tuple[str, int, int]  # name, value start, value end
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """A value checked to be one JSON object: its text and its top-level members."""
+
+    text: str
+    members: list[Member]
 
 
 def _members(text: str, pos: int) -> tuple[list[tuple[str, int, int]], int]:
@@ -75,8 +90,8 @@ def _members(text: str, pos: int) -> tuple[list[tuple[str, int, int]], int]:
             raise NotJsonObject(f"expected ',' or '}}' at character {pos}")
 
 
-def _spans(text: str, start: int, parts: Sequence[str], path: str, out: list[Span]) -> None:
-    members, _end = _members(text, start)
+def _spans(text: str, members: list[Member], parts: Sequence[str], path: str,
+           out: list[Span]) -> None:
     head, rest = parts[0], parts[1:]
     for name, vstart, vend in members:
         if name != head:
@@ -84,29 +99,28 @@ def _spans(text: str, start: int, parts: Sequence[str], path: str, out: list[Spa
         if not rest:
             out.append((vstart, vend, path))
         elif text[vstart:vstart + 1] == "{":
-            _spans(text, vstart, rest, path, out)
+            _spans(text, _members(text, vstart)[0], rest, path, out)
 
 
-def parse_document(value: bytes) -> str:
-    """`value` as text after checking that it is exactly one JSON object."""
+def parse_document(value: bytes) -> Document:
+    """`value` after checking that it is exactly one JSON object."""
     try:
         text = value.decode("utf-8")
         start = _ws(text, 0)
-        _members_list, end = _members(text, start)
+        members, end = _members(text, start)
     except (UnicodeDecodeError, ValueError, IndexError) as exc:
         raise NotJsonObject(str(exc) if isinstance(exc, NotJsonObject)
                             else "not valid UTF-8 JSON") from None
     if _ws(text, end) != len(text):
         raise NotJsonObject("extra data after the JSON object")
-    return text
+    return Document(text, members)
 
 
-def find_spans(text: str, paths: Sequence[str]) -> list[Span]:
-    """Value spans of `paths` in the (checked) document, outermost only, in text order."""
+def find_spans(doc: Document, paths: Sequence[str]) -> list[Span]:
+    """Value spans of `paths` in the document, outermost only, in text order."""
     found: list[Span] = []
-    start = _ws(text, 0)
     for path in paths:
-        _spans(text, start, path.split("."), path, found)
+        _spans(doc.text, doc.members, path.split("."), path, found)
     found.sort()
     outer: list[Span] = []
     for span in found:
@@ -147,12 +161,13 @@ def decrypt_fields(aead: AESGCM, env: Envelope, record_key: bytes | None,
                    stored: bytes) -> bytes:
     """The producer's document from a fields-mode record (EnvelopeError if tampered)."""
     try:
-        text = parse_document(stored)
-        spans = find_spans(text, env.fields)
+        doc = parse_document(stored)
+        spans = find_spans(doc, env.fields)
     except NotJsonObject as exc:
         raise EnvelopeError(f"stored document is not a JSON object: {exc}") from None
     if {p for _s, _e, p in spans} != set(env.fields):
         raise EnvelopeError("an encrypted field named in sluice.enc.fields is missing")
+    text = doc.text
     prefix = aad_prefix(MODE_FIELDS, env.key_name, env.key_version, env.wrapped_dek)
     pieces: list[str] = []
     pos = 0

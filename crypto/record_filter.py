@@ -40,6 +40,7 @@ records a principal outside ``decrypt_for`` received as stored) and ``unreadable
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from fnmatch import translate
@@ -54,10 +55,12 @@ from sluice.crypto.data_keys import (
 from sluice.crypto.envelope import (
     MODE_FIELDS,
     MODE_VALUE,
+    NONCE_SIZE,
     Envelope,
     EnvelopeError,
     aad_prefix,
     find_envelope,
+    group_start,
     headers_for,
     open_value,
     seal_value,
@@ -170,14 +173,18 @@ class EncryptRunner(HostRunner):
         env, aead = self._data_key(seals)
         ours = headers_for(env)
         prefix = aad_prefix(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek)
+        nonces = os.urandom(NONCE_SIZE * seals)  # one system call per batch
         out: list[Decision] = []
+        at = 0
         for rec in records:
             value = rec.value
             if value is None:
                 out.append(KEEP)
                 continue
             key = rec.key
-            out.append(rewrite(key, seal_value(aead, prefix, key, bytes(value)),
+            nonce = nonces[at:at + NONCE_SIZE]
+            at += NONCE_SIZE
+            out.append(rewrite(key, seal_value(aead, prefix, key, bytes(value), nonce),
                                [*rec.headers, *ours]))
         return out, {"encrypted": seals, f"kek:{env.key_name}:{env.key_version}": seals}
 
@@ -191,14 +198,14 @@ class EncryptRunner(HostRunner):
                 plans.append(None)
                 continue
             try:
-                text = parse_document(bytes(rec.value))
+                doc = parse_document(bytes(rec.value))
             except NotJsonObject as exc:
                 plans.append(f"value is not a JSON object ({exc}); field encryption refuses "
                              "to store it")
                 continue
-            spans = find_spans(text, self.fields)
+            spans = find_spans(doc, self.fields)
             seals += len(spans)
-            plans.append((text, spans) if spans else None)
+            plans.append((doc.text, spans) if spans else None)
         env: Envelope | None = None
         aead: Any = None
         if seals:
@@ -232,48 +239,65 @@ class EncryptRunner(HostRunner):
         allowed = self.allowed(ctx.principal)
         out: list[Decision] = []
         decrypted = withheld = unreadable = 0
+        # Records of one batch share a data key: parse each distinct header group, and unwrap
+        # its key, once per batch.
+        seen: dict[tuple[Any, ...], tuple[Envelope, Any, bytes] | None] = {}
         for rec in records:
-            try:
-                env = find_envelope(rec.headers)
-            except EnvelopeError as exc:
-                if not allowed:
-                    withheld += 1
-                    out.append(KEEP)
-                    continue
-                raise self._tampered(ctx, offset_base + rec.offset_delta, exc) from None
-            if env is None:
+            headers = rec.headers
+            start = group_start(headers)
+            if start < 0:
                 out.append(KEEP)
                 continue
             if not allowed:
                 withheld += 1
                 out.append(KEEP)
                 continue
-            try:
-                aead = self.keys.for_decrypt(env.key_name, env.key_version, env.wrapped_dek)
-            except (KeyNotFound, KeyDestroyed):
+            group = tuple(headers[start:])
+            if group in seen:
+                known = seen[group]
+            else:
+                known = seen[group] = self._open_group(ctx, headers, start, offset_base
+                                                       + rec.offset_delta)
+            if known is None:
                 unreadable += 1
                 out.append(KEEP)
                 continue
-            except UnwrapFailed as exc:
-                raise self._tampered(ctx, offset_base + rec.offset_delta, exc) from None
-            except KmsError as exc:
-                raise PartitionError(
-                    KAFKA_STORAGE_ERROR, f"filter {self.spec.name}: cannot unwrap the data key "
-                    f"of {env.key_name!r} version {env.key_version} ({type(exc).__name__}: "
-                    f"{exc})", self.spec.name) from None
+            env, aead, prefix = known
             stored = bytes(rec.value or b"")
             try:
                 if env.mode == MODE_VALUE:
-                    plain = open_value(aead, env, rec.key, stored)
+                    plain = open_value(aead, env, rec.key, stored, prefix)
                 else:
                     plain = decrypt_fields(aead, env, rec.key, stored)
             except EnvelopeError as exc:
                 raise self._tampered(ctx, offset_base + rec.offset_delta, exc) from None
-            out.append(rewrite(rec.key, plain, list(rec.headers[:env.start])))
+            out.append(rewrite(rec.key, plain, list(headers[:start])))
             decrypted += 1
         counts = {k: v for k, v in (("decrypted", decrypted), ("withheld", withheld),
                                     ("unreadable", unreadable)) if v}
         return out, counts
+
+    def _open_group(self, ctx: RecordContext, headers: Sequence[Any], start: int,
+                    offset: int) -> tuple[Envelope, Any, bytes] | None:
+        """(envelope, cipher, AAD prefix) of a record's header group; None when its KEK is
+        gone (crypto-shredded). PartitionError when the KMS fails or the group is forged."""
+        try:
+            env = find_envelope(headers)
+            assert env is not None and env.start == start
+        except EnvelopeError as exc:
+            raise self._tampered(ctx, offset, exc) from None
+        try:
+            aead = self.keys.for_decrypt(env.key_name, env.key_version, env.wrapped_dek)
+        except (KeyNotFound, KeyDestroyed):
+            return None
+        except UnwrapFailed as exc:
+            raise self._tampered(ctx, offset, exc) from None
+        except KmsError as exc:
+            raise PartitionError(
+                KAFKA_STORAGE_ERROR, f"filter {self.spec.name}: cannot unwrap the data key "
+                f"of {env.key_name!r} version {env.key_version} ({type(exc).__name__}: "
+                f"{exc})", self.spec.name) from None
+        return env, aead, aad_prefix(env.mode, env.key_name, env.key_version, env.wrapped_dek)
 
     def _tampered(self, ctx: RecordContext, offset: int, exc: Exception) -> PartitionError:
         return PartitionError(

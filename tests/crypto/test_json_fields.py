@@ -24,11 +24,11 @@ AEAD = AESGCM(bytes(range(32)))
 
 
 def encrypt(doc: bytes, paths: list[str], key: bytes | None = b"k") -> tuple[bytes, Envelope]:
-    text = parse_document(doc)
-    spans = find_spans(text, paths)
+    parsed = parse_document(doc)
+    spans = find_spans(parsed, paths)
     env = Envelope(MODE_FIELDS, "cards", "1", b"wrapped",
                    tuple(dict.fromkeys(p for _s, _e, p in spans)))
-    return encrypt_fields(AEAD, env, key, text, spans), env
+    return encrypt_fields(AEAD, env, key, parsed.text, spans), env
 
 
 def test_fields_are_replaced_and_the_rest_is_untouched() -> None:

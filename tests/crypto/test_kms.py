@@ -188,7 +188,7 @@ class Clock:
 def test_data_keys_rotate_by_count_and_age(tmp_path: Path) -> None:
     clock = Clock()
     keys = DataKeys(LocalKeyring(tmp_path / "k.json"), max_records=10, max_age_seconds=60,
-                    cache_seconds=30, clock=clock)
+                    cache_seconds=90, clock=clock)
     a = keys.for_encrypt("p", 6)
     assert keys.for_encrypt("p", 4) is a  # 10 seals: still within the bound
     b = keys.for_encrypt("p", 1)  # the 11th would exceed it: a fresh key for this batch
@@ -196,6 +196,20 @@ def test_data_keys_rotate_by_count_and_age(tmp_path: Path) -> None:
     clock.now += 60
     c = keys.for_encrypt("p", 1)
     assert c is not b and keys.generated == 3
+
+
+def test_a_deleted_kek_stops_new_data_keys_within_the_cache_time(tmp_path: Path) -> None:
+    clock = Clock()
+    ring = LocalKeyring(tmp_path / "k.json", auto_create=False)
+    ring.create_key("p")
+    keys = DataKeys(ring, max_age_seconds=3600, cache_seconds=30, clock=clock)
+    first = keys.for_encrypt("p", 1)
+    ring.delete_key("p")
+    clock.now += 29
+    assert keys.for_encrypt("p", 1) is first
+    clock.now += 1
+    with pytest.raises(KeyNotFound):
+        keys.for_encrypt("p", 1)
 
 
 def test_unwrapped_keys_expire_from_the_cache(tmp_path: Path) -> None:
