@@ -3,8 +3,9 @@
 Encrypting uses one data key per KEK name until it has sealed `max_records` values (a record,
 or one field of a record) or is `max_age_seconds` old, or `cache_seconds` old (so that a
 deleted KEK stops being used for new records as soon as it stops decrypting old ones); then
-the next batch gets a fresh one from the KMS. The bound keeps AES-GCM's random 96-bit nonces far from their collision limit
-(NIST SP 800-38D: at most 2^32 messages per key) and limits what one leaked data key exposes.
+the next batch gets a fresh one from the KMS. The count bound keeps AES-GCM's random 96-bit
+nonces far from their collision limit (NIST SP 800-38D: at most 2^32 messages per key) and
+limits what one leaked data key exposes.
 A batch always uses a single data key, taken before its first record.
 
 Decrypting unwraps each wrapped data key once through the KMS and keeps the result for
