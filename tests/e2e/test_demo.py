@@ -50,8 +50,8 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "4111 1111 1111 1111" in card_lines["cards, produced"]
     assert "4111" not in card_lines["cards, stored"]
     assert '"card": "sluice:enc:1:' in card_lines["cards, stored"]
-    assert card_lines["cards, allowed reader"].split(":", 1)[1] == (
-        card_lines["cards, produced"].split(":", 1)[1])
+    assert card_lines["cards, allowed reader"].split(":", 1)[1].strip() == (
+        card_lines["cards, produced"].split(":", 1)[1].strip())
     assert "Payments_ARCHIVE: refused: topic-policy" in text
     assert "payments.firehose: refused: topic-policy: partitions" in text
     assert "payments.refunds: created" in text
