@@ -47,7 +47,7 @@ def sluice(
     try:
         assert proxy.process is not None
         # Measure the steady state: the proxy prepares its codec for a few seconds after
-        # start-up (proxy/warmup.py), which would land in the first phase's CPU and time.
+        # start-up (proxy/ops/warmup.py), which would land in the first phase's CPU and time.
         deadline = time.monotonic() + 60
         while not any('"codec_warmed"' in line for line in proxy.output):
             if time.monotonic() > deadline:

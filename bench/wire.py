@@ -18,11 +18,11 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.codec import entities
 from sluice.codec.headers import request_header_bytes, response_header_size
 from sluice.codec.messages import decode_response, encode_request
 from sluice.codec.records import BatchHeader, Record, build_batch, decode_records, split_batches
 from sluice.codec.schemas import request_schema
-from sluice.proxy import entities
 
 _SIZE = struct.Struct(">i")
 

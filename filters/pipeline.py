@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, cast
 
+from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError, CorruptBatch, UnsupportedCompression
 from sluice.codec.records import (
     BatchHeader,
@@ -75,10 +76,10 @@ from sluice.filters.chain import (
 from sluice.filters.context import RecordContext
 from sluice.filters.decisions import PartitionError
 
-NONE: Final = 0
-CORRUPT_MESSAGE: Final = 2
-UNSUPPORTED_COMPRESSION_TYPE: Final = 76
-INVALID_RECORD: Final = 87
+NONE: Final = ErrorCode.NONE
+CORRUPT_MESSAGE: Final = ErrorCode.CORRUPT_MESSAGE
+UNSUPPORTED_COMPRESSION_TYPE: Final = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+INVALID_RECORD: Final = ErrorCode.INVALID_RECORD
 
 _MAGIC_OFFSET: Final = 16
 _MAX_ERROR_CHARS: Final = 1000

@@ -148,6 +148,7 @@ class LoadedFilter:
         self.load_seconds = load_seconds
         self._runner = runner
         self._lock = threading.Lock()
+        self._native_failure = threading.local()  # the last failed native call, per thread
         self.failures: Counter[str] = Counter()
         #: Fast-path calls that failed and were redone through run_batch.
         self.native_fallbacks = 0
@@ -167,9 +168,10 @@ class LoadedFilter:
         """Run the filter over a records section in Kafka's encoding (see native_io).
 
         Returns None when the call failed in any way, without counting or logging it: the
-        caller then runs the batch through `run_batch`, which meets the same failure (guests
-        are deterministic) and applies, counts and logs the failure policy once. The cost is
-        a second call on a failing batch only.
+        caller then runs the batch through `run_batch`, which applies, counts and logs the
+        failure policy once. The failure is remembered for that very batch (same context,
+        bases and count, same thread), so `run_batch` does not call the guest again: a filter
+        that spins to its deadline costs one deadline, not two.
         """
         runner = self._runner
         if not isinstance(runner, SluiceAbi) or not runner.has_native:
@@ -181,6 +183,10 @@ class LoadedFilter:
                 if not isinstance(exc, GuestFailure):
                     runner.discard()
                 self.native_fallbacks += 1
+                if isinstance(exc, GuestFailure) and exc.kind == "timeout":
+                    # A deadline is spent: do not spend it a second time on the same batch.
+                    self._native_failure.last = (
+                        (id(ctx), offset_base, timestamp_base, count), exc)
                 return None
 
     @property
@@ -228,8 +234,14 @@ class LoadedFilter:
             return BatchResult([])
         started = time.perf_counter_ns()
         failure: str | None = None
+        remembered = getattr(self._native_failure, "last", None)
+        self._native_failure.last = None
         with self._lock:
             try:
+                if remembered is not None and remembered[0] == (
+                    id(ctx), offset_base, timestamp_base, len(records)
+                ):
+                    raise remembered[1]  # the native call on this batch already failed
                 decisions, detectors = self._runner.run(ctx, records, offset_base,
                                                         timestamp_base)
             except PartitionError as exc:

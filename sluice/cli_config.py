@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sluice.proxy.reload import error_fields
+from sluice.proxy.ops.reload import error_fields
 
 
 def register(subparsers: Any) -> None:
@@ -46,9 +46,9 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 def check_file(path: Path) -> dict[str, Any]:
     """Summary of a usable config file; raises ConfigFileError/ConfigError if it is not."""
-    from sluice.proxy.app import load_chain
-    from sluice.proxy.config import ProxyConfig
-    from sluice.proxy.reload import check_telemetry, fleet_settings, load_checked_config
+    from sluice.proxy.ops.app import load_chain
+    from sluice.proxy.ops.config import ProxyConfig
+    from sluice.proxy.ops.reload import check_telemetry, fleet_settings, load_checked_config
 
     # listen/upstream come from flags, not the file: placeholders that nothing here dials.
     base = ProxyConfig(listen=("127.0.0.1", 9092), upstream=[("127.0.0.1", 9092)])
@@ -118,7 +118,7 @@ def _print(summary: dict[str, Any]) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sluice.filters.yaml_lines import ConfigError
-    from sluice.proxy.config import ConfigFileError
+    from sluice.proxy.ops.config import ConfigFileError
 
     path: Path = args.file
     try:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sluice.proxy.hostport import parse_hostport
+from sluice.proxy.net.hostport import parse_hostport
 
 
 def register(subparsers: Any) -> None:
@@ -53,9 +53,9 @@ def register(subparsers: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from sluice.proxy.app import run
-    from sluice.proxy.config_load import ConfigFileError, build_config
-    from sluice.proxy.logs import configure_logging
+    from sluice.proxy.ops.app import run
+    from sluice.proxy.ops.config_load import ConfigFileError, build_config
+    from sluice.proxy.telemetry.logs import configure_logging
 
     configure_logging(args.log_level)
     try:
@@ -73,7 +73,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"sluice serve: {exc}", file=sys.stderr)
         return 2
     if config.workers > 1:
-        from sluice.proxy.workers import supervise
+        from sluice.proxy.ops.workers import supervise
 
         return supervise(config)
     try:

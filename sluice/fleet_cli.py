@@ -1,4 +1,4 @@
-"""``sluice filter deploy|remove|list``: manage the filter fleet topic (see proxy/fleet.py).
+"""``sluice filter deploy|remove|list``: manage the filter fleet topic (see proxy/ops/fleet.py).
 
     sluice filter deploy NAME MODULE --topics T1,T2 --on produce,fetch --bootstrap HOST:PORT
     sluice filter remove NAME --bootstrap HOST:PORT
@@ -45,7 +45,7 @@ def _csv(text: str) -> list[str]:
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    from sluice.proxy.fleet import DEFAULT_TOPIC
+    from sluice.proxy.ops.fleet import DEFAULT_TOPIC
 
     p.add_argument("--bootstrap", metavar="HOST:PORT",
                    default=os.environ.get("SLUICE_BOOTSTRAP"),
@@ -197,7 +197,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _quiet_client_logs()
     from sluice.filters.abi_base import FilterLoadError
     from sluice.filters.runtime import load_filter
-    from sluice.proxy.fleet import MAX_MODULE_BYTES, filter_record_value
+    from sluice.proxy.ops.fleet import MAX_MODULE_BYTES, filter_record_value
 
     try:
         bootstrap = _bootstrap(args)
@@ -238,7 +238,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 async def _publish(bootstrap: str, topic: str, name: str, value: bytes | None,
                    timeout: float) -> tuple[int, int]:
-    from sluice.proxy.fleet import ensure_topic, produce
+    from sluice.proxy.ops.fleet import ensure_topic, produce
 
     await asyncio.wait_for(ensure_topic(bootstrap, topic, timeout=timeout), timeout)
     return await produce(bootstrap, topic, name.encode("utf-8"), value, timeout=timeout)
@@ -246,7 +246,7 @@ async def _publish(bootstrap: str, topic: str, name: str, value: bytes | None,
 
 def cmd_remove(args: argparse.Namespace) -> int:
     _quiet_client_logs()
-    from sluice.proxy.fleet import read_view
+    from sluice.proxy.ops.fleet import read_view
 
     try:
         bootstrap = _bootstrap(args)
@@ -291,7 +291,7 @@ def _instance_state(inst: Any, name: str, version: tuple[int, int] | None) -> st
 
 def _wait(bootstrap: str, args: argparse.Namespace, name: str,
           version: tuple[int, int] | None) -> int:
-    from sluice.proxy.fleet import FleetView, follow_view
+    from sluice.proxy.ops.fleet import FleetView, follow_view
 
     started = time.monotonic()
 
@@ -340,7 +340,7 @@ def _listing(view: Any, topic: str, bootstrap: str) -> dict[str, Any]:
 
 def cmd_list(args: argparse.Namespace) -> int:
     _quiet_client_logs()
-    from sluice.proxy.fleet import read_view
+    from sluice.proxy.ops.fleet import read_view
 
     try:
         bootstrap = _bootstrap(args)

@@ -448,8 +448,8 @@ def _advertised(conn: wire.RawConnection, key: int) -> range:
 def test_every_broker_address_points_at_the_proxy(
     broker: TansuBroker, filtering_proxy: SluiceProxy, pm_topic: str
 ) -> None:
+    from sluice.codec import entities
     from sluice.codec.schemas import request_schema
-    from sluice.proxy import entities
 
     broker_port = int(broker.bootstrap.rsplit(":", 1)[1])
     ports = _proxy_ports(filtering_proxy)
@@ -507,8 +507,8 @@ def test_random_uuid_is_not_a_known_topic(filtering_proxy: SluiceProxy) -> None:
 # ------------------------------------------------------------------ share groups
 def test_share_fetch_is_refused_while_fetch_filters_run(filtering_proxy: SluiceProxy) -> None:
     """ShareFetch (KIP-932) returns records outside the Fetch path: not relayed at all."""
+    from sluice.codec import entities
     from sluice.codec.schemas import request_schema
-    from sluice.proxy import entities
 
     high = (codec_version_range(78) or (0, 0))[1]
     request = entities.build(
@@ -531,11 +531,11 @@ def test_share_fetch_is_refused_while_fetch_filters_run(filtering_proxy: SluiceP
 def test_share_group_apis_are_not_advertised_with_fetch_filters() -> None:
     """A broker that offers ShareFetch/ShareAcknowledge: the proxy's ApiVersions rewrite
     drops them when asked to (fetch filters configured) and keeps them otherwise."""
+    from sluice.codec import entities
     from sluice.codec.messages import decode_response, encode_response
     from sluice.codec.schemas import response_schema
-    from sluice.proxy import entities
-    from sluice.proxy.apiversions import rewrite_api_versions_response
-    from sluice.proxy.server import _UNFILTERED_RECORD_APIS
+    from sluice.proxy.net.server import _UNFILTERED_RECORD_APIS
+    from sluice.proxy.paths.apiversions import rewrite_api_versions_response
 
     cls = response_schema(18, 3)
     kcls = entities.element_class(cls, "api_keys")
@@ -560,22 +560,27 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     """Produce v10+ and Fetch v16+ carry broker addresses only in the tagged node_endpoints.
     The proxy skips decoding responses without top-level tagged fields (a fast path) and
     must still rewrite every endpoint when they are present."""
+    from sluice.codec import entities
     from sluice.codec.headers import RequestHeader, response_header_bytes
     from sluice.codec.messages import decode_response, encode_response
     from sluice.codec.schemas import response_schema
-    from sluice.proxy import entities
-    from sluice.proxy.config import ProxyConfig
-    from sluice.proxy.server import ProxyServer
-    from sluice.proxy.session import Pending
+    from sluice.proxy.net.client_info import ClientInfo
+    from sluice.proxy.net.server import ProxyServer
+    from sluice.proxy.ops.config import ProxyConfig
+    from sluice.proxy.paths import addresses
+    from sluice.proxy.paths.base import Exchange
     from tests.harness.ports import free_port_block
 
     base = free_port_block(9)
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", base), upstream=[("127.0.0.1", 1)]))
-    hook = server.response_hook(api_key, version)
-    assert hook is not None
+    router = server.routes.current
+    path = router.response_path(api_key, version)
+    assert isinstance(path, addresses.AddressPath)
+    exchange = Exchange(
+        RequestHeader(api_key, version, 42, "c", 0, True), ClientInfo("c", ("b", 1))
+    )
     cls = response_schema(api_key, version)
     ecls = entities.element_class(cls, "node_endpoints")
-    header = RequestHeader(api_key, version, 42, "c", 0, True)
     times = {"throttle_time": datetime.timedelta(0)}
 
     def frame(**values: Any) -> bytes:
@@ -583,17 +588,20 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
         return response_header_bytes(42, api_key, version) + body
 
     plain = frame(responses=())
-    decode = server.decode_response_of
+    decode = addresses.responses.decode
 
     def no_decode(*args: Any) -> Any:
         raise AssertionError("a response without tagged fields was decoded")
 
-    server.decode_response_of = no_decode
-    assert hook(None, Pending(header, True), plain) is plain, "no tagged fields: relayed as is"
-    server.decode_response_of = decode
+    addresses.responses.decode = no_decode  # type: ignore[assignment]
+    try:
+        relayed = path.on_response(router.ctx, exchange, plain)
+    finally:
+        addresses.responses.decode = decode  # type: ignore[assignment]
+    assert relayed.frame is plain, "no tagged fields: relayed as is"
     remote = entities.build(ecls, node_id=7, host="broker-7.internal", port=9092, rack=None)
     tagged = frame(responses=(), node_endpoints=(remote,))
-    out = hook(None, Pending(header, True), tagged)
+    out = path.on_response(router.ctx, exchange, tagged).frame
     size = len(response_header_bytes(42, api_key, version))
     (endpoint,) = decode_response(api_key, version, out[size:]).node_endpoints
     assert endpoint.host == "127.0.0.1" and int(endpoint.port) in range(base, base + 9), endpoint

@@ -25,10 +25,9 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from sluice.codec import schemas
+from sluice.codec import entities, schemas
 from sluice.codec.headers import request_header_bytes, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_request
-from sluice.proxy import entities
 from tests.e2e.clients import QUIET, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy

@@ -437,10 +437,9 @@ def produce_frame(
 ) -> bytes:
     """A whole Produce request frame (size prefix included): `parts` maps (topic, partition)
     to the records bytes sent as they are, topics in first-seen order."""
-    from sluice.codec import schemas
+    from sluice.codec import entities, schemas
     from sluice.codec.headers import request_header_bytes
     from sluice.codec.messages import encode_request
-    from sluice.proxy import entities
 
     cls = schemas.request_schema(ApiKey.PRODUCE, version)
     tcls = entities.element_class(cls, "topic_data")
@@ -560,10 +559,9 @@ def fetch_batches(
 ) -> list[RawBatch]:
     """The whole batches of one raw Fetch of `topic`[`partition`] from `offset` (the broker may
     include batches that start before it). CRCs are checked (as the Java consumer does)."""
-    from sluice.codec import schemas
+    from sluice.codec import entities, schemas
     from sluice.codec.headers import request_header_bytes, response_header_size
     from sluice.codec.messages import decode_response, encode_request
-    from sluice.proxy import entities
 
     cls = schemas.request_schema(ApiKey.FETCH, version)
     tcls = entities.element_class(cls, "topics")

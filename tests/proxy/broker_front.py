@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sluice.codec import entities
 from sluice.codec.headers import RequestHeader, parse_request_header, response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_response
-from sluice.proxy import entities
 from tests.harness.broker import tansu_binary
 from tests.harness.ports import free_port, wait_for_port
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.codec import schemas
+from sluice.codec import entities, schemas
+from sluice.codec.endpoints import carries_endpoints, endpoint_paths, rewrite_endpoints
 from sluice.codec.messages import ApiKey, codec_version_range, decode_response, encode_response
-from sluice.proxy import entities
-from sluice.proxy.addresses import BrokerMap, NodeRoute, PortsExhausted
-from sluice.proxy.apiversions import intersect_api_versions
-from sluice.proxy.endpoints import carries_endpoints, endpoint_paths, rewrite_endpoints
+from sluice.proxy.net.addresses import BrokerMap, NodeRoute, PortsExhausted
+from sluice.proxy.paths.apiversions import intersect_api_versions
 
 
 def test_nodes_get_ports_after_the_bootstrap_port_in_discovery_order() -> None:

@@ -12,7 +12,7 @@ import pytest
 from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.config import BUILTIN_DIR, FilterSpec
 from sluice.filters.yaml_lines import ConfigError, load_yaml_text_with_lines
-from sluice.proxy.fleet import (
+from sluice.proxy.ops.fleet import (
     DEFAULT_TOPIC,
     FleetCatalog,
     FleetView,
@@ -20,7 +20,7 @@ from sluice.proxy.fleet import (
     parse_fleet_section,
     store_module,
 )
-from sluice.proxy.reload import check_loads
+from sluice.proxy.ops.reload import check_loads
 
 PII = (BUILTIN_DIR / "pii-mask.wasm").read_bytes()
 PII_SHA = hashlib.sha256(PII).hexdigest()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sluice.proxy.gc_pauses import GcPauses, freeze_startup_heap
+from sluice.proxy.ops.gc_pauses import GcPauses, freeze_startup_heap
 from tests.harness.proxy import SluiceProxy
 
 

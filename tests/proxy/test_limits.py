@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from sluice.codec.headers import request_header_bytes
-from sluice.proxy.config_load import ConfigFileError, build_config
-from sluice.proxy.limits import IdleReaper
+from sluice.proxy.ops.config_load import ConfigFileError, build_config
+from sluice.proxy.ops.limits import IdleReaper
 from tests.e2e.clients import confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.proxy import SluiceProxy
 from tests.proxy.proxy_output import wait_for_output

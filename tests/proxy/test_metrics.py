@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.codec.messages import ApiKey
 from sluice.filters.chain import FilterStats
-from sluice.proxy.config_load import ConfigFileError, build_config
-from sluice.proxy.metrics import LATENCY_BUCKETS, Metrics, MetricsServer
+from sluice.proxy.ops.config_load import ConfigFileError, build_config
+from sluice.proxy.telemetry.metrics import LATENCY_BUCKETS, Metrics, MetricsServer
 from tests.e2e.clients import confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy

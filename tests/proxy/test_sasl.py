@@ -21,10 +21,10 @@ import yaml
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from sluice.codec import entities
 from sluice.codec.headers import response_header_bytes
 from sluice.codec.messages import ApiKey, encode_response
-from sluice.proxy import entities
-from sluice.proxy.sasl import (
+from sluice.proxy.paths.sasl import (
     SaslState,
     plain_user,
     response_error_code,

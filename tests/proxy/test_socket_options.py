@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 import uvloop
 
-from sluice.proxy.config import ProxyConfig
-from sluice.proxy.server import ProxyServer
-from sluice.proxy.session import Session
-from sluice.proxy.tls import ServerTLS, UpstreamTLS
+from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.net.session import Session
+from sluice.proxy.net.tls import ServerTLS, UpstreamTLS
+from sluice.proxy.ops.config import ProxyConfig
 from tests.harness.ports import free_port_block
 from tests.proxy.tls_certs import make_pki
 
 
-def _nodelay(writer: asyncio.StreamWriter | None) -> int:
-    assert writer is not None
-    sock: Any = writer.get_extra_info("socket")
+def _nodelay(transport: asyncio.BaseTransport | None) -> int:
+    assert transport is not None
+    sock: Any = transport.get_extra_info("socket")
     assert sock is not None
     return int(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
@@ -65,7 +65,7 @@ async def _session_sockets(tls_dir: Path | None) -> tuple[int, int]:
             await asyncio.sleep(0.01)
         (session,) = server.sessions
         assert isinstance(session, Session)
-        result = (_nodelay(session._cw), _nodelay(session._uw))
+        result = (_nodelay(session._client), _nodelay(session._broker))
         w.close()
         return result
     finally:

@@ -280,7 +280,7 @@ def test_upstream_tls_failures_refuse_the_broker(
 def test_tls_config_errors_name_file_line_field(
     pki: Pki, tmp_path: Path, text: str, message: str
 ) -> None:
-    from sluice.proxy.config_load import ConfigFileError, build_config
+    from sluice.proxy.ops.config_load import ConfigFileError, build_config
 
     fields = {k: str(getattr(pki, k)) for k in pki.__dataclass_fields__}
     path = write_config(tmp_path / "sluice.yaml", text.format(**fields))
@@ -292,7 +292,7 @@ def test_tls_config_errors_name_file_line_field(
 def test_tls_config_relative_paths_and_defaults(pki: Pki, tmp_path: Path) -> None:
     import shutil
 
-    from sluice.proxy.config_load import build_config
+    from sluice.proxy.ops.config_load import build_config
 
     for src in (pki.server_cert, pki.server_key, pki.ca):
         shutil.copy(src, tmp_path / src.name)
@@ -358,7 +358,7 @@ def test_client_certificate_names_the_principal(
 
 
 def test_peer_principal_is_the_rfc2253_subject() -> None:
-    from sluice.proxy.tls import peer_principal
+    from sluice.proxy.net.tls import peer_principal
 
     cert = {
         "subject": (

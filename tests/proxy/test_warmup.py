@@ -8,7 +8,7 @@ import asyncio
 from sluice.codec import guard, messages
 from sluice.codec.messages import ApiKey, codec_version_range
 from sluice.codec.schemas import request_schema, response_schema
-from sluice.proxy import warmup
+from sluice.proxy.ops import warmup
 
 
 def test_every_version_of_the_hot_messages_is_prepared() -> None:

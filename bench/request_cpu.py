@@ -1,0 +1,135 @@
+"""CPU per request of the proxy in the middle: one-record Produce requests at a fixed rate.
+
+Measures what the core costs per request and response, apart from any filter: the proxy runs
+with no filter, a producer sends one record per request (linger.ms=0, acks=1) at a fixed rate,
+and the proxy process's CPU time (user + system, from psutil) is divided by the records sent.
+Variants run in interleaved slices on one broker, so machine drift hits them alike:
+
+- `this`: `sluice serve` of this checkout;
+- `other`: `sluice serve` run by another installation's Python (`--other PYTHON`), for a
+  before/after comparison of two builds in the same run.
+
+    .venv/bin/python -m bench.request_cpu --seconds 5 --slices 5 [--other /path/to/python]
+
+Prints one line per slice and a summary (median CPU µs per request per variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psutil
+from confluent_kafka import Producer
+
+from bench.workload import QUIET, json_records
+from sluice.local_broker import TansuBroker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proxy:
+    def __init__(self, python: str, upstream: str) -> None:
+        self.port = _free_port()
+        self.process = subprocess.Popen(
+            [python, "-m", "sluice", "serve", "--listen", f"127.0.0.1:{self.port}",
+             "--upstream", upstream],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            self.stop()
+            raise RuntimeError(f"{python} -m sluice serve did not start")
+        self.ps = psutil.Process(self.process.pid)
+
+    def cpu(self) -> float:
+        t = self.ps.cpu_times()
+        return float(t.user + t.system)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def one_slice(producer: Producer, topic: str, values: list[bytes], rate: int) -> int:
+    start = time.perf_counter()
+    for i, value in enumerate(values):
+        due = start + i / rate
+        while (now := time.perf_counter()) < due:
+            producer.poll(max(0.0, min(due - now, 0.001)))
+        producer.produce(topic, value)
+        producer.poll(0)
+    producer.flush(30)
+    return len(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="per slice and variant")
+    parser.add_argument("--slices", type=int, default=5)
+    parser.add_argument("--rate", type=int, default=2000, help="requests per second")
+    parser.add_argument("--other", help="another installation's python, run side by side")
+    args = parser.parse_args(argv)
+    n = int(args.seconds * args.rate)
+    values = json_records(n)
+    with TansuBroker() as broker:
+        proxies: dict[str, Proxy] = {"this": Proxy(sys.executable, broker.bootstrap)}
+        if args.other:
+            proxies["other"] = Proxy(args.other, broker.bootstrap)
+        producers: dict[str, Producer] = {}
+        try:
+            for name, proxy in proxies.items():
+                producers[name] = Producer(
+                    {"bootstrap.servers": f"127.0.0.1:{proxy.port}", "linger.ms": 0,
+                     "acks": 1, **QUIET}
+                )
+                one_slice(producers[name], f"cpu-{name}", values[:200], args.rate)  # warm up
+            results: dict[str, list[float]] = {name: [] for name in proxies}
+            order = list(proxies)
+            for k in range(args.slices):
+                for name in order if k % 2 == 0 else reversed(order):
+                    before = proxies[name].cpu()
+                    sent = one_slice(producers[name], f"cpu-{name}", values, args.rate)
+                    micros = (proxies[name].cpu() - before) / sent * 1e6
+                    results[name].append(micros)
+                    print(f"slice {k} {name}: {micros:.1f} CPU µs per request ({sent} requests)")
+            print(f"one-record produce requests at {args.rate}/s, {args.slices} slices of "
+                  f"{args.seconds:g} s; proxy CPU µs per request and response:")
+            for name, values_us in results.items():
+                print(f"  {name:6s} median {statistics.median(values_us):6.1f}  "
+                      f"min {min(values_us):6.1f}  max {max(values_us):6.1f}")
+            if "other" in results:
+                ratio: Any = statistics.median(
+                    t / o for t, o in zip(results["this"], results["other"], strict=True)
+                )
+                print(f"  this/other, median of per-slice ratios: {ratio:.3f}")
+        finally:
+            for proxy in proxies.values():
+                proxy.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Networking: listeners, client sessions, the sans-IO connection, TLS, broker addresses."""

@@ -1,0 +1,553 @@
+"""One client connection as a sans-IO state machine: bytes in, actions out.
+
+`Connection` is fed the bytes the client sent (`client_data`), the bytes the broker sent
+(`broker_data`), the results of jobs it asked for (`job_done`), end-of-stream on either side,
+and whether each side's socket can take more bytes (`client_writable`, `broker_writable`). It
+answers with a list of actions for the I/O layer (`net/session.py`) to perform: send these
+bytes to the broker or to the client, pause or resume reading a side, start a job, close.
+
+What lives here, and only here:
+
+- **Correlation and order.** Every request that expects a response gets a slot, in the
+  client's order. Responses are matched to forwarded requests by correlation id (the broker
+  answers in order); answers the proxy makes itself fill their slot at once. Bytes go to the
+  client strictly in slot order. acks=0 Produce requests get no slot (Kafka sends no
+  response; a broker that answers anyway is tolerated and its answer dropped).
+- **Request order towards the broker.** While a request is deferred (a filter job, a config
+  look-up), later requests wait behind it, so the broker sees them in the client's order.
+- **Back-pressure.** Reading from the client pauses while too many requests are in flight,
+  too many response bytes wait for an earlier slot, too many request bytes wait behind a
+  deferred one, or either socket's send buffer is full; reading from the broker pauses while
+  the client's socket does not drain. Per-connection memory is therefore bounded (see
+  `Limits` and docs/ARCHITECTURE.md).
+- **Chain changes in flight.** A response is sent only if it was processed by the router in
+  force at send time; otherwise it is processed again from the broker's bytes (a Fetch that
+  waited across a reload that added a fetch filter is filtered by it).
+- **Refusals.** A frame that cannot be parsed, a request version the proxy never advertised,
+  a response that matches no request: the connection closes with the reason.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.codec.errors import CodecError, FrameTooLarge
+from sluice.codec.frames import FrameBuffer
+from sluice.codec.headers import parse_request_header, read_correlation_id
+from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.paths.base import (
+    Answer,
+    Defer,
+    Exchange,
+    Forward,
+    Job,
+    NoReply,
+    Refuse,
+    Refused,
+    Respond,
+    ResponsePath,
+)
+from sluice.proxy.paths.registry import Routes, lease, release
+from sluice.proxy.telemetry.metrics import Metrics
+
+_SIZE = struct.Struct(">i")
+_pack_size = _SIZE.pack
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-connection bounds (see docs/ARCHITECTURE.md, "Back-pressure")."""
+
+    max_frame_size: int = 100 * 1024 * 1024
+    max_inflight: int = 256  # requests awaiting their response
+    max_held_response_bytes: int = 8 * 1024 * 1024  # ready responses waiting for an earlier one
+    max_queued_request_bytes: int = 8 * 1024 * 1024  # requests waiting behind a deferred one
+    max_unanswered_acks0: int = 1024  # correlation ids of acks=0 requests remembered
+
+
+# ------------------------------------------------------------------ actions
+
+
+@dataclass(slots=True)
+class SendToBroker:
+    data: list[bytes | memoryview]  # size prefixes and frame bodies, in order
+
+
+@dataclass(slots=True)
+class SendToClient:
+    data: list[bytes | memoryview]
+
+
+@dataclass(slots=True)
+class StartJob:
+    job_id: int
+    job: Job
+
+
+@dataclass(slots=True)
+class PauseClient:
+    pass
+
+
+@dataclass(slots=True)
+class ResumeClient:
+    pass
+
+
+@dataclass(slots=True)
+class PauseBroker:
+    pass
+
+
+@dataclass(slots=True)
+class ResumeBroker:
+    pass
+
+
+@dataclass(slots=True)
+class Close:
+    reason: str
+    violation: bool = False  # the peer broke the protocol (counted, logged as a warning)
+
+
+Action = (
+    SendToBroker
+    | SendToClient
+    | StartJob
+    | PauseClient
+    | ResumeClient
+    | PauseBroker
+    | (ResumeBroker | Close)
+)
+
+
+class _Slot:
+    """One request awaiting its response, in client order."""
+
+    __slots__ = (
+        "exchange",
+        "generation",
+        "held",
+        "on_sent",
+        "pin",
+        "raw",
+        "response",
+        "started",
+        "waiting_job",
+    )
+
+    def __init__(self, exchange: Exchange, pin: ResponsePath | None) -> None:
+        self.exchange = exchange
+        self.pin = pin
+        self.raw: bytes | memoryview | None = None  # the broker's response frame body
+        self.response: bytes | memoryview | None = None  # what the client gets
+        self.on_sent: Callable[[], None] | None = None
+        self.generation = -1  # router generation that produced `response` (-1: not routed)
+        self.waiting_job = False
+        self.held = 0  # bytes of `response` counted as held
+        self.started = time.monotonic()
+
+
+class Connection:
+    """The sans-IO state of one client connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: ClientInfo,
+        routes: Routes,
+        metrics: Metrics,
+        limits: Limits | None = None,
+    ) -> None:
+        self.client = client
+        self.limits = limits or Limits()
+        self._routes = routes
+        self._metrics = metrics
+        self._client_frames = FrameBuffer(self.limits.max_frame_size)
+        self._broker_frames = FrameBuffer(self.limits.max_frame_size)
+        self._slots: deque[_Slot] = deque()  # awaiting the client, in request order
+        self._awaiting: deque[_Slot] = deque()  # forwarded, awaiting the broker, in order
+        self._unanswered: deque[int] = deque(maxlen=self.limits.max_unanswered_acks0)
+        self._queued: deque[bytes | memoryview] = deque()  # requests behind a deferred one
+        self._queued_bytes = 0
+        self._held_bytes = 0
+        self._deferred_request = False
+        # job id -> (kind, what it is for, its finish, the context it runs with)
+        self._jobs: dict[int, tuple[str, Any, Callable[[Any], Any], Any]] = {}
+        self._next_job = 1
+        self._client_writable = True
+        self._broker_writable = True
+        self._client_paused = False
+        self._broker_paused = False
+        self._client_eof = False
+        self.closed: Close | None = None
+
+    # ================================================================ inputs
+
+    def client_data(self, data: bytes) -> list[Action]:
+        out: list[Action] = []
+        if self.closed is not None:
+            return out
+        self.client.stats.bytes_in += len(data)
+        try:
+            frames = self._client_frames.feed(data)
+        except FrameTooLarge as exc:
+            return self._close(out, f"request frame too large: {exc}", violation=True)
+        to_broker: list[bytes | memoryview] = []
+        for frame in frames:
+            if self._deferred_request:
+                self._queue(frame)
+                continue
+            self._on_request(frame, out, to_broker)
+            if self.closed is not None:
+                break
+        return self._finish(out, to_broker)
+
+    def broker_data(self, data: bytes) -> list[Action]:
+        out: list[Action] = []
+        if self.closed is not None:
+            return out
+        try:
+            frames = self._broker_frames.feed(data)
+        except FrameTooLarge as exc:
+            return self._close(out, f"response frame too large: {exc}", violation=True)
+        for frame in frames:
+            self._on_response(frame, out)
+            if self.closed is not None:
+                return out
+        return self._finish(out, None)
+
+    def job_done(
+        self, job_id: int, result: Any, error: BaseException | None = None
+    ) -> list[Action]:
+        out: list[Action] = []
+        kind, subject, finish, ctx = self._jobs.pop(job_id)
+        release(ctx)
+        if self.closed is not None:
+            return out
+        if error is not None:
+            return self._close(out, f"{kind} job failed: {type(error).__name__}: {error}")
+        try:
+            outcome = finish(result)
+        except (CodecError, Refused) as exc:
+            return self._close(out, str(exc), violation=True)
+        to_broker: list[bytes | memoryview] = []
+        if kind == "request":
+            self._deferred_request = False
+            self._apply_request(subject, outcome, ctx, out, to_broker)
+            self._drain_queue(out, to_broker)
+        else:
+            self._apply_response(subject, outcome, ctx, out)
+        return self._finish(out, to_broker)
+
+    def client_eof(self) -> list[Action]:
+        """The client half-closed: answer what it asked, then close."""
+        out: list[Action] = []
+        self._client_eof = True
+        if self.closed is None and self._idle():
+            self._close(out, "client closed")
+        return out
+
+    def broker_eof(self) -> list[Action]:
+        out: list[Action] = []
+        if self.closed is None:
+            reason = "broker closed"
+            if self._awaiting:
+                reason += f" with {len(self._awaiting)} request(s) unanswered"
+            self._close(out, reason)
+        return out
+
+    def client_writable(self, writable: bool) -> list[Action]:
+        self._client_writable = writable
+        return self._finish([], None)
+
+    def broker_writable(self, writable: bool) -> list[Action]:
+        self._broker_writable = writable
+        return self._finish([], None)
+
+    # ================================================================ state for observers
+
+    @property
+    def busy(self) -> bool:
+        """Requests are waiting for their responses (a long-poll Fetch is not idleness)."""
+        return bool(self._slots) or self._deferred_request
+
+    @property
+    def client_paused(self) -> bool:
+        return self._client_paused
+
+    @property
+    def inflight(self) -> int:
+        return len(self._slots)
+
+    def _idle(self) -> bool:
+        return not self._slots and not self._deferred_request and not self._queued
+
+    # ================================================================ requests
+
+    def _queue(self, frame: bytes | memoryview) -> None:
+        self._queued.append(frame)
+        self._queued_bytes += len(frame)
+
+    def _drain_queue(self, out: list[Action], to_broker: list[bytes | memoryview]) -> None:
+        while self._queued and not self._deferred_request and self.closed is None:
+            frame = self._queued.popleft()
+            self._queued_bytes -= len(frame)
+            self._on_request(frame, out, to_broker)
+
+    def _on_request(
+        self, frame: bytes | memoryview, out: list[Action], to_broker: list[bytes | memoryview]
+    ) -> None:
+        if type(frame) is memoryview and not frame.readonly:
+            # Frames reassembled across reads are views of a bytearray; kio's native decoder
+            # only takes read-only buffers (toreadonly is zero-copy).
+            frame = frame.toreadonly()
+        try:
+            header = parse_request_header(frame)
+        except CodecError as exc:
+            self._close(out, f"malformed request header: {exc}", violation=True)
+            return
+        router = self._routes.current
+        api_key, version = header.api_key, header.api_version
+        if not router.versions.accepts(api_key, version):
+            # The proxy never advertised it; the broker would close too. Refusing here also
+            # keeps every per-(key, version) table bounded.
+            self._close(
+                out, f"request api key {api_key} v{version} was not advertised", violation=True
+            )
+            return
+        client = self.client
+        if header.client_id is not None:
+            client.client_id = header.client_id
+        counts = client.stats.requests
+        counts[api_key] = counts.get(api_key, 0) + 1
+        self._metrics.request(api_key, version, len(frame))
+        exchange = Exchange(header, client)
+        path = router.request_path(api_key)
+        if path is None:
+            slot = _Slot(exchange, None)
+            self._slots.append(slot)
+            self._awaiting.append(slot)
+            to_broker.append(_pack_size(len(frame)))
+            to_broker.append(frame)
+            return
+        try:
+            outcome = path.on_request(router.ctx, exchange, frame)
+        except (CodecError, Refused) as exc:
+            self._close(out, str(exc), violation=True)
+            return
+        self._apply_request((exchange, frame), outcome, router.ctx, out, to_broker)
+
+    def _apply_request(
+        self,
+        target: tuple[Exchange, bytes | memoryview],
+        outcome: Any,
+        ctx: Any,
+        out: list[Action],
+        to_broker: list[bytes | memoryview],
+    ) -> None:
+        exchange, frame = target
+        header = exchange.header
+        if type(outcome) is Forward:
+            sent = frame if outcome.frame is None else outcome.frame
+            exchange.state = outcome.state
+            if outcome.expect_response:
+                slot = _Slot(exchange, outcome.pin)
+                self._slots.append(slot)
+                self._awaiting.append(slot)
+            else:
+                self._unanswered.append(header.correlation_id)
+            to_broker.append(_pack_size(len(sent)))
+            to_broker.append(sent)
+        elif type(outcome) is Answer:
+            slot = _Slot(exchange, None)
+            slot.response = outcome.response
+            slot.on_sent = outcome.on_sent
+            slot.generation = self._routes.current.generation
+            self._hold(slot)
+            self._slots.append(slot)
+        elif type(outcome) is Refuse:
+            self._close(out, outcome.reason, violation=True)
+        elif type(outcome) is Defer:
+            # Later requests wait: the broker must see them in the client's order.
+            self._deferred_request = True
+            self._start_job("request", target, outcome.job, ctx, out)
+        elif type(outcome) is NoReply:
+            return
+        else:
+            raise TypeError(f"unknown request outcome {outcome!r}")
+
+    def _start_job(self, kind: str, subject: Any, job: Job, ctx: Any, out: list[Action]) -> None:
+        job_id = self._next_job
+        self._next_job += 1
+        lease(ctx)  # the chain it runs with stays open until job_done
+        self._jobs[job_id] = (kind, subject, job.finish, ctx)
+        out.append(StartJob(job_id, job))
+
+    # ================================================================ responses
+
+    def _on_response(self, frame: bytes | memoryview, out: list[Action]) -> None:
+        if type(frame) is memoryview and not frame.readonly:
+            frame = frame.toreadonly()
+        try:
+            correlation_id = read_correlation_id(frame)
+        except CodecError as exc:
+            self._close(out, f"malformed response: {exc}", violation=True)
+            return
+        awaiting = self._awaiting
+        if (
+            not awaiting or awaiting[0].exchange.header.correlation_id != correlation_id
+        ) and correlation_id in self._unanswered:
+            # Tansu 0.6 answers acks=0 Produce requests, which Kafka never does; clients
+            # ignore such answers, so the proxy drops them instead of closing the connection.
+            self._unanswered.remove(correlation_id)
+            return
+        if not awaiting:
+            self._close(
+                out, f"unsolicited response, correlation id {correlation_id}", violation=True
+            )
+            return
+        slot = awaiting[0]
+        expected = slot.exchange.header.correlation_id
+        if expected != correlation_id:
+            self._close(
+                out,
+                f"response correlation id {correlation_id} does not match request {expected}",
+                violation=True,
+            )
+            return
+        awaiting.popleft()
+        slot.raw = frame
+        hdr = slot.exchange.header
+        self._metrics.response(
+            hdr.api_key, hdr.api_version, len(frame), time.monotonic() - slot.started
+        )
+        self._route_response(slot, out)
+
+    def _route_response(self, slot: _Slot, out: list[Action]) -> None:
+        router = self._routes.current
+        hdr = slot.exchange.header
+        path = slot.pin or router.response_path(hdr.api_key, hdr.api_version)
+        raw = slot.raw
+        assert raw is not None
+        if path is None:
+            self._apply_response(slot, Respond(raw), router.ctx, out, router.generation)
+            return
+        try:
+            outcome = path.on_response(router.ctx, slot.exchange, raw)
+        except (CodecError, Refused) as exc:
+            self._close(out, str(exc), violation=True)
+            return
+        self._apply_response(slot, outcome, router.ctx, out, router.generation)
+
+    def _apply_response(
+        self, slot: _Slot, outcome: Any, ctx: Any, out: list[Action], generation: int = -2
+    ) -> None:
+        if type(outcome) is Respond:
+            slot.response = outcome.frame
+            slot.on_sent = outcome.on_sent
+            slot.waiting_job = False
+            slot.generation = ctx.generation if generation == -2 else generation
+            self._hold(slot)
+        elif type(outcome) is Refuse:
+            self._close(out, outcome.reason, violation=True)
+        elif type(outcome) is Defer:
+            slot.waiting_job = True
+            self._start_job("response", slot, outcome.job, ctx, out)
+        else:
+            raise TypeError(f"unknown response outcome {outcome!r}")
+
+    def _hold(self, slot: _Slot) -> None:
+        assert slot.response is not None
+        slot.held = len(slot.response)
+        self._held_bytes += slot.held
+
+    # ================================================================ output
+
+    def _flush(self, out: list[Action]) -> None:
+        slots = self._slots
+        data: list[bytes | memoryview] = []
+        current = self._routes.current.generation
+        while slots:
+            slot = slots[0]
+            response = slot.response
+            if response is None:
+                break
+            if slot.generation != current and slot.pin is None and slot.raw is not None:
+                # The chain changed since this response was processed: the filters in force
+                # now decide what the client gets (issue 11, hole 1).
+                self._held_bytes -= slot.held
+                slot.held = 0
+                slot.response = None
+                slot.on_sent = None
+                self._route_response(slot, out)
+                if self.closed is not None or slot.response is None:
+                    break
+                continue
+            slots.popleft()
+            self._held_bytes -= slot.held
+            data.append(_pack_size(len(response)))
+            data.append(response)
+            self.client.stats.bytes_out += len(response) + 4
+            if slot.on_sent is not None:
+                slot.on_sent()
+        if data:
+            out.append(SendToClient(data))
+
+    def _finish(
+        self, out: list[Action], to_broker: list[bytes | memoryview] | None
+    ) -> list[Action]:
+        if self.closed is not None:
+            return out
+        if to_broker:
+            out.append(SendToBroker(to_broker))
+        self._flush(out)
+        if self.closed is not None:
+            return out
+        if self._client_eof and self._idle():
+            self._close(out, "client closed")
+            return out
+        limits = self.limits
+        pause_client = (
+            len(self._slots) >= limits.max_inflight
+            or self._held_bytes >= limits.max_held_response_bytes
+            or self._queued_bytes >= limits.max_queued_request_bytes
+            or not self._client_writable
+            or not self._broker_writable
+        )
+        if pause_client != self._client_paused:
+            self._client_paused = pause_client
+            out.append(PauseClient() if pause_client else ResumeClient())
+        pause_broker = not self._client_writable
+        if pause_broker != self._broker_paused:
+            self._broker_paused = pause_broker
+            out.append(PauseBroker() if pause_broker else ResumeBroker())
+        return out
+
+    def _close(self, out: list[Action], reason: str, violation: bool = False) -> list[Action]:
+        if self.closed is None:
+            # What is ready in order still goes out first (a close after a half-close).
+            if not violation:
+                self._flush(out)
+            self.closed = Close(reason, violation)
+            out.append(self.closed)
+            self._lost(reason)
+        return out
+
+    def abort(self, reason: str) -> list[Action]:
+        """Close from the proxy's side (shutdown, a limit): nothing more is sent."""
+        return self._close([], reason)
+
+    def _lost(self, reason: str) -> None:
+        # Requests the broker never answered: paths that account for them (produce
+        # telemetry) are told, so an audit shows the batches as lost, not as never sent.
+        ctx = self._routes.current.ctx
+        for slot in self._awaiting:
+            lost = getattr(slot.pin, "on_unanswered", None)
+            if lost is not None:
+                lost(ctx, slot.exchange, reason)
+        self._awaiting.clear()

@@ -1,0 +1,330 @@
+"""Thin asyncio glue around one `Connection`: two protocols (client side, broker side) that
+feed it bytes and perform the actions it returns.
+
+Nothing here decides anything about Kafka: correlation, order, back-pressure and refusals are
+the sans-IO `Connection`'s (`connection.py`). This module owns the sockets, the filter thread
+pool hand-off, and what happens once when a connection ends (telemetry, metrics, logs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any, Protocol, cast
+
+import structlog
+
+from sluice.proxy.net.client_info import ClientInfo, ConnectionStats
+from sluice.proxy.net.connection import (
+    Action,
+    Close,
+    Connection,
+    PauseBroker,
+    PauseClient,
+    ResumeBroker,
+    ResumeClient,
+    SendToBroker,
+    SendToClient,
+    StartJob,
+)
+from sluice.proxy.telemetry.logs import log
+
+#: Bytes a socket's send buffer may hold before the connection stops reading the other side.
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+_CONNECT_TIMEOUT = 10.0
+
+
+class SessionHooks(Protocol):
+    """What a session tells the process about itself (the listener implements it)."""
+
+    def admit(self, session: Session) -> bool: ...
+
+    def session_opened(self, session: Session) -> None: ...
+
+    def session_closed(self, session: Session, close: Close) -> None: ...
+
+
+class Session(asyncio.Protocol):
+    """The client side of one proxied connection (asyncio calls it), and the owner of the
+    broker side."""
+
+    def __init__(
+        self,
+        make_connection: Callable[[ClientInfo], Connection],
+        upstream: tuple[str, int],
+        upstream_ssl: dict[str, Any],
+        node_id: int | None,
+        hooks: SessionHooks,
+        executor: Executor | None,
+        principal_of: Callable[[Any], str | None] | None = None,
+    ) -> None:
+        self._make_connection = make_connection
+        self.upstream_address = upstream
+        self._upstream_ssl = upstream_ssl
+        self.node_id = node_id
+        self._hooks = hooks
+        self._executor = executor
+        self._principal_of = principal_of
+        self._client: asyncio.Transport | None = None
+        self._broker: asyncio.Transport | None = None
+        self._early: list[bytes] = []  # client bytes before the broker connection is up
+        self._early_eof = False
+        self.conn: Connection | None = None
+        self.client = ClientInfo("?", upstream, node_id)
+        self._ended = False
+        self._opened = False
+        self._connecting: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ observed by limits
+    @property
+    def stats(self) -> ConnectionStats:
+        return self.client.stats
+
+    @property
+    def busy(self) -> bool:
+        return self.conn is not None and self.conn.busy
+
+    def close(self, reason: str, **fields: Any) -> None:
+        """Close from the proxy's side (a limit, shutdown)."""
+        log.info("connection_closed_by_proxy", conn=self.client.id, reason=reason, **fields)
+        if self.conn is not None:
+            self._do(self.conn.abort(reason))
+        else:
+            self._end(Close(reason))
+
+    # ------------------------------------------------------------ client side (asyncio)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio.Transport, only compatible.
+        transport = cast(asyncio.Transport, transport)
+        self._client = transport
+        if not self._hooks.admit(self):
+            self._ended = True  # never admitted: nothing to account for
+            transport.close()
+            return
+        try:
+            self._set_up(transport)
+        except Exception as exc:
+            log.error("session_setup_failed", error=repr(exc), exc_info=True)
+            self._end(Close(f"connection set-up failed: {type(exc).__name__}"))
+
+    def _set_up(self, transport: asyncio.Transport) -> None:
+        peer = transport.get_extra_info("peername")
+        self.client.client_address = f"{peer[0]}:{peer[1]}" if peer else "?"
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass  # not TCP (a test's socketpair) or already gone
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        if self._principal_of is not None:
+            # A verified client certificate names the principal (SASL, if any, overrides).
+            self.client.principal = self._principal_of(transport.get_extra_info("peercert"))
+        self.conn = self._make_connection(self.client)
+        transport.pause_reading()  # until the broker connection is up
+        self._connecting = asyncio.get_running_loop().create_task(self._connect())
+
+    async def _connect(self) -> None:
+        host, port = self.upstream_address
+        loop = asyncio.get_running_loop()
+        try:
+            _transport, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: _BrokerSide(self), host, port, **self._upstream_ssl),
+                _CONNECT_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as exc:
+            log.warning(
+                "upstream_connect_failed",
+                conn=self.client.id,
+                upstream=f"{host}:{port}",
+                error=str(exc) or type(exc).__name__,
+            )
+            self._end(Close("broker unreachable"))
+            return
+        if self._ended:
+            _transport.close()
+            return
+        self._opened = True
+        self._hooks.session_opened(self)
+        assert self.conn is not None
+        early, self._early = self._early, []
+        for data in early:
+            self.data_received(data)
+        if self._early_eof:
+            self.eof_received()
+        assert self._client is not None
+        if not self._ended and not self._client.is_closing() and not self.conn.client_paused:
+            self._client.resume_reading()
+
+    def broker_connected(self, transport: asyncio.Transport) -> None:
+        self._broker = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        if conn is None or self._ended:
+            return
+        if self._broker is None:
+            # Read before pause_reading took effect (uvloop delivers what it had read).
+            self._early.append(data)
+            return
+        self._do(conn.client_data(data))
+
+    def eof_received(self) -> bool:
+        if self._broker is None:
+            self._early_eof = True
+        elif self.conn is not None and not self._ended:
+            self._do(self.conn.client_eof())
+        return True  # keep our side open: responses still in flight go out (half-close)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._ended:
+            if self.conn is not None:
+                self._do(self.conn.abort("client connection lost"))
+            else:
+                self._end(Close("client connection lost"))
+
+    def pause_writing(self) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.client_writable(False))
+
+    def resume_writing(self) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.client_writable(True))
+
+    # ------------------------------------------------------------ broker side (from _BrokerSide)
+    def broker_data(self, data: bytes) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.broker_data(data))
+
+    def broker_eof(self) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.broker_eof())
+
+    def broker_writable(self, writable: bool) -> None:
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.broker_writable(writable))
+
+    # ------------------------------------------------------------ actions
+    def _do(self, actions: list[Action]) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is SendToBroker:
+                assert self._broker is not None
+                self._broker.writelines(action.data)  # type: ignore[union-attr]
+            elif kind is SendToClient:
+                assert self._client is not None
+                self._client.writelines(action.data)  # type: ignore[union-attr]
+            elif kind is StartJob:
+                self._start(action)  # type: ignore[arg-type]
+            elif kind is PauseClient:
+                if self._client is not None and not self._client.is_closing():
+                    self._client.pause_reading()
+            elif kind is ResumeClient:
+                if self._client is not None and not self._client.is_closing():
+                    self._client.resume_reading()
+            elif kind is PauseBroker:
+                if self._broker is not None and not self._broker.is_closing():
+                    self._broker.pause_reading()
+            elif kind is ResumeBroker:
+                if self._broker is not None and not self._broker.is_closing():
+                    self._broker.resume_reading()
+            elif kind is Close:
+                self._end(action)  # type: ignore[arg-type]
+
+    def _start(self, action: StartJob) -> None:
+        job = action.job
+        loop = asyncio.get_running_loop()
+        client = self.client
+        # What logs on this connection's behalf (filters, look-ups) says which connection.
+        context = {"conn": client.id, "client": client.client_address, "node": self.node_id}
+
+        def run() -> Any:
+            with structlog.contextvars.bound_contextvars(**context):
+                return job.run()
+
+        future: asyncio.Future[Any]
+        if not job.in_thread:
+
+            async def run_async() -> Any:
+                with structlog.contextvars.bound_contextvars(**context):
+                    return await job.run()
+
+            future = asyncio.ensure_future(run_async())
+        elif self._executor is None:
+            # No filter threads configured: run inline, on the loop.
+            try:
+                result = run()
+            except Exception as exc:
+                self._job_done(action.job_id, None, exc)
+            else:
+                self._job_done(action.job_id, result, None)
+            return
+        else:
+            future = loop.run_in_executor(self._executor, run)
+
+        def done(fut: asyncio.Future[Any]) -> None:
+            if fut.cancelled():
+                self._job_done(action.job_id, None, asyncio.CancelledError())
+                return
+            error = fut.exception()
+            self._job_done(action.job_id, None if error else fut.result(), error)
+
+        future.add_done_callback(done)
+
+    def _job_done(self, job_id: int, result: Any, error: BaseException | None) -> None:
+        if self.conn is None:
+            return
+        if error is not None and not isinstance(error, asyncio.CancelledError):
+            log.error("job_failed", conn=self.client.id, error=repr(error), exc_info=error)
+        self._do(self.conn.job_done(job_id, result, error))
+
+    def _end(self, close: Close) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
+        # transport.close() sends what is buffered first (a reply before a close).
+        if self._client is not None:
+            self._client.close()
+        if self._broker is not None:
+            self._broker.close()
+        self._hooks.session_closed(self, close)
+
+    @property
+    def opened(self) -> bool:
+        """The broker connection came up (telemetry has an `open` event for it)."""
+        return self._opened
+
+
+class _BrokerSide(asyncio.Protocol):
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._session.broker_connected(cast(asyncio.Transport, transport))
+
+    def data_received(self, data: bytes) -> None:
+        self._session.broker_data(data)
+
+    def eof_received(self) -> bool:
+        self._session.broker_eof()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._session.broker_eof()
+
+    def pause_writing(self) -> None:
+        self._session.broker_writable(False)
+
+    def resume_writing(self) -> None:
+        self._session.broker_writable(True)

@@ -1,0 +1,1 @@
+"""Running the proxy: the app, worker processes, configuration, hot reload, the fleet, limits."""

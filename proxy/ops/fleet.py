@@ -1,0 +1,685 @@
+"""The filter fleet: filter modules and their bindings kept in a compacted topic on the cluster.
+
+One record per filter, key = the filter name (UTF-8); the value is JSON::
+
+    {"format": 1, "name": "pii", "module": "builtin:pii-mask", "topics": ["users"],
+     "apply_to": ["produce"], "on_error": "reject", "config": {...}, ... (the other keys of a
+     ``filters:`` entry), "module_sha256": "<hex>", "module_size": 47014,
+     "module_b64": "<the .wasm bytes, base64>", "deployed_at": "<ISO-8601>",
+     "deployed_by": "user@host"}
+
+An empty value (a tombstone) removes the filter. The newest record per key wins (compaction
+keeps only that one). Proxies announce themselves in the same topic under the key
+``instance:<instance id>`` with a heartbeat (host, pid, the filters they run by sha256, the fleet
+versions they refused); a clean shutdown writes a tombstone for that key.
+
+This module holds the record format (`FleetView` folds records into the current state), the
+config section (`parse_fleet_section`), the catalog of accepted fleet filters
+(`FleetCatalog`: verifies the module sha256, stores modules in the module cache directory by
+sha256 and proves each one loads before it joins the chain), and the Kafka side
+(`FleetFollower` for the proxy, `read_view`/`follow_view`/`ensure_topic` for the CLI), built on
+aiokafka (a runtime dependency; the follower runs on the proxy's event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from sluice.filters.config import FilterSpec, parse_filter_specs
+from sluice.filters.module_cache import default_cache_dir
+from sluice.filters.yaml_lines import ConfigError, LineMap
+from sluice.proxy.telemetry.logs import log
+
+DEFAULT_TOPIC: Final = "_sluice_filters"
+DEFAULT_POLL_SECONDS: Final = 2.0
+DEFAULT_HEARTBEAT_SECONDS: Final = 5.0
+DEFAULT_STARTUP_WAIT_SECONDS: Final = 10.0
+INSTANCE_PREFIX: Final = "instance:"
+#: Fleet batches larger than this are parsed in a worker thread, not on the event loop.
+INLINE_APPLY_BYTES: Final = 256 * 1024
+#: While the fleet cluster is unreachable, repeat the warning at most this often.
+FAILURE_LOG_SECONDS: Final = 30.0
+FORMAT_VERSION: Final = 1
+#: Largest module `sluice filter deploy` accepts (it travels base64-encoded in one record).
+MAX_MODULE_BYTES: Final = 8 * 1024 * 1024
+#: Record size the topic is created with: the base64 of MAX_MODULE_BYTES plus the JSON around it.
+MAX_RECORD_BYTES: Final = 16 * 1024 * 1024
+TOPIC_CONFIGS: Final = {"cleanup.policy": "compact", "max.message.bytes": str(MAX_RECORD_BYTES)}
+#: The keys of a ``filters:`` entry a fleet record carries (``module`` is replaced by the
+#: stored module file when the proxy loads it).
+SPEC_KEYS: Final = (
+    "name", "topics", "apply_to", "on_error", "dead_letter_topic", "config", "function",
+    "principals", "timeout_ms", "max_memory_mb",
+)
+_SETTINGS_KEYS: Final = (
+    "topic", "poll_seconds", "heartbeat_seconds", "startup_wait_seconds", "bootstrap",
+    "create_topic",
+)
+
+
+class FleetRecordError(ValueError):
+    """A fleet record that cannot be used (bad JSON, sha256 mismatch, missing field...)."""
+
+
+# ------------------------------------------------------------------------------------------
+# the config section
+# ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class FleetSettings:
+    """The ``fleet:`` section of the config file."""
+
+    topic: str = DEFAULT_TOPIC
+    poll_seconds: float = DEFAULT_POLL_SECONDS
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+    startup_wait_seconds: float = DEFAULT_STARTUP_WAIT_SECONDS
+    bootstrap: str | None = None
+    create_topic: bool = True
+
+
+def parse_fleet_section(raw: Any, lines: LineMap | None = None) -> FleetSettings | None:
+    """Validate ``fleet:`` (None when the section is absent); ConfigError names line and field."""
+    lm = lines if lines is not None else LineMap("<config>")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise lm.error(("fleet",), "must be a mapping (use `fleet: {}` for the defaults)")
+    for key in raw:
+        if key not in _SETTINGS_KEYS:
+            raise lm.error(("fleet", str(key)),
+                           f"unknown key (expected one of {', '.join(_SETTINGS_KEYS)})")
+    topic = raw.get("topic", DEFAULT_TOPIC)
+    if not isinstance(topic, str) or not topic.strip() or len(topic) > 249:
+        raise lm.error(("fleet", "topic"), f"must be a topic name, got {topic!r}")
+
+    def seconds(key: str, default: float, minimum: float) -> float:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+            raise lm.error(("fleet", key), f"must be a number of seconds >= {minimum}, "
+                                           f"got {value!r}")
+        return float(value)
+
+    poll = seconds("poll_seconds", DEFAULT_POLL_SECONDS, 0.05)
+    heartbeat = seconds("heartbeat_seconds", DEFAULT_HEARTBEAT_SECONDS, 0.1)
+    wait = seconds("startup_wait_seconds", DEFAULT_STARTUP_WAIT_SECONDS, 0.0)
+    bootstrap = raw.get("bootstrap")
+    if bootstrap is not None and (not isinstance(bootstrap, str) or ":" not in bootstrap):
+        raise lm.error(("fleet", "bootstrap"), f"must be HOST:PORT[,HOST:PORT...], "
+                                               f"got {bootstrap!r}")
+    create = raw.get("create_topic", True)
+    if not isinstance(create, bool):
+        raise lm.error(("fleet", "create_topic"), f"must be true or false, got {create!r}")
+    return FleetSettings(topic=topic, poll_seconds=poll, heartbeat_seconds=heartbeat,
+                         startup_wait_seconds=wait, bootstrap=bootstrap, create_topic=create)
+
+
+# ------------------------------------------------------------------------------------------
+# records
+# ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class FilterRecord:
+    """One deployed filter as the topic holds it (module bytes still base64)."""
+
+    name: str
+    fields: Mapping[str, Any]
+    module: str
+    sha256: str
+    size: int
+    module_b64: str
+    deployed_at: str | None
+    deployed_by: str | None
+    partition: int
+    offset: int
+
+    def module_bytes(self) -> bytes:
+        """The module, after checking it against its sha256 (FleetRecordError if it differs)."""
+        try:
+            data = base64.b64decode(self.module_b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise FleetRecordError(f"fleet filter {self.name!r}: module_b64 is not base64 "
+                                   f"({exc})") from None
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != self.sha256:
+            raise FleetRecordError(f"fleet filter {self.name!r}: module sha256 is {digest}, "
+                                   f"the record says {self.sha256}")
+        return data
+
+    @property
+    def version(self) -> tuple[int, int]:
+        return (self.partition, self.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRecord:
+    """A proxy's latest heartbeat."""
+
+    instance: str
+    data: Mapping[str, Any]
+
+    @property
+    def time_ms(self) -> int:
+        value = self.data.get("time")
+        return value if isinstance(value, int) else 0
+
+    def live(self, now_ms: int | None = None) -> bool:
+        """Heard from within three heartbeat intervals (plus slack for clock skew)."""
+        now = now_ms if now_ms is not None else int(time.time() * 1000)
+        interval = self.data.get("heartbeat_seconds")
+        seconds = float(interval) if isinstance(interval, (int, float)) else 5.0
+        return now - self.time_ms <= int(3 * seconds * 1000) + 2000
+
+    def filters(self) -> list[dict[str, Any]]:
+        items = self.data.get("filters")
+        return [f for f in items if isinstance(f, dict)] if isinstance(items, list) else []
+
+    def refused(self) -> list[dict[str, Any]]:
+        items = self.data.get("refused")
+        return [f for f in items if isinstance(f, dict)] if isinstance(items, list) else []
+
+
+def filter_record_value(fields: Mapping[str, Any], module_name: str, module: bytes,
+                        deployed_by: str | None = None) -> bytes:
+    """The value `sluice filter deploy` writes (`fields`: keys of a ``filters:`` entry)."""
+    body: dict[str, Any] = {"format": FORMAT_VERSION}
+    for key in SPEC_KEYS:
+        value = fields.get(key)
+        if value is not None:
+            body[key] = list(value) if isinstance(value, (tuple, frozenset, set)) else value
+    if isinstance(body.get("apply_to"), list):
+        body["apply_to"] = sorted(body["apply_to"])
+    body.update(
+        module=module_name,
+        module_sha256=hashlib.sha256(module).hexdigest(),
+        module_size=len(module),
+        module_b64=base64.b64encode(module).decode("ascii"),
+        deployed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        deployed_by=deployed_by,
+    )
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def parse_filter_record(name: str, value: bytes, partition: int = 0,
+                        offset: int = 0) -> FilterRecord:
+    """Parse one filter record (FleetRecordError on anything malformed)."""
+    try:
+        body = json.loads(value)
+    except ValueError as exc:
+        raise FleetRecordError(f"fleet filter {name!r}: value is not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise FleetRecordError(f"fleet filter {name!r}: value must be a JSON object")
+    if body.get("format") != FORMAT_VERSION:
+        raise FleetRecordError(f"fleet filter {name!r}: unsupported format "
+                               f"{body.get('format')!r} (this proxy reads {FORMAT_VERSION})")
+    if body.get("name", name) != name:
+        raise FleetRecordError(f"fleet filter {name!r}: the record names {body.get('name')!r}")
+    sha = body.get("module_sha256")
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef"
+                                                         for c in sha):
+        raise FleetRecordError(f"fleet filter {name!r}: module_sha256 must be 64 hex digits")
+    b64 = body.get("module_b64")
+    if not isinstance(b64, str) or not b64:
+        raise FleetRecordError(f"fleet filter {name!r}: module_b64 is missing")
+    fields = {k: body[k] for k in SPEC_KEYS if k in body}
+    fields["name"] = name
+    size = body.get("module_size")
+    module = body.get("module")
+    at, by = body.get("deployed_at"), body.get("deployed_by")
+    return FilterRecord(
+        name=name, fields=fields, module=module if isinstance(module, str) else "",
+        sha256=sha, size=size if isinstance(size, int) else len(b64) * 3 // 4,
+        module_b64=b64, deployed_at=at if isinstance(at, str) else None,
+        deployed_by=by if isinstance(by, str) else None, partition=partition, offset=offset)
+
+
+@dataclass
+class FleetView:
+    """The state a fleet topic describes, folded record by record (the newest per key wins)."""
+
+    filters: dict[str, FilterRecord] = field(default_factory=dict)
+    instances: dict[str, InstanceRecord] = field(default_factory=dict)
+    #: Keys whose newest record could not be parsed (the previous version stays in `filters`).
+    invalid: dict[str, str] = field(default_factory=dict)
+    records: int = 0
+
+    def apply_all(self, records: Iterable[tuple[bytes | None, bytes | None, int, int]]) -> bool:
+        """Fold (key, value, partition, offset) records in order; True if filters changed."""
+        changed = False
+        for key, value, partition, offset in records:
+            changed = self.apply(key, value, partition, offset) or changed
+        return changed
+
+    def apply(self, key: bytes | None, value: bytes | None, partition: int = 0,
+              offset: int = 0) -> bool:
+        """Fold one record in; True when the set of filters changed."""
+        self.records += 1
+        if key is None:
+            return False
+        try:
+            name = key.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        if name.startswith(INSTANCE_PREFIX):
+            instance = name[len(INSTANCE_PREFIX):]
+            if not value:
+                self.instances.pop(instance, None)
+                return False
+            try:
+                data = json.loads(value)
+            except ValueError:
+                return False
+            if isinstance(data, dict):
+                self.instances[instance] = InstanceRecord(instance, data)
+            return False
+        if not value:
+            self.invalid.pop(name, None)
+            return self.filters.pop(name, None) is not None
+        try:
+            record = parse_filter_record(name, value, partition, offset)
+        except FleetRecordError as exc:
+            self.invalid[name] = str(exc)
+            return False
+        self.invalid.pop(name, None)
+        self.filters[name] = record
+        return True
+
+
+# ------------------------------------------------------------------------------------------
+# modules on disk and the accepted set
+# ------------------------------------------------------------------------------------------
+
+def fleet_module_dir(cache_dir: str | Path | None) -> Path:
+    """Where fleet modules are stored: ``<module cache dir>/fleet``."""
+    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return base / "fleet"
+
+
+def store_module(directory: Path, sha256: str, data: bytes) -> Path:
+    """Write `data` as ``<directory>/<sha256>.wasm`` (atomic; kept if already there)."""
+    path = directory / f"{sha256}.wasm"
+    try:
+        if hashlib.sha256(path.read_bytes()).hexdigest() == sha256:
+            return path
+    except OSError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".wasm")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    record: FilterRecord
+    spec: FilterSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    name: str
+    sha256: str
+    version: tuple[int, int]
+    reason: str
+
+
+@dataclass
+class FleetPlan:
+    """The outcome of `FleetCatalog.plan`: apply it with `FleetCatalog.commit` once the chain
+    built from `specs` is installed."""
+
+    accepted: dict[str, Accepted]
+    refused: dict[str, Refused]
+    newly_refused: list[Refused]
+    changed: bool
+
+    @property
+    def specs(self) -> list[FilterSpec]:
+        """Fleet filters in chain order: by name."""
+        return [self.accepted[n].spec for n in sorted(self.accepted)]
+
+
+class FleetCatalog:
+    """The fleet filters this proxy runs, and the versions it refused.
+
+    `check(spec)` must raise (FilterLoadError, ValueError) when the filter cannot run; a
+    refused version leaves the previously accepted version of that name running (a broken
+    update of a masking filter must not switch masking off).
+    """
+
+    def __init__(self, topic: str, cache_dir: str | Path | None,
+                 check: Callable[[FilterSpec], None]) -> None:
+        self.topic = topic
+        self.module_dir = fleet_module_dir(cache_dir)
+        self.check = check
+        self.accepted: dict[str, Accepted] = {}
+        self.refused: dict[str, Refused] = {}
+
+    @property
+    def specs(self) -> list[FilterSpec]:
+        return [self.accepted[n].spec for n in sorted(self.accepted)]
+
+    def spec_for(self, record: FilterRecord) -> FilterSpec:
+        """Verify and store the module, validate the binding (raises on any problem)."""
+        path = store_module(self.module_dir, record.sha256, record.module_bytes())
+        fields = dict(record.fields)
+        fields["module"] = str(path)
+        specs = parse_filter_specs([fields], f"fleet:{self.topic}", None,
+                                   field_prefix=("fleet", record.name))
+        spec = specs[0]
+        self.check(spec)
+        return spec
+
+    def plan(self, desired: Mapping[str, FilterRecord]) -> FleetPlan:
+        """Work out the accepted set for `desired` (blocking: runs modules' init)."""
+        accepted: dict[str, Accepted] = {}
+        refused: dict[str, Refused] = {}
+        newly: list[Refused] = []
+        for name, record in desired.items():
+            current = self.accepted.get(name)
+            if current is not None and current.record.version == record.version:
+                accepted[name] = current
+                continue
+            known = self.refused.get(name)
+            if known is not None and known.version == record.version:
+                refused[name] = known
+                if current is not None:
+                    accepted[name] = current
+                continue
+            try:
+                accepted[name] = Accepted(record, self.spec_for(record))
+            except (FleetRecordError, ConfigError, ValueError, OSError) as exc:
+                bad = Refused(name, record.sha256, record.version, str(exc))
+                refused[name] = bad
+                newly.append(bad)
+                if current is not None:
+                    accepted[name] = current
+        before = {n: a.record.version for n, a in self.accepted.items()}
+        after = {n: a.record.version for n, a in accepted.items()}
+        return FleetPlan(accepted, refused, newly, before != after)
+
+    def commit(self, plan: FleetPlan) -> None:
+        self.accepted = dict(plan.accepted)
+        self.refused = dict(plan.refused)
+
+
+# ------------------------------------------------------------------------------------------
+# Kafka IO
+# ------------------------------------------------------------------------------------------
+
+def _servers(bootstrap: str) -> list[str]:
+    return [s.strip() for s in bootstrap.split(",") if s.strip()]
+
+
+async def ensure_topic(bootstrap: str, topic: str, *, timeout: float = 15.0) -> bool:
+    """Create `topic` compacted (1 partition) if it does not exist; True if it was created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=_servers(bootstrap),
+                                request_timeout_ms=int(timeout * 1000))
+    try:
+        await admin.start()
+        if topic in await admin.list_topics():
+            return False
+        response = await admin.create_topics(
+            [NewTopic(topic, 1, 1, topic_configs=dict(TOPIC_CONFIGS))],
+            timeout_ms=int(timeout * 1000))
+        for entry in response.topic_errors:
+            code, message = entry[1], entry[2]
+            if code == 36:  # TOPIC_ALREADY_EXISTS: another proxy or deploy won the race
+                return False
+            if code:
+                raise KafkaError(f"cannot create fleet topic {topic!r}: error {code} {message}")
+        return True
+    finally:
+        await admin.close()
+
+
+def _consumer(bootstrap: str, client_id: str, wait_ms: int) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        bootstrap_servers=_servers(bootstrap), client_id=client_id, group_id=None,
+        enable_auto_commit=False, auto_offset_reset="earliest",
+        max_partition_fetch_bytes=MAX_RECORD_BYTES * 2, fetch_max_bytes=MAX_RECORD_BYTES * 4,
+        fetch_max_wait_ms=wait_ms)
+
+
+async def _assign_all(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition] | None:
+    if topic not in await consumer.topics():
+        return None
+    partitions = consumer.partitions_for_topic(topic) or set()
+    tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
+    return tps
+
+
+async def _caught_up(consumer: AIOKafkaConsumer, end: Mapping[TopicPartition, int]) -> bool:
+    for tp, last in end.items():
+        if await consumer.position(tp) < last:
+            return False
+    return True
+
+
+async def follow_view(bootstrap: str, topic: str,
+                      until: Callable[[FleetView], bool], *, timeout: float,
+                      client_id: str = "sluice-fleet-cli") -> tuple[FleetView, bool]:
+    """Read `topic` from the beginning, then keep reading until `until(view)` holds (checked
+    once caught up and after every new batch) or `timeout` seconds pass.
+
+    Returns (view, satisfied). A missing topic reads as an empty view.
+    """
+    deadline = time.monotonic() + timeout
+    view = FleetView()
+    consumer = _consumer(bootstrap, client_id, 200)
+    try:
+        await consumer.start()
+        tps = await _assign_all(consumer, topic)
+        if tps is None:
+            return view, until(view)
+        end = await consumer.end_offsets(tps)
+        synced = False
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, messages in batch.items():
+                for m in messages:
+                    view.apply(m.key, m.value, tp.partition, m.offset)
+            if not synced:
+                synced = await _caught_up(consumer, end)
+            if synced and until(view):
+                return view, True
+            if time.monotonic() >= deadline:
+                return view, False
+    finally:
+        await consumer.stop()
+
+
+async def read_view(bootstrap: str, topic: str, *, timeout: float = 30.0) -> FleetView:
+    """The current state of the fleet topic (reads up to the end once)."""
+    view, done = await follow_view(bootstrap, topic, lambda _v: True, timeout=timeout)
+    if not done:
+        raise TimeoutError(f"could not read fleet topic {topic!r} to its end in {timeout:.0f} s")
+    return view
+
+
+async def produce(bootstrap: str, topic: str, key: bytes, value: bytes | None, *,
+                  timeout: float = 30.0) -> tuple[int, int]:
+    """Write one record (None = tombstone); returns (partition, offset)."""
+    producer = AIOKafkaProducer(bootstrap_servers=_servers(bootstrap), acks="all",
+                                max_request_size=MAX_RECORD_BYTES,
+                                compression_type="gzip", request_timeout_ms=int(timeout * 1000))
+    try:
+        await producer.start()
+        meta = await asyncio.wait_for(producer.send_and_wait(topic, key=key, value=value),
+                                      timeout)
+        return meta.partition, meta.offset
+    finally:
+        await producer.stop()
+
+
+OnChange = Callable[[dict[str, FilterRecord]], Awaitable[None]]
+
+
+class FleetFollower:
+    """Follows the fleet topic on the proxy's event loop and publishes this proxy's heartbeat.
+
+    `on_change(filters)` receives the whole current set once the topic has been read to its end,
+    then after every batch that changes it. `heartbeat()` returns the body of this proxy's
+    heartbeat; `poke()` sends one now (after a chain switch).
+    """
+
+    def __init__(self, settings: FleetSettings, bootstrap: str, instance_id: str,
+                 on_change: OnChange, heartbeat: Callable[[], dict[str, Any]]) -> None:
+        self.settings = settings
+        self.bootstrap = settings.bootstrap or bootstrap
+        self.instance_id = instance_id
+        self.on_change = on_change
+        self.heartbeat = heartbeat
+        self.synced = asyncio.Event()
+        self.view = FleetView()
+        self._topic_ready = asyncio.Event()
+        self._poke = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._producer: AIOKafkaProducer | None = None
+
+    @property
+    def key(self) -> bytes:
+        return f"{INSTANCE_PREFIX}{self.instance_id}".encode()
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._follow_forever(), name="fleet-follow"),
+                       asyncio.create_task(self._heartbeat_forever(), name="fleet-heartbeat")]
+
+    def poke(self) -> None:
+        self._poke.set()
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            # A tombstone, so `sluice filter list` stops showing this instance at once.
+            await asyncio.wait_for(
+                producer.send_and_wait(self.settings.topic, key=self.key, value=None), timeout)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            log.warning("fleet_goodbye_failed", error=str(exc))
+        with contextlib.suppress(KafkaError, OSError, TimeoutError):
+            await asyncio.wait_for(producer.stop(), timeout)
+
+    async def _follow_forever(self) -> None:
+        # aiokafka logs each failed connection attempt; the warning below reports them instead.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        failures, logged_at = 0, 0.0
+        while True:
+            try:
+                await self._follow()
+            except Exception as exc:  # any client failure: retry; the proxy keeps serving
+                failures += 1
+                now = time.monotonic()
+                if failures == 1 or now - logged_at >= FAILURE_LOG_SECONDS:
+                    logged_at = now
+                    log.warning("fleet_follow_failed", topic=self.settings.topic,
+                                bootstrap=self.bootstrap, error=str(exc) or type(exc).__name__,
+                                failures=failures, retry_seconds=self.settings.poll_seconds)
+                await asyncio.sleep(self.settings.poll_seconds)
+
+    async def _follow(self) -> None:
+        s = self.settings
+        if s.create_topic and await ensure_topic(self.bootstrap, s.topic):
+            log.info("fleet_topic_created", topic=s.topic)
+        poll_ms = int(s.poll_seconds * 1000)
+        consumer = _consumer(self.bootstrap, f"sluice-fleet-{self.instance_id}",
+                             min(500, poll_ms))
+        try:
+            await consumer.start()
+            tps = await _assign_all(consumer, s.topic)
+            while tps is None:
+                await asyncio.sleep(s.poll_seconds)
+                tps = await _assign_all(consumer, s.topic)
+            self._topic_ready.set()
+            end = await consumer.end_offsets(tps)
+            view = FleetView()
+            synced = False
+            pending = False
+            reported: dict[str, str] = {}
+            while True:
+                batch = await consumer.getmany(timeout_ms=poll_ms)
+                records = [(m.key, m.value, tp.partition, m.offset)
+                           for tp, messages in batch.items() for m in messages]
+                size = sum(len(r[1] or b"") for r in records)
+                if size > INLINE_APPLY_BYTES:
+                    # Parsing megabytes of JSON would stall client traffic: do it off the loop.
+                    changed = await asyncio.to_thread(view.apply_all, records)
+                else:
+                    changed = view.apply_all(records)
+                pending = pending or changed
+                for name, reason in view.invalid.items():
+                    if reported.get(name) != reason:
+                        log.error("fleet_record_invalid", topic=s.topic, key=name, reason=reason)
+                reported = dict(view.invalid)
+                self.view = view
+                if not synced:
+                    synced = await _caught_up(consumer, end)
+                    if synced:
+                        log.info("fleet_synced", topic=s.topic, records=view.records,
+                                 filters=sorted(view.filters))
+                        await self.on_change(dict(view.filters))
+                        pending = False
+                        self.synced.set()
+                elif pending:
+                    pending = False
+                    await self.on_change(dict(view.filters))
+        finally:
+            await consumer.stop()
+
+    async def _heartbeat_forever(self) -> None:
+        s = self.settings
+        await self._topic_ready.wait()
+        while self._producer is None:
+            producer = AIOKafkaProducer(bootstrap_servers=_servers(self.bootstrap),
+                                        client_id=f"sluice-fleet-{self.instance_id}",
+                                        request_timeout_ms=10_000)
+            try:
+                await producer.start()
+                self._producer = producer
+            except Exception as exc:  # cluster unreachable: try again later
+                log.warning("fleet_heartbeat_failed", error=str(exc) or type(exc).__name__)
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+                await asyncio.sleep(s.heartbeat_seconds)
+        while True:
+            self._poke.clear()
+            body = dict(self.heartbeat())
+            body.update(type="instance", instance=self.instance_id,
+                        time=int(time.time() * 1000), heartbeat_seconds=s.heartbeat_seconds)
+            try:
+                await asyncio.wait_for(self._producer.send_and_wait(
+                    s.topic, key=self.key,
+                    value=json.dumps(body, separators=(",", ":")).encode()), 10)
+            except Exception as exc:  # the next heartbeat tries again
+                log.warning("fleet_heartbeat_failed", error=str(exc) or type(exc).__name__)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), s.heartbeat_seconds)

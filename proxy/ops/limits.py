@@ -1,0 +1,115 @@
+"""Connection limits: the `limits:` config section and the idle-connection reaper.
+
+`max_frame_size` is enforced by the frame reader of each session; `max_connections` by the
+listeners (a connection beyond it is closed as soon as it is accepted); `idle_timeout_seconds`
+by `IdleReaper`, which looks at each session's byte counters on a timer instead of arming a
+timeout on every read, so the data path pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
+from sluice.filters.yaml_lines import LineMap
+
+if TYPE_CHECKING:
+    from sluice.proxy.net.session import Session
+
+_KEYS = ("max_connections", "max_frame_size", "idle_timeout_seconds")
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 0  # 0 = unlimited
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    idle_timeout_seconds: float = 0  # 0 = never
+
+
+def parse_limits(raw: Any, lines: LineMap, default_frame_size: int) -> Limits:
+    """The `limits:` section; raises ConfigError naming the file, line and field."""
+    if raw is None:
+        return Limits(max_frame_size=default_frame_size)
+    if not isinstance(raw, dict):
+        raise lines.error(("limits",), "must be a mapping")
+    for key in raw:
+        if key not in _KEYS:
+            raise lines.error(("limits", key), f"unknown key (expected one of {', '.join(_KEYS)})")
+
+    def number(key: str, default: float, integer: bool, minimum: float) -> Any:
+        value = raw.get(key, default)
+        ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
+        if not ok_type or isinstance(value, bool) or value < minimum:
+            kind = "an integer" if integer else "a number"
+            raise lines.error(("limits", key), f"must be {kind} >= {minimum}, got {value!r}")
+        return value
+
+    return Limits(
+        max_connections=number("max_connections", 0, True, 0),
+        # Below 1 KiB not even an ApiVersions exchange fits.
+        max_frame_size=number("max_frame_size", default_frame_size, True, 1024),
+        idle_timeout_seconds=float(number("idle_timeout_seconds", 0, False, 0)),
+    )
+
+
+class IdleReaper:
+    """Closes sessions that moved no bytes either way for `timeout` seconds.
+
+    A session with requests still awaiting a response is busy (a long-poll Fetch, a slow
+    broker), never idle.
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        sessions: Callable[[], Iterable[Session]],
+        on_close: Callable[[Session], None] | None = None,
+    ) -> None:
+        self.timeout = timeout
+        self._sessions = sessions
+        self._on_close = on_close
+        self._seen: dict[Session, tuple[int, int, float]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def interval(self) -> float:
+        return max(0.05, min(self.timeout / 4, 5.0))
+
+    def start(self) -> None:
+        if self.timeout > 0 and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.sweep(time.monotonic())
+
+    def sweep(self, now: float) -> list[Session]:
+        """One pass: returns the sessions closed for idleness."""
+        closed: list[Session] = []
+        seen: dict[Session, tuple[int, int, float]] = {}
+        for session in list(self._sessions()):
+            counters = (session.stats.bytes_in, session.stats.bytes_out)
+            previous = self._seen.get(session)
+            if previous is None or previous[:2] != counters or session.busy:
+                seen[session] = (*counters, now)
+                continue
+            if now - previous[2] >= self.timeout:
+                session.close("idle_timeout", idle_seconds=round(now - previous[2], 1))
+                if self._on_close is not None:
+                    self._on_close(session)
+                closed.append(session)
+            else:
+                seen[session] = previous
+        self._seen = seen
+        return closed

@@ -1,0 +1,82 @@
+"""The address-rewriting path: every broker endpoint a client can learn points at the proxy.
+
+Handles the responses whose schema carries broker endpoints (Metadata, FindCoordinator,
+DescribeCluster, the KIP-951 node endpoints of Produce v10+ and Fetch v16+, ...; found by
+`sluice.codec.endpoints` from the schemas, not listed by hand). Metadata responses also teach
+the topic registry its topic ids. Produce and Fetch responses whose only endpoints sit in a
+top-level tagged field are scanned first and pass undecoded when they carry none.
+"""
+
+from __future__ import annotations
+
+from sluice.codec.endpoints import carries_endpoints, endpoints_only_in_tags, rewrite_endpoints
+from sluice.codec.errors import CodecError
+from sluice.codec.guard import fields_end
+from sluice.codec.headers import response_header_size
+from sluice.codec.messages import ApiKey, codec_version_range
+from sluice.codec.schemas import response_schema
+from sluice.proxy.paths import responses
+from sluice.proxy.paths.base import (
+    Exchange,
+    Frame,
+    PathContext,
+    RequestOutcome,
+    Respond,
+    ResponseOutcome,
+)
+
+
+def _keys_with_endpoints() -> frozenset[int]:
+    keys = set()
+    for key in ApiKey:
+        span = codec_version_range(int(key))
+        if span is not None and any(
+            carries_endpoints(int(key), v) for v in range(span[0], span[1] + 1)
+        ):
+            keys.add(int(key))
+    return frozenset(keys)
+
+
+class AddressPath:
+    name = "addresses"
+
+    def __init__(self) -> None:
+        self.api_keys = _keys_with_endpoints()
+
+    def wants_request(self, ctx: PathContext, api_key: int) -> bool:
+        return False
+
+    def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
+        return carries_endpoints(api_key, version)
+
+    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
+        raise AssertionError("the address path handles no request")
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
+        hdr = exchange.header
+        if endpoints_only_in_tags(hdr.api_key, hdr.api_version) and not _has_top_level_tags(
+            hdr.api_key, hdr.api_version, frame
+        ):
+            return Respond(frame)
+        size, response = responses.decode(hdr, frame)
+        if hdr.api_key == ApiKey.METADATA:
+            ctx.topics.learn(response)
+            # Learn brokers in node id order, not response order (a stable order of discovery).
+            for b in sorted(getattr(response, "brokers", ()) or (), key=lambda b: int(b.node_id)):
+                ctx.map_endpoint(int(b.node_id), str(b.host), int(b.port))
+        rewritten = rewrite_endpoints(response, hdr.api_key, hdr.api_version, ctx.map_endpoint)
+        if rewritten is response:
+            return Respond(frame)
+        return Respond(responses.encode(frame, size, rewritten))
+
+
+def _has_top_level_tags(api_key: int, version: int, frame: Frame) -> bool:
+    """Whether the response carries any top-level tagged field. Most Produce and Fetch
+    responses carry none; a scan of the regular fields proves it without decoding (the full
+    decode of every Produce response was the largest Python cost of pass-through)."""
+    size = response_header_size(frame, api_key, version)
+    try:
+        end = fields_end(response_schema(api_key, version), frame[size:])
+    except CodecError:
+        return True  # the full decode reports it
+    return not (end == len(frame) - size - 1 and frame[-1] == 0)

@@ -1,0 +1,102 @@
+"""ApiVersions: advertise only what both the broker and the proxy's codec can handle.
+
+A client picks the highest version both sides support. If the proxy advertised a version its
+codec cannot decode, a Produce to a filtered topic could not be inspected. Re-encoding the
+response also normalises broker quirks (Debian's kcat cannot parse Tansu's own encoding).
+
+The broker's own ranges are recorded in the process's `VersionTable`, which the connection
+uses to refuse request versions the proxy never advertised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sluice.codec.error_codes import ErrorCode
+from sluice.codec.errors import CodecError
+from sluice.codec.messages import ApiKey, codec_version_range, decode_response, encode_response
+from sluice.proxy.paths.base import (
+    Exchange,
+    Frame,
+    PathContext,
+    Refused,
+    RequestOutcome,
+    Respond,
+)
+from sluice.proxy.paths.registry import VersionTable
+from sluice.proxy.paths.share import UNFILTERED_RECORD_APIS
+
+
+def intersect_api_versions(response: Any, hidden: frozenset[int] = frozenset()) -> Any:
+    """Keep the versions both sides support; drop the API keys in `hidden` altogether."""
+    kept = []
+    for entry in response.api_keys:
+        if int(entry.api_key) in hidden:
+            continue
+        ours = codec_version_range(int(entry.api_key))
+        if ours is None:
+            continue
+        low = max(int(entry.min_version), ours[0])
+        high = min(int(entry.max_version), ours[1])
+        if low > high:
+            continue
+        kept.append(
+            dataclasses.replace(
+                entry,
+                min_version=type(entry.min_version)(low),
+                max_version=type(entry.max_version)(high),
+            )
+        )
+    return dataclasses.replace(response, api_keys=tuple(kept))
+
+
+def decode_api_versions(version: int, body: bytes | memoryview) -> Any:
+    """`body` is the response after its (always v0, 4-byte) header."""
+    try:
+        return decode_response(ApiKey.API_VERSIONS, version, body)
+    except CodecError:
+        if version == 0:
+            raise
+        # A broker that does not support the requested version answers in v0.
+        return decode_response(ApiKey.API_VERSIONS, 0, body)
+
+
+def rewrite_api_versions_response(
+    version: int, body: bytes | memoryview, hidden: frozenset[int] = frozenset()
+) -> bytes:
+    """`body` is the response after its (always v0, 4-byte) header."""
+    return encode_response(intersect_api_versions(decode_api_versions(version, body), hidden))
+
+
+class ApiVersionsPath:
+    name = "api-versions"
+    api_keys = frozenset({int(ApiKey.API_VERSIONS)})
+
+    def __init__(self, versions: VersionTable) -> None:
+        self.versions = versions
+
+    def wants_request(self, ctx: PathContext, api_key: int) -> bool:
+        return False
+
+    def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
+        return True
+
+    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
+        raise AssertionError("the ApiVersions path handles no request")
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
+        hidden = UNFILTERED_RECORD_APIS if ctx.filters_on("fetch") else frozenset()
+        try:
+            # ApiVersions responses always use header v0: the 4-byte correlation id.
+            response = decode_api_versions(exchange.header.api_version, frame[4:])
+        except CodecError as exc:
+            raise Refused(f"cannot decode ApiVersions response: {exc}") from None
+        if int(response.error_code) == ErrorCode.NONE and response.api_keys:
+            self.versions.learn(
+                {
+                    int(e.api_key): (int(e.min_version), int(e.max_version))
+                    for e in response.api_keys
+                }
+            )
+        return Respond(bytes(frame[:4]) + encode_response(intersect_api_versions(response, hidden)))

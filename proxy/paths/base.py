@@ -1,0 +1,192 @@
+"""The contract of an API path, and what a path may answer.
+
+An API path is the part of the proxy that looks into one kind of request or response
+(Produce, Fetch, admin requests, SASL, ApiVersions, broker addresses, ...). The router
+(`registry.py`) asks each path, for the filter chain in force, which API keys it must see; every
+other frame is relayed as its original bytes, undecoded.
+
+The contract (docs/ARCHITECTURE.md has the long form):
+
+- **Ordering.** `on_request` is called once per request, in the client's order, and never for
+  a request while an earlier request of the same connection is still deferred. `on_response`
+  is called once per response; responses reach the client in request order whatever order
+  their processing finishes in.
+- **Threading.** `on_request`, `on_response` and every `Job.finish` run on the event loop
+  thread. They must not block: no socket I/O, no sleeping, no Wasm. Work that may take long
+  (running filters) goes into a `Job` with `in_thread=True`, whose `run` executes in the filter
+  thread pool and must touch no loop-owned state (no telemetry emission, no dead-letter
+  submission, no `ClientInfo` writes): it returns a value that `finish` applies on the loop.
+  Network look-ups go into a `Job` with `in_thread=False` whose `run` is a coroutine factory.
+- **Failing closed.** A path never forwards what it could not inspect: a request or response
+  it cannot decode is `Refuse`d (the connection is closed with the reason), never relayed.
+- **Chain changes.** A path reads the chain from its `PathContext`, which is fixed for the life
+  of the router that called it. A response is processed again, from its original bytes, when
+  the router changed before the response was sent, unless the path `pin`ned it (Produce and
+  admin answers, whose filtering happened when the request was forwarded).
+- **Side effects at send time.** Telemetry about what a response carries is returned as the
+  `on_sent` callback of `Respond`, so that a response processed twice is counted once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sluice.codec.headers import RequestHeader
+from sluice.proxy.net.client_info import ClientInfo
+
+if TYPE_CHECKING:
+    from sluice.filters.chain import DeadLetter, FilterChain
+    from sluice.proxy.net.upstream_client import UpstreamConnection
+    from sluice.proxy.paths.topics import TopicRegistry
+    from sluice.proxy.telemetry.metrics import Metrics
+    from sluice.proxy.telemetry.recorder import TelemetryRecorder
+
+Frame = bytes | memoryview
+
+
+class Refused(Exception):
+    """Raised by a path for a frame it cannot relay safely; the connection is closed."""
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request on its way through the proxy, and later its response."""
+
+    header: RequestHeader
+    client: ClientInfo
+    state: Any = None  # whatever the path that handled the request keeps for its response
+
+
+# ------------------------------------------------------------------ what a path may answer
+
+
+@dataclass(slots=True)
+class Forward:
+    """Send the request to the broker: its original bytes, or `frame` instead."""
+
+    frame: Frame | None = None
+    expect_response: bool = True
+    state: Any = None
+    pin: ResponsePath | None = None  # this path handles the response, whatever the router
+
+
+@dataclass(slots=True)
+class Answer:
+    """Answer the request from the proxy (a whole response frame body, header included)."""
+
+    response: bytes
+    on_sent: Callable[[], None] | None = None
+
+
+@dataclass(slots=True)
+class Respond:
+    """The response frame body to send to the client."""
+
+    frame: Frame
+    on_sent: Callable[[], None] | None = None
+
+
+@dataclass(slots=True)
+class NoReply:
+    """Nothing goes to the broker and no response is due (an acks=0 Produce whose partitions
+    the proxy answered itself: Kafka sends no response to acks=0)."""
+
+
+@dataclass(slots=True)
+class Refuse:
+    """Close the connection: the frame cannot be relayed safely (a protocol violation)."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class Job:
+    """Work that must not run inline on the event loop.
+
+    `in_thread=True`: `run()` runs in the filter thread pool. `in_thread=False`: `run()`
+    returns an awaitable the loop awaits. `finish(result)` then runs on the loop and says what
+    to do, possibly with another Job. An exception from `run` closes the connection.
+    """
+
+    run: Callable[[], Any]
+    finish: Callable[[Any], Any]
+    in_thread: bool = True
+    what: str = "job"
+
+
+@dataclass(slots=True)
+class Defer:
+    job: Job
+
+
+RequestOutcome = Forward | Answer | NoReply | Refuse | Defer
+ResponseOutcome = Respond | Refuse | Defer
+
+
+# ------------------------------------------------------------------ what a path gets
+
+
+class DeadLetterSink(Protocol):
+    def submit(self, letters: list[DeadLetter]) -> None: ...
+
+
+EndpointMapper = Callable[[int, str, int], tuple[str, int]]
+
+
+class UpstreamOpener(Protocol):
+    def __call__(self) -> Awaitable[UpstreamConnection]: ...
+
+
+@dataclass(slots=True)
+class PathContext:
+    """Everything a path may use, and nothing else: never the server or a socket.
+
+    One context per installed chain; `generation` counts installs, so that a response
+    processed under an older chain can be recognised at send time.
+    """
+
+    chain: FilterChain | None
+    generation: int
+    directions: frozenset[str]
+    topics: TopicRegistry
+    telemetry: TelemetryRecorder
+    dead_letters: DeadLetterSink
+    metrics: Metrics
+    map_endpoint: EndpointMapper
+    open_upstream: UpstreamOpener  # a connection to a bootstrap broker, for look-ups
+    leases: int = field(default=0)  # jobs still running with this chain
+    retired: bool = field(default=False)
+
+    def filters_on(self, direction: str) -> bool:
+        return direction in self.directions
+
+
+# ------------------------------------------------------------------ the path interface
+
+
+class RequestPath(Protocol):
+    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome: ...
+
+
+class ResponsePath(Protocol):
+    def on_response(
+        self, ctx: PathContext, exchange: Exchange, frame: Frame
+    ) -> ResponseOutcome: ...
+
+
+class ApiPath(RequestPath, ResponsePath, Protocol):
+    """One path: the API keys it looks at, and when it needs to look (decode predicates).
+
+    `wants_request`/`wants_response` are asked when the router is built (once per chain) and,
+    for responses, once per API version; a path that answers False is not called, and the
+    frames it would have seen pass as their original bytes.
+    """
+
+    name: str
+    api_keys: frozenset[int]
+
+    def wants_request(self, ctx: PathContext, api_key: int) -> bool: ...
+
+    def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool: ...

@@ -1,0 +1,382 @@
+"""The API paths on their own: real filter chains (the shipped pii-mask and topic-policy
+builds), real Kafka frames built by the codec, no sockets and no server."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from sluice.codec import entities, schemas
+from sluice.codec.error_codes import ErrorCode
+from sluice.codec.headers import (
+    parse_request_header,
+    request_header_bytes,
+    response_header_bytes,
+)
+from sluice.codec.messages import (
+    ApiKey,
+    decode_request,
+    decode_response,
+    encode_request,
+    encode_response,
+)
+from sluice.codec.records import decode_records, split_batches
+from sluice.filters.chain import FilterChain
+from sluice.filters.config import FilterSpec
+from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.paths.admin import AdminPath
+from sluice.proxy.paths.base import (
+    Answer,
+    Defer,
+    Exchange,
+    Forward,
+    PathContext,
+    Refuse,
+    Respond,
+)
+from sluice.proxy.paths.fetch import FetchPath
+from sluice.proxy.paths.produce import ProducePath
+from sluice.proxy.paths.sasl import SaslPath
+from sluice.proxy.paths.topics import TopicRegistry
+from sluice.proxy.telemetry.events import proxy_info
+from sluice.proxy.telemetry.metrics import Metrics
+from sluice.proxy.telemetry.recorder import TelemetryRecorder
+from tests.filters.test_native_path import make_batch
+
+EMAIL = b'{"user": "ann@example.com", "note": "hi"}'
+
+
+@dataclass
+class ListSink:
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def close(self, timeout: float = 0) -> None:
+        pass
+
+
+@dataclass
+class Letters:
+    submitted: list[Any] = field(default_factory=list)
+
+    def submit(self, letters: list[Any]) -> None:
+        self.submitted.extend(letters)
+
+
+@pytest.fixture
+def chain(tmp_path: Any) -> Iterator[FilterChain]:
+    specs = [
+        FilterSpec(
+            name="pii",
+            module="builtin:pii-mask",
+            topics=("pii.*",),
+            apply_to=frozenset({"produce", "fetch"}),
+        ),
+        FilterSpec(
+            name="policy",
+            module="builtin:topic-policy",
+            topics=("*",),
+            apply_to=frozenset({"admin"}),
+            config={"partitions": {"max": 12}},
+        ),
+    ]
+    built = FilterChain.from_specs(specs, cache_dir=tmp_path / "cache")
+    yield built
+    built.close()
+
+
+def context(chain: FilterChain | None, sink: ListSink, letters: Letters) -> PathContext:
+    recorder = TelemetryRecorder(proxy_info("test"), Metrics())
+    recorder.sink = sink  # type: ignore[assignment]
+    directions: set[str] = set()
+    for f in chain.filters if chain is not None else ():
+        directions |= set(f.spec.apply_to)
+
+    async def no_upstream() -> Any:
+        raise OSError("no broker in a unit test")
+
+    return PathContext(
+        chain=chain,
+        generation=1,
+        directions=frozenset(directions),
+        topics=TopicRegistry(),
+        telemetry=recorder,
+        dead_letters=letters,
+        metrics=Metrics(),
+        map_endpoint=lambda node, host, port: ("proxy.local", 19092),
+        open_upstream=no_upstream,
+    )
+
+
+def run(outcome: Any) -> Any:
+    """Run deferred jobs the way the connection would (thread jobs inline here)."""
+    while isinstance(outcome, Defer):
+        assert outcome.job.in_thread, "these tests need no network look-up"
+        outcome = outcome.job.finish(outcome.job.run())
+    return outcome
+
+
+def produce_frame(topic: str, records: bytes, acks: int = -1, version: int = 9) -> bytes:
+    cls = schemas.request_schema(ApiKey.PRODUCE, version)
+    tcls = entities.element_class(cls, "topic_data")
+    pcls = entities.element_class(tcls, "partition_data")
+    request = entities.build(
+        cls,
+        transactional_id=None,
+        acks=acks,
+        timeout=datetime.timedelta(seconds=5),
+        topic_data=(
+            entities.build(
+                tcls, name=topic, partition_data=(entities.build(pcls, index=0, records=records),)
+            ),
+        ),
+    )
+    return request_header_bytes(ApiKey.PRODUCE, version, 7, "app") + encode_request(request)
+
+
+def exchange_of(frame: bytes, principal: str | None = None) -> Exchange:
+    client = ClientInfo("127.0.0.1:1", ("broker", 9092), principal=principal)
+    return Exchange(parse_request_header(frame), client)
+
+
+def values_of(records: bytes) -> list[bytes | None]:
+    batches, _ = split_batches(records)
+    return [r.value for b in batches for r in decode_records(b)]
+
+
+# ------------------------------------------------------------------ produce
+
+
+def test_produce_to_a_filtered_topic_is_masked_and_forwarded(chain: FilterChain) -> None:
+    sink, letters = ListSink(), Letters()
+    ctx = context(chain, sink, letters)
+    frame = produce_frame("pii.users", make_batch([EMAIL]))
+    exchange = exchange_of(frame)
+    outcome = ProducePath().on_request(ctx, exchange, frame)
+    assert isinstance(outcome, Defer), "filters run off the event loop"
+    forward = run(outcome)
+    assert isinstance(forward, Forward) and forward.frame is not None and forward.pin is not None
+    header = parse_request_header(forward.frame)
+    request = decode_request(ApiKey.PRODUCE, 9, forward.frame[header.header_size :])
+    (value,) = values_of(request.topic_data[0].partition_data[0].records)
+    assert value is not None and b"ann@example.com" not in value
+    exchange.state = forward.state
+    # The broker's answer gives the base offset that telemetry records.
+    rcls = schemas.response_schema(ApiKey.PRODUCE, 9)
+    tcls = entities.element_class(rcls, "responses")
+    pcls = entities.element_class(tcls, "partition_responses")
+    response = entities.build(
+        rcls,
+        responses=(
+            entities.build(
+                tcls,
+                name="pii.users",
+                partition_responses=(entities.build(pcls, index=0, base_offset=41),),
+            ),
+        ),
+        throttle_time=datetime.timedelta(0),
+    )
+    raw = response_header_bytes(7, ApiKey.PRODUCE, 9) + encode_response(response)
+    answered = forward.pin.on_response(ctx, exchange, raw)
+    assert isinstance(answered, Respond)
+    (event,) = sink.events
+    assert (event["topic"], event["offset_first"], event["offset_last"]) == ("pii.users", 41, 41)
+    assert event["filters"][0]["name"] == "pii" and event["filters"][0]["rewritten"] == 1
+
+
+def test_produce_to_an_unfiltered_topic_passes_as_its_bytes(chain: FilterChain) -> None:
+    ctx = context(chain, ListSink(), Letters())
+    frame = produce_frame("plain", make_batch([EMAIL]))
+    outcome = run(ProducePath().on_request(ctx, exchange_of(frame), frame))
+    assert isinstance(outcome, Forward) and outcome.frame is None and outcome.expect_response
+
+
+def test_produce_acks0_without_filters_expects_no_response() -> None:
+    ctx = context(None, ListSink(), Letters())
+    frame = produce_frame("plain", make_batch([EMAIL]), acks=0)
+    outcome = ProducePath().on_request(ctx, exchange_of(frame), frame)
+    assert isinstance(outcome, Forward) and not outcome.expect_response
+
+
+def test_undecodable_produce_is_refused(chain: FilterChain) -> None:
+    ctx = context(chain, ListSink(), Letters())
+    frame = produce_frame("pii.users", make_batch([EMAIL]))[:-9]
+    outcome = ProducePath().on_request(ctx, exchange_of(frame), frame)
+    assert isinstance(outcome, Refuse)
+
+
+def test_produce_with_a_corrupt_batch_is_answered_by_the_proxy(chain: FilterChain) -> None:
+    sink = ListSink()
+    ctx = context(chain, sink, Letters())
+    batch = bytearray(make_batch([EMAIL]))
+    batch[-1] ^= 0xFF  # the CRC no longer matches
+    frame = produce_frame("pii.users", bytes(batch))
+    outcome = run(ProducePath().on_request(ctx, exchange_of(frame), frame))
+    assert isinstance(outcome, Answer)
+    size = len(response_header_bytes(7, ApiKey.PRODUCE, 9))
+    response = decode_response(ApiKey.PRODUCE, 9, outcome.response[size:])
+    (part,) = response.responses[0].partition_responses
+    assert int(part.error_code) == ErrorCode.CORRUPT_MESSAGE
+    assert sink.events and sink.events[0]["error_code"] == ErrorCode.CORRUPT_MESSAGE
+
+
+# ------------------------------------------------------------------ fetch
+
+
+def fetch_response(topic: str, records: bytes, version: int = 12) -> bytes:
+    cls = schemas.response_schema(ApiKey.FETCH, version)
+    tcls = entities.element_class(cls, "responses")
+    pcls = entities.element_class(tcls, "partitions")
+    response = entities.build(
+        cls,
+        throttle_time=datetime.timedelta(0),
+        error_code=0,
+        session_id=0,
+        responses=(
+            entities.build(
+                tcls,
+                topic=topic,
+                partitions=(
+                    entities.build(
+                        pcls,
+                        partition_index=0,
+                        high_watermark=1,
+                        records=records,
+                        aborted_transactions=None,
+                    ),
+                ),
+            ),
+        ),
+    )
+    return response_header_bytes(3, ApiKey.FETCH, version) + encode_response(response)
+
+
+def fetch_exchange(version: int = 12) -> Exchange:
+    header = request_header_bytes(ApiKey.FETCH, version, 3, "consumer")
+    return Exchange(parse_request_header(header), ClientInfo("127.0.0.1:2", ("broker", 9092)))
+
+
+def test_fetch_records_are_masked_and_counted_when_sent(chain: FilterChain) -> None:
+    sink = ListSink()
+    ctx = context(chain, sink, Letters())
+    path = FetchPath()
+    assert path.wants_response(ctx, ApiKey.FETCH, 12)
+    raw = fetch_response("pii.users", make_batch([EMAIL]))
+    respond = run(path.on_response(ctx, fetch_exchange(), raw))
+    assert isinstance(respond, Respond) and respond.on_sent is not None
+    size = len(response_header_bytes(3, ApiKey.FETCH, 12))
+    decoded = decode_response(ApiKey.FETCH, 12, respond.frame[size:])
+    (value,) = values_of(decoded.responses[0].partitions[0].records)
+    assert value is not None and b"ann@example.com" not in value
+    assert sink.events == [], "telemetry waits until the response is sent"
+    respond.on_sent()
+    (event,) = sink.events
+    assert event["api"] == "fetch" and event["records_in"] == 1
+
+
+def test_fetch_of_an_unfiltered_topic_keeps_its_bytes(chain: FilterChain) -> None:
+    ctx = context(chain, ListSink(), Letters())
+    raw = fetch_response("plain", make_batch([EMAIL]))
+    respond = run(FetchPath().on_response(ctx, fetch_exchange(), raw))
+    assert isinstance(respond, Respond) and respond.frame is raw
+
+
+def test_no_fetch_filter_means_the_fetch_path_is_not_asked() -> None:
+    assert not FetchPath().wants_response(context(None, ListSink(), Letters()), ApiKey.FETCH, 12)
+
+
+# ------------------------------------------------------------------ admin
+
+
+def create_topics_frame(partitions: int, version: int = 5) -> bytes:
+    cls = schemas.request_schema(ApiKey.CREATE_TOPICS, version)
+    tcls = entities.element_class(cls, "topics")
+    request = entities.build(
+        cls,
+        topics=(
+            entities.build(
+                tcls,
+                name="orders",
+                num_partitions=partitions,
+                replication_factor=1,
+                assignments=(),
+                configs=(),
+            ),
+        ),
+        timeout=datetime.timedelta(seconds=5),
+        validate_only=False,
+    )
+    return request_header_bytes(ApiKey.CREATE_TOPICS, version, 9, "admin") + encode_request(request)
+
+
+def test_admin_denial_is_answered_with_policy_violation(chain: FilterChain) -> None:
+    sink = ListSink()
+    ctx = context(chain, sink, Letters())
+    frame = create_topics_frame(partitions=64)
+    outcome = AdminPath().on_request(ctx, exchange_of(frame), frame)
+    assert isinstance(outcome, Answer)
+    size = len(response_header_bytes(9, ApiKey.CREATE_TOPICS, 5))
+    (topic,) = decode_response(ApiKey.CREATE_TOPICS, 5, outcome.response[size:]).topics
+    assert int(topic.error_code) == ErrorCode.POLICY_VIOLATION
+    (event,) = sink.events
+    assert event["decision"] == "deny" and event["resource"] == "orders"
+
+
+def test_admin_allowed_request_passes_as_its_bytes(chain: FilterChain) -> None:
+    ctx = context(chain, ListSink(), Letters())
+    frame = create_topics_frame(partitions=3)
+    outcome = AdminPath().on_request(ctx, exchange_of(frame), frame)
+    assert isinstance(outcome, Forward) and outcome.frame is None
+
+
+# ------------------------------------------------------------------ sasl
+
+
+def test_sasl_handshake_v0_is_refused() -> None:
+    cls = schemas.request_schema(ApiKey.SASL_HANDSHAKE, 0)
+    frame = request_header_bytes(ApiKey.SASL_HANDSHAKE, 0, 1, "c") + encode_request(
+        entities.build(cls, mechanism="PLAIN")
+    )
+    outcome = SaslPath().on_request(context(None, ListSink(), Letters()), exchange_of(frame), frame)
+    assert isinstance(outcome, Refuse) and "v0" in outcome.reason
+
+
+def test_sasl_principal_is_learnt_from_a_successful_plain_exchange() -> None:
+    ctx = context(None, ListSink(), Letters())
+    path = SaslPath()
+    hs_cls = schemas.request_schema(ApiKey.SASL_HANDSHAKE, 1)
+    handshake = request_header_bytes(ApiKey.SASL_HANDSHAKE, 1, 1, "c") + encode_request(
+        entities.build(hs_cls, mechanism="PLAIN")
+    )
+    exchange = exchange_of(handshake)
+    assert isinstance(path.on_request(ctx, exchange, handshake), Forward)
+    auth_cls = schemas.request_schema(ApiKey.SASL_AUTHENTICATE, 2)
+    auth = request_header_bytes(ApiKey.SASL_AUTHENTICATE, 2, 2, "c") + encode_request(
+        entities.build(auth_cls, auth_bytes=b"\x00alice\x00secret")
+    )
+    auth_exchange = Exchange(parse_request_header(auth), exchange.client)
+    forward = path.on_request(ctx, auth_exchange, auth)
+    assert isinstance(forward, Forward) and forward.pin is path
+    auth_exchange.state = forward.state
+    rcls = schemas.response_schema(ApiKey.SASL_AUTHENTICATE, 2)
+    ok = response_header_bytes(2, ApiKey.SASL_AUTHENTICATE, 2) + encode_response(
+        entities.build(
+            rcls,
+            error_code=0,
+            error_message=None,
+            auth_bytes=b"",
+            session_lifetime=datetime.timedelta(0),
+        )
+    )
+    path.on_response(ctx, auth_exchange, ok)
+    assert exchange.client.principal == "User:alice"
+    assert ctx.metrics.sasl_outcomes == {("PLAIN", "ok"): 1}
