@@ -21,7 +21,6 @@ are permanent (a destroyed KEK makes its records unreadable for good: crypto-shr
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,26 +173,3 @@ def settings_from_mapping(raw: Mapping[str, Any], source: str = "<kms>") -> KmsS
     if settings is None:
         raise ConfigError(source, None, "kms", "missing")
     return settings
-
-
-_clients: dict[KmsSettings, Kms] = {}
-_clients_lock = threading.Lock()
-
-
-def open_kms(settings: KmsSettings) -> Kms:
-    """The process-wide client for `settings` (one per distinct section, shared by filters
-    and kept across config reloads)."""
-    with _clients_lock:
-        client = _clients.get(settings)
-        if client is None:
-            if settings.type == "local":
-                from sluice.crypto.kms_local import LocalKeyring
-
-                assert settings.path is not None
-                client = LocalKeyring(Path(settings.path), auto_create=settings.auto_create)
-            else:
-                from sluice.crypto.kms_aws import AwsKms
-
-                client = AwsKms(settings)
-            _clients[settings] = client
-        return client

@@ -77,8 +77,8 @@ from sluice.crypto.kms import (
     KeyNotFound,
     KmsError,
     UnwrapFailed,
-    open_kms,
 )
+from sluice.crypto.kms_clients import open_kms
 from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike

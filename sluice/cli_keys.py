@@ -60,7 +60,8 @@ def _fail(message: str, code: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sluice.crypto.kms import KmsError, open_kms, parse_kms_section
+    from sluice.crypto.kms import KmsError, parse_kms_section
+    from sluice.crypto.kms_clients import open_kms
     from sluice.filters.yaml_lines import ConfigError, load_yaml_with_lines
 
     path: Path = args.config
