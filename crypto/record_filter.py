@@ -282,10 +282,11 @@ class EncryptRunner(HostRunner):
         """(envelope, cipher, AAD prefix) of a record's header group; None when its KEK is
         gone (crypto-shredded). PartitionError when the KMS fails or the group is forged."""
         try:
-            env = find_envelope(headers)
-            assert env is not None and env.start == start
+            env = find_envelope(headers)  # starts at `start`: both use group_start
         except EnvelopeError as exc:
             raise self._tampered(ctx, offset, exc) from None
+        if env is None:  # cannot happen after group_start found the header; stay closed
+            raise self._tampered(ctx, offset, EnvelopeError("encryption headers vanished"))
         try:
             aead = self.keys.for_decrypt(env.key_name, env.key_version, env.wrapped_dek)
         except (KeyNotFound, KeyDestroyed):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sluice.proxy.telemetry_events import filter_entry, proxy_info, record_batch_event
+from sluice.proxy.telemetry.events import filter_entry, proxy_info, record_batch_event
 
 pytestmark = pytest.mark.spark
 PROXY = proxy_info("enc-test")
