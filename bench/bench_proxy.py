@@ -13,6 +13,12 @@ Workloads (issue 12, "The benchmark must show the truth"):
    (`--rate`, default 2 000/s), latency p50/p99, measured side by side with a producer
    straight to the broker in the same window (bench.latency).
 
+Variants: direct (clients to Tansu), relay (HAProxy in TCP mode; Tansu advertises the relay's
+port so every connection crosses it), sluice (no filters), mask-produce and mask-fetch
+(builtin:pii-mask on produce / on fetch for the benchmark topics), encrypt (builtin:encrypt,
+whole values, on produce and fetch, decrypting for the benchmark's unauthenticated clients;
+a local keyring in a temporary directory).
+
 Variants: `direct` (clients to Tansu), `aa` (direct again, measured at another moment of the
 same slice: the A/A row, the noise), `relay` (HAProxy in TCP mode; its broker advertises the
 relay's port so every connection crosses it), `sluice` (`sluice serve`, no filters),
@@ -40,8 +46,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -57,12 +65,24 @@ filters:
     apply_to: [produce]
 """
 MASK_FETCH = MASK_PRODUCE.replace("[produce]", "[fetch]")
+ENCRYPT = """
+filters:
+  - name: encrypt
+    module: builtin:encrypt
+    topics: ["bench-*"]
+    apply_to: [produce, fetch]
+    config: {{key: bench, decrypt_for: ["User:ANONYMOUS"]}}
+kms:
+  type: local
+  path: {path}
+"""
 
-ALL = ["direct", "aa", "relay", "sluice", "mask-produce", "mask-fetch"]
+ALL = ["direct", "aa", "relay", "sluice", "mask-produce", "mask-fetch", "encrypt"]
 SLUICE_CONFIGS: dict[str, str | None] = {
     "sluice": None,
     "mask-produce": MASK_PRODUCE,
     "mask-fetch": MASK_FETCH,
+    "encrypt": ENCRYPT,  # formatted with a fresh keyring path in rig()
 }
 
 
@@ -157,6 +177,11 @@ def rig(
                 points[name] = Point(target, relayed.bootstrap)
             else:
                 config = SLUICE_CONFIGS[name]
+                if name == "encrypt":
+                    keys = stack.enter_context(
+                        tempfile.TemporaryDirectory(prefix="sluice-bench-keys-")
+                    )
+                    config = ENCRYPT.format(path=json.dumps(f"{keys}/keys.json"))
                 text = "\n".join(t for t in (config, proxy_yaml) if t) or None
                 target = stack.enter_context(
                     targets.sluice(broker.bootstrap, text, list(proxy_args))

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from sluice.crypto.kms import KmsSettings, parse_kms_section
 from sluice.filters.yaml_lines import (
     ConfigError,
     FieldPath,
@@ -31,6 +32,7 @@ __all__ = [
     "BUILTIN_DIR",
     "DEFAULT_MAX_MEMORY_MB",
     "DEFAULT_TIMEOUT_MS",
+    "HOST_BUILTINS",
     "ON_ERROR_VALUES",
     "ConfigError",
     "FilterSpec",
@@ -48,6 +50,8 @@ MAX_TIMEOUT_MS: Final = 60_000
 MAX_MEMORY_MB: Final = 4096
 BUILTIN_PREFIX: Final = "builtin:"
 BUILTIN_DIR: Final = Path(__file__).resolve().parent / "builtin"
+#: ``builtin:NAME`` values served by host code (filters/host.py) rather than a packaged .wasm.
+HOST_BUILTINS: Final = ("encrypt",)
 
 _KNOWN_KEYS: Final = (
     "name", "module", "topics", "apply_to", "on_error", "dead_letter_topic", "config",
@@ -80,6 +84,9 @@ class FilterSpec:
     base_dir: Path | None = None
     source: str = "<filters>"
     line: int | None = None
+    #: The config's top-level ``kms:`` section, for host filters that need keys
+    #: (``builtin:encrypt``); None when the config has none.
+    kms: KmsSettings | None = None
 
     def __post_init__(self) -> None:
         # Guard programmatic construction with the same rules as the YAML path.
@@ -90,6 +97,15 @@ class FilterSpec:
         unknown = set(self.apply_to) - set(APPLY_TO_VALUES)
         if unknown:
             raise ValueError(f"unknown apply_to value(s): {', '.join(sorted(unknown))}")
+
+    @property
+    def host_builtin(self) -> str | None:
+        """The NAME of ``builtin:NAME`` when host code implements it (see HOST_BUILTINS)."""
+        if self.module.startswith(BUILTIN_PREFIX):
+            name = self.module[len(BUILTIN_PREFIX):]
+            if name in HOST_BUILTINS:
+                return name
+        return None
 
     @property
     def module_path(self) -> Path:
@@ -109,10 +125,9 @@ class FilterSpec:
 
 
 def builtin_names() -> list[str]:
-    """Names usable as ``builtin:NAME`` (the packaged .wasm files)."""
-    if not BUILTIN_DIR.is_dir():
-        return []
-    return sorted(p.stem for p in BUILTIN_DIR.glob("*.wasm"))
+    """Names usable as ``builtin:NAME`` (the packaged .wasm files and the host filters)."""
+    packaged = [p.stem for p in BUILTIN_DIR.glob("*.wasm")] if BUILTIN_DIR.is_dir() else []
+    return sorted({*packaged, *HOST_BUILTINS})
 
 
 def resolve_module(module: str, base_dir: Path | None) -> Path:
@@ -129,7 +144,9 @@ class _EntryParser:
     """Validates one ``filters[i]`` mapping; every error is located through the LineMap."""
 
     def __init__(self, raw: Mapping[Any, Any], path: FieldPath, lines: LineMap,
-                 base_dir: Path | None, check_files: bool) -> None:
+                 base_dir: Path | None, check_files: bool,
+                 kms: KmsSettings | None = None) -> None:
+        self.kms = kms
         self.raw = raw
         self.path = path
         self.lines = lines
@@ -224,7 +241,7 @@ class _EntryParser:
             on_error=on_error, dead_letter_topic=dead_letter_topic, config=config,
             function=function, principals=principals, timeout_ms=timeout_ms,
             max_memory_mb=max_memory_mb, base_dir=self.base_dir, source=self.lines.source,
-            line=self.lines.line(self.path),
+            line=self.lines.line(self.path), kms=self.kms,
         )
 
     def check_module(self, module: str) -> None:
@@ -232,6 +249,8 @@ class _EntryParser:
             builtin = module[len(BUILTIN_PREFIX):]
             if not _BUILTIN_NAME.match(builtin):
                 raise self.fail("module", f"invalid builtin name {builtin!r}")
+            if builtin in HOST_BUILTINS:
+                return
             if self.check_files and not resolve_module(module, None).is_file():
                 known = ", ".join(builtin_names()) or "none packaged"
                 raise self.fail("module", f"unknown builtin {builtin!r} (available: {known})")
@@ -276,12 +295,14 @@ def parse_filter_specs(
     *,
     field_prefix: Sequence[str | int] = ("filters",),
     check_files: bool = True,
+    kms: KmsSettings | None = None,
 ) -> list[FilterSpec]:
     """Validate the value of ``filters:`` (a list of mappings) into FilterSpecs.
 
     `source_path` is the config file (relative module paths resolve against its directory);
     `line_map` comes from `load_yaml_with_lines` over that file (None: errors carry no line).
-    `check_files` verifies that module files and builtins exist.
+    `check_files` verifies that module files and builtins exist. `kms` is the config's
+    validated ``kms:`` section, handed to every spec (host filters that need keys use it).
     """
     source = str(source_path)
     lines = line_map if line_map is not None else LineMap(source)
@@ -297,7 +318,7 @@ def parse_filter_specs(
         path = (*prefix, i)
         if not isinstance(raw, dict):
             raise lines.error(path, f"each filter must be a mapping, got {_kind(raw)}")
-        spec = _EntryParser(raw, path, lines, base_dir, check_files).parse()
+        spec = _EntryParser(raw, path, lines, base_dir, check_files, kms).parse()
         if spec.name in seen:
             raise lines.error((*path, "name"), f"duplicate filter name {spec.name!r} "
                                                f"(also filters[{seen[spec.name]}])")
@@ -313,4 +334,6 @@ def load_filter_specs(path: str | Path, *, check_files: bool = True) -> list[Fil
         return []
     if not isinstance(data, dict):
         raise lines.error((), "the config must be a mapping")
-    return parse_filter_specs(data.get("filters"), path, lines, check_files=check_files)
+    kms = parse_kms_section(data.get("kms"), lines, Path(path).resolve().parent)
+    return parse_filter_specs(data.get("filters"), path, lines, check_files=check_files,
+                              kms=kms)

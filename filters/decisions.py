@@ -12,6 +12,18 @@ from enum import IntEnum
 from sluice.filters.context import Header
 
 
+class PartitionError(Exception):
+    """Raised by a host filter (filters.host) to fail a whole partition with Kafka error
+    `code` (e.g. 56 KAFKA_STORAGE_ERROR, retriable, when a KMS is unreachable) instead of
+    deciding per record. `message` names the filter and never holds record data."""
+
+    def __init__(self, code: int, message: str, filter_name: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.filter_name = filter_name
+
+
 class Action(IntEnum):
     KEEP = 0
     REWRITE = 1

@@ -33,6 +33,9 @@ Fetch (broker -> client):
   an empty batch, so consumers advance past it. Control batches, empty batches and a truncated
   trailing batch pass through untouched. Changed batches get a fresh CRC; unchanged batches
   keep their original bytes.
+- A host filter's `PartitionError` (e.g. ``builtin:encrypt`` when its KMS is unreachable, or
+  a stored record that fails authentication) fails the partition with the error's code and no
+  records, on both paths; the failure is counted in that filter's stats (``errors``).
 - Rejected records are removed like drops and counted (``rejected`` in the stats); there is
   no per-record error in a Fetch response, and failing the whole partition would stall the
   consumer on that offset forever.
@@ -73,6 +76,7 @@ from sluice.filters.chain import (
     NativeChainResult,
 )
 from sluice.filters.context import RecordContext
+from sluice.filters.decisions import PartitionError
 
 NONE: Final = ErrorCode.NONE
 CORRUPT_MESSAGE: Final = ErrorCode.CORRUPT_MESSAGE
@@ -204,6 +208,13 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
     return result, built
 
 
+def _refused(exc: PartitionError, chain: FilterChain, ctx: RecordContext) -> FilterStats:
+    """Stats entry counting a PartitionError against the filter that raised it."""
+    sha = next((f.sha256 for f in chain.filters_for(ctx.topic, ctx.direction, ctx.principal)
+                if f.name == exc.filter_name), "")
+    return FilterStats(exc.filter_name or "?", sha, errors=1, failure=exc.message)
+
+
 def _idempotent_drop(name: str) -> str:
     return (f"filter {name}: dropped a record of an idempotent or transactional batch (a "
             "drop would break its sequence numbers), so the batch is rejected")
@@ -269,8 +280,13 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         decoded, code, message = _decode(batch)
         if decoded is None:
             return fail(code, message)
-        result = chain.run_records(ctx, decoded, offset_base=0,
-                                   timestamp_base=header.base_timestamp)
+        try:
+            result = chain.run_records(ctx, decoded, offset_base=0,
+                                       timestamp_base=header.base_timestamp)
+        except PartitionError as exc:
+            refused = fail(exc.code, exc.message)
+            refused.stats = [*out.stats, _refused(exc, chain, ctx)]
+            return refused
         _merge(out.stats, result.stats)
         out.dead_letters.extend(result.dead_letters)
         errors = sorted(result.reasons.items())
@@ -371,8 +387,13 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer) -> Fet
         decoded, code, message = _decode(batch)
         if decoded is None:
             return fail(code, message)
-        result = chain.run_records(ctx, decoded, offset_base=header.base_offset,
-                                   timestamp_base=header.base_timestamp)
+        try:
+            result = chain.run_records(ctx, decoded, offset_base=header.base_offset,
+                                       timestamp_base=header.base_timestamp)
+        except PartitionError as exc:
+            refused_fetch = fail(exc.code, exc.message)
+            refused_fetch.stats = [*out.stats, _refused(exc, chain, ctx)]
+            return refused_fetch
         _merge(out.stats, result.stats)
         out.dead_letters.extend(result.dead_letters)
         if not result.changed:

@@ -5,6 +5,9 @@
     result = f.run_batch(ctx, records)         # -> BatchResult, one Decision per record
     verdict = f.run_admin(resource)            # -> AdminVerdict (Sluice ABI with sluice_admin)
 
+A ``builtin:NAME`` served by host code (filters/host.py; ``builtin:encrypt``) loads without
+any Wasm: its `HostRunner` takes the place of an ABI adapter in the same `LoadedFilter`.
+
 `load_filter` reads the module, compiles it through the shared ModuleCache, picks the ABI from
 the module's exports (Sluice ABI v1 if it exports ``sluice_abi_version``; the Kafka Connect ABI
 if ``function`` names a ``() -> ()``/``() -> i64`` export and ``alloc`` is exported; the in-place
@@ -15,8 +18,9 @@ and returns a `LoadedFilter`.
 A trap, timeout, memory exhaustion, invalid output or guest-reported error never escapes
 `run_batch`/`run_admin`: it is counted, logged (without payloads) and turned into decisions by
 the filter's ``on_error`` policy: ``reject`` -> REJECT, ``pass`` -> KEEP, ``dead-letter`` ->
-REJECT with ``dead_letter=True``. Calls on one LoadedFilter are serialised by a lock (a wasmtime
-store is single-threaded).
+REJECT with ``dead_letter=True``. A host filter's `PartitionError` is the exception: it is
+counted and logged, then passes to the pipeline, which fails that partition with its code.
+Calls on one LoadedFilter are serialised by a lock (a wasmtime store is single-threaded).
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ from sluice.filters.abi_sluice import SluiceAbi, is_sluice_module
 from sluice.filters.admin import AdminResource, AdminVerdict, decode_admin_output
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
-from sluice.filters.decisions import Action, BatchResult, Decision
+from sluice.filters.decisions import Action, BatchResult, Decision, PartitionError
 from sluice.filters.engine import FilterEngine, default_engine
 from sluice.filters.guest import GuestFailure
+from sluice.filters.host import HostRunner
 from sluice.filters.module_cache import ModuleCache
 from sluice.filters.native_io import NativeOutput
 from sluice.filters.records_io import AbiError
@@ -81,11 +86,25 @@ def _select_abi(module: wasmtime.Module, spec: FilterSpec, who: str,
         "() -> () export plus alloc/dealloc (Kafka Connect ABI)")
 
 
+def _host_runner(name: str, spec: FilterSpec, who: str) -> HostRunner:
+    if "admin" in spec.apply_to:
+        raise FilterLoadError(f"{who}: builtin:{name} cannot act on admin requests (remove "
+                              "admin from apply_to)")
+    # The only host filter today; its module imports the cryptography package.
+    from sluice.crypto.record_filter import EncryptRunner
+
+    return EncryptRunner(spec, who)
+
+
 def load_filter(spec: FilterSpec, *, cache: ModuleCache | None = None,
                 engine: FilterEngine | None = None,
                 cache_dir: str | Path | None = None) -> LoadedFilter:
     """Load, check and instantiate the module of `spec` (FilterLoadError on any problem)."""
     who = f"filter {spec.name!r} ({spec.where})"
+    host = spec.host_builtin
+    if host is not None:
+        host_runner = _host_runner(host, spec, who)
+        return LoadedFilter(spec, host_runner.identity(), host_runner, "host", 0.0)
     if cache is None:
         cache = shared_cache(engine, cache_dir)
     eng = cache.engine
@@ -118,7 +137,8 @@ def load_filter(spec: FilterSpec, *, cache: ModuleCache | None = None,
 class LoadedFilter:
     """A filter ready to run. Thread-safe (calls are serialised)."""
 
-    def __init__(self, spec: FilterSpec, sha256: str, runner: AbiRunner, origin: str,
+    def __init__(self, spec: FilterSpec, sha256: str, runner: AbiRunner | HostRunner,
+                 origin: str,
                  load_seconds: float) -> None:
         self.spec = spec
         self.name = spec.name
@@ -224,6 +244,12 @@ class LoadedFilter:
                     raise remembered[1]  # the native call on this batch already failed
                 decisions, detectors = self._runner.run(ctx, records, offset_base,
                                                         timestamp_base)
+            except PartitionError as exc:
+                self.failures["partition"] += 1
+                self._log.warning("filter_partition_error", code=exc.code,
+                                  reason=exc.message[:200], topic=ctx.topic,
+                                  partition=ctx.partition, records=len(records))
+                raise
             except Exception as exc:
                 # GuestFailure, a failed re-initialisation, or a bug of ours: a trapped
                 # instance is already marked dead; anything unexpected drops it too.

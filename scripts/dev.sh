@@ -57,7 +57,7 @@ install_python() {
   say "creating $VENV and installing pinned Python packages (first time: a few minutes)"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt pip==23.2.1 setuptools==75.8.0 wheel==0.45.1
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,spark,build]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,spark,build,aws]"
   echo "$want" > "$stamp"
 }
 

@@ -23,6 +23,7 @@ _SUBCOMMAND_MODULES = (
     "sluice.cli_config",
     "sluice.cli_demo",
     "sluice.cli_transform",
+    "sluice.cli_keys",
 )
 
 

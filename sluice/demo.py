@@ -1,8 +1,9 @@
 """`sluice demo`: the whole product in one command, on an embedded default.
 
 Starts the bundled Tansu broker and the proxy with the shipped filters (pii-mask on produce,
-pii-mask with keep-last-4 on fetch, topic-policy on admin) and a transform writing the masked
-support tickets to a derived topic (its lag shown until zero), sends realistic traffic with PII
+pii-mask with keep-last-4 on fetch, topic-policy on admin, field encryption of card
+numbers) and a transform writing the masked support tickets to a derived topic (its lag shown
+until zero), sends realistic traffic with PII
 from real clients (librdkafka and kafka-python), shows records as produced, as stored and as
 consumed, tries a topic creation the policy denies, runs the Spark audit job over the
 telemetry, and prints where the HTML report is. Every process it starts is stopped on exit,
@@ -49,6 +50,15 @@ filters:
       name_pattern: "^[a-z0-9._-]+$"
       partitions: {{min: 1, max: 12}}
       allowed_cleanup_policies: [delete, compact]
+  - name: encrypt-cards
+    module: builtin:encrypt
+    topics: ["vault.cards"]
+    apply_to: [produce, fetch]
+    # The demo's clients do not authenticate: they are User:ANONYMOUS.
+    config: {{key: cards, fields: [card], decrypt_for: ["User:ANONYMOUS"]}}
+kms:
+  type: local
+  path: {keys}
 telemetry:
   dir: {telemetry}
   rotate_seconds: 3600
@@ -179,7 +189,8 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     telemetry_dir = out_dir / "telemetry"
     config_path = out_dir / "sluice-demo.yaml"
-    config_path.write_text(DEMO_CONFIG.format(telemetry=json.dumps(str(telemetry_dir))))
+    config_path.write_text(DEMO_CONFIG.format(telemetry=json.dumps(str(telemetry_dir)),
+                                              keys=json.dumps(str(out_dir / "keys.json"))))
     rng = random.Random(2026)
 
     _say("Starting the bundled Tansu broker (sha256-verified) on 127.0.0.1")
@@ -187,7 +198,7 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
         print(f"    broker at {broker.bootstrap}")
         _say(
             "Starting the Sluice proxy: pii-mask (produce), keep-last-4 mask (fetch), "
-            "topic-policy (admin)"
+            "topic-policy (admin), encrypt-cards (produce and fetch)"
         )
         print(f"    config: {config_path}")
         with proxy_process(config_path, broker.bootstrap, out_dir / "proxy.log") as proxy:
@@ -200,11 +211,12 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
                 NewTopic("users", 1, 1),
                 NewTopic("support.tickets", 1, 1),
                 NewTopic("support.tickets.masked", 1, 1),
+                NewTopic("vault.cards", 1, 1),
             ]
             for fut in admin.create_topics(topics).values():
                 fut.result(20)
             print("    created payments.orders (3 partitions), users, support.tickets, "
-                  "support.tickets.masked")
+                  "support.tickets.masked", "vault.cards")
 
             _say(
                 f"Producing {records} payment events with librdkafka (idempotent, zstd) "
@@ -269,6 +281,22 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
             stored_ticket = _consume(broker.bootstrap, "support.tickets", 1)
             _show("support.tickets:", stored_ticket[0].value() if stored_ticket else None)
 
+            _say("Card numbers encrypted by the proxy (builtin:encrypt, field 'card', AES-256-GCM "
+                 f"under key 'cards' of the keyring {out_dir / 'keys.json'})")
+            card_doc = json.dumps({"order": "ord-900001", "card": CARDS[0],
+                                   "amount_eur": 42.5}).encode()
+            cards = Producer({"bootstrap.servers": proxy, "client.id": "checkout-service",
+                              "enable.idempotence": True, "log_level": 3})
+            cards.produce("vault.cards", key=b"ord-900001", value=card_doc)
+            assert cards.flush(30) == 0
+            _show("cards, produced:", card_doc)
+            stored_card = _consume(broker.bootstrap, "vault.cards", 1)
+            _show("cards, stored:", stored_card[0].value() if stored_card else None)
+            read_card = _consume(proxy, "vault.cards", 1)
+            _show("cards, allowed reader:", read_card[0].value() if read_card else None)
+            print("    a principal outside decrypt_for reads exactly the stored form, with its "
+                  "sluice.enc headers")
+
             _say("What a consumer group 'analytics' reads through the proxy")
             consumed = _consume(proxy, "payments.orders", records, group="analytics")
             print(f"    consumed {len(consumed)} of {records} payment events")
@@ -290,7 +318,7 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
                     err = exc.args[0]
                     print(f"    {name}: refused: {err.str()}")
             # librdkafka clients live until collected; stop them before the proxy goes away.
-            del admin, producer, helpdesk
+            del admin, producer, helpdesk, cards
             gc.collect()
         print("    proxy stopped (telemetry flushed)")
 
@@ -331,6 +359,7 @@ def _follow_transform(config_path: Path, bootstrap: str, timeout: float = 90.0) 
 def demo_banner() -> str:
     return textwrap.dedent(
         """\
-        Sluice demo: a local broker, the proxy with the shipped Wasm filters, real clients,
-        a denied topic, and the audit report. Ctrl-C stops everything it started."""
+        Sluice demo: a local broker, the proxy with the shipped Wasm filters and record
+        encryption, real clients, a denied topic, and the audit report. Ctrl-C stops
+        everything it started."""
     )

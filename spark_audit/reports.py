@@ -14,6 +14,8 @@ Reports (column meanings are in docs/TELEMETRY.md, section "Reports"):
 - ``compliance``: long format, ``kind`` in detection, rejected, reject_reason, filter_error,
   partition_error, admin_deny, admin_error, telemetry_dropped.
 - ``admin``: admin decisions per module, operation, resource and decision.
+- ``encryption``: key versions and offset ranges of encrypted records, reads per principal
+  (spark_audit/encryption.py).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from collections.abc import Callable
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from sluice.spark_audit.encryption import encryption
+
 REPORT_NAMES = (
     "audit",
     "audit_modules",
@@ -30,6 +34,7 @@ REPORT_NAMES = (
     "billing_connections",
     "compliance",
     "admin",
+    "encryption",
 )
 
 _RUN_KEYS = ["module_sha256", "api", "topic", "partition"]
@@ -546,4 +551,5 @@ BUILDERS: dict[str, Builder] = {
     "billing_connections": billing_connections,
     "compliance": compliance,
     "admin": admin,
+    "encryption": encryption,
 }

@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = {
     "sluice.codec": "codec",
+    "sluice.crypto": "crypto",
     "sluice.filters": "filters",
     "sluice.proxy": "proxy",
     "sluice.spark_audit": "spark_audit",

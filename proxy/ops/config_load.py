@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sluice.crypto.kms import parse_kms_section
 from sluice.filters.config import parse_filter_specs
 from sluice.filters.yaml_lines import ConfigError, LineMap, load_yaml_with_lines
 from sluice.proxy.net.tls import parse_server_tls, parse_upstream_tls
@@ -35,13 +36,16 @@ KNOWN_SECTIONS = (
     "fleet",
     "module_cache_dir",
     "transforms",
+    "kms",
 )
 #: Keys of the ``proxy:`` section.
 PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
 #: Keys of the ``dead_letters:`` section.
 DEAD_LETTER_KEYS = ("max_queued_bytes", "shutdown_timeout_seconds")
 #: Sections whose value must be a mapping (the others: a list, a path).
-_MAPPING_SECTIONS = tuple(s for s in KNOWN_SECTIONS if s not in ("filters", "module_cache_dir"))
+_MAPPING_SECTIONS = tuple(
+    s for s in KNOWN_SECTIONS if s not in ("filters", "module_cache_dir", "transforms")
+)
 
 
 def _dead_letters(raw: dict[str, Any], lines: LineMap) -> DeadLetterSettings:
@@ -97,6 +101,10 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
         config.filters = parse_filter_specs(data.get("filters"), path, lines)
         config.transforms = parse_transform_specs(data.get("transforms"), path, lines)
         for section in _MAPPING_SECTIONS:
+        # kms: is read before filters: builtin:encrypt filters carry it (docs/ENCRYPTION.md).
+        kms = parse_kms_section(data.get("kms"), lines, path.resolve().parent)
+        config.filters = parse_filter_specs(data.get("filters"), path, lines, kms=kms)
+        for section in ("telemetry", "metrics", "proxy", "tls", "upstream_tls", "limits", "fleet"):
             value = data.get(section)
             if value is not None and not isinstance(value, dict):
                 raise lines.error((section,), "must be a mapping")

@@ -50,6 +50,12 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     derived = next(ln for ln in lines if "support.tickets.masked:" in ln)
     assert "****" in derived and "@example" not in derived
     assert "tickets-masked lag: 0" in text
+    card_lines = {ln.split(":", 1)[0].strip(): ln for ln in lines if "cards, " in ln}
+    assert "4111 1111 1111 1111" in card_lines["cards, produced"]
+    assert "4111" not in card_lines["cards, stored"]
+    assert '"card": "sluice:enc:1:' in card_lines["cards, stored"]
+    assert card_lines["cards, allowed reader"].split(":", 1)[1].strip() == (
+        card_lines["cards, produced"].split(":", 1)[1].strip())
     assert "Payments_ARCHIVE: refused: topic-policy" in text
     assert "payments.firehose: refused: topic-policy: partitions" in text
     assert "payments.refunds: created" in text

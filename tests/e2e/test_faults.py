@@ -26,8 +26,6 @@ import contextlib
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -41,7 +39,8 @@ from confluent_kafka import Producer
 from bench import wire
 from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.broker import TansuBroker
-from tests.harness.ports import free_port, wait_for_port
+from tests.harness.moto import AWS_ENV, MotoServer
+from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
 
 MASK_CONFIG = """
@@ -65,41 +64,17 @@ def _write_config(path: Path, text: str) -> Path:
 def moto_s3(bucket: str) -> Iterator[dict[str, str]]:
     """moto's S3 server on 127.0.0.1 with `bucket` created; yields Tansu's environment."""
     boto3 = pytest.importorskip("boto3", reason="pip install 'moto[server]==5.2.5'")
-    server = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
-    if not Path(server).exists():
-        pytest.skip("moto_server not installed (pip install 'moto[server]==5.2.5')")
-    port = free_port()
-    proc = subprocess.Popen(
-        [server, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port, timeout=30)
-        env = {
-            "AWS_ENDPOINT": f"http://127.0.0.1:{port}",
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_REGION": "us-east-1",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ALLOW_HTTP": "true",
-        }
+    with MotoServer() as server:
+        env = {"AWS_ENDPOINT": server.endpoint, **AWS_ENV, "AWS_ALLOW_HTTP": "true"}
         s3 = boto3.client(
             "s3",
-            endpoint_url=env["AWS_ENDPOINT"],
-            aws_access_key_id="test",
-            aws_secret_access_key="test",
-            region_name="us-east-1",
+            endpoint_url=server.endpoint,
+            aws_access_key_id=AWS_ENV["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=AWS_ENV["AWS_SECRET_ACCESS_KEY"],
+            region_name=AWS_ENV["AWS_REGION"],
         )
         s3.create_bucket(Bucket=bucket)
         yield env
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
 
 
 def _kill(broker: TansuBroker, sig: int = signal.SIGKILL) -> None:

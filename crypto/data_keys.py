@@ -1,0 +1,112 @@
+"""Data keys: the current one per KEK name for encrypting, a bounded cache for decrypting.
+
+Encrypting uses one data key per KEK name until it has sealed `max_records` values (a record,
+or one field of a record) or is `max_age_seconds` old, or `cache_seconds` old (so that a
+deleted KEK stops being used for new records as soon as it stops decrypting old ones); then
+the next batch gets a fresh one from the KMS. The count bound keeps AES-GCM's random 96-bit
+nonces far from their collision limit (NIST SP 800-38D: at most 2^32 messages per key) and
+limits what one leaked data key exposes.
+A batch always uses a single data key, taken before its first record.
+
+Decrypting unwraps each wrapped data key once through the KMS and keeps the result for
+`cache_seconds` (at most `cache_entries` keys, least recently used dropped first). The time
+bound is what makes a deleted KEK effective in a running proxy: after it, nothing wrapped by
+that KEK can be read any more.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from sluice.crypto.kms import Kms
+
+DEFAULT_MAX_RECORDS: Final = 1 << 24
+DEFAULT_MAX_AGE_SECONDS: Final = 3600.0
+DEFAULT_CACHE_SECONDS: Final = 60.0
+DEFAULT_CACHE_ENTRIES: Final = 1000
+
+
+@dataclass(slots=True)
+class ActiveKey:
+    """The data key a batch encrypts with (its `aead` holds the plaintext key)."""
+
+    key_name: str
+    key_version: str
+    wrapped: bytes
+    aead: AESGCM
+    created: float
+    used: int = 0
+
+
+class DataKeys:
+    """Data-key cache of one encryption filter. Thread-safe; KMS errors propagate."""
+
+    def __init__(self, kms: Kms, *, max_records: int = DEFAULT_MAX_RECORDS,
+                 max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS,
+                 cache_seconds: float = DEFAULT_CACHE_SECONDS,
+                 cache_entries: int = DEFAULT_CACHE_ENTRIES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.kms = kms
+        self.max_records = max_records
+        self.max_age_seconds = max_age_seconds
+        self.cache_seconds = cache_seconds
+        self.cache_entries = cache_entries
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._active: dict[str, ActiveKey] = {}
+        self._unwrapped: OrderedDict[tuple[str, str, bytes], tuple[float, AESGCM]] = (
+            OrderedDict())
+        #: Data keys made (rotations included) and KMS unwraps, for tests and metrics.
+        self.generated = 0
+        self.unwrapped = 0
+
+    def for_encrypt(self, name: str, seals: int) -> ActiveKey:
+        """The data key for a batch that will seal `seals` values (rotating when due)."""
+        with self._lock:
+            now = self.clock()
+            key = self._active.get(name)
+            max_age = min(self.max_age_seconds, self.cache_seconds)
+            if key is None or key.used + seals > self.max_records or (
+                    now - key.created >= max_age):
+                fresh = self.kms.generate_data_key(name)
+                key = ActiveKey(name, fresh.key_version, fresh.wrapped, AESGCM(fresh.plaintext),
+                                now)
+                self._active[name] = key
+                self.generated += 1
+            key.used += seals
+            return key
+
+    def for_decrypt(self, name: str, version: str, wrapped: bytes) -> AESGCM:
+        """The cipher for a wrapped data key (one KMS call per key per `cache_seconds`)."""
+        cache_key = (name, version, wrapped)
+        now = self.clock()
+        with self._lock:
+            hit = self._unwrapped.get(cache_key)
+            if hit is not None and now - hit[0] < self.cache_seconds:
+                self._unwrapped.move_to_end(cache_key)
+                return hit[1]
+            active = self._active.get(name)
+        if active is not None and active.wrapped == wrapped and (
+                now - active.created < self.cache_seconds):
+            return active.aead
+        aead = AESGCM(self.kms.decrypt_data_key(name, version, wrapped))
+        with self._lock:
+            self.unwrapped += 1
+            self._unwrapped[cache_key] = (now, aead)
+            self._unwrapped.move_to_end(cache_key)
+            while len(self._unwrapped) > self.cache_entries:
+                self._unwrapped.popitem(last=False)
+        return aead
+
+    def forget(self) -> None:
+        """Drop every cached key (the next batch asks the KMS again)."""
+        with self._lock:
+            self._active.clear()
+            self._unwrapped.clear()

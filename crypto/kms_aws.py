@@ -1,0 +1,183 @@
+"""AWS KMS (``kms.type: aws``) through boto3.
+
+Each Sluice key name is an alias, ``alias/<alias_prefix><name>`` (prefix ``sluice/`` by
+default), pointing at the KMS key that is its current version; a version is a KMS key id, and
+every KMS key behind a name carries the tag ``sluice:key-name=<name>``. Data keys come from
+GenerateDataKey (AES_256) with the encryption context ``{"sluice:key": name}`` and are unwrapped
+with Decrypt against the exact key id that wrapped them.
+
+- rotate: a new KMS key tagged with the name, the alias moved to it; older keys keep
+  decrypting what they wrapped. (AWS's own automatic rotation is transparent to Sluice and
+  needs nothing here.)
+- delete: every key of the name is disabled at once and scheduled for deletion (7 days, the
+  AWS minimum), and the alias removed. A key that is not ``Enabled`` is treated as destroyed:
+  its records are unreadable from that moment (checked with DescribeKey before each unwrap,
+  so it holds even where a KMS would still decrypt for a disabled key).
+
+Calls time out after ``timeout_seconds`` (connect and read) with one retry; connection
+failures, throttling and KMS internal errors are `KmsUnavailable`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from sluice.crypto.kms import (
+    DataKey,
+    KeyDestroyed,
+    KeyInfo,
+    KeyNotFound,
+    KmsError,
+    KmsSettings,
+    KmsUnavailable,
+    UnwrapFailed,
+)
+
+TAG: Final = "sluice:key-name"
+_NOT_FOUND: Final = ("NotFoundException",)
+_DESTROYED: Final = ("DisabledException", "KMSInvalidStateException")
+_UNWRAP: Final = ("InvalidCiphertextException", "IncorrectKeyException",
+                  "AccessDeniedException")
+
+
+class AwsKms:
+    """A Kms backed by AWS KMS (or anything speaking its API at `endpoint_url`)."""
+
+    kind = "aws"
+
+    def __init__(self, settings: KmsSettings) -> None:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise KmsUnavailable("kms.type aws needs boto3 (pip install boto3)") from None
+        self.settings = settings
+        self.prefix = settings.alias_prefix
+        config = Config(connect_timeout=settings.timeout_seconds,
+                        read_timeout=settings.timeout_seconds,
+                        retries={"max_attempts": 2, "mode": "standard"})
+        self._client: Any = boto3.client("kms", region_name=settings.region or "us-east-1",
+                                         endpoint_url=settings.endpoint_url, config=config)
+
+    def alias(self, name: str) -> str:
+        return f"alias/{self.prefix}{name}"
+
+    def _call(self, op: str, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self._client, op)(**kwargs)
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            text = f"AWS KMS {op}: {code}"
+            if code in _NOT_FOUND:
+                raise KeyNotFound(text) from None
+            if code in _DESTROYED:
+                raise KeyDestroyed(text) from None
+            if code in _UNWRAP:
+                raise UnwrapFailed(text) from None
+            raise KmsUnavailable(text) from None
+        except BotoCoreError as exc:
+            raise KmsUnavailable(f"AWS KMS {op}: {type(exc).__name__}") from None
+
+    # ------------------------------------------------------------------ data keys
+    def generate_data_key(self, name: str) -> DataKey:
+        try:
+            out = self._call("generate_data_key", KeyId=self.alias(name), KeySpec="AES_256",
+                             EncryptionContext={"sluice:key": name})
+        except KeyNotFound:
+            if not self.settings.auto_create:
+                raise KeyNotFound(f"no KMS alias {self.alias(name)} (create it with `sluice "
+                                  "keys create`, or set kms.auto_create)") from None
+            self.create_key(name)
+            out = self._call("generate_data_key", KeyId=self.alias(name), KeySpec="AES_256",
+                             EncryptionContext={"sluice:key": name})
+        version = str(out["KeyId"]).rsplit("/", 1)[-1]
+        return DataKey(name, version, bytes(out["Plaintext"]), bytes(out["CiphertextBlob"]))
+
+    def decrypt_data_key(self, name: str, version: str, wrapped: bytes) -> bytes:
+        meta = self._call("describe_key", KeyId=version)["KeyMetadata"]
+        if meta.get("KeyState") != "Enabled":
+            raise KeyDestroyed(f"KMS key {version} of {name!r} is {meta.get('KeyState')}")
+        out = self._call("decrypt", CiphertextBlob=wrapped, KeyId=version,
+                         EncryptionContext={"sluice:key": name})
+        return bytes(out["Plaintext"])
+
+    # ------------------------------------------------------------------ management
+    def _keys_of(self, name: str) -> list[dict[str, Any]]:
+        """KeyMetadata of every KMS key tagged with `name`, oldest first."""
+        found: list[dict[str, Any]] = []
+        paginator = self._client.get_paginator("list_keys")
+        try:
+            pages = list(paginator.paginate())
+        except Exception as exc:
+            raise KmsUnavailable(f"AWS KMS list_keys: {type(exc).__name__}") from None
+        for page in pages:
+            for key in page.get("Keys", []):
+                tags = self._call("list_resource_tags", KeyId=key["KeyId"]).get("Tags", [])
+                if any(t.get("TagKey") == TAG and t.get("TagValue") == name for t in tags):
+                    found.append(self._call("describe_key", KeyId=key["KeyId"])["KeyMetadata"])
+        found.sort(key=lambda m: str(m.get("CreationDate", "")))
+        return found
+
+    def _aliases(self) -> dict[str, str]:
+        """Sluice key name -> current KMS key id, from the aliases under the prefix."""
+        out: dict[str, str] = {}
+        marker: dict[str, Any] = {}
+        while True:
+            page = self._call("list_aliases", **marker)
+            for a in page.get("Aliases", []):
+                alias = str(a.get("AliasName", ""))
+                if alias.startswith(f"alias/{self.prefix}") and a.get("TargetKeyId"):
+                    out[alias[len(f"alias/{self.prefix}"):]] = str(a["TargetKeyId"])
+            if not page.get("Truncated"):
+                return out
+            marker = {"Marker": page["NextMarker"]}
+
+    def _info(self, name: str, current: str | None) -> KeyInfo:
+        metas = self._keys_of(name)
+        live = tuple(str(m["KeyId"]) for m in metas if m.get("KeyState") == "Enabled")
+        dead = tuple(str(m["KeyId"]) for m in metas if m.get("KeyState") != "Enabled")
+        created = str(metas[0].get("CreationDate")) if metas else None
+        return KeyInfo(name, current, live, dead, created)
+
+    def list_keys(self) -> list[KeyInfo]:
+        return [self._info(name, key_id) for name, key_id in sorted(self._aliases().items())]
+
+    def _new_key(self, name: str) -> str:
+        meta = self._call("create_key", Description=f"Sluice key-encryption key {name}",
+                          KeyUsage="ENCRYPT_DECRYPT",
+                          Tags=[{"TagKey": TAG, "TagValue": name}])["KeyMetadata"]
+        return str(meta["KeyId"])
+
+    def create_key(self, name: str) -> KeyInfo:
+        current = self._aliases().get(name)
+        if current is None:
+            current = self._new_key(name)
+            try:
+                self._call("create_alias", AliasName=self.alias(name), TargetKeyId=current)
+            except KmsError:
+                # Another process created the alias first: use theirs, retire ours.
+                self._call("schedule_key_deletion", KeyId=current, PendingWindowInDays=7)
+                current = self._aliases().get(name)
+        return self._info(name, current)
+
+    def rotate_key(self, name: str) -> KeyInfo:
+        if name not in self._aliases():
+            raise KeyNotFound(f"no KMS alias {self.alias(name)}")
+        current = self._new_key(name)
+        self._call("update_alias", AliasName=self.alias(name), TargetKeyId=current)
+        return self._info(name, current)
+
+    def delete_key(self, name: str) -> KeyInfo:
+        metas = self._keys_of(name)
+        if name not in self._aliases() and not metas:
+            raise KeyNotFound(f"no KMS alias {self.alias(name)}")
+        for meta in metas:
+            if meta.get("KeyState") == "Enabled":
+                self._call("disable_key", KeyId=meta["KeyId"])
+            if meta.get("KeyState") != "PendingDeletion":
+                self._call("schedule_key_deletion", KeyId=meta["KeyId"], PendingWindowInDays=7)
+        if name in self._aliases():
+            self._call("delete_alias", AliasName=self.alias(name))
+        return self._info(name, None)
