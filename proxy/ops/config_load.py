@@ -98,13 +98,11 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                 raise lines.error(
                     (key,), f"unknown section (expected one of {', '.join(KNOWN_SECTIONS)})"
                 )
-        config.filters = parse_filter_specs(data.get("filters"), path, lines)
-        config.transforms = parse_transform_specs(data.get("transforms"), path, lines)
-        for section in _MAPPING_SECTIONS:
         # kms: is read before filters: builtin:encrypt filters carry it (docs/ENCRYPTION.md).
         kms = parse_kms_section(data.get("kms"), lines, path.resolve().parent)
         config.filters = parse_filter_specs(data.get("filters"), path, lines, kms=kms)
-        for section in ("telemetry", "metrics", "proxy", "tls", "upstream_tls", "limits", "fleet"):
+        config.transforms = parse_transform_specs(data.get("transforms"), path, lines)
+        for section in _MAPPING_SECTIONS:
             value = data.get(section)
             if value is not None and not isinstance(value, dict):
                 raise lines.error((section,), "must be a mapping")

@@ -22,10 +22,10 @@ _API_VERSIONS = int(ApiKey.API_VERSIONS)
 
 
 class VersionTable:
-    """The request versions the proxy advertises: codec range ∩ broker range per API key.
+    """The request versions a client may send: codec range ∩ broker range per API key.
 
-    Shared by every connection of a process. Until the broker's range for a key is known,
-    the codec's range applies.
+    Shared by every connection of a process. For a key the broker has not listed (yet, or at
+    all), the codec's range applies: the broker answers or refuses it itself.
     """
 
     def __init__(self) -> None:
@@ -44,7 +44,9 @@ class VersionTable:
         except KeyError:
             pass
         ours = codec_version_range(api_key)
-        theirs = self._broker.get(api_key) if self._broker else ours
+        # A key the broker does not list is the broker's to refuse (Tansu answers
+        # CreatePartitions and AlterConfigs without listing them); the codec's range bounds it.
+        theirs = self._broker.get(api_key, ours)
         result = None
         if ours is not None and theirs is not None:
             low, high = max(ours[0], theirs[0]), min(ours[1], theirs[1])
