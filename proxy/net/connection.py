@@ -198,8 +198,11 @@ class Connection:
         except FrameTooLarge as exc:
             return self._close(out, f"request frame too large: {exc}", violation=True)
         to_broker: list[bytes | memoryview] = []
+        limit = self.limits.max_inflight
         for frame in frames:
-            if self._deferred_request:
+            if self._deferred_request or self._queued or len(self._slots) >= limit:
+                # One read can hold thousands of small requests: those past the in-flight
+                # limit (or behind a deferred one) wait here, and reading pauses.
                 self._queue(frame)
                 continue
             self._on_request(frame, out, to_broker)
@@ -294,7 +297,17 @@ class Connection:
         self._queued_bytes += len(frame)
 
     def _drain_queue(self, out: list[Action], to_broker: list[bytes | memoryview]) -> None:
-        while self._queued and not self._deferred_request and self.closed is None:
+        limits = self.limits
+        while (
+            self._queued
+            and not self._deferred_request
+            and self.closed is None
+            and len(self._slots) < limits.max_inflight
+            # Answers go out as soon as they are made: not while the client does not read.
+            and self._client_writable
+            and self._broker_writable
+            and self._held_bytes < limits.max_held_response_bytes
+        ):
             frame = self._queued.popleft()
             self._queued_bytes -= len(frame)
             self._on_request(frame, out, to_broker)
@@ -503,9 +516,14 @@ class Connection:
     ) -> list[Action]:
         if self.closed is not None:
             return out
+        if to_broker is None:
+            to_broker = []
+        self._flush(out)
+        if self._queued and self.closed is None:
+            self._drain_queue(out, to_broker)
+            self._flush(out)
         if to_broker:
             out.append(SendToBroker(to_broker))
-        self._flush(out)
         if self.closed is not None:
             return out
         if self._client_eof and self._idle():
@@ -513,7 +531,8 @@ class Connection:
             return out
         limits = self.limits
         pause_client = (
-            len(self._slots) >= limits.max_inflight
+            bool(self._queued)
+            or len(self._slots) >= limits.max_inflight
             or self._held_bytes >= limits.max_held_response_bytes
             or self._queued_bytes >= limits.max_queued_request_bytes
             or not self._client_writable

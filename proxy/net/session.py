@@ -71,6 +71,7 @@ class Session(asyncio.Protocol):
         self._broker: asyncio.Transport | None = None
         self._early: list[bytes] = []  # client bytes before the broker connection is up
         self._early_eof = False
+        self._live = False  # the broker connection is up and the early bytes replayed
         self.conn: Connection | None = None
         self.client = ClientInfo("?", upstream, node_id)
         self._ended = False
@@ -149,11 +150,11 @@ class Session(asyncio.Protocol):
         self._opened = True
         self._hooks.session_opened(self)
         assert self.conn is not None
-        early, self._early = self._early, []
-        for data in early:
-            self.data_received(data)
-        if self._early_eof:
-            self.eof_received()
+        self._live = True
+        while self._early and not self._ended:
+            self._do(self.conn.client_data(self._early.pop(0)))
+        if self._early_eof and not self._ended:
+            self._do(self.conn.client_eof())
         assert self._client is not None
         if not self._ended and not self._client.is_closing() and not self.conn.client_paused:
             self._client.resume_reading()
@@ -172,14 +173,18 @@ class Session(asyncio.Protocol):
         conn = self.conn
         if conn is None or self._ended:
             return
-        if self._broker is None:
-            # Read before pause_reading took effect (uvloop delivers what it had read).
+        if not self._live:
+            # Bytes read before the broker connection is up (uvloop may deliver what it had
+            # read after pause_reading, and starts reading after connection_made): kept, in
+            # order, until `_connect` replays them; pausing again bounds them to one read.
             self._early.append(data)
+            if self._client is not None:
+                self._client.pause_reading()
             return
         self._do(conn.client_data(data))
 
     def eof_received(self) -> bool:
-        if self._broker is None:
+        if not self._live:
             self._early_eof = True
         elif self.conn is not None and not self._ended:
             self._do(self.conn.client_eof())

@@ -102,11 +102,6 @@ def timed_requests(port: int, frames: list[bytes], pause: float = 0.0) -> list[f
 # ------------------------------------------------------------------ hole 1: hot reload window
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 hole 1: a Fetch in flight across a reload that adds a fetch filter is "
-    "answered unfiltered (before: 5 of 5 delivered the address in the clear)",
-)
 def test_reload_filters_a_fetch_already_in_flight(own_broker: TansuBroker, tmp_path: Path) -> None:
     topics = fresh_topics(own_broker, *["reload-window"] * 5)
     path = tmp_path / "sluice.yaml"
@@ -300,11 +295,6 @@ def list_offsets_v0_frame(correlation_id: int, topic: str) -> bytes:
     return struct.pack(">i", len(body)) + body
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 hole 3: a version the proxy never advertised is relayed to the broker "
-    "(before: ListOffsets v0 answered through the proxy)",
-)
 def test_version_the_broker_answers_but_the_proxy_never_advertised(
     own_broker: TansuBroker, tmp_path: Path
 ) -> None:
@@ -325,11 +315,6 @@ def test_version_the_broker_answers_but_the_proxy_never_advertised(
         assert correlation_id(body) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 hole 3: unknown (api key, version) pairs add metric series and cache "
-    "entries without bound",
-)
 def test_unknown_versions_keep_metrics_and_memory_bounded(
     own_broker: TansuBroker, tmp_path: Path
 ) -> None:
@@ -384,11 +369,6 @@ def quick_produces(topic: str, count: int) -> list[bytes]:
     return [produce_frame(n, topic, [b"quick %d" % n]) for n in range(1, count + 1)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 hole 5: a filter spinning to its deadline blocks the event loop, so "
-    "unrelated topics on other connections stall behind it",
-)
 def test_slow_filter_does_not_stall_other_topics(own_broker: TansuBroker, tmp_path: Path) -> None:
     slow, quick = fresh_topics(own_broker, "slow", "quick")
     module = tmp_path / "sluice_upper.wasm"
@@ -416,10 +396,6 @@ def test_slow_filter_does_not_stall_other_topics(own_broker: TansuBroker, tmp_pa
 # ------------------------------------------------------------------ hole 7: smaller ones
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 hole 7: a client half-close cancels the responses still in flight",
-)
 def test_half_close_still_gets_every_response(own_broker: TansuBroker, tmp_path: Path) -> None:
     (topic,) = fresh_topics(own_broker, "half-close")
     with serving(own_broker, tmp_path / "sluice.yaml", {}) as proxy, \
@@ -434,11 +410,6 @@ def test_half_close_still_gets_every_response(own_broker: TansuBroker, tmp_path:
     assert got == list(range(1, 22)), f"{len(got)} of 21 responses arrived"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 hole 7: sasl.py promises a protocol-violation close after a SaslHandshake "
-    "v0, which the proxy never performs",
-)
 def test_sasl_handshake_v0_closes_the_connection(own_broker: TansuBroker, tmp_path: Path) -> None:
     port = free_port()
     config = {"metrics": {"listen": f"127.0.0.1:{port}"}}
