@@ -16,7 +16,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="telemetry directory or any Spark path (s3a://, hdfs://), or kafka://HOST:PORT/TOPIC",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="output folder for reports")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output folder for reports: a local path or a Hadoop filesystem URL "
+        "(file://, s3a://, hdfs://)",
+    )
     parser.add_argument(
         "--master",
         default=None,
@@ -35,14 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--input-format",
-        choices=("json", "parquet"),
-        default="json",
-        help="telemetry files are JSON Lines (default) or Parquet with the same columns",
+        choices=("auto", "columnar", "json"),
+        default="auto",
+        help="read the Parquet datasets and JSON Lines files found (auto, the default), or "
+        "only one of them",
     )
     parser.add_argument(
         "--glob",
         default="*.jsonl",
-        help="file-name filter inside a telemetry directory (default *.jsonl; '' = all files)",
+        help="JSON Lines file names to read inside a telemetry directory (default *.jsonl; "
+        "'' = every file that is not Parquet)",
     )
     parser.add_argument(
         "--kafka-reader",
@@ -61,8 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--html",
         default=None,
         metavar="FILE",
-        help="where to write the HTML summary (default OUT/report.html; needed when OUT is "
-        "not a local folder)",
+        help="where to write the HTML summary (default OUT/report.html)",
     )
     parser.add_argument(
         "--conf",
