@@ -114,17 +114,18 @@ class ArrowKafkaSink(KafkaSink):
             for start in range(0, rb.num_rows, MAX_ROWS_PER_MESSAGE):
                 messages.append((dataset, encode_batch(rb.slice(start, MAX_ROWS_PER_MESSAGE))))
         # The flush's events count as written when every message of it is delivered.
-        state = {"left": len(messages), "failed": ""}
+        left = [len(messages)]
+        failures: list[str] = []
 
         def delivered(err: Any, _msg: Any) -> None:
-            state["left"] = int(state["left"]) - 1
+            left[0] -= 1
             if err is not None:
-                state["failed"] = str(err)
-            if state["left"] == 0:
+                failures.append(str(err))
+            if left[0] == 0:
                 with self._lock:
                     self._pending -= events
-                if state["failed"]:
-                    self._count_dropped_error(events, f"kafka delivery failed: {state['failed']}")
+                if failures:
+                    self._count_dropped_error(events, f"kafka delivery failed: {failures[0]}")
                 else:
                     self._count_written(events)
 

@@ -236,6 +236,10 @@ class ParquetSink(QueuedSink):
     # -- writing --------------------------------------------------------------------------
 
     def _write_batch(self, batch: list[dict[str, Any]], gap: dict[str, Any] | None) -> int:
+        if self._lock_fd is None:
+            # The directory could not be opened at start (or since): try again, and while it
+            # fails the events count as dropped, not as written.
+            self._open_backend()
         if gap is not None:
             self._buffers.add(gap)
         for event in batch:

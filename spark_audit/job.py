@@ -73,11 +73,12 @@ def _client_label(principal: str | None, client_id: str | None) -> str:
     return label or "(anonymous)"
 
 
-def _traffic(batches: list[dict[str, Any]], bucket_ms: int) -> dict[str, list[tuple[int, float]]]:
+def _traffic(rows: list[dict[str, Any]], bucket_ms: int) -> dict[str, list[tuple[int, float]]]:
+    """Chart series from rows of (principal, client_id, bucket, bytes)."""
     per: dict[tuple[str, int], int] = {}
-    for r in batches:
+    for r in rows:
         key = (_client_label(r["principal"], r["client_id"]), r["bucket"] // bucket_ms * bucket_ms)
-        per[key] = per.get(key, 0) + (r["bytes_in"] if r["api"] == "produce" else r["bytes_out"])
+        per[key] = per.get(key, 0) + r["bytes"]
     totals: dict[str, int] = {}
     for (client, _b), n in per.items():
         totals[client] = totals.get(client, 0) + n
@@ -237,8 +238,22 @@ def run_audit(
             kafka_reader=kafka_reader,
             input_format=input_format,
         )
-        stats = rollups.stats(inputs.checks, from_ms, to_ms) if inputs.checks else []
-        timings["stats"] = time.perf_counter() - t0
+        tables = inputs.tables
+        parts = {
+            # Hourly: billing needs hours; the chart's minutes (short spans) come below.
+            "batches": rollups.record_batches(tables["record_batch"], HOUR_MS),
+            "runs": rollups.offset_runs(tables["offset_run"]),
+            "found": rollups.findings(tables["finding"]),
+            "conns": rollups.connections(tables["connection"], tables["connection_api"]),
+            "admin": rollups.admin(tables["admin"]),
+            "loads": rollups.filter_loads(tables["filter_loaded"]),
+            "drops": rollups.drops(tables["telemetry_dropped"]),
+        }
+        if inputs.checks is not None:
+            parts["stats"] = rollups.stats(inputs.checks, from_ms, to_ms)
+        got = rollups.collect(parts)
+        timings["aggregate"] = time.perf_counter() - t0
+        stats = got.get("stats", [])
         by_type = {r["type"]: int(r["events"]) for r in stats if r["type"] in EVENT_TABLES
                    and r["events"]}
         skipped = {
@@ -252,21 +267,17 @@ def run_audit(
         last_ms = max((r["last_ms"] for r in event_stats), default=None)
         instances = sorted({i for r in event_stats for i in (r["instances"] or [])})
         bucket_ms, bucket_label = _bucket((last_ms or 0) - (first_ms or 0))
-
-        t0 = time.perf_counter()
-        tables = inputs.tables
-        batches = rollups.record_batches(tables["record_batch"], min(bucket_ms, HOUR_MS))
-        timings["record_batches"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        runs = rollups.offset_runs(tables["offset_run"])
-        found = rollups.findings(tables["finding"])
-        timings["offset_runs_and_findings"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        conns = rollups.connections(tables["connection"], tables["connection_api"])
-        admin_rows = rollups.admin(tables["admin"])
-        loads = rollups.filter_loads(tables["filter_loaded"])
-        drop_rows = rollups.drops(tables["telemetry_dropped"])
-        timings["small_datasets"] = time.perf_counter() - t0
+        batches, runs, found = got["batches"], got["runs"], got["found"]
+        conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]
+        if bucket_ms < HOUR_MS:
+            t0 = time.perf_counter()
+            chart = rollups.collect({"t": rollups.traffic(tables["record_batch"], bucket_ms)})["t"]
+            timings["traffic_minutes"] = time.perf_counter() - t0
+        else:
+            chart = [
+                {**r, "bytes": r["bytes_in"] if r["api"] == "produce" else r["bytes_out"]}
+                for r in batches
+            ]
 
         t0 = time.perf_counter()
         built = {
@@ -301,7 +312,7 @@ def run_audit(
             totals=summary["totals"],
             instances=instances,
             bucket_label=bucket_label,
-            traffic=_traffic(batches, bucket_ms),
+            traffic=_traffic(chart, bucket_ms),
             top_topics=summary["top_topics"],
             detections=summary["detections"],
             edges=_edges(batches),

@@ -56,14 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kafka-reader",
         choices=("python", "spark"),
         default="python",
-        help="for kafka:// sources: the built-in Python reader (default) or Spark's Kafka "
-        "connector (needs its jar, e.g. spark-submit --packages)",
+        help="for kafka:// sources: the built-in Python reader (default; reads Arrow and JSON "
+        "messages) or Spark's Kafka connector (JSON messages only; needs its jar)",
     )
     parser.add_argument(
         "--dedupe",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="drop repeated event ids (default: on for kafka://, off for files)",
+        help="also drop repeated event ids across different files (a copy of one file is "
+        "always read once; kafka:// input is always de-duplicated)",
     )
     parser.add_argument(
         "--html",

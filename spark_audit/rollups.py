@@ -1,9 +1,10 @@
-"""The Spark side of the audit job: one aggregation pass per dataset, results collected small.
+"""The Spark side of the audit job: one aggregation per dataset, all collected in one go.
 
-Every function here runs one Spark job over one dataset (no caching, no ``coalesce(1)``) and
-returns a plain list of dicts or an Arrow table small enough for the driver: the report tables
-are then built from these rollups in the driver (``reports``). Times stay epoch milliseconds
-(UTC) until the reports turn them into UTC timestamps.
+Every function here builds one aggregation over one dataset (no caching, no ``coalesce(1)``);
+``collect`` runs any number of them as one Spark query (a union, so adaptive execution runs
+their stages side by side) and returns each as a list of dicts small enough for the driver.
+The report tables are then built from these rollups in the driver (``reports``). Times stay
+epoch milliseconds (UTC) until the reports turn them into UTC timestamps.
 
 - ``stats``: per event type: events in the window, first/last time, instances, and the rows
   skipped because their schema version is unknown or they do not match the schema.
@@ -16,6 +17,7 @@ are then built from these rollups in the driver (``reports``). Times stay epoch 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, Window
@@ -24,9 +26,24 @@ from pyspark.sql import functions as F
 RUN_KEYS = ["module_sha256", "api", "topic", "partition"]
 
 
-def _rows(df: DataFrame) -> list[dict[str, Any]]:
-    table = df.toArrow()
-    return list(table.to_pylist())
+def collect(parts: dict[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
+    """Run every aggregation in one query; rows come back as dicts, per part."""
+    tagged = [
+        df.select(
+            F.lit(name).alias("part"),
+            F.to_json(F.struct(*df.columns), {"ignoreNullFields": "false"}).alias("row"),
+        )
+        for name, df in parts.items()
+    ]
+    union = tagged[0]
+    for df in tagged[1:]:
+        union = union.unionByName(df)
+    table = union.toArrow()
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in parts}
+    for part, row in zip(table.column("part").to_pylist(), table.column("row").to_pylist(),
+                         strict=True):
+        out[part].append(json.loads(row))
+    return out
 
 
 def _sum0(col: Column | str) -> Column:
@@ -40,7 +57,7 @@ def _set(col: str) -> Column:
 
 def stats(
     checks: DataFrame, time_from_ms: int | None, time_to_ms: int | None
-) -> list[dict[str, Any]]:
+) -> DataFrame:
     ok = ~F.col("malformed") & (F.col("schema_version") == 1)
     in_window = F.lit(True)
     if time_from_ms is not None:
@@ -48,7 +65,7 @@ def stats(
     if time_to_ms is not None:
         in_window = in_window & (F.col("time_ms") < F.lit(time_to_ms))
     good = ok & in_window
-    return _rows(
+    return (
         checks.groupBy("type").agg(
             F.sum(F.when(good, 1).otherwise(0)).cast("long").alias("events"),
             F.sum(F.when(F.col("malformed"), 1).otherwise(0)).cast("long").alias("malformed"),
@@ -68,9 +85,19 @@ def stats(
     )
 
 
-def record_batches(rb: DataFrame, bucket_ms: int) -> list[dict[str, Any]]:
+def traffic(rb: DataFrame, bucket_ms: int) -> DataFrame:
+    """Record bytes per client and time bucket (produce: in, fetch: out) for the chart."""
     bucket = (F.floor(F.col("time_ms") / bucket_ms) * bucket_ms).cast("long")
-    return _rows(
+    return rb.groupBy("principal", "client_id", bucket.alias("bucket")).agg(
+        _sum0(
+            F.when(F.col("api") == "produce", F.col("bytes_in")).otherwise(F.col("bytes_out"))
+        ).alias("bytes")
+    )
+
+
+def record_batches(rb: DataFrame, bucket_ms: int) -> DataFrame:
+    bucket = (F.floor(F.col("time_ms") / bucket_ms) * bucket_ms).cast("long")
+    return (
         rb.groupBy(
             "principal", "client_id", "topic", "api", "host", "instance_id", bucket.alias("bucket")
         ).agg(
@@ -108,7 +135,7 @@ def _run_aggregates() -> list[Column]:
     ]
 
 
-def offset_runs(segments: DataFrame) -> list[dict[str, Any]]:
+def offset_runs(segments: DataFrame) -> DataFrame:
     """Runs: islands of overlapping or adjacent segments (a new run starts where a segment's
     first offset lies beyond every earlier segment's last offset + 1). Segments without
     offsets are summed into one row per key with null offsets and null run."""
@@ -135,11 +162,11 @@ def offset_runs(segments: DataFrame) -> list[dict[str, Any]]:
         .withColumn("offset_first", F.lit(None).cast("long"))
         .withColumn("offset_last", F.lit(None).cast("long"))
     )
-    return _rows(grouped.unionByName(no_offsets))
+    return grouped.unionByName(no_offsets)
 
 
-def findings(df: DataFrame) -> list[dict[str, Any]]:
-    return _rows(
+def findings(df: DataFrame) -> DataFrame:
+    return (
         df.groupBy("kind", "topic", "api", "filter_name", "module_sha256", "name").agg(
             _sum0("n").alias("count"),
             _sum0("events").alias("events"),
@@ -149,7 +176,7 @@ def findings(df: DataFrame) -> list[dict[str, Any]]:
     )
 
 
-def connections(conn: DataFrame, per_api: DataFrame) -> list[dict[str, Any]]:
+def connections(conn: DataFrame, per_api: DataFrame) -> DataFrame:
     """``billing_connections`` rows (hours as epoch ms). A connection's ``open`` event precedes
     its first request, so it has no client id: each row takes the client id and principal seen
     on any event of the same connection."""
@@ -187,11 +214,11 @@ def connections(conn: DataFrame, per_api: DataFrame) -> list[dict[str, Any]]:
         F.lit(0).cast("long").alias("connections_closed"),
         F.lit(0).cast("long").alias("duration_ms"),
     )
-    return _rows(totals.unionByName(apis))
+    return totals.unionByName(apis)
 
 
-def admin(df: DataFrame) -> list[dict[str, Any]]:
-    return _rows(
+def admin(df: DataFrame) -> DataFrame:
+    return (
         df.groupBy(
             "module_sha256", "filter_name", "op", "resource_type", "resource", "decision",
             "principal", "client_id", "message", "instance_id",
@@ -203,8 +230,8 @@ def admin(df: DataFrame) -> list[dict[str, Any]]:
     )
 
 
-def filter_loads(df: DataFrame) -> list[dict[str, Any]]:
-    return _rows(
+def filter_loads(df: DataFrame) -> DataFrame:
+    return (
         df.groupBy("module_sha256", "filter_name", "instance_id").agg(
             F.array_distinct(F.flatten(F.collect_list(F.coalesce(
                 F.col("topics"), F.array().cast("array<string>"))))).alias("topics"),
@@ -216,8 +243,8 @@ def filter_loads(df: DataFrame) -> list[dict[str, Any]]:
     )
 
 
-def drops(df: DataFrame) -> list[dict[str, Any]]:
-    return _rows(
+def drops(df: DataFrame) -> DataFrame:
+    return (
         df.groupBy("instance_id", "reason").agg(
             _sum0("dropped").alias("count"),
             F.count(F.lit(1)).alias("events"),

@@ -71,14 +71,14 @@ def list_files(spark: SparkSession, root: str) -> list[str]:
         base = local_path(root)
         if base.is_file():
             return [str(base)]
-        out = []
+        out: list[str] = []
         for dirpath, dirnames, filenames in os.walk(base):
             dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
             out.extend(os.path.join(dirpath, f) for f in filenames)
         return sorted(out)
-    jvm: Any = spark._jvm  # type: ignore[attr-defined]
+    jvm: Any = spark._jvm
     path = jvm.org.apache.hadoop.fs.Path(root)
-    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
     if fs.getFileStatus(path).isFile():
         return [root]
     found = []
@@ -157,18 +157,14 @@ def read_inputs(
         files["jsonl"] = len(jsonl)
         raw = spark.read.schema(_with_corrupt(TELEMETRY_V1)).json(sorted(jsonl.values()))
         checks.append(_json_checks(raw))
-        good = raw.filter(
-            F.col(CORRUPT).isNull()
-            & (F.col("schema_version") == SCHEMA_VERSION)
-            & F.col("type").isin(*EVENT_TABLES)
-            & F.col("time_ms").isNotNull()
-            & _window(F.col("time_ms"), time_from_ms, time_to_ms)
-        ).drop(CORRUPT)
+        good = _good_json(raw, time_from_ms, time_to_ms)
         if dedupe:
             good = good.dropDuplicates(["event_id"])
         for dataset, df in json_tables.flatten(good).items():
             tables[dataset].append(df)
-    merged = {d: _union(spark, d, dfs, dedupe=dedupe) for d, dfs in tables.items()}
+    merged = {
+        d: _union(spark, d, dfs, dedupe=dedupe, latest=dedupe) for d, dfs in tables.items()
+    }
     return Inputs(
         tables=merged,
         checks=_union_all(checks) if checks else None,
@@ -186,12 +182,23 @@ def _with_corrupt(schema: StructType) -> StructType:
 
 
 def _malformed_parquet(df: DataFrame, dataset: str) -> Column:
-    key = "id" if dataset in ROLLUPS else "event_id"
-    # Rows of another schema version are counted as such, whatever their columns hold.
+    # A row without a version or a time cannot be placed; rows of another schema version are
+    # counted as such, whatever their columns hold. (Ids are not checked here: reading a
+    # string column of every row would cost more than the rest of the check.)
     return F.col("schema_version").isNull() | (
-        (F.col("schema_version") == SCHEMA_VERSION)
-        & (F.col(key).isNull() | F.col(time_column(dataset)).isNull())
+        (F.col("schema_version") == SCHEMA_VERSION) & F.col(time_column(dataset)).isNull()
     )
+
+
+def _good_json(raw: DataFrame, from_ms: int | None, to_ms: int | None) -> DataFrame:
+    """The events of a JSON read that the reports use (the rest is counted by the checks)."""
+    return raw.filter(
+        F.col(CORRUPT).isNull()
+        & (F.col("schema_version") == SCHEMA_VERSION)
+        & F.col("type").isin(*EVENT_TABLES)
+        & F.col("time_ms").isNotNull()
+        & _window(F.col("time_ms"), from_ms, to_ms)
+    ).drop(CORRUPT)
 
 
 def _parquet_checks(df: DataFrame, dataset: str) -> DataFrame:
@@ -237,15 +244,19 @@ def _union_all(dfs: list[DataFrame]) -> DataFrame:
     return out
 
 
-def _union(spark: SparkSession, dataset: str, dfs: list[DataFrame], *, dedupe: bool) -> DataFrame:
+def _union(
+    spark: SparkSession, dataset: str, dfs: list[DataFrame], *, dedupe: bool, latest: bool
+) -> DataFrame:
     if not dfs:
         return spark.createDataFrame([], spark_schema(dataset))
     df = _union_all([d.select(*SCHEMAS[dataset].names) for d in dfs])
     if dataset in ROLLUPS:
-        # Published files hold one version per id, a Kafka topic several (a segment is sent
-        # again at every flush while it grows): the highest is the row. Segments are few, so
-        # this costs little.
-        df = latest_rollups(df)
+        # A Kafka topic holds several versions of a rollup row (a segment is sent again at
+        # every flush while it grows): the highest is the row. Published files hold one
+        # version per id already (the sink compacts them), so files skip this shuffle unless
+        # --dedupe asks for it.
+        if latest:
+            df = latest_rollups(df)
     elif dedupe:
         keys = ["event_id", "api"] if dataset == "connection_api" else ["event_id"]
         df = df.dropDuplicates(keys)
@@ -267,11 +278,24 @@ def _kafka_inputs(
 ) -> Inputs:
     from sluice.spark_audit.kafka_arrow_source import FORMAT_NAME, KafkaArrowSource
 
-    if kafka_reader != "python":
-        raise ValueError(
-            "kafka reader 'spark' reads JSON messages only; the columnar topic needs the "
-            "python reader (the default)"
+    tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
+    checks: list[DataFrame] = []
+    if kafka_reader == "spark":
+        # Spark's own connector (its jar must be on the classpath): JSON messages only.
+        values = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("subscribe", kafka.topic)
+            .option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest")
+            .load()
+            .select(F.col("value").cast("string").alias("value"))
         )
+        _add_json_messages(values, tables, checks, from_ms, to_ms)
+        merged = {d: _union(spark, d, dfs, dedupe=False, latest=True) for d, dfs in tables.items()}
+        return Inputs(tables=merged, checks=_union_all(checks))
+    if kafka_reader != "python":
+        raise ValueError(f"kafka reader {kafka_reader!r}: expected python or spark")
     spark.dataSource.register(KafkaArrowSource)
 
     def read(dataset: str, schema: StructType) -> DataFrame:
@@ -284,15 +308,28 @@ def _kafka_inputs(
             .load()
         )
 
-    tables: dict[str, list[DataFrame]] = {}
-    checks: list[DataFrame] = []
     for dataset in DATASETS:
         df = read(dataset, spark_schema(dataset))
         if dataset in EVENT_TABLES or dataset in ROLLUPS:
             checks.append(_parquet_checks(df, dataset))
-        tables[dataset] = [_usable(df, dataset, from_ms, to_ms)]
+        tables[dataset].append(_usable(df, dataset, from_ms, to_ms))
     # JSON messages of the old sink in the same topic.
     values = read("json", StructType([StructField("value", StringType(), True)]))
+    _add_json_messages(values, tables, checks, from_ms, to_ms)
+    # Arrow messages delivered twice were dropped by message id in the reader.
+    merged = {d: _union(spark, d, dfs, dedupe=False, latest=True) for d, dfs in tables.items()}
+    return Inputs(tables=merged, checks=_union_all(checks))
+
+
+def _add_json_messages(
+    values: DataFrame,
+    tables: dict[str, list[DataFrame]],
+    checks: list[DataFrame],
+    from_ms: int | None,
+    to_ms: int | None,
+) -> None:
+    """JSON events (a ``value`` string column) into the datasets, de-duplicated by event id
+    (the JSON sink delivers at least once)."""
     raw = values.select(
         F.from_json(
             F.col("value"),
@@ -301,18 +338,9 @@ def _kafka_inputs(
         ).alias("e")
     ).select("e.*")
     checks.append(_json_checks(raw))
-    good = raw.filter(
-        F.col(CORRUPT).isNull()
-        & (F.col("schema_version") == SCHEMA_VERSION)
-        & F.col("type").isin(*EVENT_TABLES)
-        & F.col("time_ms").isNotNull()
-        & _window(F.col("time_ms"), from_ms, to_ms)
-    ).drop(CORRUPT)
-    for dataset, df in json_tables.flatten(good.dropDuplicates(["event_id"])).items():
+    good = _good_json(raw, from_ms, to_ms).dropDuplicates(["event_id"])
+    for dataset, df in json_tables.flatten(good).items():
         tables[dataset].append(df)
-    # Arrow messages delivered twice were dropped by message id in the reader.
-    merged = {d: _union(spark, d, dfs, dedupe=False) for d, dfs in tables.items()}
-    return Inputs(tables=merged, checks=_union_all(checks))
 
 
 def utc_iso(ms: int | None) -> str | None:
