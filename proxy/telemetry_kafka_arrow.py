@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 
 from sluice.proxy.telemetry_columns import LAYOUT_VERSION, ColumnarBuffers
 from sluice.proxy.telemetry_events import ProxyInfo
-from sluice.proxy.telemetry_sinks import DEFAULT_QUEUE_SIZE, KafkaSink, TelemetryConfigError
+from sluice.proxy.telemetry_sinks import KafkaSink, TelemetryConfigError
 
 DEFAULT_FLUSH_SECONDS = 1.0
 # Offset-run segments and finding counters restart this often (file sinks: at rotation).
@@ -52,13 +51,11 @@ class ArrowKafkaSink(KafkaSink):
         bootstrap: str,
         topic: str,
         *,
-        queue_size: int = DEFAULT_QUEUE_SIZE,
-        producer_config: Mapping[str, Any] | None = None,
-        create_partitions: int | None = None,
-        message_timeout_ms: int = 30_000,
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         rollup_seconds: float = DEFAULT_ROLLUP_SECONDS,
+        **kafka_options: Any,
     ) -> None:
+        """``kafka_options``: those of ``KafkaSink`` (queue_size, producer_config...)."""
         if flush_seconds <= 0:
             raise TelemetryConfigError("telemetry.flush_seconds: must be > 0")
         self.flush_seconds = flush_seconds
@@ -68,15 +65,7 @@ class ArrowKafkaSink(KafkaSink):
         self._flushed_at = time.monotonic()
         self._rollups_at = time.monotonic()
         self._message_ids = itertools.count(1)
-        super().__init__(
-            proxy,
-            bootstrap,
-            topic,
-            queue_size=queue_size,
-            producer_config=producer_config,
-            create_partitions=create_partitions,
-            message_timeout_ms=message_timeout_ms,
-        )
+        super().__init__(proxy, bootstrap, topic, **kafka_options)
 
     def _write_batch(self, batch: list[dict[str, Any]], gap: dict[str, Any] | None) -> int:
         if self._producer is None:

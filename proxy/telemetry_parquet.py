@@ -51,6 +51,7 @@ from sluice.proxy.telemetry_sinks import (
     DEFAULT_ROTATE_SECONDS,
     QueuedSink,
     TelemetryConfigError,
+    check_rotation,
 )
 
 log = structlog.get_logger("sluice.telemetry")
@@ -154,10 +155,7 @@ class ParquetSink(QueuedSink):
         queue_size: int = DEFAULT_QUEUE_SIZE,
         fsync: bool = True,
     ) -> None:
-        if rotate_bytes < 1:
-            raise TelemetryConfigError("telemetry.rotate_bytes: must be >= 1")
-        if rotate_seconds <= 0:
-            raise TelemetryConfigError("telemetry.rotate_seconds: must be > 0")
+        check_rotation(rotate_bytes, rotate_seconds)
         if flush_seconds <= 0:
             raise TelemetryConfigError("telemetry.flush_seconds: must be > 0")
         self.directory = Path(directory)
@@ -166,6 +164,7 @@ class ParquetSink(QueuedSink):
         self.flush_seconds = flush_seconds
         self._fsync = fsync
         self._buffers = ColumnarBuffers(proxy.instance_id)
+        self._buffered = 0
         self._seq = 0
         self._spool: Path | None = None
         self._writers: dict[str, tuple[Any, Any]] = {}
@@ -245,7 +244,9 @@ class ParquetSink(QueuedSink):
         for event in batch:
             self._buffers.add(event)
         if time.monotonic() - self._flushed_at >= self.flush_seconds:
-            self._flush()
+            self._flush()  # on failure the caller counts this batch as dropped
+        else:
+            self._buffered += len(batch)
         return len(batch)
 
     def _tick(self) -> None:
@@ -270,18 +271,26 @@ class ParquetSink(QueuedSink):
 
     def _flush(self) -> None:
         self._flushed_at = time.monotonic()
+        # Events of earlier batches, counted as written when they were buffered.
+        earlier, self._buffered = self._buffered, 0
         if not self._buffers.pending():
             return
         rows = self._buffers.rows_for_flush()
-        spool = self._spool or self._new_spool()
-        for dataset, batch in rows.items():
-            entry = self._writers.get(dataset)
-            if entry is None:
-                f = open(spool / f"{dataset}{SPOOL_SUFFIX}", "xb")  # closed in _rotate
-                entry = (f, pa.ipc.new_stream(f, SCHEMAS[dataset]))
-                self._writers[dataset] = entry
-            entry[1].write_batch(batch)
-            entry[0].flush()
+        try:
+            spool = self._spool or self._new_spool()
+            for dataset, batch in rows.items():
+                entry = self._writers.get(dataset)
+                if entry is None:
+                    f = open(spool / f"{dataset}{SPOOL_SUFFIX}", "xb")  # closed in _rotate
+                    entry = (f, pa.ipc.new_stream(f, SCHEMAS[dataset]))
+                    self._writers[dataset] = entry
+                entry[1].write_batch(batch)
+                entry[0].flush()
+        except Exception:
+            with self._lock:
+                self._written -= earlier
+                self._dropped_error += earlier
+            raise
 
     def _rotate(self) -> None:
         self._buffers.close_rollups()

@@ -326,6 +326,14 @@ class QueuedSink:
         return 0
 
 
+def check_rotation(rotate_bytes: int, rotate_seconds: float) -> None:
+    """The rotation limits every file sink takes; raises naming the field."""
+    if rotate_bytes < 1:
+        raise TelemetryConfigError("telemetry.rotate_bytes: must be >= 1")
+    if rotate_seconds <= 0:
+        raise TelemetryConfigError("telemetry.rotate_seconds: must be > 0")
+
+
 class FileSink(QueuedSink):
     """JSON Lines files, one event per line, rotated by size and by age.
 
@@ -346,10 +354,7 @@ class FileSink(QueuedSink):
         queue_size: int = DEFAULT_QUEUE_SIZE,
         fsync: bool = True,
     ) -> None:
-        if rotate_bytes < 1:
-            raise TelemetryConfigError("telemetry.rotate_bytes: must be >= 1")
-        if rotate_seconds <= 0:
-            raise TelemetryConfigError("telemetry.rotate_seconds: must be > 0")
+        check_rotation(rotate_bytes, rotate_seconds)
         self.directory = Path(directory)
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
