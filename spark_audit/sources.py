@@ -81,12 +81,14 @@ def list_files(spark: SparkSession, root: str) -> list[str]:
     fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
     if fs.getFileStatus(path).isFile():
         return [root]
+    prefix = str(fs.makeQualified(path).toString()).rstrip("/") + "/"
     found = []
     files = fs.listFiles(path, True)
     while files.hasNext():
-        status = files.next()
-        text = str(status.getPath().toString())
-        if not any(part.startswith((".", "_")) for part in text[len(root) :].split("/") if part):
+        text = str(files.next().getPath().toString())
+        relative = text[len(prefix) :] if text.startswith(prefix) else text.rsplit("/", 1)[-1]
+        # Hidden and underscore folders and files (the spool, temporary names) are not data.
+        if not any(part.startswith((".", "_")) for part in relative.split("/")):
             found.append(text)
     return sorted(found)
 
@@ -151,23 +153,29 @@ def read_inputs(
         if not found:
             continue
         df = spark.read.schema(spark_schema(dataset)).parquet(*sorted(found.values()))
-        checks.append(_parquet_checks(df, dataset))
+        if dedupe and dataset not in ROLLUPS:
+            df = dedupe_rows(df, _event_keys(dataset))
+        checks.append(_parquet_checks(df, dataset, with_key=dedupe))
         tables[dataset].append(_usable(df, dataset, time_from_ms, time_to_ms))
     if jsonl:
         files["jsonl"] = len(jsonl)
         raw = spark.read.schema(_with_corrupt(TELEMETRY_V1)).json(sorted(jsonl.values()))
-        checks.append(_json_checks(raw))
-        good = _good_json(raw, time_from_ms, time_to_ms)
         if dedupe:
-            good = good.dropDuplicates(["event_id"])
+            raw = dedupe_rows(raw, ["event_id"])
+        checks.append(_json_checks(raw, with_key=dedupe))
+        good = _good_json(raw, time_from_ms, time_to_ms)
         for dataset, df in json_tables.flatten(good).items():
             tables[dataset].append(df)
     merged = {
         d: _union(spark, d, dfs, dedupe=dedupe, latest=dedupe) for d, dfs in tables.items()
     }
+    checked = _union_all(checks) if checks else None
+    if checked is not None and dedupe:
+        # The same event in both layouts counts once too.
+        checked = dedupe_rows(checked, ["type", "key"])
     return Inputs(
         tables=merged,
-        checks=_union_all(checks) if checks else None,
+        checks=checked,
         files=files,
         duplicate_files=duplicates,
     )
@@ -201,9 +209,11 @@ def _good_json(raw: DataFrame, from_ms: int | None, to_ms: int | None) -> DataFr
     ).drop(CORRUPT)
 
 
-def _parquet_checks(df: DataFrame, dataset: str) -> DataFrame:
+def _parquet_checks(df: DataFrame, dataset: str, with_key: bool = False) -> DataFrame:
+    key = "id" if dataset in ROLLUPS else "event_id"
     return df.select(
         F.lit(dataset).alias("type"),
+        (F.col(key) if with_key else F.lit(None).cast("string")).alias("key"),
         F.col("schema_version"),
         _malformed_parquet(df, dataset).alias("malformed"),
         F.col(time_column(dataset)).alias("time_ms"),
@@ -211,7 +221,7 @@ def _parquet_checks(df: DataFrame, dataset: str) -> DataFrame:
     )
 
 
-def _json_checks(raw: DataFrame) -> DataFrame:
+def _json_checks(raw: DataFrame, with_key: bool = False) -> DataFrame:
     bad = (
         F.col(CORRUPT).isNotNull()
         | F.col("type").isNull()
@@ -222,6 +232,7 @@ def _json_checks(raw: DataFrame) -> DataFrame:
         F.when(F.col("type").isin(*EVENT_TABLES), F.col("type"))
         .otherwise(F.lit("(unreadable)"))
         .alias("type"),
+        (F.col("event_id") if with_key else F.lit(None).cast("string")).alias("key"),
         F.col("schema_version"),
         bad.alias("malformed"),
         F.col("time_ms"),
@@ -258,9 +269,21 @@ def _union(
         if latest:
             df = latest_rollups(df)
     elif dedupe:
-        keys = ["event_id", "api"] if dataset == "connection_api" else ["event_id"]
-        df = df.dropDuplicates(keys)
+        # Also across layouts: the same event in a JSON Lines file and a Parquet file.
+        df = df.dropDuplicates(_event_keys(dataset))
     return df
+
+
+def _event_keys(dataset: str) -> list[str]:
+    return ["event_id", "api"] if dataset == "connection_api" else ["event_id"]
+
+
+def dedupe_rows(df: DataFrame, keys: list[str]) -> DataFrame:
+    """One row per key; rows without a key (malformed) are all kept, to be counted."""
+    has_key = F.lit(True)
+    for key in keys:
+        has_key = has_key & F.col(key).isNotNull()
+    return df.filter(has_key).dropDuplicates(keys).unionByName(df.filter(~has_key))
 
 
 def latest_rollups(df: DataFrame) -> DataFrame:
@@ -337,8 +360,9 @@ def _add_json_messages(
             {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
         ).alias("e")
     ).select("e.*")
+    raw = dedupe_rows(raw, ["event_id"])
     checks.append(_json_checks(raw))
-    good = _good_json(raw, from_ms, to_ms).dropDuplicates(["event_id"])
+    good = _good_json(raw, from_ms, to_ms)
     for dataset, df in json_tables.flatten(good).items():
         tables[dataset].append(df)
 

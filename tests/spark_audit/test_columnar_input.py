@@ -188,3 +188,21 @@ def test_out_as_a_hadoop_filesystem_url(
     assert (tmp_path / "reports" / "billing.csv").read_text().startswith("principal,client_id")
     summary = json.loads((tmp_path / "reports" / "summary.json").read_text())
     assert summary["events"] == len(k.events())
+
+
+def test_dedupe_drops_events_repeated_in_differently_named_files(
+    spark: Any, parquet_dir: Path, json_reports: dict[str, Any], tmp_path: Path
+) -> None:
+    """A JSON Lines file renamed and collected again, and a Parquet file copied under another
+    name: with --dedupe every event counts once."""
+    tele = tmp_path / "telemetry"
+    shutil.copytree(parquet_dir, tele)
+    first = next((tele / "record_batch").rglob("*.parquet"))
+    shutil.copy(first, first.with_name("copied-000001.parquet"))
+    write_known_telemetry(tmp_path / "json")
+    for path in (tmp_path / "json").glob("*.jsonl"):
+        shutil.copy(path, tele / path.name)
+        shutil.copy(path, tele / f"renamed-{path.name}")
+    result = _run(spark, tele, tmp_path / "out", dedupe=True)
+    assert result.events == len(k.events())
+    assert report_rows(tmp_path / "out") == json_reports
