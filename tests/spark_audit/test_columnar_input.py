@@ -191,18 +191,23 @@ def test_out_as_a_hadoop_filesystem_url(
 
 
 def test_dedupe_drops_events_repeated_in_differently_named_files(
-    spark: Any, parquet_dir: Path, json_reports: dict[str, Any], tmp_path: Path
+    spark: Any, json_reports: dict[str, Any], tmp_path: Path
 ) -> None:
-    """A JSON Lines file renamed and collected again, and a Parquet file copied under another
-    name: with --dedupe every event counts once."""
+    """Half the events in JSON Lines files collected twice under different names, the other
+    half in Parquet files copied under other names: with --dedupe every event counts once."""
     tele = tmp_path / "telemetry"
-    shutil.copytree(parquet_dir, tele)
-    first = next((tele / "record_batch").rglob("*.parquet"))
-    shutil.copy(first, first.with_name("copied-000001.parquet"))
-    write_known_telemetry(tmp_path / "json")
+    events = k.events()
+    write_parquet_telemetry(tele, events[1::2])
+    for dataset in ("record_batch", "offset_run", "finding"):
+        for path in list((tele / dataset).rglob("*.parquet")):
+            shutil.copy(path, path.with_name(f"copied-{path.name}"))
+    sink = t.FileSink(k.A, tmp_path / "json", fsync=False)
+    for event in events[::2]:
+        sink.emit(event)
+    sink.close(timeout=10)
     for path in (tmp_path / "json").glob("*.jsonl"):
         shutil.copy(path, tele / path.name)
         shutil.copy(path, tele / f"renamed-{path.name}")
     result = _run(spark, tele, tmp_path / "out", dedupe=True)
-    assert result.events == len(k.events())
+    assert result.events == len(events)
     assert report_rows(tmp_path / "out") == json_reports
