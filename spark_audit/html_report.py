@@ -43,6 +43,9 @@ class ReportData:
     clients: list[dict[str, Any]] = field(default_factory=list)
     compliance: list[dict[str, Any]] = field(default_factory=list)
     files: list[tuple[str, str, str]] = field(default_factory=list)
+    # {"malformed": {type: rows}, "unknown_schema_version": {type: rows}}: rows the job could
+    # not use, shown so that nothing is left out without a word.
+    skipped: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
@@ -90,8 +93,18 @@ def render(data: ReportData) -> str:
     meta = (
         f"Telemetry: <code>{esc(data.source)}</code>{window} · events from "
         f"{esc(data.first_event or '-')} to {esc(data.last_event or '-')} · generated "
-        f"{esc(data.generated_at)}"
+        f"{esc(data.generated_at)} · all times UTC"
     )
+    skipped_total = sum(n for per_type in data.skipped.values() for n in per_type.values())
+    if skipped_total:
+        parts = [
+            f"{n:,} {esc(kind.replace('_', ' '))} ({esc(type_)})"
+            for kind, per_type in sorted(data.skipped.items())
+            for type_, n in sorted(per_type.items())
+            if n
+        ]
+        meta += f'<p class="note">Not in the reports: {"; ".join(parts)}.</p>'
+
     t = data.totals
     cards = "".join(
         [
@@ -103,6 +116,7 @@ def render(data: ReportData) -> str:
             _card(t.get("rejected", 0), "records rejected"),
             _card(t.get("filter_errors", 0), "filter errors"),
             _card(t.get("telemetry_dropped", 0), "telemetry events lost"),
+            _card(skipped_total, "rows skipped (unknown schema version or malformed)"),
         ]
     )
     topics_svg = bar_chart(

@@ -4,36 +4,35 @@ Run it as ``sluice audit ...``, ``python -m sluice.spark_audit ...``, or give th
 spark-submit (``spark-submit --master spark://... $(python -c 'import
 sluice.spark_audit.job as j; print(j.__file__)') --telemetry ... --out ...``).
 
-Output layout under OUT (local folder)::
+Output layout under OUT (a local folder or any Hadoop filesystem URL: ``file://``, ``s3a://``,
+``hdfs://``...)::
 
     report.html           self-contained summary (inline SVG)
-    summary.json          event counts, totals, paths, timings
-    <report>.parquet/     Spark Parquet folder, one per report
-    <report>.csv          one CSV file per report (arrays joined with ';', maps as JSON)
+    summary.json          event counts, skipped rows, totals, paths, timings
+    <report>.parquet      one Parquet file per report
+    <report>.csv          one CSV file per report (arrays joined with ';', times UTC)
 
-For a non-local OUT (``s3a://``...), ``<report>.csv`` is a Spark folder with one part file and
-the HTML goes to ``--html`` (a local file).
+How it runs (few Spark jobs, no caching): one pass counts events per type and the rows that
+cannot be used; then one aggregation per dataset (``rollups``) is collected to the driver,
+which builds every report from those small results (``reports``) and writes them
+(``report_io``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, MapType, StructType, TimestampType
+import pyarrow as pa
 
-from sluice.spark_audit import html_report, load, reports
+from sluice.proxy.telemetry.columns import EVENT_TABLES, HOUR_MS
+from sluice.spark_audit import html_report, load, report_io, reports, rollups, sources
 from sluice.spark_audit.options import add_arguments, parse_conf
 from sluice.spark_audit.session import get_session
 from sluice.spark_audit.svg import Edge
@@ -53,70 +52,12 @@ class AuditResult:
     instances: list[str]
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
-
-
-def _is_local(path: str) -> bool:
-    return "://" not in path or path.startswith("file://")
-
-
-def _local(path: str) -> Path:
-    return Path(path[len("file://") :] if path.startswith("file://") else path)
-
-
-def _join(base: str, name: str) -> str:
-    return base.rstrip("/") + "/" + name
-
-
-def _iso(dt: datetime | None) -> str | None:
-    if dt is None:
-        return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def _csv_ready(df: DataFrame) -> DataFrame:
-    """Flatten types CSV cannot hold: arrays -> 'a;b', maps/structs -> JSON, times -> ISO Z."""
-    cols = []
-    for f in df.schema.fields:
-        c = F.col(f.name)
-        if isinstance(f.dataType, ArrayType):
-            c = F.concat_ws(";", c.cast("array<string>"))
-        elif isinstance(f.dataType, MapType | StructType):
-            c = F.to_json(c)
-        elif isinstance(f.dataType, TimestampType):
-            c = F.date_format(c, "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
-        cols.append(c.alias(f.name))
-    return df.select(*cols)
-
-
-def _write_report(spark: SparkSession, df: DataFrame, out: str, name: str) -> dict[str, str]:
-    parquet_path = _join(out, f"{name}.parquet")
-    # Reports come as one sorted partition (reports._sorted): one file each.
-    df.write.mode("overwrite").parquet(parquet_path)
-    # CSV from the written Parquet, so the aggregation runs once.
-    written = spark.read.parquet(parquet_path)
-    csv_path = _join(out, f"{name}.csv")
-    if _is_local(out):
-        tmp_dir = _join(out, f".{name}.csv.tmp")
-        _csv_ready(written).coalesce(1).write.mode("overwrite").option("header", True).csv(tmp_dir)
-        parts = sorted(_local(tmp_dir).glob("part-*.csv"))
-        target = _local(csv_path)
-        if target.is_dir():
-            shutil.rmtree(target)
-        if parts:
-            parts[0].replace(target)
-        else:  # no rows: Spark may write no part file; keep a header-only file
-            target.write_text(",".join(written.columns) + "\n", encoding="utf-8")
-        shutil.rmtree(_local(tmp_dir), ignore_errors=True)
-    else:
-        _csv_ready(written).coalesce(1).write.mode("overwrite").option("header", True).csv(csv_path)
-    return {"parquet": parquet_path, "csv": csv_path}
-
-
-def _client_label() -> Any:
-    label = F.concat_ws("/", F.col("principal"), F.col("client_id"))
-    return F.when(label == "", F.lit("(anonymous)")).otherwise(label)
+    skipped: dict[str, dict[str, int]] = field(default_factory=dict)
+    first_event: str | None = None
+    last_event: str | None = None
+    input_files: dict[str, int] = field(default_factory=dict)
+    duplicate_files: int = 0
+    spark_jobs: int = 0
 
 
 def _bucket(span_ms: int) -> tuple[int, str]:
@@ -127,75 +68,138 @@ def _bucket(span_ms: int) -> tuple[int, str]:
     return 86400_000, "day"
 
 
-def _traffic(events: DataFrame, bucket_ms: int) -> dict[str, list[tuple[int, float]]]:
-    rows = (
-        reports.record_batches(events)
-        .select(
-            _client_label().alias("client"),
-            (F.floor(F.col("time_ms") / bucket_ms) * bucket_ms).cast("long").alias("bucket"),
-            (
-                F.when(
-                    F.col("api") == "produce", F.coalesce(F.col("bytes_in"), F.lit(0))
-                ).otherwise(F.coalesce(F.col("bytes_out"), F.lit(0)))
-            ).alias("bytes"),
-        )
-        .groupBy("client", "bucket")
-        .agg(F.sum("bytes").alias("bytes"))
-        .collect()
-    )
-    totals: dict[str, int] = {}
+def _client_label(principal: str | None, client_id: str | None) -> str:
+    label = "/".join(p for p in (principal, client_id) if p is not None)
+    return label or "(anonymous)"
+
+
+def _traffic(rows: list[dict[str, Any]], bucket_ms: int) -> dict[str, list[tuple[int, float]]]:
+    """Chart series from rows of (principal, client_id, bucket, bytes)."""
+    per: dict[tuple[str, int], int] = {}
     for r in rows:
-        totals[r["client"]] = totals.get(r["client"], 0) + int(r["bytes"] or 0)
+        key = (_client_label(r["principal"], r["client_id"]), r["bucket"] // bucket_ms * bucket_ms)
+        per[key] = per.get(key, 0) + r["bytes"]
+    totals: dict[str, int] = {}
+    for (client, _b), n in per.items():
+        totals[client] = totals.get(client, 0) + n
     top = sorted(totals, key=lambda c: (-totals[c], c))[:TOP_CLIENTS_IN_CHART]
     series: dict[str, dict[int, float]] = {c: {} for c in top}
-    for r in rows:
-        name = r["client"] if r["client"] in series else "other clients"
-        bucket = series.setdefault(name, {})
-        bucket[int(r["bucket"])] = bucket.get(int(r["bucket"]), 0.0) + float(r["bytes"] or 0)
+    for (client, bucket), n in per.items():
+        points = series.setdefault(client if client in series else "other clients", {})
+        points[bucket] = points.get(bucket, 0.0) + float(n)
     return {name: sorted(points.items()) for name, points in series.items()}
 
 
-def _edges(events: DataFrame) -> list[Edge]:
-    rows = (
-        reports.record_batches(events)
-        .groupBy(
-            _client_label().alias("client"),
-            F.concat_ws(" ", F.col("proxy.host"), F.col("proxy.instance_id")).alias("proxy"),
-            "topic",
-            "api",
+def _edges(batches: list[dict[str, Any]]) -> list[Edge]:
+    rows: dict[tuple[str, str, str, str], list[int]] = {}
+    for r in batches:
+        proxy = " ".join(p for p in (r["host"], r["instance_id"]) if p is not None)
+        acc = rows.setdefault(
+            (_client_label(r["principal"], r["client_id"]), proxy, r["topic"], r["api"]), [0, 0]
         )
-        .agg(
-            F.sum(F.coalesce(F.col("records_out"), F.lit(0))).alias("records"),
-            F.sum(
-                F.when(F.col("api") == "produce", F.col("bytes_in")).otherwise(F.col("bytes_out"))
-            ).alias("bytes"),
-        )
-        .collect()
-    )
+        acc[0] += r["records_out"]
+        acc[1] += r["bytes_in"] if r["api"] == "produce" else r["bytes_out"]
     weight: dict[str, dict[str, int]] = {"client": {}, "proxy": {}, "topic": {}}
-    for r in rows:
-        for kind in weight:
-            weight[kind][r[kind]] = weight[kind].get(r[kind], 0) + int(r["records"] or 0)
+    for (client, proxy, topic, _api), (records, _bytes) in rows.items():
+        for kind, name in (("client", client), ("proxy", proxy), ("topic", topic)):
+            weight[kind][name] = weight[kind].get(name, 0) + records
     keep = {
         kind: set(sorted(w, key=lambda k, w=w: (-w[k], k))[: TOPOLOGY_LIMITS[kind]])  # type: ignore[misc]
         for kind, w in weight.items()
     }
     merged: dict[tuple[str, str, str, str], list[int]] = {}
-    for r in rows:
-        client = r["client"] if r["client"] in keep["client"] else "other clients"
-        proxy = r["proxy"] if r["proxy"] in keep["proxy"] else "other proxies"
-        topic = r["topic"] if r["topic"] in keep["topic"] else "other topics"
-        acc = merged.setdefault((client, proxy, topic, r["api"]), [0, 0])
-        acc[0] += int(r["records"] or 0)
-        acc[1] += int(r["bytes"] or 0)
+    for (client, proxy, topic, api), (records, nbytes) in rows.items():
+        acc = merged.setdefault(
+            (
+                client if client in keep["client"] else "other clients",
+                proxy if proxy in keep["proxy"] else "other proxies",
+                topic if topic in keep["topic"] else "other topics",
+                api,
+            ),
+            [0, 0],
+        )
+        acc[0] += records
+        acc[1] += nbytes
     return [
         Edge(client=c, proxy=p, topic=t, api=a, records=v[0], bytes=v[1])
         for (c, p, t, a), v in sorted(merged.items())
     ]
 
 
-def _rows(df: DataFrame, limit: int) -> list[dict[str, Any]]:
-    return [r.asDict(recursive=True) for r in df.limit(limit).collect()]
+def _top(rows: list[dict[str, Any]], key: Any, limit: int) -> list[dict[str, Any]]:
+    return sorted(rows, key=key)[:limit]
+
+
+def _summarise(tables: dict[str, pa.Table]) -> dict[str, Any]:
+    """Totals, top topics, detections, clients: small sums over the report tables."""
+    billing = tables["billing"].to_pylist()
+    compliance = tables["compliance"].to_pylist()
+    totals = {
+        "produce_records": sum(r["produce_records_out"] for r in billing),
+        "fetch_records": sum(r["fetch_records_out"] for r in billing),
+        "produce_bytes": sum(r["produce_bytes_in"] for r in billing),
+        "fetch_bytes": sum(r["fetch_bytes_out"] for r in billing),
+        "filter_time_ns": sum(r["filter_time_ns"] for r in billing),
+    }
+    kinds: dict[str, int] = {}
+    for r in compliance:
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + r["count"]
+    totals["detections"] = kinds.get("detection", 0)
+    totals["rejected"] = kinds.get("rejected", 0)
+    totals["filter_errors"] = kinds.get("filter_error", 0)
+    totals["telemetry_dropped"] = kinds.get("telemetry_dropped", 0)
+    per_topic: dict[str, list[int]] = {}
+    per_client: dict[tuple[Any, Any], dict[str, Any]] = {}
+    money = ("produce_records_out", "produce_bytes_in", "fetch_records_out", "fetch_bytes_out",
+             "filter_time_ns")
+    for r in billing:
+        acc = per_topic.setdefault(r["topic"], [0, 0])
+        acc[0] += r["produce_records_out"]
+        acc[1] += r["fetch_records_out"]
+        c = per_client.setdefault(
+            (r["principal"], r["client_id"]),
+            {"principal": r["principal"], "client_id": r["client_id"], **dict.fromkeys(money, 0)},
+        )
+        for col in money:
+            c[col] += r[col]
+    top_topics = [
+        (t, p, f)
+        for t, (p, f) in sorted(per_topic.items(), key=lambda i: (-(i[1][0] + i[1][1]), i[0] or ""))
+    ][:15]
+    per_detection: dict[tuple[str, str], int] = {}
+    for r in compliance:
+        if r["kind"] == "detection":
+            key = (r["name"] or "", r["topic"] or "")
+            per_detection[key] = per_detection.get(key, 0) + r["count"]
+    detections = [
+        (f"{name} @ {topic}", n)
+        for (name, topic), n in sorted(per_detection.items(), key=lambda i: (-i[1], i[0]))
+    ][:15]
+    clients = sorted(
+        per_client.values(),
+        key=lambda c: (-(c["produce_bytes_in"] + c["fetch_bytes_out"]), str(c["principal"]),
+                       str(c["client_id"])),
+    )[:50]
+    modules = _top(
+        tables["audit_modules"].to_pylist(), lambda r: (-r["batches"], r["module_sha256"] or ""),
+        50,
+    )
+    compliance_top = _top(
+        compliance, lambda r: (-r["count"], r["kind"] or "", r["topic"] or ""), 50
+    )
+    return {
+        "totals": totals,
+        "top_topics": top_topics,
+        "detections": detections,
+        "clients": clients,
+        "modules": modules,
+        "compliance": compliance_top,
+    }
+
+
+def _spark_job_count(spark: Any) -> int:
+    tracker = spark.sparkContext.statusTracker()
+    return len(tracker.getJobIdsForGroup(None))
 
 
 def run_audit(
@@ -205,8 +209,8 @@ def run_audit(
     master: str | None = None,
     time_from: str | None = None,
     time_to: str | None = None,
-    input_format: str = "json",
-    glob: str | None = load.DEFAULT_GLOB,
+    input_format: str = "auto",
+    glob: str | None = sources.DEFAULT_GLOB,
     kafka_reader: str = "python",
     dedupe: bool | None = None,
     html_path: str | None = None,
@@ -216,157 +220,137 @@ def run_audit(
     timings: dict[str, float] = {}
     from_ms = load.parse_time(time_from)
     to_ms = load.parse_time(time_to)
-    is_kafka = load.parse_kafka_url(telemetry) is not None
-    if html_path is None:
-        if not _is_local(out):
-            raise ValueError("--html FILE is required when --out is not a local folder")
-        html_path = str(_local(out) / "report.html")
-    if _is_local(out):
-        _local(out).mkdir(parents=True, exist_ok=True)
+    if input_format not in ("auto", "columnar", "json"):
+        raise ValueError(f"input format {input_format!r}: expected auto, columnar or json")
+    html_target = html_path or report_io.join(out, "report.html")
     spark, created = get_session(master, conf)
-    events: DataFrame | None = None
-    frows: DataFrame | None = None
+    jobs_before = _spark_job_count(spark)
     try:
+        report_io.prepare_dir(spark, out)
         t0 = time.perf_counter()
-        raw = load.read_raw(
-            spark, telemetry, input_format=input_format, glob=glob, kafka_reader=kafka_reader
-        )
-        events = load.prepare(
-            raw,
+        inputs = sources.read_inputs(
+            spark,
+            telemetry,
             time_from_ms=from_ms,
             time_to_ms=to_ms,
-            dedupe=is_kafka if dedupe is None else dedupe,
-        ).persist(StorageLevel.MEMORY_AND_DISK)
-        summary_rows = (
-            events.groupBy("type")
-            .agg(
-                F.count(F.lit(1)).alias("n"),
-                F.min("ts").alias("first"),
-                F.max("ts").alias("last"),
-                F.collect_set("proxy.instance_id").alias("instances"),
-            )
-            .collect()
+            glob=glob,
+            dedupe=bool(dedupe),
+            kafka_reader=kafka_reader,
+            input_format=input_format,
         )
-        timings["read_and_cache"] = time.perf_counter() - t0
-        by_type = {r["type"]: int(r["n"]) for r in summary_rows}
-        firsts = [r["first"] for r in summary_rows if r["first"] is not None]
-        lasts = [r["last"] for r in summary_rows if r["last"] is not None]
-        instances = sorted({i for r in summary_rows for i in (r["instances"] or [])})
-        # The per-filter rows feed three reports: explode the filters once.
-        t0 = time.perf_counter()
-        frows = reports.filter_rows(events).persist(StorageLevel.MEMORY_AND_DISK)
-        frows.count()
-        timings["filter_rows"] = time.perf_counter() - t0
-        written: dict[str, dict[str, str]] = {}
-        for name in reports.REPORT_NAMES:
+        tables = inputs.tables
+        parts = {
+            # Hourly: billing needs hours; the chart's minutes (short spans) come below.
+            "batches": rollups.record_batches(tables["record_batch"], HOUR_MS),
+            "runs": rollups.offset_runs(tables["offset_run"]),
+            "found": rollups.findings(tables["finding"]),
+            "conns": rollups.connections(tables["connection"], tables["connection_api"]),
+            "admin": rollups.admin(tables["admin"]),
+            "loads": rollups.filter_loads(tables["filter_loaded"]),
+            "drops": rollups.drops(tables["telemetry_dropped"]),
+        }
+        if inputs.checks is not None:
+            parts["stats"] = rollups.stats(inputs.checks, from_ms, to_ms)
+        got = rollups.collect(parts)
+        timings["aggregate"] = time.perf_counter() - t0
+        stats = got.get("stats", [])
+        by_type = {r["type"]: int(r["events"]) for r in stats if r["type"] in EVENT_TABLES
+                   and r["events"]}
+        skipped = {
+            "malformed": {r["type"]: int(r["malformed"]) for r in stats if r["malformed"]},
+            "unknown_schema_version": {
+                r["type"]: int(r["unknown_version"]) for r in stats if r["unknown_version"]
+            },
+        }
+        event_stats = [r for r in stats if r["type"] in EVENT_TABLES and r["events"]]
+        first_ms = min((r["first_ms"] for r in event_stats), default=None)
+        last_ms = max((r["last_ms"] for r in event_stats), default=None)
+        instances = sorted({i for r in event_stats for i in (r["instances"] or [])})
+        bucket_ms, bucket_label = _bucket((last_ms or 0) - (first_ms or 0))
+        batches, runs, found = got["batches"], got["runs"], got["found"]
+        conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]
+        if bucket_ms < HOUR_MS:
             t0 = time.perf_counter()
-            df = reports.BUILDERS[name](events, frows)
-            written[name] = _write_report(spark, df, out, name)
-            timings[f"report_{name}"] = time.perf_counter() - t0
+            chart = rollups.collect({"t": rollups.traffic(tables["record_batch"], bucket_ms)})["t"]
+            timings["traffic_minutes"] = time.perf_counter() - t0
+        else:
+            chart = [
+                {**r, "bytes": r["bytes_in"] if r["api"] == "produce" else r["bytes_out"]}
+                for r in batches
+            ]
 
         t0 = time.perf_counter()
-        first_ms = int(min(firsts).replace(tzinfo=UTC).timestamp() * 1000) if firsts else 0
-        last_ms = int(max(lasts).replace(tzinfo=UTC).timestamp() * 1000) if lasts else 0
-        bucket_ms, bucket_label = _bucket(last_ms - first_ms)
-        billing = spark.read.parquet(written["billing"]["parquet"])
-        compliance = spark.read.parquet(written["compliance"]["parquet"])
-        modules = spark.read.parquet(written["audit_modules"]["parquet"])
-        totals_row = billing.agg(
-            F.sum("produce_records_out").alias("produce_records"),
-            F.sum("fetch_records_out").alias("fetch_records"),
-            F.sum("produce_bytes_in").alias("produce_bytes"),
-            F.sum("fetch_bytes_out").alias("fetch_bytes"),
-            F.sum("filter_time_ns").alias("filter_time_ns"),
-        ).collect()[0]
-        kinds = {
-            r["kind"]: int(r["total"])
-            for r in compliance.groupBy("kind").agg(F.sum("count").alias("total")).collect()
+        built = {
+            "audit": reports.audit(runs),
+            "audit_modules": reports.audit_modules(runs, loads, admin_rows),
+            "billing": reports.billing(batches),
+            "billing_connections": reports.billing_connections(conns),
+            "compliance": reports.compliance(found, admin_rows, drop_rows),
+            "admin": reports.admin(admin_rows),
         }
-        totals = {k: int(v or 0) for k, v in totals_row.asDict().items()}
-        totals["detections"] = kinds.get("detection", 0)
-        totals["rejected"] = kinds.get("rejected", 0)
-        totals["filter_errors"] = kinds.get("filter_error", 0)
-        totals["telemetry_dropped"] = kinds.get("telemetry_dropped", 0)
-        top_topics = [
-            (r["topic"], int(r["p"]), int(r["f"]))
-            for r in billing.groupBy("topic")
-            .agg(F.sum("produce_records_out").alias("p"), F.sum("fetch_records_out").alias("f"))
-            .orderBy(F.desc(F.col("p") + F.col("f")), "topic")
-            .limit(15)
-            .collect()
-        ]
-        detections = [
-            (f"{r['name']} @ {r['topic']}", int(r["n"]))
-            for r in compliance.filter(F.col("kind") == "detection")
-            .groupBy("name", "topic")
-            .agg(F.sum("count").alias("n"))
-            .orderBy(F.desc("n"), "name", "topic")
-            .limit(15)
-            .collect()
-        ]
-        clients = _rows(
-            billing.groupBy("principal", "client_id")
-            .agg(
-                *[
-                    F.sum(c).alias(c)
-                    for c in (
-                        "produce_records_out",
-                        "produce_bytes_in",
-                        "fetch_records_out",
-                        "fetch_bytes_out",
-                        "filter_time_ns",
-                    )
-                ]
-            )
-            .orderBy(F.desc(F.col("produce_bytes_in") + F.col("fetch_bytes_out"))),
-            50,
-        )
+        written: dict[str, dict[str, str]] = {}
+        for name in reports.REPORT_NAMES:
+            paths = {
+                "parquet": report_io.join(out, f"{name}.parquet"),
+                "csv": report_io.join(out, f"{name}.csv"),
+            }
+            report_io.write_bytes(spark, paths["parquet"], report_io.parquet_bytes(built[name]))
+            report_io.write_bytes(spark, paths["csv"], report_io.csv_bytes(built[name]))
+            written[name] = paths
+        timings["reports"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        summary = _summarise(built)
         data = html_report.ReportData(
             source=telemetry,
-            generated_at=_iso(datetime.now(tz=UTC)) or "",
+            generated_at=sources.utc_iso(int(datetime.now(tz=UTC).timestamp() * 1000)) or "",
             time_from=time_from,
             time_to=time_to,
-            first_event=_iso(min(firsts)) if firsts else None,
-            last_event=_iso(max(lasts)) if lasts else None,
+            first_event=sources.utc_iso(first_ms),
+            last_event=sources.utc_iso(last_ms),
             events_by_type=by_type,
-            totals=totals,
+            totals=summary["totals"],
             instances=instances,
             bucket_label=bucket_label,
-            traffic=_traffic(events, bucket_ms),
-            top_topics=top_topics,
-            detections=detections,
-            edges=_edges(events),
-            modules=_rows(modules.orderBy(F.desc("batches"), "module_sha256"), 50),
-            clients=clients,
-            compliance=_rows(compliance.orderBy(F.desc("count"), "kind", "topic"), 50),
+            traffic=_traffic(chart, bucket_ms),
+            top_topics=summary["top_topics"],
+            detections=summary["detections"],
+            edges=_edges(batches),
+            modules=summary["modules"],
+            clients=summary["clients"],
+            compliance=summary["compliance"],
             files=[
                 (name, _relative(p["parquet"], out), _relative(p["csv"], out))
                 for name, p in written.items()
             ],
+            skipped=skipped,
         )
-        Path(html_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(html_path).write_text(html_report.render(data), encoding="utf-8")
+        report_io.write_bytes(spark, html_target, html_report.render(data).encode("utf-8"))
         timings["html"] = time.perf_counter() - t0
         result = AuditResult(
             out=out,
-            html=html_path,
+            html=html_target,
             reports=written,
             events=sum(by_type.values()),
             events_by_type=by_type,
-            totals=totals,
+            totals=summary["totals"],
             instances=instances,
             seconds=time.perf_counter() - started,
             timings=timings,
+            skipped=skipped,
+            first_event=data.first_event,
+            last_event=data.last_event,
+            input_files=inputs.files,
+            duplicate_files=inputs.duplicate_files,
+            spark_jobs=_spark_job_count(spark) - jobs_before,
         )
-        if _is_local(out):
-            (_local(out) / "summary.json").write_text(
-                json.dumps(asdict(result), indent=2, sort_keys=True), encoding="utf-8"
-            )
+        report_io.write_bytes(
+            spark,
+            report_io.join(out, "summary.json"),
+            json.dumps(asdict(result), indent=2, sort_keys=True).encode("utf-8"),
+        )
         return result
     finally:
-        for cached in (frows, events):
-            if cached is not None:
-                cached.unpersist()
         if created:
             spark.stop()
 
@@ -381,8 +365,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     telemetry_path = str(args.telemetry)
     if (
         load.parse_kafka_url(telemetry_path) is None
-        and _is_local(telemetry_path)
-        and not _local(telemetry_path).exists()
+        and sources.is_local(telemetry_path)
+        and not sources.local_path(telemetry_path).exists()
     ):
         # Checked before Spark starts: a typo should not cost a JVM start and a stack trace.
         print(f"sluice audit: --telemetry {telemetry_path}: no such file or directory",
@@ -417,6 +401,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         f"({', '.join(f'{k} {v:,}' for k, v in sorted(result.events_by_type.items()))}) "
         f"in {result.seconds:.1f} s"
     )
+    for kind, per_type in sorted(result.skipped.items()):
+        for type_, n in sorted(per_type.items()):
+            print(f"  skipped: {n:,} {kind.replace('_', ' ')} ({type_})")
     for name, paths in result.reports.items():
         print(f"  {name}: {paths['parquet']}  {paths['csv']}")
     print(f"Report: {result.html}")

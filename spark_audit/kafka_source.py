@@ -96,27 +96,15 @@ class KafkaBatchReader(DataSourceReader):
             for p in numbers
         ]
 
-    def read(self, partition: InputPartition) -> Iterator[Any]:
-        import pyarrow as pa
+    def messages(self, partition: InputPartition) -> Iterator[Any]:
+        """The partition's messages from its start to the snapshot end (see module doc)."""
         from confluent_kafka import Consumer as KafkaConsumer
         from confluent_kafka import KafkaError, TopicPartition
 
         assert isinstance(partition, KafkaPartition)
-        arrow_schema = pa.schema(
-            [
-                ("key", pa.binary()),
-                ("value", pa.binary()),
-                ("topic", pa.string()),
-                ("partition", pa.int32()),
-                ("offset", pa.int64()),
-                ("timestamp", pa.timestamp("us", tz="UTC")),
-                ("timestampType", pa.int32()),
-            ]
-        )
         consumer = KafkaConsumer(_consumer_config(self.options))
         tp = TopicPartition(partition.topic, partition.partition, partition.start)
         consumer.assign([tp])
-        cols: dict[str, list[Any]] = {name: [] for name in arrow_schema.names}
         end: int | None = None
         next_offset = -1
         idle_since = time.monotonic()
@@ -135,16 +123,7 @@ class KafkaBatchReader(DataSourceReader):
                     if end is not None and offset >= end:
                         reached_eof = True
                         break
-                    ts_type, ts_ms = msg.timestamp()
-                    cols["key"].append(msg.key())
-                    cols["value"].append(msg.value())
-                    cols["topic"].append(msg.topic())
-                    cols["partition"].append(msg.partition())
-                    cols["offset"].append(offset)
-                    cols["timestamp"].append(
-                        datetime.fromtimestamp(ts_ms / 1000, tz=UTC) if ts_ms >= 0 else None
-                    )
-                    cols["timestampType"].append(ts_type)
+                    yield msg
                     next_offset = offset + 1
                 if messages:
                     idle_since = time.monotonic()
@@ -153,9 +132,6 @@ class KafkaBatchReader(DataSourceReader):
                     _low, high = consumer.get_watermark_offsets(tp, cached=True)
                     if high >= 0:
                         end = high
-                if len(cols["offset"]) >= ARROW_BATCH_ROWS:
-                    yield pa.RecordBatch.from_pydict(cols, schema=arrow_schema)
-                    cols = {name: [] for name in arrow_schema.names}
                 if reached_eof or (end is not None and next_offset >= end):
                     break
                 if time.monotonic() - idle_since > self.timeout_s:
@@ -165,6 +141,36 @@ class KafkaBatchReader(DataSourceReader):
                     )
         finally:
             consumer.close()
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        import pyarrow as pa
+
+        arrow_schema = pa.schema(
+            [
+                ("key", pa.binary()),
+                ("value", pa.binary()),
+                ("topic", pa.string()),
+                ("partition", pa.int32()),
+                ("offset", pa.int64()),
+                ("timestamp", pa.timestamp("us", tz="UTC")),
+                ("timestampType", pa.int32()),
+            ]
+        )
+        cols: dict[str, list[Any]] = {name: [] for name in arrow_schema.names}
+        for msg in self.messages(partition):
+            ts_type, ts_ms = msg.timestamp()
+            cols["key"].append(msg.key())
+            cols["value"].append(msg.value())
+            cols["topic"].append(msg.topic())
+            cols["partition"].append(msg.partition())
+            cols["offset"].append(int(msg.offset() or 0))
+            cols["timestamp"].append(
+                datetime.fromtimestamp(ts_ms / 1000, tz=UTC) if ts_ms >= 0 else None
+            )
+            cols["timestampType"].append(ts_type)
+            if len(cols["offset"]) >= ARROW_BATCH_ROWS:
+                yield pa.RecordBatch.from_pydict(cols, schema=arrow_schema)
+                cols = {name: [] for name in arrow_schema.names}
         if cols["offset"]:
             yield pa.RecordBatch.from_pydict(cols, schema=arrow_schema)
 

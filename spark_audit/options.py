@@ -16,7 +16,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="telemetry directory or any Spark path (s3a://, hdfs://), or kafka://HOST:PORT/TOPIC",
     )
-    parser.add_argument("--out", required=True, metavar="DIR", help="output folder for reports")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="output folder for reports: a local path or a Hadoop filesystem URL "
+        "(file://, s3a://, hdfs://)",
+    )
     parser.add_argument(
         "--master",
         default=None,
@@ -35,34 +41,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--input-format",
-        choices=("json", "parquet"),
-        default="json",
-        help="telemetry files are JSON Lines (default) or Parquet with the same columns",
+        choices=("auto", "columnar", "json"),
+        default="auto",
+        help="read the Parquet datasets and JSON Lines files found (auto, the default), or "
+        "only one of them",
     )
     parser.add_argument(
         "--glob",
         default="*.jsonl",
-        help="file-name filter inside a telemetry directory (default *.jsonl; '' = all files)",
+        help="JSON Lines file names to read inside a telemetry directory (default *.jsonl; "
+        "'' = every file that is not Parquet)",
     )
     parser.add_argument(
         "--kafka-reader",
         choices=("python", "spark"),
         default="python",
-        help="for kafka:// sources: the built-in Python reader (default) or Spark's Kafka "
-        "connector (needs its jar, e.g. spark-submit --packages)",
+        help="for kafka:// sources: the built-in Python reader (default; reads Arrow and JSON "
+        "messages) or Spark's Kafka connector (JSON messages only; needs its jar)",
     )
     parser.add_argument(
         "--dedupe",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="drop repeated event ids (default: on for kafka://, off for files)",
+        help="also drop repeated event ids across different files (a copy of one file is "
+        "always read once; kafka:// input is always de-duplicated)",
     )
     parser.add_argument(
         "--html",
         default=None,
         metavar="FILE",
-        help="where to write the HTML summary (default OUT/report.html; needed when OUT is "
-        "not a local folder)",
+        help="where to write the HTML summary (default OUT/report.html)",
     )
     parser.add_argument(
         "--conf",

@@ -1,8 +1,4 @@
-"""The report tables, as Spark DataFrame transformations of the telemetry events.
-
-Input: the events DataFrame of schema ``TELEMETRY_V1`` plus ``ts`` (event time as a UTC
-timestamp) and ``hour`` (``ts`` truncated to the hour), as ``load.load_events`` returns it.
-Only built-in Spark SQL functions are used (no Python UDFs), so the work stays in the JVM.
+"""The report tables, built in the driver from the small rollups that ``rollups`` collects.
 
 Reports (column meanings are in docs/TELEMETRY.md, section "Reports"):
 - ``audit``: per filter module (sha256), api, topic-partition and contiguous offset run.
@@ -14,18 +10,19 @@ Reports (column meanings are in docs/TELEMETRY.md, section "Reports"):
 - ``compliance``: long format, ``kind`` in detection, rejected, reject_reason, filter_error,
   partition_error, admin_deny, admin_error, telemetry_dropped.
 - ``admin``: admin decisions per module, operation, resource and decision.
-- ``encryption``: key versions and offset ranges of encrypted records, reads per principal
-  (spark_audit/encryption.py).
+
+Every function returns an Arrow table with the report's columns, sorted by its keys (nulls
+first, as Spark sorts). Times are UTC timestamps (``timestamp[us, tz=UTC]``) in every report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
-from pyspark.sql import functions as F
+import pyarrow as pa
 
-from sluice.spark_audit.encryption import encryption
 
 REPORT_NAMES = (
     "audit",
@@ -34,522 +31,236 @@ REPORT_NAMES = (
     "billing_connections",
     "compliance",
     "admin",
-    "encryption",
 )
 
-_RUN_KEYS = ["module_sha256", "api", "topic", "partition"]
+_S, _L, _I = pa.string(), pa.int64(), pa.int32()
+_T = pa.timestamp("us", tz="UTC")
+_LIST = pa.list_(_S)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "audit": pa.schema(
+        [("module_sha256", _S), ("api", _S), ("topic", _S), ("partition", _I), ("run", _L),
+         ("offset_first", _L), ("offset_last", _L), ("filter_names", _LIST), ("batches", _L),
+         ("records", _L), ("kept", _L), ("rewritten", _L), ("dropped", _L), ("rejected", _L),
+         ("detections", _L), ("errors", _L), ("filter_time_ns", _L), ("proxy_instances", _LIST),
+         ("proxy_hosts", _LIST), ("time_first", _T), ("time_last", _T)]
+    ),
+    "audit_modules": pa.schema(
+        [("module_sha256", _S), ("filter_names", _LIST), ("proxy_instances", _LIST),
+         ("proxy_hosts", _LIST), ("bound_topics", _LIST), ("apply_to", _LIST), ("apis", _LIST),
+         ("topics", _LIST), ("batches", _L), ("kept", _L), ("rewritten", _L), ("dropped", _L),
+         ("rejected", _L), ("detections", _L), ("errors", _L), ("filter_time_ns", _L),
+         ("admin_items", _L), ("admin_denied", _L), ("topic_partitions", _L),
+         ("first_loaded", _T), ("last_loaded", _T), ("first_seen", _T), ("last_seen", _T)]
+    ),
+    "billing": pa.schema(
+        [("principal", _S), ("client_id", _S), ("topic", _S), ("hour", _T),
+         *[(f"{api}_{col}", _L) for api in ("produce", "fetch")
+           for col in ("batches", "records_in", "records_out", "bytes_in", "bytes_out")],
+         ("produce_errors", _L), ("fetch_errors", _L), ("filter_time_ns", _L)]
+    ),
+    "billing_connections": pa.schema(
+        [("principal", _S), ("client_id", _S), ("hour", _T), ("api", _S), ("requests", _L),
+         ("bytes_in", _L), ("bytes_out", _L), ("connections_opened", _L),
+         ("connections_closed", _L), ("duration_ms", _L)]
+    ),
+    "compliance": pa.schema(
+        [("kind", _S), ("topic", _S), ("api", _S), ("filter_name", _S), ("module_sha256", _S),
+         ("name", _S), ("count", _L), ("events", _L), ("first_time", _T), ("last_time", _T)]
+    ),
+    "admin": pa.schema(
+        [("module_sha256", _S), ("filter_name", _S), ("op", _S), ("resource_type", _S),
+         ("resource", _S), ("decision", _S), ("principal", _S), ("client_id", _S),
+         ("count", _L), ("proxy_instances", _LIST), ("messages", _LIST), ("first_time", _T),
+         ("last_time", _T)]
+    ),
+}
+
+HOUR_MS = 3_600_000
+_DECISIONS = ("kept", "rewritten", "dropped", "rejected", "detections", "errors",
+              "filter_time_ns")
 
 
-def _sorted(df: DataFrame, *keys: str | Column) -> DataFrame:
-    """One sorted partition: reports are aggregates, and a global ``orderBy`` would cost an
-    extra sampling job per report."""
-    return df.coalesce(1).sortWithinPartitions(*keys)
+def _first(v: Any) -> tuple[Any, ...]:
+    """Sort key part: nulls first (Spark's ascending order)."""
+    return (0,) if v is None else (1, v)
 
 
-def _sum0(col: Column) -> Column:
-    return F.coalesce(F.sum(col), F.lit(0)).cast("long")
+def _last(v: Any) -> tuple[Any, ...]:
+    return (1,) if v is None else (0, v)
 
 
-def _when_api(api: str, col: str) -> Column:
-    return F.when(F.col("api") == api, F.coalesce(F.col(col), F.lit(0))).otherwise(0)
+def to_table(name: str, rows: Iterable[dict[str, Any]], keys: Sequence[str],
+             nulls_last: Sequence[str] = ()) -> pa.Table:
+    """Rows (times as epoch ms) -> the report's Arrow table, sorted by ``keys`` then by every
+    other column so that equal keys still come out in one order."""
+    schema = SCHEMAS[name]
+    ordered = list(keys) + [c for c in schema.names if c not in keys]
 
+    def sort_key(row: dict[str, Any]) -> tuple[Any, ...]:
+        parts = []
+        for c in ordered:
+            v = row.get(c)
+            if isinstance(v, list):
+                v = tuple(v)
+            parts.append(_last(v) if c in nulls_last else _first(v))
+        return tuple(parts)
 
-def record_batches(events: DataFrame) -> DataFrame:
-    return events.filter(F.col("type") == "record_batch")
-
-
-def filter_rows(events: DataFrame) -> DataFrame:
-    """One row per (record_batch event, filter that ran on it)."""
-    rb = record_batches(events)
-    exploded = rb.select(
-        "api",
-        "topic",
-        "partition",
-        "offset_first",
-        "offset_last",
-        "ts",
-        F.col("proxy.instance_id").alias("instance_id"),
-        F.col("proxy.host").alias("host"),
-        F.explode("filters").alias("f"),
-    )
-    f = F.col("f")
-    return exploded.select(
-        f["module_sha256"].alias("module_sha256"),
-        f["name"].alias("filter_name"),
-        "api",
-        "topic",
-        "partition",
-        "offset_first",
-        "offset_last",
-        "ts",
-        "instance_id",
-        "host",
-        F.coalesce(f["kept"], F.lit(0)).alias("kept"),
-        F.coalesce(f["rewritten"], F.lit(0)).alias("rewritten"),
-        F.coalesce(f["dropped"], F.lit(0)).alias("dropped"),
-        F.coalesce(f["rejected"], F.lit(0)).alias("rejected"),
-        F.coalesce(
-            F.aggregate(F.map_values(f["detectors"]), F.lit(0).cast("long"), lambda a, b: a + b),
-            F.lit(0),
-        ).alias("detections"),
-        F.coalesce(F.size(f["errors"]), F.lit(0)).alias("errors"),
-        F.coalesce(f["time_ns"], F.lit(0)).alias("time_ns"),
-        f["detectors"].alias("detectors"),
-        f["errors"].alias("error_messages"),
-    )
-
-
-def _decision_sums() -> list[Column]:
-    """What the filters did, summed: the columns the audit and module reports share."""
-    return [
-        _sum0(F.col("kept")).alias("kept"),
-        _sum0(F.col("rewritten")).alias("rewritten"),
-        _sum0(F.col("dropped")).alias("dropped"),
-        _sum0(F.col("rejected")).alias("rejected"),
-        _sum0(F.col("detections")).alias("detections"),
-        _sum0(F.col("errors")).alias("errors"),
-        _sum0(F.col("time_ns")).alias("filter_time_ns"),
-    ]
-
-
-def _run_aggregates() -> list[Column]:
-    return [
-        F.array_sort(F.collect_set("filter_name")).alias("filter_names"),
-        F.count(F.lit(1)).alias("batches"),
-        (
-            _sum0(F.col("kept"))
-            + _sum0(F.col("rewritten"))
-            + _sum0(F.col("dropped"))
-            + _sum0(F.col("rejected"))
-        ).alias("records"),
-        *_decision_sums(),
-        F.array_sort(F.collect_set("instance_id")).alias("proxy_instances"),
-        F.array_sort(F.collect_set("host")).alias("proxy_hosts"),
-        F.min("ts").alias("time_first"),
-        F.max("ts").alias("time_last"),
-    ]
-
-
-def audit(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
-    """Contiguous offset runs each module touched, per api and topic-partition.
-
-    Runs are islands of overlapping or adjacent offset ranges (a new run starts where a
-    batch's first offset lies beyond every earlier batch's last offset + 1), so re-reads by
-    several consumers merge and a gap (offsets that went around the proxy, or were never
-    filtered) splits. Batches without offsets (acks=0, broker errors) get one row per key
-    with null offsets and null run.
-    """
-    rows = (frows if frows is not None else filter_rows(events)).select(
-        *_RUN_KEYS,
-        "filter_name",
-        "offset_first",
-        "offset_last",
-        "ts",
-        "instance_id",
-        "host",
-        "kept",
-        "rewritten",
-        "dropped",
-        "rejected",
-        "detections",
-        "errors",
-        "time_ns",
-    )
-    with_offsets = rows.filter(F.col("offset_first").isNotNull())
-    w = Window.partitionBy(*_RUN_KEYS).orderBy("offset_first", "offset_last")
-    prev_max = F.max("offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    starts = with_offsets.withColumn(
-        "_new_run",
-        F.when(prev_max.isNull() | (F.col("offset_first") > prev_max + 1), 1).otherwise(0),
-    )
-    runs = starts.withColumn(
-        "run", F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0))
-    )
-    with_runs = runs.groupBy(*_RUN_KEYS, "run").agg(
-        F.min("offset_first").alias("offset_first"),
-        F.max("offset_last").alias("offset_last"),
-        *_run_aggregates(),
-    )
-    no_offsets = (
-        rows.filter(F.col("offset_first").isNull())
-        .groupBy(*_RUN_KEYS)
-        .agg(*_run_aggregates())
-        .withColumn("run", F.lit(None).cast("long"))
-        .withColumn("offset_first", F.lit(None).cast("long"))
-        .withColumn("offset_last", F.lit(None).cast("long"))
-    )
-    columns = [
-        *_RUN_KEYS,
-        "run",
-        "offset_first",
-        "offset_last",
-        "filter_names",
-        "batches",
-        "records",
-        "kept",
-        "rewritten",
-        "dropped",
-        "rejected",
-        "detections",
-        "errors",
-        "filter_time_ns",
-        "proxy_instances",
-        "proxy_hosts",
-        "time_first",
-        "time_last",
-    ]
-    return (
-        with_runs.withColumn("run", F.col("run").cast("long"))
-        .select(*columns)
-        .unionByName(no_offsets.select(*columns))
-        .transform(lambda df: _sorted(df, *_RUN_KEYS, F.col("offset_first").asc_nulls_last()))
-    )
-
-
-def audit_modules(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
-    """One row per module sha256: where it was loaded, what data and admin items it touched."""
-    touched = (
-        (frows if frows is not None else filter_rows(events))
-        .groupBy("module_sha256")
-        .agg(
-            F.array_sort(F.collect_set("filter_name")).alias("touched_names"),
-            F.array_sort(F.collect_set("api")).alias("apis"),
-            F.array_sort(F.collect_set("topic")).alias("topics"),
-            # size(collect_set) rather than countDistinct: a distinct count next to other
-            # aggregates makes Spark expand every row once per distinct group.
-            F.size(F.collect_set(F.struct("topic", "partition"))).alias("topic_partitions"),
-            F.array_sort(F.collect_set("instance_id")).alias("touched_instances"),
-            F.array_sort(F.collect_set("host")).alias("proxy_hosts"),
-            F.min("ts").alias("first_seen"),
-            F.max("ts").alias("last_seen"),
-            F.count(F.lit(1)).alias("batches"),
-            *_decision_sums(),
-        )
-    )
-    loaded = (
-        events.filter(F.col("type") == "filter_loaded")
-        .groupBy(F.col("filter.module_sha256").alias("module_sha256"))
-        .agg(
-            F.array_sort(F.collect_set("filter.name")).alias("loaded_names"),
-            F.array_sort(F.collect_set("proxy.instance_id")).alias("loaded_on_instances"),
-            F.array_sort(F.array_distinct(F.flatten(F.collect_list("topics")))).alias(
-                "bound_topics"
-            ),
-            F.array_sort(F.array_distinct(F.flatten(F.collect_list("apply_to")))).alias("apply_to"),
-            F.min("ts").alias("first_loaded"),
-            F.max("ts").alias("last_loaded"),
-        )
-    )
-    admin_counts = (
-        events.filter(F.col("type") == "admin")
-        .groupBy(F.col("filter.module_sha256").alias("module_sha256"))
-        .agg(
-            F.count(F.lit(1)).alias("admin_items"),
-            _sum0(F.when(F.col("decision") == "deny", 1).otherwise(0)).alias("admin_denied"),
-            F.array_sort(F.collect_set("filter.name")).alias("admin_names"),
-            F.array_sort(F.collect_set("proxy.instance_id")).alias("admin_instances"),
-        )
-    )
-    joined = touched.join(loaded, "module_sha256", "full_outer").join(
-        admin_counts, "module_sha256", "full_outer"
-    )
-    empty = F.array().cast("array<string>")
-
-    def union_arrays(*cols: str) -> Column:
-        merged = F.coalesce(F.col(cols[0]), empty)
-        for c in cols[1:]:
-            merged = F.array_union(merged, F.coalesce(F.col(c), empty))
-        return F.array_sort(merged)
-
-    zero_cols = [
-        "batches",
-        "kept",
-        "rewritten",
-        "dropped",
-        "rejected",
-        "detections",
-        "errors",
-        "filter_time_ns",
-        "admin_items",
-        "admin_denied",
-        "topic_partitions",
-    ]
-    return joined.select(
-        "module_sha256",
-        union_arrays("touched_names", "loaded_names", "admin_names").alias("filter_names"),
-        union_arrays("touched_instances", "loaded_on_instances", "admin_instances").alias(
-            "proxy_instances"
-        ),
-        F.coalesce(F.col("proxy_hosts"), empty).alias("proxy_hosts"),
-        F.coalesce(F.col("bound_topics"), empty).alias("bound_topics"),
-        F.coalesce(F.col("apply_to"), empty).alias("apply_to"),
-        F.coalesce(F.col("apis"), empty).alias("apis"),
-        F.coalesce(F.col("topics"), empty).alias("topics"),
-        *[F.coalesce(F.col(c), F.lit(0)).cast("long").alias(c) for c in zero_cols],
-        "first_loaded",
-        "last_loaded",
-        "first_seen",
-        "last_seen",
-    ).transform(lambda df: _sorted(df, "module_sha256"))
-
-
-def billing(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
-    """Per principal, client id, topic and hour: records and bytes each way, filter time."""
-    rb = record_batches(events).withColumn(
-        "_filter_ns",
-        F.aggregate(
-            F.coalesce(F.col("filters"), F.array()),
-            F.lit(0).cast("long"),
-            lambda acc, f: acc + F.coalesce(f["time_ns"], F.lit(0)),
-        ),
-    )
-    aggs: list[Column] = []
-    for api in ("produce", "fetch"):
-        aggs.append(_sum0(F.when(F.col("api") == api, 1).otherwise(0)).alias(f"{api}_batches"))
-        for col in ("records_in", "records_out", "bytes_in", "bytes_out"):
-            aggs.append(_sum0(_when_api(api, col)).alias(f"{api}_{col}"))
-    aggs.append(
-        _sum0(
-            F.when((F.col("api") == "produce") & (F.col("error_code") != 0), 1).otherwise(0)
-        ).alias("produce_errors")
-    )
-    aggs.append(
-        _sum0(F.when((F.col("api") == "fetch") & (F.col("error_code") != 0), 1).otherwise(0)).alias(
-            "fetch_errors"
-        )
-    )
-    aggs.append(_sum0(F.col("_filter_ns")).alias("filter_time_ns"))
-    return (
-        rb.groupBy("principal", "client_id", "topic", "hour")
-        .agg(*aggs)
-        .transform(lambda df: _sorted(df, "hour", "principal", "client_id", "topic"))
-    )
-
-
-def billing_connections(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
-    """Connection-level traffic (including unfiltered APIs) per principal, client, hour, API.
-
-    A connection's ``open`` event precedes its first request, so it has no client id: each
-    event takes the client id and principal seen on any event of the same connection.
-    """
-    conn = events.filter(F.col("type") == "connection").withColumn(
-        "instance_id", F.col("proxy.instance_id")
-    )
-    ident = conn.groupBy("instance_id", "connection_id").agg(
-        F.max("client_id").alias("_client_id"), F.max("principal").alias("_principal")
-    )
-    resolved = (
-        conn.join(ident, ["instance_id", "connection_id"], "left")
-        .withColumn("client_id", F.coalesce(F.col("client_id"), F.col("_client_id")))
-        .withColumn("principal", F.coalesce(F.col("principal"), F.col("_principal")))
-    )
-    keys = ["principal", "client_id", "hour"]
-    totals = (
-        resolved.groupBy(*keys)
-        .agg(
-            _sum0(F.coalesce(_map_total_requests(), F.lit(0))).alias("requests"),
-            _sum0(F.col("bytes_in")).alias("bytes_in"),
-            _sum0(F.col("bytes_out")).alias("bytes_out"),
-            _sum0(F.when(F.col("phase") == "open", 1).otherwise(0)).alias("connections_opened"),
-            _sum0(F.when(F.col("phase") == "close", 1).otherwise(0)).alias("connections_closed"),
-            _sum0(F.col("duration_ms")).alias("duration_ms"),
-        )
-        .withColumn("api", F.lit("*"))
-    )
-    per_api = (
-        resolved.select(*keys, F.explode("apis").alias("api", "c"))
-        .groupBy(*keys, "api")
-        .agg(
-            _sum0(F.col("c.requests")).alias("requests"),
-            _sum0(F.col("c.bytes_in")).alias("bytes_in"),
-            _sum0(F.col("c.bytes_out")).alias("bytes_out"),
-        )
-        .withColumn("connections_opened", F.lit(0).cast("long"))
-        .withColumn("connections_closed", F.lit(0).cast("long"))
-        .withColumn("duration_ms", F.lit(0).cast("long"))
-    )
-    columns = [
-        *keys,
-        "api",
-        "requests",
-        "bytes_in",
-        "bytes_out",
-        "connections_opened",
-        "connections_closed",
-        "duration_ms",
-    ]
-    return (
-        totals.select(*columns)
-        .unionByName(per_api.select(*columns))
-        .transform(lambda df: _sorted(df, "hour", "principal", "client_id", "api"))
-    )
-
-
-_API_COUNTERS_MAP = "map<string,struct<requests:bigint,bytes_in:bigint,bytes_out:bigint>>"
-
-
-def _map_total_requests() -> Column:
-    apis = F.coalesce(F.col("apis"), F.create_map().cast(_API_COUNTERS_MAP))
-    return F.aggregate(
-        F.map_values(apis),
-        F.lit(0).cast("long"),
-        lambda acc, c: acc + F.coalesce(c["requests"], F.lit(0)),
-    )
-
-
-_ITEM = "array<struct<kind:string,name:string,n:bigint>>"
-
-
-def _item(kind: Column | str, name: Column | str, n: Column | int) -> Column:
-    def col(v: Column | str | int) -> Column:
-        return v if isinstance(v, Column) else F.lit(v)
-
-    return F.struct(
-        col(kind).cast("string").alias("kind"),
-        col(name).cast("string").alias("name"),
-        col(n).cast("long").alias("n"),
-    )
-
-
-def _items(*parts: Column) -> Column:
-    empty = F.array().cast(_ITEM)
-    return F.concat(*[F.coalesce(p.cast(_ITEM), empty) for p in parts])
-
-
-def compliance(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
-    """Detections, rejects with reasons, filter and partition errors, admin denials, gaps.
-
-    Two scans: each row turns into an array of (kind, name, n) items which is exploded once,
-    rather than one scan of the cached data per kind.
-    """
-    rows = frows if frows is not None else filter_rows(events)
-    per_filter = rows.select(
-        "topic",
-        "api",
-        "filter_name",
-        "module_sha256",
-        "ts",
-        F.explode(
-            _items(
-                F.transform(
-                    F.filter(F.map_entries("detectors"), lambda e: e["value"] > 0),
-                    lambda e: _item("detection", e["key"], e["value"]),
-                ),
-                F.when(F.col("rejected") > 0, F.array(_item("rejected", "", F.col("rejected")))),
-                F.transform("error_messages", lambda m: _item("filter_error", m, 1)),
-            )
-        ).alias("item"),
-    )
-    kind = F.col("type")
-    is_batch = kind == "record_batch"
-    is_admin = (kind == "admin") & F.col("decision").isin("deny", "error")
-    is_gap = kind == "telemetry_dropped"
-    per_event = events.filter(is_batch | is_admin | is_gap).select(
-        F.when(is_admin, F.col("resource")).otherwise(F.col("topic")).alias("topic"),
-        F.when(is_admin, F.col("op")).otherwise(F.col("api")).alias("api"),
-        F.when(is_admin, F.col("filter.name"))
-        .when(is_gap, F.col("proxy.instance_id"))
-        .alias("filter_name"),
-        F.when(is_admin, F.col("filter.module_sha256")).alias("module_sha256"),
-        "ts",
-        F.explode(
-            F.when(
-                is_batch,
-                _items(
-                    F.transform(
-                        F.map_entries("reject_reasons"),
-                        lambda e: _item("reject_reason", e["key"], e["value"]),
-                    ),
-                    F.when(
-                        F.coalesce(F.col("error_code"), F.lit(0)) != 0,
-                        F.array(
-                            _item(
-                                "partition_error",
-                                F.concat_ws(
-                                    ": ",
-                                    F.col("error_code").cast("string"),
-                                    F.coalesce(F.col("error_message"), F.lit("")),
-                                ),
-                                1,
-                            )
-                        ),
-                    ),
-                ),
-            )
-            .when(
-                is_admin,
-                F.array(
-                    _item(
-                        F.concat(F.lit("admin_"), F.col("decision")),
-                        F.coalesce(F.col("message"), F.lit("")),
-                        1,
-                    )
-                ),
-            )
-            .otherwise(
-                F.array(
-                    _item(
-                        "telemetry_dropped",
-                        F.coalesce(F.col("reason"), F.lit("")),
-                        F.col("dropped"),
-                    )
+    data = sorted(rows, key=sort_key)
+    columns = []
+    for field in schema:
+        values = [r.get(field.name) for r in data]
+        if pa.types.is_timestamp(field.type):
+            columns.append(
+                pa.array([None if v is None else int(v) * 1000 for v in values], _L).cast(
+                    field.type
                 )
             )
-        ).alias("item"),
+        else:
+            columns.append(pa.array(values, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _group(rows: Iterable[dict[str, Any]], key: Callable[[dict[str, Any]], tuple[Any, ...]]
+           ) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    out: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        out[key(r)].append(r)
+    return out
+
+
+def _union(rows: Iterable[dict[str, Any]], col: str) -> list[str]:
+    return sorted({v for r in rows for v in (r.get(col) or []) if v is not None})
+
+
+def _min(values: Iterable[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _max(values: Iterable[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def audit(runs: list[dict[str, Any]]) -> pa.Table:
+    rows = [{**r, "time_first": r["time_first_ms"], "time_last": r["time_last_ms"]} for r in runs]
+    return to_table("audit", rows, ["module_sha256", "api", "topic", "partition", "offset_first"],
+                    nulls_last=["offset_first"])
+
+
+def audit_modules(
+    runs: list[dict[str, Any]], loads: list[dict[str, Any]], admin_rows: list[dict[str, Any]]
+) -> pa.Table:
+    touched = _group(runs, lambda r: (r["module_sha256"],))
+    loaded = _group(loads, lambda r: (r["module_sha256"],))
+    admins = _group(admin_rows, lambda r: (r["module_sha256"],))
+    out = []
+    for key in set(touched) | set(loaded) | set(admins):
+        t, lo, ad = touched.get(key, []), loaded.get(key, []), admins.get(key, [])
+        row: dict[str, Any] = {
+            "module_sha256": key[0],
+            "filter_names": sorted(
+                set(_union(t, "filter_names"))
+                | {r["filter_name"] for r in lo + ad if r["filter_name"] is not None}
+            ),
+            "proxy_instances": sorted(
+                set(_union(t, "proxy_instances"))
+                | {r["instance_id"] for r in lo + ad if r["instance_id"] is not None}
+            ),
+            "proxy_hosts": _union(t, "proxy_hosts"),
+            "bound_topics": _union(lo, "topics"),
+            "apply_to": _union(lo, "apply_to"),
+            "apis": sorted({r["api"] for r in t if r["api"] is not None}),
+            "topics": sorted({r["topic"] for r in t if r["topic"] is not None}),
+            "batches": sum(r["batches"] for r in t),
+            "admin_items": sum(r["count"] for r in ad),
+            "admin_denied": sum(r["count"] for r in ad if r["decision"] == "deny"),
+            "topic_partitions": len({(r["topic"], r["partition"]) for r in t}),
+            "first_loaded": _min(r["first_ms"] for r in lo),
+            "last_loaded": _max(r["last_ms"] for r in lo),
+            "first_seen": _min(r["time_first_ms"] for r in t),
+            "last_seen": _max(r["time_last_ms"] for r in t),
+        }
+        for col in _DECISIONS:
+            row[col] = sum(r[col] for r in t)
+        out.append(row)
+    return to_table("audit_modules", out, ["module_sha256"])
+
+
+def billing(batches: list[dict[str, Any]]) -> pa.Table:
+    groups = _group(
+        batches,
+        lambda r: (r["principal"], r["client_id"], r["topic"], r["bucket"] // HOUR_MS * HOUR_MS),
     )
-    keys = ["kind", "topic", "api", "filter_name", "module_sha256", "name"]
-    union = per_filter.unionByName(per_event).select(
-        F.col("item.kind").alias("kind"),
-        "topic",
-        "api",
-        "filter_name",
-        "module_sha256",
-        F.col("item.name").alias("name"),
-        F.col("item.n").alias("n"),
-        "ts",
-    )
-    aggregated = union.groupBy(*keys).agg(
-        _sum0(F.col("n")).alias("count"),
-        F.count(F.lit(1)).alias("events"),
-        F.min("ts").alias("first_time"),
-        F.max("ts").alias("last_time"),
-    )
-    return _sorted(aggregated, "kind", "topic", "api", "filter_name", "name")
+    out = []
+    for (principal, client_id, topic, hour), rows in groups.items():
+        row: dict[str, Any] = {"principal": principal, "client_id": client_id, "topic": topic,
+                               "hour": hour}
+        for api in ("produce", "fetch"):
+            mine = [r for r in rows if r["api"] == api]
+            row[f"{api}_batches"] = sum(r["batches"] for r in mine)
+            for col in ("records_in", "records_out", "bytes_in", "bytes_out"):
+                row[f"{api}_{col}"] = sum(r[col] for r in mine)
+            row[f"{api}_errors"] = sum(r["errors"] for r in mine)
+        row["filter_time_ns"] = sum(r["filter_time_ns"] for r in rows)
+        out.append(row)
+    return to_table("billing", out, ["hour", "principal", "client_id", "topic"])
 
 
-def admin(events: DataFrame, frows: DataFrame | None = None) -> DataFrame:
-    """Admin decisions per module, operation, resource, decision, principal and client."""
-    return (
-        events.filter(F.col("type") == "admin")
-        .groupBy(
-            F.col("filter.module_sha256").alias("module_sha256"),
-            F.col("filter.name").alias("filter_name"),
-            "op",
-            "resource_type",
-            "resource",
-            "decision",
-            "principal",
-            "client_id",
-        )
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.array_sort(F.collect_set("proxy.instance_id")).alias("proxy_instances"),
-            F.slice(F.array_sort(F.collect_set("message")), 1, 5).alias("messages"),
-            F.min("ts").alias("first_time"),
-            F.max("ts").alias("last_time"),
-        )
-        .transform(lambda df: _sorted(df, "module_sha256", "op", "resource", "decision"))
+def billing_connections(rows: list[dict[str, Any]]) -> pa.Table:
+    return to_table(
+        "billing_connections",
+        [{**r, "hour": r["hour_ms"]} for r in rows],
+        ["hour", "principal", "client_id", "api"],
     )
 
 
-Builder = Callable[[DataFrame, DataFrame | None], DataFrame]
+def compliance(
+    found: list[dict[str, Any]], admin_rows: list[dict[str, Any]], drop_rows: list[dict[str, Any]]
+) -> pa.Table:
+    rows = [{**r, "first_time": r["first_ms"], "last_time": r["last_ms"]} for r in found]
+    denied = _group(
+        (r for r in admin_rows if r["decision"] in ("deny", "error")),
+        lambda r: (f"admin_{r['decision']}", r["resource"], r["op"], r["filter_name"],
+                   r["module_sha256"], r["message"] or ""),
+    )
+    for (kind, topic, api, filter_name, module, name), group in denied.items():
+        rows.append({
+            "kind": kind, "topic": topic, "api": api, "filter_name": filter_name,
+            "module_sha256": module, "name": name,
+            "count": sum(r["count"] for r in group), "events": sum(r["count"] for r in group),
+            "first_time": _min(r["first_ms"] for r in group),
+            "last_time": _max(r["last_ms"] for r in group),
+        })
+    gaps = _group(drop_rows, lambda r: (r["instance_id"], r["reason"] or ""))
+    for (instance, reason), group in gaps.items():
+        rows.append({
+            "kind": "telemetry_dropped", "topic": None, "api": None, "filter_name": instance,
+            "module_sha256": None, "name": reason,
+            "count": sum(r["count"] for r in group), "events": sum(r["events"] for r in group),
+            "first_time": _min(r["first_ms"] for r in group),
+            "last_time": _max(r["last_ms"] for r in group),
+        })
+    return to_table("compliance", rows, ["kind", "topic", "api", "filter_name", "name"])
 
-BUILDERS: dict[str, Builder] = {
-    "audit": audit,
-    "audit_modules": audit_modules,
-    "billing": billing,
-    "billing_connections": billing_connections,
-    "compliance": compliance,
-    "admin": admin,
-    "encryption": encryption,
-}
+
+def admin(admin_rows: list[dict[str, Any]]) -> pa.Table:
+    groups = _group(
+        admin_rows,
+        lambda r: (r["module_sha256"], r["filter_name"], r["op"], r["resource_type"],
+                   r["resource"], r["decision"], r["principal"], r["client_id"]),
+    )
+    out = []
+    for key, group in groups.items():
+        out.append({
+            **dict(zip(("module_sha256", "filter_name", "op", "resource_type", "resource",
+                        "decision", "principal", "client_id"), key, strict=True)),
+            "count": sum(r["count"] for r in group),
+            "proxy_instances": sorted({r["instance_id"] for r in group
+                                       if r["instance_id"] is not None}),
+            "messages": sorted({r["message"] for r in group if r["message"] is not None})[:5],
+            "first_time": _min(r["first_ms"] for r in group),
+            "last_time": _max(r["last_ms"] for r in group),
+        })
+    return to_table("admin", out, ["module_sha256", "op", "resource", "decision"])

@@ -1,4 +1,5 @@
-"""The Spark schema of telemetry schema version 1 (docs/TELEMETRY.md), read explicitly.
+"""Spark schemas: the JSON events of telemetry schema version 1 (docs/TELEMETRY.md), read
+explicitly, and the flat datasets of the columnar layout (``spark_schema``).
 
 One flat struct holds the fields of every event type; a field an event type does not have is
 null. Reading with an explicit schema (instead of inference) keeps a 10-million-line read to
@@ -7,6 +8,7 @@ one pass and makes the job independent of which fields happen to appear in a sam
 
 from __future__ import annotations
 
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -20,7 +22,15 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from sluice.proxy.telemetry.columns import SCHEMAS
+
 SCHEMA_VERSION = 1
+
+
+def spark_schema(dataset: str) -> StructType:
+    """The Spark schema of one dataset of the columnar layout (from its Arrow schema)."""
+    return from_arrow_schema(SCHEMAS[dataset])
+
 
 _S = StringType()
 _L = LongType()

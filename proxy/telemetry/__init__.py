@@ -10,7 +10,9 @@ The proxy does::
     sink.close(timeout=5)
 
 The schema is documented in docs/TELEMETRY.md; the builders live in
-``telemetry_events`` and the sinks in ``telemetry_sinks``.
+``telemetry_events``, the sinks in ``telemetry_sinks`` (JSON), ``telemetry_parquet`` and
+``telemetry_kafka_arrow`` (columnar, layout in ``telemetry_columns``), and ``make_sink`` in
+``telemetry_factory``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from sluice.proxy.telemetry.events import (
     telemetry_dropped_event,
     transform_batch_event,
 )
+from sluice.proxy.telemetry.factory import make_sink
+from sluice.proxy.telemetry.kafka_arrow import ArrowKafkaSink
+from sluice.proxy.telemetry.parquet import ParquetSink
 from sluice.proxy.telemetry.sinks import (
     FileSink,
     KafkaSink,
@@ -48,7 +53,6 @@ from sluice.proxy.telemetry.sinks import (
     TeeSink,
     TelemetryConfigError,
     TelemetrySink,
-    make_sink,
 )
 
 __all__ = [
@@ -57,12 +61,14 @@ __all__ = [
     "AdminDecision",
     "Api",
     "ApiCounters",
+    "ArrowKafkaSink",
     "ConnectionPhase",
     "EventType",
     "FileSink",
     "FilterStatsLike",
     "KafkaSink",
     "NullSink",
+    "ParquetSink",
     "ProxyInfo",
     "QueuedSink",
     "TeeSink",

@@ -7,9 +7,11 @@ every drop is counted, logged (rate-limited) and exposed through ``stats()``; on
 backend works again the sink writes a ``telemetry_dropped`` event so the gap also shows
 in the data the audit reads.
 
-Backends: JSON Lines files rotated by size and age (``FileSink``) and a Kafka topic
-(``KafkaSink``, confluent-kafka / librdkafka). ``make_sink`` builds one from the proxy
-config's ``telemetry:`` section.
+Backends here: JSON Lines files rotated by size and age (``FileSink``) and JSON messages on a
+Kafka topic (``KafkaSink``, confluent-kafka / librdkafka). The columnar sinks (Parquet files,
+Arrow IPC on Kafka) build on ``QueuedSink`` in their own modules; ``telemetry_factory.make_sink``
+builds the one the proxy config's ``telemetry:`` section asks for, validated here by
+``parse_telemetry_config``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,7 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
-from sluice.proxy.telemetry.events import ProxyInfo, now_ms, proxy_info, telemetry_dropped_event
+from sluice.proxy.telemetry.events import ProxyInfo, now_ms, telemetry_dropped_event
 
 log = structlog.get_logger("sluice.telemetry")
 
@@ -324,6 +326,14 @@ class QueuedSink:
         return 0
 
 
+def check_rotation(rotate_bytes: int, rotate_seconds: float) -> None:
+    """The rotation limits every file sink takes; raises naming the field."""
+    if rotate_bytes < 1:
+        raise TelemetryConfigError("telemetry.rotate_bytes: must be >= 1")
+    if rotate_seconds <= 0:
+        raise TelemetryConfigError("telemetry.rotate_seconds: must be > 0")
+
+
 class FileSink(QueuedSink):
     """JSON Lines files, one event per line, rotated by size and by age.
 
@@ -344,10 +354,7 @@ class FileSink(QueuedSink):
         queue_size: int = DEFAULT_QUEUE_SIZE,
         fsync: bool = True,
     ) -> None:
-        if rotate_bytes < 1:
-            raise TelemetryConfigError("telemetry.rotate_bytes: must be >= 1")
-        if rotate_seconds <= 0:
-            raise TelemetryConfigError("telemetry.rotate_seconds: must be > 0")
+        check_rotation(rotate_bytes, rotate_seconds)
         self.directory = Path(directory)
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
@@ -549,10 +556,17 @@ class KafkaSink(QueuedSink):
         producer.poll(0)
         return 0
 
-    def _produce(self, producer: Any, value: bytes, key: bytes, callback: Any) -> None:
+    def _produce(
+        self,
+        producer: Any,
+        value: bytes,
+        key: bytes,
+        callback: Any,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> None:
         while True:
             try:
-                producer.produce(self.topic, value, key, on_delivery=callback)
+                producer.produce(self.topic, value, key, on_delivery=callback, headers=headers)
                 return
             except BufferError:
                 # librdkafka's own queue is full: wait here (we are off the event loop);
@@ -611,8 +625,14 @@ class TeeSink:
         return total
 
 
-_FILE_KEYS = {"dir", "rotate_bytes", "rotate_seconds", "queue_size", "fsync", "kafka", "enabled"}
-_KAFKA_KEYS = {"bootstrap", "topic", "config", "create_partitions", "message_timeout_ms"}
+_FILE_KEYS = {
+    "dir", "format", "flush_seconds", "rotate_bytes", "rotate_seconds", "queue_size", "fsync",
+    "kafka", "enabled",
+}
+_KAFKA_KEYS = {"bootstrap", "topic", "format", "config", "create_partitions", "message_timeout_ms"}
+FILE_FORMATS = ("parquet", "jsonl")
+KAFKA_FORMATS = ("arrow", "json")
+DEFAULT_FLUSH_SECONDS = 1.0
 
 
 def _get(
@@ -647,6 +667,9 @@ class TelemetrySettings:
     kafka_config: dict[str, Any] | None
     create_partitions: int | None
     message_timeout_ms: int
+    file_format: str = "parquet"
+    kafka_format: str = "arrow"
+    flush_seconds: float = DEFAULT_FLUSH_SECONDS
 
     def describe(self) -> str:
         """One line for `sluice config check` and start-up logs."""
@@ -654,12 +677,20 @@ class TelemetrySettings:
             return "off (enabled: false)"
         parts = []
         if self.directory is not None:
+            what = (
+                f"Parquet datasets in {self.directory} (flush every {self.flush_seconds:g} s, "
+                if self.file_format == "parquet"
+                else f"JSON Lines files in {self.directory} ("
+            )
             parts.append(
-                f"JSON Lines files in {self.directory} (rotate at {self.rotate_bytes} bytes or "
+                f"{what}rotate at {self.rotate_bytes} bytes or "
                 f"{self.rotate_seconds:g} s, fsync {'on' if self.fsync else 'off'})"
             )
         if self.kafka_topic is not None:
-            parts.append(f"Kafka topic {self.kafka_topic} at {self.kafka_bootstrap}")
+            parts.append(
+                f"Kafka topic {self.kafka_topic} at {self.kafka_bootstrap} "
+                f"({'Arrow IPC batches' if self.kafka_format == 'arrow' else 'JSON messages'})"
+            )
         if not parts:
             return "off (no dir or kafka configured)"
         return " and ".join(parts) + f", queue {self.queue_size} events"
@@ -677,6 +708,7 @@ def parse_telemetry_config(telemetry_config: Mapping[str, Any] | None) -> Teleme
     bootstrap = topic = None
     producer_config = create_partitions = None
     message_timeout_ms = 30_000
+    kafka_format = "arrow"
     kafka = _get(cfg, "kafka", dict, "telemetry", None)
     if kafka is not None:
         unknown = set(kafka) - _KAFKA_KEYS
@@ -691,6 +723,19 @@ def parse_telemetry_config(telemetry_config: Mapping[str, Any] | None) -> Teleme
         producer_config = _get(kafka, "config", dict, "telemetry.kafka", None)
         create_partitions = _get(kafka, "create_partitions", int, "telemetry.kafka", None)
         message_timeout_ms = int(_get(kafka, "message_timeout_ms", int, "telemetry.kafka", 30_000))
+        kafka_format = _get(kafka, "format", str, "telemetry.kafka", "arrow")
+        if kafka_format not in KAFKA_FORMATS:
+            raise TelemetryConfigError(
+                f"telemetry.kafka.format: expected one of {', '.join(KAFKA_FORMATS)}"
+            )
+    file_format = _get(cfg, "format", str, "telemetry", "parquet")
+    if file_format not in FILE_FORMATS:
+        raise TelemetryConfigError(f"telemetry.format: expected one of {', '.join(FILE_FORMATS)}")
+    flush_seconds = float(
+        _get(cfg, "flush_seconds", (int, float), "telemetry", DEFAULT_FLUSH_SECONDS)
+    )
+    if flush_seconds <= 0:
+        raise TelemetryConfigError("telemetry.flush_seconds: must be > 0")
     return TelemetrySettings(
         enabled=_get(cfg, "enabled", bool, "telemetry", True) is not False,
         queue_size=int(_get(cfg, "queue_size", int, "telemetry", DEFAULT_QUEUE_SIZE)),
@@ -705,54 +750,7 @@ def parse_telemetry_config(telemetry_config: Mapping[str, Any] | None) -> Teleme
         kafka_config=producer_config,
         create_partitions=create_partitions,
         message_timeout_ms=message_timeout_ms,
+        file_format=file_format,
+        kafka_format=kafka_format,
+        flush_seconds=flush_seconds,
     )
-
-
-def make_sink(
-    telemetry_config: Mapping[str, Any] | None,
-    instance_id: str,
-    *,
-    proxy: ProxyInfo | None = None,
-) -> TelemetrySink:
-    """Build the sink the proxy config's ``telemetry:`` section asks for.
-
-    ``{dir: PATH}`` selects JSON Lines files; ``{kafka: {bootstrap, topic}}`` a Kafka topic;
-    both together write to both; ``None``/``{}``/``{enabled: false}`` is a ``NullSink``.
-    Raises ``TelemetryConfigError`` naming the offending field.
-    """
-    settings = parse_telemetry_config(telemetry_config)
-    if not settings.enabled:
-        return NullSink()
-    info = proxy or proxy_info(instance_id)
-    sinks: list[TelemetrySink] = []
-    if settings.directory is not None:
-        sinks.append(
-            FileSink(
-                info,
-                settings.directory,
-                rotate_bytes=settings.rotate_bytes,
-                rotate_seconds=settings.rotate_seconds,
-                queue_size=settings.queue_size,
-                fsync=settings.fsync,
-            )
-        )
-    if settings.kafka_topic is not None and settings.kafka_bootstrap is not None:
-        sinks.append(
-            KafkaSink(
-                info,
-                settings.kafka_bootstrap,
-                settings.kafka_topic,
-                queue_size=settings.queue_size,
-                producer_config=settings.kafka_config,
-                create_partitions=settings.create_partitions,
-                message_timeout_ms=settings.message_timeout_ms,
-            )
-        )
-    if not sinks:
-        return NullSink()
-    if len(sinks) == 1:
-        return sinks[0]
-    return TeeSink(sinks)
-
-
-SinkFactory = Callable[[Mapping[str, Any] | None, str], TelemetrySink]

@@ -1,11 +1,15 @@
 """Known traffic through the proxy with real clients, then the Spark job: the reports must
-equal what was sent, and the audit's offsets must be the offsets the broker assigned."""
+equal what was sent, and the audit's offsets must be the offsets the broker assigned; and the
+same job on a real standalone Spark cluster gives the same reports."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +20,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from tests.e2e.clients import QUIET, create_topic, kafka_python_produce, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
+from tests.harness.spark_cluster import SparkStandalone
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
 
 def _rows(out: Path, report: str) -> list[dict[str, Any]]:
@@ -98,7 +103,19 @@ def _stored_offsets(bootstrap: str, topic: str, count: int) -> dict[int, list[in
     return {p: sorted(v) for p, v in out.items()}
 
 
-def test_reports_equal_the_traffic_sent(tmp_path: Path) -> None:
+@dataclass
+class Traffic:
+    telemetry: Path
+    pay: str
+    view: str
+    placed: list[tuple[int, int]]
+    stored: dict[int, list[int]]
+
+
+@pytest.fixture(scope="module")
+def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
+    """Known traffic through the proxy (Parquet telemetry, the default) with real clients."""
+    tmp_path = tmp_path_factory.mktemp("audit-e2e")
     pay, view = unique("audit.pay"), unique("audit.view")
     tele = tmp_path / "telemetry"
     config = tmp_path / "sluice.yaml"
@@ -156,12 +173,23 @@ def test_reports_equal_the_traffic_sent(tmp_path: Path) -> None:
         finally:
             proxy.stop()
 
+    return Traffic(tele, pay, view, placed, stored)
+
+
+@pytest.fixture(scope="module")
+def local_report(traffic: Traffic, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from sluice.spark_audit.job import run_audit
 
-    out = tmp_path / "report"
-    result = run_audit(str(tele), str(out), master="local[2]")
+    out = tmp_path_factory.mktemp("audit-e2e-report")
+    result = run_audit(str(traffic.telemetry), str(out), master="local[2]")
     assert Path(result.html).is_file()
+    assert result.skipped == {"malformed": {}, "unknown_schema_version": {}}
+    return out
 
+
+def test_reports_equal_the_traffic_sent(traffic: Traffic, local_report: Path) -> None:
+    out = local_report
+    pay, view, placed, stored = traffic.pay, traffic.view, traffic.placed, traffic.stored
     billing = _rows(out, "billing")
     by_client: dict[tuple[str | None, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for row in billing:
@@ -206,3 +234,32 @@ def test_reports_equal_the_traffic_sent(tmp_path: Path) -> None:
         run = next(r for r in audit if r["partition"] == partition)
         assert run["offset_first"] <= min(offsets) and max(offsets) <= run["offset_last"]
     assert sum(int(r["kept"] or 0) + int(r["rewritten"] or 0) for r in audit) == 65
+
+
+def _all_rows(out: Path) -> dict[str, list[dict[str, Any]]]:
+    from sluice.spark_audit.reports import REPORT_NAMES
+
+    return {name: _rows(out, name) for name in REPORT_NAMES}
+
+
+def test_standalone_cluster_reports_equal_local_mode(
+    traffic: Traffic, local_report: Path, tmp_path: Path
+) -> None:
+    """The same job on a real Spark standalone cluster (master + worker from the pyspark
+    wheel on 127.0.0.1), run through `sluice audit --master spark://...`, writing its reports
+    through a Hadoop filesystem URL: every report equals the local-mode one."""
+    cluster = SparkStandalone(tmp_path / "cluster").start()
+    try:
+        out = tmp_path / "cluster-report"
+        conf = [arg for k, v in cluster.driver_conf.items() for arg in ("--conf", f"{k}={v}")]
+        proc = subprocess.run(
+            [sys.executable, "-m", "sluice", "audit", "--telemetry", str(traffic.telemetry),
+             "--out", f"file://{out}", "--master", cluster.url, *conf],
+            capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        # The executors ran on the worker: it made a work folder for the application.
+        assert list((tmp_path / "cluster" / "work").glob("app-*"))
+    finally:
+        cluster.stop()
+    assert _all_rows(out) == _all_rows(local_report)

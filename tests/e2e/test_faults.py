@@ -383,7 +383,7 @@ def test_unwritable_telemetry_dir_drops_events_but_not_traffic(
     tdir = tmp_path / "telemetry"
     cfg = _write_config(
         tmp_path / "sluice.yaml",
-        MASK_CONFIG + f"telemetry:\n  dir: {tdir}\n  rotate_seconds: 1\n",
+        MASK_CONFIG + f"telemetry:\n  dir: {tdir}\n  format: jsonl\n  rotate_seconds: 1\n",
     )
     proxy = start_proxy(config=cfg)
     topic = unique("ft-tel")

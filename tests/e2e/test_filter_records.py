@@ -83,7 +83,7 @@ def proxy(
     require_user = {"required_fields": ["user_id"]}
     config = {
         "module_cache_dir": str(tmp_path_factory.getbasetemp() / "sluice-module-cache"),
-        "telemetry": {"dir": str(telemetry_dir)},
+        "telemetry": {"dir": str(telemetry_dir), "format": "jsonl"},
         "filters": [
             entry("mask-in", "builtin:pii-mask", "pmask-*", apply_to=["produce"]),
             entry("mask-out", "builtin:pii-mask", "fmask-*", apply_to=["fetch"]),

@@ -54,7 +54,7 @@ def test_good_file_prints_filters_with_sha256_topics_and_targets(
     assert "users, orders-*" in out
     assert "apply_to fetch, produce" in out
     # Relative telemetry dirs resolve against the config file's directory, as in serve.
-    assert f"JSON Lines files in {tmp_path / 'telemetry-out'}" in out
+    assert f"Parquet datasets in {tmp_path / 'telemetry-out'}" in out
     assert "fleet: topic team-filters" in out
     assert not (tmp_path / "telemetry-out").exists(), "check must not start the sink"
 

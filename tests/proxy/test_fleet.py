@@ -100,7 +100,7 @@ def test_fleet_deploy_remove_list_with_two_proxies(
     config.write_text(
         f"fleet:\n  topic: {fleet_topic}\n  heartbeat_seconds: 1\n"
         f"module_cache_dir: {json.dumps(str(cache))}\n"
-        f"telemetry:\n  dir: {json.dumps(str(tele))}\n  fsync: false\n",
+        f"telemetry:\n  dir: {json.dumps(str(tele))}\n  format: jsonl\n  fsync: false\n",
         encoding="utf-8")
     p1 = start_proxy(config=config)
     p2 = start_proxy(config=config)

@@ -39,6 +39,7 @@ def config_text(topic: str, mask: str | None, telemetry: Path, apply_to: str = "
         f"{cfg}"
         "telemetry:\n"
         f"  dir: {json.dumps(str(telemetry))}\n"
+        "  format: jsonl\n"
         "  fsync: false\n"
     )
 

@@ -128,7 +128,7 @@ def write_config(tmp_path: Path, telemetry_dir: Path) -> Path:
                 "principals": ["User:bob"],
             },
         ],
-        "telemetry": {"dir": str(telemetry_dir)},
+        "telemetry": {"dir": str(telemetry_dir), "format": "jsonl"},
     }
     path = tmp_path / "sluice.yaml"
     path.write_text(yaml.safe_dump(config))

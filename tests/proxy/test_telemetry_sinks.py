@@ -31,7 +31,9 @@ def _lines(directory: Path, pattern: str = "*.jsonl") -> list[dict[str, Any]]:
 
 
 def test_file_sink_writes_every_event_and_rotates_by_size(tmp_path: Path) -> None:
-    sink = t.make_sink({"dir": str(tmp_path), "rotate_bytes": 2000}, "testinst", proxy=PROXY)
+    sink = t.make_sink(
+        {"dir": str(tmp_path), "format": "jsonl", "rotate_bytes": 2000}, "testinst", proxy=PROXY
+    )
     assert isinstance(sink, t.FileSink)
     for i in range(200):
         sink.emit(_event(i))
@@ -175,7 +177,14 @@ def test_kafka_sink_delivers_to_a_real_broker(broker: Any) -> None:
 
     topic = f"telemetry-{uuid.uuid4().hex[:8]}"
     sink = t.make_sink(
-        {"kafka": {"bootstrap": broker.bootstrap, "topic": topic, "create_partitions": 2}},
+        {
+            "kafka": {
+                "bootstrap": broker.bootstrap,
+                "topic": topic,
+                "create_partitions": 2,
+                "format": "json",
+            }
+        },
         "x",
         proxy=PROXY,
     )

@@ -316,7 +316,7 @@ def test_client_certificate_names_the_principal(
                 "principals": ["User:CN=test-client"],
             }
         ],
-        "telemetry": {"dir": str(telemetry_dir)},
+        "telemetry": {"dir": str(telemetry_dir), "format": "jsonl"},
     }
     path = write_config(tmp_path / "sluice.yaml", yaml.safe_dump(config))
     proxy = start_proxy(config=path)

@@ -15,7 +15,7 @@ from sluice.cli import main as sluice_main
 from sluice.proxy import telemetry as t
 from tests.spark_audit import known_telemetry as k
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 
 def write_known_telemetry(directory: Path) -> None:

@@ -1,0 +1,337 @@
+"""Generated telemetry for the audit benchmark, in the columnar layout, built with pyarrow.
+
+``generate(n, directory)`` writes what a fleet of three proxies would have published for ``n``
+events spread over 24 hours: the event datasets one row per event, and the rollups
+(``offset_run`` segments, ``finding`` counters) as the proxy's columnar sink builds them, one
+per key and rotation interval (``ROTATE_MS``, the sink's default 300 s), segments also cut at
+offset gaps. Everything is vectorised (pyarrow compute, no per-event Python), so 10 million
+events take seconds.
+
+Event mix (as the JSON benchmark had it): 85 % record_batch (produce and fetch, 50 topics x 12
+partitions, 3 proxy instances, 200 clients, one or two filters with detectors), 10 %
+connection, 4 % admin, 1 % filter_loaded. Each topic-partition has one api and consecutive
+offsets, with a 5-offset gap every 1000 batches.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice.proxy.telemetry.columns import SCHEMAS
+
+T0_MS = 1_795_000_000_000
+SPAN_MS = 24 * 3600 * 1000
+ROTATE_MS = 300_000
+PII_SHA = "9f" * 32
+SCHEMA_SHA = "3c" * 32
+POLICY_SHA = "a7" * 32
+
+_L = pa.int64()
+
+
+def _lit(value: object, n: int, type_: pa.DataType) -> pa.Array:
+    return pa.repeat(pa.scalar(value, type_), n)
+
+
+def _mod(a: pa.Array, m: int) -> pa.Array:
+    return pc.subtract(a, pc.multiply(pc.divide(a, m), m))
+
+
+def _names(prefix: str, count: int, index: pa.Array) -> pa.Array:
+    """``prefix + str(index)`` for small index ranges (a lookup, not string building)."""
+    return pa.array([f"{prefix}{k}" for k in range(count)], pa.string()).take(index)
+
+
+def _ids(n: int) -> pa.Array:
+    return pc.subtract(pc.cumulative_sum(_lit(1, n, _L)), 1)
+
+
+def _table(dataset: str, columns: dict[str, pa.Array]) -> pa.Table:
+    schema = SCHEMAS[dataset]
+    n = len(next(iter(columns.values())))
+    arrays = [
+        columns[f.name].cast(f.type) if f.name in columns else pa.nulls(n, f.type) for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _envelope(i: pa.Array, n_total: int) -> dict[str, pa.Array]:
+    n = len(i)
+    instance = _mod(i, 3)
+    return {
+        "schema_version": _lit(1, n, pa.int32()),
+        "event_id": pc.binary_join_element_wise(
+            _names("inst-", 3, instance), pc.cast(i, pa.string()), "-"
+        ),
+        "time_ms": pc.add(pc.divide(pc.multiply(i, SPAN_MS), n_total), T0_MS),
+        "host": _names("host-", 3, instance),
+        "pid": pc.add(instance, 1000),
+        "instance_id": _names("inst-", 3, instance),
+    }
+
+
+def _client(i: pa.Array) -> dict[str, pa.Array]:
+    client_no = _mod(pc.multiply(i, 7919), 200)
+    return {
+        "connection_id": _names("c-", 5000, _mod(i, 5000)),
+        "client_address": _lit("10.0.0.1:40000", len(i), pa.string()),
+        "client_id": _names("client-", 200, client_no),
+        "principal": _names("user-", 50, _mod(client_no, 50)),
+    }
+
+
+def _select(ids: pa.Array, lo: int, hi: int) -> pa.Array:
+    kind = _mod(ids, 100)
+    return ids.filter(pc.and_(pc.greater_equal(kind, lo), pc.less(kind, hi)))
+
+
+def _record_batches(i: pa.Array, n_total: int) -> tuple[pa.Table, pa.Table]:
+    """record_batch rows, and the per-filter rows the proxy would roll up."""
+    n = len(i)
+    topic_no = _mod(i, 50)
+    seq = pc.divide(i, 600)
+    offset_first = pc.add(pc.multiply(seq, 10), pc.multiply(pc.divide(seq, 1000), 5))
+    two_filters = pc.equal(_mod(topic_no, 3), 0)
+    pii_ns = pc.add(_mod(i, 5000), 20_000)
+    schema_ns = pc.add(_mod(i, 1000), 5_000)
+    api = pc.if_else(
+        pc.equal(_mod(topic_no, 2), 0),
+        _lit("produce", n, pa.string()),
+        _lit("fetch", n, pa.string()),
+    )
+    size = pc.add(_mod(i, 500), 1000)
+    cols = {
+        **_envelope(i, n_total),
+        **_client(i),
+        "api": api,
+        "topic": _names("topic-", 50, topic_no),
+        "partition": _mod(pc.divide(i, 50), 12),
+        "offset_first": offset_first,
+        "offset_last": pc.add(offset_first, 9),
+        "records_in": _lit(10, n, _L),
+        "records_out": _lit(10, n, _L),
+        "bytes_in": size,
+        "bytes_out": size,
+        "batches": _lit(1, n, _L),
+        "filters": pc.if_else(two_filters, _lit(2, n, pa.int32()), _lit(1, n, pa.int32())),
+        "filter_time_ns": pc.add(pii_ns, pc.if_else(two_filters, schema_ns, _lit(0, n, _L))),
+        "error_code": _lit(0, n, pa.int32()),
+        "dead_letters": _lit(0, n, _L),
+    }
+    batches = _table("record_batch", cols)
+    base = {
+        k: cols[k]
+        for k in ("time_ms", "host", "instance_id", "api", "topic", "partition",
+                  "offset_first", "offset_last")
+    }
+    base["gap"] = pc.divide(seq, 1000)
+    mod3 = _mod(i, 3)
+    email, phone = mod3, _mod(i, 2)
+    pii = pa.table(
+        {
+            **base,
+            "module_sha256": _lit(PII_SHA, n, pa.string()),
+            "filter_name": _lit("pii", n, pa.string()),
+            "kept": pc.subtract(10, mod3),
+            "rewritten": mod3,
+            "dropped": _lit(0, n, _L),
+            "rejected": _lit(0, n, _L),
+            "detections": pc.add(email, phone),
+            "errors": pc.cast(pc.equal(_mod(i, 10007), 0), _L),
+            "time_ns": pii_ns,
+            "email": email,
+            "phone": phone,
+        }
+    )
+    mask = two_filters
+    m = pc.sum(pc.cast(mask, _L)).as_py() or 0
+    schema_rows = pa.table(
+        {
+            **{k: v.filter(mask) for k, v in base.items()},
+            "module_sha256": _lit(SCHEMA_SHA, m, pa.string()),
+            "filter_name": _lit("schema", m, pa.string()),
+            "kept": _lit(10, m, _L),
+            "rewritten": _lit(0, m, _L),
+            "dropped": _lit(0, m, _L),
+            "rejected": _lit(0, m, _L),
+            "detections": _lit(0, m, _L),
+            "errors": _lit(0, m, _L),
+            "time_ns": schema_ns.filter(mask),
+            "email": _lit(0, m, _L),
+            "phone": _lit(0, m, _L),
+        }
+    )
+    return batches, pa.concat_tables([pii, schema_rows])
+
+
+_SEGMENT_KEYS = ["instance_id", "host", "module_sha256", "filter_name", "api", "topic",
+                 "partition", "window", "gap"]
+
+
+def _offset_runs(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    rows = rows.append_column("window", pc.divide(rows.column("time_ms"), ROTATE_MS))
+    sums = ["kept", "rewritten", "dropped", "rejected", "detections", "errors", "time_ns"]
+    seg = rows.group_by(_SEGMENT_KEYS, use_threads=False).aggregate(
+        [("offset_first", "min"), ("offset_last", "max"), ("time_ms", "min"),
+         ("time_ms", "max"), ("kept", "count"), *[(c, "sum") for c in sums]]
+    )
+    n = seg.num_rows
+    runs = _table(
+        "offset_run",
+        {
+            "schema_version": _lit(1, n, pa.int32()),
+            "id": pc.binary_join_element_wise(
+                _lit("bench-r", n, pa.string()), pc.cast(_ids(n), pa.string()), ""
+            ),
+            "version": _lit(1, n, pa.int32()),
+            **{k: seg.column(k) for k in _SEGMENT_KEYS[:7]},
+            "offset_first": seg.column("offset_first_min"),
+            "offset_last": seg.column("offset_last_max"),
+            "batches": seg.column("kept_count"),
+            **{c: seg.column(f"{c}_sum") for c in sums},
+            "time_first_ms": seg.column("time_ms_min"),
+            "time_last_ms": seg.column("time_ms_max"),
+        },
+    )
+    finding_parts = []
+    for detector in ("email", "phone"):
+        hits = rows.filter(pc.greater(rows.column(detector), 0))
+        finding_parts.append(_findings(hits, "detection", detector, hits.column(detector)))
+    errors = rows.filter(pc.greater(rows.column("errors"), 0))
+    finding_parts.append(
+        _findings(errors, "filter_error", "trap: unreachable", errors.column("errors"))
+    )
+    return runs, pa.concat_tables(finding_parts)
+
+
+def _findings(rows: pa.Table, kind: str, name: str, n: pa.Array) -> pa.Table:
+    keys = ["instance_id", "api", "topic", "filter_name", "module_sha256", "window"]
+    t = rows.select([*keys, "time_ms"]).append_column("n", n)
+    g = t.group_by(keys, use_threads=False).aggregate(
+        [("n", "sum"), ("n", "count"), ("time_ms", "min"), ("time_ms", "max")]
+    )
+    m = g.num_rows
+    return _table(
+        "finding",
+        {
+            "schema_version": _lit(1, m, pa.int32()),
+            "id": pc.binary_join_element_wise(
+                _lit(f"bench-{kind}-{name}-", m, pa.string()), pc.cast(_ids(m), pa.string()), ""
+            ),
+            "version": _lit(1, m, pa.int32()),
+            **{k: g.column(k) for k in keys[:5]},
+            "kind": _lit(kind, m, pa.string()),
+            "name": _lit(name, m, pa.string()),
+            "n": g.column("n_sum"),
+            "events": g.column("n_count"),
+            "time_first_ms": g.column("time_ms_min"),
+            "time_last_ms": g.column("time_ms_max"),
+        },
+    )
+
+
+def _connections(i: pa.Array, n_total: int) -> tuple[pa.Table, pa.Table]:
+    n = len(i)
+    closing = pc.equal(_mod(i, 2), 1)
+    requests = _mod(i, 20)
+    size = pc.add(_mod(i, 500), 1000)
+    cols = {
+        **_envelope(i, n_total),
+        **_client(i),
+        "phase": pc.if_else(closing, _lit("close", n, pa.string()), _lit("open", n, pa.string())),
+        "tls": _lit(False, n, pa.bool_()),
+        "bytes_in": size,
+        "bytes_out": size,
+        "requests": pc.if_else(closing, pc.add(requests, 2), _lit(0, n, _L)),
+        "duration_ms": pc.if_else(closing, _mod(i, 600_000), pa.nulls(n, _L)),
+    }
+    conn = _table("connection", cols)
+    c = i.filter(closing)
+    m = len(c)
+    shared = {k: cols[k].filter(closing) for k in
+              ("schema_version", "event_id", "time_ms", "instance_id", "connection_id",
+               "client_id", "principal")}
+    r = _mod(c, 20)
+    produce = _table("connection_api", {**shared, "api": _lit("produce", m, pa.string()),
+                                        "requests": r, "bytes_in": pc.multiply(r, 1000),
+                                        "bytes_out": pc.multiply(r, 50)})
+    metadata = _table("connection_api", {**shared, "api": _lit("metadata", m, pa.string()),
+                                         "requests": _lit(2, m, _L), "bytes_in": _lit(120, m, _L),
+                                         "bytes_out": _lit(900, m, _L)})
+    return conn, pa.concat_tables([produce, metadata])
+
+
+def _admin(i: pa.Array, n_total: int) -> pa.Table:
+    n = len(i)
+    deny = pc.equal(_mod(i, 7), 0)
+    return _table(
+        "admin",
+        {
+            **_envelope(i, n_total),
+            **_client(i),
+            "op": _lit("create_topics", n, pa.string()),
+            "resource_type": _lit("topic", n, pa.string()),
+            "resource": _names("new-topic-", 97, _mod(i, 97)),
+            "decision": pc.if_else(deny, _lit("deny", n, pa.string()),
+                                   _lit("allow", n, pa.string())),
+            "message": pc.if_else(deny, _lit("partitions > 12", n, pa.string()),
+                                  pa.nulls(n, pa.string())),
+            "filter_name": _lit("policy", n, pa.string()),
+            "module_sha256": _lit(POLICY_SHA, n, pa.string()),
+            "error_code": _lit(0, n, pa.int32()),
+            "time_ns": _lit(1000, n, _L),
+        },
+    )
+
+
+def _filter_loaded(i: pa.Array, n_total: int) -> pa.Table:
+    n = len(i)
+    return _table(
+        "filter_loaded",
+        {
+            **_envelope(i, n_total),
+            "filter_name": _lit("pii", n, pa.string()),
+            "module_sha256": _lit(PII_SHA, n, pa.string()),
+            "topics": pa.array([["topic-*"]] * n, pa.list_(pa.string())),
+            "apply_to": pa.array([["fetch", "produce"]] * n, pa.list_(pa.string())),
+        },
+    )
+
+
+def tables(n: int) -> dict[str, pa.Table]:
+    """Every dataset of ``n`` generated events, as the fleet's sinks would publish them."""
+    ids = _ids(n)
+    batches, filter_rows = _record_batches(_select(ids, 0, 85), n)
+    runs, found = _offset_runs(filter_rows)
+    conn, per_api = _connections(_select(ids, 85, 95), n)
+    return {
+        "record_batch": batches,
+        "offset_run": runs,
+        "finding": found,
+        "connection": conn,
+        "connection_api": per_api,
+        "admin": _admin(_select(ids, 95, 99), n),
+        "filter_loaded": _filter_loaded(_select(ids, 99, 100), n),
+    }
+
+
+def write_layout(data: dict[str, pa.Table], directory: Path) -> None:
+    """One Parquet file per dataset and hour, in the sink's ``date=/hour=`` folders."""
+    from sluice.proxy.telemetry.parquet import publish_table
+
+    if directory.exists():
+        shutil.rmtree(directory)
+    for dataset, table in data.items():
+        publish_table(directory, dataset, table, "bench-000001", fsync=False)
+
+
+def generate(n: int, directory: Path) -> int:
+    """Write ``n`` events' telemetry under ``directory``; returns the number of events."""
+    write_layout(tables(n), directory)
+    return n
+
+

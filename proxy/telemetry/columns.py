@@ -1,0 +1,479 @@
+"""The columnar telemetry layout: one flat Arrow schema per dataset, and the buffers that turn
+telemetry events (``telemetry_events``) into rows of those datasets.
+
+This is the contract between the proxy's columnar sinks (Parquet files, Arrow IPC on Kafka)
+and the audit job; docs/TELEMETRY.md ("Columnar layout") describes every column. Datasets:
+
+- event tables, one row per event: ``record_batch`` (filter time pre-summed), ``connection``,
+  ``connection_api`` (one row per connection event x API), ``admin``, ``filter_loaded``,
+  ``telemetry_dropped``;
+- rollup tables, built in the proxy: ``offset_run`` (contiguous offset-run segments per filter
+  module, api, topic-partition and hour, with the decision counts summed) and ``finding``
+  (detector counts, rejects, reject reasons, filter and partition errors per key and hour).
+
+A rollup row has an ``id`` and a ``version``: while a segment grows, every flush writes its
+cumulative state again with a higher version, so a crash loses at most one flush interval
+and a reader keeps the highest version of each id (files are compacted to one version when
+they are published; a Kafka reader must do it itself).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+LAYOUT_VERSION = 1
+HOUR_MS = 3_600_000
+
+_S, _L, _I = pa.string(), pa.int64(), pa.int32()
+
+_ENVELOPE = [
+    ("schema_version", _I),
+    ("event_id", _S),
+    ("time_ms", _L),
+    ("host", _S),
+    ("pid", _I),
+    ("instance_id", _S),
+]
+_CLIENT = [("connection_id", _S), ("client_address", _S), ("client_id", _S), ("principal", _S)]
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "record_batch": pa.schema(
+        [
+            *_ENVELOPE,
+            *_CLIENT,
+            ("api", _S),
+            ("topic", _S),
+            ("partition", _I),
+            ("offset_first", _L),
+            ("offset_last", _L),
+            ("records_in", _L),
+            ("records_out", _L),
+            ("bytes_in", _L),
+            ("bytes_out", _L),
+            ("batches", _L),
+            ("filters", _I),
+            ("filter_time_ns", _L),
+            ("error_code", _I),
+            ("error_message", _S),
+            ("dead_letters", _L),
+        ]
+    ),
+    "offset_run": pa.schema(
+        [
+            ("schema_version", _I),
+            ("id", _S),
+            ("version", _I),
+            ("host", _S),
+            ("instance_id", _S),
+            ("module_sha256", _S),
+            ("filter_name", _S),
+            ("api", _S),
+            ("topic", _S),
+            ("partition", _I),
+            ("offset_first", _L),
+            ("offset_last", _L),
+            ("batches", _L),
+            ("kept", _L),
+            ("rewritten", _L),
+            ("dropped", _L),
+            ("rejected", _L),
+            ("detections", _L),
+            ("errors", _L),
+            ("time_ns", _L),
+            ("time_first_ms", _L),
+            ("time_last_ms", _L),
+        ]
+    ),
+    "finding": pa.schema(
+        [
+            ("schema_version", _I),
+            ("id", _S),
+            ("version", _I),
+            ("instance_id", _S),
+            ("kind", _S),
+            ("topic", _S),
+            ("api", _S),
+            ("filter_name", _S),
+            ("module_sha256", _S),
+            ("name", _S),
+            ("n", _L),
+            ("events", _L),
+            ("time_first_ms", _L),
+            ("time_last_ms", _L),
+        ]
+    ),
+    "connection": pa.schema(
+        [
+            *_ENVELOPE,
+            *_CLIENT,
+            ("phase", _S),
+            ("listener", _S),
+            ("upstream", _S),
+            ("tls", pa.bool_()),
+            ("bytes_in", _L),
+            ("bytes_out", _L),
+            ("requests", _L),
+            ("duration_ms", _L),
+        ]
+    ),
+    "connection_api": pa.schema(
+        [
+            ("schema_version", _I),
+            ("event_id", _S),
+            ("time_ms", _L),
+            ("instance_id", _S),
+            ("connection_id", _S),
+            ("client_id", _S),
+            ("principal", _S),
+            ("api", _S),
+            ("requests", _L),
+            ("bytes_in", _L),
+            ("bytes_out", _L),
+        ]
+    ),
+    "admin": pa.schema(
+        [
+            *_ENVELOPE,
+            *_CLIENT,
+            ("op", _S),
+            ("resource_type", _S),
+            ("resource", _S),
+            ("decision", _S),
+            ("message", _S),
+            ("filter_name", _S),
+            ("module_sha256", _S),
+            ("error_code", _I),
+            ("time_ns", _L),
+        ]
+    ),
+    "filter_loaded": pa.schema(
+        [
+            *_ENVELOPE,
+            ("filter_name", _S),
+            ("module_sha256", _S),
+            ("module", _S),
+            ("function", _S),
+            ("topics", pa.list_(_S)),
+            ("apply_to", pa.list_(_S)),
+            ("on_error", _S),
+            ("principals", pa.list_(_S)),
+        ]
+    ),
+    "telemetry_dropped": pa.schema(
+        [*_ENVELOPE, ("dropped", _L), ("reason", _S), ("since_ms", _L), ("until_ms", _L)]
+    ),
+}
+
+DATASETS = tuple(SCHEMAS)
+# Rollup datasets: rows are versioned states of one id; the highest version is the row.
+ROLLUPS = ("offset_run", "finding")
+# Event types whose events are rows of the dataset of the same name (one row per event).
+EVENT_TABLES = ("record_batch", "connection", "admin", "filter_loaded", "telemetry_dropped")
+
+
+def time_column(dataset: str) -> str:
+    """The column that places a row in time (and in its ``date=/hour=`` partition)."""
+    return "time_first_ms" if dataset in ROLLUPS else "time_ms"
+
+
+def _envelope(event: Mapping[str, Any]) -> dict[str, Any]:
+    proxy = event.get("proxy") or {}
+    return {
+        "schema_version": event.get("schema_version"),
+        "event_id": event.get("event_id"),
+        "time_ms": event.get("time_ms"),
+        "host": proxy.get("host"),
+        "pid": proxy.get("pid"),
+        "instance_id": proxy.get("instance_id"),
+    }
+
+
+def _int(value: Any) -> int:
+    return int(value) if value else 0
+
+
+@dataclass(slots=True)
+class _Rollup:
+    """One growing rollup row (an offset-run segment or a finding counter)."""
+
+    id: str
+    values: dict[str, Any]
+    version: int = 0
+    dirty: bool = True
+    sums: dict[str, int] = field(default_factory=dict)
+
+
+class ColumnarBuffers:
+    """Accumulates events as column lists per dataset; ``take`` returns Arrow record batches.
+
+    Not thread-safe: one sink thread owns it. ``rows_for_flush`` emits the event rows added
+    since the last call plus every rollup row that changed; ``close_rollups`` ends every open
+    segment (at file rotation) so the next file starts new ones.
+    """
+
+    _SEGMENT_SUMS = ("batches", "kept", "rewritten", "dropped", "rejected", "detections",
+                     "errors", "time_ns")
+
+    def __init__(self, id_prefix: str) -> None:
+        self._id_prefix = id_prefix
+        self._ids = itertools.count(1)
+        self._cols: dict[str, dict[str, list[Any]]] = {}
+        self._segments: dict[tuple[Any, ...], _Rollup] = {}
+        self._closed_segments: list[_Rollup] = []
+        self._findings: dict[tuple[Any, ...], _Rollup] = {}
+        self.events = 0
+        self.unknown = 0
+        self._reset_columns()
+
+    def _reset_columns(self) -> None:
+        self._cols = {name: {f: [] for f in SCHEMAS[name].names} for name in SCHEMAS}
+
+    def _append(self, dataset: str, row: Mapping[str, Any]) -> None:
+        for name, column in self._cols[dataset].items():
+            column.append(row.get(name))
+
+    # -- events in ----------------------------------------------------------------------
+
+    def add(self, event: Mapping[str, Any]) -> bool:
+        """Add one event; False (and counted in ``unknown``) when its type has no table."""
+        kind = event.get("type")
+        if kind == "record_batch":
+            self._add_record_batch(event)
+        elif kind == "connection":
+            self._add_connection(event)
+        elif kind == "admin":
+            ref = event.get("filter") or {}
+            self._append(
+                "admin",
+                {**event, **_envelope(event), "filter_name": ref.get("name"),
+                 "module_sha256": ref.get("module_sha256")},
+            )
+        elif kind == "filter_loaded":
+            ref = event.get("filter") or {}
+            self._append(
+                "filter_loaded",
+                {**event, **_envelope(event), "filter_name": ref.get("name"),
+                 "module_sha256": ref.get("module_sha256")},
+            )
+        elif kind == "telemetry_dropped":
+            self._append("telemetry_dropped", {**event, **_envelope(event)})
+        else:
+            self.unknown += 1
+            return False
+        self.events += 1
+        return True
+
+    def _add_connection(self, event: Mapping[str, Any]) -> None:
+        env = _envelope(event)
+        apis: Mapping[str, Mapping[str, int]] = event.get("apis") or {}
+        self._append(
+            "connection",
+            {**event, **env, "requests": sum(_int(c.get("requests")) for c in apis.values())},
+        )
+        for api, counters in apis.items():
+            self._append(
+                "connection_api",
+                {
+                    "schema_version": env["schema_version"],
+                    "event_id": env["event_id"],
+                    "time_ms": env["time_ms"],
+                    "instance_id": env["instance_id"],
+                    "connection_id": event.get("connection_id"),
+                    "client_id": event.get("client_id"),
+                    "principal": event.get("principal"),
+                    "api": api,
+                    "requests": _int(counters.get("requests")),
+                    "bytes_in": _int(counters.get("bytes_in")),
+                    "bytes_out": _int(counters.get("bytes_out")),
+                },
+            )
+
+    def _add_record_batch(self, event: Mapping[str, Any]) -> None:
+        env = _envelope(event)
+        filters: list[Mapping[str, Any]] = event.get("filters") or []
+        self._append(
+            "record_batch",
+            {
+                **event,
+                **env,
+                "filters": len(filters),
+                "filter_time_ns": sum(_int(f.get("time_ns")) for f in filters),
+            },
+        )
+        time_ms = int(env["time_ms"] or 0)
+        hour = time_ms // HOUR_MS
+        api, topic = event.get("api"), event.get("topic")
+        where = (env["instance_id"], api, topic, hour)
+        for f in filters:
+            name, sha = f.get("name"), f.get("module_sha256")
+            detectors: Mapping[str, int] = f.get("detectors") or {}
+            errors: list[str] = list(f.get("errors") or [])
+            self._add_segment(env, f, event, time_ms, hour, sum(detectors.values()), len(errors))
+            for detector, count in detectors.items():
+                if count > 0:
+                    self._finding(where, "detection", name, sha, detector, count, time_ms)
+            if _int(f.get("rejected")) > 0:
+                self._finding(where, "rejected", name, sha, "", int(f["rejected"]), time_ms)
+            for message in errors:
+                self._finding(where, "filter_error", name, sha, message, 1, time_ms)
+        for reason, count in (event.get("reject_reasons") or {}).items():
+            self._finding(where, "reject_reason", None, None, reason, int(count), time_ms)
+        code = event.get("error_code") or 0
+        if code != 0:
+            text = f"{code}: {event.get('error_message') or ''}"
+            self._finding(where, "partition_error", None, None, text, 1, time_ms)
+
+    def _add_segment(
+        self,
+        env: Mapping[str, Any],
+        f: Mapping[str, Any],
+        event: Mapping[str, Any],
+        time_ms: int,
+        hour: int,
+        detections: int,
+        errors: int,
+    ) -> None:
+        first, last = event.get("offset_first"), event.get("offset_last")
+        has_offsets = first is not None and last is not None
+        key = (
+            env["instance_id"], env["host"], f.get("module_sha256"), f.get("name"),
+            event.get("api"), event.get("topic"), event.get("partition"), hour, has_offsets,
+        )
+        seg = self._segments.get(key)
+        if seg is not None and has_offsets:
+            v = seg.values
+            # Overlapping or adjacent ranges belong to one run; anything else starts a new
+            # segment (the audit job merges segments that still touch).
+            if first > v["offset_last"] + 1 or last < v["offset_first"] - 1:
+                self._closed_segments.append(seg)
+                seg = None
+            else:
+                v["offset_first"] = min(v["offset_first"], first)
+                v["offset_last"] = max(v["offset_last"], last)
+        if seg is None:
+            seg = _Rollup(
+                id=f"{self._id_prefix}-r{next(self._ids)}",
+                values={
+                    "host": env["host"],
+                    "instance_id": env["instance_id"],
+                    "module_sha256": f.get("module_sha256"),
+                    "filter_name": f.get("name"),
+                    "api": event.get("api"),
+                    "topic": event.get("topic"),
+                    "partition": event.get("partition"),
+                    "offset_first": first if has_offsets else None,
+                    "offset_last": last if has_offsets else None,
+                    "time_first_ms": time_ms,
+                    "time_last_ms": time_ms,
+                },
+                sums=dict.fromkeys(self._SEGMENT_SUMS, 0),
+            )
+            self._segments[key] = seg
+        v, s = seg.values, seg.sums
+        v["time_first_ms"] = min(v["time_first_ms"], time_ms)
+        v["time_last_ms"] = max(v["time_last_ms"], time_ms)
+        s["batches"] += 1
+        for col in ("kept", "rewritten", "dropped", "rejected", "time_ns"):
+            s[col] += _int(f.get(col))
+        s["detections"] += detections
+        s["errors"] += errors
+        seg.dirty = True
+
+    def _finding(
+        self,
+        where: tuple[Any, ...],
+        kind: str,
+        filter_name: str | None,
+        module_sha256: str | None,
+        name: str,
+        n: int,
+        time_ms: int,
+    ) -> None:
+        key = (*where, kind, filter_name, module_sha256, name)
+        item = self._findings.get(key)
+        if item is None:
+            instance_id, api, topic, _hour = where
+            item = _Rollup(
+                id=f"{self._id_prefix}-f{next(self._ids)}",
+                values={
+                    "instance_id": instance_id,
+                    "kind": kind,
+                    "topic": topic,
+                    "api": api,
+                    "filter_name": filter_name,
+                    "module_sha256": module_sha256,
+                    "name": name,
+                    "time_first_ms": time_ms,
+                    "time_last_ms": time_ms,
+                },
+                sums={"n": 0, "events": 0},
+            )
+            self._findings[key] = item
+        item.sums["n"] += n
+        item.sums["events"] += 1
+        v = item.values
+        v["time_first_ms"] = min(v["time_first_ms"], time_ms)
+        v["time_last_ms"] = max(v["time_last_ms"], time_ms)
+        item.dirty = True
+
+    # -- rows out -----------------------------------------------------------------------
+
+    def _emit(self, dataset: str, items: Iterable[_Rollup]) -> None:
+        for item in items:
+            if not item.dirty:
+                continue
+            item.version += 1
+            item.dirty = False
+            self._append(
+                dataset,
+                {"schema_version": LAYOUT_VERSION, "id": item.id, "version": item.version,
+                 **item.values, **item.sums},
+            )
+
+    def close_rollups(self) -> None:
+        """End every open segment and counter: the next rows start new ids."""
+        self._closed_segments.extend(self._segments.values())
+        self._segments.clear()
+        self._emit("finding", self._findings.values())
+        self._findings.clear()
+
+    def pending(self) -> bool:
+        """Whether a flush would write anything."""
+        return (
+            any(cols[SCHEMAS[name].names[0]] for name, cols in self._cols.items())
+            or bool(self._closed_segments)
+            or any(r.dirty for r in self._segments.values())
+            or any(r.dirty for r in self._findings.values())
+        )
+
+    def rows_for_flush(self) -> dict[str, pa.RecordBatch]:
+        """Record batches (non-empty only) of the rows added since the previous call."""
+        self._emit("offset_run", self._closed_segments)
+        self._closed_segments.clear()
+        self._emit("offset_run", self._segments.values())
+        self._emit("finding", self._findings.values())
+        out: dict[str, pa.RecordBatch] = {}
+        for name, cols in self._cols.items():
+            if cols[SCHEMAS[name].names[0]]:
+                out[name] = pa.RecordBatch.from_pydict(cols, schema=SCHEMAS[name])
+        self._reset_columns()
+        return out
+
+
+def latest_versions(table: pa.Table) -> pa.Table:
+    """Keep the highest ``version`` row of each ``id`` of a rollup table."""
+    if table.num_rows == 0:
+        return table
+    indexed = table.append_column("_row", pa.array(range(table.num_rows), pa.int64()))
+    best = indexed.group_by("id").aggregate([("version", "max")])
+    joined = indexed.select(["id", "version", "_row"]).join(
+        best.rename_columns(["id", "version"]), ["id", "version"], join_type="inner"
+    )
+    # Equal versions of one id are identical rows written twice: keep one.
+    rows = joined.group_by(["id"]).aggregate([("_row", "min")]).column("_row_min")
+    return table.take(rows.combine_chunks().sort())

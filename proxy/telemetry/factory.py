@@ -1,0 +1,93 @@
+"""Building the telemetry sink that the proxy config's ``telemetry:`` section asks for.
+
+Separate from ``telemetry_sinks`` because the columnar sinks (``telemetry_parquet``,
+``telemetry_kafka_arrow``) build on the queue machinery there: the factory imports them all,
+and none of them imports the factory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sluice.proxy.telemetry.events import ProxyInfo, proxy_info
+from sluice.proxy.telemetry.kafka_arrow import ArrowKafkaSink
+from sluice.proxy.telemetry.parquet import ParquetSink
+from sluice.proxy.telemetry.sinks import (
+    FileSink,
+    KafkaSink,
+    NullSink,
+    TeeSink,
+    TelemetrySink,
+    parse_telemetry_config,
+)
+
+
+def make_sink(
+    telemetry_config: Mapping[str, Any] | None,
+    instance_id: str,
+    *,
+    proxy: ProxyInfo | None = None,
+) -> TelemetrySink:
+    """Build the sink the proxy config's ``telemetry:`` section asks for.
+
+    ``{dir: PATH}`` selects Parquet datasets (``format: jsonl`` JSON Lines files);
+    ``{kafka: {bootstrap, topic}}`` a Kafka topic of Arrow IPC batches (``format: json`` one
+    JSON message per event); both together write to both; ``None``/``{}``/``{enabled: false}``
+    is a ``NullSink``. Raises ``TelemetryConfigError`` naming the offending field.
+    """
+    settings = parse_telemetry_config(telemetry_config)
+    if not settings.enabled:
+        return NullSink()
+    info = proxy or proxy_info(instance_id)
+    sinks: list[TelemetrySink] = []
+    if settings.directory is not None:
+        if settings.file_format == "parquet":
+            sinks.append(
+                ParquetSink(
+                    info,
+                    settings.directory,
+                    rotate_bytes=settings.rotate_bytes,
+                    rotate_seconds=settings.rotate_seconds,
+                    flush_seconds=settings.flush_seconds,
+                    queue_size=settings.queue_size,
+                    fsync=settings.fsync,
+                )
+            )
+        else:
+            sinks.append(
+                FileSink(
+                    info,
+                    settings.directory,
+                    rotate_bytes=settings.rotate_bytes,
+                    rotate_seconds=settings.rotate_seconds,
+                    queue_size=settings.queue_size,
+                    fsync=settings.fsync,
+                )
+            )
+    if settings.kafka_topic is not None and settings.kafka_bootstrap is not None:
+        kafka_args: dict[str, Any] = {
+            "queue_size": settings.queue_size,
+            "producer_config": settings.kafka_config,
+            "create_partitions": settings.create_partitions,
+            "message_timeout_ms": settings.message_timeout_ms,
+        }
+        if settings.kafka_format == "arrow":
+            sinks.append(
+                ArrowKafkaSink(
+                    info,
+                    settings.kafka_bootstrap,
+                    settings.kafka_topic,
+                    flush_seconds=settings.flush_seconds,
+                    **kafka_args,
+                )
+            )
+        else:
+            sinks.append(
+                KafkaSink(info, settings.kafka_bootstrap, settings.kafka_topic, **kafka_args)
+            )
+    if not sinks:
+        return NullSink()
+    if len(sinks) == 1:
+        return sinks[0]
+    return TeeSink(sinks)

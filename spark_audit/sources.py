@@ -1,0 +1,374 @@
+"""Telemetry in: the flat datasets of the columnar layout, from whatever the user points at.
+
+- a directory (local, ``file://``, ``s3a://``, ``hdfs://``...) holding the Parquet layout
+  (``<dataset>/date=YYYY-MM-DD/hour=HH/*.parquet``, possibly several proxies' trees collected
+  under one root) and/or JSON Lines files of the old sink (``*.jsonl``); both are read;
+- ``kafka://HOST:PORT/TOPIC`` with Arrow IPC messages of the columnar Kafka sink and/or JSON
+  messages of the old one.
+
+Whatever the source, the job sees the same thing (``Inputs``): one DataFrame per dataset of
+``telemetry_columns.SCHEMAS``, already restricted to schema version 1 and the ``--from/--to``
+window, plus ``checks``: one small row per event (type, whether its schema version is known,
+whether it parsed, time, instance) that the job counts so nothing is dropped without a word.
+
+Files are listed by the driver (Python for local paths, Hadoop's FileSystem API otherwise);
+the same published file found twice (``<dataset>/date=/hour=/<name>``, e.g. a proxy's folder
+collected twice) is read once. Hours outside ``--from/--to`` are not even listed for reading.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from sluice.proxy.telemetry.columns import (
+    DATASETS,
+    EVENT_TABLES,
+    HOUR_MS,
+    ROLLUPS,
+    SCHEMAS,
+    time_column,
+)
+from sluice.spark_audit import json_tables
+from sluice.spark_audit.load import KafkaUrl, parse_kafka_url
+from sluice.spark_audit.schema import SCHEMA_VERSION, TELEMETRY_V1, spark_schema
+
+DEFAULT_GLOB = "*.jsonl"
+_PARQUET_FILE = re.compile(
+    r"(?:^|/)(?P<dataset>[a-z_]+)/date=(?P<date>\d{4}-\d{2}-\d{2})/hour=(?P<hour>\d{2})/"
+    r"(?P<name>[^/._][^/]*\.parquet)$"
+)
+CORRUPT = "_corrupt_record"
+
+
+@dataclass
+class Inputs:
+    tables: dict[str, DataFrame]
+    checks: DataFrame | None
+    files: dict[str, int] = field(default_factory=dict)
+    duplicate_files: int = 0
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def local_path(path: str) -> Path:
+    return Path(path[len("file://") :] if path.startswith("file://") else path)
+
+
+def list_files(spark: SparkSession, root: str) -> list[str]:
+    """Every file under ``root`` (recursively); local paths without the JVM."""
+    if is_local(root):
+        base = local_path(root)
+        if base.is_file():
+            return [str(base)]
+        out: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if not d.startswith((".", "_"))]
+            out.extend(os.path.join(dirpath, f) for f in filenames)
+        return sorted(out)
+    jvm: Any = spark._jvm
+    path = jvm.org.apache.hadoop.fs.Path(root)
+    fs = path.getFileSystem(spark._jsc.hadoopConfiguration())
+    if fs.getFileStatus(path).isFile():
+        return [root]
+    prefix = str(fs.makeQualified(path).toString()).rstrip("/") + "/"
+    found = []
+    files = fs.listFiles(path, True)
+    while files.hasNext():
+        text = str(files.next().getPath().toString())
+        relative = text[len(prefix) :] if text.startswith(prefix) else text.rsplit("/", 1)[-1]
+        # Hidden and underscore folders and files (the spool, temporary names) are not data.
+        if not any(part.startswith((".", "_")) for part in relative.split("/")):
+            found.append(text)
+    return sorted(found)
+
+
+def _hour_in_window(date: str, hour: str, from_ms: int | None, to_ms: int | None) -> bool:
+    start = int(datetime.fromisoformat(f"{date}T{hour}:00:00+00:00").timestamp() * 1000)
+    if from_ms is not None and start + HOUR_MS <= from_ms:
+        return False
+    return not (to_ms is not None and start >= to_ms)
+
+
+def _window(col: Column, from_ms: int | None, to_ms: int | None) -> Column:
+    cond = F.lit(True)
+    if from_ms is not None:
+        cond = cond & (col >= F.lit(from_ms))
+    if to_ms is not None:
+        cond = cond & (col < F.lit(to_ms))
+    return cond
+
+
+def read_inputs(
+    spark: SparkSession,
+    source: str,
+    *,
+    time_from_ms: int | None = None,
+    time_to_ms: int | None = None,
+    glob: str | None = DEFAULT_GLOB,
+    dedupe: bool = False,
+    kafka_reader: str = "python",
+    input_format: str = "auto",
+) -> Inputs:
+    """``input_format``: ``auto`` reads both layouts, ``columnar`` or ``json`` only one."""
+    kafka = parse_kafka_url(source)
+    if kafka is not None:
+        return _kafka_inputs(spark, kafka, time_from_ms, time_to_ms, kafka_reader)
+    parquet: dict[str, dict[tuple[str, str, str], str]] = {d: {} for d in DATASETS}
+    jsonl: dict[str, str] = {}
+    duplicates = 0
+    pattern = re.compile(_glob_regex(glob)) if glob else None
+    for path in list_files(spark, source):
+        match = _PARQUET_FILE.search(path)
+        if match is not None and match["dataset"] in parquet and input_format != "json":
+            key = (match["date"], match["hour"], match["name"])
+            if key in parquet[match["dataset"]]:
+                duplicates += 1
+                continue
+            if _hour_in_window(match["date"], match["hour"], time_from_ms, time_to_ms):
+                parquet[match["dataset"]][key] = path
+            continue
+        name = path.rsplit("/", 1)[-1]
+        if name.endswith(".parquet") or input_format == "columnar":
+            continue
+        if pattern is None or pattern.fullmatch(name):
+            if name in jsonl:
+                duplicates += 1
+                continue
+            jsonl[name] = path
+    tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
+    checks: list[DataFrame] = []
+    files = {d: len(v) for d, v in parquet.items() if v}
+    for dataset, found in parquet.items():
+        if not found:
+            continue
+        df = spark.read.schema(spark_schema(dataset)).parquet(*sorted(found.values()))
+        if dedupe and dataset not in ROLLUPS:
+            df = dedupe_rows(df, _event_keys(dataset))
+        checks.append(_parquet_checks(df, dataset, with_key=dedupe))
+        tables[dataset].append(_usable(df, dataset, time_from_ms, time_to_ms))
+    if jsonl:
+        files["jsonl"] = len(jsonl)
+        raw = spark.read.schema(_with_corrupt(TELEMETRY_V1)).json(sorted(jsonl.values()))
+        if dedupe:
+            raw = dedupe_rows(raw, ["event_id"])
+        checks.append(_json_checks(raw, with_key=dedupe))
+        good = _good_json(raw, time_from_ms, time_to_ms)
+        for dataset, df in json_tables.flatten(good).items():
+            tables[dataset].append(df)
+    merged = {
+        d: _union(spark, d, dfs, dedupe=dedupe, latest=dedupe) for d, dfs in tables.items()
+    }
+    checked = _union_all(checks) if checks else None
+    if checked is not None and dedupe:
+        # The same event in both layouts counts once too.
+        checked = dedupe_rows(checked, ["type", "key"])
+    return Inputs(
+        tables=merged,
+        checks=checked,
+        files=files,
+        duplicate_files=duplicates,
+    )
+
+
+def _glob_regex(glob: str) -> str:
+    return "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in glob)
+
+
+def _with_corrupt(schema: StructType) -> StructType:
+    return StructType([*schema.fields, StructField(CORRUPT, StringType(), True)])
+
+
+def _malformed_parquet(df: DataFrame, dataset: str) -> Column:
+    # A row without a version or a time cannot be placed; rows of another schema version are
+    # counted as such, whatever their columns hold. (Ids are not checked here: reading a
+    # string column of every row would cost more than the rest of the check.)
+    return F.col("schema_version").isNull() | (
+        (F.col("schema_version") == SCHEMA_VERSION) & F.col(time_column(dataset)).isNull()
+    )
+
+
+def _good_json(raw: DataFrame, from_ms: int | None, to_ms: int | None) -> DataFrame:
+    """The events of a JSON read that the reports use (the rest is counted by the checks)."""
+    return raw.filter(
+        F.col(CORRUPT).isNull()
+        & (F.col("schema_version") == SCHEMA_VERSION)
+        & F.col("type").isin(*EVENT_TABLES)
+        & F.col("time_ms").isNotNull()
+        & _window(F.col("time_ms"), from_ms, to_ms)
+    ).drop(CORRUPT)
+
+
+def _parquet_checks(df: DataFrame, dataset: str, with_key: bool = False) -> DataFrame:
+    key = "id" if dataset in ROLLUPS else "event_id"
+    return df.select(
+        F.lit(dataset).alias("type"),
+        (F.col(key) if with_key else F.lit(None).cast("string")).alias("key"),
+        F.col("schema_version"),
+        _malformed_parquet(df, dataset).alias("malformed"),
+        F.col(time_column(dataset)).alias("time_ms"),
+        F.col("instance_id"),
+    )
+
+
+def _json_checks(raw: DataFrame, with_key: bool = False) -> DataFrame:
+    bad = (
+        F.col(CORRUPT).isNotNull()
+        | F.col("type").isNull()
+        | F.col("time_ms").isNull()
+        | ~F.col("type").isin(*EVENT_TABLES)
+    )
+    return raw.select(
+        F.when(F.col("type").isin(*EVENT_TABLES), F.col("type"))
+        .otherwise(F.lit("(unreadable)"))
+        .alias("type"),
+        (F.col("event_id") if with_key else F.lit(None).cast("string")).alias("key"),
+        F.col("schema_version"),
+        bad.alias("malformed"),
+        F.col("time_ms"),
+        F.col("proxy.instance_id").alias("instance_id"),
+    )
+
+
+def _usable(df: DataFrame, dataset: str, from_ms: int | None, to_ms: int | None) -> DataFrame:
+    return df.filter(
+        (F.col("schema_version") == SCHEMA_VERSION)
+        & ~_malformed_parquet(df, dataset)
+        & _window(F.col(time_column(dataset)), from_ms, to_ms)
+    )
+
+
+def _union_all(dfs: list[DataFrame]) -> DataFrame:
+    out = dfs[0]
+    for df in dfs[1:]:
+        out = out.unionByName(df)
+    return out
+
+
+def _union(
+    spark: SparkSession, dataset: str, dfs: list[DataFrame], *, dedupe: bool, latest: bool
+) -> DataFrame:
+    if not dfs:
+        return spark.createDataFrame([], spark_schema(dataset))
+    df = _union_all([d.select(*SCHEMAS[dataset].names) for d in dfs])
+    if dataset in ROLLUPS:
+        # A Kafka topic holds several versions of a rollup row (a segment is sent again at
+        # every flush while it grows): the highest is the row. Published files hold one
+        # version per id already (the sink compacts them), so files skip this shuffle unless
+        # --dedupe asks for it.
+        if latest:
+            df = latest_rollups(df)
+    elif dedupe:
+        # Also across layouts: the same event in a JSON Lines file and a Parquet file.
+        df = df.dropDuplicates(_event_keys(dataset))
+    return df
+
+
+def _event_keys(dataset: str) -> list[str]:
+    return ["event_id", "api"] if dataset == "connection_api" else ["event_id"]
+
+
+def dedupe_rows(df: DataFrame, keys: list[str]) -> DataFrame:
+    """One row per key; rows without a key (malformed) are all kept, to be counted."""
+    has_key = F.lit(True)
+    for key in keys:
+        has_key = has_key & F.col(key).isNotNull()
+    return df.filter(has_key).dropDuplicates(keys).unionByName(df.filter(~has_key))
+
+
+def latest_rollups(df: DataFrame) -> DataFrame:
+    cols = [c for c in df.columns if c != "id"]
+    best = df.groupBy("id").agg(F.max_by(F.struct(*cols), F.col("version")).alias("r"))
+    return best.select("id", "r.*").select(*df.columns)
+
+
+def _kafka_inputs(
+    spark: SparkSession,
+    kafka: KafkaUrl,
+    from_ms: int | None,
+    to_ms: int | None,
+    kafka_reader: str,
+) -> Inputs:
+    from sluice.spark_audit.kafka_arrow_source import FORMAT_NAME, KafkaArrowSource
+
+    tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
+    checks: list[DataFrame] = []
+    if kafka_reader == "spark":
+        # Spark's own connector (its jar must be on the classpath): JSON messages only.
+        values = (
+            spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap)
+            .option("subscribe", kafka.topic)
+            .option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest")
+            .load()
+            .select(F.col("value").cast("string").alias("value"))
+        )
+        _add_json_messages(values, tables, checks, from_ms, to_ms)
+        merged = {d: _union(spark, d, dfs, dedupe=False, latest=True) for d, dfs in tables.items()}
+        return Inputs(tables=merged, checks=_union_all(checks))
+    if kafka_reader != "python":
+        raise ValueError(f"kafka reader {kafka_reader!r}: expected python or spark")
+    spark.dataSource.register(KafkaArrowSource)
+
+    def read(dataset: str, schema: StructType) -> DataFrame:
+        return (
+            spark.read.format(FORMAT_NAME)
+            .schema(schema)
+            .option("bootstrap.servers", kafka.bootstrap)
+            .option("subscribe", kafka.topic)
+            .option("dataset", dataset)
+            .load()
+        )
+
+    for dataset in DATASETS:
+        df = read(dataset, spark_schema(dataset))
+        if dataset in EVENT_TABLES or dataset in ROLLUPS:
+            checks.append(_parquet_checks(df, dataset))
+        tables[dataset].append(_usable(df, dataset, from_ms, to_ms))
+    # JSON messages of the old sink in the same topic.
+    values = read("json", StructType([StructField("value", StringType(), True)]))
+    _add_json_messages(values, tables, checks, from_ms, to_ms)
+    # Arrow messages delivered twice were dropped by message id in the reader.
+    merged = {d: _union(spark, d, dfs, dedupe=False, latest=True) for d, dfs in tables.items()}
+    return Inputs(tables=merged, checks=_union_all(checks))
+
+
+def _add_json_messages(
+    values: DataFrame,
+    tables: dict[str, list[DataFrame]],
+    checks: list[DataFrame],
+    from_ms: int | None,
+    to_ms: int | None,
+) -> None:
+    """JSON events (a ``value`` string column) into the datasets, de-duplicated by event id
+    (the JSON sink delivers at least once)."""
+    raw = values.select(
+        F.from_json(
+            F.col("value"),
+            _with_corrupt(TELEMETRY_V1),
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT},
+        ).alias("e")
+    ).select("e.*")
+    raw = dedupe_rows(raw, ["event_id"])
+    checks.append(_json_checks(raw))
+    good = _good_json(raw, from_ms, to_ms)
+    for dataset, df in json_tables.flatten(good).items():
+        tables[dataset].append(df)
+
+
+def utc_iso(ms: int | None) -> str | None:
+    """Epoch milliseconds as ISO-8601 UTC with a ``Z``, whatever the machine's zone."""
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
