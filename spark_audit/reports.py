@@ -23,7 +23,6 @@ from typing import Any
 
 import pyarrow as pa
 
-
 REPORT_NAMES = (
     "audit",
     "audit_modules",

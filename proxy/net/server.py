@@ -25,7 +25,7 @@ from sluice.proxy.net.client_info import ClientInfo
 from sluice.proxy.net.connection import Close, Connection, Limits
 from sluice.proxy.net.session import Session
 from sluice.proxy.net.tls import peer_principal
-from sluice.proxy.net.upstream_client import UpstreamConnection
+from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
 from sluice.proxy.ops.config import ProxyConfig
 from sluice.proxy.ops.limits import IdleReaper
 from sluice.proxy.paths.base import PathContext
@@ -76,7 +76,9 @@ class ProxyServer:
         self.upstream_ssl = (
             config.upstream_tls.context() if config.upstream_tls is not None else None
         )
+        self.dialer = UpstreamDialer(config)
         self.dead_letters = DeadLetterWriter.from_config(config)
+        self.metrics.dead_letter_stats = self.dead_letters.stats
         self.clients = 0  # accepted client connections being served (limits.max_connections)
         self._rejected_logged = 0.0
         self.idle_reaper = IdleReaper(config.idle_timeout, lambda: self.sessions, self._idle_closed)
@@ -107,9 +109,9 @@ class ProxyServer:
         )
 
     async def open_upstream(self) -> UpstreamConnection:
-        """A connection to the first bootstrap broker, for the proxy's own look-ups."""
-        host, port = self.config.upstream[0]
-        return await UpstreamConnection.open(host, port, **self.upstream_tls_args(host))
+        """A connection to a bootstrap broker for the proxy's own look-ups (topic ids, current
+        configs), with the broker's TLS and SASL settings (`upstream_tls`, `upstream_sasl`)."""
+        return await self.dialer.connect()
 
     def install_chain(self, chain: FilterChain | None) -> FilterChain | None:
         """Switch to a new filter chain; returns the old one.
