@@ -22,6 +22,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -47,6 +48,8 @@ class Proxy:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
+            # Not the checkout: its `sluice/` folder would shadow another installation's.
+            cwd=tempfile.gettempdir(),
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
