@@ -3,8 +3,8 @@
 Each test drives a real `sluice serve` process in front of a real Tansu broker with raw frames
 on plain sockets (or real clients), and judges the proxy only from outside: what a client
 receives, when a connection is closed, the `/metrics` text and the process's resident memory.
-Tests marked `xfail(strict=True)` reproduce a hole in the current core; they turn into an
-XPASS failure once the hole is closed, which is the signal to remove the mark.
+Each reproduced its hole before the core redesign (the figures are in docs/PERFORMANCE.md,
+"Issue 11 holes"); they hold the redesigned core to it.
 
 The bounds (memory growth, latency, series counts) are generous on purpose: the machine is
 shared, and the holes overshoot them by an order of magnitude (figures in each test).
@@ -228,11 +228,6 @@ def flood_summary(flooder: Flooder, growth: int, latencies: list[float]) -> str:
             + (f", then the connection failed: {flooder.error}" if flooder.error else ""))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 hole 2: answers the proxy makes itself are written without back-pressure "
-    "(before: RSS grew far past the bound while the client did not read)",
-)
 def test_client_that_never_reads_local_answers(own_broker: TansuBroker, tmp_path: Path) -> None:
     (topic,) = fresh_topics(own_broker, "bp-local")
     config = {"filters": [{"name": "json", "module": "builtin:json-validate", "topics": [topic],
@@ -251,11 +246,6 @@ def test_client_that_never_reads_local_answers(own_broker: TansuBroker, tmp_path
     assert p99(latencies) < 0.2, summary
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 11 hole 2: nothing limits requests in flight towards a client that does not "
-    "read (before: RSS grew far past the bound)",
-)
 def test_client_that_never_reads_broker_answers(own_broker: TansuBroker, tmp_path: Path) -> None:
     with serving(own_broker, tmp_path / "sluice.yaml", {}) as proxy:
         growth, latencies, flooder = flood_and_measure(proxy, metadata_frame(1), 12, 10**7)
