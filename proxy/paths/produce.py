@@ -22,8 +22,13 @@ from sluice.codec.batch_counts import count_records
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_bytes
-from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
+from sluice.codec.messages import ApiKey, encode_response
 from sluice.codec.peek import produce_acks
+from sluice.codec.produce_splice import (
+    ProduceRequestLayout,
+    scan_produce_request,
+    splice_produce_records,
+)
 from sluice.filters.chain import DeadLetter, FilterChain, FilterStats
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_produce
@@ -107,69 +112,71 @@ class ProducePath:
                 return Refuse(f"malformed Produce request: {exc}")
             return Forward(expect_response=acks != 0)
         try:
-            request = decode_request(ApiKey.PRODUCE, header.api_version, body)
+            # Only the layout: where each partition's records are. The request is never
+            # decoded into entities nor re-encoded; changed records are spliced in.
+            layout = scan_produce_request(header.api_version, body)
         except CodecError as exc:
             # Fail closed: an undecodable Produce could carry records for a filtered topic.
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")
-        unknown = ctx.topics.unknown(
-            getattr(t, "topic_id", None) for t in request.topic_data if not getattr(t, "name", None)
-        )
+        unknown = ctx.topics.unknown(t.topic_id for t in layout.topics if not t.name)
         if unknown:
             return Defer(
                 Job(
                     run=lambda: _lookup(ctx),
-                    finish=lambda _: self._filter(ctx, exchange, frame, request),
+                    finish=lambda _: self._filter(ctx, exchange, frame, layout),
                     in_thread=False,
                     what="topic id look-up",
                 )
             )
-        return self._filter(ctx, exchange, frame, request)
+        return self._filter(ctx, exchange, frame, layout)
 
     def _filter(
-        self, ctx: PathContext, exchange: Exchange, frame: Frame, request: Any
+        self, ctx: PathContext, exchange: Exchange, frame: Frame, layout: ProduceRequestLayout
     ) -> RequestOutcome:
         chain = ctx.chain
         assert chain is not None
         client = exchange.client
-        names = {
-            id(t): getattr(t, "name", None) or ctx.topics.name(getattr(t, "topic_id", None))
-            for t in request.topic_data
-        }
-        if not any(
-            name is not None and chain.applies(name, "produce", client.principal)
-            for name in names.values()
-        ) and all(name is not None for name in names.values()):
-            return Forward(expect_response=int(request.acks) != 0)
+        names = [t.name or ctx.topics.name(t.topic_id) for t in layout.topics]
+        if all(
+            name is not None and not chain.applies(name, "produce", client.principal)
+            for name in names
+        ):
+            return Forward(expect_response=layout.acks != 0)
         return Defer(
             Job(
                 run=lambda: _filter_request(
-                    chain, request, names, client.client_id, client.principal
+                    chain, layout, names, client.client_id, client.principal
                 ),
-                finish=lambda result: self._forward(ctx, exchange, frame, request, result),
+                finish=lambda result: self._forward(ctx, exchange, frame, layout, result),
                 what="produce filters",
             )
         )
 
     def _forward(
-        self, ctx: PathContext, exchange: Exchange, frame: Frame, request: Any, result: _Filtered
+        self,
+        ctx: PathContext,
+        exchange: Exchange,
+        frame: Frame,
+        layout: ProduceRequestLayout,
+        result: _Filtered,
     ) -> RequestOutcome:
         header = exchange.header
         for letters in result.dead_letters:
             ctx.dead_letters.submit(letters)
-        expect = int(request.acks) != 0
+        expect = layout.acks != 0
         state = ProduceState(result.local, result.filtered)
-        if not result.changed:
+        if not result.replaced and not result.drop:
             if not expect:
                 _emit(ctx, exchange.client, state, None)
             return Forward(expect_response=expect, state=state, pin=self if expect else None)
-        if not result.kept_topics:
+        total = sum(len(t.partitions) for t in layout.topics)
+        if len(result.drop) >= total:
             _emit(ctx, exchange.client, state, None)
             if not expect:
                 return NoReply()
             return Answer(_local_response(header, result.local))
-        new_body = encode_request(
-            dataclasses.replace(request, topic_data=tuple(result.kept_topics))
-        )
+        body = frame[header.header_size :]
+        new_body = splice_produce_records(body, layout, result.replaced, result.drop)
         if not expect:
             _emit(ctx, exchange.client, state, None)
         return Forward(
@@ -209,61 +216,57 @@ async def _lookup(ctx: PathContext) -> None:
 
 @dataclass(slots=True)
 class _Filtered:
-    """What the filter thread found for one Produce request (applied on the loop)."""
+    """What the filter thread found for one Produce request (applied on the loop).
+
+    Partitions are named by position in the request, (topic i, partition j), as the splice
+    takes them."""
 
     local: list[LocalAnswer]
     filtered: list[FilteredPartition]
-    kept_topics: list[Any]
+    replaced: dict[tuple[int, int], bytes]
+    drop: set[tuple[int, int]]
     dead_letters: list[list[DeadLetter]]
-    changed: bool
 
 
 def _filter_request(
     chain: FilterChain,
-    request: Any,
-    names: dict[int, str | None],
+    layout: ProduceRequestLayout,
+    names: list[str | None],
     client_id: str | None,
     principal: str | None,
 ) -> _Filtered:
     """Runs in the filter thread pool: every partition of a filtered topic through the chain.
     Touches no loop-owned state; returns what the loop applies."""
-    local: list[LocalAnswer] = []
-    filtered: list[FilteredPartition] = []
-    kept_topics = []
-    dead: list[list[DeadLetter]] = []
-    changed = False
-    for topic in request.topic_data:
-        name = names[id(topic)]
-        topic_id = getattr(topic, "topic_id", None)
+    result = _Filtered([], [], {}, set(), [])
+    for i, topic in enumerate(layout.topics):
+        name = names[i]
         if name is None:
             # A topic id the cluster does not know either: we cannot tell whether a filter
             # applies, so its records do not pass.
-            changed = True
-            for part in topic.partition_data:
-                local.append(
+            for j, part in enumerate(topic.partitions):
+                result.drop.add((i, j))
+                result.local.append(
                     LocalAnswer(
                         None,
-                        topic_id,
-                        int(part.index),
+                        topic.topic_id,
+                        part.partition,
                         ErrorCode.UNKNOWN_TOPIC_ID,
                         "topic id unknown to the proxy; refresh metadata",
                     )
                 )
             continue
         if not chain.applies(name, "produce", principal):
-            kept_topics.append(topic)
             continue
-        parts = []
-        for part in topic.partition_data:
-            records = part.records or b""
-            ctx = RecordContext(name, int(part.index), "produce", client_id, principal)
+        for j, part in enumerate(topic.partitions):
+            records = part.records if part.records is not None else b""
+            ctx = RecordContext(name, part.partition, "produce", client_id, principal)
             outcome = filter_produce(chain, ctx, records)
             if outcome.dead_letters:
-                dead.append(outcome.dead_letters)
+                result.dead_letters.append(outcome.dead_letters)
             records_in = count_records(records)
             info = FilteredPartition(
                 name,
-                int(part.index),
+                part.partition,
                 records_in,
                 0,
                 len(records),
@@ -274,15 +277,15 @@ def _filter_request(
                 record_errors=list(outcome.record_errors),
                 dead_letters=len(outcome.dead_letters),
             )
-            filtered.append(info)
+            result.filtered.append(info)
             if outcome.records is None:
-                changed = True
                 info.forwarded = False
-                local.append(
+                result.drop.add((i, j))
+                result.local.append(
                     LocalAnswer(
                         name,
-                        topic_id,
-                        int(part.index),
+                        topic.topic_id,
+                        part.partition,
                         outcome.error_code,
                         outcome.error_message,
                         list(outcome.record_errors),
@@ -292,12 +295,8 @@ def _filter_request(
             info.bytes_out = len(outcome.records)
             info.records_out = count_records(outcome.records) if outcome.changed else records_in
             if outcome.changed:
-                changed = True
-                part = dataclasses.replace(part, records=bytes(outcome.records))
-            parts.append(part)
-        if parts:
-            kept_topics.append(dataclasses.replace(topic, partition_data=tuple(parts)))
-    return _Filtered(local, filtered, kept_topics, dead, changed)
+                result.replaced[(i, j)] = bytes(outcome.records)
+    return result
 
 
 def _emit(ctx: PathContext, client: ClientInfo, state: ProduceState, response: Any) -> None:
