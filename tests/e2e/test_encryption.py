@@ -61,7 +61,7 @@ def write_config(tmp_path: Path, kms: dict[str, Any], **extra: Any) -> Path:
                          "fields": ["card"], **extra}}
     (tmp_path / "telemetry").mkdir(exist_ok=True)
     config = {"filters": [filt, fields], "kms": kms,
-              "telemetry": {"dir": str(tmp_path / "telemetry")}}
+              "telemetry": {"dir": str(tmp_path / "telemetry"), "format": "jsonl"}}
     path = tmp_path / "sluice.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
