@@ -9,12 +9,8 @@ top-level tagged field are scanned first and pass undecoded when they carry none
 
 from __future__ import annotations
 
-from sluice.codec.endpoints import carries_endpoints, endpoints_only_in_tags, rewrite_endpoints
-from sluice.codec.errors import CodecError
-from sluice.codec.guard import fields_end
-from sluice.codec.headers import response_header_size
+from sluice.codec.endpoints import carries_endpoints, rewrite_endpoints
 from sluice.codec.messages import ApiKey, codec_version_range
-from sluice.codec.schemas import response_schema
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Exchange,
@@ -54,9 +50,7 @@ class AddressPath:
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
         hdr = exchange.header
-        if endpoints_only_in_tags(hdr.api_key, hdr.api_version) and not _has_top_level_tags(
-            hdr.api_key, hdr.api_version, frame
-        ):
+        if not responses.may_carry_endpoints(hdr.api_key, hdr.api_version, frame):
             return Respond(frame)
         size, response = responses.decode(hdr, frame)
         if hdr.api_key == ApiKey.METADATA:
@@ -68,15 +62,3 @@ class AddressPath:
         if rewritten is response:
             return Respond(frame)
         return Respond(responses.encode(frame, size, rewritten))
-
-
-def _has_top_level_tags(api_key: int, version: int, frame: Frame) -> bool:
-    """Whether the response carries any top-level tagged field. Most Produce and Fetch
-    responses carry none; a scan of the regular fields proves it without decoding (the full
-    decode of every Produce response was the largest Python cost of pass-through)."""
-    size = response_header_size(frame, api_key, version)
-    try:
-        end = fields_end(response_schema(api_key, version), frame[size:])
-    except CodecError:
-        return True  # the full decode reports it
-    return not (end == len(frame) - size - 1 and frame[-1] == 0)

@@ -14,6 +14,7 @@ the proxy has not seen yet (Produce v13+) are looked up first (`topics.py`).
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,9 +22,10 @@ from sluice.codec import entities
 from sluice.codec.batch_counts import count_records
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
-from sluice.codec.headers import RequestHeader, response_header_bytes
+from sluice.codec.headers import RequestHeader, response_header_bytes, response_header_size
 from sluice.codec.messages import ApiKey, encode_response
 from sluice.codec.peek import produce_acks
+from sluice.codec.produce_offsets import scan_produce_offsets
 from sluice.codec.produce_splice import (
     ProduceRequestLayout,
     scan_produce_request,
@@ -45,6 +47,7 @@ from sluice.proxy.paths.base import (
     NoReply,
     PathContext,
     Refuse,
+    Refused,
     RequestOutcome,
     Respond,
 )
@@ -188,12 +191,31 @@ class ProducePath:
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
         state: ProduceState = exchange.state
+        header = exchange.header
+        if not state.local and not responses.may_carry_endpoints(
+            header.api_key, header.api_version, frame
+        ):
+            # Nothing to merge and no endpoint to rewrite: the response is relayed as it
+            # came, and telemetry's base offsets are scanned out of it, not decoded.
+            size = response_header_size(frame, header.api_key, header.api_version)
+            try:
+                scanned = scan_produce_offsets(header.api_version, frame[size:])
+            except CodecError as exc:
+                raise Refused(
+                    f"cannot decode Produce v{header.api_version} response: {exc}"
+                ) from None
+            base = {
+                (_topic_name(ctx, t.topic), t.partition): (t.base_offset, t.error_code)
+                for t in scanned
+            }
+            _emit(ctx, exchange.client, state, base)
+            return Respond(frame)
 
         def change(response: Any) -> Any:
-            _emit(ctx, exchange.client, state, response)
+            _emit(ctx, exchange.client, state, _base_offsets(ctx, response))
             return _merge_local(response, state.local) if state.local else response
 
-        return Respond(responses.transform(exchange.header, frame, ctx.map_endpoint, change))
+        return Respond(responses.transform(header, frame, ctx.map_endpoint, change))
 
     def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
         """The broker went away before answering: the audit shows these batches as lost."""
@@ -299,14 +321,32 @@ def _filter_request(
     return result
 
 
-def _emit(ctx: PathContext, client: ClientInfo, state: ProduceState, response: Any) -> None:
-    """One record_batch event per filtered partition, with the broker's base offsets."""
+def _topic_name(ctx: PathContext, topic: str | uuid.UUID) -> str:
+    """A response's topic key as a name (v13+ responses name topics by id)."""
+    if isinstance(topic, str):
+        return topic
+    return ctx.topics.name(topic) or ""
+
+
+def _base_offsets(ctx: PathContext, response: Any) -> dict[tuple[str, int], tuple[int, int]]:
+    """(topic, partition) -> (base offset, error code) of a decoded Produce response."""
     base: dict[tuple[str, int], tuple[int, int]] = {}
-    if response is not None:
-        for t in response.responses:
-            name = getattr(t, "name", None) or ctx.topics.name(getattr(t, "topic_id", None))
-            for p in t.partition_responses:
-                base[(name or "", int(p.index))] = (int(p.base_offset), int(p.error_code))
+    for t in response.responses:
+        name = getattr(t, "name", None) or ctx.topics.name(getattr(t, "topic_id", None))
+        for p in t.partition_responses:
+            base[(name or "", int(p.index))] = (int(p.base_offset), int(p.error_code))
+    return base
+
+
+def _emit(
+    ctx: PathContext,
+    client: ClientInfo,
+    state: ProduceState,
+    base: dict[tuple[str, int], tuple[int, int]] | None,
+) -> None:
+    """One record_batch event per filtered partition, with the broker's base offsets
+    (`base`: (topic, partition) -> (base offset, error code); None when no response came)."""
+    base = base or {}
     for info in state.filtered:
         offset, code = base.get((info.topic, info.index), (-1, info.error_code))
         first, last = produce_offsets(offset if info.forwarded else None, info.records_out)

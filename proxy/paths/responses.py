@@ -10,11 +10,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sluice.codec.endpoints import rewrite_endpoints
+from sluice.codec.endpoints import carries_endpoints, endpoints_only_in_tags, rewrite_endpoints
 from sluice.codec.errors import CodecError
+from sluice.codec.guard import fields_end
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_response
+from sluice.codec.schemas import response_schema
 from sluice.proxy.paths.base import EndpointMapper, Frame, Refused
+
+
+def may_carry_endpoints(api_key: int, version: int, frame: Frame) -> bool:
+    """Whether the response may hold a broker endpoint, so it must be decoded to be rewritten.
+
+    Most Produce and Fetch responses carry none: their only endpoints (KIP-951) sit in a
+    top-level tagged field, and a scan of the regular fields proves there is no tagged field
+    without decoding (the full decode of every Produce response was the largest Python cost
+    of pass-through)."""
+    if not carries_endpoints(api_key, version):
+        return False
+    if not endpoints_only_in_tags(api_key, version):
+        return True
+    size = response_header_size(frame, api_key, version)
+    try:
+        end = fields_end(response_schema(api_key, version), frame[size:])
+    except CodecError:
+        return True  # the full decode reports it
+    return not (end == len(frame) - size - 1 and frame[-1] == 0)
 
 
 def decode(header: RequestHeader, frame: Frame) -> tuple[int, Any]:

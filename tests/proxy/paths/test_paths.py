@@ -36,6 +36,7 @@ from sluice.proxy.paths.base import (
     Forward,
     PathContext,
     Refuse,
+    Refused,
     Respond,
 )
 from sluice.proxy.paths.fetch import FetchPath
@@ -188,9 +189,64 @@ def test_produce_to_a_filtered_topic_is_masked_and_forwarded(chain: FilterChain)
     raw = response_header_bytes(7, ApiKey.PRODUCE, 9) + encode_response(response)
     answered = forward.pin.on_response(ctx, exchange, raw)
     assert isinstance(answered, Respond)
+    # No endpoint to rewrite and nothing answered locally: the broker's bytes are relayed
+    # (the base offset was scanned out of them, not decoded).
+    assert answered.frame is raw
     (event,) = sink.events
     assert (event["topic"], event["offset_first"], event["offset_last"]) == ("pii.users", 41, 41)
     assert event["filters"][0]["name"] == "pii" and event["filters"][0]["rewritten"] == 1
+
+
+def _filtered_produce(ctx: PathContext, version: int) -> tuple[Exchange, Forward]:
+    frame = produce_frame("pii.users", make_batch([EMAIL, EMAIL]), version=version)
+    exchange = exchange_of(frame)
+    forward = run(ProducePath().on_request(ctx, exchange, frame))
+    assert isinstance(forward, Forward) and forward.pin is not None
+    exchange.state = forward.state
+    return exchange, forward
+
+
+def test_produce_response_with_node_endpoints_is_rewritten_and_offsets_recorded(
+    chain: FilterChain,
+) -> None:
+    sink, letters = ListSink(), Letters()
+    ctx = context(chain, sink, letters)
+    exchange, forward = _filtered_produce(ctx, version=10)
+    rcls = schemas.response_schema(ApiKey.PRODUCE, 10)
+    tcls = entities.element_class(rcls, "responses")
+    pcls = entities.element_class(tcls, "partition_responses")
+    ecls = entities.element_class(rcls, "node_endpoints")
+    response = entities.build(
+        rcls,
+        responses=(
+            entities.build(
+                tcls,
+                name="pii.users",
+                partition_responses=(entities.build(pcls, index=0, base_offset=100),),
+            ),
+        ),
+        throttle_time=datetime.timedelta(0),
+        node_endpoints=(entities.build(ecls, node_id=1, host="broker.internal", port=9092),),
+    )
+    raw = response_header_bytes(7, ApiKey.PRODUCE, 10) + encode_response(response)
+    assert forward.pin is not None
+    answered = forward.pin.on_response(ctx, exchange, raw)
+    assert isinstance(answered, Respond)
+    size = len(response_header_bytes(7, ApiKey.PRODUCE, 10))
+    relayed = decode_response(ApiKey.PRODUCE, 10, bytes(answered.frame)[size:])
+    ((host, port),) = [(e.host, e.port) for e in relayed.node_endpoints]
+    assert (host, port) == ("proxy.local", 19092), "no broker address reaches the client"
+    (event,) = sink.events
+    assert (event["offset_first"], event["offset_last"]) == (100, 101)
+
+
+def test_produce_response_that_cannot_be_scanned_is_refused(chain: FilterChain) -> None:
+    ctx = context(chain, ListSink(), Letters())
+    exchange, forward = _filtered_produce(ctx, version=9)
+    truncated = response_header_bytes(7, ApiKey.PRODUCE, 9) + b"\x02\x0apii"
+    assert forward.pin is not None
+    with pytest.raises(Refused):
+        forward.pin.on_response(ctx, exchange, truncated)
 
 
 def test_produce_to_an_unfiltered_topic_passes_as_its_bytes(chain: FilterChain) -> None:
