@@ -106,6 +106,10 @@ class ProduceOutcome:
     stats: list[FilterStats] = field(default_factory=list)
     all_dropped: bool = False
     changed: bool = False
+    #: Records in the input and in `records`, from the batch headers already parsed here
+    #: (-1: not counted, the partition was not filtered).
+    records_in: int = -1
+    records_out: int = -1
 
 
 @dataclass(slots=True)
@@ -248,6 +252,8 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                                     "exactly one record batch per partition")
 
     out = ProduceOutcome(records)
+    out.records_in = sum(b.header.record_count for b in batches)
+    records_out = 0
     rebuilt: list[bytes | memoryview] = []
     changed = False
     native = chain.native_for(ctx.topic, "produce", ctx.principal)
@@ -267,8 +273,10 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                 out.record_errors.extend(errors)
             elif not nat.changed:
                 rebuilt.append(batch.data)
+                records_out += header.record_count
             else:
                 changed = True
+                records_out += nat.count
                 if nat.dropped and nat.count:
                     # Renumbering offset deltas and the max timestamp needs the records.
                     kept = decode_section(nat.records, nat.count)
@@ -300,10 +308,12 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
             continue
         if not result.changed:
             rebuilt.append(batch.data)
+            records_out += header.record_count
             continue
         changed = True
         # The chain hands back the codec's own Record objects (or rewritten copies of them).
         kept = cast(list[Record], [r for r in result.records if r is not None])
+        records_out += len(kept)
         if not kept:
             continue  # every record dropped: leave the batch out
         rebuilt.append(_build_produce(header, kept, dropped=len(kept) != len(decoded)))
@@ -316,6 +326,7 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         out.error_message = _truncate(first + suffix)
         out.changed = True
         return out
+    out.records_out = records_out
     if not changed:
         return out
     out.changed = True

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from sluice.proxy.net.addresses import BrokerMap, NodeRoute, PortTable
 from sluice.proxy.net.client_info import ClientInfo
 from sluice.proxy.net.connection import Close, Connection, Limits
+from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.session import Session
 from sluice.proxy.net.tls import peer_principal
 from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
@@ -86,6 +87,11 @@ class ProxyServer:
         self.executor = (
             ThreadPoolExecutor(threads, thread_name_prefix="sluice-filter") if threads > 0 else None
         )
+        # Small filter jobs of kinds that proved fast run inline (net/job_placement.py).
+        self.placement = JobPlacement() if self.executor is not None else None
+        if self.placement is not None:
+            placement = self.placement
+            self.metrics.job_placement = lambda: (placement.inline_runs, placement.pool_runs)
         self.limits = Limits(max_frame_size=config.max_frame_size)
         self.versions = VersionTable()
         self.routes = Routes(standard_paths(self.versions), self._context, self.versions)
@@ -230,6 +236,7 @@ class ProxyServer:
             self,
             self.executor,
             peer_principal if self.server_ssl is not None else None,
+            self.placement,
         )
 
     def _make_connection(self, client: ClientInfo) -> Connection:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, Protocol, cast
@@ -29,6 +30,7 @@ from sluice.proxy.net.connection import (
     SendToClient,
     StartJob,
 )
+from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.telemetry.logs import log
 
 #: Bytes a socket's send buffer may hold before the connection stops reading the other side.
@@ -59,6 +61,7 @@ class Session(asyncio.Protocol):
         hooks: SessionHooks,
         executor: Executor | None,
         principal_of: Callable[[Any], str | None] | None = None,
+        placement: JobPlacement | None = None,
     ) -> None:
         self._make_connection = make_connection
         self.upstream_address = upstream
@@ -67,6 +70,7 @@ class Session(asyncio.Protocol):
         self._hooks = hooks
         self._executor = executor
         self._principal_of = principal_of
+        self._placement = placement
         self._client: asyncio.Transport | None = None
         self._broker: asyncio.Transport | None = None
         self._early: list[bytes] = []  # client bytes before the broker connection is up
@@ -252,9 +256,22 @@ class Session(asyncio.Protocol):
         # What logs on this connection's behalf (filters, look-ups) says which connection.
         context = {"conn": client.id, "client": client.client_address, "node": self.node_id}
 
+        placement = self._placement
+        key = job.inline_key
+        record = placement.record if placement is not None and key is not None else None
+
         def run() -> Any:
             with structlog.contextvars.bound_contextvars(**context):
-                return job.run()
+                if record is None:
+                    return job.run()
+                # CPU time of this thread, not wall time: in the pool, wall time counts the
+                # wait for the GIL under load, and a job eligible to run inline cannot block
+                # (no host filter), so its CPU time is what it would stall the loop for.
+                started = time.thread_time()
+                try:
+                    return job.run()
+                finally:
+                    record(key, time.thread_time() - started)
 
         future: asyncio.Future[Any]
         if not job.in_thread:
@@ -264,8 +281,11 @@ class Session(asyncio.Protocol):
                     return await job.run()
 
             future = asyncio.ensure_future(run_async())
-        elif self._executor is None:
-            # No filter threads configured: run inline, on the loop.
+        elif self._executor is None or (
+            placement is not None and placement.inline(key, job.size)
+        ):
+            # No filter threads configured, or a small job of a kind that has proved fast
+            # (job_placement.py): run inline, on the loop.
             try:
                 result = run()
             except Exception as exc:

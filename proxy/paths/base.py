@@ -16,6 +16,8 @@ The contract (docs/ARCHITECTURE.md has the long form):
   (running filters) goes into a `Job` with `in_thread=True`, whose `run` executes in the filter
   thread pool and must touch no loop-owned state (no telemetry emission, no dead-letter
   submission, no `ClientInfo` writes): it returns a value that `finish` applies on the loop.
+  A small job of a kind that proved fast may run inline on the loop instead (`Job.inline_key`);
+  `run` must be correct either way.
   Network look-ups go into a `Job` with `in_thread=False` whose `run` is a coroutine factory.
 - **Failing closed.** A path never forwards what it could not inspect: a request or response
   it cannot decode is `Refuse`d (the connection is closed with the reason), never relayed.
@@ -29,11 +31,12 @@ The contract (docs/ARCHITECTURE.md has the long form):
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.codec.headers import RequestHeader
+from sluice.filters.config import HOST_BUILTINS
 from sluice.proxy.net.client_info import ClientInfo
 
 if TYPE_CHECKING:
@@ -108,12 +111,36 @@ class Job:
     `in_thread=True`: `run()` runs in the filter thread pool. `in_thread=False`: `run()`
     returns an awaitable the loop awaits. `finish(result)` then runs on the loop and says what
     to do, possibly with another Job. An exception from `run` closes the connection.
+
+    A thread job with an `inline_key` (the kind of work: path and topics) and a small `size`
+    (bytes) may run inline on the loop instead, once jobs of that kind have proved fast
+    (net/job_placement.py): for a one-record batch the hop to a thread costs more than the
+    filter. A path leaves `inline_key` unset when `run` may block (a host filter that calls a
+    KMS).
     """
 
     run: Callable[[], Any]
     finish: Callable[[Any], Any]
     in_thread: bool = True
     what: str = "job"
+    inline_key: str | None = None
+    size: int = 0
+
+
+def inline_key(
+    chain: FilterChain, direction: str, topics: Sequence[str | None], principal: str | None
+) -> str | None:
+    """The `Job.inline_key` of filtering `topics`: None (never inline) when a topic is not
+    named yet or a host filter applies (it may block on a KMS)."""
+    parts = [direction]
+    for topic in topics:
+        if topic is None:
+            return None
+        for f in chain.filters_for(topic, direction, principal):
+            if f.spec.module.removeprefix("builtin:") in HOST_BUILTINS:
+                return None
+        parts.append(topic)
+    return "\x00".join(parts)
 
 
 @dataclass(slots=True)

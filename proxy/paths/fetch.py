@@ -36,6 +36,7 @@ from sluice.proxy.paths.base import (
     RequestOutcome,
     Respond,
     ResponseOutcome,
+    inline_key,
 )
 from sluice.proxy.telemetry.logs import log
 
@@ -99,6 +100,8 @@ class FetchPath:
                 ),
                 finish=lambda result: self._respond(ctx, exchange, frame, size, response, result),
                 what="fetch filters",
+                inline_key=inline_key(chain, "fetch", list(names.values()), client.principal),
+                size=len(frame),
             )
         )
 

@@ -50,6 +50,7 @@ from sluice.proxy.paths.base import (
     Refused,
     RequestOutcome,
     Respond,
+    inline_key,
 )
 from sluice.proxy.telemetry.events import produce_offsets
 from sluice.proxy.telemetry.logs import log
@@ -152,6 +153,8 @@ class ProducePath:
                 ),
                 finish=lambda result: self._forward(ctx, exchange, frame, layout, result),
                 what="produce filters",
+                inline_key=inline_key(chain, "produce", names, client.principal),
+                size=len(frame),
             )
         )
 
@@ -285,7 +288,9 @@ def _filter_request(
             outcome = filter_produce(chain, ctx, records)
             if outcome.dead_letters:
                 result.dead_letters.append(outcome.dead_letters)
-            records_in = count_records(records)
+            records_in = outcome.records_in
+            if records_in < 0:
+                records_in = count_records(records)
             info = FilteredPartition(
                 name,
                 part.partition,
@@ -315,7 +320,12 @@ def _filter_request(
                 )
                 continue
             info.bytes_out = len(outcome.records)
-            info.records_out = count_records(outcome.records) if outcome.changed else records_in
+            if not outcome.changed:
+                info.records_out = records_in
+            elif outcome.records_out >= 0:
+                info.records_out = outcome.records_out
+            else:
+                info.records_out = count_records(outcome.records)
             if outcome.changed:
                 result.replaced[(i, j)] = bytes(outcome.records)
     return result

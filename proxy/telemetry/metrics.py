@@ -97,6 +97,8 @@ class Metrics:
     sink_stats: Callable[[], dict[str, Any]] | None = None
     #: DeadLetterWriter.stats (produced, failed, dropped, lost_at_shutdown, queued, queued_bytes)
     dead_letter_stats: Callable[[], dict[str, int]] | None = None
+    #: (filter jobs run inline on the loop, filter jobs handed to the pool): JobPlacement
+    job_placement: Callable[[], tuple[int, int]] | None = None
     ready: bool = False
     worker: str = "0"
 
@@ -248,6 +250,16 @@ class _Collector:
         yield sasl
         yield from _sink_families(m.sink_stats)
         yield from _dead_letter_families(m.dead_letter_stats)
+        if m.job_placement is not None:
+            inline, pool = m.job_placement()
+            jobs = CounterMetricFamily(
+                "sluice_filter_jobs",
+                "Filter jobs by where they ran (inline: small jobs of kinds that proved fast)",
+                labels=("where",),
+            )
+            jobs.add_metric(["inline"], inline)
+            jobs.add_metric(["pool"], pool)
+            yield jobs
 
 
 def _sink_families(sink_stats: Callable[[], dict[str, Any]] | None) -> Iterator[Any]:

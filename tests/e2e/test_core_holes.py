@@ -383,6 +383,47 @@ def test_slow_filter_does_not_stall_other_topics(own_broker: TansuBroker, tmp_pa
     assert p99(busy) < 0.1, summary
 
 
+def jobs_where(text: str, where: str) -> float:
+    (line,) = [x for x in series(text, "sluice_filter_jobs_total") if f'where="{where}"' in x]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_small_fast_jobs_run_inline_until_a_record_is_slow(
+    own_broker: TansuBroker, tmp_path: Path
+) -> None:
+    """One-record batches of a filter that proved fast run on the loop (the thread hop costs
+    more than the filter); a slow record sends its topic back to the pool, where a filter
+    that keeps spinning stays, so it stalls the loop once at most."""
+    topic, quick = fresh_topics(own_broker, "inline", "quick")
+    module = tmp_path / "sluice_upper.wasm"
+    module.write_bytes(wasmtime.wat2wasm((MODULES / "sluice_upper.wat").read_text()))
+    port = free_port()
+    config = {
+        "metrics": {"listen": f"127.0.0.1:{port}"},
+        "filters": [{"name": "spin", "module": str(module), "topics": [topic],
+                     "apply_to": ["produce"], "timeout_ms": 300, "on_error": "pass"}],
+    }
+    with serving(own_broker, tmp_path / "sluice.yaml", config) as proxy:
+        fast = [produce_frame(n, topic, [b"fast %d" % n]) for n in range(1, 31)]
+        timed_requests(proxy.port, fast)
+        text = scrape(port)
+        inline_before, pool_before = jobs_where(text, "inline"), jobs_where(text, "pool")
+        assert inline_before >= 10, f"{inline_before} inline, {pool_before} in the pool"
+        spinner = Spinner(proxy.port, topic)
+        spinner.start()
+        try:
+            wait_for(lambda: spinner.answered >= 1, 10, "the slow filter's first answer")
+            busy = timed_requests(proxy.port, quick_produces(quick, 40), pause=0.02)
+        finally:
+            spinner.stop.set()
+            spinner.join(15)
+        text = scrape(port)
+        assert spinner.answered >= 3, "the slow topic was not kept busy"
+        assert jobs_where(text, "inline") <= inline_before + 1, "a slow kind kept running inline"
+        assert jobs_where(text, "pool") >= pool_before + 2
+    assert p99(busy) < 0.1, f"quick-topic p99 {p99(busy) * 1000:.0f} ms while the filter spins"
+
+
 # ------------------------------------------------------------------ hole 7: smaller ones
 
 

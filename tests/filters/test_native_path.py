@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sluice.codec.batch_counts import count_records
 from sluice.codec.records import (
     BatchHeader,
     Record,
@@ -198,6 +199,13 @@ def test_native_and_decoding_paths_agree(chains: Any, values: list[bytes | None]
         else:
             native, slow = both_paths(chain, filter_produce, PRODUCE, data)
     assert summary(native) == summary(slow)
+    if not fetch:
+        # The counts telemetry reports come from the headers both paths parsed: they equal a
+        # count of what is forwarded, on both paths.
+        for out in (native, slow):
+            assert out.records_in == len(values)
+            if out.records is not None:
+                assert out.records_out == count_records(out.records)
     if b"fail" not in values:
         # No filter is asked to fail: the native answer itself was used, not the fallback
         # (a section the codec refuses would be redone silently and still agree).

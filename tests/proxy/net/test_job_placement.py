@@ -1,0 +1,89 @@
+"""JobPlacement: which filter jobs may run inline on the event loop."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluice.proxy.net.job_placement import JobPlacement
+
+FAST, SLOW = 0.0001, 0.01
+
+
+def test_a_kind_runs_in_the_pool_until_it_has_been_fast_learn_times() -> None:
+    p = JobPlacement(learn=3)
+    for _ in range(3):
+        assert not p.inline("produce\x00t", 100)
+        p.record("produce\x00t", FAST)
+    assert p.inline("produce\x00t", 100)
+    assert not p.inline("produce\x00other", 100), "kinds learn separately"
+
+
+def test_an_outlier_while_learning_costs_two_fast_runs() -> None:
+    p = JobPlacement(learn=3)
+    p.record("k", FAST)
+    p.record("k", FAST)
+    p.record("k", SLOW)  # a GC pause, say
+    p.record("k", FAST)
+    p.record("k", FAST)
+    assert not p.inline("k", 1)
+    p.record("k", FAST)
+    assert p.inline("k", 1)
+
+
+def test_a_kind_that_is_always_slow_never_runs_inline() -> None:
+    p = JobPlacement(learn=2)
+    for _ in range(100):
+        p.record("k", SLOW)
+        assert not p.inline("k", 1)
+
+
+def test_a_slow_run_inline_backs_the_kind_off() -> None:
+    p = JobPlacement(learn=2, backoff=4, max_backoff=16)
+    needed = []
+    for _ in range(4):
+        runs = 0
+        while not p.inline("k", 1):
+            p.record("k", FAST)
+            runs += 1
+        needed.append(runs)
+        p.record("k", SLOW)  # a crafted record, say: found out while inline
+    assert needed == [2, 8, 32, 32], "each stall makes the next one four times rarer, capped"
+
+
+def test_large_jobs_and_unkeyed_jobs_never_run_inline() -> None:
+    p = JobPlacement(learn=1, max_bytes=1000)
+    p.record("k", FAST)
+    assert p.inline("k", 1000)
+    assert not p.inline("k", 1001)
+    p.record(None, FAST)
+    assert not p.inline(None, 1)
+    assert (p.inline_runs, p.pool_runs) == (1, 2)
+
+
+def test_the_table_of_kinds_is_bounded() -> None:
+    p = JobPlacement(learn=1, max_keys=10)
+    for i in range(1000):
+        p.record(f"k{i}", FAST)
+    assert len(p._kinds) <= 10
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.booleans()), max_size=80),
+       st.integers(1, 5))
+def test_inline_exactly_when_the_streak_reaches_what_the_kind_needs(
+    runs: list[tuple[str, bool]], learn: int
+) -> None:
+    p = JobPlacement(learn=learn, backoff=2, max_backoff=8)
+    streak = {"a": 0, "b": 0}
+    needed = {"a": learn, "b": learn}
+    for key, fast in runs:
+        inline = streak[key] >= needed[key]
+        assert p.inline(key, 1) == inline
+        p.record(key, FAST if fast else SLOW)
+        if fast:
+            streak[key] = min(streak[key] + 1, needed[key])
+        elif inline:
+            needed[key] = min(needed[key] * 2, learn * 8)
+            streak[key] = 0
+        else:
+            streak[key] = max(0, streak[key] - 2)
