@@ -97,6 +97,9 @@ class Metrics:
     sink_stats: Callable[[], dict[str, Any]] | None = None
     #: DeadLetterWriter.stats (produced, failed, dropped, lost_at_shutdown, queued, queued_bytes)
     dead_letter_stats: Callable[[], dict[str, int]] | None = None
+    #: Quotas.stats: (rule name, direction, this worker's limit or None, counters with
+    #: bytes, throttled, throttle_ms); labels are bounded by the config's rule names.
+    quota_stats: Callable[[], list[tuple[str, str, float | None, Any]]] | None = None
     ready: bool = False
     worker: str = "0"
 
@@ -248,6 +251,40 @@ class _Collector:
         yield sasl
         yield from _sink_families(m.sink_stats)
         yield from _dead_letter_families(m.dead_letter_stats)
+        yield from _quota_families(m.quota_stats)
+
+
+def _quota_families(
+    stats_of: Callable[[], list[tuple[str, str, float | None, Any]]] | None,
+) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    labels = ("quota", "direction")
+    limit = GaugeMetricFamily(
+        "sluice_quota_limit_bytes_per_second",
+        "This worker's share of a quota rule's rate (the rule's rate / --workers)",
+        labels=labels,
+    )
+    counted = CounterMetricFamily(
+        "sluice_quota_bytes", "Bytes counted against a quota rule", labels=labels
+    )
+    throttled = CounterMetricFamily(
+        "sluice_quota_throttled",
+        "Requests (produce) or responses (fetch) a quota rule throttled (the longest wait won)",
+        labels=labels,
+    )
+    seconds = CounterMetricFamily(
+        "sluice_quota_throttle_seconds",
+        "Throttle time a quota rule gave clients",
+        labels=labels,
+    )
+    for name, direction, rate, c in stats_of() if stats_of is not None else ():
+        if rate is not None:
+            limit.add_metric([name, direction], rate)
+        counted.add_metric([name, direction], c.bytes)
+        throttled.add_metric([name, direction], c.throttled)
+        seconds.add_metric([name, direction], c.throttle_ms / 1000)
+    yield from (limit, counted, throttled, seconds)
 
 
 def _sink_families(sink_stats: Callable[[], dict[str, Any]] | None) -> Iterator[Any]:
