@@ -24,13 +24,14 @@ What lives here, and only here:
   force at send time; otherwise it is processed again from the broker's bytes (a Fetch that
   waited across a reload that added a fetch filter is filtered by it).
 - **Quota throttling.** With quotas configured (`ops/quotas.py`), a Produce request read or a
-  Fetch response received is counted against the client's budgets; an exchange over quota
-  carries the time until which the client is held back. Its response gets that wait in
-  `throttle_time_ms` (the larger of it and the broker's) and, since KIP-219 (Produce v6+,
-  Fetch v8+), is sent at once, after which reading from the client pauses until then; older
-  versions get their response held back instead. The pause is one more reason in the same
-  back-pressure decision, so neither resumes reading early for the other; a `Wake` action
-  asks the I/O layer to call `tick` when a wait ends.
+  Fetch response received is counted against the client's budgets, and an exchange over
+  quota carries the time until which the client is held back. From then on the client's later
+  requests wait (reading pauses), as behind a broker that reads a connection's next request
+  only after answering and muting it (KIP-219). The response gets what is left of the wait in
+  `throttle_time_ms` (the larger of it and the broker's) and is sent at once (Produce v6+,
+  Fetch v8+); older versions get their response held back until the wait is over instead.
+  The wait is one more reason in the same back-pressure decision, so neither resumes reading
+  early for the other; a `Wake` action asks the I/O layer to call `tick` when a wait ends.
 - **Refusals.** A frame that cannot be parsed, a request version the proxy never advertised,
   a response that matches no request: the connection closes with the reason.
 """
@@ -230,9 +231,15 @@ class Connection:
         to_broker: list[bytes | memoryview] = []
         limit = self.limits.max_inflight
         for frame in frames:
-            if self._deferred_request or self._queued or len(self._slots) >= limit:
+            if (
+                self._deferred_request
+                or self._queued
+                or len(self._slots) >= limit
+                or (self._mute_until and self._held_back())
+            ):
                 # One read can hold thousands of small requests: those past the in-flight
-                # limit (or behind a deferred one) wait here, and reading pauses.
+                # limit (or behind a deferred one, or read while the client is held back by
+                # a quota) wait here, and reading pauses.
                 self._queue(frame)
                 continue
             self._on_request(frame, out, to_broker)
@@ -349,6 +356,7 @@ class Connection:
             and self._client_writable
             and self._broker_writable
             and self._held_bytes < limits.max_held_response_bytes
+            and not (self._mute_until and self._held_back())
         ):
             frame = self._queued.popleft()
             self._queued_bytes -= len(frame)
@@ -384,9 +392,12 @@ class Connection:
         exchange = Exchange(header, client)
         quotas = self._quotas
         if api_key == _PRODUCE and quotas is not None and quotas.active:
-            exchange.throttle_until = quotas.produce(
+            exchange.throttle_until = until = quotas.produce(
                 client.principal, client.client_id, header, frame
             )
+            # Like a broker, which reads a connection's next request only once it has
+            # answered this one: requests after it wait until the client is within quota.
+            self._mute(until)
         path = router.request_path(api_key)
         if path is None:
             slot = _Slot(exchange, None)
@@ -421,8 +432,6 @@ class Connection:
                 self._awaiting.append(slot)
             else:
                 self._unanswered.append(header.correlation_id)
-                # acks=0 gets no response to carry a throttle time: only the pause (KIP-219).
-                self._mute(exchange.throttle_until)
             to_broker.append(_pack_size(len(sent)))
             to_broker.append(sent)
         elif type(outcome) is Answer:
@@ -439,7 +448,6 @@ class Connection:
             self._deferred_request = True
             self._start_job("request", target, outcome.job, ctx, out)
         elif type(outcome) is NoReply:
-            self._mute(exchange.throttle_until)
             return
         else:
             raise TypeError(f"unknown request outcome {outcome!r}")
@@ -489,9 +497,10 @@ class Connection:
         quotas = self._quotas
         if hdr.api_key == _FETCH and quotas is not None and quotas.active:
             client = slot.exchange.client
-            slot.exchange.throttle_until = quotas.fetch(
+            slot.exchange.throttle_until = until = quotas.fetch(
                 client.principal, client.client_id, hdr, frame
             )
+            self._mute(until)
         self._metrics.response(
             hdr.api_key, hdr.api_version, len(frame), time.monotonic() - slot.started
         )
@@ -598,13 +607,20 @@ class Connection:
         except CodecError:
             pass  # unreadable here: relayed as it is (its path decided that), still paused
         self.client.stats.throttle_ms += ms
-        if before:
-            self._mute(until)
         return response
 
     def _mute(self, until: float) -> None:
         if until > self._mute_until:
             self._mute_until = until
+
+    def _held_back(self) -> bool:
+        """The client is held back by a quota now (asks for a `Wake` when that ends)."""
+        now = self._clock()
+        if self._mute_until > now:
+            self._wake(self._mute_until, now)
+            return True
+        self._mute_until = 0.0
+        return False
 
     def _wake(self, when: float, now: float) -> None:
         if self._wake_at is None or when < self._wake_at:
@@ -638,13 +654,8 @@ class Connection:
             or not self._client_writable
             or not self._broker_writable
         )
-        if self._mute_until:
-            now = self._clock()
-            if self._mute_until > now:
-                pause_client = True
-                self._wake(self._mute_until, now)
-            else:
-                self._mute_until = 0.0
+        if self._mute_until and self._held_back():
+            pause_client = True
         if self._pending_wake is not None:
             out.append(Wake(self._pending_wake))
             self._pending_wake = None
