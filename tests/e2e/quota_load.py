@@ -78,7 +78,7 @@ def consume(bootstrap: str, topic: str, client_id: str, seconds: float) -> dict[
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
             "session.timeout.ms": 6000,
-            "fetch.max.bytes": 262144,
+            "fetch.max.bytes": 1048576,  # librdkafka: >= message.max.bytes
             "max.partition.fetch.bytes": 262144,
         }
     )
