@@ -29,7 +29,7 @@ from .guard import read_uvarint, skip_tags
 from .produce_splice import read_topic_key
 from .schemas import known_versions, response_schema
 
-__all__ = ["ProduceOffset", "scan_produce_offsets"]
+__all__ = ["ProduceOffset", "produce_responses_end", "scan_produce_offsets"]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -79,9 +79,23 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
     Reads only the `responses` array: fields after it (throttle time, top-level tagged fields
     such as KIP-951 node endpoints) are not looked at. Raises DecodeError for a truncated or
     inconsistent array, UnsupportedVersion for a version the codec does not know."""
+    out: list[ProduceOffset] = []
+    _scan(version, body, out)
+    return out
+
+
+def produce_responses_end(version: int, body: Buffer) -> int:
+    """Where the `responses` array of a Produce response body ends: the position of
+    `throttle_time_ms` (int32), which every version the codec supports carries next (quota
+    throttling patches it there, proxy/ops/quotas.py). Same errors as the scan."""
+    return _scan(version, body, None)
+
+
+def _scan(version: int, body: Buffer, out: list[ProduceOffset] | None) -> int:
+    """Walk the `responses` array, collecting partition heads into `out` (None: only walk);
+    returns the position just after the array."""
     flexible, by_id, skip_partition = _shape(version)
     end = len(body)
-    out: list[ProduceOffset] = []
     # One-byte varints (every count and name length below 127) are read inline: a function
     # call per field would cost more than kio's compiled decoder of the whole response.
     try:
@@ -111,8 +125,9 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
             if n_parts * 14 > end - pos:
                 raise DecodeError(f"array of {n_parts} partitions declared in {end - pos} bytes")
             for _ in range(n_parts):
-                index, error_code, base_offset = _head(body, pos)
-                out.append(ProduceOffset(topic, index, error_code, base_offset))
+                if out is not None:
+                    index, error_code, base_offset = _head(body, pos)
+                    out.append(ProduceOffset(topic, index, error_code, base_offset))
                 pos = skip_partition(body, pos, end)
             if flexible:
                 pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
@@ -122,4 +137,4 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
         raise DecodeError(f"Produce response: a topic name is not UTF-8 ({exc.reason})") from None
     if pos > end:
         raise DecodeError("Produce response truncated")
-    return out
+    return pos

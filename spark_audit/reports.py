@@ -6,7 +6,8 @@ Reports (column meanings are in docs/TELEMETRY.md, section "Reports"):
 - ``billing``: per principal, client id, topic and hour: records/bytes produced and consumed,
   filter time.
 - ``billing_connections``: per principal, client id, hour and API: connection-level traffic
-  (also unfiltered), ``api = "*"`` rows hold the connection totals.
+  (also unfiltered), ``api = "*"`` rows hold the connection totals, quota throttle time
+  included (``throttle_ms``).
 - ``compliance``: long format, ``kind`` in detection, rejected, reject_reason, filter_error,
   partition_error, admin_deny, admin_error, telemetry_dropped.
 - ``admin``: admin decisions per module, operation, resource and decision.
@@ -61,7 +62,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     "billing_connections": pa.schema(
         [("principal", _S), ("client_id", _S), ("hour", _T), ("api", _S), ("requests", _L),
          ("bytes_in", _L), ("bytes_out", _L), ("connections_opened", _L),
-         ("connections_closed", _L), ("duration_ms", _L)]
+         ("connections_closed", _L), ("duration_ms", _L), ("throttle_ms", _L)]
     ),
     "compliance": pa.schema(
         [("kind", _S), ("topic", _S), ("api", _S), ("filter_name", _S), ("module_sha256", _S),

@@ -205,6 +205,7 @@ def connections(conn: DataFrame, per_api: DataFrame) -> DataFrame:
             "connections_closed"
         ),
         _sum0("duration_ms").alias("duration_ms"),
+        _sum0("throttle_ms").alias("throttle_ms"),
     )
     apis = resolved(per_api).groupBy(*keys, "api").agg(
         _sum0("requests").alias("requests"),
@@ -213,6 +214,7 @@ def connections(conn: DataFrame, per_api: DataFrame) -> DataFrame:
         F.lit(0).cast("long").alias("connections_opened"),
         F.lit(0).cast("long").alias("connections_closed"),
         F.lit(0).cast("long").alias("duration_ms"),
+        F.lit(0).cast("long").alias("throttle_ms"),
     )
     return totals.unionByName(apis)
 

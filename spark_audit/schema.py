@@ -106,6 +106,7 @@ TELEMETRY_V1 = StructType(
         _f("tls", BooleanType()),
         _f("apis", MapType(_S, API_COUNTERS)),
         _f("duration_ms", _L),
+        _f("throttle_ms", _L),
         # filter_loaded
         _f("module", _S),
         _f("function", _S),

@@ -20,6 +20,7 @@ class ConnectionStats:
     bytes_in: int = 0
     bytes_out: int = 0
     requests: dict[int, int] = field(default_factory=dict)  # api key -> count (known keys only)
+    throttle_ms: int = 0  # quota throttle time given to the client (telemetry: billing)
 
 
 @dataclass(slots=True)

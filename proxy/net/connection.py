@@ -23,12 +23,22 @@ What lives here, and only here:
 - **Chain changes in flight.** A response is sent only if it was processed by the router in
   force at send time; otherwise it is processed again from the broker's bytes (a Fetch that
   waited across a reload that added a fetch filter is filtered by it).
+- **Quota throttling.** With quotas configured (`ops/quotas.py`), a Produce request read or a
+  Fetch response received is counted against the client's budgets, and an exchange over
+  quota carries the time until which the client is held back. From then on the client's later
+  requests wait (reading pauses), as behind a broker that reads a connection's next request
+  only after answering and muting it (KIP-219). The response gets what is left of the wait in
+  `throttle_time_ms` (the larger of it and the broker's) and is sent at once (Produce v6+,
+  Fetch v8+); older versions get their response held back until the wait is over instead.
+  The wait is one more reason in the same back-pressure decision, so neither resumes reading
+  early for the other; a `Wake` action asks the I/O layer to call `tick` when a wait ends.
 - **Refusals.** A frame that cannot be parsed, a request version the proxy never advertised,
   a response that matches no request: the connection closes with the reason.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from collections import deque
@@ -39,7 +49,10 @@ from typing import Any
 from sluice.codec.errors import CodecError, FrameTooLarge
 from sluice.codec.frames import FrameBuffer
 from sluice.codec.headers import parse_request_header, read_correlation_id
+from sluice.codec.messages import ApiKey
+from sluice.codec.throttle import sends_before_throttling, with_throttle
 from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.ops.quotas import Quotas
 from sluice.proxy.paths.base import (
     Answer,
     Defer,
@@ -57,6 +70,8 @@ from sluice.proxy.telemetry.metrics import Metrics
 
 _SIZE = struct.Struct(">i")
 _pack_size = _SIZE.pack
+_PRODUCE = int(ApiKey.PRODUCE)
+_FETCH = int(ApiKey.FETCH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +125,13 @@ class ResumeBroker:
 
 
 @dataclass(slots=True)
+class Wake:
+    """Call `Connection.tick` in `delay` seconds (a quota wait ends then)."""
+
+    delay: float
+
+
+@dataclass(slots=True)
 class Close:
     reason: str
     violation: bool = False  # the peer broke the protocol (counted, logged as a warning)
@@ -122,7 +144,7 @@ Action = (
     | PauseClient
     | ResumeClient
     | PauseBroker
-    | (ResumeBroker | Close)
+    | (ResumeBroker | Close | Wake)
 )
 
 
@@ -133,6 +155,7 @@ class _Slot:
         "exchange",
         "generation",
         "held",
+        "held_since",
         "on_sent",
         "pin",
         "raw",
@@ -150,6 +173,7 @@ class _Slot:
         self.generation = -1  # router generation that produced `response` (-1: not routed)
         self.waiting_job = False
         self.held = 0  # bytes of `response` counted as held
+        self.held_since = 0.0  # when a pre-KIP-219 throttled response started waiting
         self.started = time.monotonic()
 
 
@@ -162,9 +186,16 @@ class Connection:
         routes: Routes,
         metrics: Metrics,
         limits: Limits | None = None,
+        quotas: Quotas | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.limits = limits or Limits()
+        self._quotas = quotas
+        self._clock = clock
+        self._mute_until = 0.0  # quota throttling: no reading from the client before this
+        self._wake_at: float | None = None  # the earliest `Wake` asked for and not yet ticked
+        self._pending_wake: float | None = None  # delay of a `Wake` to hand out
         self._routes = routes
         self._metrics = metrics
         self._client_frames = FrameBuffer(self.limits.max_frame_size)
@@ -200,9 +231,15 @@ class Connection:
         to_broker: list[bytes | memoryview] = []
         limit = self.limits.max_inflight
         for frame in frames:
-            if self._deferred_request or self._queued or len(self._slots) >= limit:
+            if (
+                self._deferred_request
+                or self._queued
+                or len(self._slots) >= limit
+                or (self._mute_until and self._held_back())
+            ):
                 # One read can hold thousands of small requests: those past the in-flight
-                # limit (or behind a deferred one) wait here, and reading pauses.
+                # limit (or behind a deferred one, or read while the client is held back by
+                # a quota) wait here, and reading pauses.
                 self._queue(frame)
                 continue
             self._on_request(frame, out, to_broker)
@@ -264,6 +301,13 @@ class Connection:
             self._close(out, reason)
         return out
 
+    def tick(self) -> list[Action]:
+        """A `Wake` came due: a quota wait may have ended."""
+        self._wake_at = None
+        if self.closed is not None:
+            return []
+        return self._finish([], None)
+
     def client_writable(self, writable: bool) -> list[Action]:
         self._client_writable = writable
         return self._finish([], None)
@@ -276,8 +320,13 @@ class Connection:
 
     @property
     def busy(self) -> bool:
-        """Requests are waiting for their responses (a long-poll Fetch is not idleness)."""
-        return bool(self._slots) or self._deferred_request
+        """Requests are waiting for their responses (a long-poll Fetch is not idleness), or
+        the client is held back by a quota."""
+        return (
+            bool(self._slots)
+            or self._deferred_request
+            or (self._mute_until > 0 and self._mute_until > self._clock())
+        )
 
     @property
     def client_paused(self) -> bool:
@@ -307,6 +356,7 @@ class Connection:
             and self._client_writable
             and self._broker_writable
             and self._held_bytes < limits.max_held_response_bytes
+            and not (self._mute_until and self._held_back())
         ):
             frame = self._queued.popleft()
             self._queued_bytes -= len(frame)
@@ -340,6 +390,14 @@ class Connection:
         counts[api_key] = counts.get(api_key, 0) + 1
         self._metrics.request(api_key, version, len(frame))
         exchange = Exchange(header, client)
+        quotas = self._quotas
+        if api_key == _PRODUCE and quotas is not None and quotas.active:
+            exchange.throttle_until = until = quotas.produce(
+                client.principal, client.client_id, header, frame
+            )
+            # Like a broker, which reads a connection's next request only once it has
+            # answered this one: requests after it wait until the client is within quota.
+            self._mute(until)
         path = router.request_path(api_key)
         if path is None:
             slot = _Slot(exchange, None)
@@ -436,6 +494,13 @@ class Connection:
         awaiting.popleft()
         slot.raw = frame
         hdr = slot.exchange.header
+        quotas = self._quotas
+        if hdr.api_key == _FETCH and quotas is not None and quotas.active:
+            client = slot.exchange.client
+            slot.exchange.throttle_until = until = quotas.fetch(
+                client.principal, client.client_id, hdr, frame
+            )
+            self._mute(until)
         self._metrics.response(
             hdr.api_key, hdr.api_version, len(frame), time.monotonic() - slot.started
         )
@@ -501,6 +566,11 @@ class Connection:
                 if self.closed is not None or slot.response is None:
                     break
                 continue
+            if slot.exchange.throttle_until:
+                held = self._throttle(slot, response)
+                if held is None:
+                    break  # a pre-KIP-219 response waits out the throttle time
+                response = held
             slots.popleft()
             self._held_bytes -= slot.held
             data.append(_pack_size(len(response)))
@@ -510,6 +580,52 @@ class Connection:
                 slot.on_sent()
         if data:
             out.append(SendToClient(data))
+
+    def _throttle(self, slot: _Slot, response: bytes | memoryview) -> bytes | memoryview | None:
+        """The response to send to a throttled client, with its throttle time; None while a
+        pre-KIP-219 response must still be held back."""
+        exchange = slot.exchange
+        hdr = exchange.header
+        until = exchange.throttle_until
+        now = self._clock()
+        before = sends_before_throttling(hdr.api_key, hdr.api_version)
+        if before:
+            wait = until - now  # the pause starts now: the client is told what is left of it
+        else:
+            if until > now:
+                if not slot.held_since:
+                    slot.held_since = now
+                self._wake(until, now)
+                return None
+            # How long the response was held back (0 if it came after the wait was over).
+            wait = until - slot.held_since if slot.held_since else 0.0
+        ms = math.ceil(wait * 1000)
+        if ms <= 0:
+            return response
+        try:
+            response, ms = with_throttle(hdr.api_key, hdr.api_version, response, ms)
+        except CodecError:
+            pass  # unreadable here: relayed as it is (its path decided that), still paused
+        self.client.stats.throttle_ms += ms
+        return response
+
+    def _mute(self, until: float) -> None:
+        if until > self._mute_until:
+            self._mute_until = until
+
+    def _held_back(self) -> bool:
+        """The client is held back by a quota now (asks for a `Wake` when that ends)."""
+        now = self._clock()
+        if self._mute_until > now:
+            self._wake(self._mute_until, now)
+            return True
+        self._mute_until = 0.0
+        return False
+
+    def _wake(self, when: float, now: float) -> None:
+        if self._wake_at is None or when < self._wake_at:
+            self._wake_at = when
+            self._pending_wake = max(0.0, when - now)
 
     def _finish(
         self, out: list[Action], to_broker: list[bytes | memoryview] | None
@@ -538,6 +654,11 @@ class Connection:
             or not self._client_writable
             or not self._broker_writable
         )
+        if self._mute_until and self._held_back():
+            pause_client = True
+        if self._pending_wake is not None:
+            out.append(Wake(self._pending_wake))
+            self._pending_wake = None
         if pause_client != self._client_paused:
             self._client_paused = pause_client
             out.append(PauseClient() if pause_client else ResumeClient())

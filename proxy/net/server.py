@@ -29,6 +29,7 @@ from sluice.proxy.net.tls import peer_principal
 from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
 from sluice.proxy.ops.config import ProxyConfig
 from sluice.proxy.ops.limits import IdleReaper
+from sluice.proxy.ops.quotas import Quotas
 from sluice.proxy.paths.base import PathContext
 from sluice.proxy.paths.catalog import standard_paths
 from sluice.proxy.paths.registry import Routes, VersionTable
@@ -73,6 +74,10 @@ class ProxyServer:
         )
         self.recorder = TelemetryRecorder(self.proxy_info, self.metrics)
         self.topics = TopicRegistry()
+        # Each of `--workers N` enforces 1/N of every quota (ops/quotas.py: "divided").
+        self.quotas = Quotas(config.workers, self.topics.name)
+        self.quotas.update(config.quotas)
+        self.metrics.quota_stats = self.quotas.stats
         self.server_ssl = config.tls.context() if config.tls is not None else None
         self.upstream_ssl = (
             config.upstream_tls.context() if config.upstream_tls is not None else None
@@ -240,7 +245,7 @@ class ProxyServer:
         )
 
     def _make_connection(self, client: ClientInfo) -> Connection:
-        return Connection(client, self.routes, self.metrics, self.limits)
+        return Connection(client, self.routes, self.metrics, self.limits, self.quotas)
 
     async def start(self) -> None:
         await self._listen(

@@ -29,6 +29,7 @@ from sluice.proxy.net.connection import (
     SendToBroker,
     SendToClient,
     StartJob,
+    Wake,
 )
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.telemetry.logs import log
@@ -81,6 +82,7 @@ class Session(asyncio.Protocol):
         self._ended = False
         self._opened = False
         self._connecting: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the pending `Wake` (quota waits)
 
     # ------------------------------------------------------------ observed by limits
     @property
@@ -246,8 +248,21 @@ class Session(asyncio.Protocol):
             elif kind is ResumeBroker:
                 if self._broker is not None and not self._broker.is_closing():
                     self._broker.resume_reading()
+            elif kind is Wake:
+                self._arm(action.delay)  # type: ignore[union-attr]
             elif kind is Close:
                 self._end(action)  # type: ignore[arg-type]
+
+    def _arm(self, delay: float) -> None:
+        # The connection asks only for a wake-up earlier than the one it has: replace it.
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(delay, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.conn is not None and not self._ended:
+            self._do(self.conn.tick())
 
     def _start(self, action: StartJob) -> None:
         job = action.job
@@ -316,6 +331,9 @@ class Session(asyncio.Protocol):
         if self._ended:
             return
         self._ended = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._connecting is not None and not self._connecting.done():
             self._connecting.cancel()
         # transport.close() sends what is buffered first (a reply before a close).

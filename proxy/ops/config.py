@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
+from sluice.proxy.ops.quotas import QuotaSettings
 
 if TYPE_CHECKING:
     from sluice.proxy.net.tls import ServerTLS, UpstreamTLS
@@ -49,6 +50,7 @@ class ProxyConfig:
     dead_letters: DeadLetterSettings = field(default_factory=DeadLetterSettings)
     max_connections: int = 0  # limits.max_connections, per worker; 0 = unlimited
     idle_timeout: float = 0  # limits.idle_timeout_seconds; 0 = never
+    quotas: QuotaSettings = field(default_factory=QuotaSettings)  # section `quotas:`
     metrics_listen: tuple[str, int] | None = None  # metrics.listen
     workers: int = 1  # `--workers N`: processes sharing the ports (SO_REUSEPORT)
     # proxy.filter_threads: threads that run filters off the event loop (0 = on the loop)

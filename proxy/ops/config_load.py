@@ -17,6 +17,7 @@ from sluice.proxy.net.upstream_sasl import parse_upstream_sasl
 from sluice.proxy.ops.config import ConfigFileError, DeadLetterSettings, ProxyConfig
 from sluice.proxy.ops.fleet import parse_fleet_section
 from sluice.proxy.ops.limits import parse_limits
+from sluice.proxy.ops.quotas import parse_quotas
 from sluice.proxy.telemetry.metrics import parse_listen
 from sluice.transforms.config import parse_transform_specs
 
@@ -37,6 +38,7 @@ KNOWN_SECTIONS = (
     "module_cache_dir",
     "transforms",
     "kms",
+    "quotas",
 )
 #: Keys of the ``proxy:`` section.
 PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
@@ -141,6 +143,7 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
         config.max_frame_size = limits.max_frame_size
         config.max_connections = limits.max_connections
         config.idle_timeout = limits.idle_timeout_seconds
+        config.quotas = parse_quotas(data.get("quotas"), lines)
         base = path.resolve().parent
         config.tls = parse_server_tls(data.get("tls"), lines, base)
         config.upstream_tls = parse_upstream_tls(data.get("upstream_tls"), lines, base)

@@ -10,8 +10,9 @@ with it is still running in the filter thread pool (`paths/registry.py`, lease/r
 
 An invalid new config (bad YAML, bad field, a module that does not load) is refused with one
 ``config_reload_refused`` log line naming file, line and field, and the old chain keeps
-running. Only ``filters`` (and ``module_cache_dir``) take effect on reload; a change to any
-other section is reported by ``config_reload_needs_restart``.
+running. Only ``filters`` (and ``module_cache_dir``) and ``quotas`` take effect on reload; a
+change to any other section is reported by ``config_reload_needs_restart``. New quotas apply
+to the next request of every open connection (ops/quotas.py).
 
 The effective chain is the config file's filters, in file order, followed by the fleet's
 filters, by name. A fleet filter whose name is also used in the config file is left out
@@ -369,11 +370,16 @@ class ChainManager:
         self.config = config
         self._signature = self._current_signature()
         self._switch(chain, trigger, started, build_s)
+        if config.quotas != self.server.quotas.settings:
+            self.server.quotas.update(config.quotas)
+            log.info("quotas_installed", instance=self.server.instance_id, trigger=trigger,
+                     rules=[r.name for r in config.quotas.rules])
         changed = [s for s in RESTART_SECTIONS
                    if config.raw.get(s) != self.started_config.raw.get(s)]
         if changed:
             log.warning("config_reload_needs_restart", sections=changed,
-                        reason="only filters and module_cache_dir change without a restart")
+                        reason="only filters, module_cache_dir and quotas change without a "
+                               "restart")
         return True
 
     async def _apply_fleet(self, desired: dict[str, FilterRecord]) -> None:

@@ -60,6 +60,9 @@ class Exchange:
     header: RequestHeader
     client: ClientInfo
     state: Any = None  # whatever the path that handled the request keeps for its response
+    # Quotas (proxy/ops/quotas.py): the monotonic time until which the client is held back for
+    # this exchange (0.0: not throttled); the connection applies it when the response is sent.
+    throttle_until: float = 0.0
 
 
 # ------------------------------------------------------------------ what a path may answer

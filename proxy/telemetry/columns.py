@@ -119,6 +119,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("bytes_out", _L),
             ("requests", _L),
             ("duration_ms", _L),
+            ("throttle_ms", _L),
         ]
     ),
     "connection_api": pa.schema(

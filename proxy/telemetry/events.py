@@ -318,6 +318,7 @@ def connection_event(
     bytes_out: int = 0,
     apis: Mapping[str, ApiCounters | Mapping[str, int]] | None = None,
     duration_ms: int | None = None,
+    throttle_ms: int = 0,
     time_ms: int | None = None,
 ) -> dict[str, Any]:
     """A client connection opened, is still open (``update``), or closed.
@@ -327,6 +328,8 @@ def connection_event(
     hour-exact billing for long-lived connections. ``bytes_in`` = client to proxy,
     ``bytes_out`` = proxy to client. ``apis`` maps an API name (``produce``, ``fetch``,
     ``metadata``...) to its request count and bytes. ``duration_ms`` is set on close.
+    ``throttle_ms`` is the quota throttle time the client was given (docs/QUOTAS.md), a delta
+    like the other counters.
     """
     event = _envelope("connection", proxy, time_ms)
     api_dict: dict[str, dict[str, int]] = {}
@@ -352,6 +355,7 @@ def connection_event(
         bytes_out=bytes_out,
         apis=api_dict,
         duration_ms=duration_ms,
+        throttle_ms=throttle_ms,
     )
     return event
 

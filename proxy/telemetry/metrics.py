@@ -99,6 +99,9 @@ class Metrics:
     dead_letter_stats: Callable[[], dict[str, int]] | None = None
     #: (filter jobs run inline on the loop, filter jobs handed to the pool): JobPlacement
     job_placement: Callable[[], tuple[int, int]] | None = None
+    #: Quotas.stats: (rule name, direction, this worker's limit or None, counters with
+    #: bytes, throttled, throttle_ms); labels are bounded by the config's rule names.
+    quota_stats: Callable[[], list[tuple[str, str, float | None, Any]]] | None = None
     ready: bool = False
     worker: str = "0"
 
@@ -260,6 +263,40 @@ class _Collector:
             jobs.add_metric(["inline"], inline)
             jobs.add_metric(["pool"], pool)
             yield jobs
+        yield from _quota_families(m.quota_stats)
+
+
+def _quota_families(
+    stats_of: Callable[[], list[tuple[str, str, float | None, Any]]] | None,
+) -> Iterator[Any]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    labels = ("quota", "direction")
+    limit = GaugeMetricFamily(
+        "sluice_quota_limit_bytes_per_second",
+        "This worker's share of a quota rule's rate (the rule's rate / --workers)",
+        labels=labels,
+    )
+    counted = CounterMetricFamily(
+        "sluice_quota_bytes", "Bytes counted against a quota rule", labels=labels
+    )
+    throttled = CounterMetricFamily(
+        "sluice_quota_throttled",
+        "Requests (produce) or responses (fetch) a quota rule throttled (the longest wait won)",
+        labels=labels,
+    )
+    seconds = CounterMetricFamily(
+        "sluice_quota_throttle_seconds",
+        "Throttle time a quota rule gave clients",
+        labels=labels,
+    )
+    for name, direction, rate, c in stats_of() if stats_of is not None else ():
+        if rate is not None:
+            limit.add_metric([name, direction], rate)
+        counted.add_metric([name, direction], c.bytes)
+        throttled.add_metric([name, direction], c.throttled)
+        seconds.add_metric([name, direction], c.throttle_ms / 1000)
+    yield from (limit, counted, throttled, seconds)
 
 
 def _sink_families(sink_stats: Callable[[], dict[str, Any]] | None) -> Iterator[Any]:

@@ -126,4 +126,5 @@ class TelemetryRecorder:
             bytes_out=client.stats.bytes_out,
             apis=apis,
             duration_ms=int((time.time() - client.opened) * 1000),
+            throttle_ms=client.stats.throttle_ms,
         )

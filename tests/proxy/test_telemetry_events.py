@@ -138,7 +138,9 @@ def test_connection_event_counters() -> None:
         bytes_out=40,
         apis={"produce": counters, "metadata": {"requests": 1, "bytes_in": 10}},
         duration_ms=1234,
+        throttle_ms=250,
     )
+    assert event["throttle_ms"] == 250
     assert event["apis"] == {
         "produce": {"requests": 3, "bytes_in": 300, "bytes_out": 30},
         "metadata": {"requests": 1, "bytes_in": 10, "bytes_out": 0},

@@ -150,7 +150,7 @@ def events() -> list[dict[str, Any]]:
                 "produce": t.ApiCounters(3, 3500, 300),
                 "metadata": t.ApiCounters(2, 100, 400),
             },
-            duration_ms=30 * MIN, time_ms=T0 + 30 * MIN, **alice,
+            duration_ms=30 * MIN, throttle_ms=1500, time_ms=T0 + 30 * MIN, **alice,
         )
     )
     out.append(

@@ -134,14 +134,14 @@ def test_billing_connections_resolve_client_of_open_event(report: Path) -> None:
     got = {
         (r["principal"], r["client_id"], r["api"]): (
             r["requests"], r["bytes_in"], r["bytes_out"], r["connections_opened"],
-            r["connections_closed"], r["duration_ms"],
+            r["connections_closed"], r["duration_ms"], r["throttle_ms"],
         )
         for r in rows(report, "billing_connections")
     }
     assert got == {
-        ("alice", "app-1", "*"): (5, 5000, 700, 1, 1, 30 * k.MIN),
-        ("alice", "app-1", "produce"): (3, 3500, 300, 0, 0, 0),
-        ("alice", "app-1", "metadata"): (2, 100, 400, 0, 0, 0),
+        ("alice", "app-1", "*"): (5, 5000, 700, 1, 1, 30 * k.MIN, 1500),
+        ("alice", "app-1", "produce"): (3, 3500, 300, 0, 0, 0, 0),
+        ("alice", "app-1", "metadata"): (2, 100, 400, 0, 0, 0, 0),
     }
 
 
