@@ -80,10 +80,11 @@ class AlterPlan:
     changes: dict[int, Change] = field(default_factory=dict)
     refused: dict[int, Change] = field(default_factory=dict)
     validate_only: bool = False
+    stripped: bool = False  # an unchanged x-data-policy entry was taken out of a resource
 
     @property
     def touched(self) -> bool:
-        return bool(self.local or self.changes)
+        return bool(self.local or self.changes or self.stripped)
 
 
 def _is_policy(entry: Any) -> bool:
@@ -119,6 +120,19 @@ def plan_alter(api: ApiKey, request: Any, book: PolicyBook,
                                  f"{CONFIG_KEY}: only SET and DELETE apply (not a list config)")
                 continue
             change = Change(topic, ours[0].value if op == SET else None)
+        if change is not None and change.value == book.value(topic):
+            # Nothing changes (a client's read-modify-write AlterConfigs re-sends the value it
+            # described): no write, and no need to be a policy admin.
+            change = None
+            if ours and not rest:
+                plan.local[i] = (ErrorCode.NONE, None)
+                continue
+            if ours:
+                item = dataclasses.replace(item, configs=rest)
+                plan.local.pop(i, None)
+                plan.sent[i] = item
+                plan.stripped = True
+                continue
         if change is None:
             plan.sent[i] = item
             continue

@@ -46,6 +46,7 @@ from tests.filters.test_native_path import make_batch
 from tests.proxy.paths.test_paths import Letters, ListSink, context, exchange_of
 
 PII = '{"filters":[{"name":"pii","apply_to":["produce"],"config":{"mask":"#"}}]}'
+PII_FETCH = '{"filters":[{"name":"pii","apply_to":"fetch"}]}'
 ADMIN = "User:ops-ann"
 
 
@@ -256,15 +257,15 @@ def test_validate_only_checks_but_stores_nothing() -> None:
 
 
 @pytest.mark.parametrize(("configs", "principal", "code", "text"), [
-    ([("x-data-policy", 0, PII)], "User:dev-bob", 29, "may not set x-data-policy"),
-    ([("x-data-policy", 0, PII)], None, 29, "User:ANONYMOUS may not set"),
+    ([("x-data-policy", 0, PII_FETCH)], "User:dev-bob", 29, "may not set x-data-policy"),
+    ([("x-data-policy", 0, PII_FETCH)], None, 29, "User:ANONYMOUS may not set"),
     ([("x-data-policy", 1, None)], "User:dev-bob", 29, "may not remove"),
     ([("x-data-policy", 0, '{"filters":[{"name":"pii","apply_to":"both"}]}')], ADMIN, 40,
      'x-data-policy: filters[0].apply_to: expected "produce" or "fetch"'),
     ([("x-data-policy", 0, '{"filters":[{"name":"nope","apply_to":"fetch"}]}')], ADMIN, 40,
      "x-data-policy: filters[0].name: filter 'nope' is not deployed"),
     ([("x-data-policy", 2, PII)], ADMIN, 40, "only SET and DELETE"),
-    ([("x-data-policy", 0, PII), ("x-data-policy", 0, PII)], ADMIN, 40, "more than once"),
+    ([("x-data-policy", 0, PII_FETCH), ("x-data-policy", 0, PII)], ADMIN, 40, "more than once"),
 ])
 def test_refused_changes_send_nothing_of_their_resource(
     configs: list[tuple[str, int, str | None]], principal: str | None, code: int, text: str
@@ -458,3 +459,20 @@ def test_block_filter_fails_every_partition(tmp_path: Any) -> None:
     chain.close()
     with pytest.raises(FilterLoadError, match=r"config\.code"):
         load_filter(dataclasses.replace(spec, config={"code": "x"}), cache_dir=tmp_path)
+
+
+def test_resending_the_value_in_force_is_no_change() -> None:
+    # kafka-python's AlterConfigs re-sends every modified config it described, this one too.
+    book = Book(policies={"orders": PII})
+    api = ApiKey.ALTER_CONFIGS
+    frame = alter([("orders", [("x-data-policy", PII), ("retention.ms", "9")])])
+    outcome = settle(AdminPath().on_request(ctx_with(book), exchange_of(frame, "User:x"), frame))
+    assert isinstance(outcome, Forward) and outcome.frame is not None
+    sent = sent_request(api, 1, frame, outcome)
+    assert [[c.name for c in r.configs] for r in sent.resources] == [["retention.ms"]]
+    exchange = exchange_of(frame, "User:x")
+    exchange.state = outcome.state
+    response = settle(AdminPath().on_response(ctx_with(book), exchange,
+                                              broker_answer(api, 1, [("orders", 0)])))
+    assert results_of(api, 1, response.frame) == [("orders", 0, None)]
+    assert book.written == [] and book.policies == {"orders": PII}
