@@ -10,8 +10,8 @@ with it is still running in the filter thread pool (`paths/registry.py`, lease/r
 
 An invalid new config (bad YAML, bad field, a module that does not load) is refused with one
 ``config_reload_refused`` log line naming file, line and field, and the old chain keeps
-running. Only ``filters`` (and ``module_cache_dir``) take effect on reload; a change to any
-other section is reported by ``config_reload_needs_restart``.
+running. Only ``filters`` (and ``module_cache_dir``, ``policy_admins``) take effect on reload;
+a change to a section of `RESTART_SECTIONS` is reported by ``config_reload_needs_restart``.
 
 The effective chain is the config file's filters, in file order, followed by the fleet's
 filters, by name, followed by the bindings of the fleet's data policies (proxy/ops/policies.py),
@@ -431,7 +431,8 @@ class ChainManager:
                    if config.raw.get(s) != self.started_config.raw.get(s)]
         if changed:
             log.warning("config_reload_needs_restart", sections=changed,
-                        reason="only filters and module_cache_dir change without a restart")
+                        reason="only filters, module_cache_dir and policy_admins change "
+                               "without a restart")
         return True
 
     async def _apply_fleet(self, desired: dict[str, FilterRecord],
