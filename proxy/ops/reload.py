@@ -51,6 +51,7 @@ from sluice.proxy.ops.fleet import (
     parse_fleet_section,
 )
 from sluice.proxy.ops.policies import (
+    POLICY_PREFIX,
     AdminMatcher,
     Binding,
     Policy,
@@ -207,12 +208,19 @@ def _stat(path: Path) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+def _origin(source: str) -> str:
+    """``file``, ``fleet`` or ``policy`` (a data policy's copy of a fleet filter)."""
+    if source.startswith(f"{FLEET_SOURCE_PREFIX}{POLICY_PREFIX}"):
+        return "policy"
+    return "fleet" if source.startswith(FLEET_SOURCE_PREFIX) else "file"
+
+
 def _describe(chain: FilterChain | None) -> list[dict[str, Any]]:
     if chain is None:
         return []
     return [{"name": f.name, "sha256": f.sha256,
              "config_sha256": hashlib.sha256(f.spec.config_json).hexdigest(),
-             "source": "fleet" if f.spec.source.startswith(FLEET_SOURCE_PREFIX) else "file",
+             "source": _origin(f.spec.source),
              "topics": list(f.spec.topics), "apply_to": sorted(f.spec.apply_to)}
             for f in chain.filters]
 

@@ -202,6 +202,10 @@ def test_policy_fails_closed_when_its_filter_is_removed(
 
     proc = sluice("filter", "remove", "pii", *fleet_args(broker, fleet_topic))
     assert proc.returncode == 0, proc.stderr
+    assert f"the data policy of topic {topic!r} names 'pii'" in proc.stderr
+    proc = sluice("filter", "list", *fleet_args(broker, fleet_topic))
+    assert proc.returncode == 0, proc.stderr
+    assert f"{topic}  filters pii" in proc.stdout and "BLOCKED: pii not deployed" in proc.stdout
     wait_for(functools.partial(chain_binds, proxy, "pii", False), 30, "filter removed")
     blocked = wait_for(lambda: events(proxy, "policy_blocked"), 10, "policy_blocked log")
     assert blocked[-1]["topic"] == topic and "not deployed" in blocked[-1]["reason"]
