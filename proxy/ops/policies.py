@@ -4,7 +4,7 @@ A data policy binds filters deployed in the fleet (by name) to one topic, for th
 it names, with config overrides. It is set with Kafka's own tools, through the proxy::
 
     kafka-configs.sh --bootstrap-server PROXY --alter --entity-type topics --entity-name orders \\
-        --add-config 'x-data-policy={"filters":[{"name":"pii","apply_to":["produce"]}]}'
+        --add-config 'x-data-policy={"filters":[{"name":"pii","apply_to":"produce"}]}'
 
 The value is JSON::
 
