@@ -51,7 +51,7 @@ MAX_MEMORY_MB: Final = 4096
 BUILTIN_PREFIX: Final = "builtin:"
 BUILTIN_DIR: Final = Path(__file__).resolve().parent / "builtin"
 #: ``builtin:NAME`` values served by host code (filters/host.py) rather than a packaged .wasm.
-HOST_BUILTINS: Final = ("encrypt",)
+HOST_BUILTINS: Final = ("encrypt", "block")
 
 _KNOWN_KEYS: Final = (
     "name", "module", "topics", "apply_to", "on_error", "dead_letter_topic", "config",

@@ -6,7 +6,10 @@ lists the names) and loads into an ordinary `LoadedFilter` whose runner is a `Ho
 instead of a Wasm ABI adapter: `run` returns one `Decision` per record plus counters, exactly
 like a guest, so the chain, the pipeline's batch rules, telemetry and metrics treat it the same.
 No Wasm is involved and nothing crosses a sandbox boundary: host filters are trusted code of
-the proxy, used where a guest cannot work (keys held by a KMS, for ``builtin:encrypt``).
+the proxy, used where a guest cannot work (keys held by a KMS, for ``builtin:encrypt``), or
+where nothing may run at all (``builtin:block``: every partition fails with the configured
+error; the proxy puts it in place of a data policy's filter that cannot run,
+proxy/ops/policies.py).
 
 Besides decisions, a host runner may raise `PartitionError` to fail the whole partition with a
 chosen Kafka error code (e.g. a retriable one when its KMS is unreachable): the pipeline turns
@@ -19,11 +22,12 @@ import hashlib
 from collections.abc import Sequence
 from typing import ClassVar
 
+from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.config import HOST_BUILTINS, FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
-from sluice.filters.decisions import Decision
+from sluice.filters.decisions import Decision, PartitionError
 
-__all__ = ["HOST_BUILTINS", "HostRunner"]
+__all__ = ["HOST_BUILTINS", "BlockRunner", "HostRunner"]
 
 
 class HostRunner:
@@ -60,3 +64,33 @@ class HostRunner:
 
     def close(self) -> None:
         """Release what the filter holds (nothing by default)."""
+
+
+class BlockRunner(HostRunner):
+    """``builtin:block``: fails every partition it sees with ``config.code`` (default 56
+    KAFKA_STORAGE_ERROR, which clients retry) and ``config.reason`` as the message.
+
+    Fail-closed stand-in for a filter that must apply but cannot (a data policy naming a
+    filter no longer deployed): records neither reach the broker nor a consumer unfiltered.
+    """
+
+    kind = "block"
+
+    def __init__(self, spec: FilterSpec, who: str) -> None:
+        super().__init__(spec, who)
+        cfg = spec.config
+        unknown = sorted(set(cfg) - {"code", "reason"})
+        if unknown:
+            raise FilterLoadError(f"{who}: builtin:block rejected the config: config.{unknown[0]}: "
+                                  "unknown key (expected code, reason)")
+        code = cfg.get("code", 56)
+        if isinstance(code, bool) or not isinstance(code, int) or not 0 < code < 32768:
+            raise FilterLoadError(f"{who}: builtin:block rejected the config: config.code: "
+                                  f"must be a Kafka error code > 0, got {code!r}")
+        reason = cfg.get("reason", "blocked")
+        self.code = code
+        self.reason = f"{spec.name}: {reason}" if isinstance(reason, str) else spec.name
+
+    def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
+            timestamp_base: int) -> tuple[list[Decision], dict[str, int]]:
+        raise PartitionError(self.code, self.reason, self.spec.name)

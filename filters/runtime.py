@@ -45,7 +45,7 @@ from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Action, BatchResult, Decision, PartitionError
 from sluice.filters.engine import FilterEngine, default_engine
 from sluice.filters.guest import GuestFailure
-from sluice.filters.host import HostRunner
+from sluice.filters.host import BlockRunner, HostRunner
 from sluice.filters.module_cache import ModuleCache
 from sluice.filters.native_io import NativeOutput
 from sluice.filters.records_io import AbiError
@@ -90,7 +90,9 @@ def _host_runner(name: str, spec: FilterSpec, who: str) -> HostRunner:
     if "admin" in spec.apply_to:
         raise FilterLoadError(f"{who}: builtin:{name} cannot act on admin requests (remove "
                               "admin from apply_to)")
-    # The only host filter today; its module imports the cryptography package.
+    if name == "block":
+        return BlockRunner(spec, who)
+    # Imported here: its module imports the cryptography package.
     from sluice.crypto.record_filter import EncryptRunner
 
     return EncryptRunner(spec, who)

@@ -75,6 +75,7 @@ def check_file(path: Path) -> dict[str, Any]:
             "create_topic": fleet.create_topic},
         "proxy": {"advertised_host": config.advertised_host,
                   "node_ports": {str(k): v for k, v in config.node_ports.items()}},
+        "policy_admins": list(config.policy_admins or ()),
         "max_frame_size": config.max_frame_size,
         "module_cache_dir": config.module_cache_dir,
         # Other sections by key name only: their values may hold secrets.
@@ -106,6 +107,10 @@ def _print(summary: dict[str, Any]) -> None:
         print(f"fleet: topic {fleet['topic']} at {fleet['bootstrap']} (poll "
               f"{fleet['poll_seconds']:g} s, heartbeat {fleet['heartbeat_seconds']:g} s, "
               f"start-up wait {fleet['startup_wait_seconds']:g} s)", file=out)
+        admins = summary["policy_admins"]
+        print("data policies (x-data-policy): "
+              + (f"set by {', '.join(admins)}" if admins
+                 else "nobody may set them (no policy_admins)"), file=out)
     proxy = summary["proxy"]
     if proxy["advertised_host"] or proxy["node_ports"]:
         ports = ", ".join(f"{k}->{v}" for k, v in proxy["node_ports"].items()) or "automatic"

@@ -266,6 +266,10 @@ def cmd_remove(args: argparse.Namespace) -> int:
         return 1
     print(f"removed {args.name} from {args.fleet_topic} (tombstone at partition {partition}, "
           f"offset {offset})")
+    for topic, record in sorted(view.policies.items()):
+        if record.policy is not None and any(f.name == args.name for f in record.policy.filters):
+            _err(f"remove: warning: the data policy of topic {topic!r} names {args.name!r}: "
+                 "that topic fails closed until it is deployed again or the policy changes")
     if args.wait > 0:
         return _wait(bootstrap, args, args.name, None)
     return 0
@@ -334,8 +338,11 @@ def _listing(view: Any, topic: str, bootstrap: str) -> dict[str, Any]:
         data["live"] = inst.live(now)
         data["seconds_since_heartbeat"] = round((now - inst.time_ms) / 1000, 1)
         instances.append(data)
+    policies = [{"topic": t, "value": p.value, "set_by": p.set_by, "set_at": p.set_at,
+                 "error": p.error, "filters": [f.name for f in p.policy.filters] if p.policy
+                 else []} for t, p in sorted(view.policies.items())]
     return {"topic": topic, "bootstrap": bootstrap, "filters": filters,
-            "instances": instances, "invalid": dict(view.invalid)}
+            "instances": instances, "invalid": dict(view.invalid), "policies": policies}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -378,6 +385,14 @@ def _print_listing(listing: dict[str, Any]) -> None:
               f"  deployed {f['deployed_at']} by {f['deployed_by']}")
     for name, reason in sorted(listing["invalid"].items()):
         print(f"  {name}  INVALID newest record: {reason}")
+    if listing["policies"]:
+        print("\nDATA POLICIES (x-data-policy)")
+    for p in listing["policies"]:
+        missing = [n for n in p["filters"] if n not in deployed]
+        state = (f"  UNREADABLE: {p['error']}" if p["error"] else
+                 f"  BLOCKED: {', '.join(missing)} not deployed" if missing else "")
+        print(f"  {p['topic']}  filters {', '.join(p['filters']) or '-'}  set {p['set_at']} "
+              f"by {p['set_by']}{state}")
     print("\nINSTANCES")
     if not instances:
         print("  (no proxy has announced itself)")

@@ -30,7 +30,7 @@ from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
 from sluice.proxy.ops.config import ProxyConfig
 from sluice.proxy.ops.limits import IdleReaper
 from sluice.proxy.ops.quotas import Quotas
-from sluice.proxy.paths.base import PathContext
+from sluice.proxy.paths.base import PathContext, PolicyBook
 from sluice.proxy.paths.catalog import standard_paths
 from sluice.proxy.paths.registry import Routes, VersionTable
 from sluice.proxy.paths.topics import TopicRegistry
@@ -66,6 +66,7 @@ class ProxyServer:
         self._starting: set[asyncio.Task[None]] = set()
         self.closing = False
         self.chain: FilterChain | None = None
+        self.policies: PolicyBook | None = None  # set by the fleet (proxy/ops/reload.py)
         self.proxy_info = events.proxy_info(self.instance_id)
         self.metrics = Metrics(
             active_connections=lambda: len(self.sessions),
@@ -117,12 +118,18 @@ class ProxyServer:
             metrics=self.metrics,
             map_endpoint=self.broker_map.local_endpoint,
             open_upstream=self.open_upstream,
+            policies=self.policies,
         )
 
     async def open_upstream(self) -> UpstreamConnection:
         """A connection to a bootstrap broker for the proxy's own look-ups (topic ids, current
         configs), with the broker's TLS and SASL settings (`upstream_tls`, `upstream_sasl`)."""
         return await self.dialer.connect()
+
+    def set_policies(self, book: PolicyBook | None) -> None:
+        """Start (or stop) intercepting data policies (paths/policy.py): a new router."""
+        self.policies = book
+        self.routes.install()
 
     def install_chain(self, chain: FilterChain | None) -> FilterChain | None:
         """Switch to a new filter chain; returns the old one.

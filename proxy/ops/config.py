@@ -57,6 +57,8 @@ class ProxyConfig:
     filter_threads: int = 2
     node_port_table: str | None = None  # the workers' shared node -> port file (addresses.py)
     worker_index: int = 0  # which of them this process is
+    # policy_admins: principal globs allowed to set x-data-policy (None: nobody)
+    policy_admins: tuple[str, ...] | None = None
     raw: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 

@@ -17,6 +17,7 @@ from sluice.proxy.net.upstream_sasl import parse_upstream_sasl
 from sluice.proxy.ops.config import ConfigFileError, DeadLetterSettings, ProxyConfig
 from sluice.proxy.ops.fleet import parse_fleet_section
 from sluice.proxy.ops.limits import parse_limits
+from sluice.proxy.ops.policies import parse_policy_admins
 from sluice.proxy.ops.quotas import parse_quotas
 from sluice.proxy.telemetry.metrics import parse_listen
 from sluice.transforms.config import parse_transform_specs
@@ -39,6 +40,7 @@ KNOWN_SECTIONS = (
     "transforms",
     "kms",
     "quotas",
+    "policy_admins",
 )
 #: Keys of the ``proxy:`` section.
 PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
@@ -46,7 +48,8 @@ PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
 DEAD_LETTER_KEYS = ("max_queued_bytes", "shutdown_timeout_seconds")
 #: Sections whose value must be a mapping (the others: a list, a path).
 _MAPPING_SECTIONS = tuple(
-    s for s in KNOWN_SECTIONS if s not in ("filters", "module_cache_dir", "transforms")
+    s for s in KNOWN_SECTIONS
+    if s not in ("filters", "module_cache_dir", "transforms", "policy_admins")
 )
 
 
@@ -158,6 +161,7 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
             cache_dir = str(path.resolve().parent / cache_dir)
         config.module_cache_dir = cache_dir
         parse_fleet_section(data.get("fleet"), lines)  # proxy/ops/reload.py reads it from raw
+        config.policy_admins = parse_policy_admins(data.get("policy_admins"), lines)
     except ConfigError as exc:
         raise ConfigFileError(str(exc)) from None
     config.raw = data

@@ -11,7 +11,8 @@ One record per filter, key = the filter name (UTF-8); the value is JSON::
 An empty value (a tombstone) removes the filter. The newest record per key wins (compaction
 keeps only that one). Proxies announce themselves in the same topic under the key
 ``instance:<instance id>`` with a heartbeat (host, pid, the filters they run by sha256, the fleet
-versions they refused); a clean shutdown writes a tombstone for that key.
+versions they refused); a clean shutdown writes a tombstone for that key. Data policies (the
+``x-data-policy`` topic config, proxy/ops/policies.py) live under ``policy:<topic>`` keys.
 
 This module holds the record format (`FleetView` folds records into the current state), the
 config section (`parse_fleet_section`), the catalog of accepted fleet filters
@@ -45,6 +46,7 @@ from aiokafka.errors import KafkaError
 from sluice.filters.config import FilterSpec, parse_filter_specs
 from sluice.filters.module_cache import default_cache_dir
 from sluice.filters.yaml_lines import ConfigError, LineMap
+from sluice.proxy.ops.policies import POLICY_PREFIX, PolicyRecord, parse_policy_record
 from sluice.proxy.telemetry.logs import log
 
 DEFAULT_TOPIC: Final = "_sluice_filters"
@@ -255,12 +257,15 @@ class FleetView:
 
     filters: dict[str, FilterRecord] = field(default_factory=dict)
     instances: dict[str, InstanceRecord] = field(default_factory=dict)
+    #: Data policies by topic (``policy:<topic>`` keys).
+    policies: dict[str, PolicyRecord] = field(default_factory=dict)
     #: Keys whose newest record could not be parsed (the previous version stays in `filters`).
     invalid: dict[str, str] = field(default_factory=dict)
     records: int = 0
 
     def apply_all(self, records: Iterable[tuple[bytes | None, bytes | None, int, int]]) -> bool:
-        """Fold (key, value, partition, offset) records in order; True if filters changed."""
+        """Fold (key, value, partition, offset) records in order; True if filters or policies
+        changed."""
         changed = False
         for key, value, partition, offset in records:
             changed = self.apply(key, value, partition, offset) or changed
@@ -268,7 +273,7 @@ class FleetView:
 
     def apply(self, key: bytes | None, value: bytes | None, partition: int = 0,
               offset: int = 0) -> bool:
-        """Fold one record in; True when the set of filters changed."""
+        """Fold one record in; True when the filters or the policies changed."""
         self.records += 1
         if key is None:
             return False
@@ -288,6 +293,13 @@ class FleetView:
             if isinstance(data, dict):
                 self.instances[instance] = InstanceRecord(instance, data)
             return False
+        if name.startswith(POLICY_PREFIX):
+            topic = name[len(POLICY_PREFIX):]
+            if not value:
+                return self.policies.pop(topic, None) is not None
+            # An unusable record is kept (with its error): that topic then fails closed.
+            self.policies[topic] = parse_policy_record(topic, value, partition, offset)
+            return True
         if not value:
             self.invalid.pop(name, None)
             return self.filters.pop(name, None) is not None
@@ -537,15 +549,16 @@ async def produce(bootstrap: str, topic: str, key: bytes, value: bytes | None, *
         await producer.stop()
 
 
-OnChange = Callable[[dict[str, FilterRecord]], Awaitable[None]]
+OnChange = Callable[[dict[str, FilterRecord], dict[str, PolicyRecord]], Awaitable[None]]
 
 
 class FleetFollower:
     """Follows the fleet topic on the proxy's event loop and publishes this proxy's heartbeat.
 
-    `on_change(filters)` receives the whole current set once the topic has been read to its end,
-    then after every batch that changes it. `heartbeat()` returns the body of this proxy's
-    heartbeat; `poke()` sends one now (after a chain switch).
+    `on_change(filters, policies)` receives the whole current state once the topic has been read
+    to its end, then after every batch that changes it. `heartbeat()` returns the body of this
+    proxy's heartbeat; `poke()` sends one now (after a chain switch); `publish` writes a record
+    (a data policy) with the same producer.
     """
 
     def __init__(self, settings: FleetSettings, bootstrap: str, instance_id: str,
@@ -588,6 +601,20 @@ class FleetFollower:
             log.warning("fleet_goodbye_failed", error=str(exc))
         with contextlib.suppress(KafkaError, OSError, TimeoutError):
             await asyncio.wait_for(producer.stop(), timeout)
+
+    async def publish(self, key: bytes, value: bytes | None,
+                      timeout: float = 10.0) -> tuple[int, int]:
+        """Write one record to the fleet topic and wait for the broker's acknowledgement;
+        returns (partition, offset). KafkaError, OSError or TimeoutError when it cannot."""
+        producer = self._producer
+        if producer is None:
+            # The heartbeat task has not connected yet: a producer for this one record.
+            return await asyncio.wait_for(
+                produce(self.bootstrap, self.settings.topic, key, value, timeout=timeout),
+                timeout + 5)
+        meta = await asyncio.wait_for(
+            producer.send_and_wait(self.settings.topic, key=key, value=value), timeout)
+        return int(meta.partition), int(meta.offset)
 
     async def _follow_forever(self) -> None:
         # aiokafka logs each failed connection attempt; the warning below reports them instead.
@@ -646,12 +673,12 @@ class FleetFollower:
                     if synced:
                         log.info("fleet_synced", topic=s.topic, records=view.records,
                                  filters=sorted(view.filters))
-                        await self.on_change(dict(view.filters))
+                        await self.on_change(dict(view.filters), dict(view.policies))
                         pending = False
                         self.synced.set()
                 elif pending:
                     pending = False
-                    await self.on_change(dict(view.filters))
+                    await self.on_change(dict(view.filters), dict(view.policies))
         finally:
             await consumer.stop()
 

@@ -10,13 +10,20 @@ with it is still running in the filter thread pool (`paths/registry.py`, lease/r
 
 An invalid new config (bad YAML, bad field, a module that does not load) is refused with one
 ``config_reload_refused`` log line naming file, line and field, and the old chain keeps
-running. Only ``filters`` (and ``module_cache_dir``) and ``quotas`` take effect on reload; a
-change to any other section is reported by ``config_reload_needs_restart``. New quotas apply
-to the next request of every open connection (ops/quotas.py).
+running. Only ``filters`` (and ``module_cache_dir``, ``policy_admins``) and ``quotas`` take
+effect on reload; a change to a section of `RESTART_SECTIONS` is reported by
+``config_reload_needs_restart``. New quotas apply to the next request of every open connection
+(ops/quotas.py).
 
 The effective chain is the config file's filters, in file order, followed by the fleet's
-filters, by name. A fleet filter whose name is also used in the config file is left out
-(``fleet_filter_shadowed``): the operator's file wins.
+filters, by name, followed by the bindings of the fleet's data policies (proxy/ops/policies.py),
+by topic. A fleet filter whose name is also used in the config file is left out
+(``fleet_filter_shadowed``): the operator's file wins. A policy binding that cannot run (its
+filter is not deployed, or does not load with the policy's config) is replaced by a
+``builtin:block`` filter for that topic (``policy_blocked``): the topic fails closed.
+
+`FleetPolicies` is what the admin path (proxy/paths/policy.py) asks about policies: who may set
+them, whether a policy can run, the value in force, and it writes policy records.
 """
 
 from __future__ import annotations
@@ -45,6 +52,19 @@ from sluice.proxy.ops.fleet import (
     FleetSettings,
     parse_fleet_section,
 )
+from sluice.proxy.ops.policies import (
+    POLICY_PREFIX,
+    AdminMatcher,
+    Binding,
+    Policy,
+    PolicyError,
+    PolicyRecord,
+    bind_spec,
+    block_spec,
+    policy_bindings,
+    policy_key,
+    policy_record_value,
+)
 from sluice.proxy.telemetry.logs import log
 
 if TYPE_CHECKING:
@@ -53,6 +73,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ChainBuildError",
     "ChainManager",
+    "FleetPolicies",
     "build_chain",
     "check_telemetry",
     "error_fields",
@@ -189,12 +210,19 @@ def _stat(path: Path) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
+def _origin(source: str) -> str:
+    """``file``, ``fleet`` or ``policy`` (a data policy's copy of a fleet filter)."""
+    if source.startswith(f"{FLEET_SOURCE_PREFIX}{POLICY_PREFIX}"):
+        return "policy"
+    return "fleet" if source.startswith(FLEET_SOURCE_PREFIX) else "file"
+
+
 def _describe(chain: FilterChain | None) -> list[dict[str, Any]]:
     if chain is None:
         return []
     return [{"name": f.name, "sha256": f.sha256,
              "config_sha256": hashlib.sha256(f.spec.config_json).hexdigest(),
-             "source": "fleet" if f.spec.source.startswith(FLEET_SOURCE_PREFIX) else "file",
+             "source": _origin(f.spec.source),
              "topics": list(f.spec.topics), "apply_to": sorted(f.spec.apply_to)}
             for f in chain.filters]
 
@@ -221,6 +249,11 @@ class ChainManager:
         self._wake = asyncio.Event()
         self._reload_trigger: str | None = None
         self._fleet_desired: dict[str, FilterRecord] | None = None
+        self._policies_desired: dict[str, PolicyRecord] | None = None
+        #: The policies the installed chain binds, and their bindings (blocks included).
+        self.policies: dict[str, PolicyRecord] = {}
+        self.bindings: list[Binding] = []
+        self.policy_book: FleetPolicies | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._signature: tuple[Any, ...] | None = None
         self._shadowed: frozenset[str] = frozenset()
@@ -250,6 +283,8 @@ class ChainManager:
         self.follower = FleetFollower(settings, upstream, self.server.instance_id,
                                       self._on_fleet, self.heartbeat)
         self.follower.start()
+        self.policy_book = FleetPolicies(self)
+        self.server.set_policies(self.policy_book)
         log.info("fleet_following", topic=settings.topic,
                  bootstrap=self.follower.bootstrap, poll_seconds=settings.poll_seconds)
         if settings.startup_wait_seconds > 0:
@@ -281,8 +316,10 @@ class ChainManager:
         self._reload_trigger = trigger
         self._wake.set()
 
-    async def _on_fleet(self, filters: dict[str, FilterRecord]) -> None:
+    async def _on_fleet(self, filters: dict[str, FilterRecord],
+                        policies: dict[str, PolicyRecord]) -> None:
         self._fleet_desired = filters
+        self._policies_desired = policies
         self._wake.set()
 
     def heartbeat(self) -> dict[str, Any]:
@@ -302,6 +339,11 @@ class ChainManager:
             "refused": [{"name": r.name, "sha256": r.sha256, "fleet_partition": r.version[0],
                          "fleet_offset": r.version[1], "reason": r.reason[:500]}
                         for r in refused],
+            "policies": [{"topic": b.topic, "filter": b.filter,
+                          "fleet_offset": self.policies[b.topic].offset
+                          if b.topic in self.policies else None,
+                          "blocked": b.blocked[:500] if b.blocked else None}
+                         for b in self.bindings],
         }
 
     # ------------------------------------------------------------------ the worker
@@ -311,24 +353,49 @@ class ChainManager:
             self._wake.clear()
             trigger, self._reload_trigger = self._reload_trigger, None
             desired, self._fleet_desired = self._fleet_desired, None
+            policies, self._policies_desired = self._policies_desired, None
             try:
                 if trigger is not None:
                     await self._reload_config(trigger)
                 if desired is not None:
-                    await self._apply_fleet(desired)
+                    await self._apply_fleet(desired, policies)
             except Exception as exc:  # a bug here must not end hot reload for good
                 log.error("chain_update_failed", error=f"{type(exc).__name__}: {exc}",
                           exc_info=True)
 
-    def _combine(self, file_specs: Sequence[FilterSpec],
-                 fleet_specs: Sequence[FilterSpec]) -> list[FilterSpec]:
+    def _combine(self, file_specs: Sequence[FilterSpec], fleet_specs: Sequence[FilterSpec],
+                 bindings: Sequence[Binding] | None = None) -> list[FilterSpec]:
         names = {s.name for s in file_specs}
         shadowed = frozenset(s.name for s in fleet_specs if s.name in names)
         if shadowed != self._shadowed and shadowed:
             log.warning("fleet_filter_shadowed", names=sorted(shadowed),
                         reason="a filter of the config file has the same name; it wins")
         self._shadowed = shadowed
-        return [*file_specs, *(s for s in fleet_specs if s.name not in names)]
+        return [*file_specs, *(s for s in fleet_specs if s.name not in names),
+                *(b.spec for b in (self.bindings if bindings is None else bindings))]
+
+    def _check_bindings(self, bindings: list[Binding], cache_dir: str | None) -> list[Binding]:
+        """Replace each binding that does not load by a block (blocking: runs modules' init)."""
+        out: list[Binding] = []
+        for b in bindings:
+            if b.blocked is None:
+                try:
+                    check_loads(b.spec, cache_dir)
+                except (FilterLoadError, ValueError, OSError) as exc:
+                    reason = f"filter {b.filter!r} does not load with the policy's config: {exc}"
+                    b = Binding(b.topic, b.filter, block_spec(b.topic, b.filter,
+                                                              sorted(b.spec.apply_to), reason),
+                                reason)
+            out.append(b)
+        return out
+
+    def _report_bindings(self, bindings: list[Binding]) -> None:
+        before = {(b.topic, b.filter): b.blocked for b in self.bindings}
+        for b in bindings:
+            if b.blocked is not None and before.get((b.topic, b.filter)) != b.blocked:
+                log.error("policy_blocked", topic=b.topic, filter=b.filter, reason=b.blocked,
+                          effect="the topic's partitions fail with KAFKA_STORAGE_ERROR in the "
+                                 "policy's directions until the filter can run")
 
     def _switch(self, chain: FilterChain | None, trigger: str, started: float,
                 build_seconds: float) -> None:
@@ -378,11 +445,12 @@ class ChainManager:
                    if config.raw.get(s) != self.started_config.raw.get(s)]
         if changed:
             log.warning("config_reload_needs_restart", sections=changed,
-                        reason="only filters, module_cache_dir and quotas change without a "
-                               "restart")
+                        reason="only filters, module_cache_dir, quotas and policy_admins "
+                               "change without a restart")
         return True
 
-    async def _apply_fleet(self, desired: dict[str, FilterRecord]) -> None:
+    async def _apply_fleet(self, desired: dict[str, FilterRecord],
+                           policies: dict[str, PolicyRecord] | None = None) -> None:
         catalog = self.catalog
         assert catalog is not None
         started = time.perf_counter()
@@ -391,7 +459,11 @@ class ChainManager:
             keep = catalog.accepted.get(bad.name)
             log.error("fleet_filter_refused", name=bad.name, sha256=bad.sha256,
                       reason=bad.reason, keeping=keep.record.sha256 if keep else None)
-        if not plan.changed:
+        if policies is None:
+            policies = self.policies
+        policies_changed = ({t: r.version for t, r in policies.items()}
+                            != {t: r.version for t, r in self.policies.items()})
+        if not plan.changed and not policies_changed:
             catalog.commit(plan)
             self.fleet_applied.set()
             if plan.newly_refused and self.follower is not None:
@@ -399,17 +471,22 @@ class ChainManager:
             return
         file_specs = list(self.config.filters)
         cache_dir = self.config.module_cache_dir
+        bindings = policy_bindings(policies, {n: a.spec for n, a in plan.accepted.items()})
 
-        def build() -> tuple[FilterChain | None, float]:
+        def build() -> tuple[FilterChain | None, list[Binding], float]:
             t0 = time.perf_counter()
-            chain = build_chain(self._combine(file_specs, plan.specs), cache_dir)
-            return chain, time.perf_counter() - t0
+            checked = self._check_bindings(bindings, cache_dir)
+            chain = build_chain(self._combine(file_specs, plan.specs, checked), cache_dir)
+            return chain, checked, time.perf_counter() - t0
 
         try:
-            chain, build_s = await asyncio.to_thread(build)
+            chain, checked, build_s = await asyncio.to_thread(build)
         except ConfigError as exc:
             log.error("fleet_update_refused", **error_fields(exc))
             return
+        self._report_bindings(checked)
+        self.bindings = checked
+        self.policies = dict(policies)
         catalog.commit(plan)
         self._switch(chain, "fleet", started, build_s)
         self.fleet_applied.set()
@@ -440,3 +517,75 @@ class ChainManager:
                 continue
             self._signature = now
             self.request_reload("file-changed")
+
+
+# ------------------------------------------------------------------------------------------
+# data policies, as the admin path sees them
+# ------------------------------------------------------------------------------------------
+
+#: How long a policy this proxy wrote is reported before its follower has read it back.
+WRITTEN_GRACE_SECONDS: Final = 60.0
+
+
+class FleetPolicies:
+    """The `PolicyBook` of proxy/paths/base.py, backed by the fleet topic.
+
+    `value` answers from the fleet view the follower keeps, and, until the follower has read
+    it back, from what this proxy just wrote (so a DescribeConfigs right after an alter shows
+    the new value). `check` blocks (it loads the module): call it from a worker thread.
+    """
+
+    def __init__(self, manager: ChainManager) -> None:
+        self.manager = manager
+        self._matcher: tuple[Any, AdminMatcher] | None = None
+        self._written: dict[str, tuple[tuple[int, int], str | None, float]] = {}
+
+    def allows(self, principal: str | None) -> bool:
+        patterns = self.manager.config.policy_admins
+        if self._matcher is None or self._matcher[0] is not patterns:
+            self._matcher = (patterns, AdminMatcher(patterns))
+        return self._matcher[1].allows(principal)
+
+    def value(self, topic: str) -> str | None:
+        follower = self.manager.follower
+        record = follower.view.policies.get(topic) if follower is not None else None
+        written = self._written.get(topic)
+        if written is not None:
+            version, value, at = written
+            if (record is None or record.version < version) and (
+                    time.monotonic() - at < WRITTEN_GRACE_SECONDS):
+                return value
+            del self._written[topic]
+        return record.value if record is not None else None
+
+    def check(self, topic: str, policy: Policy) -> PolicyError | None:
+        manager = self.manager
+        accepted = dict(manager.catalog.accepted) if manager.catalog is not None else {}
+        view = manager.follower.view if manager.follower is not None else None
+        deployed = sorted(view.filters) if view is not None else []
+        for i, entry in enumerate(policy.filters):
+            found = accepted.get(entry.name)
+            if found is None:
+                if entry.name in deployed:
+                    return PolicyError(f"filters[{i}].name",
+                                       f"filter {entry.name!r} is deployed but this proxy "
+                                       "refused it (see `sluice filter list`)")
+                return PolicyError(f"filters[{i}].name",
+                                   f"filter {entry.name!r} is not deployed in the fleet "
+                                   f"(deployed: {', '.join(deployed) or 'none'})")
+            spec = bind_spec(topic, entry, found.spec)
+            try:
+                check_loads(spec, manager.config.module_cache_dir)
+            except (FilterLoadError, ValueError, OSError) as exc:
+                return PolicyError(f"filters[{i}].config",
+                                   f"filter {entry.name!r} does not load with it: {exc}")
+        return None
+
+    async def publish(self, topic: str, value: str | None, principal: str | None) -> None:
+        follower = self.manager.follower
+        if follower is None:
+            raise OSError("the fleet is not configured")
+        data = (policy_record_value(topic, value, principal, self.manager.server.instance_id)
+                if value is not None else None)
+        version = await follower.publish(policy_key(topic), data)
+        self._written[topic] = (version, value, time.monotonic())

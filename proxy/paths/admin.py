@@ -7,6 +7,10 @@ and the whole config the topic would have afterwards (for IncrementalAlterConfig
 reads the current config from the broker and applies SET/DELETE/APPEND/SUBTRACT). A denial
 answers POLICY_VIOLATION with the filter's message for that item only; the other items go to
 the broker, and the two answers are merged in request order of items.
+
+While data policies are on (a fleet is followed), (Incremental)AlterConfigs are decoded
+whatever the filters, and the ``x-data-policy`` entries are handled first (paths/policy.py):
+admin filters then judge what is left for the broker, never the policy itself.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.chain import FilterChain
 from sluice.proxy.net.client_info import ClientInfo
 from sluice.proxy.net.upstream_client import UpstreamError
-from sluice.proxy.paths import responses
+from sluice.proxy.paths import policy, responses
 from sluice.proxy.paths.base import (
     Answer,
     Defer,
@@ -39,12 +43,14 @@ from sluice.proxy.paths.base import (
     Respond,
     UpstreamOpener,
 )
+from sluice.proxy.paths.policy import AlterPlan
 from sluice.proxy.telemetry.logs import log
 
 POLICY_VIOLATION = ErrorCode.POLICY_VIOLATION
 TOPIC_RESOURCE = 2
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
+ALTER_KEYS = frozenset({int(ApiKey.ALTER_CONFIGS), int(ApiKey.INCREMENTAL_ALTER_CONFIGS)})
 ADMIN_APIS = (
     ApiKey.CREATE_TOPICS,
     ApiKey.CREATE_PARTITIONS,
@@ -71,12 +77,6 @@ _APIS = {
         "incremental_alter_configs", "resources", "responses", lambda i: str(i.resource_name)
     ),
 }
-
-
-@dataclass(slots=True)
-class _Denied:
-    item: Any
-    message: str
 
 
 def _split_list(value: str | None) -> list[str]:
@@ -204,12 +204,13 @@ def _rewrite(
     return dataclasses.replace(item, configs=tuple(ops))
 
 
-def _result_entity(api: ApiKey, cls: type[Any], item: Any, message: str) -> Any:
+def _result_entity(api: ApiKey, cls: type[Any], item: Any, code: int,
+                   message: str | None) -> Any:
     if api in (ApiKey.CREATE_TOPICS, ApiKey.CREATE_PARTITIONS):
         return entities.build(
             cls,
             name=item.name,
-            error_code=POLICY_VIOLATION,
+            error_code=code,
             error_message=message,
             num_partitions=-1,
             replication_factor=-1,
@@ -217,30 +218,72 @@ def _result_entity(api: ApiKey, cls: type[Any], item: Any, message: str) -> Any:
         )
     return entities.build(
         cls,
-        error_code=POLICY_VIOLATION,
+        error_code=code,
         error_message=message,
         resource_type=item.resource_type,
         resource_name=item.resource_name,
     )
 
 
-def _merge(api: ApiKey, response: Any, denied: list[_Denied]) -> Any:
+def _result_name(result: Any) -> str:
+    return str(getattr(result, "resource_name", None) or getattr(result, "name", ""))
+
+
+def _broker_results(api: ApiKey, plan: AlterPlan, items: list[Any],
+                    results: tuple[Any, ...]) -> dict[int, Any]:
+    """The broker's result for each item index sent to it (it answers in request order;
+    matched by name should a broker answer otherwise)."""
+    sent = sorted(plan.sent)
+    pairs = list(zip(sent, results, strict=False))
+    if len(results) == len(sent) and all(
+        _result_name(r) == _APIS[api].name_of(items[i]) for i, r in pairs
+    ):
+        return dict(pairs)
+    found: dict[int, Any] = {}
+    unused = list(results)
+    for i in sent:
+        name = _APIS[api].name_of(items[i])
+        match = next((r for r in unused if _result_name(r) == name), None)
+        if match is not None:
+            unused.remove(match)
+            found[i] = match
+    return found
+
+
+def _merged(api: ApiKey, response: Any, plan: AlterPlan, items: list[Any],
+            failed: dict[int, tuple[int, str]]) -> Any:
+    """`response` (the broker's, or an empty one) with the proxy's answers, in item order."""
     spec = _APIS[api]
     cls = entities.element_class(type(response), spec.results)
-    extra = tuple(_result_entity(api, cls, d.item, d.message) for d in denied)
-    return dataclasses.replace(
-        response, **{spec.results: (*getattr(response, spec.results), *extra)}
-    )
+    broker = _broker_results(api, plan, items, getattr(response, spec.results))
+    out = []
+    for i, item in enumerate(items):
+        if i in failed:
+            out.append(_result_entity(api, cls, item, *failed[i]))
+        elif i in plan.local:
+            out.append(_result_entity(api, cls, item, *plan.local[i]))
+        elif i in broker:
+            out.append(broker[i])
+    return dataclasses.replace(response, **{spec.results: tuple(out)})
+
+
+@dataclass(slots=True)
+class _Sent:
+    """What the response path needs: the plan and the request's items."""
+
+    plan: AlterPlan
+    items: list[Any]
 
 
 class AdminPath:
-    """Topic administration requests, decoded only while an admin filter is in force."""
+    """Topic administration requests: decoded while an admin filter is in force, and
+    (Incremental)AlterConfigs always while data policies are on (paths/policy.py)."""
 
     name = "admin"
     api_keys = frozenset(int(k) for k in ADMIN_APIS)
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
-        return ctx.filters_on("admin")
+        return ctx.filters_on("admin") or (ctx.policies is not None and api_key in ALTER_KEYS)
 
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
         return False  # answers to changed requests are pinned by the request
@@ -256,13 +299,58 @@ class AdminPath:
             return Refuse(f"cannot decode {api.name} v{header.api_version}: {exc}")
         items = list(getattr(request, spec.items))
         principal = exchange.client.principal
-        if chain is None or not any(
-            chain.applies(spec.name_of(i), "admin", principal) for i in items
-        ):
+        plan: AlterPlan | None = None
+        book = ctx.policies
+        if book is not None and api in ALTER_KEYS:
+            plan = policy.plan_alter(api, request, book, principal)
+            if not plan.touched:
+                plan = None
+        filtered = (
+            ctx.filters_on("admin")
+            and chain is not None
+            and any(chain.applies(spec.name_of(i), "admin", principal) for i in items)
+        )
+        if plan is None and not filtered:
             return Forward()
+        if plan is None:
+            plan = AlterPlan(sent=dict(enumerate(items)),
+                             validate_only=bool(getattr(request, "validate_only", False)))
+        work = plan
+
+        def filters_stage() -> RequestOutcome:
+            if not filtered or chain is None or not work.sent:
+                return self._conclude(ctx, exchange, frame, request, items, work)
+            return self._filter_stage(ctx, chain, exchange, frame, request, items, work)
+
+        if book is not None and any(c.policy is not None for c in work.changes.values()):
+            # Whether the policy's filters exist and load: module init, off the event loop.
+            def checked(failed: dict[int, Any]) -> RequestOutcome:
+                policy.apply_checks(work, failed)
+                return filters_stage()
+
+            return Defer(Job(run=lambda: policy.check_changes(book, work), finish=checked,
+                             in_thread=True, what="policy check"))
+        return filters_stage()
+
+    def _filter_stage(
+        self,
+        ctx: PathContext,
+        chain: FilterChain,
+        exchange: Exchange,
+        frame: Frame,
+        request: Any,
+        items: list[Any],
+        plan: AlterPlan,
+    ) -> RequestOutcome:
+        header = exchange.header
+        api = ApiKey(header.api_key)
         if api != ApiKey.INCREMENTAL_ALTER_CONFIGS:
-            return self._decide(ctx, chain, exchange, frame, request, items, {})
-        names = [spec.name_of(i) for i in items if int(i.resource_type) == TOPIC_RESOURCE]
+            self._decide(ctx, chain, exchange, plan, {})
+            return self._conclude(ctx, exchange, frame, request, items, plan)
+        names = [
+            _APIS[api].name_of(i) for i in plan.sent.values()
+            if int(i.resource_type) == TOPIC_RESOURCE
+        ]
 
         async def current() -> Any:
             try:
@@ -275,12 +363,15 @@ class AdminPath:
                 # Without the current config the result cannot be validated: refuse, do not
                 # guess.
                 log.warning("admin_current_config_failed", error=str(found))
-                denied_all = [
-                    _Denied(i, f"sluice: cannot read current config to validate: {found}")
-                    for i in items
-                ]
-                return Answer(_answer(header, api, denied_all))
-            return self._decide(ctx, chain, exchange, frame, request, items, found)
+                for i in list(plan.sent):
+                    plan.local[i] = (
+                        POLICY_VIOLATION, f"sluice: cannot read current config to validate: {found}"
+                    )
+                    del plan.sent[i]
+                    plan.changes.pop(i, None)
+            else:
+                self._decide(ctx, chain, exchange, plan, found)
+            return self._conclude(ctx, exchange, frame, request, items, plan)
 
         return Defer(Job(run=current, finish=decide, in_thread=False, what="config look-up"))
 
@@ -289,59 +380,127 @@ class AdminPath:
         ctx: PathContext,
         chain: FilterChain,
         exchange: Exchange,
-        frame: Frame,
-        request: Any,
-        items: list[Any],
+        plan: AlterPlan,
         currents: dict[str, dict[str, str | None]],
-    ) -> RequestOutcome:
+    ) -> None:
         # `chain` is the one this request started with: a hot reload may have installed
         # another while the request awaited the broker's current config.
-        header = exchange.header
-        api = ApiKey(header.api_key)
+        api = ApiKey(exchange.header.api_key)
         spec = _APIS[api]
         client = exchange.client
-        kept: list[Any] = []
-        denied: list[_Denied] = []
-        for item in items:
+        for i, item in sorted(plan.sent.items()):
             name = spec.name_of(item)
-            resource = None
-            if chain.applies(name, "admin", client.principal):
-                resource = _resource(api, item, client, currents.get(name))
+            if not chain.applies(name, "admin", client.principal):
+                continue
+            resource = _resource(api, item, client, currents.get(name))
             if resource is None:
-                kept.append(item)
                 continue
             verdict = chain.run_admin(resource)
             _emit(ctx, client, chain, resource, verdict)
             if verdict.decision == "deny":
-                denied.append(_Denied(item, verdict.message or "denied by policy"))
+                plan.local[i] = (POLICY_VIOLATION, verdict.message or "denied by policy")
+                del plan.sent[i]
+                plan.changes.pop(i, None)
             elif verdict.decision == "rewrite":
-                kept.append(_rewrite(api, item, verdict, resource, currents.get(name)))
-            else:
-                kept.append(item)
-        if not denied and all(a is b for a, b in zip(kept, items, strict=True)):
+                plan.sent[i] = _rewrite(api, item, verdict, resource, currents.get(name))
+
+    def _conclude(
+        self,
+        ctx: PathContext,
+        exchange: Exchange,
+        frame: Frame,
+        request: Any,
+        items: list[Any],
+        plan: AlterPlan,
+    ) -> RequestOutcome:
+        header = exchange.header
+        api = ApiKey(header.api_key)
+        spec = _APIS[api]
+        client = exchange.client
+        for i, change in plan.refused.items():
+            code, message = plan.local[i]
+            policy.emit(ctx, client, change, code, message)
+        if not plan.sent:
+            # Nothing for the broker: answer now, once the policies are stored.
+            def answer(failed: dict[int, tuple[int, str]]) -> Answer:
+                return Answer(_answer(header, api, plan, items, failed))
+
+            changes = _due(plan, set(plan.local))
+            return self._with_writes(ctx, client, plan, changes, answer)
+        unchanged = not plan.local and all(plan.sent.get(i) is it for i, it in enumerate(items))
+        if unchanged and not plan.changes:
             return Forward()
-        if not kept:
-            return Answer(_answer(header, api, denied))
-        new_body = encode_request(dataclasses.replace(request, **{spec.items: tuple(kept)}))
-        return Forward(frame=bytes(frame[: header.header_size]) + new_body, state=denied, pin=self)
-
-    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
-        denied: list[_Denied] = exchange.state
-        api = ApiKey(exchange.header.api_key)
-        return Respond(
-            responses.transform(
-                exchange.header,
-                frame,
-                ctx.map_endpoint,
-                lambda r: _merge(api, r, denied) if denied else r,
+        new_frame: Frame | None = None
+        if not unchanged:
+            sent = tuple(plan.sent[i] for i in sorted(plan.sent))
+            new_frame = bytes(frame[: header.header_size]) + encode_request(
+                dataclasses.replace(request, **{spec.items: sent})
             )
-        )
+        return Forward(frame=new_frame, state=_Sent(plan, items), pin=self)
+
+    def _with_writes(
+        self,
+        ctx: PathContext,
+        client: ClientInfo,
+        plan: AlterPlan,
+        changes: dict[int, policy.Change],
+        then: Callable[[dict[int, tuple[int, str]]], Any],
+    ) -> Any:
+        """Store `changes` (not with validate_only), emit their telemetry, then `then`."""
+        book = ctx.policies
+
+        def done(failed: dict[int, tuple[int, str]]) -> Any:
+            for i, change in changes.items():
+                code, message = failed.get(i, (0, "validate only: not stored"
+                                               if plan.validate_only else None))
+                policy.emit(ctx, client, change, code, message)
+            return then(failed)
+
+        if not changes or plan.validate_only or book is None:
+            return done({})
+        return Defer(Job(run=lambda: policy.publish_changes(book, changes, client.principal),
+                         finish=done, in_thread=False, what="policy store"))
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+        sent: _Sent = exchange.state
+        header = exchange.header
+        api = ApiKey(header.api_key)
+        plan, items = sent.plan, sent.items
+        accepted: set[int] = set(plan.local)
+        if plan.changes:
+            _size, response = responses.decode(header, frame)
+            broker = _broker_results(api, plan, items, getattr(response, _APIS[api].results))
+            accepted |= {i for i, r in broker.items() if int(r.error_code) == 0}
+        changes = _due(plan, accepted)
+
+        def respond(failed: dict[int, tuple[int, str]]) -> Respond:
+            return Respond(
+                responses.transform(
+                    header, frame, ctx.map_endpoint, lambda r: _merged(api, r, plan, items, failed)
+                )
+            )
+
+        return self._with_writes(ctx, exchange.client, plan, changes, respond)
 
 
-def _answer(header: RequestHeader, api: ApiKey, denied: list[_Denied]) -> bytes:
+def _due(plan: AlterPlan, accepted: set[int]) -> dict[int, policy.Change]:
+    """The policy changes whose resource was accepted (by the proxy alone, or the broker)."""
+    return {
+        i: c for i, c in plan.changes.items()
+        if i in accepted and plan.local.get(i, (0, None))[0] == 0
+    }
+
+
+def _answer(
+    header: RequestHeader,
+    api: ApiKey,
+    plan: AlterPlan,
+    items: list[Any],
+    failed: dict[int, tuple[int, str]],
+) -> bytes:
     cls = entities.response_class(api, header.api_version)
     empty = entities.build(cls, **{_APIS[api].results: ()})
-    body = encode_response(_merge(api, empty, denied))
+    body = encode_response(_merged(api, empty, plan, items, failed))
     return response_header_bytes(header.correlation_id, header.api_key, header.api_version) + body
 
 

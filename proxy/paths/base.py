@@ -42,6 +42,7 @@ from sluice.proxy.net.client_info import ClientInfo
 if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
     from sluice.proxy.net.upstream_client import UpstreamConnection
+    from sluice.proxy.ops.policies import Policy, PolicyError
     from sluice.proxy.paths.topics import TopicRegistry
     from sluice.proxy.telemetry.metrics import Metrics
     from sluice.proxy.telemetry.recorder import TelemetryRecorder
@@ -169,6 +170,27 @@ class UpstreamOpener(Protocol):
     def __call__(self) -> Awaitable[UpstreamConnection]: ...
 
 
+class PolicyBook(Protocol):
+    """Data policies (the ``x-data-policy`` topic config; proxy/ops/policies.py), as the admin
+    paths need them. Present in the context only while the proxy follows a fleet."""
+
+    def allows(self, principal: str | None) -> bool:
+        """Whether `principal` may set or delete policies (``policy_admins``)."""
+        ...
+
+    def value(self, topic: str) -> str | None:
+        """The ``x-data-policy`` value set on `topic`, if any."""
+        ...
+
+    def check(self, topic: str, policy: Policy) -> PolicyError | None:
+        """Why `policy` cannot run on `topic` (None: it can). Blocking: call it in a thread."""
+        ...
+
+    async def publish(self, topic: str, value: str | None, principal: str | None) -> None:
+        """Store (None: delete) the policy of `topic` in the fleet topic."""
+        ...
+
+
 @dataclass(slots=True)
 class PathContext:
     """Everything a path may use, and nothing else: never the server or a socket.
@@ -186,6 +208,7 @@ class PathContext:
     metrics: Metrics
     map_endpoint: EndpointMapper
     open_upstream: UpstreamOpener  # a connection to a bootstrap broker, for look-ups
+    policies: PolicyBook | None = None  # data policies, while the proxy follows a fleet
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
 

@@ -7,6 +7,7 @@ from sluice.proxy.paths.admin import AdminPath
 from sluice.proxy.paths.apiversions import ApiVersionsPath
 from sluice.proxy.paths.base import ApiPath
 from sluice.proxy.paths.fetch import FetchPath
+from sluice.proxy.paths.policy import PolicyDescribePath
 from sluice.proxy.paths.produce import ProducePath
 from sluice.proxy.paths.registry import VersionTable
 from sluice.proxy.paths.sasl import SaslPath
@@ -23,5 +24,6 @@ def standard_paths(versions: VersionTable) -> list[ApiPath]:
         FetchPath(),
         ShareRefusalPath(),
         AdminPath(),
+        PolicyDescribePath(),
         AddressPath(),
     ]
