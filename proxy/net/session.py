@@ -300,13 +300,18 @@ class Session(asyncio.Protocol):
             placement is not None and placement.inline(key, job.size)
         ):
             # No filter threads configured, or a small job of a kind that has proved fast
-            # (job_placement.py): run inline, on the loop.
-            try:
-                result = run()
-            except Exception as exc:
-                self._job_done(action.job_id, None, exc)
-            else:
-                self._job_done(action.job_id, result, None)
+            # (job_placement.py): run on the loop, but in a callback of its own, never from
+            # inside `_do`: the actions after this StartJob (the forwarding of requests that
+            # came before the deferred one) must be performed before the job's own.
+            def run_inline() -> None:
+                try:
+                    result = run()
+                except Exception as exc:
+                    self._job_done(action.job_id, None, exc)
+                else:
+                    self._job_done(action.job_id, result, None)
+
+            loop.call_soon(run_inline)
             return
         else:
             future = loop.run_in_executor(self._executor, run)

@@ -424,6 +424,32 @@ def test_small_fast_jobs_run_inline_until_a_record_is_slow(
     assert p99(busy) < 0.1, f"quick-topic p99 {p99(busy) * 1000:.0f} ms while the filter spins"
 
 
+@pytest.mark.parametrize("threads", [0, 2])
+def test_pipelined_requests_reach_the_broker_in_order_around_an_inline_filter_job(
+    own_broker: TansuBroker, tmp_path: Path, threads: int
+) -> None:
+    """Requests before a filtered one, sent in the same write, reach the broker first, also
+    when the filter job runs on the loop (no filter threads, or a small job of a fast kind):
+    a job finished inline must not overtake the forwarding of earlier requests."""
+    filtered, plain = fresh_topics(own_broker, "inline-order", "plain")
+    config = {
+        "proxy": {"filter_threads": threads},
+        "filters": [{"name": "pii", "module": "builtin:pii-mask", "topics": [filtered],
+                     "apply_to": ["produce"]}],
+    }
+    with serving(own_broker, tmp_path / "sluice.yaml", config) as proxy:
+        # Teach the placement that this kind is fast (with threads), then pipeline.
+        timed_requests(proxy.port, [produce_frame(n, filtered, [ADDRESS]) for n in range(1, 21)])
+        with connect(proxy.port, timeout=15) as sock:
+            frames = []
+            for n in range(100, 160, 3):
+                frames += [produce_frame(n, plain, [b"a"]), produce_frame(n + 1, plain, [b"b"]),
+                           produce_frame(n + 2, filtered, [ADDRESS])]
+            sock.sendall(b"".join(frames))
+            got = [correlation_id(recv_frame(sock) or b"") for _ in frames]
+    assert got == [correlation_id(f[8:]) for f in frames]
+
+
 # ------------------------------------------------------------------ hole 7: smaller ones
 
 
