@@ -80,6 +80,7 @@ from sluice.crypto.kms import (
 )
 from sluice.crypto.kms_clients import open_kms
 from sluice.filters.abi_base import FilterLoadError
+from sluice.filters.chain import ANONYMOUS
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import KEEP, Decision, PartitionError, reject, rewrite
@@ -87,7 +88,6 @@ from sluice.filters.host import HostRunner
 
 KAFKA_STORAGE_ERROR: Final = 56
 CORRUPT_MESSAGE: Final = 2
-ANONYMOUS: Final = "User:ANONYMOUS"
 CONFIG_KEYS: Final = ("key", "decrypt_for", "fields", "data_key_max_records",
                       "data_key_max_age_seconds", "data_key_cache_seconds")
 _KEY_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from fnmatch import translate
 from typing import Any, Final
 
+from sluice.filters.chain import ANONYMOUS
 from sluice.filters.config import FilterSpec
 from sluice.filters.yaml_lines import LineMap
 
@@ -49,7 +50,6 @@ FORMAT_VERSION: Final = 1
 MAX_VALUE_BYTES: Final = 64 * 1024
 MAX_FILTERS: Final = 16
 DIRECTIONS: Final = ("produce", "fetch")
-ANONYMOUS: Final = "User:ANONYMOUS"
 #: The error a topic whose policy cannot be applied answers (56 KAFKA_STORAGE_ERROR, retriable).
 BLOCKED_ERROR_CODE: Final = 56
 _TOP_KEYS: Final = ("filters",)

@@ -45,6 +45,7 @@ from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response
 from sluice.codec.produce_splice import scan_produce_request
+from sluice.filters.chain import ANONYMOUS
 from sluice.filters.yaml_lines import LineMap
 
 PRODUCE = int(ApiKey.PRODUCE)
@@ -86,15 +87,16 @@ class QuotaRule:
         return self.produce if direction == "produce" else self.fetch
 
     def matches_client(self, principal: str | None, client_id: str | None) -> bool:
-        return (self.principal is None or fnmatchcase(principal or "", self.principal)) and (
-            self.client_id is None or fnmatchcase(client_id or "", self.client_id)
-        )
+        # No SASL or certificate: Kafka's User:ANONYMOUS, as for filters and data policies.
+        if self.principal is not None and not fnmatchcase(principal or ANONYMOUS, self.principal):
+            return False
+        return self.client_id is None or fnmatchcase(client_id or "", self.client_id)
 
     def client_key(self, principal: str | None, client_id: str | None) -> tuple[str, ...]:
         """The values of the client fields this rule names: its budget is shared by them."""
         key: tuple[str, ...] = ()
         if self.principal is not None:
-            key += (principal or "",)
+            key += (principal or ANONYMOUS,)
         if self.client_id is not None:
             key += (client_id or "",)
         return key

@@ -204,3 +204,10 @@ def test_no_rule_for_the_direction_costs_nothing() -> None:
     header, frame = produce_frame(100_000)
     assert q.produce(None, "x", header, frame) == 0.0  # type: ignore[arg-type]
     assert math.isclose(sum(c.bytes for *_, c in q.stats()), 0)
+
+
+def test_a_client_without_a_principal_is_user_anonymous_as_for_filters() -> None:
+    rule = QuotaRule(name="anon", principal="User:ANONYMOUS", produce=1000.0)
+    assert rule.matches_client(None, "app")
+    assert not rule.matches_client("User:alice", "app")
+    assert rule.client_key(None, "app") == ("User:ANONYMOUS",)
