@@ -11,6 +11,7 @@ pause, never a failure. /metrics shows the throttle time and the bytes per rule.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from tests.e2e.clients import create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
+from tests.proxy.test_reload import events, rewrite, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MB = 1_000_000
@@ -130,3 +132,58 @@ def test_consumer_held_to_its_fetch_quota(
     # Fetch responses are up to 256 KB here (max.partition.fetch.bytes, one partition): the
     # throttle follows each one, so 8 s hold about 30 of them.
     assert abs(got - MB) <= 0.15 * MB, got
+
+
+def test_with_two_workers_each_worker_enforces_half_the_rate(
+    broker: TansuBroker, start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+) -> None:
+    """`--workers 2` divides a rule's rate (docs/QUOTAS.md): a producer's records travel on
+    one connection, which one worker serves, so it is held to rate / 2."""
+    config = tmp_path / "sluice.yaml"
+    config.write_text(
+        "quotas:\n  burst_seconds: 1\n  rules:\n"
+        "    - name: held\n      client_id: 'held-*'\n      produce_bytes_per_second: 1000000\n"
+    )
+    proxy = start_proxy(config=config, extra_args=["--workers", "2"])
+    topic = unique("quota-workers")
+    create_topic(proxy.bootstrap, topic)
+    res = result(load("produce", proxy.bootstrap, topic, "held-w", 12))
+    got = rate(res, 2, 12)
+    print(f"producer with a 1 MB/s quota through 2 workers: {got / MB:.3f} MB/s")
+    assert res["errors"] == [] and res["throttle_events"] > 0
+    assert abs(got - MB / 2) <= 0.1 * MB / 2, got
+
+
+def test_a_reload_changes_the_quota_of_open_connections(
+    broker: TansuBroker, start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+) -> None:
+    """SIGHUP installs new rates (logged as quotas_installed, shown in /metrics) and the
+    producer's open connection is held to the new rate without reconnecting."""
+    metrics_port = free_port()
+    config = tmp_path / "sluice.yaml"
+    text = (
+        f"metrics:\n  listen: 127.0.0.1:{metrics_port}\n"
+        "quotas:\n  burst_seconds: 1\n  rules:\n"
+        "    - name: held\n      client_id: 'held-*'\n      produce_bytes_per_second: {rate}\n"
+    )
+    config.write_text(text.format(rate=500_000))
+    proxy = start_proxy(config=config)
+    topic = unique("quota-reload")
+    create_topic(proxy.bootstrap, topic)
+    held = load("produce", proxy.bootstrap, topic, "held-r", 16)
+    time.sleep(7)
+    rewrite(config, text.format(rate=2_000_000))
+    proxy.send_signal(signal.SIGHUP)
+    wait_for(lambda: events(proxy, "quotas_installed"), 10, "quotas_installed")
+    assert metric(metrics_port, "sluice_quota_limit_bytes_per_second",
+                  'direction="produce",quota="held"') == 2 * MB
+    res = result(held)
+    # The first second or two move the 1 s burst saved up while the producer started.
+    before, after = rate(res, 4, 7), rate(res, 10, 16)
+    print(f"held at 0.5 MB/s: {before / MB:.3f} MB/s; after the reload to 2 MB/s: "
+          f"{after / MB:.3f} MB/s")
+    assert res["errors"] == []
+    # Held before the reload (test_producer_held_... checks the accuracy of a steady rate).
+    assert 0.35 * MB < before < 0.7 * MB, before
+    assert abs(after - 2 * MB) <= 0.1 * 2 * MB, after
+    assert not events(proxy, "connection_closed_by_proxy")
