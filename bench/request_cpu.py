@@ -1,15 +1,16 @@
 """CPU per request of the proxy in the middle: one-record Produce requests at a fixed rate.
 
-Measures what the core costs per request and response, apart from any filter: the proxy runs
-with no filter, a producer sends one record per request (linger.ms=0, acks=1) at a fixed rate,
-and the proxy process's CPU time (user + system, from psutil) is divided by the records sent.
+Measures what the core costs per request and response: the proxy runs with no filter (or with
+`--mask`: builtin:pii-mask on produce, the mask-produce variant), a producer sends one record
+per request (linger.ms=0, acks=1) at a fixed rate, and the proxy process's CPU time (user +
+system, from psutil) is divided by the records sent.
 Variants run in interleaved slices on one broker, so machine drift hits them alike:
 
 - `this`: `sluice serve` of this checkout;
 - `other`: `sluice serve` run by another installation's Python (`--other PYTHON`), for a
   before/after comparison of two builds in the same run.
 
-    .venv/bin/python -m bench.request_cpu --seconds 5 --slices 5 [--other /path/to/python]
+    .venv/bin/python -m bench.request_cpu --seconds 5 --slices 5 [--mask] [--other /path/to/python]
 
 Prints one line per slice and a summary (median CPU µs per request per variant).
 """
@@ -39,12 +40,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+MASK_CONFIG = """\
+filters:
+  - name: pii
+    module: builtin:pii-mask
+    topics: ["cpu-*"]
+    apply_to: [produce]
+"""
+
+
 class Proxy:
-    def __init__(self, python: str, upstream: str) -> None:
+    def __init__(self, python: str, upstream: str, config: str | None = None) -> None:
         self.port = _free_port()
         self.process = subprocess.Popen(
             [python, "-m", "sluice", "serve", "--listen", f"127.0.0.1:{self.port}",
-             "--upstream", upstream],
+             "--upstream", upstream, *(["--config", config] if config else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "PYTHONWARNINGS": "ignore"},
@@ -94,13 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slices", type=int, default=5)
     parser.add_argument("--rate", type=int, default=2000, help="requests per second")
     parser.add_argument("--other", help="another installation's python, run side by side")
+    parser.add_argument("--mask", action="store_true", help="builtin:pii-mask on produce")
     args = parser.parse_args(argv)
     n = int(args.seconds * args.rate)
     values = json_records(n)
-    with TansuBroker() as broker:
-        proxies: dict[str, Proxy] = {"this": Proxy(sys.executable, broker.bootstrap)}
+    with TansuBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        config = None
+        if args.mask:
+            config = os.path.join(tmp, "mask.yaml")
+            with open(config, "w", encoding="utf-8") as f:
+                f.write(MASK_CONFIG)
+        proxies: dict[str, Proxy] = {"this": Proxy(sys.executable, broker.bootstrap, config)}
         if args.other:
-            proxies["other"] = Proxy(args.other, broker.bootstrap)
+            proxies["other"] = Proxy(args.other, broker.bootstrap, config)
         producers: dict[str, Producer] = {}
         try:
             for name, proxy in proxies.items():
@@ -118,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
                     micros = (proxies[name].cpu() - before) / sent * 1e6
                     results[name].append(micros)
                     print(f"slice {k} {name}: {micros:.1f} CPU µs per request ({sent} requests)")
-            print(f"one-record produce requests at {args.rate}/s, {args.slices} slices of "
+            print(f"one-record produce requests at {args.rate}/s"
+                  f"{' with pii-mask' if args.mask else ''}, {args.slices} slices of "
                   f"{args.seconds:g} s; proxy CPU µs per request and response:")
             for name, values_us in results.items():
                 print(f"  {name:6s} median {statistics.median(values_us):6.1f}  "
