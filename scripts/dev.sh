@@ -97,7 +97,8 @@ run_checks() {
 run_tests() {
   say "pytest"
   set +e
-  "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"
+  # The slowest tests are listed at the end, to keep the suite's time in view.
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@"
   local rc=$?
   set -e
   # pytest exits 5 when it collected no tests: that is a failure of this command.
