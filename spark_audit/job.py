@@ -148,6 +148,11 @@ def _summarise(tables: dict[str, pa.Table]) -> dict[str, Any]:
     totals["rejected"] = kinds.get("rejected", 0)
     totals["filter_errors"] = kinds.get("filter_error", 0)
     totals["telemetry_dropped"] = kinds.get("telemetry_dropped", 0)
+    transforms = tables["transforms"].to_pylist()
+    encryption = tables["encryption"].to_pylist()
+    totals["transform_records"] = sum(r["output_records"] for r in transforms)
+    totals["encrypted_records"] = sum(r["records"] or 0 for r in encryption
+                                      if r["section"] == "encrypted")
     per_topic: dict[str, list[int]] = {}
     per_client: dict[tuple[Any, Any], dict[str, Any]] = {}
     money = ("produce_records_out", "produce_bytes_in", "fetch_records_out", "fetch_bytes_out",
@@ -194,6 +199,8 @@ def _summarise(tables: dict[str, pa.Table]) -> dict[str, Any]:
         "clients": clients,
         "modules": modules,
         "compliance": compliance_top,
+        "transforms": transforms[:50],
+        "encryption": encryption[:50],
     }
 
 
@@ -248,6 +255,8 @@ def run_audit(
             "admin": rollups.admin(tables["admin"]),
             "loads": rollups.filter_loads(tables["filter_loaded"]),
             "drops": rollups.drops(tables["telemetry_dropped"]),
+            "transforms": rollups.transform_runs(tables["transform_batch"]),
+            "encryption": rollups.encryption(tables["encryption"]),
         }
         if inputs.checks is not None:
             parts["stats"] = rollups.stats(inputs.checks, from_ms, to_ms)
@@ -287,6 +296,8 @@ def run_audit(
             "billing_connections": reports.billing_connections(conns),
             "compliance": reports.compliance(found, admin_rows, drop_rows),
             "admin": reports.admin(admin_rows),
+            "transforms": reports.transforms(got["transforms"]),
+            "encryption": reports.encryption(got["encryption"], batches),
         }
         written: dict[str, dict[str, str]] = {}
         for name in reports.REPORT_NAMES:
@@ -319,6 +330,8 @@ def run_audit(
             modules=summary["modules"],
             clients=summary["clients"],
             compliance=summary["compliance"],
+            transforms=summary["transforms"],
+            encryption=summary["encryption"],
             files=[
                 (name, _relative(p["parquet"], out), _relative(p["csv"], out))
                 for name, p in written.items()

@@ -13,6 +13,10 @@ epoch milliseconds (UTC) until the reports turn them into UTC timestamps.
 - ``offset_runs``: the offset-run segments merged into runs (a window over segments, not over
   every batch) per module, api and topic-partition.
 - ``findings``, ``connections``, ``admin``, ``filter_loads``, ``drops``: the small datasets.
+- ``transform_runs``: transform batches merged into runs of contiguous input offsets per
+  transform, module versions and input partition, split per output partition.
+- ``encryption``: the encrypt filter's segments summed per topic-partition, KEK version and
+  principal.
 """
 
 from __future__ import annotations
@@ -251,4 +255,64 @@ def drops(df: DataFrame) -> DataFrame:
             F.min("time_ms").alias("first_ms"),
             F.max("time_ms").alias("last_ms"),
         )
+    )
+
+
+TRANSFORM_KEYS = ["transform", "module_sha256s", "input_topic", "input_partition"]
+
+
+def transform_runs(tb: DataFrame) -> DataFrame:
+    """Per transform, module versions (sha256s in chain order) and input partition: runs of
+    batches whose input offsets overlap or touch (a new run starts where a batch's first input
+    offset lies beyond every earlier batch's last + 1, as for ``offset_runs``), one row per
+    run and output partition with the input and output offset ranges. All rows of one batch
+    have the same input range, so they fall in the same run."""
+    w = Window.partitionBy(*TRANSFORM_KEYS).orderBy("input_offset_first", "input_offset_last")
+    prev_max = F.max("input_offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
+    starts = tb.filter(F.col("input_offset_first").isNotNull()).withColumn(
+        "_new_run",
+        F.when(prev_max.isNull() | (F.col("input_offset_first") > prev_max + 1), 1).otherwise(0),
+    )
+    runs = starts.withColumn(
+        "run", F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0)).cast("long")
+    )
+    no_offsets = tb.filter(F.col("input_offset_first").isNull()).withColumn(
+        "run", F.lit(None).cast("long")
+    )
+    return (
+        runs.drop("_new_run")
+        .unionByName(no_offsets)
+        .groupBy(*TRANSFORM_KEYS, "run", "output_topic", "output_partition")
+        .agg(
+            F.array_sort(F.array_distinct(F.flatten(F.collect_list("filter_names"))))
+            .alias("filter_names"),
+            F.min("input_offset_first").alias("input_offset_first"),
+            F.max("input_offset_last").alias("input_offset_last"),
+            F.min("output_offset_first").alias("output_offset_first"),
+            F.max("output_offset_last").alias("output_offset_last"),
+            F.count(F.lit(1)).alias("batches"),
+            _sum0("records_in").alias("input_records"),
+            _sum0("output_records").alias("output_records"),
+            _sum0("dropped").alias("dropped"),
+            _sum0("rejected").alias("rejected"),
+            _sum0("dead_letters").alias("dead_letters"),
+            _set("guarantee").alias("guarantees"),
+            _set("group").alias("groups"),
+            _set("instance_id").alias("proxy_instances"),
+            F.min("time_ms").alias("time_first_ms"),
+            F.max("time_ms").alias("time_last_ms"),
+        )
+    )
+
+
+def encryption(df: DataFrame) -> DataFrame:
+    """The encrypt filter's segments per api, topic-partition, principal and KEK version."""
+    return df.groupBy("api", "topic", "partition", "principal", "key_name", "key_version").agg(
+        F.min("offset_first").alias("offset_first"),
+        F.max("offset_last").alias("offset_last"),
+        _sum0("batches").alias("batches"),
+        _sum0("records").alias("records"),
+        _sum0("decrypted").alias("decrypted"),
+        _sum0("withheld").alias("withheld"),
+        _sum0("unreadable").alias("unreadable"),
     )

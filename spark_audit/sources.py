@@ -32,6 +32,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from sluice.proxy.telemetry.columns import (
     DATASETS,
     EVENT_TABLES,
+    FIRST_ROW,
     HOUR_MS,
     ROLLUPS,
     SCHEMAS,
@@ -211,6 +212,9 @@ def _good_json(raw: DataFrame, from_ms: int | None, to_ms: int | None) -> DataFr
 
 def _parquet_checks(df: DataFrame, dataset: str, with_key: bool = False) -> DataFrame:
     key = "id" if dataset in ROLLUPS else "event_id"
+    if dataset in FIRST_ROW:
+        # One check per event, not per row (a row without the column counts, as malformed).
+        df = df.filter(F.coalesce(F.col(FIRST_ROW[dataset]), F.lit(0)) == 0)
     return df.select(
         F.lit(dataset).alias("type"),
         (F.col(key) if with_key else F.lit(None).cast("string")).alias("key"),
@@ -275,7 +279,11 @@ def _union(
 
 
 def _event_keys(dataset: str) -> list[str]:
-    return ["event_id", "api"] if dataset == "connection_api" else ["event_id"]
+    if dataset == "connection_api":
+        return ["event_id", "api"]
+    if dataset in FIRST_ROW:
+        return ["event_id", FIRST_ROW[dataset]]
+    return ["event_id"]
 
 
 def dedupe_rows(df: DataFrame, keys: list[str]) -> DataFrame:
