@@ -142,31 +142,29 @@ def _run_aggregates() -> list[Column]:
 def offset_runs(segments: DataFrame) -> DataFrame:
     """Runs: islands of overlapping or adjacent segments (a new run starts where a segment's
     first offset lies beyond every earlier segment's last offset + 1). Segments without
-    offsets are summed into one row per key with null offsets and null run."""
-    with_offsets = segments.filter(F.col("offset_first").isNotNull())
-    w = Window.partitionBy(*RUN_KEYS).orderBy("offset_first", "offset_last")
+    offsets are summed into one row per key with null offsets and null run. One window over
+    one scan: segments without offsets have a window partition of their own."""
+    no_offsets = F.col("offset_first").isNull()
+    w = Window.partitionBy(*RUN_KEYS, no_offsets).orderBy(
+        "offset_first", "offset_last"
+    )
     prev_max = F.max("offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    starts = with_offsets.withColumn(
+    starts = segments.withColumn(
         "_new_run",
         F.when(prev_max.isNull() | (F.col("offset_first") > prev_max + 1), 1).otherwise(0),
     )
     runs = starts.withColumn(
-        "run", F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0)).cast("long")
+        "run",
+        F.when(
+            ~no_offsets,
+            F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0)),
+        ).cast("long"),
     )
-    grouped = runs.groupBy(*RUN_KEYS, "run").agg(
+    return runs.groupBy(*RUN_KEYS, "run").agg(
         F.min("offset_first").alias("offset_first"),
         F.max("offset_last").alias("offset_last"),
         *_run_aggregates(),
     )
-    no_offsets = (
-        segments.filter(F.col("offset_first").isNull())
-        .groupBy(*RUN_KEYS)
-        .agg(*_run_aggregates())
-        .withColumn("run", F.lit(None).cast("long"))
-        .withColumn("offset_first", F.lit(None).cast("long"))
-        .withColumn("offset_last", F.lit(None).cast("long"))
-    )
-    return grouped.unionByName(no_offsets)
 
 
 def findings(df: DataFrame) -> DataFrame:
@@ -183,42 +181,36 @@ def findings(df: DataFrame) -> DataFrame:
 def connections(conn: DataFrame, per_api: DataFrame) -> DataFrame:
     """``billing_connections`` rows (hours as epoch ms). A connection's ``open`` event precedes
     its first request, so it has no client id: each row takes the client id and principal seen
-    on any event of the same connection."""
-    ident = conn.groupBy("instance_id", "connection_id").agg(
-        F.max("client_id").alias("_client_id"), F.max("principal").alias("_principal")
-    )
-
-    def resolved(df: DataFrame) -> DataFrame:
-        return (
-            df.join(ident, ["instance_id", "connection_id"], "left")
-            .withColumn("client_id", F.coalesce(F.col("client_id"), F.col("_client_id")))
-            .withColumn("principal", F.coalesce(F.col("principal"), F.col("_principal")))
-            .withColumn("hour_ms", (F.floor(F.col("time_ms") / 3_600_000) * 3_600_000).cast("long"))
-        )
-
-    keys = ["principal", "client_id", "hour_ms"]
-    totals = resolved(conn).groupBy(*keys).agg(
+    on any event of the same connection. A ``connection_api`` row carries its event's client
+    id and principal, so one window over both datasets (no join) finds them."""
+    zero = F.lit(0).cast("long")
+    rows = conn.select(
+        "instance_id", "connection_id", "client_id", "principal", "time_ms",
         F.lit("*").alias("api"),
+        "requests", "bytes_in", "bytes_out",
+        F.when(F.col("phase") == "open", 1).otherwise(0).cast("long").alias("opened"),
+        F.when(F.col("phase") == "close", 1).otherwise(0).cast("long").alias("closed"),
+        "duration_ms",
+    ).unionByName(per_api.select(
+        "instance_id", "connection_id", "client_id", "principal", "time_ms", "api",
+        "requests", "bytes_in", "bytes_out",
+        zero.alias("opened"), zero.alias("closed"), zero.alias("duration_ms"),
+    ))
+    same = Window.partitionBy("instance_id", "connection_id")
+    resolved = rows.select(
+        F.coalesce(F.col("principal"), F.max("principal").over(same)).alias("principal"),
+        F.coalesce(F.col("client_id"), F.max("client_id").over(same)).alias("client_id"),
+        (F.floor(F.col("time_ms") / 3_600_000) * 3_600_000).cast("long").alias("hour_ms"),
+        "api", "requests", "bytes_in", "bytes_out", "opened", "closed", "duration_ms",
+    )
+    return resolved.groupBy("principal", "client_id", "hour_ms", "api").agg(
         _sum0("requests").alias("requests"),
         _sum0("bytes_in").alias("bytes_in"),
         _sum0("bytes_out").alias("bytes_out"),
-        F.sum(F.when(F.col("phase") == "open", 1).otherwise(0)).cast("long").alias(
-            "connections_opened"
-        ),
-        F.sum(F.when(F.col("phase") == "close", 1).otherwise(0)).cast("long").alias(
-            "connections_closed"
-        ),
+        _sum0("opened").alias("connections_opened"),
+        _sum0("closed").alias("connections_closed"),
         _sum0("duration_ms").alias("duration_ms"),
     )
-    apis = resolved(per_api).groupBy(*keys, "api").agg(
-        _sum0("requests").alias("requests"),
-        _sum0("bytes_in").alias("bytes_in"),
-        _sum0("bytes_out").alias("bytes_out"),
-        F.lit(0).cast("long").alias("connections_opened"),
-        F.lit(0).cast("long").alias("connections_closed"),
-        F.lit(0).cast("long").alias("duration_ms"),
-    )
-    return totals.unionByName(apis)
 
 
 def admin(df: DataFrame) -> DataFrame:
@@ -267,21 +259,24 @@ def transform_runs(tb: DataFrame) -> DataFrame:
     offset lies beyond every earlier batch's last + 1, as for ``offset_runs``), one row per
     run and output partition with the input and output offset ranges. All rows of one batch
     have the same input range, so they fall in the same run."""
-    w = Window.partitionBy(*TRANSFORM_KEYS).orderBy("input_offset_first", "input_offset_last")
+    no_offsets = F.col("input_offset_first").isNull()
+    w = Window.partitionBy(*TRANSFORM_KEYS, no_offsets).orderBy(
+        "input_offset_first", "input_offset_last"
+    )
     prev_max = F.max("input_offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    starts = tb.filter(F.col("input_offset_first").isNotNull()).withColumn(
+    starts = tb.withColumn(
         "_new_run",
         F.when(prev_max.isNull() | (F.col("input_offset_first") > prev_max + 1), 1).otherwise(0),
     )
     runs = starts.withColumn(
-        "run", F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0)).cast("long")
-    )
-    no_offsets = tb.filter(F.col("input_offset_first").isNull()).withColumn(
-        "run", F.lit(None).cast("long")
+        "run",
+        F.when(
+            ~no_offsets,
+            F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0)),
+        ).cast("long"),
     )
     return (
-        runs.drop("_new_run")
-        .unionByName(no_offsets)
+        runs
         .groupBy(*TRANSFORM_KEYS, "run", "output_topic", "output_partition")
         .agg(
             F.array_sort(F.array_distinct(F.flatten(F.collect_list("filter_names"))))
