@@ -12,10 +12,10 @@ Output layout under OUT (a local folder or any Hadoop filesystem URL: ``file://`
     <report>.parquet      one Parquet file per report
     <report>.csv          one CSV file per report (arrays joined with ';', times UTC)
 
-How it runs (few Spark jobs, no caching): one pass counts events per type and the rows that
-cannot be used; then one aggregation per dataset (``rollups``) is collected to the driver,
-which builds every report from those small results (``reports``) and writes them
-(``report_io``).
+How it runs (few Spark jobs, no caching): one aggregation per dataset (``rollups``), which
+also counts the dataset's events and the rows that cannot be used, all collected to the
+driver in one query; the driver builds every report from those small results (``reports``)
+and writes them (``report_io``).
 """
 
 from __future__ import annotations
@@ -259,22 +259,20 @@ def run_audit(
             "encryption": rollups.encryption(tables["encryption"]),
         }
         if inputs.checks is not None:
-            parts["stats"] = rollups.stats(inputs.checks, from_ms, to_ms)
-        got = rollups.collect(parts)
+            parts["skipped"] = rollups.skipped(inputs.checks)
+        got, counts = rollups.split_counts(rollups.collect(parts))
         timings["aggregate"] = time.perf_counter() - t0
-        stats = got.get("stats", [])
-        by_type = {r["type"]: int(r["events"]) for r in stats if r["type"] in EVENT_TABLES
-                   and r["events"]}
+        by_type = {t: c.events for t, c in counts.items() if t in EVENT_TABLES and c.events}
         skipped = {
-            "malformed": {r["type"]: int(r["malformed"]) for r in stats if r["malformed"]},
+            "malformed": {t: c.malformed for t, c in counts.items() if c.malformed},
             "unknown_schema_version": {
-                r["type"]: int(r["unknown_version"]) for r in stats if r["unknown_version"]
+                t: c.unknown_version for t, c in counts.items() if c.unknown_version
             },
         }
-        event_stats = [r for r in stats if r["type"] in EVENT_TABLES and r["events"]]
-        first_ms = min((r["first_ms"] for r in event_stats), default=None)
-        last_ms = max((r["last_ms"] for r in event_stats), default=None)
-        instances = sorted({i for r in event_stats for i in (r["instances"] or [])})
+        event_stats = [c for t, c in counts.items() if t in EVENT_TABLES and c.events]
+        first_ms = min((c.first_ms for c in event_stats if c.first_ms is not None), default=None)
+        last_ms = max((c.last_ms for c in event_stats if c.last_ms is not None), default=None)
+        instances = sorted({i for c in event_stats for i in c.instances})
         bucket_ms, bucket_label = _bucket((last_ms or 0) - (first_ms or 0))
         batches, runs, found = got["batches"], got["runs"], got["found"]
         conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]

@@ -25,6 +25,11 @@ from pyspark.sql.types import (
 from sluice.proxy.telemetry.columns import SCHEMAS
 
 SCHEMA_VERSION = 1
+# The column every table of the job carries (``sources``): null on the rows the reports use,
+# else why the job skips the row; the aggregations count those rows and report none of them.
+SKIP = "_skip"
+MALFORMED = "malformed"
+UNKNOWN_VERSION = "unknown_schema_version"
 
 
 def spark_schema(dataset: str) -> StructType:
