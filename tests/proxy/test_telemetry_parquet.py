@@ -159,7 +159,6 @@ CRASHER = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from sluice.proxy import telemetry as t
     from tests.spark_audit import known_telemetry as k
-from tests.spark_audit import known_transforms as kt
     sink = t.ParquetSink(k.A, {directory!r}, flush_seconds=0.1, fsync=False)
     for event in k.events():
         sink.emit(event)
