@@ -220,16 +220,17 @@ def offset_runs(segments: DataFrame) -> DataFrame:
     """Runs: islands of overlapping or adjacent segments (a new run starts where a segment's
     first offset lies beyond every earlier segment's last offset + 1). Segments without
     offsets are summed into one row per key with null offsets and null run. One window over
-    one scan: segments without offsets have a window partition of their own."""
+    one scan, partitioned by grouping keys only, so the grouping needs no second shuffle:
+    segments without offsets sort first and neither start nor number a run."""
     segments = _blanked(segments, RUN_KEYS)
     no_offsets = F.col("offset_first").isNull()
-    w = Window.partitionBy(*RUN_KEYS, SKIP, no_offsets).orderBy(
-        "offset_first", "offset_last"
-    )
+    w = Window.partitionBy(*RUN_KEYS, SKIP).orderBy("offset_first", "offset_last")
     prev_max = F.max("offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    starts = segments.withColumn(
+    starts = segments.withColumn("_prev", prev_max).withColumn(
         "_new_run",
-        F.when(prev_max.isNull() | (F.col("offset_first") > prev_max + 1), 1).otherwise(0),
+        F.when(no_offsets, 0)
+        .when(F.col("_prev").isNull() | (F.col("offset_first") > F.col("_prev") + 1), 1)
+        .otherwise(0),
     )
     runs = starts.withColumn(
         "run",
@@ -347,13 +348,15 @@ def transform_runs(tb: DataFrame) -> DataFrame:
     have the same input range, so they fall in the same run."""
     tb = _blanked(tb, [*TRANSFORM_KEYS, "output_topic", "output_partition"])
     no_offsets = F.col("input_offset_first").isNull()
-    w = Window.partitionBy(*TRANSFORM_KEYS, SKIP, no_offsets).orderBy(
+    w = Window.partitionBy(*TRANSFORM_KEYS, SKIP).orderBy(
         "input_offset_first", "input_offset_last"
     )
     prev_max = F.max("input_offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    starts = tb.withColumn(
+    starts = tb.withColumn("_prev", prev_max).withColumn(
         "_new_run",
-        F.when(prev_max.isNull() | (F.col("input_offset_first") > prev_max + 1), 1).otherwise(0),
+        F.when(no_offsets, 0)
+        .when(F.col("_prev").isNull() | (F.col("input_offset_first") > F.col("_prev") + 1), 1)
+        .otherwise(0),
     )
     runs = starts.withColumn(
         "run",
