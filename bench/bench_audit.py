@@ -2,13 +2,17 @@
 
     python -m bench.bench_audit [--events 10000000] [--workdir DIR] [--reuse]
                                 [--master local[*]] [--driver-memory 4g]
-                                [--kafka-events 1000000]
+                                [--kafka-events 1000000] [--runs 1]
 
 The telemetry (``bench.audit_data``) is written in the proxy's columnar layout (Parquet
 datasets under ``date=/hour=`` folders, rollups as the sink builds them) with pyarrow, then read
 by the job like real telemetry. Generation is not timed; the job is timed end to end, from
 listing the files to the HTML report, in one Spark session (its start is excluded and printed
 separately). Events per core = events / seconds / the session's default parallelism.
+``--runs N`` runs the job N times in the same session: the first run also pays for compiling
+the job's generated code and the JVM's JIT, later ones show the steady state. In local mode
+each run also prints the CPU time the JVM used (from /proc), a steadier figure than wall time
+on a machine shared with other work.
 
 ``--kafka-events N`` (0 skips it) also produces N events' datasets to a topic of the bundled
 Tansu broker on 127.0.0.1 as the columnar Kafka sink does (Arrow IPC messages), runs the job
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,13 +38,28 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _report(label: str, result: AuditResult, cores: int, master: str) -> None:
+def _jvm_cpu_seconds(spark: Any) -> float | None:
+    """CPU time (user + system) of the local JVM so far; None where /proc cannot say."""
+    try:
+        pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def _report(label: str, result: AuditResult, cores: int, master: str,
+            cpu_s: float | None = None) -> None:
     rate = result.events / result.seconds if result.seconds else 0.0
     print(json.dumps({"timings_s": {k: round(v, 2) for k, v in result.timings.items()},
                       "spark_jobs": result.spark_jobs}))
+    cpu = ""
+    if cpu_s:
+        cpu = f"; JVM CPU {cpu_s:.1f} s = {result.events / cpu_s:,.0f} events per CPU second"
     print(
         f"audit job, {label}: {result.events:,} events ({master}, {cores} cores) in "
         f"{result.seconds:.1f} s = {rate:,.0f} events/s = {rate / cores:,.0f} events/s per core"
+        f"{cpu}"
     )
 
 
@@ -91,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-memory", default="4g")
     parser.add_argument("--kafka-events", type=int, default=0,
                         help="also measure the kafka:// input with this many events (0: skip)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="run the job on the files this many times in one session")
     args = parser.parse_args(argv)
 
     work = Path(args.workdir)
@@ -108,8 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"({_size(data) / 1e6:.0f} MB Parquet) at {data}"
             )
         print(f"session start {startup:.1f} s (not included)")
-        result = run_audit(str(data), str(work / "report"))
-        _report("file input (columnar Parquet)", result, cores, args.master)
+        for run in range(1, args.runs + 1):
+            cpu0 = _jvm_cpu_seconds(spark)
+            result = run_audit(str(data), str(work / "report"))
+            cpu1 = _jvm_cpu_seconds(spark)
+            # Only local mode runs the executors in this JVM.
+            local = args.master.startswith("local")
+            cpu_s = cpu1 - cpu0 if local and cpu0 is not None and cpu1 is not None else None
+            _report(f"file input (columnar Parquet), run {run}", result, cores, args.master,
+                    cpu_s)
         if args.kafka_events:
             from sluice.local_broker import TansuBroker
 

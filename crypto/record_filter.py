@@ -85,6 +85,7 @@ from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import KEEP, Decision, PartitionError, reject, rewrite
 from sluice.filters.host import HostRunner
+from sluice.filters.host_identity import ENCRYPT_IMPLEMENTATION_VERSION, ENCRYPT_KIND
 
 KAFKA_STORAGE_ERROR: Final = 56
 CORRUPT_MESSAGE: Final = 2
@@ -96,7 +97,8 @@ _KEY_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 class EncryptRunner(HostRunner):
     """The ``builtin:encrypt`` host filter (see the module docstring)."""
 
-    kind = "encrypt"
+    kind = ENCRYPT_KIND
+    implementation_version = ENCRYPT_IMPLEMENTATION_VERSION
 
     def __init__(self, spec: FilterSpec, who: str) -> None:
         super().__init__(spec, who)

@@ -18,7 +18,6 @@ it into that partition's error instead of applying ``on_error``.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -26,6 +25,7 @@ from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.config import HOST_BUILTINS, FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Decision, PartitionError
+from sluice.filters.host_identity import host_filter_sha256
 
 __all__ = ["HOST_BUILTINS", "BlockRunner", "HostRunner"]
 
@@ -49,8 +49,7 @@ class HostRunner:
     def identity(cls) -> str:
         """What telemetry reports as the module sha256: a digest of the host filter's kind
         and implementation version (there is no module file)."""
-        return hashlib.sha256(
-            f"sluice-host-filter:{cls.kind}:{cls.implementation_version}".encode()).hexdigest()
+        return host_filter_sha256(cls.kind, cls.implementation_version)
 
     def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
             timestamp_base: int) -> tuple[list[Decision], dict[str, int]]:

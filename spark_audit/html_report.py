@@ -42,6 +42,9 @@ class ReportData:
     modules: list[dict[str, Any]] = field(default_factory=list)
     clients: list[dict[str, Any]] = field(default_factory=list)
     compliance: list[dict[str, Any]] = field(default_factory=list)
+    # Rows of the transforms and encryption reports (the first ones, in report order).
+    transforms: list[dict[str, Any]] = field(default_factory=list)
+    encryption: list[dict[str, Any]] = field(default_factory=list)
     files: list[tuple[str, str, str]] = field(default_factory=list)
     # {"malformed": {type: rows}, "unknown_schema_version": {type: rows}}: rows the job could
     # not use, shown so that nothing is left out without a word.
@@ -115,6 +118,8 @@ def render(data: ReportData) -> str:
             _card(t.get("detections", 0), "detections"),
             _card(t.get("rejected", 0), "records rejected"),
             _card(t.get("filter_errors", 0), "filter errors"),
+            _card(t.get("transform_records", 0), "records written by transforms"),
+            _card(t.get("encrypted_records", 0), "records encrypted"),
             _card(t.get("telemetry_dropped", 0), "telemetry events lost"),
             _card(skipped_total, "rows skipped (unknown schema version or malformed)"),
         ]
@@ -178,6 +183,41 @@ def render(data: ReportData) -> str:
             ("count", "count"),
         ],
     )
+    transforms = _table(
+        data.transforms,
+        [
+            ("transform", "transform"),
+            ("module_sha256s", "module sha256s"),
+            ("input_topic", "input topic"),
+            ("input_partition", "partition"),
+            ("input_offset_first", "input first"),
+            ("input_offset_last", "input last"),
+            ("output_topic", "output topic"),
+            ("output_partition", "partition"),
+            ("output_offset_first", "output first"),
+            ("output_offset_last", "output last"),
+            ("output_records", "records out"),
+            ("batches", "batches"),
+        ],
+    )
+    encryption = _table(
+        data.encryption,
+        [
+            ("section", "section"),
+            ("topic", "topic"),
+            ("partition", "partition"),
+            ("key_name", "key"),
+            ("key_version", "version"),
+            ("principal", "principal"),
+            ("offset_first", "first offset"),
+            ("offset_last", "last offset"),
+            ("records", "records"),
+            ("decrypted", "decrypted"),
+            ("withheld", "withheld"),
+            ("unreadable", "unreadable"),
+            ("failures", "failures"),
+        ],
+    )
     files = (
         "<ul>"
         + "".join(
@@ -197,5 +237,7 @@ def render(data: ReportData) -> str:
         modules=modules,
         clients=clients,
         compliance=compliance,
+        transforms=transforms,
+        encryption=encryption,
         files=files,
     )

@@ -12,10 +12,10 @@ Output layout under OUT (a local folder or any Hadoop filesystem URL: ``file://`
     <report>.parquet      one Parquet file per report
     <report>.csv          one CSV file per report (arrays joined with ';', times UTC)
 
-How it runs (few Spark jobs, no caching): one pass counts events per type and the rows that
-cannot be used; then one aggregation per dataset (``rollups``) is collected to the driver,
-which builds every report from those small results (``reports``) and writes them
-(``report_io``).
+How it runs (few Spark jobs, no caching): one aggregation per dataset (``rollups``), which
+also counts the dataset's events and the rows that cannot be used, all collected to the
+driver in one query; the driver builds every report from those small results (``reports``)
+and writes them (``report_io``).
 """
 
 from __future__ import annotations
@@ -148,6 +148,11 @@ def _summarise(tables: dict[str, pa.Table]) -> dict[str, Any]:
     totals["rejected"] = kinds.get("rejected", 0)
     totals["filter_errors"] = kinds.get("filter_error", 0)
     totals["telemetry_dropped"] = kinds.get("telemetry_dropped", 0)
+    transforms = tables["transforms"].to_pylist()
+    encryption = tables["encryption"].to_pylist()
+    totals["transform_records"] = sum(r["output_records"] for r in transforms)
+    totals["encrypted_records"] = sum(r["records"] or 0 for r in encryption
+                                      if r["section"] == "encrypted")
     per_topic: dict[str, list[int]] = {}
     per_client: dict[tuple[Any, Any], dict[str, Any]] = {}
     money = ("produce_records_out", "produce_bytes_in", "fetch_records_out", "fetch_bytes_out",
@@ -194,6 +199,8 @@ def _summarise(tables: dict[str, pa.Table]) -> dict[str, Any]:
         "clients": clients,
         "modules": modules,
         "compliance": compliance_top,
+        "transforms": transforms[:50],
+        "encryption": encryption[:50],
     }
 
 
@@ -248,24 +255,24 @@ def run_audit(
             "admin": rollups.admin(tables["admin"]),
             "loads": rollups.filter_loads(tables["filter_loaded"]),
             "drops": rollups.drops(tables["telemetry_dropped"]),
+            "transforms": rollups.transform_runs(tables["transform_batch"]),
+            "encryption": rollups.encryption(tables["encryption"]),
         }
         if inputs.checks is not None:
-            parts["stats"] = rollups.stats(inputs.checks, from_ms, to_ms)
-        got = rollups.collect(parts)
+            parts["skipped"] = rollups.skipped(inputs.checks)
+        got, counts = rollups.split_counts(rollups.collect(parts))
         timings["aggregate"] = time.perf_counter() - t0
-        stats = got.get("stats", [])
-        by_type = {r["type"]: int(r["events"]) for r in stats if r["type"] in EVENT_TABLES
-                   and r["events"]}
+        by_type = {t: c.events for t, c in counts.items() if t in EVENT_TABLES and c.events}
         skipped = {
-            "malformed": {r["type"]: int(r["malformed"]) for r in stats if r["malformed"]},
+            "malformed": {t: c.malformed for t, c in counts.items() if c.malformed},
             "unknown_schema_version": {
-                r["type"]: int(r["unknown_version"]) for r in stats if r["unknown_version"]
+                t: c.unknown_version for t, c in counts.items() if c.unknown_version
             },
         }
-        event_stats = [r for r in stats if r["type"] in EVENT_TABLES and r["events"]]
-        first_ms = min((r["first_ms"] for r in event_stats), default=None)
-        last_ms = max((r["last_ms"] for r in event_stats), default=None)
-        instances = sorted({i for r in event_stats for i in (r["instances"] or [])})
+        event_stats = [c for t, c in counts.items() if t in EVENT_TABLES and c.events]
+        first_ms = min((c.first_ms for c in event_stats if c.first_ms is not None), default=None)
+        last_ms = max((c.last_ms for c in event_stats if c.last_ms is not None), default=None)
+        instances = sorted({i for c in event_stats for i in c.instances})
         bucket_ms, bucket_label = _bucket((last_ms or 0) - (first_ms or 0))
         batches, runs, found = got["batches"], got["runs"], got["found"]
         conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]
@@ -287,6 +294,8 @@ def run_audit(
             "billing_connections": reports.billing_connections(conns),
             "compliance": reports.compliance(found, admin_rows, drop_rows),
             "admin": reports.admin(admin_rows),
+            "transforms": reports.transforms(got["transforms"]),
+            "encryption": reports.encryption(got["encryption"], batches),
         }
         written: dict[str, dict[str, str]] = {}
         for name in reports.REPORT_NAMES:
@@ -319,6 +328,8 @@ def run_audit(
             modules=summary["modules"],
             clients=summary["clients"],
             compliance=summary["compliance"],
+            transforms=summary["transforms"],
+            encryption=summary["encryption"],
             files=[
                 (name, _relative(p["parquet"], out), _relative(p["csv"], out))
                 for name, p in written.items()

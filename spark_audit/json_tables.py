@@ -3,8 +3,10 @@ columnar layout, so the job reads old and new telemetry the same way.
 
 Each filter entry of a ``record_batch`` event becomes an ``offset_run`` segment of one batch
 and each detector count, reject, reject reason, filter or partition error a ``finding`` of one
-event, exactly what the proxy's columnar sink sums up before writing. Only built-in Spark SQL
-functions: the conversion stays in the JVM.
+event, exactly what the proxy's columnar sink sums up before writing; an entry of the
+``builtin:encrypt`` filter also becomes ``encryption`` segments of one batch (one per KEK
+counter on produce, one per entry on fetch). A ``transform_batch`` event becomes one row per
+output partition. Only built-in Spark SQL functions: the conversion stays in the JVM.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sluice.proxy.telemetry.columns import SCHEMAS
+from sluice.filters.host_identity import ENCRYPT_SHA256
+from sluice.proxy.telemetry.columns import DECRYPT_COUNTERS, KEK_COUNTER_PREFIX, SCHEMAS
 from sluice.spark_audit.schema import SCHEMA_VERSION, spark_schema
 
 _ITEM = "array<struct<kind:string,name:string,n:bigint>>"
@@ -66,7 +69,8 @@ def _items(*parts: Column) -> Column:
 def flatten(events: DataFrame) -> dict[str, DataFrame]:
     """The datasets of ``telemetry_columns.SCHEMAS`` from valid schema-v1 events."""
     by_type = {t: events.filter(F.col("type") == t) for t in (
-        "record_batch", "connection", "admin", "filter_loaded", "telemetry_dropped")}
+        "record_batch", "connection", "admin", "filter_loaded", "telemetry_dropped",
+        "transform_batch")}
     rb = by_type["record_batch"]
     out: dict[str, DataFrame] = {}
     out["record_batch"] = rb.select(
@@ -84,6 +88,7 @@ def flatten(events: DataFrame) -> dict[str, DataFrame]:
         "api",
         "topic",
         "partition",
+        "principal",
         "offset_first",
         "offset_last",
         F.posexplode("filters").alias("pos", "f"),
@@ -182,6 +187,8 @@ def flatten(events: DataFrame) -> dict[str, DataFrame]:
         F.col("time_ms").alias("time_first_ms"),
         F.col("time_ms").alias("time_last_ms"),
     )
+    out["encryption"] = _encryption(per_filter)
+    out["transform_batch"] = _transform_batches(by_type["transform_batch"])
     conn = by_type["connection"]
     out["connection"] = conn.select(
         "*",
@@ -219,3 +226,89 @@ def flatten(events: DataFrame) -> dict[str, DataFrame]:
         "proxy"
     )
     return {name: _shape(df, name) for name, df in out.items() if name in SCHEMAS}
+
+
+def _encryption(per_filter: DataFrame) -> DataFrame:
+    """Segments of one batch from the encrypt filter's entries (``telemetry_columns``)."""
+    f = F.col("f")
+    mine = per_filter.filter(f["module_sha256"] == F.lit(ENCRYPT_SHA256))
+    common: list[Column | str] = [
+        F.lit(SCHEMA_VERSION).alias("schema_version"),
+        F.lit(1).alias("version"),
+        "host",
+        "instance_id",
+        f["module_sha256"].alias("module_sha256"),
+        f["name"].alias("filter_name"),
+        "api",
+        "topic",
+        "partition",
+        "offset_first",
+        "offset_last",
+        F.lit(1).alias("batches"),
+        F.col("time_ms").alias("time_first_ms"),
+        F.col("time_ms").alias("time_last_ms"),
+    ]
+    sealed = mine.filter(F.col("api") == "produce").select(
+        "*", F.explode(f["detectors"]).alias("counter", "n")
+    ).filter(F.col("counter").startswith(KEK_COUNTER_PREFIX))
+    # kek:NAME:VERSION; names cannot hold ':' (crypto/record_filter.py).
+    kek = F.split(F.substring(F.col("counter"), len(KEK_COUNTER_PREFIX) + 1, 1 << 20), ":")
+    produce = sealed.select(
+        *common,
+        F.concat_ws("#", "event_id", F.col("pos").cast("string"), "counter").alias("id"),
+        F.lit(None).cast("string").alias("principal"),
+        kek[0].alias("key_name"),
+        kek[1].alias("key_version"),
+        F.coalesce(F.col("n"), F.lit(0)).alias("records"),
+        *[F.lit(0).alias(c) for c in DECRYPT_COUNTERS],
+    )
+    fetch = mine.filter(F.col("api") != "produce").select(
+        *common,
+        F.concat_ws("#", "event_id", F.col("pos").cast("string")).alias("id"),
+        "principal",
+        F.lit(None).cast("string").alias("key_name"),
+        F.lit(None).cast("string").alias("key_version"),
+        F.lit(0).alias("records"),
+        *[F.coalesce(f["detectors"].getItem(c), F.lit(0)).alias(c) for c in DECRYPT_COUNTERS],
+    )
+    return produce.unionByName(fetch)
+
+
+def _transform_batches(tb: DataFrame) -> DataFrame:
+    """One row per output partition written (one without output columns if none)."""
+    filters = F.coalesce(F.col("filters"), F.array())
+    return tb.select(
+        *_envelope(),
+        "transform",
+        "group",
+        "guarantee",
+        "transactional_id",
+        F.col("input.topic").alias("input_topic"),
+        F.col("input.partition").alias("input_partition"),
+        F.col("input.offset_first").alias("input_offset_first"),
+        F.col("input.offset_last").alias("input_offset_last"),
+        "output_topic",
+        F.coalesce(F.size("outputs"), F.lit(0)).alias("outputs"),
+        "records_in",
+        "records_out",
+        F.coalesce(F.col("dropped"), F.lit(0)).alias("dropped"),
+        F.coalesce(
+            F.aggregate(F.map_values("reject_reasons"), F.lit(0).cast("long"),
+                        lambda a, b: a + F.coalesce(b, F.lit(0))),
+            F.lit(0),
+        ).alias("rejected"),
+        F.coalesce(F.col("dead_letters"), F.lit(0)).alias("dead_letters"),
+        F.transform(filters, lambda x: x["name"]).alias("filter_names"),
+        F.transform(filters, lambda x: x["module_sha256"]).alias("module_sha256s"),
+        F.aggregate(filters, F.lit(0).cast("long"),
+                    lambda acc, x: acc + F.coalesce(x["time_ns"], F.lit(0))
+                    ).alias("filter_time_ns"),
+        F.posexplode_outer("outputs").alias("output_index", "o"),
+    ).select(
+        "*",
+        F.coalesce(F.col("output_index"), F.lit(0)).alias("_index"),
+        F.col("o.partition").alias("output_partition"),
+        F.col("o.offset_first").alias("output_offset_first"),
+        F.col("o.offset_last").alias("output_offset_last"),
+        F.coalesce(F.col("o.records"), F.lit(0)).alias("output_records"),
+    ).drop("o", "output_index").withColumnRenamed("_index", "output_index")

@@ -11,6 +11,11 @@ Reports (column meanings are in docs/TELEMETRY.md, section "Reports"):
 - ``compliance``: long format, ``kind`` in detection, rejected, reject_reason, filter_error,
   partition_error, admin_deny, admin_error, telemetry_dropped.
 - ``admin``: admin decisions per module, operation, resource and decision.
+- ``transforms``: which transform and module versions wrote which output offsets (per output
+  partition) from which input offsets (runs per input partition).
+- ``encryption``: offset ranges sealed under each KEK version (``section = encrypted``) and
+  what each principal read of encrypted topics (``section = read``), from the
+  ``builtin:encrypt`` filter's counters.
 
 Every function returns an Arrow table with the report's columns, sorted by its keys (nulls
 first, as Spark sorts). Times are UTC timestamps (``timestamp[us, tz=UTC]``) in every report.
@@ -31,6 +36,8 @@ REPORT_NAMES = (
     "billing_connections",
     "compliance",
     "admin",
+    "transforms",
+    "encryption",
 )
 
 _S, _L, _I = pa.string(), pa.int64(), pa.int32()
@@ -73,6 +80,21 @@ SCHEMAS: dict[str, pa.Schema] = {
          ("resource", _S), ("decision", _S), ("principal", _S), ("client_id", _S),
          ("count", _L), ("proxy_instances", _LIST), ("messages", _LIST), ("first_time", _T),
          ("last_time", _T)]
+    ),
+    "transforms": pa.schema(
+        [("transform", _S), ("module_sha256s", _LIST), ("filter_names", _LIST),
+         ("input_topic", _S), ("input_partition", _I), ("run", _L),
+         ("input_offset_first", _L), ("input_offset_last", _L), ("output_topic", _S),
+         ("output_partition", _I), ("output_offset_first", _L), ("output_offset_last", _L),
+         ("batches", _L), ("input_records", _L), ("output_records", _L), ("dropped", _L),
+         ("rejected", _L), ("dead_letters", _L), ("guarantees", _LIST), ("groups", _LIST),
+         ("proxy_instances", _LIST), ("time_first", _T), ("time_last", _T)]
+    ),
+    "encryption": pa.schema(
+        [("section", _S), ("topic", _S), ("partition", _I), ("key_name", _S),
+         ("key_version", _S), ("principal", _S), ("offset_first", _L), ("offset_last", _L),
+         ("records", _L), ("batches", _L), ("decrypted", _L), ("withheld", _L),
+         ("unreadable", _L), ("failures", _L)]
     ),
 }
 
@@ -264,3 +286,50 @@ def admin(admin_rows: list[dict[str, Any]]) -> pa.Table:
             "last_time": _max(r["last_ms"] for r in group),
         })
     return to_table("admin", out, ["module_sha256", "op", "resource", "decision"])
+
+
+def transforms(runs: list[dict[str, Any]]) -> pa.Table:
+    rows = [{**r, "time_first": r["time_first_ms"], "time_last": r["time_last_ms"]}
+            for r in runs]
+    return to_table("transforms", rows, ["transform", "input_topic", "input_partition", "run",
+                                         "module_sha256s", "output_topic", "output_partition"])
+
+
+ANONYMOUS = "User:ANONYMOUS"
+_READ = ("decrypted", "withheld", "unreadable")
+
+
+def encryption(key_rows: list[dict[str, Any]], batches: list[dict[str, Any]]) -> pa.Table:
+    """``encrypted`` rows: per topic-partition and KEK version, the range of the broker's
+    offsets of records sealed under it (a produce batch uses one data key). ``read`` rows: per
+    topic the encrypt filter ran on and principal, records decrypted, withheld (received as
+    stored) and unreadable (KEK deleted), and ``failures``: fetches of that topic answered
+    with a partition error (KMS down, tampering), from the ``record_batch`` rollup."""
+    out: list[dict[str, Any]] = []
+    sealed = _group((r for r in key_rows if r["api"] == "produce" and r["key_name"] is not None),
+                    lambda r: (r["topic"], r["partition"], r["key_name"], r["key_version"]))
+    for (topic, partition, key_name, key_version), group in sealed.items():
+        out.append({
+            "section": "encrypted", "topic": topic, "partition": partition,
+            "key_name": key_name, "key_version": key_version,
+            "offset_first": _min(r["offset_first"] for r in group),
+            "offset_last": _max(r["offset_last"] for r in group),
+            "records": sum(r["records"] for r in group),
+            "batches": sum(r["batches"] for r in group),
+        })
+    topics = {r["topic"] for r in key_rows}
+    reads: dict[tuple[Any, str], dict[str, int]] = defaultdict(
+        lambda: dict.fromkeys((*_READ, "failures"), 0))
+    for r in key_rows:
+        if r["api"] == "fetch":
+            acc = reads[(r["topic"], r["principal"] or ANONYMOUS)]
+            for col in _READ:
+                acc[col] += r[col]
+    for r in batches:
+        if r["api"] == "fetch" and r["topic"] in topics and r["errors"]:
+            reads[(r["topic"], r["principal"] or ANONYMOUS)]["failures"] += r["errors"]
+    for (topic, principal), counts in reads.items():
+        if any(counts.values()):
+            out.append({"section": "read", "topic": topic, "principal": principal, **counts})
+    return to_table("encryption", out, ["section", "topic", "partition", "key_name",
+                                        "key_version", "principal"])

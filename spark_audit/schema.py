@@ -25,6 +25,11 @@ from pyspark.sql.types import (
 from sluice.proxy.telemetry.columns import SCHEMAS
 
 SCHEMA_VERSION = 1
+# The column every table of the job carries (``sources``): null on the rows the reports use,
+# else why the job skips the row; the aggregations count those rows and report none of them.
+SKIP = "_skip"
+MALFORMED = "malformed"
+UNKNOWN_VERSION = "unknown_schema_version"
 
 
 def spark_schema(dataset: str) -> StructType:
@@ -60,6 +65,13 @@ FILTER_REF = StructType([_f("name", _S), _f("module_sha256", _S)])
 API_COUNTERS = StructType([_f("requests", _L), _f("bytes_in", _L), _f("bytes_out", _L)])
 
 PROXY = StructType([_f("host", _S), _f("pid", _I), _f("instance_id", _S)])
+
+TRANSFORM_INPUT = StructType(
+    [_f("topic", _S), _f("partition", _I), _f("offset_first", _L), _f("offset_last", _L)]
+)
+TRANSFORM_OUTPUT = StructType(
+    [_f("partition", _I), _f("offset_first", _L), _f("offset_last", _L), _f("records", _L)]
+)
 
 TELEMETRY_V1 = StructType(
     [
@@ -119,6 +131,15 @@ TELEMETRY_V1 = StructType(
         _f("reason", _S),
         _f("since_ms", _L),
         _f("until_ms", _L),
+        # transform_batch (records_in/out, dropped, dead_letters, filters, reject_reasons:
+        # as above)
+        _f("transform", _S),
+        _f("group", _S),
+        _f("guarantee", _S),
+        _f("transactional_id", _S),
+        _f("input", TRANSFORM_INPUT),
+        _f("output_topic", _S),
+        _f("outputs", ArrayType(TRANSFORM_OUTPUT)),
     ]
 )
 

@@ -7,9 +7,13 @@
   messages of the old one.
 
 Whatever the source, the job sees the same thing (``Inputs``): one DataFrame per dataset of
-``telemetry_columns.SCHEMAS``, already restricted to schema version 1 and the ``--from/--to``
-window, plus ``checks``: one small row per event (type, whether its schema version is known,
-whether it parsed, time, instance) that the job counts so nothing is dropped without a word.
+``telemetry_columns.SCHEMAS``, restricted to the ``--from/--to`` window, with one more column,
+``_skip`` (``SKIP``): null on the rows the reports use, else why the job cannot use the row
+(``malformed``: no version or no time; ``unknown_schema_version``). Skipped rows stay in the
+tables so that the aggregation that reads a dataset for its report also counts them (one scan
+per dataset, see ``rollups``); every aggregation keeps them apart. ``checks`` holds one small
+row per JSON line the job cannot use (it never became a table row: unparsable, unknown type or
+version), counted by its own aggregation, so that nothing is dropped without a word.
 
 Files are listed by the driver (Python for local paths, Hadoop's FileSystem API otherwise);
 the same published file found twice (``<dataset>/date=/hour=/<name>``, e.g. a proxy's folder
@@ -32,6 +36,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from sluice.proxy.telemetry.columns import (
     DATASETS,
     EVENT_TABLES,
+    FIRST_ROW,
     HOUR_MS,
     ROLLUPS,
     SCHEMAS,
@@ -39,7 +44,14 @@ from sluice.proxy.telemetry.columns import (
 )
 from sluice.spark_audit import json_tables
 from sluice.spark_audit.load import KafkaUrl, parse_kafka_url
-from sluice.spark_audit.schema import SCHEMA_VERSION, TELEMETRY_V1, spark_schema
+from sluice.spark_audit.schema import (
+    MALFORMED,
+    SCHEMA_VERSION,
+    SKIP,
+    TELEMETRY_V1,
+    UNKNOWN_VERSION,
+    spark_schema,
+)
 
 DEFAULT_GLOB = "*.jsonl"
 _PARQUET_FILE = re.compile(
@@ -155,14 +167,13 @@ def read_inputs(
         df = spark.read.schema(spark_schema(dataset)).parquet(*sorted(found.values()))
         if dedupe and dataset not in ROLLUPS:
             df = dedupe_rows(df, _event_keys(dataset))
-        checks.append(_parquet_checks(df, dataset, with_key=dedupe))
-        tables[dataset].append(_usable(df, dataset, time_from_ms, time_to_ms))
+        tables[dataset].append(_classified(df, dataset, time_from_ms, time_to_ms))
     if jsonl:
         files["jsonl"] = len(jsonl)
         raw = spark.read.schema(_with_corrupt(TELEMETRY_V1)).json(sorted(jsonl.values()))
         if dedupe:
             raw = dedupe_rows(raw, ["event_id"])
-        checks.append(_json_checks(raw, with_key=dedupe))
+        checks.append(_json_skipped(raw, with_key=dedupe))
         good = _good_json(raw, time_from_ms, time_to_ms)
         for dataset, df in json_tables.flatten(good).items():
             tables[dataset].append(df)
@@ -171,7 +182,6 @@ def read_inputs(
     }
     checked = _union_all(checks) if checks else None
     if checked is not None and dedupe:
-        # The same event in both layouts counts once too.
         checked = dedupe_rows(checked, ["type", "key"])
     return Inputs(
         tables=merged,
@@ -209,42 +219,33 @@ def _good_json(raw: DataFrame, from_ms: int | None, to_ms: int | None) -> DataFr
     ).drop(CORRUPT)
 
 
-def _parquet_checks(df: DataFrame, dataset: str, with_key: bool = False) -> DataFrame:
-    key = "id" if dataset in ROLLUPS else "event_id"
-    return df.select(
-        F.lit(dataset).alias("type"),
-        (F.col(key) if with_key else F.lit(None).cast("string")).alias("key"),
-        F.col("schema_version"),
-        _malformed_parquet(df, dataset).alias("malformed"),
-        F.col(time_column(dataset)).alias("time_ms"),
-        F.col("instance_id"),
-    )
-
-
-def _json_checks(raw: DataFrame, with_key: bool = False) -> DataFrame:
+def _json_skipped(raw: DataFrame, with_key: bool = False) -> DataFrame:
+    """One row per JSON event the job cannot use (the others are counted as table rows)."""
     bad = (
         F.col(CORRUPT).isNotNull()
         | F.col("type").isNull()
         | F.col("time_ms").isNull()
         | ~F.col("type").isin(*EVENT_TABLES)
+        | F.col("schema_version").isNull()
     )
-    return raw.select(
+    return raw.filter(bad | (F.col("schema_version") != SCHEMA_VERSION)).select(
         F.when(F.col("type").isin(*EVENT_TABLES), F.col("type"))
         .otherwise(F.lit("(unreadable)"))
         .alias("type"),
         (F.col("event_id") if with_key else F.lit(None).cast("string")).alias("key"),
-        F.col("schema_version"),
-        bad.alias("malformed"),
-        F.col("time_ms"),
-        F.col("proxy.instance_id").alias("instance_id"),
+        F.when(bad, MALFORMED).otherwise(UNKNOWN_VERSION).alias(SKIP),
     )
 
 
-def _usable(df: DataFrame, dataset: str, from_ms: int | None, to_ms: int | None) -> DataFrame:
-    return df.filter(
-        (F.col("schema_version") == SCHEMA_VERSION)
-        & ~_malformed_parquet(df, dataset)
-        & _window(F.col(time_column(dataset)), from_ms, to_ms)
+def _classified(
+    df: DataFrame, dataset: str, from_ms: int | None, to_ms: int | None
+) -> DataFrame:
+    """The rows of the window, and every row the job skips, with ``SKIP`` saying why."""
+    skip = F.when(_malformed_parquet(df, dataset), MALFORMED).when(
+        F.col("schema_version") != SCHEMA_VERSION, UNKNOWN_VERSION
+    )
+    return df.withColumn(SKIP, skip).filter(
+        F.col(SKIP).isNotNull() | _window(F.col(time_column(dataset)), from_ms, to_ms)
     )
 
 
@@ -259,8 +260,13 @@ def _union(
     spark: SparkSession, dataset: str, dfs: list[DataFrame], *, dedupe: bool, latest: bool
 ) -> DataFrame:
     if not dfs:
-        return spark.createDataFrame([], spark_schema(dataset))
-    df = _union_all([d.select(*SCHEMAS[dataset].names) for d in dfs])
+        schema = StructType([*spark_schema(dataset).fields, StructField(SKIP, StringType())])
+        return spark.createDataFrame([], schema)
+    df = _union_all([
+        d.select(*SCHEMAS[dataset].names,
+                 F.col(SKIP) if SKIP in d.columns else F.lit(None).cast("string").alias(SKIP))
+        for d in dfs
+    ])
     if dataset in ROLLUPS:
         # A Kafka topic holds several versions of a rollup row (a segment is sent again at
         # every flush while it grows): the highest is the row. Published files hold one
@@ -270,12 +276,25 @@ def _union(
             df = latest_rollups(df)
     elif dedupe:
         # Also across layouts: the same event in a JSON Lines file and a Parquet file.
-        df = df.dropDuplicates(_event_keys(dataset))
+        # Skipped rows are all kept (each is counted).
+        keys = _event_keys(dataset)
+        df = (df.withColumn("_apart", _apart())
+              .dropDuplicates([*keys, "_apart"]).drop("_apart"))
     return df
 
 
+def _apart() -> Column:
+    """A key part that is unique on skipped rows (so no de-duplication merges them), null on
+    the others."""
+    return F.when(F.col(SKIP).isNotNull(), F.monotonically_increasing_id())
+
+
 def _event_keys(dataset: str) -> list[str]:
-    return ["event_id", "api"] if dataset == "connection_api" else ["event_id"]
+    if dataset == "connection_api":
+        return ["event_id", "api"]
+    if dataset in FIRST_ROW:
+        return ["event_id", FIRST_ROW[dataset]]
+    return ["event_id"]
 
 
 def dedupe_rows(df: DataFrame, keys: list[str]) -> DataFrame:
@@ -287,8 +306,10 @@ def dedupe_rows(df: DataFrame, keys: list[str]) -> DataFrame:
 
 
 def latest_rollups(df: DataFrame) -> DataFrame:
+    """The highest version of each rollup row id; skipped rows are all kept."""
     cols = [c for c in df.columns if c != "id"]
-    best = df.groupBy("id").agg(F.max_by(F.struct(*cols), F.col("version")).alias("r"))
+    best = df.groupBy("id", _apart().alias("_apart")).agg(
+        F.max_by(F.struct(*cols), F.col("version")).alias("r"))
     return best.select("id", "r.*").select(*df.columns)
 
 
@@ -333,9 +354,7 @@ def _kafka_inputs(
 
     for dataset in DATASETS:
         df = read(dataset, spark_schema(dataset))
-        if dataset in EVENT_TABLES or dataset in ROLLUPS:
-            checks.append(_parquet_checks(df, dataset))
-        tables[dataset].append(_usable(df, dataset, from_ms, to_ms))
+        tables[dataset].append(_classified(df, dataset, from_ms, to_ms))
     # JSON messages of the old sink in the same topic.
     values = read("json", StructType([StructField("value", StringType(), True)]))
     _add_json_messages(values, tables, checks, from_ms, to_ms)
@@ -361,7 +380,7 @@ def _add_json_messages(
         ).alias("e")
     ).select("e.*")
     raw = dedupe_rows(raw, ["event_id"])
-    checks.append(_json_checks(raw))
+    checks.append(_json_skipped(raw))
     good = _good_json(raw, from_ms, to_ms)
     for dataset, df in json_tables.flatten(good).items():
         tables[dataset].append(df)

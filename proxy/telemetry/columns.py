@@ -9,7 +9,13 @@ and the audit job; docs/TELEMETRY.md ("Columnar layout") describes every column.
   ``telemetry_dropped``;
 - rollup tables, built in the proxy: ``offset_run`` (contiguous offset-run segments per filter
   module, api, topic-partition and hour, with the decision counts summed) and ``finding``
-  (detector counts, rejects, reject reasons, filter and partition errors per key and hour).
+  (detector counts, rejects, reject reasons, filter and partition errors per key and hour);
+- ``transform_batch``: one row per transform batch event x output partition written (one row
+  with null output columns when the batch wrote nothing), the event's counters repeated on
+  each row and ``output_index`` 0 on its first row;
+- ``encryption`` (a rollup): the ``builtin:encrypt`` filter's counters, which the other tables
+  only sum: produce offset segments per KEK name and version, fetch offset segments per
+  principal with the records decrypted, withheld and unreadable.
 
 A rollup row has an ``id`` and a ``version``: while a segment grows, every flush writes its
 cumulative state again with a higher version, so a crash loses at most one flush interval
@@ -25,6 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
+from sluice.filters.host_identity import ENCRYPT_SHA256
 
 LAYOUT_VERSION = 1
 HOUR_MS = 3_600_000
@@ -168,13 +176,75 @@ SCHEMAS: dict[str, pa.Schema] = {
     "telemetry_dropped": pa.schema(
         [*_ENVELOPE, ("dropped", _L), ("reason", _S), ("since_ms", _L), ("until_ms", _L)]
     ),
+    "transform_batch": pa.schema(
+        [
+            *_ENVELOPE,
+            ("transform", _S),
+            ("group", _S),
+            ("guarantee", _S),
+            ("transactional_id", _S),
+            ("input_topic", _S),
+            ("input_partition", _I),
+            ("input_offset_first", _L),
+            ("input_offset_last", _L),
+            ("output_topic", _S),
+            ("output_index", _I),
+            ("outputs", _I),
+            ("output_partition", _I),
+            ("output_offset_first", _L),
+            ("output_offset_last", _L),
+            ("output_records", _L),
+            ("records_in", _L),
+            ("records_out", _L),
+            ("dropped", _L),
+            ("rejected", _L),
+            ("dead_letters", _L),
+            ("filter_names", pa.list_(_S)),
+            ("module_sha256s", pa.list_(_S)),
+            ("filter_time_ns", _L),
+        ]
+    ),
+    "encryption": pa.schema(
+        [
+            ("schema_version", _I),
+            ("id", _S),
+            ("version", _I),
+            ("host", _S),
+            ("instance_id", _S),
+            ("module_sha256", _S),
+            ("filter_name", _S),
+            ("api", _S),
+            ("topic", _S),
+            ("partition", _I),
+            ("principal", _S),
+            ("key_name", _S),
+            ("key_version", _S),
+            ("offset_first", _L),
+            ("offset_last", _L),
+            ("batches", _L),
+            ("records", _L),
+            ("decrypted", _L),
+            ("withheld", _L),
+            ("unreadable", _L),
+            ("time_first_ms", _L),
+            ("time_last_ms", _L),
+        ]
+    ),
 }
 
 DATASETS = tuple(SCHEMAS)
 # Rollup datasets: rows are versioned states of one id; the highest version is the row.
-ROLLUPS = ("offset_run", "finding")
-# Event types whose events are rows of the dataset of the same name (one row per event).
-EVENT_TABLES = ("record_batch", "connection", "admin", "filter_loaded", "telemetry_dropped")
+ROLLUPS = ("offset_run", "finding", "encryption")
+# Event types whose events are rows of the dataset of the same name (one row per event, or
+# several: see FIRST_ROW).
+EVENT_TABLES = ("record_batch", "connection", "admin", "filter_loaded", "telemetry_dropped",
+                "transform_batch")
+# Event tables with several rows per event: the column that is 0 on an event's first row
+# (count those rows to count events).
+FIRST_ROW = {"transform_batch": "output_index"}
+# Counters of the builtin:encrypt filter (crypto/record_filter.py) in its telemetry entry.
+KEK_COUNTER_PREFIX = "kek:"
+DECRYPT_COUNTERS = ("decrypted", "withheld", "unreadable")
 
 
 def time_column(dataset: str) -> str:
@@ -219,6 +289,7 @@ class ColumnarBuffers:
 
     _SEGMENT_SUMS = ("batches", "kept", "rewritten", "dropped", "rejected", "detections",
                      "errors", "time_ns")
+    _ENCRYPTION_SUMS = ("batches", "records", *DECRYPT_COUNTERS)
 
     def __init__(self, id_prefix: str) -> None:
         self._id_prefix = id_prefix
@@ -227,6 +298,8 @@ class ColumnarBuffers:
         self._segments: dict[tuple[Any, ...], _Rollup] = {}
         self._closed_segments: list[_Rollup] = []
         self._findings: dict[tuple[Any, ...], _Rollup] = {}
+        self._key_segments: dict[tuple[Any, ...], _Rollup] = {}
+        self._closed_key_segments: list[_Rollup] = []
         self.events = 0
         self.unknown = 0
         self._reset_columns()
@@ -263,6 +336,8 @@ class ColumnarBuffers:
             )
         elif kind == "telemetry_dropped":
             self._append("telemetry_dropped", {**event, **_envelope(event)})
+        elif kind == "transform_batch":
+            self._add_transform_batch(event)
         else:
             self.unknown += 1
             return False
@@ -294,6 +369,35 @@ class ColumnarBuffers:
                 },
             )
 
+    def _add_transform_batch(self, event: Mapping[str, Any]) -> None:
+        filters: list[Mapping[str, Any]] = event.get("filters") or []
+        source: Mapping[str, Any] = event.get("input") or {}
+        outputs: list[Mapping[str, Any]] = event.get("outputs") or []
+        row = {
+            **event,
+            **_envelope(event),
+            "input_topic": source.get("topic"),
+            "input_partition": source.get("partition"),
+            "input_offset_first": source.get("offset_first"),
+            "input_offset_last": source.get("offset_last"),
+            "outputs": len(outputs),
+            "rejected": sum(_int(n) for n in (event.get("reject_reasons") or {}).values()),
+            "filter_names": [f.get("name") for f in filters],
+            "module_sha256s": [f.get("module_sha256") for f in filters],
+            "filter_time_ns": sum(_int(f.get("time_ns")) for f in filters),
+        }
+        # A batch that wrote nothing still says which input offsets it consumed: one row
+        # without output columns.
+        for index, out in enumerate(outputs or [{}]):
+            self._append("transform_batch", {
+                **row,
+                "output_index": index,
+                "output_partition": out.get("partition"),
+                "output_offset_first": out.get("offset_first"),
+                "output_offset_last": out.get("offset_last"),
+                "output_records": _int(out.get("records")),
+            })
+
     def _add_record_batch(self, event: Mapping[str, Any]) -> None:
         env = _envelope(event)
         filters: list[Mapping[str, Any]] = event.get("filters") or []
@@ -315,6 +419,8 @@ class ColumnarBuffers:
             detectors: Mapping[str, int] = f.get("detectors") or {}
             errors: list[str] = list(f.get("errors") or [])
             self._add_segment(env, f, event, time_ms, hour, sum(detectors.values()), len(errors))
+            if sha == ENCRYPT_SHA256:
+                self._add_encryption(env, f, event, time_ms, hour, detectors)
             for detector, count in detectors.items():
                 if count > 0:
                     self._finding(where, "detection", name, sha, detector, count, time_ms)
@@ -385,6 +491,87 @@ class ColumnarBuffers:
         s["errors"] += errors
         seg.dirty = True
 
+    def _add_encryption(
+        self,
+        env: Mapping[str, Any],
+        f: Mapping[str, Any],
+        event: Mapping[str, Any],
+        time_ms: int,
+        hour: int,
+        detectors: Mapping[str, int],
+    ) -> None:
+        """The encrypt filter's counters: on produce one segment per KEK version the batch was
+        sealed under (a produce batch uses one data key, so its offsets are that version's),
+        on fetch one segment per principal."""
+        base = {
+            "host": env["host"],
+            "instance_id": env["instance_id"],
+            "module_sha256": f.get("module_sha256"),
+            "filter_name": f.get("name"),
+            "api": event.get("api"),
+            "topic": event.get("topic"),
+            "partition": event.get("partition"),
+            "principal": None,
+            "key_name": None,
+            "key_version": None,
+        }
+        if event.get("api") == "produce":
+            for counter, n in detectors.items():
+                if not counter.startswith(KEK_COUNTER_PREFIX):
+                    continue
+                name, _, version = counter[len(KEK_COUNTER_PREFIX):].rpartition(":")
+                values = {**base, "key_name": name, "key_version": version}
+                self._extend(self._key_segments, values, event, time_ms, hour,
+                             {"records": _int(n)})
+        else:
+            values = {**base, "principal": event.get("principal")}
+            self._extend(self._key_segments, values, event, time_ms, hour,
+                         {c: _int(detectors.get(c)) for c in DECRYPT_COUNTERS})
+
+    def _extend(
+        self,
+        segments: dict[tuple[Any, ...], _Rollup],
+        values: Mapping[str, Any],
+        event: Mapping[str, Any],
+        time_ms: int,
+        hour: int,
+        counts: Mapping[str, int],
+    ) -> None:
+        """Add one batch to the open segment of its key (``values`` and the hour), or close
+        that segment and open a new one when the batch's offsets neither overlap nor touch."""
+        first, last = event.get("offset_first"), event.get("offset_last")
+        has_offsets = first is not None and last is not None
+        key = (*values.values(), hour, has_offsets)
+        seg = segments.get(key)
+        if seg is not None and has_offsets:
+            v = seg.values
+            if first > v["offset_last"] + 1 or last < v["offset_first"] - 1:
+                self._closed_key_segments.append(seg)
+                seg = None
+            else:
+                v["offset_first"] = min(v["offset_first"], first)
+                v["offset_last"] = max(v["offset_last"], last)
+        if seg is None:
+            seg = _Rollup(
+                id=f"{self._id_prefix}-e{next(self._ids)}",
+                values={
+                    **values,
+                    "offset_first": first if has_offsets else None,
+                    "offset_last": last if has_offsets else None,
+                    "time_first_ms": time_ms,
+                    "time_last_ms": time_ms,
+                },
+                sums=dict.fromkeys(self._ENCRYPTION_SUMS, 0),
+            )
+            segments[key] = seg
+        v, s = seg.values, seg.sums
+        v["time_first_ms"] = min(v["time_first_ms"], time_ms)
+        v["time_last_ms"] = max(v["time_last_ms"], time_ms)
+        s["batches"] += 1
+        for col, n in counts.items():
+            s[col] += n
+        seg.dirty = True
+
     def _finding(
         self,
         where: tuple[Any, ...],
@@ -442,6 +629,8 @@ class ColumnarBuffers:
         self._segments.clear()
         self._emit("finding", self._findings.values())
         self._findings.clear()
+        self._closed_key_segments.extend(self._key_segments.values())
+        self._key_segments.clear()
 
     def pending(self) -> bool:
         """Whether a flush would write anything."""
@@ -450,6 +639,8 @@ class ColumnarBuffers:
             or bool(self._closed_segments)
             or any(r.dirty for r in self._segments.values())
             or any(r.dirty for r in self._findings.values())
+            or bool(self._closed_key_segments)
+            or any(r.dirty for r in self._key_segments.values())
         )
 
     def rows_for_flush(self) -> dict[str, pa.RecordBatch]:
@@ -458,6 +649,9 @@ class ColumnarBuffers:
         self._closed_segments.clear()
         self._emit("offset_run", self._segments.values())
         self._emit("finding", self._findings.values())
+        self._emit("encryption", self._closed_key_segments)
+        self._closed_key_segments.clear()
+        self._emit("encryption", self._key_segments.values())
         out: dict[str, pa.RecordBatch] = {}
         for name, cols in self._cols.items():
             if cols[SCHEMAS[name].names[0]]:

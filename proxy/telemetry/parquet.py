@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 import structlog
 
 from sluice.proxy.telemetry.columns import (
+    FIRST_ROW,
     HOUR_MS,
     ROLLUPS,
     SCHEMAS,
@@ -131,7 +132,9 @@ def publish_spool(spool: Path, directory: Path, *, fsync: bool = True) -> tuple[
         if table is None:
             continue
         written = publish_table(directory, dataset, table, spool.name, fsync=fsync)
-        if dataset not in ROLLUPS and dataset != "connection_api":
+        if dataset in FIRST_ROW:
+            events += int(pc.sum(pc.equal(table.column(FIRST_ROW[dataset]), 0)).as_py() or 0)
+        elif dataset not in ROLLUPS and dataset != "connection_api":
             events += written
         if table.num_rows and dataset not in ROLLUPS:
             latest = max(latest, int(pc.max(table.column("time_ms")).as_py() or 0))

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -51,7 +52,8 @@ def sasl_broker() -> Iterator[FrontedTansu]:
         yield b
 
 
-def write_config(tmp_path: Path, kms: dict[str, Any], **extra: Any) -> Path:
+def write_config(tmp_path: Path, kms: dict[str, Any], telemetry_format: str = "jsonl",
+                 **extra: Any) -> Path:
     filt = {"name": "encrypt-payments", "module": "builtin:encrypt", "topics": ["enc-*"],
             "apply_to": ["produce", "fetch"],
             "config": {"key": "payments", "decrypt_for": ["User:billing-*"], **extra}}
@@ -61,7 +63,7 @@ def write_config(tmp_path: Path, kms: dict[str, Any], **extra: Any) -> Path:
                          "fields": ["card"], **extra}}
     (tmp_path / "telemetry").mkdir(exist_ok=True)
     config = {"filters": [filt, fields], "kms": kms,
-              "telemetry": {"dir": str(tmp_path / "telemetry"), "format": "jsonl"}}
+              "telemetry": {"dir": str(tmp_path / "telemetry"), "format": telemetry_format}}
     path = tmp_path / "sluice.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -254,6 +256,38 @@ def test_telemetry_names_key_versions_and_offsets(local_proxy: SluiceProxy,
     withheld = sum(f["detectors"].get("withheld", 0) for e in evs if e["api"] == "fetch"
                    and e["principal"] == "User:bob" for f in e["filters"])
     assert decrypted >= 30 and withheld >= 30
+
+
+@pytest.mark.spark
+def test_encryption_report_from_a_real_proxy(sasl_broker: FrontedTansu, tmp_path: Path) -> None:
+    """The default (Parquet) telemetry of a real proxy, through the audit job: which KEK
+    version sealed which offsets, and what each principal read."""
+    from sluice.spark_audit.job import run_audit
+
+    config = write_config(tmp_path, {"type": "local", "path": "keys.json"},
+                          telemetry_format="parquet")
+    topic = unique("enc-report")
+    records = produced_records(card_values(30, "rp"))
+    with SluiceProxy(upstream=sasl_broker.bootstrap, config=config) as proxy:
+        create_topic(proxy.bootstrap, topic)
+        assert produce(proxy.bootstrap, topic, records, "app") == [""] * 30
+        assert consume(proxy.bootstrap, topic, 30, "billing-eu")[0] == records
+        assert len(consume(proxy.bootstrap, topic, 30, "bob")[0]) == 30
+    # Stopping the proxy published its telemetry.
+    assert list((tmp_path / "telemetry" / "encryption").rglob("*.parquet"))
+    out = tmp_path / "report"
+    run_audit(str(tmp_path / "telemetry"), str(out), master="local[2]")
+    rows = [r for r in pq.read_table(out / "encryption.parquet").to_pylist()
+            if r["topic"] == topic]
+    sealed = [(r["partition"], r["key_name"], r["key_version"], r["offset_first"],
+               r["offset_last"], r["records"]) for r in rows if r["section"] == "encrypted"]
+    assert sealed == [(0, "payments", "1", 0, 29, 30)]
+    reads = {r["principal"]: r for r in rows if r["section"] == "read"}
+    assert set(reads) == {"User:billing-eu", "User:bob"}
+    assert reads["User:billing-eu"]["decrypted"] >= 30 and reads["User:billing-eu"][
+        "withheld"] == 0
+    assert reads["User:bob"]["withheld"] >= 30 and reads["User:bob"]["decrypted"] == 0
+    assert all(r["unreadable"] == 0 and r["failures"] == 0 for r in reads.values())
 
 
 def test_tampered_record_is_an_error_never_data(sasl_broker: FrontedTansu,

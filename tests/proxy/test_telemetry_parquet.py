@@ -23,6 +23,7 @@ from sluice.proxy import telemetry as t
 from sluice.proxy.telemetry.columns import ColumnarBuffers, latest_versions
 from sluice.proxy.telemetry.parquet import SPOOL, publish_spool, read_stream_tolerant
 from tests.spark_audit import known_telemetry as k
+from tests.spark_audit import known_transforms as kt
 
 
 def _dataset(directory: Path, name: str) -> list[dict[str, Any]]:
@@ -63,6 +64,46 @@ def test_events_become_flat_datasets_partitioned_by_hour(tmp_path: Path) -> None
     found = {(r["kind"], r["name"]): (r["n"], r["events"]) for r in _dataset(tmp_path, "finding")}
     assert found[("detection", "email")] == (3, 3)
     assert found[("partition_error", "87: INVALID_RECORD")] == (1, 1)
+
+
+def test_transform_batches_and_encryption_counters_get_their_datasets(tmp_path: Path) -> None:
+    events = kt.events()
+    sink = t.ParquetSink(kt.A, tmp_path, fsync=False)
+    for event in events:
+        sink.emit(event)
+    sink.close(timeout=10)
+    assert sink.stats()["written"] == len(events)
+    # One row per transform batch and output partition; none is left unknown.
+    transforms = [e for e in events if e["type"] == "transform_batch"]
+    rows = _dataset(tmp_path, "transform_batch")
+    assert len(rows) == sum(max(1, len(e["outputs"])) for e in transforms)
+    assert sum(1 for r in rows if r["output_index"] == 0) == len(transforms)
+    replay = sorted(
+        (r["output_partition"], r["output_offset_first"], r["output_offset_last"],
+         r["output_records"], r["outputs"], r["guarantee"])
+        for r in rows if r["input_partition"] == 0 and r["input_offset_first"] == 50
+    )
+    assert replay == [(0, 122, 146, 25, 2, "exactly-once"), (0, 300, 349, 50, 1, "at-least-once"),
+                      (1, 230, 254, 25, 2, "exactly-once")]
+    dropped = next(r for r in rows if r["input_partition"] == 1 and r["input_offset_first"] == 0)
+    assert (dropped["output_partition"], dropped["output_records"], dropped["dropped"]) == (
+        None, 0, 10)
+    assert dropped["module_sha256s"] == [kt.UP1] and dropped["filter_names"] == ["upper"]
+    # The encrypt filter's counters: adjacent batches of one KEK version make one segment.
+    segments = sorted(
+        [(r["api"], r["topic"], r["key_name"], r["key_version"], r["principal"],
+          r["offset_first"], r["offset_last"], r["batches"], r["records"], r["decrypted"],
+          r["withheld"])
+         for r in _dataset(tmp_path, "encryption")],
+        key=lambda row: [(v is not None, v) for v in row],
+    )
+    assert segments == [
+        ("fetch", "payments", None, None, "User:billing-eu", None, None, 1, 0, 0, 0),
+        ("fetch", "payments", None, None, "User:billing-eu", 0, 159, 1, 0, 160, 0),
+        ("fetch", "payments", None, None, "User:bob", 0, 159, 1, 0, 0, 160),
+        ("produce", "payments", "payments", "1", None, 0, 149, 2, 150, 0, 0),
+        ("produce", "payments", "payments", "2", None, 150, 159, 1, 10, 0, 0),
+    ]
 
 
 def test_rotation_publishes_files_while_running(tmp_path: Path) -> None:

@@ -143,6 +143,41 @@ def test_unknown_versions_and_malformed_rows_are_counted_and_shown(
     assert summary["skipped"] == result.skipped
 
 
+def test_skipped_parquet_rows_of_every_kind_of_dataset_are_counted_apart(
+    spark: Any, parquet_dir: Path, json_reports: dict[str, Any], tmp_path: Path
+) -> None:
+    """The aggregations that build the reports also count the rows they cannot use (an event
+    table, a rollup, a detail table): never in a report, each counted once."""
+    tele = tmp_path / "telemetry"
+    shutil.copytree(parquet_dir, tele)
+
+    def add(dataset: str, change: Any) -> int:
+        sample = pq.read_table(next((parquet_dir / dataset).rglob("*.parquet")))
+        changed = change(sample)
+        hour_dir = next((tele / dataset).rglob("*.parquet")).parent
+        pq.write_table(changed, hour_dir / "inst-z-000002.parquet")
+        return int(changed.num_rows)
+
+    def no_time(column: str) -> Any:
+        def change(table: pa.Table) -> pa.Table:
+            i = table.schema.get_field_index(column)
+            return table.set_column(i, column, pa.nulls(table.num_rows, pa.int64()))
+        return change
+
+    def version(table: pa.Table) -> pa.Table:
+        return table.set_column(0, "schema_version", pa.array([3] * table.num_rows, pa.int32()))
+
+    malformed = {"record_batch": add("record_batch", no_time("time_ms")),
+                 "offset_run": add("offset_run", no_time("time_first_ms"))}
+    unknown = {"connection_api": add("connection_api", version),
+               "admin": add("admin", version)}
+    out = tmp_path / "out"
+    result = _run(spark, tele, out)
+    assert result.events == len(k.events())
+    assert result.skipped == {"malformed": malformed, "unknown_schema_version": unknown}
+    assert report_rows(out) == json_reports
+
+
 @pytest.fixture
 def tokyo_time() -> Iterator[None]:
     """The driver's local zone is not UTC (the JVM keeps its own)."""

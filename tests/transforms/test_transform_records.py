@@ -5,12 +5,13 @@ inside `sluice serve` with its lag in the proxy's /metrics."""
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pyarrow.parquet as pq
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sluice.local_broker import free_port
@@ -67,11 +68,7 @@ def test_records_partitions_and_telemetry(broker: TansuBroker, tmp_path: Path) -
                           batch_records=50)
     spec = load_transform_specs(config)[0]
     info = telemetry.proxy_info()
-    # transform_batch events are JSON Lines only for now (the columnar layout has no table
-    # for them yet; a Parquet sink counts them as unknown).
-    sink = telemetry.make_sink(
-        {"dir": str(tmp_path / "tel"), "format": "jsonl"}, info.instance_id, proxy=info
-    )
+    sink = telemetry.make_sink({"dir": str(tmp_path / "tel")}, info.instance_id, proxy=info)
     supervisor = TransformSupervisor([spec], bs, sink=sink, info=info)
     supervisor.prepare()
     supervisor.start()
@@ -92,23 +89,32 @@ def test_records_partitions_and_telemetry(broker: TansuBroker, tmp_path: Path) -
         assert m.timestamp()[1] == 1_700_000_000_000 + i
         assert m.headers() == [("trace", f"t{i}".encode()), ("empty", None)]
         assert m.partition() == key_partition(m.key(), 3)
-    events = [json.loads(line) for f in sorted((tmp_path / "tel").glob("*.jsonl"))
-              for line in f.read_text().splitlines()]
-    batches = [e for e in events if e["type"] == "transform_batch"]
-    assert sum(e["records_in"] for e in batches) == n
-    sha = batches[0]["filters"][0]["module_sha256"]
-    assert len(sha) == 64 and all(e["filters"][0]["module_sha256"] == sha for e in batches)
+    # The default (Parquet) sink: one transform_batch row per batch and output partition.
+    rows = transform_rows(tmp_path / "tel")
+    firsts = [r for r in rows if r["output_index"] == 0]
+    assert sum(r["records_in"] for r in firsts) == n
+    assert sum(r["output_records"] for r in rows) == n
+    sha = rows[0]["module_sha256s"][0]
+    assert len(sha) == 64 and all(r["module_sha256s"] == [sha] for r in rows)
+    assert all(r["transform"] == spec.name and r["output_topic"] == dst for r in rows)
     # Input ranges tile each input partition without gap or overlap.
     for part in (0, 1):
-        ranges = sorted((e["input"]["offset_first"], e["input"]["offset_last"])
-                        for e in batches if e["input"]["partition"] == part)
+        ranges = sorted((r["input_offset_first"], r["input_offset_last"])
+                        for r in firsts if r["input_partition"] == part)
         assert ranges[0][0] == 0 and ranges[-1][1] == n // 2 - 1
         assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(ranges))
     # Output ranges name the offsets where the records really are (committed ones).
     committed = {(p, o) for p in range(3) for o, _k, _v in committed_records(bs, dst, p)}
-    named = {(o["partition"], off) for e in batches for o in e["outputs"]
-             for off in range(o["offset_first"], o["offset_last"] + 1)}
+    named = {(r["output_partition"], off) for r in rows
+             for off in range(r["output_offset_first"], r["output_offset_last"] + 1)}
     assert len(committed) == n and committed <= named
+
+
+def transform_rows(directory: Path) -> list[dict[str, Any]]:
+    """Every row of the published ``transform_batch`` Parquet dataset under ``directory``."""
+    files = sorted((directory / "transform_batch").rglob("*.parquet"))
+    assert files, f"no transform_batch files under {directory}"
+    return [row for f in files for row in pq.read_table(f).to_pylist()]
 
 
 def test_serve_runs_transforms_with_lag_in_metrics(broker: TansuBroker, tmp_path: Path,
