@@ -80,12 +80,12 @@ from sluice.crypto.kms import (
 )
 from sluice.crypto.kms_clients import open_kms
 from sluice.filters.abi_base import FilterLoadError
-from sluice.filters.chain import ANONYMOUS
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import KEEP, Decision, PartitionError, reject, rewrite
 from sluice.filters.host import HostRunner
 from sluice.filters.host_identity import ENCRYPT_IMPLEMENTATION_VERSION, ENCRYPT_KIND
+from sluice.filters.principal import ANONYMOUS
 
 KAFKA_STORAGE_ERROR: Final = 56
 CORRUPT_MESSAGE: Final = 2

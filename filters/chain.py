@@ -32,9 +32,9 @@ from sluice.filters.context import Header, RecordContext, RecordLike
 from sluice.filters.decisions import Action
 from sluice.filters.engine import FilterEngine
 from sluice.filters.module_cache import ModuleCache
+from sluice.filters.principal import ANONYMOUS
 from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
 
-ANONYMOUS: Final = "User:ANONYMOUS"
 _CACHE_LIMIT: Final = 10_000
 
 

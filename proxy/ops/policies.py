@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from fnmatch import translate
 from typing import Any, Final
 
-from sluice.filters.chain import ANONYMOUS
 from sluice.filters.config import FilterSpec
+from sluice.filters.principal import ANONYMOUS
 from sluice.filters.yaml_lines import LineMap
 
 CONFIG_KEY: Final = "x-data-policy"

@@ -45,7 +45,7 @@ from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response
 from sluice.codec.produce_splice import scan_produce_request
-from sluice.filters.chain import ANONYMOUS
+from sluice.filters.principal import ANONYMOUS
 from sluice.filters.yaml_lines import LineMap
 
 PRODUCE = int(ApiKey.PRODUCE)
