@@ -1,11 +1,16 @@
 """Reading the columnar Kafka sink's topic in Spark: Arrow IPC messages -> dataset rows.
 
-``spark.read.format("sluice_telemetry_kafka").option("dataset", NAME)`` yields the rows of
-one dataset of the columnar layout (``telemetry_columns``) from every message whose
-``sluice-dataset`` header names it, decoded straight from Arrow IPC into the Arrow batches
-Spark takes (no per-row Python). A message delivered twice (same ``sluice-message-id``) is
-read once. ``option("dataset", "json")`` instead yields the ``value`` of every message without
-that header: JSON events of the old Kafka sink, which the job parses as before.
+``spark.read.format("sluice_telemetry_kafka").option("dataset", "raw")`` reads the topic once:
+one row per message (``RAW_SCHEMA``: its dataset header, layout, message id, and either the
+Arrow IPC bytes or, for a message without a dataset header, the JSON text of the old Kafka
+sink). A message delivered twice (same ``sluice-message-id``) is read once. The job then
+splits those rows by dataset and decodes each dataset's IPC bytes with `decode_dataset`
+(``mapInArrow``: straight from Arrow IPC into the Arrow batches Spark takes, no per-row
+Python), so the topic is fetched from Kafka once, not once per dataset.
+
+``option("dataset", NAME)`` yields the rows of one dataset directly, and
+``option("dataset", "json")`` the JSON texts only (one pass each, for tools reading one
+dataset).
 
 One Spark partition per Kafka partition, each read from its start to the snapshot end, as
 ``kafka_source`` does.
@@ -23,6 +28,7 @@ from sluice.proxy.telemetry.columns import LAYOUT_VERSION, SCHEMAS
 from sluice.spark_audit.kafka_source import KafkaBatchReader
 
 FORMAT_NAME = "sluice_telemetry_kafka"
+RAW = "raw"
 DATASET_HEADER = "sluice-dataset"
 LAYOUT_HEADER = "sluice-layout"
 MESSAGE_ID_HEADER = "sluice-message-id"
@@ -36,7 +42,7 @@ class KafkaArrowReader(KafkaBatchReader):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.dataset = self.options.get("dataset", "")
-        if self.dataset != "json" and self.dataset not in SCHEMAS:
+        if self.dataset not in ("json", RAW) and self.dataset not in SCHEMAS:
             raise ValueError(f"{FORMAT_NAME}: option dataset {self.dataset!r} is not a dataset")
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -44,6 +50,9 @@ class KafkaArrowReader(KafkaBatchReader):
 
         if self.dataset == "json":
             yield from self._json_values(partition)
+            return
+        if self.dataset == RAW:
+            yield from self._raw(partition)
             return
         wanted = self.dataset.encode()
         schema = SCHEMAS[self.dataset]
@@ -66,6 +75,38 @@ class KafkaArrowReader(KafkaBatchReader):
                 for batch in reader:
                     yield batch.select(schema.names).cast(schema)
 
+    def _raw(self, partition: InputPartition) -> Iterator[Any]:
+        import pyarrow as pa
+
+        schema = raw_arrow_schema()
+        cols: dict[str, list[Any]] = {name: [] for name in schema.names}
+        seen: set[bytes] = set()
+        for msg in self.messages(partition):
+            headers = _headers(msg)
+            dataset = headers.get(DATASET_HEADER)
+            raw = msg.value()
+            if dataset is None:
+                cols["dataset"].append(None)
+                cols["layout"].append(None)
+                cols["value"].append(None)
+                cols["text"].append(
+                    raw.decode("utf-8", errors="replace") if raw is not None else ""
+                )
+            else:
+                message_id = headers.get(MESSAGE_ID_HEADER, b"")
+                if message_id in seen:
+                    continue  # at-least-once delivery sent it twice
+                seen.add(message_id)
+                cols["dataset"].append(dataset.decode("utf-8", errors="replace"))
+                cols["layout"].append(headers.get(LAYOUT_HEADER, b"").decode("ascii", "replace"))
+                cols["value"].append(raw)
+                cols["text"].append(None)
+            if len(cols["text"]) >= 1_000:
+                yield pa.RecordBatch.from_pydict(cols, schema=schema)
+                cols = {name: [] for name in schema.names}
+        if cols["text"]:
+            yield pa.RecordBatch.from_pydict(cols, schema=schema)
+
     def _json_values(self, partition: InputPartition) -> Iterator[Any]:
         import pyarrow as pa
 
@@ -80,6 +121,44 @@ class KafkaArrowReader(KafkaBatchReader):
                 values = []
         if values:
             yield pa.RecordBatch.from_pydict({"value": values})
+
+
+def raw_arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [("dataset", pa.string()), ("layout", pa.string()), ("value", pa.binary()),
+         ("text", pa.string())]
+    )
+
+
+def raw_spark_schema() -> StructType:
+    from pyspark.sql.types import BinaryType, StringType, StructField
+
+    return StructType(
+        [StructField("dataset", StringType()), StructField("layout", StringType()),
+         StructField("value", BinaryType()), StructField("text", StringType())]
+    )
+
+
+def decode_dataset(dataset: str, batches: Iterator[Any]) -> Iterator[Any]:
+    """``mapInArrow`` body: batches of (layout, value) rows of one dataset -> its rows."""
+    import pyarrow as pa
+
+    schema = SCHEMAS[dataset]
+    current = str(LAYOUT_VERSION)
+    for batch in batches:
+        layouts = batch.column("layout").to_pylist()
+        values = batch.column("value").to_pylist()
+        for layout, value in zip(layouts, values, strict=True):
+            if layout != current or value is None:
+                # Rows of a layout this job does not know: keep them countable as unknown
+                # schema versions rather than guessing at their columns.
+                yield _unknown_layout_rows(schema, (layout or "").encode())
+                continue
+            with pa.ipc.open_stream(value) as reader:
+                for rows in reader:
+                    yield rows.select(schema.names).cast(schema)
 
 
 def _unknown_layout_rows(schema: Any, layout: bytes) -> Any:
@@ -106,6 +185,8 @@ class KafkaArrowSource(DataSource):
         dataset = self.options.get("dataset", "")
         if dataset in SCHEMAS:
             return spark_schema(dataset)
+        if dataset == RAW:
+            return raw_spark_schema()
         return StructType.fromJson(
             {"type": "struct", "fields": [
                 {"name": "value", "type": "string", "nullable": True, "metadata": {}}]}

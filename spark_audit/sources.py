@@ -26,6 +26,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -320,7 +321,13 @@ def _kafka_inputs(
     to_ms: int | None,
     kafka_reader: str,
 ) -> Inputs:
-    from sluice.spark_audit.kafka_arrow_source import FORMAT_NAME, KafkaArrowSource
+    from sluice.spark_audit.kafka_arrow_source import (
+        FORMAT_NAME,
+        RAW,
+        KafkaArrowSource,
+        decode_dataset,
+        raw_spark_schema,
+    )
 
     tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
     checks: list[DataFrame] = []
@@ -352,11 +359,19 @@ def _kafka_inputs(
             .load()
         )
 
+    # One pass over the topic: every message once, kept in the executors (a local checkpoint,
+    # memory then disk) while each dataset's rows are decoded from it. Reading the topic once
+    # per dataset cost a consumer, a metadata round trip and a full fetch each, 11 times.
+    raw = read(RAW, raw_spark_schema()).localCheckpoint(eager=True)
     for dataset in DATASETS:
-        df = read(dataset, spark_schema(dataset))
+        df = (
+            raw.filter(F.col("dataset") == dataset)
+            .select("layout", "value")
+            .mapInArrow(partial(decode_dataset, dataset), spark_schema(dataset))
+        )
         tables[dataset].append(_classified(df, dataset, from_ms, to_ms))
     # JSON messages of the old sink in the same topic.
-    values = read("json", StructType([StructField("value", StringType(), True)]))
+    values = raw.filter(F.col("dataset").isNull()).select(F.col("text").alias("value"))
     _add_json_messages(values, tables, checks, from_ms, to_ms)
     # Arrow messages delivered twice were dropped by message id in the reader.
     merged = {d: _union(spark, d, dfs, dedupe=False, latest=True) for d, dfs in tables.items()}
