@@ -10,41 +10,7 @@ output's count, which is deterministic (a replay writes to the same partition).
 
 from __future__ import annotations
 
-from typing import Final
-
-_M: Final = 0x5BD1E995
-_MASK: Final = 0xFFFFFFFF
-
-
-def murmur2(data: bytes) -> int:
-    """Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2) as a signed 32-bit int."""
-    length = len(data)
-    h = (0x9747B28C ^ length) & _MASK
-    whole = length - length % 4
-    for i in range(0, whole, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
-        k = (k * _M) & _MASK
-        k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = (h * _M) & _MASK
-        h ^= k
-    tail = length % 4
-    if tail == 3:
-        h ^= data[whole + 2] << 16
-    if tail >= 2:
-        h ^= data[whole + 1] << 8
-    if tail >= 1:
-        h ^= data[whole]
-        h = (h * _M) & _MASK
-    h ^= h >> 13
-    h = (h * _M) & _MASK
-    h ^= h >> 15
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def key_partition(key: bytes, partitions: int) -> int:
-    """The partition Kafka's default partitioner picks for a non-null key."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
+from sluice.codec.partitioner import partition_for_key
 
 
 def output_partition(key: bytes | None, input_partition: int, input_count: int,
@@ -54,4 +20,4 @@ def output_partition(key: bytes | None, input_partition: int, input_count: int,
         return input_partition
     if key is None:
         return input_partition % output_count
-    return key_partition(key, output_count)
+    return partition_for_key(key, output_count)

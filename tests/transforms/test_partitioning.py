@@ -5,7 +5,9 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.transforms.partitioning import key_partition, murmur2, output_partition
+from sluice.codec.partitioner import murmur2
+from sluice.codec.partitioner import partition_for_key as key_partition
+from sluice.transforms.partitioning import output_partition
 
 
 def test_murmur2_matches_kafka_vectors() -> None:

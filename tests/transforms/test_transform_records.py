@@ -14,10 +14,10 @@ from typing import Any
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from sluice.codec.partitioner import partition_for_key as key_partition
 from sluice.local_broker import free_port
 from sluice.proxy import telemetry
 from sluice.transforms.config import load_transform_specs
-from sluice.transforms.partitioning import key_partition
 from sluice.transforms.supervisor import TransformSupervisor
 from tests.e2e.clients import QUIET, create_topic, unique
 from tests.harness.broker import TansuBroker
