@@ -235,13 +235,26 @@ def _findings(rows: pa.Table, kind: str, name: str, n: pa.Array) -> pa.Table:
 
 
 def _connections(i: pa.Array, n_total: int) -> tuple[pa.Table, pa.Table]:
+    """Connections as the proxy records them: every connection has its own id, an ``open`` row
+    without client id or principal (it precedes the first request) and a ``close`` row, on
+    the same instance, that carries them (the job finds the identity of the open row)."""
     n = len(i)
-    closing = pc.equal(_mod(i, 2), 1)
+    pos = _ids(n)
+    closing = pc.equal(_mod(pos, 2), 1)
+    # The open row of each pair names the connection (its id, instance and client).
+    opener = i.take(pc.subtract(pos, _mod(pos, 2)))
     requests = _mod(i, 20)
     size = pc.add(_mod(i, 500), 1000)
+    pair = _envelope(opener, n_total)
+    client = _client(opener)
     cols = {
         **_envelope(i, n_total),
-        **_client(i),
+        **{k: pair[k] for k in ("instance_id", "host", "pid")},
+        **client,
+        "connection_id": pc.binary_join_element_wise(
+            _lit("c", n, pa.string()), pc.cast(opener, pa.string()), "-"),
+        "client_id": pc.if_else(closing, client["client_id"], pa.nulls(n, pa.string())),
+        "principal": pc.if_else(closing, client["principal"], pa.nulls(n, pa.string())),
         "phase": pc.if_else(closing, _lit("close", n, pa.string()), _lit("open", n, pa.string())),
         "tls": _lit(False, n, pa.bool_()),
         "bytes_in": size,

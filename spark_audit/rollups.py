@@ -259,15 +259,22 @@ def findings(df: DataFrame) -> DataFrame:
     )
 
 
+_CONN_SUMS = ("requests", "bytes_in", "bytes_out", "opened", "closed", "duration_ms",
+              "throttle_ms")
+
+
 def connections(conn: DataFrame, per_api: DataFrame) -> DataFrame:
     """``billing_connections`` rows (hours as epoch ms). A connection's ``open`` event precedes
-    its first request, so it has no client id: each row takes the client id and principal seen
-    on any event of the same connection. A ``connection_api`` row carries its event's client
-    id and principal, so one window over both datasets (no join) finds them."""
+    its first request, so it has no client id: such a row takes the client id and principal
+    seen on any event of the same connection (its ``close`` and ``connection_api`` rows carry
+    them). Only the rows that lack them are joined with the identities (one row per
+    connection); the others go straight to the aggregation. The instances of a group are
+    collected after a first aggregation per instance, over a few rows instead of every row."""
     zero = F.lit(0).cast("long")
+    hour = (F.floor(F.col("time_ms") / 3_600_000) * 3_600_000).cast("long").alias("hour_ms")
     rows = conn.select(
         F.lit("connection").alias("_type"),
-        "instance_id", "connection_id", "client_id", "principal", "time_ms",
+        "instance_id", "connection_id", "client_id", "principal", "time_ms", hour,
         F.lit("*").alias("api"),
         "requests", "bytes_in", "bytes_out",
         F.when(F.col("phase") == "open", 1).otherwise(0).cast("long").alias("opened"),
@@ -275,31 +282,44 @@ def connections(conn: DataFrame, per_api: DataFrame) -> DataFrame:
         "duration_ms", "throttle_ms", SKIP,
     ).unionByName(per_api.select(
         F.lit("connection_api").alias("_type"),
-        "instance_id", "connection_id", "client_id", "principal", "time_ms", "api",
+        "instance_id", "connection_id", "client_id", "principal", "time_ms", hour, "api",
         "requests", "bytes_in", "bytes_out",
         zero.alias("opened"), zero.alias("closed"), zero.alias("duration_ms"),
         zero.alias("throttle_ms"), SKIP,
     ))
-    same = Window.partitionBy("instance_id", "connection_id", SKIP)
-    resolved = rows.select(
-        "_type", "instance_id", "time_ms", SKIP,
-        F.coalesce(F.col("principal"), F.max("principal").over(same)).alias("principal"),
-        F.coalesce(F.col("client_id"), F.max("client_id").over(same)).alias("client_id"),
-        (F.floor(F.col("time_ms") / 3_600_000) * 3_600_000).cast("long").alias("hour_ms"),
-        "api", "requests", "bytes_in", "bytes_out", "opened", "closed", "duration_ms",
-        "throttle_ms",
+    usable = F.col(SKIP).isNull()
+    known = F.col("principal").isNotNull() & F.col("client_id").isNotNull()
+    # Skipped rows are not resolved: their keys are blanked below anyway.
+    identities = rows.filter(
+        usable & (F.col("principal").isNotNull() | F.col("client_id").isNotNull())
+    ).groupBy("instance_id", "connection_id").agg(
+        F.max("principal").alias("_principal"), F.max("client_id").alias("_client_id"))
+    resolved = rows.filter(usable & ~known).join(
+        identities, ["instance_id", "connection_id"], "left"
+    ).select(
+        *[c for c in rows.columns if c not in ("principal", "client_id")],
+        F.coalesce(F.col("principal"), F.col("_principal")).alias("principal"),
+        F.coalesce(F.col("client_id"), F.col("_client_id")).alias("client_id"),
     )
+    every = rows.filter(known | ~usable).unionByName(resolved)
     keys = ["principal", "client_id", "hour_ms", "api"]
-    return resolved.groupBy(*[_kept(k) for k in keys], "_type", SKIP).agg(
-        _sum0("requests").alias("requests"),
-        _sum0("bytes_in").alias("bytes_in"),
-        _sum0("bytes_out").alias("bytes_out"),
+    per_instance = every.groupBy(
+        *[_kept(k) for k in keys], "instance_id", "_type", SKIP
+    ).agg(
+        *[_sum0(c).alias(c) for c in _CONN_SUMS],
+        F.count(F.lit(1)).alias("_rows"),
+        F.min("time_ms").alias("_first_ms"),
+        F.max("time_ms").alias("_last_ms"),
+    )
+    return per_instance.groupBy(*keys, "_type", SKIP).agg(
+        *[_sum0(c).alias(c) for c in _CONN_SUMS[:3]],
         _sum0("opened").alias("connections_opened"),
         _sum0("closed").alias("connections_closed"),
-        _sum0("duration_ms").alias("duration_ms"),
-        _sum0("throttle_ms").alias("throttle_ms"),
+        *[_sum0(c).alias(c) for c in _CONN_SUMS[5:]],
         _set("instance_id").alias("_instances"),
-        *_counted("time_ms"),
+        _sum0("_rows").alias("_rows"),
+        F.min("_first_ms").alias("_first_ms"),
+        F.max("_last_ms").alias("_last_ms"),
     )
 
 
