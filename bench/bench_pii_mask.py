@@ -1,6 +1,6 @@
 """Per-record cost of builtin:pii-mask through the host runtime (no broker, no network).
 
-    python -m bench.bench_pii_mask [--records 20000] [--batch 100] [--rounds 5]
+    python -m bench.bench_pii_mask [--records 20000] [--batch 100] [--rounds 5] [--profile]
 
 Records are ~200-byte JSON values (as bench.bench_proxy sends), in batches of 100, measured
 two ways:
@@ -18,7 +18,9 @@ Variants:
   pii-mask/fields   pii records, with field paths configured as well
   json-validate     a cheap builtin over the same records: the host's fixed cost per batch
 
-Prints µs/record (median of the rounds, thread CPU time) per variant and path.
+Prints µs/record (median of the rounds, thread CPU time) per variant and path. ``--profile``
+instead runs cProfile over the native path of pii-mask/pii and prints where the time goes
+(the guest call against the host's checks), per record.
 """
 
 from __future__ import annotations
@@ -91,13 +93,52 @@ def measure_native(chain: FilterChain, values: list[bytes], batch: int, rounds: 
                       rounds)
 
 
+def profile_native(values: list[bytes], batch: int, rounds: int) -> None:
+    """cProfile of pii-mask's native path: the top functions by own time, in µs per record."""
+    import cProfile
+    import pstats
+
+    spec = FilterSpec(name="pii-mask", module="builtin:pii-mask", config={},
+                      topics=("bench",), apply_to=frozenset({"produce"}))
+    chain = FilterChain.from_specs([spec])
+    raw = []
+    for i in range(0, len(values), batch):
+        records = [Record(j, 0, None, v, []) for j, v in enumerate(values[i : i + batch])]
+        n = len(records)
+        raw.append(build_batch(BatchHeader(0, 0, -1, 2, 0, 0, n - 1, 0, 0, -1, -1, -1, n),
+                               records))
+    for r in raw:  # warm: compiled module, caches
+        filter_produce(chain, CTX, r)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(rounds):
+        for r in raw:
+            filter_produce(chain, CTX, r)
+    prof.disable()
+    chain.close()
+    total = len(values) * rounds
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = sorted(((tt, f"{fn[0].rsplit('/', 1)[-1]}:{fn[1]}({fn[2]})")
+                   for fn, (_cc, _nc, tt, _ct, _callers) in stats.items()), reverse=True)
+    whole = sum(tt for tt, _ in rows)
+    print(f"pii-mask native path, batches of {batch}: {whole / total * 1e6:.2f} µs/record "
+          "(profiled)")
+    for tt, name in rows[:8]:
+        print(f"  {tt / total * 1e6:6.3f} µs/record  {name}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", action="store_true",
+                        help="profile pii-mask's native path instead of timing variants")
     args = parser.parse_args(argv)
     pii = json_values(args.records, pii=True)
+    if args.profile:
+        profile_native(pii, args.batch, args.rounds)
+        return
     clean = json_values(args.records, pii=False)
     sizes = [len(v) for v in pii]
     print(
