@@ -216,29 +216,36 @@ def _run_aggregates() -> list[Column]:
     ]
 
 
-def offset_runs(segments: DataFrame) -> DataFrame:
-    """Runs: islands of overlapping or adjacent segments (a new run starts where a segment's
-    first offset lies beyond every earlier segment's last offset + 1). Segments without
-    offsets are summed into one row per key with null offsets and null run. One window over
-    one scan, partitioned by grouping keys only, so the grouping needs no second shuffle:
-    segments without offsets sort first and neither start nor number a run."""
-    segments = _blanked(segments, RUN_KEYS)
-    no_offsets = F.col("offset_first").isNull()
-    w = Window.partitionBy(*RUN_KEYS, SKIP).orderBy("offset_first", "offset_last")
-    prev_max = F.max("offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    starts = segments.withColumn("_prev", prev_max).withColumn(
-        "_new_run",
+def _numbered_runs(df: DataFrame, keys: list[str], first: str, last: str) -> DataFrame:
+    """``df`` with ``run``: per ``keys``, islands of rows whose ``first``..``last`` ranges
+    overlap or touch, numbered from 1 in offset order (a new run starts where a row's
+    ``first`` lies beyond every earlier row's ``last`` + 1). Rows without offsets sort first
+    and neither start nor number a run; they and skipped rows get a null ``run``. One window,
+    partitioned by ``keys`` and ``SKIP`` only, so a grouping by them needs no second shuffle."""
+    no_offsets = F.col(first).isNull()
+    w = Window.partitionBy(*keys, SKIP).orderBy(first, last)
+    prev_max = F.max(last).over(w.rowsBetween(Window.unboundedPreceding, -1))
+    new_run = (
         F.when(no_offsets, 0)
-        .when(F.col("_prev").isNull() | (F.col("offset_first") > F.col("_prev") + 1), 1)
-        .otherwise(0),
+        .when(F.col("_prev").isNull() | (F.col(first) > F.col("_prev") + 1), 1)
+        .otherwise(0)
     )
-    runs = starts.withColumn(
+    return df.withColumn("_prev", prev_max).withColumn("_new_run", new_run).withColumn(
         "run",
         F.when(
             ~no_offsets & F.col(SKIP).isNull(),
             F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0)),
         ).cast("long"),
     )
+
+
+def offset_runs(segments: DataFrame) -> DataFrame:
+    """Runs: islands of overlapping or adjacent segments (a new run starts where a segment's
+    first offset lies beyond every earlier segment's last offset + 1). Segments without
+    offsets are summed into one row per key with null offsets and null run (see
+    ``_numbered_runs``)."""
+    segments = _blanked(segments, RUN_KEYS)
+    runs = _numbered_runs(segments, RUN_KEYS, "offset_first", "offset_last")
     return runs.groupBy(*RUN_KEYS, "run", SKIP).agg(
         F.min("offset_first").alias("offset_first"),
         F.max("offset_last").alias("offset_last"),
@@ -370,24 +377,7 @@ def transform_runs(tb: DataFrame) -> DataFrame:
     run and output partition with the input and output offset ranges. All rows of one batch
     have the same input range, so they fall in the same run."""
     tb = _blanked(tb, [*TRANSFORM_KEYS, "output_topic", "output_partition"])
-    no_offsets = F.col("input_offset_first").isNull()
-    w = Window.partitionBy(*TRANSFORM_KEYS, SKIP).orderBy(
-        "input_offset_first", "input_offset_last"
-    )
-    prev_max = F.max("input_offset_last").over(w.rowsBetween(Window.unboundedPreceding, -1))
-    starts = tb.withColumn("_prev", prev_max).withColumn(
-        "_new_run",
-        F.when(no_offsets, 0)
-        .when(F.col("_prev").isNull() | (F.col("input_offset_first") > F.col("_prev") + 1), 1)
-        .otherwise(0),
-    )
-    runs = starts.withColumn(
-        "run",
-        F.when(
-            ~no_offsets & F.col(SKIP).isNull(),
-            F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0)),
-        ).cast("long"),
-    )
+    runs = _numbered_runs(tb, TRANSFORM_KEYS, "input_offset_first", "input_offset_last")
     # A batch has one row per output partition: its first row counts the event.
     first_row = F.when(F.coalesce(F.col("output_index"), F.lit(0)) == 0, 1).otherwise(0)
     return (

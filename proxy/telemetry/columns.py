@@ -48,6 +48,20 @@ _ENVELOPE = [
     ("instance_id", _S),
 ]
 _CLIENT = [("connection_id", _S), ("client_address", _S), ("client_id", _S), ("principal", _S)]
+# The first columns of the segment rollups (``offset_run``, ``encryption``): the row's id and
+# version, where it was recorded, by which filter, on which partition.
+_SEGMENT_HEAD = [
+    ("schema_version", _I),
+    ("id", _S),
+    ("version", _I),
+    ("host", _S),
+    ("instance_id", _S),
+    ("module_sha256", _S),
+    ("filter_name", _S),
+    ("api", _S),
+    ("topic", _S),
+    ("partition", _I),
+]
 
 SCHEMAS: dict[str, pa.Schema] = {
     "record_batch": pa.schema(
@@ -73,16 +87,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     "offset_run": pa.schema(
         [
-            ("schema_version", _I),
-            ("id", _S),
-            ("version", _I),
-            ("host", _S),
-            ("instance_id", _S),
-            ("module_sha256", _S),
-            ("filter_name", _S),
-            ("api", _S),
-            ("topic", _S),
-            ("partition", _I),
+            *_SEGMENT_HEAD,
             ("offset_first", _L),
             ("offset_last", _L),
             ("batches", _L),
@@ -206,16 +211,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     "encryption": pa.schema(
         [
-            ("schema_version", _I),
-            ("id", _S),
-            ("version", _I),
-            ("host", _S),
-            ("instance_id", _S),
-            ("module_sha256", _S),
-            ("filter_name", _S),
-            ("api", _S),
-            ("topic", _S),
-            ("partition", _I),
+            *_SEGMENT_HEAD,
             ("principal", _S),
             ("key_name", _S),
             ("key_version", _S),
@@ -445,51 +441,21 @@ class ColumnarBuffers:
         detections: int,
         errors: int,
     ) -> None:
-        first, last = event.get("offset_first"), event.get("offset_last")
-        has_offsets = first is not None and last is not None
-        key = (
-            env["instance_id"], env["host"], f.get("module_sha256"), f.get("name"),
-            event.get("api"), event.get("topic"), event.get("partition"), hour, has_offsets,
-        )
-        seg = self._segments.get(key)
-        if seg is not None and has_offsets:
-            v = seg.values
-            # Overlapping or adjacent ranges belong to one run; anything else starts a new
-            # segment (the audit job merges segments that still touch).
-            if first > v["offset_last"] + 1 or last < v["offset_first"] - 1:
-                self._closed_segments.append(seg)
-                seg = None
-            else:
-                v["offset_first"] = min(v["offset_first"], first)
-                v["offset_last"] = max(v["offset_last"], last)
-        if seg is None:
-            seg = _Rollup(
-                id=f"{self._id_prefix}-r{next(self._ids)}",
-                values={
-                    "host": env["host"],
-                    "instance_id": env["instance_id"],
-                    "module_sha256": f.get("module_sha256"),
-                    "filter_name": f.get("name"),
-                    "api": event.get("api"),
-                    "topic": event.get("topic"),
-                    "partition": event.get("partition"),
-                    "offset_first": first if has_offsets else None,
-                    "offset_last": last if has_offsets else None,
-                    "time_first_ms": time_ms,
-                    "time_last_ms": time_ms,
-                },
-                sums=dict.fromkeys(self._SEGMENT_SUMS, 0),
-            )
-            self._segments[key] = seg
-        v, s = seg.values, seg.sums
-        v["time_first_ms"] = min(v["time_first_ms"], time_ms)
-        v["time_last_ms"] = max(v["time_last_ms"], time_ms)
-        s["batches"] += 1
-        for col in ("kept", "rewritten", "dropped", "rejected", "time_ns"):
-            s[col] += _int(f.get(col))
-        s["detections"] += detections
-        s["errors"] += errors
-        seg.dirty = True
+        values = {
+            "host": env["host"],
+            "instance_id": env["instance_id"],
+            "module_sha256": f.get("module_sha256"),
+            "filter_name": f.get("name"),
+            "api": event.get("api"),
+            "topic": event.get("topic"),
+            "partition": event.get("partition"),
+        }
+        counts = {col: _int(f.get(col))
+                  for col in ("kept", "rewritten", "dropped", "rejected", "time_ns")}
+        counts["detections"] = detections
+        counts["errors"] = errors
+        self._extend(self._segments, self._closed_segments, "r", self._SEGMENT_SUMS, values,
+                     event, time_ms, hour, counts)
 
     def _add_encryption(
         self,
@@ -521,16 +487,21 @@ class ColumnarBuffers:
                     continue
                 name, _, version = counter[len(KEK_COUNTER_PREFIX):].rpartition(":")
                 values = {**base, "key_name": name, "key_version": version}
-                self._extend(self._key_segments, values, event, time_ms, hour,
+                self._extend(self._key_segments, self._closed_key_segments, "e",
+                             self._ENCRYPTION_SUMS, values, event, time_ms, hour,
                              {"records": _int(n)})
         else:
             values = {**base, "principal": event.get("principal")}
-            self._extend(self._key_segments, values, event, time_ms, hour,
+            self._extend(self._key_segments, self._closed_key_segments, "e",
+                         self._ENCRYPTION_SUMS, values, event, time_ms, hour,
                          {c: _int(detectors.get(c)) for c in DECRYPT_COUNTERS})
 
     def _extend(
         self,
         segments: dict[tuple[Any, ...], _Rollup],
+        closed: list[_Rollup],
+        tag: str,
+        sums: tuple[str, ...],
         values: Mapping[str, Any],
         event: Mapping[str, Any],
         time_ms: int,
@@ -538,7 +509,10 @@ class ColumnarBuffers:
         counts: Mapping[str, int],
     ) -> None:
         """Add one batch to the open segment of its key (``values`` and the hour), or close
-        that segment and open a new one when the batch's offsets neither overlap nor touch."""
+        that segment (into ``closed``) and open a new one when the batch's offsets neither
+        overlap nor touch: the audit job merges segments that still touch. ``tag`` marks the
+        ids of the dataset's rows, ``sums`` are its summed columns (``batches`` counted here,
+        the others from ``counts``)."""
         first, last = event.get("offset_first"), event.get("offset_last")
         has_offsets = first is not None and last is not None
         key = (*values.values(), hour, has_offsets)
@@ -546,14 +520,14 @@ class ColumnarBuffers:
         if seg is not None and has_offsets:
             v = seg.values
             if first > v["offset_last"] + 1 or last < v["offset_first"] - 1:
-                self._closed_key_segments.append(seg)
+                closed.append(seg)
                 seg = None
             else:
                 v["offset_first"] = min(v["offset_first"], first)
                 v["offset_last"] = max(v["offset_last"], last)
         if seg is None:
             seg = _Rollup(
-                id=f"{self._id_prefix}-e{next(self._ids)}",
+                id=f"{self._id_prefix}-{tag}{next(self._ids)}",
                 values={
                     **values,
                     "offset_first": first if has_offsets else None,
@@ -561,7 +535,7 @@ class ColumnarBuffers:
                     "time_first_ms": time_ms,
                     "time_last_ms": time_ms,
                 },
-                sums=dict.fromkeys(self._ENCRYPTION_SUMS, 0),
+                sums=dict.fromkeys(sums, 0),
             )
             segments[key] = seg
         v, s = seg.values, seg.sums
