@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from datetime import UTC, datetime
 from typing import Any
 
 from sluice.filters.host_identity import ENCRYPT_SHA256
 from sluice.proxy import telemetry as t
 
-A = t.ProxyInfo(host="host-a", pid=101, instance_id="inst-a")
-B = t.ProxyInfo(host="host-b", pid=202, instance_id="inst-b")
+# The same two instances and clock as the other known data set.
+from tests.spark_audit.known_telemetry import MIN, T0, A, B
+
 UP1 = hashlib.sha256(b"upper module v1").hexdigest()
 UP2 = hashlib.sha256(b"upper module v2").hexdigest()
-T0 = int(datetime(2026, 11, 18, 10, 0, tzinfo=UTC).timestamp() * 1000)
-MIN = 60_000
 
 
 def _out(partition: int, first: int, last: int) -> dict[str, int]:

@@ -12,6 +12,7 @@ import pytest
 from sluice.cli import main as sluice_main
 from sluice.proxy import telemetry as t
 from tests.spark_audit import known_telemetry as k
+from tests.spark_audit.kafka_topics import emit_through_sinks, redeliver_one
 from tests.spark_audit.test_audit_job import billing_figures
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
@@ -130,38 +131,9 @@ def test_columnar_topic_with_old_json_messages_and_a_redelivered_message(
 ) -> None:
     """inst-a through the Arrow IPC sink, inst-b through the old JSON sink (a fleet half
     upgraded), and one Arrow message delivered twice: the reports equal the known figures."""
-    from confluent_kafka import Consumer, Producer
-
     topic = f"sluice-telemetry-arrow-{uuid.uuid4().hex[:8]}"
-    for proxy, fmt in ((k.A, "arrow"), (k.B, "json")):
-        sink = t.make_sink(
-            {"kafka": {"bootstrap": broker.bootstrap, "topic": topic, "create_partitions": 2,
-                       "format": fmt}},
-            proxy.instance_id,
-            proxy=proxy,
-        )
-        assert isinstance(sink, t.ArrowKafkaSink) == (fmt == "arrow")
-        mine = [e for e in k.events() if e["proxy"]["instance_id"] == proxy.instance_id]
-        for event in mine:
-            sink.emit(event)
-        sink.close(timeout=30)
-        assert sink.stats()["written"] == len(mine), sink.stats()
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{topic}",
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    try:
-        original = None
-        while original is None:
-            msg = consumer.poll(1.0)
-            if msg is not None and not msg.error() and dict(msg.headers() or []).get(
-                "sluice-dataset"
-            ) == b"record_batch":
-                original = msg
-    finally:
-        consumer.close()
-    producer = Producer({"bootstrap.servers": broker.bootstrap})
-    producer.produce(topic, original.value(), original.key(), headers=original.headers())
-    assert producer.flush(30) == 0
+    emit_through_sinks(broker.bootstrap, topic, k.events(), [(k.A, "arrow"), (k.B, "json")])
+    redeliver_one(broker.bootstrap, topic, "record_batch")
 
     out = tmp_path / "arrow-report"
     code = sluice_main(

@@ -15,6 +15,7 @@ import pytest
 from sluice.proxy import telemetry as t
 from sluice.spark_audit.job import run_audit
 from tests.spark_audit import known_transforms as k
+from tests.spark_audit.kafka_topics import emit_through_sinks, redeliver_one
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -118,33 +119,9 @@ def test_arrow_kafka_topic_gives_the_same_reports(
 ) -> None:
     """Both instances through the Arrow IPC Kafka sink, one transform_batch message delivered
     twice (read once, by its message id)."""
-    from confluent_kafka import Consumer, Producer
-
     topic = f"sluice-telemetry-tr-{uuid.uuid4().hex[:8]}"
-    for proxy in (k.A, k.B):
-        sink = t.make_sink({"kafka": {"bootstrap": broker.bootstrap, "topic": topic,
-                                      "create_partitions": 2}}, proxy.instance_id, proxy=proxy)
-        assert isinstance(sink, t.ArrowKafkaSink)
-        mine = [e for e in k.events() if e["proxy"]["instance_id"] == proxy.instance_id]
-        for event in mine:
-            sink.emit(event)
-        sink.close(timeout=30)
-        assert sink.stats()["written"] == len(mine), sink.stats()
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": f"g-{topic}",
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    original = None
-    try:
-        while original is None:
-            msg = consumer.poll(1.0)
-            if msg is not None and not msg.error() and dict(msg.headers() or []).get(
-                    "sluice-dataset") == b"transform_batch":
-                original = msg
-    finally:
-        consumer.close()
-    producer = Producer({"bootstrap.servers": broker.bootstrap})
-    producer.produce(topic, original.value(), original.key(), headers=original.headers())
-    assert producer.flush(30) == 0
+    emit_through_sinks(broker.bootstrap, topic, k.events(), [(k.A, "arrow"), (k.B, "arrow")])
+    redeliver_one(broker.bootstrap, topic, "transform_batch")
 
     out = tmp_path / "report"
     result = run_audit(f"kafka://{broker.bootstrap}/{topic}", str(out))

@@ -10,15 +10,10 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from sluice.proxy import telemetry
 from sluice.spark_audit.job import run_audit
-from sluice.transforms.config import load_transform_specs
-from sluice.transforms.supervisor import TransformSupervisor
-from tests.e2e.clients import create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.transforms.committed_log import committed_records
-from tests.transforms.runner_proc import write_config
-from tests.transforms.test_transform_records import _produce, _wait
+from tests.transforms.live_run import run_exactly_once_upper
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -27,25 +22,11 @@ def test_report_output_ranges_are_the_committed_offsets(
     spark: Any, broker: TansuBroker, tmp_path: Path
 ) -> None:
     bs = broker.bootstrap
-    src, dst = unique("lower"), unique("upper")
-    create_topic(bs, src, 2)
-    create_topic(bs, dst, 3)  # counts differ: records of both inputs meet in each output
     n = 300
-    _produce(bs, src, n, 2)  # record i: key-i, input partition i % 2, input offset i // 2
-    config = write_config(tmp_path, unique("t"), [src], dst, guarantee="exactly-once",
-                          batch_records=50)
-    spec = load_transform_specs(config)[0]
-    info = telemetry.proxy_info()
-    sink = telemetry.make_sink({"dir": str(tmp_path / "tel")}, info.instance_id, proxy=info)
-    supervisor = TransformSupervisor([spec], bs, sink=sink, info=info)
-    supervisor.prepare()
-    supervisor.start()
-    try:
-        _wait(lambda: supervisor.statuses()[0].snapshot().total_lag == 0
-              and supervisor.statuses()[0].snapshot().records_in == n)
-    finally:
-        supervisor.stop()
-        sink.close(timeout=5)
+    # record i: key-i, input partition i % 2, input offset i // 2; 3 output partitions, so
+    # records of both inputs meet in each output
+    run = run_exactly_once_upper(bs, tmp_path, n)
+    src, dst, spec, sink = run.src, run.dst, run.spec, run.sink
     assert sink.stats()["dropped"] == 0
 
     # The broker's committed log: which output offsets hold which input record.

@@ -12,27 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from sluice.codec.partitioner import partition_for_key as key_partition
 from sluice.local_broker import free_port
-from sluice.proxy import telemetry
-from sluice.transforms.config import load_transform_specs
-from sluice.transforms.supervisor import TransformSupervisor
 from tests.e2e.clients import QUIET, create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
 from tests.transforms.committed_log import committed_records
+from tests.transforms.live_run import produce_numbered, run_exactly_once_upper, wait_for
 from tests.transforms.runner_proc import write_config
-
-
-def _produce(bootstrap: str, topic: str, n: int, partitions: int) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, **QUIET})
-    for i in range(n):
-        producer.produce(topic, f"value {i}".encode(), f"key-{i}".encode(),
-                         partition=i % partitions, timestamp=1_700_000_000_000 + i,
-                         headers=[("trace", f"t{i}".encode()), ("empty", None)])
-    assert producer.flush(15) == 0
 
 
 def _read(bootstrap: str, topic: str, partitions: int, n: int) -> list[object]:
@@ -48,37 +37,11 @@ def _read(bootstrap: str, topic: str, partitions: int, n: int) -> list[object]:
     return out
 
 
-def _wait(predicate: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
-
-
 def test_records_partitions_and_telemetry(broker: TansuBroker, tmp_path: Path) -> None:
     bs = broker.bootstrap
-    src, dst = unique("lower"), unique("upper")
-    create_topic(bs, src, 2)
-    create_topic(bs, dst, 3)  # counts differ: partition by key
     n = 300
-    _produce(bs, src, n, 2)
-    config = write_config(tmp_path, unique("t"), [src], dst, guarantee="exactly-once",
-                          batch_records=50)
-    spec = load_transform_specs(config)[0]
-    info = telemetry.proxy_info()
-    sink = telemetry.make_sink({"dir": str(tmp_path / "tel")}, info.instance_id, proxy=info)
-    supervisor = TransformSupervisor([spec], bs, sink=sink, info=info)
-    supervisor.prepare()
-    supervisor.start()
-    try:
-        _wait(lambda: supervisor.statuses()[0].snapshot().total_lag == 0
-              and supervisor.statuses()[0].snapshot().records_in == n)
-        status = supervisor.statuses()[0].snapshot()
-    finally:
-        supervisor.stop()
-        sink.close(timeout=5)
+    run = run_exactly_once_upper(bs, tmp_path, n)  # 2 input partitions, 3 output: by key
+    spec, dst, status = run.spec, run.dst, run.status
     assert status.guarantee == "exactly-once" and status.records_out == n
     assert status.transactions_committed >= n // 50
     messages = _read(bs, dst, 3, n)
@@ -128,7 +91,7 @@ def test_serve_runs_transforms_with_lag_in_metrics(broker: TansuBroker, tmp_path
     config = write_config(tmp_path, unique("t"), [src], dst, guarantee="at-least-once",
                           extra=f"metrics:\n  listen: 127.0.0.1:{metrics_port}\n")
     start_proxy(config)
-    _produce(bs, src, 200, 2)
+    produce_numbered(bs, src, 200, 2)
 
     def lag_zero() -> bool:
         body = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
@@ -139,5 +102,5 @@ def test_serve_runs_transforms_with_lag_in_metrics(broker: TansuBroker, tmp_path
             any(line.endswith(" 200.0") for line in body.splitlines()
                 if line.startswith("sluice_transform_records_in_total"))
 
-    _wait(lag_zero)
+    wait_for(lag_zero)
     assert len(_read(bs, dst, 2, 200)) == 200
