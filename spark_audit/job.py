@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 
 from sluice.proxy.telemetry.columns import EVENT_TABLES, HOUR_MS
-from sluice.spark_audit import html_report, load, report_io, reports, rollups, sources
+from sluice.spark_audit import html_report, load, partials, report_io, reports, rollups, sources
 from sluice.spark_audit.options import add_arguments, parse_conf
 from sluice.spark_audit.session import get_session
 from sluice.spark_audit.svg import Edge
@@ -245,22 +245,10 @@ def run_audit(
             kafka_reader=kafka_reader,
             input_format=input_format,
         )
-        tables = inputs.tables
-        parts = {
-            # Hourly: billing needs hours; the chart's minutes (short spans) come below.
-            "batches": rollups.record_batches(tables["record_batch"], HOUR_MS),
-            "runs": rollups.offset_runs(tables["offset_run"]),
-            "found": rollups.findings(tables["finding"]),
-            "conns": rollups.connections(tables["connection"], tables["connection_api"]),
-            "admin": rollups.admin(tables["admin"]),
-            "loads": rollups.filter_loads(tables["filter_loaded"]),
-            "drops": rollups.drops(tables["telemetry_dropped"]),
-            "transforms": rollups.transform_runs(tables["transform_batch"]),
-            "encryption": rollups.encryption(tables["encryption"]),
-        }
+        wanted = partials.standard(HOUR_MS)  # hourly: billing needs hours
         if inputs.checks is not None:
-            parts["skipped"] = rollups.skipped(inputs.checks)
-        got, counts = rollups.split_counts(rollups.collect(parts))
+            wanted["skipped"] = partials.skipped()
+        got, counts = rollups.split_counts(rollups.collect(spark, inputs, wanted))
         timings["aggregate"] = time.perf_counter() - t0
         by_type = {t: c.events for t, c in counts.items() if t in EVENT_TABLES and c.events}
         skipped = {
@@ -278,7 +266,8 @@ def run_audit(
         conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]
         if bucket_ms < HOUR_MS:
             t0 = time.perf_counter()
-            chart = rollups.collect({"t": rollups.traffic(tables["record_batch"], bucket_ms)})["t"]
+            chart = rollups.collect(spark, inputs, {"traffic": partials.traffic(bucket_ms)})[
+                "traffic"]
             timings["traffic_minutes"] = time.perf_counter() - t0
         else:
             chart = [

@@ -1,44 +1,44 @@
-"""The Spark side of the audit job: one aggregation per dataset, all collected in one go.
+"""The Spark side of the audit job: every rollup of ``partials`` run as Spark tasks, merged.
 
-Every function here builds one aggregation over one dataset (no caching, no ``coalesce(1)``);
-``collect`` runs any number of them as one Spark query (a union, so adaptive execution runs
-their stages side by side) and returns each as a list of dicts small enough for the driver.
-The report tables are then built from these rollups in the driver (``reports``). Times stay
-epoch milliseconds (UTC) until the reports turn them into UTC timestamps.
+The heavy part of the job, grouping millions of rows, runs in Spark's tasks as Arrow code
+(``partials``); the driver merges the tasks' small partial tables into the rows the reports are
+built from. There are two kinds of task, and a collect runs at most one Spark job of each:
 
-Each aggregation also counts what the job's summary needs, in the same scan: the rows of a
-dataset the job skips (``schema.SKIP``: malformed, unknown schema version) stay in the tables,
-their grouping keys blanked so that they fall into one group per reason, and every group
-carries ``_skip``, ``_rows`` (rows, or events where an event has several rows), ``_first_ms``
-and ``_last_ms``. ``split_counts`` takes those apart in the driver: the reports get only the
-usable groups, the summary the counts per event type.
+- **Parquet files on a local or shared path** (the columnar layout, the common case): the
+  driver plans tasks of whole hours of a dataset's files (both connection datasets' files of
+  the same hours together), about two per core, and each task reads its files with pyarrow
+  (only the columns its rollup needs), classifies the rows (``SKIP``), keeps the ``--from/--to``
+  window and returns its partial tables as Arrow IPC bytes. The executors must see the path:
+  on a multi-host cluster it is a shared file system mounted at the same place.
+- **DataFrames** (JSON Lines, Kafka, ``--dedupe``, Hadoop URLs such as ``s3a://`` and
+  ``hdfs://``): Spark reads and classifies them (``sources``); ``mapInArrow`` hands each
+  partition to the same partial code. The connection datasets are repartitioned by connection
+  first, so that a task holds every row of its connections.
 
-- ``record_batches``: one fine-grained rollup (principal, client, topic, api, proxy, time
-  bucket) from which billing, traffic, edges, top topics and the client table all come.
-- ``offset_runs``: the offset-run segments merged into runs (a window over segments, not over
-  every batch) per module, api and topic-partition.
-- ``findings``, ``connections``, ``admin``, ``filter_loads``, ``drops``: the small datasets.
-- ``transform_runs``: transform batches merged into runs of contiguous input offsets per
-  transform, module versions and input partition, split per output partition.
-- ``encryption``: the encrypt filter's segments summed per topic-partition, KEK version and
-  principal.
-- ``skipped``: the JSON lines that never became table rows, per type and reason.
+Nothing is cached and there is no shuffle of rows between the two (except that repartition);
+what reaches the driver is a few partial rows per group and task. The rollups' counts for the
+summary (events, skipped rows, first and last time, instances) come from the same rows
+(``split_counts``).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.spark_audit.schema import MALFORMED, SKIP, UNKNOWN_VERSION
+from sluice.proxy.telemetry.columns import SCHEMAS, time_column
+from sluice.spark_audit.partials import CHECKS, PartialSet, Rollup
+from sluice.spark_audit.schema import MALFORMED, SCHEMA_VERSION, SKIP, UNKNOWN_VERSION
+from sluice.spark_audit.sources import Inputs, LocalFile, Window
 
-RUN_KEYS = ["module_sha256", "api", "topic", "partition"]
-TRANSFORM_KEYS = ["transform", "module_sha256s", "input_topic", "input_partition"]
 # The dataset each part aggregates (``connections`` reads two: its rows carry ``_type``).
 PART_DATASETS = {
     "batches": "record_batch",
@@ -50,26 +50,174 @@ PART_DATASETS = {
     "transforms": "transform_batch",
     "encryption": "encryption",
 }
+_PARTIAL_SCHEMA = "part string, data binary"
+# Tasks per core: enough to even out unequal tasks, few enough that each stays large.
+TASKS_PER_CORE = 2
 
 
-def collect(parts: dict[str, DataFrame]) -> dict[str, list[dict[str, Any]]]:
-    """Run every aggregation in one query; rows come back as dicts, per part."""
-    tagged = [
-        df.select(
-            F.lit(name).alias("part"),
-            F.to_json(F.struct(*df.columns), {"ignoreNullFields": "false"}).alias("row"),
-        )
-        for name, df in parts.items()
+@dataclass(frozen=True)
+class FileTask:
+    """What one task reads: per unit, a rollup and its datasets' files (whole hours)."""
+
+    units: tuple[tuple[str, tuple[tuple[str, tuple[str, ...]], ...]], ...]
+
+
+def plan_tasks(files: list[LocalFile], rollups: Mapping[str, Rollup], cores: int,
+               size: Any = os.path.getsize) -> list[FileTask]:
+    """Split every rollup's files into runs of whole hours of about equal bytes and pack the
+    runs into about ``TASKS_PER_CORE`` tasks per core (largest first, onto the lightest)."""
+    sizes = {f.path: size(f.path) for f in files}
+    total = sum(sizes.values())
+    bins = max(1, TASKS_PER_CORE * cores)
+    target = max(total / bins, 1)
+    units: list[tuple[int, str, dict[str, list[str]]]] = []
+    for name, rollup in rollups.items():
+        hours: dict[str, dict[str, list[str]]] = {}
+        for f in files:
+            if f.dataset in rollup.datasets:
+                hours.setdefault(f.hour, {}).setdefault(f.dataset, []).append(f.path)
+        chunk: dict[str, list[str]] = {}
+        weight = 0
+        for hour in sorted(hours):
+            for dataset, paths in hours[hour].items():
+                chunk.setdefault(dataset, []).extend(paths)
+                weight += sum(sizes[p] for p in paths)
+            if weight >= target:
+                units.append((weight, name, chunk))
+                chunk, weight = {}, 0
+        if chunk:
+            units.append((weight, name, chunk))
+    tasks: list[list[tuple[int, str, dict[str, list[str]]]]] = [
+        [] for _ in range(min(bins, len(units)))
     ]
-    union = tagged[0]
-    for df in tagged[1:]:
-        union = union.unionByName(df)
-    table = union.toArrow()
-    out: dict[str, list[dict[str, Any]]] = {name: [] for name in parts}
-    for part, row in zip(table.column("part").to_pylist(), table.column("row").to_pylist(),
-                         strict=True):
-        out[part].append(json.loads(row))
+    loads = [0] * len(tasks)
+    for unit in sorted(units, key=lambda u: -u[0]):
+        i = loads.index(min(loads))
+        tasks[i].append(unit)
+        loads[i] += unit[0]
+    return [
+        FileTask(tuple(
+            (name, tuple((d, tuple(paths)) for d, paths in sorted(chunk.items())))
+            for _w, name, chunk in task
+        ))
+        for task in tasks if task
+    ]
+
+
+def classify(table: pa.Table, dataset: str) -> pa.Array | pa.ChunkedArray:
+    """``SKIP`` of each row of a Parquet read: ``malformed`` (no version, or no time), the
+    version unknown, or null for a row the reports use. The same rule as ``sources``'s for
+    DataFrames."""
+    version = table["schema_version"]
+    ours = pc.fill_null(pc.equal(version, SCHEMA_VERSION), False)
+    malformed = pc.or_(pc.is_null(version),
+                       pc.and_(ours, pc.is_null(table[time_column(dataset)])))
+    none = pa.nulls(table.num_rows, pa.string())
+    return pc.if_else(malformed, pa.scalar(MALFORMED),
+                      pc.if_else(ours, none, pa.scalar(UNKNOWN_VERSION)))
+
+
+def read_files(dataset: str, paths: tuple[str, ...], columns: tuple[str, ...],
+               window: Window) -> pa.Table:
+    """The rows of ``paths`` in the window (and every skipped row), with ``SKIP``."""
+    import pyarrow.dataset as ds
+
+    time_col = time_column(dataset)
+    wanted = [c for c in columns if c != SKIP]
+    need = list(dict.fromkeys([*wanted, "schema_version", time_col]))
+    # The dataset's schema: a column an older file lacks reads as nulls.
+    table = ds.dataset(list(paths), schema=SCHEMAS[dataset], format="parquet").to_table(
+        columns=need)
+    skip = classify(table, dataset)
+    keep = None
+    for bound, op in ((window.from_ms, pc.greater_equal), (window.to_ms, pc.less)):
+        if bound is not None:
+            cond = pc.fill_null(op(table[time_col], bound), False)
+            keep = cond if keep is None else pc.and_(keep, cond)
+    table = table.select(wanted).append_column(SKIP, skip)
+    if keep is not None:
+        table = table.filter(pc.or_(keep, pc.is_valid(table[SKIP])))
+    return table
+
+
+def _ipc(part: str, table: pa.Table) -> tuple[str, bytes]:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return part, sink.getvalue().to_pybytes()
+
+
+def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
+                  window: Window) -> list[tuple[str, bytes]]:
+    """One task: read each unit's files, run its rollup's partial; (part, Arrow IPC) pairs."""
+    out: list[tuple[str, bytes]] = []
+    for name, files in task.units:
+        rollup = rollups[name]
+        tables = {d: read_files(d, paths, rollup.columns[d], window) for d, paths in files}
+        out.extend(_ipc(part, table) for part, table in rollup.partial(tables).items())
     return out
+
+
+def _partials_of_batches(rollup: Rollup, batches: Iterator[pa.RecordBatch]
+                         ) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow``: one partition's rows (tagged ``_dataset``) -> its partial tables."""
+    got: dict[str, list[pa.RecordBatch]] = {}
+    for batch in batches:
+        if batch.num_rows:
+            got.setdefault("", []).append(batch)
+    if not got:
+        return
+    rows = pa.Table.from_batches(got[""])
+    tables = {}
+    for dataset in rollup.datasets:
+        mine = rows.filter(pc.equal(rows["_dataset"], dataset))
+        if mine.num_rows:
+            tables[dataset] = mine.select(list(rollup.columns[dataset]))
+    for part, data in (_ipc(p, t) for p, t in rollup.partial(tables).items()):
+        yield pa.RecordBatch.from_arrays([pa.array([part]), pa.array([data], pa.binary())],
+                                         names=["part", "data"])
+
+
+def _frame_partials(rollup: Rollup, frames: Mapping[str, DataFrame]) -> DataFrame | None:
+    tagged = [
+        frames[d].select(*rollup.columns[d]).withColumn("_dataset", F.lit(d))
+        for d in rollup.datasets if d in frames
+    ]
+    if not tagged:
+        return None
+    rows = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), tagged)
+    if rollup.by_connection:
+        rows = rows.repartition("instance_id", "connection_id")
+
+    def partial(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _partials_of_batches(rollup, batches)
+
+    return rows.mapInArrow(partial, _PARTIAL_SCHEMA)
+
+
+def collect(spark: SparkSession, inputs: Inputs,
+            rollups: Mapping[str, Rollup]) -> dict[str, list[dict[str, Any]]]:
+    """Every rollup over ``sources``: partial tables in Spark's tasks, merged in the driver;
+    rows come back as dicts, per rollup name."""
+    got = PartialSet()
+    cores = int(spark.sparkContext.defaultParallelism)
+    tasks = plan_tasks(inputs.local_files, rollups, cores)
+    if tasks:
+        window = inputs.window
+        pairs = spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(
+            lambda task: run_file_task(task, rollups, window)
+        ).collect()
+        for part, data in pairs:
+            got.add(part, pa.ipc.open_stream(data).read_all())
+    tables = dict(inputs.tables)
+    if inputs.checks is not None:
+        tables[CHECKS] = inputs.checks
+    frames = [f for f in (_frame_partials(r, tables) for r in rollups.values())
+              if f is not None]
+    if frames:
+        for row in reduce(lambda a, b: a.unionByName(b), frames).collect():
+            got.add(row["part"], pa.ipc.open_stream(row["data"]).read_all())
+    return {name: rollup.final(got.tables) for name, rollup in rollups.items()}
 
 
 @dataclass
@@ -122,301 +270,3 @@ def split_counts(
                     c.instances.add(r["instance_id"])
                 c.instances.update(r.get("_instances") or ())
     return usable, counts
-
-
-def _sum0(col: Column | str) -> Column:
-    c = F.col(col) if isinstance(col, str) else col
-    return F.coalesce(F.sum(F.coalesce(c, F.lit(0))), F.lit(0)).cast("long")
-
-
-def _set(col: str) -> Column:
-    return F.array_sort(F.collect_set(col))
-
-
-def _kept(col: Column | str, name: str | None = None) -> Column:
-    """A grouping key, null on the rows the job skips (so they make one group per reason)."""
-    c = F.col(col) if isinstance(col, str) else col
-    alias = name if name is not None else str(col)
-    return F.when(F.col(SKIP).isNull(), c).alias(alias)
-
-
-def _blanked(df: DataFrame, keys: list[str]) -> DataFrame:
-    """``df`` with ``keys`` null on skipped rows."""
-    return df.select(*[_kept(c) if c in keys else F.col(c) for c in df.columns])
-
-
-def _counted(time_col: str, rows: Column | None = None) -> list[Column]:
-    """The summary's figures of a group: rows (or events), first and last time."""
-    return [
-        (F.count(F.lit(1)) if rows is None else F.sum(rows)).cast("long").alias("_rows"),
-        F.min(time_col).alias("_first_ms"),
-        F.max(time_col).alias("_last_ms"),
-    ]
-
-
-def skipped(checks: DataFrame) -> DataFrame:
-    """The JSON lines the job skips, per type and reason."""
-    return checks.groupBy("type", SKIP).agg(F.count(F.lit(1)).cast("long").alias("_rows"))
-
-
-def traffic(rb: DataFrame, bucket_ms: int) -> DataFrame:
-    """Record bytes per client and time bucket (produce: in, fetch: out) for the chart."""
-    bucket = (F.floor(F.col("time_ms") / bucket_ms) * bucket_ms).cast("long")
-    return rb.filter(F.col(SKIP).isNull()).groupBy(
-        "principal", "client_id", bucket.alias("bucket")
-    ).agg(
-        _sum0(
-            F.when(F.col("api") == "produce", F.col("bytes_in")).otherwise(F.col("bytes_out"))
-        ).alias("bytes")
-    )
-
-
-def record_batches(rb: DataFrame, bucket_ms: int) -> DataFrame:
-    bucket = (F.floor(F.col("time_ms") / bucket_ms) * bucket_ms).cast("long")
-    return (
-        rb.groupBy(
-            *[_kept(k) for k in ("principal", "client_id", "topic", "api", "host",
-                                 "instance_id")],
-            _kept(bucket, "bucket"),
-            SKIP,
-        ).agg(
-            F.count(F.lit(1)).alias("batches"),
-            _sum0("records_in").alias("records_in"),
-            _sum0("records_out").alias("records_out"),
-            _sum0("bytes_in").alias("bytes_in"),
-            _sum0("bytes_out").alias("bytes_out"),
-            F.sum(F.when(F.coalesce(F.col("error_code"), F.lit(0)) != 0, 1).otherwise(0))
-            .cast("long")
-            .alias("errors"),
-            _sum0("filter_time_ns").alias("filter_time_ns"),
-            *_counted("time_ms"),
-        )
-    )
-
-
-def _run_aggregates() -> list[Column]:
-    return [
-        _set("filter_name").alias("filter_names"),
-        _sum0("batches").alias("batches"),
-        (_sum0("kept") + _sum0("rewritten") + _sum0("dropped") + _sum0("rejected")).alias(
-            "records"
-        ),
-        _sum0("kept").alias("kept"),
-        _sum0("rewritten").alias("rewritten"),
-        _sum0("dropped").alias("dropped"),
-        _sum0("rejected").alias("rejected"),
-        _sum0("detections").alias("detections"),
-        _sum0("errors").alias("errors"),
-        _sum0("time_ns").alias("filter_time_ns"),
-        _set("instance_id").alias("proxy_instances"),
-        _set("host").alias("proxy_hosts"),
-        F.min("time_first_ms").alias("time_first_ms"),
-        F.max("time_last_ms").alias("time_last_ms"),
-        *_counted("time_first_ms"),
-    ]
-
-
-def _numbered_runs(df: DataFrame, keys: list[str], first: str, last: str) -> DataFrame:
-    """``df`` with ``run``: per ``keys``, islands of rows whose ``first``..``last`` ranges
-    overlap or touch, numbered from 1 in offset order (a new run starts where a row's
-    ``first`` lies beyond every earlier row's ``last`` + 1). Rows without offsets sort first
-    and neither start nor number a run; they and skipped rows get a null ``run``. One window,
-    partitioned by ``keys`` and ``SKIP`` only, so a grouping by them needs no second shuffle."""
-    no_offsets = F.col(first).isNull()
-    w = Window.partitionBy(*keys, SKIP).orderBy(first, last)
-    prev_max = F.max(last).over(w.rowsBetween(Window.unboundedPreceding, -1))
-    new_run = (
-        F.when(no_offsets, 0)
-        .when(F.col("_prev").isNull() | (F.col(first) > F.col("_prev") + 1), 1)
-        .otherwise(0)
-    )
-    return df.withColumn("_prev", prev_max).withColumn("_new_run", new_run).withColumn(
-        "run",
-        F.when(
-            ~no_offsets & F.col(SKIP).isNull(),
-            F.sum("_new_run").over(w.rowsBetween(Window.unboundedPreceding, 0)),
-        ).cast("long"),
-    )
-
-
-def offset_runs(segments: DataFrame) -> DataFrame:
-    """Runs: islands of overlapping or adjacent segments (a new run starts where a segment's
-    first offset lies beyond every earlier segment's last offset + 1). Segments without
-    offsets are summed into one row per key with null offsets and null run (see
-    ``_numbered_runs``)."""
-    segments = _blanked(segments, RUN_KEYS)
-    runs = _numbered_runs(segments, RUN_KEYS, "offset_first", "offset_last")
-    return runs.groupBy(*RUN_KEYS, "run", SKIP).agg(
-        F.min("offset_first").alias("offset_first"),
-        F.max("offset_last").alias("offset_last"),
-        *_run_aggregates(),
-    )
-
-
-def findings(df: DataFrame) -> DataFrame:
-    keys = ["kind", "topic", "api", "filter_name", "module_sha256", "name"]
-    return (
-        df.groupBy(*[_kept(k) for k in keys], SKIP).agg(
-            _sum0("n").alias("count"),
-            _sum0("events").alias("events"),
-            F.min("time_first_ms").alias("first_ms"),
-            F.max("time_last_ms").alias("last_ms"),
-            *_counted("time_first_ms"),
-        )
-    )
-
-
-_CONN_SUMS = ("requests", "bytes_in", "bytes_out", "opened", "closed", "duration_ms",
-              "throttle_ms")
-
-
-def connections(conn: DataFrame, per_api: DataFrame) -> DataFrame:
-    """``billing_connections`` rows (hours as epoch ms). A connection's ``open`` event precedes
-    its first request, so it has no client id: such a row takes the client id and principal
-    seen on any event of the same connection (its ``close`` and ``connection_api`` rows carry
-    them). Only the rows that lack them are joined with the identities (one row per
-    connection); the others go straight to the aggregation. The instances of a group are
-    collected after a first aggregation per instance, over a few rows instead of every row."""
-    zero = F.lit(0).cast("long")
-    hour = (F.floor(F.col("time_ms") / 3_600_000) * 3_600_000).cast("long").alias("hour_ms")
-    rows = conn.select(
-        F.lit("connection").alias("_type"),
-        "instance_id", "connection_id", "client_id", "principal", "time_ms", hour,
-        F.lit("*").alias("api"),
-        "requests", "bytes_in", "bytes_out",
-        F.when(F.col("phase") == "open", 1).otherwise(0).cast("long").alias("opened"),
-        F.when(F.col("phase") == "close", 1).otherwise(0).cast("long").alias("closed"),
-        "duration_ms", "throttle_ms", SKIP,
-    ).unionByName(per_api.select(
-        F.lit("connection_api").alias("_type"),
-        "instance_id", "connection_id", "client_id", "principal", "time_ms", hour, "api",
-        "requests", "bytes_in", "bytes_out",
-        zero.alias("opened"), zero.alias("closed"), zero.alias("duration_ms"),
-        zero.alias("throttle_ms"), SKIP,
-    ))
-    usable = F.col(SKIP).isNull()
-    known = F.col("principal").isNotNull() & F.col("client_id").isNotNull()
-    # Skipped rows are not resolved: their keys are blanked below anyway.
-    identities = rows.filter(
-        usable & (F.col("principal").isNotNull() | F.col("client_id").isNotNull())
-    ).groupBy("instance_id", "connection_id").agg(
-        F.max("principal").alias("_principal"), F.max("client_id").alias("_client_id"))
-    resolved = rows.filter(usable & ~known).join(
-        identities, ["instance_id", "connection_id"], "left"
-    ).select(
-        *[c for c in rows.columns if c not in ("principal", "client_id")],
-        F.coalesce(F.col("principal"), F.col("_principal")).alias("principal"),
-        F.coalesce(F.col("client_id"), F.col("_client_id")).alias("client_id"),
-    )
-    every = rows.filter(known | ~usable).unionByName(resolved)
-    keys = ["principal", "client_id", "hour_ms", "api"]
-    per_instance = every.groupBy(
-        *[_kept(k) for k in keys], "instance_id", "_type", SKIP
-    ).agg(
-        *[_sum0(c).alias(c) for c in _CONN_SUMS],
-        F.count(F.lit(1)).alias("_rows"),
-        F.min("time_ms").alias("_first_ms"),
-        F.max("time_ms").alias("_last_ms"),
-    )
-    return per_instance.groupBy(*keys, "_type", SKIP).agg(
-        *[_sum0(c).alias(c) for c in _CONN_SUMS[:3]],
-        _sum0("opened").alias("connections_opened"),
-        _sum0("closed").alias("connections_closed"),
-        *[_sum0(c).alias(c) for c in _CONN_SUMS[5:]],
-        _set("instance_id").alias("_instances"),
-        _sum0("_rows").alias("_rows"),
-        F.min("_first_ms").alias("_first_ms"),
-        F.max("_last_ms").alias("_last_ms"),
-    )
-
-
-def admin(df: DataFrame) -> DataFrame:
-    keys = ["module_sha256", "filter_name", "op", "resource_type", "resource", "decision",
-            "principal", "client_id", "message", "instance_id"]
-    return (
-        df.groupBy(*[_kept(k) for k in keys], SKIP).agg(
-            F.count(F.lit(1)).alias("count"),
-            F.min("time_ms").alias("first_ms"),
-            F.max("time_ms").alias("last_ms"),
-            *_counted("time_ms"),
-        )
-    )
-
-
-def filter_loads(df: DataFrame) -> DataFrame:
-    keys = ["module_sha256", "filter_name", "instance_id"]
-    return (
-        df.groupBy(*[_kept(k) for k in keys], SKIP).agg(
-            F.array_distinct(F.flatten(F.collect_list(F.coalesce(
-                F.col("topics"), F.array().cast("array<string>"))))).alias("topics"),
-            F.array_distinct(F.flatten(F.collect_list(F.coalesce(
-                F.col("apply_to"), F.array().cast("array<string>"))))).alias("apply_to"),
-            F.min("time_ms").alias("first_ms"),
-            F.max("time_ms").alias("last_ms"),
-            *_counted("time_ms"),
-        )
-    )
-
-
-def drops(df: DataFrame) -> DataFrame:
-    return (
-        df.groupBy(_kept("instance_id"), _kept("reason"), SKIP).agg(
-            _sum0("dropped").alias("count"),
-            F.count(F.lit(1)).alias("events"),
-            F.min("time_ms").alias("first_ms"),
-            F.max("time_ms").alias("last_ms"),
-            *_counted("time_ms"),
-        )
-    )
-
-
-def transform_runs(tb: DataFrame) -> DataFrame:
-    """Per transform, module versions (sha256s in chain order) and input partition: runs of
-    batches whose input offsets overlap or touch (a new run starts where a batch's first input
-    offset lies beyond every earlier batch's last + 1, as for ``offset_runs``), one row per
-    run and output partition with the input and output offset ranges. All rows of one batch
-    have the same input range, so they fall in the same run."""
-    tb = _blanked(tb, [*TRANSFORM_KEYS, "output_topic", "output_partition"])
-    runs = _numbered_runs(tb, TRANSFORM_KEYS, "input_offset_first", "input_offset_last")
-    # A batch has one row per output partition: its first row counts the event.
-    first_row = F.when(F.coalesce(F.col("output_index"), F.lit(0)) == 0, 1).otherwise(0)
-    return (
-        runs
-        .groupBy(*TRANSFORM_KEYS, "run", "output_topic", "output_partition", SKIP)
-        .agg(
-            F.array_sort(F.array_distinct(F.flatten(F.collect_list("filter_names"))))
-            .alias("filter_names"),
-            F.min("input_offset_first").alias("input_offset_first"),
-            F.max("input_offset_last").alias("input_offset_last"),
-            F.min("output_offset_first").alias("output_offset_first"),
-            F.max("output_offset_last").alias("output_offset_last"),
-            F.count(F.lit(1)).alias("batches"),
-            _sum0("records_in").alias("input_records"),
-            _sum0("output_records").alias("output_records"),
-            _sum0("dropped").alias("dropped"),
-            _sum0("rejected").alias("rejected"),
-            _sum0("dead_letters").alias("dead_letters"),
-            _set("guarantee").alias("guarantees"),
-            _set("group").alias("groups"),
-            _set("instance_id").alias("proxy_instances"),
-            _set("instance_id").alias("_instances"),
-            F.min("time_ms").alias("time_first_ms"),
-            F.max("time_ms").alias("time_last_ms"),
-            *_counted("time_ms", first_row),
-        )
-    )
-
-
-def encryption(df: DataFrame) -> DataFrame:
-    """The encrypt filter's segments per api, topic-partition, principal and KEK version."""
-    keys = ["api", "topic", "partition", "principal", "key_name", "key_version"]
-    return df.groupBy(*[_kept(k) for k in keys], SKIP).agg(
-        F.min("offset_first").alias("offset_first"),
-        F.max("offset_last").alias("offset_last"),
-        _sum0("batches").alias("batches"),
-        _sum0("records").alias("records"),
-        _sum0("decrypted").alias("decrypted"),
-        _sum0("withheld").alias("withheld"),
-        _sum0("unreadable").alias("unreadable"),
-        *_counted("time_first_ms"),
-    )

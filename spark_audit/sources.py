@@ -62,12 +62,36 @@ _PARQUET_FILE = re.compile(
 CORRUPT = "_corrupt_record"
 
 
+@dataclass(frozen=True)
+class LocalFile:
+    """One published Parquet file of the layout on a path the executors see: its dataset, its
+    hour (``YYYY-MM-DD/HH``) and its path."""
+
+    dataset: str
+    hour: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Window:
+    """``--from/--to`` as epoch milliseconds (None: open)."""
+
+    from_ms: int | None = None
+    to_ms: int | None = None
+
+
 @dataclass
 class Inputs:
+    """``tables``: the datasets Spark reads (JSON Lines, Kafka, ``--dedupe``, Hadoop URLs),
+    classified and restricted to the window; ``local_files``: the Parquet files the job's tasks
+    read themselves (``rollups``), with ``window``."""
+
     tables: dict[str, DataFrame]
     checks: DataFrame | None
     files: dict[str, int] = field(default_factory=dict)
     duplicate_files: int = 0
+    local_files: list[LocalFile] = field(default_factory=list)
+    window: Window = field(default_factory=Window)
 
 
 def is_local(path: str) -> bool:
@@ -162,8 +186,16 @@ def read_inputs(
     tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
     checks: list[DataFrame] = []
     files = {d: len(v) for d, v in parquet.items() if v}
+    local: list[LocalFile] = []
+    # Local files are read by the job's tasks with pyarrow, unless --dedupe needs them in a
+    # DataFrame (de-duplication is a shuffle over every file).
+    tasks_read = is_local(source) and not dedupe
     for dataset, found in parquet.items():
         if not found:
+            continue
+        if tasks_read:
+            local.extend(LocalFile(dataset, f"{date}/{hour}", path)
+                         for (date, hour, _name), path in sorted(found.items()))
             continue
         df = spark.read.schema(spark_schema(dataset)).parquet(*sorted(found.values()))
         if dedupe and dataset not in ROLLUPS:
@@ -179,7 +211,7 @@ def read_inputs(
         for dataset, df in json_tables.flatten(good).items():
             tables[dataset].append(df)
     merged = {
-        d: _union(spark, d, dfs, dedupe=dedupe, latest=dedupe) for d, dfs in tables.items()
+        d: _union(d, dfs, dedupe=dedupe, latest=dedupe) for d, dfs in tables.items() if dfs
     }
     checked = _union_all(checks) if checks else None
     if checked is not None and dedupe:
@@ -189,6 +221,8 @@ def read_inputs(
         checks=checked,
         files=files,
         duplicate_files=duplicates,
+        local_files=local,
+        window=Window(time_from_ms, time_to_ms),
     )
 
 
@@ -257,12 +291,7 @@ def _union_all(dfs: list[DataFrame]) -> DataFrame:
     return out
 
 
-def _union(
-    spark: SparkSession, dataset: str, dfs: list[DataFrame], *, dedupe: bool, latest: bool
-) -> DataFrame:
-    if not dfs:
-        schema = StructType([*spark_schema(dataset).fields, StructField(SKIP, StringType())])
-        return spark.createDataFrame([], schema)
+def _union(dataset: str, dfs: list[DataFrame], *, dedupe: bool, latest: bool) -> DataFrame:
     df = _union_all([
         d.select(*SCHEMAS[dataset].names,
                  F.col(SKIP) if SKIP in d.columns else F.lit(None).cast("string").alias(SKIP))
@@ -343,7 +372,7 @@ def _kafka_inputs(
             .select(F.col("value").cast("string").alias("value"))
         )
         _add_json_messages(values, tables, checks, from_ms, to_ms)
-        merged = {d: _union(spark, d, dfs, dedupe=False, latest=True) for d, dfs in tables.items()}
+        merged = {d: _union(d, dfs, dedupe=False, latest=True) for d, dfs in tables.items() if dfs}
         return Inputs(tables=merged, checks=_union_all(checks))
     if kafka_reader != "python":
         raise ValueError(f"kafka reader {kafka_reader!r}: expected python or spark")
@@ -374,7 +403,7 @@ def _kafka_inputs(
     values = raw.filter(F.col("dataset").isNull()).select(F.col("text").alias("value"))
     _add_json_messages(values, tables, checks, from_ms, to_ms)
     # Arrow messages delivered twice were dropped by message id in the reader.
-    merged = {d: _union(spark, d, dfs, dedupe=False, latest=True) for d, dfs in tables.items()}
+    merged = {d: _union(d, dfs, dedupe=False, latest=True) for d, dfs in tables.items() if dfs}
     return Inputs(tables=merged, checks=_union_all(checks))
 
 

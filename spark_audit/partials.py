@@ -1,0 +1,735 @@
+"""The audit job's aggregations, in Arrow: a partial rollup per Spark task, merged in the driver.
+
+Each ``Rollup`` turns the rows of one or two datasets into the small rows a report is built
+from (``reports``). It does so in two steps, so that Spark's tasks do the heavy part:
+
+- ``partial`` runs in a task (``rollups``), on the Arrow tables the task read (a run of hours
+  of the Parquet layout, or one partition of a DataFrame). It classifies nothing and reads no
+  files: it groups the rows with Arrow's hash aggregation (multi-threaded C++, about 0.1 µs per
+  row here) into one row per group and returns the result as Arrow tables.
+- ``final`` runs in the driver on every task's partial tables: it merges rows of equal keys
+  (sums add, minima and maxima combine, sets unite) into the rows the reports read.
+
+Every aggregation is associative, so merging the partials of any split of the input gives what
+one aggregation over all rows gives. Two need more than merging:
+
+- runs (offset runs, transform runs): islands of overlapping or adjacent offset ranges per
+  key. A task merges its own segments into islands; the driver merges those islands again
+  (an island of islands is an island of the segments), then numbers them from 1 per key.
+- connections: a connection's ``open`` row is written before the client has sent its client
+  id and principal; it takes them from the connection's other rows. A task resolves every
+  connection whose ``open`` and ``close`` rows it holds (all of the connection's rows lie
+  between them in time, and a task reads whole hours of both connection datasets); the rows
+  of the others (``pending``) go to the driver per connection, which resolves them there over
+  all tasks.
+
+Rows the job skips (``schema.SKIP`` set: malformed, unknown schema version) are aggregated with
+their grouping keys blanked, so they fall into one group per reason and dataset, and every
+group carries ``_rows`` (rows, or events where an event has several rows), ``_first_ms`` and
+``_last_ms`` for the summary (``rollups.split_counts``).
+
+Output rows are dicts keyed by the column names ``reports`` reads; lists (sets) are sorted and
+hold no nulls; times stay epoch milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sluice.proxy.telemetry.columns import HOUR_MS
+from sluice.spark_audit.schema import SKIP
+
+# Joins the items of a list column into one string, so that Arrow can group by it or collect
+# its distinct values (its hash aggregations take no list columns); no name or sha256 holds it.
+LIST_SEP = "\x1f"
+_I64 = pa.int64()
+
+Tables = Mapping[str, pa.Table]
+
+
+@dataclass(frozen=True)
+class Agg:
+    """One output column: ``op`` over the prepared column ``src``.
+
+    ``sum`` (nulls count as 0), ``count`` (rows; no ``src``), ``min``, ``max``, ``set`` (the
+    distinct non-null values, sorted), ``union`` (``src`` holds lists joined by ``LIST_SEP``:
+    the distinct items of all of them, sorted)."""
+
+    out: str
+    op: str
+    src: str | None = None
+
+
+_PARTIAL_OP = {"sum": "sum", "count": "count_all", "min": "min", "max": "max",
+               "set": "distinct", "union": "distinct"}
+
+
+def _null_like(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return pa.nulls(len(col), col.type)
+
+
+def _blank(table: pa.Table, keys: Iterable[str]) -> pa.Table:
+    """``table`` with ``keys`` null on skipped rows (they make one group per reason)."""
+    if table[SKIP].null_count == table.num_rows:
+        return table  # nothing skipped: the common case, and copying strings is not free
+    usable = pc.is_null(table[SKIP])
+    for key in keys:
+        i = table.schema.get_field_index(key)
+        table = table.set_column(i, key, pc.if_else(usable, table[key], _null_like(table[key])))
+    return table
+
+
+def _zero(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    return pc.fill_null(pc.cast(col, _I64), 0)
+
+
+def _floor_to(times: pa.ChunkedArray, step_ms: int) -> pa.ChunkedArray:
+    """Epoch ms down to a multiple of ``step_ms`` (as Spark's ``floor(t / step) * step``)."""
+    buckets = pc.floor(pc.divide(pc.cast(times, pa.float64()), float(step_ms)))
+    return pc.multiply(pc.cast(buckets, _I64), step_ms)
+
+
+def _joined(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.binary_join(col, LIST_SEP)
+
+
+def _split(value: str | None) -> list[str]:
+    return [] if not value else value.split(LIST_SEP)
+
+
+def group(table: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table:
+    """One Arrow aggregation: a row per distinct ``keys``, the partial form of ``aggs``."""
+    spec: list[tuple[Any, str]] = [([] if a.op == "count" else a.src, _PARTIAL_OP[a.op])
+                                   for a in aggs]
+    done = table.group_by(list(keys), use_threads=True).aggregate(spec)
+    # Arrow names the columns by source and function (twice the same name for the same pair):
+    # the keys come first, then the aggregates in the order asked.
+    columns = list(done.columns)
+    out = columns[: len(keys)]
+    for a, col in zip(aggs, columns[len(keys):], strict=True):
+        out.append(_zero(col) if a.op in ("sum", "count") else col)
+    return pa.table(out, names=[*keys, *(a.out for a in aggs)])
+
+
+def merge(rows: Iterable[dict[str, Any]], keys: Sequence[str],
+          aggs: Sequence[Agg]) -> list[dict[str, Any]]:
+    """The partial rows of ``group`` (from any number of tasks) merged per ``keys``."""
+    acc: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in rows:
+        key = tuple(row[k] for k in keys)
+        have = acc.get(key)
+        if have is None:
+            have = {k: row[k] for k in keys}
+            for a in aggs:
+                v = row[a.out]
+                if a.op == "set":
+                    v = set(v or ())
+                elif a.op == "union":
+                    v = {item for joined in v or () for item in _split(joined)}
+                have[a.out] = v
+            acc[key] = have
+            continue
+        for a in aggs:
+            v = row[a.out]
+            if a.op in ("sum", "count"):
+                have[a.out] += v
+            elif a.op == "min":
+                if v is not None and (have[a.out] is None or v < have[a.out]):
+                    have[a.out] = v
+            elif a.op == "max":
+                if v is not None and (have[a.out] is None or v > have[a.out]):
+                    have[a.out] = v
+            elif a.op == "set":
+                have[a.out].update(v or ())
+            else:
+                have[a.out].update(item for joined in v or () for item in _split(joined))
+    out = list(acc.values())
+    for row in out:
+        for a in aggs:
+            if a.op in ("set", "union"):
+                row[a.out] = sorted(row[a.out])
+    return out
+
+
+def number_runs(table: pa.Table, keys: Sequence[str], first: str, last: str) -> pa.Table:
+    """``table`` with ``run``: per ``keys`` and ``SKIP``, islands of rows whose ``first`` ..
+    ``last`` ranges overlap or touch, numbered from 1 in offset order (a new run starts where a
+    row's ``first`` lies beyond every earlier row's ``last`` + 1). Rows without offsets sort
+    first and neither start nor number a run; they and skipped rows get a null ``run``."""
+    order = pc.sort_indices(
+        table,
+        sort_keys=[(k, "ascending", "at_start") for k in [*keys, SKIP, first, last]],
+    )
+    table = table.take(order)
+    n = table.num_rows
+    if n == 0:
+        return table.append_column("run", pa.nulls(0, _I64))
+    # Where a new group of keys starts (null and non-null differ; two nulls are equal).
+    starts = pa.array([True] + [False] * (n - 1))
+    for k in [*keys, SKIP]:
+        col = table[k]
+        a, b = col.slice(1), col.slice(0, n - 1)
+        changed = pc.fill_null(
+            pc.or_kleene(pc.not_equal(a, b), pc.xor(pc.is_null(a), pc.is_null(b))), False
+        )
+        starts = pc.or_(starts, pa.concat_arrays([pa.array([True]), changed.combine_chunks()]))
+    runs: list[int | None] = []
+    prev_max: int | None = None
+    number = 0
+    for new_group, lo, hi, skip in zip(starts.to_pylist(), table[first].to_pylist(),
+                                       table[last].to_pylist(), table[SKIP].to_pylist(),
+                                       strict=True):
+        if new_group:
+            prev_max, number = None, 0
+        if lo is None:
+            runs.append(None)
+        else:
+            if prev_max is None or lo > prev_max + 1:
+                number += 1
+            runs.append(number if skip is None else None)
+        if hi is not None and (prev_max is None or hi > prev_max):
+            prev_max = hi
+    return table.append_column("run", pa.array(runs, _I64))
+
+
+@dataclass(frozen=True)
+class Rollup:
+    """One aggregation: ``prepare`` makes the rows to group from the task's tables (every
+    table has ``SKIP``), ``keys`` are blanked on skipped rows (``blank`` says which, default
+    all), ``runs`` = (first, last, keys) numbers runs before grouping, ``finish`` edits each
+    final row."""
+
+    name: str
+    datasets: tuple[str, ...]
+    columns: Mapping[str, tuple[str, ...]]
+    prepare: Callable[[Tables], pa.Table]
+    keys: tuple[str, ...]
+    aggs: tuple[Agg, ...]
+    runs: tuple[str, str, tuple[str, ...]] | None = None
+    blank: tuple[str, ...] | None = None
+    finish: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # Whether a task must hold every row of a connection (a DataFrame input is repartitioned).
+    by_connection: bool = False
+
+    def _keys(self) -> list[str]:
+        return [*self.keys, *(["run"] if self.runs else []), SKIP]
+
+    def partial(self, tables: Tables) -> dict[str, pa.Table]:
+        rows = _blank(self.prepare(tables), self.keys if self.blank is None else self.blank)
+        if self.runs is not None:
+            first, last, run_keys = self.runs
+            rows = number_runs(rows, run_keys, first, last)
+        return {self.name: group(rows, self._keys(), self.aggs)}
+
+    def final(self, partials: Mapping[str, Sequence[pa.Table]]) -> list[dict[str, Any]]:
+        got = [t for t in partials.get(self.name, ()) if t.num_rows]
+        if not got:
+            return []
+        table = pa.concat_tables(got, promote_options="permissive")
+        if self.runs is not None:
+            first, last, run_keys = self.runs
+            table = number_runs(table.drop_columns(["run"]), run_keys, first, last)
+        out = merge(table.to_pylist(), self._keys(), self.aggs)
+        return [self.finish(r) for r in out] if self.finish else out
+
+
+def _counted(time_col: str, rows: str | None = None) -> tuple[Agg, ...]:
+    """The summary's figures of a group: rows (or events), first and last time."""
+    return (
+        Agg("_rows", "count") if rows is None else Agg("_rows", "sum", rows),
+        Agg("_first_ms", "min", time_col),
+        Agg("_last_ms", "max", time_col),
+    )
+
+
+def _one(tables: Tables, dataset: str) -> pa.Table:
+    return tables[dataset]
+
+
+def _with(table: pa.Table, **columns: Any) -> pa.Table:
+    for name, col in columns.items():
+        if name in table.column_names:
+            table = table.set_column(table.schema.get_field_index(name), name, col)
+        else:
+            table = table.append_column(name, col)
+    return table
+
+
+def _cols(*names: str) -> tuple[str, ...]:
+    return (*names, SKIP)
+
+
+# -- record batches: billing, traffic, edges, top topics, clients all come from one rollup ---
+
+_BATCH_KEYS = ("principal", "client_id", "topic", "api", "host", "instance_id")
+
+
+def record_batches(bucket_ms: int = HOUR_MS) -> Rollup:
+    def prepare(tables: Tables) -> pa.Table:
+        t = tables["record_batch"]
+        err = pc.cast(pc.not_equal(pc.fill_null(t["error_code"], 0), 0), _I64)
+        return _with(t, bucket=_floor_to(t["time_ms"], bucket_ms), _err=err)
+
+    return Rollup(
+        name="batches",
+        datasets=("record_batch",),
+        columns={"record_batch": _cols(*_BATCH_KEYS, "time_ms", "records_in", "records_out",
+                                       "bytes_in", "bytes_out", "error_code",
+                                       "filter_time_ns")},
+        prepare=prepare,
+        keys=(*_BATCH_KEYS, "bucket"),
+        aggs=(
+            Agg("batches", "count"),
+            Agg("records_in", "sum", "records_in"),
+            Agg("records_out", "sum", "records_out"),
+            Agg("bytes_in", "sum", "bytes_in"),
+            Agg("bytes_out", "sum", "bytes_out"),
+            Agg("errors", "sum", "_err"),
+            Agg("filter_time_ns", "sum", "filter_time_ns"),
+            *_counted("time_ms"),
+        ),
+    )
+
+
+def traffic(bucket_ms: int) -> Rollup:
+    """Record bytes per client and time bucket (produce: in, fetch: out) for the chart."""
+
+    def prepare(tables: Tables) -> pa.Table:
+        t = tables["record_batch"]
+        t = t.filter(pc.is_null(t[SKIP]))
+        produce = pc.fill_null(pc.equal(t["api"], "produce"), False)
+        return pa.table({
+            "principal": t["principal"], "client_id": t["client_id"],
+            "bucket": _floor_to(t["time_ms"], bucket_ms),
+            "_bytes": pc.if_else(produce, t["bytes_in"], t["bytes_out"]), SKIP: t[SKIP],
+        })
+
+    return Rollup(
+        name="traffic",
+        datasets=("record_batch",),
+        columns={"record_batch": _cols("principal", "client_id", "api", "time_ms", "bytes_in",
+                                       "bytes_out")},
+        prepare=prepare,
+        keys=("principal", "client_id", "bucket"),
+        aggs=(Agg("bytes", "sum", "_bytes"),),
+        finish=_drop_skip,
+    )
+
+
+def _drop_skip(row: dict[str, Any]) -> dict[str, Any]:
+    row.pop(SKIP, None)
+    return row
+
+
+# -- offset runs and transform runs ---------------------------------------------------------
+
+RUN_KEYS = ("module_sha256", "api", "topic", "partition")
+
+
+def offset_runs() -> Rollup:
+    def prepare(tables: Tables) -> pa.Table:
+        t = tables["offset_run"]
+        records = pc.add(pc.add(_zero(t["kept"]), _zero(t["rewritten"])),
+                         pc.add(_zero(t["dropped"]), _zero(t["rejected"])))
+        return _with(t, _records=records)
+
+    return Rollup(
+        name="runs",
+        datasets=("offset_run",),
+        columns={"offset_run": _cols(*RUN_KEYS, "offset_first", "offset_last", "filter_name",
+                                     "batches", "kept", "rewritten", "dropped", "rejected",
+                                     "detections", "errors", "time_ns", "instance_id", "host",
+                                     "time_first_ms", "time_last_ms")},
+        prepare=prepare,
+        keys=RUN_KEYS,
+        runs=("offset_first", "offset_last", RUN_KEYS),
+        aggs=(
+            Agg("offset_first", "min", "offset_first"),
+            Agg("offset_last", "max", "offset_last"),
+            Agg("filter_names", "set", "filter_name"),
+            Agg("batches", "sum", "batches"),
+            Agg("records", "sum", "_records"),
+            Agg("kept", "sum", "kept"),
+            Agg("rewritten", "sum", "rewritten"),
+            Agg("dropped", "sum", "dropped"),
+            Agg("rejected", "sum", "rejected"),
+            Agg("detections", "sum", "detections"),
+            Agg("errors", "sum", "errors"),
+            Agg("filter_time_ns", "sum", "time_ns"),
+            Agg("proxy_instances", "set", "instance_id"),
+            Agg("proxy_hosts", "set", "host"),
+            Agg("time_first_ms", "min", "time_first_ms"),
+            Agg("time_last_ms", "max", "time_last_ms"),
+            *_counted("time_first_ms"),
+        ),
+    )
+
+
+TRANSFORM_KEYS = ("transform", "_mods", "input_topic", "input_partition")
+
+
+def _transform_row(row: dict[str, Any]) -> dict[str, Any]:
+    mods = row.pop("_mods")
+    row["module_sha256s"] = None if mods is None else _split(mods)
+    return row
+
+
+def transform_runs() -> Rollup:
+    """Per transform, module versions (sha256s in chain order) and input partition: runs of
+    batches whose input offsets overlap or touch, one row per run and output partition. All
+    rows of one batch have the same input range, so they fall in the same run."""
+
+    def prepare(tables: Tables) -> pa.Table:
+        t = tables["transform_batch"]
+        # A batch has one row per output partition: its first row counts the event.
+        first_row = pc.cast(pc.equal(pc.fill_null(t["output_index"], 0), 0), _I64)
+        return _with(t, _mods=_joined(t["module_sha256s"]),
+                     _filters=_joined(t["filter_names"]), _first_row=first_row)
+
+    return Rollup(
+        name="transforms",
+        datasets=("transform_batch",),
+        columns={"transform_batch": _cols(
+            "transform", "module_sha256s", "input_topic", "input_partition", "output_topic",
+            "output_partition", "output_index", "filter_names", "input_offset_first",
+            "input_offset_last", "output_offset_first", "output_offset_last", "records_in",
+            "output_records", "dropped", "rejected", "dead_letters", "guarantee", "group",
+            "instance_id", "time_ms")},
+        prepare=prepare,
+        keys=(*TRANSFORM_KEYS, "output_topic", "output_partition"),
+        runs=("input_offset_first", "input_offset_last", TRANSFORM_KEYS),
+        aggs=(
+            Agg("filter_names", "union", "_filters"),
+            Agg("input_offset_first", "min", "input_offset_first"),
+            Agg("input_offset_last", "max", "input_offset_last"),
+            Agg("output_offset_first", "min", "output_offset_first"),
+            Agg("output_offset_last", "max", "output_offset_last"),
+            Agg("batches", "count"),
+            Agg("input_records", "sum", "records_in"),
+            Agg("output_records", "sum", "output_records"),
+            Agg("dropped", "sum", "dropped"),
+            Agg("rejected", "sum", "rejected"),
+            Agg("dead_letters", "sum", "dead_letters"),
+            Agg("guarantees", "set", "guarantee"),
+            Agg("groups", "set", "group"),
+            Agg("proxy_instances", "set", "instance_id"),
+            Agg("_instances", "set", "instance_id"),
+            Agg("time_first_ms", "min", "time_ms"),
+            Agg("time_last_ms", "max", "time_ms"),
+            *_counted("time_ms", "_first_row"),
+        ),
+        finish=_transform_row,
+    )
+
+
+# -- the small datasets ----------------------------------------------------------------------
+
+
+def findings() -> Rollup:
+    keys = ("kind", "topic", "api", "filter_name", "module_sha256", "name")
+    return Rollup(
+        name="found",
+        datasets=("finding",),
+        columns={"finding": _cols(*keys, "n", "events", "time_first_ms", "time_last_ms")},
+        prepare=lambda tables: tables["finding"],
+        keys=keys,
+        aggs=(
+            Agg("count", "sum", "n"),
+            Agg("events", "sum", "events"),
+            Agg("first_ms", "min", "time_first_ms"),
+            Agg("last_ms", "max", "time_last_ms"),
+            *_counted("time_first_ms"),
+        ),
+    )
+
+
+def admin() -> Rollup:
+    keys = ("module_sha256", "filter_name", "op", "resource_type", "resource", "decision",
+            "principal", "client_id", "message", "instance_id")
+    return Rollup(
+        name="admin",
+        datasets=("admin",),
+        columns={"admin": _cols(*keys, "time_ms")},
+        prepare=lambda tables: tables["admin"],
+        keys=keys,
+        aggs=(
+            Agg("count", "count"),
+            Agg("first_ms", "min", "time_ms"),
+            Agg("last_ms", "max", "time_ms"),
+            *_counted("time_ms"),
+        ),
+    )
+
+
+def filter_loads() -> Rollup:
+    keys = ("module_sha256", "filter_name", "instance_id")
+
+    def prepare(tables: Tables) -> pa.Table:
+        t = tables["filter_loaded"]
+        return _with(t, _topics=_joined(t["topics"]), _apply_to=_joined(t["apply_to"]))
+
+    return Rollup(
+        name="loads",
+        datasets=("filter_loaded",),
+        columns={"filter_loaded": _cols(*keys, "topics", "apply_to", "time_ms")},
+        prepare=prepare,
+        keys=keys,
+        aggs=(
+            Agg("topics", "union", "_topics"),
+            Agg("apply_to", "union", "_apply_to"),
+            Agg("first_ms", "min", "time_ms"),
+            Agg("last_ms", "max", "time_ms"),
+            *_counted("time_ms"),
+        ),
+    )
+
+
+def drops() -> Rollup:
+    return Rollup(
+        name="drops",
+        datasets=("telemetry_dropped",),
+        columns={"telemetry_dropped": _cols("instance_id", "reason", "dropped", "time_ms")},
+        prepare=lambda tables: tables["telemetry_dropped"],
+        keys=("instance_id", "reason"),
+        aggs=(
+            Agg("count", "sum", "dropped"),
+            Agg("events", "count"),
+            Agg("first_ms", "min", "time_ms"),
+            Agg("last_ms", "max", "time_ms"),
+            *_counted("time_ms"),
+        ),
+    )
+
+
+def encryption() -> Rollup:
+    """The encrypt filter's segments per api, topic-partition, principal and KEK version."""
+    keys = ("api", "topic", "partition", "principal", "key_name", "key_version")
+    return Rollup(
+        name="encryption",
+        datasets=("encryption",),
+        columns={"encryption": _cols(*keys, "offset_first", "offset_last", "batches", "records",
+                                     "decrypted", "withheld", "unreadable", "time_first_ms")},
+        prepare=lambda tables: tables["encryption"],
+        keys=keys,
+        aggs=(
+            Agg("offset_first", "min", "offset_first"),
+            Agg("offset_last", "max", "offset_last"),
+            Agg("batches", "sum", "batches"),
+            Agg("records", "sum", "records"),
+            Agg("decrypted", "sum", "decrypted"),
+            Agg("withheld", "sum", "withheld"),
+            Agg("unreadable", "sum", "unreadable"),
+            *_counted("time_first_ms"),
+        ),
+    )
+
+
+CHECKS = "_checks"
+
+
+def skipped() -> Rollup:
+    """The JSON lines that never became table rows, per type and reason."""
+    return Rollup(
+        name="skipped",
+        datasets=(CHECKS,),
+        columns={CHECKS: ("type", SKIP)},
+        prepare=lambda tables: tables[CHECKS],
+        keys=("type",),
+        blank=(),
+        aggs=(Agg("_rows", "count"),),
+    )
+
+
+# -- connections -----------------------------------------------------------------------------
+
+CONN_KEYS = ("principal", "client_id", "hour_ms", "api")
+_CONN_SUMS = ("requests", "bytes_in", "bytes_out", "opened", "closed", "duration_ms",
+              "throttle_ms")
+_PER_INSTANCE = (
+    *[Agg(c, "sum", c) for c in _CONN_SUMS],
+    Agg("_rows", "count"),
+    Agg("_first_ms", "min", "time_ms"),
+    Agg("_last_ms", "max", "time_ms"),
+)
+# Pending rows keep the connection; they are grouped as they are merged (by their identity).
+_PENDING_KEYS = ("instance_id", "connection_id", "_type", "hour_ms", "api", "principal",
+                 "client_id", "time_ms")
+_PENDING = (*[Agg(c, "sum", c) for c in _CONN_SUMS], Agg("_n", "count"))
+
+
+def _connection_rows(tables: Tables) -> pa.Table:
+    """Both connection datasets as one table of per-connection rows (``api`` ``*`` for the
+    connection's own rows)."""
+    parts = []
+    conn = tables.get("connection")
+    if conn is not None and conn.num_rows:
+        n = conn.num_rows
+        phase = pc.fill_null(conn["phase"], "")
+        parts.append(pa.table({
+            "_type": pa.repeat("connection", n),
+            "instance_id": conn["instance_id"], "connection_id": conn["connection_id"],
+            "client_id": conn["client_id"], "principal": conn["principal"],
+            "time_ms": conn["time_ms"], "api": pa.repeat("*", n),
+            "requests": _zero(conn["requests"]), "bytes_in": _zero(conn["bytes_in"]),
+            "bytes_out": _zero(conn["bytes_out"]),
+            "opened": pc.cast(pc.equal(phase, "open"), _I64),
+            "closed": pc.cast(pc.equal(phase, "close"), _I64),
+            "duration_ms": _zero(conn["duration_ms"]), "throttle_ms": _zero(conn["throttle_ms"]),
+            SKIP: conn[SKIP],
+        }))
+    per_api = tables.get("connection_api")
+    if per_api is not None and per_api.num_rows:
+        n = per_api.num_rows
+        zero = pa.repeat(pa.scalar(0, _I64), n)
+        parts.append(pa.table({
+            "_type": pa.repeat("connection_api", n),
+            "instance_id": per_api["instance_id"], "connection_id": per_api["connection_id"],
+            "client_id": per_api["client_id"], "principal": per_api["principal"],
+            "time_ms": per_api["time_ms"], "api": per_api["api"],
+            "requests": _zero(per_api["requests"]), "bytes_in": _zero(per_api["bytes_in"]),
+            "bytes_out": _zero(per_api["bytes_out"]),
+            "opened": zero, "closed": zero, "duration_ms": zero, "throttle_ms": zero,
+            SKIP: per_api[SKIP],
+        }))
+    if not parts:
+        return pa.table({})
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    hour = pc.if_else(pc.is_null(rows["time_ms"]), pa.nulls(rows.num_rows, _I64),
+                      _floor_to(rows["time_ms"], HOUR_MS))
+    return rows.append_column("hour_ms", hour)
+
+
+def _resolve(rows: pa.Table, complete_only: bool) -> tuple[pa.Table, pa.Table]:
+    """(usable rows with each connection's identity filled in, the rows left pending).
+
+    A row lacking a principal or a client id takes the greatest seen on any usable row of its
+    connection. With ``complete_only``, only connections whose ``open`` and ``close`` rows are
+    both here are resolved (and rows without a connection id, which have nothing to join);
+    the rows of the others are returned as pending."""
+    ids = rows.group_by(["instance_id", "connection_id"]).aggregate([
+        ("principal", "max"), ("client_id", "max"), ("opened", "max"), ("closed", "max"),
+    ]).rename_columns(["instance_id", "connection_id", "_principal", "_client_id", "_opened",
+                       "_closed"])  # the keys come first
+    ids = ids.filter(pc.is_valid(ids["connection_id"]))
+    joined = rows.join(ids, ["instance_id", "connection_id"], join_type="left outer",
+                       use_threads=True)
+    if complete_only:
+        done = pc.or_(
+            pc.is_null(joined["connection_id"]),
+            pc.fill_null(pc.and_(pc.equal(joined["_opened"], 1), pc.equal(joined["_closed"], 1)),
+                         False),
+        )
+        pending = joined.filter(pc.invert(done)).select(rows.column_names)
+        joined = joined.filter(done)
+    else:
+        pending = rows.slice(0, 0)
+    resolved = _with(
+        joined.select(rows.column_names),
+        principal=pc.coalesce(joined["principal"], joined["_principal"]),
+        client_id=pc.coalesce(joined["client_id"], joined["_client_id"]),
+    )
+    return resolved, pending
+
+
+_PER_INSTANCE_KEYS = (*CONN_KEYS, "instance_id", "_type", SKIP)
+
+
+class Connections(Rollup):
+    """``billing_connections`` rows (hours as epoch ms) with each connection's identity
+    filled in (see the module's docstring); the instances of a group are collected after a
+    first aggregation per instance."""
+
+    def partial(self, tables: Tables) -> dict[str, pa.Table]:
+        rows = _connection_rows(tables)
+        if rows.num_rows == 0:
+            return {}
+        usable = pc.is_null(rows[SKIP])
+        skipped_rows = _blank(rows.filter(pc.invert(usable)), CONN_KEYS)
+        resolved, pending = _resolve(rows.filter(usable), complete_only=True)
+        per_instance = pa.concat_tables([resolved, skipped_rows])
+        return {
+            "conns": group(per_instance, _PER_INSTANCE_KEYS, _PER_INSTANCE),
+            "conns_pending": group(pending, (*_PENDING_KEYS, SKIP), _PENDING),
+        }
+
+    def final(self, partials: Mapping[str, Sequence[pa.Table]]) -> list[dict[str, Any]]:
+        done = [t for t in partials.get("conns", ()) if t.num_rows]
+        pending = [t for t in partials.get("conns_pending", ()) if t.num_rows]
+        if pending:
+            rows = pa.concat_tables(pending)
+            resolved, _ = _resolve(rows, complete_only=False)
+            # A pending row stands for ``_n`` rows of one connection at one time.
+            resolved = _with(resolved, _t=resolved["time_ms"])
+            aggs = (*[Agg(c, "sum", c) for c in _CONN_SUMS], Agg("_rows", "sum", "_n"),
+                    Agg("_first_ms", "min", "_t"), Agg("_last_ms", "max", "_t"))
+            done.append(group(resolved, _PER_INSTANCE_KEYS, aggs))
+        if not done:
+            return []
+        per_instance = merge(
+            pa.concat_tables(done, promote_options="permissive").to_pylist(),
+            _PER_INSTANCE_KEYS, _PER_INSTANCE,
+        )
+        out: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for r in per_instance:
+            key = (*(r[k] for k in CONN_KEYS), r["_type"], r[SKIP])
+            have = out.get(key)
+            if have is None:
+                have = out[key] = {
+                    **{k: r[k] for k in CONN_KEYS}, "_type": r["_type"], SKIP: r[SKIP],
+                    **dict.fromkeys(("requests", "bytes_in", "bytes_out", "connections_opened",
+                                     "connections_closed", "duration_ms", "throttle_ms",
+                                     "_rows"), 0),
+                    "_instances": set(), "_first_ms": None, "_last_ms": None,
+                }
+            for src, dst in (("requests", "requests"), ("bytes_in", "bytes_in"),
+                             ("bytes_out", "bytes_out"), ("opened", "connections_opened"),
+                             ("closed", "connections_closed"), ("duration_ms", "duration_ms"),
+                             ("throttle_ms", "throttle_ms"), ("_rows", "_rows")):
+                have[dst] += r[src]
+            if r["instance_id"] is not None:
+                have["_instances"].add(r["instance_id"])
+            for k, better in (("_first_ms", min), ("_last_ms", max)):
+                if r[k] is not None:
+                    have[k] = r[k] if have[k] is None else better(have[k], r[k])
+        for have in out.values():
+            have["_instances"] = sorted(have["_instances"])
+        return list(out.values())
+
+
+def connections() -> Rollup:
+    cols = ("instance_id", "connection_id", "client_id", "principal", "time_ms", "requests",
+            "bytes_in", "bytes_out")
+    return Connections(
+        name="conns",
+        datasets=("connection", "connection_api"),
+        columns={
+            "connection": _cols(*cols, "phase", "duration_ms", "throttle_ms"),
+            "connection_api": _cols(*cols, "api"),
+        },
+        prepare=_connection_rows,
+        keys=CONN_KEYS,
+        aggs=_PER_INSTANCE,
+        by_connection=True,
+    )
+
+
+def standard(bucket_ms: int = HOUR_MS) -> dict[str, Rollup]:
+    """Every rollup the reports are built from, by part name."""
+    rollups = [record_batches(bucket_ms), offset_runs(), findings(), connections(), admin(),
+               filter_loads(), drops(), transform_runs(), encryption()]
+    return {r.name: r for r in rollups}
+
+
+@dataclass
+class PartialSet:
+    """The partial tables of every task, by partial name."""
+
+    tables: dict[str, list[pa.Table]] = field(default_factory=dict)
+
+    def add(self, name: str, table: pa.Table) -> None:
+        self.tables.setdefault(name, []).append(table)
