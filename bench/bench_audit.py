@@ -11,8 +11,9 @@ listing the files to the HTML report, in one Spark session (its start is exclude
 separately). Events per core = events / seconds / the session's default parallelism.
 ``--runs N`` runs the job N times in the same session: the first run also pays for compiling
 the job's generated code and the JVM's JIT, later ones show the steady state. In local mode
-each run also prints the CPU time the JVM used (from /proc), a steadier figure than wall time
-on a machine shared with other work.
+each run also prints the CPU time the job used (from /proc: this process, which is the driver,
+the JVM and the Python workers under it), a steadier figure than wall time on a machine shared
+with other work.
 
 ``--kafka-events N`` (0 skips it) also produces N events' datasets to a topic of the bundled
 Tansu broker on 127.0.0.1 as the columnar Kafka sink does (Arrow IPC messages), runs the job
@@ -38,12 +39,40 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _jvm_cpu_seconds(spark: Any) -> float | None:
-    """CPU time (user + system) of the local JVM so far; None where /proc cannot say."""
+def _proc_cpu(pid: int, children: bool) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])
+    if children:  # processes that ended and were waited for (finished Python workers)
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _job_cpu_seconds(spark: Any) -> float | None:
+    """CPU time (user + system) so far of everything a local job runs on: this process (the
+    driver's Python side), the JVM and every process under it (the Python workers that run the
+    tasks); None where /proc cannot say."""
     try:
-        pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        jvm = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+        parents: dict[int, int] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        tree, frontier = {jvm}, [jvm]
+        while frontier:
+            pid = frontier.pop()
+            for child, parent in parents.items():
+                if parent == pid and child not in tree:
+                    tree.add(child)
+                    frontier.append(child)
+        total = time.process_time()
+        for pid in tree:
+            try:
+                total += _proc_cpu(pid, children=True)
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
     except (OSError, ValueError, IndexError, AttributeError):
         return None
 
@@ -55,7 +84,8 @@ def _report(label: str, result: AuditResult, cores: int, master: str,
                       "spark_jobs": result.spark_jobs}))
     cpu = ""
     if cpu_s:
-        cpu = f"; JVM CPU {cpu_s:.1f} s = {result.events / cpu_s:,.0f} events per CPU second"
+        cpu = (f"; CPU (driver, JVM, Python workers) {cpu_s:.1f} s = "
+               f"{result.events / cpu_s:,.0f} events per CPU second")
     print(
         f"audit job, {label}: {result.events:,} events ({master}, {cores} cores) in "
         f"{result.seconds:.1f} s = {rate:,.0f} events/s = {rate / cores:,.0f} events/s per core"
@@ -131,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"session start {startup:.1f} s (not included)")
         for run in range(1, args.runs + 1):
-            cpu0 = _jvm_cpu_seconds(spark)
+            cpu0 = _job_cpu_seconds(spark)
             result = run_audit(str(data), str(work / "report"))
-            cpu1 = _jvm_cpu_seconds(spark)
+            cpu1 = _job_cpu_seconds(spark)
             # Only local mode runs the executors in this JVM.
             local = args.master.startswith("local")
             cpu_s = cpu1 - cpu0 if local and cpu0 is not None and cpu1 is not None else None

@@ -12,10 +12,10 @@ Output layout under OUT (a local folder or any Hadoop filesystem URL: ``file://`
     <report>.parquet      one Parquet file per report
     <report>.csv          one CSV file per report (arrays joined with ';', times UTC)
 
-How it runs (few Spark jobs, no caching): one aggregation per dataset (``rollups``), which
-also counts the dataset's events and the rows that cannot be used, all collected to the
-driver in one query; the driver builds every report from those small results (``reports``)
-and writes them (``report_io``).
+How it runs (one Spark job for Parquet files, no caching): one aggregation per dataset, run as
+Arrow code in Spark's tasks and merged in the driver (``rollups``, ``partials``), which also
+counts the dataset's events and the rows that cannot be used; the driver builds every report
+from those small results (``reports``) and writes them (``report_io``).
 """
 
 from __future__ import annotations

@@ -604,36 +604,58 @@ def _connection_rows(tables: Tables) -> pa.Table:
     return rows.append_column("hour_ms", hour)
 
 
-def _resolve(rows: pa.Table, complete_only: bool) -> tuple[pa.Table, pa.Table]:
-    """(usable rows with each connection's identity filled in, the rows left pending).
+_ID_KEYS = ["instance_id", "connection_id"]
 
-    A row lacking a principal or a client id takes the greatest seen on any usable row of its
-    connection. With ``complete_only``, only connections whose ``open`` and ``close`` rows are
-    both here are resolved (and rows without a connection id, which have nothing to join);
-    the rows of the others are returned as pending."""
-    ids = rows.group_by(["instance_id", "connection_id"]).aggregate([
+
+def _identities(rows: pa.Table) -> pa.Table:
+    """Per connection: the greatest principal and client id on its rows, and whether its
+    ``open`` and ``close`` rows are among them."""
+    ids = rows.group_by(_ID_KEYS).aggregate([
         ("principal", "max"), ("client_id", "max"), ("opened", "max"), ("closed", "max"),
-    ]).rename_columns(["instance_id", "connection_id", "_principal", "_client_id", "_opened",
-                       "_closed"])  # the keys come first
-    ids = ids.filter(pc.is_valid(ids["connection_id"]))
-    joined = rows.join(ids, ["instance_id", "connection_id"], join_type="left outer",
-                       use_threads=True)
-    if complete_only:
-        done = pc.or_(
-            pc.is_null(joined["connection_id"]),
-            pc.fill_null(pc.and_(pc.equal(joined["_opened"], 1), pc.equal(joined["_closed"], 1)),
-                         False),
-        )
-        pending = joined.filter(pc.invert(done)).select(rows.column_names)
-        joined = joined.filter(done)
-    else:
-        pending = rows.slice(0, 0)
-    resolved = _with(
+    ]).rename_columns([*_ID_KEYS, "_principal", "_client_id", "_opened", "_closed"])
+    return ids.filter(pc.is_valid(ids["connection_id"]))
+
+
+def _lacking(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
+    return pc.or_(pc.is_null(rows["principal"]), pc.is_null(rows["client_id"]))
+
+
+def _filled(rows: pa.Table, ids: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(``rows`` with their connection's identity filled in, the join they came from, in the
+    same order; the join reorders rows)."""
+    joined = rows.join(ids, _ID_KEYS, join_type="left outer", use_threads=True)
+    return _with(
         joined.select(rows.column_names),
         principal=pc.coalesce(joined["principal"], joined["_principal"]),
         client_id=pc.coalesce(joined["client_id"], joined["_client_id"]),
+    ), joined
+
+
+def _resolve_local(rows: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Usable rows -> (rows to aggregate, rows pending, identities others may need).
+
+    A row lacking a principal or a client id takes the greatest seen on any row of its
+    connection. That is only known here for connections whose ``open`` and ``close`` rows are
+    both here (and for rows without a connection id, which have nothing to take from); the
+    lacking rows of the others are pending, and this task's identities of those connections go
+    to the driver with them."""
+    lacking = _lacking(rows)
+    known = rows.filter(pc.invert(lacking))
+    ids = _identities(rows)
+    filled, joined = _filled(rows.filter(lacking), ids)
+    complete = pc.or_(
+        pc.is_null(joined["connection_id"]),
+        pc.fill_null(pc.and_(pc.equal(joined["_opened"], 1), pc.equal(joined["_closed"], 1)),
+                     False),
     )
-    return resolved, pending
+    incomplete_ids = pc.invert(pc.and_(pc.equal(ids["_opened"], 1), pc.equal(ids["_closed"], 1)))
+    shared = ids.filter(pc.and_(
+        incomplete_ids,
+        pc.or_(pc.is_valid(ids["_principal"]), pc.is_valid(ids["_client_id"])),
+    )).select([*_ID_KEYS, "_principal", "_client_id"])
+    done = pa.concat_tables([known, filled.filter(complete)])
+    pending = joined.select(rows.column_names).filter(pc.invert(complete))
+    return done, pending, shared
 
 
 _PER_INSTANCE_KEYS = (*CONN_KEYS, "instance_id", "_type", SKIP)
@@ -650,11 +672,12 @@ class Connections(Rollup):
             return {}
         usable = pc.is_null(rows[SKIP])
         skipped_rows = _blank(rows.filter(pc.invert(usable)), CONN_KEYS)
-        resolved, pending = _resolve(rows.filter(usable), complete_only=True)
+        resolved, pending, shared = _resolve_local(rows.filter(usable))
         per_instance = pa.concat_tables([resolved, skipped_rows])
         return {
             "conns": group(per_instance, _PER_INSTANCE_KEYS, _PER_INSTANCE),
             "conns_pending": group(pending, (*_PENDING_KEYS, SKIP), _PENDING),
+            "conns_ids": shared,
         }
 
     def final(self, partials: Mapping[str, Sequence[pa.Table]]) -> list[dict[str, Any]]:
@@ -662,7 +685,14 @@ class Connections(Rollup):
         pending = [t for t in partials.get("conns_pending", ()) if t.num_rows]
         if pending:
             rows = pa.concat_tables(pending)
-            resolved, _ = _resolve(rows, complete_only=False)
+            shared = [t for t in partials.get("conns_ids", ()) if t.num_rows]
+            ids = (pa.concat_tables(shared) if shared else
+                   pa.table({k: pa.array([], pa.string()) for k in
+                             [*_ID_KEYS, "_principal", "_client_id"]}))
+            ids = ids.group_by(_ID_KEYS).aggregate([("_principal", "max"),
+                                                    ("_client_id", "max")])
+            ids = ids.rename_columns([*_ID_KEYS, "_principal", "_client_id"])
+            resolved, _ = _filled(rows, ids)
             # A pending row stands for ``_n`` rows of one connection at one time.
             resolved = _with(resolved, _t=resolved["time_ms"])
             aggs = (*[Agg(c, "sum", c) for c in _CONN_SUMS], Agg("_rows", "sum", "_n"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 
@@ -85,8 +86,15 @@ def _csv_field(value: Any) -> str:
     return text
 
 
+def _column_texts(col: pa.ChunkedArray) -> list[str]:
+    if pa.types.is_integer(col.type):
+        # Most fields are counts: Arrow writes them (digits never need quoting).
+        return [v or "" for v in pc.cast(col, pa.string()).to_pylist()]
+    return [_csv_field(v) for v in col.to_pylist()]
+
+
 def csv_bytes(table: pa.Table) -> bytes:
     lines = [",".join(_csv_field(n) for n in table.column_names)]
-    for row in table.to_pylist():
-        lines.append(",".join(_csv_field(row[n]) for n in table.column_names))
+    lines.extend(",".join(row) for row in zip(*(_column_texts(c) for c in table.columns),
+                                              strict=True))
     return ("\n".join(lines) + "\n").encode("utf-8")

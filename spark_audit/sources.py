@@ -6,12 +6,14 @@
 - ``kafka://HOST:PORT/TOPIC`` with Arrow IPC messages of the columnar Kafka sink and/or JSON
   messages of the old one.
 
-Whatever the source, the job sees the same thing (``Inputs``): one DataFrame per dataset of
-``telemetry_columns.SCHEMAS``, restricted to the ``--from/--to`` window, with one more column,
-``_skip`` (``SKIP``): null on the rows the reports use, else why the job cannot use the row
-(``malformed``: no version or no time; ``unknown_schema_version``). Skipped rows stay in the
-tables so that the aggregation that reads a dataset for its report also counts them (one scan
-per dataset, see ``rollups``); every aggregation keeps them apart. ``checks`` holds one small
+Whatever the source, the job sees the same thing (``Inputs``): the Parquet files on a local
+path as a list (``local_files``: the job's tasks read them with pyarrow, see ``rollups``), and
+everything else as one DataFrame per dataset of ``telemetry_columns.SCHEMAS`` (``tables``),
+restricted to the ``--from/--to`` window, with one more column, ``_skip`` (``SKIP``): null on
+the rows the reports use, else why the job cannot use the row (``malformed``: no version or no
+time; ``unknown_schema_version``; ``rollups.classify`` applies the same rule to the files).
+Skipped rows stay in the tables so that the aggregation that reads a dataset for its report
+also counts them (one scan per dataset); every aggregation keeps them apart. ``checks`` holds one small
 row per JSON line the job cannot use (it never became a table row: unparsable, unknown type or
 version), counted by its own aggregation, so that nothing is dropped without a word.
 
