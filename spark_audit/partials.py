@@ -192,7 +192,8 @@ def number_runs(table: pa.Table, keys: Sequence[str], first: str, last: str) -> 
             if prev_max is None or lo > prev_max + 1:
                 number += 1
             runs.append(number if skip is None else None)
-        if hi is not None and (prev_max is None or hi > prev_max):
+        # A row without a first offset places nothing: its last offset moves no run.
+        if lo is not None and hi is not None and (prev_max is None or hi > prev_max):
             prev_max = hi
     return table.append_column("run", pa.array(runs, _I64))
 
@@ -684,9 +685,9 @@ class Connections(Rollup):
         done = [t for t in partials.get("conns", ()) if t.num_rows]
         pending = [t for t in partials.get("conns_pending", ()) if t.num_rows]
         if pending:
-            rows = pa.concat_tables(pending)
+            rows = pa.concat_tables(pending, promote_options="permissive")
             shared = [t for t in partials.get("conns_ids", ()) if t.num_rows]
-            ids = (pa.concat_tables(shared) if shared else
+            ids = (pa.concat_tables(shared, promote_options="permissive") if shared else
                    pa.table({k: pa.array([], pa.string()) for k in
                              [*_ID_KEYS, "_principal", "_client_id"]}))
             ids = ids.group_by(_ID_KEYS).aggregate([("_principal", "max"),

@@ -167,7 +167,7 @@ def _partials_of_batches(rollup: Rollup, batches: Iterator[pa.RecordBatch]
             got.setdefault("", []).append(batch)
     if not got:
         return
-    rows = pa.Table.from_batches(got[""])
+    rows = _plain_types(pa.Table.from_batches(got[""]))
     tables = {}
     for dataset in rollup.datasets:
         mine = rows.filter(pc.equal(rows["_dataset"], dataset))
@@ -176,6 +176,23 @@ def _partials_of_batches(rollup: Rollup, batches: Iterator[pa.RecordBatch]
     for part, data in (_ipc(p, t) for p, t in rollup.partial(tables).items()):
         yield pa.RecordBatch.from_arrays([pa.array([part]), pa.array([data], pa.binary())],
                                          names=["part", "data"])
+
+
+def _plain_types(table: pa.Table) -> pa.Table:
+    """Spark may hand strings over as ``large_string``: the same types as a Parquet read, so
+    that partial tables of both kinds of task concatenate and join."""
+    fields = []
+    for f in table.schema:
+        t = f.type
+        if pa.types.is_large_string(t):
+            t = pa.string()
+        elif pa.types.is_large_list(t) and pa.types.is_large_string(t.value_type):
+            t = pa.list_(pa.string())
+        elif pa.types.is_list(t) and pa.types.is_large_string(t.value_type):
+            t = pa.list_(pa.string())
+        fields.append(f.with_type(t))
+    schema = pa.schema(fields)
+    return table if schema.equals(table.schema) else table.cast(schema)
 
 
 def _frame_partials(rollup: Rollup, frames: Mapping[str, DataFrame]) -> DataFrame | None:

@@ -13,9 +13,10 @@ restricted to the ``--from/--to`` window, with one more column, ``_skip`` (``SKI
 the rows the reports use, else why the job cannot use the row (``malformed``: no version or no
 time; ``unknown_schema_version``; ``rollups.classify`` applies the same rule to the files).
 Skipped rows stay in the tables so that the aggregation that reads a dataset for its report
-also counts them (one scan per dataset); every aggregation keeps them apart. ``checks`` holds one small
-row per JSON line the job cannot use (it never became a table row: unparsable, unknown type or
-version), counted by its own aggregation, so that nothing is dropped without a word.
+also counts them (one scan per dataset); every aggregation keeps them apart. ``checks`` holds
+one small row per JSON line the job cannot use (it never became a table row: unparsable,
+unknown type or version), counted by its own aggregation, so that nothing is dropped without a
+word.
 
 Files are listed by the driver (Python for local paths, Hadoop's FileSystem API otherwise);
 the same published file found twice (``<dataset>/date=/hour=/<name>``, e.g. a proxy's folder
