@@ -64,43 +64,49 @@ class FileTask:
 
 def plan_tasks(files: list[LocalFile], rollups: Mapping[str, Rollup], cores: int,
                size: Any = os.path.getsize) -> list[FileTask]:
-    """Split every rollup's files into runs of whole hours of about equal bytes and pack the
-    runs into about ``TASKS_PER_CORE`` tasks per core (largest first, onto the lightest)."""
-    sizes = {f.path: size(f.path) for f in files}
-    total = sum(sizes.values())
+    """Split every rollup's files into runs of whole hours of about equal cost and pack the
+    runs into about ``TASKS_PER_CORE`` tasks per core (largest first, onto the lightest), the
+    costliest task first (Spark starts them in order). A file's cost is its size times its
+    rollup's ``cost_per_byte``."""
+    costs = {
+        f.path: size(f.path) * max((r.cost_per_byte for r in rollups.values()
+                                    if f.dataset in r.datasets), default=1.0)
+        for f in files
+    }
     bins = max(1, TASKS_PER_CORE * cores)
-    target = max(total / bins, 1)
-    units: list[tuple[int, str, dict[str, list[str]]]] = []
+    target = max(sum(costs.values()) / bins, 1.0)
+    units: list[tuple[float, str, dict[str, list[str]]]] = []
     for name, rollup in rollups.items():
         hours: dict[str, dict[str, list[str]]] = {}
         for f in files:
             if f.dataset in rollup.datasets:
                 hours.setdefault(f.hour, {}).setdefault(f.dataset, []).append(f.path)
         chunk: dict[str, list[str]] = {}
-        weight = 0
+        weight = 0.0
         for hour in sorted(hours):
             for dataset, paths in hours[hour].items():
                 chunk.setdefault(dataset, []).extend(paths)
-                weight += sum(sizes[p] for p in paths)
+                weight += sum(costs[p] for p in paths)
             if weight >= target:
                 units.append((weight, name, chunk))
-                chunk, weight = {}, 0
+                chunk, weight = {}, 0.0
         if chunk:
             units.append((weight, name, chunk))
-    tasks: list[list[tuple[int, str, dict[str, list[str]]]]] = [
+    tasks: list[list[tuple[float, str, dict[str, list[str]]]]] = [
         [] for _ in range(min(bins, len(units)))
     ]
-    loads = [0] * len(tasks)
+    loads = [0.0] * len(tasks)
     for unit in sorted(units, key=lambda u: -u[0]):
         i = loads.index(min(loads))
         tasks[i].append(unit)
         loads[i] += unit[0]
+    order = sorted(range(len(tasks)), key=lambda i: -loads[i])
     return [
         FileTask(tuple(
             (name, tuple((d, tuple(paths)) for d, paths in sorted(chunk.items())))
-            for _w, name, chunk in task
+            for _w, name, chunk in tasks[i]
         ))
-        for task in tasks if task
+        for i in order if tasks[i]
     ]
 
 
@@ -118,16 +124,27 @@ def classify(table: pa.Table, dataset: str) -> pa.Array | pa.ChunkedArray:
 
 
 def read_files(dataset: str, paths: tuple[str, ...], columns: tuple[str, ...],
-               window: Window) -> pa.Table:
-    """The rows of ``paths`` in the window (and every skipped row), with ``SKIP``."""
+               window: Window, dictionary: tuple[str, ...] = ()) -> pa.Table:
+    """The rows of ``paths`` in the window (and every skipped row), with ``SKIP``; the string
+    columns ``dictionary`` dictionary-encoded (one dictionary per column for the table)."""
     import pyarrow.dataset as ds
 
     time_col = time_column(dataset)
     wanted = [c for c in columns if c != SKIP]
     need = list(dict.fromkeys([*wanted, "schema_version", time_col]))
     # The dataset's schema: a column an older file lacks reads as nulls.
-    table = ds.dataset(list(paths), schema=SCHEMAS[dataset], format="parquet").to_table(
-        columns=need)
+    schema = SCHEMAS[dataset]
+    fmt = ds.ParquetFileFormat()
+    if dictionary:
+        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(
+            dictionary_columns=set(dictionary)))
+        schema = pa.schema([
+            f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in dictionary else f
+            for f in schema
+        ])
+    table = ds.dataset(list(paths), schema=schema, format=fmt).to_table(columns=need)
+    if dictionary:
+        table = table.unify_dictionaries()
     skip = classify(table, dataset)
     keep = None
     for bound, op in ((window.from_ms, pc.greater_equal), (window.to_ms, pc.less)):
@@ -147,13 +164,24 @@ def _ipc(part: str, table: pa.Table) -> tuple[str, bytes]:
     return part, sink.getvalue().to_pybytes()
 
 
+def _system_memory() -> None:
+    """Arrow's allocations in this Python worker from the C library's allocator. Measured on
+    the 10M-event bench data, a task's first run under Arrow's default (jemalloc) spent as much
+    time in the kernel (page faults) as grouping the rows, and the connection join kept doing
+    so on later runs (1.2-2.6 s of system time against 0.1-0.5 s)."""
+    if pa.default_memory_pool().backend_name != "system":
+        pa.set_memory_pool(pa.system_memory_pool())
+
+
 def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
                   window: Window) -> list[tuple[str, bytes]]:
     """One task: read each unit's files, run its rollup's partial; (part, Arrow IPC) pairs."""
+    _system_memory()
     out: list[tuple[str, bytes]] = []
     for name, files in task.units:
         rollup = rollups[name]
-        tables = {d: read_files(d, paths, rollup.columns[d], window) for d, paths in files}
+        tables = {d: read_files(d, paths, rollup.columns[d], window, rollup.dictionary)
+                  for d, paths in files}
         out.extend(_ipc(part, table) for part, table in rollup.partial(tables).items())
     return out
 
@@ -161,6 +189,7 @@ def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
 def _partials_of_batches(rollup: Rollup, batches: Iterator[pa.RecordBatch]
                          ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow``: one partition's rows (tagged ``_dataset``) -> its partial tables."""
+    _system_memory()
     got: dict[str, list[pa.RecordBatch]] = {}
     for batch in batches:
         if batch.num_rows:
