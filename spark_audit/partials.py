@@ -126,6 +126,11 @@ def group(table: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table
     return pa.table(out, names=[*keys, *(a.out for a in aggs)])
 
 
+def _merged(agg: Agg) -> Agg:
+    """``agg`` as it applies to partial rows (whose column is named ``agg.out``)."""
+    return Agg(agg.out, "sum" if agg.op == "count" else agg.op, agg.out)
+
+
 def merge(rows: Iterable[dict[str, Any]], keys: Sequence[str],
           aggs: Sequence[Agg]) -> list[dict[str, Any]]:
     """The partial rows of ``group`` (from any number of tasks) merged per ``keys``."""
@@ -250,7 +255,10 @@ class Rollup:
         if self.runs is not None:
             first, last, run_keys = self.runs
             table = number_runs(table.drop_columns(["run"]), run_keys, first, last)
-        out = merge(table.to_pylist(), self._keys(), self.aggs)
+        if any(a.op in ("set", "union") for a in self.aggs):
+            out = merge(table.to_pylist(), self._keys(), self.aggs)
+        else:  # sums, counts, minima and maxima merge in Arrow
+            out = group(table, self._keys(), [_merged(a) for a in self.aggs]).to_pylist()
         return [self.finish(r) for r in out] if self.finish else out
 
 

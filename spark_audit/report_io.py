@@ -86,10 +86,30 @@ def _csv_field(value: Any) -> str:
     return text
 
 
+def _quoted(text: pa.ChunkedArray) -> list[str]:
+    """``_csv_field`` of every string of a column, in Arrow: quotes where a field needs them."""
+    # Leading or trailing whitespace as Python's ``str.strip`` sees it (RE2's \s is ASCII).
+    space = r"[\s\x0b\x1c-\x1f\x85\p{Z}]"
+    needs = pc.match_substring_regex(text, rf'[,"\r\n]|^{space}|{space}$|^$')
+    quoted = pc.binary_join_element_wise(
+        '"', pc.replace_substring(text, '"', '""'), '"', "")
+    return [v or "" for v in pc.if_else(needs, quoted, text).to_pylist()]
+
+
 def _column_texts(col: pa.ChunkedArray) -> list[str]:
-    if pa.types.is_integer(col.type):
-        # Most fields are counts: Arrow writes them (digits never need quoting).
-        return [v or "" for v in pc.cast(col, pa.string()).to_pylist()]
+    """The CSV fields of one column (as ``_csv_field`` writes them), column-wise in Arrow."""
+    t = col.type
+    if pa.types.is_integer(t):
+        return [v or "" for v in pc.cast(col, pa.string()).to_pylist()]  # digits need no quotes
+    if pa.types.is_string(t):
+        return _quoted(col)
+    if pa.types.is_list(t) and pa.types.is_string(t.value_type):
+        return _quoted(pc.binary_join(col, ";"))  # report lists hold no nulls
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        # ISO-8601 UTC with milliseconds: Arrow prints the seconds' fraction to the unit.
+        utc = col.cast(pa.timestamp("us", tz="UTC"))
+        text = pc.utf8_slice_codeunits(pc.strftime(utc, "%Y-%m-%dT%H:%M:%S"), 0, 23)
+        return [v + "Z" if v is not None else "" for v in text.to_pylist()]
     return [_csv_field(v) for v in col.to_pylist()]
 
 
