@@ -395,19 +395,24 @@ def _kafka_inputs(
     # memory then disk) while each dataset's rows are decoded from it. Reading the topic once
     # per dataset cost a consumer, a metadata round trip and a full fetch each, 11 times.
     raw = read(RAW, raw_spark_schema()).localCheckpoint(eager=True)
+    # Only what the topic holds: each dataset (and the JSON path) costs stages of the one query
+    # even when it has no rows, and finding out is one small job over the kept messages.
+    present = {row["dataset"] for row in raw.select("dataset").distinct().collect()}
     for dataset in DATASETS:
+        if dataset not in present:
+            continue
         df = (
             raw.filter(F.col("dataset") == dataset)
             .select("layout", "value")
             .mapInArrow(partial(decode_dataset, dataset), spark_schema(dataset))
         )
         tables[dataset].append(_classified(df, dataset, from_ms, to_ms))
-    # JSON messages of the old sink in the same topic.
-    values = raw.filter(F.col("dataset").isNull()).select(F.col("text").alias("value"))
-    _add_json_messages(values, tables, checks, from_ms, to_ms)
+    if None in present:  # JSON messages of the old sink in the same topic
+        values = raw.filter(F.col("dataset").isNull()).select(F.col("text").alias("value"))
+        _add_json_messages(values, tables, checks, from_ms, to_ms)
     # Arrow messages delivered twice were dropped by message id in the reader.
     merged = {d: _union(d, dfs, dedupe=False, latest=True) for d, dfs in tables.items() if dfs}
-    return Inputs(tables=merged, checks=_union_all(checks))
+    return Inputs(tables=merged, checks=_union_all(checks) if checks else None)
 
 
 def _add_json_messages(
