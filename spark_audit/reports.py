@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 REPORT_NAMES = (
     "audit",
@@ -103,32 +104,14 @@ _DECISIONS = ("kept", "rewritten", "dropped", "rejected", "detections", "errors"
               "filter_time_ns")
 
 
-def _first(v: Any) -> tuple[Any, ...]:
-    """Sort key part: nulls first (Spark's ascending order)."""
-    return (0,) if v is None else (1, v)
-
-
-def _last(v: Any) -> tuple[Any, ...]:
-    return (1,) if v is None else (0, v)
-
-
 def to_table(name: str, rows: Iterable[dict[str, Any]], keys: Sequence[str],
              nulls_last: Sequence[str] = ()) -> pa.Table:
     """Rows (times as epoch ms) -> the report's Arrow table, sorted by ``keys`` then by every
-    other column so that equal keys still come out in one order."""
+    other column so that equal keys still come out in one order (nulls first, or last for
+    ``nulls_last``; a list column sorts as its items joined by a control character, which is
+    the order of the items for names and sha256s)."""
     schema = SCHEMAS[name]
-    ordered = list(keys) + [c for c in schema.names if c not in keys]
-
-    def sort_key(row: dict[str, Any]) -> tuple[Any, ...]:
-        parts = []
-        for c in ordered:
-            v = row.get(c)
-            if isinstance(v, list):
-                v = tuple(v)
-            parts.append(_last(v) if c in nulls_last else _first(v))
-        return tuple(parts)
-
-    data = sorted(rows, key=sort_key)
+    data = list(rows)
     columns = []
     for field in schema:
         values = [r.get(field.name) for r in data]
@@ -140,7 +123,18 @@ def to_table(name: str, rows: Iterable[dict[str, Any]], keys: Sequence[str],
             )
         else:
             columns.append(pa.array(values, field.type))
-    return pa.Table.from_arrays(columns, schema=schema)
+    table = pa.Table.from_arrays(columns, schema=schema)
+    ordered = list(keys) + [c for c in schema.names if c not in keys]
+    by = pa.table({
+        f"k{i}": pc.binary_join(table[c], "\x1f") if pa.types.is_list(table[c].type)
+        else table[c]
+        for i, c in enumerate(ordered)
+    })
+    order = pc.sort_indices(by, sort_keys=[
+        (f"k{i}", "ascending", "at_end" if c in nulls_last else "at_start")
+        for i, c in enumerate(ordered)
+    ])
+    return table.take(order)
 
 
 def _group(rows: Iterable[dict[str, Any]], key: Callable[[dict[str, Any]], tuple[Any, ...]]

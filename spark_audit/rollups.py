@@ -165,12 +165,25 @@ def _ipc(part: str, table: pa.Table) -> tuple[str, bytes]:
 
 
 def _system_memory() -> None:
-    """Arrow's allocations in this Python worker from the C library's allocator. Measured on
-    the 10M-event bench data, a task's first run under Arrow's default (jemalloc) spent as much
-    time in the kernel (page faults) as grouping the rows, and the connection join kept doing
-    so on later runs (1.2-2.6 s of system time against 0.1-0.5 s)."""
-    if pa.default_memory_pool().backend_name != "system":
-        pa.set_memory_pool(pa.system_memory_pool())
+    """Arrow's allocations in this Python worker from the C library's allocator, which keeps
+    freed memory for the next task. Measured on the 10M-event bench data, a task's first run
+    under Arrow's default (jemalloc) spent as much time in the kernel (page faults) as
+    grouping the rows, and the connection join kept doing so on later runs (1.2-2.6 s of
+    system time against 0.1-0.5 s); glibc by default maps every allocation over 128 KB to
+    fresh pages and unmaps it when freed, so the largest threshold it takes (32 MB) and no
+    trimming keep those pages mapped too."""
+    if pa.default_memory_pool().backend_name == "system":
+        return
+    pa.set_memory_pool(pa.system_memory_pool())
+    pa.set_cpu_count(1)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: its defaults
+        pass
 
 
 def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
