@@ -271,8 +271,15 @@ def _counted(time_col: str, rows: str | None = None) -> tuple[Agg, ...]:
     )
 
 
-def _one(tables: Tables, dataset: str) -> pa.Table:
-    return tables[dataset]
+def _as_read(dataset: str) -> Callable[[Tables], pa.Table]:
+    """``prepare`` for a rollup that groups the rows as they were read."""
+    return lambda tables: tables[dataset]
+
+
+def _dated(first: str, last: str | None = None) -> tuple[Agg, ...]:
+    """``first_ms`` and ``last_ms`` of a group, and the summary's figures (``_counted``)."""
+    return (Agg("first_ms", "min", first), Agg("last_ms", "max", last or first),
+            *_counted(first))
 
 
 def _with(table: pa.Table, **columns: Any) -> pa.Table:
@@ -462,14 +469,12 @@ def findings() -> Rollup:
         name="found",
         datasets=("finding",),
         columns={"finding": _cols(*keys, "n", "events", "time_first_ms", "time_last_ms")},
-        prepare=lambda tables: tables["finding"],
+        prepare=_as_read("finding"),
         keys=keys,
         aggs=(
             Agg("count", "sum", "n"),
             Agg("events", "sum", "events"),
-            Agg("first_ms", "min", "time_first_ms"),
-            Agg("last_ms", "max", "time_last_ms"),
-            *_counted("time_first_ms"),
+            *_dated("time_first_ms", "time_last_ms"),
         ),
     )
 
@@ -481,13 +486,11 @@ def admin() -> Rollup:
         name="admin",
         datasets=("admin",),
         columns={"admin": _cols(*keys, "time_ms")},
-        prepare=lambda tables: tables["admin"],
+        prepare=_as_read("admin"),
         keys=keys,
         aggs=(
             Agg("count", "count"),
-            Agg("first_ms", "min", "time_ms"),
-            Agg("last_ms", "max", "time_ms"),
-            *_counted("time_ms"),
+            *_dated("time_ms"),
         ),
     )
 
@@ -508,9 +511,7 @@ def filter_loads() -> Rollup:
         aggs=(
             Agg("topics", "union", "_topics"),
             Agg("apply_to", "union", "_apply_to"),
-            Agg("first_ms", "min", "time_ms"),
-            Agg("last_ms", "max", "time_ms"),
-            *_counted("time_ms"),
+            *_dated("time_ms"),
         ),
     )
 
@@ -520,14 +521,12 @@ def drops() -> Rollup:
         name="drops",
         datasets=("telemetry_dropped",),
         columns={"telemetry_dropped": _cols("instance_id", "reason", "dropped", "time_ms")},
-        prepare=lambda tables: tables["telemetry_dropped"],
+        prepare=_as_read("telemetry_dropped"),
         keys=("instance_id", "reason"),
         aggs=(
             Agg("count", "sum", "dropped"),
             Agg("events", "count"),
-            Agg("first_ms", "min", "time_ms"),
-            Agg("last_ms", "max", "time_ms"),
-            *_counted("time_ms"),
+            *_dated("time_ms"),
         ),
     )
 
@@ -540,7 +539,7 @@ def encryption() -> Rollup:
         datasets=("encryption",),
         columns={"encryption": _cols(*keys, "offset_first", "offset_last", "batches", "records",
                                      "decrypted", "withheld", "unreadable", "time_first_ms")},
-        prepare=lambda tables: tables["encryption"],
+        prepare=_as_read("encryption"),
         keys=keys,
         aggs=(
             Agg("offset_first", "min", "offset_first"),
@@ -564,7 +563,7 @@ def skipped() -> Rollup:
         name="skipped",
         datasets=(CHECKS,),
         columns={CHECKS: ("type", SKIP)},
-        prepare=lambda tables: tables[CHECKS],
+        prepare=_as_read(CHECKS),
         keys=("type",),
         blank=(),
         aggs=(Agg("_rows", "count"),),
