@@ -3,10 +3,10 @@
 ``spark.read.format("sluice_telemetry_kafka").option("dataset", "raw")`` reads the topic once:
 one row per message (``RAW_SCHEMA``: its dataset header, layout, message id, and either the
 Arrow IPC bytes or, for a message without a dataset header, the JSON text of the old Kafka
-sink). A message delivered twice (same ``sluice-message-id``) is read once. The job then
-splits those rows by dataset and decodes each dataset's IPC bytes with `decode_dataset`
-(``mapInArrow``: straight from Arrow IPC into the Arrow batches Spark takes, no per-row
-Python), so the topic is fetched from Kafka once, not once per dataset.
+sink). A message delivered twice (same ``sluice-message-id``) is read once. The audit job's
+tasks then decode the IPC bytes of the messages they hold (``decode_messages``) and aggregate
+them in Arrow (``rollups``), so the topic is fetched from Kafka once, not once per dataset,
+and no row of it becomes a Spark row.
 
 ``option("dataset", NAME)`` yields the rows of one dataset directly, and
 ``option("dataset", "json")`` the JSON texts only (one pass each, for tools reading one
@@ -46,8 +46,6 @@ class KafkaArrowReader(KafkaBatchReader):
             raise ValueError(f"{FORMAT_NAME}: option dataset {self.dataset!r} is not a dataset")
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        import pyarrow as pa
-
         if self.dataset == "json":
             yield from self._json_values(partition)
             return
@@ -55,7 +53,6 @@ class KafkaArrowReader(KafkaBatchReader):
             yield from self._raw(partition)
             return
         wanted = self.dataset.encode()
-        schema = SCHEMAS[self.dataset]
         seen: set[bytes] = set()
         for msg in self.messages(partition):
             headers = _headers(msg)
@@ -65,15 +62,8 @@ class KafkaArrowReader(KafkaBatchReader):
             if message_id in seen:
                 continue  # at-least-once delivery sent it twice
             seen.add(message_id)
-            layout = headers.get(LAYOUT_HEADER, b"")
-            if layout != str(LAYOUT_VERSION).encode():
-                # Rows of a layout this job does not know: keep them countable as unknown
-                # schema versions rather than guessing at their columns.
-                yield _unknown_layout_rows(schema, layout)
-                continue
-            with pa.ipc.open_stream(msg.value()) as reader:
-                for batch in reader:
-                    yield batch.select(schema.names).cast(schema)
+            layout = headers.get(LAYOUT_HEADER, b"").decode("ascii", "replace")
+            yield from message_rows(self.dataset, layout, msg.value())
 
     def _raw(self, partition: InputPartition) -> Iterator[Any]:
         import pyarrow as pa
@@ -141,24 +131,33 @@ def raw_spark_schema() -> StructType:
     )
 
 
-def decode_dataset(dataset: str, batches: Iterator[Any]) -> Iterator[Any]:
-    """``mapInArrow`` body: batches of (layout, value) rows of one dataset -> its rows."""
+def message_rows(dataset: str, layout: str | None, value: bytes | None) -> Iterator[Any]:
+    """The record batches of one Arrow IPC message of ``dataset``, in the dataset's schema."""
     import pyarrow as pa
 
     schema = SCHEMAS[dataset]
-    current = str(LAYOUT_VERSION)
+    if layout != str(LAYOUT_VERSION) or value is None:
+        # Rows of a layout this job does not know: keep them countable as unknown schema
+        # versions rather than guessing at their columns.
+        yield _unknown_layout_rows(schema, (layout or "").encode())
+        return
+    with pa.ipc.open_stream(value) as reader:
+        for rows in reader:
+            yield rows.select(schema.names).cast(schema)
+
+
+def decode_messages(batches: Iterator[Any]) -> dict[str, Any]:
+    """Batches of (dataset, layout, value) message rows -> one Arrow table per dataset."""
+    import pyarrow as pa
+
+    got: dict[str, list[Any]] = {}
     for batch in batches:
-        layouts = batch.column("layout").to_pylist()
-        values = batch.column("value").to_pylist()
-        for layout, value in zip(layouts, values, strict=True):
-            if layout != current or value is None:
-                # Rows of a layout this job does not know: keep them countable as unknown
-                # schema versions rather than guessing at their columns.
-                yield _unknown_layout_rows(schema, (layout or "").encode())
-                continue
-            with pa.ipc.open_stream(value) as reader:
-                for rows in reader:
-                    yield rows.select(schema.names).cast(schema)
+        for dataset, layout, value in zip(batch.column("dataset").to_pylist(),
+                                          batch.column("layout").to_pylist(),
+                                          batch.column("value").to_pylist(), strict=True):
+            if dataset in SCHEMAS:
+                got.setdefault(dataset, []).extend(message_rows(dataset, layout, value))
+    return {d: pa.Table.from_batches(rows, schema=SCHEMAS[d]) for d, rows in got.items()}
 
 
 def _unknown_layout_rows(schema: Any, layout: bytes) -> Any:

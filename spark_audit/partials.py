@@ -240,7 +240,9 @@ class Rollup:
     def _keys(self) -> list[str]:
         return [*self.keys, *(["run"] if self.runs else []), SKIP]
 
-    def partial(self, tables: Tables) -> dict[str, pa.Table]:
+    def partial(self, tables: Tables, whole_connections: bool = True) -> dict[str, pa.Table]:
+        """The partial tables of the rows of ``tables`` (see ``Connections`` for
+        ``whole_connections``; the other rollups do not depend on how rows were split)."""
         rows = _blank(self.prepare(tables), self.keys if self.blank is None else self.blank)
         if self.runs is not None:
             first, last, run_keys = self.runs
@@ -660,32 +662,33 @@ def _filled(rows: pa.Table, ids: pa.Table) -> tuple[pa.Table, pa.Table]:
     return filled, joined
 
 
-def _resolve_local(rows: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+def _resolve_local(rows: pa.Table, whole_connections: bool = True
+                   ) -> tuple[pa.Table, pa.Table, pa.Table]:
     """Usable rows -> (rows to aggregate, rows pending, identities others may need).
 
     A row lacking a principal or a client id takes the greatest seen on any row of its
     connection. That is only known here for connections whose ``open`` and ``close`` rows are
-    both here (and for rows without a connection id, which have nothing to take from); the
-    lacking rows of the others are pending, and this task's identities of those connections go
-    to the driver with them."""
+    both here, given ``whole_connections`` (and for rows without a connection id, which have
+    nothing to take from); the lacking rows of the others are pending, and this task's
+    identities of those connections go to the driver with them."""
     lacking = _lacking(rows)
     known = rows.filter(pc.invert(lacking))
     ids = _identities(rows)
     lacking_rows = rows.filter(lacking)
     filled, joined = _filled(lacking_rows, ids)
-    complete = pc.or_(
-        pc.is_null(joined["connection_id"]),
-        pc.fill_null(pc.and_(pc.equal(joined["_opened"], 1), pc.equal(joined["_closed"], 1)),
-                     False),
-    )
-    incomplete_ids = pc.invert(pc.and_(pc.equal(ids["_opened"], 1), pc.equal(ids["_closed"], 1)))
-    shared = ids.filter(pc.and_(
-        incomplete_ids,
-        pc.or_(pc.is_valid(ids["_principal"]), pc.is_valid(ids["_client_id"])),
-    )).select([*_ID_KEYS, "_principal", "_client_id"])
+    no_id = pc.is_null(joined["connection_id"])
+    shared = pc.or_(pc.is_valid(ids["_principal"]), pc.is_valid(ids["_client_id"]))
+    if whole_connections:
+        complete = pc.or_(no_id, pc.fill_null(
+            pc.and_(pc.equal(joined["_opened"], 1), pc.equal(joined["_closed"], 1)), False))
+        incomplete = pc.invert(pc.and_(pc.equal(ids["_opened"], 1), pc.equal(ids["_closed"], 1)))
+        shared = pc.and_(shared, incomplete)
+    else:
+        complete = no_id
+    shared_ids = ids.filter(shared).select([*_ID_KEYS, "_principal", "_client_id"])
     done = pa.concat_tables([known, filled.filter(complete)])
     pending = lacking_rows.filter(pc.invert(complete))
-    return done, pending, shared
+    return done, pending, shared_ids
 
 
 _PER_INSTANCE_KEYS = (*CONN_KEYS, "instance_id", "_type", SKIP)
@@ -696,13 +699,17 @@ class Connections(Rollup):
     filled in (see the module's docstring); the instances of a group are collected after a
     first aggregation per instance."""
 
-    def partial(self, tables: Tables) -> dict[str, pa.Table]:
+    def partial(self, tables: Tables, whole_connections: bool = True) -> dict[str, pa.Table]:
+        """``whole_connections``: a connection whose ``open`` and ``close`` rows are in
+        ``tables`` has all its rows there (true of whole hours of both connection datasets, and
+        of rows partitioned by connection). Without it every row lacking an identity waits for
+        the driver, with every identity seen here."""
         rows = _connection_rows(tables)
         if rows.num_rows == 0:
             return {}
         usable = pc.is_null(rows[SKIP])
         skipped_rows = _blank(rows.filter(pc.invert(usable)), CONN_KEYS)
-        resolved, pending, shared = _resolve_local(rows.filter(usable))
+        resolved, pending, shared = _resolve_local(rows.filter(usable), whole_connections)
         per_instance = pa.concat_tables([resolved, skipped_rows])
         return {
             "conns": group(per_instance, _PER_INSTANCE_KEYS, _PER_INSTANCE),

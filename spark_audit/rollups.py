@@ -2,23 +2,29 @@
 
 The heavy part of the job, grouping millions of rows, runs in Spark's tasks as Arrow code
 (``partials``); the driver merges the tasks' small partial tables into the rows the reports are
-built from. There are two kinds of task, and a collect runs at most one Spark job of each:
+built from. There are three kinds of task; the file tasks are one Spark job, the others one
+more:
 
 - **Parquet files on a local or shared path** (the columnar layout, the common case): the
   driver plans tasks of whole hours of a dataset's files (both connection datasets' files of
-  the same hours together), about two per core, and each task reads its files with pyarrow
-  (only the columns its rollup needs), classifies the rows (``SKIP``), keeps the ``--from/--to``
-  window and returns its partial tables as Arrow IPC bytes. The executors must see the path:
-  on a multi-host cluster it is a shared file system mounted at the same place.
-- **DataFrames** (JSON Lines, Kafka, ``--dedupe``, Hadoop URLs such as ``s3a://`` and
-  ``hdfs://``): Spark reads and classifies them (``sources``); ``mapInArrow`` hands each
-  partition to the same partial code. The connection datasets are repartitioned by connection
-  first, so that a task holds every row of its connections.
+  the same hours together), about two per core, costliest first, and each task reads its
+  files with pyarrow (only the columns its rollup needs), classifies the rows (``SKIP``), keeps
+  the ``--from/--to`` window and returns its partial tables as Arrow IPC bytes. The executors
+  must see the path: on a multi-host cluster it is a shared file system mounted at the same
+  place.
+- **Arrow messages of a Kafka topic** (``run_message_task``, through ``mapInArrow``): each task
+  decodes its messages and does the same. The versioned datasets (``ROLLUPS``: a segment is
+  sent again at every flush) go to the driver at their latest version, where the latest of
+  each id is kept before they are aggregated (``_merge_versions``).
+- **DataFrames** (JSON Lines, ``--dedupe``, Hadoop URLs such as ``s3a://`` and ``hdfs://``):
+  Spark reads and classifies them (``sources``); ``mapInArrow`` hands each partition to the
+  same partial code. The connection datasets are repartitioned by connection first, so that a
+  task holds every row of its connections.
 
-Nothing is cached and there is no shuffle of rows between the two (except that repartition);
-what reaches the driver is a few partial rows per group and task. The rollups' counts for the
-summary (events, skipped rows, first and last time, instances) come from the same rows
-(``split_counts``).
+Nothing is cached (but a Kafka topic's messages, read once) and no rows are shuffled (but that
+repartition); what reaches the driver is a few partial rows per group and task. The rollups'
+counts for the summary (events, skipped rows, first and last time, instances) come from the
+same rows (``split_counts``).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.proxy.telemetry.columns import SCHEMAS, time_column
+from sluice.proxy.telemetry.columns import ROLLUPS, SCHEMAS, latest_versions, time_column
 from sluice.spark_audit.partials import CHECKS, PartialSet, Rollup
 from sluice.spark_audit.schema import MALFORMED, SCHEMA_VERSION, SKIP, UNKNOWN_VERSION
 from sluice.spark_audit.sources import Inputs, LocalFile, Window
@@ -129,9 +135,8 @@ def read_files(dataset: str, paths: tuple[str, ...], columns: tuple[str, ...],
     columns ``dictionary`` dictionary-encoded (one dictionary per column for the table)."""
     import pyarrow.dataset as ds
 
-    time_col = time_column(dataset)
     wanted = [c for c in columns if c != SKIP]
-    need = list(dict.fromkeys([*wanted, "schema_version", time_col]))
+    need = list(dict.fromkeys([*wanted, "schema_version", time_column(dataset)]))
     # The dataset's schema: a column an older file lacks reads as nulls.
     schema = SCHEMAS[dataset]
     fmt = ds.ParquetFileFormat()
@@ -145,23 +150,29 @@ def read_files(dataset: str, paths: tuple[str, ...], columns: tuple[str, ...],
     table = ds.dataset(list(paths), schema=schema, format=fmt).to_table(columns=need)
     if dictionary:
         table = table.unify_dictionaries()
-    skip = classify(table, dataset)
+    return _classified(table, dataset, window).select([*wanted, SKIP])
+
+
+def _classified(table: pa.Table, dataset: str, window: Window) -> pa.Table:
+    """``table`` with ``SKIP``, without the usable rows outside the window."""
+    table = table.append_column(SKIP, classify(table, dataset))
+    time_col = time_column(dataset)
     keep = None
     for bound, op in ((window.from_ms, pc.greater_equal), (window.to_ms, pc.less)):
         if bound is not None:
             cond = pc.fill_null(op(table[time_col], bound), False)
             keep = cond if keep is None else pc.and_(keep, cond)
-    table = table.select(wanted).append_column(SKIP, skip)
     if keep is not None:
         table = table.filter(pc.or_(keep, pc.is_valid(table[SKIP])))
     return table
 
 
-def _ipc(part: str, table: pa.Table) -> tuple[str, bytes]:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return part, sink.getvalue().to_pybytes()
+def latest(table: pa.Table) -> pa.Table:
+    """The highest ``version`` of each rollup row ``id`` (a Kafka topic holds a segment again
+    at every flush while it grows); skipped rows are all kept, to be counted."""
+    usable = pc.is_null(table[SKIP])
+    return pa.concat_tables([latest_versions(table.filter(usable)),
+                             table.filter(pc.invert(usable))])
 
 
 def _system_memory() -> None:
@@ -184,6 +195,13 @@ def _system_memory() -> None:
         libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):  # not glibc: its defaults
         pass
+
+
+def _ipc(part: str, table: pa.Table) -> tuple[str, bytes]:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return part, sink.getvalue().to_pybytes()
 
 
 def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
@@ -218,6 +236,60 @@ def _partials_of_batches(rollup: Rollup, batches: Iterator[pa.RecordBatch]
     for part, data in (_ipc(p, t) for p, t in rollup.partial(tables).items()):
         yield pa.RecordBatch.from_arrays([pa.array([part]), pa.array([data], pa.binary())],
                                          names=["part", "data"])
+
+
+_LATEST = "latest:"  # partial name prefix: rollup rows of a dataset, latest version per id
+
+
+def _reads_versions(rollup: Rollup) -> bool:
+    return any(d in ROLLUPS for d in rollup.datasets)
+
+
+def run_message_task(batches: Iterator[pa.RecordBatch], rollups: Mapping[str, Rollup],
+                     window: Window) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` over a topic's Arrow messages (dataset, layout, value): decode them,
+    classify the rows, and return each rollup's partial tables. The rows of the versioned
+    datasets (``ROLLUPS``) go to the driver instead, at their latest version here: another
+    version of a row may be in another task. A task holds whatever messages its Kafka
+    partition held, so connections are not assumed whole here."""
+    from sluice.spark_audit.kafka_arrow_source import decode_messages
+
+    _system_memory()
+    tables = {d: _classified(t, d, window) for d, t in decode_messages(batches).items()}
+    out: list[tuple[str, bytes]] = []
+    for dataset in ROLLUPS:
+        if dataset in tables:
+            needed = {c for r in rollups.values() if dataset in r.datasets
+                      for c in r.columns[dataset]}
+            if needed:
+                cols = [c for c in tables[dataset].column_names
+                        if c in needed or c in ("id", "version", SKIP)]
+                out.append(_ipc(_LATEST + dataset, latest(tables[dataset].select(cols))))
+    for rollup in rollups.values():
+        if _reads_versions(rollup):
+            continue
+        mine = {d: tables[d].select(list(rollup.columns[d])) for d in rollup.datasets
+                if d in tables}
+        if mine:
+            out.extend(_ipc(part, t)
+                       for part, t in rollup.partial(mine, whole_connections=False).items())
+    for part, data in out:
+        yield pa.RecordBatch.from_arrays([pa.array([part]), pa.array([data], pa.binary())],
+                                         names=["part", "data"])
+
+
+def _merge_versions(got: PartialSet, rollups: Mapping[str, Rollup]) -> None:
+    """The versioned datasets' rows of every message task: the latest version of each id over
+    all tasks, then the partial of every rollup that reads them (in the driver: one row per
+    segment id, a few per offset run)."""
+    for name in [n for n in got.tables if n.startswith(_LATEST)]:
+        dataset = name[len(_LATEST):]
+        rows = latest(pa.concat_tables(got.tables.pop(name), promote_options="permissive"))
+        for rollup in rollups.values():
+            if dataset in rollup.datasets:
+                for part, table in rollup.partial(
+                        {dataset: rows.select(list(rollup.columns[dataset]))}).items():
+                    got.add(part, table)
 
 
 def _plain_types(table: pa.Table) -> pa.Table:
@@ -273,9 +345,14 @@ def collect(spark: SparkSession, inputs: Inputs,
         tables[CHECKS] = inputs.checks
     frames = [f for f in (_frame_partials(r, tables) for r in rollups.values())
               if f is not None]
+    if inputs.messages is not None:
+        window = inputs.window
+        frames.append(inputs.messages.mapInArrow(
+            lambda batches: run_message_task(batches, rollups, window), _PARTIAL_SCHEMA))
     if frames:
         for row in reduce(lambda a, b: a.unionByName(b), frames).collect():
             got.add(row["part"], pa.ipc.open_stream(row["data"]).read_all())
+    _merge_versions(got, rollups)
     return {name: rollup.final(got.tables) for name, rollup in rollups.items()}
 
 

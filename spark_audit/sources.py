@@ -29,7 +29,6 @@ import os
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +94,9 @@ class Inputs:
     duplicate_files: int = 0
     local_files: list[LocalFile] = field(default_factory=list)
     window: Window = field(default_factory=Window)
+    # The Arrow IPC messages of a ``kafka://`` topic (dataset, layout, value), which the job's
+    # tasks decode and aggregate themselves (``rollups``).
+    messages: DataFrame | None = None
 
 
 def is_local(path: str) -> bool:
@@ -357,7 +359,6 @@ def _kafka_inputs(
         FORMAT_NAME,
         RAW,
         KafkaArrowSource,
-        decode_dataset,
         raw_spark_schema,
     )
 
@@ -392,27 +393,22 @@ def _kafka_inputs(
         )
 
     # One pass over the topic: every message once, kept in the executors (a local checkpoint,
-    # memory then disk) while each dataset's rows are decoded from it. Reading the topic once
+    # memory then disk) for the Arrow messages' tasks and the JSON path. Reading the topic once
     # per dataset cost a consumer, a metadata round trip and a full fetch each, 11 times.
     raw = read(RAW, raw_spark_schema()).localCheckpoint(eager=True)
-    # Only what the topic holds: each dataset (and the JSON path) costs stages of the one query
-    # even when it has no rows, and finding out is one small job over the kept messages.
+    # Only what the topic holds: the JSON path costs stages of the one query even when it has
+    # no rows, and finding out is one small job over the kept messages.
     present = {row["dataset"] for row in raw.select("dataset").distinct().collect()}
-    for dataset in DATASETS:
-        if dataset not in present:
-            continue
-        df = (
-            raw.filter(F.col("dataset") == dataset)
-            .select("layout", "value")
-            .mapInArrow(partial(decode_dataset, dataset), spark_schema(dataset))
-        )
-        tables[dataset].append(_classified(df, dataset, from_ms, to_ms))
     if None in present:  # JSON messages of the old sink in the same topic
         values = raw.filter(F.col("dataset").isNull()).select(F.col("text").alias("value"))
         _add_json_messages(values, tables, checks, from_ms, to_ms)
-    # Arrow messages delivered twice were dropped by message id in the reader.
     merged = {d: _union(d, dfs, dedupe=False, latest=True) for d, dfs in tables.items() if dfs}
-    return Inputs(tables=merged, checks=_union_all(checks) if checks else None)
+    messages = None
+    if present - {None}:
+        # Arrow messages delivered twice were dropped by message id in the reader.
+        messages = raw.filter(F.col("dataset").isNotNull()).select("dataset", "layout", "value")
+    return Inputs(tables=merged, checks=_union_all(checks) if checks else None,
+                  messages=messages, window=Window(from_ms, to_ms))
 
 
 def _add_json_messages(

@@ -350,6 +350,29 @@ def test_connections_split_by_time(data: st.DataObject) -> None:
     assert sum(r["_rows"] for r in split) == len(rows)
 
 
+@SETTINGS
+@given(data=st.data())
+def test_connections_any_split_without_whole_connections(data: st.DataObject) -> None:
+    """Kafka tasks hold whatever their partition held: rows of one connection in any tasks,
+    in any order. Without ``whole_connections`` the result is still the whole table's."""
+    rows, opened = data.draw(_connections())
+    n = data.draw(st.integers(1, 4))
+    chunks: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+    for r in data.draw(st.permutations(rows)):
+        chunks[data.draw(st.integers(0, n - 1))].append(r)
+    got_parts: dict[str, list[pa.Table]] = {}
+    for chunk in chunks:
+        for name, part in _CONN.partial(_conn_tables(chunk), whole_connections=False).items():
+            got_parts.setdefault(name, []).append(part)
+    split = _sorted_rows(_CONN.final(got_parts))
+    assert split == _final(_CONN, [_conn_tables(rows)])
+    got: Counter[Any] = Counter()
+    for r in split:
+        if r[SKIP] is None and r["_type"] == "connection" and r["connections_opened"]:
+            got[(r["principal"], r["client_id"])] += r["connections_opened"]
+    assert got == +opened
+
+
 def test_connections_example() -> None:
     """A connection open in one chunk and closed in the next is resolved by the driver; one
     whose rows are all in one chunk by the task."""
