@@ -55,6 +55,9 @@ def _consumer_config(options: dict[str, str]) -> dict[str, Any]:
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
         "fetch.max.bytes": 52_428_800,
+        # A batch read to a known end: a broker holding each Fetch up to librdkafka's default
+        # 500 ms only adds waiting (70 MB from the bundled Tansu: 2.05 s, 1.07 s with 10 ms).
+        "fetch.wait.max.ms": 10,
         "log_level": 3,
     }
     for key, value in options.items():
