@@ -264,6 +264,11 @@ class Rollup:
         return [self.finish(r) for r in out] if self.finish else out
 
 
+def _summed(*columns: str) -> tuple[Agg, ...]:
+    """Each of ``columns`` summed under its own name."""
+    return tuple(Agg(c, "sum", c) for c in columns)
+
+
 def _counted(time_col: str, rows: str | None = None) -> tuple[Agg, ...]:
     """The summary's figures of a group: rows (or events), first and last time."""
     return (
@@ -320,10 +325,7 @@ def record_batches(bucket_ms: int = HOUR_MS) -> Rollup:
         dictionary=_BATCH_KEYS,
         aggs=(
             Agg("batches", "count"),
-            Agg("records_in", "sum", "records_in"),
-            Agg("records_out", "sum", "records_out"),
-            Agg("bytes_in", "sum", "bytes_in"),
-            Agg("bytes_out", "sum", "bytes_out"),
+            *_summed("records_in", "records_out", "bytes_in", "bytes_out"),
             Agg("errors", "sum", "_err"),
             Agg("filter_time_ns", "sum", "filter_time_ns"),
             *_counted("time_ms"),
@@ -389,12 +391,7 @@ def offset_runs() -> Rollup:
             Agg("filter_names", "set", "filter_name"),
             Agg("batches", "sum", "batches"),
             Agg("records", "sum", "_records"),
-            Agg("kept", "sum", "kept"),
-            Agg("rewritten", "sum", "rewritten"),
-            Agg("dropped", "sum", "dropped"),
-            Agg("rejected", "sum", "rejected"),
-            Agg("detections", "sum", "detections"),
-            Agg("errors", "sum", "errors"),
+            *_summed("kept", "rewritten", "dropped", "rejected", "detections", "errors"),
             Agg("filter_time_ns", "sum", "time_ns"),
             Agg("proxy_instances", "set", "instance_id"),
             Agg("proxy_hosts", "set", "host"),
@@ -446,10 +443,7 @@ def transform_runs() -> Rollup:
             Agg("output_offset_last", "max", "output_offset_last"),
             Agg("batches", "count"),
             Agg("input_records", "sum", "records_in"),
-            Agg("output_records", "sum", "output_records"),
-            Agg("dropped", "sum", "dropped"),
-            Agg("rejected", "sum", "rejected"),
-            Agg("dead_letters", "sum", "dead_letters"),
+            *_summed("output_records", "dropped", "rejected", "dead_letters"),
             Agg("guarantees", "set", "guarantee"),
             Agg("groups", "set", "group"),
             Agg("proxy_instances", "set", "instance_id"),
@@ -546,11 +540,7 @@ def encryption() -> Rollup:
         aggs=(
             Agg("offset_first", "min", "offset_first"),
             Agg("offset_last", "max", "offset_last"),
-            Agg("batches", "sum", "batches"),
-            Agg("records", "sum", "records"),
-            Agg("decrypted", "sum", "decrypted"),
-            Agg("withheld", "sum", "withheld"),
-            Agg("unreadable", "sum", "unreadable"),
+            *_summed("batches", "records", "decrypted", "withheld", "unreadable"),
             *_counted("time_first_ms"),
         ),
     )
@@ -578,7 +568,7 @@ CONN_KEYS = ("principal", "client_id", "hour_ms", "api")
 _CONN_SUMS = ("requests", "bytes_in", "bytes_out", "opened", "closed", "duration_ms",
               "throttle_ms")
 _PER_INSTANCE = (
-    *[Agg(c, "sum", c) for c in _CONN_SUMS],
+    *_summed(*_CONN_SUMS),
     Agg("_rows", "count"),
     Agg("_first_ms", "min", "time_ms"),
     Agg("_last_ms", "max", "time_ms"),
@@ -586,7 +576,7 @@ _PER_INSTANCE = (
 # Pending rows keep the connection; they are grouped as they are merged (by their identity).
 _PENDING_KEYS = ("instance_id", "connection_id", "_type", "hour_ms", "api", "principal",
                  "client_id", "time_ms")
-_PENDING = (*[Agg(c, "sum", c) for c in _CONN_SUMS], Agg("_n", "count"))
+_PENDING = (*_summed(*_CONN_SUMS), Agg("_n", "count"))
 
 
 def _connection_rows(tables: Tables) -> pa.Table:
@@ -757,40 +747,29 @@ class Connections(Rollup):
             resolved, _ = _filled(rows, number.slice(0, rows.num_rows), ids)
             # A pending row stands for ``_n`` rows of one connection at one time.
             resolved = _with(resolved, _t=resolved["time_ms"])
-            aggs = (*[Agg(c, "sum", c) for c in _CONN_SUMS], Agg("_rows", "sum", "_n"),
+            aggs = (*_summed(*_CONN_SUMS), Agg("_rows", "sum", "_n"),
                     Agg("_first_ms", "min", "_t"), Agg("_last_ms", "max", "_t"))
             done.append(group(resolved, _PER_INSTANCE_KEYS, aggs))
         if not done:
             return []
-        per_instance = merge(
-            pa.concat_tables(done, promote_options="permissive").to_pylist(),
-            _PER_INSTANCE_KEYS, _PER_INSTANCE,
-        )
-        out: dict[tuple[Any, ...], dict[str, Any]] = {}
-        for r in per_instance:
-            key = (*(r[k] for k in CONN_KEYS), r["_type"], r[SKIP])
-            have = out.get(key)
-            if have is None:
-                have = out[key] = {
-                    **{k: r[k] for k in CONN_KEYS}, "_type": r["_type"], SKIP: r[SKIP],
-                    **dict.fromkeys(("requests", "bytes_in", "bytes_out", "connections_opened",
-                                     "connections_closed", "duration_ms", "throttle_ms",
-                                     "_rows"), 0),
-                    "_instances": set(), "_first_ms": None, "_last_ms": None,
-                }
-            for src, dst in (("requests", "requests"), ("bytes_in", "bytes_in"),
-                             ("bytes_out", "bytes_out"), ("opened", "connections_opened"),
-                             ("closed", "connections_closed"), ("duration_ms", "duration_ms"),
-                             ("throttle_ms", "throttle_ms"), ("_rows", "_rows")):
-                have[dst] += r[src]
-            if r["instance_id"] is not None:
-                have["_instances"].add(r["instance_id"])
-            for k, better in (("_first_ms", min), ("_last_ms", max)):
-                if r[k] is not None:
-                    have[k] = r[k] if have[k] is None else better(have[k], r[k])
-        for have in out.values():
-            have["_instances"] = sorted(have["_instances"])
-        return list(out.values())
+        # One row per instance in a group: the group's instances are the set of them.
+        table = pa.concat_tables(done, promote_options="permissive")
+        table = table.rename_columns([_CONN_RENAMED.get(n, n) for n in table.column_names])
+        rows = table.to_pylist()
+        for r in rows:
+            instance = r.pop("instance_id")
+            r["_instances"] = None if instance is None else [instance]
+        return merge(rows, (*CONN_KEYS, "_type", SKIP), _CONN_FINAL)
+
+
+_CONN_RENAMED = {"opened": "connections_opened", "closed": "connections_closed"}
+_CONN_FINAL = (
+    *[Agg(_CONN_RENAMED.get(c, c), "sum") for c in _CONN_SUMS],
+    Agg("_instances", "set"),
+    Agg("_rows", "sum"),
+    Agg("_first_ms", "min"),
+    Agg("_last_ms", "max"),
+)
 
 
 def connections() -> Rollup:

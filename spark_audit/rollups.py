@@ -30,7 +30,7 @@ same rows (``split_counts``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any
@@ -204,6 +204,13 @@ def _ipc(part: str, table: pa.Table) -> tuple[str, bytes]:
     return part, sink.getvalue().to_pybytes()
 
 
+def _partial_batches(pairs: Iterable[tuple[str, bytes]]) -> Iterator[pa.RecordBatch]:
+    """(part, Arrow IPC) pairs as ``mapInArrow`` returns them (``_PARTIAL_SCHEMA``)."""
+    for part, data in pairs:
+        yield pa.RecordBatch.from_arrays([pa.array([part]), pa.array([data], pa.binary())],
+                                         names=["part", "data"])
+
+
 def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
                   window: Window) -> list[tuple[str, bytes]]:
     """One task: read each unit's files, run its rollup's partial; (part, Arrow IPC) pairs."""
@@ -221,21 +228,16 @@ def _partials_of_batches(rollup: Rollup, batches: Iterator[pa.RecordBatch]
                          ) -> Iterator[pa.RecordBatch]:
     """``mapInArrow``: one partition's rows (tagged ``_dataset``) -> its partial tables."""
     _system_memory()
-    got: dict[str, list[pa.RecordBatch]] = {}
-    for batch in batches:
-        if batch.num_rows:
-            got.setdefault("", []).append(batch)
+    got = [batch for batch in batches if batch.num_rows]
     if not got:
         return
-    rows = _plain_types(pa.Table.from_batches(got[""]))
+    rows = _plain_types(pa.Table.from_batches(got))
     tables = {}
     for dataset in rollup.datasets:
         mine = rows.filter(pc.equal(rows["_dataset"], dataset))
         if mine.num_rows:
             tables[dataset] = mine.select(list(rollup.columns[dataset]))
-    for part, data in (_ipc(p, t) for p, t in rollup.partial(tables).items()):
-        yield pa.RecordBatch.from_arrays([pa.array([part]), pa.array([data], pa.binary())],
-                                         names=["part", "data"])
+    yield from _partial_batches(_ipc(p, t) for p, t in rollup.partial(tables).items())
 
 
 _LATEST = "latest:"  # partial name prefix: rollup rows of a dataset, latest version per id
@@ -273,9 +275,7 @@ def run_message_task(batches: Iterator[pa.RecordBatch], rollups: Mapping[str, Ro
         if mine:
             out.extend(_ipc(part, t)
                        for part, t in rollup.partial(mine, whole_connections=False).items())
-    for part, data in out:
-        yield pa.RecordBatch.from_arrays([pa.array([part]), pa.array([data], pa.binary())],
-                                         names=["part", "data"])
+    yield from _partial_batches(out)
 
 
 def _merge_versions(got: PartialSet, rollups: Mapping[str, Rollup]) -> None:

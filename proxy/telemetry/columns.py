@@ -260,6 +260,21 @@ def _envelope(event: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _segment_head(env: Mapping[str, Any], f: Mapping[str, Any],
+                  event: Mapping[str, Any]) -> dict[str, Any]:
+    """A filter segment's values of ``_SEGMENT_HEAD`` (after its id and version): which proxy,
+    which module, which topic-partition."""
+    return {
+        "host": env["host"],
+        "instance_id": env["instance_id"],
+        "module_sha256": f.get("module_sha256"),
+        "filter_name": f.get("name"),
+        "api": event.get("api"),
+        "topic": event.get("topic"),
+        "partition": event.get("partition"),
+    }
+
+
 def _int(value: Any) -> int:
     return int(value) if value else 0
 
@@ -441,15 +456,7 @@ class ColumnarBuffers:
         detections: int,
         errors: int,
     ) -> None:
-        values = {
-            "host": env["host"],
-            "instance_id": env["instance_id"],
-            "module_sha256": f.get("module_sha256"),
-            "filter_name": f.get("name"),
-            "api": event.get("api"),
-            "topic": event.get("topic"),
-            "partition": event.get("partition"),
-        }
+        values = _segment_head(env, f, event)
         counts = {col: _int(f.get(col))
                   for col in ("kept", "rewritten", "dropped", "rejected", "time_ns")}
         counts["detections"] = detections
@@ -470,13 +477,7 @@ class ColumnarBuffers:
         sealed under (a produce batch uses one data key, so its offsets are that version's),
         on fetch one segment per principal."""
         base = {
-            "host": env["host"],
-            "instance_id": env["instance_id"],
-            "module_sha256": f.get("module_sha256"),
-            "filter_name": f.get("name"),
-            "api": event.get("api"),
-            "topic": event.get("topic"),
-            "partition": event.get("partition"),
+            **_segment_head(env, f, event),
             "principal": None,
             "key_name": None,
             "key_version": None,
