@@ -28,6 +28,12 @@ LOCAL_DEFAULTS: dict[str, str] = {
     "spark.driver.bindAddress": "127.0.0.1",
 }
 
+# Settings for any master that a --conf overrides: the Python workers fork from a daemon that
+# imports pyspark from the installed package instead of Spark's zip (``python_daemon``).
+DEFAULTS: dict[str, str] = {
+    "spark.python.daemon.module": "sluice.spark_audit.python_daemon",
+}
+
 ALWAYS: dict[str, str] = {
     # Billing hours and report times are UTC whatever the machine's zone.
     "spark.sql.session.timeZone": "UTC",
@@ -70,7 +76,7 @@ def get_session(
         for key, value in LOCAL_DEFAULTS.items():
             if key not in (conf or {}):
                 builder = builder.config(key, value)
-    for key, value in {**ALWAYS, **dict(conf or {})}.items():
+    for key, value in {**DEFAULTS, **ALWAYS, **dict(conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
