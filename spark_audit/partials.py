@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -126,6 +127,9 @@ def group(table: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table
     return pa.table(out, names=[*keys, *(a.out for a in aggs)])
 
 
+_ARROW_MERGED = ("sum", "count", "min", "max")
+
+
 def _merged(agg: Agg) -> Agg:
     """``agg`` as it applies to partial rows (whose column is named ``agg.out``)."""
     return Agg(agg.out, "sum" if agg.op == "count" else agg.op, agg.out)
@@ -176,41 +180,62 @@ def number_runs(table: pa.Table, keys: Sequence[str], first: str, last: str) -> 
     ``last`` ranges overlap or touch, numbered from 1 in offset order (a new run starts where a
     row's ``first`` lies beyond every earlier row's ``last`` + 1). Rows without offsets sort
     first and neither start nor number a run; they and skipped rows get a null ``run``."""
-    order = pc.sort_indices(
-        table,
-        sort_keys=[(k, "ascending", "at_start") for k in [*keys, SKIP, first, last]],
-    )
-    table = table.take(order)
     n = table.num_rows
     if n == 0:
         return table.append_column("run", pa.nulls(0, _I64))
-    # Where a new group of keys starts (null and non-null differ; two nulls are equal).
-    starts = pa.array([True] + [False] * (n - 1))
-    for k in [*keys, SKIP]:
-        col = table[k]
-        a, b = col.slice(1), col.slice(0, n - 1)
-        changed = pc.fill_null(
-            pc.or_kleene(pc.not_equal(a, b), pc.xor(pc.is_null(a), pc.is_null(b))), False
-        )
-        starts = pc.or_(starts, pa.concat_arrays([pa.array([True]), changed.combine_chunks()]))
-    runs: list[int | None] = []
-    prev_max: int | None = None
-    number = 0
-    for new_group, lo, hi, skip in zip(starts.to_pylist(), table[first].to_pylist(),
-                                       table[last].to_pylist(), table[SKIP].to_pylist(),
-                                       strict=True):
-        if new_group:
-            prev_max, number = None, 0
-        if lo is None:
-            runs.append(None)
-        else:
-            if prev_max is None or lo > prev_max + 1:
-                number += 1
-            runs.append(number if skip is None else None)
-        # A row without a first offset places nothing: its last offset moves no run.
-        if lo is not None and hi is not None and (prev_max is None or hi > prev_max):
-            prev_max = hi
-    return table.append_column("run", pa.array(runs, _I64))
+    # The groups need only be contiguous, not in the keys' order: sorting by each key's
+    # number in a dictionary of its values (null: -1) costs less than comparing strings.
+    numbered_keys = {f"k{i}": _key_numbers(table[k]) for i, k in enumerate([*keys, SKIP])}
+    order = pc.sort_indices(
+        pa.table({**numbered_keys, "first": table[first], "last": table[last]}),
+        sort_keys=[*((k, "ascending", "at_start") for k in numbered_keys),
+                   ("first", "ascending", "at_start"), ("last", "ascending", "at_start")],
+    )
+    table = table.take(order)
+    key_numbers = np.stack([a.to_numpy()[order.to_numpy()] for a in numbered_keys.values()])
+    starts_np = np.ones(n, bool)
+    starts_np[1:] = (key_numbers[:, 1:] != key_numbers[:, :-1]).any(axis=0)
+    starts = pa.array(starts_np)
+    groups = np.cumsum(starts_np) - 1
+    lo = table[first].combine_chunks()
+    hi = table[last].combine_chunks()
+    has_lo = lo.is_valid().to_numpy(zero_copy_only=False)
+    lo_v = lo.fill_null(0).to_numpy()
+    # What a row adds to its group's reach: its last offset, if it has both offsets.
+    adds = has_lo & hi.is_valid().to_numpy(zero_copy_only=False)
+    hi_v = hi.fill_null(0).to_numpy()
+    # The greatest last offset of the earlier rows of the group (``reach``, if ``reached``),
+    # as a running maximum over all rows: each row's key is its group number, then the rank
+    # of its last offset among all (rank 0: adds nothing), so a group's keys exceed every
+    # earlier group's and the running maximum starts again at each group.
+    values, ranks = np.unique(hi_v[adds], return_inverse=True)
+    rank = np.zeros(n, np.int64)
+    rank[adds] = ranks.reshape(-1) + 1
+    top = np.maximum.accumulate(groups * (len(values) + 1) + rank)
+    before = np.empty(n, np.int64)
+    before[0] = 0
+    before[1:] = top[:-1] - groups[1:] * (len(values) + 1)
+    before[starts.to_numpy(zero_copy_only=False)] = 0  # the previous row is another group's
+    reached = before > 0
+    reach = values[np.maximum(before - 1, 0)] if len(values) else np.zeros(n, np.int64)
+    # A new run starts beyond reach + 1 (``lo - 1 > reach``: no overflow, as ``lo > reach``).
+    new_run = has_lo & (~reached | ((lo_v > reach) & (lo_v - 1 > reach)))
+    counted = np.cumsum(new_run)
+    at_start = np.maximum.accumulate(np.where(starts.to_numpy(zero_copy_only=False),
+                                              counted - new_run, 0))
+    number = counted - at_start
+    numbered = has_lo & table[SKIP].is_null().to_numpy(zero_copy_only=False)
+    runs = pa.array(number, _I64, mask=~numbered)
+    return table.append_column("run", runs)
+
+
+def _key_numbers(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Each value's number in a dictionary of ``col``'s values; -1 for null (equal values,
+    equal numbers)."""
+    plain = _decoded(col)  # a dictionary read from files may hold a value twice
+    encoded = pc.dictionary_encode(
+        plain.combine_chunks() if isinstance(plain, pa.ChunkedArray) else plain)
+    return pc.fill_null(pc.cast(encoded.indices, _I64), -1)
 
 
 @dataclass(frozen=True)
@@ -249,18 +274,37 @@ class Rollup:
             rows = number_runs(rows, run_keys, first, last)
         return {self.name: group(rows, self._keys(), self.aggs)}
 
+    @property
+    def merges_in_arrow(self) -> bool:
+        """Whether partial tables merge by one more Arrow aggregation: sums, counts, minima
+        and maxima, no runs to renumber."""
+        return self.runs is None and all(a.op in _ARROW_MERGED for a in self.aggs)
+
+    def _merged_table(self, tables: Sequence[pa.Table]) -> pa.Table:
+        """Partial tables of this rollup (``merges_in_arrow``) as one."""
+        table = pa.concat_tables(tables, promote_options="permissive")
+        return group(table, self._keys(), [_merged(a) for a in self.aggs])
+
+    def merge_partials(self, partials: Sequence[Mapping[str, pa.Table]]) -> dict[str, pa.Table]:
+        """The results of several ``partial`` calls as one (``merges_in_arrow`` only)."""
+        got = [p[self.name] for p in partials if self.name in p]
+        return {self.name: self._merged_table(got)} if got else {}
+
     def final(self, partials: Mapping[str, Sequence[pa.Table]]) -> list[dict[str, Any]]:
         got = [t for t in partials.get(self.name, ()) if t.num_rows]
         if not got:
             return []
-        table = pa.concat_tables(got, promote_options="permissive")
-        if self.runs is not None:
-            first, last, run_keys = self.runs
-            table = number_runs(table.drop_columns(["run"]), run_keys, first, last)
-        if any(a.op in ("set", "union") for a in self.aggs):
-            out = merge(table.to_pylist(), self._keys(), self.aggs)
-        else:  # sums, counts, minima and maxima merge in Arrow
-            out = group(table, self._keys(), [_merged(a) for a in self.aggs]).to_pylist()
+        if self.merges_in_arrow:
+            out = self._merged_table(got).to_pylist()
+        else:
+            table = pa.concat_tables(got, promote_options="permissive")
+            if self.runs is not None:
+                first, last, run_keys = self.runs
+                table = number_runs(table.drop_columns(["run"]), run_keys, first, last)
+            if any(a.op in ("set", "union") for a in self.aggs):
+                out = merge(table.to_pylist(), self._keys(), self.aggs)
+            else:
+                out = group(table, self._keys(), [_merged(a) for a in self.aggs]).to_pylist()
         return [self.finish(r) for r in out] if self.finish else out
 
 
@@ -709,6 +753,10 @@ class Connections(Rollup):
     """``billing_connections`` rows (hours as epoch ms) with each connection's identity
     filled in (see the module's docstring); the instances of a group are collected after a
     first aggregation per instance."""
+
+    @property
+    def merges_in_arrow(self) -> bool:
+        return False  # three partial tables, and pending rows resolved in the driver
 
     def partial(self, tables: Tables, whole_connections: bool = True) -> dict[str, pa.Table]:
         """``whole_connections``: a connection whose ``open`` and ``close`` rows are in

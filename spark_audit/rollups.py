@@ -133,24 +133,33 @@ def read_files(dataset: str, paths: tuple[str, ...], columns: tuple[str, ...],
                window: Window, dictionary: tuple[str, ...] = ()) -> pa.Table:
     """The rows of ``paths`` in the window (and every skipped row), with ``SKIP``; the string
     columns ``dictionary`` dictionary-encoded (one dictionary per column for the table)."""
-    import pyarrow.dataset as ds
-
     wanted = [c for c in columns if c != SKIP]
     need = list(dict.fromkeys([*wanted, "schema_version", time_column(dataset)]))
     # The dataset's schema: a column an older file lacks reads as nulls.
-    schema = SCHEMAS[dataset]
-    fmt = ds.ParquetFileFormat()
-    if dictionary:
-        fmt = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(
-            dictionary_columns=set(dictionary)))
-        schema = pa.schema([
-            f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in dictionary else f
-            for f in schema
-        ])
-    table = ds.dataset(list(paths), schema=schema, format=fmt).to_table(columns=need)
+    schema = pa.schema([
+        f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in dictionary else f
+        for f in (SCHEMAS[dataset].field(c) for c in need)
+    ])
+    table = pa.concat_tables([_read_file(path, schema, dictionary) for path in paths])
     if dictionary:
         table = table.unify_dictionaries()
     return _classified(table, dataset, window).select([*wanted, SKIP])
+
+
+def _read_file(path: str, schema: pa.Schema, dictionary: tuple[str, ...]) -> pa.Table:
+    """The columns of ``schema`` from one Parquet file, as the schema types them. Read with
+    ``pyarrow.parquet`` alone: ``pyarrow.dataset`` would cost every Python worker 0.2 s more
+    to import (it imports pandas), and there is nothing to discover."""
+    import pyarrow.parquet as pq
+
+    file = pq.ParquetFile(path, read_dictionary=[c for c in dictionary if c in schema.names])
+    have = set(file.schema_arrow.names)
+    read = file.read(columns=[c for c in schema.names if c in have], use_threads=False)
+    table = pa.table(
+        [read[f.name] if f.name in have else pa.nulls(read.num_rows, f.type) for f in schema],
+        names=schema.names,
+    )
+    return table if table.schema.equals(schema) else table.cast(schema)
 
 
 def _classified(table: pa.Table, dataset: str, window: Window) -> pa.Table:
@@ -198,8 +207,13 @@ def _system_memory() -> None:
 
 
 def _ipc(part: str, table: pa.Table) -> tuple[str, bytes]:
+    """``table`` as Arrow IPC, compressed: a task's result under Spark's 1 MiB
+    (``spark.task.maxDirectResultSize``) goes to the driver with the task's end instead of
+    through the block manager (measured: the offset runs' partial of 11,628 rows is 3.2 MB
+    as it is, 0.37 MB compressed, in 3 ms)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return part, sink.getvalue().to_pybytes()
 
@@ -211,16 +225,50 @@ def _partial_batches(pairs: Iterable[tuple[str, bytes]]) -> Iterator[pa.RecordBa
                                          names=["part", "data"])
 
 
+# Parquet bytes a task reads at once for a rollup that merges in Arrow (see run_file_task).
+CHUNK_BYTES = 8 << 20
+
+
+def _chunks(paths: tuple[str, ...], size: Any) -> Iterator[tuple[str, ...]]:
+    """``paths`` in runs of at least ``CHUNK_BYTES`` (the last one may be smaller)."""
+    chunk: list[str] = []
+    total = 0
+    for path in paths:
+        chunk.append(path)
+        total += size(path)
+        if total >= CHUNK_BYTES:
+            yield tuple(chunk)
+            chunk, total = [], 0
+    if chunk:
+        yield tuple(chunk)
+
+
 def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
-                  window: Window) -> list[tuple[str, bytes]]:
-    """One task: read each unit's files, run its rollup's partial; (part, Arrow IPC) pairs."""
+                  window: Window, size: Any = os.path.getsize) -> list[tuple[str, bytes]]:
+    """One task: read each unit's files, run its rollup's partial; (part, Arrow IPC) pairs.
+
+    A rollup whose partial tables merge in Arrow (``Rollup.merges_in_arrow``) takes its files
+    one at a time and merges their partials: the task then holds one file's rows at a time
+    instead of millions, which measured 0.3 s less per task of 4 million record batch rows
+    (the memory of the others is reused instead of being faulted in anew)."""
     _system_memory()
     out: list[tuple[str, bytes]] = []
     for name, files in task.units:
         rollup = rollups[name]
-        tables = {d: read_files(d, paths, rollup.columns[d], window, rollup.dictionary)
-                  for d, paths in files}
-        out.extend(_ipc(part, table) for part, table in rollup.partial(tables).items())
+        if rollup.merges_in_arrow and len(files) == 1:
+            dataset, paths = files[0]
+            cols = rollup.columns[dataset]
+            partial = rollup.merge_partials([
+                rollup.partial({dataset: read_files(dataset, chunk, cols, window,
+                                                    rollup.dictionary)})
+                for chunk in _chunks(paths, size)
+            ])
+        else:
+            partial = rollup.partial({
+                d: read_files(d, paths, rollup.columns[d], window, rollup.dictionary)
+                for d, paths in files
+            })
+        out.extend(_ipc(part, table) for part, table in partial.items())
     return out
 
 

@@ -33,7 +33,7 @@ from sluice.spark_audit.schema import MALFORMED, SKIP, UNKNOWN_VERSION
 pytest.importorskip("pyspark")  # rollups imports pyspark (no session is started)
 
 from sluice.spark_audit import rollups
-from sluice.spark_audit.sources import LocalFile
+from sluice.spark_audit.sources import LocalFile, Window
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -154,6 +154,9 @@ def test_split_invariance(name: str, data: st.DataObject) -> None:
     whole = _final(rollup, [{dataset: table}])
     split = _final(rollup, [{dataset: c} for c in chunks])
     assert split == whole
+    if rollup.merges_in_arrow:  # a task merges its chunks' partials before the driver does
+        merged = rollup.merge_partials([rollup.partial({dataset: c}) for c in chunks])
+        assert _sorted_rows(rollup.final({k: [v] for k, v in merged.items()})) == whole
     # Every row (usable or skipped) is counted once.
     if name != "transform_runs":  # counts events, not rows (``_first_row``)
         assert sum(r["_rows"] for r in whole) == table.num_rows
@@ -242,6 +245,44 @@ def test_offset_runs_reference(data: st.DataObject) -> None:
     _check_runs(rows, _final(rollup, [{"offset_run": table}]))
     chunks = [table.slice(a, b - a) for a, b in _cut(len(rows), data.draw)]
     _check_runs(rows, _final(rollup, [{"offset_run": c} for c in chunks]))
+
+
+def _numbered_one_by_one(rows: list[dict[str, Any]]) -> list[int | None]:
+    """``number_runs``'s rule row by row, over rows sorted as it sorts them."""
+    out: list[int | None] = []
+    prev_key, reach, number = object(), None, 0
+    for r in rows:
+        if (r["k"], r[SKIP]) != prev_key:
+            prev_key, reach, number = (r["k"], r[SKIP]), None, 0
+        lo, hi = r["lo"], r["hi"]
+        if lo is None:
+            out.append(None)
+            continue
+        if reach is None or lo > reach + 1:
+            number += 1
+        out.append(number if r[SKIP] is None else None)
+        if hi is not None and (reach is None or hi > reach):
+            reach = hi
+    return out
+
+
+_EDGE_OFFSETS = st.one_of(st.none(), st.integers(-3, 12),
+                          st.sampled_from([-(2**63), -(2**63) + 1, 2**63 - 2, 2**63 - 1]))
+
+
+@SETTINGS
+@given(rows=st.lists(st.fixed_dictionaries({
+    "k": st.one_of(st.none(), st.sampled_from(["a", "b"])),
+    SKIP: st.one_of(st.none(), st.just(MALFORMED)),
+    "lo": _EDGE_OFFSETS, "hi": _EDGE_OFFSETS,
+}), max_size=40))
+def test_number_runs_one_by_one(rows: list[dict[str, Any]]) -> None:
+    """Any offsets (a last offset missing or below the first, int64's ends): the vectorised
+    numbering equals the rule applied row by row."""
+    table = pa.Table.from_pylist(rows, schema=pa.schema([
+        ("k", pa.string()), (SKIP, pa.string()), ("lo", pa.int64()), ("hi", pa.int64())]))
+    got = partials.number_runs(table, ["k"], "lo", "hi").to_pylist()
+    assert [r["run"] for r in got] == _numbered_one_by_one(got)
 
 
 def test_offset_runs_example() -> None:
@@ -469,3 +510,42 @@ def test_classify(dataset: str) -> None:
     got = rollups.classify(table, dataset)
     assert got.to_pylist() == [MALFORMED, MALFORMED, UNKNOWN_VERSION, None, UNKNOWN_VERSION,
                                MALFORMED]
+
+
+# -- 5. run_file_task: files read in chunks, older files ------------------------------------
+
+
+def test_file_task_in_chunks_equals_one_read(tmp_path: Any, monkeypatch: Any) -> None:
+    """Record batch files read a chunk at a time, their partials merged in the task, give
+    what one read of all of them gives; a file written before a column existed reads it as
+    nulls."""
+    import pyarrow.parquet as pq
+
+    schema = SCHEMAS["record_batch"]
+    paths = []
+    for n in range(4):
+        rows = [{"schema_version": 1, "time_ms": n * 1000 + i, "principal": "pq"[i % 2],
+                 "client_id": "c", "topic": f"t{i % 3}", "api": "produce", "host": "h",
+                 "instance_id": "i", "records_in": i, "bytes_in": 10 * i,
+                 "filter_time_ns": 7} for i in range(50)]
+        table = pa.Table.from_pylist(rows, schema=schema)
+        if n == 2:  # an older file: no filter time column at all
+            table = table.drop_columns(["filter_time_ns"])
+        path = str(tmp_path / f"{n}.parquet")
+        pq.write_table(table, path)
+        paths.append(path)
+    wanted = {"batches": partials.record_batches()}
+    task = rollups.FileTask((("batches", (("record_batch", tuple(paths)),)),))
+
+    def finals(chunk_bytes: int) -> list[dict[str, Any]]:
+        monkeypatch.setattr(rollups, "CHUNK_BYTES", chunk_bytes)
+        got: dict[str, list[pa.Table]] = {}
+        for part, data in rollups.run_file_task(task, wanted, Window()):
+            got.setdefault(part, []).append(pa.ipc.open_stream(data).read_all())
+        return _sorted_rows(wanted["batches"].final(got))
+
+    whole = finals(1 << 40)
+    assert finals(1) == whole  # one file at a time
+    assert sum(r["batches"] for r in whole) == 200
+    assert sum(r["filter_time_ns"] for r in whole) == 150 * 7
+    assert sum(r["bytes_in"] for r in whole) == 4 * 10 * sum(range(50))
