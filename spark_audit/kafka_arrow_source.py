@@ -1,12 +1,14 @@
 """Reading the columnar Kafka sink's topic in Spark: Arrow IPC messages -> dataset rows.
 
-``spark.read.format("sluice_telemetry_kafka").option("dataset", "raw")`` reads the topic once:
-one row per message (``RAW_SCHEMA``: its dataset header, layout, message id, and either the
-Arrow IPC bytes or, for a message without a dataset header, the JSON text of the old Kafka
-sink). A message delivered twice (same ``sluice-message-id``) is read once. The audit job's
-tasks then decode the IPC bytes of the messages they hold (``decode_messages``) and aggregate
-them in Arrow (``rollups``), so the topic is fetched from Kafka once, not once per dataset,
-and no row of it becomes a Spark row.
+``raw_batches`` reads the topic once, one task per Kafka partition: one row per message
+(``raw_arrow_schema``: its dataset header, layout, and either the Arrow IPC bytes or, for a
+message without a dataset header, the JSON text of the old Kafka sink), in Arrow batches. A
+message delivered twice (same ``sluice-message-id``) is read once. The audit job keeps those
+batches in the executors (a persisted RDD: no Spark SQL plan around them); its tasks decode the
+IPC bytes of the messages they hold (``decode_messages``) and aggregate them in Arrow
+(``rollups``), so the topic is fetched from Kafka once, not once per dataset, and no row of it
+becomes a Spark row. ``spark.read.format("sluice_telemetry_kafka").option("dataset", "raw")``
+gives the same rows as a DataFrame.
 
 ``option("dataset", NAME)`` yields the rows of one dataset directly, and
 ``option("dataset", "json")`` the JSON texts only (one pass each, for tools reading one
@@ -18,7 +20,7 @@ One Spark partition per Kafka partition, each read from its start to the snapsho
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -50,7 +52,7 @@ class KafkaArrowReader(KafkaBatchReader):
             yield from self._json_values(partition)
             return
         if self.dataset == RAW:
-            yield from self._raw(partition)
+            yield from self.raw(partition)
             return
         wanted = self.dataset.encode()
         seen: set[bytes] = set()
@@ -65,7 +67,8 @@ class KafkaArrowReader(KafkaBatchReader):
             layout = headers.get(LAYOUT_HEADER, b"").decode("ascii", "replace")
             yield from message_rows(self.dataset, layout, msg.value())
 
-    def _raw(self, partition: InputPartition) -> Iterator[Any]:
+    def raw(self, partition: InputPartition) -> Iterator[Any]:
+        """The partition's messages as Arrow batches of ``raw_arrow_schema``."""
         import pyarrow as pa
 
         schema = raw_arrow_schema()
@@ -113,6 +116,15 @@ class KafkaArrowReader(KafkaBatchReader):
             yield pa.RecordBatch.from_pydict({"value": values})
 
 
+def raw_batches(options: dict[str, str], partitions: Iterable[InputPartition]
+                ) -> Iterator[Any]:
+    """The raw Arrow batches of ``partitions`` of the topic ``options`` name (a task's part
+    of the topic, for an RDD of the listed partitions)."""
+    reader = KafkaArrowReader({**options, "dataset": RAW})
+    for partition in partitions:
+        yield from reader.raw(partition)
+
+
 def raw_arrow_schema() -> Any:
     import pyarrow as pa
 
@@ -146,7 +158,7 @@ def message_rows(dataset: str, layout: str | None, value: bytes | None) -> Itera
             yield rows.select(schema.names).cast(schema)
 
 
-def decode_messages(batches: Iterator[Any]) -> dict[str, Any]:
+def decode_messages(batches: Iterable[Any]) -> dict[str, Any]:
     """Batches of (dataset, layout, value) message rows -> one Arrow table per dataset."""
     import pyarrow as pa
 

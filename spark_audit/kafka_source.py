@@ -77,11 +77,19 @@ class KafkaBatchReader(DataSourceReader):
         self.timeout_s = float(self.options.get("timeout.seconds", "30"))
 
     def partitions(self) -> Sequence[InputPartition]:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer
+        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException
 
         consumer = Consumer(_consumer_config(self.options))
         try:
-            metadata = consumer.list_topics(self.topic, timeout=self.timeout_s)
+            try:
+                metadata = consumer.list_topics(self.topic, timeout=self.timeout_s)
+            except KafkaException as exc:  # no broker answered: the user's address, not a bug
+                err = exc.args[0] if exc.args else exc
+                detail = err.str() if hasattr(err, "str") else str(err)
+                raise ValueError(
+                    f"{FORMAT_NAME}: {self.options.get('bootstrap.servers')}: topic "
+                    f"{self.topic!r}: {detail}"
+                ) from exc
             topic_md = metadata.topics.get(self.topic)
             if topic_md is None or topic_md.error is not None:
                 error = topic_md.error if topic_md is not None else "not found"

@@ -126,6 +126,33 @@ def test_missing_topic_is_reported(spark: Any, broker: Any, tmp_path: Path) -> N
         df.count()
 
 
+def test_audit_of_a_missing_topic_is_a_clear_error(
+    spark: Any, broker: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """A typo in the kafka:// URL: exit code 2 and one line naming the topic, no traceback."""
+    topic = f"absent-{uuid.uuid4().hex[:6]}"
+    code = sluice_main(["audit", "--telemetry", f"kafka://{broker.bootstrap}/{topic}",
+                        "--out", str(tmp_path / "a")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert topic in err and "Traceback" not in err
+
+
+def test_no_broker_at_the_address_is_a_value_error() -> None:
+    """What ``sluice audit`` prints as one line (exit code 2): the address and the cause."""
+    import socket
+
+    from sluice.spark_audit.kafka_arrow_source import KafkaArrowReader
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    reader = KafkaArrowReader({"bootstrap.servers": f"127.0.0.1:{port}", "subscribe": "t",
+                               "dataset": "raw", "timeout.seconds": "2"})
+    with pytest.raises(ValueError, match=f"127.0.0.1:{port}: topic 't'"):
+        reader.partitions()
+
+
 def test_columnar_topic_with_old_json_messages_and_a_redelivered_message(
     spark: Any, broker: Any, tmp_path: Path
 ) -> None:
