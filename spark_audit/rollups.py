@@ -147,9 +147,10 @@ def read_files(dataset: str, paths: tuple[str, ...], columns: tuple[str, ...],
 
 
 def _read_file(path: str, schema: pa.Schema, dictionary: tuple[str, ...]) -> pa.Table:
-    """The columns of ``schema`` from one Parquet file, as the schema types them. Read with
-    ``pyarrow.parquet`` alone: ``pyarrow.dataset`` would cost every Python worker 0.2 s more
-    to import (it imports pandas), and there is nothing to discover."""
+    """The columns of ``schema`` from one Parquet file, as the schema types them (a column
+    the file lacks as nulls). ``pyarrow.parquet`` reads a known file as fast as
+    ``pyarrow.dataset`` does here, and the chunks of ``run_file_task`` are lists of files:
+    there is nothing to discover."""
     import pyarrow.parquet as pq
 
     file = pq.ParquetFile(path, read_dictionary=[c for c in dictionary if c in schema.names])
@@ -248,10 +249,11 @@ def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
     """One task: read each unit's files, run its rollup's partial; (part, Arrow IPC) pairs.
 
     A rollup whose partial tables merge in Arrow (``Rollup.merges_in_arrow``) reads its files
-    ``CHUNK_BYTES`` at a time and merges their partials: the task then holds a few hundred
-    thousand rows at a time instead of millions, which measured 0.3 s less per task of 4
-    million record batch rows (the memory of one chunk is reused by the next instead of
-    being faulted in anew). ``size`` gives a file's size in bytes."""
+    ``CHUNK_BYTES`` at a time and merges their partials: the task then holds about 1.5
+    million record batch rows at a time instead of all its rows. Measured on a task of 4.25
+    million: 0.88 s instead of 1.03 s in a new worker (0.14 s of system time instead of 0.34:
+    the memory of one chunk is reused by the next instead of being faulted in anew), 0.58 s
+    instead of 0.70 s later. ``size`` gives a file's size in bytes."""
     _system_memory()
     out: list[tuple[str, bytes]] = []
     for name, files in task.units:
