@@ -192,11 +192,12 @@ def number_runs(table: pa.Table, keys: Sequence[str], first: str, last: str) -> 
                    ("first", "ascending", "at_start"), ("last", "ascending", "at_start")],
     )
     table = table.take(order)
-    key_numbers = np.stack([a.to_numpy()[order.to_numpy()] for a in numbered_keys.values()])
-    starts_np = np.ones(n, bool)
-    starts_np[1:] = (key_numbers[:, 1:] != key_numbers[:, :-1]).any(axis=0)
-    starts = pa.array(starts_np)
-    groups = np.cumsum(starts_np) - 1
+    rows = order.to_numpy()
+    key_numbers = np.stack([a.to_numpy()[rows] for a in numbered_keys.values()])
+    # Where a new group of keys starts (null and non-null differ; two nulls are equal).
+    starts = np.ones(n, bool)
+    starts[1:] = (key_numbers[:, 1:] != key_numbers[:, :-1]).any(axis=0)
+    groups = np.cumsum(starts) - 1
     lo = table[first].combine_chunks()
     hi = table[last].combine_chunks()
     has_lo = lo.is_valid().to_numpy(zero_copy_only=False)
@@ -215,14 +216,13 @@ def number_runs(table: pa.Table, keys: Sequence[str], first: str, last: str) -> 
     before = np.empty(n, np.int64)
     before[0] = 0
     before[1:] = top[:-1] - groups[1:] * (len(values) + 1)
-    before[starts.to_numpy(zero_copy_only=False)] = 0  # the previous row is another group's
+    before[starts] = 0  # the previous row is another group's
     reached = before > 0
     reach = values[np.maximum(before - 1, 0)] if len(values) else np.zeros(n, np.int64)
     # A new run starts beyond reach + 1 (``lo - 1 > reach``: no overflow, as ``lo > reach``).
     new_run = has_lo & (~reached | ((lo_v > reach) & (lo_v - 1 > reach)))
     counted = np.cumsum(new_run)
-    at_start = np.maximum.accumulate(np.where(starts.to_numpy(zero_copy_only=False),
-                                              counted - new_run, 0))
+    at_start = np.maximum.accumulate(np.where(starts, counted - new_run, 0))
     number = counted - at_start
     numbered = has_lo & table[SKIP].is_null().to_numpy(zero_copy_only=False)
     runs = pa.array(number, _I64, mask=~numbered)
@@ -280,31 +280,29 @@ class Rollup:
         and maxima, no runs to renumber."""
         return self.runs is None and all(a.op in _ARROW_MERGED for a in self.aggs)
 
-    def _merged_table(self, tables: Sequence[pa.Table]) -> pa.Table:
-        """Partial tables of this rollup (``merges_in_arrow``) as one."""
-        table = pa.concat_tables(tables, promote_options="permissive")
+    def _regrouped(self, table: pa.Table) -> pa.Table:
+        """Partial rows (no sets to unite) merged per key by one more Arrow aggregation."""
         return group(table, self._keys(), [_merged(a) for a in self.aggs])
 
     def merge_partials(self, partials: Sequence[Mapping[str, pa.Table]]) -> dict[str, pa.Table]:
         """The results of several ``partial`` calls as one (``merges_in_arrow`` only)."""
         got = [p[self.name] for p in partials if self.name in p]
-        return {self.name: self._merged_table(got)} if got else {}
+        if not got:
+            return {}
+        return {self.name: self._regrouped(pa.concat_tables(got, promote_options="permissive"))}
 
     def final(self, partials: Mapping[str, Sequence[pa.Table]]) -> list[dict[str, Any]]:
         got = [t for t in partials.get(self.name, ()) if t.num_rows]
         if not got:
             return []
-        if self.merges_in_arrow:
-            out = self._merged_table(got).to_pylist()
-        else:
-            table = pa.concat_tables(got, promote_options="permissive")
-            if self.runs is not None:
-                first, last, run_keys = self.runs
-                table = number_runs(table.drop_columns(["run"]), run_keys, first, last)
-            if any(a.op in ("set", "union") for a in self.aggs):
-                out = merge(table.to_pylist(), self._keys(), self.aggs)
-            else:
-                out = group(table, self._keys(), [_merged(a) for a in self.aggs]).to_pylist()
+        table = pa.concat_tables(got, promote_options="permissive")
+        if self.runs is not None:
+            first, last, run_keys = self.runs
+            table = number_runs(table.drop_columns(["run"]), run_keys, first, last)
+        if any(a.op in ("set", "union") for a in self.aggs):
+            out = merge(table.to_pylist(), self._keys(), self.aggs)
+        else:  # sums, counts, minima and maxima merge in Arrow
+            out = self._regrouped(table).to_pylist()
         return [self.finish(r) for r in out] if self.finish else out
 
 
