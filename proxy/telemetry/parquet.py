@@ -44,6 +44,7 @@ from sluice.proxy.telemetry.columns import (
     ColumnarBuffers,
     latest_versions,
     time_column,
+    warm_up,
 )
 from sluice.proxy.telemetry.events import ProxyInfo, now_ms, telemetry_dropped_event
 from sluice.proxy.telemetry.sinks import (
@@ -181,6 +182,7 @@ class ParquetSink(QueuedSink):
     # -- start: lock, recover what a dead instance left --------------------------------
 
     def _open_backend(self) -> None:
+        warm_up()
         spool_root = self.directory / SPOOL
         spool_root.mkdir(parents=True, exist_ok=True)
         lock_path = spool_root / f"{self._proxy.instance_id}.lock"

@@ -159,10 +159,20 @@ CRASHER = textwrap.dedent(
     sys.path.insert(0, {root!r})
     from sluice.proxy import telemetry as t
     from tests.spark_audit import known_telemetry as k
+    from pathlib import Path
+    from sluice.proxy.telemetry.parquet import read_stream_tolerant
     sink = t.ParquetSink(k.A, {directory!r}, flush_seconds=0.1, fsync=False)
     for event in k.events():
         sink.emit(event)
-    time.sleep(0.6)
+    # Killed once a flush has put every record batch event in the spool (not after a fixed
+    # sleep: a slow first flush would leave nothing to recover).
+    spool = Path({directory!r}) / "_spool" / "inst-a-000001" / "record_batch.arrows"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        table, _complete = read_stream_tolerant(spool)
+        if table is not None and table.num_rows == 9:
+            break
+        time.sleep(0.02)
     print("flushed", flush=True)
     time.sleep(60)
     """
@@ -286,3 +296,26 @@ def test_segments_merge_to_the_same_runs_as_every_batch(
     assert sum(s["batches"] for s in segments) == len(batches)
     assert sum(s["time_ns"] for s in segments) == 7 * len(batches)
     assert _islands([(s["offset_first"], s["offset_last"]) for s in segments]) == _islands(ranges)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.none(), st.sampled_from("abcde")), st.integers(0, 4)),
+        max_size=30,
+    )
+)
+def test_latest_versions_keeps_the_last_highest_version_of_each_id(
+    rows: list[tuple[str | None, int]],
+) -> None:
+    """Against a plain reading of the rule: per id the highest version, of equal ones the
+    last written; every row without an id; table order kept."""
+    table = pa.table({"id": pa.array([i for i, _v in rows], pa.string()),
+                      "version": pa.array([v for _i, v in rows], pa.int32()),
+                      "row": pa.array(range(len(rows)), pa.int64())})
+    best: dict[str, int] = {}
+    for position, (id_, version) in enumerate(rows):
+        if id_ is not None and (id_ not in best or version >= rows[best[id_]][1]):
+            best[id_] = position
+    expected = sorted([*best.values(), *(p for p, (i, _v) in enumerate(rows) if i is None)])
+    assert latest_versions(table).column("row").to_pylist() == expected
