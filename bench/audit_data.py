@@ -16,8 +16,10 @@ offsets, with a 5-offset gap every 1000 batches.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,6 +33,14 @@ SCHEMA_SHA = "3c" * 32
 POLICY_SHA = "a7" * 32
 
 _L = pa.int64()
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The generated events' times: ``events`` spread evenly over ``span_ms`` from ``T0_MS``."""
+
+    events: int
+    span_ms: int = SPAN_MS
 
 
 def _lit(value: object, n: int, type_: pa.DataType) -> pa.Array:
@@ -59,7 +69,7 @@ def _table(dataset: str, columns: dict[str, pa.Array]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _envelope(i: pa.Array, n_total: int) -> dict[str, pa.Array]:
+def _envelope(i: pa.Array, clock: Clock) -> dict[str, pa.Array]:
     n = len(i)
     instance = _mod(i, 3)
     return {
@@ -67,7 +77,7 @@ def _envelope(i: pa.Array, n_total: int) -> dict[str, pa.Array]:
         "event_id": pc.binary_join_element_wise(
             _names("inst-", 3, instance), pc.cast(i, pa.string()), "-"
         ),
-        "time_ms": pc.add(pc.divide(pc.multiply(i, SPAN_MS), n_total), T0_MS),
+        "time_ms": pc.add(pc.divide(pc.multiply(i, clock.span_ms), clock.events), T0_MS),
         "host": _names("host-", 3, instance),
         "pid": pc.add(instance, 1000),
         "instance_id": _names("inst-", 3, instance),
@@ -89,7 +99,7 @@ def _select(ids: pa.Array, lo: int, hi: int) -> pa.Array:
     return ids.filter(pc.and_(pc.greater_equal(kind, lo), pc.less(kind, hi)))
 
 
-def _record_batches(i: pa.Array, n_total: int) -> tuple[pa.Table, pa.Table]:
+def _record_batches(i: pa.Array, clock: Clock) -> tuple[pa.Table, pa.Table]:
     """record_batch rows, and the per-filter rows the proxy would roll up."""
     n = len(i)
     topic_no = _mod(i, 50)
@@ -105,7 +115,7 @@ def _record_batches(i: pa.Array, n_total: int) -> tuple[pa.Table, pa.Table]:
     )
     size = pc.add(_mod(i, 500), 1000)
     cols = {
-        **_envelope(i, n_total),
+        **_envelope(i, clock),
         **_client(i),
         "api": api,
         "topic": _names("topic-", 50, topic_no),
@@ -172,22 +182,67 @@ _SEGMENT_KEYS = ["instance_id", "host", "module_sha256", "filter_name", "api", "
                  "partition", "window", "gap"]
 
 
-def _offset_runs(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+def _versions(groups: pa.Table, keys: list[str], sums: list[str], firsts: list[str]
+              ) -> tuple[pa.Table, pa.Array, pa.Array]:
+    """Per-flush rows of rollups (``groups``: one row per key and flush, with a ``flush``
+    column) as the cumulative versions a live sink sends, one per flush in which the rollup
+    changed: ``sums`` summed and ``firsts`` (minima) taken from the rollup's first flush,
+    everything else as the flush has it (the maxima: offsets and times grow). Returns (the
+    rows, each row's rollup number, its version from 1)."""
+    # The rollups need only be contiguous: sorting by each key's number in a dictionary of
+    # its values costs less than comparing strings.
+    numbers = {
+        k: pc.fill_null(pc.cast(pc.dictionary_encode(groups.column(k).combine_chunks()).indices,
+                                _L), -1)
+        for k in keys
+    }
+    order = pc.sort_indices(pa.table({**numbers, "flush": groups.column("flush")}),
+                            [(k, "ascending") for k in [*numbers, "flush"]])
+    groups = groups.take(order)
+    n = groups.num_rows
+    new = np.zeros(n, dtype=bool)
+    new[:1] = True
+    for col in numbers.values():
+        ordered = col.take(order).to_numpy()
+        new[1:] |= ordered[1:] != ordered[:-1]
+    number = np.cumsum(new) - 1
+    starts = np.flatnonzero(new)
+    version = np.arange(n) - starts[number] + 1
+    columns = {name: groups.column(name) for name in groups.column_names}
+    for c in sums:
+        total = np.cumsum(groups.column(c).to_numpy())
+        before = np.concatenate([[0], total])[starts][number]
+        columns[c] = pa.array(total - before)
+    for c in firsts:
+        columns[c] = pa.array(groups.column(c).to_numpy()[starts][number])
+    return pa.table(columns), pa.array(number), pa.array(version, pa.int32())
+
+
+def _offset_runs(rows: pa.Table, flush_ms: int | None = None) -> tuple[pa.Table, pa.Table]:
+    """The offset-run segments and findings of the filter ``rows``: their final state (one
+    row each, as published files hold them), or with ``flush_ms`` every version a live Kafka
+    sink flushing that often sends."""
     rows = rows.append_column("window", pc.divide(rows.column("time_ms"), ROTATE_MS))
+    flush = (pc.divide(rows.column("time_ms"), flush_ms) if flush_ms
+             else _lit(0, rows.num_rows, _L))  # one flush: the final state
+    rows = rows.append_column("flush", flush)
     sums = ["kept", "rewritten", "dropped", "rejected", "detections", "errors", "time_ns"]
-    seg = rows.group_by(_SEGMENT_KEYS, use_threads=False).aggregate(
+    seg = rows.group_by([*_SEGMENT_KEYS, "flush"], use_threads=False).aggregate(
         [("offset_first", "min"), ("offset_last", "max"), ("time_ms", "min"),
          ("time_ms", "max"), ("kept", "count"), *[(c, "sum") for c in sums]]
     )
+    seg, number, version = _versions(
+        seg, _SEGMENT_KEYS, ["kept_count", *[f"{c}_sum" for c in sums]],
+        ["offset_first_min", "time_ms_min"])
     n = seg.num_rows
     runs = _table(
         "offset_run",
         {
             "schema_version": _lit(1, n, pa.int32()),
             "id": pc.binary_join_element_wise(
-                _lit("bench-r", n, pa.string()), pc.cast(_ids(n), pa.string()), ""
+                _lit("bench-r", n, pa.string()), pc.cast(number, pa.string()), ""
             ),
-            "version": _lit(1, n, pa.int32()),
+            "version": version,
             **{k: seg.column(k) for k in _SEGMENT_KEYS[:7]},
             "offset_first": seg.column("offset_first_min"),
             "offset_last": seg.column("offset_last_max"),
@@ -210,19 +265,20 @@ def _offset_runs(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 def _findings(rows: pa.Table, kind: str, name: str, n: pa.Array) -> pa.Table:
     keys = ["instance_id", "api", "topic", "filter_name", "module_sha256", "window"]
-    t = rows.select([*keys, "time_ms"]).append_column("n", n)
-    g = t.group_by(keys, use_threads=False).aggregate(
+    t = rows.select([*keys, "time_ms", "flush"]).append_column("n", n)
+    g = t.group_by([*keys, "flush"], use_threads=False).aggregate(
         [("n", "sum"), ("n", "count"), ("time_ms", "min"), ("time_ms", "max")]
     )
+    g, number, version = _versions(g, keys, ["n_sum", "n_count"], ["time_ms_min"])
     m = g.num_rows
     return _table(
         "finding",
         {
             "schema_version": _lit(1, m, pa.int32()),
             "id": pc.binary_join_element_wise(
-                _lit(f"bench-{kind}-{name}-", m, pa.string()), pc.cast(_ids(m), pa.string()), ""
+                _lit(f"bench-{kind}-{name}-", m, pa.string()), pc.cast(number, pa.string()), ""
             ),
-            "version": _lit(1, m, pa.int32()),
+            "version": version,
             **{k: g.column(k) for k in keys[:5]},
             "kind": _lit(kind, m, pa.string()),
             "name": _lit(name, m, pa.string()),
@@ -234,7 +290,7 @@ def _findings(rows: pa.Table, kind: str, name: str, n: pa.Array) -> pa.Table:
     )
 
 
-def _connections(i: pa.Array, n_total: int) -> tuple[pa.Table, pa.Table]:
+def _connections(i: pa.Array, clock: Clock) -> tuple[pa.Table, pa.Table]:
     """Connections as the proxy records them: every connection has its own id, an ``open`` row
     without client id or principal (it precedes the first request) and a ``close`` row, on
     the same instance, that carries them (the job finds the identity of the open row)."""
@@ -245,10 +301,10 @@ def _connections(i: pa.Array, n_total: int) -> tuple[pa.Table, pa.Table]:
     opener = i.take(pc.subtract(pos, _mod(pos, 2)))
     requests = _mod(i, 20)
     size = pc.add(_mod(i, 500), 1000)
-    pair = _envelope(opener, n_total)
+    pair = _envelope(opener, clock)
     client = _client(opener)
     cols = {
-        **_envelope(i, n_total),
+        **_envelope(i, clock),
         **{k: pair[k] for k in ("instance_id", "host", "pid")},
         **client,
         "connection_id": pc.binary_join_element_wise(
@@ -278,13 +334,13 @@ def _connections(i: pa.Array, n_total: int) -> tuple[pa.Table, pa.Table]:
     return conn, pa.concat_tables([produce, metadata])
 
 
-def _admin(i: pa.Array, n_total: int) -> pa.Table:
+def _admin(i: pa.Array, clock: Clock) -> pa.Table:
     n = len(i)
     deny = pc.equal(_mod(i, 7), 0)
     return _table(
         "admin",
         {
-            **_envelope(i, n_total),
+            **_envelope(i, clock),
             **_client(i),
             "op": _lit("create_topics", n, pa.string()),
             "resource_type": _lit("topic", n, pa.string()),
@@ -301,12 +357,12 @@ def _admin(i: pa.Array, n_total: int) -> pa.Table:
     )
 
 
-def _filter_loaded(i: pa.Array, n_total: int) -> pa.Table:
+def _filter_loaded(i: pa.Array, clock: Clock) -> pa.Table:
     n = len(i)
     return _table(
         "filter_loaded",
         {
-            **_envelope(i, n_total),
+            **_envelope(i, clock),
             "filter_name": _lit("pii", n, pa.string()),
             "module_sha256": _lit(PII_SHA, n, pa.string()),
             "topics": pa.array([["topic-*"]] * n, pa.list_(pa.string())),
@@ -315,20 +371,24 @@ def _filter_loaded(i: pa.Array, n_total: int) -> pa.Table:
     )
 
 
-def tables(n: int) -> dict[str, pa.Table]:
-    """Every dataset of ``n`` generated events, as the fleet's sinks would publish them."""
+def tables(n: int, flush_ms: int | None = None, span_ms: int = SPAN_MS
+           ) -> dict[str, pa.Table]:
+    """Every dataset of ``n`` generated events spread over ``span_ms``, as the fleet's sinks
+    would publish them in files, or with ``flush_ms`` as a Kafka sink flushing that often sends
+    them (every version of the rollups: see ``_offset_runs``)."""
     ids = _ids(n)
-    batches, filter_rows = _record_batches(_select(ids, 0, 85), n)
-    runs, found = _offset_runs(filter_rows)
-    conn, per_api = _connections(_select(ids, 85, 95), n)
+    clock = Clock(n, span_ms)
+    batches, filter_rows = _record_batches(_select(ids, 0, 85), clock)
+    runs, found = _offset_runs(filter_rows, flush_ms)
+    conn, per_api = _connections(_select(ids, 85, 95), clock)
     return {
         "record_batch": batches,
         "offset_run": runs,
         "finding": found,
         "connection": conn,
         "connection_api": per_api,
-        "admin": _admin(_select(ids, 95, 99), n),
-        "filter_loaded": _filter_loaded(_select(ids, 99, 100), n),
+        "admin": _admin(_select(ids, 95, 99), clock),
+        "filter_loaded": _filter_loaded(_select(ids, 99, 100), clock),
     }
 
 

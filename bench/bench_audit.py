@@ -1,8 +1,9 @@
 """Time the audit job on generated telemetry and report events per second per core.
 
     python -m bench.bench_audit [--events 10000000] [--workdir DIR] [--reuse]
-                                [--master local[*]] [--driver-memory 4g]
-                                [--kafka-events 1000000] [--runs 1]
+                                [--master local[*]] [--driver-memory 4g] [--runs 1]
+                                [--kafka-events 10000000] [--kafka-rate 10000]
+                                [--kafka-runs 1]
 
 The telemetry (``bench.audit_data``) is written in the proxy's columnar layout (Parquet
 datasets under ``date=/hour=`` folders, rollups as the sink builds them) with pyarrow, then read
@@ -16,8 +17,13 @@ the JVM and the Python workers under it), a steadier figure than wall time on a 
 with other work.
 
 ``--kafka-events N`` (0 skips it) also produces N events' datasets to a topic of the bundled
-Tansu broker on 127.0.0.1 as the columnar Kafka sink does (Arrow IPC messages), runs the job
-on ``kafka://...`` and prints the same figures for that input.
+Tansu broker on 127.0.0.1 as the columnar Kafka sink does (Arrow IPC messages, a partition per
+core), runs the job on ``kafka://...`` (``--kafka-runs`` times) and prints the same figures for
+that input, and the broker's CPU time during each run (a process of its own). A live sink
+sends a rollup row again at every flush in which it grew, so how many rows the topic holds
+depends on the event rate: ``--kafka-rate`` events per second (default 10,000, the fleet of
+issue 13), or 0 for the files' spread of 24 hours (about 116 events per second: almost every
+record batch then sends its segment and finding counters again).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.audit_data import generate, tables
+from bench.audit_data import SPAN_MS, generate, tables
 from sluice.spark_audit.job import AuditResult, run_audit
 from sluice.spark_audit.session import get_session
 
@@ -93,43 +99,58 @@ def _report(label: str, result: AuditResult, cores: int, master: str,
     )
 
 
-def _produce_to_kafka(bootstrap: str, topic: str, n: int) -> int:
-    """The datasets of ``n`` events as Arrow IPC messages, as the columnar Kafka sink sends."""
+# The Kafka sink's default flush interval: it sends a rollup again at every flush in which
+# it grew (``bench.audit_data.tables``).
+KAFKA_FLUSH_MS = 1000
+
+
+def _produce_to_kafka(bootstrap: str, topic: str, n: int, partitions: int, span_ms: int
+                      ) -> tuple[int, int, int]:
+    """The datasets of ``n`` events as Arrow IPC messages, as the columnar Kafka sink sends
+    (``encode_batch``, no producer compression), to a new topic of ``partitions`` partitions,
+    spread evenly over them (as a fleet's instance keys spread over a topic's partitions; the
+    job reads each partition in one task), the events spread over ``span_ms``. Returns
+    (messages, rows, bytes of their values)."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from sluice.proxy.telemetry.kafka_arrow import MAX_ROWS_PER_MESSAGE, encode_batch
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.create_topics([NewTopic(topic, 2)], request_timeout=10).values():
+    for fut in admin.create_topics([NewTopic(topic, partitions)], request_timeout=10).values():
         fut.result(timeout=15)
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "lz4",
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "compression.type": "none",
          "message.max.bytes": 2_000_000, "log_level": 2}
     )
-    sent = 0
+    sent = size = rows = 0
     failures: list[str] = []
 
     def delivered(err: Any, _msg: Any) -> None:
         if err is not None:
             failures.append(str(err))
 
-    for dataset, table in tables(n).items():
+    for dataset, table in tables(n, flush_ms=KAFKA_FLUSH_MS, span_ms=span_ms).items():
+        rows += table.num_rows
         for batch in table.to_batches(max_chunksize=MAX_ROWS_PER_MESSAGE):
             sent += 1
-            headers = [("sluice-dataset", dataset.encode()), ("sluice-layout", b"1"),
-                       ("sluice-message-id", f"bench-{sent}".encode())]
+            headers: list[tuple[str, str | bytes | None]] = [
+                ("sluice-dataset", dataset.encode()), ("sluice-layout", b"1"),
+                ("sluice-message-id", f"bench-{sent}".encode())]
+            value = encode_batch(batch)
+            size += len(value)
             while True:
                 try:
-                    producer.produce(topic, encode_batch(batch), f"inst-{sent % 3}".encode(),
-                                     headers=headers, on_delivery=delivered)
+                    producer.produce(topic, value, f"inst-{sent % 3}".encode(),
+                                     partition=sent % partitions, headers=headers,
+                                     on_delivery=delivered)
                     break
                 except BufferError:
                     producer.poll(0.1)
             producer.poll(0)
     if producer.flush(120) != 0 or failures:
         raise RuntimeError(f"producing the benchmark topic failed: {failures[:3]}")
-    return sent
+    return sent, rows, size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the kafka:// input with this many events (0: skip)")
     parser.add_argument("--runs", type=int, default=1,
                         help="run the job on the files this many times in one session")
+    parser.add_argument("--kafka-runs", type=int, default=1,
+                        help="run the job on the topic this many times")
+    parser.add_argument("--kafka-rate", type=int, default=10_000,
+                        help="the topic's events per second (the rollups a sink sends again "
+                             "at each flush depend on it); 0: spread over 24 h as the files")
     args = parser.parse_args(argv)
 
     work = Path(args.workdir)
@@ -160,12 +186,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"({_size(data) / 1e6:.0f} MB Parquet) at {data}"
             )
         print(f"session start {startup:.1f} s (not included)")
+        # Only local mode runs the executors in this JVM.
+        local = args.master.startswith("local")
         for run in range(1, args.runs + 1):
             cpu0 = _job_cpu_seconds(spark)
             result = run_audit(str(data), str(work / "report"))
             cpu1 = _job_cpu_seconds(spark)
-            # Only local mode runs the executors in this JVM.
-            local = args.master.startswith("local")
             cpu_s = cpu1 - cpu0 if local and cpu0 is not None and cpu1 is not None else None
             _report(f"file input (columnar Parquet), run {run}", result, cores, args.master,
                     cpu_s)
@@ -175,12 +201,26 @@ def main(argv: list[str] | None = None) -> int:
             with TansuBroker() as broker:
                 topic = f"sluice-telemetry-bench-{int(time.time())}"
                 t0 = time.perf_counter()
-                messages = _produce_to_kafka(broker.bootstrap, topic, args.kafka_events)
-                print(f"produced {args.kafka_events:,} events as {messages:,} Arrow IPC messages "
-                      f"in {time.perf_counter() - t0:.1f} s")
-                result = run_audit(f"kafka://{broker.bootstrap}/{topic}",
-                                   str(work / "report-kafka"))
-                _report("kafka input (Arrow IPC messages)", result, cores, args.master)
+                span_ms = (round(args.kafka_events * 1000 / args.kafka_rate) if args.kafka_rate
+                           else SPAN_MS)
+                messages, rows, size = _produce_to_kafka(
+                    broker.bootstrap, topic, args.kafka_events, cores, span_ms)
+                print(f"produced {args.kafka_events:,} events over {span_ms / 1000:,.0f} s as "
+                      f"{rows:,} rows in {messages:,} Arrow IPC messages ({size / 1e6:.0f} MB) "
+                      f"to {cores} partitions in {time.perf_counter() - t0:.1f} s")
+                assert broker.process is not None
+                for run in range(1, args.kafka_runs + 1):
+                    cpu0 = _job_cpu_seconds(spark)
+                    broker0 = _proc_cpu(broker.process.pid, children=False)
+                    result = run_audit(f"kafka://{broker.bootstrap}/{topic}",
+                                       str(work / "report-kafka"))
+                    cpu1 = _job_cpu_seconds(spark)
+                    broker_s = _proc_cpu(broker.process.pid, children=False) - broker0
+                    cpu_s = (cpu1 - cpu0 if local and cpu0 is not None and cpu1 is not None
+                             else None)
+                    _report(f"kafka input (Arrow IPC messages), run {run}", result, cores,
+                            args.master, cpu_s)
+                    print(f"  the broker's CPU during the run: {broker_s:.1f} s")
     finally:
         if created:
             spark.stop()

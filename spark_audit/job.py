@@ -246,8 +246,6 @@ def run_audit(
             input_format=input_format,
         )
         wanted = partials.standard(HOUR_MS)  # hourly: billing needs hours
-        if inputs.checks is not None:
-            wanted["skipped"] = partials.skipped()
         got, counts = rollups.split_counts(rollups.collect(spark, inputs, wanted))
         timings["aggregate"] = time.perf_counter() - t0
         by_type = {t: c.events for t, c in counts.items() if t in EVENT_TABLES and c.events}
@@ -266,8 +264,8 @@ def run_audit(
         conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]
         if bucket_ms < HOUR_MS:
             t0 = time.perf_counter()
-            chart = rollups.collect(spark, inputs, {"traffic": partials.traffic(bucket_ms)})[
-                "traffic"]
+            chart = rollups.collect(spark, inputs, {"traffic": partials.traffic(bucket_ms)},
+                                    count_skipped=False)["traffic"]
             timings["traffic_minutes"] = time.perf_counter() - t0
         else:
             chart = [

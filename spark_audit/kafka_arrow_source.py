@@ -1,26 +1,23 @@
-"""Reading the columnar Kafka sink's topic in Spark: Arrow IPC messages -> dataset rows.
+"""Reading the columnar Kafka sink's topic: Arrow IPC messages -> dataset rows.
 
-``raw_batches`` reads the topic once, one task per Kafka partition: one row per message
-(``raw_arrow_schema``: its dataset header, layout, and either the Arrow IPC bytes or, for a
-message without a dataset header, the JSON text of the old Kafka sink), in Arrow batches. A
-message delivered twice (same ``sluice-message-id``) is read once. The audit job keeps those
-batches in the executors (a persisted RDD: no Spark SQL plan around them); its tasks decode the
-IPC bytes of the messages they hold (``decode_messages``) and aggregate them in Arrow
-(``rollups``), so the topic is fetched from Kafka once, not once per dataset, and no row of it
-becomes a Spark row. ``spark.read.format("sluice_telemetry_kafka").option("dataset", "raw")``
-gives the same rows as a DataFrame.
+``KafkaArrowReader.arrow_messages`` reads one Kafka partition from its start to the snapshot
+end (as ``kafka_source`` does) and yields each message once: a message delivered twice (same
+``sluice-message-id``) is read once. The audit job's Kafka tasks (``rollups.run_kafka_task``,
+one per Kafka partition) decode each message as it arrives with ``message_table``: only the
+columns the job reads, repeated strings kept dictionary-encoded, and aggregate the tables in
+Arrow, so no telemetry row becomes a Spark row and the topic is fetched once.
+``json_texts`` yields the messages of the old JSON sink (no ``sluice-dataset`` header), for
+the job's JSON path.
 
-``option("dataset", NAME)`` yields the rows of one dataset directly, and
-``option("dataset", "json")`` the JSON texts only (one pass each, for tools reading one
-dataset).
-
-One Spark partition per Kafka partition, each read from its start to the snapshot end, as
-``kafka_source`` does.
+The same reader is a Python data source, ``spark.read.format("sluice_telemetry_kafka")``, for
+other tools: ``option("dataset", NAME)`` yields the rows of one dataset in its schema,
+``option("dataset", "json")`` the JSON texts, ``option("dataset", "raw")`` one row per message
+(its dataset header, layout, and the Arrow IPC bytes or the JSON text).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -49,23 +46,33 @@ class KafkaArrowReader(KafkaBatchReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if self.dataset == "json":
-            yield from self._json_values(partition)
+            yield from self.json_texts(partition)
             return
         if self.dataset == RAW:
             yield from self.raw(partition)
             return
-        wanted = self.dataset.encode()
+        for dataset, layout, value in self.arrow_messages(partition):
+            if dataset == self.dataset:
+                yield from message_rows(self.dataset, layout, value)
+
+    def arrow_messages(self, partition: InputPartition
+                       ) -> Iterator[tuple[str | None, str | None, bytes | None]]:
+        """(dataset, layout, value) of every message of the partition, a message delivered
+        twice once; dataset and layout are None for a JSON message of the old sink (which has
+        no message id: the job drops a redelivered event by its event id)."""
         seen: set[bytes] = set()
         for msg in self.messages(partition):
             headers = _headers(msg)
-            if headers.get(DATASET_HEADER) != wanted:
+            dataset = headers.get(DATASET_HEADER)
+            if dataset is None:
+                yield None, None, msg.value()
                 continue
             message_id = headers.get(MESSAGE_ID_HEADER, b"")
             if message_id in seen:
                 continue  # at-least-once delivery sent it twice
             seen.add(message_id)
-            layout = headers.get(LAYOUT_HEADER, b"").decode("ascii", "replace")
-            yield from message_rows(self.dataset, layout, msg.value())
+            yield (dataset.decode("utf-8", errors="replace"),
+                   headers.get(LAYOUT_HEADER, b"").decode("ascii", "replace"), msg.value())
 
     def raw(self, partition: InputPartition) -> Iterator[Any]:
         """The partition's messages as Arrow batches of ``raw_arrow_schema``."""
@@ -73,26 +80,14 @@ class KafkaArrowReader(KafkaBatchReader):
 
         schema = raw_arrow_schema()
         cols: dict[str, list[Any]] = {name: [] for name in schema.names}
-        seen: set[bytes] = set()
-        for msg in self.messages(partition):
-            headers = _headers(msg)
-            dataset = headers.get(DATASET_HEADER)
-            raw = msg.value()
+        for dataset, layout, value in self.arrow_messages(partition):
+            cols["dataset"].append(dataset)
+            cols["layout"].append(layout)
             if dataset is None:
-                cols["dataset"].append(None)
-                cols["layout"].append(None)
                 cols["value"].append(None)
-                cols["text"].append(
-                    raw.decode("utf-8", errors="replace") if raw is not None else ""
-                )
+                cols["text"].append(_text(value))
             else:
-                message_id = headers.get(MESSAGE_ID_HEADER, b"")
-                if message_id in seen:
-                    continue  # at-least-once delivery sent it twice
-                seen.add(message_id)
-                cols["dataset"].append(dataset.decode("utf-8", errors="replace"))
-                cols["layout"].append(headers.get(LAYOUT_HEADER, b"").decode("ascii", "replace"))
-                cols["value"].append(raw)
+                cols["value"].append(value)
                 cols["text"].append(None)
             if len(cols["text"]) >= 1_000:
                 yield pa.RecordBatch.from_pydict(cols, schema=schema)
@@ -100,15 +95,15 @@ class KafkaArrowReader(KafkaBatchReader):
         if cols["text"]:
             yield pa.RecordBatch.from_pydict(cols, schema=schema)
 
-    def _json_values(self, partition: InputPartition) -> Iterator[Any]:
+    def json_texts(self, partition: InputPartition) -> Iterator[Any]:
+        """The JSON messages' texts, as Arrow batches of one ``value`` string column."""
         import pyarrow as pa
 
         values: list[str] = []
-        for msg in self.messages(partition):
-            if DATASET_HEADER in _headers(msg):
+        for dataset, _layout, value in self.arrow_messages(partition):
+            if dataset is not None:
                 continue
-            raw = msg.value()
-            values.append(raw.decode("utf-8", errors="replace") if raw is not None else "")
+            values.append(_text(value))
             if len(values) >= 10_000:
                 yield pa.RecordBatch.from_pydict({"value": values})
                 values = []
@@ -116,13 +111,8 @@ class KafkaArrowReader(KafkaBatchReader):
             yield pa.RecordBatch.from_pydict({"value": values})
 
 
-def raw_batches(options: dict[str, str], partitions: Iterable[InputPartition]
-                ) -> Iterator[Any]:
-    """The raw Arrow batches of ``partitions`` of the topic ``options`` name (a task's part
-    of the topic, for an RDD of the listed partitions)."""
-    reader = KafkaArrowReader({**options, "dataset": RAW})
-    for partition in partitions:
-        yield from reader.raw(partition)
+def _text(value: bytes | None) -> str:
+    return value.decode("utf-8", errors="replace") if value is not None else ""
 
 
 def raw_arrow_schema() -> Any:
@@ -158,18 +148,44 @@ def message_rows(dataset: str, layout: str | None, value: bytes | None) -> Itera
             yield rows.select(schema.names).cast(schema)
 
 
-def decode_messages(batches: Iterable[Any]) -> dict[str, Any]:
-    """Batches of (dataset, layout, value) message rows -> one Arrow table per dataset."""
+def message_table(dataset: str, layout: str | None, value: bytes | None,
+                  columns: Sequence[str], dictionary: Collection[str] = ()) -> Any:
+    """The rows of one Arrow IPC message of ``dataset``, only ``columns``, typed as the
+    dataset's schema types them but the string columns in ``dictionary``, which come
+    dictionary-encoded (as the sink sends repeated strings; a message that sent them plain is
+    encoded here). A column the message lacks reads as nulls. Only the wanted columns are
+    decompressed (``included_fields``)."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    got: dict[str, list[Any]] = {}
-    for batch in batches:
-        for dataset, layout, value in zip(batch.column("dataset").to_pylist(),
-                                          batch.column("layout").to_pylist(),
-                                          batch.column("value").to_pylist(), strict=True):
-            if dataset in SCHEMAS:
-                got.setdefault(dataset, []).extend(message_rows(dataset, layout, value))
-    return {d: pa.Table.from_batches(rows, schema=SCHEMAS[d]) for d, rows in got.items()}
+    schema = SCHEMAS[dataset]
+    if layout != str(LAYOUT_VERSION) or value is None:
+        # Rows of a layout this job does not know: countable as unknown schema versions.
+        read = pa.Table.from_batches([_unknown_layout_rows(schema, (layout or "").encode())])
+        have = set(schema.names)
+    else:
+        buffer = pa.py_buffer(value)
+        positions = {name: i for i, name in enumerate(pa.ipc.read_schema(buffer).names)}
+        have = set(positions)
+        options = pa.ipc.IpcReadOptions(
+            included_fields=sorted(positions[c] for c in columns if c in positions),
+            use_threads=False)
+        with pa.ipc.open_stream(buffer, options=options) as reader:
+            read = reader.read_all()
+    out = []
+    for name in columns:
+        field = schema.field(name)
+        target = (pa.dictionary(pa.int32(), field.type) if name in dictionary else field.type)
+        if name not in have:
+            out.append(pa.nulls(read.num_rows, target))
+            continue
+        col = read[name]
+        if col.type != target:
+            if pa.types.is_dictionary(target) and not pa.types.is_dictionary(col.type):
+                col = pc.dictionary_encode(col.cast(field.type))
+            col = col.cast(target)
+        out.append(col)
+    return pa.table(out, names=list(columns))
 
 
 def _unknown_layout_rows(schema: Any, layout: bytes) -> Any:

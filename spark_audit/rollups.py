@@ -11,18 +11,22 @@ built from. There are three kinds of task, each kind one Spark job:
   the ``--from/--to`` window and returns its partial tables as Arrow IPC bytes. The executors
   must see the path: on a multi-host cluster it is a shared file system mounted at the same
   place.
-- **Arrow messages of a Kafka topic** (``run_message_task``, over the kept RDD of the topic's
-  Arrow batches, ``sources``): each task decodes its messages and does the same. The
-  versioned datasets (``ROLLUPS``: a segment is sent again at every flush) go to the driver
-  at their latest version, where the latest of each id is kept before they are aggregated
-  (``_merge_versions``).
+- **A Kafka topic** (``run_kafka_task``, one task per Kafka partition): each task reads its
+  partition with a consumer, decodes each Arrow message as it arrives (only the columns the
+  rollups read) and aggregates every ``CHUNK_ROWS`` rows of a dataset, so the topic is read
+  once and no row of it becomes a Spark row. The versioned datasets (``ROLLUPS``: a segment
+  is sent again at every flush while it grows) are kept at their latest version per id as
+  the task goes and go to the driver that way, where the latest of each id over all tasks is
+  kept before they are aggregated (``merge_versions``). JSON messages of the old sink are
+  only counted there; if there are any, ``collect`` reads them in a second pass as
+  DataFrames (``sources.kafka_json_tables``).
 - **DataFrames** (JSON Lines, ``--dedupe``, Hadoop URLs such as ``s3a://`` and ``hdfs://``):
   Spark reads and classifies them (``sources``); ``mapInArrow`` hands each partition to the
   same partial code. The connection datasets are repartitioned by connection first, so that a
   task holds every row of its connections.
 
-Nothing is cached (but a Kafka topic's messages, read once) and no rows are shuffled (but that
-repartition); what reaches the driver is a few partial rows per group and task. The rollups'
+Nothing is cached and no rows are shuffled (but that repartition); what reaches the driver is
+a few partial rows per group and task. The rollups'
 counts for the summary (events, skipped rows, first and last time, instances) come from the
 same rows (``split_counts``).
 """
@@ -40,10 +44,16 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.proxy.telemetry.columns import ROLLUPS, SCHEMAS, latest_versions, time_column
-from sluice.spark_audit.partials import CHECKS, PartialSet, Rollup
+from sluice.proxy.telemetry.columns import (
+    ROLLUPS,
+    SCHEMAS,
+    UNIQUE_COLUMNS,
+    latest_versions,
+    time_column,
+)
+from sluice.spark_audit.partials import CHECKS, PartialSet, Rollup, skipped
 from sluice.spark_audit.schema import MALFORMED, SCHEMA_VERSION, SKIP, UNKNOWN_VERSION
-from sluice.spark_audit.sources import Inputs, LocalFile, Window
+from sluice.spark_audit.sources import Inputs, LocalFile, Window, kafka_json_tables
 
 # The dataset each part aggregates (``connections`` reads two: its rows carry ``_type``).
 PART_DATASETS = {
@@ -180,6 +190,8 @@ def _classified(table: pa.Table, dataset: str, window: Window) -> pa.Table:
 def latest(table: pa.Table) -> pa.Table:
     """The highest ``version`` of each rollup row ``id`` (a Kafka topic holds a segment again
     at every flush while it grows); skipped rows are all kept, to be counted."""
+    if table[SKIP].null_count == table.num_rows:  # no skipped row: nothing to set apart
+        return latest_versions(table)
     usable = pc.is_null(table[SKIP])
     return pa.concat_tables([latest_versions(table.filter(usable)),
                              table.filter(pc.invert(usable))])
@@ -292,45 +304,162 @@ def _partials_of_batches(rollup: Rollup, batches: Iterator[pa.RecordBatch]
 
 
 _LATEST = "latest:"  # partial name prefix: rollup rows of a dataset, latest version per id
+JSON_MESSAGES = "kafka:json_messages"  # a Kafka task's count of JSON messages (not read there)
+# Rows of a dataset a Kafka task decodes before it aggregates them and lets them go (about
+# what ``CHUNK_BYTES`` of Parquet hold).
+CHUNK_ROWS = 250_000
 
 
 def _reads_versions(rollup: Rollup) -> bool:
     return any(d in ROLLUPS for d in rollup.datasets)
 
 
-def run_message_task(batches: Iterable[pa.RecordBatch], rollups: Mapping[str, Rollup],
-                     window: Window) -> list[tuple[str, bytes]]:
-    """One task over a topic's messages (Arrow batches with dataset, layout and value; rows
-    without a dataset are JSON messages, not read here): decode them, classify the rows, and
-    return each rollup's partial tables as (part, Arrow IPC) pairs. The rows of the versioned
-    datasets (``ROLLUPS``) go to the driver instead, at their latest version here: another
-    version of a row may be in another task. A task holds whatever messages its Kafka
-    partition held, so connections are not assumed whole here."""
-    from sluice.spark_audit.kafka_arrow_source import decode_messages
+@dataclass
+class _MessageTables:
+    """What a Kafka task holds of one dataset: the columns and dictionary columns it decodes,
+    the tables decoded since the last aggregation and their rows, and for a versioned dataset
+    the latest version of each id so far (``versions``)."""
 
-    _system_memory()
-    tables = {d: _classified(t, d, window) for d, t in decode_messages(batches).items()}
-    out: list[tuple[str, bytes]] = []
-    for dataset in ROLLUPS:
-        if dataset in tables:
-            needed = {c for r in rollups.values() if dataset in r.datasets
-                      for c in r.columns[dataset]}
-            if needed:
-                cols = [c for c in tables[dataset].column_names
-                        if c in needed or c in ("id", "version", SKIP)]
-                out.append(_ipc(_LATEST + dataset, latest(tables[dataset].select(cols))))
-    for rollup in rollups.values():
-        if _reads_versions(rollup):
+    columns: tuple[str, ...]
+    dictionary: frozenset[str]
+    tables: list[pa.Table] = field(default_factory=list)
+    rows: int = 0
+    versions: pa.Table | None = None
+
+    def take(self, window: Window, dataset: str) -> pa.Table:
+        """The rows decoded since the last call, classified (``SKIP``) and in the window."""
+        table = pa.concat_tables(self.tables)
+        if self.dictionary:
+            table = table.unify_dictionaries()
+        self.tables, self.rows = [], 0
+        return _classified(table, dataset, window)
+
+    def keep_latest(self, window: Window, dataset: str) -> pa.Table:
+        """A versioned dataset's latest version of each id among every row so far: the rows
+        held shrink to one per id (a segment is sent again at every flush while it grows)."""
+        parts = [] if self.versions is None else [self.versions]
+        if self.tables:
+            parts.append(self.take(window, dataset))
+        table = pa.concat_tables(parts)
+        if self.dictionary:
+            table = table.unify_dictionaries()
+        self.versions = latest(table)
+        return self.versions
+
+
+def _message_plan(rollups: Mapping[str, Rollup]) -> dict[str, _MessageTables]:
+    """Per dataset the rollups read: the columns to decode (the versioned datasets also their
+    ``id`` and ``version``) and the string columns to keep dictionary-encoded (those a rollup
+    reading the dataset groups by their dictionary; ``_rollup_tables`` decodes them for the
+    others)."""
+    plan: dict[str, _MessageTables] = {}
+    for dataset in SCHEMAS:
+        readers = [r for r in rollups.values() if dataset in r.datasets]
+        if not readers:
             continue
-        mine = {d: tables[d].select(list(rollup.columns[d])) for d in rollup.datasets
-                if d in tables}
-        if mine:
-            out.extend(_ipc(part, t)
-                       for part, t in rollup.partial(mine, whole_connections=False).items())
+        wanted = [c for r in readers for c in r.columns[dataset] if c != SKIP]
+        if dataset in ROLLUPS:
+            wanted += ["id", "version"]
+        wanted += ["schema_version", time_column(dataset)]
+        columns = tuple(dict.fromkeys(wanted))
+        dictionary = {c for r in readers for c in r.dictionary}
+        if dataset in ROLLUPS:
+            # Kept as the sink sends them until only the latest versions are left, which go
+            # to the driver as plain strings (a fifth of the rows or less to decode).
+            dictionary |= {c for c in columns if c not in UNIQUE_COLUMNS
+                           and pa.types.is_string(SCHEMAS[dataset].field(c).type)}
+        plan[dataset] = _MessageTables(columns, frozenset(dictionary) & set(columns))
+    return plan
+
+
+def _undictionaried(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary-encoded columns as plain values."""
+    for i, f in enumerate(table.schema):
+        if pa.types.is_dictionary(f.type):
+            table = table.set_column(i, f.name, table[f.name].cast(f.type.value_type))
+    return table
+
+
+def _rollup_tables(rollup: Rollup, tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
+    """``rollup``'s columns of the ``tables`` it reads, as it reads them (dictionary columns
+    another rollup of the dataset does not want as such are plain)."""
+    out = {}
+    for dataset in rollup.datasets:
+        if dataset in tables:
+            table = tables[dataset].select(list(rollup.columns[dataset]))
+            for i, f in enumerate(table.schema):
+                if pa.types.is_dictionary(f.type) and f.name not in rollup.dictionary:
+                    table = table.set_column(i, f.name, table[f.name].cast(f.type.value_type))
+            out[dataset] = table
     return out
 
 
-def _merge_versions(got: PartialSet, rollups: Mapping[str, Rollup]) -> None:
+def run_kafka_task(messages: Iterable[tuple[str | None, str | None, bytes | None]],
+                   rollups: Mapping[str, Rollup], window: Window) -> list[tuple[str, bytes]]:
+    """One task over a Kafka partition's messages, (dataset, layout, value) as
+    ``KafkaArrowReader.arrow_messages`` yields them: decode each Arrow message as it comes
+    (``message_table``: only the columns the rollups read), aggregate every ``CHUNK_ROWS`` rows
+    of a dataset and let them go, and return each rollup's partial tables as (part, Arrow IPC)
+    pairs. JSON messages (dataset None) are only counted (part ``JSON_MESSAGES``): the job
+    reads them apart. The rows of the versioned datasets (``ROLLUPS``) go to the driver at
+    their latest version here, since another version of a row may be in another partition.
+    A Kafka partition holds whatever its producers keyed to it, so connections are not
+    assumed whole: any split of the rows gives the same result (``whole_connections``)."""
+    from sluice.spark_audit.kafka_arrow_source import message_table
+
+    _system_memory()
+    plan = _message_plan(rollups)
+    got = PartialSet()
+    json_messages = 0
+
+    def aggregate(tables: Mapping[str, pa.Table]) -> None:
+        for rollup in rollups.values():
+            if _reads_versions(rollup):
+                continue
+            mine = _rollup_tables(rollup, tables)
+            if mine:
+                for part, table in rollup.partial(mine, whole_connections=False).items():
+                    got.add(part, table)
+
+    for dataset, layout, value in messages:
+        if dataset is None:
+            json_messages += 1
+            continue
+        held = plan.get(dataset)
+        if held is None:
+            continue  # a dataset no report reads (or one this job does not know)
+        table = message_table(dataset, layout, value, held.columns, held.dictionary)
+        held.tables.append(table)
+        held.rows += table.num_rows
+        if held.rows >= CHUNK_ROWS:
+            if dataset in ROLLUPS:
+                held.keep_latest(window, dataset)
+            else:
+                aggregate({dataset: held.take(window, dataset)})
+    aggregate({d: held.take(window, d) for d, held in plan.items()
+               if held.tables and d not in ROLLUPS})
+    out: list[tuple[str, bytes]] = []
+    for dataset in ROLLUPS:
+        held = plan.get(dataset)
+        if held is not None and (held.tables or held.versions is not None):
+            # Plain strings: the driver concatenates every task's rows of the dataset.
+            out.append(_ipc(_LATEST + dataset,
+                            _undictionaried(held.keep_latest(window, dataset))))
+    for rollup in rollups.values():
+        if rollup.name in got.tables:
+            tables = got.tables[rollup.name]
+            if rollup.merges_in_arrow and len(tables) > 1:
+                tables = list(rollup.merge_partials([{rollup.name: t} for t in tables])
+                              .values())
+            out.extend(_ipc(rollup.name, t) for t in tables)
+    out.extend(_ipc(part, t) for part, ts in got.tables.items() if part not in rollups
+               for t in ts)
+    if json_messages:
+        out.append((JSON_MESSAGES, str(json_messages).encode()))
+    return out
+
+
+def merge_versions(got: PartialSet, rollups: Mapping[str, Rollup]) -> None:
     """The versioned datasets' rows of every message task: the latest version of each id over
     all tasks, then the partial of every rollup that reads them (in the driver: one row per
     segment id, a few per offset run)."""
@@ -378,10 +507,11 @@ def _frame_partials(rollup: Rollup, frames: Mapping[str, DataFrame]) -> DataFram
     return rows.mapInArrow(partial, _PARTIAL_SCHEMA)
 
 
-def collect(spark: SparkSession, inputs: Inputs,
-            rollups: Mapping[str, Rollup]) -> dict[str, list[dict[str, Any]]]:
-    """Every rollup over ``sources``: partial tables in Spark's tasks, merged in the driver;
-    rows come back as dicts, per rollup name."""
+def collect(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
+            count_skipped: bool = True) -> dict[str, list[dict[str, Any]]]:
+    """Every rollup over ``inputs``: partial tables in Spark's tasks, merged in the driver;
+    rows come back as dicts, per rollup name. ``count_skipped``: JSON lines and messages the
+    job cannot use are counted (rollup ``skipped``), wherever they turn up."""
     got = PartialSet()
     cores = int(spark.sparkContext.defaultParallelism)
     tasks = plan_tasks(inputs.local_files, rollups, cores)
@@ -393,20 +523,42 @@ def collect(spark: SparkSession, inputs: Inputs,
         for part, data in pairs:
             got.add(part, pa.ipc.open_stream(data).read_all())
     tables = dict(inputs.tables)
-    if inputs.checks is not None:
-        tables[CHECKS] = inputs.checks
+    checks = inputs.checks
+    if inputs.kafka is not None and inputs.kafka.partitions:
+        json_messages = _collect_kafka(spark, inputs, rollups, got)
+        if json_messages:
+            json_tables, checks = kafka_json_tables(spark, inputs.kafka, inputs.window)
+            tables.update(json_tables)
+    if checks is not None and count_skipped:
+        tables[CHECKS] = checks
+        rollups = {**rollups, "skipped": skipped()}
     frames = [f for f in (_frame_partials(r, tables) for r in rollups.values())
               if f is not None]
-    if inputs.messages is not None:
-        window = inputs.window
-        for part, data in inputs.messages.mapPartitions(
-                lambda batches: run_message_task(batches, rollups, window)).collect():
-            got.add(part, pa.ipc.open_stream(data).read_all())
     if frames:
         for row in reduce(lambda a, b: a.unionByName(b), frames).collect():
             got.add(row["part"], pa.ipc.open_stream(row["data"]).read_all())
-    _merge_versions(got, rollups)
+    merge_versions(got, rollups)
     return {name: rollup.final(got.tables) for name, rollup in rollups.items()}
+
+
+def _collect_kafka(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
+                   got: PartialSet) -> int:
+    """One Spark job, a task per Kafka partition (``run_kafka_task``): their partials into
+    ``got``; returns how many JSON messages they found."""
+    from sluice.spark_audit.kafka_arrow_source import KafkaArrowReader
+
+    assert inputs.kafka is not None
+    options, partitions, window = inputs.kafka.options, inputs.kafka.partitions, inputs.window
+    json_messages = 0
+    for part, data in spark.sparkContext.parallelize(partitions, len(partitions)).flatMap(
+            lambda partition: run_kafka_task(
+                KafkaArrowReader(options).arrow_messages(partition), rollups, window)
+    ).collect():
+        if part == JSON_MESSAGES:
+            json_messages += int(data)
+        else:
+            got.add(part, pa.ipc.open_stream(data).read_all())
+    return json_messages
 
 
 @dataclass

