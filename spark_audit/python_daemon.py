@@ -11,12 +11,23 @@ the path (the same files, installed with bytecode), imports ``pyspark.worker`` (
 threads: safe to import before forking, unlike pyarrow or pandas) and runs Spark's daemon. A
 zip of another Spark installation (a cluster's own ``SPARK_HOME``) stays first: its pyspark
 must match that cluster's JVM.
+
+It also drops the archives that hold no Python code (Spark puts its ``spark-core`` jar, 5,973
+entries, on the workers' path) and forgets the zip importers of every archive no longer on the
+path: a new worker's first task adds Spark's files folder to ``sys.path`` and calls
+``importlib.invalidate_caches()``, which reads the directory of every cached zip importer
+again. Measured: 0.5 s of every new worker's first task (pyspark.zip, the jar and py4j), which
+a cold job pays once per core.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import zipfile
+import zipimport
+from collections.abc import MutableMapping
+from typing import Any
 
 
 def installed_first(path: list[str]) -> list[str]:
@@ -30,8 +41,35 @@ def installed_first(path: list[str]) -> list[str]:
     return [entry for entry in path if entry not in drop]
 
 
+def _holds_python(archive: str) -> bool:
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            return any(name.endswith((".py", ".pyc")) for name in zf.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return True  # not an archive we can read: keep it, as Python would
+
+
+def without_codeless_jars(path: list[str]) -> list[str]:
+    """``path`` without the ``.jar`` files that hold no Python module (nothing can be
+    imported from them)."""
+    return [entry for entry in path
+            if not (entry.endswith(".jar") and os.path.isfile(entry)
+                    and not _holds_python(entry))]
+
+
+def forget_zip_importers(cache: MutableMapping[str, Any], path: list[str]) -> None:
+    """Drop from ``cache`` (``sys.path_importer_cache``) the zip importers of archives that
+    are not on ``path`` (nor folders inside such an archive)."""
+    archives = [entry for entry in path if os.path.isfile(entry)]
+    for key, finder in list(cache.items()):
+        if isinstance(finder, zipimport.zipimporter) and key not in path and not any(
+                key.startswith(archive + os.sep) for archive in archives):
+            del cache[key]
+
+
 def main() -> None:
-    sys.path[:] = installed_first(sys.path)
+    sys.path[:] = without_codeless_jars(installed_first(sys.path))
+    forget_zip_importers(sys.path_importer_cache, sys.path)
     import pyspark.worker  # noqa: F401  # imported once here, before the workers are forked
     from pyspark import daemon
 

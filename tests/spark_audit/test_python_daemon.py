@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import zipfile
+import zipimport
 from pathlib import Path
 from typing import Any
 
-from sluice.spark_audit.python_daemon import installed_first
+from sluice.spark_audit.python_daemon import (
+    forget_zip_importers,
+    installed_first,
+    without_codeless_jars,
+)
 
 
 def _package(root: Path) -> Path:
@@ -41,10 +47,52 @@ def test_no_package_on_the_path_changes_nothing(tmp_path: Path) -> None:
     assert installed_first(path) == path
 
 
+def _zip(path: Path, names: list[str]) -> str:
+    with zipfile.ZipFile(path, "w") as zf:
+        for name in names:
+            zf.writestr(name, "")
+    return str(path)
+
+
+def test_jars_without_python_leave_the_path(tmp_path: Path) -> None:
+    classes = _zip(tmp_path / "core.jar", ["org/apache/Spark.class", "META-INF/MANIFEST.MF"])
+    with_code = _zip(tmp_path / "udfs.jar", ["org/A.class", "helpers/mod.py"])
+    a_zip = _zip(tmp_path / "deps.zip", ["org/A.class"])  # zips are left to Python
+    missing = str(tmp_path / "gone.jar")
+    path = [str(tmp_path), classes, with_code, a_zip, missing]
+    assert without_codeless_jars(path) == [str(tmp_path), with_code, a_zip, missing]
+
+
+def test_zip_importers_of_archives_off_the_path_are_forgotten(tmp_path: Path) -> None:
+    kept = _zip(tmp_path / "py4j.zip", ["py4j/__init__.py"])
+    dropped = _zip(tmp_path / "pyspark.zip", ["pyspark/__init__.py"])
+    folder = tmp_path / "site"
+    folder.mkdir()
+    cache: dict[str, Any] = {
+        kept: zipimport.zipimporter(kept),
+        kept + "/py4j": zipimport.zipimporter(kept + "/py4j"),
+        dropped: zipimport.zipimporter(dropped),
+        dropped + "/pyspark": zipimport.zipimporter(dropped + "/pyspark"),
+        str(folder): None,
+    }
+    forget_zip_importers(cache, [str(folder), kept])
+    assert sorted(cache) == sorted([kept, kept + "/py4j", str(folder)])
+
+
 def _worker_pyspark(_: Any) -> list[str]:
     import pyspark
 
     return [pyspark.__file__ or ""]
+
+
+def _worker_archives(_: Any) -> list[str]:
+    """The archives on a worker's path and those it keeps zip importers of."""
+    import sys
+    import zipimport
+
+    return [*(p for p in sys.path if p.endswith((".jar", ".zip"))),
+            *(k for k, v in sys.path_importer_cache.items()
+              if isinstance(v, zipimport.zipimporter))]
 
 
 def test_workers_import_the_installed_pyspark(spark: Any) -> None:
@@ -56,3 +104,11 @@ def test_workers_import_the_installed_pyspark(spark: Any) -> None:
     for file in files:
         assert ".zip" + os.sep not in file, file
         assert os.path.isfile(file), file
+
+
+def test_workers_keep_no_archive_without_python(spark: Any) -> None:
+    """Spark's core jar (classes only) and pyspark.zip are neither on the workers' path nor
+    cached as importers: a new worker's first task re-reads every cached archive."""
+    archives = spark.sparkContext.parallelize([0], 1).flatMap(_worker_archives).collect()
+    assert archives  # py4j's zip stays
+    assert not [a for a in archives if a.endswith(".jar") or "pyspark.zip" in a], archives
