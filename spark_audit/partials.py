@@ -672,31 +672,64 @@ _ID_KEYS = ["instance_id", "connection_id"]
 _IDENTITY_COLUMNS = [*_ID_KEYS, "principal", "client_id", "opened", "closed"]
 
 
+def _encoded(col: pa.ChunkedArray | pa.Array) -> pa.DictionaryArray:
+    plain = _decoded(col)
+    return pc.dictionary_encode(
+        plain.combine_chunks() if isinstance(plain, pa.ChunkedArray) else plain)
+
+
+def _greatest(col: pa.ChunkedArray | pa.Array, number: np.ndarray, valid: np.ndarray,
+              count: int) -> pa.Array:
+    """Per connection number (``count`` of them), the greatest string of ``col`` on its rows
+    (null if none): the strings' ranks in a sorted dictionary, their maximum per number."""
+    encoded = _encoded(col)
+    values = encoded.dictionary
+    if len(values) == 0:  # no row has a value
+        return pa.nulls(count, values.type)
+    order = pc.sort_indices(values).to_numpy()
+    rank = np.empty(len(values), np.int64)
+    rank[order] = np.arange(len(values))
+    index = encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False)
+    ranks = np.where(index >= 0, rank[np.maximum(index, 0)], -1)
+    best = np.full(count, -1, np.int64)
+    np.maximum.at(best, number[valid], ranks[valid])
+    return values.take(pa.array(order[np.maximum(best, 0)], mask=best < 0))
+
+
 def _identities(rows: pa.Table) -> tuple[pa.Array, pa.Table]:
     """(each row's connection number, null for a row without an instance or connection id;
     per connection number, in order: its instance and connection id, the greatest principal
     and client id on its rows, and whether its ``open`` and ``close`` rows are among them).
 
-    Numbering the connections once (a dictionary of their keys) lets the rows find their
-    connection's identity by position, where grouping by two strings and joining hashed the
-    strings twice (measured: 0.6 CPU s of 1.0 for 2 million connection rows)."""
-    key = pc.binary_join_element_wise(rows["instance_id"], rows["connection_id"], LIST_SEP)
-    encoded = pc.dictionary_encode(
-        key.combine_chunks() if isinstance(key, pa.ChunkedArray) else key)
+    The connections are numbered from the numbers of their instance and connection ids in two
+    dictionaries (no string is built), and the per-connection figures are maxima of integers
+    in numpy (a string's rank in its sorted dictionary stands for the string). Measured on
+    the 1.3 million connection rows of a bench task: 0.2 s, where joining the two ids into
+    one string, numbering those and grouping the rows by number with string maxima took
+    0.7 s."""
+    instance = _encoded(rows["instance_id"])
+    connection = _encoded(rows["connection_id"])
+    width = max(len(connection.dictionary), 1)
+    combined = pc.add(pc.multiply(pc.cast(instance.indices, _I64), width),
+                      pc.cast(connection.indices, _I64))
+    encoded = pc.dictionary_encode(combined)
     number = encoded.indices
-    best = pa.table({
-        "n": number, "principal": rows["principal"], "client_id": rows["client_id"],
-        "opened": rows["opened"], "closed": rows["closed"],
-    }).group_by("n").aggregate([
-        ("principal", "max"), ("client_id", "max"), ("opened", "max"), ("closed", "max"),
-    ])
-    best = best.filter(pc.is_valid(best["n"]))
-    best = best.take(pc.sort_indices(best["n"]))  # every number 0..n-1 has a row
-    parts = pc.split_pattern(encoded.dictionary, LIST_SEP, max_splits=1)
+    count = len(encoded.dictionary)
+    numbers = number.fill_null(-1).to_numpy(zero_copy_only=False)
+    valid = numbers >= 0
+
+    def flag(col: pa.ChunkedArray) -> pa.Array:
+        seen = np.zeros(count, np.int64)
+        np.maximum.at(seen, numbers[valid], _zero(col).to_numpy()[valid])
+        return pa.array(seen)
+
+    keys = encoded.dictionary.to_numpy(zero_copy_only=False)
     ids = pa.table({
-        "instance_id": pc.list_element(parts, 0), "connection_id": pc.list_element(parts, 1),
-        "_principal": best["principal_max"], "_client_id": best["client_id_max"],
-        "_opened": best["opened_max"], "_closed": best["closed_max"],
+        "instance_id": instance.dictionary.take(pa.array(keys // width)),
+        "connection_id": connection.dictionary.take(pa.array(keys % width)),
+        "_principal": _greatest(rows["principal"], numbers, valid, count),
+        "_client_id": _greatest(rows["client_id"], numbers, valid, count),
+        "_opened": flag(rows["opened"]), "_closed": flag(rows["closed"]),
     })
     return number, ids
 
