@@ -61,8 +61,8 @@ class AuditResult:
 
 
 def _bucket(span_ms: int) -> tuple[int, str]:
-    if span_ms <= 2 * 3600_000:
-        return 60_000, "minute"
+    if span_ms <= partials.SHORT_SPAN_MS:
+        return partials.MINUTE_MS, "minute"
     if span_ms <= 2 * 86400_000:
         return 3600_000, "hour"
     return 86400_000, "day"
@@ -246,7 +246,8 @@ def run_audit(
             input_format=input_format,
         )
         wanted = partials.standard(HOUR_MS)  # hourly: billing needs hours
-        got, counts = rollups.split_counts(rollups.collect(spark, inputs, wanted))
+        got, counts = rollups.split_counts(rollups.collect(spark, inputs, wanted,
+                                                           minutes=True))
         timings["aggregate"] = time.perf_counter() - t0
         by_type = {t: c.events for t, c in counts.items() if t in EVENT_TABLES and c.events}
         skipped = {
@@ -262,7 +263,9 @@ def run_audit(
         bucket_ms, bucket_label = _bucket((last_ms or 0) - (first_ms or 0))
         batches, runs, found = got["batches"], got["runs"], got["found"]
         conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]
-        if bucket_ms < HOUR_MS:
+        if bucket_ms < HOUR_MS and rollups.MINUTES in got:
+            chart = got[rollups.MINUTES]  # rolled up by the tasks as they went
+        elif bucket_ms < HOUR_MS:  # inputs Spark read itself: a second pass
             t0 = time.perf_counter()
             chart = rollups.collect(spark, inputs, {"traffic": partials.traffic(bucket_ms)},
                                     count_skipped=False)["traffic"]

@@ -375,6 +375,11 @@ def record_batches(bucket_ms: int = HOUR_MS) -> Rollup:
     )
 
 
+MINUTE_MS = 60_000
+# Events spanning at most this are charted per minute (``job._bucket``).
+SHORT_SPAN_MS = 2 * HOUR_MS
+
+
 def traffic(bucket_ms: int) -> Rollup:
     """Record bytes per client and time bucket (produce: in, fetch: out) for the chart."""
 

@@ -72,6 +72,19 @@ def parquet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+def test_minutes_the_tasks_roll_up_equal_a_second_pass(spark: Any, parquet_dir: Path) -> None:
+    """The known telemetry spans 91 minutes: the chart's bytes per client and minute come
+    from the file tasks as they read the record batches, equal to a pass of their own."""
+    from sluice.spark_audit import partials, rollups, sources
+
+    inputs = sources.read_inputs(spark, str(parquet_dir))
+    got = rollups.collect(spark, inputs, partials.standard(), minutes=True)
+    second = rollups.collect(spark, inputs, {"traffic": partials.traffic(partials.MINUTE_MS)},
+                             count_skipped=False)["traffic"]
+    assert second
+    assert sorted(map(repr, got[rollups.MINUTES])) == sorted(map(repr, second))
+
+
 def test_parquet_layout_gives_the_json_reports(
     spark: Any, parquet_dir: Path, json_reports: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from sluice.proxy.telemetry.columns import LAYOUT_VERSION, ColumnarBuffers
 from sluice.proxy.telemetry.kafka_arrow import encode_batch
 from sluice.proxy.telemetry.parquet import publish_table
+from sluice.spark_audit.schema import SKIP
 from tests.spark_audit import known_telemetry as k
 from tests.spark_audit import known_transforms as kt
 
@@ -72,13 +74,16 @@ def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _driver(pairs: list[tuple[str, bytes]], wanted: dict[str, partials.Rollup]
             ) -> dict[str, list[dict[str, Any]]]:
-    """What ``rollups.collect`` does with the tasks' results."""
+    """What ``rollups.collect`` does with the tasks' results (with ``minutes``)."""
     got = partials.PartialSet()
     for part, data in pairs:
         if part != rollups.JSON_MESSAGES:
-            got.add(part, pa.ipc.open_stream(data).read_all())
+            got.add(part, pa.ipc.open_stream(data).read_all() if data else pa.table({}))
     rollups.merge_versions(got, wanted)
-    return {name: _sorted(r.final(got.tables)) for name, r in wanted.items()}
+    out = {name: _sorted(r.final(got.tables)) for name, r in wanted.items()}
+    minutes = rollups.MinuteTraffic().rollup
+    out[rollups.MINUTES] = _sorted(minutes.final(got.tables))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +101,10 @@ def from_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[
     wanted = partials.standard()
     pairs = []
     for task in rollups.plan_tasks(files, wanted, cores=2):
-        pairs.extend(rollups.run_file_task(task, wanted, Window()))
-    return _driver(pairs, wanted)
+        pairs.extend(rollups.run_file_task(task, wanted, Window(), minutes=True))
+    got = _driver(pairs, wanted)
+    assert got[rollups.MINUTES]  # the known telemetry spans 91 minutes
+    return got
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -122,7 +129,7 @@ def test_kafka_tasks_equal_the_file_tasks(
     pairs = []
     for p in range(partitions):
         mine = [m for m, o in zip(messages, owner, strict=True) if o == p]
-        pairs.extend(rollups.run_kafka_task(iter(mine), wanted, Window()))
+        pairs.extend(rollups.run_kafka_task(iter(mine), wanted, Window(), minutes=True))
     assert _driver(pairs, wanted) == from_files
 
 
@@ -140,3 +147,19 @@ def test_a_message_of_an_unknown_layout_is_counted_as_an_unknown_version() -> No
     counts = rollups.split_counts(_driver(pairs, partials.standard()))[1]
     assert counts[dataset].unknown_version == 1
     assert counts[dataset].events == 0
+
+
+def test_minute_traffic_stops_where_the_rows_span_more_than_two_hours() -> None:
+    """A task whose record batch rows span over ``SHORT_SPAN_MS`` drops its minutes and says
+    so: the job charts hours then, and a part of the minutes would be wrong."""
+    rows = pa.Table.from_batches([f["record_batch"] for f in _flushes(1)
+                                  if "record_batch" in f])
+    minutes = rollups.MinuteTraffic()
+    columns = [c for c in minutes.columns if c != SKIP]
+    table = rows.select(columns).append_column(SKIP, pa.nulls(rows.num_rows, pa.string()))
+    minutes.add(table)
+    assert [p for p, _ in minutes.results()] == [rollups.MINUTES]
+    later = table.set_column(table.schema.get_field_index("time_ms"), "time_ms",
+                             pc.add(table["time_ms"], partials.SHORT_SPAN_MS))
+    minutes.add(later)
+    assert minutes.results() == [("traffic:over", b"")]
