@@ -135,6 +135,17 @@ def _merged(agg: Agg) -> Agg:
     return Agg(agg.out, "sum" if agg.op == "count" else agg.op, agg.out)
 
 
+def _sets_sorted(row: dict[str, Any], aggs: Sequence[Agg]) -> dict[str, Any]:
+    """A partial row as ``merge`` leaves a group of one: sets (and unions of joined lists)
+    as sorted lists."""
+    for a in aggs:
+        if a.op == "set":
+            row[a.out] = sorted(set(row[a.out] or ()))
+        elif a.op == "union":
+            row[a.out] = sorted({item for joined in row[a.out] or () for item in _split(joined)})
+    return row
+
+
 def merge(rows: Iterable[dict[str, Any]], keys: Sequence[str],
           aggs: Sequence[Agg]) -> list[dict[str, Any]]:
     """The partial rows of ``group`` (from any number of tasks) merged per ``keys``."""
@@ -300,7 +311,13 @@ class Rollup:
             first, last, run_keys = self.runs
             table = number_runs(table.drop_columns(["run"]), run_keys, first, last)
         if any(a.op in ("set", "union") for a in self.aggs):
-            out = merge(table.to_pylist(), self._keys(), self.aggs)
+            if table.group_by(self._keys()).aggregate([]).num_rows == table.num_rows:
+                # Every group in one partial row (one task held all of them): nothing to
+                # merge but the sets to sort (11,628 offset runs: 0.11-0.17 s instead of
+                # 0.30-0.38).
+                out = [_sets_sorted(row, self.aggs) for row in table.to_pylist()]
+            else:
+                out = merge(table.to_pylist(), self._keys(), self.aggs)
         else:  # sums, counts, minima and maxima merge in Arrow
             out = self._regrouped(table).to_pylist()
         return [self.finish(r) for r in out] if self.finish else out
