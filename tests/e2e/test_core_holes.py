@@ -222,9 +222,18 @@ def flood_and_measure(
     return peak - base, latencies, flooder
 
 
+# The other client must be served while the flood lasts: before back-pressure its Metadata
+# waited up to 1.9 s (issue 11). During the flood the proxy, the broker and the flooder keep
+# both cores of the test machine busy, so its answers take what the scheduler gives three
+# busy processes (80-200 ms seen on a quiet machine, 307 ms once under load): this bounds
+# starvation, not speed, which bench/ measures.
+SERVED_WITHIN_S = 1.0
+
+
 def flood_summary(flooder: Flooder, growth: int, latencies: list[float]) -> str:
+    slowest = max(latencies, default=0.0)
     return (f"sent {flooder.sent} requests (sends blocked {flooder.blocked} s), RSS growth "
-            f"{growth / MiB:.1f} MiB, other client's Metadata p99 {p99(latencies) * 1000:.0f} ms"
+            f"{growth / MiB:.1f} MiB, other client's Metadata at most {slowest * 1000:.0f} ms"
             + (f", then the connection failed: {flooder.error}" if flooder.error else ""))
 
 
@@ -243,7 +252,7 @@ def test_client_that_never_reads_local_answers(own_broker: TansuBroker, tmp_path
     # Well-formed requests: the proxy may stop reading them, never drop the connection.
     assert flooder.error is None, summary
     assert growth < 32 * MiB, summary
-    assert p99(latencies) < 0.2, summary
+    assert latencies and max(latencies) < SERVED_WITHIN_S, summary
 
 
 def test_client_that_never_reads_broker_answers(own_broker: TansuBroker, tmp_path: Path) -> None:
@@ -253,7 +262,7 @@ def test_client_that_never_reads_broker_answers(own_broker: TansuBroker, tmp_pat
     # Well-formed requests: the proxy may stop reading them, never drop the connection.
     assert flooder.error is None, summary
     assert growth < 32 * MiB, summary
-    assert p99(latencies) < 0.2, summary
+    assert latencies and max(latencies) < SERVED_WITHIN_S, summary
 
 
 # ------------------------------------------------------------------ hole 3: hostile headers
