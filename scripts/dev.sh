@@ -95,14 +95,22 @@ run_checks() {
 }
 
 run_tests() {
-  say "pytest"
+  # Two passes: every test but those that measure time on two workers (a test file stays on
+  # one worker, so its module fixtures are built once), then those marked `serial` alone, so
+  # that no other test shares the machine's cores with them. The slowest tests are listed at
+  # the end of each pass, to keep the suite's time in view.
+  say "pytest: on two workers, all but the tests marked serial"
   set +e
-  # The slowest tests are listed at the end, to keep the suite's time in view.
-  "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=15 "$@"
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile \
+    -m "not soak and not serial" "$@"
   local rc=$?
+  say "pytest: the tests marked serial, alone"
+  "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=10 -m "serial and not soak" "$@"
+  local rc2=$?
   set -e
   # pytest exits 5 when it collected no tests: that is a failure of this command.
-  return $rc
+  [ $rc -ne 0 ] && return $rc
+  return $rc2
 }
 
 cmd="${1:-}"

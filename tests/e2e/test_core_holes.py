@@ -51,6 +51,9 @@ from tests.harness.raw_kafka import (
 )
 from tests.proxy.test_reload import events, rewrite, wait_for
 
+# Measures time: run alone, after the tests that run on two workers (scripts/dev.sh).
+pytestmark = pytest.mark.serial
+
 MiB = 1 << 20
 MODULES = Path(__file__).resolve().parents[1] / "filters" / "modules"
 ADDRESS = b"alice.smith@example.com"

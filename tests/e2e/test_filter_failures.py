@@ -131,6 +131,7 @@ def headers_of(record: StoredRecord) -> dict[str, bytes]:
     return {k: v or b"" for k, v in record.headers}
 
 
+@pytest.mark.serial  # measures time: run alone
 @pytest.mark.parametrize("policy", list(POLICIES))
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_failure_policy(

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 
 from tests.e2e.clients import create_topic, unique
@@ -27,6 +28,9 @@ from tests.harness.broker import TansuBroker
 from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
 from tests.proxy.test_reload import events, rewrite, wait_for
+
+# Measures time: run alone, after the tests that run on two workers (scripts/dev.sh).
+pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parents[2]
 MB = 1_000_000

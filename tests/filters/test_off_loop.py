@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
@@ -16,6 +18,9 @@ from sluice.filters.guest import GuestFailure
 from sluice.filters.pipeline import filter_produce
 from sluice.filters.runtime import LoadedFilter
 from tests.filters.test_native_path import make_batch
+
+# Measures time: run alone, after the tests that run on two workers (scripts/dev.sh).
+pytestmark = pytest.mark.serial
 
 CTX = RecordContext("orders", 0, "produce", "client-1", None)
 UPPER = Path(__file__).resolve().parents[2] / "filters" / "examples" / "upper" / "upper.wasm"

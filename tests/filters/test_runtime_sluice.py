@@ -111,6 +111,7 @@ def test_reinstantiation_calls_init_again(load_wat: Load) -> None:
     assert f.run_batch(CTX, [rec(b"CFGLEN")]).detector_counts["cfglen"] == len(b'{"k":1}')
 
 
+@pytest.mark.serial  # measures time: run alone
 def test_epoch_deadline_stops_an_infinite_loop_quickly(load_wat: Load) -> None:
     f = load_wat("sluice_upper", timeout_ms=20)
     f.run_batch(CTX, [rec(b"warm")])
@@ -121,6 +122,7 @@ def test_epoch_deadline_stops_an_infinite_loop_quickly(load_wat: Load) -> None:
     assert 15 <= elapsed_ms < 200, elapsed_ms
 
 
+@pytest.mark.serial  # measures time: run alone
 def test_batch_deadline_grows_with_the_batch(load_wat: Load) -> None:
     # 20 ms per call plus 100 us per record: 3 000 records get about 320 ms before the stop.
     f = load_wat("sluice_upper", timeout_ms=20)

@@ -87,6 +87,7 @@ def test_open_file_is_tmp_until_rotated(tmp_path: Path) -> None:
     assert len(list(tmp_path.glob("*.jsonl"))) == 1
 
 
+@pytest.mark.serial  # measures time: run alone
 def test_unwritable_dir_does_not_block_and_counts_drops(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
