@@ -432,10 +432,11 @@ def _message_plan(rollups: Mapping[str, Rollup]) -> dict[str, _MessageTables]:
     return plan
 
 
-def _undictionaried(table: pa.Table) -> pa.Table:
-    """``table`` with its dictionary-encoded columns as plain values."""
+def _undictionaried(table: pa.Table, keep: Iterable[str] = ()) -> pa.Table:
+    """``table`` with its dictionary-encoded columns but ``keep`` as plain values."""
+    kept = set(keep)
     for i, f in enumerate(table.schema):
-        if pa.types.is_dictionary(f.type):
+        if pa.types.is_dictionary(f.type) and f.name not in kept:
             table = table.set_column(i, f.name, table[f.name].cast(f.type.value_type))
     return table
 
@@ -443,15 +444,8 @@ def _undictionaried(table: pa.Table) -> pa.Table:
 def _rollup_tables(rollup: Rollup, tables: Mapping[str, pa.Table]) -> dict[str, pa.Table]:
     """``rollup``'s columns of the ``tables`` it reads, as it reads them (dictionary columns
     another rollup of the dataset does not want as such are plain)."""
-    out = {}
-    for dataset in rollup.datasets:
-        if dataset in tables:
-            table = tables[dataset].select(list(rollup.columns[dataset]))
-            for i, f in enumerate(table.schema):
-                if pa.types.is_dictionary(f.type) and f.name not in rollup.dictionary:
-                    table = table.set_column(i, f.name, table[f.name].cast(f.type.value_type))
-            out[dataset] = table
-    return out
+    return {d: _undictionaried(tables[d].select(list(rollup.columns[d])), rollup.dictionary)
+            for d in rollup.datasets if d in tables}
 
 
 def run_kafka_task(messages: Iterable[tuple[str | None, str | None, bytes | None]],
@@ -591,7 +585,7 @@ def collect(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
         pairs = spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(
             lambda task: run_file_task(task, rollups, window, minutes=minutes)
         ).collect()
-        _add_pairs(got, pairs)
+        add_pairs(got, pairs)
     tables = dict(inputs.tables)
     checks = inputs.checks
     if inputs.kafka is not None and inputs.kafka.partitions:
@@ -607,15 +601,22 @@ def collect(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
     if frames:
         for row in reduce(lambda a, b: a.unionByName(b), frames).collect():
             got.add(row["part"], pa.ipc.open_stream(row["data"]).read_all())
+    # DataFrame inputs (JSON, --dedupe, Hadoop URLs) do not roll up minutes.
+    return finish(got, rollups, minutes and "record_batch" not in tables)
+
+
+def finish(got: PartialSet, rollups: Mapping[str, Rollup], minutes: bool = False
+           ) -> dict[str, list[dict[str, Any]]]:
+    """Every task's partial tables (``got``) merged into each rollup's rows; with ``minutes``
+    also ``MINUTES``, unless a task's rows spanned too long for them."""
     merge_versions(got, rollups)
     result = {name: rollup.final(got.tables) for name, rollup in rollups.items()}
-    # DataFrame inputs (JSON, --dedupe, Hadoop URLs) do not roll up minutes.
-    if minutes and _MINUTES_OVER not in got.tables and "record_batch" not in tables:
+    if minutes and _MINUTES_OVER not in got.tables:
         result[MINUTES] = MinuteTraffic().rollup.final(got.tables)
     return result
 
 
-def _add_pairs(got: PartialSet, pairs: Iterable[tuple[str, bytes]]) -> None:
+def add_pairs(got: PartialSet, pairs: Iterable[tuple[str, bytes]]) -> None:
     """Tasks' (part, Arrow IPC) pairs into ``got`` (a marker part has no bytes)."""
     for part, data in pairs:
         got.add(part, pa.ipc.open_stream(data).read_all() if data else pa.table({}))
@@ -637,7 +638,7 @@ def _collect_kafka(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Ro
         if part == JSON_MESSAGES:
             json_messages += int(data)
         else:
-            _add_pairs(got, [(part, data)])
+            add_pairs(got, [(part, data)])
     return json_messages
 
 

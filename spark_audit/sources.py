@@ -366,8 +366,6 @@ def _kafka_inputs(
     to_ms: int | None,
     kafka_reader: str,
 ) -> Inputs:
-    tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
-    checks: list[DataFrame] = []
     if kafka_reader == "spark":
         # Spark's own connector (its jar must be on the classpath): JSON messages only.
         values = (
@@ -379,9 +377,8 @@ def _kafka_inputs(
             .load()
             .select(F.col("value").cast("string").alias("value"))
         )
-        _add_json_messages(values, tables, checks, from_ms, to_ms)
-        merged = {d: _union(d, dfs, dedupe=False, latest=True) for d, dfs in tables.items() if dfs}
-        return Inputs(tables=merged, checks=_union_all(checks))
+        merged, checks = _json_message_tables(values, from_ms, to_ms)
+        return Inputs(tables=merged, checks=checks)
     if kafka_reader != "python":
         raise ValueError(f"kafka reader {kafka_reader!r}: expected python or spark")
     from sluice.spark_audit.kafka_arrow_source import RAW, KafkaArrowReader
@@ -406,10 +403,17 @@ def kafka_json_tables(spark: SparkSession, kafka: KafkaInput, window: Window
     texts = spark.sparkContext.parallelize(kafka.partitions, len(kafka.partitions)).flatMap(
         lambda partition: [(text,) for batch in KafkaArrowReader(options).json_texts(partition)
                            for text in batch.column("value").to_pylist()])
+    return _json_message_tables(spark.createDataFrame(texts, "value string"), window.from_ms,
+                                window.to_ms)
+
+
+def _json_message_tables(values: DataFrame, from_ms: int | None, to_ms: int | None
+                         ) -> tuple[dict[str, DataFrame], DataFrame]:
+    """JSON messages (a ``value`` string column) as the datasets' DataFrames, and their
+    checks."""
     tables: dict[str, list[DataFrame]] = {d: [] for d in DATASETS}
     checks: list[DataFrame] = []
-    _add_json_messages(spark.createDataFrame(texts, "value string"), tables, checks,
-                       window.from_ms, window.to_ms)
+    _add_json_messages(values, tables, checks, from_ms, to_ms)
     merged = {d: _union(d, dfs, dedupe=False, latest=True) for d, dfs in tables.items() if dfs}
     return merged, _union_all(checks)
 

@@ -76,14 +76,8 @@ def _driver(pairs: list[tuple[str, bytes]], wanted: dict[str, partials.Rollup]
             ) -> dict[str, list[dict[str, Any]]]:
     """What ``rollups.collect`` does with the tasks' results (with ``minutes``)."""
     got = partials.PartialSet()
-    for part, data in pairs:
-        if part != rollups.JSON_MESSAGES:
-            got.add(part, pa.ipc.open_stream(data).read_all() if data else pa.table({}))
-    rollups.merge_versions(got, wanted)
-    out = {name: _sorted(r.final(got.tables)) for name, r in wanted.items()}
-    minutes = rollups.MinuteTraffic().rollup
-    out[rollups.MINUTES] = _sorted(minutes.final(got.tables))
-    return out
+    rollups.add_pairs(got, [(p, d) for p, d in pairs if p != rollups.JSON_MESSAGES])
+    return {name: _sorted(rows) for name, rows in rollups.finish(got, wanted, True).items()}
 
 
 @pytest.fixture(scope="module")
