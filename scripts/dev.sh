@@ -9,7 +9,8 @@
 # Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark, Rust with the
 # wasm32 standard library and Node.js for the Rust and AssemblyScript filter SDKs) when
 # missing, a virtualenv in .venv with the project and every Python dependency from
-# constraints.txt, and the AssemblyScript compiler from its package-lock.json in .venv/node.
+# constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
+# the Spark driver's class archive in .venv/share/sluice.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -79,10 +80,23 @@ install_node_tools() {
   echo "$want" > "$stamp"
 }
 
+# The Spark driver JVM's class archive (spark_audit/class_archive.py): it fits only the jars
+# and the JVM it was recorded with, so it is recorded again after every (re)install of the
+# Python packages (the stamp is newer then).
+install_class_archive() {
+  local archive="$VENV/share/sluice/spark-classes.jsa"
+  if [ -f "$archive" ] && [ "$archive" -nt "$VENV/.sluice-installed" ]; then
+    return 0
+  fi
+  say "recording the Spark driver's class archive (once per install: about 40 s)"
+  "$VENV/bin/python" -m sluice.spark_audit.record_classes --force
+}
+
 install_all() {
   install_debian_packages
   install_python
   install_node_tools
+  install_class_archive
 }
 
 run_checks() {

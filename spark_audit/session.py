@@ -14,6 +14,8 @@ from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
+from sluice.spark_audit import class_archive
+
 APP_NAME = "sluice-audit"
 
 # Settings that suit a small local run; a cluster's spark-defaults or --conf override them.
@@ -26,14 +28,17 @@ LOCAL_DEFAULTS: dict[str, str] = {
     # Local mode stays on loopback: no driver port on an external interface.
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
-    # The JVM only ferries bytes between the job's Python tasks and the driver here: its
-    # optimising JIT compiler cost more CPU than it saved. Measured on the 10M-event bench
-    # data, four runs each: session start 7.3-8.1 s instead of 9.5-11.2 s, a cold run 6.5-7.6 s
-    # (10.5-12.0 CPU s) instead of 7.2-8.8 s (11.9-15.3 CPU s), warm runs alike. Old JSON
-    # Lines telemetry, parsed by Spark SQL in the JVM, reads as fast on a first run and
-    # slower after (100,000 events: 21-22 s instead of 14-16 s on a second run in a session).
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
+
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+# The JVM only ferries bytes between the job's Python tasks and the driver here: its
+# optimising JIT compiler cost more CPU than it saved. Measured on the 10M-event bench data,
+# four runs each: session start 7.3-8.1 s instead of 9.5-11.2 s, a cold run 6.5-7.6 s
+# (10.5-12.0 CPU s) instead of 7.2-8.8 s (11.9-15.3 CPU s), warm runs alike. Old JSON Lines
+# telemetry, parsed by Spark SQL in the JVM, reads as fast on a first run and slower after
+# (100,000 events: 21-22 s instead of 14-16 s on a second run in a session). Local mode adds
+# the class archive's options when there is one (``class_archive``).
+LOCAL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 # Settings for any master that a --conf overrides: the Python workers fork from a daemon that
 # imports pyspark from the installed package instead of Spark's zip (``python_daemon``).
@@ -46,6 +51,13 @@ ALWAYS: dict[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.sources.partitionOverwriteMode": "static",
 }
+
+
+def local_defaults() -> dict[str, str]:
+    """``LOCAL_DEFAULTS`` and the driver JVM's options (``LOCAL_JAVA_OPTIONS``, and those of
+    the class archive if it was recorded)."""
+    java = f"{LOCAL_JAVA_OPTIONS} {class_archive.use_options()}".strip()
+    return {**LOCAL_DEFAULTS, JAVA_OPTIONS: java}
 
 
 def prepare_python_env() -> None:
@@ -80,7 +92,7 @@ def get_session(
         builder = builder.master(effective_master)
     if effective_master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        for key, value in LOCAL_DEFAULTS.items():
+        for key, value in local_defaults().items():
             if key not in (conf or {}):
                 builder = builder.config(key, value)
     for key, value in {**DEFAULTS, **ALWAYS, **dict(conf or {})}.items():

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import zipfile
 import zipimport
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sluice.spark_audit.python_daemon import (
+    KEEP_PANDAS,
+    WithoutPandas,
     forget_zip_importers,
+    hide_pandas,
     installed_first,
     without_codeless_jars,
 )
@@ -77,6 +84,67 @@ def test_zip_importers_of_archives_off_the_path_are_forgotten(tmp_path: Path) ->
     }
     forget_zip_importers(cache, [str(folder), kept])
     assert sorted(cache) == sorted([kept, kept + "/py4j", str(folder)])
+
+
+# pyarrow converts Python values with the finder in place, and pandas stays out; without it,
+# the same conversion imports pandas (the control: pandas is installed with pyspark).
+_CONVERT = """
+import sys
+{setup}
+import pyarrow as pa
+import pyarrow.compute as pc
+assert pc.equal(pa.array([1, 2]), 1).to_pylist() == [True, False]
+assert pa.scalar("x").as_py() == "x"
+print("pandas" in sys.modules)
+"""
+
+
+def _convert(setup: str) -> str:
+    done = subprocess.run([sys.executable, "-c", _CONVERT.format(setup=setup)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_pyarrow_converts_values_without_pandas() -> None:
+    assert _convert("") == "True"
+    hidden = ("from sluice.spark_audit.python_daemon import WithoutPandas\n"
+              "sys.meta_path.insert(0, WithoutPandas())")
+    assert _convert(hidden) == "False"
+
+
+def test_hidden_pandas_says_how_to_keep_it() -> None:
+    finder = WithoutPandas()
+    with pytest.raises(ModuleNotFoundError, match=KEEP_PANDAS):
+        finder.find_spec("pandas")
+    with pytest.raises(ModuleNotFoundError):
+        finder.find_spec("pandas.core.frame")
+    assert finder.find_spec("pyarrow") is None
+    assert finder.find_spec("pandasql") is None
+
+
+def test_pandas_is_hidden_unless_kept_or_already_there() -> None:
+    meta_path: list[Any] = ["finder"]
+    hide_pandas({}, meta_path, {})
+    assert isinstance(meta_path[0], WithoutPandas) and meta_path[1:] == ["finder"]
+    for environ, modules in (({KEEP_PANDAS: "1"}, {}), ({}, {"pandas": object()})):
+        untouched: list[Any] = ["finder"]
+        hide_pandas(environ, untouched, modules)
+        assert untouched == ["finder"]
+
+
+def _worker_modules(_: Any) -> list[bool]:
+    import sys
+
+    import pyarrow as pa
+
+    pa.scalar(1)
+    return ["pandas" in sys.modules]
+
+
+def test_workers_run_without_pandas(spark: Any) -> None:
+    assert spark.sparkContext.parallelize([0, 1], 2).flatMap(_worker_modules).collect() == [
+        False, False]
 
 
 def _worker_pyspark(_: Any) -> list[str]:
