@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -73,12 +73,22 @@ def _client_label(principal: str | None, client_id: str | None) -> str:
     return label or "(anonymous)"
 
 
-def _traffic(rows: list[dict[str, Any]], bucket_ms: int) -> dict[str, list[tuple[int, float]]]:
-    """Chart series from rows of (principal, client_id, bucket, bytes)."""
+def _batch_bytes(row: dict[str, Any]) -> int:
+    """A record batch rollup row's bytes on the client's side of the proxy."""
+    return int(row["bytes_in"] if row["api"] == "produce" else row["bytes_out"])
+
+
+def _row_bytes(row: dict[str, Any]) -> int:
+    return int(row["bytes"])
+
+
+def _traffic(rows: list[dict[str, Any]], bucket_ms: int,
+             bytes_of: Callable[[dict[str, Any]], int]) -> dict[str, list[tuple[int, float]]]:
+    """Chart series from rows of (principal, client_id, bucket, and bytes: ``bytes_of``)."""
     per: dict[tuple[str, int], int] = {}
     for r in rows:
         key = (_client_label(r["principal"], r["client_id"]), r["bucket"] // bucket_ms * bucket_ms)
-        per[key] = per.get(key, 0) + r["bytes"]
+        per[key] = per.get(key, 0) + bytes_of(r)
     totals: dict[str, int] = {}
     for (client, _b), n in per.items():
         totals[client] = totals.get(client, 0) + n
@@ -263,6 +273,7 @@ def run_audit(
         bucket_ms, bucket_label = _bucket((last_ms or 0) - (first_ms or 0))
         batches, runs, found = got["batches"], got["runs"], got["found"]
         conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]
+        chart_bytes = _row_bytes
         if bucket_ms < HOUR_MS and rollups.MINUTES in got:
             chart = got[rollups.MINUTES]  # rolled up by the tasks as they went
         elif bucket_ms < HOUR_MS:  # inputs Spark read itself: a second pass
@@ -271,10 +282,7 @@ def run_audit(
                                     count_skipped=False)["traffic"]
             timings["traffic_minutes"] = time.perf_counter() - t0
         else:
-            chart = [
-                {**r, "bytes": r["bytes_in"] if r["api"] == "produce" else r["bytes_out"]}
-                for r in batches
-            ]
+            chart, chart_bytes = batches, _batch_bytes
 
         t0 = time.perf_counter()
         built = {
@@ -311,7 +319,7 @@ def run_audit(
             totals=summary["totals"],
             instances=instances,
             bucket_label=bucket_label,
-            traffic=_traffic(chart, bucket_ms),
+            traffic=_traffic(chart, bucket_ms, chart_bytes),
             top_topics=summary["top_topics"],
             detections=summary["detections"],
             edges=_edges(batches),
