@@ -92,10 +92,21 @@ install_class_archive() {
   "$VENV/bin/python" -m sluice.spark_audit.record_classes --force
 }
 
+# Bytecode for the project's own modules, as pip writes it for every package it installs: an
+# editable install gets none until an import writes it, and where PYTHONDONTWRITEBYTECODE is
+# set (this project's CI machines set it) never, so every process, each Spark Python worker
+# included, compiled them from source again (importing the audit job's task code: 0.20 s
+# instead of 0.12 s). Only stale files are compiled.
+compile_project() {
+  "$VENV/bin/python" -m compileall -q -j 0 sluice codec crypto filters proxy spark_audit \
+    transforms
+}
+
 install_all() {
   install_debian_packages
   install_python
   install_node_tools
+  compile_project
   install_class_archive
 }
 

@@ -110,12 +110,22 @@ def to_table(name: str, rows: Iterable[dict[str, Any]], keys: Sequence[str],
     other column so that equal keys still come out in one order (nulls first, or last for
     ``nulls_last``; a list column sorts as its items joined by a control character, which is
     the order of the items for names and sha256s)."""
+    # Arrow converts the dicts itself (10x faster than a Python list per column).
+    return sorted_report(name, pa.Table.from_pylist(list(rows), schema=_as_read(name)), keys,
+                         nulls_last)
+
+
+def _as_read(name: str) -> pa.Schema:
+    """The report's schema with its times as epoch milliseconds (int64)."""
+    return pa.schema([f.with_type(_L) if pa.types.is_timestamp(f.type) else f
+                      for f in SCHEMAS[name]])
+
+
+def sorted_report(name: str, read: pa.Table, keys: Sequence[str],
+                  nulls_last: Sequence[str] = ()) -> pa.Table:
+    """``to_table`` of a table with the report's columns in order (``_as_read``: times as
+    epoch milliseconds)."""
     schema = SCHEMAS[name]
-    # Arrow converts the dicts itself (10x faster than a Python list per column); times come
-    # in as epoch milliseconds.
-    as_read = pa.schema([f.with_type(_L) if pa.types.is_timestamp(f.type) else f
-                         for f in schema])
-    read = pa.Table.from_pylist(list(rows), schema=as_read)
     table = pa.Table.from_arrays([
         pc.multiply_checked(col, 1000).cast(field.type) if pa.types.is_timestamp(field.type)
         else col
@@ -201,24 +211,33 @@ def audit_modules(
     return to_table("audit_modules", out, ["module_sha256"])
 
 
+_BILLED = ("batches", "records_in", "records_out", "bytes_in", "bytes_out", "errors")
+_BATCH_ROWS = pa.schema([("principal", _S), ("client_id", _S), ("topic", _S), ("api", _S),
+                         ("bucket", _L), *[(c, _L) for c in _BILLED], ("filter_time_ns", _L)])
+
+
 def billing(batches: list[dict[str, Any]]) -> pa.Table:
-    groups = _group(
-        batches,
-        lambda r: (r["principal"], r["client_id"], r["topic"], r["bucket"] // HOUR_MS * HOUR_MS),
-    )
-    out = []
-    for (principal, client_id, topic, hour), rows in groups.items():
-        row: dict[str, Any] = {"principal": principal, "client_id": client_id, "topic": topic,
-                               "hour": hour}
-        for api in ("produce", "fetch"):
-            mine = [r for r in rows if r["api"] == api]
-            row[f"{api}_batches"] = sum(r["batches"] for r in mine)
-            for col in ("records_in", "records_out", "bytes_in", "bytes_out"):
-                row[f"{api}_{col}"] = sum(r[col] for r in mine)
-            row[f"{api}_errors"] = sum(r["errors"] for r in mine)
-        row["filter_time_ns"] = sum(r["filter_time_ns"] for r in rows)
-        out.append(row)
-    return to_table("billing", out, ["hour", "principal", "client_id", "topic"])
+    """Per principal, client id, topic and hour: each API's batches, records, bytes and
+    errors, and the filters' time. Grouped in Arrow (the bench's 12,750 record batch rollup
+    rows: 0.03-0.04 s instead of 0.14-0.15 s grouping them in Python)."""
+    rows = pa.Table.from_pylist(batches, schema=_BATCH_ROWS)
+    hour = pc.multiply(pc.divide(rows["bucket"], HOUR_MS), HOUR_MS)
+    columns: dict[str, Any] = {"principal": rows["principal"], "client_id": rows["client_id"],
+                               "topic": rows["topic"], "hour": hour}
+    zero = pa.scalar(0, _L)
+    for api in ("produce", "fetch"):
+        mine = pc.fill_null(pc.equal(rows["api"], api), False)
+        for col in _BILLED:
+            columns[f"{api}_{col}"] = pc.if_else(mine, rows[col], zero)
+    columns["filter_time_ns"] = rows["filter_time_ns"]
+    keys = ["principal", "client_id", "topic", "hour"]
+    sums = [c for c in columns if c not in keys]
+    grouped = pa.table(columns).group_by(keys, use_threads=False).aggregate(
+        [(c, "sum") for c in sums])
+    names = _as_read("billing").names
+    read = pa.table([grouped[k] for k in keys] + [grouped[f"{c}_sum"] for c in sums],
+                    names=keys + sums).select(names)
+    return sorted_report("billing", read, ["hour", "principal", "client_id", "topic"])
 
 
 def billing_connections(rows: list[dict[str, Any]]) -> pa.Table:

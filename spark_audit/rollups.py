@@ -672,23 +672,34 @@ def split_counts(
         if part not in PART_DATASETS and part != "conns":
             usable[part] = rows
             continue
-        usable[part] = []
+        kept: list[dict[str, Any]] = []
+        usable[part] = kept
+        default_type = PART_DATASETS.get(part, part)  # "conns" rows name their type
         for r in rows:
-            c = counts.setdefault(r.get("_type") or PART_DATASETS[part], TypeCounts())
-            if r[SKIP] == MALFORMED:
+            kind: str = r.get("_type") or default_type
+            found = counts.get(kind)
+            if found is None:
+                found = counts[kind] = TypeCounts()
+            c = found
+            skip = r[SKIP]
+            if skip == MALFORMED:
                 c.malformed += r["_rows"]
-            elif r[SKIP] == UNKNOWN_VERSION:
+                continue
+            if skip == UNKNOWN_VERSION:
                 c.unknown_version += r["_rows"]
-            else:
-                usable[part].append(r)
-                c.events += r["_rows"]
-                if r["_first_ms"] is not None:
-                    c.first_ms = r["_first_ms"] if c.first_ms is None else min(
-                        c.first_ms, r["_first_ms"])
-                    c.last_ms = r["_last_ms"] if c.last_ms is None else max(
-                        c.last_ms, r["_last_ms"])
-                # The instance is a key of some parts, a list (``_instances``) in others.
-                if r.get("instance_id") is not None:
-                    c.instances.add(r["instance_id"])
-                c.instances.update(r.get("_instances") or ())
+                continue
+            kept.append(r)
+            c.events += r["_rows"]
+            first = r["_first_ms"]
+            if first is not None:
+                last = r["_last_ms"]
+                c.first_ms = first if c.first_ms is None or first < c.first_ms else c.first_ms
+                c.last_ms = last if c.last_ms is None or last > c.last_ms else c.last_ms
+            # The instance is a key of some parts, a list (``_instances``) in others.
+            instance = r.get("instance_id")
+            if instance is not None:
+                c.instances.add(instance)
+            listed = r.get("_instances")
+            if listed:
+                c.instances.update(listed)
     return usable, counts
