@@ -97,7 +97,7 @@ def _zero(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     return pc.fill_null(pc.cast(col, _I64), 0)
 
 
-def _floor_to(times: pa.ChunkedArray, step_ms: int) -> pa.ChunkedArray:
+def floor_to(times: pa.ChunkedArray, step_ms: int) -> pa.ChunkedArray:
     """Epoch ms down to a multiple of ``step_ms`` (as Spark's ``floor(t / step) * step``)."""
     buckets = pc.floor(pc.divide(pc.cast(times, pa.float64()), float(step_ms)))
     return pc.multiply(pc.cast(buckets, _I64), step_ms)
@@ -366,7 +366,7 @@ def record_batches(bucket_ms: int = HOUR_MS) -> Rollup:
     def prepare(tables: Tables) -> pa.Table:
         t = tables["record_batch"]
         err = pc.cast(pc.not_equal(pc.fill_null(t["error_code"], 0), 0), _I64)
-        return _with(t, bucket=_floor_to(t["time_ms"], bucket_ms), _err=err)
+        return _with(t, bucket=floor_to(t["time_ms"], bucket_ms), _err=err)
 
     return Rollup(
         name="batches",
@@ -402,7 +402,7 @@ def traffic(bucket_ms: int) -> Rollup:
         produce = pc.fill_null(pc.equal(t["api"], "produce"), False)
         return pa.table({
             "principal": t["principal"], "client_id": t["client_id"],
-            "bucket": _floor_to(t["time_ms"], bucket_ms),
+            "bucket": floor_to(t["time_ms"], bucket_ms),
             "_bytes": pc.if_else(produce, t["bytes_in"], t["bytes_out"]), SKIP: t[SKIP],
         })
 
@@ -680,7 +680,7 @@ def _connection_rows(tables: Tables) -> pa.Table:
         return pa.table({})
     rows = pa.concat_tables(parts, promote_options="permissive")
     hour = pc.if_else(pc.is_null(rows["time_ms"]), pa.nulls(rows.num_rows, _I64),
-                      _floor_to(rows["time_ms"], HOUR_MS))
+                      floor_to(rows["time_ms"], HOUR_MS))
     return rows.append_column("hour_ms", hour)
 
 

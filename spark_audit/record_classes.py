@@ -2,8 +2,8 @@
 
     python -m sluice.spark_audit.record_classes [--force] [--to PATH]
 
-Runs a small audit job in local mode (a few events of each dataset, written by the proxy's
-own Parquet sink to a temporary folder) in a JVM that writes the classes it loaded when it
+Runs a small audit job in local mode (a filter load and a few record batches, written by the
+proxy's own Parquet sink to a temporary folder) in a JVM that writes the classes it loaded when it
 exits, then moves the archive into place. ``scripts/dev.sh`` runs it when it installs or
 updates the virtualenv. Without ``--force`` an existing archive is kept; ``--to`` records to
 another path than the one sessions use (``class_archive.archive_path``).
@@ -29,8 +29,9 @@ EXIT_TIMEOUT_S = 300
 
 
 def write_telemetry(directory: Path) -> None:
-    """A few events of each kind through the proxy's Parquet sink: the job then runs every
-    rollup, as on real telemetry."""
+    """A filter load and three record batches through the proxy's Parquet sink: the job runs
+    its Spark job, its merge and its reports on them as on real telemetry (which Java classes
+    load does not depend on how much data there is)."""
     info = telemetry.ProxyInfo(host="record-classes", pid=1, instance_id="record-classes")
     sink = telemetry.make_sink({"dir": str(directory)}, info.instance_id, proxy=info)
     module = "0" * 64

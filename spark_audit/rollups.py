@@ -654,6 +654,14 @@ class TypeCounts:
     instances: set[str] = field(default_factory=set)
 
 
+def _type_counts(counts: dict[str, TypeCounts], kind: str) -> TypeCounts:
+    """``counts[kind]``, a new one if there is none (without building one per row)."""
+    found = counts.get(kind)
+    if found is None:
+        found = counts[kind] = TypeCounts()
+    return found
+
+
 def split_counts(
     got: Mapping[str, list[dict[str, Any]]],
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, TypeCounts]]:
@@ -663,7 +671,7 @@ def split_counts(
     for part, rows in got.items():
         if part == "skipped":
             for r in rows:
-                c = counts.setdefault(r["type"], TypeCounts())
+                c = _type_counts(counts, r["type"])
                 if r[SKIP] == MALFORMED:
                     c.malformed += r["_rows"]
                 else:
@@ -676,11 +684,7 @@ def split_counts(
         usable[part] = kept
         default_type = PART_DATASETS.get(part, part)  # "conns" rows name their type
         for r in rows:
-            kind: str = r.get("_type") or default_type
-            found = counts.get(kind)
-            if found is None:
-                found = counts[kind] = TypeCounts()
-            c = found
+            c = _type_counts(counts, r.get("_type") or default_type)
             skip = r[SKIP]
             if skip == MALFORMED:
                 c.malformed += r["_rows"]
