@@ -9,13 +9,20 @@ The proxy does::
     ...
     sink.close(timeout=5)
 
-The schema is documented in docs/TELEMETRY.md; the builders live in
-``telemetry_events``, the sinks in ``telemetry_sinks`` (JSON), ``telemetry_parquet`` and
-``telemetry_kafka_arrow`` (columnar, layout in ``telemetry_columns``), and ``make_sink`` in
-``telemetry_factory``.
+The schema is documented in docs/TELEMETRY.md; the builders live in ``events``, the sinks in
+``sinks`` (JSON Lines, Kafka), ``parquet`` and ``kafka_arrow`` (columnar, layout in
+``columns``), and ``make_sink`` in ``factory``.
+
+The sinks are imported on first use (PEP 562 ``__getattr__``): the audit job's Spark workers
+import ``columns`` from this package, and the sinks' imports (structlog, the Parquet writer,
+the Kafka client) cost each new worker about 0.1 s for code it never runs.
 """
 
+
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from sluice.proxy.telemetry.events import (
     MAX_TEXT,
@@ -42,18 +49,39 @@ from sluice.proxy.telemetry.events import (
     telemetry_dropped_event,
     transform_batch_event,
 )
-from sluice.proxy.telemetry.factory import make_sink
-from sluice.proxy.telemetry.kafka_arrow import ArrowKafkaSink
-from sluice.proxy.telemetry.parquet import ParquetSink
-from sluice.proxy.telemetry.sinks import (
-    FileSink,
-    KafkaSink,
-    NullSink,
-    QueuedSink,
-    TeeSink,
-    TelemetryConfigError,
-    TelemetrySink,
-)
+
+if TYPE_CHECKING:
+    from sluice.proxy.telemetry.factory import make_sink
+    from sluice.proxy.telemetry.kafka_arrow import ArrowKafkaSink
+    from sluice.proxy.telemetry.parquet import ParquetSink
+    from sluice.proxy.telemetry.sinks import (
+        FileSink,
+        KafkaSink,
+        NullSink,
+        QueuedSink,
+        TeeSink,
+        TelemetryConfigError,
+        TelemetrySink,
+    )
+
+# Name -> the submodule that defines it, imported when the name is first looked up.
+_LAZY = {
+    "make_sink": "factory",
+    "ArrowKafkaSink": "kafka_arrow",
+    "ParquetSink": "parquet",
+    **dict.fromkeys(("FileSink", "KafkaSink", "NullSink", "QueuedSink", "TeeSink",
+                     "TelemetryConfigError", "TelemetrySink"), "sinks"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups find it without this function
+    return value
+
 
 __all__ = [
     "MAX_TEXT",

@@ -8,7 +8,8 @@ task planning and row classification around them (``spark_audit.rollups``).
   identity its connection's other rows carry;
 - ``plan_tasks``: every file in exactly one unit per rollup, whole hours of both connection
   datasets together, at most ``TASKS_PER_CORE`` tasks per core;
-- ``classify``: which rows are malformed, of an unknown version, or usable.
+- ``classify``: which rows are malformed, of an unknown version, or usable;
+- ``floor_to`` against Python's floor division, over chunks, nulls and times before 1970.
 
 Pure pyarrow: no Spark session is started.
 """
@@ -549,3 +550,20 @@ def test_file_task_in_chunks_equals_one_read(tmp_path: Any, monkeypatch: Any) ->
     assert sum(r["batches"] for r in whole) == 200
     assert sum(r["filter_time_ns"] for r in whole) == 150 * 7
     assert sum(r["bytes_in"] for r in whole) == 4 * 10 * sum(range(50))
+
+
+_TIMES = st.lists(st.one_of(st.none(), st.integers(-(2**52), 2**52)), max_size=30)
+
+
+@given(chunks=st.lists(_TIMES, max_size=4), step=st.sampled_from([1, 60_000, HOUR_MS, 86_400_000]),
+       int32=st.booleans())
+@SETTINGS
+def test_floor_to_is_floor_division(chunks: list[list[int | None]], step: int,
+                                    int32: bool) -> None:
+    if int32:
+        chunks = [[None if t is None else t % 2**31 for t in c] for c in chunks]
+    times = pa.chunked_array(chunks, pa.int32() if int32 else pa.int64())
+    got = partials.floor_to(times, step)
+    assert got.type == pa.int64()
+    assert got.to_pylist() == [None if t is None else t // step * step
+                               for c in chunks for t in c]
