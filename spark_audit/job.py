@@ -39,6 +39,10 @@ from sluice.spark_audit.session import get_session
 from sluice.spark_audit.svg import Edge
 
 TOP_CLIENTS_IN_CHART = 8
+# The rollups of the second Spark job (``rollups.collect_in_turn``): the connections, whose
+# tasks cost the most per row and feed one report only; the reports of the rest are built
+# while their tasks run.
+LATER = ("conns",)
 TOPOLOGY_LIMITS = {"client": 14, "proxy": 8, "topic": 16}
 
 
@@ -274,10 +278,49 @@ def run_audit(
         )
         wanted = partials.standard(HOUR_MS)  # hourly: billing needs hours
         importing = _import_while_tasks_run()
-        got, counts = rollups.split_counts(rollups.collect(spark, inputs, wanted,
-                                                           minutes=True))
+        first, later = rollups.collect_in_turn(spark, inputs, wanted, LATER, minutes=True)
         importing.join()
+        got, counts = rollups.split_counts(first)
         timings["aggregate"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        batches, runs, found = got["batches"], got["runs"], got["found"]
+        admin_rows, loads, drop_rows = got["admin"], got["loads"], got["drops"]
+        built = {
+            "audit": reports.audit(runs),
+            "audit_modules": reports.audit_modules(runs, loads, admin_rows),
+            "billing": reports.billing(batches),
+            "compliance": reports.compliance(found, admin_rows, drop_rows),
+            "admin": reports.admin(admin_rows),
+            "transforms": reports.transforms(got["transforms"]),
+            "encryption": reports.encryption(got["encryption"], batches),
+        }
+        paths = {
+            name: {"parquet": report_io.join(out, f"{name}.parquet"),
+                   "csv": report_io.join(out, f"{name}.csv")}
+            for name in reports.REPORT_NAMES
+        }
+
+        def write(name: str) -> None:
+            report_io.write_bytes(spark, paths[name]["parquet"],
+                                  report_io.parquet_bytes(built[name]))
+            report_io.write_bytes(spark, paths[name]["csv"], report_io.csv_bytes(built[name]))
+
+        for name in built:
+            write(name)
+        # The summary's parts that do not depend on the connections, while they are counted.
+        summary = _summarise(built)
+        edges = _edges(batches)
+        waiting = time.perf_counter()
+        got_later, counts_later = rollups.split_counts(later.rows())
+        timings["waited_for_connections"] = time.perf_counter() - waiting
+        counts = rollups.merge_counts(counts, counts_later)
+        got.update(got_later)
+        built["billing_connections"] = reports.billing_connections(got["conns"])
+        write("billing_connections")
+        written = {name: paths[name] for name in reports.REPORT_NAMES}
+        timings["reports"] = time.perf_counter() - t0
+
         by_type = {t: c.events for t, c in counts.items() if t in EVENT_TABLES and c.events}
         skipped = {
             "malformed": {t: c.malformed for t, c in counts.items() if c.malformed},
@@ -290,43 +333,18 @@ def run_audit(
         last_ms = max((c.last_ms for c in event_stats if c.last_ms is not None), default=None)
         instances = sorted({i for c in event_stats for i in c.instances})
         bucket_ms, bucket_label = _bucket((last_ms or 0) - (first_ms or 0))
-        batches, runs, found = got["batches"], got["runs"], got["found"]
-        conns, admin_rows, loads, drop_rows = got["conns"], got["admin"], got["loads"], got["drops"]
         chart_bytes = _row_bytes
         if bucket_ms < HOUR_MS and rollups.MINUTES in got:
             chart = got[rollups.MINUTES]  # rolled up by the tasks as they went
         elif bucket_ms < HOUR_MS:  # inputs Spark read itself: a second pass
-            t0 = time.perf_counter()
+            t1 = time.perf_counter()
             chart = rollups.collect(spark, inputs, {"traffic": partials.traffic(bucket_ms)},
                                     count_skipped=False)["traffic"]
-            timings["traffic_minutes"] = time.perf_counter() - t0
+            timings["traffic_minutes"] = time.perf_counter() - t1
         else:
             chart, chart_bytes = batches, _batch_bytes
 
         t0 = time.perf_counter()
-        built = {
-            "audit": reports.audit(runs),
-            "audit_modules": reports.audit_modules(runs, loads, admin_rows),
-            "billing": reports.billing(batches),
-            "billing_connections": reports.billing_connections(conns),
-            "compliance": reports.compliance(found, admin_rows, drop_rows),
-            "admin": reports.admin(admin_rows),
-            "transforms": reports.transforms(got["transforms"]),
-            "encryption": reports.encryption(got["encryption"], batches),
-        }
-        written: dict[str, dict[str, str]] = {}
-        for name in reports.REPORT_NAMES:
-            paths = {
-                "parquet": report_io.join(out, f"{name}.parquet"),
-                "csv": report_io.join(out, f"{name}.csv"),
-            }
-            report_io.write_bytes(spark, paths["parquet"], report_io.parquet_bytes(built[name]))
-            report_io.write_bytes(spark, paths["csv"], report_io.csv_bytes(built[name]))
-            written[name] = paths
-        timings["reports"] = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        summary = _summarise(built)
         data = html_report.ReportData(
             source=telemetry,
             generated_at=sources.utc_iso(int(datetime.now(tz=UTC).timestamp() * 1000)) or "",
@@ -341,7 +359,7 @@ def run_audit(
             traffic=_traffic(chart, bucket_ms, chart_bytes),
             top_topics=summary["top_topics"],
             detections=summary["detections"],
-            edges=_edges(batches),
+            edges=edges,
             modules=summary["modules"],
             clients=summary["clients"],
             compliance=summary["compliance"],

@@ -34,7 +34,9 @@ same rows (``split_counts``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
@@ -92,11 +94,10 @@ def plan_tasks(files: list[LocalFile], rollups: Mapping[str, Rollup], cores: int
     runs into about ``TASKS_PER_CORE`` tasks per core (largest first, onto the lightest), the
     costliest task first (Spark starts them in order). A file's cost is its size times its
     rollup's ``cost_per_byte``."""
-    costs = {
-        f.path: size(f.path) * max((r.cost_per_byte for r in rollups.values()
-                                    if f.dataset in r.datasets), default=1.0)
-        for f in files
-    }
+    # Only the files of the rollups asked for count (a job may run some of them).
+    per_byte = {d: max(r.cost_per_byte for r in rollups.values() if d in r.datasets)
+                for d in {d for r in rollups.values() for d in r.datasets}}
+    costs = {f.path: size(f.path) * per_byte[f.dataset] for f in files if f.dataset in per_byte}
     bins = max(1, TASKS_PER_CORE * cores)
     target = max(sum(costs.values()) / bins, 1.0)
     units: list[tuple[float, str, dict[str, list[str]]]] = []
@@ -605,6 +606,73 @@ def collect(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
     return finish(got, rollups, minutes and "record_batch" not in tables)
 
 
+class Later:
+    """What ``collect_in_turn`` returns for its second job: ``rows()`` waits for it."""
+
+    def __init__(self, collect: Callable[[], dict[str, list[dict[str, Any]]]],
+                 thread: bool) -> None:
+        self._rows: dict[str, list[dict[str, Any]]] | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if not thread:
+            self._run(collect)
+            return
+        # Spark's own thread class: the job's JVM thread follows the Python thread's
+        # properties (pinned thread mode) and ends with it.
+        from pyspark import InheritableThread
+
+        self._thread = InheritableThread(target=self._run, args=(collect,), daemon=True)
+        self._thread.start()
+
+    def _run(self, collect: Callable[[], dict[str, list[dict[str, Any]]]]) -> None:
+        try:
+            self._rows = collect()
+        except BaseException as exc:  # handed to the caller of rows()
+            self._error = exc
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def rows(self) -> dict[str, list[dict[str, Any]]]:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._rows is not None
+        return self._rows
+
+
+# How long ``collect_in_turn`` waits for Spark to register its first job before it submits
+# the second anyway (they then run in either order, with the same result).
+_FIRST_JOB_WAIT_S = 10.0
+
+
+def collect_in_turn(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
+                    later: Collection[str], minutes: bool = False
+                    ) -> tuple[dict[str, list[dict[str, Any]]], Later]:
+    """``collect`` in two parts: the rollups named in ``later`` run as a second Spark job,
+    submitted once Spark holds the first, so that the first job's tasks run first and its rows
+    come back while the second job's tasks run; the driver builds the reports of the first
+    part meanwhile, instead of after every task with one core of a small machine idle.
+    (Spark schedules the jobs of a session first come, first served.) Parquet files only:
+    other inputs are collected in one part, and ``Later`` then holds them already."""
+    if inputs.tables or inputs.checks is not None or inputs.kafka is not None:
+        every = collect(spark, inputs, rollups, minutes=minutes)
+        rest = {name: every.pop(name) for name in later if name in every}
+        return every, Later(lambda: rest, thread=False)
+    first = {name: r for name, r in rollups.items() if name not in later}
+    second = {name: r for name, r in rollups.items() if name in later}
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup(None))
+    first_part = Later(lambda: collect(spark, inputs, first, minutes=minutes), thread=True)
+    deadline = time.monotonic() + _FIRST_JOB_WAIT_S
+    while (first_part.running() and time.monotonic() < deadline
+           and len(tracker.getJobIdsForGroup(None)) == jobs_before):
+        time.sleep(0.005)
+    second_part = Later(lambda: collect(spark, inputs, second), thread=True)
+    return first_part.rows(), second_part
+
+
 def finish(got: PartialSet, rollups: Mapping[str, Rollup], minutes: bool = False
            ) -> dict[str, list[dict[str, Any]]]:
     """Every task's partial tables (``got``) merged into each rollup's rows; with ``minutes``
@@ -660,6 +728,32 @@ def _type_counts(counts: dict[str, TypeCounts], kind: str) -> TypeCounts:
     if found is None:
         found = counts[kind] = TypeCounts()
     return found
+
+
+def merge_counts(*parts: Mapping[str, TypeCounts]) -> dict[str, TypeCounts]:
+    """The counts of several ``split_counts`` results as one (of the same events)."""
+    out: dict[str, TypeCounts] = {}
+    for part in parts:
+        for kind, c in part.items():
+            have = out.get(kind)
+            if have is None:
+                out[kind] = replace(c, instances=set(c.instances))
+                continue
+            have.events += c.events
+            have.malformed += c.malformed
+            have.unknown_version += c.unknown_version
+            have.first_ms = _least(have.first_ms, c.first_ms)
+            have.last_ms = _most(have.last_ms, c.last_ms)
+            have.instances |= c.instances
+    return out
+
+
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _most(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def split_counts(

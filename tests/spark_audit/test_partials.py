@@ -5,7 +5,8 @@ task planning and row classification around them (``spark_audit.rollups``).
   into contiguous chunks equals ``final`` over one partial of all rows (hypothesis);
 - offset runs against a pure-Python island computation;
 - connections split at time cut points: the same result, and every ``open`` counted under the
-  identity its connection's other rows carry;
+  identity its connection's other rows carry; the same from dictionary columns as files give
+  them;
 - ``plan_tasks``: every file in exactly one unit per rollup, whole hours of both connection
   datasets together, at most ``TASKS_PER_CORE`` tasks per core;
 - ``classify``: which rows are malformed, of an unknown version, or usable;
@@ -413,6 +414,60 @@ def test_connections_any_split_without_whole_connections(data: st.DataObject) ->
         if r[SKIP] is None and r["_type"] == "connection" and r["connections_opened"]:
             got[(r["principal"], r["client_id"])] += r["connections_opened"]
     assert got == +opened
+
+
+def _as_files(table: pa.Table, columns: Sequence[str], cuts: Sequence[int],
+              repeat: bool) -> pa.Table:
+    """``table`` as read from several files: ``columns`` dictionary-encoded per piece (cut at
+    ``cuts``), as Parquet's reader gives them; with ``repeat``, each piece's dictionary holds
+    its first value twice and the rows use both."""
+    bounds = [0, *sorted({c for c in cuts if 0 < c < table.num_rows}), table.num_rows]
+    pieces = []
+    for lo, hi in pairwise(bounds):
+        piece = table.slice(lo, hi - lo)
+        for c in columns:
+            encoded = piece[c].combine_chunks().dictionary_encode()
+            if repeat and len(encoded.dictionary):
+                values = pa.concat_arrays([encoded.dictionary, encoded.dictionary.slice(0, 1)])
+                twin = len(encoded.dictionary)
+                indices = [None if i is None else twin if i == 0 and n % 2 else i
+                           for n, i in enumerate(encoded.indices.to_pylist())]
+                encoded = pa.DictionaryArray.from_arrays(pa.array(indices, pa.int32()), values)
+            piece = piece.set_column(piece.schema.get_field_index(c), c, encoded)
+        pieces.append(piece)
+    if not pieces:
+        return table
+    schema = pieces[0].schema
+    return pa.concat_tables([t.cast(schema) for t in pieces])
+
+
+@SETTINGS
+@given(data=st.data())
+def test_connections_from_dictionary_columns(data: st.DataObject) -> None:
+    """The connections' string columns read as dictionaries (``Rollup.dictionary``, one
+    dictionary per file, the same value in several of them or twice in one) give what the
+    plain strings give."""
+    rows, _opened = data.draw(_connections())
+    repeat = data.draw(st.booleans())
+    plain = _conn_tables(rows)
+    read = {ds: _as_files(t, [c for c in _CONN.dictionary if c in t.column_names],
+                          data.draw(st.lists(st.integers(0, t.num_rows), max_size=3)), repeat)
+            for ds, t in plain.items()}
+    assert any(pa.types.is_dictionary(f.type) for t in read.values() for f in t.schema) or \
+        not any(t.num_rows for t in plain.values())
+    assert _final(_CONN, [read]) == _final(_CONN, [plain])
+
+
+def test_encoded_unifies_file_dictionaries() -> None:
+    one = pa.array(["b", "a", None, "b"]).dictionary_encode()
+    two = pa.array(["c", "a"]).dictionary_encode()
+    encoded = partials._encoded(pa.chunked_array([one, two]))
+    assert encoded.to_pylist() == ["b", "a", None, "b", "c", "a"]
+    assert sorted(encoded.dictionary.to_pylist()) == ["a", "b", "c"]
+    twice = pa.DictionaryArray.from_arrays(pa.array([0, 1, 0], pa.int32()), pa.array(["x", "x"]))
+    encoded = partials._encoded(pa.chunked_array([twice]))
+    assert encoded.dictionary.to_pylist() == ["x"]  # encoded again from the values
+    assert encoded.indices.to_pylist() == [0, 0, 0]
 
 
 def test_connections_example() -> None:
