@@ -278,7 +278,8 @@ def run_audit(
         )
         wanted = partials.standard(HOUR_MS)  # hourly: billing needs hours
         importing = _import_while_tasks_run()
-        first, later = rollups.collect_in_turn(spark, inputs, wanted, LATER, minutes=True)
+        first, later = rollups.collect_in_turn(spark, inputs, wanted, LATER, minutes=True,
+                                               tables=("runs",))
         importing.join()
         got, counts = rollups.split_counts(first)
         timings["aggregate"] = time.perf_counter() - t0

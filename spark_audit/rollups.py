@@ -571,13 +571,14 @@ def _frame_partials(rollup: Rollup, frames: Mapping[str, DataFrame]) -> DataFram
 
 
 def collect(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
-            count_skipped: bool = True, minutes: bool = False
-            ) -> dict[str, list[dict[str, Any]]]:
+            count_skipped: bool = True, minutes: bool = False, tables: Collection[str] = ()
+            ) -> dict[str, Any]:
     """Every rollup over ``inputs``: partial tables in Spark's tasks, merged in the driver;
-    rows come back as dicts, per rollup name. ``count_skipped``: JSON lines and messages the
-    job cannot use are counted (rollup ``skipped``), wherever they turn up. ``minutes``: also
-    ``MINUTES`` (``MinuteTraffic``), when every record batch row was read by a file or Kafka
-    task and none of them saw rows spanning more than ``SHORT_SPAN_MS``."""
+    rows come back as dicts per rollup name, or as one Arrow table for the rollups named in
+    ``tables``. ``count_skipped``: JSON lines and messages the job cannot use are counted
+    (rollup ``skipped``), wherever they turn up. ``minutes``: also ``MINUTES``
+    (``MinuteTraffic``), when every record batch row was read by a file or Kafka task and
+    none of them saw rows spanning more than ``SHORT_SPAN_MS``."""
     got = PartialSet()
     cores = int(spark.sparkContext.defaultParallelism)
     tasks = plan_tasks(inputs.local_files, rollups, cores)
@@ -587,31 +588,30 @@ def collect(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
             lambda task: run_file_task(task, rollups, window, minutes=minutes)
         ).collect()
         add_pairs(got, pairs)
-    tables = dict(inputs.tables)
+    frames_read = dict(inputs.tables)
     checks = inputs.checks
     if inputs.kafka is not None and inputs.kafka.partitions:
         json_messages = _collect_kafka(spark, inputs, rollups, got, minutes)
         if json_messages:
             json_tables, checks = kafka_json_tables(spark, inputs.kafka, inputs.window)
-            tables.update(json_tables)
+            frames_read.update(json_tables)
     if checks is not None and count_skipped:
-        tables[CHECKS] = checks
+        frames_read[CHECKS] = checks
         rollups = {**rollups, "skipped": skipped()}
-    frames = [f for f in (_frame_partials(r, tables) for r in rollups.values())
+    frames = [f for f in (_frame_partials(r, frames_read) for r in rollups.values())
               if f is not None]
     if frames:
         for row in reduce(lambda a, b: a.unionByName(b), frames).collect():
             got.add(row["part"], pa.ipc.open_stream(row["data"]).read_all())
     # DataFrame inputs (JSON, --dedupe, Hadoop URLs) do not roll up minutes.
-    return finish(got, rollups, minutes and "record_batch" not in tables)
+    return finish(got, rollups, minutes and "record_batch" not in frames_read, tables)
 
 
 class Later:
     """What ``collect_in_turn`` returns for its second job: ``rows()`` waits for it."""
 
-    def __init__(self, collect: Callable[[], dict[str, list[dict[str, Any]]]],
-                 thread: bool) -> None:
-        self._rows: dict[str, list[dict[str, Any]]] | None = None
+    def __init__(self, collect: Callable[[], dict[str, Any]], thread: bool) -> None:
+        self._rows: dict[str, Any] | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         if not thread:
@@ -624,7 +624,7 @@ class Later:
         self._thread = InheritableThread(target=self._run, args=(collect,), daemon=True)
         self._thread.start()
 
-    def _run(self, collect: Callable[[], dict[str, list[dict[str, Any]]]]) -> None:
+    def _run(self, collect: Callable[[], dict[str, Any]]) -> None:
         try:
             self._rows = collect()
         except BaseException as exc:  # handed to the caller of rows()
@@ -633,7 +633,7 @@ class Later:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def rows(self) -> dict[str, list[dict[str, Any]]]:
+    def rows(self) -> dict[str, Any]:
         if self._thread is not None:
             self._thread.join()
         if self._error is not None:
@@ -648,8 +648,8 @@ _FIRST_JOB_WAIT_S = 10.0
 
 
 def collect_in_turn(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
-                    later: Collection[str], minutes: bool = False
-                    ) -> tuple[dict[str, list[dict[str, Any]]], Later]:
+                    later: Collection[str], minutes: bool = False,
+                    tables: Collection[str] = ()) -> tuple[dict[str, Any], Later]:
     """``collect`` in two parts: the rollups named in ``later`` run as a second Spark job,
     submitted once Spark holds the first, so that the first job's tasks run first and its rows
     come back while the second job's tasks run; the driver builds the reports of the first
@@ -657,28 +657,33 @@ def collect_in_turn(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, R
     (Spark schedules the jobs of a session first come, first served.) Parquet files only:
     other inputs are collected in one part, and ``Later`` then holds them already."""
     if inputs.tables or inputs.checks is not None or inputs.kafka is not None:
-        every = collect(spark, inputs, rollups, minutes=minutes)
+        every = collect(spark, inputs, rollups, minutes=minutes, tables=tables)
         rest = {name: every.pop(name) for name in later if name in every}
         return every, Later(lambda: rest, thread=False)
     first = {name: r for name, r in rollups.items() if name not in later}
     second = {name: r for name, r in rollups.items() if name in later}
     tracker = spark.sparkContext.statusTracker()
     jobs_before = len(tracker.getJobIdsForGroup(None))
-    first_part = Later(lambda: collect(spark, inputs, first, minutes=minutes), thread=True)
+    first_part = Later(lambda: collect(spark, inputs, first, minutes=minutes, tables=tables),
+                       thread=True)
     deadline = time.monotonic() + _FIRST_JOB_WAIT_S
     while (first_part.running() and time.monotonic() < deadline
            and len(tracker.getJobIdsForGroup(None)) == jobs_before):
         time.sleep(0.005)
-    second_part = Later(lambda: collect(spark, inputs, second), thread=True)
+    second_part = Later(lambda: collect(spark, inputs, second, tables=tables), thread=True)
     return first_part.rows(), second_part
 
 
-def finish(got: PartialSet, rollups: Mapping[str, Rollup], minutes: bool = False
-           ) -> dict[str, list[dict[str, Any]]]:
-    """Every task's partial tables (``got``) merged into each rollup's rows; with ``minutes``
-    also ``MINUTES``, unless a task's rows spanned too long for them."""
+def finish(got: PartialSet, rollups: Mapping[str, Rollup], minutes: bool = False,
+           tables: Collection[str] = ()) -> dict[str, Any]:
+    """Every task's partial tables (``got``) merged into each rollup's rows (a list of dicts;
+    for the rollups named in ``tables`` one Arrow table, ``Rollup.final_table``); with
+    ``minutes`` also ``MINUTES``, unless a task's rows spanned too long for them."""
     merge_versions(got, rollups)
-    result = {name: rollup.final(got.tables) for name, rollup in rollups.items()}
+    result: dict[str, Any] = {
+        name: rollup.final_table(got.tables) if name in tables else rollup.final(got.tables)
+        for name, rollup in rollups.items()
+    }
     if minutes and _MINUTES_OVER not in got.tables:
         result[MINUTES] = MinuteTraffic().rollup.final(got.tables)
     return result
@@ -756,13 +761,46 @@ def _most(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else max(a, b)
 
 
-def split_counts(
-    got: Mapping[str, list[dict[str, Any]]],
-) -> tuple[dict[str, list[dict[str, Any]]], dict[str, TypeCounts]]:
-    """(the usable rows of every part, counts per event type) from ``collect``'s result."""
-    usable: dict[str, list[dict[str, Any]]] = {}
+def _table_counts(table: pa.Table, counts: dict[str, TypeCounts], kind: str) -> pa.Table:
+    """``split_counts`` of a part's Arrow table (``collect``'s ``tables``): its usable rows."""
+    if table.num_rows == 0:
+        return table
+    keys = [k for k in ("_type", SKIP) if k in table.column_names]
+    per = table.group_by(keys).aggregate([("_rows", "sum"), ("_first_ms", "min"),
+                                          ("_last_ms", "max")])
+    for r in per.to_pylist():
+        c = _type_counts(counts, r.get("_type") or kind)
+        if r[SKIP] == MALFORMED:
+            c.malformed += r["_rows_sum"]
+        elif r[SKIP] == UNKNOWN_VERSION:
+            c.unknown_version += r["_rows_sum"]
+        else:
+            c.events += r["_rows_sum"]
+            c.first_ms = _least(c.first_ms, r["_first_ms_min"])
+            c.last_ms = _most(c.last_ms, r["_last_ms_max"])
+    usable = table.filter(pc.is_null(table[SKIP]))
+    by_type = ([(t, usable.filter(pc.equal(usable["_type"], t)))
+                for t in pc.unique(usable["_type"]).to_pylist() if t is not None]
+               if "_type" in usable.column_names else [(kind, usable)])
+    for type_, rows in by_type:
+        for col, listed in (("instance_id", False), ("_instances", True)):
+            if col in rows.column_names and rows.num_rows:
+                values = pc.list_flatten(rows[col]) if listed else rows[col]
+                found = {v for v in pc.unique(values).to_pylist() if v is not None}
+                if found:
+                    _type_counts(counts, type_).instances.update(found)
+    return usable
+
+
+def split_counts(got: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, TypeCounts]]:
+    """(the usable rows of every part, counts per event type) from ``collect``'s result (a
+    part's rows: dicts, or an Arrow table)."""
+    usable: dict[str, Any] = {}
     counts: dict[str, TypeCounts] = {}
     for part, rows in got.items():
+        if isinstance(rows, pa.Table):
+            usable[part] = _table_counts(rows, counts, PART_DATASETS.get(part, part))
+            continue
         if part == "skipped":
             for r in rows:
                 c = _type_counts(counts, r["type"])

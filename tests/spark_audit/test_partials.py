@@ -2,7 +2,8 @@
 task planning and row classification around them (``spark_audit.rollups``).
 
 - split invariance: for every rollup, ``final`` over the partials of any split of the input
-  into contiguous chunks equals ``final`` over one partial of all rows (hypothesis);
+  into contiguous chunks equals ``final`` over one partial of all rows, and ``final_table``
+  gives the same rows (hypothesis);
 - offset runs against a pure-Python island computation;
 - connections split at time cut points: the same result, and every ``open`` counted under the
   identity its connection's other rows carry; the same from dictionary columns as files give
@@ -156,6 +157,13 @@ def test_split_invariance(name: str, data: st.DataObject) -> None:
     whole = _final(rollup, [{dataset: table}])
     split = _final(rollup, [{dataset: c} for c in chunks])
     assert split == whole
+    # ``final_table``: the same rows as one Arrow table (Arrow-built or from the dicts).
+    for parts in ([{dataset: table}], [{dataset: c} for c in chunks]):
+        got: dict[str, list[pa.Table]] = {}
+        for t in parts:
+            for part_name, part in rollup.partial(t).items():
+                got.setdefault(part_name, []).append(part)
+        assert _sorted_rows(rollup.final_table(got).to_pylist()) == whole
     if rollup.merges_in_arrow:  # a task merges its chunks' partials before the driver does
         merged = rollup.merge_partials([rollup.partial({dataset: c}) for c in chunks])
         assert _sorted_rows(rollup.final({k: [v] for k, v in merged.items()})) == whole
@@ -391,6 +399,15 @@ def test_connections_split_by_time(data: st.DataObject) -> None:
     assert got == +opened
     # Every row is counted once, skipped or not.
     assert sum(r["_rows"] for r in split) == len(rows)
+    # The summary's counts of the rows as one Arrow table (``collect``'s ``tables``).
+    got_parts: dict[str, list[pa.Table]] = {}
+    for c in chunks:
+        for name, part in _CONN.partial(_conn_tables(c)).items():
+            got_parts.setdefault(name, []).append(part)
+    as_table = rollups.split_counts({"conns": _CONN.final_table(got_parts)})
+    as_rows = rollups.split_counts({"conns": _CONN.final(got_parts)})
+    assert as_table[1] == as_rows[1]
+    assert _sorted_rows(as_table[0]["conns"].to_pylist()) == _sorted_rows(as_rows[0]["conns"])
 
 
 @SETTINGS
@@ -622,3 +639,30 @@ def test_floor_to_is_floor_division(chunks: list[list[int | None]], step: int,
     assert got.type == pa.int64()
     assert got.to_pylist() == [None if t is None else t // step * step
                                for c in chunks for t in c]
+
+
+@given(lists=st.lists(st.one_of(st.none(), st.lists(st.one_of(st.none(), st.sampled_from(
+    ["b", "a", "é", "B", "", "a b"])), max_size=5)), max_size=12))
+@SETTINGS
+def test_sorted_lists(lists: list[list[str | None] | None]) -> None:
+    got = partials.sorted_lists(pa.chunked_array([lists[:3], lists[3:]], pa.list_(pa.string())))
+    assert got.to_pylist() == [sorted(v for v in (items or []) if v is not None)
+                               for items in lists]
+
+
+@pytest.mark.parametrize("name", sorted(SINGLE))
+@SETTINGS
+@given(data=st.data())
+def test_split_counts_of_a_table_equal_those_of_its_rows(name: str,
+                                                         data: st.DataObject) -> None:
+    rollup, _table, chunks = data.draw(_split_case(SINGLE[name]))
+    (dataset,) = rollup.datasets
+    got: dict[str, list[pa.Table]] = {}
+    for c in chunks:
+        for part_name, part in rollup.partial({dataset: c}).items():
+            got.setdefault(part_name, []).append(part)
+    final = rollup.final_table(got)
+    usable_t, counts_t = rollups.split_counts({rollup.name: final})
+    usable_r, counts_r = rollups.split_counts({rollup.name: final.to_pylist()})
+    assert counts_t == counts_r
+    assert _sorted_rows(usable_t[rollup.name].to_pylist()) == _sorted_rows(usable_r[rollup.name])
