@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -47,4 +48,4 @@ def _plain(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_billing_equals_the_plain_rule(batches: list[dict[str, Any]]) -> None:
     expected = reports.to_table("billing", _plain(batches),
                                 ["hour", "principal", "client_id", "topic"])
-    assert reports.billing(batches).equals(expected)
+    assert reports.billing(pa.Table.from_pylist(batches)).equals(expected)
