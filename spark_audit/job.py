@@ -12,10 +12,13 @@ Output layout under OUT (a local folder or any Hadoop filesystem URL: ``file://`
     <report>.parquet      one Parquet file per report
     <report>.csv          one CSV file per report (arrays joined with ';', times UTC)
 
-How it runs (one Spark job for Parquet files, no caching): one aggregation per dataset, run as
-Arrow code in Spark's tasks and merged in the driver (``rollups``, ``partials``), which also
-counts the dataset's events and the rows that cannot be used; the driver builds every report
-from those small results (``reports``) and writes them (``report_io``).
+How it runs (no caching): one aggregation per dataset, run as Arrow code in Spark's tasks and
+merged in the driver (``rollups``, ``partials``), which also counts the dataset's events and
+the rows that cannot be used; the driver builds every report from those small results
+(``reports``; the offset runs and record batches stay Arrow tables, ``TABLES``) and writes them
+(``report_io``). Parquet files take two Spark jobs, submitted in turn: every dataset but the
+connections, then the connections (``LATER``), so that the driver builds and writes the other
+reports while the connections' tasks run (``rollups.collect_in_turn``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 The heavy part of the job, grouping millions of rows, runs in Spark's tasks as Arrow code
 (``partials``); the driver merges the tasks' small partial tables into the rows the reports are
-built from. There are three kinds of task, each kind one Spark job:
+built from. There are three kinds of task, each kind one Spark job (the files two, in turn,
+when the job asks for some rollups later: ``collect_in_turn``):
 
 - **Parquet files on a local or shared path** (the columnar layout, the common case): the
   driver plans tasks of whole hours of a dataset's files (both connection datasets' files of
