@@ -783,8 +783,10 @@ def _table_counts(table: pa.Table, counts: dict[str, TypeCounts], kind: str) -> 
             c.first_ms = _least(c.first_ms, r["_first_ms_min"])
             c.last_ms = _most(c.last_ms, r["_last_ms_max"])
     usable = table.filter(pc.is_null(table[SKIP]))
-    by_type = ([(t, usable.filter(pc.equal(usable["_type"], t)))
-                for t in pc.unique(usable["_type"]).to_pylist() if t is not None]
+    # A row without ``_type`` counts under ``kind``, as in the rows' own loop.
+    by_type = ([(t or kind, usable.filter(pc.equal(usable["_type"], t)) if t is not None
+                 else usable.filter(pc.is_null(usable["_type"])))
+                for t in pc.unique(usable["_type"]).to_pylist()]
                if "_type" in usable.column_names else [(kind, usable)])
     for type_, rows in by_type:
         for col, listed in (("instance_id", False), ("_instances", True)):
