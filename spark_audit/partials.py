@@ -365,7 +365,7 @@ class Rollup:
         ``SKIP``), then each aggregate's column; empty, without columns, when there are no
         rows. Built in Arrow when every group is one partial row (the offset runs of a job
         whose offset run files one task read: 11,628 rows of the bench in 0.03 s instead of
-        0.25 through Python rows) or nothing is a set; else from ``final``'s rows."""
+        0.28 through Python rows) or nothing is a set; else from ``final``'s rows."""
         got = [t for t in partials.get(self.name, ()) if t.num_rows]
         if not got:
             return pa.table({})
@@ -862,7 +862,7 @@ def _resolve_local(rows: pa.Table, whole_connections: bool = True
     nothing to take from); the lacking rows of the others are pending, and this task's
     identities of those connections go to the driver with them."""
     number, ids = _identities(rows)
-    rows = _plain(rows)  # the strings the identities are numbered by stay dictionaries
+    rows = _plain(rows)  # decoded once numbered: the numbering used the dictionaries
     lacking = _lacking(rows)
     known = rows.filter(pc.invert(lacking))
     lacking_rows = rows.filter(lacking)
