@@ -832,11 +832,8 @@ def split_counts(got: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Type
                 continue
             kept.append(r)
             c.events += r["_rows"]
-            first = r["_first_ms"]
-            if first is not None:
-                last = r["_last_ms"]
-                c.first_ms = first if c.first_ms is None or first < c.first_ms else c.first_ms
-                c.last_ms = last if c.last_ms is None or last > c.last_ms else c.last_ms
+            c.first_ms = _least(c.first_ms, r["_first_ms"])
+            c.last_ms = _most(c.last_ms, r["_last_ms"])
             # The instance is a key of some parts, a list (``_instances``) in others.
             instance = r.get("instance_id")
             if instance is not None:
