@@ -376,12 +376,11 @@ class Connection:
             return
         router = self._routes.current
         api_key, version = header.api_key, header.api_version
-        if not router.versions.accepts(api_key, version):
-            # The proxy never advertised it; the broker would close too. Refusing here also
-            # keeps every per-(key, version) table bounded.
-            self._close(
-                out, f"request api key {api_key} v{version} was not advertised", violation=True
-            )
+        refusal = router.refusal(api_key, version)
+        if refusal is not None:
+            # A version the broker lacks (it would close too), or one a path must inspect
+            # and the codec cannot decode. Also keeps every per-(key, version) table bounded.
+            self._close(out, refusal, violation=True)
             return
         client = self.client
         if header.client_id is not None:

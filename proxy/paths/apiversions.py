@@ -4,8 +4,8 @@ A client picks the highest version both sides support. If the proxy advertised a
 codec cannot decode, a Produce to a filtered topic could not be inspected. Re-encoding the
 response also normalises broker quirks (Debian's kcat cannot parse Tansu's own encoding).
 
-The broker's own ranges are recorded in the process's `VersionTable`, which the connection
-uses to refuse request versions the proxy never advertised.
+The broker's own ranges are recorded in the process's `VersionTable`; the router's
+`refusal` (registry.py) uses them to gate requests by the same rule (`advertised_range`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
-from sluice.codec.messages import ApiKey, codec_version_range, decode_response, encode_response
+from sluice.codec.messages import ApiKey, decode_response, encode_response
 from sluice.proxy.paths.base import (
     Exchange,
     Frame,
@@ -24,7 +24,7 @@ from sluice.proxy.paths.base import (
     RequestOutcome,
     Respond,
 )
-from sluice.proxy.paths.registry import VersionTable
+from sluice.proxy.paths.registry import VersionTable, advertised_range
 from sluice.proxy.paths.share import UNFILTERED_RECORD_APIS
 
 
@@ -34,13 +34,11 @@ def intersect_api_versions(response: Any, hidden: frozenset[int] = frozenset()) 
     for entry in response.api_keys:
         if int(entry.api_key) in hidden:
             continue
-        ours = codec_version_range(int(entry.api_key))
-        if ours is None:
+        broker = (int(entry.min_version), int(entry.max_version))
+        span = advertised_range(int(entry.api_key), broker)
+        if span is None:
             continue
-        low = max(int(entry.min_version), ours[0])
-        high = min(int(entry.max_version), ours[1])
-        if low > high:
-            continue
+        low, high = span
         kept.append(
             dataclasses.replace(
                 entry,

@@ -5,10 +5,22 @@ installed (`Routes.install`); the connection asks the current router at the mome
 a frame. A path is consulted only when its decode predicate says the chain in force needs it;
 everything else is relayed as its original bytes.
 
-The router also says which request versions a client may send (`accepts`): the versions the
-proxy advertised, i.e. the codec's range intersected with the broker's (as learnt from
-ApiVersions answers). Every per-(key, version) table is therefore bounded by the codec's
-schemas, whatever a client sends.
+The router also says which request versions a client may send (`refusal`), one rule for
+every API key:
+
+- ApiVersions passes in any version (KIP-511: the broker answers an unknown one in v0).
+- The version must be one the broker supports: within the range it lists in ApiVersions, or,
+  for a key it does not list or before any ApiVersions answer was seen, within 0 and the
+  codec's newest version of a key the codec knows.
+- A key some path inspects under the chain in force (a request path, or a response path that
+  wants some version of it) passes only in the versions the codec decodes: a frame that must
+  be inspected is never relayed uninspected. Keys no path inspects pass as their bytes in any
+  version the broker supports (older clients that skip ApiVersions send v0 admin requests).
+
+What the proxy advertises (`apiversions.py`) is the codec's range intersected with the
+broker's, so clients that read ApiVersions always pick a version that passes. Every
+per-(key, version) table and metric label is bounded by the broker's list and the codec's
+keys, whatever a client sends.
 """
 
 from __future__ import annotations
@@ -21,53 +33,44 @@ from sluice.proxy.paths.base import ApiPath, PathContext, ResponsePath
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
 
 
-class VersionTable:
-    """The request versions a client may send: codec range ∩ broker range per API key.
+def advertised_range(api_key: int, broker: tuple[int, int]) -> tuple[int, int] | None:
+    """The versions the proxy advertises for a key the broker lists: codec ∩ broker."""
+    ours = codec_version_range(api_key)
+    if ours is None:
+        return None
+    low, high = max(ours[0], broker[0]), min(ours[1], broker[1])
+    return (low, high) if low <= high else None
 
-    Shared by every connection of a process. For a key the broker has not listed (yet, or at
-    all), the codec's range applies: the broker answers or refuses it itself.
-    """
+
+class VersionTable:
+    """The broker's version ranges, as learnt from ApiVersions answers; one per process."""
 
     def __init__(self) -> None:
         self._broker: dict[int, tuple[int, int]] = {}
-        self._allowed: dict[int, tuple[int, int] | None] = {}
 
     def learn(self, ranges: dict[int, tuple[int, int]]) -> None:
         """The broker's ranges from an ApiVersions response (the full list of its keys)."""
         if ranges != self._broker:
             self._broker = dict(ranges)
-            self._allowed.clear()
 
-    def allowed(self, api_key: int) -> tuple[int, int] | None:
-        try:
-            return self._allowed[api_key]
-        except KeyError:
-            pass
+    def broker_supports(self, api_key: int, version: int) -> bool:
+        """Whether the broker serves this version, as far as the proxy knows.
+
+        A key the broker lists: its range. A key it does not list, or before any ApiVersions
+        answer: a key the codec knows, from v0 to the codec's newest (the broker refuses what
+        it lacks). Unknown keys never pass, which bounds every per-key table.
+        """
+        theirs = self._broker.get(api_key)
+        if theirs is not None:
+            return theirs[0] <= version <= theirs[1]
         ours = codec_version_range(api_key)
-        # A key the broker does not list is the broker's to refuse (Tansu answers
-        # CreatePartitions and AlterConfigs without listing them); the codec's range bounds it.
-        theirs = self._broker.get(api_key, ours)
-        result = None
-        if ours is not None and theirs is not None:
-            low, high = max(ours[0], theirs[0]), min(ours[1], theirs[1])
-            result = (low, high) if low <= high else None
-        if len(self._allowed) < 1024:  # keys come from clients: bound the memo
-            self._allowed[api_key] = result
-        return result
-
-    def accepts(self, api_key: int, version: int) -> bool:
-        if api_key == _API_VERSIONS:
-            # Any ApiVersions version: the broker answers an unknown one with v0 and
-            # UNSUPPORTED_VERSION, which is how clients discover versions (KIP-511).
-            return version >= 0
-        allowed = self.allowed(api_key)
-        return allowed is not None and allowed[0] <= version <= allowed[1]
+        return ours is not None and 0 <= version <= ours[1]
 
 
 class Router:
     """Which path handles a request or a response, for one installed chain."""
 
-    __slots__ = ("_requests", "_response_paths", "_responses", "ctx", "versions")
+    __slots__ = ("_inspected", "_requests", "_response_paths", "_responses", "ctx", "versions")
 
     def __init__(self, paths: Sequence[ApiPath], ctx: PathContext, versions: VersionTable):
         self.ctx = ctx
@@ -79,8 +82,36 @@ class Router:
                 if key not in self._requests and path.wants_request(ctx, key):
                     self._requests[key] = path
                 self._response_paths.setdefault(key, []).append(path)
-        # Filled lazily per (key, version); versions are bounded by `accepts`.
+        # Filled lazily per (key, version); versions are bounded by `refusal`.
         self._responses: dict[int, ResponsePath | None] = {}
+        self._inspected = frozenset(self._requests) | frozenset(
+            key for key, found in self._response_paths.items() if self._any_response(key, found)
+        )
+
+    def _any_response(self, api_key: int, found: list[ApiPath]) -> bool:
+        span = codec_version_range(api_key)
+        if span is None:
+            return False
+        return any(
+            path.wants_response(self.ctx, api_key, version)
+            for path in found
+            for version in range(span[0], span[1] + 1)
+        )
+
+    def refusal(self, api_key: int, version: int) -> str | None:
+        """None if a request of this key and version may be handled, else why not."""
+        if api_key == _API_VERSIONS:
+            return None if version >= 0 else "ApiVersions with a negative version"
+        if not self.versions.broker_supports(api_key, version):
+            return f"request api key {api_key} v{version} is not supported by the broker"
+        if api_key in self._inspected:
+            ours = codec_version_range(api_key)
+            if ours is None or not ours[0] <= version <= ours[1]:
+                return (
+                    f"request api key {api_key} v{version} must be inspected by the proxy, "
+                    "which cannot decode that version"
+                )
+        return None
 
     @property
     def generation(self) -> int:
@@ -96,6 +127,11 @@ class Router:
         except KeyError:
             pass
         found: ResponsePath | None = None
+        ours = codec_version_range(api_key)
+        if ours is None or not ours[0] <= version <= ours[1]:
+            # Only keys no path inspects get here in such versions (`refusal`): relayed.
+            self._responses[key] = None
+            return None
         for path in self._response_paths.get(api_key, ()):
             if path.wants_response(self.ctx, api_key, version):
                 found = path

@@ -1,9 +1,13 @@
 """The share-group refusal: KIP-932 ShareFetch carries records the fetch path does not filter.
 
 While fetch filters are in force, ShareFetch and ShareAcknowledge are neither advertised
-(`apiversions.py` hides them) nor relayed: a request is refused, and a ShareFetch response
-that was in flight when a fetch filter was installed is refused too (the connection closes),
-so that no record reaches a client without passing the fetch filters in force.
+(`apiversions.py` hides them) nor relayed, in any version: a request closes the connection,
+and so does a response of either that was in flight when a fetch filter was installed, so
+that no record reaches a client without passing the fetch filters in force.
+ShareAcknowledge carries no records, but it only makes sense for records a ShareFetch
+delivered: refusing it too keeps the share group API all or nothing. The other share-group
+APIs (ShareGroupHeartbeat, ShareGroupDescribe and the share offsets admin APIs) carry no
+records and pass as bytes.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ UNFILTERED_RECORD_APIS = frozenset({int(ApiKey.SHARE_FETCH), int(ApiKey.SHARE_AC
 
 class ShareRefusalPath:
     name = "share-refusal"
-    api_keys = frozenset({int(ApiKey.SHARE_FETCH)})
+    api_keys = UNFILTERED_RECORD_APIS
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
         return ctx.filters_on("fetch")

@@ -515,27 +515,29 @@ def test_random_uuid_is_not_a_known_topic(filtering_proxy: SluiceProxy) -> None:
 
 
 # ------------------------------------------------------------------ share groups
-def test_share_fetch_is_refused_while_fetch_filters_run(filtering_proxy: SluiceProxy) -> None:
-    """ShareFetch (KIP-932) returns records outside the Fetch path: not relayed at all."""
+@pytest.mark.parametrize(("api_key", "name"), [(78, "SHARE_FETCH"), (79, "SHARE_ACKNOWLEDGE")])
+def test_share_record_apis_are_refused_while_fetch_filters_run(
+    filtering_proxy: SluiceProxy, api_key: int, name: str
+) -> None:
+    """ShareFetch (KIP-932) returns records outside the Fetch path, and ShareAcknowledge
+    acknowledges them: neither is relayed at all, in any version."""
     from sluice.codec import entities
     from sluice.codec.schemas import request_schema
 
-    high = (codec_version_range(78) or (0, 0))[1]
-    request = entities.build(
-        request_schema(78, high),
-        group_id="g",
-        member_id=unique("m"),
-        max_wait=datetime.timedelta(milliseconds=100),
-    )
+    high = (codec_version_range(api_key) or (0, 0))[1]
+    fields: dict[str, Any] = {"group_id": "g", "member_id": unique("m")}
+    if api_key == 78:
+        fields["max_wait"] = datetime.timedelta(milliseconds=100)
+    request = entities.build(request_schema(api_key, high), **fields)
     with wire.RawConnection(filtering_proxy.bootstrap) as conn:
-        conn.send(78, high, request)
+        conn.send(api_key, high, request)
         assert conn.closed_by_peer()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and not any(
-        "SHARE_FETCH" in line and "refused" in line for line in filtering_proxy.output
+        name in line and "refused" in line for line in filtering_proxy.output
     ):
         time.sleep(0.1)
-    assert any("SHARE_FETCH" in line and "refused" in line for line in filtering_proxy.output)
+    assert any(name in line and "refused" in line for line in filtering_proxy.output)
 
 
 def test_share_group_apis_are_not_advertised_with_fetch_filters() -> None:

@@ -187,12 +187,83 @@ def test_acks0_answer_from_broker_is_dropped() -> None:
     assert conn.closed is None
 
 
-def test_unadvertised_version_is_refused() -> None:
+def test_version_the_broker_lacks_is_refused() -> None:
     conn, _, _ = make()
     out = conn.client_data(frame(request(METADATA, 1, version=999)))
     (close,) = [a for a in out if isinstance(a, Close)]
-    assert close.violation and "not advertised" in close.reason
+    assert close.violation and "not supported by the broker" in close.reason
     assert sent(out, SendToBroker) == b""
+
+
+CREATE_TOPICS = int(ApiKey.CREATE_TOPICS)
+DESCRIBE_CONFIGS = int(ApiKey.DESCRIBE_CONFIGS)
+
+
+def test_uninspected_old_version_passes_as_bytes_when_the_broker_serves_it() -> None:
+    """Sarama 1.22 and kafka-go 0.2 send CreateTopics v0 and DescribeConfigs v0 without
+    asking ApiVersions; Kafka 3.x serves them, the codec does not decode them."""
+    conn, routes, _ = make()
+    codec = codec_version_range(CREATE_TOPICS)
+    assert codec is not None and codec[0] > 0  # the case under test: below the codec's range
+    routes.versions.learn({CREATE_TOPICS: (0, 7), DESCRIBE_CONFIGS: (0, 4), METADATA: (0, 12)})
+    requests = request(CREATE_TOPICS, 1, version=0) + request(DESCRIBE_CONFIGS, 2, version=0)
+    out = conn.client_data(frame(request(CREATE_TOPICS, 1, version=0)) + frame(
+        request(DESCRIBE_CONFIGS, 2, version=0)))
+    assert not [a for a in out if isinstance(a, Close)]
+    assert b"".join(frames_of(sent(out, SendToBroker))) == requests
+    out = conn.broker_data(frame(response(1)) + frame(response(2)))
+    assert frames_of(sent(out, SendToClient)) == [response(1), response(2)]
+
+
+def test_uninspected_old_version_passes_before_any_api_versions_answer() -> None:
+    conn, _, _ = make()
+    out = conn.client_data(frame(request(CREATE_TOPICS, 1, version=0)))
+    assert not [a for a in out if isinstance(a, Close)]
+    assert frames_of(sent(out, SendToBroker)) == [request(CREATE_TOPICS, 1, version=0)]
+
+
+def test_inspected_key_outside_the_codec_range_is_refused() -> None:
+    """LIST_OFFSETS has a request path here: a version the codec cannot decode never passes,
+    even though the broker serves it."""
+    conn, routes, path = make()
+    codec = codec_version_range(LIST_OFFSETS)
+    assert codec is not None and codec[0] > 0
+    routes.versions.learn({LIST_OFFSETS: (0, codec[1])})
+    out = conn.client_data(frame(request(LIST_OFFSETS, 1, version=0)))
+    (close,) = [a for a in out if isinstance(a, Close)]
+    assert close.violation and "must be inspected" in close.reason
+    assert sent(out, SendToBroker) == b"" and path.seen == []
+
+
+def test_response_inspected_key_outside_the_codec_range_is_refused() -> None:
+    """FETCH's responses are rewritten by the test path: an old version is refused at request
+    time, since its response could not be inspected."""
+    conn, routes, _ = make()
+    codec = codec_version_range(FETCH)
+    assert codec is not None and codec[0] > 0
+    routes.versions.learn({FETCH: (0, codec[1])})
+    out = conn.client_data(frame(request(FETCH, 1, version=codec[0] - 1)))
+    (close,) = [a for a in out if isinstance(a, Close)]
+    assert "must be inspected" in close.reason
+
+
+@given(api_key=st.integers(0, 200), version=st.integers(-5, 2000))
+@settings(max_examples=300, deadline=None)
+def test_every_accepted_version_is_bounded(api_key: int, version: int) -> None:
+    """Whatever a client sends, what passes the gate is a key the codec knows (or the broker
+    lists) in a version the broker lists or up to the codec's newest: tables stay bounded."""
+    _, routes, _ = make()
+    routes.versions.learn({METADATA: (0, 12)})
+    refusal = routes.current.refusal(api_key, version)
+    span = codec_version_range(api_key)
+    if api_key == int(ApiKey.API_VERSIONS):
+        assert (refusal is None) == (version >= 0)
+    elif api_key == METADATA:
+        assert (refusal is None) == (0 <= version <= 12)
+    elif span is None:
+        assert refusal is not None
+    elif refusal is None:
+        assert 0 <= version <= span[1]
 
 
 def test_unknown_api_key_is_refused_and_not_counted() -> None:

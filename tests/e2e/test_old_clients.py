@@ -1,0 +1,94 @@
+"""Clients that skip ApiVersions and send versions the codec does not decode (Sarama 1.22 and
+segmentio/kafka-go 0.2 send CreateTopics v0 and DescribeConfigs v0): requests no path
+inspects pass as their bytes whenever the broker serves the version; one a path must inspect
+is refused. Frames are written by hand here, as those clients write them: the codec (kio,
+Kafka 4.x schemas) has no v0 of either API."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.harness.broker import TansuBroker
+from tests.harness.proxy import SluiceProxy
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack(">h", len(raw)) + raw
+
+
+def _frame(api_key: int, version: int, correlation_id: int, body: bytes) -> bytes:
+    message = struct.pack(">hhi", api_key, version, correlation_id) + _string("sarama") + body
+    return struct.pack(">i", len(message)) + message
+
+
+def create_topics_v0(correlation_id: int, topic: str) -> bytes:
+    # topics: [name, num_partitions, replication_factor, assignments[], configs[]], timeout
+    body = struct.pack(">i", 1) + _string(topic) + struct.pack(">ihii", 1, 1, 0, 0)
+    return _frame(19, 0, correlation_id, body + struct.pack(">i", 5000))
+
+
+def describe_configs_v0(correlation_id: int, topic: str) -> bytes:
+    # resources: [resource_type (2 = topic), resource_name, config_names (null: all)]
+    body = struct.pack(">ib", 1, 2) + _string(topic) + struct.pack(">i", -1)
+    return _frame(32, 0, correlation_id, body)
+
+
+def call(bootstrap: str, frame: bytes) -> bytes | None:
+    """The response (after its size), or None when the peer closed the connection."""
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frame)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        return data[4:]
+
+
+def create_error(answer: bytes, topic: str) -> int:
+    """error_code of the single topic in a CreateTopics v0 response."""
+    (count,) = struct.unpack_from(">i", answer, 4)
+    name_len = struct.unpack_from(">h", answer, 8)[0]
+    assert count == 1 and answer[10 : 10 + name_len].decode() == topic
+    return int(struct.unpack_from(">h", answer, 10 + name_len)[0])
+
+
+def test_create_topics_and_describe_configs_v0_pass_through(
+    broker: TansuBroker, proxy: SluiceProxy
+) -> None:
+    topic = f"old-client-{uuid.uuid4().hex[:8]}"
+    created = call(proxy.bootstrap, create_topics_v0(41, topic))
+    assert created is not None, "the proxy closed the connection on CreateTopics v0"
+    assert struct.unpack_from(">i", created)[0] == 41
+    assert create_error(created, topic) == 0
+    described = call(proxy.bootstrap, describe_configs_v0(42, topic))
+    assert described is not None, "the proxy closed the connection on DescribeConfigs v0"
+    direct = call(broker.bootstrap, describe_configs_v0(42, topic))
+    assert described == direct  # relayed as the broker's own bytes
+
+
+def test_v0_that_a_filter_must_inspect_is_refused(
+    start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+) -> None:
+    """With topic-policy bound on admin, CreateTopics must be inspected: v0 cannot be decoded,
+    so the connection closes with the reason in the log, and no topic is created."""
+    config = tmp_path / "sluice.yaml"
+    config.write_text(
+        "filters:\n"
+        "  - name: policy\n"
+        "    module: builtin:topic-policy\n"
+        '    topics: ["*"]\n'
+        "    apply_to: [admin]\n"
+        "    config: {partitions: {min: 3, max: 12}}\n"
+    )
+    proxy = start_proxy(config=config)
+    topic = f"old-client-{uuid.uuid4().hex[:8]}"
+    assert call(proxy.bootstrap, create_topics_v0(43, topic)) is None
+    assert any("must be inspected" in line for line in proxy.output)
