@@ -83,6 +83,8 @@ class Limits:
     max_held_response_bytes: int = 8 * 1024 * 1024  # ready responses waiting for an earlier one
     max_queued_request_bytes: int = 8 * 1024 * 1024  # requests waiting behind a deferred one
     max_unanswered_acks0: int = 1024  # correlation ids of acks=0 requests remembered
+    #: seconds a job (a filter run, a config look-up) may take before the connection closes
+    job_deadline: float = 20.0
 
 
 # ------------------------------------------------------------------ actions
@@ -209,6 +211,8 @@ class Connection:
         self._deferred_request = False
         # job id -> (kind, what it is for, its finish, the context it runs with)
         self._jobs: dict[int, tuple[str, Any, Callable[[Any], Any], Any]] = {}
+        # job id -> (its deadline on the clock, Job.what), in start order
+        self._job_deadlines: dict[int, tuple[float, str]] = {}
         self._next_job = 1
         self._client_writable = True
         self._broker_writable = True
@@ -266,6 +270,7 @@ class Connection:
     ) -> list[Action]:
         out: list[Action] = []
         kind, subject, finish, ctx = self._jobs.pop(job_id)
+        self._job_deadlines.pop(job_id, None)
         release(ctx)
         if self.closed is not None:
             return out
@@ -302,10 +307,24 @@ class Connection:
         return out
 
     def tick(self) -> list[Action]:
-        """A `Wake` came due: a quota wait may have ended."""
+        """A `Wake` came due: a quota wait may have ended, or a job's deadline passed."""
         self._wake_at = None
         if self.closed is not None:
             return []
+        if self._job_deadlines:
+            now = self._clock()
+            # Deadlines are in start order and all jobs get the same allowance: the first
+            # one is the earliest.
+            deadline, what = next(iter(self._job_deadlines.values()))
+            if deadline <= now:
+                # The job itself cannot be stopped from here (a filter's own timeout_ms stops
+                # a guest); its result is dropped when it ends. The client sees its connection
+                # close, as Kroxylicious does for a filter that never completes, and retries.
+                return self._close(
+                    [],
+                    f"{what} did not finish within {self.limits.job_deadline:g} s",
+                )
+            self._wake(deadline, now)
         return self._finish([], None)
 
     def client_writable(self, writable: bool) -> list[Action]:
@@ -456,6 +475,10 @@ class Connection:
         self._next_job += 1
         lease(ctx)  # the chain it runs with stays open until job_done
         self._jobs[job_id] = (kind, subject, job.finish, ctx)
+        now = self._clock()
+        deadline = now + self.limits.job_deadline
+        self._job_deadlines[job_id] = (deadline, job.what)
+        self._wake(deadline, now)
         out.append(StartJob(job_id, job))
 
     # ================================================================ responses

@@ -98,7 +98,7 @@ class ProxyServer:
         if self.placement is not None:
             placement = self.placement
             self.metrics.job_placement = lambda: (placement.inline_runs, placement.pool_runs)
-        self.limits = Limits(max_frame_size=config.max_frame_size)
+        self.limits = Limits(max_frame_size=config.max_frame_size, job_deadline=config.job_deadline)
         self.versions = VersionTable()
         self.routes = Routes(standard_paths(self.versions), self._context, self.versions)
 

@@ -50,6 +50,7 @@ class ProxyConfig:
     dead_letters: DeadLetterSettings = field(default_factory=DeadLetterSettings)
     max_connections: int = 0  # limits.max_connections, per worker; 0 = unlimited
     idle_timeout: float = 0  # limits.idle_timeout_seconds; 0 = never
+    job_deadline: float = 20.0  # limits.job_deadline_seconds
     quotas: QuotaSettings = field(default_factory=QuotaSettings)  # section `quotas:`
     metrics_listen: tuple[str, int] | None = None  # metrics.listen
     workers: int = 1  # `--workers N`: processes sharing the ports (SO_REUSEPORT)

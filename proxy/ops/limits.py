@@ -20,7 +20,7 @@ from sluice.filters.yaml_lines import LineMap
 if TYPE_CHECKING:
     from sluice.proxy.net.session import Session
 
-_KEYS = ("max_connections", "max_frame_size", "idle_timeout_seconds")
+_KEYS = ("max_connections", "max_frame_size", "idle_timeout_seconds", "job_deadline_seconds")
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class Limits:
     max_connections: int = 0  # 0 = unlimited
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     idle_timeout_seconds: float = 0  # 0 = never
+    job_deadline_seconds: float = 20.0  # a filter or look-up job longer than this closes
 
 
 def parse_limits(raw: Any, lines: LineMap, default_frame_size: int) -> Limits:
@@ -53,6 +54,7 @@ def parse_limits(raw: Any, lines: LineMap, default_frame_size: int) -> Limits:
         # Below 1 KiB not even an ApiVersions exchange fits.
         max_frame_size=number("max_frame_size", default_frame_size, True, 1024),
         idle_timeout_seconds=float(number("idle_timeout_seconds", 0, False, 0)),
+        job_deadline_seconds=float(number("job_deadline_seconds", 20.0, False, 0.1)),
     )
 
 

@@ -23,6 +23,7 @@ from sluice.proxy.net.connection import (
     SendToBroker,
     SendToClient,
     StartJob,
+    Wake,
 )
 from sluice.proxy.paths.base import (
     Answer,
@@ -88,7 +89,9 @@ class ScriptedPath:
         return done
 
 
-def make(limits: Limits | None = None) -> tuple[Connection, Routes, ScriptedPath]:
+def make(
+    limits: Limits | None = None, clock: Any = None
+) -> tuple[Connection, Routes, ScriptedPath]:
     path = ScriptedPath()
     topics = TopicRegistry()
     metrics = Metrics()
@@ -107,7 +110,10 @@ def make(limits: Limits | None = None) -> tuple[Connection, Routes, ScriptedPath
         )
 
     routes = Routes([path], context, VersionTable())
-    conn = Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), routes, metrics, limits)
+    conn = Connection(
+        ClientInfo("1.2.3.4:5", ("b", 9092)), routes, metrics, limits,
+        **({"clock": clock} if clock is not None else {}),
+    )
     return conn, routes, path
 
 
@@ -152,6 +158,45 @@ def test_deferred_request_holds_later_requests_back_in_order() -> None:
         request(METADATA, 2),
     ]
     assert path.seen == [1], "the path saw the deferred request once, and nothing else"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_job_that_never_finishes_closes_the_connection_at_its_deadline() -> None:
+    clock = FakeClock()
+    conn, _, _ = make(Limits(job_deadline=5.0), clock)
+    out = conn.client_data(frame(request(DESCRIBE_GROUPS, 1)) + frame(request(METADATA, 2)))
+    (job,) = [a for a in out if isinstance(a, StartJob)]
+    (wake,) = [a for a in out if isinstance(a, Wake)]
+    assert wake.delay == 5.0
+    clock.now += 4.9
+    assert not [a for a in conn.tick() if isinstance(a, Close)]
+    clock.now += 0.2
+    (close,) = [a for a in conn.tick() if isinstance(a, Close)]
+    assert "did not finish within 5 s" in close.reason
+    assert conn.closed is not None
+    # The late result changes nothing: nothing is sent after the close.
+    late = conn.job_done(job.job_id, job.job.run())
+    assert sent(late, SendToBroker) == b"" and sent(late, SendToClient) == b""
+
+
+def test_a_job_within_its_deadline_changes_nothing() -> None:
+    clock = FakeClock()
+    conn, _, _ = make(Limits(job_deadline=5.0), clock)
+    out = conn.client_data(frame(request(DESCRIBE_GROUPS, 1)))
+    (job,) = [a for a in out if isinstance(a, StartJob)]
+    clock.now += 4.0
+    out = conn.job_done(job.job_id, job.job.run())
+    assert frames_of(sent(out, SendToBroker)) == [request(DESCRIBE_GROUPS, 1)]
+    clock.now += 10.0
+    assert not [a for a in conn.tick() if isinstance(a, Close)]
+    assert conn.closed is None
 
 
 def test_responses_processed_under_an_old_chain_are_processed_again_before_sending() -> None:
