@@ -80,7 +80,7 @@ class Limits:
 
     max_frame_size: int = 100 * 1024 * 1024
     max_inflight: int = 256  # requests awaiting their response
-    max_held_response_bytes: int = 8 * 1024 * 1024  # ready responses waiting for an earlier one
+    max_held_response_bytes: int = 8 * 1024 * 1024  # responses held: being decided, in jobs, ready
     max_queued_request_bytes: int = 8 * 1024 * 1024  # requests waiting behind a deferred one
     max_unanswered_acks0: int = 1024  # correlation ids of acks=0 requests remembered
     #: seconds a job (a filter run, a config look-up) may take before the connection closes
@@ -515,6 +515,7 @@ class Connection:
             return
         awaiting.popleft()
         slot.raw = frame
+        self._account(slot)  # counted from now on, while routed, in a job or ready
         hdr = slot.exchange.header
         quotas = self._quotas
         if hdr.api_key == _FETCH and quotas is not None and quotas.active:
@@ -563,8 +564,17 @@ class Connection:
 
     def _hold(self, slot: _Slot) -> None:
         assert slot.response is not None
-        slot.held = len(slot.response)
-        self._held_bytes += slot.held
+        self._account(slot)
+
+    def _account(self, slot: _Slot) -> None:
+        """Count what the slot keeps: the broker's frame (kept until sent, to process it again
+        under a new chain) and the client's response when it is another buffer."""
+        raw, response = slot.raw, slot.response
+        held = len(raw) if raw is not None else 0
+        if response is not None and response is not raw:
+            held += len(response)
+        self._held_bytes += held - slot.held
+        slot.held = held
 
     # ================================================================ output
 
@@ -580,10 +590,9 @@ class Connection:
             if slot.generation != current and slot.pin is None and slot.raw is not None:
                 # The chain changed since this response was processed: the filters in force
                 # now decide what the client gets (issue 11, hole 1).
-                self._held_bytes -= slot.held
-                slot.held = 0
                 slot.response = None
                 slot.on_sent = None
+                self._account(slot)
                 self._route_response(slot, out)
                 if self.closed is not None or slot.response is None:
                     break
@@ -684,7 +693,15 @@ class Connection:
         if pause_client != self._client_paused:
             self._client_paused = pause_client
             out.append(PauseClient() if pause_client else ResumeClient())
-        pause_broker = not self._client_writable
+        # Responses are counted from the moment they arrive (in a job or ready): past the
+        # bound the broker is not read either. Never while the first slot still waits for the
+        # broker's answer: later broker answers cannot have arrived, the bytes held are the
+        # proxy's own answers, and only the broker's next answer can let them go.
+        slots = self._slots
+        pause_broker = not self._client_writable or (
+            self._held_bytes >= limits.max_held_response_bytes
+            and not (slots and self._awaiting and self._awaiting[0] is slots[0])
+        )
         if pause_broker != self._broker_paused:
             self._broker_paused = pause_broker
             out.append(PauseBroker() if pause_broker else ResumeBroker())

@@ -19,6 +19,7 @@ from sluice.proxy.net.connection import (
     Limits,
     PauseBroker,
     PauseClient,
+    ResumeBroker,
     ResumeClient,
     SendToBroker,
     SendToClient,
@@ -158,6 +159,37 @@ def test_deferred_request_holds_later_requests_back_in_order() -> None:
         request(METADATA, 2),
     ]
     assert path.seen == [1], "the path saw the deferred request once, and nothing else"
+
+
+def test_responses_behind_a_job_count_and_pause_the_broker() -> None:
+    """A response held in a job blocks the ones behind it: they count against the held-bytes
+    bound from the moment they arrive, and past it the broker is not read either."""
+    conn, _, _ = make(Limits(max_held_response_bytes=1000))
+    conn.client_data(frame(request(FETCH, 1)) + b"".join(
+        frame(request(METADATA, cid)) for cid in range(2, 12)))
+    out = conn.broker_data(frame(response(1, b"slow")))
+    (job,) = [a for a in out if isinstance(a, StartJob)]
+    paused_at = None
+    for cid in range(2, 12):
+        out = conn.broker_data(frame(response(cid, b"x" * 300)))
+        assert sent(out, SendToClient) == b""
+        if any(isinstance(a, PauseBroker) for a in out):
+            paused_at = cid
+            break
+    assert paused_at == 5, "paused once 4 x 300 bytes (and the slow one) were held"
+    out = conn.job_done(job.job_id, job.job.run())
+    assert len(frames_of(sent(out, SendToClient))) == 5
+    assert any(isinstance(a, ResumeBroker) for a in out)
+
+
+def test_local_answers_never_pause_the_broker_while_the_first_answer_is_due() -> None:
+    """Pausing the broker then would deadlock: only its next answer lets the others go."""
+    conn, _, _ = make(Limits(max_held_response_bytes=10))
+    out = conn.client_data(frame(request(METADATA, 1)) + b"".join(
+        frame(request(LIST_OFFSETS, cid)) for cid in range(2, 6)))
+    assert not any(isinstance(a, PauseBroker) for a in out)
+    out = conn.broker_data(frame(response(1)))
+    assert len(frames_of(sent(out, SendToClient))) == 5
 
 
 class FakeClock:
