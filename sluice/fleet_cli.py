@@ -75,6 +75,9 @@ def _add_signing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unsigned", action="store_true",
                    help="write an unsigned record (only fleets with fleet.allow_unsigned "
                         "apply it)")
+    p.add_argument("--trusted-key", action="append", default=[], metavar="PUB",
+                   help="another key the proxies trust (ed25519:... or a .pub file; repeat): "
+                        "the fleet is read as they read it (the signing key is trusted too)")
 
 
 def add_subcommands(sub: Any) -> None:
@@ -269,6 +272,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         bootstrap = _bootstrap(args)
         fields, spec = deploy_fields(args)
         key = _signing_key(args)
+        trust = _trust(args, key)
     except UsageError as exc:
         _err(f"deploy: {exc}")
         return 2
@@ -293,7 +297,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         if key is None:
             value = filter_record_value(fields, args.module, module, _who())
         else:
-            seq = asyncio.run(_next_seq(bootstrap, args.fleet_topic, args.name, args.timeout))
+            seq = asyncio.run(_next_seq(bootstrap, args.fleet_topic, args.name, args.timeout,
+                                        trust))
             value = signed_filter_value(key, fields, args.module, module, _who(), seq)
         partition, offset = asyncio.run(_publish(bootstrap, args.fleet_topic, args.name, value,
                                                  args.timeout))
@@ -308,12 +313,28 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _next_seq(bootstrap: str, topic: str, name: str, timeout: float) -> int:
-    """A seq above the one of NAME's newest record (proxies ignore anything not above it)."""
+def _trust(args: argparse.Namespace, key: Any) -> Any:
+    """How the proxies read the fleet: records of the signing key and of --trusted-key
+    (None with --unsigned: everything, as a permissive fleet reads it)."""
+    from sluice.proxy.ops.fleet import FleetTrust
+    from sluice.proxy.ops.fleet_signing import KeyFileError, load_trusted_keys
+
+    if key is None:
+        return None
+    try:
+        keys = load_trusted_keys(args.trusted_key, Path.cwd())
+    except KeyFileError as exc:
+        raise UsageError(f"--trusted-key: {exc}") from None
+    keys[key.key_id] = key.trusted()
+    return FleetTrust(keys)
+
+
+async def _next_seq(bootstrap: str, topic: str, name: str, timeout: float, trust: Any) -> int:
+    """A seq above the one of NAME's record in force (proxies ignore anything not above it)."""
     from sluice.proxy.ops.fleet import read_view
     from sluice.proxy.ops.fleet_signing import next_seq
 
-    view = await read_view(bootstrap, topic, timeout=timeout)
+    view = await read_view(bootstrap, topic, timeout=timeout, trust=trust)
     return next_seq(view.seqs.get(name))
 
 
@@ -333,11 +354,13 @@ def cmd_remove(args: argparse.Namespace) -> int:
     try:
         bootstrap = _bootstrap(args)
         key = _signing_key(args)
+        trust = _trust(args, key)
     except UsageError as exc:
         _err(f"remove: {exc}")
         return 2
     try:
-        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout))
+        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout,
+                                     trust=trust))
         if args.name not in view.filters and not args.force:
             _err(f"remove: {args.name!r} is not deployed in {args.fleet_topic} "
                  "(--force writes the removal anyway)")
