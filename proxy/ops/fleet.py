@@ -48,10 +48,10 @@ from sluice.filters.module_cache import default_cache_dir
 from sluice.filters.yaml_lines import ConfigError, LineMap
 from sluice.proxy.ops.fleet_signing import (
     FILTER,
-    KeyFileError,
     FILTER_REMOVED,
     POLICY,
     POLICY_REMOVED,
+    KeyFileError,
     SignatureError,
     SigningKey,
     TrustedKey,

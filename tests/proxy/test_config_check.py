@@ -94,9 +94,10 @@ def test_json_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         ("fleet:\n  topci: x\n", 2, "fleet.topci", "unknown key"),
         ("proxy: {}\nfilterz: []\n", 2, "filterz", "unknown section"),
         ("proxy:\n  advertized_host: h\n", 2, "proxy.advertized_host", "unknown key"),
-        ("fleet: {allow_unsigned: true}\npolicy_admins:\n  - User:ops-*\n  - 7\n", 4, "policy_admins[1]",
-         "must be a principal pattern"),
-        ("fleet: {allow_unsigned: true}\npolicy_admins: {User: ops}\n", 2, "policy_admins", "must be a list"),
+        ("fleet: {allow_unsigned: true}\npolicy_admins:\n  - User:ops-*\n  - 7\n", 4,
+         "policy_admins[1]", "must be a principal pattern"),
+        ("fleet: {allow_unsigned: true}\npolicy_admins: {User: ops}\n", 2, "policy_admins",
+         "must be a list"),
     ],
 )
 def test_errors_name_file_line_and_field(

@@ -336,7 +336,7 @@ def test_a_policy_names_exactly_one_topic(name: str) -> None:
     frame = incremental([(name, [("x-data-policy", 0, PII)])])
     outcome = settle(AdminPath().on_request(ctx_with(book), exchange_of(frame, ADMIN), frame))
     assert isinstance(outcome, Answer)
-    [(got, code, message)] = results_of(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, outcome.response)
+    [(_name, code, message)] = results_of(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, outcome.response)
     assert code == ErrorCode.INVALID_CONFIG and "not a Kafka topic name" in message
     assert book.written == []
 
