@@ -28,6 +28,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -662,7 +663,7 @@ class FleetCatalog:
             fields["module"] = str(path)
             specs = parse_filter_specs([fields], f"fleet:{self.topic}", None,
                                        field_prefix=("fleet", record.name))
-            spec = specs[0]
+            spec = dataclasses.replace(specs[0], signer=record.signer)
             self.check(spec)
         except BaseException:
             in_use = {a.record.sha256 for a in self.accepted.values()}

@@ -37,7 +37,7 @@ from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
 from tests.proxy.fleet_keys import intruder, operator, proxy_key, trust_yaml
 from tests.proxy.test_fleet import fleet_args, produce_and_read, sluice
-from tests.proxy.test_reload import events, wait_for
+from tests.proxy.test_reload import events, telemetry_events, wait_for
 
 PII = (BUILTIN_DIR / "pii-mask.wasm").read_bytes()
 KEY = "x-data-policy"
@@ -64,6 +64,8 @@ def config(tmp_path: Path, fleet_topic: str, port: int, name: str = "sluice",
         f"{trust_yaml()}{extra}"
         f'policy_admins: ["User:ANONYMOUS"]\n'
         f"module_cache_dir: {json.dumps(str(tmp_path / 'modules'))}\n"
+        f"telemetry:\n  dir: {json.dumps(str(tmp_path / 'telemetry' / name))}\n"
+        f"  format: jsonl\n  fsync: false\n"
         f"metrics:\n  listen: 127.0.0.1:{port}\n", encoding="utf-8")
     return path
 
@@ -119,6 +121,7 @@ def test_forged_unsigned_tombstone_and_untrusted_records_change_nothing(
                for e in refusals)
     assert running(proxy) == ["pii"]
     assert b"#" in produce_and_read(broker, proxy, topic, "still")
+    assert metric(port, "sluice_fleet_topic_lost_total") == 0
     other = unique("other")
     create_topic(broker.bootstrap, other)
     assert b"E" not in produce_and_read(broker, proxy, other, "other").split(b" mail ")[1]
@@ -142,6 +145,14 @@ def test_forged_unsigned_tombstone_and_untrusted_records_change_nothing(
     wait_for(lambda: metric(port, "sluice_fleet_records_refused_total", reason="replay") >= 1,
              30, "replay refused")
     assert running(proxy) == []
+
+    # Telemetry names the key that signed the code that touched each batch.
+    assert proxy.stop() == 0
+    touched = [f for e in telemetry_events(tmp_path / "telemetry" / "sluice")
+               if e.get("type") == "record_batch" and e.get("topic") == topic
+               for f in e["filters"]]
+    assert len(touched) == 2  # "signed" and "still"
+    assert {(f["name"], f["signer_key_id"]) for f in touched} == {("pii", operator().key_id)}
 
 
 def fleet_values(broker: TansuBroker, fleet_topic: str) -> list[tuple[bytes, bytes]]:
