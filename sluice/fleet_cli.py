@@ -144,6 +144,28 @@ def add_subcommands(sub: Any) -> None:
     _add_common(remove)
     remove.set_defaults(func=cmd_remove)
 
+    resign = sub.add_parser(
+        "resign", help="sign every record in force again with a new key (key rotation)",
+        description="Read the fleet as proxies trusting --trusted-key (the old keys) and "
+                    "--signing-key read it, and write every filter and data policy in force "
+                    "that the signing key did not sign again, signed by it, unchanged but for "
+                    "a higher seq. Run it after adding the new public key to every proxy's "
+                    "fleet.trusted_keys and before removing the old one.")
+    _add_signing(resign)
+    _add_common(resign)
+    resign.set_defaults(func=cmd_resign)
+
+    restore = sub.add_parser(
+        "restore", help="write a proxy's last verified fleet state back to the fleet topic",
+        description="Recovery after the fleet topic was deleted or truncated: write the signed "
+                    "records of STATE_FILE (a proxy's <module_cache_dir>/fleet/state-<topic>"
+                    ".json) to the fleet topic as they are, with the modules from the same "
+                    "directory. Their signatures stay valid; proxies that still hold them "
+                    "ignore them, new or restarted proxies apply them.")
+    restore.add_argument("state_file", type=Path, metavar="STATE_FILE")
+    _add_common(restore)
+    restore.set_defaults(func=cmd_restore)
+
     lst = sub.add_parser(
         "list", help="what the fleet runs: filters by sha256, and which proxy runs which",
         description="Read the fleet topic: the deployed filters (name, sha256, binding) and "
@@ -459,6 +481,83 @@ def _listing(view: Any, topic: str, bootstrap: str) -> dict[str, Any]:
     return {"topic": topic, "bootstrap": bootstrap, "filters": filters,
             "instances": instances, "invalid": dict(view.invalid), "policies": policies,
             "verified": view.trust is not None, "refused": refused}
+
+
+def cmd_resign(args: argparse.Namespace) -> int:
+    _quiet_client_logs()
+    from sluice.proxy.ops.fleet import read_view
+    from sluice.proxy.ops.fleet_signing import next_seq, sign
+
+    try:
+        bootstrap = _bootstrap(args)
+        key = _signing_key(args)
+        if key is None:
+            raise UsageError("--unsigned: resign writes signed records only")
+        trust = _trust(args, key)
+    except UsageError as exc:
+        _err(f"resign: {exc}")
+        return 2
+    try:
+        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout,
+                                     trust=trust))
+        writes: list[tuple[str, bytes]] = []
+        for name, entry in sorted(view.signed.items()):
+            envelope = entry["envelope"]
+            if envelope.get("key_id") == key.key_id:
+                continue
+            payload = dict(json.loads(envelope["signed"]))
+            payload.pop("nonce", None)
+            payload["seq"] = next_seq(view.seqs.get(name))
+            record = view.filters.get(name)
+            module = record.module_b64 if record is not None else None
+            writes.append((name, sign(key, name.encode("utf-8"), payload, module)))
+        for name, value in writes:
+            asyncio.run(_publish(bootstrap, args.fleet_topic, name, value, args.timeout))
+            print(f"re-signed {name} with key {key.key_id}")
+    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+        _err(f"resign: {_kafka_failure(exc, bootstrap)}")
+        return 1
+    print(f"{len(writes)} record(s) re-signed; {len(view.refused)} record(s) of the topic did "
+          "not verify with the given keys and were left alone")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    _quiet_client_logs()
+    import base64
+
+    from sluice.proxy.ops.fleet import load_state
+
+    try:
+        bootstrap = _bootstrap(args)
+        records, _read_to = load_state(args.state_file)
+    except (UsageError, ValueError) as exc:
+        _err(f"restore: {exc}")
+        return 2
+    if not records:
+        _err(f"restore: {args.state_file}: no records")
+        return 2
+    modules = args.state_file.parent
+    writes: list[tuple[str, bytes]] = []
+    for name, entry in sorted(records.items()):
+        envelope = dict(entry["envelope"])
+        payload = json.loads(envelope["signed"])
+        if payload.get("type") == "filter":
+            path = modules / f"{payload.get('module_sha256')}.wasm"
+            try:
+                envelope["module_b64"] = base64.b64encode(path.read_bytes()).decode("ascii")
+            except OSError as exc:
+                _err(f"restore: {name}: module {path}: {exc.strerror or exc}")
+                return 1
+        writes.append((name, json.dumps(envelope, separators=(",", ":")).encode("utf-8")))
+    try:
+        for name, value in writes:
+            asyncio.run(_publish(bootstrap, args.fleet_topic, name, value, args.timeout))
+            print(f"restored {name}")
+    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+        _err(f"restore: {_kafka_failure(exc, bootstrap)}")
+        return 1
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

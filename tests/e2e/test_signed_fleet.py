@@ -57,13 +57,13 @@ def metric(port: int, name: str, **labels: str) -> float:
 
 
 def config(tmp_path: Path, fleet_topic: str, port: int, name: str = "sluice",
-           extra: str = "") -> Path:
+           trust: str | None = None, cache: str = "modules") -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(
         f"fleet:\n  topic: {fleet_topic}\n  heartbeat_seconds: 1\n  poll_seconds: 0.5\n"
-        f"{trust_yaml()}{extra}"
+        f"{trust_yaml() if trust is None else trust}"
         f'policy_admins: ["User:ANONYMOUS"]\n'
-        f"module_cache_dir: {json.dumps(str(tmp_path / 'modules'))}\n"
+        f"module_cache_dir: {json.dumps(str(tmp_path / cache))}\n"
         f"telemetry:\n  dir: {json.dumps(str(tmp_path / 'telemetry' / name))}\n"
         f"  format: jsonl\n  fsync: false\n"
         f"metrics:\n  listen: 127.0.0.1:{port}\n", encoding="utf-8")
@@ -259,6 +259,34 @@ def test_fleet_topic_deleted_on_the_broker_keeps_the_filters(
     assert events(again, "fleet_state_restored")
     wait_for(functools.partial(has, again, ["pii"]), 30, "restored on restart")
     assert b"#" in produce_and_read(broker, again, topic, "after-restart")
+
+    # Recovery: the proxy's state file written back; a proxy with an empty cache applies it.
+    state = tmp_path / "modules" / "fleet" / f"state-{fleet_topic}.json"
+    proc = sluice("filter", "restore", str(state), *fleet_args(broker, fleet_topic))
+    assert proc.returncode == 0, proc.stderr
+    fresh = start_proxy(config=config(tmp_path, fleet_topic, free_port(), "fresh",
+                                      cache="fresh-modules"))
+    assert not events(fresh, "fleet_state_restored")
+    wait_for(functools.partial(has, fresh, ["pii"]), 30, "restored from the topic")
+    assert b"#" in produce_and_read(broker, fresh, topic, "after-restore")
+
+
+def test_key_rotation_resigns_what_is_in_force(
+    broker: TansuBroker, start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+) -> None:
+    topic, fleet_topic = unique("rotate-data"), unique("_sluice_filters")
+    create_topic(broker.bootstrap, topic)
+    deploy(broker, fleet_topic, topic)
+    new = tmp_path / "new.key"
+    assert sluice("filter", "keygen", str(new)).returncode == 0
+    proc = sluice("filter", "resign", "--trusted-key", f"{operator().path}.pub",
+                  *fleet_args(broker, fleet_topic), signing_key=str(new))
+    assert proc.returncode == 0, proc.stderr
+    assert "re-signed pii" in proc.stdout
+    only_new = f"  trusted_keys: [{json.dumps(str(new) + '.pub')}]\n"
+    proxy = start_proxy(config=config(tmp_path, fleet_topic, free_port(), trust=only_new))
+    wait_for(functools.partial(has, proxy, ["pii"]), 30, "re-signed record applied")
+    assert b"#" in produce_and_read(broker, proxy, topic, "rotated")
 
 
 def create(bootstrap: str, topic: NewTopic) -> KafkaException | None:
