@@ -282,3 +282,24 @@ def test_envelope_round_trip_and_any_change_to_the_signed_text_fails(
     envelope["signed"] = text[:i] + ("a" if text[i] != "a" else "b") + text[i + 1:]
     with pytest.raises(SignatureError):
         verify(key, json.dumps(envelope).encode(), keys)
+
+
+def test_cli_keygen_and_deploy_without_a_key(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.cli import main
+
+    monkeypatch.delenv("SLUICE_SIGNING_KEY", raising=False)
+    key = tmp_path / "k.key"
+    assert main(["filter", "keygen", str(key)]) == 0
+    out = capsys.readouterr().out
+    assert load_signing_key(key).key_id in out
+    assert main(["filter", "keygen", str(key)]) == 2
+    assert "exists" in capsys.readouterr().err
+    code = main(["filter", "deploy", "pii", "builtin:pii-mask", "--topics", "t", "--on",
+                 "produce", "--bootstrap", "127.0.0.1:1"])
+    assert code == 2 and "--signing-key KEYFILE is required" in capsys.readouterr().err
+    key.chmod(0o640)
+    code = main(["filter", "remove", "pii", "--signing-key", str(key),
+                 "--bootstrap", "127.0.0.1:1"])
+    assert code == 2 and "readable by others" in capsys.readouterr().err
