@@ -67,6 +67,10 @@ def _quiet_client_logs() -> None:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
+def _env_keys() -> list[str]:
+    return _csv(os.environ.get("SLUICE_TRUSTED_KEYS", ""))
+
+
 def _add_signing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signing-key", type=Path, metavar="KEYFILE",
                    default=os.environ.get("SLUICE_SIGNING_KEY"),
@@ -75,9 +79,10 @@ def _add_signing(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unsigned", action="store_true",
                    help="write an unsigned record (only fleets with fleet.allow_unsigned "
                         "apply it)")
-    p.add_argument("--trusted-key", action="append", default=[], metavar="PUB",
-                   help="another key the proxies trust (ed25519:... or a .pub file; repeat): "
-                        "the fleet is read as they read it (the signing key is trusted too)")
+    p.add_argument("--trusted-key", action="append", default=_env_keys(), metavar="PUB",
+                   help="another key the proxies trust (ed25519:... or a .pub file; repeat; "
+                        "default $SLUICE_TRUSTED_KEYS, comma-separated): the fleet is read as "
+                        "they read it (the signing key is trusted too)")
 
 
 def add_subcommands(sub: Any) -> None:
@@ -172,10 +177,11 @@ def add_subcommands(sub: Any) -> None:
                     "the proxies following it (from their heartbeats), with the sha256 of "
                     "every filter each one runs.")
     lst.add_argument("--json", action="store_true", help="print one JSON object")
-    lst.add_argument("--trusted-key", action="append", default=[], metavar="PUB",
-                     help="a trusted public key (ed25519:... or a .pub file; repeat): show only "
-                          "what verifies, as a proxy trusting these keys applies it; without "
-                          "it, records are shown as they claim, signatures unchecked")
+    lst.add_argument("--trusted-key", action="append", default=_env_keys(), metavar="PUB",
+                     help="a trusted public key (ed25519:... or a .pub file; repeat; default "
+                          "$SLUICE_TRUSTED_KEYS, comma-separated): show only what verifies, as "
+                          "a proxy trusting these keys applies it; without any, records are "
+                          "shown as they claim, signatures unchecked")
     _add_common(lst)
     lst.set_defaults(func=cmd_list)
 

@@ -56,7 +56,7 @@ def metric(port: int, name: str, **labels: str) -> float:
     return total
 
 
-def config(tmp_path: Path, fleet_topic: str, port: int, name: str = "sluice",
+def config(tmp_path: Path, fleet_topic: str, port: int | None, name: str = "sluice",
            trust: str | None = None, cache: str = "modules") -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(
@@ -66,7 +66,7 @@ def config(tmp_path: Path, fleet_topic: str, port: int, name: str = "sluice",
         f"module_cache_dir: {json.dumps(str(tmp_path / cache))}\n"
         f"telemetry:\n  dir: {json.dumps(str(tmp_path / 'telemetry' / name))}\n"
         f"  format: jsonl\n  fsync: false\n"
-        f"metrics:\n  listen: 127.0.0.1:{port}\n", encoding="utf-8")
+        + (f"metrics:\n  listen: 127.0.0.1:{port}\n" if port else ""), encoding="utf-8")
     return path
 
 
@@ -264,7 +264,7 @@ def test_fleet_topic_deleted_on_the_broker_keeps_the_filters(
     state = tmp_path / "modules" / "fleet" / f"state-{fleet_topic}.json"
     proc = sluice("filter", "restore", str(state), *fleet_args(broker, fleet_topic))
     assert proc.returncode == 0, proc.stderr
-    fresh = start_proxy(config=config(tmp_path, fleet_topic, free_port(), "fresh",
+    fresh = start_proxy(config=config(tmp_path, fleet_topic, None, "fresh",
                                       cache="fresh-modules"))
     assert not events(fresh, "fleet_state_restored")
     wait_for(functools.partial(has, fresh, ["pii"]), 30, "restored from the topic")
@@ -284,7 +284,7 @@ def test_key_rotation_resigns_what_is_in_force(
     assert proc.returncode == 0, proc.stderr
     assert "re-signed pii" in proc.stdout
     only_new = f"  trusted_keys: [{json.dumps(str(new) + '.pub')}]\n"
-    proxy = start_proxy(config=config(tmp_path, fleet_topic, free_port(), trust=only_new))
+    proxy = start_proxy(config=config(tmp_path, fleet_topic, None, trust=only_new))
     wait_for(functools.partial(has, proxy, ["pii"]), 30, "re-signed record applied")
     assert b"#" in produce_and_read(broker, proxy, topic, "rotated")
 
@@ -310,7 +310,7 @@ def test_x_data_policy_in_any_case_never_reaches_the_broker(
     broker: TansuBroker, start_proxy: Callable[..., SluiceProxy], tmp_path: Path,
     with_fleet: bool
 ) -> None:
-    path = config(tmp_path, unique("_sluice_filters"), free_port()) if with_fleet else None
+    path = config(tmp_path, unique("_sluice_filters"), None) if with_fleet else None
     proxy = start_proxy(config=path)
     topic = unique("xdp")
     error = create(proxy.bootstrap, NewTopic(topic, 1, 1, config={"X-Data-Policy": POLICY}))

@@ -22,7 +22,7 @@ from sluice.filters.config import BUILTIN_DIR
 from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
-from tests.proxy.fleet_keys import operator, trust_yaml
+from tests.proxy.fleet_keys import operator, proxy_key, trust_yaml
 from tests.proxy.test_reload import events, telemetry_events, wait_for
 
 PII_SHA = hashlib.sha256((BUILTIN_DIR / "pii-mask.wasm").read_bytes()).hexdigest()
@@ -32,7 +32,8 @@ MASKED = re.compile(rb"([*#+]+)@([*#+]+)\.([*#+]+)")
 def sluice(*args: str, timeout: float = 60,
            signing_key: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run the CLI; deploy and remove sign with the operator's key ($SLUICE_SIGNING_KEY)."""
-    env = dict(os.environ, SLUICE_SIGNING_KEY=signing_key or operator().path)
+    env = dict(os.environ, SLUICE_SIGNING_KEY=signing_key or operator().path,
+               SLUICE_TRUSTED_KEYS=f"{operator().path}.pub,{proxy_key().path}.pub")
     return subprocess.run([sys.executable, "-m", "sluice", *args], capture_output=True,
                           text=True, timeout=timeout, env=env)
 
