@@ -10,7 +10,9 @@ reaches the broker.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -106,13 +108,17 @@ def test_forged_unsigned_tombstone_and_untrusted_records_change_nothing(
     untrusted_deploy = signed_filter_value(
         intruder(), {"name": "evil2", "topics": ["*"], "apply_to": ["produce"]},
         "builtin:pii-mask", PII, "intruder", 2**62)
-    # A signed record copied under another key (the record key is signed too).
+    # Junk with a module of its own: refused before anything is written to the cache.
+    junk = filter_record_value({"name": "junk", "topics": ["*"], "apply_to": ["produce"]},
+                               "junk.wasm", os.urandom(200_000), "operator@forged")
     confluent_produce(broker.bootstrap, fleet_topic, [
         (b"pii", None), (b"evil", forged), (b"pii", untrusted_removal),
-        (b"evil2", untrusted_deploy), (b"pii", b"\x00junk")])
-    wait_for(lambda: metric(port, "sluice_fleet_records_refused_total") >= 5, 30,
-             "five refusals counted")
-    assert metric(port, "sluice_fleet_records_refused_total", reason="unsigned") == 2
+        (b"evil2", untrusted_deploy), (b"pii", b"\x00junk"), (b"junk", junk)])
+    wait_for(lambda: metric(port, "sluice_fleet_records_refused_total") >= 6, 30,
+             "six refusals counted")
+    assert metric(port, "sluice_fleet_records_refused_total", reason="unsigned") == 3
+    cached = sorted(p.name for p in (tmp_path / "modules" / "fleet").glob("*.wasm"))
+    assert cached == [f"{hashlib.sha256(PII).hexdigest()}.wasm"]
     assert metric(port, "sluice_fleet_records_refused_total", reason="untrusted_key") == 2
     assert metric(port, "sluice_fleet_records_refused_total", reason="unreadable") == 1
     refusals = events(proxy, "fleet_record_refused")
