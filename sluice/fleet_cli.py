@@ -626,7 +626,7 @@ def _print_listing(listing: dict[str, Any]) -> None:
         state = (f"  UNREADABLE: {p['error']}" if p["error"] else
                  f"  BLOCKED: {', '.join(missing)} not deployed" if missing else "")
         print(f"  {p['topic']}  filters {', '.join(p['filters']) or '-'}  set {p['set_at']} "
-              f"by {p['set_by']}{state}")
+              f"by {p['set_by']}, signed by key {p['signer'] or 'nobody (UNSIGNED)'}{state}")
     print("\nINSTANCES")
     if not instances:
         print("  (no proxy has announced itself)")

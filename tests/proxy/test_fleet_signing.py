@@ -303,3 +303,30 @@ def test_cli_keygen_and_deploy_without_a_key(tmp_path: Path,
     code = main(["filter", "remove", "pii", "--signing-key", str(key),
                  "--bootstrap", "127.0.0.1:1"])
     assert code == 2 and "readable by others" in capsys.readouterr().err
+
+
+def test_truncated_or_recreated_topic_is_reported_once_and_changes_nothing() -> None:
+    from aiokafka import TopicPartition
+
+    settings_ = parse_fleet_section({"trusted_keys": [OPS.public], "topic": "f"})
+    assert settings_ is not None
+    lost: list[int] = []
+
+    async def on_change(*_args: object) -> None:
+        return None
+
+    follower = FleetFollower(settings_, "127.0.0.1:1", "i", on_change, dict,
+                             on_lost=lambda: lost.append(1))
+    follower.view.apply(b"pii", deploy(seq=10), 0, 3)
+    follower._read_to = {0: 4}
+    tp = TopicPartition("f", 0)
+    follower._check_positions([tp], {tp: 0}, {tp: 4})  # as it was: nothing to report
+    assert lost == []
+    follower._check_positions([tp], {tp: 4}, {tp: 4})  # DeleteRecords up to the end
+    assert lost == [1] and follower.view.filters["pii"].seq == 10
+    follower._check_positions([tp], {tp: 4}, {tp: 4})  # reported once, not every poll
+    assert lost == [1]
+    follower.view.apply(b"pii", deploy(seq=11), 0, 5)
+    follower._read_to = {0: 6}
+    follower._check_positions([tp], {tp: 0}, {tp: 1})  # recreated: ends below what was read
+    assert lost == [1, 1] and follower.view.filters["pii"].seq == 11
