@@ -4,6 +4,7 @@ write."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -73,7 +74,7 @@ def test_event_ids_are_random_and_unrelated() -> None:
     assert len(set(ids)) == 3000
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
     # Consecutive ids share no prefix beyond chance (the old ids were <instance>-<counter>).
-    shared = sum(a[:4] == b[:4] for a, b in zip(ids, ids[1:], strict=False))
+    shared = sum(a[:4] == b[:4] for a, b in itertools.pairwise(ids))
     assert shared < 5
 
 
@@ -100,14 +101,14 @@ def test_key_files(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         ig.write_key(path, ig.new_key())
     (tmp_path / "short.key").write_text("abcd\n")
-    with pytest.raises(ig.TelemetryKeyError, match="short.key: not a telemetry key"):
+    with pytest.raises(ig.TelemetryKeyError, match=r"short\.key: not a telemetry key"):
         ig.load_key(tmp_path / "short.key")
-    with pytest.raises(ig.TelemetryKeyError, match="missing.key: cannot read"):
+    with pytest.raises(ig.TelemetryKeyError, match=r"missing\.key: cannot read"):
         ig.load_key(tmp_path / "missing.key")
     settings = parse_telemetry_config({"dir": str(tmp_path), "key_file": str(tmp_path / "x")})
-    with pytest.raises(TelemetryConfigError, match="telemetry.key_file: .*x: cannot read"):
+    with pytest.raises(TelemetryConfigError, match=r"telemetry\.key_file: .*x: cannot read"):
         settings.tagger()
-    with pytest.raises(TelemetryConfigError, match="telemetry.key_file: expected"):
+    with pytest.raises(TelemetryConfigError, match=r"telemetry\.key_file: expected"):
         parse_telemetry_config({"dir": str(tmp_path), "key_file": 3})
 
 
