@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluice.proxy import telemetry as t
 from sluice.proxy.telemetry import integrity as ig
@@ -129,3 +132,47 @@ def test_the_spark_check_for_hadoop_urls_agrees_with_the_driver(
     assert through_spark == driver
     assert sorted(v or "ok" for v in driver.values()) == sorted(
         ["ok"] * len(genuine) + [ig.BAD_TAG, ig.NO_TAG, ig.UNKNOWN_KEY])
+
+
+def test_kafka_json_and_arrow_messages_written_ahead_change_nothing(
+    spark: Any, broker: Any, tmp_path: Path
+) -> None:
+    """inst-a through the Arrow sink, inst-b through the JSON sink, both tagged; before them,
+    in both partitions, JSON messages under real event ids with forged counts (the JSON path
+    keeps one event per id) and no tag, or the real key's id and a guessed tag."""
+    key = _key_file(tmp_path)
+    topic = f"sluice-telemetry-verified-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "log_level": 3})
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for fut in admin.create_topics([NewTopic(topic, 2)]).values():
+        fut.result(15)
+    b_events = [e for e in k.events() if e["proxy"]["instance_id"] == k.B.instance_id
+                and e["type"] == "record_batch"]
+    guessed = f"{KEY.key_id}:{'ab' * 32}".encode()
+    for partition in (0, 1):
+        for event, tag in ((b_events[0], None), (b_events[1], guessed)):
+            forged = {**event, "principal": "User:victim", "bytes_in": 5 * 10**12}
+            producer.produce(topic, json.dumps(forged).encode(), k.B.instance_id.encode(),
+                             partition=partition,
+                             headers=[(ig.TAG_HEADER, tag)] if tag else None)
+    assert producer.flush(30) == 0
+    for proxy, fmt in ((k.A, "arrow"), (k.B, "json")):
+        sink = t.make_sink({"kafka": {"bootstrap": broker.bootstrap, "topic": topic,
+                                      "format": fmt}, "key_file": str(key)},
+                           proxy.instance_id, proxy=proxy)
+        mine = [e for e in k.events() if e["proxy"]["instance_id"] == proxy.instance_id]
+        for event in mine:
+            sink.emit(event)
+        sink.close(timeout=30)
+        assert sink.stats()["written"] == len(mine)
+    out = tmp_path / "out"
+    result = run_audit(f"kafka://{broker.bootstrap}/{topic}", str(out),
+                       telemetry_keys=[str(key)])
+    assert result.events == len(k.events())
+    assert billing_figures(out) == k.EXPECTED_BILLING
+    assert result.integrity["refused"] == {"bad_tag": {"(json)": 2}, "no_tag": {"(json)": 2}}
+    b_count = sum(1 for e in k.events() if e["proxy"]["instance_id"] == k.B.instance_id)
+    assert result.integrity["accepted"]["kafka"] >= b_count + 1
+    with pytest.raises(ValueError, match="--kafka-reader spark cannot verify"):
+        run_audit(f"kafka://{broker.bootstrap}/{topic}", str(out), kafka_reader="spark",
+                  telemetry_keys=[str(key)])
