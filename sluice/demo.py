@@ -341,6 +341,10 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
     result = run_audit(str(telemetry_dir), str(out_dir / "report"),
                        telemetry_keys=[str(out_dir / "telemetry.key")])
     print(f"    {result.events} telemetry events -> reports in {result.out}")
+    checked = result.integrity
+    print(f"    telemetry verified with key {', '.join(checked['keys'])}: "
+          f"{checked['accepted'].get('files', 0)} files authenticated, "
+          f"{checked['refused_total']} refused")
     for name, paths in sorted(result.reports.items()):
         print(f"    {name:<12} {paths.get('csv', '')}")
     _say(f"Done. Open the HTML report: {result.html}")
