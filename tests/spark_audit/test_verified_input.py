@@ -176,3 +176,20 @@ def test_kafka_json_and_arrow_messages_written_ahead_change_nothing(
     with pytest.raises(ValueError, match="--kafka-reader spark cannot verify"):
         run_audit(f"kafka://{broker.bootstrap}/{topic}", str(out), kafka_reader="spark",
                   telemetry_keys=[str(key)])
+
+
+def test_copies_across_partitions_and_missing_numbers() -> None:
+    """The driver's part of the Kafka checks, on the ids the tasks report: a message id read
+    in two partitions is skipped in all but the lowest; numbers missing below an instance's
+    highest are counted."""
+    from sluice.spark_audit.rollups import missing_messages, replayed_ids
+
+    def ids(partition: int, *names: str) -> pa.Table:
+        return pa.table({"partition": pa.array([partition] * len(names), pa.int32()),
+                         "message_id": pa.array([n.encode() for n in names], pa.binary())})
+
+    tasks = [ids(0, "a-1", "a-2", "a-4", "b-1"), ids(1, "b-2", "a-2", "b-3"), ids(2, "a-2")]
+    assert replayed_ids(tasks) == {1: frozenset({b"a-2"}), 2: frozenset({b"a-2"})}
+    assert replayed_ids([ids(0, "a-1"), ids(1, "a-2")]) == {}
+    assert missing_messages(tasks) == {"a": 1}  # a-3; b-1..3 are all there
+    assert missing_messages([ids(0, "x-y-5")]) == {"x-y": 4}
