@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.proxy.telemetry.columns import SCHEMAS
+from sluice.proxy.telemetry.integrity import Tagger
 
 T0_MS = 1_795_000_000_000
 SPAN_MS = 24 * 3600 * 1000
@@ -392,19 +393,21 @@ def tables(n: int, flush_ms: int | None = None, span_ms: int = SPAN_MS
     }
 
 
-def write_layout(data: dict[str, pa.Table], directory: Path) -> None:
-    """One Parquet file per dataset and hour, in the sink's ``date=/hour=`` folders."""
+def write_layout(data: dict[str, pa.Table], directory: Path, tagger: Tagger | None = None
+                 ) -> None:
+    """One Parquet file per dataset and hour, in the sink's ``date=/hour=`` folders; with
+    ``tagger`` each with its tag, as the sink writes them with a telemetry key."""
     from sluice.proxy.telemetry.parquet import publish_table
 
     if directory.exists():
         shutil.rmtree(directory)
     for dataset, table in data.items():
-        publish_table(directory, dataset, table, "bench-000001", fsync=False)
+        publish_table(directory, dataset, table, "bench-000001", fsync=False, tagger=tagger)
 
 
-def generate(n: int, directory: Path) -> int:
+def generate(n: int, directory: Path, tagger: Tagger | None = None) -> int:
     """Write ``n`` events' telemetry under ``directory``; returns the number of events."""
-    write_layout(tables(n), directory)
+    write_layout(tables(n), directory, tagger)
     return n
 
 

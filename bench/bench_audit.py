@@ -3,7 +3,7 @@
     python -m bench.bench_audit [--events 10000000] [--workdir DIR] [--reuse]
                                 [--master local[*]] [--driver-memory 4g] [--runs 1]
                                 [--kafka-events 10000000] [--kafka-rate 10000]
-                                [--kafka-runs 1]
+                                [--kafka-runs 1] [--unverified]
 
 The telemetry (``bench.audit_data``) is written in the proxy's columnar layout (Parquet
 datasets under ``date=/hour=`` folders, rollups as the sink builds them) with pyarrow, then read
@@ -15,6 +15,11 @@ the job's generated code and the JVM's JIT, later ones show the steady state. In
 each run also prints the CPU time the job used (from /proc: this process, which is the driver,
 the JVM and the Python workers under it), a steadier figure than wall time on a machine shared
 with other work.
+
+The telemetry is tagged with a telemetry key (``WORKDIR/telemetry.key``, made once) as the
+proxies tag it, and the job verifies every file and message with it (docs/TELEMETRY.md,
+"Authenticated telemetry"); ``--unverified`` runs the job without the key (no file is read
+twice, no tag checked), as before tags existed.
 
 ``--kafka-events N`` (0 skips it) also produces N events' datasets to a topic of the bundled
 Tansu broker on 127.0.0.1 as the columnar Kafka sink does (Arrow IPC messages, a partition per
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.audit_data import SPAN_MS, generate, tables
+from sluice.proxy.telemetry import integrity
 from sluice.spark_audit.job import AuditResult, run_audit
 from sluice.spark_audit.session import get_session
 
@@ -83,11 +89,19 @@ def _job_cpu_seconds(spark: Any) -> float | None:
         return None
 
 
+def _verified(result: AuditResult) -> str:
+    checked = result.integrity
+    if not checked.get("verified"):
+        return "unverified"
+    accepted = ", ".join(f"{n:,} {s}" for s, n in sorted(checked["accepted"].items()))
+    return f"verified {accepted}, refused {checked['refused_total']:,}"
+
+
 def _report(label: str, result: AuditResult, cores: int, master: str,
             cpu_s: float | None = None) -> None:
     rate = result.events / result.seconds if result.seconds else 0.0
     print(json.dumps({"timings_s": {k: round(v, 2) for k, v in result.timings.items()},
-                      "spark_jobs": result.spark_jobs}))
+                      "spark_jobs": result.spark_jobs, "telemetry": _verified(result)}))
     cpu = ""
     if cpu_s:
         cpu = (f"; CPU (driver, JVM, Python workers) {cpu_s:.1f} s = "
@@ -104,12 +118,13 @@ def _report(label: str, result: AuditResult, cores: int, master: str,
 KAFKA_FLUSH_MS = 1000
 
 
-def _produce_to_kafka(bootstrap: str, topic: str, n: int, partitions: int, span_ms: int
-                      ) -> tuple[int, int, int]:
+def _produce_to_kafka(bootstrap: str, topic: str, n: int, partitions: int, span_ms: int,
+                      tagger: integrity.Tagger) -> tuple[int, int, int]:
     """The datasets of ``n`` events as Arrow IPC messages, as the columnar Kafka sink sends
     (``encode_batch``, no producer compression), to a new topic of ``partitions`` partitions,
     spread evenly over them (as a fleet's instance keys spread over a topic's partitions; the
-    job reads each partition in one task), the events spread over ``span_ms``. Returns
+    job reads each partition in one task), the events spread over ``span_ms``, each message
+    tagged by ``tagger`` as the sink tags them. Returns
     (messages, rows, bytes of their values)."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -134,14 +149,20 @@ def _produce_to_kafka(bootstrap: str, topic: str, n: int, partitions: int, span_
         rows += table.num_rows
         for batch in table.to_batches(max_chunksize=MAX_ROWS_PER_MESSAGE):
             sent += 1
+            message_id = f"bench-{sent}".encode()
+            value = encode_batch(batch)
+            key = f"inst-{sent % 3}".encode()
             headers: list[tuple[str, str | bytes | None]] = [
                 ("sluice-dataset", dataset.encode()), ("sluice-layout", b"1"),
-                ("sluice-message-id", f"bench-{sent}".encode())]
-            value = encode_batch(batch)
+                ("sluice-message-id", message_id),
+                (integrity.TAG_HEADER, tagger.tag(
+                    integrity.KAFKA_ARROW,
+                    integrity.kafka_arrow_fields(key, dataset.encode(), b"1", message_id),
+                    value))]
             size += len(value)
             while True:
                 try:
-                    producer.produce(topic, value, f"inst-{sent % 3}".encode(),
+                    producer.produce(topic, value, key,
                                      partition=sent % partitions, headers=headers,
                                      on_delivery=delivered)
                     break
@@ -169,9 +190,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kafka-rate", type=int, default=10_000,
                         help="the topic's events per second (the rollups a sink sends again "
                              "at each flush depend on it); 0: spread over 24 h as the files")
+    parser.add_argument("--unverified", action="store_true",
+                        help="run the job without the telemetry key (no tag checked)")
     args = parser.parse_args(argv)
 
     work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    key_file = work / "telemetry.key"
+    if not key_file.exists():
+        integrity.write_key(key_file, integrity.new_key())
+    tagger = integrity.Tagger(integrity.load_key(key_file))
+    keys = None if args.unverified else [str(key_file)]
     data = work / f"telemetry-columnar-{args.events}"
     t0 = time.perf_counter()
     spark, created = get_session(args.master, {"spark.driver.memory": args.driver_memory})
@@ -180,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not (args.reuse and data.exists()):
             t0 = time.perf_counter()
-            generate(args.events, data)
+            generate(args.events, data, tagger)
             print(
                 f"generated {args.events:,} events in {time.perf_counter() - t0:.1f} s "
                 f"({_size(data) / 1e6:.0f} MB Parquet) at {data}"
@@ -190,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         local = args.master.startswith("local")
         for run in range(1, args.runs + 1):
             cpu0 = _job_cpu_seconds(spark)
-            result = run_audit(str(data), str(work / "report"))
+            result = run_audit(str(data), str(work / "report"), telemetry_keys=keys)
             cpu1 = _job_cpu_seconds(spark)
             cpu_s = cpu1 - cpu0 if local and cpu0 is not None and cpu1 is not None else None
             _report(f"file input (columnar Parquet), run {run}", result, cores, args.master,
@@ -204,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 span_ms = (round(args.kafka_events * 1000 / args.kafka_rate) if args.kafka_rate
                            else SPAN_MS)
                 messages, rows, size = _produce_to_kafka(
-                    broker.bootstrap, topic, args.kafka_events, cores, span_ms)
+                    broker.bootstrap, topic, args.kafka_events, cores, span_ms, tagger)
                 print(f"produced {args.kafka_events:,} events over {span_ms / 1000:,.0f} s as "
                       f"{rows:,} rows in {messages:,} Arrow IPC messages ({size / 1e6:.0f} MB) "
                       f"to {cores} partitions in {time.perf_counter() - t0:.1f} s")
@@ -213,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                     cpu0 = _job_cpu_seconds(spark)
                     broker0 = _proc_cpu(broker.process.pid, children=False)
                     result = run_audit(f"kafka://{broker.bootstrap}/{topic}",
-                                       str(work / "report-kafka"))
+                                       str(work / "report-kafka"), telemetry_keys=keys)
                     cpu1 = _job_cpu_seconds(spark)
                     broker_s = _proc_cpu(broker.process.pid, children=False) - broker0
                     cpu_s = (cpu1 - cpu0 if local and cpu0 is not None and cpu1 is not None

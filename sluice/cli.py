@@ -24,6 +24,7 @@ _SUBCOMMAND_MODULES = (
     "sluice.cli_demo",
     "sluice.cli_transform",
     "sluice.cli_keys",
+    "sluice.cli_telemetry",
 )
 
 

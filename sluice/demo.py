@@ -62,6 +62,8 @@ kms:
 telemetry:
   dir: {telemetry}
   rotate_seconds: 3600
+  # Tags every telemetry file: the audit reads only what this key authenticates.
+  key_file: {telemetry_key}
 # A transform the proxy process runs too: the tickets, masked, in a derived topic.
 transforms:
   - name: tickets-masked
@@ -189,8 +191,16 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     telemetry_dir = out_dir / "telemetry"
     config_path = out_dir / "sluice-demo.yaml"
+    telemetry_key = out_dir / "telemetry.key"
+    if not telemetry_key.exists():
+        # As `sluice telemetry keygen` makes it; kept across demo runs so that the telemetry
+        # of an earlier run still verifies.
+        from sluice.proxy.telemetry.integrity import new_key, write_key
+
+        write_key(telemetry_key, new_key())
     config_path.write_text(DEMO_CONFIG.format(telemetry=json.dumps(str(telemetry_dir)),
-                                              keys=json.dumps(str(out_dir / "keys.json"))))
+                                              keys=json.dumps(str(out_dir / "keys.json")),
+                                              telemetry_key=json.dumps(str(telemetry_key))))
     rng = random.Random(2026)
 
     _say("Starting the bundled Tansu broker (sha256-verified) on 127.0.0.1")
@@ -328,8 +338,13 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
     _say("Running the PySpark audit and billing job over the telemetry (local mode)")
     from sluice.spark_audit.job import run_audit
 
-    result = run_audit(str(telemetry_dir), str(out_dir / "report"))
+    result = run_audit(str(telemetry_dir), str(out_dir / "report"),
+                       telemetry_keys=[str(out_dir / "telemetry.key")])
     print(f"    {result.events} telemetry events -> reports in {result.out}")
+    checked = result.integrity
+    print(f"    telemetry verified with key {', '.join(checked['keys'])}: "
+          f"{checked['accepted'].get('files', 0)} files authenticated, "
+          f"{checked['refused_total']} refused")
     for name, paths in sorted(result.reports.items()):
         print(f"    {name:<12} {paths.get('csv', '')}")
     _say(f"Done. Open the HTML report: {result.html}")

@@ -49,6 +49,30 @@ class ReportData:
     # {"malformed": {type: rows}, "unknown_schema_version": {type: rows}}: rows the job could
     # not use, shown so that nothing is left out without a word.
     skipped: dict[str, dict[str, int]] = field(default_factory=dict)
+    # ``job.integrity_summary``: what verified and what was refused (left out of the reports).
+    integrity: dict[str, Any] = field(default_factory=dict)
+
+
+def _integrity_note(integrity: dict[str, Any]) -> str:
+    """The line under the title that says whether the telemetry was authenticated."""
+    if not integrity.get("verified"):
+        note = integrity.get("note") or "telemetry tags were not checked"
+        return f'<p class="note"><b>Unverified telemetry</b>: {esc(note)}.</p>'
+    accepted = ", ".join(f"{n:,} {esc(source)}"
+                         for source, n in sorted(integrity.get("accepted", {}).items()))
+    text = (f"Telemetry verified with key {esc(', '.join(integrity.get('keys', [])))}: "
+            f"{accepted or 'nothing'} authenticated.")
+    refused = [f"{n:,} {esc(reason.replace('_', ' '))} ({esc(dataset)})"
+               for reason, per in sorted(integrity.get("refused", {}).items())
+               for dataset, n in sorted(per.items()) if n]
+    if refused:
+        text += (f" <b>Refused, in no report</b> (forged, altered or from an untrusted key): "
+                 f"{'; '.join(refused)}.")
+    missing = [f"{n:,} of instance {esc(instance)}"
+               for instance, n in sorted(integrity.get("missing_messages", {}).items())]
+    if missing:
+        text += f" <b>Telemetry messages missing</b> from the topic: {'; '.join(missing)}."
+    return f'<p class="note">{text}</p>'
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
@@ -107,6 +131,8 @@ def render(data: ReportData) -> str:
             if n
         ]
         meta += f'<p class="note">Not in the reports: {"; ".join(parts)}.</p>'
+    meta += _integrity_note(data.integrity)
+    refused_total = int(data.integrity.get("refused_total", 0))
 
     t = data.totals
     cards = "".join(
@@ -122,6 +148,8 @@ def render(data: ReportData) -> str:
             _card(t.get("encrypted_records", 0), "records encrypted"),
             _card(t.get("telemetry_dropped", 0), "telemetry events lost"),
             _card(skipped_total, "rows skipped (unknown schema version or malformed)"),
+            _card(refused_total if data.integrity.get("verified") else "unverified",
+                  "telemetry files and messages refused (failed verification)"),
         ]
     )
     topics_svg = bar_chart(

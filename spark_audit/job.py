@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.proxy.telemetry.columns import EVENT_TABLES, HOUR_MS
+from sluice.proxy.telemetry.integrity import TelemetryKeyError, Verifier, load_key
 from sluice.spark_audit import html_report, load, partials, report_io, reports, rollups, sources
 from sluice.spark_audit.options import add_arguments, parse_conf
 from sluice.spark_audit.session import get_session
@@ -69,6 +70,47 @@ class AuditResult:
     input_files: dict[str, int] = field(default_factory=dict)
     duplicate_files: int = 0
     spark_jobs: int = 0
+    # What was verified and refused (``integrity_summary``).
+    integrity: dict[str, Any] = field(default_factory=dict)
+
+
+UNVERIFIED_NOTE = ("no --telemetry-key given: no tag was checked, so forged telemetry "
+                   "would be reported like the proxies' own")
+
+
+def verifier_of(key_files: Sequence[str] | None) -> Verifier | None:
+    """The trusted keys of ``--telemetry-key`` files (ValueError naming a bad file)."""
+    if not key_files:
+        return None
+    try:
+        return Verifier([load_key(path) for path in key_files])
+    except TelemetryKeyError as exc:
+        raise ValueError(f"--telemetry-key {exc}") from None
+
+
+def integrity_summary(verifier: Verifier | None, units: Sequence[dict[str, Any]],
+                      missing: dict[str, int]) -> dict[str, Any]:
+    """The summary's ``integrity``: the keys trusted, the units (files, messages) that
+    verified, those refused per reason and dataset (left out of every report), and the
+    Kafka messages missing per sink instance."""
+    if verifier is None:
+        return {"verified": False, "keys": [], "note": UNVERIFIED_NOTE}
+    accepted: dict[str, int] = {}
+    refused: dict[str, dict[str, int]] = {}
+    for r in units:
+        if r["outcome"] == rollups.VERIFIED:
+            accepted[r["source"]] = accepted.get(r["source"], 0) + r["units"]
+        else:
+            per = refused.setdefault(r["outcome"], {})
+            per[r["dataset"]] = per.get(r["dataset"], 0) + r["units"]
+    return {
+        "verified": True,
+        "keys": verifier.key_ids,
+        "accepted": accepted,
+        "refused": {k: dict(sorted(v.items())) for k, v in sorted(refused.items())},
+        "refused_total": sum(n for per in refused.values() for n in per.values()),
+        "missing_messages": dict(sorted(missing.items())),
+    }
 
 
 def _bucket(span_ms: int) -> tuple[int, str]:
@@ -278,11 +320,15 @@ def run_audit(
     dedupe: bool | None = None,
     html_path: str | None = None,
     conf: dict[str, str] | None = None,
+    telemetry_keys: Sequence[str] | None = None,
 ) -> AuditResult:
+    """``telemetry_keys``: key files whose tags the job trusts; only files and messages that
+    verify reach the reports. Without any, nothing is verified (``UNVERIFIED_NOTE``)."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     from_ms = load.parse_time(time_from)
     to_ms = load.parse_time(time_to)
+    verifier = verifier_of(telemetry_keys)
     if input_format not in ("auto", "columnar", "json"):
         raise ValueError(f"input format {input_format!r}: expected auto, columnar or json")
     html_target = html_path or report_io.join(out, "report.html")
@@ -300,6 +346,7 @@ def run_audit(
             dedupe=bool(dedupe),
             kafka_reader=kafka_reader,
             input_format=input_format,
+            verifier=verifier,
         )
         wanted = partials.standard(HOUR_MS)  # hourly: billing needs hours
         importing = _import_while_tasks_run()
@@ -307,6 +354,8 @@ def run_audit(
                                                tables=TABLES)
         importing.join()
         got, counts = rollups.split_counts(first)
+        checked = [inputs.integrity, got[rollups.INTEGRITY]["units"]]
+        missing = dict(got[rollups.INTEGRITY]["missing_messages"])
         timings["aggregate"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -341,6 +390,11 @@ def run_audit(
         got_later, counts_later = rollups.split_counts(later.rows())
         timings["waited_for_connections"] = time.perf_counter() - waiting
         counts = rollups.merge_counts(counts, counts_later)
+        if rollups.INTEGRITY in got_later:
+            checked.append(got_later.pop(rollups.INTEGRITY)["units"])
+        integrity = integrity_summary(
+            verifier, rollups.integrity_rows([pa.Table.from_pylist(
+                rows, schema=rollups.integrity_table({}).schema) for rows in checked]), missing)
         got.update(got_later)
         built["billing_connections"] = reports.billing_connections(got["conns"])
         write("billing_connections")
@@ -395,6 +449,7 @@ def run_audit(
                 for name, p in written.items()
             ],
             skipped=skipped,
+            integrity=integrity,
         )
         report_io.write_bytes(spark, html_target, html_report.render(data).encode("utf-8"))
         timings["html"] = time.perf_counter() - t0
@@ -414,6 +469,7 @@ def run_audit(
             input_files=inputs.files,
             duplicate_files=inputs.duplicate_files,
             spark_jobs=_spark_job_count(spark) - jobs_before,
+            integrity=integrity,
         )
         report_io.write_bytes(
             spark,
@@ -457,6 +513,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             dedupe=args.dedupe,
             html_path=args.html,
             conf=conf,
+            telemetry_keys=list(args.telemetry_key or []),
         )
     except ValueError as exc:
         print(f"sluice audit: {exc}", file=sys.stderr)
@@ -475,6 +532,19 @@ def run_from_args(args: argparse.Namespace) -> int:
     for kind, per_type in sorted(result.skipped.items()):
         for type_, n in sorted(per_type.items()):
             print(f"  skipped: {n:,} {kind.replace('_', ' ')} ({type_})")
+    integrity = result.integrity
+    if not integrity.get("verified"):
+        print(f"  UNVERIFIED: {UNVERIFIED_NOTE}")
+    else:
+        accepted = ", ".join(f"{n:,} {source}" for source, n in
+                             sorted(integrity["accepted"].items())) or "nothing"
+        print(f"  verified with key(s) {', '.join(integrity['keys'])}: {accepted}")
+        for reason, per in integrity["refused"].items():
+            for dataset, n in per.items():
+                print(f"  REFUSED (not in any report): {n:,} {reason.replace('_', ' ')} "
+                      f"({dataset})")
+        for instance, n in integrity["missing_messages"].items():
+            print(f"  MISSING: {n:,} telemetry messages of instance {instance} never read")
     for name, paths in result.reports.items():
         print(f"  {name}: {paths['parquet']}  {paths['csv']}")
     print(f"Report: {result.html}")

@@ -2,10 +2,14 @@
 
 ``KafkaArrowReader.arrow_messages`` reads one Kafka partition from its start to the snapshot
 end (as ``kafka_source`` does) and yields each message once: a message delivered twice (same
-``sluice-message-id``) is read once. The audit job's Kafka tasks (``rollups.run_kafka_task``,
-one per Kafka partition) decode each message as it arrives with ``message_table``: only the
-columns the job reads, repeated strings kept dictionary-encoded, and aggregate the tables in
-Arrow, so no telemetry row becomes a Spark row and the topic is fetched once.
+``sluice-message-id``) is read once. With a ``verifier`` (the audit's trusted telemetry keys)
+it yields only the messages whose ``sluice-tag`` verifies, and counts the others by dataset
+and reason (``rejected``); only a verified message can make another one a duplicate, so a
+forged message sent ahead of time under a real message's id displaces nothing.
+The audit job's Kafka tasks (``rollups.run_kafka_task``, one per Kafka partition) decode
+each message as it arrives with ``message_table``: only the columns the job reads, repeated
+strings kept dictionary-encoded, and aggregate the tables in Arrow, so no telemetry row
+becomes a Spark row and the topic is fetched once.
 ``json_texts`` yields the messages of the old JSON sink (no ``sluice-dataset`` header), for
 the job's JSON path.
 
@@ -24,6 +28,13 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from sluice.proxy.telemetry.columns import LAYOUT_VERSION, SCHEMAS
+from sluice.proxy.telemetry.integrity import (
+    KAFKA_ARROW,
+    KAFKA_JSON,
+    TAG_HEADER,
+    Verifier,
+    kafka_arrow_fields,
+)
 from sluice.spark_audit.kafka_source import KafkaBatchReader
 
 FORMAT_NAME = "sluice_telemetry_kafka"
@@ -31,6 +42,11 @@ RAW = "raw"
 DATASET_HEADER = "sluice-dataset"
 LAYOUT_HEADER = "sluice-layout"
 MESSAGE_ID_HEADER = "sluice-message-id"
+# ``rejected``'s dataset for JSON messages of the old sink.
+JSON_DATASET = "(json)"
+# ``rejected``'s reason for a verified message the job was told to skip (``skip``): a copy of
+# a message that another partition holds too.
+REPLAYED = "replayed"
 
 
 def _headers(msg: Any) -> dict[str, bytes]:
@@ -38,11 +54,24 @@ def _headers(msg: Any) -> dict[str, bytes]:
 
 
 class KafkaArrowReader(KafkaBatchReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: dict[str, str], verifier: Verifier | None = None,
+                 skip: frozenset[bytes] = frozenset()) -> None:
+        """``verifier``: yield only messages whose tag it accepts; ``skip``: message ids of
+        verified messages not to yield (copies the job reads in another partition)."""
         super().__init__(options)
         self.dataset = self.options.get("dataset", "")
         if self.dataset not in ("json", RAW) and self.dataset not in SCHEMAS:
             raise ValueError(f"{FORMAT_NAME}: option dataset {self.dataset!r} is not a dataset")
+        self.verifier = verifier
+        self.skip = skip
+        # (dataset, reason) -> messages refused; (dataset, "verified") -> messages accepted.
+        self.rejected: dict[tuple[str, str], int] = {}
+        self.verified: dict[str, int] = {}
+        # The message ids of the Arrow messages yielded (with a verifier), in order.
+        self.message_ids: list[bytes] = []
+
+    def _refuse(self, dataset: str, reason: str) -> None:
+        self.rejected[(dataset, reason)] = self.rejected.get((dataset, reason), 0) + 1
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         if self.dataset == "json":
@@ -61,18 +90,43 @@ class KafkaArrowReader(KafkaBatchReader):
         twice once; dataset and layout are None for a JSON message of the old sink (which has
         no message id: the job drops a redelivered event by its event id)."""
         seen: set[bytes] = set()
+        verifier = self.verifier
         for msg in self.messages(partition):
             headers = _headers(msg)
             dataset = headers.get(DATASET_HEADER)
+            value = msg.value()
             if dataset is None:
-                yield None, None, msg.value()
+                if verifier is not None:
+                    reason = verifier.check(headers.get(TAG_HEADER), KAFKA_JSON,
+                                            [msg.key() or b""], value or b"")
+                    if reason is not None:
+                        self._refuse(JSON_DATASET, reason)
+                        continue
+                    self.verified[JSON_DATASET] = self.verified.get(JSON_DATASET, 0) + 1
+                yield None, None, value
                 continue
             message_id = headers.get(MESSAGE_ID_HEADER, b"")
+            layout = headers.get(LAYOUT_HEADER, b"")
+            name = dataset.decode("utf-8", errors="replace")
+            if verifier is not None:
+                # Checked before the duplicate test: an unverified message never makes a
+                # verified one a duplicate.
+                reason = verifier.check(
+                    headers.get(TAG_HEADER), KAFKA_ARROW,
+                    kafka_arrow_fields(msg.key(), dataset, layout, message_id), value or b"")
+                if reason is not None:
+                    self._refuse(name, reason)
+                    continue
             if message_id in seen:
                 continue  # at-least-once delivery sent it twice
             seen.add(message_id)
-            yield (dataset.decode("utf-8", errors="replace"),
-                   headers.get(LAYOUT_HEADER, b"").decode("ascii", "replace"), msg.value())
+            if verifier is not None:
+                if message_id in self.skip:
+                    self._refuse(name, REPLAYED)
+                    continue
+                self.verified[name] = self.verified.get(name, 0) + 1
+                self.message_ids.append(message_id)
+            yield name, layout.decode("ascii", "replace"), value
 
     def raw(self, partition: InputPartition) -> Iterator[Any]:
         """The partition's messages as Arrow batches of ``raw_arrow_schema``."""

@@ -67,6 +67,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "always read once; kafka:// input is always de-duplicated)",
     )
     parser.add_argument(
+        "--telemetry-key",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a telemetry key file (sluice telemetry keygen) whose tags to trust; repeatable "
+        "(old and new key during a rotation). Only files and messages whose tag verifies "
+        "reach the reports; the others are counted. Without it nothing is verified",
+    )
+    parser.add_argument(
         "--html",
         default=None,
         metavar="FILE",

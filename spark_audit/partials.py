@@ -995,6 +995,8 @@ class PartialSet:
     """The partial tables of every task, by partial name."""
 
     tables: dict[str, list[pa.Table]] = field(default_factory=dict)
+    # Per telemetry sink instance of a Kafka topic: message ids missing below its highest.
+    missing_messages: dict[str, int] = field(default_factory=dict)
 
     def add(self, name: str, table: pa.Table) -> None:
         self.tables.setdefault(name, []).append(table)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Any
@@ -54,6 +54,7 @@ from sluice.proxy.telemetry.columns import (
     latest_versions,
     time_column,
 )
+from sluice.proxy.telemetry.integrity import Verifier, read_sidecar
 from sluice.spark_audit.partials import (
     CHECKS,
     MINUTE_MS,
@@ -152,10 +153,51 @@ def classify(table: pa.Table, dataset: str) -> pa.Array | pa.ChunkedArray:
                       pc.if_else(ours, none, pa.scalar(UNKNOWN_VERSION)))
 
 
+# A part of every task's result: what it verified and refused, a row per (source, dataset,
+# outcome) with the units (files, messages) counted: ``outcome`` is ``verified`` or a reason
+# (``integrity.REASONS``, ``replayed``).
+INTEGRITY = "integrity"
+VERIFIED = "verified"
+Tally = dict[tuple[str, str, str], int]
+
+
+def tally_add(tally: Tally, source: str, dataset: str, outcome: str, n: int = 1) -> None:
+    key = (source, dataset, outcome)
+    tally[key] = tally.get(key, 0) + n
+
+
+def integrity_table(tally: Tally) -> pa.Table:
+    keys = sorted(tally)
+    return pa.table({
+        "source": pa.array([k[0] for k in keys], pa.string()),
+        "dataset": pa.array([k[1] for k in keys], pa.string()),
+        "outcome": pa.array([k[2] for k in keys], pa.string()),
+        "units": pa.array([tally[k] for k in keys], pa.int64()),
+    })
+
+
+def integrity_rows(tables: Iterable[pa.Table]) -> list[dict[str, Any]]:
+    """Every task's ``INTEGRITY`` tables summed per (source, dataset, outcome)."""
+    tally: Tally = {}
+    for table in tables:
+        for r in table.to_pylist():
+            tally_add(tally, r["source"], r["dataset"], r["outcome"], r["units"])
+    return integrity_table(tally).to_pylist()
+
+
+def file_name_in_layout(path: str) -> str:
+    """What a published Parquet file's tag covers besides its bytes: ``<dataset>/date=.../
+    hour=.../<name>`` (``parquet.published_name``)."""
+    return "/".join(path.split("/")[-4:])
+
+
 def read_files(dataset: str, paths: tuple[str, ...], columns: tuple[str, ...],
-               window: Window, dictionary: tuple[str, ...] = ()) -> pa.Table:
+               window: Window, dictionary: tuple[str, ...] = (),
+               verifier: Verifier | None = None, tally: Tally | None = None) -> pa.Table:
     """The rows of ``paths`` in the window (and every skipped row), with ``SKIP``; the string
-    columns ``dictionary`` dictionary-encoded (one dictionary per column for the table)."""
+    columns ``dictionary`` dictionary-encoded (one dictionary per column for the table).
+    With ``verifier``, a file whose tag does not verify is not read: it is counted in
+    ``tally``."""
     wanted = [c for c in columns if c != SKIP]
     need = list(dict.fromkeys([*wanted, "schema_version", time_column(dataset)]))
     # The dataset's schema: a column an older file lacks reads as nulls.
@@ -163,20 +205,36 @@ def read_files(dataset: str, paths: tuple[str, ...], columns: tuple[str, ...],
         f.with_type(pa.dictionary(pa.int32(), f.type)) if f.name in dictionary else f
         for f in (SCHEMAS[dataset].field(c) for c in need)
     ])
-    table = pa.concat_tables([_read_file(path, schema, dictionary) for path in paths])
+    read = [_read_file(path, schema, dictionary, verifier, tally, dataset) for path in paths]
+    tables = [t for t in read if t is not None]
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
     if dictionary:
         table = table.unify_dictionaries()
     return _classified(table, dataset, window).select([*wanted, SKIP])
 
 
-def _read_file(path: str, schema: pa.Schema, dictionary: tuple[str, ...]) -> pa.Table:
+def _read_file(path: str, schema: pa.Schema, dictionary: tuple[str, ...],
+               verifier: Verifier | None = None, tally: Tally | None = None,
+               dataset: str = "") -> pa.Table | None:
     """The columns of ``schema`` from one Parquet file, as the schema types them (a column
     the file lacks as nulls). ``pyarrow.parquet`` reads a known file as fast as
     ``pyarrow.dataset`` does here, and the chunks of ``run_file_task`` are lists of files:
-    there is nothing to discover."""
+    there is nothing to discover. With ``verifier`` the whole file is read into memory once,
+    its tag checked over those bytes and the columns read from them; None (counted in
+    ``tally``) when the tag does not verify."""
     import pyarrow.parquet as pq
 
-    file = pq.ParquetFile(path, read_dictionary=[c for c in dictionary if c in schema.names])
+    source: Any = path
+    if verifier is not None:
+        with open(path, "rb") as f:
+            data = f.read()
+        reason = verifier.check_file(file_name_in_layout(path), data, read_sidecar(path))
+        if tally is not None:
+            tally_add(tally, "files", dataset, reason or VERIFIED)
+        if reason is not None:
+            return None
+        source = pa.BufferReader(data)
+    file = pq.ParquetFile(source, read_dictionary=[c for c in dictionary if c in schema.names])
     have = set(file.schema_arrow.names)
     read = file.read(columns=[c for c in schema.names if c in have], use_threads=False)
     table = pa.table(
@@ -313,8 +371,8 @@ class MinuteTraffic:
 
 
 def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
-                  window: Window, size: Any = os.path.getsize, minutes: bool = False
-                  ) -> list[tuple[str, bytes]]:
+                  window: Window, size: Any = os.path.getsize, minutes: bool = False,
+                  verifier: Verifier | None = None) -> list[tuple[str, bytes]]:
     """One task: read each unit's files, run its rollup's partial; (part, Arrow IPC) pairs.
 
     A rollup whose partial tables merge in Arrow (``Rollup.merges_in_arrow``) reads its files
@@ -323,9 +381,11 @@ def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
     million: 0.88 s instead of 1.03 s in a new worker (0.14 s of system time instead of 0.34:
     the memory of one chunk is reused by the next instead of being faulted in anew), 0.58 s
     instead of 0.70 s later. ``size`` gives a file's size in bytes. ``minutes``: the record
-    batch rows read also feed a ``MinuteTraffic``."""
+    batch rows read also feed a ``MinuteTraffic``. ``verifier``: only files whose tag it
+    accepts are read (part ``INTEGRITY`` counts them and the others)."""
     _system_memory()
     out: list[tuple[str, bytes]] = []
+    tally: Tally = {}
     traffic_minutes = MinuteTraffic() if minutes else None
     for name, files in task.units:
         rollup = rollups[name]
@@ -334,7 +394,8 @@ def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
             cols = rollup.columns[dataset]
             chunks = []
             for chunk in _chunks(paths, size):
-                rows = read_files(dataset, chunk, cols, window, rollup.dictionary)
+                rows = read_files(dataset, chunk, cols, window, rollup.dictionary, verifier,
+                                  tally)
                 if (traffic_minutes is not None and dataset == "record_batch"
                         and set(traffic_minutes.columns) <= set(cols)):
                     traffic_minutes.add(rows)
@@ -342,12 +403,15 @@ def run_file_task(task: FileTask, rollups: Mapping[str, Rollup],
             partial = rollup.merge_partials(chunks)
         else:
             partial = rollup.partial({
-                d: read_files(d, paths, rollup.columns[d], window, rollup.dictionary)
+                d: read_files(d, paths, rollup.columns[d], window, rollup.dictionary, verifier,
+                              tally)
                 for d, paths in files
             })
         out.extend(_ipc(part, table) for part, table in partial.items())
     if traffic_minutes is not None:
         out.extend(traffic_minutes.results())
+    if tally:
+        out.append(_ipc(INTEGRITY, integrity_table(tally)))
     return out
 
 
@@ -526,6 +590,74 @@ def run_kafka_task(messages: Iterable[tuple[str | None, str | None, bytes | None
     return out
 
 
+KAFKA_IDS = "kafka:message_ids"  # a Kafka task's part: the verified message ids it read
+
+
+def kafka_partition_task(options: dict[str, str], partition: Any, rollups: Mapping[str, Rollup],
+                         window: Window, minutes: bool = False,
+                         verifier: Verifier | None = None,
+                         skip: Mapping[int, frozenset[bytes]] | None = None
+                         ) -> list[tuple[str, bytes]]:
+    """``run_kafka_task`` over one partition of the topic, its messages checked by
+    ``verifier`` (when there is one): with the task's parts, ``INTEGRITY`` (messages verified
+    and refused per dataset) and ``KAFKA_IDS`` (the verified messages' ids, for the driver to
+    find copies of one message in several partitions). ``skip``: per partition number, ids
+    of verified messages this task must not read (such copies)."""
+    from sluice.spark_audit.kafka_arrow_source import KafkaArrowReader
+
+    reader = KafkaArrowReader(options, verifier,
+                              (skip or {}).get(int(partition.partition), frozenset()))
+    out = run_kafka_task(reader.arrow_messages(partition), rollups, window, minutes)
+    if verifier is not None:
+        tally: Tally = {}
+        for dataset, n in reader.verified.items():
+            tally_add(tally, "kafka", dataset, VERIFIED, n)
+        for (dataset, reason), n in reader.rejected.items():
+            tally_add(tally, "kafka", dataset, reason, n)
+        out.append(_ipc(INTEGRITY, integrity_table(tally)))
+        ids = pa.table({"partition": pa.repeat(pa.scalar(int(partition.partition), pa.int32()),
+                                               len(reader.message_ids)),
+                        "message_id": pa.array(reader.message_ids, pa.binary())})
+        out.append(_ipc(KAFKA_IDS, ids))
+    return out
+
+
+def replayed_ids(ids: Sequence[pa.Table]) -> dict[int, frozenset[bytes]]:
+    """Verified message ids read in more than one partition (a message is sent to one): per
+    partition, the copies to skip (the lowest partition's copy is the one kept)."""
+    got = [t for t in ids if t.num_rows]
+    if not got:
+        return {}
+    table = pa.concat_tables(got)
+    per = table.group_by("message_id").aggregate([("partition", "count_distinct"),
+                                                  ("partition", "min")])
+    copied = per.filter(pc.greater(per["partition_count_distinct"], 1))
+    if copied.num_rows == 0:
+        return {}
+    keep = dict(zip(copied["message_id"].to_pylist(), copied["partition_min"].to_pylist(),
+                    strict=True))
+    skip: dict[int, set[bytes]] = {}
+    for partition, message_id in zip(table["partition"].to_pylist(),
+                                     table["message_id"].to_pylist(), strict=True):
+        home = keep.get(message_id)
+        if home is not None and partition != home:
+            skip.setdefault(partition, set()).add(message_id)
+    return {p: frozenset(v) for p, v in skip.items()}
+
+
+def missing_messages(ids: Sequence[pa.Table]) -> dict[str, int]:
+    """Per sink instance, how many message ids below its highest verified one were never
+    read (``<instance>-<n>``, n = 1, 2, ...): messages deleted from the topic (or lost). A
+    deleted tail cannot be seen."""
+    numbers: dict[str, set[int]] = {}
+    for table in ids:
+        for raw in table["message_id"].to_pylist():
+            instance, _, n = raw.decode("utf-8", "replace").rpartition("-")
+            if n.isdigit() and instance:
+                numbers.setdefault(instance, set()).add(int(n))
+    return {i: max(ns) - len(ns) for i, ns in sorted(numbers.items()) if max(ns) > len(ns)}
+
+
 def merge_versions(got: PartialSet, rollups: Mapping[str, Rollup]) -> None:
     """The versioned datasets' rows of every message task: the latest version of each id over
     all tasks, then the partial of every rollup that reads them (in the driver: one row per
@@ -586,10 +718,12 @@ def collect(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
     got = PartialSet()
     cores = int(spark.sparkContext.defaultParallelism)
     tasks = plan_tasks(inputs.local_files, rollups, cores)
+    verifier = inputs.verifier
     if tasks:
         window = inputs.window
         pairs = spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(
-            lambda task: run_file_task(task, rollups, window, minutes=minutes)
+            lambda task: run_file_task(task, rollups, window, minutes=minutes,
+                                       verifier=verifier)
         ).collect()
         add_pairs(got, pairs)
     frames_read = dict(inputs.tables)
@@ -597,7 +731,8 @@ def collect(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Rollup],
     if inputs.kafka is not None and inputs.kafka.partitions:
         json_messages = _collect_kafka(spark, inputs, rollups, got, minutes)
         if json_messages:
-            json_tables, checks = kafka_json_tables(spark, inputs.kafka, inputs.window)
+            json_tables, checks = kafka_json_tables(spark, inputs.kafka, inputs.window,
+                                                    inputs.verifier)
             frames_read.update(json_tables)
     if checks is not None and count_skipped:
         frames_read[CHECKS] = checks
@@ -682,12 +817,16 @@ def finish(got: PartialSet, rollups: Mapping[str, Rollup], minutes: bool = False
            tables: Collection[str] = ()) -> dict[str, Any]:
     """Every task's partial tables (``got``) merged into each rollup's rows (a list of dicts;
     for the rollups named in ``tables`` one Arrow table, ``Rollup.final_table``); with
-    ``minutes`` also ``MINUTES``, unless a task's rows spanned too long for them."""
+    ``minutes`` also ``MINUTES``, unless a task's rows spanned too long for them; and
+    ``INTEGRITY``: ``{"units": rows of (source, dataset, outcome, units), "missing_messages":
+    {instance: n}}``."""
     merge_versions(got, rollups)
     result: dict[str, Any] = {
         name: rollup.final_table(got.tables) if name in tables else rollup.final(got.tables)
         for name, rollup in rollups.items()
     }
+    result[INTEGRITY] = {"units": integrity_rows(got.tables.get(INTEGRITY, ())),
+                         "missing_messages": got.missing_messages}
     if minutes and _MINUTES_OVER not in got.tables:
         result[MINUTES] = MinuteTraffic().rollup.final(got.tables)
     return result
@@ -703,18 +842,30 @@ def _collect_kafka(spark: SparkSession, inputs: Inputs, rollups: Mapping[str, Ro
                    got: PartialSet, minutes: bool) -> int:
     """One Spark job, a task per Kafka partition (``run_kafka_task``): their partials into
     ``got``; returns how many JSON messages they found."""
-    from sluice.spark_audit.kafka_arrow_source import KafkaArrowReader
-
     assert inputs.kafka is not None
     options, partitions, window = inputs.kafka.options, inputs.kafka.partitions, inputs.window
+    verifier = inputs.verifier
+
+    def run(skip: Mapping[int, frozenset[bytes]] | None) -> list[tuple[str, bytes]]:
+        return spark.sparkContext.parallelize(partitions, len(partitions)).flatMap(
+            lambda partition: kafka_partition_task(options, partition, rollups, window,
+                                                   minutes, verifier, skip)
+        ).collect()
+
+    pairs = run(None)
+    if verifier is not None:
+        ids = [pa.ipc.open_stream(data).read_all() for part, data in pairs if part == KAFKA_IDS]
+        skip = replayed_ids(ids)
+        if skip:
+            # Copies of verified messages in other partitions than their own (a message is
+            # sent to one): read again without them, so that nothing is counted twice.
+            pairs = run(skip)
+        got.missing_messages = missing_messages(ids)
     json_messages = 0
-    for part, data in spark.sparkContext.parallelize(partitions, len(partitions)).flatMap(
-            lambda partition: run_kafka_task(
-                KafkaArrowReader(options).arrow_messages(partition), rollups, window, minutes)
-    ).collect():
+    for part, data in pairs:
         if part == JSON_MESSAGES:
             json_messages += int(data)
-        else:
+        elif part != KAFKA_IDS:
             add_pairs(got, [(part, data)])
     return json_messages
 

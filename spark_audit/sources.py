@@ -23,6 +23,13 @@ word.
 Files are listed by the driver (Python for local paths, Hadoop's FileSystem API otherwise);
 the same published file found twice (``<dataset>/date=/hour=/<name>``, e.g. a proxy's folder
 collected twice) is read once. Hours outside ``--from/--to`` are not even listed for reading.
+
+With trusted telemetry keys (a ``Verifier``) only files and messages whose tag verifies are
+read. The tasks that read local Parquet files check each file as they read it (``rollups``);
+files Spark reads itself (JSON Lines, ``--dedupe``, Hadoop URLs) are checked here first, and
+only those that verify are handed to Spark (``Inputs.integrity`` counts the rest). Of the
+copies of one published file, the first that verifies is read: a forged copy found first
+does not hide the real one.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from sluice.proxy.telemetry.columns import (
     SCHEMAS,
     time_column,
 )
+from sluice.proxy.telemetry.integrity import TAG_SUFFIX, Verifier, read_sidecar
 from sluice.spark_audit import json_tables
 from sluice.spark_audit.load import KafkaUrl, parse_kafka_url
 from sluice.spark_audit.schema import (
@@ -108,6 +116,10 @@ class Inputs:
     # A ``kafka://`` topic (the python reader): its tasks read and aggregate the Arrow
     # messages themselves (``rollups.run_kafka_task``).
     kafka: KafkaInput | None = None
+    # The trusted telemetry keys (None: nothing is verified), and the files checked here
+    # (``rollups.integrity_table``'s rows: source, dataset, outcome, units).
+    verifier: Verifier | None = None
+    integrity: list[dict[str, Any]] = field(default_factory=list)
 
 
 def is_local(path: str) -> bool:
@@ -172,29 +184,42 @@ def read_inputs(
     dedupe: bool = False,
     kafka_reader: str = "python",
     input_format: str = "auto",
+    verifier: Verifier | None = None,
 ) -> Inputs:
-    """``input_format``: ``auto`` reads both layouts, ``columnar`` or ``json`` only one."""
+    """``input_format``: ``auto`` reads both layouts, ``columnar`` or ``json`` only one.
+    ``verifier``: read only what its keys authenticate (see the module's docstring)."""
     kafka = parse_kafka_url(source)
     if kafka is not None:
-        return _kafka_inputs(spark, kafka, time_from_ms, time_to_ms, kafka_reader)
+        if verifier is not None and kafka_reader == "spark":
+            raise ValueError("--kafka-reader spark cannot verify telemetry tags: use the "
+                             "python reader with --telemetry-key")
+        found_kafka = _kafka_inputs(spark, kafka, time_from_ms, time_to_ms, kafka_reader)
+        found_kafka.verifier = verifier
+        return found_kafka
     parquet: dict[str, dict[tuple[str, str, str], str]] = {d: {} for d in DATASETS}
     jsonl: dict[str, str] = {}
+    # Every copy of a published file (the first one in ``parquet``/``jsonl``), by its name.
+    copies: dict[tuple[str, ...], list[str]] = {}
     duplicates = 0
     pattern = re.compile(_glob_regex(glob)) if glob else None
-    for path in list_files(spark, source):
+    listed = list_files(spark, source)
+    for path in listed:
         match = _PARQUET_FILE.search(path)
         if match is not None and match["dataset"] in parquet and input_format != "json":
             key = (match["date"], match["hour"], match["name"])
+            if not _hour_in_window(match["date"], match["hour"], time_from_ms, time_to_ms):
+                continue
+            copies.setdefault((match["dataset"], *key), []).append(path)
             if key in parquet[match["dataset"]]:
                 duplicates += 1
                 continue
-            if _hour_in_window(match["date"], match["hour"], time_from_ms, time_to_ms):
-                parquet[match["dataset"]][key] = path
+            parquet[match["dataset"]][key] = path
             continue
         name = path.rsplit("/", 1)[-1]
-        if name.endswith(".parquet") or input_format == "columnar":
-            continue
+        if name.endswith((".parquet", TAG_SUFFIX)) or input_format == "columnar":
+            continue  # a tag is read with the file it tags
         if pattern is None or pattern.fullmatch(name):
+            copies.setdefault(("jsonl", name), []).append(path)
             if name in jsonl:
                 duplicates += 1
                 continue
@@ -206,6 +231,10 @@ def read_inputs(
     # Local files are read by the job's tasks with pyarrow, unless --dedupe needs them in a
     # DataFrame (de-duplication is a shuffle over every file).
     tasks_read = is_local(source) and not dedupe
+    integrity: list[dict[str, Any]] = []
+    if verifier is not None:
+        parquet, jsonl, integrity = _verified(spark, verifier, parquet, jsonl, copies,
+                                              set(listed), check_parquet=not tasks_read)
     for dataset, found in parquet.items():
         if not found:
             continue
@@ -239,7 +268,115 @@ def read_inputs(
         duplicate_files=duplicates,
         local_files=local,
         window=Window(time_from_ms, time_to_ms),
+        verifier=verifier,
+        integrity=integrity,
     )
+
+
+def _verified(
+    spark: SparkSession,
+    verifier: Verifier,
+    parquet: dict[str, dict[tuple[str, str, str], str]],
+    jsonl: dict[str, str],
+    copies: dict[tuple[str, ...], list[str]],
+    listed: set[str],
+    *,
+    check_parquet: bool,
+) -> tuple[dict[str, dict[tuple[str, str, str], str]], dict[str, str], list[dict[str, Any]]]:
+    """The files to read once tags are checked: of the copies of a file, the first that
+    verifies. The Parquet files the tasks read (``check_parquet`` False) are checked by the
+    tasks themselves: only those with several copies are checked here, to pick one. Returns
+    the files and the counts of what was checked here."""
+    todo: list[tuple[str, str]] = []  # (name the tag covers, path)
+    for key, paths in copies.items():
+        if key[0] == "jsonl":
+            todo.extend((key[1], p) for p in paths)
+        elif check_parquet or len(paths) > 1:
+            dataset, date, hour, name = key
+            todo.extend((f"{dataset}/date={date}/hour={hour}/{name}", p) for p in paths)
+    if not todo:
+        return parquet, jsonl, []
+    outcome = check_files(spark, verifier, todo, listed)
+    tally: dict[tuple[str, str, str], int] = {}
+    for key, paths in copies.items():
+        checked = [p for p in paths if p in outcome]
+        if not checked:
+            continue  # read and checked by a task
+        kind = key[0]
+        good = next((p for p in checked if outcome[p] is None), None)
+        task_reads = kind != "jsonl" and not check_parquet
+        for p in checked:
+            reason = outcome[p]
+            if reason is None:
+                # Once a copy verified, its other copies are duplicates, not failures.
+                if p == good and not task_reads:
+                    tally[("files", kind, "verified")] = tally.get(("files", kind, "verified"),
+                                                                   0) + 1
+                continue
+            if task_reads and good is None and p == paths[0]:
+                continue  # the task reads it and counts it
+            tally[("files", kind, reason)] = tally.get(("files", kind, reason), 0) + 1
+        if kind == "jsonl":
+            if good is None:
+                jsonl.pop(key[1], None)
+            else:
+                jsonl[key[1]] = good
+            continue
+        dataset, date, hour, name = key
+        if good is not None:
+            parquet[dataset][(date, hour, name)] = good
+        elif not task_reads:
+            parquet[dataset].pop((date, hour, name), None)
+    rows = [{"source": s, "dataset": d, "outcome": o, "units": n}
+            for (s, d, o), n in sorted(tally.items()) if n]
+    return parquet, jsonl, rows
+
+
+def check_files(spark: SparkSession, verifier: Verifier, files: list[tuple[str, str]],
+                listed: set[str]) -> dict[str, str | None]:
+    """Each file's verdict (None: its tag verifies; else why not) from ``(name the tag
+    covers, path)`` pairs: local files read by the driver, others by a Spark job (the
+    ``binaryFile`` source), their sidecar tags too."""
+    if all(is_local(p) for _n, p in files):
+        out: dict[str, str | None] = {}
+        for name, path in files:
+            local = str(local_path(path))
+            with open(local, "rb") as f:
+                data = f.read()
+            out[path] = verifier.check_file(name, data, read_sidecar(local))
+        return out
+    tag_paths = sorted({p + TAG_SUFFIX for _n, p in files} & listed)
+    tags: dict[str, bytes] = {}
+    if tag_paths:
+        for row in spark.read.format("binaryFile").load(tag_paths).select(
+                "path", "content").collect():
+            tags[_same_path(row["path"], tag_paths)] = bytes(row["content"])
+    by_path = {p: (n, tags.get(p + TAG_SUFFIX)) for n, p in files}
+    paths = sorted(by_path)
+
+    def check(batches: Any) -> Any:
+        import pyarrow as pa
+
+        for batch in batches:
+            found = [_same_path(p, paths) for p in batch.column("path").to_pylist()]
+            verdicts = []
+            for path, content in zip(found, batch.column("content").to_pylist(), strict=True):
+                name, tag = by_path[path]
+                verdicts.append(verifier.check_file(name, content, tag) or "")
+            yield pa.RecordBatch.from_pydict({"path": found, "reason": verdicts})
+
+    rows = (spark.read.format("binaryFile").load(paths).select("path", "content")
+            .mapInArrow(check, "path string, reason string").collect())
+    return {r["path"]: (r["reason"] or None) for r in rows}
+
+
+def _same_path(seen: str, paths: list[str]) -> str:
+    """The path of ``paths`` that Spark reported as ``seen`` (qualified: ``file:/x`` for
+    ``/x``): the one it ends with."""
+    if seen in paths:
+        return seen
+    best = [p for p in paths if seen.endswith(p.split("://", 1)[-1])]
+    return max(best, key=len) if best else seen
 
 
 def _glob_regex(glob: str) -> str:
@@ -392,16 +529,19 @@ def _kafka_inputs(
                   window=Window(from_ms, to_ms))
 
 
-def kafka_json_tables(spark: SparkSession, kafka: KafkaInput, window: Window
+def kafka_json_tables(spark: SparkSession, kafka: KafkaInput, window: Window,
+                      verifier: Verifier | None = None
                       ) -> tuple[dict[str, DataFrame], DataFrame]:
     """The JSON messages of the old Kafka sink in ``kafka``'s topic (a fleet half upgraded) as
     DataFrames of the datasets, and their checks: a second read of the topic, which the job
-    makes only when its Arrow tasks found such messages."""
+    makes only when its Arrow tasks found such messages (with ``verifier``: the messages that
+    verify; the first read counted the others)."""
     from sluice.spark_audit.kafka_arrow_source import KafkaArrowReader
 
     options = kafka.options
     texts = spark.sparkContext.parallelize(kafka.partitions, len(kafka.partitions)).flatMap(
-        lambda partition: [(text,) for batch in KafkaArrowReader(options).json_texts(partition)
+        lambda partition: [(text,) for batch
+                           in KafkaArrowReader(options, verifier).json_texts(partition)
                            for text in batch.column("value").to_pylist()])
     return _json_message_tables(spark.createDataFrame(texts, "value string"), window.from_ms,
                                 window.to_ms)

@@ -112,9 +112,10 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
             if value is not None and not isinstance(value, dict):
                 raise lines.error((section,), "must be a mapping")
         config.telemetry = dict(data.get("telemetry") or {})
-        telemetry_dir = config.telemetry.get("dir")
-        if isinstance(telemetry_dir, str) and not Path(telemetry_dir).is_absolute():
-            config.telemetry["dir"] = str(path.resolve().parent / telemetry_dir)
+        for key in ("dir", "key_file"):  # relative to the config file
+            value = config.telemetry.get(key)
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                config.telemetry[key] = str(path.resolve().parent / value)
         config.metrics = dict(data.get("metrics") or {})
         proxy = dict(data.get("proxy") or {})
         for key in proxy:

@@ -169,7 +169,9 @@ def check_telemetry(cfg: Mapping[str, Any] | None) -> str:
     or connections; returns a one-line description. Raises TelemetryConfigError."""
     from sluice.proxy.telemetry.sinks import parse_telemetry_config
 
-    return parse_telemetry_config(cfg).describe()
+    settings = parse_telemetry_config(cfg)
+    settings.tagger()  # the key file must hold a key
+    return settings.describe()
 
 
 def locate_telemetry_error(path: Path | None, exc: Exception) -> ConfigError:

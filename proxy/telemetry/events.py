@@ -12,7 +12,6 @@ serialises in its own thread. A built event must not be mutated after ``emit``.
 
 from __future__ import annotations
 
-import itertools
 import os
 import socket
 import time
@@ -21,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from time import time_ns
 from typing import Any, Literal, Protocol
+
+from sluice.proxy.telemetry.integrity import EventIds
 
 SCHEMA_VERSION = 1
 
@@ -35,7 +36,9 @@ AdminDecision = Literal["allow", "deny", "rewrite", "error"]
 # filter authors write these strings, so a cap keeps a runaway message from bloating telemetry.
 MAX_TEXT = 300
 
-_event_counter = itertools.count(1)
+# Event ids are random (docs/TELEMETRY.md): a client that sees some cannot write events ahead
+# of time under the ids of real ones.
+_event_ids = EventIds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +102,9 @@ def _envelope(event_type: EventType, proxy: ProxyInfo, time_ms: int | None) -> d
     return {
         "schema_version": SCHEMA_VERSION,
         "type": event_type,
-        # Unique per instance: lets the audit drop duplicates that an at-least-once sink
-        # (the Kafka topic) may deliver twice.
-        "event_id": f"{proxy.instance_id}-{next(_event_counter)}",
+        # 128 random bits: lets the audit drop duplicates that an at-least-once sink (the
+        # Kafka topic) may deliver twice, and no one can predict the next one.
+        "event_id": _event_ids.next(),
         "time": iso_time(t),
         "time_ms": t,
         "proxy": proxy.as_dict(),

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import structlog
+
 from sluice.proxy.telemetry.events import ProxyInfo, proxy_info
 from sluice.proxy.telemetry.kafka_arrow import ArrowKafkaSink
 from sluice.proxy.telemetry.parquet import ParquetSink
@@ -21,6 +23,8 @@ from sluice.proxy.telemetry.sinks import (
     TelemetrySink,
     parse_telemetry_config,
 )
+
+log = structlog.get_logger("sluice.telemetry")
 
 
 def make_sink(
@@ -39,6 +43,7 @@ def make_sink(
     settings = parse_telemetry_config(telemetry_config)
     if not settings.enabled:
         return NullSink()
+    tagger = settings.tagger()
     info = proxy or proxy_info(instance_id)
     sinks: list[TelemetrySink] = []
     if settings.directory is not None:
@@ -52,6 +57,7 @@ def make_sink(
                     flush_seconds=settings.flush_seconds,
                     queue_size=settings.queue_size,
                     fsync=settings.fsync,
+                    tagger=tagger,
                 )
             )
         else:
@@ -63,6 +69,7 @@ def make_sink(
                     rotate_seconds=settings.rotate_seconds,
                     queue_size=settings.queue_size,
                     fsync=settings.fsync,
+                    tagger=tagger,
                 )
             )
     if settings.kafka_topic is not None and settings.kafka_bootstrap is not None:
@@ -71,6 +78,7 @@ def make_sink(
             "producer_config": settings.kafka_config,
             "create_partitions": settings.create_partitions,
             "message_timeout_ms": settings.message_timeout_ms,
+            "tagger": tagger,
         }
         if settings.kafka_format == "arrow":
             sinks.append(
@@ -88,6 +96,12 @@ def make_sink(
             )
     if not sinks:
         return NullSink()
+    if tagger is None:
+        log.warning("telemetry is not authenticated: telemetry.key_file is not set, so the "
+                    "audit cannot tell this proxy's telemetry from rows anyone wrote "
+                    "(docs/SECURITY.md, Audit integrity)")
+    else:
+        log.info("telemetry authenticated", key_id=tagger.key.key_id)
     if len(sinks) == 1:
         return sinks[0]
     return TeeSink(sinks)

@@ -7,7 +7,10 @@ unique per row, ``UNIQUE_COLUMNS``) and whose headers say what it holds:
 
 - ``sluice-dataset``: the dataset name (``record_batch``, ``offset_run``...);
 - ``sluice-layout``: the layout version (``1``);
-- ``sluice-message-id``: unique per message, so a reader can drop a message delivered twice.
+- ``sluice-message-id``: ``<instance id>-<n>``, n = 1, 2, ... per sink: unique per message, so
+  a reader can drop a message delivered twice, and count the messages missing between two;
+- ``sluice-tag`` (with a telemetry key): ``<key id>:<HMAC-SHA256>`` over the key, these three
+  headers and the value (``integrity``).
 
 The key is the proxy instance id, so one instance's messages stay ordered in one partition.
 The producer does not compress again (``compression.type`` ``none`` unless the config says
@@ -31,6 +34,7 @@ from sluice.proxy.telemetry.columns import (
     warm_up,
 )
 from sluice.proxy.telemetry.events import ProxyInfo
+from sluice.proxy.telemetry.integrity import KAFKA_ARROW, TAG_HEADER, kafka_arrow_fields
 from sluice.proxy.telemetry.sinks import KafkaSink, TelemetryConfigError
 
 DEFAULT_FLUSH_SECONDS = 1.0
@@ -154,13 +158,18 @@ class ArrowKafkaSink(KafkaSink):
         with self._lock:
             self._pending += events
         key = self._proxy.instance_id.encode()
+        layout = str(LAYOUT_VERSION).encode()
         for dataset, value in messages:
+            name = dataset.encode()
+            message_id = f"{self._proxy.instance_id}-{next(self._message_ids)}".encode()
             headers = [
-                ("sluice-dataset", dataset.encode()),
-                ("sluice-layout", str(LAYOUT_VERSION).encode()),
-                ("sluice-message-id", f"{self._proxy.instance_id}-{next(self._message_ids)}"
-                 .encode()),
+                ("sluice-dataset", name),
+                ("sluice-layout", layout),
+                ("sluice-message-id", message_id),
             ]
+            if self._tagger is not None:
+                headers.append((TAG_HEADER, self._tagger.tag(
+                    KAFKA_ARROW, kafka_arrow_fields(key, name, layout, message_id), value)))
             self._produce(producer, value, key, delivered, headers)
 
     def _close_backend(self) -> None:

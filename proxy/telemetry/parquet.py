@@ -47,6 +47,7 @@ from sluice.proxy.telemetry.columns import (
     warm_up,
 )
 from sluice.proxy.telemetry.events import ProxyInfo, now_ms, telemetry_dropped_event
+from sluice.proxy.telemetry.integrity import Tagger, write_sidecar
 from sluice.proxy.telemetry.sinks import (
     DEFAULT_QUEUE_SIZE,
     DEFAULT_ROTATE_BYTES,
@@ -87,11 +88,30 @@ def partition_dir(directory: Path, dataset: str, hour: int) -> Path:
     return directory / dataset / f"date={stamp:%Y-%m-%d}" / f"hour={stamp:%H}"
 
 
-def write_parquet_atomic(table: pa.Table, target: Path, *, fsync: bool = True) -> None:
-    """Write ``table`` to a hidden temporary name next to ``target``, then rename it."""
+def published_name(target: Path) -> str:
+    """A published file's name in the layout, ``<dataset>/date=.../hour=.../<name>``: what its
+    tag covers besides its bytes (a copy under another dataset, hour or name does not verify)."""
+    return "/".join(target.parts[-4:])
+
+
+def write_parquet_atomic(table: pa.Table, target: Path, *, fsync: bool = True,
+                         tagger: Tagger | None = None) -> None:
+    """Write ``table`` to a hidden temporary name next to ``target``, then rename it; with
+    ``tagger``, its tag (``<target>.tag``) is renamed into place first."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
-    pq.write_table(table, tmp, compression="zstd", use_dictionary=True)
+    if tagger is None:
+        pq.write_table(table, tmp, compression="zstd", use_dictionary=True)
+    else:
+        # In memory first: the tag is over the bytes written, without reading them back.
+        out = pa.BufferOutputStream()
+        pq.write_table(table, out, compression="zstd", use_dictionary=True)
+        data = out.getvalue()
+        with open(tmp, "wb") as f:
+            f.write(data)
+        mac = tagger.file_mac(published_name(target))
+        mac.update(data)
+        write_sidecar(target, mac.tag(), fsync=fsync)
     if fsync:
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -102,7 +122,8 @@ def write_parquet_atomic(table: pa.Table, target: Path, *, fsync: bool = True) -
 
 
 def publish_table(
-    directory: Path, dataset: str, table: pa.Table, name: str, *, fsync: bool = True
+    directory: Path, dataset: str, table: pa.Table, name: str, *, fsync: bool = True,
+    tagger: Tagger | None = None,
 ) -> int:
     """Split one dataset's rows by hour and publish one Parquet file per hour; rows written."""
     if dataset in ROLLUPS:
@@ -113,12 +134,14 @@ def publish_table(
     for hour in pc.unique(hours).to_pylist():
         part = table.filter(pc.equal(hours, hour))
         write_parquet_atomic(
-            part, partition_dir(directory, dataset, int(hour)) / f"{name}.parquet", fsync=fsync
+            part, partition_dir(directory, dataset, int(hour)) / f"{name}.parquet", fsync=fsync,
+            tagger=tagger,
         )
     return int(table.num_rows)
 
 
-def publish_spool(spool: Path, directory: Path, *, fsync: bool = True) -> tuple[int, bool, int]:
+def publish_spool(spool: Path, directory: Path, *, fsync: bool = True,
+                  tagger: Tagger | None = None) -> tuple[int, bool, int]:
     """Publish a spool folder and delete it: (event rows, whether every stream was complete,
     latest event time in ms)."""
     events = 0
@@ -132,7 +155,8 @@ def publish_spool(spool: Path, directory: Path, *, fsync: bool = True) -> tuple[
         complete = complete and whole
         if table is None:
             continue
-        written = publish_table(directory, dataset, table, spool.name, fsync=fsync)
+        written = publish_table(directory, dataset, table, spool.name, fsync=fsync,
+                                tagger=tagger)
         if dataset in FIRST_ROW:
             events += int(pc.sum(pc.equal(table.column(FIRST_ROW[dataset]), 0)).as_py() or 0)
         elif dataset not in ROLLUPS and dataset != "connection_api":
@@ -158,11 +182,14 @@ class ParquetSink(QueuedSink):
         flush_seconds: float = DEFAULT_FLUSH_SECONDS,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         fsync: bool = True,
+        tagger: Tagger | None = None,
     ) -> None:
         check_rotation(rotate_bytes, rotate_seconds)
         if flush_seconds <= 0:
             raise TelemetryConfigError("telemetry.flush_seconds: must be > 0")
         self.directory = Path(directory)
+        # Tags every published file, a dead instance's spool included (docs/TELEMETRY.md).
+        self._tagger = tagger
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
         self.flush_seconds = flush_seconds
@@ -211,7 +238,8 @@ class ParquetSink(QueuedSink):
             instance = spool.name.rsplit("-", 1)[0]
             if instance in live:
                 continue
-            events, complete, latest = publish_spool(spool, self.directory, fsync=self._fsync)
+            events, complete, latest = publish_spool(spool, self.directory, fsync=self._fsync,
+                                                     tagger=self._tagger)
             note = {"spool": spool.name, "events": events, "complete": complete,
                     "last_event_ms": latest}
             self.recovered.append(note)
@@ -311,7 +339,7 @@ class ParquetSink(QueuedSink):
             f.close()
         self._writers.clear()
         self._spool = None
-        publish_spool(spool, self.directory, fsync=self._fsync)
+        publish_spool(spool, self.directory, fsync=self._fsync, tagger=self._tagger)
         self.completed_files.extend(sorted(self.directory.glob(f"*/*/*/{spool.name}.parquet")))
 
     def _close_backend(self) -> None:

@@ -31,6 +31,15 @@ from typing import Any, Protocol, runtime_checkable
 import structlog
 
 from sluice.proxy.telemetry.events import ProxyInfo, now_ms, telemetry_dropped_event
+from sluice.proxy.telemetry.integrity import (
+    KAFKA_JSON,
+    TAG_HEADER,
+    FileMac,
+    Tagger,
+    TelemetryKeyError,
+    load_key,
+    write_sidecar,
+)
 
 log = structlog.get_logger("sluice.telemetry")
 
@@ -353,12 +362,16 @@ class FileSink(QueuedSink):
         rotate_seconds: float = DEFAULT_ROTATE_SECONDS,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         fsync: bool = True,
+        tagger: Tagger | None = None,
     ) -> None:
         check_rotation(rotate_bytes, rotate_seconds)
         self.directory = Path(directory)
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
         self._fsync = fsync
+        # Tags each published file (a sidecar ``<name>.jsonl.tag``), computed as it is written.
+        self._tagger = tagger
+        self._mac: FileMac | None = None
         self._seq = 0
         self._file: Any = None
         self._tmp_path: Path | None = None
@@ -384,6 +397,7 @@ class FileSink(QueuedSink):
         # "x": never append to or clobber a file another process might own.
         self._file = open(tmp, "x", encoding="utf-8")
         self._tmp_path, self._final_path = tmp, final
+        self._mac = self._tagger.file_mac(final.name) if self._tagger is not None else None
         self._file_bytes = 0
         self._opened_at = time.monotonic()
 
@@ -422,6 +436,8 @@ class FileSink(QueuedSink):
         except Exception:
             self._abandon_file()
             raise
+        if self._mac is not None:
+            self._mac.update(data.encode("ascii"))
         # ASCII-only JSON (ensure_ascii): characters == bytes.
         self._file_bytes += len(data)
 
@@ -438,14 +454,21 @@ class FileSink(QueuedSink):
         if self._fsync:
             os.fsync(f.fileno())
         f.close()
+        if self._mac is not None:
+            # The tag first: a reader never sees the published file without it.
+            write_sidecar(final, self._mac.tag(), fsync=self._fsync)
+            self._mac = None
         os.replace(tmp, final)
         self.completed_files.append(final)
 
     def _abandon_file(self) -> None:
         # After a write error keep what reached the disk (whole lines up to the failure are
         # valid JSON Lines; the reader drops a torn last line) and start a new file later.
+        # It gets no tag (what reached the disk is not known): an audit that verifies counts
+        # it as untagged.
         f, tmp, final = self._file, self._tmp_path, self._final_path
         self._file = None
+        self._mac = None
         if f is not None:
             with contextlib.suppress(Exception):
                 f.close()
@@ -478,9 +501,12 @@ class KafkaSink(QueuedSink):
         producer_config: Mapping[str, Any] | None = None,
         create_partitions: int | None = None,
         message_timeout_ms: int = 30_000,
+        tagger: Tagger | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        # Tags every message (header ``sluice-tag``) when the telemetry has a key.
+        self._tagger = tagger
         self._create_partitions = create_partitions
         conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
@@ -542,12 +568,15 @@ class KafkaSink(QueuedSink):
             raise RuntimeError("kafka producer not started")
         key = self._proxy.instance_id.encode()
         if gap is not None:
-            self._produce(producer, _dumps(gap).encode(), key, self._on_gap_delivery)
+            value = _dumps(gap).encode()
+            self._produce(producer, value, key, self._on_gap_delivery, self._json_tag(key, value))
         for i, event in enumerate(batch):
             try:
                 with self._lock:
                     self._pending += 1
-                self._produce(producer, _dumps(event).encode(), key, self._on_delivery)
+                value = _dumps(event).encode()
+                self._produce(producer, value, key, self._on_delivery,
+                              self._json_tag(key, value))
             except Exception as exc:
                 with self._lock:
                     self._pending -= 1
@@ -555,6 +584,11 @@ class KafkaSink(QueuedSink):
                 break
         producer.poll(0)
         return 0
+
+    def _json_tag(self, key: bytes, value: bytes) -> list[tuple[str, bytes]] | None:
+        if self._tagger is None:
+            return None
+        return [(TAG_HEADER, self._tagger.tag(KAFKA_JSON, [key], value))]
 
     def _produce(
         self,
@@ -627,7 +661,7 @@ class TeeSink:
 
 _FILE_KEYS = {
     "dir", "format", "flush_seconds", "rotate_bytes", "rotate_seconds", "queue_size", "fsync",
-    "kafka", "enabled",
+    "kafka", "enabled", "key_file",
 }
 _KAFKA_KEYS = {"bootstrap", "topic", "format", "config", "create_partitions", "message_timeout_ms"}
 FILE_FORMATS = ("parquet", "jsonl")
@@ -670,6 +704,18 @@ class TelemetrySettings:
     file_format: str = "parquet"
     kafka_format: str = "arrow"
     flush_seconds: float = DEFAULT_FLUSH_SECONDS
+    # The telemetry key's file (docs/TELEMETRY.md, "Authenticated telemetry"); None: untagged.
+    key_file: str | None = None
+
+    def tagger(self) -> Tagger | None:
+        """The tagger of ``key_file`` (read now), None without one; raises
+        ``TelemetryConfigError`` naming the field when the file is not a key."""
+        if self.key_file is None:
+            return None
+        try:
+            return Tagger(load_key(self.key_file))
+        except TelemetryKeyError as exc:
+            raise TelemetryConfigError(f"telemetry.key_file: {exc}") from None
 
     def describe(self) -> str:
         """One line for `sluice config check` and start-up logs."""
@@ -693,7 +739,9 @@ class TelemetrySettings:
             )
         if not parts:
             return "off (no dir or kafka configured)"
-        return " and ".join(parts) + f", queue {self.queue_size} events"
+        signed = (f"tagged with the key in {self.key_file}" if self.key_file
+                  else "NOT tagged (no key_file: the audit cannot tell it from forged rows)")
+        return " and ".join(parts) + f", queue {self.queue_size} events, {signed}"
 
 
 def parse_telemetry_config(telemetry_config: Mapping[str, Any] | None) -> TelemetrySettings:
@@ -734,6 +782,9 @@ def parse_telemetry_config(telemetry_config: Mapping[str, Any] | None) -> Teleme
     flush_seconds = float(
         _get(cfg, "flush_seconds", (int, float), "telemetry", DEFAULT_FLUSH_SECONDS)
     )
+    key_file = _get(cfg, "key_file", (str, os.PathLike), "telemetry", None)
+    if key_file is not None and not str(key_file):
+        raise TelemetryConfigError("telemetry.key_file: must name a file")
     if flush_seconds <= 0:
         raise TelemetryConfigError("telemetry.flush_seconds: must be > 0")
     return TelemetrySettings(
@@ -753,4 +804,5 @@ def parse_telemetry_config(telemetry_config: Mapping[str, Any] | None) -> Teleme
         file_format=file_format,
         kafka_format=kafka_format,
         flush_seconds=flush_seconds,
+        key_file=None if key_file is None else str(key_file),
     )

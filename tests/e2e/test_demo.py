@@ -60,6 +60,9 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "payments.firehose: refused: topic-policy: partitions" in text
     assert "payments.refunds: created" in text
     assert "consumed 40 of 40 payment events" in text
+    # The proxy tagged its telemetry with the demo's key and the audit verified every file.
+    verified = next(ln for ln in lines if "telemetry verified with key" in ln)
+    assert verified.endswith(", 0 refused") and " 0 files" not in verified
     report = out / "report" / "report.html"
     assert report.is_file() and "<svg" in report.read_text()
     assert (out / "report" / "billing.csv").is_file()
