@@ -79,7 +79,7 @@ def _issue(
     alt_names: list[x509.GeneralName] | None = None,
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -105,7 +105,7 @@ def make_credentials(folder: Path, users: tuple[str, ...] = ORDINARY_USERS) -> K
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("Sluice throwaway CA")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_cert = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
