@@ -104,9 +104,9 @@ def test_demo_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
 @pytest.mark.kafka
 def test_demo_against_apache_kafka_and_its_clean_up(tmp_path: Path) -> None:
     """`--broker kafka`: the same demo on one Apache Kafka node; its JVM is stopped at the end."""
+    args = ["demo", "--broker", "kafka", "--skip-audit", "--records", "20"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice", "demo", "--broker", "kafka", "--skip-audit"]
-        + ["--records", "20", "--out", str(tmp_path / "demo")],
+        [sys.executable, "-m", "sluice", *args, "--out", str(tmp_path / "demo")],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
