@@ -5,12 +5,15 @@
 #   bash scripts/dev.sh test      install everything, then lint, type-check, check the
 #                                 committed Wasm builds, and run the test suite
 #   bash scripts/dev.sh install   only install
+#   bash scripts/dev.sh kafka-lock  after changing scripts/kafka/pom.xml: resolve it and write
+#                                 the sha256 of every jar to scripts/kafka/jars.sha256
 #
 # Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark, Rust with the
 # wasm32 standard library and Node.js for the Rust and AssemblyScript filter SDKs) when
 # missing, a virtualenv in .venv with the project and every Python dependency from
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
-# the Spark driver's class archive in .venv/share/sluice.
+# the Spark driver's class archive in .venv/share/sluice, and Apache Kafka's jars (Maven
+# Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,6 +34,8 @@ install_debian_packages() {
   command -v kcat >/dev/null 2>&1 || missing+=(kcat)
   command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  # Maven fetches Apache Kafka's jars (the real broker for the tests) from Maven Central.
+  command -v mvn >/dev/null 2>&1 || missing+=(maven)
   # Filter SDKs: Debian's rustc (and cargo) with the wasm32-unknown-unknown std (a rustup
   # rustc on PATH usually lacks it), and Node.js + npm for the AssemblyScript compiler.
   local pkg
@@ -104,10 +109,83 @@ compile_project() {
     transforms
 }
 
+KAFKA_POM="scripts/kafka/pom.xml"
+KAFKA_LOCK="scripts/kafka/jars.sha256"
+
+# Java 17+ and Maven, or a message saying what is missing (a bare "command not found" from
+# deep inside the set-up says nothing about why Java is needed).
+need_java_and_maven() {
+  local why="Apache Kafka's broker (the tests' real Kafka, \`sluice demo --broker kafka\`)"
+  if ! command -v java >/dev/null 2>&1; then
+    echo "$why needs Java 17 or newer: no \`java\` on PATH (Debian: apt-get install openjdk-17-jre-headless)" >&2
+    exit 2
+  fi
+  local major
+  major="$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')"
+  if [ -z "$major" ] || [ "${major%%.*}" -lt 17 ] 2>/dev/null; then
+    echo "$why needs Java 17 or newer: \`java\` is version ${major:-unknown}" >&2
+    exit 2
+  fi
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "$why is fetched with Maven: no \`mvn\` on PATH (Debian: apt-get install maven)" >&2
+    exit 2
+  fi
+}
+
+# The jars $KAFKA_POM resolves, copied into $1; Maven checks each download against the
+# repository's checksum and fails on a mismatch (-C).
+resolve_kafka_jars() {
+  rm -rf "$1"
+  mvn -B -q -C -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
+    -DoutputDirectory="$1" -DincludeScope=runtime
+}
+
+# Apache Kafka's jars in $VENV/share/kafka/libs (sluice/kafka_broker.py starts the broker from
+# them): resolved from Maven Central, then each jar's sha256 checked against the committed
+# lock file, and no jar the lock file does not list. Skipped while the pom, the lock file and
+# the installed jars are those of the last install.
+install_kafka() {
+  local dest="$VENV/share/kafka/libs"
+  local stamp="$VENV/share/kafka/.sluice-installed"
+  local want
+  want="$(cat "$KAFKA_POM" "$KAFKA_LOCK" | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest" ]; then
+    return 0
+  fi
+  need_java_and_maven
+  say "fetching Apache Kafka's jars from Maven Central into $dest (first time: about a minute)"
+  local tmp="$dest.tmp"
+  resolve_kafka_jars "$tmp"
+  (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$KAFKA_LOCK") || {
+    echo "Kafka jars in $tmp do not match $KAFKA_LOCK (see above): not installed" >&2; exit 1; }
+  local extra
+  extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$KAFKA_LOCK" | sort))"
+  if [ -n "$extra" ]; then
+    echo "Maven resolved jars that $KAFKA_LOCK does not list: $extra" >&2
+    echo "(after changing $KAFKA_POM run: bash scripts/dev.sh kafka-lock)" >&2
+    exit 1
+  fi
+  rm -rf "$dest"
+  mv "$tmp" "$dest"
+  echo "$want" > "$stamp"
+}
+
+# Writes $KAFKA_LOCK from a fresh resolution of $KAFKA_POM (review the diff before committing).
+write_kafka_lock() {
+  need_java_and_maven
+  local tmp
+  tmp="$(mktemp -d)"
+  resolve_kafka_jars "$tmp/libs"
+  (cd "$tmp/libs" && sha256sum -- *.jar) > "$KAFKA_LOCK"
+  rm -rf "$tmp"
+  say "wrote $KAFKA_LOCK ($(wc -l < "$KAFKA_LOCK") jars)"
+}
+
 install_all() {
   install_debian_packages
   install_python
   install_node_tools
+  install_kafka
   compile_project
   install_class_archive
 }
@@ -144,7 +222,8 @@ cmd="${1:-}"
 shift || true
 case "$cmd" in
   install) install_all ;;
+  kafka-lock) write_kafka_lock ;;
   demo) install_all; exec "$VENV/bin/sluice" demo "$@" ;;
   test) install_all; run_checks; run_tests "$@" ;;
-  *) echo "usage: bash scripts/dev.sh {demo|test|install} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/dev.sh {demo|test|install|kafka-lock} [args]" >&2; exit 2 ;;
 esac

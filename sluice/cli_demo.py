@@ -12,7 +12,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "demo",
         help="run a local broker, the proxy with the shipped filters, traffic and the audit job",
-        description="Start the bundled Tansu broker and the proxy with pii-mask, a fetch-side "
+        description="Start the bundled Tansu broker (or Apache Kafka: --broker kafka) and the "
+        "proxy with pii-mask, a fetch-side "
         "mask and topic-policy; send traffic with PII from real clients; show records as "
         "produced, stored and consumed; try a denied topic; run the audit job; print where "
         "the HTML report is. Everything it starts is stopped at the end, also on Ctrl-C.",
@@ -26,6 +27,13 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--records", type=int, default=500, help="payment events to produce (default: %(default)s)"
     )
+    p.add_argument(
+        "--broker",
+        choices=("tansu", "kafka"),
+        default="tansu",
+        help="the local broker: the bundled Tansu (default, starts in a fraction of a second) "
+        "or one Apache Kafka node from the jars `bash scripts/dev.sh install` fetched",
+    )
     p.add_argument("--skip-audit", action="store_true", help="stop after the traffic (no Spark)")
     p.set_defaults(func=run)
 
@@ -38,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(demo_banner(), flush=True)
     try:
-        return run_demo(args.out, args.records, args.skip_audit)
+        return run_demo(args.out, args.records, args.skip_audit, args.broker)
     except KeyboardInterrupt:
         print("\ninterrupted: every process the demo started has been stopped", file=sys.stderr)
         return 130

@@ -1,6 +1,7 @@
 """`sluice demo`: the whole product in one command, on an embedded default.
 
-Starts the bundled Tansu broker and the proxy with the shipped filters (pii-mask on produce,
+Starts the bundled Tansu broker (or, with `--broker kafka`, Apache Kafka from the jars the
+set-up installed) and the proxy with the shipped filters (pii-mask on produce,
 pii-mask with keep-last-4 on fetch, topic-policy on admin, field encryption of card
 numbers) and a transform writing the masked support tickets to a derived topic (its lag shown
 until zero), sends realistic traffic with PII
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from sluice.local_broker import TansuBroker, free_port_block, wait_for_port
+
+BROKERS = ("tansu", "kafka")
 
 DEMO_CONFIG = """\
 # The demo's proxy config: the three shipped filters.
@@ -183,7 +186,27 @@ def _consume(bootstrap: str, topic: str, count: int, group: str | None = None) -
         consumer.close()
 
 
-def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
+@contextlib.contextmanager
+def demo_broker(kind: str) -> Iterator[str]:
+    """The demo's broker, started and stopped: its bootstrap address. Tansu (the default,
+    up in a fraction of a second) or one Apache Kafka node, whose PLAINTEXT listener the demo
+    uses (its clients are User:ANONYMOUS, as with Tansu)."""
+    if kind == "tansu":
+        _say("Starting the bundled Tansu broker (sha256-verified) on 127.0.0.1")
+        with TansuBroker() as tansu:
+            yield tansu.bootstrap
+        return
+    if kind != "kafka":
+        raise ValueError(f"unknown broker {kind!r} (one of {', '.join(BROKERS)})")
+    from sluice.kafka_broker import KAFKA_VERSION, KafkaCluster
+
+    _say(f"Starting Apache Kafka {KAFKA_VERSION} (one KRaft node, from its jars) on 127.0.0.1")
+    with KafkaCluster(nodes=1) as kafka:
+        print(f"    started in {kafka.start_seconds:.1f} s")
+        yield kafka.bootstrap
+
+
+def run_demo(out_dir: Path, records: int, skip_audit: bool, broker_kind: str = "tansu") -> int:
     from confluent_kafka import KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -203,15 +226,14 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
                                               telemetry_key=json.dumps(str(telemetry_key))))
     rng = random.Random(2026)
 
-    _say("Starting the bundled Tansu broker (sha256-verified) on 127.0.0.1")
-    with TansuBroker() as broker:
-        print(f"    broker at {broker.bootstrap}")
+    with demo_broker(broker_kind) as bootstrap:
+        print(f"    broker at {bootstrap}")
         _say(
             "Starting the Sluice proxy: pii-mask (produce), keep-last-4 mask (fetch), "
             "topic-policy (admin), encrypt-cards (produce and fetch)"
         )
         print(f"    config: {config_path}")
-        with proxy_process(config_path, broker.bootstrap, out_dir / "proxy.log") as proxy:
+        with proxy_process(config_path, bootstrap, out_dir / "proxy.log") as proxy:
             print(f"    clients bootstrap at {proxy}   (proxy log: {out_dir / 'proxy.log'})")
             admin = AdminClient(
                 {"bootstrap.servers": proxy, "client.id": "platform-admin", "log_level": 3}
@@ -281,14 +303,14 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
 
             _say("The transform 'tickets-masked' (run by the proxy process) writes "
                  "support.tickets.masked")
-            _follow_transform(config_path, broker.bootstrap)
-            derived = _consume(broker.bootstrap, "support.tickets.masked", 1)
+            _follow_transform(config_path, bootstrap)
+            derived = _consume(bootstrap, "support.tickets.masked", 1)
             _show("support.tickets.masked:", derived[0].value() if derived else None)
 
             _say("What the broker stored (read directly, around the proxy, for this demo only)")
-            stored = _consume(broker.bootstrap, "payments.orders", 1)
+            stored = _consume(bootstrap, "payments.orders", 1)
             _show("payments.orders:", stored[0].value() if stored else None)
-            stored_ticket = _consume(broker.bootstrap, "support.tickets", 1)
+            stored_ticket = _consume(bootstrap, "support.tickets", 1)
             _show("support.tickets:", stored_ticket[0].value() if stored_ticket else None)
 
             _say("Card numbers encrypted by the proxy (builtin:encrypt, field 'card', AES-256-GCM "
@@ -300,7 +322,7 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool) -> int:
             cards.produce("vault.cards", key=b"ord-900001", value=card_doc)
             assert cards.flush(30) == 0
             _show("cards, produced:", card_doc)
-            stored_card = _consume(broker.bootstrap, "vault.cards", 1)
+            stored_card = _consume(bootstrap, "vault.cards", 1)
             _show("cards, stored:", stored_card[0].value() if stored_card else None)
             read_card = _consume(proxy, "vault.cards", 1)
             _show("cards, allowed reader:", read_card[0].value() if read_card else None)

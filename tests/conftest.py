@@ -1,4 +1,5 @@
-"""Shared fixtures: one real Tansu broker per test session, and proxies in front of it."""
+"""Shared fixtures: one real Tansu broker per test session, and proxies in front of it; Apache
+Kafka (one node, and a three-node cluster) for the tests that need the real broker."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.broker import TansuBroker
+from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.proxy import SluiceProxy
 
 
@@ -47,3 +49,21 @@ def shared_proxy(broker: TansuBroker) -> Iterator[SluiceProxy]:
     """One filterless proxy for the whole session (tests that only pass traffic through)."""
     with SluiceProxy(upstream=broker.bootstrap) as p:
         yield p
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaCluster]:
+    """One Apache Kafka node (KRaft, combined) with every listener, for the whole session.
+
+    `bootstrap` is its PLAINTEXT listener (User:ANONYMOUS, a super user); `client_config(
+    listener, user, mechanism)` gives confluent-kafka settings for the secured ones."""
+    with KafkaCluster(nodes=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[KafkaCluster]:
+    """Three Apache Kafka nodes, one quorum, internal topics replicated 3 times,
+    min.insync.replicas 2. A test that kills or stops a node restarts it before it ends."""
+    with KafkaCluster(nodes=3) as cluster:
+        yield cluster

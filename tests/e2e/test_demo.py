@@ -102,3 +102,36 @@ def test_demo_ctrl_c_stops_everything_it_started(tmp_path: Path) -> None:
     assert "Traceback" not in rest
     _gone, alive = psutil.wait_procs(seen, timeout=20)
     assert not alive, [p.pid for p in alive]
+
+
+@pytest.mark.kafka
+def test_demo_against_apache_kafka_and_its_clean_up(tmp_path: Path) -> None:
+    """`--broker kafka`: the same demo on one Apache Kafka node; its JVM is stopped at the end."""
+    args = ["demo", "--broker", "kafka", "--skip-audit", "--records", "20"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sluice", *args, "--out", str(tmp_path / "demo")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    seen: list[psutil.Process] = []
+    names: set[str] = set()
+    for line in proc.stdout:
+        lines.append(line)
+        if "Producing" in line and not seen:
+            seen = _descendants(proc.pid)
+            names = {p.name() for p in seen}
+    proc.wait(timeout=60)
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert "Starting Apache Kafka 4.4.0" in text
+    assert "java" in names, names
+    stored = next(ln for ln in lines if "payments.orders:" in ln)
+    assert "@example.com" not in stored and "*" in stored
+    assert "tickets-masked lag: 0" in text
+    assert "Payments_ARCHIVE: refused: topic-policy" in text
+    assert "consumed 20 of 20 payment events" in text
+    _gone, alive = psutil.wait_procs(seen, timeout=20)
+    assert not alive, [p.pid for p in alive]

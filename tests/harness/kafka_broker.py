@@ -1,0 +1,25 @@
+"""Apache Kafka for tests: the same launcher `sluice demo --broker kafka` uses."""
+
+from __future__ import annotations
+
+from sluice.kafka_broker import (
+    CLIENT_LISTENERS,
+    KAFKA_VERSION,
+    KafkaCluster,
+    KafkaNode,
+    KafkaNotInstalled,
+    KafkaStartError,
+)
+from sluice.kafka_security import ADMIN_USER, BROKER_USER, ORDINARY_USERS
+
+__all__ = [
+    "ADMIN_USER",
+    "BROKER_USER",
+    "CLIENT_LISTENERS",
+    "KAFKA_VERSION",
+    "ORDINARY_USERS",
+    "KafkaCluster",
+    "KafkaNode",
+    "KafkaNotInstalled",
+    "KafkaStartError",
+]
