@@ -6,9 +6,11 @@ All through `cramjam` (Rust, releases the GIL). Choices that follow what Kafka c
   `compress` writes whichever the caller asks for.
 - lz4: the LZ4 frame format with independent blocks, as Kafka's Java LZ4 stream requires.
 - gzip: level 6, zstd: level 3 (the defaults of zlib and of the zstd library used by Kafka).
-Any failure to decompress is a `CorruptBatch`, and so is output beyond
-`MAX_DECOMPRESSED_SIZE` (a few KiB of zstd can claim gigabytes): decompression stops there
-instead of exhausting memory.
+Any failure to decompress is a `CorruptBatch`. Output beyond the caller's limit (default
+`MAX_DECOMPRESSED_SIZE`; the proxy passes `limits.max_batch_bytes`) is `BatchTooLarge`: a few
+KiB of zstd can claim gigabytes, so decompression stops at the limit instead of producing it
+all (gzip through zlib's `max_length`, snappy from the length its framing declares, lz4 and
+zstd into a buffer that grows up to the limit).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import zlib
 
 import cramjam
 
-from .errors import CorruptBatch, UnsupportedCompression
+from .errors import BatchTooLarge, CorruptBatch, UnsupportedCompression
 
 __all__ = [
     "CODEC_GZIP",
@@ -29,6 +31,7 @@ __all__ = [
     "CODEC_ZSTD",
     "MAX_DECOMPRESSED_SIZE",
     "compress",
+    "declared_size",
     "decompress",
     "is_xerial",
 ]
@@ -59,8 +62,9 @@ def is_xerial(payload: Buffer) -> bool:
     return bytes(payload[:8]) == XERIAL_MAGIC
 
 
-def _too_large(limit: int) -> CorruptBatch:
-    return CorruptBatch(f"records decompress to more than {limit} bytes")
+def _too_large(limit: int) -> BatchTooLarge:
+    return BatchTooLarge(
+        f"records decompress to more than {limit} bytes (limits.max_batch_bytes)")
 
 
 def _snappy_raw(block: Buffer, limit: int) -> bytes:
@@ -138,10 +142,41 @@ def _xerial_compress(data: Buffer) -> bytes:
     return b"".join(parts)
 
 
+def declared_size(codec: int, payload: Buffer) -> int | None:
+    """The decompressed size of `payload` as its framing declares it, read without
+    decompressing, when the decompressor holds the stream to it: the payload's own length
+    (no compression) or snappy's declared lengths (raw, or the sum of xerial's blocks; snappy
+    refuses a block that decodes to another length). None for gzip, lz4 and zstd, whose
+    output is known only by producing it (their optional size fields are not binding on
+    every stream the codec reads), and for a payload whose framing does not parse."""
+    if codec == CODEC_NONE:
+        return len(payload)
+    if codec != CODEC_SNAPPY:
+        return None
+    try:
+        if not is_xerial(payload):
+            return int(cramjam.snappy.decompress_raw_len(payload))
+        view = memoryview(payload)
+        pos, end, total = 16, len(view), 0
+        while pos < end:
+            if pos + 4 > end:
+                return None
+            (size,) = _i32.unpack_from(view, pos)
+            pos += 4
+            if size < 0 or pos + size > end:
+                return None
+            total += int(cramjam.snappy.decompress_raw_len(view[pos : pos + size]))
+            pos += size
+        return total
+    except Exception:  # cramjam's errors for a preamble that does not parse
+        return None
+
+
 def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
     """Decompress a batch's records section (returns `payload` itself for codec none).
 
-    `limit` (default MAX_DECOMPRESSED_SIZE) bounds the output size.
+    `limit` (default MAX_DECOMPRESSED_SIZE) bounds the output size: more is `BatchTooLarge`,
+    raised before the output beyond the limit is produced.
     """
     if codec == CODEC_NONE:
         return payload

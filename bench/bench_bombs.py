@@ -1,0 +1,160 @@
+"""What one hostile batch costs the proxy: decompression bombs and lying record counts.
+
+Starts Tansu and `sluice serve` with builtin:pii-mask on produce and fetch for `bomb-*`, then
+for each codec:
+
+- produce: the kind (path + topic) is first taught to run inline with 10 one-record batches,
+  then one Produce carrying a batch of `--mib` MiB of 7-byte records, compressed;
+- fetch: the same batch written straight to Tansu (which stores it), then fetched through the
+  proxy.
+
+While each bomb is processed another connection sends Metadata every 20 ms. Printed per case:
+the proxy process's CPU seconds (user + system, psutil) and peak RSS growth (sampled every
+5 ms) over the exchange, the answer's size and time, the partition error code, and the slowest
+Metadata answer.
+
+    .venv/bin/python -m bench.bench_bombs [--mib 10] [--codecs zstd,gzip,lz4,snappy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from sluice.codec.compression import CODEC_NAMES
+from sluice.codec.headers import response_header_size
+from sluice.codec.messages import ApiKey, decode_response
+from sluice.local_broker import TansuBroker
+from tests.e2e.clients import create_topic, unique
+from tests.harness.hostile_batches import MiB, bomb, produce_records_frame
+from tests.harness.proxy import SluiceProxy
+from tests.harness.raw_kafka import connect, fetch_frame, metadata_frame, produce_frame, recv_frame
+
+CONFIG = """\
+filters:
+  - name: pii
+    module: builtin:pii-mask
+    topics: ["bomb-*"]
+    apply_to: [produce, fetch]
+"""
+
+
+class Watch(threading.Thread):
+    """Peak RSS of a process, and the slowest Metadata answer on another connection."""
+
+    def __init__(self, pid: int, port: int) -> None:
+        super().__init__(daemon=True)
+        self.proc = psutil.Process(pid)
+        self.port = port
+        self.base = self.proc.memory_info().rss
+        self.peak = self.base
+        self.slowest = 0.0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        sampler = threading.Thread(target=self._sample, daemon=True)
+        sampler.start()
+        with connect(self.port, timeout=60) as sock:
+            n = 1
+            while not self.stop.is_set():
+                start = time.monotonic()
+                sock.sendall(metadata_frame(n))
+                recv_frame(sock)
+                self.slowest = max(self.slowest, time.monotonic() - start)
+                n += 1
+                time.sleep(0.02)
+        sampler.join()
+
+    def _sample(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.005)
+
+
+def _cpu(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+def _partition_error(api_key: int, version: int, body: bytes) -> int:
+    size = response_header_size(body, api_key, version)
+    response = decode_response(api_key, version, body[size:])
+    topic = response.responses[0]
+    parts = topic.partition_responses if api_key == ApiKey.PRODUCE else topic.partitions
+    return int(parts[0].error_code)
+
+
+def measure(proxy: SluiceProxy, frame: bytes, api_key: int, version: int) -> dict[str, Any]:
+    assert proxy.process is not None
+    proc = psutil.Process(proxy.process.pid)
+    watch = Watch(proxy.process.pid, proxy.port)
+    watch.start()
+    time.sleep(0.1)
+    cpu = _cpu(proc)
+    with connect(proxy.port, timeout=120) as sock:
+        start = time.monotonic()
+        sock.sendall(frame)
+        body = recv_frame(sock)
+        elapsed = time.monotonic() - start
+    time.sleep(0.05)
+    cpu = _cpu(proc) - cpu
+    watch.stop.set()
+    watch.join()
+    assert body is not None
+    return {
+        "cpu_s": round(cpu, 3),
+        "rss_growth_mib": round((watch.peak - watch.base) / MiB, 1),
+        "answer_bytes": len(body) + 4,
+        "answer_s": round(elapsed, 3),
+        "error_code": _partition_error(api_key, version, body),
+        "metadata_slowest_s": round(watch.slowest, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=10)
+    parser.add_argument("--codecs", default="zstd,gzip,lz4,snappy")
+    args = parser.parse_args()
+    codecs = [CODEC_NAMES.index(c) for c in args.codecs.split(",")]
+    with TansuBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "sluice.yaml"
+        path.write_text(CONFIG, encoding="utf-8")
+        with SluiceProxy(upstream=broker.bootstrap, config=path) as proxy:
+            for codec in codecs:
+                name = CODEC_NAMES[codec]
+                batch = bomb(codec, args.mib * MiB)
+                topic = unique(f"bomb-{name}")
+                create_topic(broker.bootstrap, topic)
+                with connect(proxy.port) as sock:  # teach the placement this kind is fast
+                    for n in range(1, 11):
+                        sock.sendall(produce_frame(n, topic, [b"warm-up %d" % n]))
+                        recv_frame(sock)
+                frame = produce_records_frame(99, topic, batch)
+                row = {"case": f"produce {name}", "request_bytes": len(frame),
+                       **measure(proxy, frame, ApiKey.PRODUCE, 9)}
+                print(json.dumps(row), flush=True)
+                stored = unique(f"bomb-stored-{name}")
+                create_topic(broker.bootstrap, stored)
+                port = broker.bootstrap.rsplit(":", 1)[1]
+                with connect(int(port)) as sock:
+                    sock.sendall(produce_records_frame(1, stored, batch))
+                    answer = recv_frame(sock)
+                assert answer is not None
+                code = _partition_error(ApiKey.PRODUCE, 9, answer)
+                row = {"case": f"fetch {name}", "stored_error": code,
+                       **measure(proxy, fetch_frame(7, stored, max_wait_ms=100,
+                                                    partition_max_bytes=64 * MiB),
+                                 ApiKey.FETCH, 12)}
+                print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
