@@ -4,9 +4,13 @@ Starts Tansu and `sluice serve` with builtin:pii-mask on produce and fetch for `
 for each codec:
 
 - produce: the kind (path + topic) is first taught to run inline with 10 one-record batches,
-  then one Produce carrying a batch of `--mib` MiB of 7-byte records, compressed;
+  then one Produce carrying a hostile batch, compressed;
 - fetch: the same batch written straight to Tansu (which stores it), then fetched through the
   proxy.
+
+Hostile batches (`--variants`): `bomb`, `--mib` MiB of 7-byte records, honestly declared;
+`liar`, 64 MiB of them declared as one record; `limit`, as many 7-byte records as
+`limits.max_batch_records` allows by default (the most a batch may cost that passes).
 
 While each bomb is processed another connection sends Metadata every 20 ms. Printed per case:
 the proxy process's CPU seconds (user + system, psutil) and peak RSS growth (sampled every
@@ -14,6 +18,7 @@ the proxy process's CPU seconds (user + system, psutil) and peak RSS growth (sam
 Metadata answer.
 
     .venv/bin/python -m bench.bench_bombs [--mib 10] [--codecs zstd,gzip,lz4,snappy]
+        [--variants bomb,liar,limit]
 """
 
 from __future__ import annotations
@@ -28,12 +33,19 @@ from typing import Any
 
 import psutil
 
+from sluice.codec.batch_limits import DEFAULT_MAX_BATCH_RECORDS
 from sluice.codec.compression import CODEC_NAMES
 from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey, decode_response
 from sluice.local_broker import TansuBroker
 from tests.e2e.clients import create_topic, unique
-from tests.harness.hostile_batches import MiB, bomb, produce_records_frame
+from tests.harness.hostile_batches import (
+    TINY_RECORD,
+    MiB,
+    bomb,
+    lying_bomb,
+    produce_records_frame,
+)
 from tests.harness.proxy import SluiceProxy
 from tests.harness.raw_kafka import connect, fetch_frame, metadata_frame, produce_frame, recv_frame
 
@@ -122,16 +134,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=10)
     parser.add_argument("--codecs", default="zstd,gzip,lz4,snappy")
+    parser.add_argument("--variants", default="bomb,liar,limit")
     args = parser.parse_args()
     codecs = [CODEC_NAMES.index(c) for c in args.codecs.split(",")]
+    variants = {
+        "bomb": lambda codec: bomb(codec, args.mib * MiB),
+        "liar": lambda codec: lying_bomb(codec, 64 * MiB, declared=1),
+        "limit": lambda codec: bomb(codec, DEFAULT_MAX_BATCH_RECORDS * len(TINY_RECORD)),
+    }
+    cases = [(c, v) for c in codecs for v in args.variants.split(",")]
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "sluice.yaml"
         path.write_text(CONFIG, encoding="utf-8")
         with SluiceProxy(upstream=broker.bootstrap, config=path) as proxy:
-            for codec in codecs:
-                name = CODEC_NAMES[codec]
-                batch = bomb(codec, args.mib * MiB)
-                topic = unique(f"bomb-{name}")
+            for codec, variant in cases:
+                name = f"{CODEC_NAMES[codec]} {variant}"
+                batch = variants[variant](codec)
+                topic = unique(f"bomb-{CODEC_NAMES[codec]}")
                 create_topic(broker.bootstrap, topic)
                 with connect(proxy.port) as sock:  # teach the placement this kind is fast
                     for n in range(1, 11):
@@ -141,7 +160,7 @@ def main() -> None:
                 row = {"case": f"produce {name}", "request_bytes": len(frame),
                        **measure(proxy, frame, ApiKey.PRODUCE, 9)}
                 print(json.dumps(row), flush=True)
-                stored = unique(f"bomb-stored-{name}")
+                stored = unique(f"bomb-stored-{CODEC_NAMES[codec]}")
                 create_topic(broker.bootstrap, stored)
                 port = broker.bootstrap.rsplit(":", 1)[1]
                 with connect(int(port)) as sock:

@@ -52,11 +52,12 @@ def batch(
                          None if xerial else False)
     if count:
         return build_batch_from_section(header, section, count)
-    # build_batch_from_section writes an empty batch for count 0: assemble this one by hand.
+    # build_batch_from_section writes an empty batch for count 0: build this one uncompressed
+    # around the compressed payload, then set the codec, the count 0 and the CRC by hand.
     payload = section if codec == CODEC_NONE else compress(codec, section, xerial)
-    carrier = build_batch_from_section(header, payload, 1)
-    # Same header, record count 0, payload as is (compressed with the codec's bit set).
-    out = bytearray(carrier)
+    header.attributes = CODEC_NONE
+    out = bytearray(build_batch_from_section(header, payload, 1))
+    out[21:23] = codec.to_bytes(2, "big")
     out[57:61] = (0).to_bytes(4, "big")
     out[17:21] = crc32c(bytes(out[21:])).to_bytes(4, "big")
     return bytes(out)
@@ -73,7 +74,7 @@ def lying_bomb(codec: int, size: int = 10 * MiB, declared: int = 1) -> bytes:
     return batch(codec, bomb_section(size), declared)
 
 
-def records_of(values: list[bytes]) -> bytes:
+def records_of(values: list[bytes | None]) -> bytes:
     """An uncompressed records section holding `values` (null keys, no headers)."""
     return bytes(encode_records([Record(i, 0, None, v, []) for i, v in enumerate(values)]))
 
