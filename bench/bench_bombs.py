@@ -26,28 +26,26 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from sluice.codec.batch_limits import DEFAULT_MAX_BATCH_RECORDS
 from sluice.codec.compression import CODEC_NAMES
-from sluice.codec.headers import response_header_size
-from sluice.codec.messages import ApiKey, decode_response
+from sluice.codec.messages import ApiKey
 from sluice.local_broker import TansuBroker
 from tests.e2e.clients import create_topic, unique
 from tests.harness.hostile_batches import (
     TINY_RECORD,
     MiB,
+    ProcessWatch,
     bomb,
+    first_partition,
     lying_bomb,
     produce_records_frame,
 )
 from tests.harness.proxy import SluiceProxy
-from tests.harness.raw_kafka import connect, fetch_frame, metadata_frame, produce_frame, recv_frame
+from tests.harness.raw_kafka import connect, fetch_frame, produce_frame, recv_frame
 
 CONFIG = """\
 filters:
@@ -58,75 +56,25 @@ filters:
 """
 
 
-class Watch(threading.Thread):
-    """Peak RSS of a process, and the slowest Metadata answer on another connection."""
-
-    def __init__(self, pid: int, port: int) -> None:
-        super().__init__(daemon=True)
-        self.proc = psutil.Process(pid)
-        self.port = port
-        self.base = self.proc.memory_info().rss
-        self.peak = self.base
-        self.slowest = 0.0
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        sampler = threading.Thread(target=self._sample, daemon=True)
-        sampler.start()
-        with connect(self.port, timeout=60) as sock:
-            n = 1
-            while not self.stop.is_set():
-                start = time.monotonic()
-                sock.sendall(metadata_frame(n))
-                recv_frame(sock)
-                self.slowest = max(self.slowest, time.monotonic() - start)
-                n += 1
-                time.sleep(0.02)
-        sampler.join()
-
-    def _sample(self) -> None:
-        while not self.stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(0.005)
-
-
-def _cpu(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return float(t.user + t.system)
-
-
-def _partition_error(api_key: int, version: int, body: bytes) -> int:
-    size = response_header_size(body, api_key, version)
-    response = decode_response(api_key, version, body[size:])
-    topic = response.responses[0]
-    parts = topic.partition_responses if api_key == ApiKey.PRODUCE else topic.partitions
-    return int(parts[0].error_code)
-
-
 def measure(proxy: SluiceProxy, frame: bytes, api_key: int, version: int) -> dict[str, Any]:
     assert proxy.process is not None
-    proc = psutil.Process(proxy.process.pid)
-    watch = Watch(proxy.process.pid, proxy.port)
+    watch = ProcessWatch(proxy.process.pid, proxy.port)
     watch.start()
     time.sleep(0.1)
-    cpu = _cpu(proc)
     with connect(proxy.port, timeout=120) as sock:
         start = time.monotonic()
         sock.sendall(frame)
         body = recv_frame(sock)
         elapsed = time.monotonic() - start
-    time.sleep(0.05)
-    cpu = _cpu(proc) - cpu
-    watch.stop.set()
-    watch.join()
+    figures = watch.finish()
     assert body is not None
     return {
-        "cpu_s": round(cpu, 3),
-        "rss_growth_mib": round((watch.peak - watch.base) / MiB, 1),
+        "cpu_s": figures["cpu_s"],
+        "rss_growth_mib": figures["rss_growth_mib"],
         "answer_bytes": len(body) + 4,
         "answer_s": round(elapsed, 3),
-        "error_code": _partition_error(api_key, version, body),
-        "metadata_slowest_s": round(watch.slowest, 3),
+        "error_code": int(first_partition(api_key, version, body).error_code),
+        "metadata_slowest_s": figures["metadata_slowest_s"],
     }
 
 
@@ -167,7 +115,7 @@ def main() -> None:
                     sock.sendall(produce_records_frame(1, stored, batch))
                     answer = recv_frame(sock)
                 assert answer is not None
-                code = _partition_error(ApiKey.PRODUCE, 9, answer)
+                code = int(first_partition(ApiKey.PRODUCE, 9, answer).error_code)
                 row = {"case": f"fetch {name}", "stored_error": code,
                        **measure(proxy, fetch_frame(7, stored, max_wait_ms=100,
                                                     partition_max_bytes=64 * MiB),

@@ -10,11 +10,16 @@ almost nothing (10 MiB of them: 976 bytes of zstd, 15 KB of gzip).
 from __future__ import annotations
 
 import datetime
+import threading
 import time
+from typing import Any
+
+import psutil
 
 from sluice.codec import entities, schemas
 from sluice.codec.compression import CODEC_NONE, compress
-from sluice.codec.messages import ApiKey
+from sluice.codec.headers import response_header_size
+from sluice.codec.messages import ApiKey, decode_response
 from sluice.codec.records import (
     BatchHeader,
     Record,
@@ -22,7 +27,7 @@ from sluice.codec.records import (
     crc32c,
     encode_records,
 )
-from tests.harness.raw_kafka import request_frame
+from tests.harness.raw_kafka import connect, metadata_frame, recv_frame, request_frame
 
 #: Kafka's smallest record: length 6, attributes 0, timestamp delta 0, offset delta 0,
 #: key -1 (null), value -1 (null), 0 headers.
@@ -96,3 +101,66 @@ def produce_records_frame(
         timeout=datetime.timedelta(seconds=10),
         topic_data=(entities.build(tcls, name=topic, partition_data=(part,)),),
     )
+
+
+def decode_answer(api_key: int, version: int, body: bytes) -> Any:
+    """A response body (correlation id first, as `recv_frame` returns it), decoded."""
+    return decode_response(api_key, version, body[response_header_size(body, api_key, version):])
+
+
+def first_partition(api_key: int, version: int, body: bytes) -> Any:
+    """The first partition of the first topic of a Produce or Fetch answer."""
+    topic = decode_answer(api_key, version, body).responses[0]
+    return (topic.partition_responses if api_key == ApiKey.PRODUCE else topic.partitions)[0]
+
+
+class ProcessWatch(threading.Thread):
+    """While running: a process's peak RSS (sampled every 5 ms) and CPU seconds, and the
+    slowest answer to a Metadata request sent every 20 ms on a connection of its own to
+    `port` (another client's view of the proxy while something else is processed)."""
+
+    def __init__(self, pid: int, port: int) -> None:
+        super().__init__(daemon=True)
+        self.proc = psutil.Process(pid)
+        self.port = port
+        self.base_rss = self.peak_rss = self.proc.memory_info().rss
+        self.base_cpu = self._cpu()
+        self.slowest = 0.0
+        self.answers = 0
+        self._done = threading.Event()
+
+    def _cpu(self) -> float:
+        times = self.proc.cpu_times()
+        return float(times.user + times.system)
+
+    def run(self) -> None:
+        sampler = threading.Thread(target=self._sample, daemon=True)
+        sampler.start()
+        with connect(self.port, timeout=60) as sock:
+            n = 1
+            while not self._done.is_set():
+                start = time.monotonic()
+                sock.sendall(metadata_frame(n))
+                if recv_frame(sock) is None:
+                    break
+                self.slowest = max(self.slowest, time.monotonic() - start)
+                self.answers += 1
+                n += 1
+                time.sleep(0.02)
+        sampler.join()
+
+    def _sample(self) -> None:
+        while not self._done.is_set():
+            self.peak_rss = max(self.peak_rss, self.proc.memory_info().rss)
+            time.sleep(0.005)
+
+    def finish(self) -> dict[str, float]:
+        """Stop watching: CPU seconds spent and RSS growth (MiB) since the start, and the
+        slowest Metadata answer (seconds)."""
+        time.sleep(0.05)
+        cpu = self._cpu() - self.base_cpu
+        self._done.set()
+        self.join(30)
+        return {"cpu_s": round(cpu, 3),
+                "rss_growth_mib": round((self.peak_rss - self.base_rss) / MiB, 1),
+                "metadata_slowest_s": round(self.slowest, 3)}
