@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,8 +38,17 @@ from tests.harness.hostile_batches import (
     produce_records_frame,
     records_of,
 )
+from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
-from tests.harness.raw_kafka import connect, exchange_one, fetch_frame, produce_frame, recv_frame
+from tests.harness.raw_kafka import (
+    connect,
+    exchange_one,
+    fetch_frame,
+    produce_frame,
+    recv_frame,
+    scrape,
+    series,
+)
 
 # Measures CPU, memory and latency of the proxy process: run alone.
 pytestmark = pytest.mark.serial
@@ -222,3 +232,39 @@ def test_a_produced_batch_whose_offsets_do_not_match_its_count_is_corrupt(
     direct, _ = exchange_one(broker_port(own_broker), fetch_frame(7, topic, max_wait_ms=100))
     stored = decode_answer(ApiKey.FETCH, 12, direct).responses[0].partitions[0]
     assert not stored.records, "the broker stored a record of the refused batch"
+
+
+def jobs_where(metrics_port: int, where: str) -> float:
+    (line,) = [x for x in series(scrape(metrics_port), "sluice_filter_jobs_total")
+               if f'where="{where}"' in x]
+    return float(line.rsplit(" ", 1)[1])
+
+
+def test_a_small_compressed_batch_never_runs_on_the_event_loop(
+    own_broker: TansuBroker, tmp_path: Path
+) -> None:
+    """A kind that earned inline runs with one-record batches keeps them; a 1 KB zstd batch of
+    the same kind goes to the pool, whatever it holds: before, a bomb like this ran inline
+    and froze every connection of the proxy while it was decoded."""
+    topic = fresh_topic(own_broker, "placement")
+    metrics = free_port()
+    config = {
+        "metrics": {"listen": f"127.0.0.1:{metrics}"},
+        "filters": [{"name": "pii", "module": "builtin:pii-mask", "topics": ["hostile-*"],
+                     "apply_to": ["produce"]}],
+    }
+    path = tmp_path / "sluice.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    with SluiceProxy(upstream=own_broker.bootstrap, config=path) as proxy:
+        warm_up(proxy, topic)
+        inline, pool = jobs_where(metrics, "inline"), jobs_where(metrics, "pool")
+        assert inline >= 2, f"the kind never ran inline ({inline} inline, {pool} in the pool)"
+        liar = batch(4, bomb_section(64 * MiB), 1)
+        small = batch(4, records_of([ADDRESS]), 1)
+        assert len(liar) < 16 * 1024
+        with watched(proxy) as figures:
+            for n, records in enumerate((liar, small, small), start=50):
+                exchange_one(proxy.port, produce_records_frame(n, topic, records))
+        assert jobs_where(metrics, "inline") == inline
+        assert jobs_where(metrics, "pool") == pool + 3
+    assert_bounded(figures)
