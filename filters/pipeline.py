@@ -10,8 +10,13 @@ Produce (client -> broker):
 - Fail closed: records the proxy cannot filter never reach a filtered topic. Legacy message
   format (magic < 2), more than one batch (Produce v3+ allows exactly one), a control batch
   from a client -> INVALID_RECORD (87), as Kafka's broker answers; an unknown compression codec
-  -> UNSUPPORTED_COMPRESSION_TYPE (76); a truncated or corrupt batch or a bad CRC ->
-  CORRUPT_MESSAGE (2).
+  -> UNSUPPORTED_COMPRESSION_TYPE (76); a truncated or corrupt batch, a bad CRC, or a declared
+  record count that does not match the batch (not last_offset_delta + 1, more or fewer records
+  than declared, more than its bytes can hold) -> CORRUPT_MESSAGE (2).
+- Bounded work (`BatchLimits`, the proxy's `limits.max_batch_bytes` / `max_batch_records`): a
+  batch declaring more records than allowed is refused from its header, decompression stops
+  at the byte limit; either way MESSAGE_TOO_LARGE (10), as Kafka answers a batch over
+  `max.message.bytes` (a Java producer splits such a batch and retries).
 - A rewrite keeps the record count; every header field (compression codec, producer id and
   epoch, base sequence, transactional flag, timestamps) is kept; the CRC is recomputed.
 - A drop is legal only in batches without a producer id: the kept records' offset deltas are
@@ -30,9 +35,9 @@ Fetch (broker -> client):
 - Every batch keeps base offset, last offset delta, max timestamp, producer id/epoch, base
   sequence, leader epoch and attributes; kept records keep their offset deltas (gaps are
   normal for consumers, as after compaction). A batch whose records were all removed stays as
-  an empty batch, so consumers advance past it. Control batches, empty batches and a truncated
-  trailing batch pass through untouched. Changed batches get a fresh CRC; unchanged batches
-  keep their original bytes.
+  an empty batch, so consumers advance past it. Control batches, empty batches (no records
+  section) and a truncated trailing batch pass through untouched. Changed batches get a fresh
+  CRC; unchanged batches keep their original bytes.
 - A host filter's `PartitionError` (e.g. ``builtin:encrypt`` when its KMS is unreachable, or
   a stored record that fails authentication) fails the partition with the error's code and no
   records, on both paths; the failure is counted in that filter's stats (``errors``).
@@ -40,8 +45,11 @@ Fetch (broker -> client):
   no per-record error in a Fetch response, and failing the whole partition would stall the
   consumer on that offset forever.
 - Fail closed: a batch the proxy cannot decode (bad CRC, unknown codec, corrupt records,
-  legacy format) fails the partition with CORRUPT_MESSAGE or UNSUPPORTED_COMPRESSION_TYPE and
-  no records, rather than passing unfiltered records to the client.
+  legacy format, a declared count that does not match its records or exceeds its offset
+  range, records in a batch declaring none) or that exceeds the batch limits fails the
+  partition with CORRUPT_MESSAGE or UNSUPPORTED_COMPRESSION_TYPE and no records, rather than
+  passing unfiltered records to the client. Only an empty batch as Kafka writes them (no
+  records section) passes without a look.
 """
 
 from __future__ import annotations
