@@ -268,3 +268,24 @@ def test_a_small_compressed_batch_never_runs_on_the_event_loop(
         assert jobs_where(metrics, "inline") == inline
         assert jobs_where(metrics, "pool") == pool + 3
     assert_bounded(figures)
+
+
+def test_an_answer_lists_at_most_100_record_errors(
+    own_broker: TansuBroker, tmp_path: Path
+) -> None:
+    """2 000 records a filter rejects, each with its own reason: one partition error whose
+    message counts them, and 100 record errors, not 2 000 (Kafka's own answers list every
+    record; a batch at the record limit would make megabytes of them)."""
+    topic = fresh_topic(own_broker, "rejects")
+    config = {"filters": [{"name": "json", "module": "builtin:json-validate",
+                           "topics": ["hostile-*"], "apply_to": ["produce"]}]}
+    path = tmp_path / "sluice.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    values = [b"not json %d" % i for i in range(2000)]
+    with SluiceProxy(upstream=own_broker.bootstrap, config=path) as proxy:
+        body, _ = exchange_one(proxy.port, produce_frame(3, topic, values))
+    part = first_partition(ApiKey.PRODUCE, 9, body)
+    assert part.error_code == ErrorCode.INVALID_RECORD
+    assert [e.batch_index for e in part.record_errors] == list(range(100))
+    assert "and 1999 more record errors" in (part.error_message or "")
+    assert len(body) < 20_000, f"a {len(body)}-byte answer"
