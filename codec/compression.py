@@ -10,7 +10,8 @@ Any failure to decompress is a `CorruptBatch`. Output beyond the caller's limit 
 `MAX_DECOMPRESSED_SIZE`; the proxy passes `limits.max_batch_bytes`) is `BatchTooLarge`: a few
 KiB of zstd can claim gigabytes, so decompression stops at the limit instead of producing it
 all (gzip through zlib's `max_length`, snappy from the length its framing declares, lz4 and
-zstd into a buffer that grows up to the limit).
+zstd from the content size their frame header declares when it does, else into a buffer that
+grows up to the limit).
 """
 
 from __future__ import annotations
@@ -172,6 +173,36 @@ def declared_size(codec: int, payload: Buffer) -> int | None:
         return None
 
 
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_ZSTD_FCS_BYTES = (0, 2, 4, 8)
+_DICT_ID_BYTES = (0, 1, 2, 4)
+
+
+def _frame_content_size(codec: int, payload: Buffer) -> int | None:
+    """The content size the first zstd or LZ4 frame of `payload` declares in its header, if it
+    declares one (zstd's Frame_Content_Size; LZ4's optional Content Size). Either decoder
+    holds the frame to it, so a declaration over the caller's limit is refused before
+    anything is decompressed: too large if true, corrupt if not."""
+    head = bytes(payload[:18])
+    if codec == CODEC_ZSTD and head[:4] == _ZSTD_MAGIC and len(head) >= 5:
+        descriptor = head[4]
+        fcs_bytes = _ZSTD_FCS_BYTES[descriptor >> 6]
+        single_segment = bool(descriptor & 0x20)
+        if not fcs_bytes and single_segment:
+            fcs_bytes = 1
+        if not fcs_bytes:
+            return None
+        pos = 5 + (0 if single_segment else 1) + _DICT_ID_BYTES[descriptor & 0x03]
+        if pos + fcs_bytes > len(head):
+            return None
+        size = int.from_bytes(head[pos : pos + fcs_bytes], "little")
+        return size + 256 if fcs_bytes == 2 else size
+    if codec == CODEC_LZ4 and head[:4] == _LZ4_MAGIC and len(head) >= 14 and head[4] & 0x08:
+        return int.from_bytes(head[6:14], "little")
+    return None
+
+
 def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
     """Decompress a batch's records section (returns `payload` itself for codec none).
 
@@ -189,9 +220,12 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
             if is_xerial(payload):
                 return _xerial_decompress(payload, limit)
             return _snappy_raw(payload, limit)
-        if codec == CODEC_LZ4:
-            return _bounded_into(cramjam.lz4.decompress_into, payload, limit)
-        if codec == CODEC_ZSTD:
+        if codec in (CODEC_LZ4, CODEC_ZSTD):
+            declared = _frame_content_size(codec, payload)
+            if declared is not None and declared > limit:
+                raise _too_large(limit)
+            if codec == CODEC_LZ4:
+                return _bounded_into(cramjam.lz4.decompress_into, payload, limit)
             return _bounded_into(cramjam.zstd.decompress_into, payload, limit)
     except CorruptBatch:
         raise

@@ -162,3 +162,29 @@ def test_expanded_size_of_uncompressed_and_snappy_batches() -> None:
                                                          xerial=False)
         assert expanded_size(snappy) == HEADER_SIZE + len(bomb_section(10 * MiB))
     assert expanded_size(b"") == 0
+
+
+@pytest.mark.parametrize("codec", [3, 4], ids=["lz4", "zstd"])
+def test_a_frame_declaring_more_than_the_limit_is_refused_before_decompressing(
+    codec: int,
+) -> None:
+    """zstd writes the content size in its frame header (cramjam, librdkafka), LZ4 may: a
+    declaration over the limit is refused with nothing decompressed (the decoders hold a frame
+    to what it declares, so it is too large if true and corrupt if not)."""
+    payload = bytes(compress(codec, bomb_section(64 * MiB)))
+    if codec == 3:
+        # Declare the content size (FLG bit 3, 8 bytes after BD); the header checksum is not
+        # recomputed: a decoder would refuse the frame, the limit must refuse it first.
+        payload = payload[:4] + bytes([payload[4] | 0x08, payload[5]]) + (
+            (64 * MiB).to_bytes(8, "little")) + payload[6:]
+    tracemalloc.start()
+    try:
+        with pytest.raises(BatchTooLarge, match="more than 1048576 bytes"):
+            decompress(codec, payload, 1 * MiB)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024, f"refusing the frame allocated {peak} bytes"
+    # Within the limit the same frame decompresses (zstd: the declaration is honest).
+    if codec == 4:
+        assert len(decompress(codec, payload, 64 * MiB)) == len(bomb_section(64 * MiB))
