@@ -3,7 +3,7 @@ checks made on a batch's header before any of its records are decompressed or pa
 
 Why: a batch is cheap to send and dear to open. 976 bytes of zstd inflate to 10 MiB of
 Kafka's smallest records (7 bytes each: 1.5 million of them), and the decoding path builds
-Python objects per record (~500 bytes each). So a batch declaring more records than
+Python objects per record (several hundred bytes each). So a batch declaring more records than
 `max_records` is refused from its header alone, decompression stops at `max_bytes`, and a
 declared count the bytes cannot hold is refused before anything parses it.
 
