@@ -9,7 +9,8 @@ for each codec:
   proxy.
 
 Hostile batches (`--variants`): `bomb`, `--mib` MiB of 7-byte records, honestly declared;
-`liar`, 64 MiB of them declared as one record; `limit`, as many 7-byte records as
+`liar`, 64 MiB of them declared as one record (zstd: a streamed
+frame, which declares no content size); `limit`, as many 7-byte records as
 `limits.max_batch_records` allows by default (the most a batch may cost that passes).
 
 While each bomb is processed another connection sends Metadata every 20 ms. Printed per case:
@@ -87,7 +88,9 @@ def main() -> None:
     codecs = [CODEC_NAMES.index(c) for c in args.codecs.split(",")]
     variants = {
         "bomb": lambda codec: bomb(codec, args.mib * MiB),
-        "liar": lambda codec: lying_bomb(codec, 64 * MiB, declared=1),
+        # zstd without the content size in its frame (a streaming compressor's): with it, the
+        # frame header alone is refused.
+        "liar": lambda codec: lying_bomb(codec, 64 * MiB, declared=1, sized=False),
         "limit": lambda codec: bomb(codec, DEFAULT_MAX_BATCH_RECORDS * len(TINY_RECORD)),
     }
     cases = [(c, v) for c in codecs for v in args.variants.split(",")]

@@ -14,10 +14,11 @@ import threading
 import time
 from typing import Any
 
+import cramjam
 import psutil
 
 from sluice.codec import entities, schemas
-from sluice.codec.compression import CODEC_NONE, compress
+from sluice.codec.compression import CODEC_NONE, CODEC_ZSTD, compress
 from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey, decode_response
 from sluice.codec.records import (
@@ -48,22 +49,28 @@ def batch(
     *,
     last_offset_delta: int | None = None,
     xerial: bool = True,
+    sized: bool = True,
 ) -> bytes:
     """A magic-2 batch whose header declares `count` records around `section`, compressed with
-    `codec` (the section is compressed even when `count` is 0, unlike `build_batch`)."""
+    `codec` whatever the count (`build_batch` writes no payload for 0 records). zstd frames
+    declare their content size unless `sized` is False (a streaming compressor's frame, as
+    Java's zstd-jni writes)."""
+    if codec == CODEC_NONE:
+        payload = section
+    elif codec == CODEC_ZSTD and not sized:
+        streaming = cramjam.zstd.Compressor(level=3)
+        streaming.compress(section)
+        payload = bytes(streaming.finish())
+    else:
+        payload = bytes(compress(codec, section, xerial))
     now = int(time.time() * 1000)
     lod = count - 1 if last_offset_delta is None else last_offset_delta
-    header = BatchHeader(0, 0, -1, 2, 0, codec, max(lod, 0), now, now, -1, -1, -1, count,
-                         None if xerial else False)
-    if count:
-        return build_batch_from_section(header, section, count)
-    # build_batch_from_section writes an empty batch for count 0: build this one uncompressed
-    # around the compressed payload, then set the codec, the count 0 and the CRC by hand.
-    payload = section if codec == CODEC_NONE else compress(codec, section, xerial)
-    header.attributes = CODEC_NONE
+    header = BatchHeader(0, 0, -1, 2, 0, CODEC_NONE, max(lod, 0), now, now, -1, -1, -1, 1)
+    # Built around the payload as if uncompressed, then the codec, the count and the CRC are
+    # set by hand: the header says exactly what the caller asks, however untrue.
     out = bytearray(build_batch_from_section(header, payload, 1))
     out[21:23] = codec.to_bytes(2, "big")
-    out[57:61] = (0).to_bytes(4, "big")
+    out[57:61] = count.to_bytes(4, "big", signed=True)
     out[17:21] = crc32c(bytes(out[21:])).to_bytes(4, "big")
     return bytes(out)
 
@@ -74,9 +81,9 @@ def bomb(codec: int, size: int = 10 * MiB) -> bytes:
     return batch(codec, section, len(section) // len(TINY_RECORD))
 
 
-def lying_bomb(codec: int, size: int = 10 * MiB, declared: int = 1) -> bytes:
+def lying_bomb(codec: int, size: int = 10 * MiB, declared: int = 1, sized: bool = True) -> bytes:
     """A batch that declares `declared` records but decompresses to `size` bytes of them."""
-    return batch(codec, bomb_section(size), declared)
+    return batch(codec, bomb_section(size), declared, sized=sized)
 
 
 def records_of(values: list[bytes | None]) -> bytes:
