@@ -1,9 +1,11 @@
-"""Counting records in a records blob from the batch headers alone (no decompression)."""
+"""Counting records in a records blob, and the size it expands to, from the batch headers and
+the codecs' framing alone (no decompression)."""
 
 from __future__ import annotations
 
+from sluice.codec.compression import declared_size
 from sluice.codec.errors import CodecError
-from sluice.codec.records import split_batches
+from sluice.codec.records import HEADER_SIZE, split_batches
 
 
 def count_records(records: bytes | bytearray | memoryview | None) -> int:
@@ -27,3 +29,23 @@ def offset_range(records: bytes | bytearray | memoryview | None) -> tuple[int | 
     if not batches:
         return None, None
     return batches[0].header.base_offset, batches[-1].header.last_offset
+
+
+def expanded_size(records: bytes | bytearray | memoryview | None) -> int | None:
+    """Bytes the whole batches in `records` occupy once decompressed, as their headers and
+    their codecs' framing declare it (no decompression), plus any partial tail; None when a
+    batch's codec declares no size it is held to (gzip, lz4, zstd: see
+    `compression.declared_size`) or the batches do not parse."""
+    if not records:
+        return 0
+    try:
+        batches, tail = split_batches(records)
+    except CodecError:
+        return None
+    total = len(tail)
+    for batch in batches:
+        size = declared_size(batch.header.compression, batch.data[HEADER_SIZE:])
+        if size is None:
+            return None
+        total += HEADER_SIZE + size
+    return total

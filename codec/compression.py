@@ -6,9 +6,12 @@ All through `cramjam` (Rust, releases the GIL). Choices that follow what Kafka c
   `compress` writes whichever the caller asks for.
 - lz4: the LZ4 frame format with independent blocks, as Kafka's Java LZ4 stream requires.
 - gzip: level 6, zstd: level 3 (the defaults of zlib and of the zstd library used by Kafka).
-Any failure to decompress is a `CorruptBatch`, and so is output beyond
-`MAX_DECOMPRESSED_SIZE` (a few KiB of zstd can claim gigabytes): decompression stops there
-instead of exhausting memory.
+Any failure to decompress is a `CorruptBatch`. Output beyond the caller's limit (default
+`MAX_DECOMPRESSED_SIZE`; the proxy passes `limits.max_batch_bytes`) is `BatchTooLarge`: a few
+KiB of zstd can claim gigabytes, so decompression stops at the limit instead of producing it
+all (gzip through zlib's `max_length`, snappy from the length its framing declares, lz4 and
+zstd from the content size their frame header declares when it does, else into a buffer that
+grows up to the limit).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import zlib
 
 import cramjam
 
-from .errors import CorruptBatch, UnsupportedCompression
+from .errors import BatchTooLarge, CorruptBatch, UnsupportedCompression
 
 __all__ = [
     "CODEC_GZIP",
@@ -29,6 +32,7 @@ __all__ = [
     "CODEC_ZSTD",
     "MAX_DECOMPRESSED_SIZE",
     "compress",
+    "declared_size",
     "decompress",
     "is_xerial",
 ]
@@ -59,8 +63,9 @@ def is_xerial(payload: Buffer) -> bool:
     return bytes(payload[:8]) == XERIAL_MAGIC
 
 
-def _too_large(limit: int) -> CorruptBatch:
-    return CorruptBatch(f"records decompress to more than {limit} bytes")
+def _too_large(limit: int) -> BatchTooLarge:
+    return BatchTooLarge(
+        f"records decompress to more than {limit} bytes (limits.max_batch_bytes)")
 
 
 def _snappy_raw(block: Buffer, limit: int) -> bytes:
@@ -138,10 +143,71 @@ def _xerial_compress(data: Buffer) -> bytes:
     return b"".join(parts)
 
 
+def declared_size(codec: int, payload: Buffer) -> int | None:
+    """The decompressed size of `payload` as its framing declares it, read without
+    decompressing, when the decompressor holds the stream to it: the payload's own length
+    (no compression) or snappy's declared lengths (raw, or the sum of xerial's blocks; snappy
+    refuses a block that decodes to another length). None for gzip, lz4 and zstd, whose
+    output is known only by producing it (their optional size fields are not binding on
+    every stream the codec reads), and for a payload whose framing does not parse."""
+    if codec == CODEC_NONE:
+        return len(payload)
+    if codec != CODEC_SNAPPY:
+        return None
+    try:
+        if not is_xerial(payload):
+            return int(cramjam.snappy.decompress_raw_len(payload))
+        view = memoryview(payload)
+        pos, end, total = 16, len(view), 0
+        while pos < end:
+            if pos + 4 > end:
+                return None
+            (size,) = _i32.unpack_from(view, pos)
+            pos += 4
+            if size < 0 or pos + size > end:
+                return None
+            total += int(cramjam.snappy.decompress_raw_len(view[pos : pos + size]))
+            pos += size
+        return total
+    except Exception:  # cramjam's errors for a preamble that does not parse
+        return None
+
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_LZ4_MAGIC = b"\x04\x22\x4d\x18"
+_ZSTD_FCS_BYTES = (0, 2, 4, 8)
+_DICT_ID_BYTES = (0, 1, 2, 4)
+
+
+def _frame_content_size(codec: int, payload: Buffer) -> int | None:
+    """The content size the first zstd or LZ4 frame of `payload` declares in its header, if it
+    declares one (zstd's Frame_Content_Size; LZ4's optional Content Size). Either decoder
+    holds the frame to it, so a declaration over the caller's limit is refused before
+    anything is decompressed: too large if true, corrupt if not."""
+    head = bytes(payload[:18])
+    if codec == CODEC_ZSTD and head[:4] == _ZSTD_MAGIC and len(head) >= 5:
+        descriptor = head[4]
+        fcs_bytes = _ZSTD_FCS_BYTES[descriptor >> 6]
+        single_segment = bool(descriptor & 0x20)
+        if not fcs_bytes and single_segment:
+            fcs_bytes = 1
+        if not fcs_bytes:
+            return None
+        pos = 5 + (0 if single_segment else 1) + _DICT_ID_BYTES[descriptor & 0x03]
+        if pos + fcs_bytes > len(head):
+            return None
+        size = int.from_bytes(head[pos : pos + fcs_bytes], "little")
+        return size + 256 if fcs_bytes == 2 else size
+    if codec == CODEC_LZ4 and head[:4] == _LZ4_MAGIC and len(head) >= 14 and head[4] & 0x08:
+        return int.from_bytes(head[6:14], "little")
+    return None
+
+
 def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
     """Decompress a batch's records section (returns `payload` itself for codec none).
 
-    `limit` (default MAX_DECOMPRESSED_SIZE) bounds the output size.
+    `limit` (default MAX_DECOMPRESSED_SIZE) bounds the output size: more is `BatchTooLarge`,
+    raised before the output beyond the limit is produced.
     """
     if codec == CODEC_NONE:
         return payload
@@ -154,9 +220,12 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
             if is_xerial(payload):
                 return _xerial_decompress(payload, limit)
             return _snappy_raw(payload, limit)
-        if codec == CODEC_LZ4:
-            return _bounded_into(cramjam.lz4.decompress_into, payload, limit)
-        if codec == CODEC_ZSTD:
+        if codec in (CODEC_LZ4, CODEC_ZSTD):
+            declared = _frame_content_size(codec, payload)
+            if declared is not None and declared > limit:
+                raise _too_large(limit)
+            if codec == CODEC_LZ4:
+                return _bounded_into(cramjam.lz4.decompress_into, payload, limit)
             return _bounded_into(cramjam.zstd.decompress_into, payload, limit)
     except CorruptBatch:
         raise

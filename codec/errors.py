@@ -27,6 +27,12 @@ class CorruptBatch(DecodeError):
     """A record batch with bad lengths, a legacy magic byte or undecodable records."""
 
 
+class BatchTooLarge(CorruptBatch):
+    """A record batch that declares or decompresses to more than the limits allow
+    (`batch_limits.BatchLimits`): refused before the work, not because it is malformed. A
+    `CorruptBatch`, so that every caller that refuses corrupt batches refuses these too."""
+
+
 class UnsupportedCompression(CodecError):
     """A record batch compressed with a codec id the codec does not know (> 4)."""
 

@@ -28,6 +28,7 @@ from aiokafka.record._crecords.default_records import (
     DefaultRecordBatchBuilder as _CyBuilder,
 )
 
+from .batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits, check_count, check_section_size
 from .compression import CODEC_NONE, CODEC_SNAPPY, compress, decompress, is_xerial
 from .errors import CorruptBatch, EncodeError, UnsupportedCompression
 
@@ -43,6 +44,7 @@ __all__ = [
     "check_section",
     "crc32c",
     "decode_records",
+    "decode_records_from",
     "decode_section",
     "parse_batch_header",
     "records_section",
@@ -224,8 +226,15 @@ def verify_crc(batch: Buffer) -> bool:
     return int(google_crc32c.value(bytes(view))) == stored
 
 
-def records_section(batch: RawBatch) -> Buffer:
-    """The batch's records section, decompressed (Kafka's record encoding, no header)."""
+def records_section(batch: RawBatch, limits: BatchLimits = DEFAULT_BATCH_LIMITS) -> Buffer:
+    """The batch's records section, decompressed (Kafka's record encoding, no header).
+
+    Checked before the work, against `limits`: a declared record count above
+    `limits.max_records` is `BatchTooLarge` from the header alone; decompression stops at
+    `limits.max_bytes` (`BatchTooLarge`); a section too short for its declared count (a record
+    takes at least 7 bytes), or holding bytes while declaring no record, is `CorruptBatch`
+    (checked on the wire bytes first when uncompressed). Whether the section holds exactly
+    its records is for `check_section` / `decode_section` to say."""
     header = batch.header
     codec = header.compression
     if codec > _MAX_CODEC:
@@ -233,9 +242,15 @@ def records_section(batch: RawBatch) -> Buffer:
     data = batch.data
     if len(data) < HEADER_SIZE:
         raise CorruptBatch("batch shorter than its header")
-    if header.record_count < 0:
-        raise CorruptBatch(f"negative record count {header.record_count}")
-    return decompress(codec, data[HEADER_SIZE:])
+    count = header.record_count
+    check_count(count, limits)
+    payload = data[HEADER_SIZE:]
+    if codec == CODEC_NONE:
+        check_section_size(count, len(payload))
+        return payload
+    plain = decompress(codec, payload, limits.max_bytes)
+    check_section_size(count, len(plain))
+    return plain
 
 
 def _neutral_batch(plain: Buffer, count: int, attributes: int) -> bytes:
@@ -303,10 +318,16 @@ def check_batch(data: Buffer) -> None:
         raise CorruptBatch(f"undecodable records: {exc}") from exc
 
 
-def decode_records(batch: RawBatch) -> RecordList:
-    """Decompress and parse the records of a batch."""
+def decode_records(batch: RawBatch, limits: BatchLimits = DEFAULT_BATCH_LIMITS) -> RecordList:
+    """Decompress and parse the records of a batch (`records_section` checks `limits` first,
+    so at most `limits.max_records` Record objects are ever built for one batch)."""
+    return decode_records_from(batch, records_section(batch, limits))
+
+
+def decode_records_from(batch: RawBatch, plain: Buffer) -> RecordList:
+    """Parse the records of `batch` from its records section `plain` (what `records_section`
+    returned for it, so that a caller that checked the section decompresses it once)."""
     header = batch.header
-    plain = records_section(batch)
     records = decode_section(plain, header.record_count, header.attributes)
     return RecordList(records, header.compression, batch.data[HEADER_SIZE:], plain)
 

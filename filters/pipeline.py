@@ -10,8 +10,13 @@ Produce (client -> broker):
 - Fail closed: records the proxy cannot filter never reach a filtered topic. Legacy message
   format (magic < 2), more than one batch (Produce v3+ allows exactly one), a control batch
   from a client -> INVALID_RECORD (87), as Kafka's broker answers; an unknown compression codec
-  -> UNSUPPORTED_COMPRESSION_TYPE (76); a truncated or corrupt batch or a bad CRC ->
-  CORRUPT_MESSAGE (2).
+  -> UNSUPPORTED_COMPRESSION_TYPE (76); a truncated or corrupt batch, a bad CRC, or a declared
+  record count that does not match the batch (not last_offset_delta + 1, more or fewer records
+  than declared, more than its bytes can hold) -> CORRUPT_MESSAGE (2).
+- Bounded work (`BatchLimits`, the proxy's `limits.max_batch_bytes` / `max_batch_records`): a
+  batch declaring more records than allowed is refused from its header, decompression stops
+  at the byte limit; either way MESSAGE_TOO_LARGE (10), as Kafka answers a batch over
+  `max.message.bytes` (a Java producer splits such a batch and retries).
 - A rewrite keeps the record count; every header field (compression codec, producer id and
   epoch, base sequence, transactional flag, timestamps) is kept; the CRC is recomputed.
 - A drop is legal only in batches without a producer id: the kept records' offset deltas are
@@ -30,9 +35,9 @@ Fetch (broker -> client):
 - Every batch keeps base offset, last offset delta, max timestamp, producer id/epoch, base
   sequence, leader epoch and attributes; kept records keep their offset deltas (gaps are
   normal for consumers, as after compaction). A batch whose records were all removed stays as
-  an empty batch, so consumers advance past it. Control batches, empty batches and a truncated
-  trailing batch pass through untouched. Changed batches get a fresh CRC; unchanged batches
-  keep their original bytes.
+  an empty batch, so consumers advance past it. Control batches, empty batches (no records
+  section) and a truncated trailing batch pass through untouched. Changed batches get a fresh
+  CRC; unchanged batches keep their original bytes.
 - A host filter's `PartitionError` (e.g. ``builtin:encrypt`` when its KMS is unreachable, or
   a stored record that fails authentication) fails the partition with the error's code and no
   records, on both paths; the failure is counted in that filter's stats (``errors``).
@@ -40,8 +45,11 @@ Fetch (broker -> client):
   no per-record error in a Fetch response, and failing the whole partition would stall the
   consumer on that offset forever.
 - Fail closed: a batch the proxy cannot decode (bad CRC, unknown codec, corrupt records,
-  legacy format) fails the partition with CORRUPT_MESSAGE or UNSUPPORTED_COMPRESSION_TYPE and
-  no records, rather than passing unfiltered records to the client.
+  legacy format, a declared count that does not match its records or exceeds its offset
+  range, records in a batch declaring none) or that exceeds the batch limits fails the
+  partition with CORRUPT_MESSAGE or UNSUPPORTED_COMPRESSION_TYPE and no records, rather than
+  passing unfiltered records to the client. Only an empty batch as Kafka writes them (no
+  records section) passes without a look.
 """
 
 from __future__ import annotations
@@ -50,10 +58,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final, cast
 
+from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.compression import CODEC_NONE
 from sluice.codec.error_codes import ErrorCode
-from sluice.codec.errors import CodecError, CorruptBatch, UnsupportedCompression
+from sluice.codec.errors import BatchTooLarge, CodecError, CorruptBatch, UnsupportedCompression
 from sluice.codec.records import (
+    HEADER_SIZE,
     BatchHeader,
     RawBatch,
     Record,
@@ -61,7 +71,7 @@ from sluice.codec.records import (
     build_batch_from_section,
     check_batch,
     check_section,
-    decode_records,
+    decode_records_from,
     decode_section,
     records_section,
     split_batches,
@@ -82,6 +92,7 @@ NONE: Final = ErrorCode.NONE
 CORRUPT_MESSAGE: Final = ErrorCode.CORRUPT_MESSAGE
 UNSUPPORTED_COMPRESSION_TYPE: Final = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
 INVALID_RECORD: Final = ErrorCode.INVALID_RECORD
+MESSAGE_TOO_LARGE: Final = ErrorCode.MESSAGE_TOO_LARGE
 
 _MAGIC_OFFSET: Final = 16
 _MAX_ERROR_CHARS: Final = 1000
@@ -159,50 +170,70 @@ def _truncate(message: str) -> str:
     return message if len(message) <= _MAX_ERROR_CHARS else message[:_MAX_ERROR_CHARS] + "..."
 
 
-def _decode(batch: RawBatch) -> tuple[list[Record] | None, int, str]:
-    """Records of `batch`, or (None, error code, message) when it cannot be filtered."""
+def _open(batch: RawBatch, limits: BatchLimits,
+          too_large: int) -> tuple[Buffer | None, int, str]:
+    """The batch's records section, decompressed, or (None, error code, message) when it
+    cannot be filtered: an unknown codec, a bad CRC, a declared count or a decompressed size
+    over `limits` (`too_large` is the code for that), a section too short for its count.
+
+    Checked in that order, each before the work it saves: nothing is decompressed for a
+    batch declaring more than `limits.max_records` records, and decompression stops at
+    `limits.max_bytes`. Whether the section holds exactly its records is checked next, by
+    the native path's check or by the decoding path's parse."""
     if batch.header.compression > 4:
         return None, UNSUPPORTED_COMPRESSION_TYPE, (
             f"unsupported compression codec id {batch.header.compression}")
     if not verify_crc(batch.data):
         return None, CORRUPT_MESSAGE, "record batch CRC mismatch"
     try:
-        return decode_records(batch), NONE, ""
+        return records_section(batch, limits), NONE, ""
+    except BatchTooLarge as exc:
+        return None, too_large, f"record batch too large: {exc}"
     except UnsupportedCompression as exc:
         return None, UNSUPPORTED_COMPRESSION_TYPE, str(exc)
     except CodecError as exc:
         return None, CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
 
 
-def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
-                offset_base: int) -> tuple[NativeChainResult, bytes | None] | None:
-    """The chain over the batch's records section without decoding it in Python, with the new
-    batch when it was built here, or None when the batch needs the decoding path: it cannot be
-    decoded (that path reports why), a filter failed (that path applies the failure policy),
-    or the final section is not exactly the records it claims to be (the codec's check;
-    unchanged input is checked the same way, so nothing reaches a filtered topic that the
-    decoding path would have refused).
+def _decode(batch: RawBatch, plain: Buffer) -> tuple[list[Record] | None, int, str]:
+    """Records of `batch` parsed from its section, or (None, error code, message)."""
+    try:
+        return decode_records_from(batch, plain), NONE, ""
+    except CodecError as exc:
+        return None, CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
 
-    Uncompressed batches are checked where their records already sit behind a batch header:
-    the input batch itself when nothing changed, or the new batch, built here first, when the
-    caller forwards it as built (a fetch, or a produce without drops or rejects). That saves
-    `check_section`'s copy of the records behind a neutral header."""
+
+def _check_input(batch: RawBatch, plain: Buffer) -> None:
+    """CorruptBatch unless the section holds exactly the records the header declares (checked
+    before any filter sees it: a filter reads as many records as declared, so extra records
+    would pass it unseen)."""
     header = batch.header
-    if not verify_crc(batch.data):
-        return None
+    if header.compression == CODEC_NONE:
+        # The records already sit behind their own header: no copy behind a neutral one.
+        check_batch(batch.data)
+    else:
+        check_section(plain, header.record_count, header.attributes)
+
+
+def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: Buffer,
+                offset_base: int) -> tuple[NativeChainResult, bytes | None] | None:
+    """The chain over the batch's records section `plain` (checked by `_check_input`) without
+    decoding it in Python, with the new batch when it was built here, or None when the batch
+    needs the decoding path: a filter failed (that path applies the failure policy), or the
+    final section is not exactly the records it claims to be (the codec's check).
+
+    An uncompressed new batch that the caller forwards as built (a fetch, or a produce
+    without drops or rejects) is built here first and checked where its records sit, which
+    saves `check_section`'s copy of the records behind a neutral header."""
+    header = batch.header
     built: bytes | None = None
-    try:  # records_section refuses unknown codecs (UnsupportedCompression is a CodecError)
-        plain = records_section(batch)
+    try:
         result = chain.run_native(ctx, plain, header.record_count, offset_base=offset_base,
                                   timestamp_base=header.base_timestamp)
-        if result is None:
-            return None
+        if result is None or not result.changed:
+            return None if result is None else (result, None)
         as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
-        if header.compression != CODEC_NONE:
-            check_section(result.records, result.count, header.attributes)
-        elif not result.changed:
-            check_batch(batch.data)
-        elif result.count and as_built:
+        if header.compression == CODEC_NONE and result.count and as_built:
             built = build_batch_from_section(header, result.records, result.count)
             check_batch(built)
         else:
@@ -226,8 +257,10 @@ def _idempotent_drop(name: str) -> str:
 
 
 def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
-                   allow_multiple_batches: bool = False) -> ProduceOutcome:
-    """Filter one partition of a Produce request (see the module docstring)."""
+                   allow_multiple_batches: bool = False,
+                   limits: BatchLimits = DEFAULT_BATCH_LIMITS) -> ProduceOutcome:
+    """Filter one partition of a Produce request (see the module docstring); `limits` bounds
+    what each batch may expand into."""
     if ctx.direction != "produce":
         raise ValueError("filter_produce needs a produce RecordContext")
     if not chain.applies(ctx.topic, "produce", ctx.principal) or not len(records):
@@ -262,7 +295,21 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         header = batch.header
         if header.is_control:
             return fail(INVALID_RECORD, "clients may not send control batches")
-        ran = _run_native(chain, ctx, batch, 0) if native else None
+        if header.record_count <= 0 or header.last_offset_delta != header.record_count - 1:
+            # Kafka's broker refuses these too (a client's batch covers offsets 0..count-1).
+            return fail(CORRUPT_MESSAGE, f"corrupt record batch: it declares "
+                                         f"{header.record_count} records with last offset "
+                                         f"delta {header.last_offset_delta}")
+        plain, code, message = _open(batch, limits, MESSAGE_TOO_LARGE)
+        if plain is None:
+            return fail(code, message)
+        ran = None
+        if native:
+            try:
+                _check_input(batch, plain)
+            except CodecError as exc:
+                return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
+            ran = _run_native(chain, ctx, batch, plain, 0)
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)
@@ -286,7 +333,7 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                     rebuilt.append(
                         built or build_batch_from_section(header, nat.records, nat.count))
             continue
-        decoded, code, message = _decode(batch)
+        decoded, code, message = _decode(batch, plain)
         if decoded is None:
             return fail(code, message)
         try:
@@ -358,8 +405,10 @@ def _build_produce(header: BatchHeader, kept: list[Record], dropped: bool) -> by
     return build_batch(new_header, kept)
 
 
-def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer) -> FetchOutcome:
-    """Filter one partition of a Fetch response (see the module docstring)."""
+def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
+                 limits: BatchLimits = DEFAULT_BATCH_LIMITS) -> FetchOutcome:
+    """Filter one partition of a Fetch response (see the module docstring); `limits` bounds
+    what each batch may expand into."""
     if ctx.direction != "fetch":
         raise ValueError("filter_fetch needs a fetch RecordContext")
     if not chain.applies(ctx.topic, "fetch", ctx.principal) or not len(records):
@@ -383,10 +432,27 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer) -> Fet
     native = chain.native_for(ctx.topic, "fetch", ctx.principal)
     for batch in batches:
         header = batch.header
-        if header.is_control or header.record_count == 0:
-            parts.append(batch.data)
+        if header.is_control or (header.record_count == 0 and len(batch.data) == HEADER_SIZE):
+            parts.append(batch.data)  # nothing in it a filter could see
             continue
-        ran = _run_native(chain, ctx, batch, header.base_offset) if native else None
+        if header.record_count > header.last_offset_delta + 1:
+            # More records than offsets: no broker writes that (compaction leaves fewer).
+            return fail(CORRUPT_MESSAGE, f"corrupt record batch: it declares "
+                                         f"{header.record_count} records with last offset "
+                                         f"delta {header.last_offset_delta}")
+        plain, code, message = _open(batch, limits, CORRUPT_MESSAGE)
+        if plain is None:
+            return fail(code, message)
+        if header.record_count == 0:
+            parts.append(batch.data)  # a compressed empty section (_open refuses anything else)
+            continue
+        ran = None
+        if native:
+            try:
+                _check_input(batch, plain)
+            except CodecError as exc:
+                return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
+            ran = _run_native(chain, ctx, batch, plain, header.base_offset)
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)
@@ -396,7 +462,7 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer) -> Fet
             else:
                 parts.append(batch.data)
             continue
-        decoded, code, message = _decode(batch)
+        decoded, code, message = _decode(batch, plain)
         if decoded is None:
             return fail(code, message)
         try:

@@ -119,6 +119,7 @@ class ProxyServer:
             map_endpoint=self.broker_map.local_endpoint,
             open_upstream=self.open_upstream,
             policies=self.policies,
+            batch_limits=self.config.batch_limits,
         )
 
     async def open_upstream(self) -> UpstreamConnection:

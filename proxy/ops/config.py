@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sluice.codec.batch_limits import BatchLimits
 from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
 from sluice.proxy.ops.quotas import QuotaSettings
 
@@ -51,6 +52,8 @@ class ProxyConfig:
     max_connections: int = 0  # limits.max_connections, per worker; 0 = unlimited
     idle_timeout: float = 0  # limits.idle_timeout_seconds; 0 = never
     job_deadline: float = 20.0  # limits.job_deadline_seconds
+    # limits.max_batch_bytes / max_batch_records: what one filtered batch may expand into
+    batch_limits: BatchLimits = field(default_factory=BatchLimits)
     quotas: QuotaSettings = field(default_factory=QuotaSettings)  # section `quotas:`
     metrics_listen: tuple[str, int] | None = None  # metrics.listen
     workers: int = 1  # `--workers N`: processes sharing the ports (SO_REUSEPORT)

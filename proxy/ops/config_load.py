@@ -148,6 +148,7 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
         config.max_connections = limits.max_connections
         config.idle_timeout = limits.idle_timeout_seconds
         config.job_deadline = limits.job_deadline_seconds
+        config.batch_limits = limits.batch
         config.quotas = parse_quotas(data.get("quotas"), lines)
         base = path.resolve().parent
         config.tls = parse_server_tls(data.get("tls"), lines, base)

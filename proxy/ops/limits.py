@@ -1,9 +1,11 @@
-"""Connection limits: the `limits:` config section and the idle-connection reaper.
+"""Connection and batch limits: the `limits:` config section and the idle-connection reaper.
 
 `max_frame_size` is enforced by the frame reader of each session; `max_connections` by the
 listeners (a connection beyond it is closed as soon as it is accepted); `idle_timeout_seconds`
 by `IdleReaper`, which looks at each session's byte counters on a timer instead of arming a
-timeout on every read, so the data path pays nothing for it.
+timeout on every read, so the data path pays nothing for it. `max_batch_bytes` and
+`max_batch_records` bound what one record batch of a filtered partition may expand into
+(`codec.batch_limits`; the filter pipeline checks them before decompressing or parsing).
 """
 
 from __future__ import annotations
@@ -14,13 +16,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sluice.codec.batch_limits import (
+    DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_BATCH_RECORDS,
+    BatchLimits,
+)
 from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE
 from sluice.filters.yaml_lines import LineMap
 
 if TYPE_CHECKING:
     from sluice.proxy.net.session import Session
 
-_KEYS = ("max_connections", "max_frame_size", "idle_timeout_seconds", "job_deadline_seconds")
+_KEYS = ("max_connections", "max_frame_size", "idle_timeout_seconds", "job_deadline_seconds",
+         "max_batch_bytes", "max_batch_records")
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,12 @@ class Limits:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     idle_timeout_seconds: float = 0  # 0 = never
     job_deadline_seconds: float = 20.0  # a filter or look-up job longer than this closes
+    max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES  # what one batch may decompress to
+    max_batch_records: int = DEFAULT_MAX_BATCH_RECORDS  # records one batch may declare
+
+    @property
+    def batch(self) -> BatchLimits:
+        return BatchLimits(self.max_batch_bytes, self.max_batch_records)
 
 
 def parse_limits(raw: Any, lines: LineMap, default_frame_size: int) -> Limits:
@@ -55,6 +69,9 @@ def parse_limits(raw: Any, lines: LineMap, default_frame_size: int) -> Limits:
         max_frame_size=number("max_frame_size", default_frame_size, True, 1024),
         idle_timeout_seconds=float(number("idle_timeout_seconds", 0, False, 0)),
         job_deadline_seconds=float(number("job_deadline_seconds", 20.0, False, 0.1)),
+        # Below 1 KiB a single ordinary record may not fit.
+        max_batch_bytes=number("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES, True, 1024),
+        max_batch_records=number("max_batch_records", DEFAULT_MAX_BATCH_RECORDS, True, 1),
     )
 
 

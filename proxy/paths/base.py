@@ -31,13 +31,17 @@ The contract (docs/ARCHITECTURE.md has the long form):
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sluice.codec.batch_counts import expanded_size
+from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.headers import RequestHeader
 from sluice.filters.config import HOST_BUILTINS
 from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.net.job_placement import MAX_BYTES
 
 if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
@@ -147,6 +151,27 @@ def inline_key(
     return "\x00".join(parts)
 
 
+def job_size(frame_size: int, records: Iterable[bytes | memoryview | None]) -> int:
+    """The `Job.size` of filtering the `records` blobs of a frame of `frame_size` bytes: the
+    frame with each blob counted at the size its batches declare they decompress to.
+
+    A blob whose codec declares no binding size (gzip, lz4, zstd) makes the job unbounded:
+    a few hundred bytes of zstd can hold 10 MiB of records, so only the decompressor can
+    tell, and that is work the event loop must not do (a small compressed batch goes to the
+    pool). Frames already too large to run inline are not looked into."""
+    if frame_size > MAX_BYTES:
+        return frame_size
+    size = frame_size
+    for blob in records:
+        if not blob:
+            continue
+        grown = expanded_size(blob)
+        if grown is None:
+            return sys.maxsize
+        size += grown - len(blob)
+    return size
+
+
 @dataclass(slots=True)
 class Defer:
     job: Job
@@ -209,6 +234,8 @@ class PathContext:
     map_endpoint: EndpointMapper
     open_upstream: UpstreamOpener  # a connection to a bootstrap broker, for look-ups
     policies: PolicyBook | None = None  # data policies, while the proxy follows a fleet
+    # What one record batch of a filtered partition may expand into (limits.max_batch_*).
+    batch_limits: BatchLimits = DEFAULT_BATCH_LIMITS
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.codec.batch_counts import count_records, offset_range
+from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.endpoints import rewrite_endpoints
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
@@ -37,6 +38,7 @@ from sluice.proxy.paths.base import (
     Respond,
     ResponseOutcome,
     inline_key,
+    job_size,
 )
 from sluice.proxy.telemetry.logs import log
 
@@ -93,15 +95,22 @@ class FetchPath:
             and not any(chain.applies(n, "fetch", client.principal) for n in names.values() if n)
         ):
             return self._respond(ctx, exchange, frame, size, response, _Filtered(response, [], []))
+        limits = ctx.batch_limits
+        filtered = (
+            part.records
+            for t in response.responses
+            if (name := names[id(t)]) is not None and chain.applies(name, "fetch", client.principal)
+            for part in t.partitions
+        )
         return Defer(
             Job(
                 run=lambda: _filter_response(
-                    chain, response, names, client.client_id, client.principal
+                    chain, response, names, client.client_id, client.principal, limits
                 ),
                 finish=lambda result: self._respond(ctx, exchange, frame, size, response, result),
                 what="fetch filters",
                 inline_key=inline_key(chain, "fetch", list(names.values()), client.principal),
-                size=len(frame),
+                size=job_size(len(frame), filtered),
             )
         )
 
@@ -141,8 +150,10 @@ def _filter_response(
     names: dict[int, str | None],
     client_id: str | None,
     principal: str | None,
+    limits: BatchLimits = DEFAULT_BATCH_LIMITS,
 ) -> _Filtered:
-    """Runs in the filter thread pool; touches no loop-owned state."""
+    """Runs in the filter thread pool (each batch within `limits`); touches no loop-owned
+    state."""
     topics = []
     changed = False
     batches: list[dict[str, Any]] = []
@@ -174,7 +185,7 @@ def _filter_response(
                 parts.append(part)
                 continue
             ctx = RecordContext(name, int(part.partition_index), "fetch", client_id, principal)
-            outcome = filter_fetch(chain, ctx, records)
+            outcome = filter_fetch(chain, ctx, records, limits=limits)
             if outcome.dead_letters:
                 dead.append(outcome.dead_letters)
             if outcome.error_code:

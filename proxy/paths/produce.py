@@ -20,6 +20,7 @@ from typing import Any
 
 from sluice.codec import entities
 from sluice.codec.batch_counts import count_records
+from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_bytes, response_header_size
@@ -51,9 +52,15 @@ from sluice.proxy.paths.base import (
     RequestOutcome,
     Respond,
     inline_key,
+    job_size,
 )
 from sluice.proxy.telemetry.events import produce_offsets
 from sluice.proxy.telemetry.logs import log
+
+#: Record errors one partition's answer lists: Kafka lists every failed record, which for a
+#: batch of 100 000 records that all fail is megabytes of answer; past these the partition's
+#: error message counts them.
+MAX_ANSWERED_RECORD_ERRORS = 100
 
 
 @dataclass(slots=True)
@@ -146,15 +153,22 @@ class ProducePath:
             for name in names
         ):
             return Forward(expect_response=layout.acks != 0)
+        limits = ctx.batch_limits
+        filtered = (
+            part.records
+            for topic, name in zip(layout.topics, names, strict=True)
+            if name is not None and chain.applies(name, "produce", client.principal)
+            for part in topic.partitions
+        )
         return Defer(
             Job(
                 run=lambda: _filter_request(
-                    chain, layout, names, client.client_id, client.principal
+                    chain, layout, names, client.client_id, client.principal, limits
                 ),
                 finish=lambda result: self._forward(ctx, exchange, frame, layout, result),
                 what="produce filters",
                 inline_key=inline_key(chain, "produce", names, client.principal),
-                size=len(frame),
+                size=job_size(len(frame), filtered),
             )
         )
 
@@ -259,9 +273,10 @@ def _filter_request(
     names: list[str | None],
     client_id: str | None,
     principal: str | None,
+    limits: BatchLimits = DEFAULT_BATCH_LIMITS,
 ) -> _Filtered:
-    """Runs in the filter thread pool: every partition of a filtered topic through the chain.
-    Touches no loop-owned state; returns what the loop applies."""
+    """Runs in the filter thread pool: every partition of a filtered topic through the chain,
+    each batch within `limits`. Touches no loop-owned state; returns what the loop applies."""
     result = _Filtered([], [], {}, set(), [])
     for i, topic in enumerate(layout.topics):
         name = names[i]
@@ -285,7 +300,7 @@ def _filter_request(
         for j, part in enumerate(topic.partitions):
             records = part.records if part.records is not None else b""
             ctx = RecordContext(name, part.partition, "produce", client_id, principal)
-            outcome = filter_produce(chain, ctx, records)
+            outcome = filter_produce(chain, ctx, records, limits=limits)
             if outcome.dead_letters:
                 result.dead_letters.append(outcome.dead_letters)
             records_in = outcome.records_in
@@ -315,7 +330,8 @@ def _filter_request(
                         part.partition,
                         outcome.error_code,
                         outcome.error_message,
-                        list(outcome.record_errors),
+                        # The partition's message counts the rest ("and N more record errors").
+                        outcome.record_errors[:MAX_ANSWERED_RECORD_ERRORS],
                     )
                 )
                 continue

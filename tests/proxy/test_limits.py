@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from sluice.codec.batch_limits import BatchLimits
 from sluice.codec.headers import request_header_bytes
 from sluice.proxy.ops.config_load import ConfigFileError, build_config
 from sluice.proxy.ops.limits import IdleReaper
@@ -67,6 +68,10 @@ def answered(sock: socket.socket) -> bool:
         ("limits:\n  max_frame_size: 10\n", "sluice.yaml:2: limits.max_frame_size: must be"),
         ("limits:\n\n  max_conections: 5\n", "sluice.yaml:3: limits.max_conections: unknown key"),
         ("limits: 5\n", "sluice.yaml:1: limits: must be a mapping"),
+        ("limits:\n  max_batch_bytes: 512\n", "sluice.yaml:2: limits.max_batch_bytes: must be"),
+        ("limits:\n  max_batch_records: 0\n",
+         "sluice.yaml:2: limits.max_batch_records: must be an integer >= 1, got 0"),
+        ("limits:\n\n\n  max_batch_records: many\n", "sluice.yaml:4: limits.max_batch_records"),
     ],
 )
 def test_limits_config_errors_name_file_line_field(tmp_path: Path, text: str, message: str) -> None:
@@ -79,6 +84,14 @@ def test_limits_config_values(tmp_path: Path) -> None:
     text = "limits:\n  max_connections: 3\n  idle_timeout_seconds: 2.5\n  max_frame_size: 4096\n"
     config = build_config(("127.0.0.1", 9092), [("127.0.0.1", 9093)], config_file(tmp_path, text))
     assert (config.max_connections, config.idle_timeout, config.max_frame_size) == (3, 2.5, 4096)
+    assert config.batch_limits == BatchLimits()  # 32 MiB, 100 000 records
+    assert (config.batch_limits.max_bytes, config.batch_limits.max_records) == (32 << 20, 100_000)
+
+
+def test_batch_limits_config_values(tmp_path: Path) -> None:
+    text = "limits:\n  max_batch_bytes: 1048576\n  max_batch_records: 500\n"
+    config = build_config(("127.0.0.1", 9092), [("127.0.0.1", 9093)], config_file(tmp_path, text))
+    assert config.batch_limits == BatchLimits(max_bytes=1 << 20, max_records=500)
 
 
 # ------------------------------------------------------------------ idle reaper (unit)

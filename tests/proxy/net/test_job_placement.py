@@ -6,6 +6,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.proxy.net.job_placement import JobPlacement
+from sluice.proxy.paths.base import job_size
+from tests.harness.hostile_batches import MiB, bomb, bomb_section, records_of
+from tests.harness.hostile_batches import batch as make_batch
 
 FAST, SLOW = 0.0001, 0.01
 
@@ -87,3 +90,30 @@ def test_inline_exactly_when_the_streak_reaches_what_the_kind_needs(
             streak[key] = 0
         else:
             streak[key] = max(0, streak[key] - 2)
+
+
+# ------------------------------------------------------------------ what a job's size counts
+
+
+def test_a_small_compressed_bomb_is_never_small_enough_to_run_inline() -> None:
+    """976 bytes of zstd holding 10 MiB of records: the job's size is what the batch expands
+    to, and gzip, lz4 and zstd declare nothing binding, so only the pool runs them."""
+    p = JobPlacement(learn=1)
+    p.record("k", FAST)
+    for codec in (1, 3, 4):
+        data = bomb(codec, 10 * MiB)
+        assert len(data) < 50_000
+        assert not p.inline("k", job_size(len(data) + 100, [data]))
+        one = make_batch(codec, records_of([b"one record"]), 1)
+        assert not p.inline("k", job_size(len(one) + 100, [one]))
+    # Snappy declares its sizes and is held to them: small stays small, a bomb is large.
+    small = make_batch(2, records_of([b"one record"]), 1)
+    assert p.inline("k", job_size(len(small) + 100, [small]))
+    snappy_bomb = make_batch(2, bomb_section(256 * 1024), 1)
+    assert len(snappy_bomb) < 16 * 1024
+    assert job_size(len(snappy_bomb), [snappy_bomb]) > 256 * 1024
+    assert not p.inline("k", job_size(len(snappy_bomb), [snappy_bomb]))
+    # Uncompressed records count once: as the wire bytes they are.
+    plain = make_batch(0, records_of([b"x" * 1000]), 1)
+    assert job_size(len(plain) + 100, [plain, None]) == len(plain) + 100
+    assert p.inline("k", job_size(len(plain) + 100, [plain]))

@@ -1,0 +1,192 @@
+"""What one batch may expand into (codec/batch_limits.py): decompression bombs of every codec,
+declared record counts that lie, and the sizes the framing declares (issue 26, item 5)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sluice.codec.batch_counts import expanded_size
+from sluice.codec.batch_limits import MIN_RECORD_SIZE, BatchLimits
+from sluice.codec.compression import compress, declared_size, decompress
+from sluice.codec.errors import BatchTooLarge, CorruptBatch
+from sluice.codec.records import (
+    HEADER_SIZE,
+    RawBatch,
+    check_section,
+    decode_records,
+    records_section,
+    split_batches,
+)
+from tests.harness.hostile_batches import TINY_RECORD, batch, bomb, bomb_section, records_of
+
+MiB = 1 << 20
+CODECS = [1, 2, 3, 4]  # gzip, snappy, lz4, zstd
+SMALL = BatchLimits(max_bytes=1 * MiB, max_records=1000)
+
+
+def raw(data: bytes) -> RawBatch:
+    (only,), tail = split_batches(data)
+    assert not tail
+    return only
+
+
+@pytest.mark.parametrize("codec", [0, *CODECS])
+def test_a_count_over_the_limit_is_refused_before_decompressing(codec: int) -> None:
+    """1.5 million declared records: refused from the header, whatever the payload holds (the
+    payload here is not even valid for the codec: nothing tried to read it)."""
+    honest = raw(bomb(codec, 10 * MiB))
+    with pytest.raises(BatchTooLarge, match="declares 1497965 records"):
+        records_section(honest, BatchLimits())
+    garbage = bytearray(honest.data[:HEADER_SIZE]) + b"\xff" * 64
+    with pytest.raises(BatchTooLarge, match="max_batch_records"):
+        records_section(raw(_with_length(garbage)), BatchLimits())
+
+
+def _with_length(data: bytearray) -> bytes:
+    data[8:12] = (len(data) - 12).to_bytes(4, "big")
+    return bytes(data)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("variant", [True, False], ids=["xerial/sized", "raw/streamed"])
+def test_a_lying_bomb_stops_at_the_byte_limit_without_allocating_its_output(
+    codec: int, variant: bool
+) -> None:
+    """One record declared, 64 MiB inside: decompression stops at max_bytes (1 MiB here) and
+    never holds more than a few times that (snappy raw or xerial; zstd with or without the
+    content size in its frame header)."""
+    section = bomb_section(64 * MiB)
+    liar = raw(batch(codec, section, 1, xerial=variant, sized=variant))
+    tracemalloc.start()
+    try:
+        with pytest.raises(BatchTooLarge, match="more than 1048576 bytes"):
+            records_section(liar, SMALL)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * MiB, f"decompressing the bomb peaked at {peak / MiB:.1f} MiB"
+
+
+@pytest.mark.parametrize("codec", [0, *CODECS])
+def test_honest_batches_within_the_limits_decode(codec: int) -> None:
+    section = records_of([b"value %d" % i for i in range(1000)])
+    records = decode_records(raw(batch(codec, section, 1000)), SMALL)
+    assert [r.value for r in records] == [b"value %d" % i for i in range(1000)]
+
+
+@pytest.mark.parametrize("codec", [0, *CODECS])
+def test_a_count_the_bytes_cannot_hold_is_corrupt(codec: int) -> None:
+    """10 records declared in 21 bytes: a record takes at least 7, so nothing parses them."""
+    with pytest.raises(CorruptBatch, match="declares 10 records in 21 bytes"):
+        records_section(raw(batch(codec, TINY_RECORD * 3, 10)), SMALL)
+
+
+@pytest.mark.parametrize("codec", [0, *CODECS])
+def test_no_record_declared_with_records_inside_is_corrupt(codec: int) -> None:
+    with pytest.raises(CorruptBatch, match="declares no record but holds 7 bytes"):
+        records_section(raw(batch(codec, TINY_RECORD, 0)), SMALL)
+
+
+@pytest.mark.parametrize("codec", [0, *CODECS])
+def test_the_limits_are_what_the_caller_gives(codec: int) -> None:
+    thousand = raw(bomb(codec, 1000 * MIN_RECORD_SIZE))
+    assert len(records_section(thousand, SMALL)) == 7000
+    with pytest.raises(BatchTooLarge):
+        records_section(thousand, BatchLimits(max_records=999))
+    if codec:
+        with pytest.raises(BatchTooLarge):
+            records_section(thousand, BatchLimits(max_bytes=6999))
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        BatchLimits(max_bytes=0)
+    with pytest.raises(ValueError):
+        BatchLimits(max_records=0)
+
+
+values = st.lists(st.binary(max_size=40) | st.none(), min_size=1, max_size=40)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=values, codec=st.sampled_from([0, *CODECS]), delta=st.integers(-5, 5))
+def test_a_declared_count_that_does_not_match_the_records_is_corrupt(
+    values: list[bytes | None], codec: int, delta: int
+) -> None:
+    """Fewer or more records than declared: decode_records and check_section refuse both."""
+    declared = len(values) + delta
+    if declared < 1:
+        declared = len(values) + 1
+    data = raw(batch(codec, records_of(values), declared))
+    if declared == len(values):
+        assert len(decode_records(data, SMALL)) == len(values)
+        return
+    with pytest.raises(CorruptBatch):
+        decode_records(data, SMALL)
+    try:
+        plain = records_section(data, SMALL)
+    except CorruptBatch:
+        return  # the count did not even fit the bytes
+    with pytest.raises(CorruptBatch):
+        check_section(plain, declared)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.binary(max_size=100_000), codec=st.sampled_from([0, *CODECS]),
+       xerial=st.booleans())
+def test_declared_sizes_are_exact_where_the_codec_holds_the_stream_to_them(
+    data: bytes, codec: int, xerial: bool
+) -> None:
+    payload = compress(codec, data, xerial)
+    size = declared_size(codec, payload)
+    if codec in (0, 2):
+        assert size == len(data) == len(decompress(codec, payload))
+    else:
+        assert size is None
+
+
+@pytest.mark.parametrize("codec", [1, 3, 4])
+def test_small_bombs_of_codecs_without_a_binding_size_have_no_expanded_size(codec: int) -> None:
+    """What the inline decision reads (paths/base.job_size): a 1 KB zstd bomb is not small."""
+    data = bomb(codec, 10 * MiB)
+    assert expanded_size(data) is None
+
+
+def test_expanded_size_of_uncompressed_and_snappy_batches() -> None:
+    plain = raw(bomb(0, 7000))
+    assert expanded_size(plain.data) == len(plain.data)
+    for xerial in (True, False):
+        snappy = bomb(2, 10 * MiB) if xerial else batch(2, bomb_section(10 * MiB), 1,
+                                                         xerial=False)
+        assert expanded_size(snappy) == HEADER_SIZE + len(bomb_section(10 * MiB))
+    assert expanded_size(b"") == 0
+
+
+@pytest.mark.parametrize("codec", [3, 4], ids=["lz4", "zstd"])
+def test_a_frame_declaring_more_than_the_limit_is_refused_before_decompressing(
+    codec: int,
+) -> None:
+    """zstd writes the content size in its frame header (cramjam, librdkafka), LZ4 may: a
+    declaration over the limit is refused with nothing decompressed (the decoders hold a frame
+    to what it declares, so it is too large if true and corrupt if not)."""
+    payload = bytes(compress(codec, bomb_section(64 * MiB)))
+    if codec == 3:
+        # Declare the content size (FLG bit 3, 8 bytes after BD); the header checksum is not
+        # recomputed: a decoder would refuse the frame, the limit must refuse it first.
+        payload = payload[:4] + bytes([payload[4] | 0x08, payload[5]]) + (
+            (64 * MiB).to_bytes(8, "little")) + payload[6:]
+    tracemalloc.start()
+    try:
+        with pytest.raises(BatchTooLarge, match="more than 1048576 bytes"):
+            decompress(codec, payload, 1 * MiB)
+        _current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 1024, f"refusing the frame allocated {peak} bytes"
+    # Within the limit the same frame decompresses (zstd: the declaration is honest).
+    if codec == 4:
+        assert len(decompress(codec, payload, 64 * MiB)) == len(bomb_section(64 * MiB))
