@@ -58,7 +58,8 @@ class RepeatLimiter:
                 self._seen.popitem(last=False)
             return suppressed
 
-    def warning(self, logger: _WarningLogger, key: Hashable, event: str, **fields: Any) -> bool:
+    def warning(self, logger: _WarningLogger, key: Hashable, event: str, /,
+                **fields: Any) -> bool:
         """Log `event` on `logger` unless `key` was logged less than an interval ago; a logged
         line carries ``suppressed`` (repeats not logged since the previous line). Returns
         whether a line was written."""
