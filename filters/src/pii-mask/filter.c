@@ -551,6 +551,18 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
         }
         uint32_t run_end = k;
         int matched = 0;
+        /* A dashed or underscored number is one token printed the way cards are (4-4-4-4,
+         * 4-6-5, 4-6-4, 4-4-4-4-3): groups of 3 to 6 digits. Dates and ids joined the same way
+         * ("2024_01_15_1000003") are not cards even when their digits pass Luhn. */
+        if (sep == '-' || sep == '_') {
+            for (uint32_t t = 0; t < g && !matched; t++) {
+                if (ge[t] - gs[t] < 3 || ge[t] - gs[t] > 6) matched = -1;
+            }
+            if (matched) {
+                i = run_end;
+                continue;
+            }
+        }
         /* try windows of whole groups, longest first from each start */
         for (uint32_t a = 0; a < g && !matched; a++) {
             if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;

@@ -11,6 +11,7 @@ exactly where its ASCII reading is.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -82,6 +83,12 @@ def test_underscore_and_full_width_card_numbers_are_masked(text: str, want: str)
         "glued id_4111_1111_1111_1111 and 4111_1111_1111_1111_x",
         f"glued {W('a4111111111111111')} and {W('4111111111111111b')}",
         "mixed 4111_1111-1111 1111",  # one separator throughout
+        # dates and ids joined like card groups, their digits passing Luhn: cards are printed
+        # in groups of 3 to 6 digits
+        "run 2024_01_15_1000003 done",
+        "run 2024-01-15-1000003 done",
+        "run 2024_01_15_12_100004",
+        f"run {W('2024-01-15-1000003')}",
         f"decimal {W('4111111111111111.5')}",
         f"first digit {W('9111 1111 1111 1113')}",
     ],
@@ -120,7 +127,10 @@ def test_corpus_cards_with_underscores_and_full_width_digits() -> None:
     rng = random.Random(7)
     for _ in range(200):
         number = corpus_card(rng).replace(" ", "").replace("-", "")
-        grouped = "_".join(number[i:i + 4] for i in range(0, len(number), 4))
+        # as cards are printed: 4-4-4-4(-3), Amex 4-6-5, 13 digits 4-3-3-3
+        sizes = {13: (4, 3, 3, 3), 15: (4, 6, 5)}.get(len(number), (4,) * 5)
+        cuts = [sum(sizes[:k]) for k in range(len(sizes) + 1)]
+        grouped = "_".join(number[a:b] for a, b in itertools.pairwise(cuts) if number[a:b])
         for text in (grouped, wide(number), wide(grouped), wide(grouped, IDEOGRAPHIC_SPACE)):
             out, counts = mask_text(f"card: {text}.")
             assert counts == {"card": 1}, text
