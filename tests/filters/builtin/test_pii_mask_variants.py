@@ -173,3 +173,23 @@ def test_full_width_forms_are_masked_where_their_ascii_reading_is(
     assert len(ascii_out) == len(text) == len(mixed_out)
     assert mixed_out == "".join("*" if a == "*" and t != "*" else m
                                 for a, t, m in zip(ascii_out, text, mixed, strict=True))
+
+
+_PIECES = st.sampled_from([b"\xef\xbc\x94", b"\xef\xbc\x91", b"\xef\xbc\x8d", b"\xef\xbc\xbf",
+                           b"\xef\xbd\x81", b"\xe3\x80\x80", b"\xef\xbc", b"\xef", b"\xe3\x80",
+                           b"\xe3\x81\x82", b"4", b"1", b" ", b"-", b"_", b"@", b".", b"a",
+                           b"\xff", b'"', b"{", b"}"])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pieces=st.lists(_PIECES, max_size=60))
+def test_any_bytes_around_full_width_forms_mask_without_failing(pieces: list[bytes]) -> None:
+    # Truncated and malformed sequences next to full-width forms: the filter never fails, and
+    # valid UTF-8 stays valid UTF-8 (one mask per whole character, never half of one).
+    value = b"".join(pieces)
+    out, _ = run(pii_mask(), [value])
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return
+    out[0].decode("utf-8")
