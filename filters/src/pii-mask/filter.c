@@ -1044,27 +1044,62 @@ SIMD static uint32_t count_dots(const uint8_t *p, uint32_t n, const uint8_t *rea
     return dots;
 }
 
-/* For phone and ssn, which most strings with many digits (card numbers, ids) cannot match:
- * both need a run of exactly three digits, except a phone starting with '+' or a trunk '0'. */
-SIMD static uint32_t phone_ssn_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+/* Card, phone and ssn matches lie inside one run of "numeric" bytes: digits and the
+ * separators and punctuation these detectors accept inside a match (space - _ . ( ) +).
+ * Hex ids, hashes and UUIDs hold many digits but in short runs between letters, so the most
+ * digits any one run holds rules all three out for them (a card needs 13, a phone 8, an SSN
+ * 9). Phone and ssn also need a run of exactly three digits, except a phone starting with '+'
+ * or a trunk '0'. Returns the detectors among card, phone and ssn that can match. */
+static uint32_t numeric_verdict(uint32_t best, int run3, int plus_or_zero) {
+    return (best >= 13 ? 1u << D_CARD : 0) | (best >= 8 && (run3 || plus_or_zero) ? 1u << D_PHONE : 0) |
+           (best >= 9 && run3 ? 1u << D_SSN : 0);
+}
+
+static int numeric_byte(uint8_t c) {
+    return is_digit(c) || c == ' ' || c == '-' || c == '_' || c == '.' || c == '(' || c == ')' || c == '+';
+}
+
+SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
     if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
-        /* bit i of digits: p[i] is a digit (bits from n on clear) */
-        uint64_t digits = 0, plus_or_zero = 0;
+        /* bit i of each mask: p[i] is in the class (bits from n on clear) */
+        uint64_t digits = 0, plus_or_zero = 0, numeric = 0;
         for (uint32_t i = 0; i < n; i += 16) {
             v128_t v = wasm_v128_load(p + i);
             if (n - i < 16) v = first_lanes(v, n - i);
             v128_t d = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
             v128_t z = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('0')), wasm_i8x16_eq(v, wasm_i8x16_splat('+')));
+            /* ' ' ( ) + - . are 0x20 0x28 0x29 0x2B 0x2D 0x2E; '_' is 0x5F */
+            v128_t sep = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_i8x16_eq(v, wasm_i8x16_splat('_'))),
+                                      wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('(')), wasm_i8x16_eq(v, wasm_i8x16_splat(')'))),
+                                                   wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')),
+                                                                wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))))));
             digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
             plus_or_zero |= (uint64_t)wasm_i8x16_bitmask(z) << i;
+            numeric |= (uint64_t)wasm_i8x16_bitmask(wasm_v128_or(d, sep)) << i;
         }
         /* a run of exactly three: starts, has its next two digits and not a third */
         uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
-        return (run3 || plus_or_zero ? 1u << D_PHONE : 0) | (run3 ? 1u << D_SSN : 0);
+        uint32_t best = 0;
+        while (numeric) {
+            uint32_t s = (uint32_t)__builtin_ctzll(numeric);
+            uint64_t after = ~(numeric >> s);
+            uint32_t len = after ? (uint32_t)__builtin_ctzll(after) : 64 - s;
+            uint64_t run = (len >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1) << s;
+            uint32_t d = (uint32_t)__builtin_popcountll(digits & run);
+            if (d > best) best = d;
+            numeric &= ~run;
+        }
+        return numeric_verdict(best, run3 != 0, plus_or_zero != 0);
     }
-    uint32_t run = 0, run3 = 0, plus_or_zero = 0;
+    uint32_t run = 0, run3 = 0, plus_or_zero = 0, in_numeric = 0, best = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint8_t ch = p[i];
+        if (numeric_byte(ch)) {
+            in_numeric += is_digit(ch) ? 1u : 0u;
+        } else {
+            if (in_numeric > best) best = in_numeric;
+            in_numeric = 0;
+        }
         if (is_digit(ch)) {
             run++;
             plus_or_zero |= ch == '0';
@@ -1075,7 +1110,8 @@ SIMD static uint32_t phone_ssn_possible(const uint8_t *p, uint32_t n, const uint
         plus_or_zero |= ch == '+';
     }
     run3 |= run == 3;
-    return (run3 || plus_or_zero ? 1u << D_PHONE : 0) | (run3 ? 1u << D_SSN : 0);
+    if (in_numeric > best) best = in_numeric;
+    return numeric_verdict(best, run3 != 0, plus_or_zero != 0);
 }
 
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
@@ -1097,8 +1133,8 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
     if ((t.classes & K_UPPER4) && (t.classes & K_DOT)) c |= 1u << D_JWT;
     if (t.classes & K_B) c |= 1u << D_BEARER;
     c &= enabled_detectors;
-    const uint32_t ps = 1u << D_PHONE | 1u << D_SSN;
-    if (c & ps) c &= ~ps | phone_ssn_possible(p, n, readable);
+    const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
+    if (c & cps) c &= ~cps | numeric_possible(p, n, readable);
     return c;
 }
 
