@@ -1352,39 +1352,57 @@ static int collect_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, con
 }
 
 /* A copy of a string with its full-width forms replaced by the ASCII characters they stand for
- * (one byte each; every other byte copied), and for each of its bytes the offset it came from. */
+ * (one byte each; every other byte copied), and where those characters are in the copy: an
+ * offset k of the copy is offset k + 2 * (forms before k) of the original (each form is 3
+ * bytes there, 1 here). Memory: the copy and 4 bytes per form, not per byte. */
 typedef struct {
     uint8_t *text; /* n bytes, then 16 readable bytes (the detectors' whole-chunk loads) */
-    uint32_t *from; /* n + 1 offsets into the original */
     uint32_t n;
+    uint32_t *forms; /* offsets in text of the replaced characters, ascending */
+    uint32_t form_n;
 } wide_copy;
 
 /* Fills w and returns 1 when p[0..n) holds a full-width form, 0 when it holds none, -1 when
  * memory ran out. */
 static int normalise_wide(const uint8_t *p, uint32_t n, wide_copy *w) {
-    uint32_t first = 0;
-    while (first < n && !((p[first] == 0xEF || p[first] == 0xE3) && wide_at(p, first, n))) first++;
-    if (first == n) return 0;
+    uint32_t first = 0, forms = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if ((p[i] == 0xEF || p[i] == 0xE3) && wide_at(p, i, n)) {
+            if (forms++ == 0) first = i;
+            i += 2;
+        }
+    }
+    if (forms == 0) return 0;
     w->text = (uint8_t *)sluice_malloc(n + 16u);
-    w->from = (uint32_t *)sluice_malloc(sizeof(uint32_t) * (n + 1u));
-    if (w->text == NULL || w->from == NULL) return -1;
+    w->forms = (uint32_t *)sluice_malloc(sizeof(uint32_t) * forms);
+    if (w->text == NULL || w->forms == NULL) return -1;
     memcpy(w->text, p, first);
-    for (uint32_t k = 0; k < first; k++) w->from[k] = k;
-    uint32_t m = first;
+    uint32_t m = first, f = 0;
     for (uint32_t i = first; i < n;) {
         uint8_t ascii = (p[i] == 0xEF || p[i] == 0xE3) ? wide_at(p, i, n) : 0;
-        w->from[m] = i;
         if (ascii) {
+            w->forms[f++] = m;
             w->text[m++] = ascii;
             i += 3;
         } else {
             w->text[m++] = p[i++];
         }
     }
-    w->from[m] = n;
     memset(w->text + m, 0, 16);
     w->n = m;
+    w->form_n = f;
     return 1;
+}
+
+/* The offset in the original of offset k of the copy. */
+static uint32_t wide_origin(const wide_copy *w, uint32_t k) {
+    uint32_t lo = 0, hi = w->form_n; /* forms[0..lo) < k <= forms[hi..) */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (w->forms[mid] < k) lo = mid + 1;
+        else hi = mid;
+    }
+    return k + 2u * lo;
 }
 
 /* collect_spans for a string whose triggers t are known: a string with full-width forms is
@@ -1403,8 +1421,8 @@ static int find_matches(const uint8_t *p, uint32_t n, triggers t, spans *s, cons
             const uint8_t *wr = w.text + w.n + 16;
             if (!collect_spans(w.text, w.n, candidates(scan_triggers(w.text, w.n, wr), w.text, w.n, wr), s, wr)) return 0;
             for (uint32_t k = 0; k < s->n; k++) {
-                s->v[k].start = w.from[s->v[k].start];
-                s->v[k].end = w.from[s->v[k].end];
+                s->v[k].start = wide_origin(&w, s->v[k].start);
+                s->v[k].end = wide_origin(&w, s->v[k].end);
             }
             return 1;
         }
