@@ -84,6 +84,9 @@ class FilterSpec:
     base_dir: Path | None = None
     source: str = "<filters>"
     line: int | None = None
+    #: Line of each top-level ``config`` key, so that a module refusing ``config.KEY`` is
+    #: reported at that key's line (not part of the spec's identity).
+    config_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     #: The config's top-level ``kms:`` section, for host filters that need keys
     #: (``builtin:encrypt``); None when the config has none.
     kms: KmsSettings | None = None
@@ -245,6 +248,8 @@ class _EntryParser:
             function=function, principals=principals, timeout_ms=timeout_ms,
             max_memory_mb=max_memory_mb, base_dir=self.base_dir, source=self.lines.source,
             line=self.lines.line(self.path), kms=self.kms,
+            config_lines={k: line for k in config
+                          if (line := self.lines.line((*self.path, "config", k))) is not None},
         )
 
     def check_module(self, module: str) -> None:

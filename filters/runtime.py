@@ -46,6 +46,7 @@ from sluice.filters.decisions import Action, BatchResult, Decision, PartitionErr
 from sluice.filters.engine import FilterEngine, default_engine
 from sluice.filters.guest import GuestFailure
 from sluice.filters.host import BlockRunner, HostRunner
+from sluice.filters.log_limit import RepeatLimiter
 from sluice.filters.module_cache import ModuleCache
 from sluice.filters.native_io import NativeOutput
 from sluice.filters.records_io import AbiError
@@ -155,6 +156,10 @@ class LoadedFilter:
         #: Fast-path calls that failed and were redone through run_batch.
         self.native_fallbacks = 0
         self._log = log.bind(filter=spec.name, sha256=sha256[:16], abi=runner.abi)
+        #: Failures repeat per batch as fast as clients retry (a blocked topic, a failing
+        #: filter): each kind is logged once, then once per interval with a suppressed count.
+        #: The counters above and the metrics still see every one.
+        self.repeats = RepeatLimiter()
 
     @property
     def supports_admin(self) -> bool:
@@ -215,11 +220,12 @@ class LoadedFilter:
         else:
             kind, message = "internal", f"{type(exc).__name__}: {exc}"
         self.failures[kind] += 1
-        self._log.warning("filter_failure", call=what, kind=kind, reason=message[:200],
-                          policy=self.spec.on_error, records=records,
-                          topic=ctx.topic if ctx else None,
-                          partition=ctx.partition if ctx else None,
-                          exc_info=kind == "internal")
+        topic = ctx.topic if ctx else None
+        self.repeats.warning(self._log, ("filter_failure", what, kind, topic), "filter_failure",
+                             call=what, kind=kind, reason=message[:200],
+                             policy=self.spec.on_error, records=records, topic=topic,
+                             partition=ctx.partition if ctx else None,
+                             exc_info=kind == "internal")
         return f"{kind}: {message}"
 
     def run_batch(self, ctx: RecordContext, records: Sequence[RecordLike], *,
@@ -248,9 +254,10 @@ class LoadedFilter:
                                                         timestamp_base)
             except PartitionError as exc:
                 self.failures["partition"] += 1
-                self._log.warning("filter_partition_error", code=exc.code,
-                                  reason=exc.message[:200], topic=ctx.topic,
-                                  partition=ctx.partition, records=len(records))
+                self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
+                                     "filter_partition_error", code=exc.code,
+                                     reason=exc.message[:200], topic=ctx.topic,
+                                     partition=ctx.partition, records=len(records))
                 raise
             except Exception as exc:
                 # GuestFailure, a failed re-initialisation, or a bug of ours: a trapped
@@ -269,9 +276,10 @@ class LoadedFilter:
             if failure is None:
                 # A per-record failure (in-place and Connect ABIs): count and log it here.
                 self.failures["record"] += 1
-                self._log.warning("filter_failure", call="record", reason=d.failure[:200],
-                                  policy=self.spec.on_error, topic=ctx.topic,
-                                  partition=ctx.partition, record_index=i)
+                self.repeats.warning(self._log, ("filter_failure", "record", ctx.topic),
+                                     "filter_failure", call="record", reason=d.failure[:200],
+                                     policy=self.spec.on_error, topic=ctx.topic,
+                                     partition=ctx.partition, record_index=i)
             if apply_policy:
                 decisions[i] = self._policy(d.failure)
         return BatchResult(decisions, detectors, failure, failed,

@@ -32,7 +32,7 @@ from sluice.proxy.net.connection import (
     Wake,
 )
 from sluice.proxy.net.job_placement import JobPlacement
-from sluice.proxy.telemetry.logs import log
+from sluice.proxy.telemetry.logs import log, repeats
 
 #: Bytes a socket's send buffer may hold before the connection stops reading the other side.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
@@ -142,7 +142,10 @@ class Session(asyncio.Protocol):
                 _CONNECT_TIMEOUT,
             )
         except (OSError, TimeoutError) as exc:
-            log.warning(
+            # Clients reconnect in a loop while the broker is down: one line per interval.
+            repeats.warning(
+                log,
+                ("upstream_connect_failed", host, port),
                 "upstream_connect_failed",
                 conn=self.client.id,
                 upstream=f"{host}:{port}",

@@ -1,6 +1,6 @@
 /*
- * builtin:pii-mask: finds personal data and secrets in record values (optionally keys and
- * header values) and masks them.
+ * builtin:pii-mask: finds personal data and secrets in record values, keys and header values
+ * and masks them (keys and headers can be switched off).
  *
  * Detectors: email, card (13-19 digits, Luhn), phone (E.164 and common national formats),
  * ssn (US), iban (mod-97), ipv4, aws_access_key (AKIA...), aws_secret_key (KEY=value form),
@@ -14,7 +14,7 @@
  *   mode: auto | json | text        mask: "*"        keep_last: 0      replacement: "[x]"
  *   preserve_format: true           fields: ["user.email", "cards[*].number"]
  *   detectors: {card: {keep_last: 4}, ipv4: false}   (or a list naming the enabled ones)
- *   keys: false     headers: false | true | ["name", ...]
+ *   keys: true      headers: true | false | ["name", ...]   (defaults: both masked)
  *   secret_keys: ["AWS_SECRET_ACCESS_KEY", ...]  (names whose KEY=value values are masked)
  */
 #include "sluice_filter.h"
@@ -58,9 +58,11 @@ static int masks_plain; /* no rule's mask or replacement holds a byte a JSON str
 
 enum { MODE_AUTO, MODE_JSON, MODE_TEXT };
 static int mode = MODE_AUTO;
-static int do_keys;
-static int headers_all;
-static const sluice_json *header_names; /* array of strings, or NULL */
+/* Keys and header values are masked by default, like values: "stored records are masked" must
+ * hold for every part of a record that can carry personal data. */
+static int do_keys = 1;
+static int headers_all = 1;
+static const sluice_json *header_names; /* array of strings, or NULL (headers_all decides) */
 
 #define MAX_SECRET_KEYS 32
 static sluice_bytes secret_keys[MAX_SECRET_KEYS];
@@ -183,6 +185,13 @@ int sluice_on_config(const sluice_json *cfg) {
     const sluice_json *detectors = NULL;
     int64_t v;
 
+    /* Defaults (a configuration may be applied more than once): value, key and every header
+     * value are masked unless switched off. */
+    mode = MODE_AUTO;
+    do_keys = 1;
+    headers_all = 1;
+    header_names = NULL;
+    path_n = 0;
     secret_key_n = 0;
     for (uint32_t i = 0; i < sizeof default_secret_keys / sizeof default_secret_keys[0]; i++) {
         secret_keys[secret_key_n++] = sluice_str(default_secret_keys[i]);
@@ -219,16 +228,20 @@ int sluice_on_config(const sluice_json *cfg) {
                 path_n++;
             }
         } else if (sluice_eq_str(c->key, "keys")) {
-            do_keys = sluice_json_bool(c, 0);
+            if (c->type != SLUICE_JSON_TRUE && c->type != SLUICE_JSON_FALSE) return config_error("pii-mask: config.keys: must be true or false");
+            do_keys = c->type == SLUICE_JSON_TRUE;
         } else if (sluice_eq_str(c->key, "headers")) {
             if (c->type == SLUICE_JSON_ARRAY) {
+                for (const sluice_json *h = c->child; h; h = h->next) {
+                    if (h->type != SLUICE_JSON_STRING) return config_error("pii-mask: config.headers: must be true, false or a list of header names (strings)");
+                }
                 header_names = c;
                 headers_all = 0;
             } else if (c->type == SLUICE_JSON_TRUE || c->type == SLUICE_JSON_FALSE) {
                 headers_all = c->type == SLUICE_JSON_TRUE;
                 header_names = NULL;
             } else {
-                return config_error("pii-mask: headers must be true, false or a list of header names");
+                return config_error("pii-mask: config.headers: must be true, false or a list of header names (strings)");
             }
         } else if (sluice_eq_str(c->key, "secret_keys")) {
             if (c->type != SLUICE_JSON_ARRAY) return config_error("pii-mask: secret_keys must be a list of names");
@@ -305,6 +318,22 @@ static int is_upper(uint8_t c) { return char_class[c] & C_UPPER; }
 static int is_alpha(uint8_t c) { return char_class[c] & (C_UPPER | C_LOWER); }
 static int is_alnum(uint8_t c) { return char_class[c] & (C_DIGIT | C_UPPER | C_LOWER); }
 static int is_b64url(uint8_t c) { return is_alnum(c) || c == '-' || c == '_'; }
+
+/* East Asian input methods write digits, letters and punctuation as full-width forms (U+FF01 to
+ * U+FF5E, the ASCII characters 0x21-0x7E shifted; "４１１１－１１１１", "ａ＠ｂ．ｊｐ") and spaces as
+ * the ideographic space U+3000. The ASCII character the 3-byte form at p[i] stands for, or 0.
+ * Lead bytes: 0xEF (U+FF01-U+FF5E are EF BC 81 .. EF BD 9E) and 0xE3 (U+3000 is E3 80 80). */
+static uint8_t wide_at(const uint8_t *p, uint32_t i, uint32_t end) {
+    if (end - i < 3) return 0;
+    uint8_t a = p[i], b = p[i + 1], c = p[i + 2];
+    if (a == 0xEF) {
+        if (b == 0xBC && c >= 0x81 && c <= 0xBF) return (uint8_t)(0x21 + (c - 0x81));
+        if (b == 0xBD && c >= 0x80 && c <= 0x9E) return (uint8_t)(0x60 + (c - 0x80));
+    } else if (a == 0xE3 && b == 0x80 && c == 0x80) {
+        return ' ';
+    }
+    return 0;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Spans                                                                                      */
@@ -501,7 +530,8 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
             i++;
             continue;
         }
-        /* digit groups separated by one space or one dash, the same separator throughout */
+        /* digit groups separated by one space, dash or underscore, the same one throughout
+         * (full-width digits and separators were normalised to these, see normalise_wide) */
         uint32_t gs[MAX_GROUPS], ge[MAX_GROUPS], g = 0, k = i;
         uint8_t sep = 0;
         for (;;) {
@@ -512,7 +542,7 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
                 ge[g] = k;
                 g++;
             }
-            if (k + 1 < n && (p[k] == ' ' || p[k] == '-') && is_digit(p[k + 1]) && (sep == 0 || sep == p[k]) && g < MAX_GROUPS) {
+            if (k + 1 < n && (p[k] == ' ' || p[k] == '-' || p[k] == '_') && is_digit(p[k + 1]) && (sep == 0 || sep == p[k]) && g < MAX_GROUPS) {
                 sep = p[k];
                 k++;
                 continue;
@@ -521,12 +551,24 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
         }
         uint32_t run_end = k;
         int matched = 0;
+        /* A dashed or underscored number is one token printed the way cards are (4-4-4-4,
+         * 4-6-5, 4-6-4, 4-4-4-4-3): groups of 3 to 6 digits. Dates and ids joined the same way
+         * ("2024_01_15_1000003") are not cards even when their digits pass Luhn. */
+        if (sep == '-' || sep == '_') {
+            for (uint32_t t = 0; t < g && !matched; t++) {
+                if (ge[t] - gs[t] < 3 || ge[t] - gs[t] > 6) matched = -1;
+            }
+            if (matched) {
+                i = run_end;
+                continue;
+            }
+        }
         /* try windows of whole groups, longest first from each start */
         for (uint32_t a = 0; a < g && !matched; a++) {
             if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;
             for (uint32_t b = g; b > a && !matched; b--) {
                 uint32_t e = ge[b - 1];
-                if (b < g && sep == '-') continue; /* a dashed number is one token */
+                if (b < g && sep != ' ') continue; /* a dashed or underscored number is one token */
                 if (b == g && !num_boundary_after(p, n, e)) continue;
                 uint8_t digits[19];
                 uint32_t dn = 0;
@@ -916,6 +958,7 @@ static uint32_t byte_class(uint8_t c) { return (uint32_t)(class_lo[c & 15] & cla
 typedef struct {
     uint32_t classes; /* K_* bits of the bytes present */
     uint32_t digits;  /* how many ASCII digits */
+    uint32_t wide;    /* a byte 0xEF or 0xE3 is present: maybe a full-width form (wide_at) */
 } triggers;
 
 /* Classifies chunks into acc (the union of their classes) and digits. */
@@ -952,27 +995,42 @@ SIMD static triggers tacc_done(const tacc *x) {
     a |= a >> 32;
     a |= a >> 16;
     a |= a >> 8;
-    triggers t = {(uint32_t)(a & 0xff), x->digits};
+    triggers t = {(uint32_t)(a & 0xff), x->digits, 0};
     return t;
 }
 
+/* The lead bytes of the full-width forms and the ideographic space (see wide_at). */
+SIMD static v128_t wide_leads(v128_t v) {
+    return wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)0xEF)), wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)0xE3)));
+}
+
 /* The triggers of p[0..n). Bytes up to `readable` may be loaded (not classified): a string
- * inside a larger buffer then needs no byte-by-byte tail. */
+ * inside a larger buffer then needs no byte-by-byte tail. (Plain ASCII JSON strings, nearly
+ * all of them, are classified by jstring_classify instead and cannot hold a wide form.) */
 SIMD static triggers scan_triggers(const uint8_t *p, uint32_t n, const uint8_t *readable) {
     tacc x;
     tacc_init(&x);
+    v128_t wide = wasm_i64x2_splat(0);
     uint32_t i = 0;
-    for (; n - i >= 16; i += 16) tacc_add(&x, wasm_v128_load(p + i));
-    if (i == n) return tacc_done(&x);
-    if (readable - (p + i) >= 16) {
-        tacc_add(&x, first_lanes(wasm_v128_load(p + i), n - i));
-        return tacc_done(&x);
+    for (; n - i >= 16; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        tacc_add(&x, v);
+        wide = wasm_v128_or(wide, wide_leads(v));
     }
-    triggers t = tacc_done(&x);
+    triggers t;
+    if (i < n && readable - (p + i) >= 16) {
+        v128_t v = first_lanes(wasm_v128_load(p + i), n - i);
+        tacc_add(&x, v);
+        wide = wasm_v128_or(wide, wide_leads(v));
+        i = n;
+    }
+    t = tacc_done(&x);
+    t.wide = wasm_v128_any_true(wide);
     for (; i < n; i++) {
         uint32_t k = byte_class(p[i]);
         t.classes |= k;
         t.digits += k & K_DIGIT;
+        t.wide |= p[i] == 0xEF || p[i] == 0xE3;
     }
     return t;
 }
@@ -986,27 +1044,62 @@ SIMD static uint32_t count_dots(const uint8_t *p, uint32_t n, const uint8_t *rea
     return dots;
 }
 
-/* For phone and ssn, which most strings with many digits (card numbers, ids) cannot match:
- * both need a run of exactly three digits, except a phone starting with '+' or a trunk '0'. */
-SIMD static uint32_t phone_ssn_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+/* Card, phone and ssn matches lie inside one run of "numeric" bytes: digits and the
+ * separators and punctuation these detectors accept inside a match (space - _ . ( ) +).
+ * Hex ids, hashes and UUIDs hold many digits but in short runs between letters, so the most
+ * digits any one run holds rules all three out for them (a card needs 13, a phone 8, an SSN
+ * 9). Phone and ssn also need a run of exactly three digits, except a phone starting with '+'
+ * or a trunk '0'. Returns the detectors among card, phone and ssn that can match. */
+static uint32_t numeric_verdict(uint32_t best, int run3, int plus_or_zero) {
+    return (best >= 13 ? 1u << D_CARD : 0) | (best >= 8 && (run3 || plus_or_zero) ? 1u << D_PHONE : 0) |
+           (best >= 9 && run3 ? 1u << D_SSN : 0);
+}
+
+static int numeric_byte(uint8_t c) {
+    return is_digit(c) || c == ' ' || c == '-' || c == '_' || c == '.' || c == '(' || c == ')' || c == '+';
+}
+
+SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
     if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
-        /* bit i of digits: p[i] is a digit (bits from n on clear) */
-        uint64_t digits = 0, plus_or_zero = 0;
+        /* bit i of each mask: p[i] is in the class (bits from n on clear) */
+        uint64_t digits = 0, plus_or_zero = 0, numeric = 0;
         for (uint32_t i = 0; i < n; i += 16) {
             v128_t v = wasm_v128_load(p + i);
             if (n - i < 16) v = first_lanes(v, n - i);
             v128_t d = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
             v128_t z = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('0')), wasm_i8x16_eq(v, wasm_i8x16_splat('+')));
+            /* ' ' ( ) + - . are 0x20 0x28 0x29 0x2B 0x2D 0x2E; '_' is 0x5F */
+            v128_t sep = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_i8x16_eq(v, wasm_i8x16_splat('_'))),
+                                      wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('(')), wasm_i8x16_eq(v, wasm_i8x16_splat(')'))),
+                                                   wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')),
+                                                                wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))))));
             digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
             plus_or_zero |= (uint64_t)wasm_i8x16_bitmask(z) << i;
+            numeric |= (uint64_t)wasm_i8x16_bitmask(wasm_v128_or(d, sep)) << i;
         }
         /* a run of exactly three: starts, has its next two digits and not a third */
         uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
-        return (run3 || plus_or_zero ? 1u << D_PHONE : 0) | (run3 ? 1u << D_SSN : 0);
+        uint32_t best = 0;
+        while (numeric) {
+            uint32_t s = (uint32_t)__builtin_ctzll(numeric);
+            uint64_t after = ~(numeric >> s);
+            uint32_t len = after ? (uint32_t)__builtin_ctzll(after) : 64 - s;
+            uint64_t run = (len >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1) << s;
+            uint32_t d = (uint32_t)__builtin_popcountll(digits & run);
+            if (d > best) best = d;
+            numeric &= ~run;
+        }
+        return numeric_verdict(best, run3 != 0, plus_or_zero != 0);
     }
-    uint32_t run = 0, run3 = 0, plus_or_zero = 0;
+    uint32_t run = 0, run3 = 0, plus_or_zero = 0, in_numeric = 0, best = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint8_t ch = p[i];
+        if (numeric_byte(ch)) {
+            in_numeric += is_digit(ch) ? 1u : 0u;
+        } else {
+            if (in_numeric > best) best = in_numeric;
+            in_numeric = 0;
+        }
         if (is_digit(ch)) {
             run++;
             plus_or_zero |= ch == '0';
@@ -1017,7 +1110,8 @@ SIMD static uint32_t phone_ssn_possible(const uint8_t *p, uint32_t n, const uint
         plus_or_zero |= ch == '+';
     }
     run3 |= run == 3;
-    return (run3 || plus_or_zero ? 1u << D_PHONE : 0) | (run3 ? 1u << D_SSN : 0);
+    if (in_numeric > best) best = in_numeric;
+    return numeric_verdict(best, run3 != 0, plus_or_zero != 0);
 }
 
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
@@ -1039,8 +1133,8 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
     if ((t.classes & K_UPPER4) && (t.classes & K_DOT)) c |= 1u << D_JWT;
     if (t.classes & K_B) c |= 1u << D_BEARER;
     c &= enabled_detectors;
-    const uint32_t ps = 1u << D_PHONE | 1u << D_SSN;
-    if (c & ps) c &= ~ps | phone_ssn_possible(p, n, readable);
+    const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
+    if (c & cps) c &= ~cps | numeric_possible(p, n, readable);
     return c;
 }
 
@@ -1071,8 +1165,13 @@ static int utf8_step(const uint8_t *p, uint32_t i, uint32_t end) {
     return n ? n : 1;
 }
 
-static int maskable(const mask_rule *r, const uint8_t *p, uint32_t i) {
-    return !r->preserve_format || p[i] >= 0x80 || is_alnum(p[i]);
+/* With preserve_format, separators and punctuation stay, full-width ones too ("－", "＠",
+ * U+3000); every other character is masked (letters and digits of any script). */
+static int maskable(const mask_rule *r, const uint8_t *p, uint32_t i, uint32_t end) {
+    if (!r->preserve_format) return 1;
+    if (p[i] < 0x80) return is_alnum(p[i]);
+    uint8_t ascii = wide_at(p, i, end);
+    return ascii == 0 || is_alnum(ascii);
 }
 
 /* Mask whole 16-byte chunks of ASCII from p[s] on into w with the one-byte mask, every
@@ -1122,7 +1221,7 @@ static void put_masked(sluice_buf *out, const uint8_t *p, uint32_t s, uint32_t e
     if (r->keep_last != 0 || mlen != 1) {
         uint32_t total = 0;
         for (uint32_t i = s; i < e; i += (uint32_t)utf8_step(p, i, e)) {
-            if (maskable(r, p, i)) total++;
+            if (maskable(r, p, i, e)) total++;
         }
         uint32_t keep = (uint32_t)r->keep_last;
         if (keep >= total) keep = 0; /* never reveal a whole match */
@@ -1143,7 +1242,7 @@ static void put_masked(sluice_buf *out, const uint8_t *p, uint32_t s, uint32_t e
     }
     while (i < e) {
         uint32_t step = (uint32_t)utf8_step(p, i, e);
-        if (maskable(r, p, i) && seen++ < hide) {
+        if (maskable(r, p, i, e) && seen++ < hide) {
             if (mlen == 1) {
                 *w++ = r->mask.ptr[0];
             } else {
@@ -1250,6 +1349,85 @@ static int collect_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, con
     if (s->failed) return 0;
     sort_spans(s);
     return 1;
+}
+
+/* A copy of a string with its full-width forms replaced by the ASCII characters they stand for
+ * (one byte each; every other byte copied), and where those characters are in the copy: an
+ * offset k of the copy is offset k + 2 * (forms before k) of the original (each form is 3
+ * bytes there, 1 here). Memory: the copy and 4 bytes per form, not per byte. */
+typedef struct {
+    uint8_t *text; /* n bytes, then 16 readable bytes (the detectors' whole-chunk loads) */
+    uint32_t n;
+    uint32_t *forms; /* offsets in text of the replaced characters, ascending */
+    uint32_t form_n;
+} wide_copy;
+
+/* Fills w and returns 1 when p[0..n) holds a full-width form, 0 when it holds none, -1 when
+ * memory ran out. */
+static int normalise_wide(const uint8_t *p, uint32_t n, wide_copy *w) {
+    uint32_t first = 0, forms = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if ((p[i] == 0xEF || p[i] == 0xE3) && wide_at(p, i, n)) {
+            if (forms++ == 0) first = i;
+            i += 2;
+        }
+    }
+    if (forms == 0) return 0;
+    w->text = (uint8_t *)sluice_malloc(n + 16u);
+    w->forms = (uint32_t *)sluice_malloc(sizeof(uint32_t) * forms);
+    if (w->text == NULL || w->forms == NULL) return -1;
+    memcpy(w->text, p, first);
+    uint32_t m = first, f = 0;
+    for (uint32_t i = first; i < n;) {
+        uint8_t ascii = (p[i] == 0xEF || p[i] == 0xE3) ? wide_at(p, i, n) : 0;
+        if (ascii) {
+            w->forms[f++] = m;
+            w->text[m++] = ascii;
+            i += 3;
+        } else {
+            w->text[m++] = p[i++];
+        }
+    }
+    memset(w->text + m, 0, 16);
+    w->n = m;
+    w->form_n = f;
+    return 1;
+}
+
+/* The offset in the original of offset k of the copy. */
+static uint32_t wide_origin(const wide_copy *w, uint32_t k) {
+    uint32_t lo = 0, hi = w->form_n; /* forms[0..lo) < k <= forms[hi..) */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (w->forms[mid] < k) lo = mid + 1;
+        else hi = mid;
+    }
+    return k + 2u * lo;
+}
+
+/* collect_spans for a string whose triggers t are known: a string with full-width forms is
+ * searched in its ASCII reading (normalise_wide) and the matches mapped back onto its own
+ * bytes, so every detector finds "４１１１ １１１１ １１１１ １１１１" as it finds the ASCII
+ * number, with the same checks (Luhn, boundaries, lengths). Returns 0 when memory ran out. */
+static int find_matches(const uint8_t *p, uint32_t n, triggers t, spans *s, const uint8_t *readable) {
+    if (t.wide) {
+        wide_copy w;
+        int r = normalise_wide(p, n, &w);
+        if (r < 0) {
+            spans_init(s);
+            return 0;
+        }
+        if (r > 0) {
+            const uint8_t *wr = w.text + w.n + 16;
+            if (!collect_spans(w.text, w.n, candidates(scan_triggers(w.text, w.n, wr), w.text, w.n, wr), s, wr)) return 0;
+            for (uint32_t k = 0; k < s->n; k++) {
+                s->v[k].start = wide_origin(&w, s->v[k].start);
+                s->v[k].end = wide_origin(&w, s->v[k].end);
+            }
+            return 1;
+        }
+    }
+    return collect_spans(p, n, candidates(t, p, n, readable), s, readable);
 }
 
 /* Append p[0..n) to out with the matches in s masked (of overlapping ones, the first in sort
@@ -1533,12 +1711,17 @@ SIMD static int jstring_value(jctx *c) {
         return 1;
     }
     if (scanned != 2) t = scan_triggers(text, n, readable);
-    /* most strings hold no trigger at all (see candidates) */
-    if (!(t.classes & (K_AT | K_UPPER | K_ASSIGN | K_B)) && t.digits < 8 && !(t.digits >= 4 && (t.classes & K_DOT))) return 1;
-    uint32_t todo = candidates(t, text, n, readable);
-    if (todo == 0) return 1; /* the common case: the literal stays */
     spans found;
-    if (!collect_spans(text, n, todo, &found, readable)) {
+    if (!t.wide) {
+        /* most strings hold no trigger at all (see candidates) */
+        if (!(t.classes & (K_AT | K_UPPER | K_ASSIGN | K_B)) && t.digits < 8 && !(t.digits >= 4 && (t.classes & K_DOT))) return 1;
+        uint32_t todo = candidates(t, text, n, readable);
+        if (todo == 0) return 1; /* the common case: the literal stays */
+        if (!collect_spans(text, n, todo, &found, readable)) {
+            c->failed = 1;
+            return 0;
+        }
+    } else if (!find_matches(text, n, t, &found, readable)) {
         c->failed = 1;
         return 0;
     }
@@ -1775,7 +1958,7 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         /* not JSON after all: fall through to text */
     }
     spans found;
-    if (!collect_spans(in.ptr, n, candidates(scan_triggers(in.ptr, n, in.ptr + n), in.ptr, n, in.ptr + n), &found, in.ptr + n)) return -1;
+    if (!find_matches(in.ptr, n, scan_triggers(in.ptr, n, in.ptr + n), &found, in.ptr + n)) return -1;
     if (found.n == 0) return 0;
     sluice_buf out;
     sluice_buf_init(&out, n + 16);

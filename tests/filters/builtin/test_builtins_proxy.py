@@ -149,3 +149,44 @@ def test_topic_policy_rewrites(policy_proxy: SluiceProxy, broker: TansuBroker) -
     res = ConfigResource(ConfigResource.Type.TOPIC, name)
     configs = admin.describe_configs([res])[res].result(15)
     assert configs["retention.ms"].value == "86400000"  # the policy's default
+
+
+def stored_records(bootstrap: str, topic: str, want: int) -> list[Any]:
+    """The records of partition 0 read straight from the broker (not through the proxy)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), **QUIET})
+    c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    got: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(got) < want and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m)
+    c.close()
+    return got
+
+
+@pytest.mark.parametrize("keys", [None, False])
+def test_pii_mask_defaults_mask_key_value_and_headers(
+        tmp_path: Path, broker: TansuBroker, start_proxy: Callable[..., SluiceProxy],
+        keys: bool | None) -> None:
+    # "Stored records are masked": with the default config the key and the header values are
+    # masked too (before, only the value was); `keys: false` leaves the key as sent.
+    topic = unique("people")
+    config: dict[str, Any] = {} if keys is None else {"keys": keys}
+    cfg = write_config(tmp_path, [{"name": "mask", "module": "builtin:pii-mask",
+                                   "topics": ["people-*"], "apply_to": ["produce"],
+                                   "config": config}])
+    proxy = start_proxy(config=cfg)
+    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    p = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 0, "retries": 0, **QUIET})
+    errors: list[Any] = []
+    p.produce(topic, key=b"ann@example.com", value=b'{"card": "4111_1111_1111_1111"}',
+              headers=[("x-user", b"ann@example.com"), ("x-phone", b"+44 20 7946 0958"),
+                       ("trace", b"abc-1")],
+              on_delivery=lambda err, _m: errors.append(err))
+    assert p.flush(30) == 0 and errors == [None]
+    (m,) = stored_records(broker.bootstrap, topic, 1)
+    assert json.loads(m.value()) == {"card": "****_****_****_****"}
+    assert m.key() == (b"ann@example.com" if keys is False else b"***@*******.***")
+    assert m.headers() == [("x-user", b"***@*******.***"), ("x-phone", b"+** ** **** ****"),
+                           ("trace", b"abc-1")]
