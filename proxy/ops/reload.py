@@ -85,7 +85,7 @@ __all__ = [
 WATCH_SECONDS: Final = 1.0
 #: Sections whose changes need a restart (the running proxy keeps the values it started with).
 RESTART_SECTIONS: Final = ("telemetry", "metrics", "proxy", "tls", "upstream_tls", "limits",
-                           "fleet")
+                           "fleet", "security")
 FLEET_SOURCE_PREFIX: Final = "fleet:"
 
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
     from sluice.proxy.net.upstream_client import UpstreamConnection
     from sluice.proxy.ops.policies import Policy, PolicyError
+    from sluice.proxy.paths.internal_topics import Protection
     from sluice.proxy.paths.topics import TopicRegistry
     from sluice.proxy.telemetry.metrics import Metrics
     from sluice.proxy.telemetry.recorder import TelemetryRecorder
@@ -64,6 +65,9 @@ class Exchange:
     # Quotas (proxy/ops/quotas.py): the monotonic time until which the client is held back for
     # this exchange (0.0: not throttled); the connection applies it when the response is sent.
     throttle_until: float = 0.0
+    # The proxy's own topics this request named and the proxy answered itself, kept for the
+    # response (paths/internal_topics.py); None for almost every request.
+    guard: Any = None
 
 
 # ------------------------------------------------------------------ what a path may answer
@@ -209,6 +213,8 @@ class PathContext:
     map_endpoint: EndpointMapper
     open_upstream: UpstreamOpener  # a connection to a bootstrap broker, for look-ups
     policies: PolicyBook | None = None  # data policies, while the proxy follows a fleet
+    # The proxy's own topics and who may still reach them (paths/internal_topics.py).
+    protection: Protection | None = None
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
 

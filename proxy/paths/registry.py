@@ -64,6 +64,24 @@ class VersionTable:
         return allowed is not None and allowed[0] <= version <= allowed[1]
 
 
+def pick_request_path(paths: Sequence[ApiPath], ctx: PathContext, api_key: int) -> ApiPath | None:
+    """The first of `paths` that handles `api_key` and wants its requests under `ctx`."""
+    for path in paths:
+        if api_key in path.api_keys and path.wants_request(ctx, api_key):
+            return path
+    return None
+
+
+def pick_response_path(
+    paths: Sequence[ApiPath], ctx: PathContext, api_key: int, version: int
+) -> ResponsePath | None:
+    """The first of `paths` that handles `api_key` and wants its responses of `version`."""
+    for path in paths:
+        if api_key in path.api_keys and path.wants_response(ctx, api_key, version):
+            return path
+    return None
+
+
 class Router:
     """Which path handles a request or a response, for one installed chain."""
 
@@ -95,11 +113,8 @@ class Router:
             return self._responses[key]
         except KeyError:
             pass
-        found: ResponsePath | None = None
-        for path in self._response_paths.get(api_key, ()):
-            if path.wants_response(self.ctx, api_key, version):
-                found = path
-                break
+        found = pick_response_path(self._response_paths.get(api_key, ()), self.ctx, api_key,
+                                   version)
         self._responses[key] = found
         return found
 
