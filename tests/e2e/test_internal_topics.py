@@ -27,7 +27,7 @@ from sluice.codec.messages import ApiKey, decode_response
 from sluice.codec.records import BatchHeader, Record, build_batch
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.ops.config_load import load_config_file
-from tests.e2e.clients import QUIET, confluent_consume, create_topic, unique
+from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
 from tests.harness import raw_kafka as rk
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
@@ -410,3 +410,47 @@ def test_security_section_errors_name_line_and_field(tmp_path: Path, text: str,
     assert message in str(err.value) and str(path) in str(err.value)
 
 
+
+
+# ------------------------------------------------------------------ auto-creation and topic policy
+
+
+@pytest.fixture(scope="module")
+def policed(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SluiceProxy]:
+    """A proxy whose topic policy allows only lower-case names with dashes."""
+    config = tmp_path_factory.mktemp("policy") / "sluice.yaml"
+    config.write_text(yaml.safe_dump({"filters": [{
+        "name": "topic-policy", "module": "builtin:topic-policy", "topics": ["*"],
+        "apply_to": ["admin"], "config": {"name_pattern": "^[a-z0-9-]+$"}}]}))
+    with SluiceProxy(upstream=broker.bootstrap, config=config) as proxy:
+        yield proxy
+
+
+def test_metadata_auto_creation_obeys_the_topic_policy(policed: SluiceProxy,
+                                                       broker: TansuBroker) -> None:
+    allowed, forbidden = unique("fine"), unique("Not_Allowed")
+    answer = metadata(policed.port, [forbidden], version=9, auto_create=True)
+    assert int(answer[forbidden].error_code) == 3  # UNKNOWN_TOPIC_OR_PARTITION
+    assert forbidden not in broker_topics(broker)
+    answer = metadata(policed.port, [allowed], version=9, auto_create=True)
+    assert int(answer[allowed].error_code) == 0 and allowed in broker_topics(broker)
+    # v0-3 cannot turn auto-creation off: the proxy closes rather than let the broker create.
+    with rk.connect(policed.port) as sock:
+        sock.sendall(rk.metadata_frame(9, [forbidden], version=3))
+        assert rk.closed_by_peer(sock, 10)
+    assert forbidden not in broker_topics(broker)
+
+
+def test_producer_auto_creation_obeys_the_topic_policy(policed: SluiceProxy,
+                                                       broker: TansuBroker) -> None:
+    forbidden = unique("Not_Allowed")
+    errors: list[Any] = []
+    producer = Producer({"bootstrap.servers": policed.bootstrap, "message.timeout.ms": 3000,
+                         "allow.auto.create.topics": True, **QUIET})
+    producer.produce(forbidden, value=b"x", on_delivery=lambda err, _m: errors.append(err))
+    producer.flush(15)
+    assert len(errors) == 1 and errors[0] is not None
+    assert forbidden not in broker_topics(broker)
+    allowed = unique("fine")
+    assert confluent_produce(policed.bootstrap, allowed, [(None, b"y")]) == [(0, 0)]
+    assert allowed in broker_topics(broker)
