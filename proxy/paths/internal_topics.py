@@ -602,7 +602,8 @@ def _refusal(cls: type[Any], refused: _Refused, topics: TopicRegistry) -> Any:
         values[parts_field] = tuple(
             entities.build(pcls, **{index: p, error: DENIED, "error_message": MESSAGE,
                                     "high_watermark": -1, "last_stable_offset": -1,
-                                    "log_start_offset": -1, "committed_offset": -1})
+                                    "log_start_offset": -1, "committed_offset": -1,
+                                    "records": b""})
             for p in asked
         )
         if entities.has_field(cls, "error_code"):
