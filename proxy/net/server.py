@@ -33,7 +33,7 @@ from sluice.proxy.ops.quotas import Quotas
 from sluice.proxy.ops.security import own_topics
 from sluice.proxy.paths.base import PathContext, PolicyBook
 from sluice.proxy.paths.catalog import standard_paths
-from sluice.proxy.paths.internal_topics import Protection
+from sluice.proxy.paths.protection import Protection
 from sluice.proxy.paths.registry import Routes, VersionTable
 from sluice.proxy.paths.topics import TopicRegistry
 from sluice.proxy.telemetry import events

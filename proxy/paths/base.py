@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
     from sluice.proxy.net.upstream_client import UpstreamConnection
     from sluice.proxy.ops.policies import Policy, PolicyError
-    from sluice.proxy.paths.internal_topics import Protection
+    from sluice.proxy.paths.protection import Protection
     from sluice.proxy.paths.topics import TopicRegistry
     from sluice.proxy.telemetry.metrics import Metrics
     from sluice.proxy.telemetry.recorder import TelemetryRecorder

@@ -19,7 +19,6 @@ id) of an internal topic, or name topics by id while an internal topic's id is s
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -50,13 +49,13 @@ from sluice.proxy.paths.base import (
     ResponsePath,
 )
 from sluice.proxy.paths.produce import LocalAnswer, local_response, merge_local
+from sluice.proxy.paths.protection import Protection
 from sluice.proxy.paths.registry import pick_request_path, pick_response_path
 from sluice.proxy.paths.topics import TopicRegistry, is_null_id
 from sluice.proxy.telemetry.logs import log
 
 DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 MESSAGE = "sluice: this topic belongs to the proxy"
-ANONYMOUS = "User:ANONYMOUS"
 TOPIC_RESOURCE = 2
 
 # Where each API's requests name topics, and where its responses answer each of them: a
@@ -123,32 +122,6 @@ _PART_FIELDS = ("partitions", "partition_indexes", "partition_data", "partition_
                 "results_by_partition", "partition_result")
 _INDEX_FIELDS = ("partition_index", "partition", "index", "partition_id")
 _ERROR_FIELDS = ("error_code", "partition_error_code")
-
-
-class Protection:
-    """The internal topics of one installed chain, and who may still reach them."""
-
-    __slots__ = ("_key", "_pattern", "names", "operators")
-
-    def __init__(self, names: frozenset[str], operators: frozenset[str]) -> None:
-        self.names = names
-        self.operators = operators
-        self._key: tuple[Any, ...] | None = None
-        self._pattern: re.Pattern[bytes] | None = None
-
-    def exempts(self, principal: str | None) -> bool:
-        return (principal or ANONYMOUS) in self.operators
-
-    def pattern(self, topics: TopicRegistry) -> tuple[re.Pattern[bytes] | None, bool]:
-        """A pattern matching the names and known ids of the internal topics as they appear
-        in a frame, and whether every internal topic's id is known."""
-        ids = tuple(topics.id_of(n) for n in sorted(self.names))
-        if ids != self._key:
-            parts = [re.escape(n.encode("utf-8")) for n in self.names]
-            parts += [re.escape(i.bytes) for i in ids if i is not None]
-            self._pattern = re.compile(b"|".join(parts)) if parts else None
-            self._key = ids
-        return self._pattern, all(i is not None for i in ids)
 
 
 @dataclass(slots=True)

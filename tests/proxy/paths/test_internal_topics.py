@@ -30,10 +30,10 @@ from sluice.proxy.paths.internal_topics import (
     BROKER_ONLY,
     SHAPES,
     InternalTopicsPath,
-    Protection,
     _field,
     _shape,
 )
+from sluice.proxy.paths.protection import Protection
 from sluice.proxy.paths.topics import TopicRegistry
 
 INTERNAL, ORDINARY = "_sluice_filters", "users"
