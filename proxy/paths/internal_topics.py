@@ -103,7 +103,12 @@ SHAPES: dict[int, tuple[_Shape, ...]] = {
 LISTINGS = frozenset(int(k) for k in (
     ApiKey.METADATA, ApiKey.DESCRIBE_TOPIC_PARTITIONS, ApiKey.DESCRIBE_LOG_DIRS,
     ApiKey.LIST_PARTITION_REASSIGNMENTS, ApiKey.OFFSET_FETCH, ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS,
+    ApiKey.LIST_CONFIG_RESOURCES,
 ))
+#: Listings whose requests name no topic: where their answers list them.
+LISTING_ONLY: dict[int, tuple[str, ...]] = {
+    ApiKey.LIST_CONFIG_RESOURCES: ("config_resources",),  # v1+: topics among the resources
+}
 #: Requests only brokers and controllers send each other (some name topics): never relayed
 #: for a client that is not an operator.
 BROKER_ONLY = frozenset(int(k) for k in (
@@ -115,7 +120,8 @@ BROKER_ONLY = frozenset(int(k) for k in (
     ApiKey.READ_SHARE_GROUP_STATE_SUMMARY, ApiKey.VOTE, ApiKey.BEGIN_QUORUM_EPOCH,
     ApiKey.END_QUORUM_EPOCH,
 ))
-GUARDED = frozenset({int(ApiKey.PRODUCE), *(int(k) for k in SHAPES), *BROKER_ONLY})
+GUARDED = frozenset({int(ApiKey.PRODUCE), *(int(k) for k in SHAPES), *LISTING_ONLY,
+                     *BROKER_ONLY})
 
 _NAME_FIELDS = ("name", "topic", "topic_name")
 _PART_FIELDS = ("partitions", "partition_indexes", "partition_data", "partition_responses",
@@ -292,34 +298,18 @@ class InternalTopicsPath:
         path = shape[0]
         refused: list[_Refused] = []
         unknown: list[Any] = []
-        kept_any = False
-
-        def keep(items: Any, outer: int) -> tuple[Any, ...] | None:
-            nonlocal kept_any
-            if items is None:
-                return None
-            out = []
-            for item in items:
+        # Where the topic items are: one list, or one per group (transaction, log dir).
+        lists: list[tuple[int, Any]] = (
+            [(-1, getattr(request, path[0]))] if len(path) == 1
+            else [(i, getattr(o, path[1])) for i, o in enumerate(getattr(request, path[0]) or ())]
+        )
+        for outer, items in lists:
+            for item in items or ():
                 name, topic_id = _item_name(item, ctx.topics)
                 if topic_id is not None:
                     unknown.append(topic_id)
                 if name is not None and name in names:
                     refused.append(_Refused(outer, item, name))
-                else:
-                    out.append(item)
-            kept_any = kept_any or bool(out)
-            return tuple(out)
-
-        if len(path) == 1:
-            new_list: Any = keep(getattr(request, path[0]), -1)
-            stripped = dataclasses.replace(request, **{path[0]: new_list})
-        else:
-            outers = []
-            for i, outer in enumerate(getattr(request, path[0]) or ()):
-                inner = keep(getattr(outer, path[1]), i)
-                outers.append(dataclasses.replace(outer, **{path[1]: inner}))
-                kept_any = kept_any or inner is None
-            stripped = dataclasses.replace(request, **{path[0]: tuple(outers)})
         if unknown and not looked_up:
             # A topic id the proxy has not learnt may be an internal topic's: ask the cluster.
             return Defer(Job(
@@ -334,6 +324,20 @@ class InternalTopicsPath:
         header = exchange.header
         log.debug("internal_topics_refused", api=ApiKey(header.api_key).name,
                   topics=sorted({r.name for r in refused}), principal=exchange.client.principal)
+        gone = {id(r.item) for r in refused}
+
+        def kept(items: Any) -> tuple[Any, ...] | None:
+            return None if items is None else tuple(i for i in items if id(i) not in gone)
+
+        if len(path) == 1:
+            stripped = dataclasses.replace(request, **{path[0]: kept(getattr(request, path[0]))})
+        else:
+            stripped = dataclasses.replace(request, **{path[0]: tuple(
+                dataclasses.replace(o, **{path[1]: kept(getattr(o, path[1]))})
+                for o in getattr(request, path[0]) or ())})
+        # A None list (all topics of a group) still asks the broker something.
+        kept_any = any(items is None or any(id(i) not in gone for i in items)
+                       for _outer, items in lists)
         guard = Guard(refused=refused)
         if not kept_any and header.api_key != ApiKey.METADATA:
             # Nothing left for the broker (Metadata always goes: its answer lists the brokers).
@@ -458,8 +462,9 @@ class InternalTopicsPath:
         size, decoded = responses.decode(header, frame)
         result = decoded
         shape = _shape(header.api_key, header.api_version)
-        if hide and protection is not None and shape is not None:
-            result = _hide(result, shape[1], protection.names, ctx.topics)
+        listing = LISTING_ONLY.get(header.api_key) or (shape[1] if shape is not None else None)
+        if hide and protection is not None and listing is not None:
+            result = _hide(result, listing, protection.names, ctx.topics)
         if guard is not None:
             if header.api_key == ApiKey.PRODUCE:
                 result = merge_local(result, guard.produce)

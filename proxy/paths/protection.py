@@ -19,11 +19,12 @@ ANONYMOUS = "User:ANONYMOUS"
 class Protection:
     """The internal topics of one installed chain, and who may still reach them."""
 
-    __slots__ = ("_key", "_pattern", "names", "operators")
+    __slots__ = ("_key", "_pattern", "_sorted", "names", "operators")
 
     def __init__(self, names: frozenset[str], operators: frozenset[str]) -> None:
         self.names = names
         self.operators = operators
+        self._sorted = tuple(sorted(names))
         self._key: tuple[Any, ...] | None = None
         self._pattern: re.Pattern[bytes] | None = None
 
@@ -33,7 +34,7 @@ class Protection:
     def pattern(self, topics: TopicRegistry) -> tuple[re.Pattern[bytes] | None, bool]:
         """A pattern matching the names and known ids of the internal topics as they appear
         in a frame, and whether every internal topic's id is known."""
-        ids = tuple(topics.id_of(n) for n in sorted(self.names))
+        ids = tuple(topics.id_of(n) for n in self._sorted)
         if ids != self._key:
             parts = [re.escape(n.encode("utf-8")) for n in self.names]
             parts += [re.escape(i.bytes) for i in ids if i is not None]

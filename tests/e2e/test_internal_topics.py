@@ -45,11 +45,15 @@ def guarded(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> It
     fleet = unique("_sluice_filters")
     telemetry = unique("sluice-telemetry")
     data = unique("data")
-    create_topic(broker.bootstrap, telemetry)
-    create_topic(broker.bootstrap, data)
+    dead = unique("sluice-dlq")
+    for topic in (telemetry, data, dead):
+        create_topic(broker.bootstrap, topic)
     config = tmp / "sluice.yaml"
     config.write_text(yaml.safe_dump({
         "fleet": {"topic": fleet, "heartbeat_seconds": 1, "poll_seconds": 0.5},
+        "filters": [{"name": "json", "module": "builtin:json-validate", "topics": ["json-*"],
+                     "apply_to": ["produce"], "on_error": "dead-letter",
+                     "dead_letter_topic": dead}],
         "module_cache_dir": str(tmp / "modules"),
         "telemetry": {"kafka": {"bootstrap": broker.bootstrap, "topic": telemetry,
                                 "format": "json"}},
@@ -61,7 +65,7 @@ def guarded(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> It
         assert proc.returncode == 0, proc.stderr
         wait_for(functools.partial(binds, proxy, "pii"), 30, "fleet deploy")
         yield {"proxy": proxy, "fleet": fleet, "telemetry": telemetry, "data": data,
-               "port": proxy.port}
+               "dead": dead, "port": proxy.port}
     finally:
         proxy.stop()
 
@@ -218,15 +222,18 @@ def test_telemetry_topic_cannot_be_read(guarded: Any, broker: TansuBroker) -> No
 def test_metadata_does_not_offer_internal_topics(guarded: Any, broker: TansuBroker) -> None:
     fleet, telemetry, data, port = (guarded["fleet"], guarded["telemetry"], guarded["data"],
                                     guarded["port"])
-    assert {fleet, telemetry} <= broker_topics(broker)
+    dead = guarded["dead"]
+    assert {fleet, telemetry, dead} <= broker_topics(broker)
     listed = metadata(port, None)
-    assert data in listed and fleet not in listed and telemetry not in listed
+    assert data in listed and not {fleet, telemetry, dead} & set(listed)
     named = metadata(port, [fleet, data], auto_create=True)
     assert int(named[fleet].error_code) == DENIED and not named[fleet].partitions
     assert int(named[data].error_code) == 0
     admin = AdminClient({"bootstrap.servers": guarded["proxy"].bootstrap, **QUIET})
     seen = set(admin.list_topics(timeout=10).topics)
-    assert data in seen and not {fleet, telemetry} & seen
+    assert data in seen and not {fleet, telemetry, dead} & seen
+    # Dead letters are the proxy's to write: a client cannot forge one.
+    assert produce(port, {dead: batch(b"k", b"forged letter")}) == {dead: DENIED}
     # Auto-creating a name the proxy keeps for itself (here: the default fleet topic, which
     # this cluster does not have) creates nothing.
     if "_sluice_filters" not in broker_topics(broker):

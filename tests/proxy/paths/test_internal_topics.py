@@ -237,3 +237,23 @@ def test_broker_only_apis_are_refused() -> None:
         frame = request_header_bytes(api, span[0], 7, "t") + b""
         outcome = path.on_request(ctx, exchange_for(frame), frame)
         assert type(outcome) is Refuse, ApiKey(api).name
+
+
+def test_config_resource_listing_hides_internal_topics() -> None:
+    ctx = context()
+    path = InternalTopicsPath([])
+    api, version = ApiKey.LIST_CONFIG_RESOURCES, 1
+    frame = request_header_bytes(api, version, 7, "t") + encode_request(
+        entities.build(schemas.request_schema(api, version), resource_types=(2,)))
+    exchange = exchange_for(frame)
+    assert type(path.on_request(ctx, exchange, frame)) is Forward
+    cls = entities.response_class(api, version)
+    rcls = entities.element_class(cls, "config_resources")
+    listed = entities.build(cls, config_resources=tuple(
+        entities.build(rcls, resource_name=n, resource_type=2) for n in (INTERNAL, ORDINARY)))
+    out = path.on_response(ctx, exchange, response_header_bytes(7, api, version)
+                           + encode_response(listed))
+    assert type(out) is Respond
+    size = len(response_header_bytes(7, api, version))
+    shown = decode_response(api, version, bytes(out.frame)[size:])
+    assert [r.resource_name for r in shown.config_resources] == [ORDINARY]
