@@ -29,7 +29,12 @@ from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
-from sluice.codec.produce_splice import scan_produce_request, splice_produce_records
+from sluice.codec.produce_splice import (
+    ProduceRequestLayout,
+    scan_produce_request,
+    splice_produce_records,
+)
+from sluice.filters.admin import AdminResource
 from sluice.proxy.net.upstream_client import UpstreamError
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
@@ -56,6 +61,8 @@ from sluice.proxy.telemetry.logs import log
 
 DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 MESSAGE = "sluice: this topic belongs to the proxy"
+UNKNOWN_TOPIC = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+NOT_CREATED = "sluice: the topic does not exist and the admin filters refuse to create it"
 TOPIC_RESOURCE = 2
 
 # Where each API's requests name topics, and where its responses answer each of them: a
@@ -219,6 +226,8 @@ class InternalTopicsPath:
         self._requests: dict[int, ApiPath | None] = {}
         self._responses: dict[int, ResponsePath | None] = {}
         self._generation = -1
+        # Whether the admin filters let a principal create a topic, by chain and principal.
+        self._creatable: dict[tuple[int, str | None], dict[str, bool]] = {}
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
         return ctx.protection is not None
@@ -373,26 +382,85 @@ class InternalTopicsPath:
                 in_thread=False,
                 what="topic id look-up",
             ))
+        chain = ctx.chain
+        principal = exchange.client.principal
+        if chain is None or not ctx.filters_on("admin"):
+            return self._drop(ctx, exchange, frame, layout, names, protection, set())
+        # A Produce to a topic that does not exist creates it on lenient brokers (Tansu
+        # stores the records): a name the admin filters would not let the client create,
+        # and that the cluster does not have, is refused like Kafka refuses a missing topic.
+        judged = {n for n in names if n is not None and n not in protection.names
+                  and ctx.topics.id_of(n) is None and chain.applies(n, "admin", principal)}
+        if not judged:
+            return self._drop(ctx, exchange, frame, layout, names, protection, set())
+        key = (ctx.generation, principal)
+        known = self._creatable.setdefault(key, {})
+        if len(self._creatable) > 64:
+            self._creatable.clear()
+        missing = sorted(n for n in judged if n not in known)
+        client = exchange.client
+
+        def verdicts() -> dict[str, bool]:
+            return {n: chain.run_admin(AdminResource(
+                op="create_topics", name=n, principal=principal, client_id=client.client_id,
+            )).decision == "allow" for n in missing}
+
+        def judged_all(found: dict[str, bool]) -> RequestOutcome:
+            if len(known) < 10_000:
+                known.update(found)
+            refused = {n for n in judged if not {**known, **found}.get(n, False)}
+            if not refused:
+                return self._drop(ctx, exchange, frame, layout, names, protection, set())
+
+            def exists(_: Any) -> RequestOutcome:
+                absent = {n for n in refused if ctx.topics.id_of(n) is None}
+                return self._drop(ctx, exchange, frame, layout, names, protection, absent)
+
+            return Defer(Job(run=lambda: _lookup(ctx), finish=exists, in_thread=False,
+                             what="topic look-up"))
+
+        if not missing:
+            return judged_all({})
+        return Defer(Job(run=verdicts, finish=judged_all, in_thread=True,
+                         what="auto-creation check"))
+
+    def _drop(
+        self,
+        ctx: PathContext,
+        exchange: Exchange,
+        frame: Frame,
+        layout: ProduceRequestLayout,
+        names: list[str | None],
+        protection: Protection,
+        absent: set[str],
+    ) -> RequestOutcome:
+        """Answer the partitions of internal topics (and of `absent` topics the client may
+        not create) and hand the rest on."""
+        header = exchange.header
         drop: set[tuple[int, int]] = set()
         local: list[LocalAnswer] = []
         for i, topic in enumerate(layout.topics):
-            if names[i] not in protection.names:
+            if names[i] in protection.names:
+                code, message = DENIED, MESSAGE
+            elif names[i] in absent:
+                code, message = UNKNOWN_TOPIC, NOT_CREATED
+            else:
                 continue
             for j, part in enumerate(topic.partitions):
                 drop.add((i, j))
-                local.append(LocalAnswer(topic.name, topic.topic_id, part.partition, DENIED,
-                                         MESSAGE))
+                local.append(LocalAnswer(topic.name, topic.topic_id, part.partition, code,
+                                         message))
         if not drop:
             return self._pass(ctx, exchange, frame)
-        log.debug("internal_topics_refused", api="PRODUCE",
-                  topics=sorted({n for n in names if n in protection.names}),
+        log.debug("produce_partitions_refused",
+                  topics=sorted({n for n in names if n in protection.names or n in absent}),
                   principal=exchange.client.principal)
         if len(drop) == sum(len(t.partitions) for t in layout.topics):
             if layout.acks == 0:
                 return NoReply()
             return Answer(local_response(header, local))
         new_frame = bytes(frame[: header.header_size]) + splice_produce_records(
-            body, layout, {}, drop
+            frame[header.header_size :], layout, {}, drop
         )
         return self._forward(ctx, exchange, new_frame, Guard(produce=local), None, None)
 

@@ -459,5 +459,26 @@ def test_producer_auto_creation_obeys_the_topic_policy(policed: SluiceProxy,
     assert len(errors) == 1 and errors[0] is not None
     assert forbidden not in broker_topics(broker)
     allowed = unique("fine")
-    assert confluent_produce(policed.bootstrap, allowed, [(None, b"y")]) == [(0, 0)]
+    [(_partition, offset)] = confluent_produce(policed.bootstrap, allowed, [(None, b"y")])
+    assert offset == 0
     assert allowed in broker_topics(broker)
+
+
+def stored_records(broker: TansuBroker, topic: str) -> bytes:
+    """What the broker holds in partition 0 of `topic` (Tansu keeps records produced to a
+    topic it does not list)."""
+    port = int(broker.bootstrap.rsplit(":", 1)[1])
+    answer = call(port, ApiKey.FETCH, 12, **fetch_request(12, [(topic, None)]))
+    return b"".join(bytes(p.records or b"") for t in answer.responses for p in t.partitions)
+
+
+def test_produce_to_a_missing_topic_obeys_the_topic_policy(policed: SluiceProxy,
+                                                          broker: TansuBroker) -> None:
+    forbidden, allowed, existing = unique("Not_Allowed"), unique("fine"), unique("Old_Name")
+    create_topic(broker.bootstrap, existing)  # made by the cluster's admins: not the policy's
+    answer = produce(policed.port, {forbidden: batch(None, b"phantom"),
+                                    existing: batch(None, b"kept")})
+    assert answer == {forbidden: 3, existing: 0}  # UNKNOWN_TOPIC_OR_PARTITION
+    assert b"phantom" not in stored_records(broker, forbidden)
+    assert b"kept" in stored_records(broker, existing)
+    assert produce(policed.port, {allowed: batch(None, b"ok")}) == {allowed: 0}
