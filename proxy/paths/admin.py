@@ -18,6 +18,7 @@ to an admin filter as a CreateTopics item with the broker's defaults. If any is 
 as it is, the request goes on with auto-creation turned off (the broker then answers
 UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist). Metadata v0-3 cannot turn it
 off (the broker always may create): such a request naming a refused topic is refused.
+A Produce to a missing topic is the other way in: paths/internal_topics.py answers it.
 """
 
 from __future__ import annotations

@@ -10,10 +10,16 @@ the two answers are merged; Metadata and the other listings leave them out. Prin
 
 This path sits in front of the others (`paths/catalog.py`): for each request it either hands
 the frame to the path the router would otherwise have chosen, or first takes the internal
-topics out of it and keeps the refusals on the exchange for the response. Pass-through stays
-cheap: requests of APIs that cannot name a topic never reach it; Produce requests are scanned
-(never decoded); other requests are decoded only when their bytes contain the name (or known
-id) of an internal topic, or name topics by id while an internal topic's id is still unknown.
+topics out of it and keeps the refusals on the exchange for the response. The same split
+serves one more rule of the admin filters (paths/admin.py has the Metadata side): while one is
+in force, a Produce to a topic the cluster does not have, whose creation the filters would
+refuse, gets UNKNOWN_TOPIC_OR_PARTITION for it (Kafka's answer; Tansu would store the records),
+operators included.
+
+Pass-through stays cheap: requests of APIs that cannot name a topic never reach it; Produce
+requests are scanned (never decoded); other requests are decoded only when their bytes contain
+the name (or known id) of an internal topic, or name topics by id while an internal topic's id
+is still unknown.
 """
 
 from __future__ import annotations
@@ -272,14 +278,18 @@ class InternalTopicsPath:
     def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
         protection = ctx.protection
         header = exchange.header
-        if protection is None or protection.exempts(exchange.client.principal):
-            return self._pass(ctx, exchange, frame)
         key = header.api_key
+        if protection is None:
+            return self._pass(ctx, exchange, frame)
+        exempt = protection.exempts(exchange.client.principal)
+        if key == ApiKey.PRODUCE:
+            names = frozenset() if exempt else protection.names
+            return self._produce(ctx, exchange, frame, names, looked_up=False)
+        if exempt:
+            return self._pass(ctx, exchange, frame)
         if key in BROKER_ONLY:
             return Refuse(f"{ApiKey(key).name} is sent between brokers, not by clients")
         body = frame[header.header_size :]
-        if key == ApiKey.PRODUCE:
-            return self._produce(ctx, exchange, frame, protection, looked_up=False)
         shape = _shape(key, header.api_version)
         if shape is None:
             return self._pass(ctx, exchange, frame)
@@ -365,11 +375,13 @@ class InternalTopicsPath:
         ctx: PathContext,
         exchange: Exchange,
         frame: Frame,
-        protection: Protection,
+        internal: frozenset[str],
         looked_up: bool,
     ) -> RequestOutcome:
         header = exchange.header
         body = frame[header.header_size :]
+        if not internal and not ctx.filters_on("admin"):
+            return self._pass(ctx, exchange, frame)
         try:
             layout = scan_produce_request(header.api_version, body)
         except CodecError as exc:
@@ -378,21 +390,21 @@ class InternalTopicsPath:
         if not looked_up and any(n is None for n in names):
             return Defer(Job(
                 run=lambda: _lookup(ctx),
-                finish=lambda _: self._produce(ctx, exchange, frame, protection, looked_up=True),
+                finish=lambda _: self._produce(ctx, exchange, frame, internal, looked_up=True),
                 in_thread=False,
                 what="topic id look-up",
             ))
         chain = ctx.chain
         principal = exchange.client.principal
         if chain is None or not ctx.filters_on("admin"):
-            return self._drop(ctx, exchange, frame, layout, names, protection, set())
+            return self._drop(ctx, exchange, frame, layout, names, internal, set())
         # A Produce to a topic that does not exist creates it on lenient brokers (Tansu
         # stores the records): a name the admin filters would not let the client create,
         # and that the cluster does not have, is refused like Kafka refuses a missing topic.
-        judged = {n for n in names if n is not None and n not in protection.names
+        judged = {n for n in names if n is not None and n not in internal
                   and ctx.topics.id_of(n) is None and chain.applies(n, "admin", principal)}
         if not judged:
-            return self._drop(ctx, exchange, frame, layout, names, protection, set())
+            return self._drop(ctx, exchange, frame, layout, names, internal, set())
         key = (ctx.generation, principal)
         known = self._creatable.setdefault(key, {})
         if len(self._creatable) > 64:
@@ -410,11 +422,11 @@ class InternalTopicsPath:
                 known.update(found)
             refused = {n for n in judged if not {**known, **found}.get(n, False)}
             if not refused:
-                return self._drop(ctx, exchange, frame, layout, names, protection, set())
+                return self._drop(ctx, exchange, frame, layout, names, internal, set())
 
             def exists(_: Any) -> RequestOutcome:
                 absent = {n for n in refused if ctx.topics.id_of(n) is None}
-                return self._drop(ctx, exchange, frame, layout, names, protection, absent)
+                return self._drop(ctx, exchange, frame, layout, names, internal, absent)
 
             return Defer(Job(run=lambda: _lookup(ctx), finish=exists, in_thread=False,
                              what="topic look-up"))
@@ -431,7 +443,7 @@ class InternalTopicsPath:
         frame: Frame,
         layout: ProduceRequestLayout,
         names: list[str | None],
-        protection: Protection,
+        internal: frozenset[str],
         absent: set[str],
     ) -> RequestOutcome:
         """Answer the partitions of internal topics (and of `absent` topics the client may
@@ -440,7 +452,7 @@ class InternalTopicsPath:
         drop: set[tuple[int, int]] = set()
         local: list[LocalAnswer] = []
         for i, topic in enumerate(layout.topics):
-            if names[i] in protection.names:
+            if names[i] in internal:
                 code, message = DENIED, MESSAGE
             elif names[i] in absent:
                 code, message = UNKNOWN_TOPIC, NOT_CREATED
@@ -453,7 +465,7 @@ class InternalTopicsPath:
         if not drop:
             return self._pass(ctx, exchange, frame)
         log.debug("produce_partitions_refused",
-                  topics=sorted({n for n in names if n in protection.names or n in absent}),
+                  topics=sorted({n for n in names if n in internal or n in absent}),
                   principal=exchange.client.principal)
         if len(drop) == sum(len(t.partitions) for t in layout.topics):
             if layout.acks == 0:
