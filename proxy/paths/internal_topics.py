@@ -343,6 +343,7 @@ class InternalTopicsPath:
         header = exchange.header
         log.debug("internal_topics_refused", api=ApiKey(header.api_key).name,
                   topics=sorted({r.name for r in refused}), principal=exchange.client.principal)
+        ctx.metrics.internal_refused(header.api_key, len(refused))
         gone = {id(r.item) for r in refused}
 
         def kept(items: Any) -> tuple[Any, ...] | None:
@@ -467,6 +468,9 @@ class InternalTopicsPath:
         log.debug("produce_partitions_refused",
                   topics=sorted({n for n in names if n in internal or n in absent}),
                   principal=exchange.client.principal)
+        refused = sum(1 for a in local if a.error_code == DENIED)
+        if refused:
+            ctx.metrics.internal_refused(header.api_key, refused)
         if len(drop) == sum(len(t.partitions) for t in layout.topics):
             if layout.acks == 0:
                 return NoReply()

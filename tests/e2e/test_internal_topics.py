@@ -30,6 +30,7 @@ from sluice.proxy.ops.config_load import load_config_file
 from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
 from tests.harness import raw_kafka as rk
 from tests.harness.broker import TansuBroker
+from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
 from tests.proxy.broker_front import FrontedTansu
 from tests.proxy.test_fleet import MASKED, fleet_args, produce_and_read, sluice
@@ -44,6 +45,7 @@ def guarded(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> It
     tmp = tmp_path_factory.mktemp("internal")
     fleet = unique("_sluice_filters")
     telemetry = unique("sluice-telemetry")
+    metrics_port = free_port()
     data = unique("data")
     dead = unique("sluice-dlq")
     for topic in (telemetry, data, dead):
@@ -55,6 +57,7 @@ def guarded(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> It
                      "apply_to": ["produce"], "on_error": "dead-letter",
                      "dead_letter_topic": dead}],
         "module_cache_dir": str(tmp / "modules"),
+        "metrics": {"listen": f"127.0.0.1:{metrics_port}"},
         "telemetry": {"kafka": {"bootstrap": broker.bootstrap, "topic": telemetry,
                                 "format": "json"}},
     }))
@@ -65,7 +68,7 @@ def guarded(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> It
         assert proc.returncode == 0, proc.stderr
         wait_for(functools.partial(binds, proxy, "pii"), 30, "fleet deploy")
         yield {"proxy": proxy, "fleet": fleet, "telemetry": telemetry, "data": data,
-               "dead": dead, "port": proxy.port}
+               "dead": dead, "port": proxy.port, "metrics": metrics_port}
     finally:
         proxy.stop()
 
@@ -153,6 +156,12 @@ def test_fleet_tombstone_and_forged_record_are_refused(guarded: Any, broker: Tan
     producer.flush(20)
     assert [e.code() for e in errors] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
     assert high_watermark(broker.bootstrap, fleet) == before
+    # Counted: the two raw Produce requests, and librdkafka's Metadata request (it learns
+    # TOPIC_AUTHORIZATION_FAILED there and never sends the record).
+    lines = rk.series(rk.scrape(guarded["metrics"]), "sluice_internal_topic_refusals_total")
+    counts = {line.split('api="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+              for line in lines}
+    assert counts.get("produce", 0) >= 2 and counts.get("metadata", 0) >= 1, lines
     # The fleet's filter still masks: the proxy's own fleet consumer reads the broker directly.
     masked = produce_and_read(broker, guarded["proxy"], guarded["data"], "after")
     assert b"@example.com" not in masked and MASKED.search(masked), masked

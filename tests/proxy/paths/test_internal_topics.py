@@ -35,6 +35,7 @@ from sluice.proxy.paths.internal_topics import (
 )
 from sluice.proxy.paths.protection import Protection
 from sluice.proxy.paths.topics import TopicRegistry
+from sluice.proxy.telemetry.metrics import Metrics
 
 INTERNAL, ORDINARY = "_sluice_filters", "users"
 IDS = {INTERNAL: uuid.UUID(int=1), ORDINARY: uuid.UUID(int=2)}
@@ -48,7 +49,7 @@ def context(operators: frozenset[str] = frozenset()) -> PathContext:
         topics.ids[name] = topic_id
     return PathContext(
         chain=None, generation=0, directions=frozenset(), topics=topics, telemetry=None,  # type: ignore[arg-type]
-        dead_letters=None, metrics=None, map_endpoint=lambda n, h, p: (h, p),  # type: ignore[arg-type]
+        dead_letters=None, metrics=Metrics(), map_endpoint=lambda n, h, p: (h, p),  # type: ignore[arg-type]
         open_upstream=None,  # type: ignore[arg-type]
         protection=Protection(frozenset({INTERNAL}), operators),
     )
