@@ -491,3 +491,17 @@ def test_produce_to_a_missing_topic_obeys_the_topic_policy(policed: SluiceProxy,
     assert b"phantom" not in stored_records(broker, forbidden)
     assert b"kept" in stored_records(broker, existing)
     assert produce(policed.port, {allowed: batch(None, b"ok")}) == {allowed: 0}
+
+
+def test_create_topics_with_admin_filters_and_an_internal_name(policed: SluiceProxy,
+                                                               broker: TansuBroker) -> None:
+    """The internal topic is answered by the proxy, the others still meet the topic policy."""
+    allowed, forbidden = unique("fine"), unique("Not_Allowed")
+    answer = call(policed.port, ApiKey.CREATE_TOPICS, 5, timeout=datetime.timedelta(seconds=5),
+                  topics=tuple(item(ApiKey.CREATE_TOPICS, 5, ("topics",), name=t,
+                                    num_partitions=1, replication_factor=1)
+                               for t in ("_sluice_filters", allowed, forbidden)))
+    codes = {str(t.name): int(t.error_code) for t in answer.topics}
+    assert codes == {"_sluice_filters": DENIED, allowed: 0, forbidden: 44}  # POLICY_VIOLATION
+    topics = broker_topics(broker)
+    assert allowed in topics and forbidden not in topics
