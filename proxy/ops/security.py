@@ -71,7 +71,7 @@ def own_topics(raw: dict[str, Any], extra: Iterable[str] = ()) -> frozenset[str]
     """The topics the proxy itself writes or follows, from an already validated config file
     (`raw`): the fleet topic (``_sluice_filters`` unless ``fleet.topic`` says otherwise: other
     proxies on the cluster may follow it even when this one does not), the Kafka telemetry
-    topic, the dead-letter topics of the config file's filters, and `extra`."""
+    topic, the dead-letter topics of the config file's filters and transforms, and `extra`."""
     names = {DEFAULT_TOPIC, *extra}
     fleet = raw.get("fleet")
     if isinstance(fleet, dict) and isinstance(fleet.get("topic"), str):
@@ -80,7 +80,11 @@ def own_topics(raw: dict[str, Any], extra: Iterable[str] = ()) -> frozenset[str]
     kafka = telemetry.get("kafka") if isinstance(telemetry, dict) else None
     if isinstance(kafka, dict) and isinstance(kafka.get("topic"), str):
         names.add(kafka["topic"])
-    for entry in raw.get("filters") or ():
+    entries = list(raw.get("filters") or ())
+    for transform in raw.get("transforms") or ():  # their filters' dead letters too
+        if isinstance(transform, dict):
+            entries += list(transform.get("filters") or ())
+    for entry in entries:
         if isinstance(entry, dict) and isinstance(entry.get("dead_letter_topic"), str):
             names.add(entry["dead_letter_topic"])
     return frozenset(names)

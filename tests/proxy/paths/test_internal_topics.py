@@ -258,3 +258,17 @@ def test_config_resource_listing_hides_internal_topics() -> None:
     size = len(response_header_bytes(7, api, version))
     shown = decode_response(api, version, bytes(out.frame)[size:])
     assert [r.resource_name for r in shown.config_resources] == [ORDINARY]
+
+
+def test_own_topics_come_from_the_whole_config() -> None:
+    from sluice.proxy.ops.security import own_topics
+
+    raw = {
+        "fleet": {"topic": "fleet-x"},
+        "telemetry": {"kafka": {"bootstrap": "h:1", "topic": "tele-x"}},
+        "filters": [{"name": "a", "dead_letter_topic": "dlq-a"}, {"name": "b"}],
+        "transforms": [{"name": "t", "filters": [{"name": "c", "dead_letter_topic": "dlq-c"}]}],
+    }
+    assert own_topics(raw, ["extra"]) == {"_sluice_filters", "fleet-x", "tele-x", "dlq-a",
+                                          "dlq-c", "extra"}
+    assert own_topics({}) == {"_sluice_filters"}
