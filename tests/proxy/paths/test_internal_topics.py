@@ -272,3 +272,28 @@ def test_own_topics_come_from_the_whole_config() -> None:
     assert own_topics(raw, ["extra"]) == {"_sluice_filters", "fleet-x", "tele-x", "dlq-a",
                                           "dlq-c", "extra"}
     assert own_topics({}) == {"_sluice_filters"}
+
+
+def test_delete_topics_by_id_is_refused() -> None:
+    ctx = context()
+    path = InternalTopicsPath([])
+    api, version = ApiKey.DELETE_TOPICS, 6
+    cls = schemas.request_schema(api, version)
+    tcls = entities.element_class(cls, "topics")
+    frame = request_header_bytes(api, version, 7, "t") + encode_request(entities.build(
+        cls, topics=tuple(entities.build(tcls, name=None, topic_id=IDS[n])
+                          for n in (INTERNAL, ORDINARY))))
+    exchange = exchange_for(frame)
+    outcome = path.on_request(ctx, exchange, frame)
+    assert type(outcome) is Forward and outcome.frame is not None
+    header = parse_request_header(outcome.frame)
+    sent = decode_request(api, version, outcome.frame[header.header_size:])
+    assert [t.topic_id for t in sent.topics] == [IDS[ORDINARY]]
+    broker = response_header_bytes(7, api, version) + encode_response(
+        entities.build(entities.response_class(api, version)))
+    answered = path.on_response(ctx, exchange, broker)
+    assert type(answered) is Respond
+    size = len(response_header_bytes(7, api, version))
+    decoded = decode_response(api, version, bytes(answered.frame)[size:])
+    assert [(r.topic_id, int(r.error_code)) for r in decoded.responses] == [(IDS[INTERNAL],
+                                                                             DENIED)]
