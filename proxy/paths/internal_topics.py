@@ -36,7 +36,7 @@ from sluice.codec.errors import CodecError
 from sluice.codec.headers import response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
 from sluice.codec.produce_splice import (
-    ProduceRequestLayout,
+    produce_topic_keys,
     scan_produce_request,
     splice_produce_records,
 )
@@ -384,10 +384,10 @@ class InternalTopicsPath:
         if not internal and not ctx.filters_on("admin"):
             return self._pass(ctx, exchange, frame)
         try:
-            layout = scan_produce_request(header.api_version, body)
+            keys = produce_topic_keys(header.api_version, body)
         except CodecError as exc:
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")
-        names = [t.name or ctx.topics.name(t.topic_id) for t in layout.topics]
+        names = [k if isinstance(k, str) else ctx.topics.name(k) for k in keys]
         if not looked_up and any(n is None for n in names):
             return Defer(Job(
                 run=lambda: _lookup(ctx),
@@ -398,14 +398,14 @@ class InternalTopicsPath:
         chain = ctx.chain
         principal = exchange.client.principal
         if chain is None or not ctx.filters_on("admin"):
-            return self._drop(ctx, exchange, frame, layout, names, internal, set())
+            return self._drop(ctx, exchange, frame, names, internal, set())
         # A Produce to a topic that does not exist creates it on lenient brokers (Tansu
         # stores the records): a name the admin filters would not let the client create,
         # and that the cluster does not have, is refused like Kafka refuses a missing topic.
         judged = {n for n in names if n is not None and n not in internal
                   and ctx.topics.id_of(n) is None and chain.applies(n, "admin", principal)}
         if not judged:
-            return self._drop(ctx, exchange, frame, layout, names, internal, set())
+            return self._drop(ctx, exchange, frame, names, internal, set())
         key = (ctx.generation, principal)
         known = self._creatable.setdefault(key, {})
         if len(self._creatable) > 64:
@@ -423,11 +423,11 @@ class InternalTopicsPath:
                 known.update(found)
             refused = {n for n in judged if not {**known, **found}.get(n, False)}
             if not refused:
-                return self._drop(ctx, exchange, frame, layout, names, internal, set())
+                return self._drop(ctx, exchange, frame, names, internal, set())
 
             def exists(_: Any) -> RequestOutcome:
                 absent = {n for n in refused if ctx.topics.id_of(n) is None}
-                return self._drop(ctx, exchange, frame, layout, names, internal, absent)
+                return self._drop(ctx, exchange, frame, names, internal, absent)
 
             return Defer(Job(run=lambda: _lookup(ctx), finish=exists, in_thread=False,
                              what="topic look-up"))
@@ -442,7 +442,6 @@ class InternalTopicsPath:
         ctx: PathContext,
         exchange: Exchange,
         frame: Frame,
-        layout: ProduceRequestLayout,
         names: list[str | None],
         internal: frozenset[str],
         absent: set[str],
@@ -450,6 +449,10 @@ class InternalTopicsPath:
         """Answer the partitions of internal topics (and of `absent` topics the client may
         not create) and hand the rest on."""
         header = exchange.header
+        if not any(n in internal or n in absent for n in names):
+            return self._pass(ctx, exchange, frame)
+        # Checked like this by `produce_topic_keys` already: the scan cannot fail.
+        layout = scan_produce_request(header.api_version, frame[header.header_size :])
         drop: set[tuple[int, int]] = set()
         local: list[LocalAnswer] = []
         for i, topic in enumerate(layout.topics):
