@@ -16,8 +16,8 @@ in force, a Produce to a topic the cluster does not have, whose creation the fil
 refuse, gets UNKNOWN_TOPIC_OR_PARTITION for it (Kafka's answer; Tansu would store the records),
 operators included.
 
-Pass-through stays cheap: requests of APIs that cannot name a topic never reach it; Produce
-requests are scanned (never decoded); other requests are decoded only when their bytes contain
+Pass-through stays cheap: requests of APIs that cannot name a topic never reach it; of a
+Produce request only the topic names (or ids) are read (`produce_topic_keys`); other requests are decoded only when their bytes contain
 the name (or known id) of an internal topic, or name topics by id while an internal topic's id
 is still unknown.
 """
