@@ -17,9 +17,9 @@ refuse, gets UNKNOWN_TOPIC_OR_PARTITION for it (Kafka's answer; Tansu would stor
 operators included.
 
 Pass-through stays cheap: requests of APIs that cannot name a topic never reach it; of a
-Produce request only the topic names (or ids) are read (`produce_topic_keys`); other requests are decoded only when their bytes contain
-the name (or known id) of an internal topic, or name topics by id while an internal topic's id
-is still unknown.
+Produce request only the topic names (or ids) are read (`produce_topic_keys`); other requests
+are decoded only when their bytes contain the name (or known id) of an internal topic, or name
+topics by id while an internal topic's id is still unknown.
 """
 
 from __future__ import annotations
