@@ -391,7 +391,7 @@ class Connection:
             return
         router = self._routes.current
         api_key, version = header.api_key, header.api_version
-        refusal = router.refusal(api_key, version)
+        refusal = router.refusal(header, frame)
         if refusal is not None:
             # A version the broker lacks (it would close too), or one a path must inspect
             # and the codec cannot decode. Also keeps every per-(key, version) table bounded.

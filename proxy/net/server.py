@@ -30,8 +30,10 @@ from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
 from sluice.proxy.ops.config import ProxyConfig
 from sluice.proxy.ops.limits import IdleReaper
 from sluice.proxy.ops.quotas import Quotas
+from sluice.proxy.ops.security import own_topics
 from sluice.proxy.paths.base import PathContext, PolicyBook
 from sluice.proxy.paths.catalog import standard_paths
+from sluice.proxy.paths.protection import Protection
 from sluice.proxy.paths.registry import Routes, VersionTable
 from sluice.proxy.paths.topics import TopicRegistry
 from sluice.proxy.telemetry import events
@@ -99,6 +101,8 @@ class ProxyServer:
             placement = self.placement
             self.metrics.job_placement = lambda: (placement.inline_runs, placement.pool_runs)
         self.limits = Limits(max_frame_size=config.max_frame_size, job_deadline=config.job_deadline)
+        # The proxy's own topics (paths/internal_topics.py); the chain adds its dead letters.
+        self.own_topics = own_topics(config.raw, config.internal_topics)
         self.versions = VersionTable()
         self.routes = Routes(standard_paths(self.versions), self._context, self.versions)
 
@@ -106,8 +110,11 @@ class ProxyServer:
     def _context(self, generation: int) -> PathContext:
         chain = self.chain
         directions: set[str] = set()
+        own = set(self.own_topics)
         for f in chain.filters if chain is not None else ():
             directions |= set(f.spec.apply_to)
+            if f.spec.dead_letter_topic:
+                own.add(f.spec.dead_letter_topic)
         return PathContext(
             chain=chain,
             generation=generation,
@@ -120,6 +127,7 @@ class ProxyServer:
             open_upstream=self.open_upstream,
             policies=self.policies,
             batch_limits=self.config.batch_limits,
+            protection=Protection(frozenset(own), self.config.operators),
         )
 
     async def open_upstream(self) -> UpstreamConnection:

@@ -63,6 +63,10 @@ class ProxyConfig:
     worker_index: int = 0  # which of them this process is
     # policy_admins: principal globs allowed to set x-data-policy (None: nobody)
     policy_admins: tuple[str, ...] | None = None
+    # security.operators: principals that may reach the proxy's own topics through it
+    operators: frozenset[str] = frozenset()
+    # security.internal_topics: topics protected like the proxy's own (ops/security.py)
+    internal_topics: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 

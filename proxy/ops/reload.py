@@ -88,7 +88,7 @@ __all__ = [
 WATCH_SECONDS: Final = 1.0
 #: Sections whose changes need a restart (the running proxy keeps the values it started with).
 RESTART_SECTIONS: Final = ("telemetry", "metrics", "proxy", "tls", "upstream_tls", "limits",
-                           "fleet")
+                           "fleet", "security")
 FLEET_SOURCE_PREFIX: Final = "fleet:"
 #: How a module's refusal names the config key it refused: "... rejected the config ...
 #: config.KEY: reason" (builtin:pii-mask, the host builtins).

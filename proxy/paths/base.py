@@ -34,7 +34,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sluice.codec.batch_counts import expanded_size
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
     from sluice.proxy.net.upstream_client import UpstreamConnection
     from sluice.proxy.ops.policies import Policy, PolicyError
+    from sluice.proxy.paths.protection import Protection
     from sluice.proxy.paths.topics import TopicRegistry
     from sluice.proxy.telemetry.metrics import Metrics
     from sluice.proxy.telemetry.recorder import TelemetryRecorder
@@ -68,6 +69,9 @@ class Exchange:
     # Quotas (proxy/ops/quotas.py): the monotonic time until which the client is held back for
     # this exchange (0.0: not throttled); the connection applies it when the response is sent.
     throttle_until: float = 0.0
+    # The proxy's own topics this request named and the proxy answered itself, kept for the
+    # response (paths/internal_topics.py); None for almost every request.
+    guard: Any = None
 
 
 # ------------------------------------------------------------------ what a path may answer
@@ -236,6 +240,8 @@ class PathContext:
     policies: PolicyBook | None = None  # data policies, while the proxy follows a fleet
     # What one record batch of a filtered partition may expand into (limits.max_batch_*).
     batch_limits: BatchLimits = DEFAULT_BATCH_LIMITS
+    # The proxy's own topics and who may still reach them (paths/internal_topics.py).
+    protection: Protection | None = None
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
 
@@ -270,3 +276,15 @@ class ApiPath(RequestPath, ResponsePath, Protocol):
     def wants_request(self, ctx: PathContext, api_key: int) -> bool: ...
 
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool: ...
+
+
+@runtime_checkable
+class UndecodableGate(Protocol):
+    """A request path that can vouch for a request version the codec cannot decode.
+
+    The router refuses such versions of a key some path inspects; a path that inspects a key
+    only to look for something it can find in the raw bytes (the internal-topics path: a
+    protected topic's name) may let one through when it is provably not there.
+    """
+
+    def relays_undecodable(self, ctx: PathContext, header: Any, frame: Frame) -> bool: ...

@@ -194,7 +194,7 @@ class ProducePath:
             _emit(ctx, exchange.client, state, None)
             if not expect:
                 return NoReply()
-            return Answer(_local_response(header, result.local))
+            return Answer(local_response(header, result.local))
         body = frame[header.header_size :]
         new_body = splice_produce_records(body, layout, result.replaced, result.drop)
         if not expect:
@@ -230,7 +230,7 @@ class ProducePath:
 
         def change(response: Any) -> Any:
             _emit(ctx, exchange.client, state, _base_offsets(ctx, response))
-            return _merge_local(response, state.local) if state.local else response
+            return merge_local(response, state.local) if state.local else response
 
         return Respond(responses.transform(header, frame, ctx.map_endpoint, change))
 
@@ -415,7 +415,7 @@ def _partition_response(pcls: type[Any], answer: LocalAnswer) -> Any:
     )
 
 
-def _merge_local(response: Any, local: list[LocalAnswer]) -> Any:
+def merge_local(response: Any, local: list[LocalAnswer]) -> Any:
     rcls = type(response)
     tcls = entities.element_class(rcls, "responses")
     pcls = entities.element_class(tcls, "partition_responses")
@@ -441,8 +441,8 @@ def _merge_local(response: Any, local: list[LocalAnswer]) -> Any:
     return dataclasses.replace(response, responses=tuple(topics))
 
 
-def _local_response(header: RequestHeader, local: list[LocalAnswer]) -> bytes:
+def local_response(header: RequestHeader, local: list[LocalAnswer]) -> bytes:
     cls = entities.response_class(ApiKey.PRODUCE, header.api_version)
     empty = entities.build(cls, responses=())
-    body = encode_response(_merge_local(empty, local))
+    body = encode_response(merge_local(empty, local))
     return response_header_bytes(header.correlation_id, header.api_key, header.api_version) + body

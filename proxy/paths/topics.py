@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -25,6 +26,7 @@ _MAX_NAMES = 1_000_000  # ids come from the broker, but bound the table anyway
 class TopicRegistry:
     def __init__(self) -> None:
         self.names: dict[Any, str] = {}
+        self.ids: dict[str, Any] = {}  # the newest id learnt for each name
         self._lookup: asyncio.Future[None] | None = None
         self._last_lookup = 0.0
         self.lookups = 0
@@ -37,9 +39,14 @@ class TopicRegistry:
             name = getattr(topic, "name", None)
             if topic_id is not None and name and topic_id.int != 0 and len(names) < _MAX_NAMES:
                 names[topic_id] = name
+                self.ids[name] = topic_id
 
     def name(self, topic_id: Any) -> str | None:
         return self.names.get(topic_id)
+
+    def id_of(self, name: str) -> Any:
+        """The id learnt for topic `name` (None: not seen yet)."""
+        return self.ids.get(name)
 
     def unknown(self, topic_ids: Iterable[Any]) -> list[Any]:
         return [t for t in topic_ids if t is not None and t not in self.names]
@@ -73,3 +80,8 @@ class TopicRegistry:
         finally:
             await conn.close()
         self.learn(response)
+
+
+def is_null_id(topic_id: Any) -> bool:
+    """Kafka's null topic id (all zeros), which requests send when they name topics by name."""
+    return topic_id is None or (isinstance(topic_id, uuid.UUID) and topic_id.int == 0)

@@ -581,13 +581,17 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     from sluice.proxy.ops.config import ProxyConfig
     from sluice.proxy.paths import addresses
     from sluice.proxy.paths.base import Exchange
+    from sluice.proxy.paths.internal_topics import InternalTopicsPath
     from tests.harness.ports import free_port_block
 
     base = free_port_block(9)
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", base), upstream=[("127.0.0.1", 1)]))
     router = server.routes.current
+    # The internal-topics path sees every Produce and Fetch response first and hands it to
+    # the address path; the fast path below must hold through both.
     path = router.response_path(api_key, version)
-    assert isinstance(path, addresses.AddressPath)
+    assert isinstance(path, InternalTopicsPath)
+    assert isinstance(path._inner_response(router.ctx, api_key, version), addresses.AddressPath)
     exchange = Exchange(
         RequestHeader(api_key, version, 42, "c", 0, True), ClientInfo("c", ("b", 1))
     )

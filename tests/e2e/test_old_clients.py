@@ -92,3 +92,22 @@ def test_v0_that_a_filter_must_inspect_is_refused(
     topic = f"old-client-{uuid.uuid4().hex[:8]}"
     assert call(proxy.bootstrap, create_topics_v0(43, topic)) is None
     assert any("must be inspected" in line for line in proxy.output)
+
+
+def delete_topics_v0(correlation_id: int, topic: str) -> bytes:
+    # topic_names: [string], timeout_ms
+    body = struct.pack(">i", 1) + _string(topic) + struct.pack(">i", 5000)
+    return _frame(20, 0, correlation_id, body)
+
+
+def test_old_version_naming_the_proxys_own_topic_is_refused(proxy: SluiceProxy) -> None:
+    """The proxy cannot decode DeleteTopics v0 or CreateTopics v0, and its bytes name the
+    fleet topic: refused (connection closed), never relayed uninspected."""
+    assert call(proxy.bootstrap, delete_topics_v0(44, "_sluice_filters")) is None
+    assert call(proxy.bootstrap, create_topics_v0(45, "_sluice_filters")) is None
+    assert any("must be inspected" in line for line in proxy.output)
+    # An old DeleteTopics of an ordinary topic still passes as its bytes.
+    topic = f"old-client-{uuid.uuid4().hex[:8]}"
+    assert call(proxy.bootstrap, create_topics_v0(46, topic)) is not None
+    deleted = call(proxy.bootstrap, delete_topics_v0(47, topic))
+    assert deleted is not None and struct.unpack_from(">i", deleted)[0] == 47
