@@ -129,8 +129,13 @@ def java_binary() -> str:
 
 
 def new_cluster_id() -> str:
-    """A cluster id as Kafka writes them: a random UUID in URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A cluster id as Kafka makes them: a random UUID in URL-safe base64 without padding,
+    never starting with "-" (StorageTool's argument parser would take it for an option: 1
+    start in 64 failed so before this check)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _tail(path: Path | None, lines: int = 40) -> str:

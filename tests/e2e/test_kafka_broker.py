@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,13 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from tests.harness.kafka_broker import KAFKA_VERSION, KafkaCluster
+from sluice import kafka_broker
+from tests.harness.kafka_broker import (
+    KAFKA_VERSION,
+    KafkaCluster,
+    KafkaNotInstalled,
+    KafkaStartError,
+)
 from tests.harness.proxy import SluiceProxy
 
 pytestmark = pytest.mark.kafka
@@ -52,11 +59,11 @@ def create_topic(kafka: KafkaCluster, name: str, partitions: int = 1, replicas: 
 
 def produce(conf: dict[str, Any], topic: str, values: list[bytes]) -> list[KafkaError | None]:
     """Produce `values` and wait for every delivery report; the error of each (None: ok)."""
-    producer = Producer({**conf, **QUIET, "linger.ms": 5, "message.timeout.ms": 20000})
+    producer = Producer({"linger.ms": 5, "message.timeout.ms": 20000, **QUIET, **conf})
     reports: list[KafkaError | None] = []
     for value in values:
         producer.produce(topic, value=value, on_delivery=lambda err, _msg: reports.append(err))
-    assert producer.flush(30) == 0, "records still undelivered after 30 s"
+    assert producer.flush(60) == 0, "records still undelivered after 60 s"
     return reports
 
 
@@ -217,7 +224,9 @@ def test_three_nodes_lead_partitions_on_every_node(kafka_cluster: KafkaCluster) 
 def test_a_killed_node_restarts_and_rejoins(kafka_cluster: KafkaCluster) -> None:
     topic = unique("survives.")
     create_topic(kafka_cluster, topic, partitions=3, replicas=3)
-    conf = {"bootstrap.servers": kafka_cluster.bootstrap, "acks": "all"}
+    conf = {"bootstrap.servers": kafka_cluster.bootstrap}
+    # the node is fenced after broker.session.timeout.ms (6 s), then leaders move
+    durable = {**conf, "acks": "all", "message.timeout.ms": 45000}
     victim = 2
     pid = kafka_cluster.node(victim).pid
     kafka_cluster.kill(victim)
@@ -225,7 +234,7 @@ def test_a_killed_node_restarts_and_rejoins(kafka_cluster: KafkaCluster) -> None
         assert not kafka_cluster.node(victim).running()
         # acks=all with min.insync.replicas=2: two nodes of three still take writes
         values = [f"while-down-{i}".encode() for i in range(10)]
-        assert produce(conf, topic, values) == [None] * 10
+        assert produce(durable, topic, values) == [None] * 10
     finally:
         kafka_cluster.restart(victim)
     assert kafka_cluster.node(victim).pid != pid
@@ -246,11 +255,45 @@ def test_the_sluice_proxy_in_front_of_three_nodes(kafka_cluster: KafkaCluster) -
     create_topic(kafka_cluster, topic, partitions=3, replicas=3)
     values = [f"rf3-via-sluice-{i}".encode() for i in range(30)]
     with SluiceProxy(upstream=kafka_cluster.bootstrap) as proxy:
-        conf = {"bootstrap.servers": proxy.bootstrap, "acks": "all"}
+        conf = {"bootstrap.servers": proxy.bootstrap}
         meta = AdminClient(conf).list_topics(topic, timeout=30)
+        assert {p.leader for p in meta.topics[topic].partitions.values()} == {1, 2, 3}
         ports = {broker.port for broker in meta.brokers.values()}
         assert len(ports) == 3 and all(p != proxy.port for p in ports)
         assert not ports & {int(a.rsplit(":", 1)[1]) for a in kafka_cluster.bootstrap.split(",")}
-        assert produce(conf, topic, values) == [None] * len(values)
+        assert produce({**conf, "acks": "all"}, topic, values) == [None] * len(values)
         got = consume(conf, topic, unique("group."), len(values))
     assert sorted(got) == sorted(values)
+
+
+def test_missing_jars_say_how_to_install_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_KAFKA_LIBS", str(tmp_path))
+    with pytest.raises(KafkaNotInstalled, match=r"scripts/dev\.sh install"):
+        KafkaCluster().start()
+
+
+def test_a_bad_setting_fails_the_start_with_the_tool_output_and_leaves_nothing_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = KafkaCluster(extra_config={"num.io.threads": "zero"})
+    with pytest.raises(KafkaStartError) as failure:
+        cluster.start()
+    message = str(failure.value)
+    assert "StorageTool format failed" in message and "num.io.threads" in message
+    assert all(node.process is None for node in cluster.node_list)
+    assert cluster.folder is not None and (cluster.folder / "node-1" / "format.log").is_file()
+    monkeypatch.setattr(cluster, "keep_files", False)
+    monkeypatch.setattr(cluster, "_failed", False)
+    cluster.stop()
+    assert not cluster.folder.exists()
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """StorageTool would read `-t -xyz...` as an option: such ids are drawn again."""
+    dashed = uuid.UUID(bytes=b"\xf8" + bytes(15))  # URL-safe base64 "-A..."
+    plain = uuid.UUID(bytes=b"\x04" + bytes(15))
+    draws = iter([dashed, plain])
+    monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
+    assert kafka_broker.new_cluster_id() == "BAAAAAAAAAAAAAAAAAAAAA"
