@@ -170,7 +170,7 @@ install_kafka() {
   echo "$want" > "$stamp"
 }
 
-# The Kafka broker's class archive (sluice/kafka_broker.py, record_class_archive): it fits only
+# The Kafka broker's class archive (sluice/kafka_class_archive.py): it fits only
 # the jars and the JVM it was recorded with, so it is recorded again after every (re)install of
 # the jars (the stamp is newer then). Measured: a node starts in about 60% of the time and CPU.
 install_kafka_class_archive() {
@@ -180,7 +180,7 @@ install_kafka_class_archive() {
   fi
   say "recording the Kafka broker's class archive (once per install: about 25 s)"
   # Only a speed-up: Kafka starts without it.
-  "$VENV/bin/python" -m sluice.kafka_broker record-class-archive || \
+  "$VENV/bin/python" -m sluice.kafka_class_archive || \
     echo "warning: no class archive for the Kafka broker (see the error above); it starts without it" >&2
 }
 
