@@ -8,7 +8,7 @@
 #   bash scripts/dev.sh kafka-lock  after changing scripts/kafka/pom.xml: resolve it and write
 #                                 the sha256 of every jar to scripts/kafka/jars.sha256
 #
-# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark, Rust with the
+# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark and Kafka, Maven, Rust with the
 # wasm32 standard library and Node.js for the Rust and AssemblyScript filter SDKs) when
 # missing, a virtualenv in .venv with the project and every Python dependency from
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
