@@ -21,5 +21,5 @@ def host_filter_sha256(kind: str, implementation_version: int) -> str:
 
 ENCRYPT_KIND: Final = "encrypt"
 #: Bumped when the encrypt filter's stored output changes meaning (part of its digest).
-ENCRYPT_IMPLEMENTATION_VERSION: Final = 1
+ENCRYPT_IMPLEMENTATION_VERSION: Final = 2
 ENCRYPT_SHA256: Final = host_filter_sha256(ENCRYPT_KIND, ENCRYPT_IMPLEMENTATION_VERSION)

@@ -148,12 +148,14 @@ def test_tampered_record_fails_the_partition(kms: KmsSettings, where: str) -> No
     if where == "value":
         victim.value = victim.value[:-1] + bytes([victim.value[-1] ^ 1])
     elif where == "header":
-        victim.headers[-2] = ("sluice.enc.key", b"payments;2")
+        at = [h[0] for h in victim.headers].index("sluice.enc.key")
+        victim.headers[at] = ("sluice.enc.key", b"payments;2")
     elif where == "key":
         victim.key = b"key-0"
     else:
-        name, dek = victim.headers[-1]
-        victim.headers[-1] = (name, dek[:-1] + bytes([dek[-1] ^ 1]))
+        at = [h[0] for h in victim.headers].index("sluice.enc.dek")
+        name, dek = victim.headers[at]
+        victim.headers[at] = (name, dek[:-1] + bytes([dek[-1] ^ 1]))
     header = BatchHeader(100, 0, 0, 2, 0, 0, 2, 0, 2, -1, -1, -1, 3)
     edited = build_batch(header, recs)
     out = fetch(chain, edited, BILLING)
@@ -194,12 +196,22 @@ def test_field_mode_refuses_values_that_are_not_json(kms: KmsSettings) -> None:
     assert unmarked.error_code == 0 and not unmarked.changed  # nothing to hide: as produced
 
 
-def test_producer_headers_named_like_ours_are_kept(kms: KmsSettings) -> None:
-    chain = chain_for(kms)
-    recs = [Record(0, 0, b"k", b"v", [("sluice.enc", b"1;value")], 0)]
-    produced = build_batch(BatchHeader(0, 0, 0, 2, 0, 0, 0, 0, 0, -1, -1, -1, 1), recs)
-    stored = bytes(produce(chain, produced).records)
-    assert bytes(fetch(chain, stored, BILLING).records) == produced
+@pytest.mark.parametrize("value", [b"v", None, b'{"name": "no card"}'],
+                         ids=["value", "tombstone", "json-without-fields"])
+@pytest.mark.parametrize("fields", [None, ["card"]], ids=["value-mode", "fields-mode"])
+def test_producer_headers_named_like_ours_are_refused(kms: KmsSettings, value: bytes | None,
+                                                       fields: list[str] | None) -> None:
+    """Only the proxy writes sluice.enc* headers: a produced record carrying one (whatever the
+    record: a tombstone, a document without the listed fields) fails its partition, so no
+    producer can store a group that blocks or misleads the allowed readers."""
+    chain = chain_for(kms, **({"fields": fields} if fields else {}))
+    for name in ("sluice.enc", "sluice.enc.dek", "sluice.encx"):
+        recs = [Record(0, 0, b"k", b"ok", [], 0), Record(1, 1, b"k", value, [(name, b"1;value")], 0)]
+        produced = build_batch(BatchHeader(0, 0, 0, 2, 0, 0, 1, 0, 1, -1, -1, -1, 2), recs)
+        out = produce(chain, produced)
+        assert out.records is None and out.error_code == INVALID_RECORD
+        assert "record 1 carries the header" in out.error_message and name in out.error_message
+        assert [s.errors for s in out.stats] == [1]
 
 
 @pytest.mark.parametrize(("config", "extra", "message"), [
