@@ -23,7 +23,6 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sluice.crypto.envelope import (
     FIELD_PREFIX,
-    MODE_FIELDS,
     LEGACY_LAYOUT,
     Envelope,
     EnvelopeError,

@@ -61,9 +61,9 @@ from sluice.crypto.data_keys import (
     DEFAULT_CACHE_SECONDS,
     DEFAULT_MAX_AGE_SECONDS,
     DEFAULT_MAX_RECORDS,
+    ActiveKey,
     DataKeys,
 )
-from sluice.crypto.data_keys import ActiveKey
 from sluice.crypto.envelope import (
     LAYOUT_VERSION,
     LEGACY_LAYOUT,

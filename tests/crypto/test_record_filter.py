@@ -212,7 +212,8 @@ def test_producer_headers_named_like_ours_are_refused(kms: KmsSettings, value: b
     producer can store a group that blocks or misleads the allowed readers."""
     chain = chain_for(kms, **({"fields": fields} if fields else {}))
     for name in ("sluice.enc", "sluice.enc.dek", "sluice.encx"):
-        recs = [Record(0, 0, b"k", b"ok", [], 0), Record(1, 1, b"k", value, [(name, b"1;value")], 0)]
+        recs = [Record(0, 0, b"k", b"ok", [], 0),
+                Record(1, 1, b"k", value, [(name, b"1;value")], 0)]
         produced = build_batch(BatchHeader(0, 0, 0, 2, 0, 0, 1, 0, 1, -1, -1, -1, 2), recs)
         out = produce(chain, produced)
         assert out.records is None and out.error_code == INVALID_RECORD
