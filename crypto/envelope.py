@@ -179,14 +179,9 @@ def _json_list(items: Sequence[str]) -> bytes:
 
 
 def group_start(headers: Sequence[Header]) -> int:
-    """Index of the last ``sluice.enc`` header (-1: none). Checks the usual places first:
-    the proxy's group is the last 4 or 5 headers (layout 2: value, fields mode), or 3 or 4
-    (layout 1)."""
-    n = len(headers)
-    for size in (4, 5, 3):
-        if n >= size and headers[n - size][0] == H_ENC:
-            return n - size
-    for i in range(n - 1, -1, -1):
+    """Index of the last ``sluice.enc`` header (-1: none). Scanning from the end finds it
+    within the last 3 to 5 headers (the proxy's group) when the record is encrypted."""
+    for i in range(len(headers) - 1, -1, -1):
         if headers[i][0] == H_ENC:
             return i
     return -1
