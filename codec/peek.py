@@ -15,13 +15,6 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
-def response_correlation_id(frame: bytes | memoryview) -> int:
-    """The correlation id that starts every response header."""
-    if len(frame) < 4:
-        raise DecodeError("response frame shorter than its correlation id")
-    return int(_I32.unpack_from(frame, 0)[0])
-
-
 def produce_acks(body: bytes | memoryview, flexible: bool) -> int:
     """The `acks` of a Produce request (v3+) body, i.e. the frame after the request header.
 

@@ -78,6 +78,8 @@ class FilterStats:
     time_ns: int = 0
     errors: int = 0
     failure: str | None = None
+    #: The key id that signed the filter's fleet record (None: not a signed fleet filter).
+    signer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +254,7 @@ class FilterChain:
         if ctx.direction == "produce":
             self.screen_produce(ctx.topic, records)
         for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
-            st = FilterStats(f.name, f.sha256)
+            st = FilterStats(f.name, f.sha256, signer=f.spec.signer)
             stats.append(st)
             if not alive:
                 continue
@@ -320,7 +322,7 @@ class FilterChain:
         dropped: dict[int, str] = {}
         stats: list[FilterStats] = []
         for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
-            st = FilterStats(f.name, f.sha256)
+            st = FilterStats(f.name, f.sha256, signer=f.spec.signer)
             stats.append(st)
             if not n:
                 continue

@@ -87,6 +87,9 @@ class FilterSpec:
     #: The config's top-level ``kms:`` section, for host filters that need keys
     #: (``builtin:encrypt``); None when the config has none.
     kms: KmsSettings | None = None
+    #: Id of the key that signed the fleet record this filter came from (None: the config
+    #: file, or an unsigned fleet); telemetry names it beside the module's sha256.
+    signer: str | None = None
 
     def __post_init__(self) -> None:
         # Guard programmatic construction with the same rules as the YAML path.

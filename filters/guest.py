@@ -21,7 +21,6 @@ discarded: its memory and globals may be half-updated.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
 from typing import Any, Final
 
 import wasmtime
@@ -276,12 +275,6 @@ class RawFunc:
         if not self.has_result:
             return 0
         return self._res_i32.value if self._i32_result else buf[0]
-
-
-def check_signature(func_type: wasmtime.FuncType, params: Sequence[str],
-                    results: Sequence[str]) -> bool:
-    sig = signature(func_type)
-    return sig == (tuple(params), tuple(results))
 
 
 Signature = tuple[tuple[str, ...], tuple[str, ...]]

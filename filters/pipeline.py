@@ -133,7 +133,7 @@ def _merge(into: list[FilterStats], more: Sequence[FilterStats]) -> None:
     for st in more:
         acc = by_name.get(st.name)
         if acc is None:
-            acc = FilterStats(st.name, st.sha256)
+            acc = FilterStats(st.name, st.sha256, signer=st.signer)
             by_name[st.name] = acc
             into.append(acc)
         acc.kept += st.kept
@@ -214,9 +214,10 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
 
 def _refused(exc: PartitionError, chain: FilterChain, ctx: RecordContext) -> FilterStats:
     """Stats entry counting a PartitionError against the filter that raised it."""
-    sha = next((f.sha256 for f in chain.filters_for(ctx.topic, ctx.direction, ctx.principal)
-                if f.name == exc.filter_name), "")
-    return FilterStats(exc.filter_name or "?", sha, errors=1, failure=exc.message)
+    found = next((f for f in chain.filters_for(ctx.topic, ctx.direction, ctx.principal)
+                  if f.name == exc.filter_name), None)
+    return FilterStats(exc.filter_name or "?", found.sha256 if found else "", errors=1,
+                       failure=exc.message, signer=found.spec.signer if found else None)
 
 
 def _idempotent_drop(name: str) -> str:

@@ -72,7 +72,10 @@ def check_file(path: Path) -> dict[str, Any]:
             "topic": fleet.topic, "bootstrap": fleet.bootstrap or "the --upstream cluster",
             "poll_seconds": fleet.poll_seconds, "heartbeat_seconds": fleet.heartbeat_seconds,
             "startup_wait_seconds": fleet.startup_wait_seconds,
-            "create_topic": fleet.create_topic},
+            "create_topic": fleet.create_topic,
+            "trusted_key_ids": sorted(fleet.trust().keys),
+            "signing_key_id": fleet.signing_key.key_id if fleet.signing_key else None,
+            "allow_unsigned": fleet.allow_unsigned},
         "proxy": {"advertised_host": config.advertised_host,
                   "node_ports": {str(k): v for k, v in config.node_ports.items()}},
         "policy_admins": list(config.policy_admins or ()),
@@ -107,6 +110,10 @@ def _print(summary: dict[str, Any]) -> None:
         print(f"fleet: topic {fleet['topic']} at {fleet['bootstrap']} (poll "
               f"{fleet['poll_seconds']:g} s, heartbeat {fleet['heartbeat_seconds']:g} s, "
               f"start-up wait {fleet['startup_wait_seconds']:g} s)", file=out)
+        print(f"fleet trust: records signed by key(s) {', '.join(fleet['trusted_key_ids']) or '-'}"
+              f"; policies signed by {fleet['signing_key_id'] or 'nobody (no signing_key)'}"
+              + ("; UNSIGNED RECORDS ACCEPTED (allow_unsigned)" if fleet["allow_unsigned"]
+                 else ""), file=out)
         admins = summary["policy_admins"]
         print("data policies (x-data-policy): "
               + (f"set by {', '.join(admins)}" if admins

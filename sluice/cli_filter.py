@@ -13,8 +13,10 @@ string (its UTF-8 bytes) or ``{"base64": "..."}``; headers are an object or a li
 ``[name, value]`` pairs. ``--output`` writes the records in the same format plus ``decision``,
 ``reason`` and ``filter_error`` fields (dropped and rejected records keep their input form).
 
+    sluice filter keygen KEYFILE                    a key pair that signs fleet records
     sluice filter deploy NAME MODULE --topics T1,T2 --on produce,fetch --bootstrap HOST:PORT
     sluice filter remove NAME --bootstrap HOST:PORT
+    sluice filter resign|restore ...                key rotation, recovery after fleet loss
     sluice filter list --bootstrap HOST:PORT        the filter fleet: see sluice/fleet_cli.py
 """
 
@@ -41,7 +43,9 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "filter", help="write, build, test and deploy Wasm filters",
         description="The filter author's loop: new -> build -> test; then deploy, remove "
-                    "and list filters of the fleet topic that proxies follow.")
+                    "and list filters of the fleet topic that proxies follow, signed with an "
+                    "operator's key (keygen; resign to rotate keys; restore after the fleet "
+                    "topic was lost; docs/SECURITY.md).")
     sub = parser.add_subparsers(dest="filter_command", metavar="ACTION")
     parser.set_defaults(func=lambda _args: _usage(parser))
 

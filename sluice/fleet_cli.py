@@ -1,11 +1,14 @@
 """``sluice filter deploy|remove|list``: manage the filter fleet topic (see proxy/ops/fleet.py).
 
-    sluice filter deploy NAME MODULE --topics T1,T2 --on produce,fetch --bootstrap HOST:PORT
-    sluice filter remove NAME --bootstrap HOST:PORT
-    sluice filter list --bootstrap HOST:PORT [--json]
+    sluice filter keygen KEYFILE
+    sluice filter deploy NAME MODULE --topics T1,T2 --on produce,fetch --signing-key KEYFILE \
+        --bootstrap HOST:PORT
+    sluice filter remove NAME --signing-key KEYFILE --bootstrap HOST:PORT
+    sluice filter list --bootstrap HOST:PORT [--trusted-key PUB ...] [--json]
 
 Every proxy whose config has a ``fleet:`` section follows the topic and applies a deploy or
-remove within seconds; ``--wait SECONDS`` waits until every live proxy reports it.
+remove within seconds, if it is signed by a key the proxy trusts (``fleet.trusted_keys``);
+``--wait SECONDS`` waits until every live proxy reports it.
 Exit status: 0 done, 1 the cluster could not be reached / a proxy refused / ``--wait`` timed
 out, 2 bad arguments (the message names the flag).
 """
@@ -16,6 +19,7 @@ import argparse
 import asyncio
 import dataclasses
 import getpass
+import hashlib
 import json
 import logging
 import os
@@ -63,8 +67,38 @@ def _quiet_client_logs() -> None:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
+def _env_keys() -> list[str]:
+    return _csv(os.environ.get("SLUICE_TRUSTED_KEYS", ""))
+
+
+def _add_signing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--signing-key", type=Path, metavar="KEYFILE",
+                   default=os.environ.get("SLUICE_SIGNING_KEY"),
+                   help="the operator's private key (from `sluice filter keygen`) that signs "
+                        "the record; default $SLUICE_SIGNING_KEY")
+    p.add_argument("--unsigned", action="store_true",
+                   help="write an unsigned record (only fleets with fleet.allow_unsigned "
+                        "apply it)")
+    p.add_argument("--trusted-key", action="append", default=_env_keys(), metavar="PUB",
+                   help="another key the proxies trust (ed25519:... or a .pub file; repeat; "
+                        "default $SLUICE_TRUSTED_KEYS, comma-separated): the fleet is read as "
+                        "they read it (the signing key is trusted too)")
+
+
 def add_subcommands(sub: Any) -> None:
-    """Add deploy, remove and list to the ``sluice filter`` subparsers."""
+    """Add keygen, deploy, remove and list to the ``sluice filter`` subparsers."""
+    keygen = sub.add_parser(
+        "keygen", help="make an Ed25519 key pair that signs fleet records",
+        description="Write a new Ed25519 private key to KEYFILE (mode 0600, PEM) and its public "
+                    "key to KEYFILE.pub (one line: ed25519:<base64> <key id>). Operators sign "
+                    "`filter deploy` and `filter remove` with the private key; proxies sign the "
+                    "data policies set through them with theirs (fleet.signing_key). Proxies "
+                    "apply only records signed by a key of their fleet.trusted_keys.")
+    keygen.add_argument("keyfile", type=Path, metavar="KEYFILE",
+                        help="where to write the private key (KEYFILE.pub gets the public key)")
+    keygen.add_argument("--comment", default="", help="text after the public key (e.g. who)")
+    keygen.add_argument("--force", action="store_true", help="overwrite an existing KEYFILE")
+    keygen.set_defaults(func=cmd_keygen)
     deploy = sub.add_parser(
         "deploy", help="publish a filter to the fleet topic (every following proxy runs it)",
         description="Publish MODULE with its binding under NAME in the fleet topic (created "
@@ -92,6 +126,7 @@ def add_subcommands(sub: Any) -> None:
     deploy.add_argument("--timeout-ms", type=int, help="CPU deadline per call (default 100)")
     deploy.add_argument("--max-memory-mb", type=int,
                         help="linear memory cap per instance (default 64)")
+    _add_signing(deploy)
     deploy.add_argument("--no-verify", action="store_true",
                         help="do not load the module locally before publishing it")
     deploy.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
@@ -101,15 +136,40 @@ def add_subcommands(sub: Any) -> None:
     deploy.set_defaults(func=cmd_deploy)
 
     remove = sub.add_parser(
-        "remove", help="remove a filter from the fleet topic (a tombstone)",
-        description="Write a tombstone for NAME: every following proxy drops the filter.")
+        "remove", help="remove a filter from the fleet topic (a signed removal record)",
+        description="Write a signed removal record for NAME: every following proxy that trusts "
+                    "the key drops the filter. (A bare tombstone changes nothing on a signed "
+                    "fleet; --unsigned writes one for fleets with fleet.allow_unsigned.)")
     remove.add_argument("name", metavar="NAME")
     remove.add_argument("--force", action="store_true",
-                        help="write the tombstone even if NAME is not deployed")
+                        help="write the removal even if NAME is not deployed")
+    _add_signing(remove)
     remove.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="wait until no live proxy runs NAME from the fleet")
     _add_common(remove)
     remove.set_defaults(func=cmd_remove)
+
+    resign = sub.add_parser(
+        "resign", help="sign every record in force again with a new key (key rotation)",
+        description="Read the fleet as proxies trusting --trusted-key (the old keys) and "
+                    "--signing-key read it, and write every filter and data policy in force "
+                    "that the signing key did not sign again, signed by it, unchanged but for "
+                    "a higher seq. Run it after adding the new public key to every proxy's "
+                    "fleet.trusted_keys and before removing the old one.")
+    _add_signing(resign)
+    _add_common(resign)
+    resign.set_defaults(func=cmd_resign)
+
+    restore = sub.add_parser(
+        "restore", help="write a proxy's last verified fleet state back to the fleet topic",
+        description="Recovery after the fleet topic was deleted or truncated: write the signed "
+                    "records of STATE_FILE (a proxy's <module_cache_dir>/fleet/state-<topic>"
+                    ".json) to the fleet topic as they are, with the modules from the same "
+                    "directory. Their signatures stay valid; proxies that still hold them "
+                    "ignore them, new or restarted proxies apply them.")
+    restore.add_argument("state_file", type=Path, metavar="STATE_FILE")
+    _add_common(restore)
+    restore.set_defaults(func=cmd_restore)
 
     lst = sub.add_parser(
         "list", help="what the fleet runs: filters by sha256, and which proxy runs which",
@@ -117,6 +177,11 @@ def add_subcommands(sub: Any) -> None:
                     "the proxies following it (from their heartbeats), with the sha256 of "
                     "every filter each one runs.")
     lst.add_argument("--json", action="store_true", help="print one JSON object")
+    lst.add_argument("--trusted-key", action="append", default=_env_keys(), metavar="PUB",
+                     help="a trusted public key (ed25519:... or a .pub file; repeat; default "
+                          "$SLUICE_TRUSTED_KEYS, comma-separated): show only what verifies, as "
+                          "a proxy trusting these keys applies it; without any, records are "
+                          "shown as they claim, signatures unchecked")
     _add_common(lst)
     lst.set_defaults(func=cmd_list)
 
@@ -188,6 +253,34 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from sluice.proxy.ops.fleet_signing import KeyFileError, generate_key_files
+
+    try:
+        key = generate_key_files(args.keyfile, args.comment, force=args.force)
+    except KeyFileError as exc:
+        _err(f"keygen: {exc}")
+        return 2
+    print(f"wrote private key {args.keyfile} (mode 0600) and public key {args.keyfile}.pub")
+    print(f"key id {key.key_id}: {key.public}")
+    return 0
+
+
+def _signing_key(args: argparse.Namespace) -> Any:
+    """The SigningKey of --signing-key (None with --unsigned); UsageError if unusable."""
+    from sluice.proxy.ops.fleet_signing import KeyFileError, load_signing_key
+
+    if args.unsigned:
+        return None
+    if not args.signing_key:
+        raise UsageError("--signing-key KEYFILE is required (or set SLUICE_SIGNING_KEY; "
+                         "`sluice filter keygen` makes one); proxies apply only signed records")
+    try:
+        return load_signing_key(Path(args.signing_key))
+    except KeyFileError as exc:
+        raise UsageError(f"--signing-key: {exc}") from None
+
+
 def _kafka_failure(exc: BaseException, bootstrap: str) -> str:
     text = str(exc) or type(exc).__name__
     return f"cannot talk to the cluster at {bootstrap}: {text}"
@@ -197,11 +290,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _quiet_client_logs()
     from sluice.filters.abi_base import FilterLoadError
     from sluice.filters.runtime import load_filter
-    from sluice.proxy.ops.fleet import MAX_MODULE_BYTES, filter_record_value
+    from sluice.proxy.ops.fleet import (
+        MAX_MODULE_BYTES,
+        filter_record_value,
+        signed_filter_value,
+    )
 
     try:
         bootstrap = _bootstrap(args)
         fields, spec = deploy_fields(args)
+        key = _signing_key(args)
+        trust = _trust(args, key)
     except UsageError as exc:
         _err(f"deploy: {exc}")
         return 2
@@ -221,19 +320,50 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         except FilterLoadError as exc:
             _err(f"deploy: {exc}")
             return 2
-    value = filter_record_value(fields, args.module, module, _who())
-    body = json.loads(value)
+    sha = hashlib.sha256(module).hexdigest()
     try:
+        if key is None:
+            value = filter_record_value(fields, args.module, module, _who())
+        else:
+            seq = asyncio.run(_next_seq(bootstrap, args.fleet_topic, args.name, args.timeout,
+                                        trust))
+            value = signed_filter_value(key, fields, args.module, module, _who(), seq)
         partition, offset = asyncio.run(_publish(bootstrap, args.fleet_topic, args.name, value,
                                                  args.timeout))
     except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
         _err(f"deploy: {_kafka_failure(exc, bootstrap)}")
         return 1
-    print(f"deployed {args.name}: sha256 {body['module_sha256']} ({len(module)} bytes) "
-          f"to {args.fleet_topic} (partition {partition}, offset {offset})")
+    signed = f", signed by key {key.key_id}" if key is not None else ", UNSIGNED"
+    print(f"deployed {args.name}: sha256 {sha} ({len(module)} bytes) "
+          f"to {args.fleet_topic} (partition {partition}, offset {offset}{signed})")
     if args.wait > 0:
         return _wait(bootstrap, args, args.name, (partition, offset))
     return 0
+
+
+def _trust(args: argparse.Namespace, key: Any) -> Any:
+    """How the proxies read the fleet: records of the signing key and of --trusted-key
+    (None with --unsigned: everything, as a permissive fleet reads it)."""
+    from sluice.proxy.ops.fleet import FleetTrust
+    from sluice.proxy.ops.fleet_signing import KeyFileError, load_trusted_keys
+
+    if key is None:
+        return None
+    try:
+        keys = load_trusted_keys(args.trusted_key, Path.cwd())
+    except KeyFileError as exc:
+        raise UsageError(f"--trusted-key: {exc}") from None
+    keys[key.key_id] = key.trusted()
+    return FleetTrust(keys)
+
+
+async def _next_seq(bootstrap: str, topic: str, name: str, timeout: float, trust: Any) -> int:
+    """A seq above the one of NAME's record in force (proxies ignore anything not above it)."""
+    from sluice.proxy.ops.fleet import read_view
+    from sluice.proxy.ops.fleet_signing import next_seq
+
+    view = await read_view(bootstrap, topic, timeout=timeout, trust=trust)
+    return next_seq(view.seqs.get(name))
 
 
 async def _publish(bootstrap: str, topic: str, name: str, value: bytes | None,
@@ -246,25 +376,33 @@ async def _publish(bootstrap: str, topic: str, name: str, value: bytes | None,
 
 def cmd_remove(args: argparse.Namespace) -> int:
     _quiet_client_logs()
-    from sluice.proxy.ops.fleet import read_view
+    from sluice.proxy.ops.fleet import read_view, removal_payload
+    from sluice.proxy.ops.fleet_signing import next_seq, sign
 
     try:
         bootstrap = _bootstrap(args)
+        key = _signing_key(args)
+        trust = _trust(args, key)
     except UsageError as exc:
         _err(f"remove: {exc}")
         return 2
     try:
-        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout))
+        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout,
+                                     trust=trust))
         if args.name not in view.filters and not args.force:
             _err(f"remove: {args.name!r} is not deployed in {args.fleet_topic} "
-                 "(--force writes the tombstone anyway)")
+                 "(--force writes the removal anyway)")
             return 1
-        partition, offset = asyncio.run(_publish(bootstrap, args.fleet_topic, args.name, None,
+        value = None if key is None else sign(
+            key, args.name.encode("utf-8"),
+            dict(removal_payload(args.name, _who()), seq=next_seq(view.seqs.get(args.name))))
+        partition, offset = asyncio.run(_publish(bootstrap, args.fleet_topic, args.name, value,
                                                  args.timeout))
     except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
         _err(f"remove: {_kafka_failure(exc, bootstrap)}")
         return 1
-    print(f"removed {args.name} from {args.fleet_topic} (tombstone at partition {partition}, "
+    what = "tombstone, UNSIGNED" if key is None else f"removal signed by key {key.key_id}"
+    print(f"removed {args.name} from {args.fleet_topic} ({what} at partition {partition}, "
           f"offset {offset})")
     for topic, record in sorted(view.policies.items()):
         if record.policy is not None and any(f.name == args.name for f in record.policy.filters):
@@ -330,6 +468,7 @@ def _listing(view: Any, topic: str, bootstrap: str) -> dict[str, Any]:
         filters.append({"name": name, "sha256": r.sha256, "size": r.size, "module": r.module,
                         **{k: v for k, v in r.fields.items() if k != "name"},
                         "deployed_at": r.deployed_at, "deployed_by": r.deployed_by,
+                        "signer": r.signer, "verified": view.trust is not None,
                         "partition": r.partition, "offset": r.offset})
     instances = []
     for inst in sorted(view.instances.values(), key=lambda i: i.instance):
@@ -339,23 +478,113 @@ def _listing(view: Any, topic: str, bootstrap: str) -> dict[str, Any]:
         data["seconds_since_heartbeat"] = round((now - inst.time_ms) / 1000, 1)
         instances.append(data)
     policies = [{"topic": t, "value": p.value, "set_by": p.set_by, "set_at": p.set_at,
+                 "signer": p.signer,
                  "error": p.error, "filters": [f.name for f in p.policy.filters] if p.policy
                  else []} for t, p in sorted(view.policies.items())]
+    refused: dict[str, int] = {}
+    for _key, reason, _message in view.refused:
+        refused[reason] = refused.get(reason, 0) + 1
     return {"topic": topic, "bootstrap": bootstrap, "filters": filters,
-            "instances": instances, "invalid": dict(view.invalid), "policies": policies}
+            "instances": instances, "invalid": dict(view.invalid), "policies": policies,
+            "verified": view.trust is not None, "refused": refused}
+
+
+def cmd_resign(args: argparse.Namespace) -> int:
+    _quiet_client_logs()
+    from sluice.proxy.ops.fleet import read_view
+    from sluice.proxy.ops.fleet_signing import next_seq, sign
+
+    try:
+        bootstrap = _bootstrap(args)
+        key = _signing_key(args)
+        if key is None:
+            raise UsageError("--unsigned: resign writes signed records only")
+        trust = _trust(args, key)
+    except UsageError as exc:
+        _err(f"resign: {exc}")
+        return 2
+    try:
+        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout,
+                                     trust=trust))
+        writes: list[tuple[str, bytes]] = []
+        for name, entry in sorted(view.signed.items()):
+            envelope = entry["envelope"]
+            if envelope.get("key_id") == key.key_id:
+                continue
+            payload = dict(json.loads(envelope["signed"]))
+            payload.pop("nonce", None)
+            payload["seq"] = next_seq(view.seqs.get(name))
+            record = view.filters.get(name)
+            module = record.module_b64 if record is not None else None
+            writes.append((name, sign(key, name.encode("utf-8"), payload, module)))
+        for name, value in writes:
+            asyncio.run(_publish(bootstrap, args.fleet_topic, name, value, args.timeout))
+            print(f"re-signed {name} with key {key.key_id}")
+    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+        _err(f"resign: {_kafka_failure(exc, bootstrap)}")
+        return 1
+    print(f"{len(writes)} record(s) re-signed; {len(view.refused)} record(s) of the topic did "
+          "not verify with the given keys and were left alone")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    _quiet_client_logs()
+    import base64
+
+    from sluice.proxy.ops.fleet import load_state
+
+    try:
+        bootstrap = _bootstrap(args)
+        records, _read_to = load_state(args.state_file)
+    except (UsageError, ValueError) as exc:
+        _err(f"restore: {exc}")
+        return 2
+    if not records:
+        _err(f"restore: {args.state_file}: no records")
+        return 2
+    modules = args.state_file.parent
+    writes: list[tuple[str, bytes]] = []
+    for name, entry in sorted(records.items()):
+        envelope = dict(entry["envelope"])
+        payload = json.loads(envelope["signed"])
+        if payload.get("type") == "filter":
+            path = modules / f"{payload.get('module_sha256')}.wasm"
+            try:
+                envelope["module_b64"] = base64.b64encode(path.read_bytes()).decode("ascii")
+            except OSError as exc:
+                _err(f"restore: {name}: module {path}: {exc.strerror or exc}")
+                return 1
+        writes.append((name, json.dumps(envelope, separators=(",", ":")).encode("utf-8")))
+    try:
+        for name, value in writes:
+            asyncio.run(_publish(bootstrap, args.fleet_topic, name, value, args.timeout))
+            print(f"restored {name}")
+    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+        _err(f"restore: {_kafka_failure(exc, bootstrap)}")
+        return 1
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     _quiet_client_logs()
-    from sluice.proxy.ops.fleet import read_view
+    from sluice.proxy.ops.fleet import FleetTrust, read_view
+    from sluice.proxy.ops.fleet_signing import KeyFileError, load_trusted_keys
 
     try:
         bootstrap = _bootstrap(args)
+        trust = None
+        if args.trusted_key:
+            try:
+                trust = FleetTrust(load_trusted_keys(args.trusted_key, Path.cwd()))
+            except KeyFileError as exc:
+                raise UsageError(f"--trusted-key: {exc}") from None
     except UsageError as exc:
         _err(f"list: {exc}")
         return 2
     try:
-        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout))
+        view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout,
+                                     trust=trust))
     except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
         _err(f"list: {_kafka_failure(exc, bootstrap)}")
         return 1
@@ -383,8 +612,13 @@ def _print_listing(listing: dict[str, Any]) -> None:
         print(f"      topics {topics}  on {on}"
               f"  on_error {f.get('on_error', 'reject')}"
               f"  deployed {f['deployed_at']} by {f['deployed_by']}")
+        signer = f["signer"] or "nobody (UNSIGNED)"
+        print(f"      signed by key {signer}"
+              f"{'' if f['verified'] else ' (claimed, not verified: pass --trusted-key)'}")
     for name, reason in sorted(listing["invalid"].items()):
         print(f"  {name}  INVALID newest record: {reason}")
+    for reason, n in sorted(listing["refused"].items()):
+        print(f"  ({n} record(s) refused: {reason})")
     if listing["policies"]:
         print("\nDATA POLICIES (x-data-policy)")
     for p in listing["policies"]:
@@ -392,7 +626,7 @@ def _print_listing(listing: dict[str, Any]) -> None:
         state = (f"  UNREADABLE: {p['error']}" if p["error"] else
                  f"  BLOCKED: {', '.join(missing)} not deployed" if missing else "")
         print(f"  {p['topic']}  filters {', '.join(p['filters']) or '-'}  set {p['set_at']} "
-              f"by {p['set_by']}{state}")
+              f"by {p['set_by']}, signed by key {p['signer'] or 'nobody (UNSIGNED)'}{state}")
     print("\nINSTANCES")
     if not instances:
         print("  (no proxy has announced itself)")

@@ -57,6 +57,8 @@ FILTER_STATS = StructType(
         _f("detectors", MapType(_S, _L)),
         _f("time_ns", _L),
         _f("errors", ArrayType(_S)),
+        # Only in events of signed fleet filters (null otherwise, and in older events).
+        _f("signer_key_id", _S),
     ]
 )
 

@@ -351,10 +351,6 @@ class Connection:
     def client_paused(self) -> bool:
         return self._client_paused
 
-    @property
-    def inflight(self) -> int:
-        return len(self._slots)
-
     def _idle(self) -> bool:
         return not self._slots and not self._deferred_request and not self._queued
 

@@ -207,9 +207,6 @@ class ProxyServer:
             local_port=route.local_port,
         )
 
-    def has_unstarted_listeners(self) -> bool:
-        return bool(self._unstarted)
-
     async def start_pending_listeners(self) -> None:
         while self._unstarted:
             node_id, (_route, sock) = self._unstarted.popitem()

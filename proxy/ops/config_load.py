@@ -161,7 +161,7 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
             # Like telemetry.dir and the tls paths: relative to the config file.
             cache_dir = str(path.resolve().parent / cache_dir)
         config.module_cache_dir = cache_dir
-        parse_fleet_section(data.get("fleet"), lines)  # proxy/ops/reload.py reads it from raw
+        parse_fleet_section(data.get("fleet"), lines, base)  # reload.py reads it from raw
         config.policy_admins = parse_policy_admins(data.get("policy_admins"), lines)
     except ConfigError as exc:
         raise ConfigFileError(str(exc)) from None

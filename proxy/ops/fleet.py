@@ -28,6 +28,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -46,7 +47,29 @@ from aiokafka.errors import KafkaError
 from sluice.filters.config import FilterSpec, parse_filter_specs
 from sluice.filters.module_cache import default_cache_dir
 from sluice.filters.yaml_lines import ConfigError, LineMap
-from sluice.proxy.ops.policies import POLICY_PREFIX, PolicyRecord, parse_policy_record
+from sluice.proxy.ops.fleet_signing import (
+    FILTER,
+    FILTER_REMOVED,
+    POLICY,
+    POLICY_REMOVED,
+    KeyFileError,
+    SignatureError,
+    SigningKey,
+    TrustedKey,
+    Verified,
+    is_signed,
+    load_signing_key,
+    load_trusted_keys,
+    read_unverified,
+    sign,
+    verify,
+)
+from sluice.proxy.ops.policies import (
+    POLICY_PREFIX,
+    PolicyRecord,
+    parse_policy_record,
+    topic_name_problem,
+)
 from sluice.proxy.telemetry.logs import log
 
 DEFAULT_TOPIC: Final = "_sluice_filters"
@@ -72,8 +95,10 @@ SPEC_KEYS: Final = (
 )
 _SETTINGS_KEYS: Final = (
     "topic", "poll_seconds", "heartbeat_seconds", "startup_wait_seconds", "bootstrap",
-    "create_topic",
+    "create_topic", "trusted_keys", "signing_key", "allow_unsigned", "cache_max_mb",
 )
+#: Default bound of the fleet module cache (``fleet.cache_max_mb``).
+DEFAULT_CACHE_MAX_MB: Final = 256
 
 
 class FleetRecordError(ValueError):
@@ -94,10 +119,56 @@ class FleetSettings:
     startup_wait_seconds: float = DEFAULT_STARTUP_WAIT_SECONDS
     bootstrap: str | None = None
     create_topic: bool = True
+    #: Public keys whose signed records this proxy applies (its own signing key's included).
+    trusted_keys: tuple[TrustedKey, ...] = ()
+    #: This proxy's key: it signs the data policies set through it.
+    signing_key: SigningKey | None = None
+    #: Also apply unsigned records and bare tombstones (permissive; logged at start).
+    allow_unsigned: bool = False
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_MB * 1024 * 1024
+
+    def trust(self) -> FleetTrust:
+        keys = {k.key_id: k for k in self.trusted_keys}
+        if self.signing_key is not None:
+            keys.setdefault(self.signing_key.key_id, self.signing_key.trusted())
+        return FleetTrust(keys, self.allow_unsigned)
 
 
-def parse_fleet_section(raw: Any, lines: LineMap | None = None) -> FleetSettings | None:
-    """Validate ``fleet:`` (None when the section is absent); ConfigError names line and field."""
+def _keys(raw: Any, lm: LineMap, base: Path | None) -> tuple[tuple[TrustedKey, ...],
+                                                              SigningKey | None]:
+    entries = raw.get("trusted_keys", [])
+    if isinstance(entries, str):
+        entries = [entries]
+    if not isinstance(entries, list) or not all(isinstance(e, str) and e.strip()
+                                                for e in entries):
+        raise lm.error(("fleet", "trusted_keys"), "must be a list of public keys "
+                       "('ed25519:<base64>') or paths of .pub files")
+    trusted: list[TrustedKey] = []
+    for i, entry in enumerate(entries):
+        try:
+            trusted.extend(load_trusted_keys([entry], base).values())
+        except KeyFileError as exc:
+            raise lm.error(("fleet", "trusted_keys", i), str(exc)) from None
+    signing: SigningKey | None = None
+    path = raw.get("signing_key")
+    if path is not None:
+        if not isinstance(path, str) or not path.strip():
+            raise lm.error(("fleet", "signing_key"), "must be the path of a private key file "
+                                                     "(sluice filter keygen writes one)")
+        full = Path(path).expanduser()
+        if base is not None and not full.is_absolute():
+            full = base / full
+        try:
+            signing = load_signing_key(full)
+        except KeyFileError as exc:
+            raise lm.error(("fleet", "signing_key"), str(exc)) from None
+    return tuple(trusted), signing
+
+
+def parse_fleet_section(raw: Any, lines: LineMap | None = None,
+                        base: Path | None = None) -> FleetSettings | None:
+    """Validate ``fleet:`` (None when the section is absent); ConfigError names line and field.
+    Key files are read here (relative paths: from `base`, the config file's directory)."""
     lm = lines if lines is not None else LineMap("<config>")
     if raw is None:
         return None
@@ -128,8 +199,23 @@ def parse_fleet_section(raw: Any, lines: LineMap | None = None) -> FleetSettings
     create = raw.get("create_topic", True)
     if not isinstance(create, bool):
         raise lm.error(("fleet", "create_topic"), f"must be true or false, got {create!r}")
+    allow = raw.get("allow_unsigned", False)
+    if not isinstance(allow, bool):
+        raise lm.error(("fleet", "allow_unsigned"), f"must be true or false, got {allow!r}")
+    cache_mb = raw.get("cache_max_mb", DEFAULT_CACHE_MAX_MB)
+    if isinstance(cache_mb, bool) or not isinstance(cache_mb, int) or cache_mb < 1:
+        raise lm.error(("fleet", "cache_max_mb"), f"must be a whole number of MiB >= 1, "
+                                                  f"got {cache_mb!r}")
+    trusted, signing = _keys(raw, lm, base)
+    if not trusted and signing is None and not allow:
+        raise lm.error(("fleet", "trusted_keys"),
+                       "required: the public keys whose signed fleet records this proxy applies "
+                       "(`sluice filter keygen` makes a key pair; see docs/SECURITY.md). "
+                       "`allow_unsigned: true` accepts unsigned records instead (insecure)")
     return FleetSettings(topic=topic, poll_seconds=poll, heartbeat_seconds=heartbeat,
-                         startup_wait_seconds=wait, bootstrap=bootstrap, create_topic=create)
+                         startup_wait_seconds=wait, bootstrap=bootstrap, create_topic=create,
+                         trusted_keys=trusted, signing_key=signing, allow_unsigned=allow,
+                         cache_max_bytes=cache_mb * 1024 * 1024)
 
 
 # ------------------------------------------------------------------------------------------
@@ -138,21 +224,27 @@ def parse_fleet_section(raw: Any, lines: LineMap | None = None) -> FleetSettings
 
 @dataclass(frozen=True, slots=True)
 class FilterRecord:
-    """One deployed filter as the topic holds it (module bytes still base64)."""
+    """One deployed filter as the topic holds it (module bytes still base64; None when the
+    record was restored from the proxy's state file and the module is in the cache)."""
 
     name: str
     fields: Mapping[str, Any]
     module: str
     sha256: str
     size: int
-    module_b64: str
+    module_b64: str | None
     deployed_at: str | None
     deployed_by: str | None
     partition: int
     offset: int
+    #: Id of the key that signed the record (None: unsigned, permissive fleets only).
+    signer: str | None = None
+    seq: int = 0
 
     def module_bytes(self) -> bytes:
         """The module, after checking it against its sha256 (FleetRecordError if it differs)."""
+        if self.module_b64 is None:
+            raise FleetRecordError(f"fleet filter {self.name!r}: the record carries no module")
         try:
             data = base64.b64decode(self.module_b64, validate=True)
         except (binascii.Error, ValueError) as exc:
@@ -197,10 +289,11 @@ class InstanceRecord:
         return [f for f in items if isinstance(f, dict)] if isinstance(items, list) else []
 
 
-def filter_record_value(fields: Mapping[str, Any], module_name: str, module: bytes,
-                        deployed_by: str | None = None) -> bytes:
-    """The value `sluice filter deploy` writes (`fields`: keys of a ``filters:`` entry)."""
-    body: dict[str, Any] = {"format": FORMAT_VERSION}
+def filter_payload(fields: Mapping[str, Any], module_name: str, module: bytes,
+                   deployed_by: str | None = None) -> dict[str, Any]:
+    """What `sluice filter deploy` records (`fields`: keys of a ``filters:`` entry): the
+    binding, the module's sha256 and size, who and when; not the module bytes."""
+    body: dict[str, Any] = {"format": FORMAT_VERSION, "type": "filter"}
     for key in SPEC_KEYS:
         value = fields.get(key)
         if value is not None:
@@ -211,21 +304,49 @@ def filter_record_value(fields: Mapping[str, Any], module_name: str, module: byt
         module=module_name,
         module_sha256=hashlib.sha256(module).hexdigest(),
         module_size=len(module),
-        module_b64=base64.b64encode(module).decode("ascii"),
         deployed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         deployed_by=deployed_by,
     )
+    return body
+
+
+def removal_payload(name: str, removed_by: str | None) -> dict[str, Any]:
+    """What `sluice filter remove` records (signed; a bare tombstone changes nothing)."""
+    return {"type": FILTER_REMOVED, "name": name, "removed_by": removed_by,
+            "removed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def filter_record_value(fields: Mapping[str, Any], module_name: str, module: bytes,
+                        deployed_by: str | None = None) -> bytes:
+    """An unsigned (format 1) filter record, as a fleet with ``allow_unsigned`` accepts it."""
+    body = filter_payload(fields, module_name, module, deployed_by)
+    body["module_b64"] = base64.b64encode(module).decode("ascii")
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def parse_filter_record(name: str, value: bytes, partition: int = 0,
-                        offset: int = 0) -> FilterRecord:
-    """Parse one filter record (FleetRecordError on anything malformed)."""
-    try:
-        body = json.loads(value)
-    except ValueError as exc:
-        raise FleetRecordError(f"fleet filter {name!r}: value is not JSON ({exc})") from None
-    if not isinstance(body, dict):
+def signed_filter_value(key: SigningKey, fields: Mapping[str, Any], module_name: str,
+                        module: bytes, deployed_by: str | None, seq: int) -> bytes:
+    """The signed record `sluice filter deploy` writes."""
+    body = dict(filter_payload(fields, module_name, module, deployed_by), seq=seq)
+    return sign(key, str(fields["name"]).encode("utf-8"), body,
+                base64.b64encode(module).decode("ascii"))
+
+
+def parse_filter_record(name: str, value: bytes | Mapping[str, Any], partition: int = 0,
+                        offset: int = 0, *, module_b64: str | None = None,
+                        signer: str | None = None, seq: int = 0) -> FilterRecord:
+    """Parse one filter record: its JSON (format 1, the module inside), or the payload of a
+    verified signed record with `module_b64` beside it (FleetRecordError if malformed)."""
+    if isinstance(value, Mapping):
+        body: Any = value
+    else:
+        try:
+            body = json.loads(value)
+        except ValueError as exc:
+            raise FleetRecordError(f"fleet filter {name!r}: value is not JSON ({exc})") from None
+        if isinstance(body, dict):
+            module_b64 = body.get("module_b64")
+    if not isinstance(body, Mapping):
         raise FleetRecordError(f"fleet filter {name!r}: value must be a JSON object")
     if body.get("format") != FORMAT_VERSION:
         raise FleetRecordError(f"fleet filter {name!r}: unsupported format "
@@ -236,8 +357,10 @@ def parse_filter_record(name: str, value: bytes, partition: int = 0,
     if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef"
                                                          for c in sha):
         raise FleetRecordError(f"fleet filter {name!r}: module_sha256 must be 64 hex digits")
-    b64 = body.get("module_b64")
-    if not isinstance(b64, str) or not b64:
+    b64 = module_b64
+    if b64 is not None and (not isinstance(b64, str) or not b64):
+        raise FleetRecordError(f"fleet filter {name!r}: module_b64 is missing")
+    if b64 is None and signer is None:
         raise FleetRecordError(f"fleet filter {name!r}: module_b64 is missing")
     fields = {k: body[k] for k in SPEC_KEYS if k in body}
     fields["name"] = name
@@ -246,14 +369,37 @@ def parse_filter_record(name: str, value: bytes, partition: int = 0,
     at, by = body.get("deployed_at"), body.get("deployed_by")
     return FilterRecord(
         name=name, fields=fields, module=module if isinstance(module, str) else "",
-        sha256=sha, size=size if isinstance(size, int) else len(b64) * 3 // 4,
+        sha256=sha, size=size if isinstance(size, int) else len(b64 or "") * 3 // 4,
         module_b64=b64, deployed_at=at if isinstance(at, str) else None,
-        deployed_by=by if isinstance(by, str) else None, partition=partition, offset=offset)
+        deployed_by=by if isinstance(by, str) else None, partition=partition, offset=offset,
+        signer=signer, seq=seq)
+
+
+@dataclass(frozen=True, slots=True)
+class FleetTrust:
+    """Which records a proxy applies: signed by one of `keys`, or also unsigned ones (and bare
+    tombstones) when `allow_unsigned` (an explicit, permissive setting)."""
+
+    keys: Mapping[str, TrustedKey]
+    allow_unsigned: bool = False
+
+
+#: Labels of refused records (``sluice_fleet_records_refused_total{reason}``).
+REFUSAL_REASONS: Final = ("unsigned", "untrusted_key", "bad_signature", "unreadable", "replay",
+                          "invalid_name")
+_LOGGED_KEY_CHARS: Final = 120
 
 
 @dataclass
 class FleetView:
-    """The state a fleet topic describes, folded record by record (the newest per key wins)."""
+    """The state a fleet topic describes, folded record by record.
+
+    With a `trust` (a proxy, or the CLI given trusted keys), only records that verify count:
+    a filter or policy key changes only with a signed record whose ``seq`` is above the key's
+    current one; anything else is kept in `refused` (key, reason, message) for the caller to
+    count and log, and changes nothing. Without a `trust` (``sluice filter list`` with no
+    keys) every record is read for display, signatures unchecked.
+    """
 
     filters: dict[str, FilterRecord] = field(default_factory=dict)
     instances: dict[str, InstanceRecord] = field(default_factory=dict)
@@ -262,6 +408,15 @@ class FleetView:
     #: Keys whose newest record could not be parsed (the previous version stays in `filters`).
     invalid: dict[str, str] = field(default_factory=dict)
     records: int = 0
+    trust: FleetTrust | None = None
+    #: Per filter name / ``policy:<topic>`` key: the seq of the record in force.
+    seqs: dict[str, int] = field(default_factory=dict)
+    #: Per key: the verified envelope in force (module bytes left out) and its position.
+    signed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Records refused since the caller last emptied this list: (key, reason, message).
+    refused: list[tuple[str, str, str]] = field(default_factory=list)
+    #: Caught up with the topic: an older record read from now on is a replay.
+    live: bool = False
 
     def apply_all(self, records: Iterable[tuple[bytes | None, bytes | None, int, int]]) -> bool:
         """Fold (key, value, partition, offset) records in order; True if filters or policies
@@ -270,6 +425,11 @@ class FleetView:
         for key, value, partition, offset in records:
             changed = self.apply(key, value, partition, offset) or changed
         return changed
+
+    def _refuse(self, name: str, reason: str, message: str) -> bool:
+        self.refused.append((name[:_LOGGED_KEY_CHARS], reason, message))
+        del self.refused[:-1000]  # the caller drains it; never grows without bound
+        return False
 
     def apply(self, key: bytes | None, value: bytes | None, partition: int = 0,
               offset: int = 0) -> bool:
@@ -280,7 +440,8 @@ class FleetView:
         try:
             name = key.decode("utf-8")
         except UnicodeDecodeError:
-            return False
+            return self._refuse(repr(key), "unreadable", "the record key is not UTF-8") \
+                if value and self.trust is not None else False
         if name.startswith(INSTANCE_PREFIX):
             instance = name[len(INSTANCE_PREFIX):]
             if not value:
@@ -294,10 +455,92 @@ class FleetView:
                 self.instances[instance] = InstanceRecord(instance, data)
             return False
         if name.startswith(POLICY_PREFIX):
+            problem = topic_name_problem(name[len(POLICY_PREFIX):])
+            if problem is not None:
+                # Never a glob, never `*`: such a record blocks nothing and binds nothing.
+                return self._refuse(name, "invalid_name", f"policy record ignored: {problem}")
+        trust = self.trust
+        if trust is None:
+            if value and is_signed(value):
+                try:
+                    got = read_unverified(value)
+                except SignatureError as exc:
+                    self.invalid[name] = str(exc)
+                    return False
+                return self._apply_verified(name, got, partition, offset)
+            return self._apply_unsigned(name, value, partition, offset)
+        if not value:
+            if trust.allow_unsigned:
+                return self._apply_unsigned(name, value, partition, offset)
+            return self._refuse(name, "unsigned", "a bare tombstone changes nothing (a removal "
+                                                  "is a signed record)")
+        if trust.allow_unsigned and not is_signed(value):
+            return self._apply_unsigned(name, value, partition, offset)
+        try:
+            verified = verify(key, value, trust.keys)
+        except SignatureError as exc:
+            return self._refuse(name, exc.reason, str(exc))
+        return self._apply_verified(name, verified, partition, offset)
+
+    def restore(self, name: str, envelope: Mapping[str, Any], partition: int,
+                offset: int) -> bool:
+        """Fold in one entry of the proxy's state file (verified again: the file is on disk)."""
+        if self.trust is None:
+            return False
+        if name.startswith(POLICY_PREFIX) and topic_name_problem(name[len(POLICY_PREFIX):]):
+            return self._refuse(name, "invalid_name", "state file entry ignored")
+        try:
+            verified = verify(name.encode("utf-8"), envelope, self.trust.keys)
+        except SignatureError as exc:
+            return self._refuse(name, exc.reason, f"state file entry: {exc}")
+        return self._apply_verified(name, verified, partition, offset)
+
+    def _apply_verified(self, name: str, record: Verified, partition: int, offset: int) -> bool:
+        is_policy = name.startswith(POLICY_PREFIX)
+        topic = name[len(POLICY_PREFIX):] if is_policy else ""
+        expected = (POLICY, POLICY_REMOVED) if is_policy else (FILTER, FILTER_REMOVED)
+        if record.type not in expected:
+            return self._refuse(name, "unreadable", f"a {record.type!r} record under this key")
+        named = record.payload.get("topic") if is_policy else record.payload.get("name", name)
+        if named != (topic if is_policy else name):
+            return self._refuse(name, "unreadable", f"the signed record names {named!r}")
+        current = self.seqs.get(name, 0)
+        if record.seq <= current:
+            if record.seq < current and self.live:
+                return self._refuse(name, "replay", f"seq {record.seq} is not above the "
+                                                    f"record in force ({current})")
+            return False  # the record in force, or an older one read again on a re-read
+        entry = {"envelope": dict(record.envelope), "partition": partition, "offset": offset}
+        if record.type == FILTER:
+            try:
+                parsed = parse_filter_record(name, record.payload, partition, offset,
+                                             module_b64=record.module_b64,
+                                             signer=record.key_id, seq=record.seq)
+            except FleetRecordError as exc:
+                self.invalid[name] = str(exc)
+                return False
+            self.seqs[name], self.signed[name] = record.seq, entry
+            self.invalid.pop(name, None)
+            self.filters[name] = parsed
+            return True
+        self.seqs[name], self.signed[name] = record.seq, entry
+        if record.type == FILTER_REMOVED:
+            self.invalid.pop(name, None)
+            return self.filters.pop(name, None) is not None
+        if record.type == POLICY_REMOVED:
+            return self.policies.pop(topic, None) is not None
+        # A signed policy that cannot be used is kept (with its error): its topic fails closed.
+        self.policies[topic] = parse_policy_record(topic, record.payload, partition, offset,
+                                                   record.key_id, record.seq)
+        return True
+
+    def _apply_unsigned(self, name: str, value: bytes | None, partition: int,
+                        offset: int) -> bool:
+        """Format-1 records: permissive fleets (``allow_unsigned``) and the CLI's display."""
+        if name.startswith(POLICY_PREFIX):
             topic = name[len(POLICY_PREFIX):]
             if not value:
                 return self.policies.pop(topic, None) is not None
-            # An unusable record is kept (with its error): that topic then fails closed.
             self.policies[topic] = parse_policy_record(topic, value, partition, offset)
             return True
         if not value:
@@ -395,15 +638,76 @@ class FleetCatalog:
         return [self.accepted[n].spec for n in sorted(self.accepted)]
 
     def spec_for(self, record: FilterRecord) -> FilterSpec:
-        """Verify and store the module, validate the binding (raises on any problem)."""
-        path = store_module(self.module_dir, record.sha256, record.module_bytes())
-        fields = dict(record.fields)
-        fields["module"] = str(path)
-        specs = parse_filter_specs([fields], f"fleet:{self.topic}", None,
-                                   field_prefix=("fleet", record.name))
-        spec = specs[0]
-        self.check(spec)
+        """Verify and store the module, validate the binding (raises on any problem).
+
+        The record reached here verified (signature, then the module's sha256 before a byte
+        is written); a module that then does not load is deleted again unless in use."""
+        path = self.module_dir / f"{record.sha256}.wasm"
+        existed = path.exists()
+        if record.module_b64 is None:
+            # Restored from the state file: the module must be in the cache, intact.
+            try:
+                data = path.read_bytes()
+            except OSError:
+                raise FleetRecordError(f"fleet filter {record.name!r}: module {record.sha256} "
+                                       "is not in the module cache") from None
+            if hashlib.sha256(data).hexdigest() != record.sha256:
+                raise FleetRecordError(f"fleet filter {record.name!r}: the cached module "
+                                       f"{path.name} does not match its sha256")
+            with contextlib.suppress(OSError):
+                os.utime(path)
+        else:
+            path = store_module(self.module_dir, record.sha256, record.module_bytes())
+        try:
+            fields = dict(record.fields)
+            fields["module"] = str(path)
+            specs = parse_filter_specs([fields], f"fleet:{self.topic}", None,
+                                       field_prefix=("fleet", record.name))
+            spec = dataclasses.replace(specs[0], signer=record.signer)
+            self.check(spec)
+        except BaseException:
+            in_use = {a.record.sha256 for a in self.accepted.values()}
+            if not existed and record.sha256 not in in_use:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            raise
         return spec
+
+    def prune(self, max_bytes: int) -> list[str]:
+        """Bound the module directory: delete the least recently used modules no accepted
+        filter uses (and stale temporary files) until it holds at most `max_bytes`; returns
+        the names removed. Modules in use are never removed."""
+        in_use = {f"{a.record.sha256}.wasm" for a in self.accepted.values()}
+        try:
+            entries = list(self.module_dir.iterdir())
+        except OSError:
+            return []
+        removed: list[str] = []
+        files: list[tuple[float, int, Path]] = []
+        total = 0
+        for p in entries:
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            if p.name.startswith(".tmp-") and time.time() - st.st_mtime > 3600:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+                    removed.append(p.name)
+                continue
+            if p.suffix != ".wasm":
+                continue
+            total += st.st_size
+            if p.name not in in_use:
+                files.append((st.st_mtime, st.st_size, p))
+        for _mtime, size, p in sorted(files, key=lambda f: f[0]):
+            if total <= max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                p.unlink()
+                removed.append(p.name)
+                total -= size
+        return removed
 
     def plan(self, desired: Mapping[str, FilterRecord]) -> FleetPlan:
         """Work out the accepted set for `desired` (blocking: runs modules' init)."""
@@ -495,14 +799,15 @@ async def _caught_up(consumer: AIOKafkaConsumer, end: Mapping[TopicPartition, in
 
 async def follow_view(bootstrap: str, topic: str,
                       until: Callable[[FleetView], bool], *, timeout: float,
-                      client_id: str = "sluice-fleet-cli") -> tuple[FleetView, bool]:
+                      client_id: str = "sluice-fleet-cli",
+                      trust: FleetTrust | None = None) -> tuple[FleetView, bool]:
     """Read `topic` from the beginning, then keep reading until `until(view)` holds (checked
     once caught up and after every new batch) or `timeout` seconds pass.
 
     Returns (view, satisfied). A missing topic reads as an empty view.
     """
     deadline = time.monotonic() + timeout
-    view = FleetView()
+    view = FleetView(trust=trust)
     consumer = _consumer(bootstrap, client_id, 200)
     try:
         await consumer.start()
@@ -526,9 +831,11 @@ async def follow_view(bootstrap: str, topic: str,
         await consumer.stop()
 
 
-async def read_view(bootstrap: str, topic: str, *, timeout: float = 30.0) -> FleetView:
+async def read_view(bootstrap: str, topic: str, *, timeout: float = 30.0,
+                    trust: FleetTrust | None = None) -> FleetView:
     """The current state of the fleet topic (reads up to the end once)."""
-    view, done = await follow_view(bootstrap, topic, lambda _v: True, timeout=timeout)
+    view, done = await follow_view(bootstrap, topic, lambda _v: True, timeout=timeout,
+                                   trust=trust)
     if not done:
         raise TimeoutError(f"could not read fleet topic {topic!r} to its end in {timeout:.0f} s")
     return view
@@ -549,6 +856,56 @@ async def produce(bootstrap: str, topic: str, key: bytes, value: bytes | None, *
         await producer.stop()
 
 
+# ------------------------------------------------------------------------------------------
+# the proxy's own copy of the last verified state
+# ------------------------------------------------------------------------------------------
+
+def state_path(module_dir: Path, topic: str) -> Path:
+    """Where a proxy keeps the last verified fleet state: beside the fleet modules."""
+    return module_dir / f"state-{topic}.json"
+
+
+def save_state(path: Path, view: FleetView, read_to: Mapping[int, int]) -> None:
+    """Write the verified envelopes in force (no module bytes) and how far the topic was
+    read, atomically. The file holds nothing secret; every entry is verified again on load."""
+    body = {"format": 1, "records": view.signed,
+            "read_to": {str(p): o for p, o in sorted(read_to.items())}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-state-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(body, fh, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def load_state(path: Path) -> tuple[dict[str, Any], dict[int, int]]:
+    """(records by key, read_to by partition) from a state file; empty if there is none.
+    ValueError if it exists but cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}, {}
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or exc}") from None
+    try:
+        body = json.loads(text)
+        records = body["records"]
+        read_to = {int(p): int(o) for p, o in body.get("read_to", {}).items()}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise ValueError(f"{path}: not a fleet state file") from None
+    if not isinstance(records, dict):
+        raise ValueError(f"{path}: not a fleet state file")
+    return records, read_to
+
+
+#: Refused records are logged at most this often per reason (the metric counts every one).
+REFUSAL_LOG_SECONDS: Final = 30.0
+
+
 OnChange = Callable[[dict[str, FilterRecord], dict[str, PolicyRecord]], Awaitable[None]]
 
 
@@ -559,25 +916,123 @@ class FleetFollower:
     to its end, then after every batch that changes it. `heartbeat()` returns the body of this
     proxy's heartbeat; `poke()` sends one now (after a chain switch); `publish` writes a record
     (a data policy) with the same producer.
+
+    The view is kept for the proxy's whole life (and in `state_file` across restarts): only
+    records that verify change it. A topic that disappears, is recreated, truncated or loses
+    the records in force changes nothing; it is reported (`on_lost`, ``fleet_topic_lost``).
     """
 
     def __init__(self, settings: FleetSettings, bootstrap: str, instance_id: str,
-                 on_change: OnChange, heartbeat: Callable[[], dict[str, Any]]) -> None:
+                 on_change: OnChange, heartbeat: Callable[[], dict[str, Any]], *,
+                 state_file: Path | None = None,
+                 on_refused: Callable[[str], None] | None = None,
+                 on_lost: Callable[[], None] | None = None) -> None:
         self.settings = settings
         self.bootstrap = settings.bootstrap or bootstrap
         self.instance_id = instance_id
         self.on_change = on_change
         self.heartbeat = heartbeat
+        self.on_refused = on_refused
+        self.on_lost = on_lost
         self.synced = asyncio.Event()
-        self.view = FleetView()
+        self.view = FleetView(trust=settings.trust())
+        self.state_file = state_file
+        self._read_to: dict[int, int] = {}
+        #: Keys (and seqs) whose records were lost from the topic and already reported.
+        self._unanchored: dict[str, int] = {}
+        self._saved: dict[str, int] = {}
+        self._refusal_logged: dict[str, tuple[float, int]] = {}
         self._topic_ready = asyncio.Event()
         self._poke = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._producer: AIOKafkaProducer | None = None
+        self._restore()
 
     @property
     def key(self) -> bytes:
         return f"{INSTANCE_PREFIX}{self.instance_id}".encode()
+
+    def _restore(self) -> None:
+        if self.state_file is None:
+            return
+        try:
+            records, read_to = load_state(self.state_file)
+        except ValueError as exc:
+            log.error("fleet_state_unreadable", file=str(self.state_file), reason=str(exc),
+                      effect="starting from the fleet topic alone")
+            return
+        for name, entry in sorted(records.items()):
+            if isinstance(entry, dict) and isinstance(entry.get("envelope"), dict):
+                self.view.restore(str(name), entry["envelope"], int(entry.get("partition", 0)),
+                                  int(entry.get("offset", 0)))
+        self._drain_refusals()
+        self._read_to = dict(read_to)
+        self._saved = dict(self.view.seqs)
+        if self.view.signed:
+            log.info("fleet_state_restored", file=str(self.state_file),
+                     filters=sorted(self.view.filters), policies=sorted(self.view.policies))
+
+    def restored(self) -> bool:
+        """Whether the state file gave filters or policies to apply before the topic is read."""
+        return bool(self.view.filters or self.view.policies)
+
+    def _save(self) -> None:
+        if self.state_file is None or self.view.seqs == self._saved:
+            return
+        try:
+            save_state(self.state_file, self.view, self._read_to)
+            self._saved = dict(self.view.seqs)
+        except OSError as exc:
+            log.warning("fleet_state_not_saved", file=str(self.state_file),
+                        error=exc.strerror or str(exc))
+
+    def _drain_refusals(self) -> None:
+        refused, self.view.refused = self.view.refused, []
+        now = time.monotonic()
+        for key, reason, message in refused:
+            if self.on_refused is not None:
+                self.on_refused(reason)
+            last, suppressed = self._refusal_logged.get(reason, (-1e9, 0))
+            if now - last < REFUSAL_LOG_SECONDS:
+                self._refusal_logged[reason] = (last, suppressed + 1)
+                continue
+            self._refusal_logged[reason] = (now, 0)
+            log.warning("fleet_record_refused", topic=self.settings.topic, key=key,
+                        reason=reason, detail=message[:300], suppressed_since_last=suppressed,
+                        effect="ignored: nothing running changes")
+
+    def _lost(self, reason: str) -> None:
+        if self.on_lost is not None:
+            self.on_lost()
+        log.error("fleet_topic_lost", topic=self.settings.topic, reason=reason,
+                  keeping_filters=sorted(self.view.filters),
+                  keeping_policies=sorted(self.view.policies),
+                  effect="the last verified fleet state stays in force; see docs/SECURITY.md "
+                         "(Signed filters and policies) to recover")
+
+    def _check_positions(self, tps: list[TopicPartition], begin: Mapping[TopicPartition, int],
+                         end: Mapping[TopicPartition, int]) -> None:
+        """Report a topic that lost what this proxy read (recreated, truncated, deleted)."""
+        problems: list[str] = []
+        for tp in tps:
+            read = self._read_to.get(tp.partition)
+            if read is not None and end.get(tp, 0) < read:
+                problems.append(f"partition {tp.partition} ends at offset {end.get(tp, 0)}, "
+                                f"below offset {read} already read (recreated or truncated)")
+        for name, entry in self.view.signed.items():
+            if self._unanchored.get(name) == self.view.seqs.get(name):
+                continue  # already reported lost; the state in force stays as it is
+            partition, offset = int(entry.get("partition", 0)), int(entry.get("offset", 0))
+            tp = TopicPartition(self.settings.topic, partition)
+            if tp in begin and (offset < begin[tp] or offset >= end.get(tp, 0)) and \
+                    not problems:
+                problems.append(f"the record in force for {name[:_LOGGED_KEY_CHARS]!r} "
+                                f"(partition {partition}, offset {offset}) is gone")
+        if problems:
+            self._lost("; ".join(problems[:3]))
+            # Follow the topic as it is now; the view (the verified state) stays as it was.
+            self._read_to = {}
+            self._unanchored = dict(self.view.seqs)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._follow_forever(), name="fleet-follow"),
@@ -643,15 +1098,23 @@ class FleetFollower:
         try:
             await consumer.start()
             tps = await _assign_all(consumer, s.topic)
+            if tps is None and (self._read_to or set(self.view.seqs.items())
+                                - set(self._unanchored.items())):
+                self._lost("the fleet topic does not exist")
+                self._read_to = {}
+                self._unanchored = dict(self.view.seqs)
             while tps is None:
                 await asyncio.sleep(s.poll_seconds)
                 tps = await _assign_all(consumer, s.topic)
             self._topic_ready.set()
             end = await consumer.end_offsets(tps)
-            view = FleetView()
+            self._check_positions(tps, await consumer.beginning_offsets(tps), end)
+            view = self.view
+            view.live = False  # re-reading from the start: older records are no replay
             synced = False
             pending = False
             reported: dict[str, str] = {}
+            checked_at = time.monotonic()
             while True:
                 batch = await consumer.getmany(timeout_ms=poll_ms)
                 records = [(m.key, m.value, tp.partition, m.offset)
@@ -662,26 +1125,37 @@ class FleetFollower:
                     changed = await asyncio.to_thread(view.apply_all, records)
                 else:
                     changed = view.apply_all(records)
+                for _key, _value, partition, offset in records:
+                    self._read_to[partition] = max(self._read_to.get(partition, 0), offset + 1)
+                self._drain_refusals()
                 pending = pending or changed
                 for name, reason in view.invalid.items():
                     if reported.get(name) != reason:
                         log.error("fleet_record_invalid", topic=s.topic, key=name, reason=reason)
                 reported = dict(view.invalid)
-                self.view = view
                 if not synced:
                     synced = await _caught_up(consumer, end)
                     if synced:
+                        view.live = True
                         log.info("fleet_synced", topic=s.topic, records=view.records,
                                  filters=sorted(view.filters))
+                        self._save()
                         await self.on_change(dict(view.filters), dict(view.policies))
                         pending = False
                         self.synced.set()
                 elif pending:
                     pending = False
+                    self._save()
                     await self.on_change(dict(view.filters), dict(view.policies))
+                if synced and time.monotonic() - checked_at >= max(1.0, s.poll_seconds):
+                    # A topic deleted or truncated under a running proxy: noticed here.
+                    checked_at = time.monotonic()
+                    if s.topic not in await consumer.topics():
+                        raise KafkaError(f"fleet topic {s.topic!r} disappeared")
+                    self._check_positions(tps, await consumer.beginning_offsets(tps),
+                                          await consumer.end_offsets(tps))
         finally:
             await consumer.stop()
-
     async def _heartbeat_forever(self) -> None:
         s = self.settings
         await self._topic_ready.wait()

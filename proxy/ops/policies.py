@@ -57,6 +57,23 @@ _ENTRY_KEYS: Final = ("name", "apply_to", "config")
 _NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
+def valid_topic_name(name: str) -> bool:
+    """A legal Kafka topic name ([a-zA-Z0-9._-], 1..249 characters, not "." or "..").
+
+    Policies bind exactly one topic: such a name holds no glob character, so the bindings
+    built from it (whose ``topics`` are globs) match that topic alone.
+    """
+    return bool(_NAME.match(name)) and name not in (".", "..")
+
+
+def topic_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a policy's topic (None: it can)."""
+    if valid_topic_name(name):
+        return None
+    return (f"{name!r} is not a Kafka topic name (a policy names exactly one topic: letters, "
+            "digits, '.', '_' and '-', at most 249, not '.' or '..'; no globs)")
+
+
 class PolicyError(ValueError):
     """A malformed ``x-data-policy`` value; `field` says which part (``filters[0].name``)."""
 
@@ -157,6 +174,9 @@ class PolicyRecord:
     set_at: str | None
     partition: int
     offset: int
+    #: Id of the key that signed the record (None: an unsigned record, permissive fleets only).
+    signer: str | None = None
+    seq: int = 0
 
     @property
     def version(self) -> tuple[int, int]:
@@ -167,23 +187,36 @@ def policy_key(topic: str) -> bytes:
     return f"{POLICY_PREFIX}{topic}".encode()
 
 
+def policy_payload(topic: str, value: str | None, set_by: str | None,
+                   instance: str | None = None) -> dict[str, Any]:
+    """What the proxy records when `set_by` sets `value` on `topic` (None: removes it); signed
+    as is (fleet_signing.sign adds nothing but a nonce), or written unsigned (format 1) on a
+    fleet that allows unsigned records."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if value is None:
+        return {"type": "policy-removed", "topic": topic, "removed_at": at, "removed_by": set_by,
+                "set_via": instance}
+    return {"format": FORMAT_VERSION, "type": "policy", "topic": topic, "value": value,
+            "set_at": at, "set_by": set_by, "set_via": instance}
+
+
 def policy_record_value(topic: str, value: str, set_by: str | None,
                         instance: str | None = None) -> bytes:
-    """The record value the proxy writes when `set_by` sets `value` on `topic`."""
-    body = {"format": FORMAT_VERSION, "type": "policy", "topic": topic, "value": value,
-            "set_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "set_by": set_by,
-            "set_via": instance}
+    """An unsigned (format 1) policy record, as a permissive fleet accepts it."""
+    body = policy_payload(topic, value, set_by, instance)
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def parse_policy_record(topic: str, data: bytes, partition: int = 0,
-                        offset: int = 0) -> PolicyRecord:
-    """Read a ``policy:<topic>`` record; an unusable one comes back with `error` set."""
+def parse_policy_record(topic: str, data: bytes | Mapping[str, Any], partition: int = 0,
+                        offset: int = 0, signer: str | None = None,
+                        seq: int = 0) -> PolicyRecord:
+    """Read a ``policy:<topic>`` record (its JSON, or a signed payload already parsed); an
+    unusable one comes back with `error` set."""
     value, by, at, error = "", None, None, None
     policy: Policy | None = None
     try:
-        body = json.loads(data)
-        if not isinstance(body, dict):
+        body = data if isinstance(data, Mapping) else json.loads(data)
+        if not isinstance(body, Mapping):
             raise ValueError("the record must be a JSON object")
         if body.get("format") != FORMAT_VERSION:
             raise ValueError(f"unsupported format {body.get('format')!r} "
@@ -200,7 +233,7 @@ def parse_policy_record(topic: str, data: bytes, partition: int = 0,
     except (ValueError, PolicyError) as exc:
         error = f"policy record for topic {topic!r}: {exc}"
         policy = None
-    return PolicyRecord(topic, value, policy, error, by, at, partition, offset)
+    return PolicyRecord(topic, value, policy, error, by, at, partition, offset, signer, seq)
 
 
 # ------------------------------------------------------------------------------------------
@@ -242,6 +275,8 @@ def policy_bindings(policies: Mapping[str, PolicyRecord],
     """
     out: list[Binding] = []
     for topic in sorted(policies):
+        if not valid_topic_name(topic):
+            continue  # never a glob: the fleet view refuses such keys, this is a second guard
         record = policies[topic]
         if record.policy is None:
             reason = record.error or "the policy record cannot be read"

@@ -51,7 +51,9 @@ from sluice.proxy.ops.fleet import (
     FleetFollower,
     FleetSettings,
     parse_fleet_section,
+    state_path,
 )
+from sluice.proxy.ops.fleet_signing import next_seq, sign
 from sluice.proxy.ops.policies import (
     POLICY_PREFIX,
     AdminMatcher,
@@ -63,6 +65,7 @@ from sluice.proxy.ops.policies import (
     block_spec,
     policy_bindings,
     policy_key,
+    policy_payload,
     policy_record_value,
 )
 from sluice.proxy.telemetry.logs import log
@@ -199,7 +202,8 @@ def load_checked_config(path: Path, base: ProxyConfig) -> ProxyConfig:
 
 def fleet_settings(config: ProxyConfig) -> FleetSettings | None:
     """The ``fleet:`` section of an already loaded config (None: no fleet)."""
-    return parse_fleet_section(config.raw.get("fleet"))
+    base = config.path.resolve().parent if config.path is not None else None
+    return parse_fleet_section(config.raw.get("fleet"), None, base)
 
 
 def _stat(path: Path) -> tuple[int, int, int] | None:
@@ -280,8 +284,26 @@ class ChainManager:
         self.catalog = FleetCatalog(settings.topic, cache_dir,
                                     lambda spec: check_loads(spec, cache_dir))
         upstream = ",".join(f"{h}:{p}" for h, p in self.config.upstream)
+        metrics = self.server.metrics
         self.follower = FleetFollower(settings, upstream, self.server.instance_id,
-                                      self._on_fleet, self.heartbeat)
+                                      self._on_fleet, self.heartbeat,
+                                      state_file=state_path(self.catalog.module_dir,
+                                                            settings.topic),
+                                      on_refused=metrics.fleet_record_refused,
+                                      on_lost=metrics.fleet_topic_lost)
+        trust = settings.trust()
+        if settings.allow_unsigned:
+            log.warning("fleet_unsigned_allowed", topic=settings.topic,
+                        effect="fleet.allow_unsigned is true: unsigned records and bare "
+                               "tombstones change the filters and policies this proxy runs; "
+                               "anyone who can write the fleet topic can too")
+        log.info("fleet_trust", topic=settings.topic, trusted_key_ids=sorted(trust.keys),
+                 signing_key_id=settings.signing_key.key_id if settings.signing_key else None,
+                 allow_unsigned=settings.allow_unsigned)
+        if self.follower.restored():
+            # The last verified state applies at once, whatever the topic holds now.
+            await self._on_fleet(dict(self.follower.view.filters),
+                                 dict(self.follower.view.policies))
         self.follower.start()
         self.policy_book = FleetPolicies(self)
         self.server.set_policies(self.policy_book)
@@ -490,6 +512,11 @@ class ChainManager:
         catalog.commit(plan)
         self._switch(chain, "fleet", started, build_s)
         self.fleet_applied.set()
+        if self.fleet is not None:
+            removed = await asyncio.to_thread(catalog.prune, self.fleet.cache_max_bytes)
+            if removed:
+                log.info("fleet_cache_pruned", removed=len(removed),
+                         max_bytes=self.fleet.cache_max_bytes)
 
     # ------------------------------------------------------------------ the file watcher
     def _current_signature(self) -> tuple[Any, ...]:
@@ -583,9 +610,21 @@ class FleetPolicies:
 
     async def publish(self, topic: str, value: str | None, principal: str | None) -> None:
         follower = self.manager.follower
-        if follower is None:
+        settings = self.manager.fleet
+        if follower is None or settings is None:
             raise OSError("the fleet is not configured")
-        data = (policy_record_value(topic, value, principal, self.manager.server.instance_id)
-                if value is not None else None)
-        version = await follower.publish(policy_key(topic), data)
+        instance = self.manager.server.instance_id
+        key = policy_key(topic)
+        data: bytes | None
+        if settings.signing_key is not None:
+            # Signed by this proxy's key, above the seq in force (a replay changes nothing).
+            payload = dict(policy_payload(topic, value, principal, instance),
+                           seq=next_seq(follower.view.seqs.get(key.decode())))
+            data = sign(settings.signing_key, key, payload)
+        elif settings.allow_unsigned:
+            data = (policy_record_value(topic, value, principal, instance)
+                    if value is not None else None)
+        else:
+            raise OSError("this proxy has no fleet.signing_key: it cannot sign data policies")
+        version = await follower.publish(key, data)
         self._written[topic] = (version, value, time.monotonic())

@@ -283,7 +283,8 @@ class AdminPath:
     api_keys = frozenset(int(k) for k in ADMIN_APIS)
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
-        return ctx.filters_on("admin") or (ctx.policies is not None and api_key in ALTER_KEYS)
+        # Always: ``x-data-policy`` (any case) is handled here, never passed to the broker.
+        return api_key != int(ApiKey.CREATE_PARTITIONS) or ctx.filters_on("admin")
 
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
         return False  # answers to changed requests are pinned by the request
@@ -305,6 +306,9 @@ class AdminPath:
             plan = policy.plan_alter(api, request, book, principal)
             if not plan.touched:
                 plan = None
+        elif policy.mentions_policy(api, request):
+            plan = policy.plan_refusals(api, request, items, policy.IN_CREATE
+                                        if api == ApiKey.CREATE_TOPICS else policy.NO_FLEET)
         filtered = (
             ctx.filters_on("admin")
             and chain is not None

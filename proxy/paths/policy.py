@@ -33,7 +33,13 @@ from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.messages import ApiKey, decode_request
 from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.ops.policies import CONFIG_KEY, Policy, PolicyError, parse_policy
+from sluice.proxy.ops.policies import (
+    CONFIG_KEY,
+    Policy,
+    PolicyError,
+    parse_policy,
+    topic_name_problem,
+)
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Exchange,
@@ -87,8 +93,41 @@ class AlterPlan:
         return bool(self.local or self.changes or self.stripped)
 
 
+def is_policy_key(name: Any) -> bool:
+    """``x-data-policy`` in any case: the broker must never see the key in any spelling."""
+    return str(name).lower() == CONFIG_KEY
+
+
 def _is_policy(entry: Any) -> bool:
-    return str(entry.name) == CONFIG_KEY
+    return is_policy_key(entry.name)
+
+
+NO_FLEET: Final = (f"sluice: {CONFIG_KEY} needs a proxy that follows a fleet (a fleet: section "
+                   "in its config); the key is never passed to the broker")
+IN_CREATE: Final = (f"sluice: {CONFIG_KEY} cannot be set by CreateTopics: create the topic, then "
+                    "set the policy with AlterConfigs / IncrementalAlterConfigs (a topic must "
+                    "never exist for a moment without the policy it was created with)")
+
+
+def mentions_policy(api: ApiKey, request: Any) -> bool:
+    """Whether any item of an admin request names ``x-data-policy`` (any case)."""
+    if api == ApiKey.CREATE_TOPICS:
+        return any(_is_policy(c) for t in request.topics for c in (t.configs or ()))
+    if api in (ApiKey.ALTER_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS):
+        return any(_is_policy(c) for r in request.resources for c in (r.configs or ()))
+    return False
+
+
+def plan_refusals(api: ApiKey, request: Any, items: list[Any], message: str) -> AlterPlan:
+    """A plan that answers INVALID_CONFIG for every item naming ``x-data-policy`` and sends
+    the others on (CreateTopics always; alters on a proxy without a fleet)."""
+    plan = AlterPlan(validate_only=bool(getattr(request, "validate_only", False)))
+    for i, item in enumerate(items):
+        if any(_is_policy(c) for c in (item.configs or ())):
+            plan.local[i] = (ErrorCode.INVALID_CONFIG, message)
+        else:
+            plan.sent[i] = item
+    return plan
 
 
 def plan_alter(api: ApiKey, request: Any, book: PolicyBook,
@@ -97,7 +136,11 @@ def plan_alter(api: ApiKey, request: Any, book: PolicyBook,
     plan = AlterPlan(validate_only=bool(request.validate_only))
     for i, item in enumerate(request.resources):
         if int(item.resource_type) != TOPIC_RESOURCE:
-            plan.sent[i] = item
+            if any(_is_policy(c) for c in item.configs):
+                plan.local[i] = (ErrorCode.INVALID_CONFIG,
+                                 f"sluice: {CONFIG_KEY} is a topic config")
+            else:
+                plan.sent[i] = item
             continue
         topic = str(item.resource_name)
         ours = [c for c in item.configs if _is_policy(c)]
@@ -105,6 +148,14 @@ def plan_alter(api: ApiKey, request: Any, book: PolicyBook,
         change: Change | None = None
         if len(ours) > 1:
             plan.local[i] = (ErrorCode.INVALID_CONFIG, f"{CONFIG_KEY}: named more than once")
+            continue
+        problem = topic_name_problem(topic)
+        if problem is not None:
+            if ours:
+                # A policy names exactly one topic: no globs, nothing a glob could match.
+                plan.local[i] = (ErrorCode.INVALID_CONFIG, f"sluice: {CONFIG_KEY}: {problem}")
+            else:
+                plan.sent[i] = item
             continue
         if api == ApiKey.ALTER_CONFIGS:
             if ours:

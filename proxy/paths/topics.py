@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -74,7 +73,3 @@ class TopicRegistry:
         finally:
             await conn.close()
         self.learn(response)
-
-
-def is_null_id(topic_id: Any) -> bool:
-    return topic_id is None or (isinstance(topic_id, uuid.UUID) and topic_id.int == 0)

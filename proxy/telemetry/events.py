@@ -145,9 +145,11 @@ def filter_entry(
     detectors: Mapping[str, int] | None = None,
     time_ns: int = 0,
     errors: Iterable[str] = (),
+    signer_key_id: str | None = None,
 ) -> dict[str, Any]:
-    """One element of a ``record_batch`` event's ``filters`` list."""
-    return {
+    """One element of a ``record_batch`` event's ``filters`` list (``signer_key_id``, the key
+    that signed a fleet filter's record, only when there is one)."""
+    entry: dict[str, Any] = {
         "name": name,
         "module_sha256": module_sha256,
         "kept": kept,
@@ -158,6 +160,9 @@ def filter_entry(
         "time_ns": time_ns,
         "errors": [_text(e) for e in errors],
     }
+    if signer_key_id is not None:
+        entry["signer_key_id"] = signer_key_id
+    return entry
 
 
 def filter_entries(stats: Iterable[FilterStatsLike]) -> list[dict[str, Any]]:
@@ -173,6 +178,7 @@ def filter_entries(stats: Iterable[FilterStatsLike]) -> list[dict[str, Any]]:
             detectors=s.detector_counts,
             time_ns=s.time_ns,
             errors=_error_texts(s),
+            signer_key_id=getattr(s, "signer", None),
         )
         for s in stats
     ]

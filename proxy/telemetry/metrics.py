@@ -102,6 +102,10 @@ class Metrics:
     #: Quotas.stats: (rule name, direction, this worker's limit or None, counters with
     #: bytes, throttled, throttle_ms); labels are bounded by the config's rule names.
     quota_stats: Callable[[], list[tuple[str, str, float | None, Any]]] | None = None
+    #: Fleet records refused (unsigned, untrusted key, bad signature...), by reason.
+    fleet_refused: dict[str, int] = field(default_factory=dict)
+    #: Times the fleet topic vanished, was recreated or truncated under this proxy.
+    fleet_lost: int = 0
     ready: bool = False
     worker: str = "0"
 
@@ -138,6 +142,13 @@ class Metrics:
             c.rejected += st.rejected
             c.time_ns += st.time_ns
             c.failures += st.errors
+
+    def fleet_record_refused(self, reason: str) -> None:
+        # `reason` is one of fleet.REFUSAL_REASONS: a bounded label set.
+        self.fleet_refused[reason] = self.fleet_refused.get(reason, 0) + 1
+
+    def fleet_topic_lost(self) -> None:
+        self.fleet_lost += 1
 
     def sasl(self, mechanism: str | None, result: str) -> None:
         # The mechanism name comes from the client: only known names become label values.
@@ -251,6 +262,21 @@ class _Collector:
         for (mechanism, result), n in sorted(m.sasl_outcomes.items()):
             sasl.add_metric([mechanism, result], n)
         yield sasl
+        refused = CounterMetricFamily(
+            "sluice_fleet_records_refused",
+            "Fleet records refused and ignored (unsigned, untrusted_key, bad_signature, "
+            "unreadable, replay, invalid_name)",
+            labels=("reason",),
+        )
+        for reason, n in sorted(m.fleet_refused.items()):
+            refused.add_metric([reason], n)
+        yield refused
+        yield CounterMetricFamily(
+            "sluice_fleet_topic_lost",
+            "Times the fleet topic vanished, was recreated or lost the records in force "
+            "(the last verified state stays in force)",
+            value=m.fleet_lost,
+        )
         yield from _sink_families(m.sink_stats)
         yield from _dead_letter_families(m.dead_letter_stats)
         if m.job_placement is not None:

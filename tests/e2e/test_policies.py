@@ -24,6 +24,7 @@ from kafka.admin import ConfigResourceType, KafkaAdminClient
 from tests.e2e.clients import QUIET, create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
+from tests.proxy.fleet_keys import trust_yaml
 from tests.proxy.test_fleet import MASKED, fleet_args, produce_and_read, sluice
 from tests.proxy.test_reload import events, telemetry_events, wait_for
 
@@ -84,6 +85,7 @@ def test_policies_through_kafka_admin_clients(
         path = tmp_path / f"{name}.yaml"
         path.write_text(
             f"fleet:\n  topic: {fleet_topic}\n  heartbeat_seconds: 1\n  poll_seconds: 0.5\n"
+            f"{trust_yaml()}"
             f"policy_admins: {json.dumps(admins)}\n"
             f"module_cache_dir: {json.dumps(str(cache))}\n"
             f"telemetry:\n  dir: {json.dumps(str(tele / name))}\n  format: jsonl\n"
@@ -189,7 +191,7 @@ def test_policy_fails_closed_when_its_filter_is_removed(
     create_topic(broker.bootstrap, topic)
     path = tmp_path / "sluice.yaml"
     path.write_text(
-        f"fleet:\n  topic: {fleet_topic}\n  poll_seconds: 0.5\n"
+        f"fleet:\n  topic: {fleet_topic}\n  poll_seconds: 0.5\n{trust_yaml()}"
         f'policy_admins: ["User:ANONYMOUS"]\n'
         f"module_cache_dir: {json.dumps(str(tmp_path / 'modules'))}\n", encoding="utf-8")
     proxy = start_proxy(config=path)

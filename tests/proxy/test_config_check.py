@@ -27,6 +27,7 @@ telemetry:
 fleet:
   topic: team-filters
   poll_seconds: 1
+  trusted_keys: ["ed25519:vnDKY417p3dB5ohpJaxGQtu1aYuhcohrstE93Pr2jC8="]
 """
 
 
@@ -56,6 +57,7 @@ def test_good_file_prints_filters_with_sha256_topics_and_targets(
     # Relative telemetry dirs resolve against the config file's directory, as in serve.
     assert f"Parquet datasets in {tmp_path / 'telemetry-out'}" in out
     assert "fleet: topic team-filters" in out
+    assert "fleet trust: records signed by key(s) 310763b58f292500" in out
     assert "data policies (x-data-policy): nobody may set them (no policy_admins)" in out
     code, out, err = run(capsys, str(write(tmp_path, GOOD + 'policy_admins: ["User:ops-*"]\n')))
     assert code == 0, err
@@ -92,9 +94,10 @@ def test_json_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         ("fleet:\n  topci: x\n", 2, "fleet.topci", "unknown key"),
         ("proxy: {}\nfilterz: []\n", 2, "filterz", "unknown section"),
         ("proxy:\n  advertized_host: h\n", 2, "proxy.advertized_host", "unknown key"),
-        ("fleet: {}\npolicy_admins:\n  - User:ops-*\n  - 7\n", 4, "policy_admins[1]",
-         "must be a principal pattern"),
-        ("fleet: {}\npolicy_admins: {User: ops}\n", 2, "policy_admins", "must be a list"),
+        ("fleet: {allow_unsigned: true}\npolicy_admins:\n  - User:ops-*\n  - 7\n", 4,
+         "policy_admins[1]", "must be a principal pattern"),
+        ("fleet: {allow_unsigned: true}\npolicy_admins: {User: ops}\n", 2, "policy_admins",
+         "must be a list"),
     ],
 )
 def test_errors_name_file_line_and_field(

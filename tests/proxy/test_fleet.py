@@ -22,15 +22,20 @@ from sluice.filters.config import BUILTIN_DIR
 from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
+from tests.proxy.fleet_keys import operator, proxy_key, trust_yaml
 from tests.proxy.test_reload import events, telemetry_events, wait_for
 
 PII_SHA = hashlib.sha256((BUILTIN_DIR / "pii-mask.wasm").read_bytes()).hexdigest()
 MASKED = re.compile(rb"([*#+]+)@([*#+]+)\.([*#+]+)")
 
 
-def sluice(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def sluice(*args: str, timeout: float = 60,
+           signing_key: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; deploy and remove sign with the operator's key ($SLUICE_SIGNING_KEY)."""
+    env = dict(os.environ, SLUICE_SIGNING_KEY=signing_key or operator().path,
+               SLUICE_TRUSTED_KEYS=f"{operator().path}.pub,{proxy_key().path}.pub")
     return subprocess.run([sys.executable, "-m", "sluice", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 def fleet_args(broker: TansuBroker, fleet_topic: str) -> list[str]:
@@ -98,7 +103,7 @@ def test_fleet_deploy_remove_list_with_two_proxies(
     tele = tmp_path / "telemetry"
     config = tmp_path / "sluice.yaml"
     config.write_text(
-        f"fleet:\n  topic: {fleet_topic}\n  heartbeat_seconds: 1\n"
+        f"fleet:\n  topic: {fleet_topic}\n  heartbeat_seconds: 1\n{trust_yaml()}"
         f"module_cache_dir: {json.dumps(str(cache))}\n"
         f"telemetry:\n  dir: {json.dumps(str(tele))}\n  format: jsonl\n  fsync: false\n",
         encoding="utf-8")
@@ -211,7 +216,8 @@ def test_fleet_filters_follow_the_config_file_filters(
     config.write_text(
         "filters:\n  - name: mask\n    module: builtin:pii-mask\n"
         f"    topics: [{topic}]\n    apply_to: [produce]\n    config: {{mask: '#'}}\n"
-        f"fleet:\n  topic: {fleet_topic}\n  heartbeat_seconds: 1\n", encoding="utf-8")
+        f"fleet:\n  topic: {fleet_topic}\n  heartbeat_seconds: 1\n{trust_yaml()}",
+        encoding="utf-8")
     proxy = start_proxy(config=config)
     ev = events(proxy, "chain_installed")[-1]
     assert [(f["name"], f["source"]) for f in ev["filters"]] == [
@@ -246,7 +252,7 @@ def test_fleet_carries_a_multi_megabyte_module(
     fleet_topic = unique("_sluice_filters")
     create_topic(broker.bootstrap, topic)
     config = tmp_path / "sluice.yaml"
-    config.write_text(f"fleet:\n  topic: {fleet_topic}\nmodule_cache_dir: cache\n",
+    config.write_text(f"fleet:\n  topic: {fleet_topic}\n{trust_yaml()}module_cache_dir: cache\n",
                       encoding="utf-8")
     proxy = start_proxy(config=config)
     proc = sluice("filter", "deploy", "big", str(module), "--topics", topic, "--on", "produce",

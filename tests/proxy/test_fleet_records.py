@@ -96,6 +96,12 @@ def test_heartbeats_are_instances_not_filters() -> None:
         ("fleet:\n  bootstrap: nohost\n", "fleet.bootstrap"),
         ("fleet:\n  create_topic: 'yes'\n", "fleet.create_topic"),
         ("fleet:\n  x: 1\n", "fleet.x"),
+        ("fleet: {}\n", "fleet.trusted_keys"),
+        ("fleet:\n  trusted_keys: [ssh-rsa AAAA]\n", "fleet.trusted_keys[0]"),
+        ("fleet:\n  trusted_keys: ['ed25519:AAAA']\n", "fleet.trusted_keys[0]"),
+        ("fleet:\n  signing_key: /nonexistent/key\n", "fleet.signing_key"),
+        ("fleet:\n  allow_unsigned: 1\n", "fleet.allow_unsigned"),
+        ("fleet:\n  allow_unsigned: true\n  cache_max_mb: 0\n", "fleet.cache_max_mb"),
     ],
 )
 def test_fleet_section_errors(text: str, where: str) -> None:
@@ -107,10 +113,11 @@ def test_fleet_section_errors(text: str, where: str) -> None:
 
 def test_fleet_section_defaults() -> None:
     assert parse_fleet_section(None) is None
-    s = parse_fleet_section({})
+    s = parse_fleet_section({"allow_unsigned": True})
     assert s is not None
     assert (s.topic, s.poll_seconds, s.heartbeat_seconds, s.create_topic, s.bootstrap) == (
         DEFAULT_TOPIC, 2.0, 5.0, True, None)
+    assert s.allow_unsigned and s.trusted_keys == () and s.cache_max_bytes == 256 * 1024 * 1024
 
 
 def test_store_module_is_keyed_by_sha256_and_idempotent(tmp_path: Path) -> None:

@@ -298,11 +298,65 @@ def test_requests_without_the_key_pass_as_their_bytes() -> None:
     assert isinstance(outcome, Forward) and outcome.frame is None and outcome.state is None
 
 
-def test_without_a_fleet_the_key_is_not_intercepted() -> None:
+def test_without_a_fleet_the_key_is_refused_never_passed_on() -> None:
     ctx = context(None, ListSink(), Letters())
-    assert not AdminPath().wants_request(ctx, ApiKey.INCREMENTAL_ALTER_CONFIGS)
-    assert AdminPath().wants_request(ctx_with(Book()), ApiKey.INCREMENTAL_ALTER_CONFIGS)
-    assert not AdminPath().wants_request(ctx_with(Book()), ApiKey.CREATE_TOPICS)
+    assert AdminPath().wants_request(ctx, ApiKey.INCREMENTAL_ALTER_CONFIGS)
+    assert AdminPath().wants_request(ctx, ApiKey.CREATE_TOPICS)
+    frame = incremental([("orders", [("X-Data-Policy", 0, PII)]),
+                         ("plain", [("retention.ms", 0, "5")])])
+    outcome = AdminPath().on_request(ctx, exchange_of(frame, ADMIN), frame)
+    assert isinstance(outcome, Forward) and outcome.frame is not None
+    api = ApiKey.INCREMENTAL_ALTER_CONFIGS
+    sent = sent_request(api, 1, frame, outcome)
+    assert [r.resource_name for r in sent.resources] == ["plain"]
+    exchange = exchange_of(frame, ADMIN)
+    exchange.state = outcome.state
+    response = settle(AdminPath().on_response(ctx, exchange,
+                                              broker_answer(api, 1, [("plain", 0)])))
+    results = results_of(api, 1, response.frame)
+    assert [r[:2] for r in results] == [("orders", 40), ("plain", 0)]
+    assert "fleet" in results[0][2]
+    # Without the key: untouched.
+    frame = incremental([("plain", [("retention.ms", 0, "5")])])
+    assert AdminPath().on_request(ctx, exchange_of(frame), frame) == Forward()
+
+
+@pytest.mark.parametrize("spelling", ["X-Data-Policy", "X-DATA-POLICY", "x-Data-policy"])
+def test_the_key_in_any_case_is_the_policy(spelling: str) -> None:
+    book = Book()
+    frame = incremental([("orders", [(spelling, 0, PII)])])
+    outcome = settle(AdminPath().on_request(ctx_with(book), exchange_of(frame, ADMIN), frame))
+    assert isinstance(outcome, Answer)
+    assert book.policies == {"orders": PII}
+
+
+@pytest.mark.parametrize("name", ["c*", "*", "a?b", "[ab]", ".", "..", "x" * 250, "a b", "é"])
+def test_a_policy_names_exactly_one_topic(name: str) -> None:
+    book = Book()
+    frame = incremental([(name, [("x-data-policy", 0, PII)])])
+    outcome = settle(AdminPath().on_request(ctx_with(book), exchange_of(frame, ADMIN), frame))
+    assert isinstance(outcome, Answer)
+    [(_name, code, message)] = results_of(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, outcome.response)
+    assert code == ErrorCode.INVALID_CONFIG and "not a Kafka topic name" in message
+    assert book.written == []
+
+
+def test_create_topics_with_the_key_is_refused_for_that_topic_only() -> None:
+    cls = schemas.request_schema(ApiKey.CREATE_TOPICS, 5)
+    tcls = entities.element_class(cls, "topics")
+    ccls = entities.element_class(tcls, "configs")
+    request = entities.build(cls, timeout_ms=1000, validate_only=False, topics=(
+        entities.build(tcls, name="with", num_partitions=1, replication_factor=1,
+                       assignments=(), configs=(entities.build(ccls, name="X-Data-Policy",
+                                                               value=PII),)),
+        entities.build(tcls, name="without", num_partitions=1, replication_factor=1,
+                       assignments=(), configs=())))
+    frame = request_header_bytes(ApiKey.CREATE_TOPICS, 5, 7, "a") + encode_request(request)
+    for ctx in (ctx_with(Book()), context(None, ListSink(), Letters())):
+        outcome = AdminPath().on_request(ctx, exchange_of(frame, ADMIN), frame)
+        assert isinstance(outcome, Forward) and outcome.frame is not None
+        sent = sent_request(ApiKey.CREATE_TOPICS, 5, frame, outcome)
+        assert [t.name for t in sent.topics] == ["without"]
 
 
 def test_a_store_failure_fails_that_resource() -> None:
