@@ -3,13 +3,14 @@
 A record encrypted by the proxy keeps its key and its own headers; the proxy appends its
 headers after the producer's, in this order (layout 2, written today):
 
-    sluice.enc         ASCII "2;value" or "2;fields": layout version and mode
+    sluice.enc         UTF-8 "2;value;<filter>" or "2;fields;<filter>": layout version, mode
+                       and the name of the filter that sealed the record
     sluice.enc.key     ASCII "<kek name>;<kek version>": the key-encryption key used
     sluice.enc.dek     binary: the data key wrapped by that KEK (opaque bytes from the KMS)
-    sluice.enc.filter  UTF-8: the name of the filter that sealed the record
     sluice.enc.fields  (fields mode only) JSON array of the encrypted field paths
 
-Layout 1 (older Sluice) has the same headers without ``sluice.enc.filter``.
+Layout 1 (older Sluice) has the same headers, with ``sluice.enc`` holding only "1;value" or
+"1;fields".
 
 Whole-value mode stores ``0x01 | nonce (12) | AES-256-GCM ciphertext and tag (16)``.
 Fields mode keeps the JSON document and replaces each encrypted field's value text with the
@@ -48,9 +49,8 @@ LEGACY_LAYOUT: Final = 1
 H_ENC: Final = "sluice.enc"
 H_KEY: Final = "sluice.enc.key"
 H_DEK: Final = "sluice.enc.dek"
-H_FILTER: Final = "sluice.enc.filter"
 H_FIELDS: Final = "sluice.enc.fields"
-OUR_HEADERS: Final = (H_ENC, H_KEY, H_DEK, H_FILTER, H_FIELDS)
+OUR_HEADERS: Final = (H_ENC, H_KEY, H_DEK, H_FIELDS)
 #: Every header whose name starts with this belongs to the proxy: producers may not send one.
 RESERVED_PREFIX: Final = "sluice.enc"
 MODE_VALUE: Final = "value"
@@ -162,13 +162,13 @@ def aad(mode: str, key_name: str, key_version: str, wrapped_dek: bytes,
 
 def headers_for(env: Envelope) -> list[Header]:
     """The proxy's headers for `env`, in stored order (in `env.layout`)."""
+    enc = (f"{env.layout};{env.mode}" if env.layout == LEGACY_LAYOUT
+           else f"{env.layout};{env.mode};{env.filter_name}")
     out: list[Header] = [
-        (H_ENC, f"{env.layout};{env.mode}".encode()),
+        (H_ENC, enc.encode()),
         (H_KEY, f"{env.key_name};{env.key_version}".encode()),
         (H_DEK, env.wrapped_dek),
     ]
-    if env.layout != LEGACY_LAYOUT:
-        out.append((H_FILTER, env.filter_name.encode()))
     if env.mode == MODE_FIELDS:
         out.append((H_FIELDS, _json_list(env.fields)))
     return out
@@ -180,7 +180,7 @@ def _json_list(items: Sequence[str]) -> bytes:
 
 def group_start(headers: Sequence[Header]) -> int:
     """Index of the last ``sluice.enc`` header (-1: none). Scanning from the end finds it
-    within the last 3 to 5 headers (the proxy's group) when the record is encrypted."""
+    within the last 3 or 4 headers (the proxy's group) when the record is encrypted."""
     for i in range(len(headers) - 1, -1, -1):
         if headers[i][0] == H_ENC:
             return i
@@ -203,14 +203,21 @@ def find_envelope(headers: Sequence[Header]) -> Envelope | None:
         raise EnvelopeError("encryption header without a value")
     enc = bytes(values[0] or b"")
     version, _, mode = enc.partition(b";")
+    filter_name = ""
     if version == str(LAYOUT_VERSION).encode():
         layout = LAYOUT_VERSION
+        mode, sep, name = mode.partition(b";")
+        try:
+            filter_name = name.decode()
+        except UnicodeDecodeError:
+            raise EnvelopeError("malformed sluice.enc header") from None
+        if not sep or not filter_name:
+            raise EnvelopeError("malformed sluice.enc header (no filter name)")
     elif version == str(LEGACY_LAYOUT).encode():
         layout = LEGACY_LAYOUT
     else:
         raise EnvelopeError(f"unknown encryption layout {version[:8]!r}")
-    want = [H_ENC, H_KEY, H_DEK] + ([H_FILTER] if layout != LEGACY_LAYOUT else []) + (
-        [H_FIELDS] if mode == MODE_FIELDS.encode() else [])
+    want = [H_ENC, H_KEY, H_DEK] + ([H_FIELDS] if mode == MODE_FIELDS.encode() else [])
     if mode not in (MODE_VALUE.encode(), MODE_FIELDS.encode()) or names != want:
         raise EnvelopeError("malformed encryption headers")
     try:
@@ -220,17 +227,9 @@ def find_envelope(headers: Sequence[Header]) -> Envelope | None:
     key_name, sep, key_version = key_text.rpartition(";")
     if not sep or not key_name or not key_version:
         raise EnvelopeError("malformed sluice.enc.key header")
-    filter_name = ""
-    if layout != LEGACY_LAYOUT:
-        try:
-            filter_name = bytes(values[3] or b"").decode()
-        except UnicodeDecodeError:
-            raise EnvelopeError("malformed sluice.enc.filter header") from None
-        if not filter_name:
-            raise EnvelopeError("malformed sluice.enc.filter header")
     fields: tuple[str, ...] = ()
     if mode == MODE_FIELDS.encode():
-        fields = _parse_fields(bytes(values[-1] or b""))
+        fields = _parse_fields(bytes(values[3] or b""))
     return Envelope(mode.decode(), key_name, key_version, bytes(values[2] or b""), fields,
                     start, layout, filter_name)
 

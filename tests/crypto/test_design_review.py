@@ -160,7 +160,7 @@ def test_a_record_naming_another_kek_is_not_opened(kms: KmsSettings) -> None:
     ])
     theirs = bytes(produce(chain, "u", batch([(b"k", b"secret of u", [])])).records)
     [rec] = records_of(theirs)
-    rec.headers = [(n, b"enc" if n == "sluice.enc.filter" else v) for n, v in rec.headers]
+    rec.headers = [(n, b"2;value;enc" if n == "sluice.enc" else v) for n, v in rec.headers]
     out = fetch(chain, "t", rebuild([rec]), "User:r")
     assert out.error_code == 0 and b"secret of u" not in bytes(out.records)
     assert counts(out) == {"foreign": 1}

@@ -47,10 +47,9 @@ def test_golden_record_reads() -> None:
 
 # The same value as layout 2 stores it (filter enc-payments, topic payments.eu), sealed with
 # DEK and the nonce 00..0b: what every later version must still read.
-GOLDEN2_HEADERS = [("trace", b"t-1"), ("sluice.enc", b"2;value"),
+GOLDEN2_HEADERS = [("trace", b"t-1"), ("sluice.enc", b"2;value;enc-payments"),
                    ("sluice.enc.key", b"payments;3-0a1b2c3d"),
-                   ("sluice.enc.dek", b"wrapped-dek-bytes"),
-                   ("sluice.enc.filter", b"enc-payments")]
+                   ("sluice.enc.dek", b"wrapped-dek-bytes")]
 GOLDEN2_VALUE = bytes.fromhex(
     "01" "000102030405060708090a0b"
     "3c20b776aa90ac6faf7bb7ba83c74d10" "7700e6f8213c678abc5fb762ac82608f")
@@ -134,7 +133,8 @@ def test_fields_header_round_trip() -> None:
 
 
 @pytest.mark.parametrize("headers", [
-    [(H_ENC, b"2;value"), (H_KEY, b"k;1"), (H_DEK, b"w")],          # unknown layout version
+    [(H_ENC, b"2;value"), (H_KEY, b"k;1"), (H_DEK, b"w")],          # layout 2 without a filter
+    [(H_ENC, b"3;value;f"), (H_KEY, b"k;1"), (H_DEK, b"w")],        # unknown layout version
     [(H_ENC, b"1;zip"), (H_KEY, b"k;1"), (H_DEK, b"w")],            # unknown mode
     [(H_ENC, b"1;value"), (H_KEY, b"k;1")],                         # a header missing
     [(H_ENC, b"1;value"), (H_DEK, b"w"), (H_KEY, b"k;1")],          # out of order
