@@ -206,12 +206,12 @@ def find_envelope(headers: Sequence[Header]) -> Envelope | None:
     filter_name = ""
     if version == str(LAYOUT_VERSION).encode():
         layout = LAYOUT_VERSION
-        mode, sep, name = mode.partition(b";")
+        mode, fsep, name = mode.partition(b";")
         try:
             filter_name = name.decode()
         except UnicodeDecodeError:
             raise EnvelopeError("malformed sluice.enc header") from None
-        if not sep or not filter_name:
+        if not fsep or not filter_name:
             raise EnvelopeError("malformed sluice.enc header (no filter name)")
     elif version == str(LEGACY_LAYOUT).encode():
         layout = LEGACY_LAYOUT
