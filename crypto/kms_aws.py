@@ -12,14 +12,18 @@ with Decrypt against the exact key id that wrapped them.
 - rotate: a new KMS key tagged with the name, the alias moved to it; older keys keep
   decrypting what they wrapped. (AWS's own automatic rotation is transparent to Sluice and
   needs nothing here.)
-- delete: every key of the name (and prefix) is tagged ``sluice:destroyed=<time>``, disabled
-  at once and scheduled for deletion (7 days, the AWS minimum), and the alias removed. Only a
-  key that carries that tag and is no longer ``Enabled`` reads as destroyed (its records are
-  unreadable from that moment: checked with DescribeKey before each unwrap, so it holds even
-  where a KMS would still decrypt for a disabled key). A key disabled by anyone else, a key
-  id the region does not know (the wrong region, or a key AWS has finished deleting) or an
-  access refusal is a retriable error: never taken for shredding. AWS makes the deletion
-  final only when the 7-day window ends; until then ``CancelKeyDeletion`` can undo it.
+- delete: every key of the name (and prefix) is recorded as destroyed, disabled at once and
+  scheduled for deletion (7 days, the AWS minimum), and the alias removed. The record is
+  twofold: the tag ``sluice:destroyed=<time>`` on the key, and an alias
+  ``alias/<prefix>_destroyed/<key id>`` pointing at the deployment's registry key
+  (``alias/<prefix>_registry``, a KMS key Sluice creates once and never uses to encrypt), which
+  outlives the deleted key. Only a key recorded so reads as destroyed: a disabled or
+  pending-deletion key with the tag, or a key id KMS no longer knows that has such an alias
+  (checked with DescribeKey before each unwrap, so it holds even where a KMS would still
+  decrypt for a disabled key). A key disabled by anyone else, an unknown key id (the wrong
+  region) or an access refusal is a retriable error: never taken for shredding. AWS makes the
+  deletion final only when the 7-day window ends; until then ``CancelKeyDeletion`` can undo
+  it.
 
 Calls time out after ``timeout_seconds`` (connect and read) with one retry; connection
 failures, throttling and KMS internal errors are `KmsUnavailable`.
@@ -27,6 +31,7 @@ failures, throttling and KMS internal errors are `KmsUnavailable`.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any, Final
 
@@ -44,6 +49,12 @@ from sluice.crypto.kms import (
 TAG: Final = "sluice:key-name"
 PREFIX_TAG: Final = "sluice:alias-prefix"
 DESTROYED_TAG: Final = "sluice:destroyed"
+#: Alias suffixes of the deployment's registry of destroyed keys (under the alias prefix;
+#: "_" cannot start a key name, so they never collide with one).
+REGISTRY: Final = "_registry"
+DESTROYED_DIR: Final = "_destroyed/"
+_KEY_ID: Final = re.compile(r"^[A-Za-z0-9-]{1,128}$")
+_KEY_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 _NOT_FOUND: Final = ("NotFoundException",)
 _UNWRAP: Final = ("InvalidCiphertextException", "IncorrectKeyException")
 
@@ -106,7 +117,13 @@ class AwsKms:
         return DataKey(name, version, bytes(out["Plaintext"]), bytes(out["CiphertextBlob"]))
 
     def decrypt_data_key(self, name: str, version: str, wrapped: bytes) -> bytes:
-        meta = self._call("describe_key", KeyId=version)["KeyMetadata"]
+        try:
+            meta = self._call("describe_key", KeyId=version)["KeyMetadata"]
+        except KeyNotFound:
+            if self._recorded_destroyed(version):
+                raise KeyDestroyed(f"KMS key {version} of {name!r} was deleted by sluice keys "
+                                   "(AWS has completed the deletion)") from None
+            raise
         state = meta.get("KeyState")
         if state != "Enabled":
             tags = self._call("list_resource_tags", KeyId=version).get("Tags", [])
@@ -120,6 +137,46 @@ class AwsKms:
         out = self._call("decrypt", CiphertextBlob=wrapped, KeyId=version,
                          EncryptionContext={"sluice:key": name})
         return bytes(out["Plaintext"])
+
+    # ------------------------------------------------------------------ destroyed keys
+    def _destroyed_alias(self, key_id: str) -> str:
+        return f"alias/{self.prefix}{DESTROYED_DIR}{key_id}"
+
+    def _recorded_destroyed(self, key_id: str) -> bool:
+        """Whether `sluice keys delete` recorded `key_id` in this deployment's registry."""
+        if not _KEY_ID.match(key_id):
+            return False  # not a key id (an edited header): no such record can exist
+        try:
+            self._call("describe_key", KeyId=self._destroyed_alias(key_id))
+        except KeyNotFound:
+            return False
+        return True
+
+    def _registry_key(self) -> str:
+        """The deployment's registry key id (created on first use)."""
+        alias = f"alias/{self.prefix}{REGISTRY}"
+        try:
+            return str(self._call("describe_key", KeyId=alias)["KeyMetadata"]["KeyId"])
+        except KeyNotFound:
+            pass
+        key_id = str(self._call(
+            "create_key", Description="Sluice: registry of destroyed key-encryption keys "
+            "(holds no data; do not delete)", KeyUsage="ENCRYPT_DECRYPT",
+            Tags=[{"TagKey": PREFIX_TAG, "TagValue": self.prefix}])["KeyMetadata"]["KeyId"])
+        try:
+            self._call("create_alias", AliasName=alias, TargetKeyId=key_id)
+        except KmsError:
+            # Another process created it first: use theirs, retire ours.
+            self._call("schedule_key_deletion", KeyId=key_id, PendingWindowInDays=7)
+            return str(self._call("describe_key", KeyId=alias)["KeyMetadata"]["KeyId"])
+        return key_id
+
+    def _record_destroyed(self, key_id: str) -> None:
+        """Record `key_id` as destroyed by Sluice, in a form that outlives the key."""
+        if self._recorded_destroyed(key_id):
+            return
+        self._call("create_alias", AliasName=self._destroyed_alias(key_id),
+                   TargetKeyId=self._registry_key())
 
     # ------------------------------------------------------------------ management
     def _keys_of(self, name: str) -> list[dict[str, Any]]:
@@ -152,8 +209,10 @@ class AwsKms:
             page = self._call("list_aliases", **marker)
             for a in page.get("Aliases", []):
                 alias = str(a.get("AliasName", ""))
-                if alias.startswith(f"alias/{self.prefix}") and a.get("TargetKeyId"):
-                    out[alias[len(f"alias/{self.prefix}"):]] = str(a["TargetKeyId"])
+                rest = alias[len(f"alias/{self.prefix}"):]
+                if alias.startswith(f"alias/{self.prefix}") and a.get("TargetKeyId") and (
+                        _KEY_NAME.match(rest)):  # not the registry's own aliases
+                    out[rest] = str(a["TargetKeyId"])
             if not page.get("Truncated"):
                 return out
             marker = {"Marker": page["NextMarker"]}
@@ -200,7 +259,9 @@ class AwsKms:
             raise KeyNotFound(f"no KMS alias {self.alias(name)}")
         for meta in metas:
             if meta.get("KeyState") in ("Enabled", "Disabled"):
-                # Recorded first: only a key Sluice marked reads as shredded.
+                # Recorded first: only a key Sluice marked reads as shredded, and the
+                # registry alias keeps saying so once AWS has deleted the key.
+                self._record_destroyed(str(meta["KeyId"]))
                 self._call("tag_resource", KeyId=meta["KeyId"],
                            Tags=[{"TagKey": DESTROYED_TAG, "TagValue": _now()}])
             if meta.get("KeyState") == "Enabled":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from sluice.crypto.envelope import (
     headers_for,
     seal_value,
 )
-from sluice.crypto.kms import KmsSettings, KmsUnavailable
+from sluice.crypto.kms import KeyDestroyed, KeyNotFound, KmsSettings, KmsUnavailable
 from sluice.crypto.kms_aws import AwsKms
 from sluice.crypto.kms_local import LocalKeyring
 from sluice.filters.abi_base import FilterLoadError
@@ -460,3 +461,25 @@ def test_aws_wrong_region_is_retriable_never_shredded(moto: MotoServer, aws_env:
                                           decrypt_for=["User:r"])])
     out = fetch(reader, "t", stored, "User:r")
     assert out.error_code == KAFKA_STORAGE_ERROR and out.records == b""
+
+
+def test_aws_shredding_outlives_the_deleted_key(moto: MotoServer, aws_env: None,
+                                                tmp_path: Path) -> None:
+    """Once AWS has finished deleting a key, KMS no longer knows its id (as in a wrong region):
+    the registry alias `sluice keys delete` left is what still says "destroyed by Sluice"."""
+    kms = aws(moto, f"gone-{tmp_path.name}/")
+    dk = kms.generate_data_key("payments")
+    kms.delete_key("payments")
+    aliases = {a["AliasName"] for a in kms._client.list_aliases()["Aliases"]}
+    assert f"alias/{kms.prefix}_destroyed/{dk.key_version}" in aliases
+    assert f"alias/{kms.prefix}_registry" in aliases
+    assert kms.list_keys() == []  # the registry's aliases are not key names
+    with pytest.raises(KeyDestroyed):  # pending deletion, tagged by sluice keys
+        kms.decrypt_data_key("payments", dk.key_version, dk.wrapped)
+    # moto never completes a deletion: a recorded id KMS does not know stands in for it.
+    completed, unknown = str(uuid.uuid4()), str(uuid.uuid4())
+    kms._record_destroyed(completed)
+    with pytest.raises(KeyDestroyed):
+        kms.decrypt_data_key("payments", completed, dk.wrapped)
+    with pytest.raises(KeyNotFound):  # never recorded: retriable for the proxy
+        kms.decrypt_data_key("payments", unknown, dk.wrapped)
