@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,8 @@ from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sluice.codec.records import BatchHeader, Record, build_batch, decode_records, split_batches
 from sluice.crypto.envelope import (
@@ -82,8 +85,8 @@ def fetch(chain: FilterChain, topic: str, data: bytes, principal: str | None) ->
 
 def counts(out: Any) -> dict[str, int]:
     total: dict[str, int] = {}
-    for st in out.stats:
-        for k, v in st.detector_counts.items():
+    for stats in out.stats:
+        for k, v in stats.detector_counts.items():
             total[k] = total.get(k, 0) + v
     return total
 
@@ -234,6 +237,61 @@ def test_fields_mode_authenticates_the_whole_record(kms: KmsSettings, edit: str)
         rec.headers[at] = ("sluice.enc.fields", b'["iban","card"]')
     out = fetch(chain, "t", rebuild([rec]), "User:r")
     assert out.error_code == CORRUPT_MESSAGE and out.records == b""
+
+
+_PROPERTY_DIR = tempfile.mkdtemp(prefix="sluice-review-")
+_PROPERTY_CHAIN: list[FilterChain] = []
+
+
+def property_chain() -> FilterChain:
+    """One chain for every hypothesis example (a keyring in a private temporary directory)."""
+    if not _PROPERTY_CHAIN:
+        settings_ = KmsSettings("local", path=str(Path(_PROPERTY_DIR) / "keys.json"))
+        _PROPERTY_CHAIN.append(FilterChain.from_specs([spec(
+            "enc", ["t"], settings_, key="k", fields=["card", "iban"],
+            decrypt_for=["User:r"])]))
+    return _PROPERTY_CHAIN[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.text(max_size=12), amount=st.integers(), data=st.data())
+def test_any_edit_of_a_fields_record_is_an_error_or_harmless(name: str, amount: int,
+                                                             data: st.DataObject) -> None:
+    """Whatever single byte is changed in the stored value, a header's name or a header's
+    value, the allowed reader gets an error, the produced record exactly (an edit of the
+    ciphertext's encoding that decodes to the same bytes), or the edited record as stored
+    (the group no longer names this filter): never a decrypted record that differs."""
+    chain = property_chain()
+    doc = json.dumps({"card": "4111", "name": name, "iban": {"cc": "DE"}, "n": amount})
+    produced = batch([(b"k", doc.encode(), [("trace", b"t1"), ("tenant", b"eu")])])
+    stored = bytes(produce(chain, "t", produced).records)
+    [rec] = records_of(stored)
+    assert rec.value is not None
+    where = data.draw(st.sampled_from(["value", "header name", "header value"]))
+    flip = data.draw(st.integers(1, 255))
+    if where == "value":
+        i = data.draw(st.integers(0, len(rec.value) - 1))
+        edited = bytearray(rec.value)
+        edited[i] ^= flip
+        rec.value = bytes(edited)
+    else:
+        h = data.draw(st.integers(0, len(rec.headers) - 1))
+        hname, hvalue = rec.headers[h]
+        if where == "header name":
+            raw = bytearray(hname.encode())
+            raw[data.draw(st.integers(0, len(raw) - 1))] ^= flip & 0x3f or 1
+            rec.headers[h] = (raw.decode("latin-1"), hvalue)
+        else:
+            assert hvalue is not None
+            raw = bytearray(hvalue)
+            raw[data.draw(st.integers(0, len(raw) - 1))] ^= flip
+            rec.headers[h] = (hname, bytes(raw))
+    edited_batch = rebuild([rec])
+    out = fetch(chain, "t", edited_batch, "User:r")
+    if out.error_code == 0:
+        assert bytes(out.records) in (rebuild(records_of(produced)), edited_batch)
+    else:
+        assert out.error_code == CORRUPT_MESSAGE and out.records == b""
 
 
 def test_value_mode_authenticates_the_producers_headers(kms: KmsSettings) -> None:
