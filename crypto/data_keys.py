@@ -6,7 +6,9 @@ deleted KEK stops being used for new records as soon as it stops decrypting old 
 the next batch gets a fresh one from the KMS. The count bound keeps AES-GCM's random 96-bit
 nonces far from their collision limit (NIST SP 800-38D: at most 2^32 messages per key) and
 limits what one leaked data key exposes.
-A batch always uses a single data key, taken before its first record.
+A batch uses a single data key, taken before its first record, unless it alone holds more
+values than `max_records`: then the caller splits it across data keys (`for_encrypt` never
+grants more than `max_records` seals to one key).
 
 Decrypting unwraps each wrapped data key once through the KMS and keeps the result for
 `cache_seconds` (at most `cache_entries` keys, least recently used dropped first). The time
@@ -68,7 +70,11 @@ class DataKeys:
         self.unwrapped = 0
 
     def for_encrypt(self, name: str, seals: int) -> ActiveKey:
-        """The data key for a batch that will seal `seals` values (rotating when due)."""
+        """The data key for a batch (or a part of one) that will seal `seals` values, at most
+        `max_records` (rotating when due, so no key seals more than `max_records`)."""
+        if seals > self.max_records:
+            raise ValueError(f"{seals} seals exceed data_key_max_records ({self.max_records}); "
+                             "split the batch")
         with self._lock:
             now = self.clock()
             key = self._active.get(name)

@@ -227,6 +227,12 @@ class _EntryParser:
         if on_error not in ON_ERROR_VALUES:
             raise self.fail("on_error",
                             f"unknown value {on_error!r} (expected {', '.join(ON_ERROR_VALUES)})")
+        if module == "builtin:encrypt" and on_error in ("pass", "dead-letter"):
+            # A failure would store plaintext (pass) or copy the batch's plaintext to the
+            # dead-letter topic: the encryption filter only fails closed.
+            raise self.fail("on_error", f"builtin:encrypt cannot use {on_error!r}: a failure "
+                                        "would put plaintext where ciphertext belongs; use "
+                                        "reject")
         dead_letter_topic = self.string("dead_letter_topic", required=False)
         if on_error == "dead-letter" and dead_letter_topic is None:
             raise self.fail("dead_letter_topic", "required when on_error is dead-letter")

@@ -39,6 +39,11 @@ class HostRunner:
     #: Bumped when a host filter's stored output changes meaning (part of its sha256).
     implementation_version: ClassVar[int] = 1
     supports_admin: ClassVar[bool] = False
+    #: Seals what the filters before it produced: fetch runs such filters in reverse order.
+    nests: ClassVar[bool] = False
+    #: Header-name prefix only this filter writes; the chain refuses produced records that
+    #: carry one (None: no such prefix).
+    reserved_header_prefix: ClassVar[str | None] = None
 
     def __init__(self, spec: FilterSpec, who: str) -> None:
         self.spec = spec

@@ -166,6 +166,17 @@ class LoadedFilter:
         return self._runner.supports_admin
 
     @property
+    def nests(self) -> bool:
+        """Whether the filter seals what earlier filters produced, so fetch must run it
+        before them (host filters that say so: ``builtin:encrypt``)."""
+        return bool(getattr(self._runner, "nests", False))
+
+    @property
+    def reserved_header_prefix(self) -> str | None:
+        """Header-name prefix only this filter may write (producers may not send one)."""
+        return getattr(self._runner, "reserved_header_prefix", None)
+
+    @property
     def native(self) -> bool:
         """Whether the module offers ``sluice_filter_records`` (the host's fast path)."""
         return isinstance(self._runner, SluiceAbi) and self._runner.has_native
