@@ -8,7 +8,10 @@ A filter directory holds one entry source and builds to one stripped Wasm module
   the ``wasm32-unknown-unknown`` standard library (Debian's ``rustc`` +
   ``libstd-rust-dev-wasm32``);
 - ``filter.ts`` (AssemblyScript, with the ``sluice`` module, ``sdk/assemblyscript/``): the
-  pinned ``assemblyscript`` compiler that ``scripts/dev.sh install`` puts in the virtualenv.
+  pinned ``assemblyscript`` compiler that ``scripts/dev.sh install`` puts in the virtualenv;
+- ``filter.go`` (Go, with the ``sluice`` package, ``sdk/go/``): the standard Go toolchain
+  (``GOOS=wasip1 GOARCH=wasm``, a ``c-shared`` WASI reactor), offline: the SDK is the only
+  module and it comes from this repository.
 
 The output depends only on the sources and the compiler versions, not on the directory it is
 built from.
@@ -98,7 +101,34 @@ ASC_MISSING = (
     "(it needs Node.js 20+: `apt-get install nodejs npm`); SLUICE_ASC=/path/to/asc picks one"
 )
 
-ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts")
+# Go: the standard toolchain. A filter is package main in one file; the build copies it into a
+# temporary module whose go.mod points `sluice` at sdk/go, so that nothing is fetched, and
+# -trimpath, -buildvcs=false and an empty build id keep every path and stamp of this machine
+# out of the module.
+GO_VERSION = "1.26.8"
+GO_FLAGS = (
+    "-trimpath",
+    "-buildvcs=false",
+    "-buildmode=c-shared",
+    "-ldflags=-s -w -buildid=",
+)
+GO_ENV = {
+    "GOOS": "wasip1",
+    "GOARCH": "wasm",
+    "CGO_ENABLED": "0",
+    "GOWORK": "off",
+    "GOFLAGS": "-mod=mod",
+    "GOTOOLCHAIN": "local",
+    "GO111MODULE": "on",
+    "GOPROXY": "off",
+}
+GO_MISSING = (
+    f"the Go toolchain (go{GO_VERSION}, at least 1.24 for //go:wasmexport) is not installed: "
+    "install it from the Go project's release archive into /usr/local/go and put "
+    "/usr/local/go/bin on PATH (Debian's golang-go is too old); SLUICE_GO=/path/to/go picks one"
+)
+
+ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go")
 
 ZIG_FLAGS = (
     "-target",
@@ -127,7 +157,7 @@ class Target:
 
 
 def entry_source(source_dir: Path) -> Path:
-    """The entry file of a filter directory: filter.c, .zig, .rs or .ts (exactly one)."""
+    """The entry file of a filter directory: filter.c, .zig, .rs, .ts or .go (exactly one)."""
     found = [source_dir / name for name in ENTRIES if (source_dir / name).is_file()]
     if not found:
         raise BuildError(f"{source_dir}: no {', '.join(ENTRIES)}")
@@ -212,6 +242,45 @@ def asc_version(asc: list[str]) -> str:
     return out.stdout.strip().split()[-1]
 
 
+def find_go() -> str:
+    """The go command: $SLUICE_GO, PATH's, or the release archive's usual place."""
+    chosen = os.environ.get("SLUICE_GO")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise BuildError(f"SLUICE_GO={chosen} is not an executable; unset it, or "
+                             + GO_MISSING)
+        return chosen
+    for go in (shutil.which("go"), "/usr/local/go/bin/go"):
+        if go and os.access(go, os.X_OK):
+            return go
+    raise BuildError(GO_MISSING)
+
+
+def go_version(go: str) -> str:
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "GOTOOLCHAIN": "local"})
+    return out.stdout.strip().removeprefix("go")
+
+
+_GO_MOD = """module filter
+
+go 1.24
+
+require sluice v0.0.0
+
+replace sluice => {sdk}
+"""
+
+
+def _go_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]:
+    """The go build command and the directory it runs in: a module holding only the filter."""
+    module = tmp / "module"
+    module.mkdir()
+    shutil.copyfile(entry, module / "filter.go")
+    (module / "go.mod").write_text(_GO_MOD.format(sdk=SDK_DIR / "go"))
+    return [find_go(), "build", *GO_FLAGS, "-o", str(tmp_out), "."], module
+
+
 def _compile_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path) -> list[list[str]]:
     """The commands that compile `entry` (run in `source_dir`, paths relative to it)."""
     sdk = os.path.relpath(SDK_DIR, source_dir)
@@ -259,10 +328,16 @@ def build_filter(source_dir: Path, output: Path) -> Path:
         env = dict(os.environ)
         # zig cc caches object files; a private cache keeps builds independent of each other.
         env["ZIG_LOCAL_CACHE_DIR"] = str(Path(tmp) / "cache")
-        for cmd in _compile_command(entry, source_dir, Path(tmp), tmp_out):
+        if entry.suffix == ".go":
+            go_cmd, go_dir = _go_command(entry, Path(tmp), tmp_out)
+            env.update(GO_ENV)
+            steps = [(go_cmd, go_dir)]
+        else:
+            steps = [(cmd, source_dir)
+                     for cmd in _compile_command(entry, source_dir, Path(tmp), tmp_out)]
+        for cmd, cwd in steps:
             try:
-                proc = subprocess.run(cmd, cwd=source_dir, capture_output=True, text=True,
-                                      env=env)
+                proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
             except OSError as exc:
                 raise BuildError(f"cannot run the compiler: {exc}") from exc
             if proc.returncode != 0:
@@ -313,6 +388,8 @@ def _versions_match(suffixes: set[str]) -> bool:
         found.append(("rustc", rustc_version(find_rustc()), RUST_VERSION))
     if ".ts" in suffixes:
         found.append(("assemblyscript", asc_version(find_asc()), ASC_VERSION))
+    if ".go" in suffixes:
+        found.append(("go", go_version(find_go()), GO_VERSION))
     ok = True
     for tool, have, want in found:
         if have != want:
