@@ -123,9 +123,11 @@ GO_ENV = {
     "GOPROXY": "off",
 }
 GO_MISSING = (
-    f"the Go toolchain (go{GO_VERSION}, at least 1.24 for //go:wasmexport) is not installed: "
-    "install it from the Go project's release archive into /usr/local/go and put "
-    "/usr/local/go/bin on PATH (Debian's golang-go is too old); SLUICE_GO=/path/to/go picks one"
+    f"the Go toolchain (go{GO_VERSION}; 1.24 or newer for //go:wasmexport) is not installed: "
+    f"with any Go 1.21 or newer on PATH, `GOTOOLCHAIN=go{GO_VERSION} go version` fetches it "
+    "from the Go module proxy (then use that toolchain's bin/go, or keep GOTOOLCHAIN set); "
+    "or unpack the Go project's release archive into /usr/local/go (Debian's golang-go is too "
+    "old); SLUICE_GO=/path/to/go picks one"
 )
 
 ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go")
