@@ -18,7 +18,7 @@ func (upper) OnRecord(rec *sluice.Record) (sluice.Decision, error) {
 	if first >= len(v) {
 		return sluice.KeepRecord(), nil // null, empty or nothing to change
 	}
-	out := make([]byte, len(v))
+	out := sluice.Alloc(len(v)) // valid until the batch is answered, like C's sluice_malloc
 	copy(out, v[:first])
 	for i := first; i < len(v); i++ {
 		c := v[i]

@@ -37,6 +37,8 @@ func lastError() int64 { return pack(errBuf[:errLen]) }
 func input(ptr, size int32) []byte {
 	errLen = 0
 	counterN = 0
+	hdrUsed = 0
+	resetArena()
 	if size <= 0 {
 		return nil
 	}
@@ -111,6 +113,24 @@ func ensure() bool {
 	}
 	filter = f
 	return true
+}
+
+// Headers of a call's records come from one pool, reused by the next call: no allocation per
+// record.
+var (
+	hdrPool []Header
+	hdrUsed int
+)
+
+func headers(n int) []Header {
+	if hdrUsed+n > len(hdrPool) {
+		// Slices already handed out keep the old array alive until the call ends.
+		hdrPool = make([]Header, 2*len(hdrPool)+n)
+		hdrUsed = 0
+	}
+	h := hdrPool[hdrUsed : hdrUsed+n : hdrUsed+n]
+	hdrUsed += n
+	return h
 }
 
 type reader struct {
@@ -197,8 +217,20 @@ func (r *reader) varlong() int64 {
 	return 0
 }
 
-// varint reads one of Kafka's 32-bit varint fields; anything wider is a malformed record.
+// varint reads one of Kafka's 32-bit varint fields; anything wider is a malformed record. Most
+// fields are one byte long: that case is small enough to be inlined (a call costs more than
+// the decoding in Go's Wasm code).
 func (r *reader) varint() int32 {
+	if r.pos < len(r.buf) {
+		if b := r.buf[r.pos]; b < 0x80 {
+			r.pos++
+			return int32(b>>1) ^ -int32(b&1)
+		}
+	}
+	return r.varintSlow()
+}
+
+func (r *reader) varintSlow() int32 {
 	v := r.varlong()
 	if v < -1<<31 || v > 1<<31-1 {
 		r.ok = false
@@ -311,7 +343,8 @@ func filterBatch(ptr, size int32) int64 {
 	}
 	o := w32(out(64+int(count)), count)
 	for i := uint32(0); i < count; i++ {
-		rec := ctx
+		rec := &current
+		*rec = ctx
 		rec.Index = i
 		rec.Offset = r.i64()
 		rec.TimestampMs = r.i64()
@@ -322,7 +355,7 @@ func filterBatch(ptr, size int32) int64 {
 			return fail("malformed record")
 		}
 		if hc > 0 {
-			rec.Headers = make([]Header, hc)
+			rec.Headers = headers(int(hc))
 			for j := range rec.Headers {
 				rec.Headers[j].Key = r.str()
 				rec.Headers[j].Value = r.bytes(true)
@@ -331,7 +364,7 @@ func filterBatch(ptr, size int32) int64 {
 		if !r.ok {
 			return fail("malformed header")
 		}
-		d, err := filter.OnRecord(&rec)
+		d, err := filter.OnRecord(rec)
 		if err != nil {
 			return failErr(err, "filter error")
 		}
@@ -354,6 +387,10 @@ func filterBatch(ptr, size int32) int64 {
 	}
 	return finish(writeCounters(o))
 }
+
+// current is the record handed to OnRecord, reused for every record: a fresh one would escape
+// to the heap (through the interface call) once per record.
+var current Record
 
 type native struct {
 	raw            []byte
@@ -413,7 +450,8 @@ func filterRecords(ptr, size int32) int64 {
 		nat.attributes = body.u8()
 		nat.timestampDelta = body.varlong()
 		nat.offsetDelta = body.varint()
-		rec := ctx
+		rec := &current
+		*rec = ctx
 		rec.Index = i
 		rec.Offset = offsetBase + int64(nat.offsetDelta)
 		rec.TimestampMs = timestampBase + nat.timestampDelta
@@ -424,7 +462,7 @@ func filterRecords(ptr, size int32) int64 {
 			return fail("malformed record")
 		}
 		if hc > 0 {
-			rec.Headers = make([]Header, hc)
+			rec.Headers = headers(int(hc))
 			for j := range rec.Headers {
 				k := body.vbytes(false)
 				if k == nil {
@@ -437,7 +475,7 @@ func filterRecords(ptr, size int32) int64 {
 		if !body.ok || body.left() != 0 {
 			return fail("malformed record")
 		}
-		d, err := filter.OnRecord(&rec)
+		d, err := filter.OnRecord(rec)
 		if err != nil {
 			return failErr(err, "filter error")
 		}

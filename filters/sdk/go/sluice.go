@@ -28,7 +28,8 @@
 // kept records are copied verbatim, one call per batch), sluice_admin and sluice_last_error.
 //
 // Memory: record slices (Key, Value, header keys and values) point into the host's input and
-// are valid until the call returns; copy what you keep across batches. Go's garbage collector
+// are valid until the call returns; copy what you keep across batches. The *Record is reused
+// for the next record: do not keep the pointer. Go's garbage collector
 // frees the rest. A nil slice is a null key, value or header value; an empty non-nil slice is
 // an empty one.
 package sluice
