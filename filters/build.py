@@ -245,14 +245,16 @@ def asc_version(asc: list[str]) -> str:
 
 
 def find_go() -> str:
-    """The go command: $SLUICE_GO, PATH's, or the release archive's usual place."""
+    """The go command: $SLUICE_GO, the virtualenv's (scripts/dev.sh), PATH's, or the release
+    archive's usual place."""
     chosen = os.environ.get("SLUICE_GO")
     if chosen:
         if not os.access(chosen, os.X_OK):
             raise BuildError(f"SLUICE_GO={chosen} is not an executable; unset it, or "
                              + GO_MISSING)
         return chosen
-    for go in (shutil.which("go"), "/usr/local/go/bin/go"):
+    venv_go = str(Path(sys.prefix) / "bin" / "go")  # scripts/dev.sh links the pinned one here
+    for go in (venv_go, shutil.which("go"), "/usr/local/go/bin/go"):
         if go and os.access(go, os.X_OK):
             return go
     raise BuildError(GO_MISSING)

@@ -1,7 +1,7 @@
 """docs/WRITING_FILTERS.md section 1, followed as written in each language it shows (C, Zig,
-Rust, AssemblyScript, Go): the guide's own code blocks are extracted, built, tested with `sluice filter
-test`, and run in a real proxy in front of Tansu with a real client. If the guide drifts from
-what works, this fails."""
+Rust, AssemblyScript, Go): the guide's own code blocks are extracted, built, tested with
+`sluice filter test`, and run in a real proxy in front of Tansu with a real client. If the guide
+drifts from what works, this fails."""
 
 from __future__ import annotations
 
