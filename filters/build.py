@@ -11,7 +11,10 @@ A filter directory holds one entry source and builds to one stripped Wasm module
   pinned ``assemblyscript`` compiler that ``scripts/dev.sh install`` puts in the virtualenv;
 - ``filter.go`` (Go, with the ``sluice`` package, ``sdk/go/``): the standard Go toolchain
   (``GOOS=wasip1 GOARCH=wasm``, a ``c-shared`` WASI reactor), offline: the SDK is the only
-  module and it comes from this repository.
+  module and it comes from this repository;
+- ``Cargo.toml`` (a Rust crate with a committed ``Cargo.lock``, crates from crates.io): the
+  locked crates vendored by a cargo that reads the sparse index, then Debian's ``cargo`` and
+  ``rustc`` build ``--release --target wasm32-unknown-unknown`` offline.
 
 The output depends only on the sources and the compiler versions, not on the directory it is
 built from.
@@ -130,7 +133,22 @@ GO_MISSING = (
     "old); SLUICE_GO=/path/to/go picks one"
 )
 
-ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go")
+# Cargo crates (a directory with Cargo.toml and a committed Cargo.lock, e.g. seed 000's example
+# with serde_json and chrono): `cargo vendor --locked` (a cargo that speaks crates.io's sparse
+# index: rustup's, 1.68 or newer) copies the pinned crates into a temporary directory, checked
+# against the lock file's sha256 sums; then Debian's cargo and rustc (the only ones here with
+# the wasm32-unknown-unknown standard library) build offline from it. Paths are remapped so
+# that the module does not depend on where anything lives.
+CARGO_BUILD_MISSING = (
+    "no Debian cargo to build the crate with: install it with `apt-get install cargo rustc "
+    "libstd-rust-dev-wasm32` (bash scripts/dev.sh install does); SLUICE_CARGO picks one"
+)
+CARGO_FETCH_MISSING = (
+    "no cargo that can fetch crates from crates.io (1.68 or newer: the sparse index) was found: "
+    "install rustup's (`rustup toolchain install stable`), or set SLUICE_CARGO_FETCH"
+)
+
+ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go", "Cargo.toml")
 
 ZIG_FLAGS = (
     "-target",
@@ -159,7 +177,8 @@ class Target:
 
 
 def entry_source(source_dir: Path) -> Path:
-    """The entry file of a filter directory: filter.c, .zig, .rs, .ts or .go (exactly one)."""
+    """The entry file of a filter directory: filter.c, .zig, .rs, .ts, .go or a Cargo.toml
+    (exactly one)."""
     found = [source_dir / name for name in ENTRIES if (source_dir / name).is_file()]
     if not found:
         raise BuildError(f"{source_dir}: no {', '.join(ENTRIES)}")
@@ -266,6 +285,68 @@ def go_version(go: str) -> str:
     return out.stdout.strip().removeprefix("go")
 
 
+def _cargo_version(cargo: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run([cargo, "--version"], capture_output=True, text=True, check=True,
+                             env={**os.environ, "RUSTC": ""})
+        major, minor = out.stdout.split()[1].split(".")[:2]
+        return int(major), int(minor)
+    except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
+        return None
+
+
+def find_fetch_cargo() -> str:
+    """A cargo that reads crates.io's sparse index: $SLUICE_CARGO_FETCH, rustup's, PATH's."""
+    chosen = os.environ.get("SLUICE_CARGO_FETCH")
+    candidates = [chosen] if chosen else [str(Path.home() / ".cargo" / "bin" / "cargo"),
+                                          shutil.which("cargo")]
+    for cargo in candidates:
+        if cargo and os.access(cargo, os.X_OK) and (_cargo_version(cargo) or (0, 0)) >= (1, 68):
+            return cargo
+    raise BuildError(CARGO_FETCH_MISSING)
+
+
+def find_build_cargo() -> str:
+    """The cargo that goes with find_rustc()'s rustc: $SLUICE_CARGO or Debian's."""
+    for cargo in (os.environ.get("SLUICE_CARGO"), "/usr/bin/cargo"):
+        if cargo and os.access(cargo, os.X_OK):
+            return cargo
+    raise BuildError(CARGO_BUILD_MISSING)
+
+
+def _cargo_steps(source_dir: Path, tmp: Path,
+                 tmp_out: Path) -> tuple[list[tuple[list[str], Path]], dict[str, str]]:
+    """Vendor the locked crates, then build offline; returns the steps and their environment."""
+    if not (source_dir / "Cargo.lock").is_file():
+        raise BuildError(f"{source_dir}: no Cargo.lock; run `cargo generate-lockfile` and "
+                         "commit it (the build only uses locked versions)")
+    rustc = find_rustc()
+    vendor, home, target = tmp / "vendor", tmp / "cargo-home", tmp / "target"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[source.crates-io]\nreplace-with = "vendored"\n\n'
+        f'[source.vendored]\ndirectory = "{vendor}"\n')
+    remap = " ".join([f"--remap-path-prefix={vendor}=/cargo/vendor",
+                      f"--remap-path-prefix={source_dir}=/cargo/src",
+                      f"--remap-path-prefix={home}=/cargo/home"])
+    env = {"CARGO_HOME": str(home), "CARGO_TARGET_DIR": str(target), "RUSTC": rustc,
+           "RUSTFLAGS": remap, "CARGO_INCREMENTAL": "0", "RUSTC_WRAPPER": ""}
+    fetch = [find_fetch_cargo(), "vendor", "--locked", "--versioned-dirs", "--quiet",
+             str(vendor)]
+    build = [find_build_cargo(), "build", "--offline", "--locked", "--release", "--quiet",
+             "--target", RUST_TARGET]
+    return [(fetch, source_dir), (build, source_dir)], env
+
+
+def _cargo_output(source_dir: Path, tmp: Path) -> Path:
+    """The cdylib cargo wrote: target/wasm32-unknown-unknown/release/<lib name>.wasm."""
+    found = sorted((tmp / "target" / RUST_TARGET / "release").glob("*.wasm"))
+    if len(found) != 1:
+        raise BuildError(f"{source_dir}: expected one cdylib .wasm, cargo wrote "
+                         f"{[p.name for p in found]} (crate-type = [\"cdylib\"] in Cargo.toml)")
+    return found[0]
+
+
 _GO_MOD = """module filter
 
 go 1.24
@@ -336,6 +417,9 @@ def build_filter(source_dir: Path, output: Path) -> Path:
             go_cmd, go_dir = _go_command(entry, Path(tmp), tmp_out)
             env.update(GO_ENV)
             steps = [(go_cmd, go_dir)]
+        elif entry.name == "Cargo.toml":
+            steps, cargo_env = _cargo_steps(source_dir, Path(tmp), tmp_out)
+            env.update(cargo_env)
         else:
             steps = [(cmd, source_dir)
                      for cmd in _compile_command(entry, source_dir, Path(tmp), tmp_out)]
@@ -349,6 +433,8 @@ def build_filter(source_dir: Path, output: Path) -> Path:
                                  f"{(proc.stderr or proc.stdout).strip()}")
             if proc.stderr.strip():
                 print(proc.stderr.strip(), file=sys.stderr)
+        if entry.name == "Cargo.toml":
+            shutil.copyfile(_cargo_output(source_dir, Path(tmp)), tmp_out)
         if not tmp_out.is_file():
             raise BuildError(f"{entry}: compilation failed (no module written)")
         shutil.copyfile(tmp_out, output)
@@ -388,7 +474,7 @@ def _versions_match(suffixes: set[str]) -> bool:
     found: list[tuple[str, str, str]] = []
     if suffixes & {".c", ".zig"}:
         found.append(("ziglang", zig_version(), ZIG_VERSION))
-    if ".rs" in suffixes:
+    if suffixes & {".rs", ".toml"}:
         found.append(("rustc", rustc_version(find_rustc()), RUST_VERSION))
     if ".ts" in suffixes:
         found.append(("assemblyscript", asc_version(find_asc()), ASC_VERSION))
