@@ -99,23 +99,33 @@ static void sha_init(sha256 *s) {
 }
 
 static void sha_update(sha256 *s, const uint8_t *p, int32_t n) {
-    for (int32_t i = 0; i < n; i++) {
-        s->block[s->fill++] = p[i];
+    s->total += (uint64_t)n;
+    while (n > 0) {
+        if (s->fill == 0 && n >= 64) { /* whole blocks straight from the input */
+            sha_block(s, p);
+            p += 64;
+            n -= 64;
+            continue;
+        }
+        uint32_t take = 64 - s->fill < (uint32_t)n ? 64 - s->fill : (uint32_t)n;
+        memcpy(s->block + s->fill, p, take);
+        s->fill += take;
+        p += take;
+        n -= (int32_t)take;
         if (s->fill == 64) {
             sha_block(s, s->block);
             s->fill = 0;
         }
     }
-    s->total += (uint64_t)n;
 }
 
 static void sha_hex(sha256 *s, uint8_t out[64]) {
     static const char hex[] = "0123456789abcdef";
+    static const uint8_t zeros[64];
     uint64_t bits = s->total * 8u;
     uint8_t pad = 0x80;
     sha_update(s, &pad, 1);
-    pad = 0;
-    while (s->fill != 56) sha_update(s, &pad, 1);
+    sha_update(s, zeros, (int32_t)((s->fill <= 56 ? 56 : 120) - s->fill));
     uint8_t len[8];
     for (int i = 0; i < 8; i++) len[i] = (uint8_t)(bits >> (56 - 8 * i));
     sha_update(s, len, 8);
@@ -128,6 +138,35 @@ static void sha_hex(sha256 *s, uint8_t out[64]) {
 
 /* ---------------------------------------------------------------- JSON tree helpers */
 
+/* A JSON string literal: runs of bytes that need no escape go in with one copy each. */
+static void put_string(sluice_buf *b, sluice_bytes s) {
+    static const char hex[] = "0123456789abcdef";
+    int32_t run = 0;
+    sluice_buf_putc(b, '"');
+    for (int32_t i = 0; i < s.len; i++) {
+        uint8_t c = s.ptr[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        sluice_buf_put(b, s.ptr + run, (uint32_t)(i - run));
+        run = i + 1;
+        sluice_buf_putc(b, '\\');
+        switch (c) {
+        case '"': sluice_buf_putc(b, '"'); break;
+        case '\\': sluice_buf_putc(b, '\\'); break;
+        case '\n': sluice_buf_putc(b, 'n'); break;
+        case '\r': sluice_buf_putc(b, 'r'); break;
+        case '\t': sluice_buf_putc(b, 't'); break;
+        case '\b': sluice_buf_putc(b, 'b'); break;
+        case '\f': sluice_buf_putc(b, 'f'); break;
+        default:
+            sluice_buf_puts(b, "u00");
+            sluice_buf_putc(b, (uint8_t)hex[c >> 4]);
+            sluice_buf_putc(b, (uint8_t)hex[c & 15]);
+        }
+    }
+    sluice_buf_put(b, s.ptr + run, (uint32_t)(s.len - run));
+    sluice_buf_putc(b, '"');
+}
+
 static void put_json(sluice_buf *b, const sluice_json *n) {
     switch (n->type) {
     case SLUICE_JSON_OBJECT:
@@ -137,7 +176,7 @@ static void put_json(sluice_buf *b, const sluice_json *n) {
         for (const sluice_json *c = n->child; c; c = c->next) {
             if (c != n->child) sluice_buf_putc(b, ',');
             if (object) {
-                sluice_buf_put_json_string(b, c->key);
+                put_string(b, c->key);
                 sluice_buf_putc(b, ':');
             }
             put_json(b, c);
@@ -145,7 +184,7 @@ static void put_json(sluice_buf *b, const sluice_json *n) {
         sluice_buf_putc(b, object ? '}' : ']');
         break;
     }
-    case SLUICE_JSON_STRING: sluice_buf_put_json_string(b, n->str); break;
+    case SLUICE_JSON_STRING: put_string(b, n->str); break;
     case SLUICE_JSON_NUMBER: sluice_buf_put(b, n->str.ptr, (uint32_t)n->str.len); break;
     case SLUICE_JSON_TRUE: sluice_buf_puts(b, "true"); break;
     case SLUICE_JSON_FALSE: sluice_buf_puts(b, "false"); break;

@@ -88,6 +88,17 @@ def test_rename_replaces_an_existing_target_and_paths_need_objects() -> None:
     assert got[2].value == b'{"x":{"y":1}}'
 
 
+def test_rewritten_values_are_the_same_json() -> None:
+    """Escapes, control characters and non-ASCII text survive the tree and its writer."""
+    doc = {"s": 'q"b\\n\n\t\x01\x1f\u2028 \U0001f600 \u00e9', "n": [-0.5e3, 1, True, None],
+           "o": {"k\"": {}}, "drop_me": 1}
+    (d,), _ = run({"rules": [{"field": "drop_me", "action": "remove"}]},
+                  json.dumps(doc).encode())
+    assert d.value is not None
+    del doc["drop_me"]
+    assert json.loads(d.value) == doc
+
+
 def _spec_file(tmp_path: Path, rules_yaml: str) -> Path:
     path = tmp_path / "sluice.yaml"
     path.write_text("filters:\n  - name: r\n    module: builtin:rules\n    topics: [\"*\"]\n"
@@ -133,7 +144,8 @@ def test_a_valid_config_loads_from_yaml(tmp_path: Path) -> None:
 
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6),
-                      st.sampled_from(["a@b.c", "debug", "internal", "h\u00e9llo world", ""]))
+                      st.sampled_from(["a@b.c", "debug", "internal", "h\u00e9llo world", "",
+                                       'q"b\\n\n\t\x01\u2028 \U0001f600']))
 json_obj = st.dictionaries(st.sampled_from(["card", "email", "user", "comment", "type", "note",
                                             "source", "x"]),
                            st.one_of(json_leaf, st.dictionaries(
