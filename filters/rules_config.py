@@ -46,7 +46,14 @@ def check_rules_config(config: Any, fail: Fail) -> None:
     if len(rules) > MAX_RULES:
         raise fail(("rules",), f"at most {MAX_RULES} rules")
     for i, rule in enumerate(rules):
-        _check_rule(rule, lambda sub, reason, i=i: fail(("rules", i, *sub), reason))
+        _check_rule(rule, _under(fail, ("rules", i)))
+
+
+def _under(fail: Fail, prefix: tuple[str | int, ...]) -> Fail:
+    """`fail` for the fields under `prefix`."""
+    def sub_fail(sub: tuple[str | int, ...], reason: str) -> ConfigError:
+        return fail((*prefix, *sub), reason)
+    return sub_fail
 
 
 def _check_rule(rule: Any, fail: Fail) -> None:
@@ -56,7 +63,7 @@ def _check_rule(rule: Any, fail: Fail) -> None:
         if key not in RULE_KEYS:
             raise fail((str(key),), f"unknown field (expected {', '.join(RULE_KEYS)})")
     field = rule.get("field")
-    if not _valid_path(field):
+    if not isinstance(field, str) or not _valid_path(field):
         raise fail(("field",), "required: a field name or dotted path such as user.email")
     action = rule.get("action")
     if action not in ACTIONS:
@@ -81,7 +88,7 @@ def _check_rule(rule: Any, fail: Fail) -> None:
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise fail(("length",), "must be a whole number of bytes, 0 or more")
     if "when" in rule:
-        _check_when(rule["when"], lambda sub, reason: fail(("when", *sub), reason))
+        _check_when(rule["when"], _under(fail, ("when",)))
 
 
 def _check_when(when: Any, fail: Fail) -> None:
