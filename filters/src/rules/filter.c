@@ -17,7 +17,8 @@
  * rule applies when its field exists (`set`: always; it creates the field when its parent
  * object exists). Rules run in order on the result of the previous ones; `drop` ends the
  * record. A value that is not a JSON object, or a null value, is kept unchanged (counted as
- * "not_json_object"). A changed value is written back as compact JSON. `hash` replaces the
+ * "not_json_object" when it had to be parsed: unless a rule is a `set` or tests `exists:
+ * false`, a value that mentions none of the rules' field names is kept without parsing). A changed value is written back as compact JSON. `hash` replaces the
  * field with the lowercase hex SHA-256 of salt + the field's bytes (a string's text, any other
  * value's compact JSON). Counters: set, removed, renamed, hashed, truncated, dropped,
  * not_json_object.
@@ -47,6 +48,9 @@ typedef struct {
 
 static rule rules[MAX_RULES];
 static int nrules;
+/* Set when every rule needs a field to be present (no `set`, no `exists: false`): a value that
+ * does not mention any of those names cannot change and is kept without being parsed. */
+static int skip_unmentioned;
 
 /* ---------------------------------------------------------------- SHA-256 (FIPS 180-4) */
 
@@ -355,8 +359,33 @@ static int apply(const rule *r, sluice_json *doc) {
     }
 }
 
+/* Whether `name` occurs in `v` as a quoted string ("name"). */
+static int mentions(sluice_bytes v, sluice_bytes name) {
+    for (int32_t i = 0; i + name.len + 1 < v.len; i++) {
+        if (v.ptr[i] != '"' || v.ptr[i + name.len + 1] != '"') continue;
+        if (sluice_eq(sluice_bytes_of(v.ptr + i + 1, (size_t)name.len), name)) return 1;
+    }
+    return 0;
+}
+
+/* A value that no rule can change: names in JSON appear as they are unless escaped, so with
+ * no backslash in the text, a name it does not contain in quotes is not a member of it. */
+static int unmentioned(sluice_bytes v) {
+    if (!skip_unmentioned) return 0;
+    for (int32_t i = 0; i < v.len; i++)
+        if (v.ptr[i] == '\\') return 0;
+    for (int r = 0; r < nrules; r++) {
+        sluice_bytes f = rules[r].when_field;
+        int32_t dot = f.len - 1;
+        while (dot >= 0 && f.ptr[dot] != '.') dot--;
+        if (mentions(v, sluice_bytes_of(f.ptr + dot + 1, (size_t)(f.len - dot - 1)))) return 0;
+    }
+    return 1;
+}
+
 sluice_decision sluice_on_record(const sluice_record *rec) {
     if (sluice_is_null(rec->value) || nrules == 0) return sluice_keep();
+    if (unmentioned(rec->value)) return sluice_keep();
     sluice_json *doc = sluice_json_parse(rec->value, NULL);
     if (doc == NULL || doc->type != SLUICE_JSON_OBJECT) {
         sluice_count("not_json_object", 1);
@@ -529,5 +558,8 @@ int sluice_on_config(const sluice_json *config) {
         }
     }
     nrules = i;
+    skip_unmentioned = 1;
+    for (int r = 0; r < nrules; r++)
+        if (rules[r].action == A_SET || rules[r].when == W_MISSING) skip_unmentioned = 0;
     return 0;
 }

@@ -177,3 +177,19 @@ def test_native_and_decoding_paths_agree(rules_chain: Any, values: list[bytes | 
                                   data)
     assert summary(native) == summary(slow)
     assert len(answers) == 1 and answers[0] is not None  # the native answer itself was used
+
+
+def test_values_that_mention_no_rule_field_skip_the_parser_but_not_escaped_names() -> None:
+    rules = [{"field": "email", "action": "hash"}, {"field": "x", "action": "drop",
+                                                    "when": {"field": "env", "equals": "t"}}]
+    got, counts = run({"rules": rules}, b'{"name": "e-mail"}', b"not json", b'{"\\u0065mail": 1}',
+                      b'{"env": "t"}', b'{"a": "email"}')
+    assert [d.action for d in got] == [Action.KEEP, Action.KEEP, Action.REWRITE, Action.DROP,
+                                       Action.KEEP]
+    assert got[2].value == b'{"email":"' + hashlib.sha256(b"1").hexdigest().encode() + b'"}'
+    # neither "not json" nor {"name": ...} was parsed; {"a": "email"} was (the name is there)
+    assert counts == {"hashed": 1, "dropped": 1}
+    # a set rule needs every value parsed
+    got, counts = run({"rules": [*rules, {"field": "v", "action": "set", "value": 1}]},
+                      b"not json")
+    assert counts == {"not_json_object": 1}
