@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sluice.crypto.kms import KmsSettings, parse_kms_section
+from sluice.filters.rules_config import check_rules_config
 from sluice.filters.yaml_lines import (
     ConfigError,
     FieldPath,
@@ -242,6 +243,8 @@ class _EntryParser:
         if not isinstance(config, dict):
             raise self.fail("config", f"must be a mapping, got {_kind(config)}")
         self.check_json(config, ("config",))
+        if module == f"{BUILTIN_PREFIX}rules":
+            check_rules_config(config, lambda sub, reason: self.fail(("config", *sub), reason))
         function = self.string("function", required=False)
         if function is not None and not _FUNCTION_NAME.match(function):
             raise self.fail("function", f"not a valid export name: {function!r}")

@@ -10,7 +10,7 @@
 #
 # Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark and Kafka, Maven, Rust with the
 # wasm32 standard library and Node.js for the Rust and AssemblyScript filter SDKs) when
-# missing, a virtualenv in .venv with the project and every Python dependency from
+# missing, the pinned Go toolchain for the Go SDK (from an installed Go), a virtualenv in .venv with the project and every Python dependency from
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
 # the Spark driver's class archive in .venv/share/sluice, and Apache Kafka's jars (Maven
 # Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs.
@@ -83,6 +83,29 @@ install_node_tools() {
   cp "$lock/package.json" "$lock/package-lock.json" "$dest/"
   (cd "$dest" && npm ci --no-audit --no-fund --loglevel=error)
   echo "$want" > "$stamp"
+}
+
+# Go for the Go filter SDK: the version filters/build.py pins (GO_VERSION). Any Go 1.21 or
+# newer fetches it as a toolchain module from the Go module proxy; $VENV/bin/go then points at
+# it (filters/build.py looks there first). Without any Go, Go filters cannot be built and
+# `filters/build.py --check` says so.
+GO_WANT=go1.26.8
+install_go() {
+  local go
+  go="$(command -v go || true)"
+  [ -n "$go" ] || go=/usr/local/go/bin/go
+  if [ ! -x "$go" ]; then
+    echo "warning: no Go toolchain: Go filters cannot be built; install $GO_WANT (see docs/WRITING_FILTERS.md)" >&2
+    return 0
+  fi
+  if [ "$(GOTOOLCHAIN=local "$go" env GOVERSION)" = "$GO_WANT" ]; then
+    ln -sf "$go" "$VENV/bin/go"
+    return 0
+  fi
+  say "fetching the $GO_WANT toolchain through the Go module proxy"
+  local goroot
+  goroot="$(GOTOOLCHAIN="$GO_WANT" "$go" env GOROOT)"
+  ln -sf "$goroot/bin/go" "$VENV/bin/go"
 }
 
 # The Spark driver JVM's class archive (spark_audit/class_archive.py): it fits only the jars
@@ -200,6 +223,7 @@ install_all() {
   install_python
   install_node_tools
   install_kafka
+  install_go
   compile_project
   install_class_archive
   install_kafka_class_archive

@@ -1,12 +1,14 @@
 """The shipped filters end to end: real clients through `sluice serve` in front of Tansu.
 
-pii-mask on produce (the broker stores masked records), json-validate rejecting a bad record
+pii-mask on produce (the broker stores masked records), rules mutating and dropping records on
+produce, json-validate rejecting a bad record
 (the producer gets the reason), and topic-policy denying, allowing and rewriting CreateTopics
 items (POLICY_VIOLATION for the denied item only).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -94,6 +96,27 @@ def test_pii_mask_on_produce_stores_masked(tmp_path: Path, broker: TansuBroker,
     assert json.loads(stored[0]) == {"user": {"name": "*** ***", "email": "***@*******.***"},
                                      "card": "**** **** **** 1111", "amount": 12.5}
     assert stored[1] == b"no pii"
+
+
+def test_rules_mutate_and_drop_on_produce(tmp_path: Path, broker: TansuBroker,
+                                          start_proxy: Callable[..., SluiceProxy]) -> None:
+    topic = unique("signups")
+    rules = [{"field": "password", "action": "remove"},
+             {"field": "email", "action": "hash", "salt": "pepper"},
+             {"field": "bio", "action": "truncate", "length": 4},
+             {"field": "env", "action": "drop", "when": {"equals": "test"}}]
+    cfg = write_config(tmp_path, [{"name": "rules", "module": "builtin:rules",
+                                   "topics": ["signups-*"], "apply_to": ["produce"],
+                                   "config": {"rules": rules}}])
+    proxy = start_proxy(config=cfg)
+    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    docs = [{"email": "ann@example.com", "password": "hunter2", "bio": "long story"},
+            {"env": "test", "email": "x@y.z"}, {"env": "prod"}]
+    errors = produce(proxy.bootstrap, topic, [json.dumps(d).encode() for d in docs])
+    assert errors == [None, None, None]
+    stored = [json.loads(v) for v in consume(broker.bootstrap, topic, 2)]
+    digest = hashlib.sha256(b"pepperann@example.com").hexdigest()
+    assert stored == [{"email": digest, "bio": "long"}, {"env": "prod"}]
 
 
 def test_json_validate_rejects_with_reason(tmp_path: Path, broker: TansuBroker,
