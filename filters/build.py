@@ -353,7 +353,7 @@ go 1.24
 
 require sluice v0.0.0
 
-replace sluice => {sdk}
+replace sluice => ./sluice
 """
 
 
@@ -362,7 +362,10 @@ def _go_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
     module = tmp / "module"
     module.mkdir()
     shutil.copyfile(entry, module / "filter.go")
-    (module / "go.mod").write_text(_GO_MOD.format(sdk=SDK_DIR / "go"))
+    # A copy of the SDK inside the module, named relatively: the replace directive's path is
+    # recorded in the module's build info, and an absolute one would differ per checkout.
+    shutil.copytree(SDK_DIR / "go", module / "sluice")
+    (module / "go.mod").write_text(_GO_MOD)
     return [find_go(), "build", *GO_FLAGS, "-o", str(tmp_out), "."], module
 
 
