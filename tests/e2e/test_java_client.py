@@ -16,7 +16,10 @@ from confluent_kafka import Consumer, TopicPartition
 from tests.e2e.clients import QUIET, create_topic, unique
 from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.kafka_tools import ClientProbe
+from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
+from tests.harness.raw_kafka import scrape, series
+from tests.proxy.test_reload import events
 
 pytestmark = pytest.mark.kafka
 
@@ -56,9 +59,17 @@ def masking_proxy(
     kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SluiceProxy]:
     cfg = tmp_path_factory.mktemp("java-masking") / "sluice.yaml"
-    cfg.write_text(MASKING)
+    metrics_port = free_port()
+    cfg.write_text(MASKING + f"metrics:\n  listen: 127.0.0.1:{metrics_port}\n")
     with SluiceProxy(upstream=kafka_broker.bootstrap, config=cfg) as p:
+        p.metrics_port = metrics_port  # type: ignore[attr-defined]
         yield p
+
+
+def requests_seen(proxy: SluiceProxy, api: str, metric: str = "sluice_requests_total") -> float:
+    text = scrape(proxy.metrics_port)  # type: ignore[attr-defined]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in series(text, metric)
+               if f'api="{api}"' in line)
 
 
 def stored(kafka: KafkaCluster, topic: str, isolation: str = "read_uncommitted") -> list[str]:
@@ -95,8 +106,8 @@ def test_idempotent_producer_through_the_proxy(
     assert stored(kafka_broker, topic) == values
 
 
-@pytest.mark.parametrize(("protocol", "group_type"), [("classic", "CLASSIC"),
-                                                      ("consumer", "CONSUMER")])
+@pytest.mark.parametrize(("protocol", "group_type"), [("classic", "Classic"),
+                                                      ("consumer", "Consumer")])
 def test_consumer_group_protocols_through_the_proxy(
     kafka_broker: KafkaCluster, proxy: SluiceProxy, probe: ClientProbe, protocol: str,
     group_type: str
@@ -216,3 +227,11 @@ def test_share_consumer_gets_no_unmasked_record_under_a_fetch_filter(
                     count=5, timeout_ms=8000)
     assert not any(SECRET in v for v in out["values"]), out
     assert out["values"] == [], out
+    # The client joined its share group through the proxy. The proxy does not advertise
+    # ShareFetch, yet the 4.4 share consumer sends it: each one closed its connection, and
+    # no broker answer to one reached the client.
+    assert requests_seen(masking_proxy, "share_group_heartbeat") > 0
+    refused = [e for e in events(masking_proxy, "connection_closed_protocol_violation")
+               if "SHARE_FETCH" in e.get("reason", "")]
+    assert len(refused) == requests_seen(masking_proxy, "share_fetch"), refused
+    assert requests_seen(masking_proxy, "share_fetch", "sluice_responses_total") == 0
