@@ -227,11 +227,12 @@ def test_share_consumer_gets_no_unmasked_record_under_a_fetch_filter(
                     count=5, timeout_ms=8000)
     assert not any(SECRET in v for v in out["values"]), out
     assert out["values"] == [], out
-    # The client joined its share group through the proxy. The proxy does not advertise
-    # ShareFetch, yet the 4.4 share consumer sends it: each one closed its connection, and
-    # no broker answer to one reached the client.
+    # The client joined its share group through the proxy, which does not advertise
+    # ShareFetch: the client never sent one. (Before the proxy answered ApiVersions v5 itself,
+    # the 4.4 client got the broker's list unfiltered and sent ShareFetch; each one closed its
+    # connection, and it reconnected every 100 ms.)
     assert requests_seen(masking_proxy, "share_group_heartbeat") > 0
+    assert requests_seen(masking_proxy, "share_fetch") == 0
     refused = [e for e in events(masking_proxy, "connection_closed_protocol_violation")
                if "SHARE_FETCH" in e.get("reason", "")]
-    assert len(refused) == requests_seen(masking_proxy, "share_fetch"), refused
-    assert requests_seen(masking_proxy, "share_fetch", "sluice_responses_total") == 0
+    assert refused == []
