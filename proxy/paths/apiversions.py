@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sluice.codec import entities
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
-from sluice.codec import entities
 from sluice.codec.messages import ApiKey, codec_version_range, decode_response, encode_response
 from sluice.proxy.paths.base import (
     Answer,

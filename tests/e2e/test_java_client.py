@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from tests.e2e.clients import QUIET, create_topic, unique
 from tests.harness.kafka_broker import KafkaCluster
@@ -55,20 +55,24 @@ def proxy(kafka_broker: KafkaCluster) -> Iterator[SluiceProxy]:
 
 
 @pytest.fixture(scope="module")
+def metrics_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
 def masking_proxy(
-    kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
+    kafka_broker: KafkaCluster, tmp_path_factory: pytest.TempPathFactory, metrics_port: int
 ) -> Iterator[SluiceProxy]:
     cfg = tmp_path_factory.mktemp("java-masking") / "sluice.yaml"
-    metrics_port = free_port()
     cfg.write_text(MASKING + f"metrics:\n  listen: 127.0.0.1:{metrics_port}\n")
     with SluiceProxy(upstream=kafka_broker.bootstrap, config=cfg) as p:
-        p.metrics_port = metrics_port  # type: ignore[attr-defined]
         yield p
 
 
-def requests_seen(proxy: SluiceProxy, api: str, metric: str = "sluice_requests_total") -> float:
-    text = scrape(proxy.metrics_port)  # type: ignore[attr-defined]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in series(text, metric)
+def requests_seen(metrics_port: int, api: str) -> float:
+    """`sluice_requests_total` of one API, from the masking proxy's /metrics."""
+    return sum(float(line.rsplit(" ", 1)[1])
+               for line in series(scrape(metrics_port), "sluice_requests_total")
                if f'api="{api}"' in line)
 
 
@@ -84,11 +88,14 @@ def stored(kafka: KafkaCluster, topic: str, isolation: str = "read_uncommitted")
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            if msg.error():
-                if msg.error().code() == msg.error()._PARTITION_EOF:
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
                     return out
-                raise AssertionError(msg.error())
-            out.append(msg.value().decode())
+                raise AssertionError(error)
+            value = msg.value()
+            assert value is not None
+            out.append(value.decode())
         raise AssertionError(f"no end of {topic} within 100 s, read {len(out)}")
     finally:
         consumer.close()
@@ -215,7 +222,7 @@ def test_share_consumer_through_the_proxy(
 
 
 def test_share_consumer_gets_no_unmasked_record_under_a_fetch_filter(
-    kafka_broker: KafkaCluster, masking_proxy: SluiceProxy, probe: ClientProbe
+    kafka_broker: KafkaCluster, masking_proxy: SluiceProxy, probe: ClientProbe, metrics_port: int
 ) -> None:
     """ShareFetch returns records the fetch path does not filter: with a fetch filter bound
     the proxy hides it, and the Java share consumer gets nothing (and no record in the clear)."""
@@ -231,8 +238,8 @@ def test_share_consumer_gets_no_unmasked_record_under_a_fetch_filter(
     # ShareFetch: the client never sent one. (Before the proxy answered ApiVersions v5 itself,
     # the 4.4 client got the broker's list unfiltered and sent ShareFetch; each one closed its
     # connection, and it reconnected every 100 ms.)
-    assert requests_seen(masking_proxy, "share_group_heartbeat") > 0
-    assert requests_seen(masking_proxy, "share_fetch") == 0
+    assert requests_seen(metrics_port, "share_group_heartbeat") > 0
+    assert requests_seen(metrics_port, "share_fetch") == 0
     refused = [e for e in events(masking_proxy, "connection_closed_protocol_violation")
                if "SHARE_FETCH" in e.get("reason", "")]
     assert refused == []

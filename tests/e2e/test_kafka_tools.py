@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, Producer
@@ -243,8 +244,9 @@ def test_kafka_acls_through_a_proxy_on_the_sasl_listener(
     assert "principal=User:bob" in listed and "operation=WRITE" in listed, listed
     # the broker holds them (read directly, as the super user on PLAINTEXT)
     direct = AdminClient({"bootstrap.servers": kafka_broker.bootstrap, **QUIET})
+    anyone: Any = None  # AclBindingFilter's "any principal, any host"
     found = direct.describe_acls(AclBindingFilter(
-        ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, None, None, AclOperation.ANY,
+        ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, anyone, anyone, AclOperation.ANY,
         AclPermissionType.ANY)).result(30)
     assert {(b.principal, b.operation) for b in found} == {
         ("User:bob", AclOperation.WRITE), ("User:bob", AclOperation.DESCRIBE)}
