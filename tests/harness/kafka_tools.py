@@ -51,7 +51,7 @@ rootLogger.appenderRef.err.ref = ERR
 """
 
 _SECRET_ARG = re.compile(r"password|jaas|secret", re.IGNORECASE)
-PROBE_SOURCE = Path(__file__).resolve().parents[1] / "java" / "ClientProbe.java"
+JAVA_SOURCES = Path(__file__).resolve().parents[1] / "java"
 
 
 class ToolFailed(RuntimeError):
@@ -132,23 +132,30 @@ def write_properties(path: Path, settings: dict[str, str]) -> Path:
 
 @dataclass
 class ClientProbe:
-    """`tests/java/ClientProbe.java`, compiled once into `folder`."""
+    """The Java programs of `tests/java` (`ClientProbe`, `StreamsProbe`), compiled once into
+    `folder`."""
 
     folder: Path
     compiled: bool = field(default=False)
 
     def compile(self, timeout: float = 120.0) -> ClientProbe:
+        javac = Path(java_binary()).resolve().with_name("javac")
+        if not javac.is_file():
+            raise ToolFailed(
+                f"no javac beside {java_binary()}: the Java client tests need a JDK "
+                "(Debian: apt-get install openjdk-17-jdk-headless; `bash scripts/dev.sh install`)"
+            )
         cmd = [
-            str(Path(java_binary()).with_name("javac")),
+            str(javac),
             "-d",
             str(self.folder),
             "-cp",
             str(kafka_libs() / "*"),
-            str(PROBE_SOURCE),
+            *sorted(str(p) for p in JAVA_SOURCES.glob("*.java")),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         if proc.returncode != 0:
-            raise ToolFailed(f"javac ClientProbe.java failed:\n{proc.stdout}{proc.stderr}")
+            raise ToolFailed(f"javac tests/java/*.java failed:\n{proc.stdout}{proc.stderr}")
         self.compiled = True
         return self
 
@@ -175,5 +182,11 @@ class ClientProbe:
             input="".join(f"{line}\n" for line in lines or []),
             timeout=timeout,
         )
+        result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return result
+
+    def run_main(self, main: str, *args: str, timeout: float = 120.0) -> dict[str, Any]:
+        """Another program of `tests/java` by its class name; its last line of output, JSON."""
+        proc = run_java(main, *args, classpath=[self.folder], timeout=timeout)
         result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
         return result
