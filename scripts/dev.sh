@@ -34,6 +34,8 @@ install_debian_packages() {
   command -v kcat >/dev/null 2>&1 || missing+=(kcat)
   command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  # javac: the tests compile their Java client (tests/java/ClientProbe.java) against Kafka's jars.
+  command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
   # Maven fetches Apache Kafka's jars (the real broker for the tests) from Maven Central.
   command -v mvn >/dev/null 2>&1 || missing+=(maven)
   # Filter SDKs: Debian's rustc (and cargo) with the wasm32-unknown-unknown std (a rustup

@@ -783,8 +783,13 @@ def _consumer(bootstrap: str, client_id: str, wait_ms: int) -> AIOKafkaConsumer:
 async def _assign_all(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition] | None:
     if topic not in await consumer.topics():
         return None
-    partitions = consumer.partitions_for_topic(topic) or set()
-    tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+    partitions = consumer.partitions_for_topic(topic)
+    if not partitions:
+        # The consumer's metadata covers the topics its client tracks, none yet: Tansu answers
+        # a Metadata request naming no topic with every topic, Apache Kafka with none.
+        await consumer._client.add_topic(topic)
+        partitions = consumer.partitions_for_topic(topic)
+    tps = [TopicPartition(topic, p) for p in sorted(partitions or ())]
     consumer.assign(tps)
     await consumer.seek_to_beginning(*tps)
     return tps
