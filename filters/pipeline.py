@@ -309,7 +309,12 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                 _check_input(batch, plain)
             except CodecError as exc:
                 return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
-            ran = _run_native(chain, ctx, batch, plain, 0)
+            try:
+                ran = _run_native(chain, ctx, batch, plain, 0)
+            except PartitionError as exc:
+                refused = fail(exc.code, exc.message)
+                refused.stats = [*out.stats, _refused(exc, chain, ctx)]
+                return refused
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)
@@ -452,7 +457,12 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                 _check_input(batch, plain)
             except CodecError as exc:
                 return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
-            ran = _run_native(chain, ctx, batch, plain, header.base_offset)
+            try:
+                ran = _run_native(chain, ctx, batch, plain, header.base_offset)
+            except PartitionError as exc:
+                refused_fetch = fail(exc.code, exc.message)
+                refused_fetch.stats = [*out.stats, _refused(exc, chain, ctx)]
+                return refused_fetch
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)
