@@ -18,8 +18,8 @@ from typing import Any, Final
 from sluice.crypto.envelope import NONCE_SIZE, TAG_SIZE, Header
 
 try:
-    from sluice.crypto._batch_seal import ffi as _ffi  # type: ignore[import-not-found]
-    from sluice.crypto._batch_seal import lib as _lib  # type: ignore[import-not-found]
+    from sluice.crypto._batch_seal import ffi as _ffi  # type: ignore[import-not-found, unused-ignore]
+    from sluice.crypto._batch_seal import lib as _lib  # type: ignore[import-not-found, unused-ignore]
     AVAILABLE: Final = True
 except ImportError:  # not built: the reference path stands in
     _ffi = _lib = None

@@ -405,8 +405,8 @@ class EncryptRunner(HostRunner):
 
     def _open_group(self, ctx: RecordContext, headers: Sequence[Any], offset: int
                     ) -> tuple[Envelope, Any, bytes, bytes] | str:
-        """(envelope, cipher, AAD prefix, plaintext key) of a record's header group, or why it stays as
-        stored: `_FOREIGN` (another filter's or KEK's), `_LEGACY` (layout 1 without
+        """(envelope, cipher, AAD prefix, plaintext key) of a record's header group, or why it
+        stays as stored: `_FOREIGN` (another filter's or KEK's), `_LEGACY` (layout 1 without
         accept_legacy), `_SHREDDED` (its KEK was destroyed by Sluice). PartitionError when
         the KMS fails (56) or the group is forged (2)."""
         try:

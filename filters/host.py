@@ -21,10 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from sluice.codec.records import Buffer
 from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.config import HOST_BUILTINS, FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
-from sluice.codec.records import Buffer
 from sluice.filters.decisions import Decision, PartitionError
 from sluice.filters.host_identity import host_filter_sha256
 from sluice.filters.native_io import NativeOutput
