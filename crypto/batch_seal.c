@@ -404,3 +404,517 @@ long sb_scan(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *re
     if (c.p != c.end) return SB_MALFORMED;
     return rc;
 }
+
+/* ------------------------------------------------------------------ fields mode (produce)
+ *
+ * The JSON scanner accepts a strict subset of what the reference (Python's json module,
+ * crypto/json_fields.py) accepts: RFC 8259 JSON in valid UTF-8, without NaN/Infinity, member
+ * names without escapes where a path is looked up, integers of at most 4000 digits, nesting
+ * of at most 64 levels. Anything else returns SB_SLOW, and the reference decides (it also
+ * writes the reasons of refused values), so the two never disagree on what is sealed. */
+
+#define MAX_SPANS 256
+#define MAX_DEPTH 64
+#define MAX_PATHS 64
+#define MAX_PARTS 16
+
+typedef struct {
+    const uint8_t *name[MAX_PARTS];
+    size_t len[MAX_PARTS];
+    int parts;
+    const uint8_t *full;
+    size_t full_len;
+    const uint8_t *json;      /* the path as a JSON string (for sluice.enc.fields) */
+    size_t json_len;
+} path_t;
+
+typedef struct {
+    size_t start, end;
+    int path;
+} span_t;
+
+static int utf8_ok(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t need;
+        uint32_t cp;
+        if (c >= 0xc2 && c <= 0xdf) { need = 1; cp = c & 0x1f; }
+        else if (c >= 0xe0 && c <= 0xef) { need = 2; cp = c & 0x0f; }
+        else if (c >= 0xf0 && c <= 0xf4) { need = 3; cp = c & 0x07; }
+        else return 0;
+        if (i + need >= n) return 0;
+        for (size_t k = 1; k <= need; k++) {
+            if ((s[i + k] & 0xc0) != 0x80) return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        if ((need == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+            (need == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+typedef struct {
+    const uint8_t *s;
+    size_t n;
+    size_t i;
+} jcur;
+
+static void jws(jcur *j) {
+    while (j->i < j->n && (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' ||
+                           j->s[j->i] == '\r'))
+        j->i++;
+}
+
+static int ishex(uint8_t c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* A string at j->i ('"'); *escaped tells whether it held a backslash. 0 ok, -1 decline. */
+static int jstring(jcur *j, int *escaped) {
+    *escaped = 0;
+    j->i++;
+    while (j->i < j->n) {
+        uint8_t c = j->s[j->i];
+        if (c == '"') { j->i++; return 0; }
+        if (c < 0x20) return -1;
+        if (c == '\\') {
+            *escaped = 1;
+            if (j->i + 1 >= j->n) return -1;
+            uint8_t e = j->s[j->i + 1];
+            if (e == 'u') {
+                if (j->i + 5 >= j->n || !ishex(j->s[j->i + 2]) || !ishex(j->s[j->i + 3]) ||
+                    !ishex(j->s[j->i + 4]) || !ishex(j->s[j->i + 5]))
+                    return -1;
+                j->i += 6;
+                continue;
+            }
+            if (!strchr("\"\\/bfnrt", e) || e == 0) return -1;
+            j->i += 2;
+            continue;
+        }
+        j->i++;
+    }
+    return -1;
+}
+
+static int jdigits(jcur *j) {
+    size_t s = j->i;
+    while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9') j->i++;
+    return (int)(j->i - s > 1000000 ? 1000000 : j->i - s);
+}
+
+static int jvalue(jcur *j, int depth);
+
+static int jnumber(jcur *j) {
+    size_t start = j->i;
+    if (j->s[j->i] == '-') j->i++;
+    if (j->i >= j->n) return -1;
+    if (j->s[j->i] == '0') j->i++;
+    else if (j->s[j->i] >= '1' && j->s[j->i] <= '9') jdigits(j);
+    else return -1;
+    size_t int_digits = j->i - start;
+    int real = 0;
+    if (j->i < j->n && j->s[j->i] == '.') {
+        j->i++;
+        if (jdigits(j) == 0) return -1;
+        real = 1;
+    }
+    if (j->i < j->n && (j->s[j->i] == 'e' || j->s[j->i] == 'E')) {
+        j->i++;
+        if (j->i < j->n && (j->s[j->i] == '+' || j->s[j->i] == '-')) j->i++;
+        if (jdigits(j) == 0) return -1;
+        real = 1;
+    }
+    if (!real && int_digits > 4000) return -1; /* Python's int() refuses long ones */
+    return 0;
+}
+
+static int jlit(jcur *j, const char *lit) {
+    size_t n = strlen(lit);
+    if (j->n - j->i < n || memcmp(j->s + j->i, lit, n) != 0) return -1;
+    j->i += n;
+    return 0;
+}
+
+static int jvalue(jcur *j, int depth) {
+    int esc;
+    if (j->i >= j->n) return -1;
+    uint8_t c = j->s[j->i];
+    if (c == '"') return jstring(j, &esc);
+    if (c == '{' || c == '[') {
+        if (depth >= MAX_DEPTH) return -1;
+        uint8_t close = c == '{' ? '}' : ']';
+        j->i++;
+        jws(j);
+        if (j->i < j->n && j->s[j->i] == close) { j->i++; return 0; }
+        for (;;) {
+            if (c == '{') {
+                if (j->i >= j->n || j->s[j->i] != '"' || jstring(j, &esc)) return -1;
+                jws(j);
+                if (j->i >= j->n || j->s[j->i] != ':') return -1;
+                j->i++;
+                jws(j);
+            }
+            if (jvalue(j, depth + 1)) return -1;
+            jws(j);
+            if (j->i >= j->n) return -1;
+            if (j->s[j->i] == ',') { j->i++; jws(j); continue; }
+            if (j->s[j->i] == close) { j->i++; return 0; }
+            return -1;
+        }
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return jnumber(j);
+    if (c == 't') return jlit(j, "true");
+    if (c == 'f') return jlit(j, "false");
+    if (c == 'n') return jlit(j, "null");
+    return -1;
+}
+
+/* Spans of `paths` (from part `part` on) among the members of the object at j->i. */
+static int jspans(const uint8_t *s, size_t n, size_t at, const path_t *paths, int npaths,
+                  const int *active, int part, span_t *spans, int *nspans, int depth) {
+    jcur j = {s, n, at + 1};
+    int esc;
+    jws(&j);
+    if (j.i < n && s[j.i] == '}') return 0;
+    for (;;) {
+        size_t name_at = j.i + 1;
+        if (j.i >= n || s[j.i] != '"' || jstring(&j, &esc)) return -1;
+        size_t name_len = j.i - 1 - name_at;
+        jws(&j);
+        if (j.i >= n || s[j.i] != ':') return -1;
+        j.i++;
+        jws(&j);
+        size_t vstart = j.i;
+        if (jvalue(&j, depth + 1)) return -1;
+        size_t vend = j.i;
+        int sub[MAX_PATHS];
+        int nsub = 0;
+        for (int p = 0; p < npaths; p++) {
+            const path_t *pp = &paths[active[p]];
+            if (pp->len[part] != name_len || memcmp(pp->name[part], s + name_at, name_len))
+                continue;
+            if (esc) return -1; /* the reference compares unescaped names */
+            if (part + 1 == pp->parts) {
+                if (*nspans >= MAX_SPANS) return -1;
+                spans[*nspans].start = vstart;
+                spans[*nspans].end = vend;
+                spans[*nspans].path = active[p];
+                (*nspans)++;
+            } else if (s[vstart] == '{') {
+                sub[nsub++] = active[p];
+            }
+        }
+        if (esc) {
+            /* a name with escapes might equal a path once unescaped: let the reference look */
+            for (int p = 0; p < npaths; p++)
+                if (paths[active[p]].parts > part) return -1;
+        }
+        if (nsub && jspans(s, n, vstart, paths, nsub, sub, part + 1, spans, nspans, depth + 1))
+            return -1;
+        jws(&j);
+        if (j.i >= n) return -1;
+        if (s[j.i] == ',') { j.i++; jws(&j); continue; }
+        if (s[j.i] == '}') return 0;
+        return -1;
+    }
+}
+
+/* The outermost spans of `paths` in the JSON object `s`, in text order; -1 to decline. */
+static int find_field_spans(const uint8_t *s, size_t n, const path_t *paths, int npaths,
+                            span_t *out) {
+    if (!utf8_ok(s, n)) return -1;
+    jcur j = {s, n, 0};
+    jws(&j);
+    size_t at = j.i;
+    if (at >= n || s[at] != '{') return -1;
+    if (jvalue(&j, 0)) return -1;
+    jws(&j);
+    if (j.i != n) return -1;
+    span_t found[MAX_SPANS];
+    int nfound = 0;
+    int active[MAX_PATHS];
+    for (int p = 0; p < npaths; p++) active[p] = p;
+    if (jspans(s, n, at, paths, npaths, active, 0, found, &nfound, 0)) return -1;
+    /* sort by start (insertion: few spans), then keep the outermost */
+    for (int a = 1; a < nfound; a++) {
+        span_t t = found[a];
+        int b = a - 1;
+        while (b >= 0 && (found[b].start > t.start ||
+                          (found[b].start == t.start && found[b].end > t.end))) {
+            found[b + 1] = found[b];
+            b--;
+        }
+        found[b + 1] = t;
+    }
+    int nout = 0;
+    for (int a = 0; a < nfound; a++) {
+        if (nout && found[a].start < out[nout - 1].end) continue;
+        out[nout++] = found[a];
+    }
+    return nout;
+}
+
+static const char B64[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+static uint8_t *b64url(uint8_t *o, const uint8_t *d, size_t n) {
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = ((uint32_t)d[i] << 16) | ((uint32_t)d[i + 1] << 8) | d[i + 2];
+        *o++ = (uint8_t)B64[v >> 18];
+        *o++ = (uint8_t)B64[(v >> 12) & 63];
+        *o++ = (uint8_t)B64[(v >> 6) & 63];
+        *o++ = (uint8_t)B64[v & 63];
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)d[i] << 16;
+        *o++ = (uint8_t)B64[v >> 18];
+        *o++ = (uint8_t)B64[(v >> 12) & 63];
+    } else if (n - i == 2) {
+        uint32_t v = ((uint32_t)d[i] << 16) | ((uint32_t)d[i + 1] << 8);
+        *o++ = (uint8_t)B64[v >> 18];
+        *o++ = (uint8_t)B64[(v >> 12) & 63];
+        *o++ = (uint8_t)B64[(v >> 6) & 63];
+    }
+    return o;
+}
+
+static void sha_len(SHA256_CTX *h, size_t n) {
+    uint8_t l[4];
+    be32(l, (uint32_t)n);
+    SHA256_Update(h, l, 4);
+}
+
+/* The sealed paths of `spans` in order of first appearance: their indexes into `paths`. */
+static int sealed_paths(const span_t *spans, int nspans, int *order) {
+    int n = 0;
+    for (int a = 0; a < nspans; a++) {
+        int seen = 0;
+        for (int b = 0; b < n; b++) seen |= order[b] == spans[a].path;
+        if (!seen) order[n++] = spans[a].path;
+    }
+    return n;
+}
+
+static int parse_paths(const uint8_t *packed, size_t packed_len, uint32_t npaths,
+                       path_t *paths) {
+    /* per path: u32 LE length, path bytes, u32 LE length, its JSON string */
+    size_t at = 0;
+    if (npaths > MAX_PATHS) return -1;
+    for (uint32_t p = 0; p < npaths; p++) {
+        uint32_t l;
+        if (packed_len - at < 4) return -1;
+        memcpy(&l, packed + at, 4);
+        at += 4;
+        if (packed_len - at < l) return -1;
+        if (l == 0 || l > 900) return -1;
+        paths[p].full = packed + at;
+        paths[p].full_len = l;
+        paths[p].parts = 0;
+        size_t s = 0;
+        for (size_t k = 0; k <= l; k++) {
+            if (k == l || packed[at + k] == '.') {
+                if (paths[p].parts >= MAX_PARTS) return -1;
+                paths[p].name[paths[p].parts] = packed + at + s;
+                paths[p].len[paths[p].parts] = k - s;
+                paths[p].parts++;
+                s = k + 1;
+            }
+        }
+        at += l;
+        if (packed_len - at < 4) return -1;
+        memcpy(&l, packed + at, 4);
+        at += 4;
+        if (packed_len - at < l) return -1;
+        paths[p].json = packed + at;
+        paths[p].json_len = l;
+        at += l;
+    }
+    return 0;
+}
+
+static const char H_FIELDS_NAME[] = "sluice.enc.fields";
+
+/* With `out` NULL: plans only, *seals = the fields every record would seal (SB_SLOW when a
+ * value is not a JSON object the scanner accepts, or a record has more than `max_seals`).
+ * Otherwise seals them with `nonces` (12 bytes per field, in order). */
+long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
+                    const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
+                    size_t prefix_len, const uint8_t *packed_paths, size_t packed_len,
+                    uint32_t npaths, const uint8_t *ours, size_t ours_len, uint32_t ours_count,
+                    uint32_t max_seals, uint8_t *scratch, size_t scratch_len, uint8_t *out,
+                    size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals) {
+    static __thread path_t paths[MAX_PATHS];
+    static __thread record r;
+    span_t spans[MAX_SPANS];
+    int order[MAX_SPANS];
+    cursor c = {in, in + in_len};
+    uint8_t *o = out;
+    uint8_t *limit = out + out_cap;
+    long rc = 0;
+    uint8_t digest[32];
+    EVP_CIPHER_CTX *ctx = NULL;
+    *records = 0;
+    *seals = 0;
+    if (parse_paths(packed_paths, packed_len, npaths, paths)) return SB_SLOW;
+    if (out) {
+        ctx = EVP_CIPHER_CTX_new();
+        if (!ctx || EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
+            rc = SB_CRYPTO;
+            goto done;
+        }
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *rec_start = c.p;
+        int p = parse_record(&c, &r);
+        if (p) { rc = p == -2 ? SB_SLOW : SB_MALFORMED; goto done; }
+        size_t raw = (size_t)(c.p - rec_start);
+        int nspans = 0;
+        if (r.value_len >= 0) {
+            nspans = find_field_spans(r.value, (size_t)r.value_len, paths, (int)npaths, spans);
+            if (nspans < 0 || (uint32_t)nspans > max_seals) { rc = SB_SLOW; goto done; }
+        }
+        if (!out) {
+            *seals += (uint32_t)nspans;
+            continue;
+        }
+        if (nspans == 0) { /* a tombstone, or none of the fields: stored as it is */
+            if ((size_t)(limit - o) < raw) { rc = SB_SPACE; goto done; }
+            memcpy(o, rec_start, raw);
+            o += raw;
+            fates[i] = 0;
+            continue;
+        }
+        int nsealed = sealed_paths(spans, nspans, order);
+        /* the fields header's value: ["a","b"] */
+        size_t fields_len = 2 + (size_t)(nsealed - 1);
+        for (int a = 0; a < nsealed; a++) fields_len += paths[order[a]].json_len;
+        /* scratch: [AAD | nonce, ciphertext, tag] then the new value */
+        size_t value_bound = (size_t)r.value_len + (size_t)r.value_len / 2 + (size_t)nspans * 64;
+        size_t aad_room = prefix_len + (size_t)(r.key_len > 0 ? r.key_len : 0) + 64 + 1024 +
+                          NONCE + (size_t)r.value_len + TAG;
+        if (scratch_len < aad_room + value_bound) { rc = SB_SPACE; goto done; }
+        /* digest: the producer's headers, F, the sealed paths, the clear pieces */
+        SHA256_CTX h;
+        {
+            uint8_t len4[4];
+            SHA256_Init(&h);
+            be32(len4, (uint32_t)r.header_count);
+            SHA256_Update(&h, len4, 4);
+            for (int64_t k = 0; k < r.header_count; k++) {
+                cursor hc = {r.headers + r.hoff[k], r.headers + r.hoff[k + 1]};
+                const uint8_t *name, *val;
+                int64_t nlen, vlen;
+                rd_blob(&hc, &name, &nlen);
+                rd_blob(&hc, &val, &vlen);
+                sha_len(&h, (size_t)nlen);
+                SHA256_Update(&h, name, (size_t)nlen);
+                if (vlen < 0) {
+                    SHA256_Update(&h, "\x00", 1);
+                } else {
+                    SHA256_Update(&h, "\x01", 1);
+                    sha_len(&h, (size_t)vlen);
+                    if (vlen) SHA256_Update(&h, val, (size_t)vlen);
+                }
+            }
+            SHA256_Update(&h, "F", 1);
+            sha_len(&h, (size_t)nsealed);
+            for (int a = 0; a < nsealed; a++) {
+                sha_len(&h, paths[order[a]].full_len);
+                SHA256_Update(&h, paths[order[a]].full, paths[order[a]].full_len);
+            }
+            sha_len(&h, (size_t)nspans + 1);
+            size_t pos = 0;
+            for (int a = 0; a <= nspans; a++) {
+                size_t end = a < nspans ? spans[a].start : (size_t)r.value_len;
+                sha_len(&h, end - pos);
+                if (end > pos) SHA256_Update(&h, r.value + pos, end - pos);
+                if (a < nspans) pos = spans[a].end;
+            }
+            SHA256_Final(digest, &h);
+        }
+        uint8_t *v = scratch + aad_room;
+        uint8_t *vo = v;
+        size_t pos = 0;
+        for (int a = 0; a < nspans; a++) {
+            const path_t *pp = &paths[spans[a].path];
+            memcpy(vo, r.value + pos, spans[a].start - pos);
+            vo += spans[a].start - pos;
+            if ((size_t)(*seals + 1) * NONCE > nonces_len) { rc = SB_SPACE; goto done; }
+            const uint8_t *nonce = nonces + (size_t)(*seals) * NONCE;
+            /* AAD: prefix, key, digest, path */
+            uint8_t *aad = scratch;
+            size_t alen = build_aad(aad, prefix, prefix_len, &r, digest) - 4;
+            be32(aad + alen, (uint32_t)pp->full_len);
+            memcpy(aad + alen + 4, pp->full, pp->full_len);
+            alen += 4 + pp->full_len;
+            uint8_t *sealed = aad + alen;
+            memcpy(sealed, nonce, NONCE);
+            int n1 = 0, n2 = 0;
+            size_t plen = spans[a].end - spans[a].start;
+            if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1 ||
+                EVP_EncryptUpdate(ctx, NULL, &n1, aad, (int)alen) != 1 ||
+                EVP_EncryptUpdate(ctx, sealed + NONCE, &n1, r.value + spans[a].start,
+                                  (int)plen) != 1 ||
+                EVP_EncryptFinal_ex(ctx, sealed + NONCE + n1, &n2) != 1 ||
+                EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG,
+                                    sealed + NONCE + n1 + n2) != 1) {
+                rc = SB_CRYPTO;
+                goto done;
+            }
+            memcpy(vo, "\"sluice:enc:1:", 14);
+            vo = b64url(vo + 14, sealed, NONCE + (size_t)(n1 + n2) + TAG);
+            *vo++ = '"';
+            pos = spans[a].end;
+            (*seals)++;
+        }
+        memcpy(vo, r.value + pos, (size_t)r.value_len - pos);
+        vo += (size_t)r.value_len - pos;
+        size_t vlen = (size_t)(vo - v);
+        /* headers: the producer's, ours, then sluice.enc.fields */
+        size_t fh_len = varint_len((int64_t)(sizeof(H_FIELDS_NAME) - 1)) +
+                        sizeof(H_FIELDS_NAME) - 1 + varint_len((int64_t)fields_len) +
+                        fields_len;
+        size_t head = (size_t)(r.key_end - r.start);
+        int64_t hcount = r.header_count + ours_count + 1;
+        size_t hbytes = r.hoff[r.header_count];
+        size_t body = head + varint_len((int64_t)vlen) + vlen + varint_len(hcount) + hbytes +
+                      ours_len + fh_len;
+        if ((size_t)(limit - o) < body + 10) { rc = SB_SPACE; goto done; }
+        uint8_t *w = wr_varint(o, (int64_t)body);
+        memcpy(w, r.start, head);
+        w += head;
+        w = wr_varint(w, (int64_t)vlen);
+        memcpy(w, v, vlen);
+        w += vlen;
+        w = wr_varint(w, hcount);
+        memcpy(w, r.headers, hbytes);
+        w += hbytes;
+        memcpy(w, ours, ours_len);
+        w += ours_len;
+        w = wr_varint(w, (int64_t)(sizeof(H_FIELDS_NAME) - 1));
+        memcpy(w, H_FIELDS_NAME, sizeof(H_FIELDS_NAME) - 1);
+        w += sizeof(H_FIELDS_NAME) - 1;
+        w = wr_varint(w, (int64_t)fields_len);
+        *w++ = '[';
+        for (int a = 0; a < nsealed; a++) {
+            if (a) *w++ = ',';
+            memcpy(w, paths[order[a]].json, paths[order[a]].json_len);
+            w += paths[order[a]].json_len;
+        }
+        *w++ = ']';
+        o = w;
+        fates[i] = 1;
+        (*records)++;
+    }
+    if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
+    rc = out ? (long)(o - out) : 0;
+done:
+    if (ctx) EVP_CIPHER_CTX_free(ctx);
+    return rc;
+}

@@ -11,6 +11,8 @@ module was not built: the filter then runs the reference path.
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -198,3 +200,49 @@ def open_section(section: Any, count: int, key: bytes, prefix: bytes, group: byt
         raise Tampered(int(where[0]))
     n = _check(n)
     return bytes(memoryview(out)[:n]), bytes(fates)
+
+
+def pack_paths(paths: Sequence[str]) -> bytes:
+    """Fields-mode paths for `plan_fields` / `seal_fields`: each as u32 LE length + UTF-8, then
+    u32 LE length + the path as a JSON string (as ``sluice.enc.fields`` lists it)."""
+    out = bytearray()
+    for path in paths:
+        raw = path.encode()
+        as_json = json.dumps(path, ensure_ascii=False).encode()
+        out += struct.pack("<I", len(raw)) + raw + struct.pack("<I", len(as_json)) + as_json
+    return bytes(out)
+
+
+def plan_fields(section: Any, count: int, packed: bytes, npaths: int, max_seals: int) -> int:
+    """How many fields `seal_fields` would seal in `section` (`Slow` when a value is not a
+    JSON object the native scanner accepts, or a record holds more than `max_seals`)."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    records = ffi.new("uint32_t *")
+    seals = ffi.new("uint32_t *")
+    _check(lib.sb_seal_fields(src, len(src), count, b"", b"", 0, b"", 0, packed, len(packed),
+                              npaths, b"", 0, 0, max_seals, ffi.NULL, 0, ffi.NULL, 0,
+                              ffi.NULL, records, seals))
+    return int(seals[0])
+
+
+def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
+                packed: bytes, npaths: int, ours: Sequence[Header], max_seals: int
+                ) -> tuple[bytes, bytes, int, int]:
+    """Fields mode: (new section, fate per record, records sealed, fields sealed). `ours` are
+    the proxy's first three headers; each sealed record also gets ``sluice.enc.fields``."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    group = encode_headers(ours)
+    cap = 2 * len(src) + count * (len(group) + len(packed) + 128) + 64 * len(nonces) + 4096
+    out = bytearray(cap)
+    fates = bytearray(count)
+    scratch = bytearray(len(prefix) + 4 * len(src) + 64 * 256 + 4096)
+    records = ffi.new("uint32_t *")
+    seals = ffi.new("uint32_t *")
+    n = _check(lib.sb_seal_fields(src, len(src), count, key, nonces, len(nonces), prefix,
+                                  len(prefix), packed, len(packed), npaths, group, len(group),
+                                  len(ours), max_seals, ffi.from_buffer(scratch), len(scratch),
+                                  ffi.from_buffer(out), cap, ffi.from_buffer(fates), records,
+                                  seals))
+    return bytes(memoryview(out)[:n]), bytes(fates), int(records[0]), int(seals[0])

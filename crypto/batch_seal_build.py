@@ -32,6 +32,12 @@ long sb_scan(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *re
              size_t reserved_len, uint32_t *first, size_t *group_off, size_t *group_len,
              uint32_t *group_count, uint32_t *encrypted, uint32_t *values,
              int64_t *reserved_at, size_t *name_off, size_t *name_len);
+long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
+                    const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
+                    size_t prefix_len, const uint8_t *packed_paths, size_t packed_len,
+                    uint32_t npaths, const uint8_t *ours, size_t ours_len, uint32_t ours_count,
+                    uint32_t max_seals, uint8_t *scratch, size_t scratch_len, uint8_t *out,
+                    size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals);
 """
 
 

@@ -176,6 +176,7 @@ class EncryptRunner(HostRunner):
         self.nonces: Callable[[int], bytes] = os.urandom
         #: Whether the native batch sealer serves whole-value batches (crypto/batch_seal.py).
         self.use_native = batch_seal.AVAILABLE
+        self._packed_paths = batch_seal.pack_paths(fields or ())
 
     # ------------------------------------------------------------------ entry point
     def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
@@ -207,7 +208,7 @@ class EncryptRunner(HostRunner):
     # ------------------------------------------------------------------ native path
     @property
     def has_native(self) -> bool:
-        return self.use_native and self.mode == MODE_VALUE
+        return self.use_native
 
     @property
     def can_screen(self) -> bool:
@@ -225,6 +226,8 @@ class EncryptRunner(HostRunner):
         authentication (`run` names its offset)."""
         try:
             if ctx.direction == "produce":
+                if self.mode == MODE_FIELDS:
+                    return self._seal_fields_native(ctx, records, count)
                 return self._seal_native(ctx, records, count)
             return self._open_native(ctx, records, count, offset_base)
         except batch_seal.Slow:
@@ -248,6 +251,28 @@ class EncryptRunner(HostRunner):
             headers_for(env))
         return NativeOutput(fates, section, {}, {
             "encrypted": sealed, f"kek:{env.key_name}:{env.key_version}": sealed})
+
+    def _seal_fields_native(self, ctx: RecordContext, records: Buffer, count: int
+                            ) -> NativeOutput | None:
+        assert self.fields is not None
+        packed, npaths = self._packed_paths, len(self.fields)
+        seals = batch_seal.plan_fields(records, count, packed, npaths, self.max_records)
+        if not seals:
+            return NativeOutput(bytes(count), None)
+        if seals > self.max_records:
+            return None  # `run` splits it across data keys
+        key = self._data_key(seals)
+        if not key.raw:
+            return None
+        env = self._envelope(key, MODE_FIELDS)
+        prefix = aad_prefix_v2(MODE_FIELDS, env.key_name, env.key_version, env.wrapped_dek,
+                               self.spec.name, ctx.topic)
+        section, fates, sealed, fields = batch_seal.seal_fields(
+            records, count, key.raw, self.nonces(NONCE_SIZE * seals), prefix, packed, npaths,
+            headers_for(env)[:3], self.max_records)
+        return NativeOutput(fates, section, {}, {
+            "encrypted": sealed, "fields_encrypted": fields,
+            f"kek:{env.key_name}:{env.key_version}": sealed})
 
     def _open_native(self, ctx: RecordContext, records: Buffer, count: int, offset_base: int
                      ) -> NativeOutput | None:
@@ -345,13 +370,17 @@ class EncryptRunner(HostRunner):
                 seals += len(planned[end][2])
                 end += 1
             key = self._data_key(seals)
+            nonces = self.nonces(NONCE_SIZE * seals)  # one system call per data key
+            used = 0
             for i, text, spans in planned[at:end]:
                 rec = records[i]
                 paths = tuple(dict.fromkeys(p for _s, _e, p in spans))
                 env = self._envelope(key, MODE_FIELDS, paths)
                 headers = list(rec.headers)
+                mine = nonces[used * NONCE_SIZE:(used + len(spans)) * NONCE_SIZE]
+                used += len(spans)
                 value = encrypt_fields(key.aead, env, rec.key, text, spans, topic=ctx.topic,
-                                       headers=headers)
+                                       headers=headers, nonces=mine)
                 out[i] = rewrite(rec.key, value, [*headers, *headers_for(env)])
             _add(counts, "encrypted", end - at)
             _add(counts, "fields_encrypted", seals)
