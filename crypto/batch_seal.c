@@ -918,3 +918,220 @@ done:
     if (ctx) EVP_CIPHER_CTX_free(ctx);
     return rc;
 }
+
+/* ------------------------------------------------------------------ fields mode (fetch) */
+
+static int b64val(uint8_t c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '-') return 62;
+    if (c == '_') return 63;
+    return -1;
+}
+
+/* base64url without padding; -1 on a character outside the alphabet or a length of 4n+1. */
+static long unb64url(const uint8_t *s, size_t n, uint8_t *o) {
+    if (n % 4 == 1) return -1;
+    uint8_t *start = o;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        int v = b64val(s[i]);
+        if (v < 0) return -1;
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            *o++ = (uint8_t)(acc >> bits);
+        }
+    }
+    return (long)(o - start);
+}
+
+/* The paths of a sluice.enc.fields value as the proxy writes it (["a","b"], no escapes, no
+ * spaces, no duplicates); -1 for anything else. */
+static int parse_fields_header(const uint8_t *v, size_t n, path_t *paths) {
+    size_t i = 1;
+    int np = 0;
+    if (n < 2 || v[0] != '[' || v[n - 1] != ']') return -1;
+    if (n == 2) return -1;
+    for (;;) {
+        if (i >= n || v[i] != '"') return -1;
+        size_t s = ++i;
+        while (i < n && v[i] != '"') {
+            if (v[i] == '\\' || v[i] < 0x20) return -1;
+            i++;
+        }
+        if (i >= n || i == s || i - s > 900 || np >= MAX_PATHS) return -1;
+        path_t *p = &paths[np];
+        p->full = v + s;
+        p->full_len = i - s;
+        p->parts = 0;
+        size_t a = s;
+        for (size_t k = s; k <= i; k++) {
+            if (k == i || v[k] == '.') {
+                if (p->parts >= MAX_PARTS) return -1;
+                p->name[p->parts] = v + a;
+                p->len[p->parts] = k - a;
+                p->parts++;
+                a = k + 1;
+            }
+        }
+        for (int q = 0; q < np; q++)
+            if (paths[q].full_len == p->full_len && !memcmp(paths[q].full, p->full, p->full_len))
+                return -1;
+        np++;
+        i++;
+        if (i < n && v[i] == ',') { i++; continue; }
+        if (i == n - 1) break;
+        return -1;
+    }
+    if (!utf8_ok(v, n)) return -1;
+    return np;
+}
+
+long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
+                    const uint8_t *prefix, size_t prefix_len, const uint8_t *group3,
+                    size_t group3_len, uint8_t *scratch, size_t scratch_len, uint8_t *out,
+                    size_t out_cap, uint8_t *fates, uint32_t *where, uint32_t *opened) {
+    static __thread path_t paths[MAX_PATHS];
+    static __thread record r;
+    span_t spans[MAX_SPANS];
+    cursor c = {in, in + in_len};
+    uint8_t *o = out;
+    uint8_t *limit = out + out_cap;
+    long rc = 0;
+    uint8_t digest[32];
+    *opened = 0;
+    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+    if (!ctx || EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
+        rc = SB_CRYPTO;
+        goto done;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *rec_start = c.p;
+        int p = parse_record(&c, &r);
+        if (p) { rc = p == -2 ? SB_SLOW : SB_MALFORMED; goto done; }
+        size_t raw = (size_t)(c.p - rec_start);
+        if ((size_t)(limit - o) < raw) { rc = SB_SPACE; goto done; }
+        if (r.last_enc < 0) {
+            memcpy(o, rec_start, raw);
+            o += raw;
+            fates[i] = 0;
+            continue;
+        }
+        *where = i;
+        int64_t start = r.last_enc;
+        if (r.header_count - start != 4 || r.hoff[start + 3] - r.hoff[start] != group3_len ||
+            memcmp(r.headers + r.hoff[start], group3, group3_len) != 0 || r.value_len < 0) {
+            rc = SB_SLOW;
+            goto done;
+        }
+        const uint8_t *fname, *fval;
+        int64_t fnlen, fvlen;
+        cursor hc = {r.headers + r.hoff[start + 3], r.headers + r.hoff[start + 4]};
+        rd_blob(&hc, &fname, &fnlen);
+        rd_blob(&hc, &fval, &fvlen);
+        if (fnlen != (int64_t)(sizeof(H_FIELDS_NAME) - 1) ||
+            memcmp(fname, H_FIELDS_NAME, sizeof(H_FIELDS_NAME) - 1) || fvlen < 0) {
+            rc = SB_SLOW;
+            goto done;
+        }
+        int npaths = parse_fields_header(fval, (size_t)fvlen, paths);
+        if (npaths < 0) { rc = SB_SLOW; goto done; }
+        int nspans = find_field_spans(r.value, (size_t)r.value_len, paths, npaths, spans);
+        if (nspans < 0) { rc = SB_SLOW; goto done; }
+        for (int q = 0; q < npaths; q++) { /* every listed field present, else tampered */
+            int seen = 0;
+            for (int a = 0; a < nspans; a++) seen |= spans[a].path == q;
+            if (!seen) { rc = SB_SLOW; goto done; }
+        }
+        size_t aad_room = prefix_len + (size_t)(r.key_len > 0 ? r.key_len : 0) + 64 + 1024 +
+                          (size_t)r.value_len;
+        if (scratch_len < aad_room + (size_t)r.value_len) { rc = SB_SPACE; goto done; }
+        /* digest: the producer's headers, F, the listed paths, the clear pieces */
+        SHA256_CTX h;
+        SHA256_Init(&h);
+        sha_len(&h, (size_t)start);
+        for (int64_t k = 0; k < start; k++) {
+            cursor kc = {r.headers + r.hoff[k], r.headers + r.hoff[k + 1]};
+            const uint8_t *name, *val;
+            int64_t nlen, vlen;
+            rd_blob(&kc, &name, &nlen);
+            rd_blob(&kc, &val, &vlen);
+            sha_len(&h, (size_t)nlen);
+            SHA256_Update(&h, name, (size_t)nlen);
+            if (vlen < 0) {
+                SHA256_Update(&h, "\x00", 1);
+            } else {
+                SHA256_Update(&h, "\x01", 1);
+                sha_len(&h, (size_t)vlen);
+                if (vlen) SHA256_Update(&h, val, (size_t)vlen);
+            }
+        }
+        SHA256_Update(&h, "F", 1);
+        sha_len(&h, (size_t)npaths);
+        for (int q = 0; q < npaths; q++) {
+            sha_len(&h, paths[q].full_len);
+            SHA256_Update(&h, paths[q].full, paths[q].full_len);
+        }
+        sha_len(&h, (size_t)nspans + 1);
+        size_t pos = 0;
+        for (int a = 0; a <= nspans; a++) {
+            size_t end = a < nspans ? spans[a].start : (size_t)r.value_len;
+            sha_len(&h, end - pos);
+            if (end > pos) SHA256_Update(&h, r.value + pos, end - pos);
+            if (a < nspans) pos = spans[a].end;
+        }
+        SHA256_Final(digest, &h);
+        /* the new value goes after the AAD room of scratch */
+        uint8_t *v = scratch + aad_room;
+        uint8_t *vo = v;
+        pos = 0;
+        for (int a = 0; a < nspans; a++) {
+            const path_t *pp = &paths[spans[a].path];
+            const uint8_t *lit = r.value + spans[a].start;
+            size_t lit_len = spans[a].end - spans[a].start;
+            if (lit_len < 16 || memcmp(lit, "\"sluice:enc:1:", 14) || lit[lit_len - 1] != '"') {
+                rc = SB_SLOW;
+                goto done;
+            }
+            memcpy(vo, r.value + pos, spans[a].start - pos);
+            vo += spans[a].start - pos;
+            uint8_t *aad = scratch;
+            size_t alen = build_aad(aad, prefix, prefix_len, &r, digest) - 4;
+            be32(aad + alen, (uint32_t)pp->full_len);
+            memcpy(aad + alen + 4, pp->full, pp->full_len);
+            alen += 4 + pp->full_len;
+            uint8_t *sealed = aad + alen;
+            long slen = unb64url(lit + 14, lit_len - 15, sealed);
+            if (slen < NONCE + TAG) { rc = SB_SLOW; goto done; }
+            size_t ct_len = (size_t)slen - NONCE - TAG;
+            int n1 = 0, n2 = 0;
+            if (EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, sealed) != 1 ||
+                EVP_DecryptUpdate(ctx, NULL, &n1, aad, (int)alen) != 1 ||
+                EVP_DecryptUpdate(ctx, vo, &n1, sealed + NONCE, (int)ct_len) != 1 ||
+                EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG,
+                                    sealed + NONCE + ct_len) != 1) {
+                rc = SB_CRYPTO;
+                goto done;
+            }
+            if (EVP_DecryptFinal_ex(ctx, vo + n1, &n2) != 1) { rc = SB_TAMPERED; goto done; }
+            if (!utf8_ok(vo, (size_t)(n1 + n2))) { rc = SB_SLOW; goto done; }
+            vo += n1 + n2;
+            pos = spans[a].end;
+        }
+        memcpy(vo, r.value + pos, (size_t)r.value_len - pos);
+        vo += (size_t)r.value_len - pos;
+        size_t vlen = (size_t)(vo - v);
+        o = emit(o, &r, v, vlen, NULL, 0, NULL, 0, start, NULL, 0, 0);
+        fates[i] = 1;
+        (*opened)++;
+    }
+    if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
+    rc = (long)(o - out);
+done:
+    EVP_CIPHER_CTX_free(ctx);
+    return rc;
+}

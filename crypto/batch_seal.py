@@ -246,3 +246,25 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: byt
                                   ffi.from_buffer(out), cap, ffi.from_buffer(fates), records,
                                   seals))
     return bytes(memoryview(out)[:n]), bytes(fates), int(records[0]), int(seals[0])
+
+
+def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: Sequence[Header]
+                ) -> tuple[bytes, bytes, int]:
+    """Fields mode: (new section, fate per record, records opened). Every encrypted record's
+    group must start with exactly `group3` (the proxy's first three headers, else `Slow`);
+    `Tampered` names the first record that fails authentication."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    group = encode_headers(group3)
+    out = bytearray(len(src))
+    fates = bytearray(count)
+    scratch = bytearray(len(prefix) + 2 * len(src) + 4096)
+    where = ffi.new("uint32_t *")
+    opened = ffi.new("uint32_t *")
+    n = lib.sb_open_fields(src, len(src), count, key, prefix, len(prefix), group, len(group),
+                           ffi.from_buffer(scratch), len(scratch), ffi.from_buffer(out),
+                           len(out), ffi.from_buffer(fates), where, opened)
+    if n == _TAMPERED:
+        raise Tampered(int(where[0]))
+    n = _check(n)
+    return bytes(memoryview(out)[:n]), bytes(fates), int(opened[0])

@@ -291,11 +291,15 @@ class EncryptRunner(HostRunner):
         if isinstance(known, str):
             return None
         env, _aead, prefix, raw = known
-        if env.mode != MODE_VALUE or env.layout != LAYOUT_VERSION or not raw:
+        if env.layout != LAYOUT_VERSION or not raw:
             return None
         try:
-            section, fates = batch_seal.open_section(records, count, raw, prefix, found.group,
-                                                     found.group_count)
+            if env.mode == MODE_VALUE:
+                section, fates = batch_seal.open_section(records, count, raw, prefix,
+                                                         found.group, found.group_count)
+            else:
+                section, fates, _n = batch_seal.open_fields(records, count, raw, prefix,
+                                                            headers[:3])
         except batch_seal.Tampered:
             return None
         return NativeOutput(fates, section, {}, {"decrypted": fates.count(1)})

@@ -228,9 +228,13 @@ def test_fields_native_and_reference_write_the_same_bytes(
     assert native is not None
     sealed = native.records
     if sealed is not None:
-        back, _ = fields_runner.run(FETCH, records_of_section(sealed, len(records)), 0, 0)
-        assert bytes(encode_records(applied(records_of_section(sealed, len(records)), back))
-                     ) == bytes(encode_records(records))
+        stored = records_of_section(sealed, len(records))
+        back, counts = fields_runner.run(FETCH, stored, 0, 0)
+        section = bytes(encode_records(records))
+        assert bytes(encode_records(applied(stored, back))) == section
+        opened = fields_runner.run_native(FETCH, sealed, len(records), 0, 0)
+        assert opened is not None and opened.records == section
+        assert opened.detector_counts == counts
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -251,3 +255,17 @@ def test_fields_native_leaves_odd_json_to_the_reference(fields_runner: EncryptRu
                                                         doc: bytes) -> None:
     records = [Record(0, 0, b"k", doc, [], 0)]
     assert fields_runner.run_native(PRODUCE, bytes(encode_records(records)), 1, 0, 0) is None
+
+
+def test_fields_native_open_declines_tampering(fields_runner: EncryptRunner) -> None:
+    records = [Record(i, i, b"k", b'{"card": "4111", "n": %d}' % i, [], 0) for i in range(3)]
+    sealed = fields_runner.run_native(PRODUCE, bytes(encode_records(records)), 3, 0, 0)
+    assert sealed is not None and sealed.records is not None
+    stored = records_of_section(sealed.records, 3)
+    # Edit a clear member of record 1 (authenticated through the record digest).
+    value = (stored[1].value or b"").replace(b'"n": 1', b'"n": 7')
+    stored[1] = Record(1, 1, stored[1].key, value, stored[1].headers, 0)
+    assert fields_runner.run_native(FETCH, bytes(encode_records(stored)), 3, 50, 0) is None
+    with pytest.raises(PartitionError) as err:
+        fields_runner.run(FETCH, stored, 50, 0)
+    assert err.value.code == CORRUPT_MESSAGE and "offset 51" in err.value.message
