@@ -30,6 +30,11 @@ what was produced (value and headers); records sealed by another filter or under
 Other principals get the stored records unchanged. ``User:ANONYMOUS`` is allowed only when
 ``decrypt_for`` names it exactly (no glob includes it).
 
+Speed: with the native batch sealer built (crypto/batch_seal.py, at install) a batch is
+sealed or opened in one call over its records section (`run_native`, the chain's native
+path); this module's per-record code is the reference and takes every batch the native path
+declines. Both write the same bytes.
+
 Fail closed, with the Kafka error the pipeline puts on the partition:
 - KMS unreachable or failing, a key or version it does not know, a damaged keyring, or any
   other internal error, on produce or while an allowed principal fetches: 56

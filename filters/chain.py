@@ -334,8 +334,9 @@ class FilterChain:
         ctx's topic/direction, every one over its native entry point.
 
         Same semantics as `run_records`; the records are never decoded here. Returns None
-        when a filter call failed: the caller then runs the batch through `run_records`,
-        where the filter's failure policy applies.
+        when a filter call failed or a host filter declined the batch: the caller then runs
+        it through `run_records`, where the filter's failure policy applies. A host filter's
+        PartitionError (and the reserved-header screen's, on produce) propagates as there.
         """
         current = records
         n = count

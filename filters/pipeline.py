@@ -221,6 +221,7 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
     decoding it in Python, with the new batch when it was built here, or None when the batch
     needs the decoding path: a filter failed (that path applies the failure policy), or the
     final section is not exactly the records it claims to be (the codec's check).
+    PartitionError from a host filter propagates (the caller fails the partition).
 
     An uncompressed new batch that the caller forwards as built (a fetch, or a produce
     without drops or rejects) is built here first and checked where its records sit, which
