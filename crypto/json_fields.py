@@ -163,17 +163,19 @@ def _digest(env: Envelope, text: str, spans: Sequence[Span],
 
 def encrypt_fields(aead: AESGCM, env: Envelope, record_key: bytes | None, text: str,
                    spans: Sequence[Span], *, topic: str = "",
-                   headers: Sequence[Header] = ()) -> bytes:
+                   headers: Sequence[Header] = (), nonces: bytes | None = None) -> bytes:
     """The stored document: every span's value text replaced by its ciphertext string.
     `env.fields` must list the paths of `spans`; `topic` and the producer's `headers` are
-    authenticated with it (layout 2)."""
+    authenticated with it (layout 2). `nonces`: 12 fresh random bytes per span, in order
+    (drawn per span when not given)."""
     prefix = prefix_for(env, topic)
     digest = _digest(env, text, spans, headers)
     pieces: list[str] = []
     pos = 0
-    for start, end, path in spans:
+    for n, (start, end, path) in enumerate(spans):
         associated = aad_for(prefix, record_key, path, digest)
-        sealed = seal(aead, text[start:end].encode("utf-8"), associated)
+        nonce = None if nonces is None else nonces[n * 12:n * 12 + 12]
+        sealed = seal(aead, text[start:end].encode("utf-8"), associated, nonce)
         pieces += [text[pos:start], '"', FIELD_PREFIX, _b64(sealed), '"']
         pos = end
     pieces.append(text[pos:])

@@ -30,6 +30,11 @@ what was produced (value and headers); records sealed by another filter or under
 Other principals get the stored records unchanged. ``User:ANONYMOUS`` is allowed only when
 ``decrypt_for`` names it exactly (no glob includes it).
 
+Speed: with the native batch sealer built (crypto/batch_seal.py, at install) a batch is
+sealed or opened in one call over its records section (`run_native`, the chain's native
+path); this module's per-record code is the reference and takes every batch the native path
+declines. Both write the same bytes.
+
 Fail closed, with the Kafka error the pipeline puts on the partition:
 - KMS unreachable or failing, a key or version it does not know, a damaged keyring, or any
   other internal error, on produce or while an allowed principal fetches: 56
@@ -53,10 +58,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fnmatch import translate
 from typing import Any, Final
 
+from sluice.codec.records import Buffer
+from sluice.crypto import batch_seal
 from sluice.crypto.data_keys import (
     DEFAULT_CACHE_SECONDS,
     DEFAULT_MAX_AGE_SECONDS,
@@ -97,6 +104,7 @@ from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import KEEP, Decision, PartitionError, reject, rewrite
 from sluice.filters.host import HostRunner
 from sluice.filters.host_identity import ENCRYPT_IMPLEMENTATION_VERSION, ENCRYPT_KIND
+from sluice.filters.native_io import NativeOutput
 from sluice.filters.principal import ANONYMOUS
 
 KAFKA_STORAGE_ERROR: Final = 56
@@ -168,6 +176,12 @@ class EncryptRunner(HostRunner):
         self.max_records = int(max_records)
         self.keys = DataKeys(open_kms(spec.kms), max_records=self.max_records,
                              max_age_seconds=max_age, cache_seconds=cache_s)
+        #: Where nonces come from (n bytes per call); tests inject a deterministic source to
+        #: compare the native and reference paths byte for byte.
+        self.nonces: Callable[[int], bytes] = os.urandom
+        #: Whether the native batch sealer serves whole-value batches (crypto/batch_seal.py).
+        self.use_native = batch_seal.AVAILABLE
+        self._packed_paths = batch_seal.pack_paths(fields or ())
 
     # ------------------------------------------------------------------ entry point
     def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
@@ -196,6 +210,105 @@ class EncryptRunner(HostRunner):
             return self._anonymous_reads
         return self._readers is not None and self._readers.fullmatch(principal) is not None
 
+    # ------------------------------------------------------------------ native path
+    @property
+    def has_native(self) -> bool:
+        return self.use_native
+
+    @property
+    def can_screen(self) -> bool:
+        return self.use_native
+
+    def screen_native(self, records: Buffer, count: int) -> tuple[int, str] | None:
+        return batch_seal.scan(records, count, RESERVED_PREFIX).reserved
+
+    def run_native(self, ctx: RecordContext, records: Buffer, count: int, offset_base: int,
+                   timestamp_base: int) -> NativeOutput | None:
+        """Whole-value mode over a records section in one native call (crypto/batch_seal.py):
+        the same bytes, counters and errors as `run`. None hands the batch to `run`: a batch
+        larger than data_key_max_records, records under more than one header group, one
+        this filter does not open (foreign, layout 1, shredded) or one that fails
+        authentication (`run` names its offset)."""
+        try:
+            if ctx.direction == "produce":
+                if self.mode == MODE_FIELDS:
+                    return self._seal_fields_native(ctx, records, count)
+                return self._seal_native(ctx, records, count)
+            return self._open_native(ctx, records, count, offset_base)
+        except batch_seal.Slow:
+            return None
+
+    def _seal_native(self, ctx: RecordContext, records: Buffer, count: int
+                     ) -> NativeOutput | None:
+        found = batch_seal.scan(records, count)
+        if not found.values:
+            return NativeOutput(bytes(count), None)
+        if found.values > self.max_records:
+            return None  # `run` splits it across data keys
+        key = self._data_key(found.values)
+        if not key.raw:
+            return None
+        env = self._envelope(key, MODE_VALUE)
+        prefix = aad_prefix_v2(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek,
+                               self.spec.name, ctx.topic)
+        section, fates, sealed = batch_seal.seal_section(
+            records, count, key.raw, self.nonces(NONCE_SIZE * found.values), prefix,
+            headers_for(env))
+        return NativeOutput(fates, section, {}, {
+            "encrypted": sealed, f"kek:{env.key_name}:{env.key_version}": sealed})
+
+    def _seal_fields_native(self, ctx: RecordContext, records: Buffer, count: int
+                            ) -> NativeOutput | None:
+        assert self.fields is not None
+        packed, npaths = self._packed_paths, len(self.fields)
+        seals = batch_seal.plan_fields(records, count, packed, npaths, self.max_records)
+        if not seals:
+            return NativeOutput(bytes(count), None)
+        if seals > self.max_records:
+            return None  # `run` splits it across data keys
+        key = self._data_key(seals)
+        if not key.raw:
+            return None
+        env = self._envelope(key, MODE_FIELDS)
+        prefix = aad_prefix_v2(MODE_FIELDS, env.key_name, env.key_version, env.wrapped_dek,
+                               self.spec.name, ctx.topic)
+        section, fates, sealed, fields = batch_seal.seal_fields(
+            records, count, key.raw, self.nonces(NONCE_SIZE * seals), prefix, packed, npaths,
+            headers_for(env)[:3], self.max_records)
+        return NativeOutput(fates, section, {}, {
+            "encrypted": sealed, "fields_encrypted": fields,
+            f"kek:{env.key_name}:{env.key_version}": sealed})
+
+    def _open_native(self, ctx: RecordContext, records: Buffer, count: int, offset_base: int
+                     ) -> NativeOutput | None:
+        found = batch_seal.scan(records, count)
+        if not found.encrypted:
+            return NativeOutput(bytes(count), None)
+        if not self.allowed(ctx.principal):
+            return NativeOutput(bytes(count), None, {}, {"withheld": found.encrypted})
+        headers = batch_seal.decode_headers(found.group, found.group_count)
+        try:
+            known = self._open_group(ctx, headers, offset_base + found.first)
+        except PartitionError as exc:
+            if exc.code == CORRUPT_MESSAGE:
+                return None  # `run` reports it with the record's offset
+            raise
+        if isinstance(known, str):
+            return None
+        env, _aead, prefix, raw = known
+        if env.layout != LAYOUT_VERSION or not raw:
+            return None
+        try:
+            if env.mode == MODE_VALUE:
+                section, fates = batch_seal.open_section(records, count, raw, prefix,
+                                                         found.group, found.group_count)
+            else:
+                section, fates, _n = batch_seal.open_fields(records, count, raw, prefix,
+                                                            headers[:3])
+        except batch_seal.Tampered:
+            return None
+        return NativeOutput(fates, section, {}, {"decrypted": fates.count(1)})
+
     # ------------------------------------------------------------------ produce
     def _data_key(self, seals: int) -> ActiveKey:
         try:
@@ -223,7 +336,7 @@ class EncryptRunner(HostRunner):
             ours = headers_for(env)
             prefix = aad_prefix_v2(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek,
                                    self.spec.name, ctx.topic)
-            nonces = os.urandom(NONCE_SIZE * len(chunk))  # one system call per chunk
+            nonces = self.nonces(NONCE_SIZE * len(chunk))  # one system call per chunk
             aead = key.aead
             for n, i in enumerate(chunk):
                 rec = records[i]
@@ -266,13 +379,17 @@ class EncryptRunner(HostRunner):
                 seals += len(planned[end][2])
                 end += 1
             key = self._data_key(seals)
+            nonces = self.nonces(NONCE_SIZE * seals)  # one system call per data key
+            used = 0
             for i, text, spans in planned[at:end]:
                 rec = records[i]
                 paths = tuple(dict.fromkeys(p for _s, _e, p in spans))
                 env = self._envelope(key, MODE_FIELDS, paths)
                 headers = list(rec.headers)
+                mine = nonces[used * NONCE_SIZE:(used + len(spans)) * NONCE_SIZE]
+                used += len(spans)
                 value = encrypt_fields(key.aead, env, rec.key, text, spans, topic=ctx.topic,
-                                       headers=headers)
+                                       headers=headers, nonces=mine)
                 out[i] = rewrite(rec.key, value, [*headers, *headers_for(env)])
             _add(counts, "encrypted", end - at)
             _add(counts, "fields_encrypted", seals)
@@ -288,7 +405,7 @@ class EncryptRunner(HostRunner):
         counts: dict[str, int] = {}
         # Records of one batch share a data key: parse each distinct header group, and unwrap
         # its key, once per batch.
-        seen: dict[tuple[Any, ...], tuple[Envelope, Any, bytes] | str] = {}
+        seen: dict[tuple[Any, ...], tuple[Envelope, Any, bytes, bytes] | str] = {}
         for rec in records:
             headers = rec.headers
             start = group_start(headers)
@@ -308,7 +425,7 @@ class EncryptRunner(HostRunner):
                 _add(counts, known, 1)
                 out.append(KEEP)
                 continue
-            env, aead, prefix = known
+            env, aead, prefix, _raw = known
             stored = bytes(rec.value or b"")
             own = list(headers[:start])
             try:
@@ -325,9 +442,9 @@ class EncryptRunner(HostRunner):
         return out, counts
 
     def _open_group(self, ctx: RecordContext, headers: Sequence[Any], offset: int
-                    ) -> tuple[Envelope, Any, bytes] | str:
-        """(envelope, cipher, AAD prefix) of a record's header group, or why it stays as
-        stored: `_FOREIGN` (another filter's or KEK's), `_LEGACY` (layout 1 without
+                    ) -> tuple[Envelope, Any, bytes, bytes] | str:
+        """(envelope, cipher, AAD prefix, plaintext key) of a record's header group, or why it
+        stays as stored: `_FOREIGN` (another filter's or KEK's), `_LEGACY` (layout 1 without
         accept_legacy), `_SHREDDED` (its KEK was destroyed by Sluice). PartitionError when
         the KMS fails (56) or the group is forged (2)."""
         try:
@@ -344,7 +461,7 @@ class EncryptRunner(HostRunner):
         elif env.filter_name != self.spec.name or env.key_name != self.key_name:
             return _FOREIGN
         try:
-            aead = self.keys.for_decrypt(env.key_name, env.key_version, env.wrapped_dek)
+            aead, raw = self.keys.unwrap(env.key_name, env.key_version, env.wrapped_dek)
         except KeyDestroyed:
             return _SHREDDED
         except UnwrapFailed as exc:
@@ -354,7 +471,7 @@ class EncryptRunner(HostRunner):
                 KAFKA_STORAGE_ERROR, f"filter {self.spec.name}: cannot unwrap the data key "
                 f"of {env.key_name!r} version {env.key_version} ({type(exc).__name__}: "
                 f"{exc})", self.spec.name) from None
-        return env, aead, prefix_for(env, ctx.topic)
+        return env, aead, prefix_for(env, ctx.topic), raw
 
     def _tampered(self, ctx: RecordContext, offset: int, exc: Exception) -> PartitionError:
         return PartitionError(

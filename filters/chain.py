@@ -298,12 +298,35 @@ class FilterChain:
             alive = survivors
         return ChainResult(current, fates, reasons, by, dead, stats)
 
+    def _screens(self, topic: str) -> tuple[LoadedFilter, ...]:
+        """The filters whose reserved prefix `reserved_for(topic)` lists, in that order."""
+        names = {name for _prefix, name in self.reserved_for(topic)}
+        return tuple(f for f in self.filters if f.name in names)
+
     def native_for(self, topic: str, direction: str, principal: str | None = None) -> bool:
-        """Whether every filter bound here offers the native entry point (`run_native`)."""
+        """Whether every filter bound here offers the native entry point (`run_native`)
+        and, on produce, every reserved header prefix can be screened on the section."""
         filters = self.filters_for(topic, direction, principal)
-        if direction == "produce" and self.reserved_for(topic):
+        if direction == "produce" and not all(f.can_screen for f in self._screens(topic)):
             return False  # reserved headers are screened on decoded records
         return bool(filters) and all(f.native for f in filters)
+
+    def _screen_native(self, topic: str, records: Buffer, count: int) -> bool:
+        """`screen_produce` on a records section: PartitionError as there; False when a
+        section could not be screened (the caller takes the decoding path)."""
+        for f in self._screens(topic):
+            try:
+                found = f.screen_native(records, count)
+            except Exception:
+                return False
+            if found is not None:
+                i, name = found
+                prefix = f.reserved_header_prefix
+                raise PartitionError(
+                    INVALID_RECORD, f"filter {f.name}: record {i} carries the header "
+                    f"{name[:60]!r}; headers starting with {prefix!r} are written only "
+                    "by the proxy (a forged one could block or mislead readers)", f.name)
+        return True
 
     def run_native(self, ctx: RecordContext, records: Buffer, count: int, *,
                    offset_base: int = 0, timestamp_base: int = 0) -> NativeChainResult | None:
@@ -311,8 +334,9 @@ class FilterChain:
         ctx's topic/direction, every one over its native entry point.
 
         Same semantics as `run_records`; the records are never decoded here. Returns None
-        when a filter call failed: the caller then runs the batch through `run_records`,
-        where the filter's failure policy applies.
+        when a filter call failed or a host filter declined the batch: the caller then runs
+        it through `run_records`, where the filter's failure policy applies. A host filter's
+        PartitionError (and the reserved-header screen's, on produce) propagates as there.
         """
         current = records
         n = count
@@ -321,6 +345,8 @@ class FilterChain:
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
         stats: list[FilterStats] = []
+        if ctx.direction == "produce" and not self._screen_native(ctx.topic, records, count):
+            return None
         for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
             st = FilterStats(f.name, f.sha256, signer=f.spec.signer)
             stats.append(st)

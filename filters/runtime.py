@@ -178,8 +178,26 @@ class LoadedFilter:
 
     @property
     def native(self) -> bool:
-        """Whether the module offers ``sluice_filter_records`` (the host's fast path)."""
-        return isinstance(self._runner, SluiceAbi) and self._runner.has_native
+        """Whether the module offers ``sluice_filter_records`` (the host's fast path), or the
+        host filter its `run_native`."""
+        runner = self._runner
+        if isinstance(runner, HostRunner):
+            return runner.has_native
+        return isinstance(runner, SluiceAbi) and runner.has_native
+
+    @property
+    def can_screen(self) -> bool:
+        """Whether `screen_native` can check a records section for the reserved prefix."""
+        runner = self._runner
+        return isinstance(runner, HostRunner) and runner.can_screen
+
+    def screen_native(self, records: Buffer, count: int) -> tuple[int, str] | None:
+        """(record index, header name) of the first header of a records section carrying
+        `reserved_header_prefix`, or None (exceptions when the section cannot be read)."""
+        runner = self._runner
+        if not isinstance(runner, HostRunner):
+            raise TypeError(f"filter {self.name} reserves no header prefix")
+        return runner.screen_native(records, count)
 
     def run_native(self, ctx: RecordContext, records: Buffer, count: int, *,
                    offset_base: int = 0, timestamp_base: int = 0) -> NativeOutput | None:
@@ -192,6 +210,9 @@ class LoadedFilter:
         that spins to its deadline costs one deadline, not two.
         """
         runner = self._runner
+        if isinstance(runner, HostRunner):
+            return self._run_host_native(runner, ctx, records, count, offset_base,
+                                         timestamp_base)
         if not isinstance(runner, SluiceAbi) or not runner.has_native:
             return None
         with self._lock:
@@ -205,6 +226,28 @@ class LoadedFilter:
                     # A deadline is spent: do not spend it a second time on the same batch.
                     self._native_failure.last = (
                         (id(ctx), offset_base, timestamp_base, count), exc)
+                return None
+
+    def _run_host_native(self, runner: HostRunner, ctx: RecordContext, records: Buffer,
+                         count: int, offset_base: int, timestamp_base: int
+                         ) -> NativeOutput | None:
+        """A host filter's fast path: PartitionError is counted, logged and raised exactly as
+        `run_batch` does; anything else returns None (`run_batch` redoes the batch and applies
+        its own rules)."""
+        if not runner.has_native:
+            return None
+        with self._lock:
+            try:
+                return runner.run_native(ctx, records, count, offset_base, timestamp_base)
+            except PartitionError as exc:
+                self.failures["partition"] += 1
+                self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
+                                     "filter_partition_error", code=exc.code,
+                                     reason=exc.message[:200], topic=ctx.topic,
+                                     partition=ctx.partition, records=count)
+                raise
+            except Exception:
+                self.native_fallbacks += 1
                 return None
 
     @property

@@ -8,7 +8,8 @@
 #   bash scripts/dev.sh kafka-lock  after changing scripts/kafka/pom.xml: resolve it and write
 #                                 the sha256 of every jar to scripts/kafka/jars.sha256
 #
-# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark and Kafka, Maven, Rust with the
+# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark and Kafka, Maven, gcc and
+# libssl-dev for the native batch sealer of builtin:encrypt, Rust with the
 # wasm32 standard library and Node.js for the Rust and AssemblyScript filter SDKs) when
 # missing, the pinned Go toolchain for the Go SDK (from an installed Go), a virtualenv in .venv with the project and every Python dependency from
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
@@ -41,7 +42,9 @@ install_debian_packages() {
   # Filter SDKs: Debian's rustc (and cargo) with the wasm32-unknown-unknown std (a rustup
   # rustc on PATH usually lacks it), and Node.js + npm for the AssemblyScript compiler.
   local pkg
-  for pkg in rustc cargo libstd-rust-dev-wasm32; do
+  # builtin:encrypt's native batch sealer (crypto/batch_seal.c): a C compiler and OpenSSL's
+  # headers, linked against the system's libcrypto (AES-NI through its EVP interface).
+  for pkg in rustc cargo libstd-rust-dev-wasm32 gcc libssl-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
   done
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
@@ -129,6 +132,28 @@ install_class_archive() {
 # set (this project's CI machines set it) never, so every process, each Spark Python worker
 # included, compiled them from source again (importing the audit job's task code: 0.20 s
 # instead of 0.12 s). Only stale files are compiled.
+# builtin:encrypt's native batch sealer, crypto/_batch_seal*.so (cffi API mode against
+# libcrypto), rebuilt when missing or older than its sources. Without it the filter would run
+# its per-record Python path, several times slower: the set-up fails instead.
+build_batch_seal() {
+  local so
+  so="$(ls crypto/_batch_seal*.so 2>/dev/null | head -1 || true)"
+  if [ -n "$so" ] && [ "$so" -nt crypto/batch_seal.c ] && [ "$so" -nt crypto/batch_seal_build.py ]; then
+    return 0
+  fi
+  local inc
+  inc="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+  if [ ! -f "$inc/Python.h" ]; then
+    say "installing Python's headers (python3.11-dev) for the native batch sealer"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11-dev >/dev/null
+  fi
+  say "building the native batch sealer of builtin:encrypt (crypto/batch_seal.c)"
+  "$VENV/bin/python" -m sluice.crypto.batch_seal_build || {
+    echo "could not build crypto/batch_seal.c: it needs gcc, libssl-dev and Python's headers" >&2
+    exit 2; }
+}
+
 compile_project() {
   "$VENV/bin/python" -m compileall -q -j 0 sluice codec crypto filters proxy spark_audit \
     transforms
@@ -223,6 +248,7 @@ write_kafka_lock() {
 install_all() {
   install_debian_packages
   install_python
+  build_batch_seal
   install_node_tools
   install_kafka
   install_go
