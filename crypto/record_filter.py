@@ -96,7 +96,7 @@ from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import KEEP, Decision, PartitionError, reject, rewrite
 from sluice.filters.host import HostRunner
-from sluice.filters.host_identity import ENCRYPT_IMPLEMENTATION_VERSION, ENCRYPT_KIND
+from sluice.telemetry_schema.host_identity import ENCRYPT_IMPLEMENTATION_VERSION, ENCRYPT_KIND
 from sluice.filters.principal import ANONYMOUS
 
 KAFKA_STORAGE_ERROR: Final = 56

@@ -25,7 +25,7 @@ from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.config import HOST_BUILTINS, FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Decision, PartitionError
-from sluice.filters.host_identity import host_filter_sha256
+from sluice.telemetry_schema.host_identity import host_filter_sha256
 
 __all__ = ["HOST_BUILTINS", "BlockRunner", "HostRunner"]
 

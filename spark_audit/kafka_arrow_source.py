@@ -27,8 +27,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from sluice.proxy.telemetry.columns import LAYOUT_VERSION, SCHEMAS
-from sluice.proxy.telemetry.integrity import (
+from sluice.telemetry_schema.columns import LAYOUT_VERSION, SCHEMAS
+from sluice.telemetry_schema.integrity import (
     KAFKA_ARROW,
     KAFKA_JSON,
     TAG_HEADER,

@@ -47,14 +47,14 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.proxy.telemetry.columns import (
+from sluice.telemetry_schema.columns import (
     ROLLUPS,
     SCHEMAS,
     UNIQUE_COLUMNS,
     latest_versions,
     time_column,
 )
-from sluice.proxy.telemetry.integrity import Verifier, read_sidecar
+from sluice.telemetry_schema.integrity import Verifier, read_sidecar
 from sluice.spark_audit.partials import (
     CHECKS,
     MINUTE_MS,

@@ -45,7 +45,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from sluice.proxy.telemetry.columns import (
+from sluice.telemetry_schema.columns import (
     DATASETS,
     EVENT_TABLES,
     FIRST_ROW,
@@ -54,7 +54,7 @@ from sluice.proxy.telemetry.columns import (
     SCHEMAS,
     time_column,
 )
-from sluice.proxy.telemetry.integrity import TAG_SUFFIX, Verifier, read_sidecar
+from sluice.telemetry_schema.integrity import TAG_SUFFIX, Verifier, read_sidecar
 from sluice.spark_audit import json_tables
 from sluice.spark_audit.load import KafkaUrl, parse_kafka_url
 from sluice.spark_audit.schema import (

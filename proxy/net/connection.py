@@ -51,8 +51,7 @@ from sluice.codec.frames import FrameBuffer
 from sluice.codec.headers import parse_request_header, read_correlation_id
 from sluice.codec.messages import ApiKey
 from sluice.codec.throttle import sends_before_throttling, with_throttle
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.ops.quotas import Quotas
+from sluice.proxy.contract import ClientInfo, QuotaGate
 from sluice.proxy.paths.base import (
     Answer,
     Defer,
@@ -188,7 +187,7 @@ class Connection:
         routes: Routes,
         metrics: Metrics,
         limits: Limits | None = None,
-        quotas: Quotas | None = None,
+        quotas: QuotaGate | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client

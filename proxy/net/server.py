@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from sluice.proxy.net.addresses import BrokerMap, NodeRoute, PortTable
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import Close, Connection, Limits
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.session import Session

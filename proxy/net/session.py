@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast
 
 import structlog
 
-from sluice.proxy.net.client_info import ClientInfo, ConnectionStats
+from sluice.proxy.contract import ClientInfo, ConnectionStats
 from sluice.proxy.net.connection import (
     Action,
     Close,

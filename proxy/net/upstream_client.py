@@ -26,6 +26,7 @@ from sluice.codec.messages import (
     decode_response,
     encode_request,
 )
+from sluice.proxy.contract import UpstreamError
 from sluice.proxy.net.upstream_sasl import SaslClientError, UpstreamSasl
 
 if TYPE_CHECKING:
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
 _SIZE = struct.Struct(">i")
 _ids = itertools.count(1)
 CLIENT_ID = "sluice-proxy"
-
-
-class UpstreamError(Exception):
-    pass
 
 
 class UpstreamAuthError(UpstreamError):

@@ -40,12 +40,10 @@ from sluice.codec.batch_counts import expanded_size
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.headers import RequestHeader
 from sluice.filters.config import HOST_BUILTINS
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.net.job_placement import MAX_BYTES
+from sluice.proxy.contract import INLINE_MAX_BYTES, ClientInfo, Upstream
 
 if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
-    from sluice.proxy.net.upstream_client import UpstreamConnection
     from sluice.proxy.ops.policies import Policy, PolicyError
     from sluice.proxy.paths.protection import Protection
     from sluice.proxy.paths.topics import TopicRegistry
@@ -163,7 +161,7 @@ def job_size(frame_size: int, records: Iterable[bytes | memoryview | None]) -> i
     a few hundred bytes of zstd can hold 10 MiB of records, so only the decompressor can
     tell, and that is work the event loop must not do (a small compressed batch goes to the
     pool). Frames already too large to run inline are not looked into."""
-    if frame_size > MAX_BYTES:
+    if frame_size > INLINE_MAX_BYTES:
         return frame_size
     size = frame_size
     for blob in records:
@@ -196,7 +194,7 @@ EndpointMapper = Callable[[int, str, int], tuple[str, int]]
 
 
 class UpstreamOpener(Protocol):
-    def __call__(self) -> Awaitable[UpstreamConnection]: ...
+    def __call__(self) -> Awaitable[Upstream]: ...
 
 
 class PolicyBook(Protocol):

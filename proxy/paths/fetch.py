@@ -26,7 +26,7 @@ from sluice.codec.messages import ApiKey
 from sluice.filters.chain import DeadLetter, FilterChain
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_fetch
-from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.contract import UpstreamError
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Defer,

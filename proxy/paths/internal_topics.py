@@ -47,7 +47,7 @@ from sluice.codec.produce_splice import (
     splice_produce_records,
 )
 from sluice.filters.admin import AdminResource
-from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.contract import UpstreamError
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Answer,

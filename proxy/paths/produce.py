@@ -35,8 +35,8 @@ from sluice.codec.produce_splice import (
 from sluice.filters.chain import DeadLetter, FilterChain, FilterStats
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_produce
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.contract import ClientInfo
+from sluice.proxy.contract import UpstreamError
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Answer,

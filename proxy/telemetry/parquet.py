@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from sluice.proxy.telemetry.columns import (
+from sluice.telemetry_schema.columns import (
     FIRST_ROW,
     HOUR_MS,
     ROLLUPS,
@@ -47,7 +47,7 @@ from sluice.proxy.telemetry.columns import (
     warm_up,
 )
 from sluice.proxy.telemetry.events import ProxyInfo, now_ms, telemetry_dropped_event
-from sluice.proxy.telemetry.integrity import Tagger, write_sidecar
+from sluice.telemetry_schema.integrity import Tagger, write_sidecar
 from sluice.proxy.telemetry.sinks import (
     DEFAULT_QUEUE_SIZE,
     DEFAULT_ROTATE_BYTES,

@@ -17,7 +17,7 @@ import functools
 import hashlib
 from typing import Any
 
-from sluice.filters.host_identity import ENCRYPT_SHA256
+from sluice.telemetry_schema.host_identity import ENCRYPT_SHA256
 from sluice.proxy import telemetry as t
 
 # The same two instances and clock as the other known data set.

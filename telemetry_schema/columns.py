@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.filters.host_identity import ENCRYPT_SHA256
+from sluice.telemetry_schema.host_identity import ENCRYPT_SHA256
 
 LAYOUT_VERSION = 1
 HOUR_MS = 3_600_000
