@@ -27,6 +27,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from sluice.spark_audit.kafka_source import KafkaBatchReader
 from sluice.telemetry_schema.columns import LAYOUT_VERSION, SCHEMAS
 from sluice.telemetry_schema.integrity import (
     KAFKA_ARROW,
@@ -35,7 +36,6 @@ from sluice.telemetry_schema.integrity import (
     Verifier,
     kafka_arrow_fields,
 )
-from sluice.spark_audit.kafka_source import KafkaBatchReader
 
 FORMAT_NAME = "sluice_telemetry_kafka"
 RAW = "raw"

@@ -2,8 +2,9 @@
 feed it bytes and perform the actions it returns.
 
 Nothing here decides anything about Kafka: correlation, order, back-pressure and refusals are
-the sans-IO `Connection`'s (`connection.py`). This module owns the sockets, the filter thread
-pool hand-off, and what happens once when a connection ends (telemetry, metrics, logs).
+the sans-IO `Connection`'s (`connection.py`). This module owns the sockets and the filter
+thread pool hand-off; when a connection ends it closes both sockets once and tells the server
+(`SessionHooks.session_closed`), which counts it, logs it and records its telemetry.
 """
 
 from __future__ import annotations

@@ -25,8 +25,12 @@ The contract (docs/ARCHITECTURE.md has the long form):
   of the router that called it. A response is processed again, from its original bytes, when
   the router changed before the response was sent, unless the path `pin`ned it (Produce and
   admin answers, whose filtering happened when the request was forwarded).
-- **Side effects at send time.** Telemetry about what a response carries is returned as the
-  `on_sent` callback of `Respond`, so that a response processed twice is counted once.
+- **Side effects.** Telemetry about what a response carries is returned as the `on_sent`
+  callback of `Respond`, so that a response processed twice is counted once. The other side
+  effects are performed by the paths themselves, on the loop (in their own methods and in
+  `Job.finish`): request telemetry, dead-letter submission, and `ctx.map_endpoint`, which may
+  take the node-port table's file lock and bind a node's listening socket
+  (`net/node_ports.py`) before the rewritten address reaches the client.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.proxy import telemetry as t
-from sluice.telemetry_schema import integrity as ig
 from sluice.proxy.telemetry.parquet import published_name
 from sluice.proxy.telemetry.sinks import TelemetryConfigError, parse_telemetry_config
+from sluice.telemetry_schema import integrity as ig
 
 KEY = ig.TelemetryKey(ig.key_id(bytes(range(32))), bytes(range(32)))
 OTHER = ig.TelemetryKey(ig.key_id(bytes(32)), bytes(32))
