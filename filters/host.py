@@ -34,6 +34,7 @@ class HostRunner:
     """Base of host filters: the AbiRunner surface LoadedFilter uses, without Wasm."""
 
     abi: ClassVar[str] = "host"
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     #: The builtin name (``encrypt`` for ``builtin:encrypt``).
     kind: ClassVar[str] = ""
     #: Bumped when a host filter's stored output changes meaning (part of its sha256).
