@@ -335,17 +335,11 @@ class ColumnarBuffers:
             self._add_record_batch(event)
         elif kind == "connection":
             self._add_connection(event)
-        elif kind == "admin":
+        elif kind in ("admin", "filter_loaded"):
+            # Both name their filter in a nested {"name", "module_sha256"}: flat columns here.
             ref = event.get("filter") or {}
             self._append(
-                "admin",
-                {**event, **_envelope(event), "filter_name": ref.get("name"),
-                 "module_sha256": ref.get("module_sha256")},
-            )
-        elif kind == "filter_loaded":
-            ref = event.get("filter") or {}
-            self._append(
-                "filter_loaded",
+                kind,
                 {**event, **_envelope(event), "filter_name": ref.get("name"),
                  "module_sha256": ref.get("module_sha256")},
             )
