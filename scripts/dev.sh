@@ -106,7 +106,7 @@ install_class_archive() {
 # instead of 0.12 s). Only stale files are compiled.
 compile_project() {
   "$VENV/bin/python" -m compileall -q -j 0 sluice codec crypto filters proxy spark_audit \
-    transforms
+    telemetry_schema transforms
 }
 
 KAFKA_POM="scripts/kafka/pom.xml"
