@@ -63,6 +63,7 @@ from sluice.proxy.paths.base import (
     Refused,
     Respond,
     ResponsePath,
+    UnansweredAware,
 )
 from sluice.proxy.paths.registry import Routes, lease, release
 from sluice.proxy.telemetry.metrics import Metrics
@@ -721,7 +722,6 @@ class Connection:
         # telemetry) are told, so an audit shows the batches as lost, not as never sent.
         ctx = self._routes.current.ctx
         for slot in self._awaiting:
-            lost = getattr(slot.pin, "on_unanswered", None)
-            if lost is not None:
-                lost(ctx, slot.exchange, reason)
+            if isinstance(slot.pin, UnansweredAware):
+                slot.pin.on_unanswered(ctx, slot.exchange, reason)
         self._awaiting.clear()

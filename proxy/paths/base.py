@@ -281,6 +281,15 @@ class ApiPath(RequestPath, ResponsePath, Protocol):
 
 
 @runtime_checkable
+class UnansweredAware(Protocol):
+    """A `pin` that accounts for a request the broker never answered: when the connection
+    closes first, the connection calls `on_unanswered` for each such request, in order (the
+    Produce path records its batches as lost, not as never sent)."""
+
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None: ...
+
+
+@runtime_checkable
 class UndecodableGate(Protocol):
     """A request path that can vouch for a request version the codec cannot decode.
 
