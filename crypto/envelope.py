@@ -154,12 +154,6 @@ def aad_for(prefix: bytes, record_key: bytes | None, field: str = "",
                      _LEN.pack(len(fb)), fb))
 
 
-def aad(mode: str, key_name: str, key_version: str, wrapped_dek: bytes,
-        record_key: bytes | None, field: str = "") -> bytes:
-    """The additional authenticated data of one ciphertext."""
-    return aad_for(aad_prefix(mode, key_name, key_version, wrapped_dek), record_key, field)
-
-
 def headers_for(env: Envelope) -> list[Header]:
     """The proxy's headers for `env`, in stored order (in `env.layout`)."""
     enc = (f"{env.layout};{env.mode}" if env.layout == LEGACY_LAYOUT

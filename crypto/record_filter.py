@@ -103,9 +103,9 @@ from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import KEEP, Decision, PartitionError, reject, rewrite
 from sluice.filters.host import HostRunner
-from sluice.filters.host_identity import ENCRYPT_IMPLEMENTATION_VERSION, ENCRYPT_KIND
 from sluice.filters.native_io import NativeOutput
 from sluice.filters.principal import ANONYMOUS
+from sluice.telemetry_schema.host_identity import ENCRYPT_IMPLEMENTATION_VERSION, ENCRYPT_KIND
 
 KAFKA_STORAGE_ERROR: Final = 56
 CORRUPT_MESSAGE: Final = 2

@@ -26,8 +26,8 @@ from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.config import HOST_BUILTINS, FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Decision, PartitionError
-from sluice.filters.host_identity import host_filter_sha256
 from sluice.filters.native_io import NativeOutput
+from sluice.telemetry_schema.host_identity import host_filter_sha256
 
 __all__ = ["HOST_BUILTINS", "BlockRunner", "HostRunner"]
 
@@ -36,6 +36,7 @@ class HostRunner:
     """Base of host filters: the AbiRunner surface LoadedFilter uses, without Wasm."""
 
     abi: ClassVar[str] = "host"
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     #: The builtin name (``encrypt`` for ``builtin:encrypt``).
     kind: ClassVar[str] = ""
     #: Bumped when a host filter's stored output changes meaning (part of its sha256).

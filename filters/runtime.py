@@ -147,6 +147,8 @@ class LoadedFilter:
         self.name = spec.name
         self.sha256 = sha256
         self.abi = runner.abi
+        #: The ABI's optional parts this module exports (docs/FILTER_ABI.md, capabilities).
+        self.capabilities = runner.capabilities
         self.origin = origin
         self.load_seconds = load_seconds
         self._runner = runner

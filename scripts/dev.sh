@@ -123,7 +123,7 @@ install_class_archive() {
   fi
   say "recording the Spark driver's class archive (once per install: about 40 s)"
   # Only a speed-up: Spark runs without it (each local session then starts 4 s slower).
-  "$VENV/bin/python" -m sluice.spark_audit.record_classes --force || \
+  "$VENV/bin/python" -m sluice.spark_class_archive --force || \
     echo "warning: no class archive for the Spark driver (see the error above); the audit job runs without it" >&2
 }
 
@@ -156,7 +156,7 @@ build_batch_seal() {
 
 compile_project() {
   "$VENV/bin/python" -m compileall -q -j 0 sluice codec crypto filters proxy spark_audit \
-    transforms
+    telemetry_schema transforms
 }
 
 KAFKA_POM="scripts/kafka/pom.xml"

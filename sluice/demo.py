@@ -218,7 +218,7 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool, broker_kind: str = "
     if not telemetry_key.exists():
         # As `sluice telemetry keygen` makes it; kept across demo runs so that the telemetry
         # of an earlier run still verifies.
-        from sluice.proxy.telemetry.integrity import new_key, write_key
+        from sluice.telemetry_schema.integrity import new_key, write_key
 
         write_key(telemetry_key, new_key())
     config_path.write_text(DEMO_CONFIG.format(telemetry=json.dumps(str(telemetry_dir)),

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from sluice.proxy.net.addresses import BrokerMap, NodeRoute, PortTable
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import Close, Connection, Limits
 from sluice.proxy.net.job_placement import JobPlacement
+from sluice.proxy.net.node_ports import BrokerMap, NodeRoute, PortTable
 from sluice.proxy.net.session import Session
 from sluice.proxy.net.tls import peer_principal
 from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer

@@ -2,8 +2,9 @@
 feed it bytes and perform the actions it returns.
 
 Nothing here decides anything about Kafka: correlation, order, back-pressure and refusals are
-the sans-IO `Connection`'s (`connection.py`). This module owns the sockets, the filter thread
-pool hand-off, and what happens once when a connection ends (telemetry, metrics, logs).
+the sans-IO `Connection`'s (`connection.py`). This module owns the sockets and the filter
+thread pool hand-off; when a connection ends it closes both sockets once and tells the server
+(`SessionHooks.session_closed`), which counts it, logs it and records its telemetry.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Protocol, cast
 
 import structlog
 
-from sluice.proxy.net.client_info import ClientInfo, ConnectionStats
+from sluice.proxy.contract import ClientInfo, ConnectionStats
 from sluice.proxy.net.connection import (
     Action,
     Close,

@@ -35,8 +35,7 @@ from sluice.codec.headers import RequestHeader, response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.chain import FilterChain
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.contract import ClientInfo, UpstreamError
 from sluice.proxy.ops.policies import CONFIG_KEY
 from sluice.proxy.paths import policy, responses
 from sluice.proxy.paths.base import (

@@ -25,8 +25,12 @@ The contract (docs/ARCHITECTURE.md has the long form):
   of the router that called it. A response is processed again, from its original bytes, when
   the router changed before the response was sent, unless the path `pin`ned it (Produce and
   admin answers, whose filtering happened when the request was forwarded).
-- **Side effects at send time.** Telemetry about what a response carries is returned as the
-  `on_sent` callback of `Respond`, so that a response processed twice is counted once.
+- **Side effects.** Telemetry about what a response carries is returned as the `on_sent`
+  callback of `Respond`, so that a response processed twice is counted once. The other side
+  effects are performed by the paths themselves, on the loop (in their own methods and in
+  `Job.finish`): request telemetry, dead-letter submission, and `ctx.map_endpoint`, which may
+  take the node-port table's file lock and bind a node's listening socket
+  (`net/node_ports.py`) before the rewritten address reaches the client.
 """
 
 from __future__ import annotations
@@ -40,12 +44,10 @@ from sluice.codec.batch_counts import expanded_size
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.headers import RequestHeader
 from sluice.filters.config import HOST_BUILTINS
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.net.job_placement import MAX_BYTES
+from sluice.proxy.contract import INLINE_MAX_BYTES, ClientInfo, Upstream
 
 if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
-    from sluice.proxy.net.upstream_client import UpstreamConnection
     from sluice.proxy.ops.policies import Policy, PolicyError
     from sluice.proxy.paths.protection import Protection
     from sluice.proxy.paths.topics import TopicRegistry
@@ -163,7 +165,7 @@ def job_size(frame_size: int, records: Iterable[bytes | memoryview | None]) -> i
     a few hundred bytes of zstd can hold 10 MiB of records, so only the decompressor can
     tell, and that is work the event loop must not do (a small compressed batch goes to the
     pool). Frames already too large to run inline are not looked into."""
-    if frame_size > MAX_BYTES:
+    if frame_size > INLINE_MAX_BYTES:
         return frame_size
     size = frame_size
     for blob in records:
@@ -196,7 +198,7 @@ EndpointMapper = Callable[[int, str, int], tuple[str, int]]
 
 
 class UpstreamOpener(Protocol):
-    def __call__(self) -> Awaitable[UpstreamConnection]: ...
+    def __call__(self) -> Awaitable[Upstream]: ...
 
 
 class PolicyBook(Protocol):
@@ -276,6 +278,15 @@ class ApiPath(RequestPath, ResponsePath, Protocol):
     def wants_request(self, ctx: PathContext, api_key: int) -> bool: ...
 
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool: ...
+
+
+@runtime_checkable
+class UnansweredAware(Protocol):
+    """A `pin` that accounts for a request the broker never answered: when the connection
+    closes first, the connection calls `on_unanswered` for each such request, in order (the
+    Produce path records its batches as lost, not as never sent)."""
+
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None: ...
 
 
 @runtime_checkable

@@ -21,12 +21,10 @@ from sluice.codec.batch_counts import count_records, offset_range
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.endpoints import rewrite_endpoints
 from sluice.codec.error_codes import ErrorCode
-from sluice.codec.errors import CodecError
 from sluice.codec.messages import ApiKey
 from sluice.filters.chain import DeadLetter, FilterChain
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_fetch
-from sluice.proxy.net.upstream_client import UpstreamError
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Defer,
@@ -40,11 +38,10 @@ from sluice.proxy.paths.base import (
     inline_key,
     job_size,
 )
-from sluice.proxy.telemetry.logs import log
 
 
 @dataclass(slots=True)
-class _Filtered:
+class _FilteredResponse:
     response: Any  # the decoded response, filtered (the same object when nothing changed)
     batches: list[dict[str, Any]]  # record_batch telemetry fields per filtered partition
     dead_letters: list[list[DeadLetter]]
@@ -73,7 +70,7 @@ class FetchPath:
         if unknown:
             return Defer(
                 Job(
-                    run=lambda: _lookup(ctx),
+                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
                     finish=lambda _: self._filter(ctx, exchange, frame, size, response),
                     in_thread=False,
                     what="topic id look-up",
@@ -94,7 +91,8 @@ class FetchPath:
             all(n is not None for n in names.values())
             and not any(chain.applies(n, "fetch", client.principal) for n in names.values() if n)
         ):
-            return self._respond(ctx, exchange, frame, size, response, _Filtered(response, [], []))
+            unfiltered = _FilteredResponse(response, [], [])
+            return self._respond(ctx, exchange, frame, size, response, unfiltered)
         limits = ctx.batch_limits
         filtered = (
             part.records
@@ -121,7 +119,7 @@ class FetchPath:
         frame: Frame,
         size: int,
         original: Any,
-        result: _Filtered,
+        result: _FilteredResponse,
     ) -> Respond:
         for letters in result.dead_letters:
             ctx.dead_letters.submit(letters)
@@ -137,13 +135,6 @@ class FetchPath:
         return Respond(out, sent if result.batches else None)
 
 
-async def _lookup(ctx: PathContext) -> None:
-    try:
-        await ctx.topics.resolve(ctx.open_upstream)
-    except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
-        log.warning("topic_id_lookup_failed", error=str(exc))
-
-
 def _filter_response(
     chain: FilterChain,
     response: Any,
@@ -151,7 +142,7 @@ def _filter_response(
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
-) -> _Filtered:
+) -> _FilteredResponse:
     """Runs in the filter thread pool (each batch within `limits`); touches no loop-owned
     state."""
     topics = []
@@ -218,5 +209,5 @@ def _filter_response(
             parts.append(part)
         topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
     if not changed:
-        return _Filtered(response, batches, dead)
-    return _Filtered(dataclasses.replace(response, responses=tuple(topics)), batches, dead)
+        return _FilteredResponse(response, batches, dead)
+    return _FilteredResponse(dataclasses.replace(response, responses=tuple(topics)), batches, dead)

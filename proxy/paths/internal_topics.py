@@ -47,7 +47,7 @@ from sluice.codec.produce_splice import (
     splice_produce_records,
 )
 from sluice.filters.admin import AdminResource
-from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.contract import UpstreamError
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Answer,
@@ -64,6 +64,7 @@ from sluice.proxy.paths.base import (
     Respond,
     ResponseOutcome,
     ResponsePath,
+    UnansweredAware,
     UndecodableGate,
 )
 from sluice.proxy.paths.produce import LocalAnswer, local_response, merge_local
@@ -599,9 +600,8 @@ class InternalTopicsPath:
 
     def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
         guard: Guard | None = exchange.guard
-        lost = getattr(guard.pin, "on_unanswered", None) if guard is not None else None
-        if lost is not None:
-            lost(ctx, exchange, reason)
+        if guard is not None and isinstance(guard.pin, UnansweredAware):
+            guard.pin.on_unanswered(ctx, exchange, reason)
 
 
 def _then(outcome: Any, then: Callable[[Respond], Any]) -> Any:

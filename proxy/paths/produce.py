@@ -35,8 +35,7 @@ from sluice.codec.produce_splice import (
 from sluice.filters.chain import DeadLetter, FilterChain, FilterStats
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_produce
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Answer,
@@ -55,7 +54,6 @@ from sluice.proxy.paths.base import (
     job_size,
 )
 from sluice.proxy.telemetry.events import produce_offsets
-from sluice.proxy.telemetry.logs import log
 
 #: Record errors one partition's answer lists: Kafka lists every failed record, which for a
 #: batch of 100 000 records that all fail is megabytes of answer; past these the partition's
@@ -133,7 +131,7 @@ class ProducePath:
         if unknown:
             return Defer(
                 Job(
-                    run=lambda: _lookup(ctx),
+                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
                     finish=lambda _: self._filter(ctx, exchange, frame, layout),
                     in_thread=False,
                     what="topic id look-up",
@@ -178,7 +176,7 @@ class ProducePath:
         exchange: Exchange,
         frame: Frame,
         layout: ProduceRequestLayout,
-        result: _Filtered,
+        result: _FilteredRequest,
     ) -> RequestOutcome:
         header = exchange.header
         for letters in result.dead_letters:
@@ -246,15 +244,8 @@ class ProducePath:
         _emit(ctx, exchange.client, state, None)
 
 
-async def _lookup(ctx: PathContext) -> None:
-    try:
-        await ctx.topics.resolve(ctx.open_upstream)
-    except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
-        log.warning("topic_id_lookup_failed", error=str(exc))
-
-
 @dataclass(slots=True)
-class _Filtered:
+class _FilteredRequest:
     """What the filter thread found for one Produce request (applied on the loop).
 
     Partitions are named by position in the request, (topic i, partition j), as the splice
@@ -274,10 +265,10 @@ def _filter_request(
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
-) -> _Filtered:
+) -> _FilteredRequest:
     """Runs in the filter thread pool: every partition of a filtered topic through the chain,
     each batch within `limits`. Touches no loop-owned state; returns what the loop applies."""
-    result = _Filtered([], [], {}, set(), [])
+    result = _FilteredRequest([], [], {}, set(), [])
     for i, topic in enumerate(layout.topics):
         name = names[i]
         if name is None:

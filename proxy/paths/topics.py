@@ -16,8 +16,10 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from sluice.codec.errors import CodecError
 from sluice.codec.messages import ApiKey
-from sluice.proxy.net.upstream_client import UpstreamConnection
+from sluice.proxy.contract import Upstream, UpstreamError
+from sluice.proxy.telemetry.logs import log
 
 _MIN_LOOKUP_INTERVAL = 1.0  # seconds between two look-ups for ids still unknown
 _MAX_NAMES = 1_000_000  # ids come from the broker, but bound the table anyway
@@ -51,7 +53,7 @@ class TopicRegistry:
     def unknown(self, topic_ids: Iterable[Any]) -> list[Any]:
         return [t for t in topic_ids if t is not None and t not in self.names]
 
-    def resolve(self, open_upstream: Callable[[], Awaitable[UpstreamConnection]]) -> Any:
+    def resolve(self, open_upstream: Callable[[], Awaitable[Upstream]]) -> Any:
         """An awaitable that refreshes the table from the cluster's Metadata (all topics).
 
         Concurrent callers share one look-up; a look-up right after another is skipped, so a
@@ -65,7 +67,15 @@ class TopicRegistry:
         self._lookup = asyncio.ensure_future(self._fetch(open_upstream))
         return asyncio.shield(self._lookup)
 
-    async def _fetch(self, open_upstream: Callable[[], Awaitable[UpstreamConnection]]) -> None:
+    async def refresh(self, open_upstream: Callable[[], Awaitable[Upstream]]) -> None:
+        """`resolve`, with a failed look-up logged instead of raised: the Produce and Fetch
+        paths then go on with the names they know."""
+        try:
+            await self.resolve(open_upstream)
+        except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
+            log.warning("topic_id_lookup_failed", error=str(exc))
+
+    async def _fetch(self, open_upstream: Callable[[], Awaitable[Upstream]]) -> None:
         self.lookups += 1
         conn = await open_upstream()
         try:

@@ -28,9 +28,9 @@ import pytest
 from confluent_kafka import Producer
 
 from sluice.proxy import telemetry as t
-from sluice.proxy.telemetry import integrity as ig
-from sluice.proxy.telemetry.columns import ColumnarBuffers
 from sluice.proxy.telemetry.kafka_arrow import encode_batch
+from sluice.telemetry_schema import integrity as ig
+from sluice.telemetry_schema.columns import ColumnarBuffers
 from tests.e2e.clients import QUIET, confluent_produce, create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy

@@ -576,7 +576,7 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     from sluice.codec.headers import RequestHeader, response_header_bytes
     from sluice.codec.messages import decode_response, encode_response
     from sluice.codec.schemas import response_schema
-    from sluice.proxy.net.client_info import ClientInfo
+    from sluice.proxy.contract import ClientInfo
     from sluice.proxy.net.server import ProxyServer
     from sluice.proxy.ops.config import ProxyConfig
     from sluice.proxy.paths import addresses

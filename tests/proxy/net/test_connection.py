@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sluice.codec.headers import request_header_bytes
 from sluice.codec.messages import ApiKey, codec_version_range
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import (
     Close,
     Connection,

@@ -24,7 +24,7 @@ from sluice.codec.messages import (
     encode_request,
     encode_response,
 )
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths.base import Answer, Exchange, Forward, PathContext, Refuse, Respond
 from sluice.proxy.paths.internal_topics import (
     BROKER_ONLY,

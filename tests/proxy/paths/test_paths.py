@@ -27,7 +27,7 @@ from sluice.codec.messages import (
 from sluice.codec.records import decode_records, split_batches
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths.admin import AdminPath
 from sluice.proxy.paths.base import (
     Answer,
