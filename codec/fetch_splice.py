@@ -263,9 +263,7 @@ def scan_fetch_response(version: int, buf: Buffer, start: int = 0) -> FetchRespo
         raise DecodeError("Fetch response truncated")
     if pos != end:
         raise DecodeError(f"Fetch response: {end - pos} trailing bytes after the body")
-    return FetchResponseLayout(
-        version, flexible, error_code, tuple(topics), topics_end, endpoints
-    )
+    return FetchResponseLayout(version, flexible, error_code, tuple(topics), topics_end, endpoints)
 
 
 def _records_prefix(records: Buffer | None, flexible: bool) -> bytes:

@@ -140,9 +140,9 @@ def test_splice_writes_what_kio_writes_for_the_same_change(
     out = splice_fetch_records(body, layout, records, errors)
     assert out == expected(entity, records, errors)
     # And kio reads the spliced body back as the changed entity (semantic equality).
-    assert decode_response(1, version, out) == decode_response(1, version, expected(
-        entity, records, errors
-    ))
+    assert decode_response(1, version, out) == decode_response(
+        1, version, expected(entity, records, errors)
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -165,9 +165,7 @@ def test_scan_finds_what_kio_decodes(response: tuple[int, Any], header: bytes) -
             (p.partition, p.error_code, None if p.records is None else bytes(p.records))
             for p in slot.partitions
         ]
-        assert got == [
-            (p.partition_index, int(p.error_code), p.records) for p in topic.partitions
-        ]
+        assert got == [(p.partition_index, int(p.error_code), p.records) for p in topic.partitions]
     # Nothing changed: the frame comes back as it was.
     assert splice_fetch_records(frame, layout, {}) == frame
 
@@ -230,11 +228,16 @@ def test_unknown_tagged_fields_are_carried_over_untouched() -> None:
     tcls = element(cls, "responses")
     pcls = element(tcls, "partitions")
     part = pcls(
-        partition_index=0, error_code=ErrorCode(0), high_watermark=5, aborted_transactions=None,
+        partition_index=0,
+        error_code=ErrorCode(0),
+        high_watermark=5,
+        aborted_transactions=None,
         records=b"abc",
     )
     entity = cls(
-        throttle_time=datetime.timedelta(0), error_code=ErrorCode(0), session_id=0,
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode(0),
+        session_id=0,
         responses=(tcls(topic="t", partitions=(part, dataclasses.replace(part, records=b"d"))),),
     )
     body = encode_response(entity)
@@ -245,7 +248,8 @@ def test_unknown_tagged_fields_are_carried_over_untouched() -> None:
     out = splice_fetch_records(tagged, layout, {(0, 0): b"XYZW", (0, 1): None}, {(0, 1): 87})
     again = scan_fetch_response(12, out)
     assert [(p.error_code, p.records) for p in again.topics[0].partitions] == [
-        (0, b"XYZW"), (87, None)
+        (0, b"XYZW"),
+        (87, None),
     ]
     assert out.endswith(b"\x00\x01\x07\x02zz\x00\x00")  # null records, tags, topic and top tags
 
@@ -288,11 +292,16 @@ def test_topic_ids_and_node_endpoints_survive_the_splice() -> None:
     ncls = element(cls, "node_endpoints")
     tid = uuid.uuid4()
     part = pcls(
-        partition_index=3, error_code=ErrorCode(0), high_watermark=5, aborted_transactions=(),
+        partition_index=3,
+        error_code=ErrorCode(0),
+        high_watermark=5,
+        aborted_transactions=(),
         records=b"r" * 200,
     )
     entity = cls(
-        throttle_time=datetime.timedelta(0), error_code=ErrorCode(0), session_id=1,
+        throttle_time=datetime.timedelta(0),
+        error_code=ErrorCode(0),
+        session_id=1,
         responses=(tcls(topic_id=tid, partitions=(part,)),),
         node_endpoints=(ncls(node_id=2, host="10.0.0.2", port=9092),),
     )
