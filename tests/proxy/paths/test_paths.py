@@ -451,6 +451,22 @@ def test_a_corrupt_filtered_partition_gets_an_error_and_no_records(
     assert sink.events[0]["error_code"] == ErrorCode.CORRUPT_MESSAGE
 
 
+def test_an_error_code_kio_does_not_know_passes_as_without_filters(chain: FilterChain) -> None:
+    """A newer broker's error code on an unfiltered partition is relayed, as on the
+    unfiltered path (kio's decode refused it, which closed the connection)."""
+    ctx = context(chain, ListSink(), Letters())
+    raw = bytearray(two_topic_fetch(12, make_batch([EMAIL])))
+    size = len(response_header_bytes(3, ApiKey.FETCH, 12))
+    plain = scan_fetch_response(12, raw, size).topics[1].partitions[0]
+    raw[plain.start + 4 : plain.start + 6] = (9999).to_bytes(2, "big")
+    respond = run(FetchPath().on_response(ctx, fetch_exchange(12), bytes(raw)))
+    assert isinstance(respond, Respond)
+    layout = scan_fetch_response(12, respond.frame, size)
+    assert layout.topics[1].partitions[0].error_code == 9999
+    masked = layout.topics[0].partitions[0].records
+    assert masked is not None and b"ann@example.com" not in bytes(masked)
+
+
 def test_no_fetch_filter_means_the_fetch_path_is_not_asked() -> None:
     assert not FetchPath().wants_response(context(None, ListSink(), Letters()), ApiKey.FETCH, 12)
 
