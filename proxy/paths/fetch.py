@@ -87,12 +87,13 @@ class FetchPath:
             layout = None  # kio's decode decides (and refuses what it cannot read)
         if layout is None or layout.endpoints:
             return self._on_decoded(ctx, exchange, frame)
-        unknown = ctx.topics.unknown(t.topic_id for t in layout.topics if t.name is None)
+        scanned = layout
+        unknown = ctx.topics.unknown(t.topic_id for t in layout.topics if not t.name)
         if unknown:
             return Defer(
                 Job(
                     run=lambda: _lookup(ctx),
-                    finish=lambda _: self._filter_scanned(ctx, exchange, frame, layout),
+                    finish=lambda _: self._filter_scanned(ctx, exchange, frame, scanned),
                     in_thread=False,
                     what="topic id look-up",
                 )
@@ -108,7 +109,9 @@ class FetchPath:
         client = exchange.client
         principal = client.principal
         names = [
-            t.name if t.name is not None else ctx.topics.name(t.topic_id) for t in layout.topics
+            # An empty name counts as unknown, as on the kio path.
+            t.name or ctx.topics.name(t.topic_id)
+            for t in layout.topics
         ]
         filtered = [
             p.records
