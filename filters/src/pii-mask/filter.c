@@ -67,7 +67,14 @@ static const sluice_json *header_names; /* array of strings, or NULL (headers_al
 #define MAX_SECRET_KEYS 32
 static sluice_bytes secret_keys[MAX_SECRET_KEYS];
 static uint32_t secret_key_n;
-static uint64_t secret_key_lengths; /* bit L set: a secret key name is L bytes long (L < 64) */
+/* The names lower-cased without separators ("AWS_SECRET_ACCESS_KEY": awssecretaccesskey), so
+ * that one name matches as the CLI, Terraform, Java properties and JSON spell it
+ * (aws_secret_access_key, aws.secretAccessKey, SecretAccessKey, cloud.aws...secret-key). */
+static uint8_t secret_norm[MAX_SECRET_KEYS][64];
+static uint32_t secret_norm_len[MAX_SECRET_KEYS];
+static uint32_t secret_key_min;     /* the shortest normalised name */
+static uint32_t secret_key_last[8]; /* bit set: a normalised name ends with this byte */
+static int secret_name_sep(uint8_t c) { return c == '_' || c == '.' || c == '-' || c == ' '; }
 
 /* Field paths, parsed into segments. */
 enum { SEG_KEY, SEG_ANY, SEG_INDEX, SEG_ANY_INDEX };
@@ -172,7 +179,7 @@ static int parse_path(sluice_bytes text, path *out) {
 }
 
 static const char *const default_secret_keys[] = {
-    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "aws_secret_key", "secret_access_key",
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "aws_secret_key", "secret_access_key", "secret_key", "session_token",
 };
 
 int sluice_on_config(const sluice_json *cfg) {
@@ -255,9 +262,19 @@ int sluice_on_config(const sluice_json *cfg) {
             return config_error("pii-mask: unknown config key (known: mode, mask, keep_last, replacement, preserve_format, detectors, fields, keys, headers, secret_keys)");
         }
     }
-    secret_key_lengths = 0;
+    secret_key_min = 0xffffffffu;
+    for (uint32_t k = 0; k < 8; k++) secret_key_last[k] = 0;
     for (uint32_t k = 0; k < secret_key_n; k++) {
-        if (secret_keys[k].len < 64) secret_key_lengths |= (uint64_t)1 << secret_keys[k].len;
+        uint32_t m = 0;
+        for (uint32_t t = 0; t < (uint32_t)secret_keys[k].len && m < 64; t++) {
+            uint8_t ch = secret_keys[k].ptr[t];
+            if (!secret_name_sep(ch)) secret_norm[k][m++] = sluice_lower(ch);
+        }
+        secret_norm_len[k] = m;
+        if (m == 0) return config_error("pii-mask: secret_keys must be a list of names");
+        if (m < secret_key_min) secret_key_min = m;
+        uint8_t last = secret_norm[k][m - 1];
+        secret_key_last[last >> 5] |= 1u << (last & 31);
     }
     for (int d = 0; d < D_COUNT; d++) rules[d] = base;
     if (detectors && detectors->type == SLUICE_JSON_ARRAY) {
@@ -648,10 +665,13 @@ static uint32_t digits_at(const uint8_t *p, uint32_t n, uint32_t i) {
 }
 
 /* Words people write before a phone number, in the languages of the corpus the detector is
- * measured on (lower case; matched case-insensitively at the start of a word). */
+ * measured on (lower case; matched case-insensitively at the start of a word). A trailing '$'
+ * means the word must end there ("Tel." but not "Teller"). */
 static const char *const phone_words[] = {
-    "phone", "tel", "mobile", "mobil", "cell", "celular", "fax", "call", "handy", "whatsapp", "contact",
-    "t\xc3\xa9l",                                   /* tél(éphone) */
+    "phone", "telephone", "tel$", "telefon", "telefoon", "tel\xc3\xa9\x66ono", "mobile", "mobil$", "mobilnummer",
+    "cell$", "cellphone", "cellulare", "celular", "fax$", "call$", "handy$", "whatsapp", "contact$",
+    "t\xc3\xa9l$",                                  /* tél. */
+    "t\xc3\xa9l\xc3\xa9phone",                      /* téléphone */
     "m\xc3\xb3vil",                                 /* móvil */
     "\xe9\x9b\xbb\xe8\xa9\xb1",                     /* 電話 */
     "\xe6\x90\xba\xe5\xb8\xaf",                     /* 携帯 */
@@ -669,9 +689,14 @@ static int phone_word_at(const uint8_t *p, uint32_t n, uint32_t j) {
     for (uint32_t w = 0; w < sizeof phone_words / sizeof phone_words[0]; w++) {
         const uint8_t *word = (const uint8_t *)phone_words[w];
         uint32_t L = (uint32_t)sluice_strlen(phone_words[w]), t = 0;
+        int whole = word[L - 1] == '$';
+        if (whole) L--;
         if (j + L > n) continue;
         while (t < L && sluice_lower(p[j + t]) == word[t]) t++;
-        if (t == L) return 1;
+        if (t < L) continue;
+        /* a whole word: not followed by a lower-case letter ("Teller"; "telNumber" is fine) */
+        if (whole && j + L < n && is_alpha(p[j + L]) && !is_upper(p[j + L])) continue;
+        return 1;
     }
     return 0;
 }
@@ -790,7 +815,9 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
             continue;
         }
         if (c == '(' || is_digit(c)) {
-            if (!num_boundary_before(p, i) || (i > 0 && p[i - 1] == '+')) continue;
+            if (!num_boundary_before(p, i) || (i > 0 && p[i - 1] == '+') || after_iban_prefix(p, i)) continue;
+            /* not inside a hyphenated id ("0c38195a-0118-4916-8763-ba15...": a UUID) */
+            if (i >= 2 && p[i - 1] == '-' && is_alnum(p[i - 2])) continue;
             /* not the tail of a longer space-separated digit sequence */
             if (i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) continue;
             uint32_t k = i, e = 0, start = i;
@@ -832,7 +859,8 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
                             groups++;
                             k += 1 + gl;
                         }
-                        if (groups >= 2 && total >= 9 && total <= 12) e = k;
+                        /* 9 digits in two groups ("030 128950"); 3-2-4 is an SSN's shape */
+                        if (groups >= 2 && total <= 12 && (total >= 10 || (total == 9 && groups == 2))) e = k;
                     }
                 } else if ((g1 == 10 || g1 == 11) && p[i + 1] != '0') {
                     e = i + g1; /* unformatted: "0352959869", "02115481789" */
@@ -848,6 +876,7 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
                 if (g_end > start && digits >= 9 && digits <= 12 && ((paren && groups >= 2) || phone_labelled(p, start))) e = g_end;
             }
             if (e != 0) e = phone_extension(p, n, e);
+            if (e != 0 && e + 1 < n && p[e] == '-' && is_alnum(p[e + 1])) e = 0;
             if (e != 0 && num_boundary_after(p, n, e)) {
                 add_span(out, start, e, D_PHONE);
                 i = e;
@@ -934,6 +963,23 @@ static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
                 break;
             }
         }
+        if (want && cn != want) {
+            /* not the registered length: still an account number when the whole token's
+             * check digits pass (generators and typos drop or add a character) */
+            while (k < n && cn < 34) {
+                uint8_t c = p[k];
+                if (is_digit(c) || is_upper(c)) {
+                    chars[cn++] = c;
+                    k++;
+                    end = k;
+                } else if (c == ' ' && k + 1 < n && (is_digit(p[k + 1]) || is_upper(p[k + 1])) && cn % 4 == 0) {
+                    k++;
+                } else {
+                    break;
+                }
+            }
+            want = 0;
+        }
         if (want ? cn != want : (cn < 15 || cn > 34)) continue;
         if (end < n && (is_alnum(p[end]) || p[end] == '_')) continue;
         if (!iban_checksum_ok(chars, cn)) continue;
@@ -945,7 +991,10 @@ static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
 static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 7 <= n; i++) {
         if (!is_digit(p[i])) continue;
-        if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '.' || p[i - 1] == '_')) continue;
+        /* "IP10.0.0.1": CJK text glues the label to the address; other letters before are a
+         * version ("v1.2.3.4") or a word */
+        int ip_label = i >= 2 && sluice_lower(p[i - 2]) == 'i' && sluice_lower(p[i - 1]) == 'p' && (i == 2 || !is_alnum(p[i - 3]));
+        if (i > 0 && !ip_label && (is_alnum(p[i - 1]) || p[i - 1] == '.' || p[i - 1] == '_')) continue;
         uint32_t k = i;
         int ok = 1;
         for (int octet = 0; octet < 4 && ok; octet++) {
@@ -1000,31 +1049,56 @@ static int secret_value_char(uint8_t c) {
     return is_alnum(c) || c == '/' || c == '+' || c == '=' || c == '_' || c == '-' || c == '.';
 }
 
+/* Whether key[0..len) names a secret: its last words, separators and case ignored, are one of
+ * secret_keys ("aws.secretKey" and "cloud.aws.credentials.secret-key" end with secret_key),
+ * starting at a word: the key's start, after a separator, or an upper-case letter after a
+ * lower-case one or digit ("awsSecretKey"). */
+static int secret_name_match(const uint8_t *key, uint32_t len) {
+    if (len < secret_key_min) return 0;
+    uint32_t e = len;
+    while (e > 0 && (key[e - 1] == '"' || key[e - 1] == '\'')) e--;
+    if (e == 0) return 0;
+    uint8_t last = sluice_lower(key[e - 1]);
+    if (!(secret_key_last[last >> 5] >> (last & 31) & 1u)) return 0;
+    for (uint32_t k = 0; k < secret_key_n; k++) {
+        const uint8_t *nm = secret_norm[k];
+        uint32_t m = secret_norm_len[k], q = e;
+        while (m > 0 && q > 0) {
+            uint8_t ch = key[q - 1];
+            if (secret_name_sep(ch)) {
+                q--;
+                continue;
+            }
+            if (sluice_lower(ch) != nm[m - 1]) break;
+            m--;
+            q--;
+        }
+        if (m != 0) continue;
+        if (q == 0 || !is_alnum(key[q - 1]) || (is_upper(key[q]) && !is_upper(key[q - 1]))) return 1;
+    }
+    return 0;
+}
+
+static int secret_name_char(uint8_t c) { return is_alnum(c) || secret_name_sep(c) || c == '"' || c == '\''; }
+
 /* NAME=value, NAME: value, "NAME": "value", NAME = 'value' */
 static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
-    for (uint32_t s = 0; s < secret_key_n; s++) {
-        sluice_bytes name = secret_keys[s];
-        uint32_t L = (uint32_t)name.len;
-        if (L == 0 || L > n) continue;
-        uint8_t first = sluice_lower(name.ptr[0]);
-        for (uint32_t i = 0; i + L < n; i++) {
-            if (sluice_lower(p[i]) != first) continue;
-            if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
-            if (!sluice_eq_nocase(sluice_bytes_of(p + i, L), name)) continue;
-            uint32_t k = i + L;
-            if (k < n && (is_alnum(p[k]) || p[k] == '_')) continue;
-            if (k < n && (p[k] == '"' || p[k] == '\'')) k++;
-            while (k < n && p[k] == ' ') k++;
-            if (k >= n || (p[k] != '=' && p[k] != ':')) continue;
-            k++;
-            while (k < n && p[k] == ' ') k++;
-            if (k < n && (p[k] == '"' || p[k] == '\'')) k++;
-            uint32_t vs = k;
-            while (k < n && secret_value_char(p[k])) k++;
-            if (k == vs) continue;
-            add_span(out, vs, k, D_AWS_SECRET);
-            i = k;
-        }
+    for (uint32_t i = 0; i < n; i++) {
+        if (p[i] != '=' && p[i] != ':') continue;
+        uint32_t te = i;
+        while (te > 0 && p[te - 1] == ' ') te--;
+        uint32_t ts = te;
+        while (ts > 0 && secret_name_char(p[ts - 1]) && (p[ts - 1] != ' ' || (ts >= 2 && is_alnum(p[ts - 2]) && te - ts < 64))) ts--;
+        while (ts < te && p[ts] == ' ') ts++;
+        if (te == ts || !secret_name_match(p + ts, te - ts)) continue;
+        uint32_t k = i + 1;
+        while (k < n && p[k] == ' ') k++;
+        if (k < n && (p[k] == '"' || p[k] == '\'')) k++;
+        uint32_t vs = k;
+        while (k < n && secret_value_char(p[k])) k++;
+        if (k == vs) continue;
+        add_span(out, vs, k, D_AWS_SECRET);
+        i = k;
     }
 }
 
@@ -1933,13 +2007,8 @@ static int jlit(jctx *c, const char *lit) {
     return 1;
 }
 
-/* Whether a member name is one of secret_keys (lengths first: most names have none of theirs). */
-static int is_secret_key(sluice_bytes key) {
-    for (uint32_t k = 0; k < secret_key_n; k++) {
-        if (sluice_eq_nocase(key, secret_keys[k])) return 1;
-    }
-    return 0;
-}
+/* Whether a member name names a secret (secret_name_match). */
+static int is_secret_key(sluice_bytes key) { return secret_name_match(key.ptr, (uint32_t)key.len); }
 
 /* A string, number, true, false or null at c->p. */
 static inline __attribute__((always_inline)) int jscalar(jctx *c) {
@@ -1990,7 +2059,7 @@ SIMD static int jvalue(jctx *c) {
                     if (!jstring_span(c, &s, &e, &escaped)) return 0;
                     c->frames[c->depth].key = sluice_bytes_of(s, (size_t)(e - s));
                     sluice_bytes key = c->frames[c->depth].key;
-                    c->secret = (key.len >= 64 || (secret_key_lengths >> key.len & 1u)) && is_secret_key(key);
+                    c->secret = is_secret_key(key);
                     member_name = key.ptr;
                     member_len = (uint32_t)key.len;
                     jws(c);
@@ -2071,8 +2140,7 @@ member:
         if (c->p >= end || *c->p != '"') return 0;
         if (!jstring_span(c, &s, &e, &escaped)) return 0;
         uint32_t klen = (uint32_t)(e - s);
-        /* lengths first, here rather than in is_secret_key: most names have none of theirs */
-        c->secret = (klen >= 64 || (secret_key_lengths >> klen & 1u)) && is_secret_key(sluice_bytes_of(s, klen));
+        c->secret = is_secret_key(sluice_bytes_of(s, klen));
         member_name = s;
         member_len = klen;
         jws(c);
