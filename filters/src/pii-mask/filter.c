@@ -749,7 +749,7 @@ static uint32_t phone_extension(const uint8_t *p, uint32_t n, uint32_t e) {
  * first optionally in parentheses ("(0131) 496 0163", "(11) 96123-7455"). Sets the number of
  * digits and groups and returns the end, or i when there is no digit. */
 static uint32_t phone_groups(const uint8_t *p, uint32_t n, uint32_t i, uint32_t *digits, uint32_t *groups, int *paren) {
-    uint32_t k = i, d = 0, g = 0;
+    uint32_t k = i, d = 0, g = 0, shortest = 99;
     *paren = 0;
     if (k < n && p[k] == '(') {
         uint32_t a = digits_at(p, n, k + 1);
@@ -764,6 +764,7 @@ static uint32_t phone_groups(const uint8_t *p, uint32_t n, uint32_t i, uint32_t 
     for (;;) {
         uint32_t a = digits_at(p, n, k);
         if (a == 0) break;
+        if (a < shortest) shortest = a;
         d += a;
         g++;
         k += a;
@@ -777,17 +778,21 @@ static uint32_t phone_groups(const uint8_t *p, uint32_t n, uint32_t i, uint32_t 
     }
     *digits = d;
     *groups = g;
-    return g ? end : i;
+    /* a one-digit group is a version or a date ("10.0.24832.4853"), not a phone */
+    return g && shortest >= 2 ? end : i;
 }
 
 static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i < n; i++) {
         uint8_t c = p[i];
-        if (c == '+') {
+        /* the international prefix 00 stands for '+' ("0049 30 1234567", "001-415-555-0132") */
+        int intl00 = c == '0' && i + 3 < n && p[i + 1] == '0' && p[i + 2] >= '1' && p[i + 2] <= '9' && num_boundary_before(p, i) &&
+                     !(i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) && !after_iban_prefix(p, i);
+        if (c == '+' || intl00) {
             /* E.164: +CC then digits with single separators ( -.) and optional (area) */
             if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
-            if (i + 1 >= n || p[i + 1] < '1' || p[i + 1] > '9') continue;
-            uint32_t k = i + 1, digits = 0, last_digit = 0;
+            uint32_t k = intl00 ? i + 2 : i + 1, digits = 0, last_digit = 0, seps = 0;
+            if (k >= n || p[k] < '1' || p[k] > '9') continue;
             int prev_sep = 1;
             while (k < n) {
                 uint8_t d = p[k];
@@ -797,8 +802,10 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
                     prev_sep = 0;
                 } else if ((d == ' ' || d == '-' || d == '.') && !prev_sep) {
                     prev_sep = 1;
+                    seps++;
                 } else if (d == '(' && k + 1 < n && is_digit(p[k + 1])) {
                     prev_sep = 1;
+                    seps++;
                 } else if (d == ')' && k > 0 && is_digit(p[k - 1])) {
                     prev_sep = 0; /* "(0) 20" : a separator may follow */
                 } else {
@@ -807,7 +814,8 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
                 k++;
                 if (digits > 15) break;
             }
-            if (digits < 8 || digits > 15) continue;
+            /* 00 and bare digits: a zero-padded id ("0012345678"), not a phone */
+            if (digits < 8 || digits > 15 || (intl00 && seps == 0 && !phone_labelled(p, i))) continue;
             uint32_t e = phone_extension(p, n, last_digit + 1);
             if (!num_boundary_after(p, n, e)) continue;
             add_span(out, i, e, D_PHONE);

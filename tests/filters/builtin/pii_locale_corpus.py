@@ -14,7 +14,8 @@ drawn here from their documented alphabets, and written as the AWS CLI (credenti
 Each value sits in a sentence of its locale (with a label word, or glued to the text without
 spaces as CJK text is written, or in « » / 「 」 quotes) or in a JSON record with other
 generated fields. Near-misses that must stay unmasked: Luhn-valid stretches inside longer
-numbers, IBANs whose check digits fail, dates, order numbers, UUIDs, version strings, prices.
+numbers (the whole run longer than 19 digits or failing Luhn itself: otherwise it is a card
+number), IBANs whose check digits fail, dates, order numbers, UUIDs, version strings, prices.
 
 Every detector masks with its own private-use character and ``preserve_format: false``, so
 each masked character of the output names its detector and lines up with the input character
@@ -30,6 +31,7 @@ import random
 import string
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import phonenumbers
 from faker import Faker
@@ -39,6 +41,8 @@ from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.runtime import LoadedFilter, load_filter
 
 SEED = 20261128
+# dates are drawn before a fixed day, not before now, so that the corpus does not change
+END = datetime(2026, 1, 1)
 LOCALES = ("en_US", "en_GB", "de_DE", "fr_FR", "es_ES", "it_IT", "pt_BR", "nl_NL", "ja_JP",
            "zh_CN", "hi_IN")
 REGIONS = {"en_US": "US", "en_GB": "GB", "de_DE": "DE", "fr_FR": "FR", "es_ES": "ES",
@@ -143,7 +147,7 @@ def b64url(data: bytes) -> str:
 def jwt(rng: random.Random, fake: Faker) -> str:
     header = b64url(json.dumps({"alg": "RS256", "typ": "JWT"}).encode())
     payload = b64url(json.dumps({"sub": fake.uuid4(), "name": fake.name(),
-                                 "iat": rng.randint(1.6e9, 1.9e9)}).encode())
+                                 "iat": rng.randint(1_600_000_000, 1_900_000_000)}).encode())
     return f"{header}.{payload}.{b64url(bytes(rng.randrange(256) for _ in range(64)))}"
 
 
@@ -202,7 +206,7 @@ def in_json(rng: random.Random, fake: Faker, locale: str, det: str, value: str,
     generated (names, addresses, dates, sentences)."""
     marker = "\x00VALUE\x00"
     doc = {"id": fake.uuid4(), "name": fake.name(), "address": fake.address(),
-           "created": fake.iso8601(), key: marker, "note": sentence(fake)}
+           "created": fake.iso8601(end_datetime=END), key: marker, "note": sentence(fake)}
     if rng.random() < 0.3:
         doc = {"event": "signup", "user": doc, "count": rng.randint(1, 99)}
     text = json.dumps(doc, ensure_ascii=False)
@@ -244,7 +248,7 @@ def credentials(rng: random.Random, fake: Faker, locale: str) -> Sample:
         b.text('{"Credentials": {"AccessKeyId": "').value("aws_access_key", key_id)
         b.text('", "SecretAccessKey": "').value("aws_secret_key", secret)
         b.text('", "SessionToken": "').value("aws_secret_key", token)
-        b.text(f'", "Expiration": "{fake.iso8601()}+00:00"}}}}')
+        b.text(f'", "Expiration": "{fake.iso8601(end_datetime=END)}+00:00"}}}}')
     else:  # a chat message pasting the env lines
         b.text(f"{sentence(fake)} AWS_ACCESS_KEY_ID=").value("aws_access_key", key_id)
         b.text(" AWS_SECRET_ACCESS_KEY=").value("aws_secret_key", secret)
@@ -299,9 +303,13 @@ def near_miss_values(rng: random.Random, fake: Faker, locale: str) -> list[tuple
     out: list[tuple[str, str]] = []
     for _ in range(3):  # a Luhn-valid card number inside a longer digit run
         card = str(fake.credit_card_number())
-        before = "".join(rng.choice(string.digits) for _ in range(rng.randint(1, 4)))
-        after = "".join(rng.choice(string.digits) for _ in range(rng.randint(0, 3)))
-        out.append(("luhn-inside", before + card + after))
+        while True:  # the whole run must not be card-shaped itself (19 digits or fewer, Luhn)
+            before = "".join(rng.choice(string.digits) for _ in range(rng.randint(1, 4)))
+            after = "".join(rng.choice(string.digits) for _ in range(rng.randint(0, 3)))
+            run = before + card + after
+            if len(run) > 19 or luhn_digit(run[:-1]) != run[-1]:
+                break
+        out.append(("luhn-inside", run))
     for _ in range(3):  # an IBAN whose check digits fail
         value = str(fake.iban())
         bad = f"{(int(value[2:4]) + rng.randint(1, 96)) % 97:02d}"
@@ -314,8 +322,8 @@ def near_miss_values(rng: random.Random, fake: Faker, locale: str) -> list[tuple
     for _ in range(3):
         pattern = rng.choice(["%Y-%m-%d", "%d.%m.%Y", "%d/%m/%Y", "%m/%d/%Y", "%Y年%m月%d日",
                               "%d-%m-%Y", "%Y%m%d"])
-        out.append(("date", fake.date(pattern=pattern)))
-        out.append(("datetime", fake.iso8601()))
+        out.append(("date", fake.date(pattern=pattern, end_datetime=END)))
+        out.append(("datetime", fake.iso8601(end_datetime=END)))
     for _ in range(3):
         out.append(("order", rng.choice([
             f"ORD-{rng.randint(2015, 2030)}-{rng.randint(0, 999999):06d}",
