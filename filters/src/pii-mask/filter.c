@@ -15,7 +15,8 @@
  *   preserve_format: true           fields: ["user.email", "cards[*].number"]
  *   detectors: {card: {keep_last: 4}, ipv4: false}   (or a list naming the enabled ones)
  *   keys: true      headers: true | false | ["name", ...]   (defaults: both masked)
- *   secret_keys: ["AWS_SECRET_ACCESS_KEY", ...]  (names whose KEY=value values are masked)
+ *   secret_keys: ["AWS_SECRET_ACCESS_KEY", ...]  (names whose KEY=value values are masked;
+ *                case and _ . - ignored, matching the end of a longer name at a word)
  */
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
@@ -1297,9 +1298,9 @@ SIMD static uint32_t count_dots(const uint8_t *p, uint32_t n, const uint8_t *rea
 /* Card, phone and ssn matches lie inside one run of "numeric" bytes: digits and the
  * separators and punctuation these detectors accept inside a match (space - _ . ( ) +).
  * Hex ids, hashes and UUIDs hold many digits but in short runs between letters, so the most
- * digits any one run holds rules all three out for them (a card needs 13, a phone 8, an SSN
- * 9). Phone and ssn also need a run of exactly three digits, except a phone starting with '+'
- * or a trunk '0'. Returns the detectors among card, phone and ssn that can match. */
+ * digits any one run holds rules all three out for them (a card needs 12, a phone 8, an SSN
+ * 9). An SSN also needs a run of exactly three digits. Returns the detectors among card,
+ * phone and ssn that can match. */
 static uint32_t numeric_verdict(uint32_t best, int run3, int plus_or_zero) {
     (void)plus_or_zero; /* bare national numbers ("3755648665", "13094964558") are phones too */
     return (best >= 12 ? 1u << D_CARD : 0) | (best >= 8 ? 1u << D_PHONE : 0) |
@@ -1367,7 +1368,7 @@ SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_
 
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
  * Each condition is something the detector cannot match without, so skipping the others
- * changes nothing: a card has 13-19 digits; a phone 8+ (E.164) or 10+ (national formats); an
+ * changes nothing: a card has 12-19 digits; a phone 8+ (E.164) or 9+ (national formats); an
  * SSN 9; an IBAN an upper-case country code and 2 check digits; an IPv4 address 4 digits, 3 dots
  * and 7 bytes; an AWS key id starts with 'A'; a secret needs '=' or ':'; a JWT "eyJ" and dots;
  * a bearer token "bearer". */

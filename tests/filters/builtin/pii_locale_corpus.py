@@ -135,7 +135,8 @@ def aws_secret(rng: random.Random) -> str:
 
 def session_token(rng: random.Random) -> str:
     return "IQoJb3JpZ2luX2Vj" + "".join(
-        rng.choice(string.ascii_letters + string.digits + "/+") for _ in range(rng.randint(80, 300)))
+        rng.choice(string.ascii_letters + string.digits + "/+")
+        for _ in range(rng.randint(80, 300)))
 
 
 def b64url(data: bytes) -> str:
@@ -329,7 +330,8 @@ def near_miss_values(rng: random.Random, fake: Faker, locale: str) -> list[tuple
             f"ORD-{rng.randint(2015, 2030)}-{rng.randint(0, 999999):06d}",
             f"#{rng.randint(100000, 99999999)}",
             f"PO {rng.randint(4500000000, 4599999999)}",
-            f"{rng.randint(100, 999)}-{rng.randint(1000000, 9999999)}-{rng.randint(1000000, 9999999)}",
+            f"{rng.randint(100, 999)}-{rng.randint(1000000, 9999999)}"
+            f"-{rng.randint(1000000, 9999999)}",
             fake.bothify("??-######-##").upper(),
         ])))
     for _ in range(3):
@@ -337,9 +339,11 @@ def near_miss_values(rng: random.Random, fake: Faker, locale: str) -> list[tuple
     for _ in range(3):
         out.append(("version", rng.choice([
             f"{rng.randint(0, 20)}.{rng.randint(0, 30)}.{rng.randint(0, 99)}",
-            f"v{rng.randint(0, 9)}.{rng.randint(0, 20)}.{rng.randint(0, 20)}-rc.{rng.randint(1, 5)}",
+            f"v{rng.randint(0, 9)}.{rng.randint(0, 20)}.{rng.randint(0, 20)}"
+            f"-rc.{rng.randint(1, 5)}",
             f"10.0.{rng.randint(19000, 26000)}.{rng.randint(1000, 5000)}",
-            f"{rng.randint(1, 4)}.{rng.randint(0, 9)}.{rng.randint(0, 9)}+build.{rng.randint(1, 999)}",
+            f"{rng.randint(1, 4)}.{rng.randint(0, 9)}.{rng.randint(0, 9)}"
+            f"+build.{rng.randint(1, 999)}",
         ])))
     for _ in range(3):
         amount = rng.randint(100, 9999999) / 100
