@@ -1299,11 +1299,12 @@ SIMD static uint32_t count_dots(const uint8_t *p, uint32_t n, const uint8_t *rea
  * separators and punctuation these detectors accept inside a match (space - _ . ( ) +).
  * Hex ids, hashes and UUIDs hold many digits but in short runs between letters, so the most
  * digits any one run holds rules all three out for them (a card needs 12, a phone 8, an SSN
- * 9). An SSN also needs a run of exactly three digits. Returns the detectors among card,
- * phone and ssn that can match. */
-static uint32_t numeric_verdict(uint32_t best, int run3, int plus_or_zero) {
-    (void)plus_or_zero; /* bare national numbers ("3755648665", "13094964558") are phones too */
-    return (best >= 12 ? 1u << D_CARD : 0) | (best >= 8 ? 1u << D_PHONE : 0) |
+ * 9). An SSN also needs a run of exactly three digits; a phone one of three, a '+' or '0', or
+ * a numeric run of 8 to 15 digits (a bare number: "3755648665"), so that a card number ("4111
+ * 1111 1111 1111": 16 digits, no run of three, no 0) is not searched for phones. Returns the
+ * detectors among card, phone and ssn that can match. */
+static uint32_t numeric_verdict(uint32_t best, int run3, int plus_or_zero, int phone_run) {
+    return (best >= 12 ? 1u << D_CARD : 0) | (best >= 8 && (run3 || plus_or_zero || phone_run) ? 1u << D_PHONE : 0) |
            (best >= 9 && run3 ? 1u << D_SSN : 0);
 }
 
@@ -1332,6 +1333,7 @@ SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_
         /* a run of exactly three: starts, has its next two digits and not a third */
         uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
         uint32_t best = 0;
+        int phone_run = 0;
         while (numeric) {
             uint32_t s = (uint32_t)__builtin_ctzll(numeric);
             uint64_t after = ~(numeric >> s);
@@ -1339,17 +1341,20 @@ SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_
             uint64_t run = (len >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1) << s;
             uint32_t d = (uint32_t)__builtin_popcountll(digits & run);
             if (d > best) best = d;
+            phone_run |= d >= 8 && d <= 15;
             numeric &= ~run;
         }
-        return numeric_verdict(best, run3 != 0, plus_or_zero != 0);
+        return numeric_verdict(best, run3 != 0, plus_or_zero != 0, phone_run);
     }
     uint32_t run = 0, run3 = 0, plus_or_zero = 0, in_numeric = 0, best = 0;
+    int phone_run = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint8_t ch = p[i];
         if (numeric_byte(ch)) {
             in_numeric += is_digit(ch) ? 1u : 0u;
         } else {
             if (in_numeric > best) best = in_numeric;
+            phone_run |= in_numeric >= 8 && in_numeric <= 15;
             in_numeric = 0;
         }
         if (is_digit(ch)) {
@@ -1363,7 +1368,8 @@ SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_
     }
     run3 |= run == 3;
     if (in_numeric > best) best = in_numeric;
-    return numeric_verdict(best, run3 != 0, plus_or_zero != 0);
+    phone_run |= in_numeric >= 8 && in_numeric <= 15;
+    return numeric_verdict(best, run3 != 0, plus_or_zero != 0, phone_run);
 }
 
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
