@@ -475,6 +475,10 @@ FULL_WIDTH_CARD = "".join(chr(ord(c) + 0xFEE0) if c != " " else c
 PII_PARTS = st.sampled_from([b"ann@example.com", b"4111 1111 1111 1111", b"4111_1111_1111_1111",
                              FULL_WIDTH_CARD, b"+44 20 7946 0958",
                              b'{"mail": "b@c.io", "n": 4111111111111111}', b"nothing here",
+                             # labelled bare phones, secret names, addresses glued to CJK
+                             b'{"phone": "13094964558", "aws.secretKey": "x/y+z"}',
+                             "Tel. 810 12 25 41 メールa@b.jpです".encode(),
+                             b"aws.secretKey=abc/def (11) 96123-7455x12",
                              b"\xef\xbc\x94\xff", b""])
 PII_BYTES = st.one_of(st.none(), PII_PARTS, st.lists(PII_PARTS, max_size=3).map(b" ".join),
                       st.binary(max_size=24))
