@@ -1,16 +1,18 @@
-"""Per-item admin policy through the proxy with builtin:topic-policy, against Tansu.
+"""Per-item admin policy through the proxy with builtin:topic-policy, against Apache Kafka.
 
 A denied item answers POLICY_VIOLATION with the rule in the message while the other items of
 the same request reach the broker; IncrementalAlterConfigs is judged on the resulting config
 (the proxy reads the current one with DescribeConfigs); a rewrite (defaults, capped
-partitions) is what the broker creates. Tansu has no CreatePartitions or legacy AlterConfigs,
-so those two are sent as raw requests whose every item is denied (answered by the proxy).
+partitions) is what the broker creates. CreatePartitions and legacy AlterConfigs are sent as
+raw requests: denied items are answered by the proxy, allowed ones reach Kafka (Tansu has
+neither API, so before the move to Kafka only the denials could be tested).
 """
 
 from __future__ import annotations
 
 import datetime
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +30,7 @@ from confluent_kafka.admin import (
 from sluice.codec import entities, schemas
 from sluice.codec.headers import request_header_bytes, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_request
-from tests.e2e.clients import QUIET, unique
+from tests.e2e.clients import QUIET, unique, wait_for_leaders
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import exchange
@@ -162,6 +164,53 @@ def test_create_partitions_beyond_max_is_denied(proxy: SluiceProxy) -> None:
     assert result.name == topic
     assert int(result.error_code) == POLICY_VIOLATION
     assert "partitions.max: 12 requested, at most 4 allowed" in (result.error_message or "")
+
+
+def test_create_partitions_within_max_reaches_the_broker(
+    broker: TansuBroker, proxy: SluiceProxy
+) -> None:
+    topic = unique("pol-grow-ok")
+    assert create(proxy.bootstrap, NewTopic(topic, 2, 1, config={"retention.ms": str(HOUR_MS)}))[
+        topic
+    ] is None
+    cls = schemas.request_schema(ApiKey.CREATE_PARTITIONS, 1)
+    tcls = entities.element_class(cls, "topics")
+    response = raw_admin(
+        proxy.bootstrap, ApiKey.CREATE_PARTITIONS, 1,
+        topics=(entities.build(tcls, name=topic, count=4, assignments=None),),
+        timeout=datetime.timedelta(seconds=10), validate_only=False,
+    )
+    (result,) = response.results
+    assert int(result.error_code) == 0, result.error_message
+    wait_for_leaders(broker.bootstrap, topic, 4)
+    assert partitions_on_broker(broker, topic) == 4
+
+
+def legacy_alter(address: str, topic: str, retention_ms: str) -> Any:
+    cls = schemas.request_schema(ApiKey.ALTER_CONFIGS, 1)
+    rcls = entities.element_class(cls, "resources")
+    ccls = entities.element_class(rcls, "configs")
+    return raw_admin(
+        address, ApiKey.ALTER_CONFIGS, 1,
+        resources=(entities.build(rcls, resource_type=2, resource_name=topic, configs=(
+            entities.build(ccls, name="retention.ms", value=retention_ms),)),),
+        validate_only=False,
+    )
+
+
+def test_legacy_alter_configs_within_bounds_reaches_the_broker(
+    broker: TansuBroker, proxy: SluiceProxy
+) -> None:
+    topic = unique("pol-legacy-ok")
+    assert create(proxy.bootstrap, NewTopic(topic, 1, 1, config={"retention.ms": str(HOUR_MS)}))[
+        topic
+    ] is None
+    (result,) = legacy_alter(proxy.bootstrap, topic, str(2 * HOUR_MS)).responses
+    assert int(result.error_code) == 0, result.error_message
+    deadline = time.monotonic() + 5  # Kafka applies it through its metadata log
+    while configs_on_broker(broker, topic)["retention.ms"] != str(2 * HOUR_MS):
+        assert time.monotonic() < deadline, configs_on_broker(broker, topic)
+        time.sleep(0.05)
 
 
 def test_legacy_alter_configs_out_of_bounds_is_denied(proxy: SluiceProxy) -> None:
