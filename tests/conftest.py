@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.harness.broker import TansuBroker
-from tests.harness.kafka_broker import KafkaCluster
+from tests.harness.kafka_broker import ORDINARY_USERS, KafkaCluster
 from tests.harness.proxy import SluiceProxy
+
+
+# Ordinary users the session's Kafka node has besides alice and bob.
+E2E_USERS = ("app", "billing-eu")
 
 
 @pytest.fixture(scope="session")
@@ -56,8 +60,10 @@ def kafka_broker() -> Iterator[KafkaCluster]:
     """One Apache Kafka node (KRaft, combined) with every listener, for the whole session.
 
     `bootstrap` is its PLAINTEXT listener (User:ANONYMOUS, a super user); `client_config(
-    listener, user, mechanism)` gives confluent-kafka settings for the secured ones."""
-    with KafkaCluster(nodes=1) as cluster:
+    listener, user, mechanism)` gives confluent-kafka settings for the secured ones. Besides
+    `alice` and `bob`, the ordinary users `app` and `billing-eu` are the principals of the
+    encryption tests (tests/e2e/test_encryption.py)."""
+    with KafkaCluster(nodes=1, users=(*ORDINARY_USERS, *E2E_USERS)) as cluster:
         yield cluster
 
 

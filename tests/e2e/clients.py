@@ -35,13 +35,15 @@ def create_topic(
     wait_for_leaders(bootstrap, name, partitions)
 
 
-def wait_for_leaders(bootstrap: str, name: str, partitions: int = 1, timeout: float = 15) -> None:
+def wait_for_leaders(
+    bootstrap: str, name: str, partitions: int = 1, timeout: float = 15, **conf: Any
+) -> None:
     """Wait until `bootstrap`'s metadata shows a leader for each of the topic's partitions.
 
     Apache Kafka creates a topic through its metadata log: for a moment after CreateTopics
     answers, Metadata may not list it and a Produce or Fetch gets NOT_LEADER_OR_FOLLOWER
     (Tansu serves it at once). Clients retry by themselves; raw-frame tests do not."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET, **conf})
     deadline = time.monotonic() + timeout
     while True:
         topic = admin.list_topics(name, timeout=10).topics.get(name)
