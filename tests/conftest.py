@@ -1,5 +1,9 @@
 """Shared fixtures: one real Tansu broker per test session, and proxies in front of it; Apache
-Kafka (one node, and a three-node cluster) for the tests that need the real broker."""
+Kafka (one node, and a three-node cluster) for the tests that need the real broker.
+
+`broker` is Tansu here; tests/e2e and tests/transforms override it with the session's Kafka
+node (tests/harness/kafka_endpoint.py), and `start_proxy`, `proxy` and `shared_proxy` follow
+the override because pytest resolves fixtures from the test's folder."""
 
 from __future__ import annotations
 
@@ -18,9 +22,17 @@ E2E_USERS = ("app", "billing-eu")
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[TansuBroker]:
+def tansu_broker() -> Iterator[TansuBroker]:
+    """The bundled Tansu broker (the demo's default), one per session."""
     with TansuBroker() as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def broker(tansu_broker: TansuBroker) -> TansuBroker:
+    """The broker of the tests outside tests/e2e and tests/transforms, which run against
+    Apache Kafka instead (their conftest overrides this fixture)."""
+    return tansu_broker
 
 
 @pytest.fixture
