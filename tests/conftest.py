@@ -16,7 +16,6 @@ from tests.harness.broker import TansuBroker
 from tests.harness.kafka_broker import ORDINARY_USERS, KafkaCluster
 from tests.harness.proxy import SluiceProxy
 
-
 # Ordinary users the session's Kafka node has besides alice and bob.
 E2E_USERS = ("app", "billing-eu")
 

@@ -38,10 +38,10 @@ from confluent_kafka.admin import (
 
 from sluice.codec.records import records_section
 from tests.e2e.clients import QUIET, unique, wait_for_leaders
+from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.moto import AWS_ENV, MotoServer
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import RelayedBroker, fetch_batches
-from tests.harness.kafka_broker import KafkaCluster
 
 # The principals, each a SCRAM/PLAIN user of the session's Kafka node; `admin` is its super
 # user, the others may use the test topics and groups through the ACLs `sasl_broker` adds.
