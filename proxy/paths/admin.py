@@ -142,10 +142,8 @@ _NOT_SET_ON_TOPIC = frozenset({2, 3, 4, 5, 6})
 def _set_on_topic(config: Any) -> bool:
     """Whether a DescribeConfigs entry is a value set on the topic itself (so a policy's
     `defaults` must not replace it), not a default the broker reports beside them."""
-    source = getattr(config, "config_source", None)
-    if source is not None:
-        return int(source) not in _NOT_SET_ON_TOPIC
-    return not bool(getattr(config, "is_default", False))  # v0 has only is_default
+    # Every DescribeConfigs version the codec has (v1 on) carries config_source.
+    return int(config.config_source) not in _NOT_SET_ON_TOPIC
 
 
 def _resource(
