@@ -290,6 +290,23 @@ def test_filters_bind_per_principal(sasl_proxy: SluiceProxy) -> None:
 
 
 @pytest.mark.kafka
+def test_an_acl_denial_reaches_the_client_through_the_proxy(
+    sasl_broker: SaslBroker, sasl_proxy: SluiceProxy
+) -> None:
+    """bob may use topics sasl-* only: Kafka's denial comes back as its own error code."""
+    topic = unique("acl-denied")
+    create_topic(sasl_broker.bootstrap, topic, sasl_conf("PLAIN", "admin"))
+    bob = sasl_conf("SCRAM-SHA-512", "bob")
+    producer = Producer({"bootstrap.servers": sasl_proxy.bootstrap, "message.timeout.ms": 10000,
+                         **QUIET, **bob})
+    errors: list[KafkaError] = []
+    producer.produce(topic, value=b"x", on_delivery=lambda err, _msg: errors.append(err))
+    producer.flush(20)
+    assert errors and errors[0] is not None, errors
+    assert errors[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, errors
+
+
+@pytest.mark.kafka
 def test_wrong_password_sets_no_principal(
     sasl_broker: SaslBroker, sasl_proxy: SluiceProxy
 ) -> None:
