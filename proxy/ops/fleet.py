@@ -781,15 +781,14 @@ def _consumer(bootstrap: str, client_id: str, wait_ms: int) -> AIOKafkaConsumer:
 
 
 async def _assign_all(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition] | None:
-    if topic not in await consumer.topics():
+    # The partitions come from the all-topics answer itself: the consumer's own metadata
+    # tracks only the topics it already reads, which before the first assign is none (Tansu
+    # answers every topic to a Metadata request for none; Apache Kafka, rightly, none).
+    cluster = await consumer._client.fetch_all_metadata()
+    if topic not in cluster.topics():
         return None
-    partitions = consumer.partitions_for_topic(topic)
-    if not partitions:
-        # The consumer's metadata covers the topics its client tracks, none yet: Tansu answers
-        # a Metadata request naming no topic with every topic, Apache Kafka with none.
-        await consumer._client.add_topic(topic)
-        partitions = consumer.partitions_for_topic(topic)
-    tps = [TopicPartition(topic, p) for p in sorted(partitions or ())]
+    partitions = cluster.partitions_for_topic(topic) or set()
+    tps = [TopicPartition(topic, p) for p in sorted(partitions)]
     consumer.assign(tps)
     await consumer.seek_to_beginning(*tps)
     return tps

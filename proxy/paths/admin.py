@@ -140,8 +140,23 @@ async def _current_configs(
         await conn.close()
     out: dict[str, dict[str, str | None]] = {}
     for result in response.results:
-        out[str(result.resource_name)] = {str(c.name): c.value for c in result.configs}
+        out[str(result.resource_name)] = {
+            str(c.name): c.value for c in result.configs if _set_on_topic(c)
+        }
     return out
+
+
+# DescribeConfigs' config_source values that mean "not set on the topic": a broker setting
+# (dynamic, default or static) or the built-in default. Apache Kafka lists every key with
+# these; Tansu lists only the keys set on the topic.
+_NOT_SET_ON_TOPIC = frozenset({2, 3, 4, 5, 6})
+
+
+def _set_on_topic(config: Any) -> bool:
+    """Whether a DescribeConfigs entry is a value set on the topic itself (so a policy's
+    `defaults` must not replace it), not a default the broker reports beside them."""
+    # Every DescribeConfigs version the codec has (v1 on) carries config_source.
+    return int(config.config_source) not in _NOT_SET_ON_TOPIC
 
 
 def _resource(
