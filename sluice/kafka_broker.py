@@ -38,6 +38,7 @@ from sluice.kafka_security import (
     ADMIN_USER,
     BROKER_USER,
     ORDINARY_USERS,
+    PROXY_USER,
     KafkaCredentials,
     make_credentials,
 )
@@ -197,7 +198,7 @@ class KafkaCluster:
     """
 
     nodes: int = 1
-    users: tuple[str, ...] = ORDINARY_USERS
+    users: tuple[str, ...] = (*ORDINARY_USERS, PROXY_USER)
     anonymous_super_user: bool = True
     heap: str = "512m"
     jvm_opts: tuple[str, ...] = DEFAULT_JVM_OPTS
