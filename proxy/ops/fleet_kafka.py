@@ -6,8 +6,8 @@ cluster, and every call of one client is serialised (librdkafka's consumer must 
 while a `consume` runs). Connections are secured by the settings of
 `proxy/net/kafka_settings.py` (the config file's `upstream_tls:` and `upstream_sasl:`).
 
-The topic's partitions are asked for by name (a Metadata request naming the topic), never
-from the cluster's whole topic list. Errors are `FleetKafkaError`; an authentication or
+The topic's partitions come from a Metadata request for all topics (a null topic list, never
+an empty one, which Kafka answers with no topic). Errors are `FleetKafkaError`; an authentication or
 authorisation failure is `FleetAccessError`, whose message names the user, the resource and
 what to grant (docs/SECURITY.md, "The proxy's own connections"), and never a secret.
 """
@@ -46,6 +46,8 @@ _ACCESS_ERRORS: Final = frozenset({
     KafkaError.TOPIC_AUTHORIZATION_FAILED,
 })
 _EXISTS: Final = KafkaError.TOPIC_ALREADY_EXISTS
+#: Longest a reader's call may take (its own timeouts are at most 10 s).
+CALL_DEADLINE_SECONDS: Final = 15.0
 #: The group id confluent-kafka insists on. The fleet's readers assign partitions and never
 #: join nor commit, but librdkafka still asks for the group's coordinator (FindCoordinator),
 #: so the proxy's user needs Describe on this group (docs/SECURITY.md) and nothing more.
@@ -82,16 +84,32 @@ class _Worker:
 
     def __init__(self, name: str) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        #: A call did not come back: the client is abandoned (closed when it does).
+        self.stuck = False
         #: The last error librdkafka reported through `error_cb` (e.g. SASL refused).
         self.last_error: KafkaError | None = None
 
     def on_error(self, err: KafkaError) -> None:
         self.last_error = err
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+    async def run(self, fn: Callable[..., T], *args: Any,
+                  deadline: float = CALL_DEADLINE_SECONDS) -> T:
+        """`fn(*args)` on the client's thread. A call that outlives every timeout it was given
+        (a broker that never answers: Tansu, a Fetch for a topic just deleted) is given up
+        on, so the follower opens a fresh client instead of waiting forever."""
+        future = asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), deadline)
+        except TimeoutError:
+            self.stuck = True
+            raise FleetKafkaError(f"the Kafka client got no answer in {deadline:.0f} s") from None
 
     def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)
+
+    def close_later(self, close: Callable[[], Any]) -> None:
+        """Close a stuck client on its own thread once its call returns, without waiting."""
+        self._pool.submit(close)
         self._pool.shutdown(wait=False)
 
 
@@ -111,10 +129,14 @@ def _fatal_client_error(worker: _Worker, what: str, settings: Mapping[str, Any])
 
 def _partitions(client: Any, topic: str, timeout: float, worker: _Worker,
                 settings: Mapping[str, Any], serve: bool = False) -> list[int] | None:
-    """The topic's partition ids (None: no such topic), asked for by the topic's name.
-    `serve`: the client may be polled (nothing assigned) to learn why it failed."""
+    """The topic's partition ids (None: no such topic).
+
+    From a Metadata request for all topics (librdkafka sends a null list, which Kafka answers
+    with every topic the user may describe; an empty list would get none): naming the topic
+    instead could have a broker auto-create it, and Tansu never answers one for a topic just
+    deleted. `serve`: the client may be polled (nothing assigned) to learn why it failed."""
     try:
-        metadata = client.list_topics(topic=topic, timeout=timeout)
+        metadata = client.list_topics(timeout=timeout)
     except KafkaException as exc:
         if serve:
             # librdkafka reports a refused SASL exchange through error_cb, served by poll.
@@ -144,7 +166,8 @@ class FleetAdmin:
     async def ensure_topic(self, topic: str, configs: Mapping[str, str],
                            timeout: float) -> bool:
         try:
-            return await self._worker.run(self._ensure, topic, dict(configs), timeout)
+            return await self._worker.run(self._ensure, topic, dict(configs), timeout,
+                                          deadline=2 * timeout + 15)
         finally:
             self._worker.shutdown()
 
@@ -276,6 +299,9 @@ class FleetReader:
         return True
 
     async def close(self) -> None:
+        if self._worker.stuck:
+            self._worker.close_later(self._consumer.close)
+            return
         try:
             await self._worker.run(self._consumer.close)
         finally:
@@ -298,7 +324,8 @@ class FleetWriter:
     async def send(self, topic: str, key: bytes, value: bytes | None,
                    timeout: float) -> tuple[int, int]:
         """Write one record (None = tombstone) and wait for the acknowledgement."""
-        return await self._worker.run(self._send, topic, key, value, timeout)
+        return await self._worker.run(self._send, topic, key, value, timeout,
+                                      deadline=timeout + 10)
 
     def _send(self, topic: str, key: bytes, value: bytes | None,
               timeout: float) -> tuple[int, int]:
@@ -326,6 +353,6 @@ class FleetWriter:
 
     async def close(self, timeout: float = 5.0) -> None:
         try:
-            await self._worker.run(self._producer.flush, timeout)
+            await self._worker.run(self._producer.flush, timeout, deadline=timeout + 10)
         finally:
             self._worker.shutdown()
