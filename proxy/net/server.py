@@ -118,9 +118,19 @@ class ProxyServer:
             metrics=self.metrics,
             map_endpoint=self.broker_map.local_endpoint,
             open_upstream=self.open_upstream,
+            observe_brokers=self._brokers_seen,
             policies=self.policies,
             batch_limits=self.config.batch_limits,
         )
+
+    def _brokers_seen(self, node_ids: list[int]) -> None:
+        """Log the cluster's membership as clients' Metadata shows it: a broker gone (fenced
+        or stopped) and a broker back. Their routes and ports stay as they are."""
+        change = self.broker_map.observe(node_ids)
+        if change is None:
+            return
+        gone, added = change
+        log.info("brokers_changed", brokers=sorted(node_ids), gone=gone, added=added)
 
     async def open_upstream(self) -> UpstreamConnection:
         """A connection to a bootstrap broker for the proxy's own look-ups (topic ids, current
