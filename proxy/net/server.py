@@ -100,6 +100,7 @@ class ProxyServer:
             self.metrics.job_placement = lambda: (placement.inline_runs, placement.pool_runs)
         self.limits = Limits(max_frame_size=config.max_frame_size, job_deadline=config.job_deadline)
         self.versions = VersionTable()
+        self._bootstrap_turn = -1  # the last --upstream address a bootstrap connection got
         self.routes = Routes(standard_paths(self.versions), self._context, self.versions)
 
     # ------------------------------------------------------------------ the paths' context
@@ -232,7 +233,12 @@ class ProxyServer:
         return route.upstream_host, route.upstream_port
 
     def _bootstrap_upstream(self) -> tuple[str, int]:
-        return self.config.upstream[0]
+        """The broker a new bootstrap-port connection relays to: the `--upstream` addresses in
+        turn, so that one broker down (killed, restarting) costs a client one retry, not every
+        connection to the bootstrap port."""
+        upstream = self.config.upstream
+        self._bootstrap_turn = (self._bootstrap_turn + 1) % len(upstream)
+        return upstream[self._bootstrap_turn]
 
     async def _listen(
         self, sock: socket.socket, upstream: Callable[[], tuple[str, int]], node_id: int | None

@@ -124,3 +124,14 @@ def test_api_versions_advertise_only_what_broker_and_codec_share() -> None:
     assert by_key[ApiKey.PRODUCE] == (produce_low, produce_high)
     assert by_key[ApiKey.METADATA] == (0, 1)
     assert 30_000 not in by_key
+
+
+def test_bootstrap_connections_take_the_upstream_addresses_in_turn() -> None:
+    from sluice.proxy.net.server import ProxyServer
+    from sluice.proxy.ops.config import ProxyConfig
+
+    server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0),
+                                     upstream=[("10.0.0.1", 9092), ("10.0.0.2", 9092)]))
+    # A broker that is down costs one connection, not every connection to the bootstrap port.
+    assert [server._bootstrap_upstream() for _ in range(3)] == [
+        ("10.0.0.1", 9092), ("10.0.0.2", 9092), ("10.0.0.1", 9092)]
