@@ -160,8 +160,10 @@ def membership(proxy: SluiceProxy, gone: int | None = None, back: int | None = N
     """Whether a worker logged `brokers_changed` with node `gone` gone (or `back` back). The
     proxy learns from the Metadata its clients receive; one more Metadata request (as any
     client makes after an error or every few minutes) gives it the chance."""
-    with contextlib.suppress(OSError):
-        proxy_broker_map(proxy.port)
+    for _attempt in range(3):  # a connection relayed to the dead broker is closed: next one
+        with contextlib.suppress(OSError, AssertionError):
+            proxy_broker_map(proxy.port)
+            break
     for e in events(proxy, "brokers_changed"):
         if gone is not None and gone in e["gone"]:
             return True
