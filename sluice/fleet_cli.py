@@ -21,7 +21,6 @@ import dataclasses
 import getpass
 import hashlib
 import json
-import logging
 import os
 import re
 import socket
@@ -65,12 +64,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                         "the proxies' config)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                    help="give up talking to the cluster after this long (default 30)")
-
-
-def _quiet_client_logs() -> None:
-    # The Kafka client (librdkafka) is told not to log (fleet_kafka.py); the command reports
-    # the outcome itself.
-    logging.getLogger("sluice.fleet").setLevel(logging.CRITICAL)
 
 
 def _env_keys() -> list[str]:
@@ -311,7 +304,6 @@ def _kafka_failure(exc: BaseException, bootstrap: str) -> str:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     from sluice.filters.abi_base import FilterLoadError
     from sluice.filters.runtime import load_filter
     from sluice.proxy.ops.fleet import (
@@ -402,7 +394,6 @@ async def _publish(bootstrap: str, topic: str, name: str, value: bytes | None,
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     from sluice.proxy.ops.fleet import read_view, removal_payload
     from sluice.proxy.ops.fleet_signing import next_seq, sign
 
@@ -518,7 +509,6 @@ def _listing(view: Any, topic: str, bootstrap: str) -> dict[str, Any]:
 
 
 def cmd_resign(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     from sluice.proxy.ops.fleet import read_view
     from sluice.proxy.ops.fleet_signing import next_seq, sign
 
@@ -558,7 +548,6 @@ def cmd_resign(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     import base64
 
     from sluice.proxy.ops.fleet import load_state
@@ -597,7 +586,6 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     from sluice.proxy.ops.fleet import FleetTrust, read_view
     from sluice.proxy.ops.fleet_signing import KeyFileError, load_trusted_keys
 
