@@ -85,7 +85,7 @@ def run_admin(kafka: KafkaCluster, call: str, arg: Any) -> None:
 
 
 def write_config(folder: Path, kafka: KafkaCluster, names: dict[str, str],
-                 password: str | None = None) -> Path:
+                 password: str | None = None, fleet_section: bool = True) -> Path:
     """The proxy's config: the cluster's security once, and the features that connect."""
     secret = folder / "sluice-proxy.password"
     secret.write_text((password or kafka.password(PROXY_USER)) + "\n")
@@ -110,9 +110,12 @@ def write_config(folder: Path, kafka: KafkaCluster, names: dict[str, str],
              "startup_wait_seconds": 20}
     # One YAML line per section (JSON is YAML), then the fleet's keys (trust_yaml's lines).
     lines = [f"{key}: {json.dumps(value)}" for key, value in config.items()]
+    path = folder / "sluice.yaml"
+    if not fleet_section:
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return path
     lines.append("fleet:")
     lines += [f"  {key}: {json.dumps(value)}" for key, value in fleet.items()]
-    path = folder / "sluice.yaml"
     path.write_text("\n".join(lines) + "\n" + trust_yaml(), encoding="utf-8")
     return path
 
@@ -306,6 +309,26 @@ def test_without_acls_the_proxy_and_the_cli_fail_closed_with_a_clear_error(
     assert "authorization failed" in deploy.stderr.lower(), deploy.stderr
     assert "Traceback" not in deploy.stderr
     no_secret(kafka, out, deploy.stdout, deploy.stderr)
+
+    # Without the fleet, the proxy serves; a dead letter it may not write is logged as failed,
+    # naming the broker's error, and the record it stands for is still refused, never stored.
+    (tmp_path / "nofleet").mkdir()
+    plain = write_config(tmp_path / "nofleet", kafka, fresh, fleet_section=False)
+    client = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+              "sasl.username": "admin", "sasl.password": kafka.password("admin"), **QUIET,
+              "message.send.max.retries": 0}
+    with SluiceProxy(upstream=kafka.bootstrap_for("SASL_SSL"), config=plain) as proxy:
+        reports: list[Any] = []
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, **client})
+        producer.produce(fresh["data"], value=b"TRAP denied",
+                         on_delivery=lambda err, _m: reports.append(err))
+        producer.flush(30)
+        assert reports and reports[0] is not None, "the trapped record was accepted"
+        failed = wait_for(lambda: events(proxy, "dead_letter_failed"), 30, "dead_letter_failed")
+        assert "TOPIC_AUTHORIZATION_FAILED" in failed[0]["error"], failed
+    assert all(m.value() != b"TRAP denied" for m in read_all(kafka, fresh["data"], 10, 5))
+    assert "Traceback" not in "".join(proxy.output)
+    no_secret(kafka, "".join(proxy.output))
 
 
 def test_a_wrong_password_is_refused_by_name_without_echoing_it(
