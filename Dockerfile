@@ -14,9 +14,12 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY sluice ./sluice
 COPY codec ./codec
+COPY crypto ./crypto
 COPY filters ./filters
 COPY proxy ./proxy
 COPY spark_audit ./spark_audit
+COPY telemetry_schema ./telemetry_schema
+COPY transforms ./transforms
 # Pinned versions from constraints.txt; the proxy needs no extras (no Spark, no build tools).
 RUN pip install --no-cache-dir -c constraints.txt . \
     && useradd --system --uid 10001 --no-create-home sluice

@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.proxy.telemetry.columns import SCHEMAS
-from sluice.proxy.telemetry.integrity import Tagger
+from sluice.telemetry_schema.columns import SCHEMAS
+from sluice.telemetry_schema.integrity import Tagger
 
 T0_MS = 1_795_000_000_000
 SPAN_MS = 24 * 3600 * 1000

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.audit_data import SPAN_MS, generate, tables
-from sluice.proxy.telemetry import integrity
 from sluice.spark_audit.job import AuditResult, run_audit
 from sluice.spark_audit.session import get_session
+from sluice.telemetry_schema import integrity
 
 
 def _size(path: Path) -> int:

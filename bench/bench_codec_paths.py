@@ -1,7 +1,7 @@
 """Micro-benchmark of the codec work on the filtered produce and fetch paths (no broker, no
 network, one thread): what each step costs per Produce request or per record batch.
 
-    python -m bench.bench_codec_paths [--records 1000] [--rounds 7]
+    python -m bench.bench_codec_paths [--records 1000] [--rounds 7] [--only fetch]
 
 Rows (µs per call, median of the rounds, thread CPU time):
 
@@ -10,6 +10,12 @@ Rows (µs per call, median of the rounds, thread CPU time):
   re-encode after replacing the records (what the proxy does today), against
   `scan_produce_request` + `splice_produce_records` (codec/produce_splice.py);
 - Produce response (v10, one partition): kio's decode against `scan_produce_offsets`;
+- Fetch response (v12 and v16, what librdkafka and the Java client read) with one filtered
+  topic (one partition, one batch of `--records` records) and one unfiltered topic (one
+  partition, the same batch): the fetch path's codec work around the filter, kio's decode +
+  re-encode + header copy (the path before) against `scan_fetch_response` +
+  `splice_fetch_records` (codec/fetch_splice.py), and the whole path with builtin:pii-mask
+  (`filter_fetch` on the filtered partition included);
 - the record-batch steps of one filtered batch, uncompressed and lz4: `split_batches`,
   `verify_crc`, `records_section`, `check_section`, `check_batch` (uncompressed only),
   `build_batch_from_section`, and the whole `filter_produce` / `filter_fetch` with
@@ -23,12 +29,14 @@ import dataclasses
 import datetime
 import statistics
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from bench.workload import json_records
+from sluice.codec.fetch_splice import scan_fetch_response, splice_fetch_records
 from sluice.codec.messages import decode_request, decode_response, encode_request, encode_response
 from sluice.codec.produce_offsets import scan_produce_offsets
 from sluice.codec.produce_splice import scan_produce_request, splice_produce_records
@@ -165,6 +173,78 @@ def request_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
     return rows
 
 
+def fetch_response(version: int, records: bytes) -> bytes:
+    """A Fetch response: topic "bench" (filtered) and "other" (not), one partition each."""
+    cls = response_schema(1, version)
+    tcls = _element(cls, "responses")
+    pcls = _element(tcls, "partitions")
+    part = pcls(
+        partition_index=0, error_code=ErrorCode(0), high_watermark=1_000_000,
+        last_stable_offset=1_000_000, log_start_offset=0, aborted_transactions=None,
+        records=records,
+    )  # fmt: skip
+    key = "topic_id" if version >= 13 else "topic"
+    ids = {"bench": uuid.UUID(int=1), "other": uuid.UUID(int=2)}
+    topics = tuple(
+        tcls(**{key: ids[name] if version >= 13 else name, "partitions": (part,)})
+        for name in ("bench", "other")
+    )
+    return encode_response(
+        cls(throttle_time=datetime.timedelta(0), error_code=ErrorCode(0), session_id=7,
+            responses=topics)
+    )  # fmt: skip
+
+
+def fetch_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
+    rows = []
+    raw = batch(values, 0)
+    spec = FilterSpec(name="mask", module="builtin:pii-mask", config={}, topics=("bench",),
+                      apply_to=frozenset({"fetch"}))  # fmt: skip
+    chain = FilterChain.from_specs([spec])
+    ctx = RecordContext("bench", 0, "fetch", "bench")
+    header = b"\x00\x00\x00\x2a\x00"  # correlation id + empty tags (response header v1)
+    try:
+        for version in (12, 16):
+            frame = header + fetch_response(version, raw)
+            size = len(header)
+
+            def kio_path(
+                frame: bytes = frame, size: int = size, version: int = version, mask: bool = False
+            ) -> bytes:
+                response = decode_response(1, version, memoryview(frame)[size:])
+                topics = list(response.responses)
+                topic = topics[0]
+                part = topic.partitions[0]
+                new = filter_fetch(chain, ctx, part.records).records if mask else part.records
+                part = dataclasses.replace(part, records=bytes(new))
+                topics[0] = dataclasses.replace(topic, partitions=(part,))
+                out = encode_response(dataclasses.replace(response, responses=tuple(topics)))
+                return bytes(frame[:size]) + out
+
+            def splice_path(
+                frame: bytes = frame, size: int = size, version: int = version, mask: bool = False
+            ) -> bytes:
+                layout = scan_fetch_response(version, frame, size)
+                blob = layout.topics[0].partitions[0].records
+                assert blob is not None
+                new = filter_fetch(chain, ctx, blob).records if mask else blob
+                return splice_fetch_records(frame, layout, {(0, 0): new})
+
+            assert kio_path(mask=True) == splice_path(mask=True)
+            label = f"Fetch response v{version}, 2 topics x {len(values)} records"
+            rows += [
+                (f"{label}: kio decode + re-encode", per_call_us(kio_path, rounds)),
+                (f"{label}: scan + splice", per_call_us(splice_path, rounds)),
+                (f"{label}: kio path with pii-mask",
+                 per_call_us(lambda f=kio_path: f(mask=True), rounds)),
+                (f"{label}: splice path with pii-mask",
+                 per_call_us(lambda f=splice_path: f(mask=True), rounds)),
+            ]  # fmt: skip
+    finally:
+        chain.close()
+    return rows
+
+
 def batch_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
     rows = []
     n = len(values)
@@ -212,11 +292,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--records", type=int, default=1000, help="records per batch")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--min-seconds", type=float, default=0.05, help="thread CPU per round")
+    ap.add_argument("--only", choices=("produce", "fetch", "batch"), help="one group of rows")
     args = ap.parse_args(argv)
     global MIN_SECONDS
     MIN_SECONDS = args.min_seconds
     values = json_records(args.records)
-    rows = request_rows(values, args.rounds) + batch_rows(values, args.rounds)
+    groups = {"produce": request_rows, "fetch": fetch_rows, "batch": batch_rows}
+    rows = [
+        row
+        for name, make in groups.items()
+        if args.only in (None, name)
+        for row in make(values, args.rounds)
+    ]
     print(f"~200-byte JSON records; thread CPU µs per call, median of {args.rounds} rounds")
     print()
     print("| step | µs/call | µs/record |")

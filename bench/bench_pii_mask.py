@@ -16,11 +16,15 @@ Variants:
   pii-mask/pii      every record holds an e-mail address, every third a card number
   pii-mask/clean    the same shape without personal data (nothing to rewrite)
   pii-mask/fields   pii records, with field paths configured as well
+  pii-mask/keyed    pii records with a short key and two short header values (one a trace
+                    id), all three scanned as the defaults do
+  pii-mask/keyed-values  the same records with ``keys: false, headers: false``
   json-validate     a cheap builtin over the same records: the host's fixed cost per batch
 
-Prints µs/record (median of the rounds, thread CPU time) per variant and path. ``--profile``
-instead runs cProfile over the native path of pii-mask/pii and prints where the time goes
-(the guest call against the host's checks), per record.
+Prints µs/record (median of the rounds, thread CPU time) per variant and path, and the guest
+call alone (``sluice_filter_records`` on the records section, without the host's checks).
+``--profile`` instead runs cProfile over the native path of pii-mask/pii and prints where the
+time goes (the guest call against the host's checks), per record.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import statistics
 import time
 from typing import Any
 
-from sluice.codec.records import BatchHeader, Record, build_batch
+from sluice.codec.records import HEADER_SIZE, BatchHeader, Record, build_batch
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
@@ -59,6 +63,14 @@ def json_values(n: int, pii: bool, size: int = 200, seed: int = 7) -> list[bytes
 
 
 CTX = RecordContext(topic="bench", partition=0, direction="produce", client_id="bench")
+TRACE_ID = b"4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def key_and_headers(i: int, keyed: bool) -> tuple[bytes | None, list[tuple[str, bytes | None]]]:
+    """The key and headers of record i: none, or a short key and two short header values."""
+    if not keyed:
+        return None, []
+    return f"user-{i}".encode(), [("trace-id", TRACE_ID), ("source", b"web")]
 
 
 def _median_us(run: list[Any], n_records: int, rounds: int) -> float:
@@ -73,24 +85,49 @@ def _median_us(run: list[Any], n_records: int, rounds: int) -> float:
     return statistics.median(per_record)
 
 
-def measure_decoding(f: LoadedFilter, values: list[bytes], batch: int, rounds: int) -> float:
+def measure_decoding(f: LoadedFilter, values: list[bytes], batch: int, rounds: int,
+                     keyed: bool = False) -> float:
+    def record(i: int, j: int, value: bytes) -> FilterRecord:
+        key, headers = key_and_headers(i + j, keyed)
+        return FilterRecord(j, 0, key, value, headers)
+
     batches = [
-        [FilterRecord(j, 0, None, v, []) for j, v in enumerate(values[i : i + batch])]
+        [record(i, j, v) for j, v in enumerate(values[i : i + batch])]
         for i in range(0, len(values), batch)
     ]
     return _median_us([lambda b=b: f.run_batch(CTX, b) for b in batches], len(values), rounds)
 
 
-def measure_native(chain: FilterChain, values: list[bytes], batch: int, rounds: int) -> float:
+def measure_native(chain: FilterChain, values: list[bytes], batch: int, rounds: int,
+                   keyed: bool = False) -> float:
     assert chain.native_for(CTX.topic, "produce"), "the module has no sluice_filter_records"
     raw = []
     for i in range(0, len(values), batch):
-        records = [Record(j, 0, None, v, []) for j, v in enumerate(values[i : i + batch])]
+        records = []
+        for j, v in enumerate(values[i : i + batch]):
+            key, headers = key_and_headers(i + j, keyed)
+            records.append(Record(j, 0, key, v, headers))
         n = len(records)
         header = BatchHeader(0, 0, -1, 2, 0, 0, n - 1, 0, 0, -1, -1, -1, n)
         raw.append(build_batch(header, records))
     return _median_us([lambda r=r: filter_produce(chain, CTX, r) for r in raw], len(values),
                       rounds)
+
+
+def measure_guest(f: LoadedFilter, values: list[bytes], batch: int, rounds: int,
+                  keyed: bool = False) -> float:
+    """The guest call of the native path alone, on each batch's records section."""
+    sections = []
+    for i in range(0, len(values), batch):
+        records = []
+        for j, v in enumerate(values[i : i + batch]):
+            key, headers = key_and_headers(i + j, keyed)
+            records.append(Record(j, 0, key, v, headers))
+        n = len(records)
+        data = build_batch(BatchHeader(0, 0, -1, 2, 0, 0, n - 1, 0, 0, -1, -1, -1, n), records)
+        sections.append((memoryview(data)[HEADER_SIZE:], n))
+    return _median_us([lambda s=s, n=n: f.run_native(CTX, s, n) for s, n in sections],
+                      len(values), rounds)
 
 
 def profile_native(values: list[bytes], batch: int, rounds: int) -> None:
@@ -145,21 +182,25 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.records} records of {min(sizes)}-{max(sizes)} bytes, batches of {args.batch}, "
         f"median of {args.rounds} rounds"
     )
-    variants = [
-        ("pii-mask/pii", "builtin:pii-mask", {}, pii),
-        ("pii-mask/clean", "builtin:pii-mask", {}, clean),
-        ("pii-mask/fields", "builtin:pii-mask", {"fields": ["email", "card"]}, pii),
-        ("json-validate", "builtin:json-validate", {"required_fields": ["user_id"]}, pii),
+    off = {"keys": False, "headers": False}
+    variants: list[tuple[str, str, dict[str, Any], list[bytes], bool]] = [
+        ("pii-mask/pii", "builtin:pii-mask", {}, pii, False),
+        ("pii-mask/clean", "builtin:pii-mask", {}, clean, False),
+        ("pii-mask/fields", "builtin:pii-mask", {"fields": ["email", "card"]}, pii, False),
+        ("pii-mask/keyed", "builtin:pii-mask", {}, pii, True),
+        ("pii-mask/keyed-values", "builtin:pii-mask", off, pii, True),
+        ("json-validate", "builtin:json-validate", {"required_fields": ["user_id"]}, pii, False),
     ]
-    print(f"{'variant':18} {'decoding us/rec':>16} {'native us/rec':>14}")
-    for name, module, config, values in variants:
+    print(f"{'variant':22} {'decoding us/rec':>16} {'native us/rec':>14} {'guest us/rec':>13}")
+    for name, module, config, values, keyed in variants:
         spec = FilterSpec(name=name.replace("/", "-"), module=module, config=config,
                           topics=("bench",), apply_to=frozenset({"produce"}))
         chain = FilterChain.from_specs([spec])
-        decoding = measure_decoding(chain.filters[0], values, args.batch, args.rounds)
-        native = measure_native(chain, values, args.batch, args.rounds)
+        decoding = measure_decoding(chain.filters[0], values, args.batch, args.rounds, keyed)
+        native = measure_native(chain, values, args.batch, args.rounds, keyed)
+        guest = measure_guest(chain.filters[0], values, args.batch, args.rounds, keyed)
         chain.close()
-        print(f"{name:18} {decoding:16.2f} {native:14.2f}")
+        print(f"{name:22} {decoding:16.2f} {native:14.2f} {guest:13.2f}")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ def _neutral(tp: Any) -> Any:
         return None
     if tp is ErrorCode:
         return ErrorCode(0)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return build(tp)  # a required nested entity (ShareFetch's current_leader)
     if isinstance(tp, type) and issubclass(tp, datetime.timedelta):
         # Throttle times and the like: no delay. kio's phantom types construct via parse().
         parse: Any = getattr(tp, "parse", tp)

@@ -40,6 +40,7 @@ __all__ = [
     "PartitionSlot",
     "ProduceRequestLayout",
     "TopicSlot",
+    "produce_topic_keys",
     "read_topic_key",
     "scan_produce_request",
     "splice_produce_records",
@@ -250,6 +251,67 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
         count_end,
         topics_end,
     )
+
+
+def produce_topic_keys(version: int, body: Buffer) -> list[str | uuid.UUID]:
+    """The topic names (v3-v12) or ids (v13+) of a Produce request body, in request order.
+
+    What `scan_produce_request` finds, with the same checks (truncation, hostile counts,
+    trailing bytes raise DecodeError), for the path that only asks which topics a request
+    names: no slot objects, no records views (about half the scan's cost)."""
+    flexible, by_id = _shape(version)
+    view = body if isinstance(body, memoryview) else memoryview(body)
+    end = len(view)
+    keys: list[str | uuid.UUID] = []
+    try:
+        if flexible:
+            n = view[0]
+            pos = 1
+            if n >= 0x80:
+                n, pos = read_uvarint(view, 0, end)
+            pos += max(n - 1, 0)
+        else:
+            pos = 2 + max(_i16(view, 0)[0], 0)
+        _ih(view, pos)  # acks, timeout_ms: present
+        pos += 6
+        n_topics, pos = _count(view, pos, end, flexible, _MIN_TOPIC[flexible])
+        for _ in range(n_topics):
+            key, pos = read_topic_key(view, pos, end, flexible, by_id)
+            if key is None:
+                raise DecodeError("null topic name in a Produce request")
+            keys.append(key)
+            n_parts, pos = _count(view, pos, end, flexible, _MIN_PARTITION[flexible])
+            for _ in range(n_parts):
+                pos += 4  # partition index
+                if flexible:
+                    n = view[pos]
+                    if n < 0x80:
+                        pos += 1
+                    else:
+                        n, pos = read_uvarint(view, pos, end)
+                    size = n - 1
+                else:
+                    size = _i32(view, pos)[0]
+                    pos += 4
+                if size > 0:
+                    if pos + size > end:
+                        raise DecodeError(f"records of {size} bytes declared in {end - pos}")
+                    pos += size
+                if flexible:
+                    pos = pos + 1 if view[pos] == 0 else skip_tags(view, pos, end)
+            if flexible:
+                pos = pos + 1 if view[pos] == 0 else skip_tags(view, pos, end)
+        if flexible:
+            pos = pos + 1 if view[pos] == 0 else skip_tags(view, pos, end)
+    except (struct.error, IndexError):
+        raise DecodeError("Produce request truncated") from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"Produce request: a string is not UTF-8 ({exc.reason})") from None
+    if pos > end:
+        raise DecodeError("Produce request truncated")
+    if pos != end:
+        raise DecodeError(f"Produce request: {end - pos} trailing bytes after the body")
+    return keys
 
 
 def _count_bytes(n: int, flexible: bool) -> bytes:

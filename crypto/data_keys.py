@@ -6,7 +6,9 @@ deleted KEK stops being used for new records as soon as it stops decrypting old 
 the next batch gets a fresh one from the KMS. The count bound keeps AES-GCM's random 96-bit
 nonces far from their collision limit (NIST SP 800-38D: at most 2^32 messages per key) and
 limits what one leaked data key exposes.
-A batch always uses a single data key, taken before its first record.
+A batch uses a single data key, taken before its first record, unless it alone holds more
+values than `max_records`: then the caller splits it across data keys (`for_encrypt` never
+grants more than `max_records` seals to one key).
 
 Decrypting unwraps each wrapped data key once through the KMS and keeps the result for
 `cache_seconds` (at most `cache_entries` keys, least recently used dropped first). The time
@@ -43,6 +45,8 @@ class ActiveKey:
     aead: AESGCM
     created: float
     used: int = 0
+    #: The plaintext key itself, for the native batch sealer (crypto/batch_seal.py).
+    raw: bytes = b""
 
 
 class DataKeys:
@@ -61,14 +65,18 @@ class DataKeys:
         self.clock = clock
         self._lock = threading.Lock()
         self._active: dict[str, ActiveKey] = {}
-        self._unwrapped: OrderedDict[tuple[str, str, bytes], tuple[float, AESGCM]] = (
+        self._unwrapped: OrderedDict[tuple[str, str, bytes], tuple[float, AESGCM, bytes]] = (
             OrderedDict())
         #: Data keys made (rotations included) and KMS unwraps, for tests and metrics.
         self.generated = 0
         self.unwrapped = 0
 
     def for_encrypt(self, name: str, seals: int) -> ActiveKey:
-        """The data key for a batch that will seal `seals` values (rotating when due)."""
+        """The data key for a batch (or a part of one) that will seal `seals` values, at most
+        `max_records` (rotating when due, so no key seals more than `max_records`)."""
+        if seals > self.max_records:
+            raise ValueError(f"{seals} seals exceed data_key_max_records ({self.max_records}); "
+                             "split the batch")
         with self._lock:
             now = self.clock()
             key = self._active.get(name)
@@ -77,7 +85,7 @@ class DataKeys:
                     now - key.created >= max_age):
                 fresh = self.kms.generate_data_key(name)
                 key = ActiveKey(name, fresh.key_version, fresh.wrapped, AESGCM(fresh.plaintext),
-                                now)
+                                now, raw=bytes(fresh.plaintext))
                 self._active[name] = key
                 self.generated += 1
             key.used += seals
@@ -85,25 +93,30 @@ class DataKeys:
 
     def for_decrypt(self, name: str, version: str, wrapped: bytes) -> AESGCM:
         """The cipher for a wrapped data key (one KMS call per key per `cache_seconds`)."""
+        return self.unwrap(name, version, wrapped)[0]
+
+    def unwrap(self, name: str, version: str, wrapped: bytes) -> tuple[AESGCM, bytes]:
+        """`for_decrypt`'s cipher with the plaintext key (for the native batch sealer)."""
         cache_key = (name, version, wrapped)
         now = self.clock()
         with self._lock:
             hit = self._unwrapped.get(cache_key)
             if hit is not None and now - hit[0] < self.cache_seconds:
                 self._unwrapped.move_to_end(cache_key)
-                return hit[1]
+                return hit[1], hit[2]
             active = self._active.get(name)
         if active is not None and active.wrapped == wrapped and (
                 now - active.created < self.cache_seconds):
-            return active.aead
-        aead = AESGCM(self.kms.decrypt_data_key(name, version, wrapped))
+            return active.aead, active.raw
+        raw = bytes(self.kms.decrypt_data_key(name, version, wrapped))
+        aead = AESGCM(raw)
         with self._lock:
             self.unwrapped += 1
-            self._unwrapped[cache_key] = (now, aead)
+            self._unwrapped[cache_key] = (now, aead, raw)
             self._unwrapped.move_to_end(cache_key)
             while len(self._unwrapped) > self.cache_entries:
                 self._unwrapped.popitem(last=False)
-        return aead
+        return aead, raw
 
     def forget(self) -> None:
         """Drop every cached key (the next batch asks the KMS again)."""

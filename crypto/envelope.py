@@ -1,12 +1,16 @@
-"""The stored layout of an encrypted record (layout version 1), sans-IO.
+"""The stored layout of an encrypted record (layout versions 2 and 1), sans-IO.
 
 A record encrypted by the proxy keeps its key and its own headers; the proxy appends its
-headers after the producer's, in this order:
+headers after the producer's, in this order (layout 2, written today):
 
-    sluice.enc         ASCII "1;value" or "1;fields": layout version and mode
+    sluice.enc         UTF-8 "2;value;<filter>" or "2;fields;<filter>": layout version, mode
+                       and the name of the filter that sealed the record
     sluice.enc.key     ASCII "<kek name>;<kek version>": the key-encryption key used
     sluice.enc.dek     binary: the data key wrapped by that KEK (opaque bytes from the KMS)
     sluice.enc.fields  (fields mode only) JSON array of the encrypted field paths
+
+Layout 1 (older Sluice) has the same headers, with ``sluice.enc`` holding only "1;value" or
+"1;fields".
 
 Whole-value mode stores ``0x01 | nonce (12) | AES-256-GCM ciphertext and tag (16)``.
 Fields mode keeps the JSON document and replaces each encrypted field's value text with the
@@ -14,10 +18,13 @@ JSON string ``"sluice:enc:1:" + base64url(nonce | ciphertext and tag)`` (no padd
 plaintext of a field is the exact text of its original JSON value, so decryption restores the
 producer's bytes exactly.
 
-The additional authenticated data binds each ciphertext to its place: the layout version,
-the mode, the KEK name and version, the wrapped data key, the record key, and (fields mode)
-the field path. Moving a value to another record key, editing a header or flipping a byte makes
-decryption fail.
+The additional authenticated data (AAD) binds each ciphertext to its place. Layout 2: the
+layout version, the mode, the KEK name and version, the wrapped data key, the filter's name,
+the topic, the record key, a SHA-256 digest of the rest of the record (the producer's headers;
+in fields mode also the list of sealed fields and every byte of the document outside the
+sealed values), and (fields mode) the field path. Layout 1 covered neither the filter, the
+topic nor the rest of the record, which is why a filter reads it only when told to
+(``accept_legacy``).
 
 Reading is forward-compatible: a later layout version gets a new number in ``sluice.enc``;
 readers keep every older version.
@@ -25,6 +32,7 @@ readers keep every older version.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -35,12 +43,16 @@ from typing import Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-LAYOUT_VERSION: Final = 1
+#: The layout written today; LEGACY_LAYOUT is still read (see the module docstring).
+LAYOUT_VERSION: Final = 2
+LEGACY_LAYOUT: Final = 1
 H_ENC: Final = "sluice.enc"
 H_KEY: Final = "sluice.enc.key"
 H_DEK: Final = "sluice.enc.dek"
 H_FIELDS: Final = "sluice.enc.fields"
 OUR_HEADERS: Final = (H_ENC, H_KEY, H_DEK, H_FIELDS)
+#: Every header whose name starts with this belongs to the proxy: producers may not send one.
+RESERVED_PREFIX: Final = "sluice.enc"
 MODE_VALUE: Final = "value"
 MODE_FIELDS: Final = "fields"
 NONCE_SIZE: Final = 12
@@ -69,33 +81,85 @@ class Envelope:
     fields: tuple[str, ...] = ()
     #: Index of the first of the proxy's headers in the record's header list.
     start: int = 0
+    #: The layout the group was written in (1 unless stated: the fields above are layout
+    #: 1's; layout 2 adds `filter_name`).
+    layout: int = LEGACY_LAYOUT
+    #: Layout 2: the name of the filter that sealed the record.
+    filter_name: str = ""
 
 
 def aad_prefix(mode: str, key_name: str, key_version: str, wrapped_dek: bytes) -> bytes:
-    """The part of the associated data shared by every ciphertext under one data key."""
-    parts = (b"sluice.enc", str(LAYOUT_VERSION).encode(), mode.encode(), key_name.encode(),
+    """Layout 1: the part of the associated data shared by every ciphertext under one data
+    key (kept to read records of older Sluice versions)."""
+    parts = (b"sluice.enc", str(LEGACY_LAYOUT).encode(), mode.encode(), key_name.encode(),
              key_version.encode(), wrapped_dek)
     return b"".join(_LEN.pack(len(p)) + p for p in parts)
 
 
-def aad_for(prefix: bytes, record_key: bytes | None, field: str = "") -> bytes:
-    """`prefix` completed with the record key (absent and empty differ) and the field path:
-    the additional authenticated data of one ciphertext (all parts length-prefixed)."""
+def aad_prefix_v2(mode: str, key_name: str, key_version: str, wrapped_dek: bytes,
+                  filter_name: str, topic: str) -> bytes:
+    """Layout 2: the part of the associated data shared by every ciphertext one filter seals
+    under one data key on one topic."""
+    parts = (b"sluice.enc", str(LAYOUT_VERSION).encode(), mode.encode(), key_name.encode(),
+             key_version.encode(), wrapped_dek, filter_name.encode(), topic.encode())
+    return b"".join(_LEN.pack(len(p)) + p for p in parts)
+
+
+def prefix_for(env: Envelope, topic: str) -> bytes:
+    """The AAD prefix of `env` (its own layout) on `topic`."""
+    if env.layout == LEGACY_LAYOUT:
+        return aad_prefix(env.mode, env.key_name, env.key_version, env.wrapped_dek)
+    return aad_prefix_v2(env.mode, env.key_name, env.key_version, env.wrapped_dek,
+                         env.filter_name, topic)
+
+
+def record_digest(headers: Sequence[Header], fields: Sequence[str] = (),
+                  clear: Sequence[str] | None = None) -> bytes:
+    """Layout 2: SHA-256 of what a record holds besides its sealed values and its key: the
+    producer's `headers` (every header before the proxy's group, in order), and in fields
+    mode the sealed paths and the document's text outside the sealed values (`clear`: the
+    pieces between them, in order). Unambiguous: every part is counted or length-prefixed."""
+    h = hashlib.sha256()
+    h.update(_LEN.pack(len(headers)))
+    for name, value in headers:
+        nb = name.encode("utf-8", "surrogatepass")
+        h.update(_LEN.pack(len(nb)) + nb)
+        if value is None:
+            h.update(b"\x00")
+        else:
+            h.update(b"\x01" + _LEN.pack(len(value)))
+            h.update(value)
+    if clear is not None:
+        h.update(b"F" + _LEN.pack(len(fields)))
+        for f in fields:
+            fb = f.encode()
+            h.update(_LEN.pack(len(fb)) + fb)
+        h.update(_LEN.pack(len(clear)))
+        for piece in clear:
+            pb = piece.encode("utf-8")
+            h.update(_LEN.pack(len(pb)) + pb)
+    return h.digest()
+
+
+def aad_for(prefix: bytes, record_key: bytes | None, field: str = "",
+            digest: bytes | None = None) -> bytes:
+    """`prefix` completed with the record key (absent and empty differ), (layout 2) the
+    record's `record_digest` and the field path: the additional authenticated data of one
+    ciphertext (all parts length-prefixed; layout 1 has no digest)."""
     rk = b"\x00" if record_key is None else b"\x01" + record_key
     fb = field.encode()
-    return b"".join((prefix, _LEN.pack(len(rk)), rk, _LEN.pack(len(fb)), fb))
-
-
-def aad(mode: str, key_name: str, key_version: str, wrapped_dek: bytes,
-        record_key: bytes | None, field: str = "") -> bytes:
-    """The additional authenticated data of one ciphertext."""
-    return aad_for(aad_prefix(mode, key_name, key_version, wrapped_dek), record_key, field)
+    if digest is None:
+        return b"".join((prefix, _LEN.pack(len(rk)), rk, _LEN.pack(len(fb)), fb))
+    return b"".join((prefix, _LEN.pack(len(rk)), rk, _LEN.pack(len(digest)), digest,
+                     _LEN.pack(len(fb)), fb))
 
 
 def headers_for(env: Envelope) -> list[Header]:
-    """The proxy's headers for `env`, in stored order."""
+    """The proxy's headers for `env`, in stored order (in `env.layout`)."""
+    enc = (f"{env.layout};{env.mode}" if env.layout == LEGACY_LAYOUT
+           else f"{env.layout};{env.mode};{env.filter_name}")
     out: list[Header] = [
-        (H_ENC, f"{LAYOUT_VERSION};{env.mode}".encode()),
+        (H_ENC, enc.encode()),
         (H_KEY, f"{env.key_name};{env.key_version}".encode()),
         (H_DEK, env.wrapped_dek),
     ]
@@ -109,14 +173,9 @@ def _json_list(items: Sequence[str]) -> bytes:
 
 
 def group_start(headers: Sequence[Header]) -> int:
-    """Index of the last ``sluice.enc`` header (-1: none). Checks the usual places first:
-    the proxy's group is the last 3 (value mode) or 4 (fields mode) headers."""
-    n = len(headers)
-    if n >= 3 and headers[n - 3][0] == H_ENC:
-        return n - 3
-    if n >= 4 and headers[n - 4][0] == H_ENC:
-        return n - 4
-    for i in range(n - 1, -1, -1):
+    """Index of the last ``sluice.enc`` header (-1: none). Scanning from the end finds it
+    within the last 3 or 4 headers (the proxy's group) when the record is encrypted."""
+    for i in range(len(headers) - 1, -1, -1):
         if headers[i][0] == H_ENC:
             return i
     return -1
@@ -138,7 +197,19 @@ def find_envelope(headers: Sequence[Header]) -> Envelope | None:
         raise EnvelopeError("encryption header without a value")
     enc = bytes(values[0] or b"")
     version, _, mode = enc.partition(b";")
-    if version != str(LAYOUT_VERSION).encode():
+    filter_name = ""
+    if version == str(LAYOUT_VERSION).encode():
+        layout = LAYOUT_VERSION
+        mode, fsep, name = mode.partition(b";")
+        try:
+            filter_name = name.decode()
+        except UnicodeDecodeError:
+            raise EnvelopeError("malformed sluice.enc header") from None
+        if not fsep or not filter_name:
+            raise EnvelopeError("malformed sluice.enc header (no filter name)")
+    elif version == str(LEGACY_LAYOUT).encode():
+        layout = LEGACY_LAYOUT
+    else:
         raise EnvelopeError(f"unknown encryption layout {version[:8]!r}")
     want = [H_ENC, H_KEY, H_DEK] + ([H_FIELDS] if mode == MODE_FIELDS.encode() else [])
     if mode not in (MODE_VALUE.encode(), MODE_FIELDS.encode()) or names != want:
@@ -154,7 +225,7 @@ def find_envelope(headers: Sequence[Header]) -> Envelope | None:
     if mode == MODE_FIELDS.encode():
         fields = _parse_fields(bytes(values[3] or b""))
     return Envelope(mode.decode(), key_name, key_version, bytes(values[2] or b""), fields,
-                    start)
+                    start, layout, filter_name)
 
 
 def _parse_fields(raw: bytes) -> tuple[str, ...]:
@@ -187,18 +258,19 @@ def unseal(aead: AESGCM, sealed: bytes, associated: bytes) -> bytes:
 
 
 def seal_value(aead: AESGCM, prefix: bytes, record_key: bytes | None, value: bytes,
-               nonce: bytes | None = None) -> bytes:
-    """The stored value of a whole-value encrypted record (`prefix`: `aad_prefix` of its
-    envelope; `nonce` as for `seal`)."""
-    return VALUE_PREFIX + seal(aead, value, aad_for(prefix, record_key), nonce)
+               nonce: bytes | None = None, digest: bytes | None = None) -> bytes:
+    """The stored value of a whole-value encrypted record (`prefix`: the AAD prefix of its
+    envelope; `digest`: its `record_digest`, layout 2; `nonce` as for `seal`)."""
+    return VALUE_PREFIX + seal(aead, value, aad_for(prefix, record_key, "", digest), nonce)
 
 
 def open_value(aead: AESGCM, env: Envelope, record_key: bytes | None, stored: bytes,
-               prefix: bytes | None = None) -> bytes:
+               prefix: bytes | None = None, digest: bytes | None = None) -> bytes:
     """The producer's value from a whole-value encrypted record (EnvelopeError if not);
-    `prefix` is `aad_prefix` of `env` when the caller has it already."""
+    `prefix` is the AAD prefix of `env` (layout 1's is computed when not given), `digest`
+    the record's `record_digest` (layout 2)."""
     if stored[:1] != VALUE_PREFIX:
         raise EnvelopeError("stored value does not start with the layout marker")
     if prefix is None:
         prefix = aad_prefix(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek)
-    return unseal(aead, stored[1:], aad_for(prefix, record_key))
+    return unseal(aead, stored[1:], aad_for(prefix, record_key, "", digest))

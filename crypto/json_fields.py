@@ -23,11 +23,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sluice.crypto.envelope import (
     FIELD_PREFIX,
-    MODE_FIELDS,
+    LEGACY_LAYOUT,
     Envelope,
     EnvelopeError,
+    Header,
     aad_for,
-    aad_prefix,
+    prefix_for,
+    record_digest,
     seal,
     unseal,
 )
@@ -141,16 +143,39 @@ def _unb64(text: str) -> bytes:
         raise EnvelopeError("field ciphertext is not base64url") from None
 
 
-def encrypt_fields(aead: AESGCM, env: Envelope, record_key: bytes | None, text: str,
-                   spans: Sequence[Span]) -> bytes:
-    """The stored document: every span's value text replaced by its ciphertext string.
-    `env.fields` must list the paths of `spans`."""
-    prefix = aad_prefix(MODE_FIELDS, env.key_name, env.key_version, env.wrapped_dek)
+def _clear_pieces(text: str, spans: Sequence[Span]) -> list[str]:
+    """The document's text outside `spans`, in order (what layout 2 authenticates)."""
     pieces: list[str] = []
     pos = 0
-    for start, end, path in spans:
-        associated = aad_for(prefix, record_key, path)
-        sealed = seal(aead, text[start:end].encode("utf-8"), associated)
+    for start, end, _path in spans:
+        pieces.append(text[pos:start])
+        pos = end
+    pieces.append(text[pos:])
+    return pieces
+
+
+def _digest(env: Envelope, text: str, spans: Sequence[Span],
+            headers: Sequence[Header]) -> bytes | None:
+    if env.layout == LEGACY_LAYOUT:
+        return None
+    return record_digest(headers, env.fields, _clear_pieces(text, spans))
+
+
+def encrypt_fields(aead: AESGCM, env: Envelope, record_key: bytes | None, text: str,
+                   spans: Sequence[Span], *, topic: str = "",
+                   headers: Sequence[Header] = (), nonces: bytes | None = None) -> bytes:
+    """The stored document: every span's value text replaced by its ciphertext string.
+    `env.fields` must list the paths of `spans`; `topic` and the producer's `headers` are
+    authenticated with it (layout 2). `nonces`: 12 fresh random bytes per span, in order
+    (drawn per span when not given)."""
+    prefix = prefix_for(env, topic)
+    digest = _digest(env, text, spans, headers)
+    pieces: list[str] = []
+    pos = 0
+    for n, (start, end, path) in enumerate(spans):
+        associated = aad_for(prefix, record_key, path, digest)
+        nonce = None if nonces is None else nonces[n * 12:n * 12 + 12]
+        sealed = seal(aead, text[start:end].encode("utf-8"), associated, nonce)
         pieces += [text[pos:start], '"', FIELD_PREFIX, _b64(sealed), '"']
         pos = end
     pieces.append(text[pos:])
@@ -158,8 +183,10 @@ def encrypt_fields(aead: AESGCM, env: Envelope, record_key: bytes | None, text: 
 
 
 def decrypt_fields(aead: AESGCM, env: Envelope, record_key: bytes | None,
-                   stored: bytes) -> bytes:
-    """The producer's document from a fields-mode record (EnvelopeError if tampered)."""
+                   stored: bytes, *, topic: str = "", headers: Sequence[Header] = ()) -> bytes:
+    """The producer's document from a fields-mode record (EnvelopeError if tampered).
+    `topic` and `headers` (the producer's, before the proxy's group) as for
+    `encrypt_fields`."""
     try:
         doc = parse_document(stored)
         spans = find_spans(doc, env.fields)
@@ -168,14 +195,15 @@ def decrypt_fields(aead: AESGCM, env: Envelope, record_key: bytes | None,
     if {p for _s, _e, p in spans} != set(env.fields):
         raise EnvelopeError("an encrypted field named in sluice.enc.fields is missing")
     text = doc.text
-    prefix = aad_prefix(MODE_FIELDS, env.key_name, env.key_version, env.wrapped_dek)
+    prefix = prefix_for(env, topic)
+    digest = _digest(env, text, spans, headers)
     pieces: list[str] = []
     pos = 0
     for start, end, path in spans:
         literal = json.loads(text[start:end])
         if not isinstance(literal, str) or not literal.startswith(FIELD_PREFIX):
             raise EnvelopeError(f"field {path!r} does not hold a ciphertext")
-        associated = aad_for(prefix, record_key, path)
+        associated = aad_for(prefix, record_key, path, digest)
         plain = unseal(aead, _unb64(literal[len(FIELD_PREFIX):]), associated)
         try:
             pieces += [text[pos:start], plain.decode("utf-8")]

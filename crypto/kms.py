@@ -14,9 +14,12 @@ the `local` keyring keeps it in a 0600 file.
       # chain: environment, profile, instance role)
 
 Errors say what the caller may do: `KmsUnavailable` is retriable (refuse with a retriable
-Kafka error, never store or deliver anything in the clear); `KeyNotFound` and `KeyDestroyed`
-are permanent (a destroyed KEK makes its records unreadable for good: crypto-shredding);
-`UnwrapFailed` means the wrapped data key is not one this KMS made (tampering).
+Kafka error, never store or deliver anything in the clear). `KeyDestroyed` is raised only for
+a KEK Sluice itself recorded as destroyed (``sluice keys delete``): its records are unreadable
+for good (crypto-shredding). `KeyNotFound` means the KMS does not know the name or version
+(the wrong keyring file or region, a restored backup, not created yet): the proxy treats it
+as retriable too, never as shredding. `UnwrapFailed` means the wrapped data key is not one
+this KMS made (tampering).
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ class KmsUnavailable(KmsError):
 
 
 class KeyNotFound(KmsError):
-    """No KEK of that name (or that version) exists."""
+    """No KEK of that name (or that version) is known here (not proof of deletion)."""
 
 
 class KeyDestroyed(KmsError):
-    """The KEK (version) was deleted or disabled: what it wrapped cannot be read any more."""
+    """The KEK (version) was destroyed by ``sluice keys delete``: what it wrapped cannot be
+    read any more."""
 
 
 class UnwrapFailed(KmsError):

@@ -70,6 +70,8 @@ class AbiRunner:
     """Base of the ABI adapters. Subclasses set `abi`, fill the linker, implement `run`."""
 
     abi: ClassVar[str] = ""
+    #: The optional parts of its ABI the module exports (Sluice ABI: ``abi_sluice.CAPABILITIES``).
+    capabilities: frozenset[str] = frozenset()
 
     @property
     def supports_admin(self) -> bool:

@@ -1,10 +1,13 @@
 """The Sluice Wasm ABI v1: one guest call per record batch (selected by ``sluice_abi_version``).
 
-Guest exports: ``memory``; ``sluice_abi_version() -> i32`` (= 1); ``sluice_alloc(i32) -> i32``;
-``sluice_filter(i32, i32) -> i64``; optional ``sluice_init(i32, i32) -> i32``,
-``sluice_admin(i32, i32) -> i64``, ``sluice_last_error() -> i64``,
-``sluice_filter_records(i32, i32) -> i64`` (the same filter over Kafka's record encoding, the
-host's fast path: native_io). Results pack
+The ABI is one required core and a list of optional capabilities, one export each
+(``CAPABILITIES``; docs/FILTER_ABI.md, "Core and capabilities"). Core: ``memory``;
+``sluice_abi_version() -> i32`` (= 1); ``sluice_alloc(i32) -> i32``;
+``sluice_filter(i32, i32) -> i64``. Capabilities: ``init`` (``sluice_init(i32, i32) -> i32``),
+``admin`` (``sluice_admin(i32, i32) -> i64``), ``last_error`` (``sluice_last_error() -> i64``),
+``records`` (``sluice_filter_records(i32, i32) -> i64``: the same filter over Kafka's record
+encoding, the host's fast path: native_io). A new capability is a new optional export, never a
+new meaning of an old one, so the version stays 1. Results pack
 ``(ptr << 32) | len``; a negative result is an error whose text ``sluice_last_error`` may give.
 Byte layouts: records_io. The guest may reset an arena on each ``sluice_alloc``: the host calls
 it exactly once per guest call, right before it.
@@ -53,6 +56,13 @@ _OPTIONAL: Final = {
     "sluice_last_error": ((), ("i64",)),
     "sluice_filter_records": (("i32", "i32"), ("i64",)),
 }
+#: The optional capabilities of ABI v1, by name, and the export that declares each.
+CAPABILITIES: Final = {
+    "init": "sluice_init",
+    "admin": "sluice_admin",
+    "last_error": "sluice_last_error",
+    "records": "sluice_filter_records",
+}
 
 
 def is_sluice_module(module: wasmtime.Module) -> bool:
@@ -91,6 +101,7 @@ class SluiceAbi(AbiRunner):
         self.has_admin = "sluice_admin" in sigs
         self.has_last_error = "sluice_last_error" in sigs
         self.has_native = "sluice_filter_records" in sigs
+        self.capabilities = frozenset(c for c, export in CAPABILITIES.items() if export in sigs)
         self.config_json = spec.config_json
         self.prepare()
         self._alloc: RawFunc | None = None

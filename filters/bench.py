@@ -5,7 +5,7 @@ Measures what docs/FILTER_ABI.md reports: the cost of one guest call through was
 batch of 100 against one call per record, how fast the epoch deadline stops an infinite loop,
 and compiling a module against deserializing its cached artifact (the guest modules are small
 WAT texts below); and ``languages``: the shipped ``upper`` example built with each SDK (C, Zig,
-Rust, AssemblyScript: ``filters/examples/upper*``) side by side, through the decoding path
+Rust, AssemblyScript, Go: ``filters/examples/upper*``) side by side, through the decoding path
 (``run_batch``) and the native path the proxy takes (``filter_produce``). Prints one JSON
 object; ``--only languages`` runs that part alone.
 """
@@ -211,7 +211,7 @@ def bench_pipeline(seconds: float, tmp: Path) -> dict[str, float]:
 
 # The upper example in every SDK language: filters/examples/<dir>/<dir>.wasm.
 UPPER_PORTS = {"c": "upper-c", "zig": "upper", "rust": "upper-rust",
-               "assemblyscript": "upper-as"}
+               "assemblyscript": "upper-as", "go": "upper-go"}
 
 
 def _upper_runs(f: LoadedFilter, chain: Any, ctx: RecordContext, batch: list[FilterRecord],
@@ -257,11 +257,22 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
     for lang, name in UPPER_PORTS.items():
         module = examples / name / f"{name}.wasm"
         spec = FilterSpec(name=name, module=str(module), apply_to=frozenset({"produce"}))
-        f = load_filter(spec, cache=cache)
+        started = time.perf_counter()
+        f = load_filter(spec, cache=cache)  # compiles: the cache is empty
+        compile_ms = (time.perf_counter() - started) * 1000
+        # First-call latency as a proxy start sees it with a warm cache: deserialize,
+        # instantiate (Go: its runtime's _initialize), sluice_init, then the first batch.
+        started = time.perf_counter()
+        first = load_filter(spec, cache=ModuleCache(default_engine(), tmp / "cache-lang"))
+        first.run_batch(ctx, batch)
+        first_call_ms = (time.perf_counter() - started) * 1000
+        first.close()
         chain = FilterChain.from_specs([spec], cache=cache)
         opened += [f, chain]
         decoding[lang], guest[lang], native[lang] = _upper_runs(f, chain, ctx, batch, raw)
-        out[lang] = {"module_bytes": module.stat().st_size}
+        out[lang] = {"module_bytes": module.stat().st_size,
+                     "compile_ms": round(compile_ms, 1),
+                     "first_call_ms": round(first_call_ms, 2)}
     # Languages take turns in short slices, so a burst of load on the shared machine hits
     # them all alike instead of whichever ran at that moment.
     for path, fns in (("decoding_path_records_per_s", decoding),
@@ -324,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     parser.add_argument("--only", choices=("languages",),
-                        help="run one part: languages = upper in C, Zig, Rust, AssemblyScript")
+                        help="run one part: languages = upper in C, Zig, Rust, AssemblyScript, "
+                             "Go")
     args = parser.parse_args(argv)
     seconds = 0.05 if args.quick else 1.0
     runs = 2 if args.quick else 7

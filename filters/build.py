@@ -8,7 +8,13 @@ A filter directory holds one entry source and builds to one stripped Wasm module
   the ``wasm32-unknown-unknown`` standard library (Debian's ``rustc`` +
   ``libstd-rust-dev-wasm32``);
 - ``filter.ts`` (AssemblyScript, with the ``sluice`` module, ``sdk/assemblyscript/``): the
-  pinned ``assemblyscript`` compiler that ``scripts/dev.sh install`` puts in the virtualenv.
+  pinned ``assemblyscript`` compiler that ``scripts/dev.sh install`` puts in the virtualenv;
+- ``filter.go`` (Go, with the ``sluice`` package, ``sdk/go/``): the standard Go toolchain
+  (``GOOS=wasip1 GOARCH=wasm``, a ``c-shared`` WASI reactor), offline: the SDK is the only
+  module and it comes from this repository;
+- ``Cargo.toml`` (a Rust crate with a committed ``Cargo.lock``, crates from crates.io): the
+  locked crates vendored by a cargo that reads the sparse index, then Debian's ``cargo`` and
+  ``rustc`` build ``--release --target wasm32-unknown-unknown`` offline.
 
 The output depends only on the sources and the compiler versions, not on the directory it is
 built from.
@@ -98,7 +104,51 @@ ASC_MISSING = (
     "(it needs Node.js 20+: `apt-get install nodejs npm`); SLUICE_ASC=/path/to/asc picks one"
 )
 
-ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts")
+# Go: the standard toolchain. A filter is package main in one file; the build copies it into a
+# temporary module whose go.mod points `sluice` at sdk/go, so that nothing is fetched, and
+# -trimpath, -buildvcs=false and an empty build id keep every path and stamp of this machine
+# out of the module.
+GO_VERSION = "1.26.8"
+GO_FLAGS = (
+    "-trimpath",
+    "-buildvcs=false",
+    "-buildmode=c-shared",
+    "-ldflags=-s -w -buildid=",
+)
+GO_ENV = {
+    "GOOS": "wasip1",
+    "GOARCH": "wasm",
+    "CGO_ENABLED": "0",
+    "GOWORK": "off",
+    "GOFLAGS": "-mod=mod",
+    "GOTOOLCHAIN": "local",
+    "GO111MODULE": "on",
+    "GOPROXY": "off",
+}
+GO_MISSING = (
+    f"the Go toolchain (go{GO_VERSION}; 1.24 or newer for //go:wasmexport) is not installed: "
+    f"with any Go 1.21 or newer on PATH, `GOTOOLCHAIN=go{GO_VERSION} go version` fetches it "
+    "from the Go module proxy (then use that toolchain's bin/go, or keep GOTOOLCHAIN set); "
+    "or unpack the Go project's release archive into /usr/local/go (Debian's golang-go is too "
+    "old); SLUICE_GO=/path/to/go picks one"
+)
+
+# Cargo crates (a directory with Cargo.toml and a committed Cargo.lock, e.g. seed 000's example
+# with serde_json and chrono): `cargo vendor --locked` (a cargo that speaks crates.io's sparse
+# index: rustup's, 1.68 or newer) copies the pinned crates into a temporary directory, checked
+# against the lock file's sha256 sums; then Debian's cargo and rustc (the only ones here with
+# the wasm32-unknown-unknown standard library) build offline from it. Paths are remapped so
+# that the module does not depend on where anything lives.
+CARGO_BUILD_MISSING = (
+    "no Debian cargo to build the crate with: install it with `apt-get install cargo rustc "
+    "libstd-rust-dev-wasm32` (bash scripts/dev.sh install does); SLUICE_CARGO picks one"
+)
+CARGO_FETCH_MISSING = (
+    "no cargo that can fetch crates from crates.io (1.68 or newer: the sparse index) was found: "
+    "install rustup's (`rustup toolchain install stable`), or set SLUICE_CARGO_FETCH"
+)
+
+ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go", "Cargo.toml")
 
 ZIG_FLAGS = (
     "-target",
@@ -127,7 +177,8 @@ class Target:
 
 
 def entry_source(source_dir: Path) -> Path:
-    """The entry file of a filter directory: filter.c, .zig, .rs or .ts (exactly one)."""
+    """The entry file of a filter directory: filter.c, .zig, .rs, .ts, .go or a Cargo.toml
+    (exactly one)."""
     found = [source_dir / name for name in ENTRIES if (source_dir / name).is_file()]
     if not found:
         raise BuildError(f"{source_dir}: no {', '.join(ENTRIES)}")
@@ -212,6 +263,112 @@ def asc_version(asc: list[str]) -> str:
     return out.stdout.strip().split()[-1]
 
 
+def find_go() -> str:
+    """The go command: $SLUICE_GO, the virtualenv's (scripts/dev.sh), PATH's, or the release
+    archive's usual place."""
+    chosen = os.environ.get("SLUICE_GO")
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise BuildError(f"SLUICE_GO={chosen} is not an executable; unset it, or "
+                             + GO_MISSING)
+        return chosen
+    venv_go = str(Path(sys.prefix) / "bin" / "go")  # scripts/dev.sh links the pinned one here
+    for go in (venv_go, shutil.which("go"), "/usr/local/go/bin/go"):
+        if go and os.access(go, os.X_OK):
+            return go
+    raise BuildError(GO_MISSING)
+
+
+def go_version(go: str) -> str:
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "GOTOOLCHAIN": "local"})
+    return out.stdout.strip().removeprefix("go")
+
+
+def _cargo_version(cargo: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run([cargo, "--version"], capture_output=True, text=True, check=True,
+                             env={**os.environ, "RUSTC": ""})
+        major, minor = out.stdout.split()[1].split(".")[:2]
+        return int(major), int(minor)
+    except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
+        return None
+
+
+def find_fetch_cargo() -> str:
+    """A cargo that reads crates.io's sparse index: $SLUICE_CARGO_FETCH, rustup's, PATH's."""
+    chosen = os.environ.get("SLUICE_CARGO_FETCH")
+    candidates = [chosen] if chosen else [str(Path.home() / ".cargo" / "bin" / "cargo"),
+                                          shutil.which("cargo")]
+    for cargo in candidates:
+        if cargo and os.access(cargo, os.X_OK) and (_cargo_version(cargo) or (0, 0)) >= (1, 68):
+            return cargo
+    raise BuildError(CARGO_FETCH_MISSING)
+
+
+def find_build_cargo() -> str:
+    """The cargo that goes with find_rustc()'s rustc: $SLUICE_CARGO or Debian's."""
+    for cargo in (os.environ.get("SLUICE_CARGO"), "/usr/bin/cargo"):
+        if cargo and os.access(cargo, os.X_OK):
+            return cargo
+    raise BuildError(CARGO_BUILD_MISSING)
+
+
+def _cargo_steps(source_dir: Path, tmp: Path,
+                 tmp_out: Path) -> tuple[list[tuple[list[str], Path]], dict[str, str]]:
+    """Vendor the locked crates, then build offline; returns the steps and their environment."""
+    if not (source_dir / "Cargo.lock").is_file():
+        raise BuildError(f"{source_dir}: no Cargo.lock; run `cargo generate-lockfile` and "
+                         "commit it (the build only uses locked versions)")
+    rustc = find_rustc()
+    vendor, home, target = tmp / "vendor", tmp / "cargo-home", tmp / "target"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        '[source.crates-io]\nreplace-with = "vendored"\n\n'
+        f'[source.vendored]\ndirectory = "{vendor}"\n')
+    remap = " ".join([f"--remap-path-prefix={vendor}=/cargo/vendor",
+                      f"--remap-path-prefix={source_dir}=/cargo/src",
+                      f"--remap-path-prefix={home}=/cargo/home"])
+    env = {"CARGO_HOME": str(home), "CARGO_TARGET_DIR": str(target), "RUSTC": rustc,
+           "RUSTFLAGS": remap, "CARGO_INCREMENTAL": "0", "RUSTC_WRAPPER": ""}
+    fetch = [find_fetch_cargo(), "vendor", "--locked", "--versioned-dirs", "--quiet",
+             str(vendor)]
+    build = [find_build_cargo(), "build", "--offline", "--locked", "--release", "--quiet",
+             "--target", RUST_TARGET]
+    return [(fetch, source_dir), (build, source_dir)], env
+
+
+def _cargo_output(source_dir: Path, tmp: Path) -> Path:
+    """The cdylib cargo wrote: target/wasm32-unknown-unknown/release/<lib name>.wasm."""
+    found = sorted((tmp / "target" / RUST_TARGET / "release").glob("*.wasm"))
+    if len(found) != 1:
+        raise BuildError(f"{source_dir}: expected one cdylib .wasm, cargo wrote "
+                         f"{[p.name for p in found]} (crate-type = [\"cdylib\"] in Cargo.toml)")
+    return found[0]
+
+
+_GO_MOD = """module filter
+
+go 1.24
+
+require sluice v0.0.0
+
+replace sluice => ./sluice
+"""
+
+
+def _go_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]:
+    """The go build command and the directory it runs in: a module holding only the filter."""
+    module = tmp / "module"
+    module.mkdir()
+    shutil.copyfile(entry, module / "filter.go")
+    # A copy of the SDK inside the module, named relatively: the replace directive's path is
+    # recorded in the module's build info, and an absolute one would differ per checkout.
+    shutil.copytree(SDK_DIR / "go", module / "sluice")
+    (module / "go.mod").write_text(_GO_MOD)
+    return [find_go(), "build", *GO_FLAGS, "-o", str(tmp_out), "."], module
+
+
 def _compile_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path) -> list[list[str]]:
     """The commands that compile `entry` (run in `source_dir`, paths relative to it)."""
     sdk = os.path.relpath(SDK_DIR, source_dir)
@@ -259,10 +416,19 @@ def build_filter(source_dir: Path, output: Path) -> Path:
         env = dict(os.environ)
         # zig cc caches object files; a private cache keeps builds independent of each other.
         env["ZIG_LOCAL_CACHE_DIR"] = str(Path(tmp) / "cache")
-        for cmd in _compile_command(entry, source_dir, Path(tmp), tmp_out):
+        if entry.suffix == ".go":
+            go_cmd, go_dir = _go_command(entry, Path(tmp), tmp_out)
+            env.update(GO_ENV)
+            steps = [(go_cmd, go_dir)]
+        elif entry.name == "Cargo.toml":
+            steps, cargo_env = _cargo_steps(source_dir, Path(tmp), tmp_out)
+            env.update(cargo_env)
+        else:
+            steps = [(cmd, source_dir)
+                     for cmd in _compile_command(entry, source_dir, Path(tmp), tmp_out)]
+        for cmd, cwd in steps:
             try:
-                proc = subprocess.run(cmd, cwd=source_dir, capture_output=True, text=True,
-                                      env=env)
+                proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
             except OSError as exc:
                 raise BuildError(f"cannot run the compiler: {exc}") from exc
             if proc.returncode != 0:
@@ -270,6 +436,8 @@ def build_filter(source_dir: Path, output: Path) -> Path:
                                  f"{(proc.stderr or proc.stdout).strip()}")
             if proc.stderr.strip():
                 print(proc.stderr.strip(), file=sys.stderr)
+        if entry.name == "Cargo.toml":
+            shutil.copyfile(_cargo_output(source_dir, Path(tmp)), tmp_out)
         if not tmp_out.is_file():
             raise BuildError(f"{entry}: compilation failed (no module written)")
         shutil.copyfile(tmp_out, output)
@@ -309,10 +477,12 @@ def _versions_match(suffixes: set[str]) -> bool:
     found: list[tuple[str, str, str]] = []
     if suffixes & {".c", ".zig"}:
         found.append(("ziglang", zig_version(), ZIG_VERSION))
-    if ".rs" in suffixes:
+    if suffixes & {".rs", ".toml"}:
         found.append(("rustc", rustc_version(find_rustc()), RUST_VERSION))
     if ".ts" in suffixes:
         found.append(("assemblyscript", asc_version(find_asc()), ASC_VERSION))
+    if ".go" in suffixes:
+        found.append(("go", go_version(find_go()), GO_VERSION))
     ok = True
     for tool, have, want in found:
         if have != want:

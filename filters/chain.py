@@ -5,7 +5,14 @@
 so the proxy can decide cheaply whether to decode a partition at all.
 
 Records go through the filters bound to their topic in listed order: a rewrite by one filter is
-what the next one sees; a drop or reject ends that record's trip. Admin resources go through
+what the next one sees; a drop or reject ends that record's trip. On fetch, filters that nest
+(``builtin:encrypt``: each seals what the one before it produced) run in reverse order among
+themselves, so the last seal is opened first; every other filter keeps its place.
+
+Filters may reserve a header-name prefix (``sluice.enc`` for ``builtin:encrypt``): a produced
+record carrying such a header on a topic where that filter is bound (produce or fetch) fails
+the partition with INVALID_RECORD before any filter runs, so producers cannot forge what only
+the proxy writes. Admin resources go through
 the ``admin`` filters in order: a rewrite is what the next filter sees; the first deny wins.
 
 Topic globs use shell syntax (``*``, ``?``, ``[...]``; ``*`` also matches dots), case-sensitive
@@ -29,13 +36,14 @@ from sluice.codec.records import Buffer
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import Header, RecordContext, RecordLike
-from sluice.filters.decisions import Action
+from sluice.filters.decisions import Action, PartitionError
 from sluice.filters.engine import FilterEngine
 from sluice.filters.module_cache import ModuleCache
 from sluice.filters.principal import ANONYMOUS
 from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
 
 _CACHE_LIMIT: Final = 10_000
+INVALID_RECORD: Final = 87
 
 
 KEEP: Final = int(Action.KEEP)
@@ -155,6 +163,7 @@ class FilterChain:
         self._bound = [_Bound(f) for f in filters]
         self.filters: tuple[LoadedFilter, ...] = tuple(filters)
         self._cache: dict[tuple[str, str, str], tuple[LoadedFilter, ...]] = {}
+        self._reserved: dict[str, tuple[tuple[str, str], ...]] = {}
 
     @classmethod
     def from_specs(cls, specs: Sequence[FilterSpec], cache_dir: str | Path | None = None, *,
@@ -182,6 +191,8 @@ class FilterChain:
         hit = self._cache.get(key)
         if hit is None:
             hit = tuple(b.filter for b in self._bound if b.matches(*key))
+            if direction == "fetch":
+                hit = _nested_reversed(hit)
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
             self._cache[key] = hit
@@ -190,7 +201,40 @@ class FilterChain:
     def applies(self, topic: str, direction: str, principal: str | None = None) -> bool:
         """Whether any filter is bound to `topic` for `direction` ("produce", "fetch",
         "admin") and `principal`."""
-        return bool(self.filters_for(topic, direction, principal))
+        return bool(self.filters_for(topic, direction, principal)) or (
+            direction == "produce" and bool(self.reserved_for(topic)))
+
+    def reserved_for(self, topic: str) -> tuple[tuple[str, str], ...]:
+        """(header prefix, filter name) reserved by the filters bound to `topic` for produce
+        or fetch, whoever the principal (cached)."""
+        hit = self._reserved.get(topic)
+        if hit is None:
+            found: list[tuple[str, str]] = []
+            for b in self._bound:
+                prefix = b.filter.reserved_header_prefix
+                if prefix and b.topics.fullmatch(topic) is not None and (
+                        "produce" in b.directions or "fetch" in b.directions):
+                    found.append((prefix, b.filter.name))
+            hit = tuple(found)
+            if len(self._reserved) >= _CACHE_LIMIT:
+                self._reserved.clear()
+            self._reserved[topic] = hit
+        return hit
+
+    def screen_produce(self, topic: str, records: Sequence[RecordLike]) -> None:
+        """PartitionError (INVALID_RECORD) when a produced record carries a header reserved
+        by a filter bound to `topic` (see the module docstring)."""
+        reserved = self.reserved_for(topic)
+        if not reserved:
+            return
+        for i, rec in enumerate(records):
+            for name, _value in rec.headers:
+                for prefix, owner in reserved:
+                    if name.startswith(prefix):
+                        raise PartitionError(
+                            INVALID_RECORD, f"filter {owner}: record {i} carries the header "
+                            f"{name[:60]!r}; headers starting with {prefix!r} are written only "
+                            "by the proxy (a forged one could block or mislead readers)", owner)
 
     @property
     def has_admin(self) -> bool:
@@ -207,6 +251,8 @@ class FilterChain:
         dead: list[DeadLetter] = []
         stats: list[FilterStats] = []
         alive = list(range(n))
+        if ctx.direction == "produce":
+            self.screen_produce(ctx.topic, records)
         for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
             st = FilterStats(f.name, f.sha256, signer=f.spec.signer)
             stats.append(st)
@@ -252,10 +298,35 @@ class FilterChain:
             alive = survivors
         return ChainResult(current, fates, reasons, by, dead, stats)
 
+    def _screens(self, topic: str) -> tuple[LoadedFilter, ...]:
+        """The filters whose reserved prefix `reserved_for(topic)` lists, in that order."""
+        names = {name for _prefix, name in self.reserved_for(topic)}
+        return tuple(f for f in self.filters if f.name in names)
+
     def native_for(self, topic: str, direction: str, principal: str | None = None) -> bool:
-        """Whether every filter bound here offers the native entry point (`run_native`)."""
+        """Whether every filter bound here offers the native entry point (`run_native`)
+        and, on produce, every reserved header prefix can be screened on the section."""
         filters = self.filters_for(topic, direction, principal)
+        if direction == "produce" and not all(f.can_screen for f in self._screens(topic)):
+            return False  # reserved headers are screened on decoded records
         return bool(filters) and all(f.native for f in filters)
+
+    def _screen_native(self, topic: str, records: Buffer, count: int) -> bool:
+        """`screen_produce` on a records section: PartitionError as there; False when a
+        section could not be screened (the caller takes the decoding path)."""
+        for f in self._screens(topic):
+            try:
+                found = f.screen_native(records, count)
+            except Exception:
+                return False
+            if found is not None:
+                i, name = found
+                prefix = f.reserved_header_prefix
+                raise PartitionError(
+                    INVALID_RECORD, f"filter {f.name}: record {i} carries the header "
+                    f"{name[:60]!r}; headers starting with {prefix!r} are written only "
+                    "by the proxy (a forged one could block or mislead readers)", f.name)
+        return True
 
     def run_native(self, ctx: RecordContext, records: Buffer, count: int, *,
                    offset_base: int = 0, timestamp_base: int = 0) -> NativeChainResult | None:
@@ -263,8 +334,9 @@ class FilterChain:
         ctx's topic/direction, every one over its native entry point.
 
         Same semantics as `run_records`; the records are never decoded here. Returns None
-        when a filter call failed: the caller then runs the batch through `run_records`,
-        where the filter's failure policy applies.
+        when a filter call failed or a host filter declined the batch: the caller then runs
+        it through `run_records`, where the filter's failure policy applies. A host filter's
+        PartitionError (and the reserved-header screen's, on produce) propagates as there.
         """
         current = records
         n = count
@@ -273,6 +345,8 @@ class FilterChain:
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
         stats: list[FilterStats] = []
+        if ctx.direction == "produce" and not self._screen_native(ctx.topic, records, count):
+            return None
         for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
             st = FilterStats(f.name, f.sha256, signer=f.spec.signer)
             stats.append(st)
@@ -344,6 +418,18 @@ class FilterChain:
     def close(self) -> None:
         for f in self.filters:
             f.close()
+
+
+def _nested_reversed(filters: tuple[LoadedFilter, ...]) -> tuple[LoadedFilter, ...]:
+    """`filters` with the nesting ones (see the module docstring) in reverse order among
+    themselves, in the places they hold; the others stay where they are."""
+    slots = [i for i, f in enumerate(filters) if f.nests]
+    if len(slots) < 2:
+        return filters
+    out = list(filters)
+    for i, f in zip(slots, reversed([filters[i] for i in slots]), strict=True):
+        out[i] = f
+    return tuple(out)
 
 
 def _rewritten(rec: RecordLike, key: bytes | None, value: bytes | None,

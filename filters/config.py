@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from sluice.crypto.kms import KmsSettings, parse_kms_section
+from sluice.filters.rules_config import check_rules_config
 from sluice.filters.yaml_lines import (
     ConfigError,
     FieldPath,
@@ -84,6 +85,9 @@ class FilterSpec:
     base_dir: Path | None = None
     source: str = "<filters>"
     line: int | None = None
+    #: Line of each top-level ``config`` key, so that a module refusing ``config.KEY`` is
+    #: reported at that key's line (not part of the spec's identity).
+    config_lines: Mapping[str, int] = field(default_factory=dict, compare=False)
     #: The config's top-level ``kms:`` section, for host filters that need keys
     #: (``builtin:encrypt``); None when the config has none.
     kms: KmsSettings | None = None
@@ -224,6 +228,12 @@ class _EntryParser:
         if on_error not in ON_ERROR_VALUES:
             raise self.fail("on_error",
                             f"unknown value {on_error!r} (expected {', '.join(ON_ERROR_VALUES)})")
+        if module == "builtin:encrypt" and on_error in ("pass", "dead-letter"):
+            # A failure would store plaintext (pass) or copy the batch's plaintext to the
+            # dead-letter topic: the encryption filter only fails closed.
+            raise self.fail("on_error", f"builtin:encrypt cannot use {on_error!r}: a failure "
+                                        "would put plaintext where ciphertext belongs; use "
+                                        "reject")
         dead_letter_topic = self.string("dead_letter_topic", required=False)
         if on_error == "dead-letter" and dead_letter_topic is None:
             raise self.fail("dead_letter_topic", "required when on_error is dead-letter")
@@ -233,6 +243,8 @@ class _EntryParser:
         if not isinstance(config, dict):
             raise self.fail("config", f"must be a mapping, got {_kind(config)}")
         self.check_json(config, ("config",))
+        if module == f"{BUILTIN_PREFIX}rules":
+            check_rules_config(config, lambda sub, reason: self.fail(("config", *sub), reason))
         function = self.string("function", required=False)
         if function is not None and not _FUNCTION_NAME.match(function):
             raise self.fail("function", f"not a valid export name: {function!r}")
@@ -245,6 +257,8 @@ class _EntryParser:
             function=function, principals=principals, timeout_ms=timeout_ms,
             max_memory_mb=max_memory_mb, base_dir=self.base_dir, source=self.lines.source,
             line=self.lines.line(self.path), kms=self.kms,
+            config_lines={k: line for k in config
+                          if (line := self.lines.line((*self.path, "config", k))) is not None},
         )
 
     def check_module(self, module: str) -> None:

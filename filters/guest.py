@@ -110,6 +110,7 @@ class GuestInstance:
         engine.wake()
         try:
             self.instance = linker.instantiate(self.store, module)
+            self._initialize_reactor()
         except wasmtime.Trap as exc:
             raise self._trap_failure(exc) from None
         except wasmtime.WasmtimeError as exc:
@@ -120,6 +121,16 @@ class GuestInstance:
         mem = self.exports.get("memory")
         self.memory: wasmtime.Memory | None = mem if isinstance(mem, wasmtime.Memory) else None
         self._mem_addr = ctypes.addressof(self.memory._memory) if self.memory is not None else 0
+
+    def _initialize_reactor(self) -> None:
+        """Run a WASI reactor's `_initialize` (Go's runtime and package initialisers, wasi-libc's
+        constructors) once, before any other export: the WASI convention for modules without a
+        `_start`. It runs under the instantiation deadline."""
+        init = self.instance.exports(self.store).get("_initialize")
+        if isinstance(init, wasmtime.Func):
+            if signature(init.type(self.store)) != ((), ()):
+                raise GuestFailure("trap", "export _initialize must take and return nothing")
+            init(self.store)
 
     # -- memory -------------------------------------------------------------------------
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
+from sluice.codec.records import Buffer
 from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.config import HOST_BUILTINS, FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Decision, PartitionError
-from sluice.filters.host_identity import host_filter_sha256
+from sluice.filters.native_io import NativeOutput
+from sluice.telemetry_schema.host_identity import host_filter_sha256
 
 __all__ = ["HOST_BUILTINS", "BlockRunner", "HostRunner"]
 
@@ -34,11 +36,17 @@ class HostRunner:
     """Base of host filters: the AbiRunner surface LoadedFilter uses, without Wasm."""
 
     abi: ClassVar[str] = "host"
+    capabilities: ClassVar[frozenset[str]] = frozenset()
     #: The builtin name (``encrypt`` for ``builtin:encrypt``).
     kind: ClassVar[str] = ""
     #: Bumped when a host filter's stored output changes meaning (part of its sha256).
     implementation_version: ClassVar[int] = 1
     supports_admin: ClassVar[bool] = False
+    #: Seals what the filters before it produced: fetch runs such filters in reverse order.
+    nests: ClassVar[bool] = False
+    #: Header-name prefix only this filter writes; the chain refuses produced records that
+    #: carry one (None: no such prefix).
+    reserved_header_prefix: ClassVar[str | None] = None
 
     def __init__(self, spec: FilterSpec, who: str) -> None:
         self.spec = spec
@@ -53,6 +61,27 @@ class HostRunner:
 
     def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
             timestamp_base: int) -> tuple[list[Decision], dict[str, int]]:
+        raise NotImplementedError
+
+    @property
+    def has_native(self) -> bool:
+        """Whether `run_native` serves records sections (the chain's fast path)."""
+        return False
+
+    @property
+    def can_screen(self) -> bool:
+        """Whether `screen_native` can look for `reserved_header_prefix` in a section."""
+        return False
+
+    def run_native(self, ctx: RecordContext, records: Buffer, count: int, offset_base: int,
+                   timestamp_base: int) -> NativeOutput | None:
+        """`run` over a records section in Kafka's encoding (filters/native_io.py's output
+        without the wire format). None: use `run`; PartitionError as for `run`."""
+        return None
+
+    def screen_native(self, records: Buffer, count: int) -> tuple[int, str] | None:
+        """(record index, header name) of the first header carrying the reserved prefix in a
+        records section, None when there is none."""
         raise NotImplementedError
 
     def admin(self, request: bytes) -> bytes:

@@ -221,6 +221,7 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
     decoding it in Python, with the new batch when it was built here, or None when the batch
     needs the decoding path: a filter failed (that path applies the failure policy), or the
     final section is not exactly the records it claims to be (the codec's check).
+    PartitionError from a host filter propagates (the caller fails the partition).
 
     An uncompressed new batch that the caller forwards as built (a fetch, or a produce
     without drops or rejects) is built here first and checked where its records sit, which
@@ -309,7 +310,12 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                 _check_input(batch, plain)
             except CodecError as exc:
                 return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
-            ran = _run_native(chain, ctx, batch, plain, 0)
+            try:
+                ran = _run_native(chain, ctx, batch, plain, 0)
+            except PartitionError as exc:
+                refused = fail(exc.code, exc.message)
+                refused.stats = [*out.stats, _refused(exc, chain, ctx)]
+                return refused
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)
@@ -452,7 +458,12 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                 _check_input(batch, plain)
             except CodecError as exc:
                 return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
-            ran = _run_native(chain, ctx, batch, plain, header.base_offset)
+            try:
+                ran = _run_native(chain, ctx, batch, plain, header.base_offset)
+            except PartitionError as exc:
+                refused_fetch = fail(exc.code, exc.message)
+                refused_fetch.stats = [*out.stats, _refused(exc, chain, ctx)]
+                return refused_fetch
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)

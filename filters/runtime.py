@@ -46,6 +46,7 @@ from sluice.filters.decisions import Action, BatchResult, Decision, PartitionErr
 from sluice.filters.engine import FilterEngine, default_engine
 from sluice.filters.guest import GuestFailure
 from sluice.filters.host import BlockRunner, HostRunner
+from sluice.filters.log_limit import RepeatLimiter
 from sluice.filters.module_cache import ModuleCache
 from sluice.filters.native_io import NativeOutput
 from sluice.filters.records_io import AbiError
@@ -146,6 +147,8 @@ class LoadedFilter:
         self.name = spec.name
         self.sha256 = sha256
         self.abi = runner.abi
+        #: The ABI's optional parts this module exports (docs/FILTER_ABI.md, capabilities).
+        self.capabilities = runner.capabilities
         self.origin = origin
         self.load_seconds = load_seconds
         self._runner = runner
@@ -155,15 +158,48 @@ class LoadedFilter:
         #: Fast-path calls that failed and were redone through run_batch.
         self.native_fallbacks = 0
         self._log = log.bind(filter=spec.name, sha256=sha256[:16], abi=runner.abi)
+        #: Failures repeat per batch as fast as clients retry (a blocked topic, a failing
+        #: filter): each kind is logged once, then once per interval with a suppressed count.
+        #: The counters above and the metrics still see every one.
+        self.repeats = RepeatLimiter()
 
     @property
     def supports_admin(self) -> bool:
         return self._runner.supports_admin
 
     @property
+    def nests(self) -> bool:
+        """Whether the filter seals what earlier filters produced, so fetch must run it
+        before them (host filters that say so: ``builtin:encrypt``)."""
+        return bool(getattr(self._runner, "nests", False))
+
+    @property
+    def reserved_header_prefix(self) -> str | None:
+        """Header-name prefix only this filter may write (producers may not send one)."""
+        return getattr(self._runner, "reserved_header_prefix", None)
+
+    @property
     def native(self) -> bool:
-        """Whether the module offers ``sluice_filter_records`` (the host's fast path)."""
-        return isinstance(self._runner, SluiceAbi) and self._runner.has_native
+        """Whether the module offers ``sluice_filter_records`` (the host's fast path), or the
+        host filter its `run_native`."""
+        runner = self._runner
+        if isinstance(runner, HostRunner):
+            return runner.has_native
+        return isinstance(runner, SluiceAbi) and runner.has_native
+
+    @property
+    def can_screen(self) -> bool:
+        """Whether `screen_native` can check a records section for the reserved prefix."""
+        runner = self._runner
+        return isinstance(runner, HostRunner) and runner.can_screen
+
+    def screen_native(self, records: Buffer, count: int) -> tuple[int, str] | None:
+        """(record index, header name) of the first header of a records section carrying
+        `reserved_header_prefix`, or None (exceptions when the section cannot be read)."""
+        runner = self._runner
+        if not isinstance(runner, HostRunner):
+            raise TypeError(f"filter {self.name} reserves no header prefix")
+        return runner.screen_native(records, count)
 
     def run_native(self, ctx: RecordContext, records: Buffer, count: int, *,
                    offset_base: int = 0, timestamp_base: int = 0) -> NativeOutput | None:
@@ -176,6 +212,9 @@ class LoadedFilter:
         that spins to its deadline costs one deadline, not two.
         """
         runner = self._runner
+        if isinstance(runner, HostRunner):
+            return self._run_host_native(runner, ctx, records, count, offset_base,
+                                         timestamp_base)
         if not isinstance(runner, SluiceAbi) or not runner.has_native:
             return None
         with self._lock:
@@ -189,6 +228,28 @@ class LoadedFilter:
                     # A deadline is spent: do not spend it a second time on the same batch.
                     self._native_failure.last = (
                         (id(ctx), offset_base, timestamp_base, count), exc)
+                return None
+
+    def _run_host_native(self, runner: HostRunner, ctx: RecordContext, records: Buffer,
+                         count: int, offset_base: int, timestamp_base: int
+                         ) -> NativeOutput | None:
+        """A host filter's fast path: PartitionError is counted, logged and raised exactly as
+        `run_batch` does; anything else returns None (`run_batch` redoes the batch and applies
+        its own rules)."""
+        if not runner.has_native:
+            return None
+        with self._lock:
+            try:
+                return runner.run_native(ctx, records, count, offset_base, timestamp_base)
+            except PartitionError as exc:
+                self.failures["partition"] += 1
+                self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
+                                     "filter_partition_error", code=exc.code,
+                                     reason=exc.message[:200], topic=ctx.topic,
+                                     partition=ctx.partition, records=count)
+                raise
+            except Exception:
+                self.native_fallbacks += 1
                 return None
 
     @property
@@ -215,11 +276,12 @@ class LoadedFilter:
         else:
             kind, message = "internal", f"{type(exc).__name__}: {exc}"
         self.failures[kind] += 1
-        self._log.warning("filter_failure", call=what, kind=kind, reason=message[:200],
-                          policy=self.spec.on_error, records=records,
-                          topic=ctx.topic if ctx else None,
-                          partition=ctx.partition if ctx else None,
-                          exc_info=kind == "internal")
+        topic = ctx.topic if ctx else None
+        self.repeats.warning(self._log, ("filter_failure", what, kind, topic), "filter_failure",
+                             call=what, kind=kind, reason=message[:200],
+                             policy=self.spec.on_error, records=records, topic=topic,
+                             partition=ctx.partition if ctx else None,
+                             exc_info=kind == "internal")
         return f"{kind}: {message}"
 
     def run_batch(self, ctx: RecordContext, records: Sequence[RecordLike], *,
@@ -248,9 +310,10 @@ class LoadedFilter:
                                                         timestamp_base)
             except PartitionError as exc:
                 self.failures["partition"] += 1
-                self._log.warning("filter_partition_error", code=exc.code,
-                                  reason=exc.message[:200], topic=ctx.topic,
-                                  partition=ctx.partition, records=len(records))
+                self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
+                                     "filter_partition_error", code=exc.code,
+                                     reason=exc.message[:200], topic=ctx.topic,
+                                     partition=ctx.partition, records=len(records))
                 raise
             except Exception as exc:
                 # GuestFailure, a failed re-initialisation, or a bug of ours: a trapped
@@ -269,9 +332,10 @@ class LoadedFilter:
             if failure is None:
                 # A per-record failure (in-place and Connect ABIs): count and log it here.
                 self.failures["record"] += 1
-                self._log.warning("filter_failure", call="record", reason=d.failure[:200],
-                                  policy=self.spec.on_error, topic=ctx.topic,
-                                  partition=ctx.partition, record_index=i)
+                self.repeats.warning(self._log, ("filter_failure", "record", ctx.topic),
+                                     "filter_failure", call="record", reason=d.failure[:200],
+                                     policy=self.spec.on_error, topic=ctx.topic,
+                                     partition=ctx.partition, record_index=i)
             if apply_policy:
                 decisions[i] = self._policy(d.failure)
         return BatchResult(decisions, detectors, failure, failed,

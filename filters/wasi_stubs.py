@@ -4,7 +4,10 @@ Filters have no filesystem, network, arguments or environment. Modules compiled 
 ``wasm32-wasi`` import a handful of ``wasi_snapshot_preview1`` functions from libc start-up code
 even when they never touch a file; those are provided here as stubs that report "nothing there":
 empty argv/environ, no preopened directories (EBADF), writes to stdout/stderr are accepted and
-discarded (never logged: they may contain record data), ``proc_exit`` traps. Clocks and
+discarded (never logged: they may contain record data), ``proc_exit`` traps, ``poll_oneoff``
+returns at once (a clock subscription fires immediately: a filter never sleeps; Go's runtime
+polls there when idle). A reactor's ``_initialize`` export is called once after instantiation
+(filters/guest.py). Clocks and
 ``random_get`` work (they leak nothing). Any other import is refused when the module loads.
 """
 
@@ -109,6 +112,31 @@ def _sched_yield(caller: wasmtime.Caller) -> int:
     return 0
 
 
+_SUBSCRIPTION: Final = 48
+_EVENT: Final = 32
+_MAX_SUBSCRIPTIONS: Final = 64
+
+
+def _poll_oneoff(caller: wasmtime.Caller, subs: int, events: int, n: int, nevents: int) -> int:
+    """Every subscription fires at once: clocks as if their time had come (a filter never
+    sleeps; Go's scheduler polls here when idle), file descriptors with EBADF."""
+    if n <= 0 or n > _MAX_SUBSCRIPTIONS:
+        return _EINVAL
+    mem = _mem(caller)
+    if subs < 0 or subs + n * _SUBSCRIPTION > mem.data_len(caller):
+        raise ProcExit("WASI call with an out-of-bounds pointer")
+    raw = mem.read(caller, subs, subs + n * _SUBSCRIPTION)
+    out = bytearray()
+    for i in range(n):
+        userdata = raw[i * _SUBSCRIPTION:i * _SUBSCRIPTION + 8]
+        tag = raw[i * _SUBSCRIPTION + 8]
+        errno = 0 if tag == 0 else _EBADF
+        out += userdata + struct.pack("<HB5x", errno, tag) + bytes(16)
+    _put(caller, events, bytes(out))
+    _put(caller, nevents, struct.pack("<I", n))
+    return 0
+
+
 _STUBS: Final[dict[str, tuple[list[wasmtime.ValType], list[wasmtime.ValType],
                               Callable[..., Any]]]] = {
     "args_get": ([_i32, _i32], [_i32], _nothing),
@@ -127,6 +155,7 @@ _STUBS: Final[dict[str, tuple[list[wasmtime.ValType], list[wasmtime.ValType],
     "fd_seek": ([_i32, _i64, _i32, _i32], [_i32], _badf4),
     "proc_exit": ([_i32], [], _proc_exit),
     "sched_yield": ([], [_i32], _sched_yield),
+    "poll_oneoff": ([_i32, _i32, _i32, _i32], [_i32], _poll_oneoff),
 }
 
 

@@ -8,9 +8,10 @@
 #   bash scripts/dev.sh kafka-lock  after changing scripts/kafka/pom.xml: resolve it and write
 #                                 the sha256 of every jar to scripts/kafka/jars.sha256
 #
-# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark, Rust with the
+# Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark and Kafka, Maven, gcc and
+# libssl-dev for the native batch sealer of builtin:encrypt, Rust with the
 # wasm32 standard library and Node.js for the Rust and AssemblyScript filter SDKs) when
-# missing, a virtualenv in .venv with the project and every Python dependency from
+# missing, the pinned Go toolchain for the Go SDK (from an installed Go), a virtualenv in .venv with the project and every Python dependency from
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
 # the Spark driver's class archive in .venv/share/sluice, and Apache Kafka's jars (Maven
 # Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs.
@@ -34,12 +35,16 @@ install_debian_packages() {
   command -v kcat >/dev/null 2>&1 || missing+=(kcat)
   command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
   command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+  # javac: the tests compile their Java client (tests/java/ClientProbe.java) against Kafka's jars.
+  command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
   # Maven fetches Apache Kafka's jars (the real broker for the tests) from Maven Central.
   command -v mvn >/dev/null 2>&1 || missing+=(maven)
   # Filter SDKs: Debian's rustc (and cargo) with the wasm32-unknown-unknown std (a rustup
   # rustc on PATH usually lacks it), and Node.js + npm for the AssemblyScript compiler.
   local pkg
-  for pkg in rustc cargo libstd-rust-dev-wasm32; do
+  # builtin:encrypt's native batch sealer (crypto/batch_seal.c): a C compiler and OpenSSL's
+  # headers, linked against the system's libcrypto (AES-NI through its EVP interface).
+  for pkg in rustc cargo libstd-rust-dev-wasm32 gcc libssl-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
   done
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
@@ -85,6 +90,29 @@ install_node_tools() {
   echo "$want" > "$stamp"
 }
 
+# Go for the Go filter SDK: the version filters/build.py pins (GO_VERSION). Any Go 1.21 or
+# newer fetches it as a toolchain module from the Go module proxy; $VENV/bin/go then points at
+# it (filters/build.py looks there first). Without any Go, Go filters cannot be built and
+# `filters/build.py --check` says so.
+GO_WANT=go1.26.8
+install_go() {
+  local go
+  go="$(command -v go || true)"
+  [ -n "$go" ] || go=/usr/local/go/bin/go
+  if [ ! -x "$go" ]; then
+    echo "warning: no Go toolchain: Go filters cannot be built; install $GO_WANT (see docs/WRITING_FILTERS.md)" >&2
+    return 0
+  fi
+  if [ "$(GOTOOLCHAIN=local "$go" env GOVERSION)" = "$GO_WANT" ]; then
+    ln -sf "$go" "$VENV/bin/go"
+    return 0
+  fi
+  say "fetching the $GO_WANT toolchain through the Go module proxy"
+  local goroot
+  goroot="$(GOTOOLCHAIN="$GO_WANT" "$go" env GOROOT)"
+  ln -sf "$goroot/bin/go" "$VENV/bin/go"
+}
+
 # The Spark driver JVM's class archive (spark_audit/class_archive.py): it fits only the jars
 # and the JVM it was recorded with, so it is recorded again after every (re)install of the
 # Python packages (the stamp is newer then).
@@ -95,7 +123,7 @@ install_class_archive() {
   fi
   say "recording the Spark driver's class archive (once per install: about 40 s)"
   # Only a speed-up: Spark runs without it (each local session then starts 4 s slower).
-  "$VENV/bin/python" -m sluice.spark_audit.record_classes --force || \
+  "$VENV/bin/python" -m sluice.spark_class_archive --force || \
     echo "warning: no class archive for the Spark driver (see the error above); the audit job runs without it" >&2
 }
 
@@ -104,9 +132,31 @@ install_class_archive() {
 # set (this project's CI machines set it) never, so every process, each Spark Python worker
 # included, compiled them from source again (importing the audit job's task code: 0.20 s
 # instead of 0.12 s). Only stale files are compiled.
+# builtin:encrypt's native batch sealer, crypto/_batch_seal*.so (cffi API mode against
+# libcrypto), rebuilt when missing or older than its sources. Without it the filter would run
+# its per-record Python path, several times slower: the set-up fails instead.
+build_batch_seal() {
+  local so
+  so="$(ls crypto/_batch_seal*.so 2>/dev/null | head -1 || true)"
+  if [ -n "$so" ] && [ "$so" -nt crypto/batch_seal.c ] && [ "$so" -nt crypto/batch_seal_build.py ]; then
+    return 0
+  fi
+  local inc
+  inc="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+  if [ ! -f "$inc/Python.h" ]; then
+    say "installing Python's headers (python3.11-dev) for the native batch sealer"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11-dev >/dev/null
+  fi
+  say "building the native batch sealer of builtin:encrypt (crypto/batch_seal.c)"
+  "$VENV/bin/python" -m sluice.crypto.batch_seal_build || {
+    echo "could not build crypto/batch_seal.c: it needs gcc, libssl-dev and Python's headers" >&2
+    exit 2; }
+}
+
 compile_project() {
   "$VENV/bin/python" -m compileall -q -j 0 sluice codec crypto filters proxy spark_audit \
-    transforms
+    telemetry_schema transforms
 }
 
 KAFKA_POM="scripts/kafka/pom.xml"
@@ -170,6 +220,20 @@ install_kafka() {
   echo "$want" > "$stamp"
 }
 
+# The Kafka broker's class archive (sluice/kafka_class_archive.py): it fits only
+# the jars and the JVM it was recorded with, so it is recorded again after every (re)install of
+# the jars (the stamp is newer then). Measured: a node starts in about 60% of the time and CPU.
+install_kafka_class_archive() {
+  local archive="$VENV/share/kafka/kafka-classes.jsa"
+  if [ -f "$archive" ] && [ "$archive" -nt "$VENV/share/kafka/.sluice-installed" ]; then
+    return 0
+  fi
+  say "recording the Kafka broker's class archive (once per install: about 25 s)"
+  # Only a speed-up: Kafka starts without it.
+  "$VENV/bin/python" -m sluice.kafka_class_archive || \
+    echo "warning: no class archive for the Kafka broker (see the error above); it starts without it" >&2
+}
+
 # Writes $KAFKA_LOCK from a fresh resolution of $KAFKA_POM (review the diff before committing).
 write_kafka_lock() {
   need_java_and_maven
@@ -184,10 +248,13 @@ write_kafka_lock() {
 install_all() {
   install_debian_packages
   install_python
+  build_batch_seal
   install_node_tools
   install_kafka
+  install_go
   compile_project
   install_class_archive
+  install_kafka_class_archive
 }
 
 run_checks() {

@@ -9,6 +9,6 @@ TREE="$(mktemp -d)"
 trap 'rm -rf "$TREE"' EXIT
 mkdir -p "$TREE/sluice"
 for f in "$ROOT"/sluice/*.py; do ln -s "$f" "$TREE/sluice/"; done
-for room in codec crypto filters proxy spark_audit transforms; do ln -s "$ROOT/$room" "$TREE/sluice/$room"; done
+for room in codec crypto filters proxy spark_audit telemetry_schema transforms; do ln -s "$ROOT/$room" "$TREE/sluice/$room"; done
 cd "$ROOT"
 MYPYPATH="$TREE" "$VENV/bin/mypy" --no-incremental -p sluice --config-file "$ROOT/pyproject.toml"

@@ -8,7 +8,9 @@
 
 Rotation adds a KEK version used for new data keys; older versions keep decrypting what they
 wrapped. Deletion destroys every version of NAME: records encrypted under it can never be read
-again (crypto-shredding), so it asks for ``--yes``. A running proxy notices within its filters'
+again (crypto-shredding), so it asks for ``--yes``. With AWS KMS it touches only the keys of
+the config's ``alias_prefix``, and AWS makes the deletion final when its 7-day waiting period
+ends. A running proxy notices within its filters'
 ``data_key_cache_seconds``. Exit status: 0 done, 1 the KMS failed or has no such key, 2 usage
 or config error. Key material is never printed.
 """

@@ -42,7 +42,7 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from sluice.proxy.telemetry.integrity import new_key, write_key
+    from sluice.telemetry_schema.integrity import new_key, write_key
 
     key = new_key()
     try:
@@ -60,7 +60,7 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _key_id(args: argparse.Namespace) -> int:
-    from sluice.proxy.telemetry.integrity import TelemetryKeyError, load_key
+    from sluice.telemetry_schema.integrity import TelemetryKeyError, load_key
 
     try:
         key = load_key(args.file)

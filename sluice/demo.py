@@ -218,7 +218,7 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool, broker_kind: str = "
     if not telemetry_key.exists():
         # As `sluice telemetry keygen` makes it; kept across demo runs so that the telemetry
         # of an earlier run still verifies.
-        from sluice.proxy.telemetry.integrity import new_key, write_key
+        from sluice.telemetry_schema.integrity import new_key, write_key
 
         write_key(telemetry_key, new_key())
     config_path.write_text(DEMO_CONFIG.format(telemetry=json.dumps(str(telemetry_dir)),
@@ -265,10 +265,16 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool, broker_kind: str = "
                 }
             )
             sent = [payment(rng, i) for i in range(records)]
+            # The key and a header carry personal data too: pii-mask masks the value, the key
+            # and every header value.
             for value in sent:
-                producer.produce("payments.orders", value=value)
+                producer.produce("payments.orders", value=value,
+                                 key=json.loads(value)["email"].encode(),
+                                 headers=[("customer-phone",
+                                           f"+44 20 7946 {rng.randrange(1000, 9999)}".encode())])
             assert producer.flush(60) == 0
             _show("as produced:", sent[0])
+            _show("key, as produced:", json.loads(sent[0])["email"].encode())
 
             _say("Producing user profiles with kafka-python as 'crm-sync'")
             from kafka import KafkaProducer
@@ -307,9 +313,13 @@ def run_demo(out_dir: Path, records: int, skip_audit: bool, broker_kind: str = "
             derived = _consume(bootstrap, "support.tickets.masked", 1)
             _show("support.tickets.masked:", derived[0].value() if derived else None)
 
-            _say("What the broker stored (read directly, around the proxy, for this demo only)")
+            _say("What the broker stored (read directly, around the proxy, for this demo only): "
+                 "pii-mask masked the value, the key and the header")
             stored = _consume(bootstrap, "payments.orders", 1)
             _show("payments.orders:", stored[0].value() if stored else None)
+            _show("key, stored:", stored[0].key() if stored else None)
+            for name, header in (stored[0].headers() or []) if stored else []:
+                _show(f"header {name}, stored:", header)
             stored_ticket = _consume(bootstrap, "support.tickets", 1)
             _show("support.tickets:", stored_ticket[0].value() if stored_ticket else None)
 

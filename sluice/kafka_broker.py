@@ -34,9 +34,15 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluice.kafka_config import (
+    ALL_LISTENERS,
+    CLIENT_LISTENERS,
+    HOST,
+    SASL_MECHANISMS,
+    server_properties,
+)
 from sluice.kafka_security import (
     ADMIN_USER,
-    BROKER_USER,
     ORDINARY_USERS,
     PROXY_USER,
     KafkaCredentials,
@@ -45,18 +51,15 @@ from sluice.kafka_security import (
 from sluice.local_broker import free_port, wait_for_port
 
 KAFKA_VERSION = "4.4.0"
-# The listeners clients use, by name; each name is also its security protocol.
-CLIENT_LISTENERS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
-_ALL_LISTENERS = (*CLIENT_LISTENERS, "INTERNAL", "CONTROLLER")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-512")
 READY_LINE = "Kafka Server started"
-_HOST = "127.0.0.1"
 
 # A small heap and the client compiler only: the machine's 2 cores are shared by everything,
 # and a test broker carries little traffic. Measured here (one node, format + start, 2 runs
 # each, a loaded machine): C1 only 6.2-7.8 s and 3.4-3.6 s of CPU; tiered C2 9.9-10.4 s and
 # 5.9-6.3 s of CPU. G1 instead of SerialGC and -Xshare:off made no difference that showed;
-# SerialGC is kept for its fewer threads.
+# SerialGC is kept for its fewer threads. The recorded class archive (kafka_class_archive.py)
+# is worth more: one node 3.6-5.9 s and 2.1-2.3 s of CPU with it, 6.3-10.7 s and 3.2-3.4 s
+# without; three nodes 14.2-15.0 s (8.2-8.6 s of CPU) against 18.8-20.7 s (12.2-12.6 s).
 DEFAULT_JVM_OPTS = (
     "-Xms64m",
     "-XX:TieredStopAtLevel=1",
@@ -81,6 +84,11 @@ logger.version.level = INFO
 """
 
 
+# The JVM says nothing when the class archive does not fit (it then loads classes from the
+# jars): the fallback is harmless, the warning would be noise in every broker log.
+_CDS_QUIET = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+
+
 class KafkaNotInstalled(RuntimeError):
     """Java or the Kafka jars are missing: the message says how to install them."""
 
@@ -102,6 +110,12 @@ def kafka_libs() -> Path:
     return libs
 
 
+def class_archive_path() -> Path:
+    """The class-data-sharing archive of the installed jars (`sluice/kafka_class_archive.py`
+    writes it; `scripts/dev.sh` records it once per install of the jars)."""
+    return kafka_libs().parent / "kafka-classes.jsa"
+
+
 def java_binary() -> str:
     """The `java` to run Kafka with: `$JAVA_HOME/bin/java`, else the one on PATH."""
     home = os.environ.get("JAVA_HOME")
@@ -117,8 +131,13 @@ def java_binary() -> str:
 
 
 def new_cluster_id() -> str:
-    """A cluster id as Kafka writes them: a random UUID in URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A cluster id as Kafka makes them: a random UUID in URL-safe base64 without padding,
+    never starting with "-" (StorageTool's argument parser would take it for an option: 1
+    start in 64 failed so before this check)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _tail(path: Path | None, lines: int = 40) -> str:
@@ -168,7 +187,7 @@ class KafkaNode:
         return self.process.pid if self.process is not None else None
 
     def address(self, listener: str = "PLAINTEXT") -> str:
-        return f"{_HOST}:{self.ports[listener]}"
+        return f"{HOST}:{self.ports[listener]}"
 
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -207,6 +226,11 @@ class KafkaCluster:
     keep_files: bool = field(default_factory=lambda: bool(os.environ.get("SLUICE_KAFKA_KEEP")))
     extra_config: dict[str, str] = field(default_factory=dict)
     start_timeout: float = 120.0
+    # Map the recorded class archive into every JVM when there is one (see
+    # sluice/kafka_class_archive.py); `record_classes_to` makes the brokers write one at
+    # exit instead.
+    class_archive: bool = True
+    record_classes_to: Path | None = None
 
     folder: Path | None = None
     cluster_id: str = ""
@@ -230,7 +254,7 @@ class KafkaCluster:
 
     def bootstrap_for(self, listener: str = "PLAINTEXT") -> str:
         """Every node's HOST:PORT on `listener`, comma-separated."""
-        if listener not in _ALL_LISTENERS:
+        if listener not in ALL_LISTENERS:
             raise ValueError(
                 f"unknown listener {listener!r} (one of {', '.join(CLIENT_LISTENERS)})"
             )
@@ -286,7 +310,7 @@ class KafkaCluster:
         taken: set[int] = set()
         for node_id in range(1, self.nodes + 1):
             ports: dict[str, int] = {}
-            for listener in _ALL_LISTENERS:
+            for listener in ALL_LISTENERS:
                 port = free_port()
                 while port in taken:
                     port = free_port()
@@ -296,87 +320,13 @@ class KafkaCluster:
             self.node_list.append(KafkaNode(node_id, ports, self.folder / f"node-{node_id}"))
 
     def _properties(self, node: KafkaNode) -> dict[str, str]:
-        creds = self._creds()
-        replicas = str(min(self.nodes, 3))
-        min_isr = "2" if self.nodes >= 3 else "1"
-        broker_pw = creds.passwords[BROKER_USER]
-        internal_jaas = (
-            "org.apache.kafka.common.security.plain.PlainLoginModule required "
-            f'username="{BROKER_USER}" password="{broker_pw}" user_{BROKER_USER}="{broker_pw}";'
+        props = server_properties(
+            node.node_id,
+            {n.node_id: n.ports for n in self.node_list},
+            node.data_dir,
+            self._creds(),
+            anonymous_super_user=self.anonymous_super_user,
         )
-        plain_users = " ".join(
-            f'user_{name}="{pw}"' for name, pw in creds.passwords.items() if name != BROKER_USER
-        )
-        client_plain_jaas = (
-            f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};"
-        )
-        scram_jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-        super_users = [f"User:{BROKER_USER}", f"User:{ADMIN_USER}"]
-        if self.anonymous_super_user:
-            super_users.append("User:ANONYMOUS")
-        protocols = {name: name for name in CLIENT_LISTENERS} | {
-            "INTERNAL": "SASL_PLAINTEXT",
-            "CONTROLLER": "SASL_PLAINTEXT",
-        }
-        props = {
-            "process.roles": "broker,controller",
-            "node.id": str(node.node_id),
-            "controller.quorum.voters": ",".join(
-                f"{n.node_id}@{n.address('CONTROLLER')}" for n in self.node_list
-            ),
-            "listeners": ",".join(f"{name}://{node.address(name)}" for name in _ALL_LISTENERS),
-            "advertised.listeners": ",".join(
-                f"{name}://{node.address(name)}" for name in _ALL_LISTENERS if name != "CONTROLLER"
-            ),
-            "listener.security.protocol.map": ",".join(f"{k}:{v}" for k, v in protocols.items()),
-            "inter.broker.listener.name": "INTERNAL",
-            "controller.listener.names": "CONTROLLER",
-            "sasl.mechanism.inter.broker.protocol": "PLAIN",
-            "sasl.mechanism.controller.protocol": "PLAIN",
-            "sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
-            "listener.name.internal.sasl.enabled.mechanisms": "PLAIN",
-            "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
-            "listener.name.internal.plain.sasl.jaas.config": internal_jaas,
-            "listener.name.controller.plain.sasl.jaas.config": internal_jaas,
-            "listener.name.sasl_plaintext.plain.sasl.jaas.config": client_plain_jaas,
-            "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": scram_jaas,
-            "listener.name.sasl_ssl.plain.sasl.jaas.config": client_plain_jaas,
-            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": scram_jaas,
-            "ssl.keystore.type": "PKCS12",
-            "ssl.keystore.location": str(creds.broker_keystore),
-            "ssl.keystore.password": creds.keystore_password,
-            "ssl.key.password": creds.keystore_password,
-            "ssl.truststore.type": "PEM",
-            "ssl.truststore.location": str(creds.ca_cert),
-            "listener.name.ssl.ssl.client.auth": "required",
-            # User:<CN> for a certificate, like a SASL user of the same name.
-            "ssl.principal.mapping.rules": "RULE:^CN=([^,]+)(,.*)?$/$1/,DEFAULT",
-            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "super.users": ";".join(super_users),
-            "allow.everyone.if.no.acl.found": "false",
-            "log.dirs": str(node.data_dir),
-            "num.partitions": "1",
-            "default.replication.factor": replicas,
-            "min.insync.replicas": min_isr,
-            "offsets.topic.replication.factor": replicas,
-            "offsets.topic.num.partitions": "10",
-            "transaction.state.log.replication.factor": replicas,
-            "transaction.state.log.min.isr": min_isr,
-            "transaction.state.log.num.partitions": "10",
-            "share.coordinator.state.topic.replication.factor": replicas,
-            "share.coordinator.state.topic.min.isr": min_isr,
-            "group.initial.rebalance.delay.ms": "0",
-            # Few threads: a test broker on a 2-core machine.
-            "num.network.threads": "2",
-            "num.io.threads": "2",
-            "num.recovery.threads.per.data.dir": "1",
-            "background.threads": "2",
-            "log.cleaner.threads": "1",
-            # A killed node is fenced after 6 s instead of 9 s, and a stopping one is let go
-            # sooner; leaders move to the survivors.
-            "broker.heartbeat.interval.ms": "500",
-            "broker.session.timeout.ms": "6000",
-        }
         props.update(self.extra_config)
         return props
 
@@ -388,10 +338,17 @@ class KafkaCluster:
 
     def _java(self, main: str, *args: str) -> list[str]:
         assert self.folder is not None
+        sharing: tuple[str, ...] = ()
+        if self.record_classes_to is not None:
+            if main == "kafka.Kafka":
+                sharing = (f"-XX:ArchiveClassesAtExit={self.record_classes_to}", *_CDS_QUIET)
+        elif self.class_archive and class_archive_path().is_file():
+            sharing = (f"-XX:SharedArchiveFile={class_archive_path()}", *_CDS_QUIET)
         return [
             java_binary(),
             f"-Xmx{self.heap}",
             *self.jvm_opts,
+            *sharing,
             f"-Dlog4j2.configurationFile={self.folder / 'log4j2.properties'}",
             "-cp",
             str(kafka_libs() / "*"),

@@ -7,7 +7,7 @@ once instead (``-XX:SharedArchiveFile``). Measured on the 10M-event bench data, 
 each, alternating: session start 3.6-4.4 s instead of 8.0-8.7 s, the first run of the job
 5.8-6.9 s instead of 6.5-7.4 s.
 
-The archive is recorded by ``python -m sluice.spark_audit.record_classes`` (``scripts/dev.sh``
+The archive is recorded by ``python -m sluice.spark_class_archive`` (``scripts/dev.sh``
 does it when it installs): a small audit in a JVM started with ``record_options``, which
 writes the classes it loaded when it exits. It sits in the virtualenv (``sys.prefix``), next to
 the jars it was recorded from. The JVM checks that the archive fits (the same JVM build, the

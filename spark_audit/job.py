@@ -37,12 +37,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.proxy.telemetry.columns import EVENT_TABLES, HOUR_MS
-from sluice.proxy.telemetry.integrity import TelemetryKeyError, Verifier, load_key
 from sluice.spark_audit import html_report, load, partials, report_io, reports, rollups, sources
 from sluice.spark_audit.options import add_arguments, parse_conf
 from sluice.spark_audit.session import get_session
 from sluice.spark_audit.svg import Edge
+from sluice.telemetry_schema.columns import EVENT_TABLES, HOUR_MS
+from sluice.telemetry_schema.integrity import TelemetryKeyError, Verifier, load_key
 
 TOP_CLIENTS_IN_CHART = 8
 # The rollups of the second Spark job (``rollups.collect_in_turn``): the connections, whose

@@ -14,9 +14,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sluice.filters.host_identity import ENCRYPT_SHA256
-from sluice.proxy.telemetry.columns import DECRYPT_COUNTERS, KEK_COUNTER_PREFIX, SCHEMAS
 from sluice.spark_audit.schema import SCHEMA_VERSION, spark_schema
+from sluice.telemetry_schema.columns import DECRYPT_COUNTERS, KEK_COUNTER_PREFIX, SCHEMAS
+from sluice.telemetry_schema.host_identity import ENCRYPT_SHA256
 
 _ITEM = "array<struct<kind:string,name:string,n:bigint>>"
 

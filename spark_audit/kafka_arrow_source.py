@@ -27,15 +27,15 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
-from sluice.proxy.telemetry.columns import LAYOUT_VERSION, SCHEMAS
-from sluice.proxy.telemetry.integrity import (
+from sluice.spark_audit.kafka_source import KafkaBatchReader
+from sluice.telemetry_schema.columns import LAYOUT_VERSION, SCHEMAS
+from sluice.telemetry_schema.integrity import (
     KAFKA_ARROW,
     KAFKA_JSON,
     TAG_HEADER,
     Verifier,
     kafka_arrow_fields,
 )
-from sluice.spark_audit.kafka_source import KafkaBatchReader
 
 FORMAT_NAME = "sluice_telemetry_kafka"
 RAW = "raw"

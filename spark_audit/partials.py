@@ -42,8 +42,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.proxy.telemetry.columns import HOUR_MS
 from sluice.spark_audit.schema import SKIP
+from sluice.telemetry_schema.columns import HOUR_MS
 
 # Joins the items of a list column into one string, so that Arrow can group by it or collect
 # its distinct values (its hash aggregations take no list columns); no name or sha256 holds it.

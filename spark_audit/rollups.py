@@ -47,14 +47,6 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.proxy.telemetry.columns import (
-    ROLLUPS,
-    SCHEMAS,
-    UNIQUE_COLUMNS,
-    latest_versions,
-    time_column,
-)
-from sluice.proxy.telemetry.integrity import Verifier, read_sidecar
 from sluice.spark_audit.partials import (
     CHECKS,
     MINUTE_MS,
@@ -66,6 +58,14 @@ from sluice.spark_audit.partials import (
 )
 from sluice.spark_audit.schema import MALFORMED, SCHEMA_VERSION, SKIP, UNKNOWN_VERSION
 from sluice.spark_audit.sources import Inputs, LocalFile, Window, kafka_json_tables
+from sluice.telemetry_schema.columns import (
+    ROLLUPS,
+    SCHEMAS,
+    UNIQUE_COLUMNS,
+    latest_versions,
+    time_column,
+)
+from sluice.telemetry_schema.integrity import Verifier, read_sidecar
 
 # The dataset each part aggregates (``connections`` reads two: its rows carry ``_type``).
 PART_DATASETS = {

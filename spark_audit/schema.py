@@ -22,7 +22,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.proxy.telemetry.columns import SCHEMAS
+from sluice.telemetry_schema.columns import SCHEMAS
 
 SCHEMA_VERSION = 1
 # The column every table of the job carries (``sources``): null on the rows the reports use,

@@ -46,16 +46,6 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from sluice.proxy.telemetry.columns import (
-    DATASETS,
-    EVENT_TABLES,
-    FIRST_ROW,
-    HOUR_MS,
-    ROLLUPS,
-    SCHEMAS,
-    time_column,
-)
-from sluice.proxy.telemetry.integrity import TAG_SUFFIX, Verifier, read_sidecar
 from sluice.spark_audit import json_tables
 from sluice.spark_audit.load import KafkaUrl, parse_kafka_url
 from sluice.spark_audit.schema import (
@@ -66,6 +56,16 @@ from sluice.spark_audit.schema import (
     UNKNOWN_VERSION,
     spark_schema,
 )
+from sluice.telemetry_schema.columns import (
+    DATASETS,
+    EVENT_TABLES,
+    FIRST_ROW,
+    HOUR_MS,
+    ROLLUPS,
+    SCHEMAS,
+    time_column,
+)
+from sluice.telemetry_schema.integrity import TAG_SUFFIX, Verifier, read_sidecar
 
 DEFAULT_GLOB = "*.jsonl"
 _PARQUET_FILE = re.compile(

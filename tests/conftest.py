@@ -1,5 +1,9 @@
 """Shared fixtures: one real Tansu broker per test session, and proxies in front of it; Apache
-Kafka (one node, and a three-node cluster) for the tests that need the real broker."""
+Kafka (one node, and a three-node cluster) for the tests that need the real broker.
+
+`broker` is Tansu here; tests/e2e and tests/transforms override it with the session's Kafka
+node (tests/harness/kafka_endpoint.py), and `start_proxy`, `proxy` and `shared_proxy` follow
+the override because pytest resolves fixtures from the test's folder."""
 
 from __future__ import annotations
 
@@ -9,14 +13,25 @@ from pathlib import Path
 import pytest
 
 from tests.harness.broker import TansuBroker
-from tests.harness.kafka_broker import KafkaCluster
+from tests.harness.kafka_broker import ORDINARY_USERS, KafkaCluster
 from tests.harness.proxy import SluiceProxy
+
+# Ordinary users the session's Kafka node has besides alice and bob.
+E2E_USERS = ("app", "billing-eu")
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[TansuBroker]:
+def tansu_broker() -> Iterator[TansuBroker]:
+    """The bundled Tansu broker (the demo's default), one per session."""
     with TansuBroker() as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def broker(tansu_broker: TansuBroker) -> TansuBroker:
+    """The broker of the tests outside tests/e2e and tests/transforms, which run against
+    Apache Kafka instead (their conftest overrides this fixture)."""
+    return tansu_broker
 
 
 @pytest.fixture
@@ -56,8 +71,10 @@ def kafka_broker() -> Iterator[KafkaCluster]:
     """One Apache Kafka node (KRaft, combined) with every listener, for the whole session.
 
     `bootstrap` is its PLAINTEXT listener (User:ANONYMOUS, a super user); `client_config(
-    listener, user, mechanism)` gives confluent-kafka settings for the secured ones."""
-    with KafkaCluster(nodes=1) as cluster:
+    listener, user, mechanism)` gives confluent-kafka settings for the secured ones. Besides
+    `alice` and `bob`, the ordinary users `app` and `billing-eu` are the principals of the
+    encryption tests (tests/e2e/test_encryption.py)."""
+    with KafkaCluster(nodes=1, users=(*ORDINARY_USERS, *E2E_USERS)) as cluster:
         yield cluster
 
 

@@ -51,8 +51,7 @@ from sluice.codec.frames import FrameBuffer
 from sluice.codec.headers import parse_request_header, read_correlation_id
 from sluice.codec.messages import ApiKey
 from sluice.codec.throttle import sends_before_throttling, with_throttle
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.ops.quotas import Quotas
+from sluice.proxy.contract import ClientInfo, QuotaGate
 from sluice.proxy.paths.base import (
     Answer,
     Defer,
@@ -64,6 +63,7 @@ from sluice.proxy.paths.base import (
     Refused,
     Respond,
     ResponsePath,
+    UnansweredAware,
 )
 from sluice.proxy.paths.registry import Routes, lease, release
 from sluice.proxy.telemetry.metrics import Metrics
@@ -188,7 +188,7 @@ class Connection:
         routes: Routes,
         metrics: Metrics,
         limits: Limits | None = None,
-        quotas: Quotas | None = None,
+        quotas: QuotaGate | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
@@ -391,7 +391,7 @@ class Connection:
             return
         router = self._routes.current
         api_key, version = header.api_key, header.api_version
-        refusal = router.refusal(api_key, version)
+        refusal = router.refusal(header, frame)
         if refusal is not None:
             # A version the broker lacks (it would close too), or one a path must inspect
             # and the codec cannot decode. Also keeps every per-(key, version) table bounded.
@@ -722,7 +722,6 @@ class Connection:
         # telemetry) are told, so an audit shows the batches as lost, not as never sent.
         ctx = self._routes.current.ctx
         for slot in self._awaiting:
-            lost = getattr(slot.pin, "on_unanswered", None)
-            if lost is not None:
-                lost(ctx, slot.exchange, reason)
+            if isinstance(slot.pin, UnansweredAware):
+                slot.pin.on_unanswered(ctx, slot.exchange, reason)
         self._awaiting.clear()

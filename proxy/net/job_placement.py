@@ -32,10 +32,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sluice.proxy.contract import INLINE_MAX_BYTES
+
 #: Defaults: a job must stay well under the thread hop it saves to be worth inlining, and a
 #: stall of the loop this long is below the latency noise of a loaded machine.
 MAX_SECONDS = 0.0005
-MAX_BYTES = 16 * 1024
+MAX_BYTES = INLINE_MAX_BYTES
 LEARN = 8
 BACKOFF = 4
 MAX_BACKOFF = 4096

@@ -20,18 +20,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from sluice.proxy.net.addresses import BrokerMap, NodeRoute, PortTable
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import Close, Connection, Limits
 from sluice.proxy.net.job_placement import JobPlacement
+from sluice.proxy.net.node_ports import BrokerMap, NodeRoute, PortTable
 from sluice.proxy.net.session import Session
 from sluice.proxy.net.tls import peer_principal
 from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
 from sluice.proxy.ops.config import ProxyConfig
 from sluice.proxy.ops.limits import IdleReaper
 from sluice.proxy.ops.quotas import Quotas
+from sluice.proxy.ops.security import own_topics
 from sluice.proxy.paths.base import PathContext, PolicyBook
 from sluice.proxy.paths.catalog import standard_paths
+from sluice.proxy.paths.protection import Protection
 from sluice.proxy.paths.registry import Routes, VersionTable
 from sluice.proxy.paths.topics import TopicRegistry
 from sluice.proxy.telemetry import events
@@ -99,6 +101,8 @@ class ProxyServer:
             placement = self.placement
             self.metrics.job_placement = lambda: (placement.inline_runs, placement.pool_runs)
         self.limits = Limits(max_frame_size=config.max_frame_size, job_deadline=config.job_deadline)
+        # The proxy's own topics (paths/internal_topics.py); the chain adds its dead letters.
+        self.own_topics = own_topics(config.raw, config.internal_topics)
         self.versions = VersionTable()
         self._bootstrap_turn = -1  # the last --upstream address a bootstrap connection got
         self.routes = Routes(standard_paths(self.versions), self._context, self.versions)
@@ -107,8 +111,11 @@ class ProxyServer:
     def _context(self, generation: int) -> PathContext:
         chain = self.chain
         directions: set[str] = set()
+        own = set(self.own_topics)
         for f in chain.filters if chain is not None else ():
             directions |= set(f.spec.apply_to)
+            if f.spec.dead_letter_topic:
+                own.add(f.spec.dead_letter_topic)
         return PathContext(
             chain=chain,
             generation=generation,
@@ -122,6 +129,7 @@ class ProxyServer:
             observe_brokers=self._brokers_seen,
             policies=self.policies,
             batch_limits=self.config.batch_limits,
+            protection=Protection(frozenset(own), self.config.operators),
         )
 
     def _brokers_seen(self, node_ids: list[int]) -> None:

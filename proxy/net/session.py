@@ -2,8 +2,9 @@
 feed it bytes and perform the actions it returns.
 
 Nothing here decides anything about Kafka: correlation, order, back-pressure and refusals are
-the sans-IO `Connection`'s (`connection.py`). This module owns the sockets, the filter thread
-pool hand-off, and what happens once when a connection ends (telemetry, metrics, logs).
+the sans-IO `Connection`'s (`connection.py`). This module owns the sockets and the filter
+thread pool hand-off; when a connection ends it closes both sockets once and tells the server
+(`SessionHooks.session_closed`), which counts it, logs it and records its telemetry.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Protocol, cast
 
 import structlog
 
-from sluice.proxy.net.client_info import ClientInfo, ConnectionStats
+from sluice.proxy.contract import ClientInfo, ConnectionStats
 from sluice.proxy.net.connection import (
     Action,
     Close,
@@ -32,7 +33,7 @@ from sluice.proxy.net.connection import (
     Wake,
 )
 from sluice.proxy.net.job_placement import JobPlacement
-from sluice.proxy.telemetry.logs import log
+from sluice.proxy.telemetry.logs import log, repeats
 
 #: Bytes a socket's send buffer may hold before the connection stops reading the other side.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
@@ -142,7 +143,10 @@ class Session(asyncio.Protocol):
                 _CONNECT_TIMEOUT,
             )
         except (OSError, TimeoutError) as exc:
-            log.warning(
+            # Clients reconnect in a loop while the broker is down: one line per interval.
+            repeats.warning(
+                log,
+                ("upstream_connect_failed", host, port),
                 "upstream_connect_failed",
                 conn=self.client.id,
                 upstream=f"{host}:{port}",

@@ -1,6 +1,7 @@
 """A minimal Kafka client the proxy uses for its own requests to the cluster.
 
-Used off the client data path: producing dead letters, looking up current topic configs for
+Used for producing dead letters, for the topic-id look-ups of Produce and Fetch (a client's
+request waits behind one, `paths/topics.py`) and for looking up current topic configs for
 admin policy checks. `UpstreamDialer` opens connections the way the cluster wants them: TLS
 when `upstream_tls:` is configured, then ApiVersions, then SASL (SaslHandshake v1 and
 SaslAuthenticate) as the `upstream_sasl:` user when that section is configured. Callers decide
@@ -26,6 +27,7 @@ from sluice.codec.messages import (
     decode_response,
     encode_request,
 )
+from sluice.proxy.contract import UpstreamError
 from sluice.proxy.net.upstream_sasl import SaslClientError, UpstreamSasl
 
 if TYPE_CHECKING:
@@ -35,10 +37,6 @@ if TYPE_CHECKING:
 _SIZE = struct.Struct(">i")
 _ids = itertools.count(1)
 CLIENT_ID = "sluice-proxy"
-
-
-class UpstreamError(Exception):
-    pass
 
 
 class UpstreamAuthError(UpstreamError):

@@ -59,10 +59,14 @@ class ProxyConfig:
     workers: int = 1  # `--workers N`: processes sharing the ports (SO_REUSEPORT)
     # proxy.filter_threads: threads that run filters off the event loop (0 = on the loop)
     filter_threads: int = 2
-    node_port_table: str | None = None  # the workers' shared node -> port file (addresses.py)
+    node_port_table: str | None = None  # the workers' shared node -> port file (net/node_ports.py)
     worker_index: int = 0  # which of them this process is
     # policy_admins: principal globs allowed to set x-data-policy (None: nobody)
     policy_admins: tuple[str, ...] | None = None
+    # security.operators: principals that may reach the proxy's own topics through it
+    operators: frozenset[str] = frozenset()
+    # security.internal_topics: topics protected like the proxy's own (ops/security.py)
+    internal_topics: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict)
     path: Path | None = None
 

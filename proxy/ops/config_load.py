@@ -19,6 +19,7 @@ from sluice.proxy.ops.fleet import parse_fleet_section
 from sluice.proxy.ops.limits import parse_limits
 from sluice.proxy.ops.policies import parse_policy_admins
 from sluice.proxy.ops.quotas import parse_quotas
+from sluice.proxy.ops.security import parse_security
 from sluice.proxy.telemetry.metrics import parse_listen
 from sluice.transforms.config import parse_transform_specs
 
@@ -41,6 +42,7 @@ KNOWN_SECTIONS = (
     "kms",
     "quotas",
     "policy_admins",
+    "security",
 )
 #: Keys of the ``proxy:`` section.
 PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
@@ -165,6 +167,9 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
         config.module_cache_dir = cache_dir
         parse_fleet_section(data.get("fleet"), lines, base)  # reload.py reads it from raw
         config.policy_admins = parse_policy_admins(data.get("policy_admins"), lines)
+        security = parse_security(data.get("security"), lines)
+        config.operators = security.operators
+        config.internal_topics = security.internal_topics
     except ConfigError as exc:
         raise ConfigFileError(str(exc)) from None
     config.raw = data

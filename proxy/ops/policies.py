@@ -118,6 +118,10 @@ def parse_policy(text: str | None) -> Policy:
         if key not in _TOP_KEYS:
             raise PolicyError(str(key), f"unknown field (expected {', '.join(_TOP_KEYS)})")
     entries = raw.get("filters")
+    if isinstance(entries, dict):
+        # kafka-configs.sh drops every `[` and `]` of an --add-config value, so a policy of
+        # one filter written as the docs show arrives with that filter as an object.
+        entries = [entries]
     if not isinstance(entries, list):
         raise PolicyError("filters", f"required: a list of filters, got {_kind(entries)}")
     if not entries or len(entries) > MAX_FILTERS:

@@ -89,8 +89,11 @@ __all__ = [
 WATCH_SECONDS: Final = 1.0
 #: Sections whose changes need a restart (the running proxy keeps the values it started with).
 RESTART_SECTIONS: Final = ("telemetry", "metrics", "proxy", "tls", "upstream_tls", "limits",
-                           "fleet")
+                           "fleet", "security")
 FLEET_SOURCE_PREFIX: Final = "fleet:"
+#: How a module's refusal names the config key it refused: "... rejected the config ...
+#: config.KEY: reason" (builtin:pii-mask, the host builtins).
+_CONFIG_KEY: Final = re.compile(r"rejected the config.*?\bconfig\.([A-Za-z0-9_-]+):")
 
 
 class ChainBuildError(ConfigError):
@@ -111,9 +114,16 @@ def _load_error(spec: FilterSpec, index: int, exc: FilterLoadError) -> ChainBuil
         key = "function"
     else:
         key = "module"
+    line = spec.line
+    # A module that names the refused key ("config.keys: must be true or false") is blamed
+    # at that key, on its own line.
+    named = _CONFIG_KEY.search(message) if key == "config" else None
+    if named is not None and named.group(1) in spec.config:
+        key = f"config.{named.group(1)}"
+        line = spec.config_lines.get(named.group(1), line)
     if spec.source.startswith(FLEET_SOURCE_PREFIX):
         return ChainBuildError(spec.source, None, f"fleet.{spec.name}.{key}", reason)
-    return ChainBuildError(spec.source, spec.line, f"filters[{index}].{key}", reason)
+    return ChainBuildError(spec.source, line, f"filters[{index}].{key}", reason)
 
 
 def build_chain(specs: Sequence[FilterSpec],

@@ -4,7 +4,7 @@ The parent parses the config once, forks N workers and supervises them. Every wo
 bootstrap port and each per-node port with SO_REUSEPORT, so the kernel spreads new connections
 over them; a connection then stays with the worker that accepted it. All workers give a broker
 node the same local port because ports come from `proxy.node_ports` or, without it, from the
-shared node -> port table the parent creates before forking (`net/addresses.py`, PortTable).
+shared node -> port table the parent creates before forking (`net/node_ports.py`, PortTable).
 
 The parent prints the single ``listening`` line once every worker has opened its listeners,
 forwards SIGTERM/SIGINT (stop) and SIGHUP (reload filters) to the workers, and exits when they
@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-from sluice.proxy.net.addresses import PortTable
+from sluice.proxy.net.node_ports import PortTable
 from sluice.proxy.ops.app import run
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.telemetry.logs import log

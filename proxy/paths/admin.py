@@ -11,6 +11,14 @@ the broker, and the two answers are merged in request order of items.
 While data policies are on (a fleet is followed), (Incremental)AlterConfigs are decoded
 whatever the filters, and the ``x-data-policy`` entries are handled first (paths/policy.py):
 admin filters then judge what is left for the broker, never the policy itself.
+
+Auto-creation is creation too: while an admin filter is in force, a Metadata request that lets
+the broker create the topics it names (``allow_auto_topic_creation``) offers each name bound
+to an admin filter as a CreateTopics item with the broker's defaults. If any is not allowed
+as it is, the request goes on with auto-creation turned off (the broker then answers
+UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist). Metadata v0-3 cannot turn it
+off (the broker always may create): such a request naming a refused topic is refused.
+A Produce to a missing topic is the other way in: paths/internal_topics.py answers it.
 """
 
 from __future__ import annotations
@@ -27,8 +35,8 @@ from sluice.codec.headers import RequestHeader, response_header_bytes
 from sluice.codec.messages import ApiKey, decode_request, encode_request, encode_response
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.chain import FilterChain
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.contract import ClientInfo, UpstreamError
+from sluice.proxy.ops.policies import CONFIG_KEY
 from sluice.proxy.paths import policy, responses
 from sluice.proxy.paths.base import (
     Answer,
@@ -46,11 +54,16 @@ from sluice.proxy.paths.base import (
 from sluice.proxy.paths.policy import AlterPlan
 from sluice.proxy.telemetry.logs import log
 
+#: The data-policy config key as bytes, to look for it (any case) in a frame not decoded.
+_POLICY_KEY = CONFIG_KEY.encode()
+
 POLICY_VIOLATION = ErrorCode.POLICY_VIOLATION
 TOPIC_RESOURCE = 2
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 
 ALTER_KEYS = frozenset({int(ApiKey.ALTER_CONFIGS), int(ApiKey.INCREMENTAL_ALTER_CONFIGS)})
+#: The first Metadata version that says whether the broker may create the topics it names.
+AUTO_CREATE_FLAG_VERSION = 4
 ADMIN_APIS = (
     ApiKey.CREATE_TOPICS,
     ApiKey.CREATE_PARTITIONS,
@@ -127,8 +140,23 @@ async def _current_configs(
         await conn.close()
     out: dict[str, dict[str, str | None]] = {}
     for result in response.results:
-        out[str(result.resource_name)] = {str(c.name): c.value for c in result.configs}
+        out[str(result.resource_name)] = {
+            str(c.name): c.value for c in result.configs if _set_on_topic(c)
+        }
     return out
+
+
+# DescribeConfigs' config_source values that mean "not set on the topic": a broker setting
+# (dynamic, default or static) or the built-in default. Apache Kafka lists every key with
+# these; Tansu lists only the keys set on the topic.
+_NOT_SET_ON_TOPIC = frozenset({2, 3, 4, 5, 6})
+
+
+def _set_on_topic(config: Any) -> bool:
+    """Whether a DescribeConfigs entry is a value set on the topic itself (so a policy's
+    `defaults` must not replace it), not a default the broker reports beside them."""
+    # Every DescribeConfigs version the codec has (v1 on) carries config_source.
+    return int(config.config_source) not in _NOT_SET_ON_TOPIC
 
 
 def _resource(
@@ -280,7 +308,7 @@ class AdminPath:
     (Incremental)AlterConfigs always while data policies are on (paths/policy.py)."""
 
     name = "admin"
-    api_keys = frozenset(int(k) for k in ADMIN_APIS)
+    api_keys = frozenset({*(int(k) for k in ADMIN_APIS), int(ApiKey.METADATA)})
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
         # Always: ``x-data-policy`` (any case) is handled here, never passed to the broker.
@@ -289,10 +317,20 @@ class AdminPath:
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
         return False  # answers to changed requests are pinned by the request
 
+    def relays_undecodable(self, ctx: PathContext, header: Any, frame: Frame) -> bool:
+        """An old version the codec cannot decode (CreateTopics v0 from Sarama 1.22) may pass
+        when no admin filter is in force and no ``x-data-policy`` key (any case) occurs in
+        its bytes: then this path would forward it unchanged."""
+        if ctx.filters_on("admin"):
+            return False
+        return _POLICY_KEY not in bytes(frame[header.header_size :]).lower()
+
     def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
         header = exchange.header
         chain = ctx.chain
         api = ApiKey(header.api_key)
+        if api == ApiKey.METADATA:
+            return self._auto_creation(ctx, exchange, frame)
         spec = _APIS[api]
         try:
             request = decode_request(api, header.api_version, frame[header.header_size :])
@@ -335,6 +373,48 @@ class AdminPath:
             return Defer(Job(run=lambda: policy.check_changes(book, work), finish=checked,
                              in_thread=True, what="policy check"))
         return filters_stage()
+
+    def _auto_creation(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
+        """A Metadata request that may create topics: the admin filters judge the creation."""
+        header = exchange.header
+        chain = ctx.chain
+        try:
+            request = decode_request(ApiKey.METADATA, header.api_version,
+                                     frame[header.header_size :])
+        except CodecError as exc:
+            return Refuse(f"cannot decode METADATA v{header.api_version}: {exc}")
+        may_create = (header.api_version < AUTO_CREATE_FLAG_VERSION
+                      or bool(request.allow_auto_topic_creation))
+        client = exchange.client
+        names = [str(t.name) for t in request.topics or () if t.name]
+        judged = [n for n in dict.fromkeys(names)
+                  if chain is not None and chain.applies(n, "admin", client.principal)]
+        if not may_create or chain is None or not judged:
+            return Forward()
+        resources = [AdminResource(op="create_topics", name=n, principal=client.principal,
+                                   client_id=client.client_id) for n in judged]
+
+        def run() -> list[AdminVerdict]:
+            return [chain.run_admin(r) for r in resources]
+
+        def finish(verdicts: list[AdminVerdict]) -> RequestOutcome:
+            refused = []
+            for resource, verdict in zip(resources, verdicts, strict=True):
+                if verdict.decision != "allow":
+                    # A rewrite cannot apply to a topic the broker creates with its defaults.
+                    _emit(ctx, client, chain, resource, dataclasses.replace(
+                        verdict, decision="deny",
+                        message=verdict.message or "auto-creation needs a rewrite"))
+                    refused.append(resource.name)
+            if not refused:
+                return Forward()
+            if header.api_version < AUTO_CREATE_FLAG_VERSION:
+                return Refuse(f"METADATA v{header.api_version} lets the broker create "
+                              f"{', '.join(refused)}, which the admin filters refuse")
+            body = encode_request(dataclasses.replace(request, allow_auto_topic_creation=False))
+            return Forward(frame=bytes(frame[: header.header_size]) + body)
+
+        return Defer(Job(run=run, finish=finish, in_thread=True, what="auto-creation check"))
 
     def _filter_stage(
         self,

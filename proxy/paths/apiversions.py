@@ -6,6 +6,12 @@ response also normalises broker quirks (Debian's kcat cannot parse Tansu's own e
 
 The broker's own ranges are recorded in the process's `VersionTable`; the router's
 `refusal` (registry.py) uses them to gate requests by the same rule (`advertised_range`).
+
+An ApiVersions request newer than the codec decodes (Kafka 4.4's clients send v5) is answered
+by the proxy as a broker answers a version it lacks (KIP-511): error UNSUPPORTED_VERSION in a
+v0 body listing the ApiVersions versions the proxy reads, so the client asks again in one of
+them. Relaying it would hand the client the broker's list unfiltered: versions the codec
+cannot decode, and the share-group APIs hidden while fetch filters run.
 """
 
 from __future__ import annotations
@@ -13,11 +19,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sluice.codec import entities
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
-from sluice.codec.messages import ApiKey, decode_response, encode_response
+from sluice.codec.messages import ApiKey, codec_version_range, decode_response, encode_response
 from sluice.proxy.paths.base import (
+    Answer,
     Exchange,
+    Forward,
     Frame,
     PathContext,
     Refused,
@@ -60,6 +69,22 @@ def decode_api_versions(version: int, body: bytes | memoryview) -> Any:
         return decode_response(ApiKey.API_VERSIONS, 0, body)
 
 
+def unsupported_version_answer(correlation_id: int) -> bytes:
+    """A broker's answer to an ApiVersions version it lacks: header v0, a v0 body with error
+    UNSUPPORTED_VERSION and the ApiVersions range the proxy reads."""
+    span = codec_version_range(ApiKey.API_VERSIONS)
+    assert span is not None
+    cls = entities.response_class(ApiKey.API_VERSIONS, 0)
+    key_cls = entities.element_class(cls, "api_keys")
+    only = entities.build(
+        key_cls, api_key=int(ApiKey.API_VERSIONS), min_version=span[0], max_version=span[1]
+    )
+    body = encode_response(
+        entities.build(cls, error_code=int(ErrorCode.UNSUPPORTED_VERSION), api_keys=(only,))
+    )
+    return correlation_id.to_bytes(4, "big", signed=True) + body
+
+
 def rewrite_api_versions_response(
     version: int, body: bytes | memoryview, hidden: frozenset[int] = frozenset()
 ) -> bytes:
@@ -75,13 +100,16 @@ class ApiVersionsPath:
         self.versions = versions
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
-        return False
+        return True
 
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
         return True
 
     def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
-        raise AssertionError("the ApiVersions path handles no request")
+        span = codec_version_range(ApiKey.API_VERSIONS)
+        if span is not None and exchange.header.api_version <= span[1]:
+            return Forward()
+        return Answer(unsupported_version_answer(exchange.header.correlation_id))
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
         hidden = UNFILTERED_RECORD_APIS if ctx.filters_on("fetch") else frozenset()

@@ -25,8 +25,12 @@ The contract (docs/ARCHITECTURE.md has the long form):
   of the router that called it. A response is processed again, from its original bytes, when
   the router changed before the response was sent, unless the path `pin`ned it (Produce and
   admin answers, whose filtering happened when the request was forwarded).
-- **Side effects at send time.** Telemetry about what a response carries is returned as the
-  `on_sent` callback of `Respond`, so that a response processed twice is counted once.
+- **Side effects.** Telemetry about what a response carries is returned as the `on_sent`
+  callback of `Respond`, so that a response processed twice is counted once. The other side
+  effects are performed by the paths themselves, on the loop (in their own methods and in
+  `Job.finish`): request telemetry, dead-letter submission, and `ctx.map_endpoint`, which may
+  take the node-port table's file lock and bind a node's listening socket
+  (`net/node_ports.py`) before the rewritten address reaches the client.
 """
 
 from __future__ import annotations
@@ -34,19 +38,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sluice.codec.batch_counts import expanded_size
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.headers import RequestHeader
 from sluice.filters.config import HOST_BUILTINS
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.net.job_placement import MAX_BYTES
+from sluice.proxy.contract import INLINE_MAX_BYTES, ClientInfo, Upstream
 
 if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
-    from sluice.proxy.net.upstream_client import UpstreamConnection
     from sluice.proxy.ops.policies import Policy, PolicyError
+    from sluice.proxy.paths.protection import Protection
     from sluice.proxy.paths.topics import TopicRegistry
     from sluice.proxy.telemetry.metrics import Metrics
     from sluice.proxy.telemetry.recorder import TelemetryRecorder
@@ -68,6 +71,9 @@ class Exchange:
     # Quotas (proxy/ops/quotas.py): the monotonic time until which the client is held back for
     # this exchange (0.0: not throttled); the connection applies it when the response is sent.
     throttle_until: float = 0.0
+    # The proxy's own topics this request named and the proxy answered itself, kept for the
+    # response (paths/internal_topics.py); None for almost every request.
+    guard: Any = None
 
 
 # ------------------------------------------------------------------ what a path may answer
@@ -159,7 +165,7 @@ def job_size(frame_size: int, records: Iterable[bytes | memoryview | None]) -> i
     a few hundred bytes of zstd can hold 10 MiB of records, so only the decompressor can
     tell, and that is work the event loop must not do (a small compressed batch goes to the
     pool). Frames already too large to run inline are not looked into."""
-    if frame_size > MAX_BYTES:
+    if frame_size > INLINE_MAX_BYTES:
         return frame_size
     size = frame_size
     for blob in records:
@@ -192,7 +198,7 @@ EndpointMapper = Callable[[int, str, int], tuple[str, int]]
 
 
 class UpstreamOpener(Protocol):
-    def __call__(self) -> Awaitable[UpstreamConnection]: ...
+    def __call__(self) -> Awaitable[Upstream]: ...
 
 
 class PolicyBook(Protocol):
@@ -238,6 +244,8 @@ class PathContext:
     policies: PolicyBook | None = None  # data policies, while the proxy follows a fleet
     # What one record batch of a filtered partition may expand into (limits.max_batch_*).
     batch_limits: BatchLimits = DEFAULT_BATCH_LIMITS
+    # The proxy's own topics and who may still reach them (paths/internal_topics.py).
+    protection: Protection | None = None
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
 
@@ -272,3 +280,24 @@ class ApiPath(RequestPath, ResponsePath, Protocol):
     def wants_request(self, ctx: PathContext, api_key: int) -> bool: ...
 
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool: ...
+
+
+@runtime_checkable
+class UnansweredAware(Protocol):
+    """A `pin` that accounts for a request the broker never answered: when the connection
+    closes first, the connection calls `on_unanswered` for each such request, in order (the
+    Produce path records its batches as lost, not as never sent)."""
+
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None: ...
+
+
+@runtime_checkable
+class UndecodableGate(Protocol):
+    """A request path that can vouch for a request version the codec cannot decode.
+
+    The router refuses such versions of a key some path inspects; a path that inspects a key
+    only to look for something it can find in the raw bytes (the internal-topics path: a
+    protected topic's name) may let one through when it is provably not there.
+    """
+
+    def relays_undecodable(self, ctx: PathContext, header: Any, frame: Frame) -> bool: ...

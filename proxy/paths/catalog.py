@@ -7,6 +7,7 @@ from sluice.proxy.paths.admin import AdminPath
 from sluice.proxy.paths.apiversions import ApiVersionsPath
 from sluice.proxy.paths.base import ApiPath
 from sluice.proxy.paths.fetch import FetchPath
+from sluice.proxy.paths.internal_topics import InternalTopicsPath
 from sluice.proxy.paths.policy import PolicyDescribePath
 from sluice.proxy.paths.produce import ProducePath
 from sluice.proxy.paths.registry import VersionTable
@@ -17,7 +18,9 @@ from sluice.proxy.paths.share import ShareRefusalPath
 def standard_paths(versions: VersionTable) -> list[ApiPath]:
     # Fetch before the address path: with fetch filters the fetch path decodes the response
     # and rewrites its endpoints itself; without them the address path scans it.
-    return [
+    # The internal-topics path comes first and hands each request and response to the path
+    # the others would have chosen, once the proxy's own topics are out of it.
+    paths: list[ApiPath] = [
         SaslPath(),
         ApiVersionsPath(versions),
         ProducePath(),
@@ -27,3 +30,4 @@ def standard_paths(versions: VersionTable) -> list[ApiPath]:
         PolicyDescribePath(),
         AddressPath(),
     ]
+    return [InternalTopicsPath(paths), *paths]

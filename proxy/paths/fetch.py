@@ -1,6 +1,6 @@
 """The fetch path: filter the records of Fetch responses before the consumer sees them.
 
-Decoded only while a fetch filter is in force; which chain applies is decided when the response
+Looked at only while a fetch filter is in force; which chain applies is decided when the response
 arrives (and checked again when it is sent: see `net/connection.py`), never when the request
 was forwarded, so a long-polling Fetch in flight across a reload meets the new filters.
 
@@ -9,6 +9,12 @@ offset deltas, control batches and a truncated trailing batch survive (sluice.fi
 A filter failure is reported on that partition, never as a top-level error (consumers treat a
 top-level error like an empty topic and loop quietly). Filters run in the filter thread pool;
 telemetry is emitted when the response is sent.
+
+The response is scanned, not decoded (`sluice.codec.fetch_splice`): the filters get the records
+of the filtered topics' partitions as views of the broker's frame, and their output is spliced
+into a copy of that frame, so other topics pass as the broker's bytes and nothing is re-encoded.
+kio decodes the response instead (the reference path) when the scan refuses it or when it
+carries KIP-951 node endpoints (broker addresses the address rewrite must see).
 """
 
 from __future__ import annotations
@@ -22,11 +28,12 @@ from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.endpoints import rewrite_endpoints
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
+from sluice.codec.fetch_splice import FetchResponseLayout, scan_fetch_response, splice_fetch_records
+from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey
 from sluice.filters.chain import DeadLetter, FilterChain
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_fetch
-from sluice.proxy.net.upstream_client import UpstreamError
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Defer,
@@ -40,11 +47,17 @@ from sluice.proxy.paths.base import (
     inline_key,
     job_size,
 )
-from sluice.proxy.telemetry.logs import log
 
 
 @dataclass(slots=True)
-class _Filtered:
+class _Spliced:
+    frame: Any  # the response to send (the broker's frame when nothing changed)
+    batches: list[dict[str, Any]]  # record_batch telemetry fields per filtered partition
+    dead_letters: list[list[DeadLetter]]
+
+
+@dataclass(slots=True)
+class _FilteredResponse:
     response: Any  # the decoded response, filtered (the same object when nothing changed)
     batches: list[dict[str, Any]]  # record_batch telemetry fields per filtered partition
     dead_letters: list[list[DeadLetter]]
@@ -64,6 +77,75 @@ class FetchPath:
         raise AssertionError("the fetch path handles no request")
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
+        hdr = exchange.header
+        try:
+            size = response_header_size(frame, hdr.api_key, hdr.api_version)
+            layout: FetchResponseLayout | None = scan_fetch_response(hdr.api_version, frame, size)
+        except CodecError:
+            layout = None  # kio's decode decides (and refuses what it cannot read)
+        if layout is None or layout.endpoints:
+            return self._on_decoded(ctx, exchange, frame)
+        scanned = layout
+        unknown = ctx.topics.unknown(t.topic_id for t in layout.topics if not t.name)
+        if unknown:
+            return Defer(
+                Job(
+                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
+                    finish=lambda _: self._filter_scanned(ctx, exchange, frame, scanned),
+                    in_thread=False,
+                    what="topic id look-up",
+                )
+            )
+        return self._filter_scanned(ctx, exchange, frame, layout)
+
+    def _filter_scanned(
+        self, ctx: PathContext, exchange: Exchange, frame: Frame, layout: FetchResponseLayout
+    ) -> ResponseOutcome:
+        chain = ctx.chain
+        if chain is None:
+            return Respond(frame)
+        client = exchange.client
+        principal = client.principal
+        names = [
+            # An empty name counts as unknown, as on the kio path.
+            t.name or ctx.topics.name(t.topic_id)
+            for t in layout.topics
+        ]
+        filtered = [
+            p.records
+            for t, name in zip(layout.topics, names, strict=True)
+            if name is not None and chain.applies(name, "fetch", principal)
+            for p in t.partitions
+        ]
+        if all(n is not None for n in names) and not any(filtered):
+            # No records a filter would see (an empty long-poll answer, or no filtered topic).
+            return Respond(frame)
+        limits = ctx.batch_limits
+        return Defer(
+            Job(
+                run=lambda: _filter_scanned(
+                    chain, frame, layout, names, client.client_id, principal, limits
+                ),
+                finish=lambda result: self._respond_spliced(ctx, exchange, result),
+                what="fetch filters",
+                inline_key=inline_key(chain, "fetch", names, principal),
+                size=job_size(len(frame), filtered),
+            )
+        )
+
+    def _respond_spliced(self, ctx: PathContext, exchange: Exchange, result: _Spliced) -> Respond:
+        for letters in result.dead_letters:
+            ctx.dead_letters.submit(letters)
+        client = exchange.client
+
+        def sent() -> None:
+            for fields in result.batches:
+                ctx.telemetry.record_batch(client, api="fetch", **fields)
+
+        return Respond(result.frame, sent if result.batches else None)
+
+    def _on_decoded(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
+        """The reference path: kio decodes the whole response (and rewrites its endpoints)."""
         size, response = responses.decode(exchange.header, frame)
         unknown = ctx.topics.unknown(
             getattr(t, "topic_id", None)
@@ -73,7 +155,7 @@ class FetchPath:
         if unknown:
             return Defer(
                 Job(
-                    run=lambda: _lookup(ctx),
+                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
                     finish=lambda _: self._filter(ctx, exchange, frame, size, response),
                     in_thread=False,
                     what="topic id look-up",
@@ -94,7 +176,8 @@ class FetchPath:
             all(n is not None for n in names.values())
             and not any(chain.applies(n, "fetch", client.principal) for n in names.values() if n)
         ):
-            return self._respond(ctx, exchange, frame, size, response, _Filtered(response, [], []))
+            unfiltered = _FilteredResponse(response, [], [])
+            return self._respond(ctx, exchange, frame, size, response, unfiltered)
         limits = ctx.batch_limits
         filtered = (
             part.records
@@ -121,7 +204,7 @@ class FetchPath:
         frame: Frame,
         size: int,
         original: Any,
-        result: _Filtered,
+        result: _FilteredResponse,
     ) -> Respond:
         for letters in result.dead_letters:
             ctx.dead_letters.submit(letters)
@@ -137,11 +220,70 @@ class FetchPath:
         return Respond(out, sent if result.batches else None)
 
 
-async def _lookup(ctx: PathContext) -> None:
-    try:
-        await ctx.topics.resolve(ctx.open_upstream)
-    except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
-        log.warning("topic_id_lookup_failed", error=str(exc))
+def _batch_fields(name: str, part: int, records: Any, outcome: Any, out: Any) -> dict[str, Any]:
+    """The record_batch telemetry of one filtered partition (`out`: its records as sent)."""
+    first, last = offset_range(records)
+    records_in = count_records(records)
+    return {
+        "topic": name,
+        "partition": part,
+        "offset_first": first,
+        "offset_last": last,
+        "records_in": records_in,
+        "records_out": count_records(out) if outcome.changed else records_in,
+        "bytes_in": len(records),
+        "bytes_out": len(out or b""),
+        "stats": outcome.stats,
+        "error_code": outcome.error_code,
+        "error_message": outcome.error_message,
+        "record_errors": outcome.record_errors,
+        "dead_letters": len(outcome.dead_letters),
+    }
+
+
+def _filter_scanned(
+    chain: FilterChain,
+    frame: Frame,
+    layout: FetchResponseLayout,
+    names: list[str | None],
+    client_id: str | None,
+    principal: str | None,
+    limits: BatchLimits = DEFAULT_BATCH_LIMITS,
+) -> _Spliced:
+    """Runs in the filter thread pool (each batch within `limits`): filters the partitions of
+    the filtered topics and splices their new records and error codes into the frame."""
+    records: dict[tuple[int, int], Any] = {}
+    errors: dict[tuple[int, int], int] = {}
+    batches: list[dict[str, Any]] = []
+    dead: list[list[DeadLetter]] = []
+    for i, (topic, name) in enumerate(zip(layout.topics, names, strict=True)):
+        if name is None:
+            # A topic id the cluster does not know either: it may be filtered, so its
+            # records must not pass.
+            for j in range(len(topic.partitions)):
+                records[(i, j)] = None
+                errors[(i, j)] = ErrorCode.UNKNOWN_TOPIC_ID
+            continue
+        if not chain.applies(name, "fetch", principal):
+            continue
+        for j, part in enumerate(topic.partitions):
+            blob = part.records
+            if not blob:
+                continue
+            ctx = RecordContext(name, part.partition, "fetch", client_id, principal)
+            outcome = filter_fetch(chain, ctx, blob, limits=limits)
+            if outcome.dead_letters:
+                dead.append(outcome.dead_letters)
+            out: Any = blob
+            if outcome.error_code:
+                out = records[(i, j)] = None
+                errors[(i, j)] = outcome.error_code
+            elif outcome.changed:
+                out = records[(i, j)] = outcome.records
+            batches.append(_batch_fields(name, part.partition, blob, outcome, out))
+    if not records and not errors:
+        return _Spliced(frame, batches, dead)
+    return _Spliced(splice_fetch_records(frame, layout, records, errors), batches, dead)
 
 
 def _filter_response(
@@ -151,7 +293,7 @@ def _filter_response(
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
-) -> _Filtered:
+) -> _FilteredResponse:
     """Runs in the filter thread pool (each batch within `limits`); touches no loop-owned
     state."""
     topics = []
@@ -196,27 +338,11 @@ def _filter_response(
             elif outcome.changed:
                 changed = True
                 part = dataclasses.replace(part, records=bytes(outcome.records))
-            first, last = offset_range(records)
-            records_in = count_records(records)
             batches.append(
-                {
-                    "topic": name,
-                    "partition": int(part.partition_index),
-                    "offset_first": first,
-                    "offset_last": last,
-                    "records_in": records_in,
-                    "records_out": count_records(part.records) if outcome.changed else records_in,
-                    "bytes_in": len(records),
-                    "bytes_out": len(part.records or b""),
-                    "stats": outcome.stats,
-                    "error_code": outcome.error_code,
-                    "error_message": outcome.error_message,
-                    "record_errors": outcome.record_errors,
-                    "dead_letters": len(outcome.dead_letters),
-                }
+                _batch_fields(name, int(part.partition_index), records, outcome, part.records)
             )
             parts.append(part)
         topics.append(dataclasses.replace(topic, partitions=tuple(parts)))
     if not changed:
-        return _Filtered(response, batches, dead)
-    return _Filtered(dataclasses.replace(response, responses=tuple(topics)), batches, dead)
+        return _FilteredResponse(response, batches, dead)
+    return _FilteredResponse(dataclasses.replace(response, responses=tuple(topics)), batches, dead)

@@ -32,7 +32,7 @@ from sluice.codec import entities
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.messages import ApiKey, decode_request
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.ops.policies import (
     CONFIG_KEY,
     Policy,

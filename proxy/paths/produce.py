@@ -35,8 +35,7 @@ from sluice.codec.produce_splice import (
 from sluice.filters.chain import DeadLetter, FilterChain, FilterStats
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_produce
-from sluice.proxy.net.client_info import ClientInfo
-from sluice.proxy.net.upstream_client import UpstreamError
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Answer,
@@ -55,7 +54,6 @@ from sluice.proxy.paths.base import (
     job_size,
 )
 from sluice.proxy.telemetry.events import produce_offsets
-from sluice.proxy.telemetry.logs import log
 
 #: Record errors one partition's answer lists: Kafka lists every failed record, which for a
 #: batch of 100 000 records that all fail is megabytes of answer; past these the partition's
@@ -133,7 +131,7 @@ class ProducePath:
         if unknown:
             return Defer(
                 Job(
-                    run=lambda: _lookup(ctx),
+                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
                     finish=lambda _: self._filter(ctx, exchange, frame, layout),
                     in_thread=False,
                     what="topic id look-up",
@@ -178,7 +176,7 @@ class ProducePath:
         exchange: Exchange,
         frame: Frame,
         layout: ProduceRequestLayout,
-        result: _Filtered,
+        result: _FilteredRequest,
     ) -> RequestOutcome:
         header = exchange.header
         for letters in result.dead_letters:
@@ -194,7 +192,7 @@ class ProducePath:
             _emit(ctx, exchange.client, state, None)
             if not expect:
                 return NoReply()
-            return Answer(_local_response(header, result.local))
+            return Answer(local_response(header, result.local))
         body = frame[header.header_size :]
         new_body = splice_produce_records(body, layout, result.replaced, result.drop)
         if not expect:
@@ -230,7 +228,7 @@ class ProducePath:
 
         def change(response: Any) -> Any:
             _emit(ctx, exchange.client, state, _base_offsets(ctx, response))
-            return _merge_local(response, state.local) if state.local else response
+            return merge_local(response, state.local) if state.local else response
 
         return Respond(responses.transform(header, frame, ctx.map_endpoint, change))
 
@@ -246,15 +244,8 @@ class ProducePath:
         _emit(ctx, exchange.client, state, None)
 
 
-async def _lookup(ctx: PathContext) -> None:
-    try:
-        await ctx.topics.resolve(ctx.open_upstream)
-    except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
-        log.warning("topic_id_lookup_failed", error=str(exc))
-
-
 @dataclass(slots=True)
-class _Filtered:
+class _FilteredRequest:
     """What the filter thread found for one Produce request (applied on the loop).
 
     Partitions are named by position in the request, (topic i, partition j), as the splice
@@ -274,10 +265,10 @@ def _filter_request(
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
-) -> _Filtered:
+) -> _FilteredRequest:
     """Runs in the filter thread pool: every partition of a filtered topic through the chain,
     each batch within `limits`. Touches no loop-owned state; returns what the loop applies."""
-    result = _Filtered([], [], {}, set(), [])
+    result = _FilteredRequest([], [], {}, set(), [])
     for i, topic in enumerate(layout.topics):
         name = names[i]
         if name is None:
@@ -415,7 +406,7 @@ def _partition_response(pcls: type[Any], answer: LocalAnswer) -> Any:
     )
 
 
-def _merge_local(response: Any, local: list[LocalAnswer]) -> Any:
+def merge_local(response: Any, local: list[LocalAnswer]) -> Any:
     rcls = type(response)
     tcls = entities.element_class(rcls, "responses")
     pcls = entities.element_class(tcls, "partition_responses")
@@ -441,8 +432,8 @@ def _merge_local(response: Any, local: list[LocalAnswer]) -> Any:
     return dataclasses.replace(response, responses=tuple(topics))
 
 
-def _local_response(header: RequestHeader, local: list[LocalAnswer]) -> bytes:
+def local_response(header: RequestHeader, local: list[LocalAnswer]) -> bytes:
     cls = entities.response_class(ApiKey.PRODUCE, header.api_version)
     empty = entities.build(cls, responses=())
-    body = encode_response(_merge_local(empty, local))
+    body = encode_response(merge_local(empty, local))
     return response_header_bytes(header.correlation_id, header.api_key, header.api_version) + body

@@ -14,8 +14,12 @@ every API key:
   codec's newest version of a key the codec knows.
 - A key some path inspects under the chain in force (a request path, or a response path that
   wants some version of it) passes only in the versions the codec decodes: a frame that must
-  be inspected is never relayed uninspected. Keys no path inspects pass as their bytes in any
-  version the broker supports (older clients that skip ApiVersions send v0 admin requests).
+  be inspected is never relayed uninspected. One exception, for versions older than the
+  codec's: a request path that can vouch from the raw bytes that it has nothing to inspect
+  (`UndecodableGate`: the internal-topics path, when no protected topic's name occurs in the
+  frame and no other path inspects the key) lets it pass. Keys no path inspects pass as their
+  bytes in any version the broker supports (older clients that skip ApiVersions send v0 admin
+  requests).
 
 What the proxy advertises (`apiversions.py`) is the codec's range intersected with the
 broker's, so clients that read ApiVersions always pick a version that passes. Every
@@ -26,9 +30,10 @@ keys, whatever a client sends.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sluice.codec.messages import ApiKey, codec_version_range
-from sluice.proxy.paths.base import ApiPath, PathContext, ResponsePath
+from sluice.proxy.paths.base import ApiPath, Frame, PathContext, ResponsePath, UndecodableGate
 
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
 
@@ -67,6 +72,24 @@ class VersionTable:
         return ours is not None and 0 <= version <= ours[1]
 
 
+def pick_request_path(paths: Sequence[ApiPath], ctx: PathContext, api_key: int) -> ApiPath | None:
+    """The first of `paths` that handles `api_key` and wants its requests under `ctx`."""
+    for path in paths:
+        if api_key in path.api_keys and path.wants_request(ctx, api_key):
+            return path
+    return None
+
+
+def pick_response_path(
+    paths: Sequence[ApiPath], ctx: PathContext, api_key: int, version: int
+) -> ResponsePath | None:
+    """The first of `paths` that handles `api_key` and wants its responses of `version`."""
+    for path in paths:
+        if api_key in path.api_keys and path.wants_response(ctx, api_key, version):
+            return path
+    return None
+
+
 class Router:
     """Which path handles a request or a response, for one installed chain."""
 
@@ -98,8 +121,9 @@ class Router:
             for version in range(span[0], span[1] + 1)
         )
 
-    def refusal(self, api_key: int, version: int) -> str | None:
-        """None if a request of this key and version may be handled, else why not."""
+    def refusal(self, header: Any, frame: Frame) -> str | None:
+        """None if a request with this header may be handled, else why not."""
+        api_key, version = header.api_key, header.api_version
         if api_key == _API_VERSIONS:
             return None if version >= 0 else "ApiVersions with a negative version"
         if not self.versions.broker_supports(api_key, version):
@@ -107,6 +131,14 @@ class Router:
         if api_key in self._inspected:
             ours = codec_version_range(api_key)
             if ours is None or not ours[0] <= version <= ours[1]:
+                gate = self._requests.get(api_key)
+                if (
+                    ours is not None
+                    and version < ours[0]
+                    and isinstance(gate, UndecodableGate)
+                    and gate.relays_undecodable(self.ctx, header, frame)
+                ):
+                    return None
                 return (
                     f"request api key {api_key} v{version} must be inspected by the proxy, "
                     "which cannot decode that version"
@@ -132,10 +164,8 @@ class Router:
             # Only keys no path inspects get here in such versions (`refusal`): relayed.
             self._responses[key] = None
             return None
-        for path in self._response_paths.get(api_key, ()):
-            if path.wants_response(self.ctx, api_key, version):
-                found = path
-                break
+        found = pick_response_path(self._response_paths.get(api_key, ()), self.ctx, api_key,
+                                   version)
         self._responses[key] = found
         return found
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from sluice.codec.errors import CodecError
 from sluice.codec.messages import ApiKey
-from sluice.proxy.net.upstream_client import UpstreamConnection
+from sluice.proxy.contract import Upstream, UpstreamError
+from sluice.proxy.telemetry.logs import log
 
 _MIN_LOOKUP_INTERVAL = 1.0  # seconds between two look-ups for ids still unknown
 _MAX_NAMES = 1_000_000  # ids come from the broker, but bound the table anyway
@@ -25,6 +28,7 @@ _MAX_NAMES = 1_000_000  # ids come from the broker, but bound the table anyway
 class TopicRegistry:
     def __init__(self) -> None:
         self.names: dict[Any, str] = {}
+        self.ids: dict[str, Any] = {}  # the newest id learnt for each name
         self._lookup: asyncio.Future[None] | None = None
         self._last_lookup = 0.0
         self.lookups = 0
@@ -37,14 +41,19 @@ class TopicRegistry:
             name = getattr(topic, "name", None)
             if topic_id is not None and name and topic_id.int != 0 and len(names) < _MAX_NAMES:
                 names[topic_id] = name
+                self.ids[name] = topic_id
 
     def name(self, topic_id: Any) -> str | None:
         return self.names.get(topic_id)
 
+    def id_of(self, name: str) -> Any:
+        """The id learnt for topic `name` (None: not seen yet)."""
+        return self.ids.get(name)
+
     def unknown(self, topic_ids: Iterable[Any]) -> list[Any]:
         return [t for t in topic_ids if t is not None and t not in self.names]
 
-    def resolve(self, open_upstream: Callable[[], Awaitable[UpstreamConnection]]) -> Any:
+    def resolve(self, open_upstream: Callable[[], Awaitable[Upstream]]) -> Any:
         """An awaitable that refreshes the table from the cluster's Metadata (all topics).
 
         Concurrent callers share one look-up; a look-up right after another is skipped, so a
@@ -58,7 +67,15 @@ class TopicRegistry:
         self._lookup = asyncio.ensure_future(self._fetch(open_upstream))
         return asyncio.shield(self._lookup)
 
-    async def _fetch(self, open_upstream: Callable[[], Awaitable[UpstreamConnection]]) -> None:
+    async def refresh(self, open_upstream: Callable[[], Awaitable[Upstream]]) -> None:
+        """`resolve`, with a failed look-up logged instead of raised: the Produce and Fetch
+        paths then go on with the names they know."""
+        try:
+            await self.resolve(open_upstream)
+        except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
+            log.warning("topic_id_lookup_failed", error=str(exc))
+
+    async def _fetch(self, open_upstream: Callable[[], Awaitable[Upstream]]) -> None:
         self.lookups += 1
         conn = await open_upstream()
         try:
@@ -73,3 +90,8 @@ class TopicRegistry:
         finally:
             await conn.close()
         self.learn(response)
+
+
+def is_null_id(topic_id: Any) -> bool:
+    """Kafka's null topic id (all zeros), which requests send when they name topics by name."""
+    return topic_id is None or (isinstance(topic_id, uuid.UUID) and topic_id.int == 0)

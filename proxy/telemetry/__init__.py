@@ -11,11 +11,11 @@ The proxy does::
 
 The schema is documented in docs/TELEMETRY.md; the builders live in ``events``, the sinks in
 ``sinks`` (JSON Lines, Kafka), ``parquet`` and ``kafka_arrow`` (columnar, layout in
-``columns``), and ``make_sink`` in ``factory``.
+``sluice.telemetry_schema.columns``), and ``make_sink`` in ``factory``.
 
-The sinks are imported on first use (PEP 562 ``__getattr__``): the audit job's Spark workers
-import ``columns`` from this package, and the sinks' imports (structlog, the Parquet writer,
-the Kafka client) cost each new worker about 0.1 s for code it never runs.
+The sinks are imported on first use (PEP 562 ``__getattr__``): importing this package for the
+event builders does not pay for the sinks' imports (structlog, the Parquet writer, the Kafka
+client) until a sink is made.
 """
 
 

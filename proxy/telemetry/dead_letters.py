@@ -40,7 +40,8 @@ from sluice.codec.error_codes import ErrorCode
 from sluice.codec.messages import ApiKey
 from sluice.codec.partitioner import partition_for_key
 from sluice.codec.records import BatchHeader, Record, build_batch
-from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer, UpstreamError
+from sluice.proxy.contract import UpstreamError
+from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
 from sluice.proxy.ops.config import (
     DEFAULT_DEAD_LETTER_QUEUE_BYTES,
     DEFAULT_DEAD_LETTER_SHUTDOWN_TIMEOUT,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from time import time_ns
 from typing import Any, Literal, Protocol
 
-from sluice.proxy.telemetry.integrity import EventIds
+from sluice.telemetry_schema.integrity import EventIds
 
 SCHEMA_VERSION = 1
 

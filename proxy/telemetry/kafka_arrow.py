@@ -27,15 +27,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.proxy.telemetry.columns import (
+from sluice.proxy.telemetry.events import ProxyInfo
+from sluice.proxy.telemetry.sinks import KafkaSink, TelemetryConfigError
+from sluice.telemetry_schema.columns import (
     LAYOUT_VERSION,
     UNIQUE_COLUMNS,
     ColumnarBuffers,
     warm_up,
 )
-from sluice.proxy.telemetry.events import ProxyInfo
-from sluice.proxy.telemetry.integrity import KAFKA_ARROW, TAG_HEADER, kafka_arrow_fields
-from sluice.proxy.telemetry.sinks import KafkaSink, TelemetryConfigError
+from sluice.telemetry_schema.integrity import KAFKA_ARROW, TAG_HEADER, kafka_arrow_fields
 
 DEFAULT_FLUSH_SECONDS = 1.0
 # Offset-run segments and finding counters restart this often (file sinks: at rotation).

@@ -1,6 +1,9 @@
 """structlog set-up: JSON lines for machines, console rendering on a terminal.
 
 Log events carry connection and filter context, never record payloads or credentials.
+Warnings a client can repeat at will (one per connection or per request) go through
+``repeats`` (filters/log_limit.py): the first of each kind, then one per interval with the
+number suppressed.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import os
 import sys
 
 import structlog
+
+from sluice.filters.log_limit import RepeatLimiter
 
 
 def configure_logging(level: str = "info", fmt: str | None = None) -> None:
@@ -39,3 +44,5 @@ def configure_logging(level: str = "info", fmt: str | None = None) -> None:
 
 
 log = structlog.get_logger("sluice")
+#: The proxy's shared limiter for warnings that repeat per connection or per request.
+repeats = RepeatLimiter()

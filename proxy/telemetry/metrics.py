@@ -93,6 +93,8 @@ class Metrics:
     _latency_of: dict[int, Histogram] = field(default_factory=dict, repr=False)
     filters: dict[str, FilterCounters] = field(default_factory=dict)
     sasl_outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: api key -> request items naming the proxy's own topics, refused (paths/internal_topics)
+    internal_refusals: dict[int, int] = field(default_factory=dict)
     active_connections: Callable[[], int] = lambda: 0
     sink_stats: Callable[[], dict[str, Any]] | None = None
     #: DeadLetterWriter.stats (produced, failed, dropped, lost_at_shutdown, queued, queued_bytes)
@@ -155,6 +157,9 @@ class Metrics:
         name = mechanism if mechanism in _SASL_MECHANISMS else ("other" if mechanism else "unknown")
         key = (name, result)
         self.sasl_outcomes[key] = self.sasl_outcomes.get(key, 0) + 1
+
+    def internal_refused(self, api_key: int, items: int) -> None:
+        self.internal_refusals[api_key] = self.internal_refusals.get(api_key, 0) + items
 
     # ---------------------------------------------------------------- exposition
     def collector(self) -> Any:
@@ -277,6 +282,14 @@ class _Collector:
             "(the last verified state stays in force)",
             value=m.fleet_lost,
         )
+        refusals = CounterMetricFamily(
+            "sluice_internal_topic_refusals",
+            "Request items naming the proxy's own topics, answered TOPIC_AUTHORIZATION_FAILED",
+            labels=("api",),
+        )
+        for api_key, n in sorted(m.internal_refusals.items()):
+            refusals.add_metric([_api_name(api_key)], n)
+        yield refusals
         yield from _sink_families(m.sink_stats)
         yield from _dead_letter_families(m.dead_letter_stats)
         if m.job_placement is not None:

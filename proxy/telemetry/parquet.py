@@ -36,7 +36,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import structlog
 
-from sluice.proxy.telemetry.columns import (
+from sluice.proxy.telemetry.events import ProxyInfo, now_ms, telemetry_dropped_event
+from sluice.proxy.telemetry.sinks import (
+    DEFAULT_QUEUE_SIZE,
+    DEFAULT_ROTATE_BYTES,
+    DEFAULT_ROTATE_SECONDS,
+    QueuedSink,
+    TelemetryConfigError,
+    check_rotation,
+)
+from sluice.telemetry_schema.columns import (
     FIRST_ROW,
     HOUR_MS,
     ROLLUPS,
@@ -46,16 +55,7 @@ from sluice.proxy.telemetry.columns import (
     time_column,
     warm_up,
 )
-from sluice.proxy.telemetry.events import ProxyInfo, now_ms, telemetry_dropped_event
-from sluice.proxy.telemetry.integrity import Tagger, write_sidecar
-from sluice.proxy.telemetry.sinks import (
-    DEFAULT_QUEUE_SIZE,
-    DEFAULT_ROTATE_BYTES,
-    DEFAULT_ROTATE_SECONDS,
-    QueuedSink,
-    TelemetryConfigError,
-    check_rotation,
-)
+from sluice.telemetry_schema.integrity import Tagger, write_sidecar
 
 log = structlog.get_logger("sluice.telemetry")
 

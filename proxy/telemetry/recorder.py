@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from sluice.codec.messages import ApiKey
 from sluice.filters.chain import FilterStats
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.telemetry import events
 from sluice.proxy.telemetry.logs import log
 from sluice.proxy.telemetry.metrics import Metrics

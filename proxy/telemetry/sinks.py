@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import structlog
 
 from sluice.proxy.telemetry.events import ProxyInfo, now_ms, telemetry_dropped_event
-from sluice.proxy.telemetry.integrity import (
+from sluice.telemetry_schema.integrity import (
     KAFKA_JSON,
     TAG_HEADER,
     FileMac,

@@ -16,7 +16,11 @@ from hypothesis import strategies as st
 from sluice.codec.errors import DecodeError, UnsupportedVersion
 from sluice.codec.headers import parse_request_header
 from sluice.codec.messages import decode_request, encode_request
-from sluice.codec.produce_splice import scan_produce_request, splice_produce_records
+from sluice.codec.produce_splice import (
+    produce_topic_keys,
+    scan_produce_request,
+    splice_produce_records,
+)
 from sluice.codec.schemas import known_versions, request_schema
 from tests.codec.produce_entities import element
 from tests.codec.test_codec_golden import REQUESTS
@@ -128,6 +132,10 @@ def test_scan_finds_what_kio_decodes(request: tuple[int, Any]) -> None:
         assert got == [(p.index, p.records) for p in topic.partition_data]
     # Nothing changed: the body comes back as it was.
     assert splice_produce_records(body, layout, {}) == body
+    # The topics-only read agrees with the scan.
+    assert produce_topic_keys(version, body) == [
+        t.name if t.name is not None else t.topic_id for t in layout.topics
+    ]
 
 
 @settings(max_examples=100, deadline=None)
@@ -140,6 +148,10 @@ def test_every_truncation_is_a_decode_error(data: st.DataObject, request: tuple[
         scan_produce_request(version, body[:cut])
     with pytest.raises(DecodeError, match="trailing"):
         scan_produce_request(version, body + b"\x00")
+    with pytest.raises(DecodeError):
+        produce_topic_keys(version, body[:cut])
+    with pytest.raises(DecodeError, match="trailing"):
+        produce_topic_keys(version, body + b"\x00")
 
 
 PRODUCE_GOLDEN = [g for g in REQUESTS if g.api_key == 0]

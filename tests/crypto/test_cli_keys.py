@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,17 +23,19 @@ def test_lifecycle(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "no keys in the local KMS" in capsys.readouterr().out
     assert main(["keys", "create", "payments", "--config", str(config)]) == 0
     assert main(["keys", "rotate", "payments", "--config", str(config)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "payments: current 2; versions 1, 2"
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert re.fullmatch(r"payments: current (2-[0-9a-f]{8}); versions 1-[0-9a-f]{8}, \1", last)
     assert main(["keys", "list", "--config", str(config), "--json"]) == 0
     [info] = json.loads(capsys.readouterr().out)
-    assert info["name"] == "payments" and info["versions"] == ["1", "2"]
+    assert info["name"] == "payments" and [v[:2] for v in info["versions"]] == ["1-", "2-"]
+    assert last.endswith(", " + info["versions"][1]) and info["versions"][0] in last
     ring = (config.parent / "ring.json").read_text()
     assert main(["keys", "delete", "payments", "--config", str(config)]) == 2
     assert "add --yes" in capsys.readouterr().err
     assert (config.parent / "ring.json").read_text() == ring  # nothing happened
     assert main(["keys", "delete", "payments", "--config", str(config), "--yes"]) == 0
     out = capsys.readouterr().out
-    assert "payments: deleted; versions -, destroyed 1, 2" in out
+    assert f"payments: deleted; versions -, destroyed {', '.join(info['versions'])}" in out
     assert "material" not in (config.parent / "ring.json").read_text()
 
 

@@ -19,6 +19,8 @@ from sluice.crypto.envelope import (
     find_envelope,
     headers_for,
     open_value,
+    prefix_for,
+    record_digest,
     seal_value,
 )
 
@@ -41,6 +43,32 @@ def test_golden_record_reads() -> None:
     env = find_envelope(GOLDEN_HEADERS)
     assert env == Envelope(MODE_VALUE, "payments", "3", b"wrapped-dek-bytes", (), 1)
     assert open_value(AEAD, env, GOLDEN_KEY, GOLDEN_VALUE) == b'{"amount": 12.5}'
+
+
+# The same value as layout 2 stores it (filter enc-payments, topic payments.eu), sealed with
+# DEK and the nonce 00..0b: what every later version must still read.
+GOLDEN2_HEADERS = [("trace", b"t-1"), ("sluice.enc", b"2;value;enc-payments"),
+                   ("sluice.enc.key", b"payments;3-0a1b2c3d"),
+                   ("sluice.enc.dek", b"wrapped-dek-bytes")]
+GOLDEN2_VALUE = bytes.fromhex(
+    "01" "000102030405060708090a0b"
+    "3c20b776aa90ac6faf7bb7ba83c74d10" "7700e6f8213c678abc5fb762ac82608f")
+
+
+def test_golden_layout_2_record_reads_and_is_bound() -> None:
+    env = find_envelope(GOLDEN2_HEADERS)
+    assert env == Envelope(MODE_VALUE, "payments", "3-0a1b2c3d", b"wrapped-dek-bytes", (), 1,
+                           2, "enc-payments")
+    own = GOLDEN2_HEADERS[:1]
+    prefix = prefix_for(env, "payments.eu")
+    assert open_value(AEAD, env, GOLDEN_KEY, GOLDEN2_VALUE, prefix, record_digest(own)) == (
+        b'{"amount": 12.5}')
+    assert headers_for(env) == GOLDEN2_HEADERS[1:]
+    for topic, headers in (("payments.us", own), ("payments.eu", [("trace", b"t-2")]),
+                           ("payments.eu", [])):
+        with pytest.raises(EnvelopeError):
+            open_value(AEAD, env, GOLDEN_KEY, GOLDEN2_VALUE, prefix_for(env, topic),
+                       record_digest(headers))
 
 
 @settings(max_examples=200)
@@ -105,7 +133,8 @@ def test_fields_header_round_trip() -> None:
 
 
 @pytest.mark.parametrize("headers", [
-    [(H_ENC, b"2;value"), (H_KEY, b"k;1"), (H_DEK, b"w")],          # unknown layout version
+    [(H_ENC, b"2;value"), (H_KEY, b"k;1"), (H_DEK, b"w")],          # layout 2 without a filter
+    [(H_ENC, b"3;value;f"), (H_KEY, b"k;1"), (H_DEK, b"w")],        # unknown layout version
     [(H_ENC, b"1;zip"), (H_KEY, b"k;1"), (H_DEK, b"w")],            # unknown mode
     [(H_ENC, b"1;value"), (H_KEY, b"k;1")],                         # a header missing
     [(H_ENC, b"1;value"), (H_DEK, b"w"), (H_KEY, b"k;1")],          # out of order

@@ -22,7 +22,7 @@ from sluice.crypto.kms import (
     settings_from_mapping,
 )
 from sluice.crypto.kms_aws import AwsKms
-from sluice.crypto.kms_local import LocalKeyring
+from sluice.crypto.kms_local import LocalKeyring, version_number
 from sluice.filters.yaml_lines import ConfigError, load_yaml_with_lines
 from tests.harness.moto import AWS_ENV, MotoServer
 
@@ -100,7 +100,8 @@ def test_local_keyring_file_is_private_and_shared(tmp_path: Path) -> None:
     with pytest.raises(KeyDestroyed):
         proxy.decrypt_data_key("payments", dk.key_version, dk.wrapped)
     again = proxy.generate_data_key("payments")  # a new version, never a reused number
-    assert int(again.key_version) == int(dk.key_version) + 1
+    assert version_number(again.key_version) == version_number(dk.key_version) + 1
+    assert again.key_version != dk.key_version
     path.chmod(0o644)
     with pytest.raises(KmsUnavailable, match="chmod 600"):
         LocalKeyring(path).list_keys()
@@ -111,7 +112,7 @@ def test_local_keyring_without_auto_create(tmp_path: Path) -> None:
     with pytest.raises(KeyNotFound, match="sluice keys create"):
         ring.generate_data_key("payments")
     ring.create_key("payments")
-    assert ring.generate_data_key("payments").key_version == "1"
+    assert version_number(ring.generate_data_key("payments").key_version) == 1
 
 
 def test_unreadable_keyring_is_unavailable(tmp_path: Path) -> None:

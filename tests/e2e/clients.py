@@ -32,6 +32,27 @@ def create_topic(
     futures = admin.create_topics([NewTopic(name, partitions, 1, config=config or {})])
     for fut in futures.values():
         fut.result(15)
+    wait_for_leaders(bootstrap, name, partitions)
+
+
+def wait_for_leaders(
+    bootstrap: str, name: str, partitions: int = 1, timeout: float = 15, **conf: Any
+) -> None:
+    """Wait until `bootstrap`'s metadata shows a leader for each of the topic's partitions.
+
+    Apache Kafka creates a topic through its metadata log: for a moment after CreateTopics
+    answers, Metadata may not list it and a Produce or Fetch gets NOT_LEADER_OR_FOLLOWER
+    (Tansu serves it at once). Clients retry by themselves; raw-frame tests do not."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET, **conf})
+    deadline = time.monotonic() + timeout
+    while True:
+        topic = admin.list_topics(name, timeout=10).topics.get(name)
+        if (topic is not None and topic.error is None and len(topic.partitions) >= partitions
+                and all(p.leader >= 0 for p in topic.partitions.values())):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topic {name}: no leader for every partition after {timeout} s")
+        time.sleep(0.05)
 
 
 def confluent_produce(

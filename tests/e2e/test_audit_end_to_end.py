@@ -81,6 +81,15 @@ def _consume(bootstrap: str, topic: str, count: int, client_id: str) -> int:
         consumer.close()
 
 
+def _high_watermarks(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("w"), **QUIET})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in (0, 1)}
+    finally:
+        consumer.close()
+
+
 def _stored_offsets(bootstrap: str, topic: str, count: int) -> dict[int, list[int]]:
     consumer = Consumer(
         {
@@ -113,7 +122,7 @@ class Traffic:
 
 
 @pytest.fixture(scope="module")
-def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
+def traffic(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Traffic:
     """Known traffic through the proxy (Parquet telemetry, the default) with real clients."""
     tmp_path = tmp_path_factory.mktemp("audit-e2e")
     pay, view = unique("audit.pay"), unique("audit.view")
@@ -140,38 +149,39 @@ def traffic(tmp_path_factory: pytest.TempPathFactory) -> Traffic:
             }
         )
     )
-    with TansuBroker() as broker:
-        proxy = SluiceProxy(upstream=broker.bootstrap, config=config).start()
-        try:
-            create_topic(proxy.bootstrap, pay, partitions=2)
-            create_topic(proxy.bootstrap, view, partitions=1)
-            # svc-a: 40 records, one e-mail each, idempotent librdkafka.
-            a_values = [
-                json.dumps({"i": i, "email": f"a{i}@example.com"}).encode() for i in range(40)
-            ]
-            placed = _produce_with_offsets(proxy.bootstrap, pay, a_values, "svc-a")
-            # svc-b: 25 records, an e-mail and a Luhn-valid card each, kafka-python.
-            b_values = [
-                (
-                    None,
-                    json.dumps(
-                        {"i": i, "email": f"b{i}@example.org", "card": "4111 1111 1111 1111"}
-                    ).encode(),
-                )
-                for i in range(25)
-            ]
-            assert kafka_python_produce(proxy.bootstrap, pay, b_values, client_id="svc-b") == 25
-            # 30 plain records to the fetch-filtered topic, then read once through the proxy.
-            v_values = [
-                json.dumps({"i": i, "email": f"v{i}@example.net"}).encode() for i in range(30)
-            ]
-            _produce_with_offsets(broker.bootstrap, view, v_values, "loader")
-            assert _consume(proxy.bootstrap, view, 30, "reader") == 30
-            # Offsets the broker assigned to everything on `pay`, read back directly (Tansu's
-            # ListOffsets LATEST is unreliable, so no watermarks).
-            stored = _stored_offsets(broker.bootstrap, pay, 65)
-        finally:
-            proxy.stop()
+    proxy = SluiceProxy(upstream=broker.bootstrap, config=config).start()
+    try:
+        create_topic(proxy.bootstrap, pay, partitions=2)
+        create_topic(proxy.bootstrap, view, partitions=1)
+        # svc-a: 40 records, one e-mail each, idempotent librdkafka.
+        a_values = [
+            json.dumps({"i": i, "email": f"a{i}@example.com"}).encode() for i in range(40)
+        ]
+        placed = _produce_with_offsets(proxy.bootstrap, pay, a_values, "svc-a")
+        # svc-b: 25 records, an e-mail and a Luhn-valid card each, kafka-python.
+        b_values = [
+            (
+                None,
+                json.dumps(
+                    {"i": i, "email": f"b{i}@example.org", "card": "4111 1111 1111 1111"}
+                ).encode(),
+            )
+            for i in range(25)
+        ]
+        assert kafka_python_produce(proxy.bootstrap, pay, b_values, client_id="svc-b") == 25
+        # 30 plain records to the fetch-filtered topic, then read once through the proxy.
+        v_values = [
+            json.dumps({"i": i, "email": f"v{i}@example.net"}).encode() for i in range(30)
+        ]
+        _produce_with_offsets(broker.bootstrap, view, v_values, "loader")
+        assert _consume(proxy.bootstrap, view, 30, "reader") == 30
+        # Offsets the broker assigned to everything on `pay`, read back directly; Kafka's
+        # high watermarks agree with them (Tansu's ListOffsets LATEST did not).
+        stored = _stored_offsets(broker.bootstrap, pay, 65)
+        assert _high_watermarks(broker.bootstrap, pay) == {
+            p: offsets[-1] + 1 for p, offsets in stored.items()}
+    finally:
+        proxy.stop()
 
     return Traffic(tele, pay, view, placed, stored)
 

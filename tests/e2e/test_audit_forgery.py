@@ -28,9 +28,9 @@ import pytest
 from confluent_kafka import Producer
 
 from sluice.proxy import telemetry as t
-from sluice.proxy.telemetry import integrity as ig
-from sluice.proxy.telemetry.columns import ColumnarBuffers
 from sluice.proxy.telemetry.kafka_arrow import encode_batch
+from sluice.telemetry_schema import integrity as ig
+from sluice.telemetry_schema.columns import ColumnarBuffers
 from tests.e2e.clients import QUIET, confluent_produce, create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
@@ -71,31 +71,31 @@ def spark_session() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+def setup(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    # The session's Kafka node: the proxy's Kafka telemetry sink writes to it.
     work = tmp_path_factory.mktemp("forgery")
     key = work / "telemetry.key"
     ig.write_key(key, ig.new_key())
     pay, topic = unique("forge.pay"), unique("sluice-telemetry")
     tele = work / "telemetry"
-    with TansuBroker() as broker:
-        config = work / "sluice.yaml"
-        config.write_text(json.dumps({
-            "filters": [{"name": "mask-pay", "module": "builtin:pii-mask", "topics": [pay],
-                         "apply_to": ["produce"]}],
-            "telemetry": {"dir": str(tele), "key_file": str(key),
-                          "kafka": {"bootstrap": broker.bootstrap, "topic": topic,
-                                    "create_partitions": 2}},
-        }))
-        proxy = SluiceProxy(upstream=broker.bootstrap, config=config).start()
-        try:
-            create_topic(proxy.bootstrap, pay, partitions=1)
-            values = [json.dumps({"i": i, "email": f"u{i}@example.com",
-                                  "card": "4111 1111 1111 1111"}).encode() for i in range(30)]
-            confluent_produce(proxy.bootstrap, pay, [(None, v) for v in values],
-                              **{"client.id": "svc-a"})
-        finally:
-            proxy.stop()
-        yield Setup(broker.bootstrap, key, tele, topic, pay, work)
+    config = work / "sluice.yaml"
+    config.write_text(json.dumps({
+        "filters": [{"name": "mask-pay", "module": "builtin:pii-mask", "topics": [pay],
+                     "apply_to": ["produce"]}],
+        "telemetry": {"dir": str(tele), "key_file": str(key),
+                      "kafka": {"bootstrap": broker.bootstrap, "topic": topic,
+                                "create_partitions": 2}},
+    }))
+    proxy = SluiceProxy(upstream=broker.bootstrap, config=config).start()
+    try:
+        create_topic(proxy.bootstrap, pay, partitions=1)
+        values = [json.dumps({"i": i, "email": f"u{i}@example.com",
+                              "card": "4111 1111 1111 1111"}).encode() for i in range(30)]
+        confluent_produce(proxy.bootstrap, pay, [(None, v) for v in values],
+                          **{"client.id": "svc-a"})
+    finally:
+        proxy.stop()
+    yield Setup(broker.bootstrap, key, tele, topic, pay, work)
 
 
 def _audit(source: str, out: Path, keys: list[Path] | None) -> Any:

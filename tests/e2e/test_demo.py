@@ -38,6 +38,13 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "@example.com" in produced
     # Stored (read around the proxy) and consumed through it: masked, no e-mail left.
     assert stored and all("@example.com" not in ln and "*" in ln for ln in stored)
+    # The key (the customer's e-mail) and the header (a phone number) are stored masked too.
+    key_sent = next(ln for ln in lines if "key, as produced:" in ln)
+    key_stored = next(ln for ln in lines if "key, stored:" in ln)
+    header_stored = next(ln for ln in lines if "header customer-phone, stored:" in ln)
+    assert "@example.com" in key_sent and "@example.com" not in key_stored
+    assert "@*******.***" in key_stored
+    assert "+** ** **** ****" in header_stored
     tickets = [ln for ln in lines if "support.tickets:" in ln]
     assert len(tickets) == 2
     assert (

@@ -1,5 +1,6 @@
 """Record encryption end to end: real clients (confluent-kafka, kafka-python, aiokafka) with
-SASL/PLAIN principals, a real `sluice serve`, a real Tansu behind a SASL broker front. The
+SASL/PLAIN principals, a real `sluice serve`, Apache Kafka's own SASL_PLAINTEXT listener (its
+users, their passwords and ACLs granting them the test topics). The
 stored bytes are read straight from the broker (not through the proxy) to prove that no
 plaintext reached it; an allowed principal reads exactly what was produced; any other reads
 the ciphertext.
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +26,35 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
 
 from sluice.codec.records import records_section
-from tests.e2e.clients import QUIET, unique
+from sluice.crypto.kms_local import version_number
+from tests.e2e.clients import QUIET, unique, wait_for_leaders
+from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.moto import AWS_ENV, MotoServer
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import RelayedBroker, fetch_batches
-from tests.proxy.broker_front import FrontedTansu
 
-USERS = {"app": "app-Pa55-1", "billing-eu": "billing-Pa55-2", "bob": "bob-Pa55-3",
-         "admin": "admin-Pa55-4"}
+# The principals, each a SCRAM/PLAIN user of the session's Kafka node; `admin` is its super
+# user, the others may use the test topics and groups through the ACLs `sasl_broker` adds.
+USERS = ("app", "billing-eu", "bob", "admin")
+# Their passwords: random per Kafka run, filled in by the `sasl_broker` fixture.
+PASSWORDS: dict[str, str] = {}
 Rec = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
 
 
 def sasl(user: str) -> dict[str, Any]:
     return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-            "sasl.username": user, "sasl.password": USERS[user]}
+            "sasl.username": user, "sasl.password": PASSWORDS[user]}
 
 
 def card_values(n: int, tag: str) -> list[bytes]:
@@ -48,10 +62,33 @@ def card_values(n: int, tag: str) -> list[bytes]:
                         "amount": i * 1.5}).encode() for i in range(n)]
 
 
+@dataclass(frozen=True)
+class SaslBroker:
+    """Kafka's SASL_PLAINTEXT listener (the address the proxy dials and admin reads from)."""
+
+    bootstrap: str
+
+
 @pytest.fixture(scope="module")
-def sasl_broker() -> Iterator[FrontedTansu]:
-    with FrontedTansu(front_kwargs={"sasl_users": USERS}) as b:
-        yield b
+def sasl_broker(kafka_broker: KafkaCluster) -> SaslBroker:
+    PASSWORDS.update({user: kafka_broker.password(user) for user in USERS})
+    bootstrap = kafka_broker.bootstrap_for("SASL_PLAINTEXT")
+    grant_topics_and_groups(bootstrap, [user for user in USERS if user != "admin"])
+    return SaslBroker(bootstrap)
+
+
+def grant_topics_and_groups(bootstrap: str, users: list[str]) -> None:
+    """ACLs (made by the super user `admin`): every operation on every topic, group and
+    transactional id."""
+    client = AdminClient({"bootstrap.servers": bootstrap, **QUIET, **sasl("admin")})
+    bindings = [
+        AclBinding(kind, "*", ResourcePatternType.LITERAL, f"User:{user}", "*",
+                   AclOperation.ALL, AclPermissionType.ALLOW)
+        for user in users
+        for kind in (ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID)
+    ]
+    for future in client.create_acls(bindings).values():
+        future.result(20)
 
 
 def write_config(tmp_path: Path, kms: dict[str, Any], telemetry_format: str = "jsonl",
@@ -72,7 +109,7 @@ def write_config(tmp_path: Path, kms: dict[str, Any], telemetry_format: str = "j
 
 
 @pytest.fixture
-def local_proxy(sasl_broker: FrontedTansu, tmp_path: Path) -> Iterator[SluiceProxy]:
+def local_proxy(sasl_broker: SaslBroker, tmp_path: Path) -> Iterator[SluiceProxy]:
     config = write_config(tmp_path, {"type": "local", "path": "keys.json"})
     with SluiceProxy(upstream=sasl_broker.bootstrap, config=config) as p:
         yield p
@@ -82,6 +119,7 @@ def create_topic(bootstrap: str, topic: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET, **sasl("admin")})
     for fut in admin.create_topics([NewTopic(topic, 1, 1)]).values():
         fut.result(20)
+    wait_for_leaders(bootstrap, topic, **sasl("admin"))
 
 
 def produce(bootstrap: str, topic: str, records: list[Rec], user: str,
@@ -148,7 +186,7 @@ def assert_ciphertext(stored: list[Rec], produced: list[Rec], plaintext: list[by
 
 
 @pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
-def test_confluent_idempotent_all_codecs(sasl_broker: FrontedTansu, local_proxy: SluiceProxy,
+def test_confluent_idempotent_all_codecs(sasl_broker: SaslBroker, local_proxy: SluiceProxy,
                                          codec: str) -> None:
     topic = unique("enc-" + codec)
     create_topic(local_proxy.bootstrap, topic)
@@ -164,7 +202,7 @@ def test_confluent_idempotent_all_codecs(sasl_broker: FrontedTansu, local_proxy:
     assert not errors and refused == direct  # the stored ciphertext, unchanged
 
 
-def test_fields_with_kafka_python(sasl_broker: FrontedTansu, local_proxy: SluiceProxy) -> None:
+def test_fields_with_kafka_python(sasl_broker: SaslBroker, local_proxy: SluiceProxy) -> None:
     from kafka import KafkaConsumer, KafkaProducer
 
     topic = unique("fenc-kp")
@@ -173,7 +211,7 @@ def test_fields_with_kafka_python(sasl_broker: FrontedTansu, local_proxy: Sluice
     records = produced_records(values)
     creds = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN"}
     producer = KafkaProducer(bootstrap_servers=local_proxy.bootstrap, **creds,
-                             sasl_plain_username="app", sasl_plain_password=USERS["app"],
+                             sasl_plain_username="app", sasl_plain_password=PASSWORDS["app"],
                              compression_type="gzip")
     futures = [producer.send(topic, key=k, value=v, headers=h) for k, v, h in records]
     producer.flush(30)
@@ -183,7 +221,7 @@ def test_fields_with_kafka_python(sasl_broker: FrontedTansu, local_proxy: Sluice
 
     def read(bootstrap: str, user: str) -> list[Rec]:
         consumer = KafkaConsumer(bootstrap_servers=bootstrap, **creds,
-                                 sasl_plain_username=user, sasl_plain_password=USERS[user],
+                                 sasl_plain_username=user, sasl_plain_password=PASSWORDS[user],
                                  auto_offset_reset="earliest", consumer_timeout_ms=20000)
         from kafka import TopicPartition as KTP
 
@@ -202,7 +240,7 @@ def test_fields_with_kafka_python(sasl_broker: FrontedTansu, local_proxy: Sluice
     assert read(local_proxy.bootstrap, "bob") == direct
 
 
-def test_whole_values_with_aiokafka(sasl_broker: FrontedTansu, local_proxy: SluiceProxy) -> None:
+def test_whole_values_with_aiokafka(sasl_broker: SaslBroker, local_proxy: SluiceProxy) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka import TopicPartition as ATP
 
@@ -213,7 +251,7 @@ def test_whole_values_with_aiokafka(sasl_broker: FrontedTansu, local_proxy: Slui
 
     def creds(user: str) -> dict[str, Any]:
         return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
-                "sasl_plain_username": user, "sasl_plain_password": USERS[user]}
+                "sasl_plain_username": user, "sasl_plain_password": PASSWORDS[user]}
 
     async def write() -> None:
         # Not idempotent: Tansu answers aiokafka's InitProducerId v0 with
@@ -252,7 +290,7 @@ def test_whole_values_with_aiokafka(sasl_broker: FrontedTansu, local_proxy: Slui
     assert asyncio.run(read(local_proxy.bootstrap, "bob")) == direct
 
 
-def test_transactional_producer(sasl_broker: FrontedTansu, local_proxy: SluiceProxy) -> None:
+def test_transactional_producer(sasl_broker: SaslBroker, local_proxy: SluiceProxy) -> None:
     topic = unique("enc-tx")
     create_topic(local_proxy.bootstrap, topic)
     values = card_values(10, "tx")
@@ -299,8 +337,9 @@ def test_telemetry_names_key_versions_and_offsets(local_proxy: SluiceProxy,
     covered = set()
     for e in produced:
         [f] = e["filters"]
-        assert f["name"] == "encrypt-payments" and f["detectors"]["kek:payments:1"] == (
-            e["records_out"])
+        [kek] = [k for k in f["detectors"] if k.startswith("kek:payments:")]
+        assert version_number(kek.rsplit(":", 1)[1]) == 1  # versions are N-RANDOM
+        assert f["name"] == "encrypt-payments" and f["detectors"][kek] == e["records_out"]
         covered |= set(range(e["offset_first"], e["offset_last"] + 1))
     assert covered == set(range(30))
     decrypted = sum(f["detectors"].get("decrypted", 0) for e in evs if e["api"] == "fetch"
@@ -311,7 +350,7 @@ def test_telemetry_names_key_versions_and_offsets(local_proxy: SluiceProxy,
 
 
 @pytest.mark.spark
-def test_encryption_report_from_a_real_proxy(sasl_broker: FrontedTansu, tmp_path: Path) -> None:
+def test_encryption_report_from_a_real_proxy(sasl_broker: SaslBroker, tmp_path: Path) -> None:
     """The default (Parquet) telemetry of a real proxy, through the audit job: which KEK
     version sealed which offsets, and what each principal read."""
     from sluice.spark_audit.job import run_audit
@@ -333,7 +372,8 @@ def test_encryption_report_from_a_real_proxy(sasl_broker: FrontedTansu, tmp_path
             if r["topic"] == topic]
     sealed = [(r["partition"], r["key_name"], r["key_version"], r["offset_first"],
                r["offset_last"], r["records"]) for r in rows if r["section"] == "encrypted"]
-    assert sealed == [(0, "payments", "1", 0, 29, 30)]
+    assert [(*r[:2], version_number(r[2]), *r[3:]) for r in sealed] == [
+        (0, "payments", 1, 0, 29, 30)]
     reads = {r["principal"]: r for r in rows if r["section"] == "read"}
     assert set(reads) == {"User:billing-eu", "User:bob"}
     assert reads["User:billing-eu"]["decrypted"] >= 30 and reads["User:billing-eu"][
@@ -342,7 +382,7 @@ def test_encryption_report_from_a_real_proxy(sasl_broker: FrontedTansu, tmp_path
     assert all(r["unreadable"] == 0 and r["failures"] == 0 for r in reads.values())
 
 
-def test_tampered_record_is_an_error_never_data(sasl_broker: FrontedTansu,
+def test_tampered_record_is_an_error_never_data(sasl_broker: SaslBroker,
                                                 local_proxy: SluiceProxy,
                                                 tmp_path: Path) -> None:
     topic, forged = unique("enc-ok"), unique("enc-forged")
@@ -370,7 +410,7 @@ def test_tampered_record_is_an_error_never_data(sasl_broker: FrontedTansu,
     assert failed[0]["filters"][0]["errors"]
 
 
-def test_crypto_shredding_with_sluice_keys(sasl_broker: FrontedTansu, tmp_path: Path) -> None:
+def test_crypto_shredding_with_sluice_keys(sasl_broker: SaslBroker, tmp_path: Path) -> None:
     config = write_config(tmp_path, {"type": "local", "path": "keys.json"},
                           data_key_cache_seconds=0)
     topic = unique("enc-shred")
@@ -396,7 +436,7 @@ def moto_kms() -> Iterator[MotoServer]:
         yield server
 
 
-def test_aws_kms_down_fails_closed(sasl_broker: FrontedTansu, tmp_path: Path,
+def test_aws_kms_down_fails_closed(sasl_broker: SaslBroker, tmp_path: Path,
                                    moto_kms: MotoServer, monkeypatch: pytest.MonkeyPatch
                                    ) -> None:
     for k, v in AWS_ENV.items():

@@ -1,16 +1,18 @@
-"""Per-item admin policy through the proxy with builtin:topic-policy, against Tansu.
+"""Per-item admin policy through the proxy with builtin:topic-policy, against Apache Kafka.
 
 A denied item answers POLICY_VIOLATION with the rule in the message while the other items of
 the same request reach the broker; IncrementalAlterConfigs is judged on the resulting config
 (the proxy reads the current one with DescribeConfigs); a rewrite (defaults, capped
-partitions) is what the broker creates. Tansu has no CreatePartitions or legacy AlterConfigs,
-so those two are sent as raw requests whose every item is denied (answered by the proxy).
+partitions) is what the broker creates. CreatePartitions and legacy AlterConfigs are sent as
+raw requests: denied items are answered by the proxy, allowed ones reach Kafka (Tansu has
+neither API, so before the move to Kafka only the denials could be tested).
 """
 
 from __future__ import annotations
 
 import datetime
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +30,7 @@ from confluent_kafka.admin import (
 from sluice.codec import entities, schemas
 from sluice.codec.headers import request_header_bytes, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_request
-from tests.e2e.clients import QUIET, unique
+from tests.e2e.clients import QUIET, unique, wait_for_leaders
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import exchange
@@ -81,10 +83,27 @@ def partitions_on_broker(broker: TansuBroker, topic: str) -> int | None:
     return len(topics[topic].partitions) if topic in topics else None
 
 
-def configs_on_broker(broker: TansuBroker, topic: str) -> dict[str, str | None]:
-    client = admin(broker.bootstrap)  # must outlive its futures
-    (future,) = client.describe_configs([ConfigResource("topic", topic)]).values()
-    return {name: entry.value for name, entry in future.result(10).items()}
+def configs_on_broker(
+    broker: TansuBroker, topic: str, expect: dict[str, str] | None = None
+) -> dict[str, str | None]:
+    """The topic's configs on the broker; with `expect`, read again (up to 5 s) until they
+    show those values: Kafka applies a change through its metadata log, so a read right
+    after the change may show the old value for a moment."""
+    deadline = time.monotonic() + 5
+    while True:
+        client = admin(broker.bootstrap)  # must outlive its futures
+        (future,) = client.describe_configs([ConfigResource("topic", topic)]).values()
+        found = {name: entry.value for name, entry in future.result(10).items()}
+        if not expect or all(found.get(k) == v for k, v in expect.items()):
+            return found
+        if time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def retention_on_broker(broker: TansuBroker, topic: str, want: str) -> str | None:
+    """retention.ms on the broker, once it shows `want` (or after 5 s)."""
+    return configs_on_broker(broker, topic, {"retention.ms": want})["retention.ms"]
 
 
 def create(bootstrap: str, *topics: NewTopic) -> dict[str, KafkaException | None]:
@@ -164,6 +183,51 @@ def test_create_partitions_beyond_max_is_denied(proxy: SluiceProxy) -> None:
     assert "partitions.max: 12 requested, at most 4 allowed" in (result.error_message or "")
 
 
+def test_create_partitions_within_max_reaches_the_broker(
+    broker: TansuBroker, proxy: SluiceProxy
+) -> None:
+    topic = unique("pol-grow-ok")
+    assert create(proxy.bootstrap, NewTopic(topic, 2, 1, config={"retention.ms": str(HOUR_MS)}))[
+        topic
+    ] is None
+    cls = schemas.request_schema(ApiKey.CREATE_PARTITIONS, 1)
+    tcls = entities.element_class(cls, "topics")
+    response = raw_admin(
+        proxy.bootstrap, ApiKey.CREATE_PARTITIONS, 1,
+        topics=(entities.build(tcls, name=topic, count=4, assignments=None),),
+        timeout=datetime.timedelta(seconds=10), validate_only=False,
+    )
+    (result,) = response.results
+    assert int(result.error_code) == 0, result.error_message
+    wait_for_leaders(broker.bootstrap, topic, 4)
+    assert partitions_on_broker(broker, topic) == 4
+
+
+def legacy_alter(address: str, topic: str, retention_ms: str) -> Any:
+    cls = schemas.request_schema(ApiKey.ALTER_CONFIGS, 1)
+    rcls = entities.element_class(cls, "resources")
+    ccls = entities.element_class(rcls, "configs")
+    return raw_admin(
+        address, ApiKey.ALTER_CONFIGS, 1,
+        resources=(entities.build(rcls, resource_type=2, resource_name=topic, configs=(
+            entities.build(ccls, name="retention.ms", value=retention_ms),)),),
+        validate_only=False,
+    )
+
+
+def test_legacy_alter_configs_within_bounds_reaches_the_broker(
+    broker: TansuBroker, proxy: SluiceProxy
+) -> None:
+    topic = unique("pol-legacy-ok")
+    assert create(proxy.bootstrap, NewTopic(topic, 1, 1, config={"retention.ms": str(HOUR_MS)}))[
+        topic
+    ] is None
+    (result,) = legacy_alter(proxy.bootstrap, topic, str(2 * HOUR_MS)).responses
+    assert int(result.error_code) == 0, result.error_message
+    expect = {"retention.ms": str(2 * HOUR_MS)}
+    assert configs_on_broker(broker, topic, expect)["retention.ms"] == str(2 * HOUR_MS)
+
+
 def test_legacy_alter_configs_out_of_bounds_is_denied(proxy: SluiceProxy) -> None:
     topic = unique("pol-legacy")
     version = 1
@@ -222,8 +286,8 @@ def test_incremental_alter_configs_judges_each_resource(
     message = policy_violation(outcome[low])
     assert "retention_ms.min: retention.ms=1000, at least 3600000 required" in message
     assert outcome[fine] is None
-    assert configs_on_broker(broker, low)["retention.ms"] == str(2 * HOUR_MS)
-    assert configs_on_broker(broker, fine)["retention.ms"] == str(5 * HOUR_MS)
+    assert retention_on_broker(broker, low, str(2 * HOUR_MS)) == str(2 * HOUR_MS)
+    assert retention_on_broker(broker, fine, str(5 * HOUR_MS)) == str(5 * HOUR_MS)
 
 
 def test_incremental_alter_configs_is_judged_on_the_resulting_config(
@@ -252,7 +316,8 @@ def test_incremental_alter_configs_is_judged_on_the_resulting_config(
         alter(ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE))
     )
     assert "required_configs: 'retention.ms' must be set" in message
-    stored = configs_on_broker(broker, topic)
+    stored = configs_on_broker(
+        broker, topic, {"retention.ms": str(2 * HOUR_MS), "cleanup.policy": "compact"})
     assert stored["retention.ms"] == str(2 * HOUR_MS)
     assert stored["cleanup.policy"] == "compact"
 
@@ -268,9 +333,9 @@ def test_rewrite_caps_partitions_and_sets_defaults_on_the_broker(
     )
     assert results == {wide: None, explicit: None}
     assert partitions_on_broker(broker, wide) == 3
-    assert configs_on_broker(broker, wide)["retention.ms"] == str(24 * HOUR_MS)
+    assert retention_on_broker(broker, wide, str(24 * HOUR_MS)) == str(24 * HOUR_MS)
     assert partitions_on_broker(broker, explicit) == 2
-    assert configs_on_broker(broker, explicit)["retention.ms"] == str(HOUR_MS)
+    assert retention_on_broker(broker, explicit, str(HOUR_MS)) == str(HOUR_MS)
 
 
 def test_rewrite_of_incremental_alter_sets_the_defaults_too(
@@ -291,7 +356,7 @@ def test_rewrite_of_incremental_alter_sets_the_defaults_too(
     )
     (future,) = client.incremental_alter_configs([resource]).values()
     future.result(15)
-    stored = configs_on_broker(broker, topic)
+    stored = configs_on_broker(broker, topic, {"cleanup.policy": "compact"})
     assert stored["cleanup.policy"] == "compact"
     assert stored["retention.ms"] == str(24 * HOUR_MS)  # added by the rewrite
     assert stored["segment.ms"] == "600000"  # untouched

@@ -107,6 +107,7 @@ def proxy(
                 config={**require_user, "action": "drop"},
             ),
             entry("enrich", str(EXAMPLES / "enrich" / "enrich.wasm"), "enrich-*"),
+            entry("enrich-go", str(EXAMPLES / "enrich-go" / "enrich-go.wasm"), "genrich-*"),
             entry(
                 "minify",
                 str(EXAMPLES / "inplace-enrich" / "inplace-enrich.wasm"),
@@ -568,8 +569,10 @@ def test_python_clients_mask_and_reject(stack: RelayedBroker, proxy: SluiceProxy
 # --------------------------------------------------------------------------- seed ABIs
 
 
-def test_sluice_abi_example_enriches_and_drops(stack: RelayedBroker, proxy: SluiceProxy) -> None:
-    topic = unique("enrich")
+@pytest.mark.parametrize("prefix", ["enrich", "genrich"], ids=["c", "go"])
+def test_sluice_abi_example_enriches_and_drops(stack: RelayedBroker, proxy: SluiceProxy,
+                                               prefix: str) -> None:
+    topic = unique(prefix)
     create_topic(proxy.bootstrap, topic)
     items: list[tuple[int, bytes | None, bytes | None]] = [
         (0, None, b'{"user_id": "a"}'),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +27,13 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from tests.harness.kafka_broker import KAFKA_VERSION, KafkaCluster
+from sluice import kafka_broker
+from tests.harness.kafka_broker import (
+    KAFKA_VERSION,
+    KafkaCluster,
+    KafkaNotInstalled,
+    KafkaStartError,
+)
 from tests.harness.proxy import SluiceProxy
 
 pytestmark = pytest.mark.kafka
@@ -50,13 +57,33 @@ def create_topic(kafka: KafkaCluster, name: str, partitions: int = 1, replicas: 
         fut.result(30)
 
 
+def settled_partitions(
+    admin: AdminClient, topic: str, replicas: int, timeout: float = 30
+) -> list[Any]:
+    """The topic's partitions once each has a leader and all its replicas in sync: Kafka
+    answers CreateTopics before every broker's metadata has the new partitions (Tansu does not
+    make a client wait for that)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = admin.list_topics(topic, timeout=30).topics[topic]
+        parts = list(meta.partitions.values())
+        if (
+            meta.error is None
+            and parts
+            and all(p.leader >= 0 and len(p.isrs) == replicas for p in parts)
+        ):
+            return parts
+        assert time.monotonic() < deadline, (meta.error, [(p.id, p.leader, p.isrs) for p in parts])
+        time.sleep(0.2)
+
+
 def produce(conf: dict[str, Any], topic: str, values: list[bytes]) -> list[KafkaError | None]:
     """Produce `values` and wait for every delivery report; the error of each (None: ok)."""
-    producer = Producer({**conf, **QUIET, "linger.ms": 5, "message.timeout.ms": 20000})
+    producer = Producer({"linger.ms": 5, "message.timeout.ms": 20000, **QUIET, **conf})
     reports: list[KafkaError | None] = []
     for value in values:
         producer.produce(topic, value=value, on_delivery=lambda err, _msg: reports.append(err))
-    assert producer.flush(30) == 0, "records still undelivered after 30 s"
+    assert producer.flush(60) == 0, "records still undelivered after 60 s"
     return reports
 
 
@@ -64,7 +91,7 @@ def consume(conf: dict[str, Any], topic: str, group: str, count: int) -> list[by
     consumer = Consumer({**conf, **QUIET, "group.id": group, "auto.offset.reset": "earliest"})
     consumer.subscribe([topic])
     values: list[bytes] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # the first group also creates __consumer_offsets
     try:
         while len(values) < count and time.monotonic() < deadline:
             msg = consumer.poll(0.5)
@@ -203,11 +230,9 @@ def test_three_nodes_lead_partitions_on_every_node(kafka_cluster: KafkaCluster) 
     assert kafka_cluster.node_ids == [1, 2, 3]
     topic = unique("replicated.")
     create_topic(kafka_cluster, topic, partitions=3, replicas=3)
-    admin = admin_client(kafka_cluster)
-    meta = admin.list_topics(topic, timeout=30).topics[topic]
-    assert meta.error is None
-    assert {len(p.replicas) for p in meta.partitions.values()} == {3}
-    assert {p.leader for p in meta.partitions.values()} == {1, 2, 3}
+    parts = settled_partitions(admin_client(kafka_cluster), topic, 3)
+    assert {len(p.replicas) for p in parts} == {3}
+    assert {p.leader for p in parts} == {1, 2, 3}
     values = [f"rf3-{i}".encode() for i in range(30)]
     conf = kafka_cluster.client_config("SASL_SSL", "admin", "SCRAM-SHA-512")
     assert produce({**conf, "acks": "all"}, topic, values) == [None] * 30
@@ -217,7 +242,10 @@ def test_three_nodes_lead_partitions_on_every_node(kafka_cluster: KafkaCluster) 
 def test_a_killed_node_restarts_and_rejoins(kafka_cluster: KafkaCluster) -> None:
     topic = unique("survives.")
     create_topic(kafka_cluster, topic, partitions=3, replicas=3)
-    conf = {"bootstrap.servers": kafka_cluster.bootstrap, "acks": "all"}
+    settled_partitions(admin_client(kafka_cluster), topic, 3)
+    conf = {"bootstrap.servers": kafka_cluster.bootstrap}
+    # the node is fenced after broker.session.timeout.ms (6 s), then leaders move
+    durable = {**conf, "acks": "all", "message.timeout.ms": 45000}
     victim = 2
     pid = kafka_cluster.node(victim).pid
     kafka_cluster.kill(victim)
@@ -225,18 +253,13 @@ def test_a_killed_node_restarts_and_rejoins(kafka_cluster: KafkaCluster) -> None
         assert not kafka_cluster.node(victim).running()
         # acks=all with min.insync.replicas=2: two nodes of three still take writes
         values = [f"while-down-{i}".encode() for i in range(10)]
-        assert produce(conf, topic, values) == [None] * 10
+        assert produce(durable, topic, values) == [None] * 10
     finally:
         kafka_cluster.restart(victim)
     assert kafka_cluster.node(victim).pid != pid
+    # back in every partition's in-sync replicas
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
-    deadline = time.monotonic() + 60
-    while True:
-        parts = admin.list_topics(topic, timeout=30).topics[topic].partitions.values()
-        if all(victim in p.isrs for p in parts):
-            break
-        assert time.monotonic() < deadline, [(p.id, p.isrs) for p in parts]
-        time.sleep(0.5)
+    assert all(victim in p.isrs for p in settled_partitions(admin, topic, 3, timeout=60))
     assert sorted(consume(conf, topic, unique("group."), 10)) == sorted(values)
 
 
@@ -246,11 +269,46 @@ def test_the_sluice_proxy_in_front_of_three_nodes(kafka_cluster: KafkaCluster) -
     create_topic(kafka_cluster, topic, partitions=3, replicas=3)
     values = [f"rf3-via-sluice-{i}".encode() for i in range(30)]
     with SluiceProxy(upstream=kafka_cluster.bootstrap) as proxy:
-        conf = {"bootstrap.servers": proxy.bootstrap, "acks": "all"}
-        meta = AdminClient(conf).list_topics(topic, timeout=30)
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        admin = AdminClient(conf)
+        assert {p.leader for p in settled_partitions(admin, topic, 3)} == {1, 2, 3}
+        meta = admin.list_topics(topic, timeout=30)
         ports = {broker.port for broker in meta.brokers.values()}
         assert len(ports) == 3 and all(p != proxy.port for p in ports)
         assert not ports & {int(a.rsplit(":", 1)[1]) for a in kafka_cluster.bootstrap.split(",")}
-        assert produce(conf, topic, values) == [None] * len(values)
+        assert produce({**conf, "acks": "all"}, topic, values) == [None] * len(values)
         got = consume(conf, topic, unique("group."), len(values))
     assert sorted(got) == sorted(values)
+
+
+def test_missing_jars_say_how_to_install_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_KAFKA_LIBS", str(tmp_path))
+    with pytest.raises(KafkaNotInstalled, match=r"scripts/dev\.sh install"):
+        KafkaCluster().start()
+
+
+def test_a_bad_setting_fails_the_start_with_the_tool_output_and_leaves_nothing_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = KafkaCluster(extra_config={"num.io.threads": "zero"})
+    with pytest.raises(KafkaStartError) as failure:
+        cluster.start()
+    message = str(failure.value)
+    assert "StorageTool format failed" in message and "num.io.threads" in message
+    assert all(node.process is None for node in cluster.node_list)
+    assert cluster.folder is not None and (cluster.folder / "node-1" / "format.log").is_file()
+    monkeypatch.setattr(cluster, "keep_files", False)
+    monkeypatch.setattr(cluster, "_failed", False)
+    cluster.stop()
+    assert not cluster.folder.exists()
+
+
+def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """StorageTool would read `-t -xyz...` as an option: such ids are drawn again."""
+    dashed = uuid.UUID(bytes=b"\xf8" + bytes(15))  # URL-safe base64 "-A..."
+    plain = uuid.UUID(bytes=b"\x04" + bytes(15))
+    draws = iter([dashed, plain])
+    monkeypatch.setattr(kafka_broker.uuid, "uuid4", lambda: next(draws))
+    assert kafka_broker.new_cluster_id() == "BAAAAAAAAAAAAAAAAAAAAA"

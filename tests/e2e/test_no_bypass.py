@@ -23,8 +23,10 @@ def _owners_of_connections_to(port: int) -> dict[int, int]:
     return owners
 
 
-def test_clients_only_reach_the_broker_through_the_proxy() -> None:
-    with TansuBroker() as broker, SluiceProxy(upstream=broker.bootstrap) as proxy:
+def test_clients_only_reach_the_broker_through_the_proxy(broker: TansuBroker) -> None:
+    # The session's Kafka node: other proxies of the session (other processes) may hold
+    # connections to it too, never this process, where the clients live.
+    with SluiceProxy(upstream=broker.bootstrap) as proxy:
         assert proxy.process is not None
         topic = unique("bypass")
         create_topic(proxy.bootstrap, topic, partitions=3)
@@ -63,8 +65,8 @@ def test_clients_only_reach_the_broker_through_the_proxy() -> None:
             owners = _owners_of_connections_to(broker_port)
             # The proxy holds the upstream connections for all of these clients...
             assert owners.get(proxy.process.pid, 0) > 0, owners
-            # ...and nobody else, in particular not this test process where the clients live.
-            assert set(owners) == {proxy.process.pid}, owners
+            # ...and not this test process where the clients live.
+            assert os.getpid() not in owners, owners
             proxy_ports = range(
                 int(proxy.bootstrap.rsplit(":", 1)[1]), int(proxy.bootstrap.rsplit(":", 1)[1]) + 9
             )

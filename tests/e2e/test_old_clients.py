@@ -2,7 +2,11 @@
 segmentio/kafka-go 0.2 send CreateTopics v0 and DescribeConfigs v0): requests no path
 inspects pass as their bytes whenever the broker serves the version; one a path must inspect
 is refused. Frames are written by hand here, as those clients write them: the codec (kio,
-Kafka 4.x schemas) has no v0 of either API."""
+Kafka 4.x schemas) has no v0 of either API.
+
+On Tansu (`tansu_broker`): Apache Kafka 4 removed CreateTopics v0-1 and DescribeConfigs v0
+(KIP-896) and closes the connection itself; Tansu still serves them, as Kafka 3.x does, which
+is the broker these clients' users run."""
 
 from __future__ import annotations
 
@@ -61,8 +65,9 @@ def create_error(answer: bytes, topic: str) -> int:
 
 
 def test_create_topics_and_describe_configs_v0_pass_through(
-    broker: TansuBroker, proxy: SluiceProxy
+    tansu_broker: TansuBroker, start_proxy: Callable[..., SluiceProxy]
 ) -> None:
+    broker, proxy = tansu_broker, start_proxy(upstream=tansu_broker.bootstrap)
     topic = f"old-client-{uuid.uuid4().hex[:8]}"
     created = call(proxy.bootstrap, create_topics_v0(41, topic))
     assert created is not None, "the proxy closed the connection on CreateTopics v0"
@@ -75,7 +80,7 @@ def test_create_topics_and_describe_configs_v0_pass_through(
 
 
 def test_v0_that_a_filter_must_inspect_is_refused(
-    start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+    tansu_broker: TansuBroker, start_proxy: Callable[..., SluiceProxy], tmp_path: Path
 ) -> None:
     """With topic-policy bound on admin, CreateTopics must be inspected: v0 cannot be decoded,
     so the connection closes with the reason in the log, and no topic is created."""
@@ -88,7 +93,29 @@ def test_v0_that_a_filter_must_inspect_is_refused(
         "    apply_to: [admin]\n"
         "    config: {partitions: {min: 3, max: 12}}\n"
     )
-    proxy = start_proxy(config=config)
+    proxy = start_proxy(config=config, upstream=tansu_broker.bootstrap)
     topic = f"old-client-{uuid.uuid4().hex[:8]}"
     assert call(proxy.bootstrap, create_topics_v0(43, topic)) is None
     assert any("must be inspected" in line for line in proxy.output)
+
+
+def delete_topics_v0(correlation_id: int, topic: str) -> bytes:
+    # topic_names: [string], timeout_ms
+    body = struct.pack(">i", 1) + _string(topic) + struct.pack(">i", 5000)
+    return _frame(20, 0, correlation_id, body)
+
+
+def test_old_version_naming_the_proxys_own_topic_is_refused(
+    tansu_broker: TansuBroker, start_proxy: Callable[..., SluiceProxy]
+) -> None:
+    """The proxy cannot decode DeleteTopics v0 or CreateTopics v0, and its bytes name the
+    fleet topic: refused (connection closed), never relayed uninspected."""
+    proxy = start_proxy(upstream=tansu_broker.bootstrap)
+    assert call(proxy.bootstrap, delete_topics_v0(44, "_sluice_filters")) is None
+    assert call(proxy.bootstrap, create_topics_v0(45, "_sluice_filters")) is None
+    assert any("must be inspected" in line for line in proxy.output)
+    # An old DeleteTopics of an ordinary topic still passes as its bytes.
+    topic = f"old-client-{uuid.uuid4().hex[:8]}"
+    assert call(proxy.bootstrap, create_topics_v0(46, topic)) is not None
+    deleted = call(proxy.bootstrap, delete_topics_v0(47, topic))
+    assert deleted is not None and struct.unpack_from(">i", deleted)[0] == 47

@@ -1,5 +1,8 @@
 """Data policies set with Kafka's own admin clients (confluent-kafka, kafka-python) through two
-`sluice serve` processes that follow one fleet topic on Tansu."""
+`sluice serve` processes that follow one fleet topic on Apache Kafka.
+
+Kafka applies a config change through its metadata log: a DescribeConfigs right after an
+IncrementalAlterConfigs may show the old value for a moment, so read-backs wait for it."""
 
 from __future__ import annotations
 
@@ -55,6 +58,12 @@ def refused(bootstrap: str, topic: str, entries: list[ConfigEntry]) -> KafkaErro
     return error
 
 
+def described_with(bootstrap: str, topic: str, name: str, value: str) -> dict[str, Any] | None:
+    """The topic's configs once `name` shows `value` (None before)."""
+    found = described(bootstrap, topic)
+    return found if name in found and found[name].value == value else None
+
+
 def described(bootstrap: str, topic: str) -> dict[str, Any]:
     client = admin(bootstrap)
     (future,) = client.describe_configs(
@@ -106,8 +115,9 @@ def test_policies_through_kafka_admin_clients(
 
     # set, with another key in the same resource: that one reaches the broker untouched
     incremental(p1.bootstrap, topic, [set_entry(KEY, PII), set_entry("retention.ms", "123456")])
-    direct = described(broker.bootstrap, topic)
-    assert direct["retention.ms"].value == "123456" and KEY not in direct
+    direct = wait_for(lambda: described_with(broker.bootstrap, topic, "retention.ms", "123456"),
+                      10, "retention.ms applied")
+    assert KEY not in direct
     binding = f"policy:{topic}/pii"
     for p in (p1, p2):  # both proxies, without a restart
         wait_for(functools.partial(chain_binds, p, binding, True), 30, "policy bound")
@@ -116,7 +126,7 @@ def test_policies_through_kafka_admin_clients(
 
     # DescribeConfigs through either proxy shows it beside the broker's own configs
     for p in (p1, p2):
-        via = described(p.bootstrap, topic)
+        via = wait_for(lambda p=p: described_with(p.bootstrap, topic, KEY, PII), 10, "policy")
         assert via[KEY].value == PII and via["retention.ms"].value == "123456"
         assert via[KEY].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
         assert not via[KEY].is_sensitive

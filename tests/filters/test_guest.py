@@ -178,3 +178,44 @@ def test_a_late_ticker_does_not_charge_the_gap_to_guests() -> None:
         assert len(ticks) == 2 + MAX_CATCH_UP_TICKS
     finally:
         engine.close()
+
+
+REACTOR_WAT = """
+(module
+  (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (global $g (mut i32) (i32.const 0))
+  (func (export "_initialize") (global.set $g (i32.const 7)))
+  (func (export "get") (result i32) (global.get $g))
+  ;; two subscriptions at 0 (a clock, userdata 11; an fd read, userdata 22), events at 256,
+  ;; nevents at 512: returns errno * 1000 + nevents
+  (func (export "poll") (result i32)
+    (i64.store (i32.const 0) (i64.const 11))
+    (i32.store8 (i32.const 8) (i32.const 0))
+    (i64.store (i32.const 48) (i64.const 22))
+    (i32.store8 (i32.const 56) (i32.const 1))
+    (i32.add (i32.mul (call $poll (i32.const 0) (i32.const 256) (i32.const 2) (i32.const 512))
+                      (i32.const 1000))
+             (i32.load (i32.const 512))))
+  (func (export "event") (param i32) (result i64) (i64.load (local.get 0)))
+)
+"""
+
+
+def test_reactor_initialize_runs_once_and_poll_oneoff_fires_at_once() -> None:
+    """A WASI reactor (Go's c-shared modules) gets `_initialize` before anything else, and its
+    scheduler's poll_oneoff returns at once: clocks fire, file descriptors report EBADF."""
+    from sluice.filters.wasi_stubs import define_wasi_stubs
+
+    engine = default_engine()
+    linker = wasmtime.Linker(engine.engine)
+    define_wasi_stubs(linker, {"poll_oneoff"})
+    g = GuestInstance(engine, wasmtime.Module(engine.engine, REACTOR_WAT), linker,
+                      memory_bytes=2 * 65536, timeout_ms=50)
+    get, poll, event = g.func("get"), g.func("poll"), g.func("event")
+    assert get is not None and poll is not None and event is not None
+    assert get() == 7
+    assert poll() == 2  # errno 0, two events
+    assert event(256) == 11 and event(256 + 32) == 22
+    errnos = g.read(256 + 8, 2), g.read(256 + 32 + 8, 2)
+    assert errnos == (b"\0\0", b"\x08\0")  # the clock fired; the fd: EBADF

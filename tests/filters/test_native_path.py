@@ -3,9 +3,9 @@
 Both paths must give the same outcome for every batch: the same bytes forwarded, the same
 errors, the same per-filter counts. The decoding path is the reference; the native path is
 only allowed to be faster. Guests come from the C SDK (tests/filters/sdk/probe_c: each record
-value is a command), the Zig, Rust and AssemblyScript SDKs (tests/filters/sdk/probe_zig,
-probe_rust, probe_as: the same commands), the shipped pii-mask and the upper and enrich examples
-in every language; `native_bad.wat` returns a broken native answer.
+value is a command), the Zig, Rust, AssemblyScript and Go SDKs (tests/filters/sdk/probe_zig,
+probe_rust, probe_as, probe_go: the same commands), the shipped pii-mask and the upper and
+enrich examples in every language; `native_bad.wat` returns a broken native answer.
 """
 
 from __future__ import annotations
@@ -48,10 +48,11 @@ from sluice.filters.records_io import AbiError
 PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
 EXAMPLES = Path(__file__).resolve().parents[2] / "filters" / "examples"
 # Every example with a Sluice ABI port, by name: the committed modules.
-PORTS = ["upper", "upper-c", "upper-rust", "upper-as", "enrich", "enrich-rust", "enrich-as"]
+PORTS = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go", "enrich", "enrich-rust",
+         "enrich-as", "enrich-go", "pii-mask-go"]
 # The probes that mirror probe_zig, by language; each has a "<lang>-probe" chain and a
 # "<lang>-like-c" one whose "ctx" text equals the C probe's.
-SDK_PROBES = {"zig": "probe_zig", "rust": "probe_rust", "as": "probe_as"}
+SDK_PROBES = {"zig": "probe_zig", "rust": "probe_rust", "as": "probe_as", "go": "probe_go"}
 PRODUCE = RecordContext("orders", 3, "produce", "app", "User:alice")
 FETCH = RecordContext("orders", 3, "fetch", "app", "User:alice")
 COMMANDS = [b"keep", b"drop", b"ctx", b"count", b"headers", b"json", b"other", b"fail", None,
@@ -108,7 +109,7 @@ def chains(probe_wasm: Path, sdk_probes: dict[str, Path],
         # Its "ctx" text equals the C probe's without config (limit 1000).
         built[f"{lang}-like-c"] = make(FilterSpec(name=lang, module=str(wasm), topics=("*",),
                                                   apply_to=both, config={"prefix": "1000"}))
-    for lang in ("rust", "as"):
+    for lang in ("rust", "as", "go"):
         built[f"probe-then-{lang}"] = make(
             FilterSpec(name="probe", module=str(probe_wasm), topics=("*",), apply_to=both),
             FilterSpec(name=lang, module=str(sdk_probes[lang]), topics=("*",), apply_to=both,
@@ -184,6 +185,7 @@ values_st = st.lists(st.one_of(st.sampled_from(COMMANDS), st.binary(max_size=40)
        chain_name=st.sampled_from(["probe", "probe-pass", "mask-then-probe", "probe-twice",
                                    "zig-probe", "probe-then-zig", "zig-then-probe",
                                    "rust-probe", "as-probe", "probe-then-rust", "probe-then-as",
+                                   "go-probe", "probe-then-go",
                                    *PORTS]),
        base_offset=st.integers(0, 2**40), null_keys=st.booleans())
 def test_native_and_decoding_paths_agree(chains: Any, values: list[bytes | None], codec: int,
@@ -447,6 +449,95 @@ def test_a_rewrite_feeds_the_next_filter_in_kafka_encoding(chains: Any) -> None:
     assert out.record_errors == [(0, "filter probe: unknown command")]
     mask_stats = out.stats[0]
     assert (mask_stats.rewritten, mask_stats.detector_counts) == (1, {"email": 1, "card": 1})
+
+
+@pytest.fixture(scope="module")
+def mask_chains(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """builtin:pii-mask alone: with its defaults, and with keys and headers switched off."""
+    from sluice.filters.runtime import shared_cache
+
+    cache: ModuleCache = shared_cache(None, tmp_path_factory.mktemp("mask-cache"))
+    both = frozenset({"produce", "fetch"})
+    built = {name: FilterChain.from_specs(
+        [FilterSpec(name="mask", module="builtin:pii-mask", topics=("*",), apply_to=both,
+                    config=config)], cache=cache)
+        for name, config in (("defaults", {}), ("keys-off", {"keys": False}),
+                             ("headers-off", {"headers": False}),
+                             ("x-user-only", {"headers": ["x-user"]}))}
+    yield built
+    for c in built.values():
+        c.close()
+
+
+# "4111 1111 1111 1111" in full-width digits (U+FF10-U+FF19)
+FULL_WIDTH_CARD = "".join(chr(ord(c) + 0xFEE0) if c != " " else c
+                          for c in "4111 1111 1111 1111").encode()
+PII_PARTS = st.sampled_from([b"ann@example.com", b"4111 1111 1111 1111", b"4111_1111_1111_1111",
+                             FULL_WIDTH_CARD, b"+44 20 7946 0958",
+                             b'{"mail": "b@c.io", "n": 4111111111111111}', b"nothing here",
+                             # labelled bare phones, secret names, addresses glued to CJK
+                             b'{"phone": "13094964558", "aws.secretKey": "x/y+z"}',
+                             "Tel. 810 12 25 41 メールa@b.jpです".encode(),
+                             b"aws.secretKey=abc/def (11) 96123-7455x12",
+                             b"\xef\xbc\x94\xff", b""])
+PII_BYTES = st.one_of(st.none(), PII_PARTS, st.lists(PII_PARTS, max_size=3).map(b" ".join),
+                      st.binary(max_size=24))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=st.lists(st.tuples(PII_BYTES, PII_BYTES,
+                                  st.lists(st.tuples(st.sampled_from(["x-user", "trace", ""]),
+                                                     PII_BYTES), max_size=3)),
+                        min_size=1, max_size=6),
+       chain_name=st.sampled_from(["defaults", "keys-off", "headers-off", "x-user-only"]),
+       fetch=st.booleans(), codec=st.integers(0, 2))
+def test_pii_mask_of_keys_values_and_headers_agrees_on_both_paths(
+        mask_chains: Any, records: list[tuple[bytes | None, bytes | None,
+                                              list[tuple[str, bytes | None]]]],
+        chain_name: str, fetch: bool, codec: int) -> None:
+    # Keys and header values are masked by default: the native path (the guest rewrites
+    # Kafka's record encoding) and the decoding path must store the same bytes.
+    n = len(records)
+    recs = [Record(i, i, key, value, headers) for i, (key, value, headers) in enumerate(records)]
+    base_ts = 1_700_000_000_000
+    header = BatchHeader(7 if fetch else 0, 0, -1, 2, 0, codec, n - 1, base_ts, base_ts + n - 1,
+                         -1, -1, -1, n)
+    data = build_batch(header, recs)
+    chain = mask_chains[chain_name]
+    with native_answers() as answers:
+        native, slow = both_paths(chain, filter_fetch if fetch else filter_produce,
+                                  FETCH if fetch else PRODUCE, data)
+    assert summary(native) == summary(slow)
+    assert len(answers) == 1 and answers[0] is not None
+    if native.records is None:
+        return
+    (b,), _ = split_batches(native.records)
+    for before, after in zip(recs, decode_records(b), strict=True):
+        # Nothing the filter was told to leave is touched.
+        if chain_name == "keys-off":
+            assert after.key == before.key
+        if chain_name == "headers-off":
+            assert after.headers == before.headers
+        if chain_name == "x-user-only":
+            assert [h for h in after.headers if h[0] != "x-user"] == [
+                h for h in before.headers if h[0] != "x-user"]
+        if chain_name == "defaults" and before.key and b"ann@example.com" in before.key:
+            assert after.key is not None and b"ann@example.com" not in after.key
+
+
+def test_pii_mask_masks_key_and_headers_on_the_native_path(mask_chains: Any) -> None:
+    rec = Record(0, 0, b"ann@example.com", b"card 4111_1111_1111_1111",
+                 [("x-user", FULL_WIDTH_CARD), ("trace", b"t-1")])
+    data = build_batch(BatchHeader(0, 0, -1, 2, 0, 0, 0, 1, 1, -1, -1, -1, 1), [rec])
+    chain = mask_chains["defaults"]
+    assert chain.filters[0].native
+    out = filter_produce(chain, PRODUCE, data)
+    (b,), _ = split_batches(out.records)
+    (got,) = decode_records(b)
+    assert got.key == b"***@*******.***"
+    assert got.value == b"card ****_****_****_****"
+    assert got.headers == [("x-user", b"**** **** **** ****"), ("trace", b"t-1")]
+    assert out.stats[0].detector_counts == {"email": 1, "card": 2}
 
 
 @pytest.mark.parametrize("buf, problem", [

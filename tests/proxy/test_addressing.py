@@ -7,7 +7,7 @@ import pytest
 from sluice.codec import entities, schemas
 from sluice.codec.endpoints import carries_endpoints, endpoint_paths, rewrite_endpoints
 from sluice.codec.messages import ApiKey, codec_version_range, decode_response, encode_response
-from sluice.proxy.net.addresses import BrokerMap, NodeRoute, PortsExhausted
+from sluice.proxy.net.node_ports import BrokerMap, NodeRoute, PortsExhausted
 from sluice.proxy.paths.apiversions import intersect_api_versions
 
 

@@ -85,6 +85,13 @@ def test_json_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
         ("filters:\n  - name: a\n    module: builtin:pii-mask\n    topics: [t]\n"
          "    apply_to: [produce]\n    config: {mask: ''}\n", 2, "filters[0].config",
          "mask must be a non-empty string"),
+        # pii-mask's keys/headers switches: the refused key, on its own line
+        ("filters:\n  - name: a\n    module: builtin:pii-mask\n    topics: [t]\n"
+         "    apply_to: [produce]\n    config:\n      mask: '#'\n      keys: 'no'\n", 8,
+         "filters[0].config.keys", "must be true or false"),
+        ("filters:\n  - name: a\n    module: builtin:pii-mask\n    topics: [t]\n"
+         "    apply_to: [produce]\n    config:\n      headers: [x-user, 3]\n", 7,
+         "filters[0].config.headers", "list of header names"),
         ("filters:\n  - name: a\n    module: builtin:nope\n    topics: [t]\n"
          "    apply_to: [produce]\n", 3, "filters[0].module", "unknown builtin"),
         ("telemetry:\n  kafka:\n    topic: t\n", 2, "telemetry.kafka.bootstrap", "required"),

@@ -1,9 +1,12 @@
-"""The dead-letter writer against a real Tansu broker: where letters land (Kafka's partitioner,
+"""The dead-letter writer against a real broker: where letters land (Kafka's partitioner,
 checked against librdkafka), one reused connection, reconnection, the byte bound, and what
 shutdown does with letters still queued.
 
+`broker` here is the session's Apache Kafka node (the module overrides the root fixture).
 Connections are counted by `BrokerFront` (tests/proxy/broker_front.py), a relay in front of a
-Tansu that advertises the relay's address, so every connection the writer opens passes it.
+Tansu that advertises the relay's address, so every connection the writer opens passes it
+(kept on Tansu: the relay must be the address the broker advertises, which a Kafka node
+started for the whole session cannot be told).
 """
 
 from __future__ import annotations
@@ -23,9 +26,16 @@ from sluice.proxy.net.upstream_client import UpstreamDialer
 from sluice.proxy.telemetry.dead_letters import DeadLetterWriter, letter_size
 from tests.e2e.clients import confluent_produce, create_topic, unique
 from tests.harness.broker import TansuBroker
+from tests.harness.kafka_broker import KafkaCluster
+from tests.harness.kafka_endpoint import KafkaEndpoint
 from tests.harness.ports import free_port
 from tests.proxy.broker_front import BrokerFront, FrontedTansu
 from tests.proxy.dead_letter_helpers import config_for, consume_with_partitions, letters
+
+
+@pytest.fixture(scope="module")
+def broker(kafka_broker: KafkaCluster) -> KafkaEndpoint:
+    return KafkaEndpoint(kafka_broker)
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +62,7 @@ async def wait_produced(writer: DeadLetterWriter, count: int, timeout: float = 2
     assert (writer.produced, writer.failed) == (count, 0), writer.stats()
 
 
+@pytest.mark.kafka
 def test_keyed_letters_land_where_kafka_clients_put_the_key(broker: TansuBroker) -> None:
     topic, twin = unique("dlq-keyed"), unique("dlq-twin")
     partitions = 5
@@ -95,6 +106,7 @@ def test_keyed_letters_land_where_kafka_clients_put_the_key(broker: TansuBroker)
     )
 
 
+@pytest.mark.kafka
 def test_keyless_letters_move_on_between_flushes(broker: TansuBroker) -> None:
     topic = unique("dlq-keyless")
     create_topic(broker.bootstrap, topic, 3)
@@ -183,6 +195,7 @@ def test_letters_out_of_delivery_time_count_as_failed() -> None:
     assert (writer.failed, writer.lost_at_shutdown, writer.queued_bytes) == (3, 0, 0)
 
 
+@pytest.mark.kafka
 def test_close_flushes_what_is_queued(broker: TansuBroker) -> None:
     topic = unique("dlq-close")
     create_topic(broker.bootstrap, topic, 2)
@@ -201,6 +214,7 @@ def test_close_flushes_what_is_queued(broker: TansuBroker) -> None:
     assert len(consume_with_partitions(broker.bootstrap, topic, 40)) == 40
 
 
+@pytest.mark.kafka
 def test_a_refused_topic_fails_its_letters_only(broker: TansuBroker) -> None:
     good = unique("dlq-good")
     create_topic(broker.bootstrap, good, 1)

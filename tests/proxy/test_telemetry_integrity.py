@@ -1,4 +1,4 @@
-"""Telemetry tags and ids (proxy/telemetry/integrity.py): what a tag covers, that any change
+"""Telemetry tags and ids (telemetry_schema/integrity.py): what a tag covers, that any change
 of a tagged unit is refused, that a key file is checked, and that the sinks tag what they
 write."""
 
@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.proxy import telemetry as t
-from sluice.proxy.telemetry import integrity as ig
 from sluice.proxy.telemetry.parquet import published_name
 from sluice.proxy.telemetry.sinks import TelemetryConfigError, parse_telemetry_config
+from sluice.telemetry_schema import integrity as ig
 
 KEY = ig.TelemetryKey(ig.key_id(bytes(range(32))), bytes(range(32)))
 OTHER = ig.TelemetryKey(ig.key_id(bytes(32)), bytes(32))

@@ -1,6 +1,6 @@
 """The telemetry package's imports: the sinks load on first use, the layout without them.
 
-The audit job's Spark workers import ``sluice.proxy.telemetry.columns``; the sinks (structlog,
+The audit job's Spark workers import ``sluice.telemetry_schema.columns``; the sinks (structlog,
 the Parquet writer, the Kafka client) must not come with it. Each check runs in a new
 interpreter, where nothing was imported before.
 """
@@ -24,8 +24,8 @@ def _modules_after(statement: str) -> set[str]:
 
 
 def test_the_layout_comes_without_the_sinks() -> None:
-    loaded = _modules_after("import sluice.proxy.telemetry.columns")
-    assert "sluice.proxy.telemetry.columns" in loaded
+    loaded = _modules_after("import sluice.telemetry_schema.columns")
+    assert "sluice.telemetry_schema.columns" in loaded
     assert not loaded & {"structlog", "sluice.proxy.telemetry.sinks",
                          "sluice.proxy.telemetry.factory", "sluice.proxy.telemetry.parquet",
                          "sluice.proxy.telemetry.kafka_arrow"}

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.proxy import telemetry as t
-from sluice.proxy.telemetry.columns import ColumnarBuffers, latest_versions
 from sluice.proxy.telemetry.parquet import SPOOL, publish_spool, read_stream_tolerant
+from sluice.telemetry_schema.columns import ColumnarBuffers, latest_versions
 from tests.spark_audit import known_telemetry as k
 from tests.spark_audit import known_transforms as kt
 

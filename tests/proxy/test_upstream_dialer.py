@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from sluice.proxy.contract import UpstreamError
 from sluice.proxy.net.tls import UpstreamTLS
-from sluice.proxy.net.upstream_client import UpstreamAuthError, UpstreamDialer, UpstreamError
+from sluice.proxy.net.upstream_client import UpstreamAuthError, UpstreamDialer
 from sluice.proxy.net.upstream_sasl import SaslClientError, ScramClient, UpstreamSasl
 from sluice.proxy.ops.config import ConfigFileError, DeadLetterSettings, ProxyConfig
 from sluice.proxy.ops.config_load import build_config

@@ -17,8 +17,8 @@ import functools
 import hashlib
 from typing import Any
 
-from sluice.filters.host_identity import ENCRYPT_SHA256
 from sluice.proxy import telemetry as t
+from sluice.telemetry_schema.host_identity import ENCRYPT_SHA256
 
 # The same two instances and clock as the other known data set.
 from tests.spark_audit.known_telemetry import MIN, T0, A, B

@@ -71,7 +71,7 @@ def _recorded(tmp_path: Path) -> Path:
         return installed
     archive = tmp_path / "classes.jsa"
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.spark_audit.record_classes", "--to", str(archive)],
+        [sys.executable, "-m", "sluice.spark_class_archive", "--to", str(archive)],
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"recorded {archive}" in done.stdout
@@ -100,7 +100,7 @@ def test_recording_writes_the_archive_where_asked(tmp_path: Path) -> None:
     existing = tmp_path / "kept.jsa"
     existing.write_bytes(b"recorded before")
     done = subprocess.run(
-        [sys.executable, "-m", "sluice.spark_audit.record_classes", "--to", str(existing)],
+        [sys.executable, "-m", "sluice.spark_class_archive", "--to", str(existing)],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "kept" in done.stdout

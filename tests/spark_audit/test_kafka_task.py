@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.proxy.telemetry.columns import LAYOUT_VERSION, ColumnarBuffers
 from sluice.proxy.telemetry.kafka_arrow import encode_batch
 from sluice.proxy.telemetry.parquet import publish_table
 from sluice.spark_audit.schema import SKIP
+from sluice.telemetry_schema.columns import LAYOUT_VERSION, ColumnarBuffers
 from tests.spark_audit import known_telemetry as k
 from tests.spark_audit import known_transforms as kt
 

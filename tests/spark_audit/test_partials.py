@@ -28,10 +28,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sluice.proxy.telemetry.columns import HOUR_MS, SCHEMAS, time_column
 from sluice.spark_audit import partials
 from sluice.spark_audit.partials import Rollup
 from sluice.spark_audit.schema import MALFORMED, SKIP, UNKNOWN_VERSION
+from sluice.telemetry_schema.columns import HOUR_MS, SCHEMAS, time_column
 
 pytest.importorskip("pyspark")  # rollups imports pyspark (no session is started)
 

@@ -18,9 +18,9 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluice.proxy import telemetry as t
-from sluice.proxy.telemetry import integrity as ig
 from sluice.spark_audit import sources
 from sluice.spark_audit.job import run_audit
+from sluice.telemetry_schema import integrity as ig
 from tests.spark_audit import known_telemetry as k
 from tests.spark_audit.test_audit_job import billing_figures
 from tests.spark_audit.test_columnar_input import report_rows

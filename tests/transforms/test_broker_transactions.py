@@ -1,6 +1,11 @@
 """What the bundled broker does with transactions: the facts docs/TRANSFORMS.md's table and the
 runner's design (one transactional id per input partition) rest on. A change in Tansu that
-breaks one of them fails here first."""
+breaks one of them fails here first.
+
+Kept on Tansu (`tansu_broker`), the demo's default: these are Tansu's facts, several of which
+Apache Kafka does not share (it hides aborted records from read_committed readers and fences
+an old producer with a fatal error rather than a timeout); the transform tests themselves
+run on Kafka (tests/transforms/conftest.py)."""
 
 from __future__ import annotations
 
@@ -31,8 +36,8 @@ def _until_assigned(*consumers: Consumer, want: list[int], timeout: float = 30.0
     raise AssertionError(f"assignments never became {want}")
 
 
-def test_transactions_offsets_fencing_and_gaps(broker: TansuBroker) -> None:
-    bs = broker.bootstrap
+def test_transactions_offsets_fencing_and_gaps(tansu_broker: TansuBroker) -> None:
+    bs = tansu_broker.bootstrap
     src, out, group = unique("in"), unique("out"), unique("g")
     create_topic(bs, src, 2)
     create_topic(bs, out, 1)
@@ -93,8 +98,8 @@ def test_transactions_offsets_fencing_and_gaps(broker: TansuBroker) -> None:
     second.close()
 
 
-def test_fencing_by_transactional_id(broker: TansuBroker) -> None:
-    bs = broker.bootstrap
+def test_fencing_by_transactional_id(tansu_broker: TansuBroker) -> None:
+    bs = tansu_broker.bootstrap
     out, txn = unique("out"), unique("tx")
     create_topic(bs, out, 1)
     old = Producer({"bootstrap.servers": bs, "transactional.id": txn, **QUIET})

@@ -1,6 +1,6 @@
 /*
- * builtin:pii-mask: finds personal data and secrets in record values (optionally keys and
- * header values) and masks them.
+ * builtin:pii-mask: finds personal data and secrets in record values, keys and header values
+ * and masks them (keys and headers can be switched off).
  *
  * Detectors: email, card (13-19 digits, Luhn), phone (E.164 and common national formats),
  * ssn (US), iban (mod-97), ipv4, aws_access_key (AKIA...), aws_secret_key (KEY=value form),
@@ -14,8 +14,9 @@
  *   mode: auto | json | text        mask: "*"        keep_last: 0      replacement: "[x]"
  *   preserve_format: true           fields: ["user.email", "cards[*].number"]
  *   detectors: {card: {keep_last: 4}, ipv4: false}   (or a list naming the enabled ones)
- *   keys: false     headers: false | true | ["name", ...]
- *   secret_keys: ["AWS_SECRET_ACCESS_KEY", ...]  (names whose KEY=value values are masked)
+ *   keys: true      headers: true | false | ["name", ...]   (defaults: both masked)
+ *   secret_keys: ["AWS_SECRET_ACCESS_KEY", ...]  (names whose KEY=value values are masked;
+ *                case and _ . - ignored, matching the end of a longer name at a word)
  */
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
@@ -58,14 +59,23 @@ static int masks_plain; /* no rule's mask or replacement holds a byte a JSON str
 
 enum { MODE_AUTO, MODE_JSON, MODE_TEXT };
 static int mode = MODE_AUTO;
-static int do_keys;
-static int headers_all;
-static const sluice_json *header_names; /* array of strings, or NULL */
+/* Keys and header values are masked by default, like values: "stored records are masked" must
+ * hold for every part of a record that can carry personal data. */
+static int do_keys = 1;
+static int headers_all = 1;
+static const sluice_json *header_names; /* array of strings, or NULL (headers_all decides) */
 
 #define MAX_SECRET_KEYS 32
 static sluice_bytes secret_keys[MAX_SECRET_KEYS];
 static uint32_t secret_key_n;
-static uint64_t secret_key_lengths; /* bit L set: a secret key name is L bytes long (L < 64) */
+/* The names lower-cased without separators ("AWS_SECRET_ACCESS_KEY": awssecretaccesskey), so
+ * that one name matches as the CLI, Terraform, Java properties and JSON spell it
+ * (aws_secret_access_key, aws.secretAccessKey, SecretAccessKey, cloud.aws...secret-key). */
+static uint8_t secret_norm[MAX_SECRET_KEYS][64];
+static uint32_t secret_norm_len[MAX_SECRET_KEYS];
+static uint32_t secret_key_min;     /* the shortest normalised name */
+static uint32_t secret_key_last[8]; /* bit set: a normalised name ends with this byte */
+static int secret_name_sep(uint8_t c) { return c == '_' || c == '.' || c == '-' || c == ' '; }
 
 /* Field paths, parsed into segments. */
 enum { SEG_KEY, SEG_ANY, SEG_INDEX, SEG_ANY_INDEX };
@@ -170,7 +180,7 @@ static int parse_path(sluice_bytes text, path *out) {
 }
 
 static const char *const default_secret_keys[] = {
-    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "aws_secret_key", "secret_access_key",
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "aws_secret_key", "secret_access_key", "secret_key", "session_token",
 };
 
 int sluice_on_config(const sluice_json *cfg) {
@@ -183,6 +193,13 @@ int sluice_on_config(const sluice_json *cfg) {
     const sluice_json *detectors = NULL;
     int64_t v;
 
+    /* Defaults (a configuration may be applied more than once): value, key and every header
+     * value are masked unless switched off. */
+    mode = MODE_AUTO;
+    do_keys = 1;
+    headers_all = 1;
+    header_names = NULL;
+    path_n = 0;
     secret_key_n = 0;
     for (uint32_t i = 0; i < sizeof default_secret_keys / sizeof default_secret_keys[0]; i++) {
         secret_keys[secret_key_n++] = sluice_str(default_secret_keys[i]);
@@ -219,16 +236,20 @@ int sluice_on_config(const sluice_json *cfg) {
                 path_n++;
             }
         } else if (sluice_eq_str(c->key, "keys")) {
-            do_keys = sluice_json_bool(c, 0);
+            if (c->type != SLUICE_JSON_TRUE && c->type != SLUICE_JSON_FALSE) return config_error("pii-mask: config.keys: must be true or false");
+            do_keys = c->type == SLUICE_JSON_TRUE;
         } else if (sluice_eq_str(c->key, "headers")) {
             if (c->type == SLUICE_JSON_ARRAY) {
+                for (const sluice_json *h = c->child; h; h = h->next) {
+                    if (h->type != SLUICE_JSON_STRING) return config_error("pii-mask: config.headers: must be true, false or a list of header names (strings)");
+                }
                 header_names = c;
                 headers_all = 0;
             } else if (c->type == SLUICE_JSON_TRUE || c->type == SLUICE_JSON_FALSE) {
                 headers_all = c->type == SLUICE_JSON_TRUE;
                 header_names = NULL;
             } else {
-                return config_error("pii-mask: headers must be true, false or a list of header names");
+                return config_error("pii-mask: config.headers: must be true, false or a list of header names (strings)");
             }
         } else if (sluice_eq_str(c->key, "secret_keys")) {
             if (c->type != SLUICE_JSON_ARRAY) return config_error("pii-mask: secret_keys must be a list of names");
@@ -242,9 +263,19 @@ int sluice_on_config(const sluice_json *cfg) {
             return config_error("pii-mask: unknown config key (known: mode, mask, keep_last, replacement, preserve_format, detectors, fields, keys, headers, secret_keys)");
         }
     }
-    secret_key_lengths = 0;
+    secret_key_min = 0xffffffffu;
+    for (uint32_t k = 0; k < 8; k++) secret_key_last[k] = 0;
     for (uint32_t k = 0; k < secret_key_n; k++) {
-        if (secret_keys[k].len < 64) secret_key_lengths |= (uint64_t)1 << secret_keys[k].len;
+        uint32_t m = 0;
+        for (uint32_t t = 0; t < (uint32_t)secret_keys[k].len && m < 64; t++) {
+            uint8_t ch = secret_keys[k].ptr[t];
+            if (!secret_name_sep(ch)) secret_norm[k][m++] = sluice_lower(ch);
+        }
+        secret_norm_len[k] = m;
+        if (m == 0) return config_error("pii-mask: secret_keys must be a list of names");
+        if (m < secret_key_min) secret_key_min = m;
+        uint8_t last = secret_norm[k][m - 1];
+        secret_key_last[last >> 5] |= 1u << (last & 31);
     }
     for (int d = 0; d < D_COUNT; d++) rules[d] = base;
     if (detectors && detectors->type == SLUICE_JSON_ARRAY) {
@@ -286,8 +317,8 @@ enum {
     C_DIGIT = 1,
     C_UPPER = 2,
     C_LOWER = 4,
-    C_LOCAL = 8,   /* in an e-mail local part besides letters and digits: . _ % + - and >= 0x80 */
-    C_DOMAIN = 16, /* in an e-mail domain label besides letters and digits: - and >= 0x80 */
+    C_LOCAL = 8,   /* in an e-mail local part besides letters and digits: . _ % + - */
+    C_DOMAIN = 16, /* in an e-mail domain label besides letters and digits: - */
 };
 static const uint8_t char_class[256] = {
     ['0' ... '9'] = C_DIGIT,
@@ -298,13 +329,28 @@ static const uint8_t char_class[256] = {
     ['%'] = C_LOCAL,
     ['+'] = C_LOCAL,
     ['-'] = C_LOCAL | C_DOMAIN,
-    [0x80 ... 0xff] = C_LOCAL | C_DOMAIN,
 };
 static int is_digit(uint8_t c) { return char_class[c] & C_DIGIT; }
 static int is_upper(uint8_t c) { return char_class[c] & C_UPPER; }
 static int is_alpha(uint8_t c) { return char_class[c] & (C_UPPER | C_LOWER); }
 static int is_alnum(uint8_t c) { return char_class[c] & (C_DIGIT | C_UPPER | C_LOWER); }
 static int is_b64url(uint8_t c) { return is_alnum(c) || c == '-' || c == '_'; }
+
+/* East Asian input methods write digits, letters and punctuation as full-width forms (U+FF01 to
+ * U+FF5E, the ASCII characters 0x21-0x7E shifted; "４１１１－１１１１", "ａ＠ｂ．ｊｐ") and spaces as
+ * the ideographic space U+3000. The ASCII character the 3-byte form at p[i] stands for, or 0.
+ * Lead bytes: 0xEF (U+FF01-U+FF5E are EF BC 81 .. EF BD 9E) and 0xE3 (U+3000 is E3 80 80). */
+static uint8_t wide_at(const uint8_t *p, uint32_t i, uint32_t end) {
+    if (end - i < 3) return 0;
+    uint8_t a = p[i], b = p[i + 1], c = p[i + 2];
+    if (a == 0xEF) {
+        if (b == 0xBC && c >= 0x81 && c <= 0xBF) return (uint8_t)(0x21 + (c - 0x81));
+        if (b == 0xBD && c >= 0x80 && c <= 0x9E) return (uint8_t)(0x60 + (c - 0x80));
+    } else if (a == 0xE3 && b == 0x80 && c == 0x80) {
+        return ' ';
+    }
+    return 0;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Spans                                                                                      */
@@ -353,23 +399,44 @@ static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
 /* Detectors: each scans p[0..n) and adds spans                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-/* Bytes >= 0x80 are UTF-8 of internationalised addresses (RFC 6531). */
 static int email_local(uint8_t c) { return char_class[c] & (C_DIGIT | C_UPPER | C_LOWER | C_LOCAL); }
 static int email_domain(uint8_t c) { return char_class[c] & (C_DIGIT | C_UPPER | C_LOWER | C_DOMAIN); }
+
+/* Internationalised addresses (RFC 6531) hold letters beyond ASCII: "José.Núñez@exämple.de".
+ * Of those, the two-byte UTF-8 letters (U+00C0 to U+07FF: Latin, Greek, Cyrillic, Hebrew,
+ * Arabic ..., but not x and ÷) belong to an address; punctuation such as « » and the no-break
+ * space (U+0080 to U+00BF) and three-byte characters do not: CJK text is written without
+ * spaces ("メールはa@b.jpです", "邮箱a@b.cn。") and quotes addresses in 「 」 or „ “, and none of
+ * it is part of the address. */
+static int email_letter2(uint8_t a, uint8_t b) {
+    return a >= 0xC3 && a <= 0xDF && b >= 0x80 && b <= 0xBF && !(a == 0xC3 && (b == 0x97 || b == 0xB7));
+}
+
+/* The width (1 or 2) of the address character ending at p[j - 1] (not before floor), or 0. */
+static uint32_t email_local_back(const uint8_t *p, uint32_t floor, uint32_t j) {
+    if (p[j - 1] < 0x80) return email_local(p[j - 1]) ? 1 : 0;
+    return j >= floor + 2 && email_letter2(p[j - 2], p[j - 1]) ? 2 : 0;
+}
+
+/* The width (1 or 2) of the domain character at p[k], or 0. */
+static uint32_t email_domain_at(const uint8_t *p, uint32_t n, uint32_t k) {
+    if (p[k] < 0x80) return email_domain(p[k]) ? 1 : 0;
+    return k + 1 < n && email_letter2(p[k], p[k + 1]) ? 2 : 0;
+}
 
 static void find_email(const uint8_t *p, uint32_t n, spans *out) {
     uint32_t floor = 0; /* do not reach back into the previous match */
     for (uint32_t i = 1; i + 1 < n; i++) {
         if (p[i] != '@') continue;
-        uint32_t j = i;
-        while (j > floor && email_local(p[j - 1])) j--;
+        uint32_t j = i, w;
+        while (j > floor && (w = email_local_back(p, floor, j)) != 0) j -= w;
         while (j < i && p[j] == '.') j++;
         if (j == i) continue;
         /* domain: labels of [A-Za-z0-9-] separated by single dots; last label alphabetic, >= 2 */
         uint32_t k = i + 1, label_start = k, last_label = k, labels = 0, good_end = 0;
         while (k <= n) {
-            if (k < n && email_domain(p[k])) {
-                k++;
+            if (k < n && (w = email_domain_at(p, n, k)) != 0) {
+                k += w;
                 continue;
             }
             uint32_t len = k - label_start;
@@ -403,13 +470,14 @@ static uint64_t bits_below(uint32_t k) { return k >= 64 ? ~(uint64_t)0 : ((uint6
  * same walk, with the character classes as bit masks (bit i for p[i]), so that it steps over
  * '@' signs, local parts and domain labels rather than over bytes. */
 __attribute__((target("simd128"))) static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
-    uint64_t at = 0, local = 0, domain = 0, alpha = 0;
+    uint64_t at = 0, local = 0, domain = 0, alpha = 0, high = 0;
     for (uint32_t i = 0; i < n; i += 16) {
         v128_t v = wasm_v128_load(p + i);
         if (n - i < 16) { /* lanes n - i.. cleared: a zero byte is in no class */
             v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
             v = wasm_v128_and(v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)(n - i))));
         }
+        high |= (uint64_t)wasm_i8x16_bitmask(v);
         v128_t digit = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
         v128_t letter = wasm_v128_or(wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('a')), wasm_i8x16_splat(26)),
                                      wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('A')), wasm_i8x16_splat(26)));
@@ -421,6 +489,10 @@ __attribute__((target("simd128"))) static void find_email_short(const uint8_t *p
         local |= (uint64_t)wasm_i8x16_bitmask(loc) << i;
         domain |= (uint64_t)wasm_i8x16_bitmask(dom) << i;
         alpha |= (uint64_t)wasm_i8x16_bitmask(letter) << i;
+    }
+    if (high) { /* UTF-8: letters of two bytes are address characters, others not */
+        find_email(p, n, out);
+        return;
     }
     /* the '@' of find_email's loop: 1 <= i, i + 1 < n */
     at &= bits_from(1) & bits_below(n - 1);
@@ -485,13 +557,36 @@ static int num_boundary_after(const uint8_t *p, uint32_t n, uint32_t e) {
 
 #define MAX_GROUPS 24
 
-/* "DE89 3704 ...": digits continuing an IBAN-shaped token are an account number, not a card
- * (even when the IBAN's checksum is wrong and the iban detector passed on it). */
+/* "DE89 3704 ...", "GB26 MVQA 1147 ...": digits continuing an IBAN printed in groups of four
+ * are an account number, not a card (even when the IBAN's checksum is wrong and the iban
+ * detector passed on it). Walks back over the groups of four before i to a country code and
+ * check digits that start a word. */
 static int after_iban_prefix(const uint8_t *p, uint32_t i) {
-    if (i < 5 || p[i - 1] != ' ') return 0;
-    const uint8_t *t = p + i - 5;
-    if (!is_upper(t[0]) || !is_upper(t[1]) || !is_digit(t[2]) || !is_digit(t[3])) return 0;
-    return i == 5 || !is_alnum(p[i - 6]);
+    for (uint32_t groups = 0; groups < 8; groups++) {
+        if (i < 5 || p[i - 1] != ' ') return 0;
+        const uint8_t *t = p + i - 5;
+        for (uint32_t k = 0; k < 4; k++) {
+            if (!is_digit(t[k]) && !is_upper(t[k])) return 0;
+        }
+        if (is_upper(t[0]) && is_upper(t[1]) && is_digit(t[2]) && is_digit(t[3]) && (i == 5 || !is_alnum(p[i - 6]))) return 1;
+        i -= 5;
+    }
+    return 0;
+}
+
+/* Issuer prefixes and lengths: 13-19 digits starting 2-6 (Visa, Mastercard, Amex, Discover,
+ * JCB, Diners, UnionPay, Maestro); Maestro also prints 12 digits (50xx, 56-58, 6xxx) and
+ * 0604 numbers; the old JCB numbers are 15 digits starting 1800 or 2131. */
+static int card_issuer_ok(const uint8_t *d, uint32_t n) {
+    uint32_t p4 = (uint32_t)d[0] * 1000u + (uint32_t)d[1] * 100u + (uint32_t)d[2] * 10u + (uint32_t)d[3];
+    if (n >= 13 && d[0] >= 2 && d[0] <= 6) return 1;
+    if (n == 15 && (p4 == 1800 || p4 == 2131)) return 1;
+    if (p4 == 604) return 1; /* Maestro 0604, 12-19 digits */
+    if (n == 12) {
+        return p4 == 5018 || p4 == 5020 || p4 == 5038 || p4 == 5893 || (d[0] == 5 && d[1] >= 6 && d[1] <= 8) || p4 == 6304 || p4 == 6390 ||
+               p4 == 6759 || (p4 >= 6761 && p4 <= 6763);
+    }
+    return 0;
 }
 
 static void find_card(const uint8_t *p, uint32_t n, spans *out) {
@@ -501,7 +596,8 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
             i++;
             continue;
         }
-        /* digit groups separated by one space or one dash, the same separator throughout */
+        /* digit groups separated by one space, dash or underscore, the same one throughout
+         * (full-width digits and separators were normalised to these, see normalise_wide) */
         uint32_t gs[MAX_GROUPS], ge[MAX_GROUPS], g = 0, k = i;
         uint8_t sep = 0;
         for (;;) {
@@ -512,7 +608,7 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
                 ge[g] = k;
                 g++;
             }
-            if (k + 1 < n && (p[k] == ' ' || p[k] == '-') && is_digit(p[k + 1]) && (sep == 0 || sep == p[k]) && g < MAX_GROUPS) {
+            if (k + 1 < n && (p[k] == ' ' || p[k] == '-' || p[k] == '_') && is_digit(p[k + 1]) && (sep == 0 || sep == p[k]) && g < MAX_GROUPS) {
                 sep = p[k];
                 k++;
                 continue;
@@ -521,12 +617,24 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
         }
         uint32_t run_end = k;
         int matched = 0;
+        /* A dashed or underscored number is one token printed the way cards are (4-4-4-4,
+         * 4-6-5, 4-6-4, 4-4-4-4-3): groups of 3 to 6 digits. Dates and ids joined the same way
+         * ("2024_01_15_1000003") are not cards even when their digits pass Luhn. */
+        if (sep == '-' || sep == '_') {
+            for (uint32_t t = 0; t < g && !matched; t++) {
+                if (ge[t] - gs[t] < 3 || ge[t] - gs[t] > 6) matched = -1;
+            }
+            if (matched) {
+                i = run_end;
+                continue;
+            }
+        }
         /* try windows of whole groups, longest first from each start */
         for (uint32_t a = 0; a < g && !matched; a++) {
             if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;
             for (uint32_t b = g; b > a && !matched; b--) {
                 uint32_t e = ge[b - 1];
-                if (b < g && sep == '-') continue; /* a dashed number is one token */
+                if (b < g && sep != ' ') continue; /* a dashed or underscored number is one token */
                 if (b == g && !num_boundary_after(p, n, e)) continue;
                 uint8_t digits[19];
                 uint32_t dn = 0;
@@ -540,8 +648,8 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
                         digits[dn++] = (uint8_t)(p[t] - '0');
                     }
                 }
-                if (too_many || dn < 13) continue;
-                if (digits[0] < 2 || digits[0] > 6) continue;
+                if (too_many || dn < 12) continue;
+                if (!card_issuer_ok(digits, dn)) continue;
                 if (!luhn_ok(digits, dn)) continue;
                 add_span(out, gs[a], e, D_CARD);
                 matched = 1;
@@ -557,14 +665,135 @@ static uint32_t digits_at(const uint8_t *p, uint32_t n, uint32_t i) {
     return k - i;
 }
 
+/* Words people write before a phone number, in the languages of the corpus the detector is
+ * measured on (lower case; matched case-insensitively at the start of a word). A trailing '$'
+ * means the word must end there ("Tel." but not "Teller"). */
+static const char *const phone_words[] = {
+    "phone", "telephone", "tel$", "telefon", "telefoon", "tel\xc3\xa9\x66ono", "mobile", "mobil$", "mobilnummer",
+    "cell$", "cellphone", "cellulare", "celular", "fax$", "call$", "handy$", "whatsapp", "contact$",
+    "t\xc3\xa9l$",                                  /* tél. */
+    "t\xc3\xa9l\xc3\xa9phone",                      /* téléphone */
+    "m\xc3\xb3vil",                                 /* móvil */
+    "\xe9\x9b\xbb\xe8\xa9\xb1",                     /* 電話 */
+    "\xe6\x90\xba\xe5\xb8\xaf",                     /* 携帯 */
+    "\xe7\x94\xb5\xe8\xaf\x9d",                     /* 电话 */
+    "\xe6\x89\x8b\xe6\x9c\xba",                     /* 手机 */
+    "\xe0\xa4\xab\xe0\xa4\xbc\xe0\xa5\x8b\xe0\xa4\xa8", /* फ़ोन */
+    "\xe0\xa4\xab\xe0\xa5\x8b\xe0\xa4\xa8",         /* फोन */
+    "\xe0\xa4\xae\xe0\xa5\x8b\xe0\xa4\xac\xe0\xa4\xbe\xe0\xa4\x87\xe0\xa4\xb2", /* मोबाइल */
+};
+
+/* A phone word starts at p[j] (within p[0..n)): at a word start, or at an upper-case letter
+ * after a lower-case one ("contactPhone"). */
+static int phone_word_at(const uint8_t *p, uint32_t n, uint32_t j) {
+    if (j > 0 && is_alpha(p[j - 1]) && !(is_upper(p[j]) && !is_upper(p[j - 1]))) return 0;
+    for (uint32_t w = 0; w < sizeof phone_words / sizeof phone_words[0]; w++) {
+        const uint8_t *word = (const uint8_t *)phone_words[w];
+        uint32_t L = (uint32_t)sluice_strlen(phone_words[w]), t = 0;
+        int whole = word[L - 1] == '$';
+        if (whole) L--;
+        if (j + L > n) continue;
+        while (t < L && sluice_lower(p[j + t]) == word[t]) t++;
+        if (t < L) continue;
+        /* a whole word: not followed by a lower-case letter ("Teller"; "telNumber" is fine) */
+        if (whole && j + L < n && is_alpha(p[j + L]) && !is_upper(p[j + L])) continue;
+        return 1;
+    }
+    return 0;
+}
+
+/* Whether a JSON member name holds a phone word ("phone", "mobile_no", "telefono"). */
+static int phone_word_in(const uint8_t *p, uint32_t n) {
+    for (uint32_t j = 0; j < n; j++) {
+        if (phone_word_at(p, n, j)) return 1;
+    }
+    return 0;
+}
+
+/* The name of the JSON member whose value is being scanned, or NULL (text, array elements);
+ * read only when a number needs a label (phone_labelled), so most records never look at it. */
+static const uint8_t *member_name;
+static uint32_t member_len;
+
+/* A number at p[i] is labelled as a phone: a phone word ends at most 24 bytes before it with no
+ * digit in between ("Tel.: ", "電話番号「", "phone number is "), or the string is the value of
+ * a phone member. */
+static int phone_labelled(const uint8_t *p, uint32_t i) {
+    if (member_name && phone_word_in(member_name, member_len)) return 1;
+    uint32_t from = i > 32 ? i - 32 : 0;
+    for (uint32_t j = i; j > from; j--) {
+        if (is_digit(p[j - 1])) return 0;
+        if (phone_word_at(p, i, j - 1)) return 1;
+    }
+    return 0;
+}
+
+/* An extension after a number ending at e: "x3503", " ext. 12", " #4": the new end, or e. */
+static uint32_t phone_extension(const uint8_t *p, uint32_t n, uint32_t e) {
+    uint32_t k = e;
+    if (k < n && p[k] == ' ') k++;
+    if (k < n && (p[k] == 'x' || p[k] == 'X' || p[k] == '#')) {
+        k++;
+    } else if (k + 3 <= n && sluice_lower(p[k]) == 'e' && sluice_lower(p[k + 1]) == 'x' && sluice_lower(p[k + 2]) == 't') {
+        k += 3;
+        if (k < n && p[k] == '.') k++;
+    } else {
+        return e;
+    }
+    if (k < n && p[k] == ' ') k++;
+    uint32_t d = digits_at(p, n, k);
+    if (d == 0 || d > 6) return e;
+    return k + d;
+}
+
+/* Digit groups from p[i]: groups of digits joined by one separator each (space - . /), the
+ * first optionally in parentheses ("(0131) 496 0163", "(11) 96123-7455"). Sets the number of
+ * digits and groups and returns the end, or i when there is no digit. */
+static uint32_t phone_groups(const uint8_t *p, uint32_t n, uint32_t i, uint32_t *digits, uint32_t *groups, int *paren) {
+    uint32_t k = i, d = 0, g = 0, shortest = 99;
+    *paren = 0;
+    if (k < n && p[k] == '(') {
+        uint32_t a = digits_at(p, n, k + 1);
+        if (a < 2 || a > 5 || k + 1 + a >= n || p[k + 1 + a] != ')') return i;
+        d = a;
+        g = 1;
+        k += 2 + a;
+        *paren = 1;
+        if (k < n && (p[k] == ' ' || p[k] == '-') && k + 1 < n && is_digit(p[k + 1])) k++;
+    }
+    uint32_t end = k;
+    for (;;) {
+        uint32_t a = digits_at(p, n, k);
+        if (a == 0) break;
+        if (a < shortest) shortest = a;
+        d += a;
+        g++;
+        k += a;
+        end = k;
+        if (d > 15) break;
+        if (k + 1 < n && (p[k] == ' ' || p[k] == '-' || p[k] == '.' || p[k] == '/') && is_digit(p[k + 1])) {
+            k++;
+            continue;
+        }
+        break;
+    }
+    *digits = d;
+    *groups = g;
+    /* a one-digit group is a version or a date ("10.0.24832.4853"), not a phone */
+    return g && shortest >= 2 ? end : i;
+}
+
 static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i < n; i++) {
         uint8_t c = p[i];
-        if (c == '+') {
+        /* the international prefix 00 stands for '+' ("0049 30 1234567", "001-415-555-0132") */
+        int intl00 = c == '0' && i + 3 < n && p[i + 1] == '0' && p[i + 2] >= '1' && p[i + 2] <= '9' && num_boundary_before(p, i) &&
+                     !(i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) && !after_iban_prefix(p, i);
+        if (c == '+' || intl00) {
             /* E.164: +CC then digits with single separators ( -.) and optional (area) */
             if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
-            if (i + 1 >= n || p[i + 1] < '1' || p[i + 1] > '9') continue;
-            uint32_t k = i + 1, digits = 0, last_digit = 0;
+            uint32_t k = intl00 ? i + 2 : i + 1, digits = 0, last_digit = 0, seps = 0;
+            if (k >= n || p[k] < '1' || p[k] > '9') continue;
             int prev_sep = 1;
             while (k < n) {
                 uint8_t d = p[k];
@@ -574,8 +803,10 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
                     prev_sep = 0;
                 } else if ((d == ' ' || d == '-' || d == '.') && !prev_sep) {
                     prev_sep = 1;
+                    seps++;
                 } else if (d == '(' && k + 1 < n && is_digit(p[k + 1])) {
                     prev_sep = 1;
+                    seps++;
                 } else if (d == ')' && k > 0 && is_digit(p[k - 1])) {
                     prev_sep = 0; /* "(0) 20" : a separator may follow */
                 } else {
@@ -584,15 +815,18 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
                 k++;
                 if (digits > 15) break;
             }
-            if (digits < 8 || digits > 15) continue;
-            uint32_t e = last_digit + 1;
+            /* 00 and bare digits: a zero-padded id ("0012345678"), not a phone */
+            if (digits < 8 || digits > 15 || (intl00 && seps == 0 && !phone_labelled(p, i))) continue;
+            uint32_t e = phone_extension(p, n, last_digit + 1);
             if (!num_boundary_after(p, n, e)) continue;
             add_span(out, i, e, D_PHONE);
             i = e;
             continue;
         }
         if (c == '(' || is_digit(c)) {
-            if (!num_boundary_before(p, i) || (i > 0 && p[i - 1] == '+')) continue;
+            if (!num_boundary_before(p, i) || (i > 0 && p[i - 1] == '+') || after_iban_prefix(p, i)) continue;
+            /* not inside a hyphenated id ("0c38195a-0118-4916-8763-ba15...": a UUID) */
+            if (i >= 2 && p[i - 1] == '-' && is_alnum(p[i - 2])) continue;
             /* not the tail of a longer space-separated digit sequence */
             if (i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) continue;
             uint32_t k = i, e = 0, start = i;
@@ -619,10 +853,10 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
                     e = i + 12;
                 }
             }
-            /* national trunk prefix 0: 0AA[A..] BBB[B] CCC[C], 10-11 digits, space or dash */
+            /* national trunk prefix 0: 0AA[A..] BBB[B] CCC[C], 9-12 digits, space or dash */
             if (e == 0 && c == '0') {
                 uint32_t g1 = digits_at(p, n, i);
-                if (g1 >= 2 && g1 <= 5 && i + g1 < n) {
+                if (g1 >= 2 && g1 <= 6 && i + g1 < n) {
                     uint8_t sep = p[i + g1];
                     if (sep == ' ' || sep == '-') {
                         uint32_t total = g1, groups = 1;
@@ -634,10 +868,24 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
                             groups++;
                             k += 1 + gl;
                         }
-                        if (groups >= 2 && total >= 10 && total <= 12) e = k;
+                        /* 9 digits in two groups ("030 128950"); 3-2-4 is an SSN's shape */
+                        if (groups >= 2 && total <= 12 && (total >= 10 || (total == 9 && groups == 2))) e = k;
                     }
+                } else if ((g1 == 10 || g1 == 11) && p[i + 1] != '0') {
+                    e = i + g1; /* unformatted: "0352959869", "02115481789" */
                 }
             }
+            /* an area code in parentheses, then 7-10 more digits: "(0131) 496 0163",
+             * "(11) 96123-7455", "(059)-2382536"; or, after a phone word or in a phone member,
+             * any 9 to 12 digits however grouped: "13094964558", "810 12 25 41", "74-9364-5006" */
+            if (e == 0) {
+                uint32_t digits, groups;
+                int paren;
+                uint32_t g_end = phone_groups(p, n, start, &digits, &groups, &paren);
+                if (g_end > start && digits >= 9 && digits <= 12 && ((paren && groups >= 2) || phone_labelled(p, start))) e = g_end;
+            }
+            if (e != 0) e = phone_extension(p, n, e);
+            if (e != 0 && e + 1 < n && p[e] == '-' && is_alnum(p[e + 1])) e = 0;
             if (e != 0 && num_boundary_after(p, n, e)) {
                 add_span(out, start, e, D_PHONE);
                 i = e;
@@ -724,6 +972,23 @@ static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
                 break;
             }
         }
+        if (want && cn != want) {
+            /* not the registered length: still an account number when the whole token's
+             * check digits pass (generators and typos drop or add a character) */
+            while (k < n && cn < 34) {
+                uint8_t c = p[k];
+                if (is_digit(c) || is_upper(c)) {
+                    chars[cn++] = c;
+                    k++;
+                    end = k;
+                } else if (c == ' ' && k + 1 < n && (is_digit(p[k + 1]) || is_upper(p[k + 1])) && cn % 4 == 0) {
+                    k++;
+                } else {
+                    break;
+                }
+            }
+            want = 0;
+        }
         if (want ? cn != want : (cn < 15 || cn > 34)) continue;
         if (end < n && (is_alnum(p[end]) || p[end] == '_')) continue;
         if (!iban_checksum_ok(chars, cn)) continue;
@@ -735,7 +1000,10 @@ static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
 static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 7 <= n; i++) {
         if (!is_digit(p[i])) continue;
-        if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '.' || p[i - 1] == '_')) continue;
+        /* "IP10.0.0.1": CJK text glues the label to the address; other letters before are a
+         * version ("v1.2.3.4") or a word */
+        int ip_label = i >= 2 && sluice_lower(p[i - 2]) == 'i' && sluice_lower(p[i - 1]) == 'p' && (i == 2 || !is_alnum(p[i - 3]));
+        if (i > 0 && !ip_label && (is_alnum(p[i - 1]) || p[i - 1] == '.' || p[i - 1] == '_')) continue;
         uint32_t k = i;
         int ok = 1;
         for (int octet = 0; octet < 4 && ok; octet++) {
@@ -790,31 +1058,56 @@ static int secret_value_char(uint8_t c) {
     return is_alnum(c) || c == '/' || c == '+' || c == '=' || c == '_' || c == '-' || c == '.';
 }
 
+/* Whether key[0..len) names a secret: its last words, separators and case ignored, are one of
+ * secret_keys ("aws.secretKey" and "cloud.aws.credentials.secret-key" end with secret_key),
+ * starting at a word: the key's start, after a separator, or an upper-case letter after a
+ * lower-case one or digit ("awsSecretKey"). */
+static int secret_name_match(const uint8_t *key, uint32_t len) {
+    if (len < secret_key_min) return 0;
+    uint32_t e = len;
+    while (e > 0 && (key[e - 1] == '"' || key[e - 1] == '\'')) e--;
+    if (e == 0) return 0;
+    uint8_t last = sluice_lower(key[e - 1]);
+    if (!(secret_key_last[last >> 5] >> (last & 31) & 1u)) return 0;
+    for (uint32_t k = 0; k < secret_key_n; k++) {
+        const uint8_t *nm = secret_norm[k];
+        uint32_t m = secret_norm_len[k], q = e;
+        while (m > 0 && q > 0) {
+            uint8_t ch = key[q - 1];
+            if (secret_name_sep(ch)) {
+                q--;
+                continue;
+            }
+            if (sluice_lower(ch) != nm[m - 1]) break;
+            m--;
+            q--;
+        }
+        if (m != 0) continue;
+        if (q == 0 || !is_alnum(key[q - 1]) || (is_upper(key[q]) && !is_upper(key[q - 1]))) return 1;
+    }
+    return 0;
+}
+
+static int secret_name_char(uint8_t c) { return is_alnum(c) || secret_name_sep(c) || c == '"' || c == '\''; }
+
 /* NAME=value, NAME: value, "NAME": "value", NAME = 'value' */
 static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
-    for (uint32_t s = 0; s < secret_key_n; s++) {
-        sluice_bytes name = secret_keys[s];
-        uint32_t L = (uint32_t)name.len;
-        if (L == 0 || L > n) continue;
-        uint8_t first = sluice_lower(name.ptr[0]);
-        for (uint32_t i = 0; i + L < n; i++) {
-            if (sluice_lower(p[i]) != first) continue;
-            if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
-            if (!sluice_eq_nocase(sluice_bytes_of(p + i, L), name)) continue;
-            uint32_t k = i + L;
-            if (k < n && (is_alnum(p[k]) || p[k] == '_')) continue;
-            if (k < n && (p[k] == '"' || p[k] == '\'')) k++;
-            while (k < n && p[k] == ' ') k++;
-            if (k >= n || (p[k] != '=' && p[k] != ':')) continue;
-            k++;
-            while (k < n && p[k] == ' ') k++;
-            if (k < n && (p[k] == '"' || p[k] == '\'')) k++;
-            uint32_t vs = k;
-            while (k < n && secret_value_char(p[k])) k++;
-            if (k == vs) continue;
-            add_span(out, vs, k, D_AWS_SECRET);
-            i = k;
-        }
+    for (uint32_t i = 0; i < n; i++) {
+        if (p[i] != '=' && p[i] != ':') continue;
+        uint32_t te = i;
+        while (te > 0 && p[te - 1] == ' ') te--;
+        uint32_t ts = te;
+        while (ts > 0 && secret_name_char(p[ts - 1]) && (p[ts - 1] != ' ' || (ts >= 2 && is_alnum(p[ts - 2]) && te - ts < 64))) ts--;
+        while (ts < te && p[ts] == ' ') ts++;
+        if (te == ts || !secret_name_match(p + ts, te - ts)) continue;
+        uint32_t k = i + 1;
+        while (k < n && p[k] == ' ') k++;
+        if (k < n && (p[k] == '"' || p[k] == '\'')) k++;
+        uint32_t vs = k;
+        while (k < n && secret_value_char(p[k])) k++;
+        if (k == vs) continue;
+        add_span(out, vs, k, D_AWS_SECRET);
+        i = k;
     }
 }
 
@@ -916,6 +1209,7 @@ static uint32_t byte_class(uint8_t c) { return (uint32_t)(class_lo[c & 15] & cla
 typedef struct {
     uint32_t classes; /* K_* bits of the bytes present */
     uint32_t digits;  /* how many ASCII digits */
+    uint32_t wide;    /* a byte 0xEF or 0xE3 is present: maybe a full-width form (wide_at) */
 } triggers;
 
 /* Classifies chunks into acc (the union of their classes) and digits. */
@@ -952,27 +1246,42 @@ SIMD static triggers tacc_done(const tacc *x) {
     a |= a >> 32;
     a |= a >> 16;
     a |= a >> 8;
-    triggers t = {(uint32_t)(a & 0xff), x->digits};
+    triggers t = {(uint32_t)(a & 0xff), x->digits, 0};
     return t;
 }
 
+/* The lead bytes of the full-width forms and the ideographic space (see wide_at). */
+SIMD static v128_t wide_leads(v128_t v) {
+    return wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)0xEF)), wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)0xE3)));
+}
+
 /* The triggers of p[0..n). Bytes up to `readable` may be loaded (not classified): a string
- * inside a larger buffer then needs no byte-by-byte tail. */
+ * inside a larger buffer then needs no byte-by-byte tail. (Plain ASCII JSON strings, nearly
+ * all of them, are classified by jstring_classify instead and cannot hold a wide form.) */
 SIMD static triggers scan_triggers(const uint8_t *p, uint32_t n, const uint8_t *readable) {
     tacc x;
     tacc_init(&x);
+    v128_t wide = wasm_i64x2_splat(0);
     uint32_t i = 0;
-    for (; n - i >= 16; i += 16) tacc_add(&x, wasm_v128_load(p + i));
-    if (i == n) return tacc_done(&x);
-    if (readable - (p + i) >= 16) {
-        tacc_add(&x, first_lanes(wasm_v128_load(p + i), n - i));
-        return tacc_done(&x);
+    for (; n - i >= 16; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        tacc_add(&x, v);
+        wide = wasm_v128_or(wide, wide_leads(v));
     }
-    triggers t = tacc_done(&x);
+    triggers t;
+    if (i < n && readable - (p + i) >= 16) {
+        v128_t v = first_lanes(wasm_v128_load(p + i), n - i);
+        tacc_add(&x, v);
+        wide = wasm_v128_or(wide, wide_leads(v));
+        i = n;
+    }
+    t = tacc_done(&x);
+    t.wide = wasm_v128_any_true(wide);
     for (; i < n; i++) {
         uint32_t k = byte_class(p[i]);
         t.classes |= k;
         t.digits += k & K_DIGIT;
+        t.wide |= p[i] == 0xEF || p[i] == 0xE3;
     }
     return t;
 }
@@ -986,27 +1295,68 @@ SIMD static uint32_t count_dots(const uint8_t *p, uint32_t n, const uint8_t *rea
     return dots;
 }
 
-/* For phone and ssn, which most strings with many digits (card numbers, ids) cannot match:
- * both need a run of exactly three digits, except a phone starting with '+' or a trunk '0'. */
-SIMD static uint32_t phone_ssn_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+/* Card, phone and ssn matches lie inside one run of "numeric" bytes: digits and the
+ * separators and punctuation these detectors accept inside a match (space - _ . ( ) +).
+ * Hex ids, hashes and UUIDs hold many digits but in short runs between letters, so the most
+ * digits any one run holds rules all three out for them (a card needs 12, a phone 8, an SSN
+ * 9). An SSN also needs a run of exactly three digits; a phone one of three, a '+' or '0', or
+ * a numeric run of 8 to 15 digits (a bare number: "3755648665"), so that a card number ("4111
+ * 1111 1111 1111": 16 digits, no run of three, no 0) is not searched for phones. Returns the
+ * detectors among card, phone and ssn that can match. */
+static uint32_t numeric_verdict(uint32_t best, int run3, int plus_or_zero, int phone_run) {
+    return (best >= 12 ? 1u << D_CARD : 0) | (best >= 8 && (run3 || plus_or_zero || phone_run) ? 1u << D_PHONE : 0) |
+           (best >= 9 && run3 ? 1u << D_SSN : 0);
+}
+
+static int numeric_byte(uint8_t c) {
+    return is_digit(c) || c == ' ' || c == '-' || c == '_' || c == '.' || c == '(' || c == ')' || c == '+';
+}
+
+SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
     if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
-        /* bit i of digits: p[i] is a digit (bits from n on clear) */
-        uint64_t digits = 0, plus_or_zero = 0;
+        /* bit i of each mask: p[i] is in the class (bits from n on clear) */
+        uint64_t digits = 0, plus_or_zero = 0, numeric = 0;
         for (uint32_t i = 0; i < n; i += 16) {
             v128_t v = wasm_v128_load(p + i);
             if (n - i < 16) v = first_lanes(v, n - i);
             v128_t d = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
             v128_t z = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('0')), wasm_i8x16_eq(v, wasm_i8x16_splat('+')));
+            /* ' ' ( ) + - . are 0x20 0x28 0x29 0x2B 0x2D 0x2E; '_' is 0x5F */
+            v128_t sep = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_i8x16_eq(v, wasm_i8x16_splat('_'))),
+                                      wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('(')), wasm_i8x16_eq(v, wasm_i8x16_splat(')'))),
+                                                   wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')),
+                                                                wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))))));
             digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
             plus_or_zero |= (uint64_t)wasm_i8x16_bitmask(z) << i;
+            numeric |= (uint64_t)wasm_i8x16_bitmask(wasm_v128_or(d, sep)) << i;
         }
         /* a run of exactly three: starts, has its next two digits and not a third */
         uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
-        return (run3 || plus_or_zero ? 1u << D_PHONE : 0) | (run3 ? 1u << D_SSN : 0);
+        uint32_t best = 0;
+        int phone_run = 0;
+        while (numeric) {
+            uint32_t s = (uint32_t)__builtin_ctzll(numeric);
+            uint64_t after = ~(numeric >> s);
+            uint32_t len = after ? (uint32_t)__builtin_ctzll(after) : 64 - s;
+            uint64_t run = (len >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1) << s;
+            uint32_t d = (uint32_t)__builtin_popcountll(digits & run);
+            if (d > best) best = d;
+            phone_run |= d >= 8 && d <= 15;
+            numeric &= ~run;
+        }
+        return numeric_verdict(best, run3 != 0, plus_or_zero != 0, phone_run);
     }
-    uint32_t run = 0, run3 = 0, plus_or_zero = 0;
+    uint32_t run = 0, run3 = 0, plus_or_zero = 0, in_numeric = 0, best = 0;
+    int phone_run = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint8_t ch = p[i];
+        if (numeric_byte(ch)) {
+            in_numeric += is_digit(ch) ? 1u : 0u;
+        } else {
+            if (in_numeric > best) best = in_numeric;
+            phone_run |= in_numeric >= 8 && in_numeric <= 15;
+            in_numeric = 0;
+        }
         if (is_digit(ch)) {
             run++;
             plus_or_zero |= ch == '0';
@@ -1017,19 +1367,21 @@ SIMD static uint32_t phone_ssn_possible(const uint8_t *p, uint32_t n, const uint
         plus_or_zero |= ch == '+';
     }
     run3 |= run == 3;
-    return (run3 || plus_or_zero ? 1u << D_PHONE : 0) | (run3 ? 1u << D_SSN : 0);
+    if (in_numeric > best) best = in_numeric;
+    phone_run |= in_numeric >= 8 && in_numeric <= 15;
+    return numeric_verdict(best, run3 != 0, plus_or_zero != 0, phone_run);
 }
 
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
  * Each condition is something the detector cannot match without, so skipping the others
- * changes nothing: a card has 13-19 digits; a phone 8+ (E.164) or 10+ (national formats); an
+ * changes nothing: a card has 12-19 digits; a phone 8+ (E.164) or 9+ (national formats); an
  * SSN 9; an IBAN an upper-case country code and 2 check digits; an IPv4 address 4 digits, 3 dots
  * and 7 bytes; an AWS key id starts with 'A'; a secret needs '=' or ':'; a JWT "eyJ" and dots;
  * a bearer token "bearer". */
 static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8_t *readable) {
     uint32_t c = 0;
     if (t.classes & K_AT) c |= 1u << D_EMAIL;
-    if (t.digits >= 13) c |= 1u << D_CARD;
+    if (t.digits >= 12) c |= 1u << D_CARD;
     if (t.digits >= 8) c |= 1u << D_PHONE;
     if (t.digits >= 9) c |= 1u << D_SSN;
     if (t.digits >= 2 && (t.classes & K_UPPER)) c |= 1u << D_IBAN;
@@ -1039,8 +1391,8 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
     if ((t.classes & K_UPPER4) && (t.classes & K_DOT)) c |= 1u << D_JWT;
     if (t.classes & K_B) c |= 1u << D_BEARER;
     c &= enabled_detectors;
-    const uint32_t ps = 1u << D_PHONE | 1u << D_SSN;
-    if (c & ps) c &= ~ps | phone_ssn_possible(p, n, readable);
+    const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
+    if (c & cps) c &= ~cps | numeric_possible(p, n, readable);
     return c;
 }
 
@@ -1071,8 +1423,13 @@ static int utf8_step(const uint8_t *p, uint32_t i, uint32_t end) {
     return n ? n : 1;
 }
 
-static int maskable(const mask_rule *r, const uint8_t *p, uint32_t i) {
-    return !r->preserve_format || p[i] >= 0x80 || is_alnum(p[i]);
+/* With preserve_format, separators and punctuation stay, full-width ones too ("－", "＠",
+ * U+3000); every other character is masked (letters and digits of any script). */
+static int maskable(const mask_rule *r, const uint8_t *p, uint32_t i, uint32_t end) {
+    if (!r->preserve_format) return 1;
+    if (p[i] < 0x80) return is_alnum(p[i]);
+    uint8_t ascii = wide_at(p, i, end);
+    return ascii == 0 || is_alnum(ascii);
 }
 
 /* Mask whole 16-byte chunks of ASCII from p[s] on into w with the one-byte mask, every
@@ -1122,7 +1479,7 @@ static void put_masked(sluice_buf *out, const uint8_t *p, uint32_t s, uint32_t e
     if (r->keep_last != 0 || mlen != 1) {
         uint32_t total = 0;
         for (uint32_t i = s; i < e; i += (uint32_t)utf8_step(p, i, e)) {
-            if (maskable(r, p, i)) total++;
+            if (maskable(r, p, i, e)) total++;
         }
         uint32_t keep = (uint32_t)r->keep_last;
         if (keep >= total) keep = 0; /* never reveal a whole match */
@@ -1143,7 +1500,7 @@ static void put_masked(sluice_buf *out, const uint8_t *p, uint32_t s, uint32_t e
     }
     while (i < e) {
         uint32_t step = (uint32_t)utf8_step(p, i, e);
-        if (maskable(r, p, i) && seen++ < hide) {
+        if (maskable(r, p, i, e) && seen++ < hide) {
             if (mlen == 1) {
                 *w++ = r->mask.ptr[0];
             } else {
@@ -1250,6 +1607,85 @@ static int collect_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, con
     if (s->failed) return 0;
     sort_spans(s);
     return 1;
+}
+
+/* A copy of a string with its full-width forms replaced by the ASCII characters they stand for
+ * (one byte each; every other byte copied), and where those characters are in the copy: an
+ * offset k of the copy is offset k + 2 * (forms before k) of the original (each form is 3
+ * bytes there, 1 here). Memory: the copy and 4 bytes per form, not per byte. */
+typedef struct {
+    uint8_t *text; /* n bytes, then 16 readable bytes (the detectors' whole-chunk loads) */
+    uint32_t n;
+    uint32_t *forms; /* offsets in text of the replaced characters, ascending */
+    uint32_t form_n;
+} wide_copy;
+
+/* Fills w and returns 1 when p[0..n) holds a full-width form, 0 when it holds none, -1 when
+ * memory ran out. */
+static int normalise_wide(const uint8_t *p, uint32_t n, wide_copy *w) {
+    uint32_t first = 0, forms = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if ((p[i] == 0xEF || p[i] == 0xE3) && wide_at(p, i, n)) {
+            if (forms++ == 0) first = i;
+            i += 2;
+        }
+    }
+    if (forms == 0) return 0;
+    w->text = (uint8_t *)sluice_malloc(n + 16u);
+    w->forms = (uint32_t *)sluice_malloc(sizeof(uint32_t) * forms);
+    if (w->text == NULL || w->forms == NULL) return -1;
+    memcpy(w->text, p, first);
+    uint32_t m = first, f = 0;
+    for (uint32_t i = first; i < n;) {
+        uint8_t ascii = (p[i] == 0xEF || p[i] == 0xE3) ? wide_at(p, i, n) : 0;
+        if (ascii) {
+            w->forms[f++] = m;
+            w->text[m++] = ascii;
+            i += 3;
+        } else {
+            w->text[m++] = p[i++];
+        }
+    }
+    memset(w->text + m, 0, 16);
+    w->n = m;
+    w->form_n = f;
+    return 1;
+}
+
+/* The offset in the original of offset k of the copy. */
+static uint32_t wide_origin(const wide_copy *w, uint32_t k) {
+    uint32_t lo = 0, hi = w->form_n; /* forms[0..lo) < k <= forms[hi..) */
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (w->forms[mid] < k) lo = mid + 1;
+        else hi = mid;
+    }
+    return k + 2u * lo;
+}
+
+/* collect_spans for a string whose triggers t are known: a string with full-width forms is
+ * searched in its ASCII reading (normalise_wide) and the matches mapped back onto its own
+ * bytes, so every detector finds "４１１１ １１１１ １１１１ １１１１" as it finds the ASCII
+ * number, with the same checks (Luhn, boundaries, lengths). Returns 0 when memory ran out. */
+static int find_matches(const uint8_t *p, uint32_t n, triggers t, spans *s, const uint8_t *readable) {
+    if (t.wide) {
+        wide_copy w;
+        int r = normalise_wide(p, n, &w);
+        if (r < 0) {
+            spans_init(s);
+            return 0;
+        }
+        if (r > 0) {
+            const uint8_t *wr = w.text + w.n + 16;
+            if (!collect_spans(w.text, w.n, candidates(scan_triggers(w.text, w.n, wr), w.text, w.n, wr), s, wr)) return 0;
+            for (uint32_t k = 0; k < s->n; k++) {
+                s->v[k].start = wide_origin(&w, s->v[k].start);
+                s->v[k].end = wide_origin(&w, s->v[k].end);
+            }
+            return 1;
+        }
+    }
+    return collect_spans(p, n, candidates(t, p, n, readable), s, readable);
 }
 
 /* Append p[0..n) to out with the matches in s masked (of overlapping ones, the first in sort
@@ -1533,12 +1969,17 @@ SIMD static int jstring_value(jctx *c) {
         return 1;
     }
     if (scanned != 2) t = scan_triggers(text, n, readable);
-    /* most strings hold no trigger at all (see candidates) */
-    if (!(t.classes & (K_AT | K_UPPER | K_ASSIGN | K_B)) && t.digits < 8 && !(t.digits >= 4 && (t.classes & K_DOT))) return 1;
-    uint32_t todo = candidates(t, text, n, readable);
-    if (todo == 0) return 1; /* the common case: the literal stays */
     spans found;
-    if (!collect_spans(text, n, todo, &found, readable)) {
+    if (!t.wide) {
+        /* most strings hold no trigger at all (see candidates) */
+        if (!(t.classes & (K_AT | K_UPPER | K_ASSIGN | K_B)) && t.digits < 8 && !(t.digits >= 4 && (t.classes & K_DOT))) return 1;
+        uint32_t todo = candidates(t, text, n, readable);
+        if (todo == 0) return 1; /* the common case: the literal stays */
+        if (!collect_spans(text, n, todo, &found, readable)) {
+            c->failed = 1;
+            return 0;
+        }
+    } else if (!find_matches(text, n, t, &found, readable)) {
         c->failed = 1;
         return 0;
     }
@@ -1581,13 +2022,8 @@ static int jlit(jctx *c, const char *lit) {
     return 1;
 }
 
-/* Whether a member name is one of secret_keys (lengths first: most names have none of theirs). */
-static int is_secret_key(sluice_bytes key) {
-    for (uint32_t k = 0; k < secret_key_n; k++) {
-        if (sluice_eq_nocase(key, secret_keys[k])) return 1;
-    }
-    return 0;
-}
+/* Whether a member name names a secret (secret_name_match). */
+static int is_secret_key(sluice_bytes key) { return secret_name_match(key.ptr, (uint32_t)key.len); }
 
 /* A string, number, true, false or null at c->p. */
 static inline __attribute__((always_inline)) int jscalar(jctx *c) {
@@ -1629,6 +2065,7 @@ SIMD static int jvalue(jctx *c) {
                 c->frames[c->depth].index = index;
                 c->frames[c->depth].key = sluice_null();
                 c->secret = 0;
+                member_name = NULL;
                 if (!is_array) {
                     const uint8_t *s, *e;
                     int escaped;
@@ -1637,7 +2074,9 @@ SIMD static int jvalue(jctx *c) {
                     if (!jstring_span(c, &s, &e, &escaped)) return 0;
                     c->frames[c->depth].key = sluice_bytes_of(s, (size_t)(e - s));
                     sluice_bytes key = c->frames[c->depth].key;
-                    c->secret = (key.len >= 64 || (secret_key_lengths >> key.len & 1u)) && is_secret_key(key);
+                    c->secret = is_secret_key(key);
+                    member_name = key.ptr;
+                    member_len = (uint32_t)key.len;
                     jws(c);
                     if (c->p >= c->end || *c->p != ':') return 0;
                     c->p++;
@@ -1708,6 +2147,7 @@ after:
     goto after;
 member:
     c->secret = 0;
+    member_name = NULL;
     if (closes[depth - 1] == '}') {
         const uint8_t *s, *e;
         int escaped;
@@ -1715,8 +2155,9 @@ member:
         if (c->p >= end || *c->p != '"') return 0;
         if (!jstring_span(c, &s, &e, &escaped)) return 0;
         uint32_t klen = (uint32_t)(e - s);
-        /* lengths first, here rather than in is_secret_key: most names have none of theirs */
-        c->secret = (klen >= 64 || (secret_key_lengths >> klen & 1u)) && is_secret_key(sluice_bytes_of(s, klen));
+        c->secret = is_secret_key(sluice_bytes_of(s, klen));
+        member_name = s;
+        member_len = klen;
         jws(c);
         if (c->p >= end || *c->p != ':') return 0;
         c->p++;
@@ -1737,6 +2178,7 @@ static int looks_like_json(sluice_bytes b) {
 /* Masks one key / value / header value. Returns 1 and sets *res when something changed, 0 when
  * nothing did, -1 when memory ran out (the caller fails the batch rather than leak data). */
 static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
+    member_name = NULL; /* set by the JSON walk for a member's value only */
     if (in.len <= 0) return 0;
     uint32_t n = (uint32_t)in.len;
     if (mode == MODE_JSON || (mode == MODE_AUTO && looks_like_json(in))) {
@@ -1775,7 +2217,7 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         /* not JSON after all: fall through to text */
     }
     spans found;
-    if (!collect_spans(in.ptr, n, candidates(scan_triggers(in.ptr, n, in.ptr + n), in.ptr, n, in.ptr + n), &found, in.ptr + n)) return -1;
+    if (!find_matches(in.ptr, n, scan_triggers(in.ptr, n, in.ptr + n), &found, in.ptr + n)) return -1;
     if (found.n == 0) return 0;
     sluice_buf out;
     sluice_buf_init(&out, n + 16);

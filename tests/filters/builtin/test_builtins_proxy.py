@@ -1,12 +1,14 @@
 """The shipped filters end to end: real clients through `sluice serve` in front of Tansu.
 
-pii-mask on produce (the broker stores masked records), json-validate rejecting a bad record
+pii-mask on produce (the broker stores masked records), rules mutating and dropping records on
+produce, json-validate rejecting a bad record
 (the producer gets the reason), and topic-policy denying, allowing and rewriting CreateTopics
 items (POLICY_VIOLATION for the denied item only).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import uuid
@@ -96,6 +98,27 @@ def test_pii_mask_on_produce_stores_masked(tmp_path: Path, broker: TansuBroker,
     assert stored[1] == b"no pii"
 
 
+def test_rules_mutate_and_drop_on_produce(tmp_path: Path, broker: TansuBroker,
+                                          start_proxy: Callable[..., SluiceProxy]) -> None:
+    topic = unique("signups")
+    rules = [{"field": "password", "action": "remove"},
+             {"field": "email", "action": "hash", "salt": "pepper"},
+             {"field": "bio", "action": "truncate", "length": 4},
+             {"field": "env", "action": "drop", "when": {"equals": "test"}}]
+    cfg = write_config(tmp_path, [{"name": "rules", "module": "builtin:rules",
+                                   "topics": ["signups-*"], "apply_to": ["produce"],
+                                   "config": {"rules": rules}}])
+    proxy = start_proxy(config=cfg)
+    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    docs = [{"email": "ann@example.com", "password": "hunter2", "bio": "long story"},
+            {"env": "test", "email": "x@y.z"}, {"env": "prod"}]
+    errors = produce(proxy.bootstrap, topic, [json.dumps(d).encode() for d in docs])
+    assert errors == [None, None, None]
+    stored = [json.loads(v) for v in consume(broker.bootstrap, topic, 2)]
+    digest = hashlib.sha256(b"pepperann@example.com").hexdigest()
+    assert stored == [{"email": digest, "bio": "long"}, {"env": "prod"}]
+
+
 def test_json_validate_rejects_with_reason(tmp_path: Path, broker: TansuBroker,
                                            start_proxy: Callable[..., SluiceProxy]) -> None:
     topic = unique("events")
@@ -149,3 +172,44 @@ def test_topic_policy_rewrites(policy_proxy: SluiceProxy, broker: TansuBroker) -
     res = ConfigResource(ConfigResource.Type.TOPIC, name)
     configs = admin.describe_configs([res])[res].result(15)
     assert configs["retention.ms"].value == "86400000"  # the policy's default
+
+
+def stored_records(bootstrap: str, topic: str, want: int) -> list[Any]:
+    """The records of partition 0 read straight from the broker (not through the proxy)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), **QUIET})
+    c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+    got: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(got) < want and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m)
+    c.close()
+    return got
+
+
+@pytest.mark.parametrize("keys", [None, False])
+def test_pii_mask_defaults_mask_key_value_and_headers(
+        tmp_path: Path, broker: TansuBroker, start_proxy: Callable[..., SluiceProxy],
+        keys: bool | None) -> None:
+    # "Stored records are masked": with the default config the key and the header values are
+    # masked too (before, only the value was); `keys: false` leaves the key as sent.
+    topic = unique("people")
+    config: dict[str, Any] = {} if keys is None else {"keys": keys}
+    cfg = write_config(tmp_path, [{"name": "mask", "module": "builtin:pii-mask",
+                                   "topics": ["people-*"], "apply_to": ["produce"],
+                                   "config": config}])
+    proxy = start_proxy(config=cfg)
+    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    p = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 0, "retries": 0, **QUIET})
+    errors: list[Any] = []
+    p.produce(topic, key=b"ann@example.com", value=b'{"card": "4111_1111_1111_1111"}',
+              headers=[("x-user", b"ann@example.com"), ("x-phone", b"+44 20 7946 0958"),
+                       ("trace", b"abc-1")],
+              on_delivery=lambda err, _m: errors.append(err))
+    assert p.flush(30) == 0 and errors == [None]
+    (m,) = stored_records(broker.bootstrap, topic, 1)
+    assert json.loads(m.value()) == {"card": "****_****_****_****"}
+    assert m.key() == (b"ann@example.com" if keys is False else b"***@*******.***")
+    assert m.headers() == [("x-user", b"***@*******.***"), ("x-phone", b"+** ** **** ****"),
+                           ("trace", b"abc-1")]

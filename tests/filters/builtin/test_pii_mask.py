@@ -177,9 +177,52 @@ def test_keys_and_headers(load_builtin: Loader) -> None:
     assert d.headers == [("x-user", b"*@*.**"), ("other", b"e@f.io"), ("x-user", None)]
 
 
-def test_keys_untouched_by_default(load_builtin: Loader) -> None:
-    (d,), _ = load_builtin("pii-mask").run([Rec(b"v", key=b"a@b.io")])
-    assert d.kind == KEEP
+def test_keys_and_header_values_masked_by_default(load_builtin: Loader) -> None:
+    # "Stored records are masked": the key and every header value, not only the value.
+    (d,), counts = load_builtin("pii-mask").run([
+        Rec(b"v", key=b"a@b.io", headers=[("x-user", b"c@d.io"), ("trace", b"t-1"),
+                                          ("x-card", b"4111 1111 1111 1111"), ("e", None)])])
+    assert d.kind == REWRITE
+    assert d.key == b"*@*.**"
+    assert d.value == b"v"
+    assert d.headers == [("x-user", b"*@*.**"), ("trace", b"t-1"),
+                         ("x-card", b"**** **** **** ****"), ("e", None)]
+    assert counts == {"email": 2, "card": 1}
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "header"),
+    [
+        ({"keys": False}, b"a@b.io", b"*@*.**"),
+        ({"headers": False}, b"*@*.**", b"c@d.io"),
+        ({"keys": False, "headers": False}, b"a@b.io", b"c@d.io"),
+        ({"headers": ["other"]}, b"*@*.**", b"c@d.io"),
+        ({"keys": True, "headers": True}, b"*@*.**", b"*@*.**"),
+    ],
+)
+def test_keys_and_headers_switched_off_explicitly(load_builtin: Loader, config: dict[str, object],
+                                                  key: bytes, header: bytes) -> None:
+    (d,), _ = load_builtin("pii-mask", config).run(
+        [Rec(b"mail e@f.io", key=b"a@b.io", headers=[("x-user", b"c@d.io")])])
+    assert (d.key, d.value, d.headers) == (key, b"mail *@*.**", [("x-user", header)])
+
+
+@pytest.mark.parametrize(
+    ("config", "words"),
+    [
+        ({"keys": "yes"}, "config.keys: must be true or false"),
+        ({"keys": None}, "config.keys: must be true or false"),
+        ({"keys": 0}, "config.keys: must be true or false"),
+        ({"headers": "all"}, "config.headers: must be true, false or a list"),
+        ({"headers": ["x-user", 7]}, "config.headers: must be true, false or a list"),
+    ],
+)
+def test_keys_and_headers_settings_are_checked(load_builtin: Loader, config: dict[str, object],
+                                               words: str) -> None:
+    # Before, a value that was not a boolean was silently read as "off" (keys: "yes" left keys
+    # in clear).
+    with pytest.raises(GuestError, match=words):
+        load_builtin("pii-mask", config)
 
 
 def test_null_and_empty_values_kept(load_builtin: Loader) -> None:

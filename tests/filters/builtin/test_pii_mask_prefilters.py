@@ -3,10 +3,12 @@
 Before running a detector on a string the filter rules it out by what the match needs: phone
 and ssn a run of exactly three digits (a phone may instead start with '+' or a trunk '0'), an
 IPv4 address three dots, a JSON number eight digits or more (only card, phone and ssn can match
-one). Short strings (up to 64 bytes) look for e-mail addresses with bit masks of their bytes,
-longer ones byte by byte. The JSON walk without field paths is a loop over an explicit stack.
-These tests give each pre-check inputs on both sides of its condition, with the expected
-output written from the documented masking.
+one); card, phone and ssn all need one run of digits and separators holding 13, 8 and 9 digits
+(hex ids, hashes and UUIDs have many digits in short runs). Short strings (up to 64 bytes)
+look for e-mail addresses with bit masks of their bytes, longer ones byte by byte. The JSON
+walk without field paths is a loop over an explicit stack. These tests give each pre-check
+inputs on both sides of its condition, with the expected output written from the documented
+masking.
 """
 
 from __future__ import annotations
@@ -32,6 +34,30 @@ def test_phone_and_ssn_next_to_card_numbers_and_other_long_digit_runs() -> None:
         # digits enough for phone and ssn, but only runs of four: neither can match
         ("ids 1234 5678 9123", "ids 1234 5678 9123", {}),
         ("order 12345678901 ref 4444-5555", "order 12345678901 ref 4444-5555", {}),
+    ]
+    for text, want, counts in cases:
+        for value, expected in ((text, want), (json.dumps({"v": text}), json.dumps({"v": want}))):
+            out, got = run(g, [value.encode()])
+            assert out == [expected.encode()], value
+            assert got == counts, value
+
+
+def test_card_phone_and_ssn_need_one_run_with_enough_digits() -> None:
+    g = pii_mask()
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"  # 18 digits, none in a run of more than 4
+    uuid = "123e4567-e89b-12d3-a456-426614174000"
+    card, phone, ssn = "4111_1111_1111_1111", "+44 (0) 20 7946 0958", "123-45-6789"
+    cases = [
+        (trace, trace, {}),
+        (uuid, uuid, {}),
+        # the same strings with a match inside or next to them: found on both sides of 64 bytes
+        (f"{trace} {card}", f"{trace} {masked(card)}", {"card": 1}),
+        (f"{trace}{trace} {phone}", f"{trace}{trace} {masked(phone)}", {"phone": 1}),
+        (f"{uuid} ssn {ssn}", f"{uuid} ssn {masked(ssn)}", {"ssn": 1}),
+        (f"{ssn} {uuid}{trace}", f"{masked(ssn)} {uuid}{trace}", {"ssn": 1}),
+        # 12 and 7 digits in the longest run: no card, no phone
+        ("ref 4111 1111 1111 x 1", "ref 4111 1111 1111 x 1", {}),
+        ("tel +44 20 794", "tel +44 20 794", {}),
     ]
     for text, want, counts in cases:
         for value, expected in ((text, want), (json.dumps({"v": text}), json.dumps({"v": want}))):

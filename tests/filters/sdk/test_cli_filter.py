@@ -18,7 +18,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 
 ENTRY = {"c": "filter.c", "zig": "filter.zig", "rust": "filter.rs",
-         "assemblyscript": "filter.ts"}
+         "assemblyscript": "filter.ts", "go": "filter.go"}
 
 
 @pytest.mark.parametrize("lang", sorted(ENTRY))
@@ -146,6 +146,7 @@ def test_test_unknown_module(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(("lang", "variable", "install"), [
     ("rust", "SLUICE_RUSTC", "apt-get install rustc libstd-rust-dev-wasm32"),
     ("assemblyscript", "SLUICE_ASC", "bash scripts/dev.sh install"),
+    ("go", "SLUICE_GO", "GOTOOLCHAIN=go1.26.8 go version"),
 ])
 def test_build_names_the_missing_toolchain_and_its_install_command(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -156,3 +157,22 @@ def test_build_names_the_missing_toolchain_and_its_install_command(
     assert code == 1 and out == ""
     assert install in err and "Traceback" not in err
     assert not (tmp_path / "x" / "x.wasm").exists()
+
+
+def test_build_of_a_crate_names_the_missing_fetching_cargo(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    crate = Path(__file__).resolve().parents[3] / "filters" / "examples" / "seed000-rust"
+    d = tmp_path / "crate"
+    d.mkdir()
+    for name in ("Cargo.toml", "Cargo.lock"):
+        (d / name).write_text((crate / name).read_text())
+    (d / "src").mkdir()
+    (d / "src" / "lib.rs").write_text((crate / "src" / "lib.rs").read_text())
+    monkeypatch.setenv("SLUICE_CARGO_FETCH", str(tmp_path / "no-such-cargo"))
+    code, out, err = run_cli(capsys, "filter", "build", str(d))
+    assert code == 1 and out == ""
+    assert "rustup toolchain install stable" in err and "Traceback" not in err
+    (d / "Cargo.lock").unlink()
+    code, _, err = run_cli(capsys, "filter", "build", str(d))
+    assert code == 1 and "no Cargo.lock" in err

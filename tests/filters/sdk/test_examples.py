@@ -35,8 +35,8 @@ def run(f: LoadedFilter, *values: bytes | None, key: bytes | None = None,
     return f.run_batch(CTX, recs, timestamp_base=timestamp_ms).decisions
 
 
-ENRICH = ["enrich", "enrich-rust", "enrich-as"]
-UPPER = ["upper", "upper-c", "upper-rust", "upper-as"]
+ENRICH = ["enrich", "enrich-rust", "enrich-as", "enrich-go"]
+UPPER = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go"]
 
 
 @pytest.mark.parametrize("name", ENRICH)
@@ -122,3 +122,33 @@ def test_inplace_abi_transform_record() -> None:
     assert got[1].action == Action.DROP
     assert got[2].action == Action.REJECT and got[2].failure is not None
     assert got[3].action == Action.REJECT
+
+
+def test_go_pii_mask_masks_seed_004s_lines() -> None:
+    f = example("pii-mask-go")
+    got = run(f, b"AWS_SECRET_ACCESS_KEY=myawssecretkeyvalue", b"My email is example@email.com",
+              b"user=ann password=hunter2; token='abc' nothing@here x@y.z", b"plain", None)
+    assert got[0].value == b"AWS_SECRET_ACCESS_KEY=*******************"
+    assert got[1].value == b"My email is *******@*****.***"
+    assert got[2].value == b"user=ann password=*******; token='abc' nothing@here x@y.z"
+    assert [d.action for d in got[3:]] == [Action.KEEP, Action.KEEP]
+    res = f.run_batch(CTX, [FilterRecord(0, 0, None, b"a@b.io PASSWORD=x", [])])
+    assert res.detector_counts == {"email": 1, "secret": 1}
+
+
+def test_go_pii_mask_emails_like_the_builtin() -> None:
+    values = [b"write to ann.lee+tag@mail.example.com.", b"two: a@b.de, c_d@e-f.org"]
+    go = run(example("pii-mask-go"), *values)
+    builtin = run(load_filter(FilterSpec(name="b", module="builtin:pii-mask")), *values)
+    assert [d.value for d in go] == [d.value for d in builtin]
+    assert go[0].value == b"write to ***.***+***@****.*******.***."
+
+
+def test_go_pii_mask_config() -> None:
+    f = example("pii-mask-go", config={"mask": "#", "email": False, "secret_words": ["pin"]})
+    (d,) = run(f, b"a@b.io PIN=1234 secret=x")
+    assert d.value == b"a@b.io PIN=#### secret=x"
+    with pytest.raises(ValueError, match="mask must be one ASCII character"):
+        example("pii-mask-go", config={"mask": "##"})
+    with pytest.raises(ValueError, match="secret_words must be a non-empty list"):
+        example("pii-mask-go", config={"secret_words": []})

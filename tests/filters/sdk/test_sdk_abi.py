@@ -88,7 +88,7 @@ def test_c_arena_survives_many_large_batches(c_module: Path) -> None:
     assert pages < 200  # ~10 MB per batch would have grown to 300+ MB without the reset
 
 
-@pytest.fixture(scope="module", params=["probe_zig", "probe_rust", "probe_as"])
+@pytest.fixture(scope="module", params=["probe_zig", "probe_rust", "probe_as", "probe_go"])
 def hook_module(request: pytest.FixtureRequest,
                 tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The probes that mirror each other command for command (Zig, Rust, AssemblyScript)."""

@@ -1,7 +1,7 @@
 """docs/WRITING_FILTERS.md section 1, followed as written in each language it shows (C, Zig,
-Rust, AssemblyScript): the guide's own code blocks are extracted, built, tested with `sluice filter
-test`, and run in a real proxy in front of Tansu with a real client. If the guide drifts from
-what works, this fails."""
+Rust, AssemblyScript, Go): the guide's own code blocks are extracted, built, tested with
+`sluice filter test`, and run in a real proxy in front of Tansu with a real client. If the guide
+drifts from what works, this fails."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def consume_all(bootstrap: str, topic: str, want: int) -> list[bytes]:
 # --lang, the fence of the guide's code block, a name only that block uses, the file it goes in
 WALKTHROUGHS = [("c", "c", "ssn_at", "filter.c"), ("zig", "zig", "ssnAt", "filter.zig"),
                 ("rust", "rust", "ssn_at", "filter.rs"),
-                ("assemblyscript", "ts", "ssnAt", "filter.ts")]
+                ("assemblyscript", "ts", "ssnAt", "filter.ts"),
+                ("go", "go", "ssnAt", "filter.go")]
 
 
 @pytest.mark.parametrize(("lang", "fence", "marker", "entry"), WALKTHROUGHS)

@@ -4,6 +4,7 @@ deferred work, chain changes in flight, back-pressure and refusals."""
 from __future__ import annotations
 
 import struct
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from sluice.codec.headers import request_header_bytes
 from sluice.codec.messages import ApiKey, codec_version_range
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import (
     Close,
     Connection,
@@ -331,7 +332,8 @@ def test_every_accepted_version_is_bounded(api_key: int, version: int) -> None:
     lists) in a version the broker lists or up to the codec's newest: tables stay bounded."""
     _, routes, _ = make()
     routes.versions.learn({METADATA: (0, 12)})
-    refusal = routes.current.refusal(api_key, version)
+    header = types.SimpleNamespace(api_key=api_key, api_version=version, header_size=0)
+    refusal = routes.current.refusal(header, b"")
     span = codec_version_range(api_key)
     if api_key == int(ApiKey.API_VERSIONS):
         assert (refusal is None) == (version >= 0)

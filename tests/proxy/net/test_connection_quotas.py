@@ -14,7 +14,7 @@ from sluice.codec import entities
 from sluice.codec.headers import request_header_bytes, response_header_bytes
 from sluice.codec.messages import ApiKey, decode_response, encode_response
 from sluice.codec.throttle import throttle_offset
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import (
     Connection,
     PauseClient,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
-from sluice.proxy.net.addresses import BrokerMap, PortTable
+from sluice.proxy.net.node_ports import BrokerMap, PortTable
 
 
 def _learn(table: str, order: list[int], out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]

@@ -4,6 +4,7 @@ builds), real Kafka frames built by the codec, no sockets and no server."""
 from __future__ import annotations
 
 import datetime
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from sluice.codec import entities, schemas
 from sluice.codec.error_codes import ErrorCode
+from sluice.codec.fetch_splice import scan_fetch_response
 from sluice.codec.headers import (
     parse_request_header,
     request_header_bytes,
@@ -27,7 +29,7 @@ from sluice.codec.messages import (
 from sluice.codec.records import decode_records, split_batches
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
-from sluice.proxy.net.client_info import ClientInfo
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths.admin import AdminPath
 from sluice.proxy.paths.base import (
     Answer,
@@ -344,6 +346,125 @@ def test_fetch_of_an_unfiltered_topic_keeps_its_bytes(chain: FilterChain) -> Non
     raw = fetch_response("plain", make_batch([EMAIL]))
     respond = run(FetchPath().on_response(ctx, fetch_exchange(), raw))
     assert isinstance(respond, Respond) and respond.frame is raw
+
+
+def two_topic_fetch(version: int, records: bytes, endpoints: tuple[Any, ...] = ()) -> bytes:
+    """A Fetch response (v13+: topics by id 1 = pii.users, 2 = plain) with one partition
+    of `records` in the filtered topic "pii.users" and one in the unfiltered "plain"."""
+    cls = schemas.response_schema(ApiKey.FETCH, version)
+    tcls = entities.element_class(cls, "responses")
+    pcls = entities.element_class(tcls, "partitions")
+    part = entities.build(
+        pcls, partition_index=0, high_watermark=1, records=records, aborted_transactions=None
+    )
+    topics = tuple(
+        entities.build(
+            tcls,
+            partitions=(part,),
+            **({"topic_id": uuid.UUID(int=n)} if version >= 13 else {"topic": name}),
+        )
+        for n, name in ((1, "pii.users"), (2, "plain"))
+    )
+    extra: dict[str, Any] = {}
+    if endpoints:
+        ncls = entities.element_class(cls, "node_endpoints")
+        extra["node_endpoints"] = tuple(
+            entities.build(ncls, node_id=n, host=h, port=p) for n, h, p in endpoints
+        )
+    response = entities.build(
+        cls,
+        throttle_time=datetime.timedelta(0),
+        error_code=0,
+        session_id=0,
+        responses=topics,
+        **extra,
+    )
+    return response_header_bytes(3, ApiKey.FETCH, version) + encode_response(response)
+
+
+def known_ids(ctx: PathContext) -> None:
+    for n, name in ((1, "pii.users"), (2, "plain")):
+        ctx.topics.names[uuid.UUID(int=n)] = name
+
+
+def test_fetch_splices_the_filtered_topic_and_keeps_the_brokers_bytes(
+    chain: FilterChain,
+) -> None:
+    """Only the filtered partition's records change: the unfiltered topic keeps a tagged
+    field kio would drop, and the empty node_endpoints tag Tansu sends stays as sent."""
+    sink = ListSink()
+    ctx = context(chain, sink, Letters())
+    known_ids(ctx)
+    raw = two_topic_fetch(16, make_batch([EMAIL]))
+    size = len(response_header_bytes(3, ApiKey.FETCH, 16))
+    layout = scan_fetch_response(16, raw, size)
+    plain = layout.topics[1].partitions[0]
+    # An unknown tag (7) in the unfiltered partition, and Tansu's empty node_endpoints.
+    raw = raw[: plain.records_end] + b"\x01\x07\x02zz" + raw[plain.records_end + 1 : -1]
+    raw += b"\x01\x00\x01\x01"
+    respond = run(FetchPath().on_response(ctx, fetch_exchange(16), raw))
+    assert isinstance(respond, Respond) and respond.on_sent is not None
+    out = respond.frame
+    start = layout.topics[1].start
+    assert out[-(len(raw) - start) :] == raw[start:], "the plain topic passes as bytes"
+    decoded = decode_response(ApiKey.FETCH, 16, out[size:])
+    (value,) = values_of(decoded.responses[0].partitions[0].records)
+    assert value is not None and b"ann@example.com" not in value
+    assert decoded.responses[1].partitions[0].records == make_batch([EMAIL])
+    respond.on_sent()
+    (event,) = sink.events
+    assert event["topic"] == "pii.users" and event["records_out"] == 1
+
+
+def test_fetch_with_node_endpoints_still_rewrites_them(chain: FilterChain) -> None:
+    ctx = context(chain, ListSink(), Letters())
+    known_ids(ctx)
+    raw = two_topic_fetch(16, make_batch([EMAIL]), endpoints=((1, "10.1.2.3", 9092),))
+    respond = run(FetchPath().on_response(ctx, fetch_exchange(16), raw))
+    assert isinstance(respond, Respond)
+    size = len(response_header_bytes(3, ApiKey.FETCH, 16))
+    decoded = decode_response(ApiKey.FETCH, 16, respond.frame[size:])
+    (endpoint,) = decoded.node_endpoints
+    assert (endpoint.host, endpoint.port) == ("proxy.local", 19092)
+    (value,) = values_of(decoded.responses[0].partitions[0].records)
+    assert value is not None and b"ann@example.com" not in value
+
+
+@pytest.mark.parametrize("version", [4, 11, 12, 13, 18])
+def test_a_corrupt_filtered_partition_gets_an_error_and_no_records(
+    chain: FilterChain, version: int
+) -> None:
+    sink = ListSink()
+    ctx = context(chain, sink, Letters())
+    known_ids(ctx)
+    good = make_batch([EMAIL])
+    bad = good[:-5] + bytes(b ^ 0xFF for b in good[-5:])  # the CRC no longer matches
+    raw = two_topic_fetch(version, bad)
+    respond = run(FetchPath().on_response(ctx, fetch_exchange(version), raw))
+    assert isinstance(respond, Respond) and respond.on_sent is not None
+    size = len(response_header_bytes(3, ApiKey.FETCH, version))
+    decoded = decode_response(ApiKey.FETCH, version, respond.frame[size:])
+    filtered, plain = (t.partitions[0] for t in decoded.responses)
+    assert int(filtered.error_code) == ErrorCode.CORRUPT_MESSAGE and filtered.records is None
+    assert int(plain.error_code) == 0 and plain.records == bad  # not filtered: as sent
+    respond.on_sent()
+    assert sink.events[0]["error_code"] == ErrorCode.CORRUPT_MESSAGE
+
+
+def test_an_error_code_kio_does_not_know_passes_as_without_filters(chain: FilterChain) -> None:
+    """A newer broker's error code on an unfiltered partition is relayed, as on the
+    unfiltered path (kio's decode refused it, which closed the connection)."""
+    ctx = context(chain, ListSink(), Letters())
+    raw = bytearray(two_topic_fetch(12, make_batch([EMAIL])))
+    size = len(response_header_bytes(3, ApiKey.FETCH, 12))
+    plain = scan_fetch_response(12, raw, size).topics[1].partitions[0]
+    raw[plain.start + 4 : plain.start + 6] = (9999).to_bytes(2, "big")
+    respond = run(FetchPath().on_response(ctx, fetch_exchange(12), bytes(raw)))
+    assert isinstance(respond, Respond)
+    layout = scan_fetch_response(12, respond.frame, size)
+    assert layout.topics[1].partitions[0].error_code == 9999
+    masked = layout.topics[0].partitions[0].records
+    assert masked is not None and b"ann@example.com" not in bytes(masked)
 
 
 def test_no_fetch_filter_means_the_fetch_path_is_not_asked() -> None:

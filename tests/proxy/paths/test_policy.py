@@ -152,6 +152,14 @@ def test_a_valid_policy_parses() -> None:
         ("pii", ("fetch",), {}), ("b", ("fetch", "produce"), {"x": 1})]
 
 
+def test_one_filter_as_an_object_is_what_kafka_configs_sends() -> None:
+    """kafka-configs.sh --add-config removes every square bracket of the value: the docs'
+    one-filter policy arrives with `filters` an object, read as a list of one."""
+    documented = '{"filters":[{"name":"pii","apply_to":"produce","config":{"mask":"#"}}]}'
+    stripped = documented.replace("[", "").replace("]", "")
+    assert parse_policy(stripped) == parse_policy(documented)
+
+
 @pytest.mark.parametrize(("value", "message"), [
     ("{not json", "x-data-policy: not JSON"),
     ("[]", "x-data-policy: must be a JSON object"),

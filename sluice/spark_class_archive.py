@@ -1,6 +1,6 @@
 """Record the driver JVM's class archive (``class_archive``) for this Python environment.
 
-    python -m sluice.spark_audit.record_classes [--force] [--to PATH]
+    python -m sluice.spark_class_archive [--force] [--to PATH]
 
 Runs a small audit job in local mode (a filter load and a few record batches, written by the
 proxy's own Parquet sink to a temporary folder) in a JVM that writes the classes it loaded when it

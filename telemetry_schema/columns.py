@@ -33,7 +33,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.filters.host_identity import ENCRYPT_SHA256
+from sluice.telemetry_schema.host_identity import ENCRYPT_SHA256
 
 LAYOUT_VERSION = 1
 HOUR_MS = 3_600_000
@@ -335,17 +335,11 @@ class ColumnarBuffers:
             self._add_record_batch(event)
         elif kind == "connection":
             self._add_connection(event)
-        elif kind == "admin":
+        elif kind in ("admin", "filter_loaded"):
+            # Both name their filter in a nested {"name", "module_sha256"}: flat columns here.
             ref = event.get("filter") or {}
             self._append(
-                "admin",
-                {**event, **_envelope(event), "filter_name": ref.get("name"),
-                 "module_sha256": ref.get("module_sha256")},
-            )
-        elif kind == "filter_loaded":
-            ref = event.get("filter") or {}
-            self._append(
-                "filter_loaded",
+                kind,
                 {**event, **_envelope(event), "filter_name": ref.get("name"),
                  "module_sha256": ref.get("module_sha256")},
             )

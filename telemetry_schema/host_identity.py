@@ -20,6 +20,8 @@ def host_filter_sha256(kind: str, implementation_version: int) -> str:
 
 
 ENCRYPT_KIND: Final = "encrypt"
-#: Bumped when the encrypt filter's stored output changes meaning (part of its digest).
+#: Bumped when the encrypt filter's stored output changes meaning (part of its digest). Not
+#: for a new stored layout: records carry their layout version, and the audit job matches
+#: this digest, so telemetry written before a layout change stays recognised.
 ENCRYPT_IMPLEMENTATION_VERSION: Final = 1
 ENCRYPT_SHA256: Final = host_filter_sha256(ENCRYPT_KIND, ENCRYPT_IMPLEMENTATION_VERSION)

@@ -1,0 +1,315 @@
+"""Fetch responses without kio: a scan that finds every partition's `records` in the response,
+and a splice that writes new `records` bytes and error codes into the original frame.
+
+Why: with a fetch filter in force, decoding every Fetch response with kio and re-encoding it
+in Python costs more than the filter on a large response, and topics that no filter touches
+paid it too. The scan reads the regular fields with struct, builds no kio objects and hands
+the records out as zero-copy `memoryview` slices; the splice copies the untouched stretches
+of the frame (the response header included) around the new records and rewrites only the
+records' length prefixes and the error codes that change. A Fetch response has no size of a
+topic or partition entry, so nothing else moves. The result is byte for byte what kio writes
+for the same change (tests/codec property-test this for every version the codec supports).
+
+Positions address partitions: ``(i, j)`` is the j-th partition of the i-th topic entry, in
+the order of the response (``responses[i].partitions[j]`` of the kio entity).
+
+Layout of the Fetch response body (v4-v18; v12+ flexible: compact lengths, uvarint counts
+and tagged-field sections; v13+ topics by id)::
+
+    throttle_time_ms  int32
+    error_code        int16   (v7+)
+    session_id        int32   (v7+)
+    responses         [topic string | topic_id uuid (v13+),
+                       partitions [partition_index int32, error_code int16,
+                                   high_watermark int64, last_stable_offset int64,
+                                   log_start_offset int64 (v5+),
+                                   aborted_transactions nullable [producer_id int64,
+                                                                  first_offset int64, tags?],
+                                   preferred_read_replica int32 (v11+),
+                                   records nullable bytes, tags?], tags?]
+    tags?             (v16+: node_endpoints, tag 0: broker addresses)
+
+The top-level tagged fields are not decoded: `endpoints` is False when there are none, or when
+the only one is an empty (or null) `node_endpoints`; True when they may hold a broker address
+(KIP-951 node endpoints, sent with NOT_LEADER_OR_FOLLOWER errors, or a tag the scan does not
+know). A caller that must rewrite those addresses decodes the response with kio when it is True.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Mapping
+from functools import cache
+from typing import NamedTuple
+
+from .errors import DecodeError, UnsupportedVersion
+from .guard import read_uvarint, skip_tags
+from .schemas import known_versions
+
+__all__ = [
+    "FetchPartitionSlot",
+    "FetchResponseLayout",
+    "FetchTopicSlot",
+    "scan_fetch_response",
+    "splice_fetch_records",
+]
+
+Buffer = bytes | bytearray | memoryview
+
+_i16 = struct.Struct(">h").unpack_from
+_i32 = struct.Struct(">i").unpack_from
+_pack_i16 = struct.Struct(">h").pack
+_pack_i32 = struct.Struct(">i").pack
+_ZERO_UUID = bytes(16)
+# Top-level tag sections that hold no address: node_endpoints (tag 0) as an empty or a null
+# compact array, which some brokers (Tansu) send on every v16+ response.
+_NO_ENDPOINTS = (b"\x01\x00\x01\x01", b"\x01\x00\x01\x00")
+
+
+class FetchPartitionSlot(NamedTuple):
+    """One partition entry of a Fetch response; offsets are into the scanned buffer."""
+
+    partition: int  # the partition index
+    error_code: int
+    records: memoryview | None  # None: a null records field
+    start: int  # the entry's first byte (its index); the error code follows at start + 4
+    records_at: int  # the records' length prefix
+    records_end: int  # just after the records bytes
+    end: int  # just after the entry (after its tagged fields)
+
+
+class FetchTopicSlot(NamedTuple):
+    """One topic entry: by name (v4-v12) or by id (v13+; None for the all-zero id)."""
+
+    name: str | None
+    topic_id: uuid.UUID | None
+    partitions: tuple[FetchPartitionSlot, ...]
+    start: int
+    end: int  # just after the entry (after its tagged fields)
+
+
+class FetchResponseLayout(NamedTuple):
+    """Where everything is in one Fetch response."""
+
+    version: int
+    flexible: bool
+    error_code: int  # 0 before v7 (no top-level error code)
+    topics: tuple[FetchTopicSlot, ...]
+    topics_end: int  # just after the last topic entry (the top-level tags, if flexible)
+    endpoints: bool  # the top-level tags may hold broker addresses (see the module docstring)
+
+
+class _Shape(NamedTuple):
+    flexible: bool
+    by_id: bool
+    top_fixed: int  # throttle (+ error code + session id) before the topic array
+    fixed: int  # partition fields after the index and error code, before the aborted list
+    replica: int  # preferred_read_replica's size (0 before v11)
+
+
+@cache
+def _shape(version: int) -> _Shape:
+    """The shape of a Fetch response version the codec supports."""
+    if version not in known_versions(1, False) or version < 4:
+        raise UnsupportedVersion(f"Fetch v{version} response is not supported by the splice")
+    return _Shape(
+        flexible=version >= 12,
+        by_id=version >= 13,
+        top_fixed=10 if version >= 7 else 4,
+        fixed=24 if version >= 5 else 16,
+        replica=4 if version >= 11 else 0,
+    )
+
+
+def _uvarint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _count(buf: memoryview, pos: int, end: int, flexible: bool, minimum: int) -> tuple[int, int]:
+    """(count, position after it) of an array; -1 for a null array. DecodeError when the
+    count times the smallest entry is more than the bytes left (a hostile count)."""
+    if flexible:
+        n = buf[pos]
+        if n < 0x80:
+            pos += 1
+        else:
+            n, pos = read_uvarint(buf, pos, end)
+        n -= 1
+    else:
+        n = _i32(buf, pos)[0]
+        pos += 4
+    if n < 0:
+        return -1, pos
+    if n * minimum > end - pos:
+        raise DecodeError(f"array of {n} entries declared in {end - pos} bytes")
+    return n, pos
+
+
+def _skip_tags(buf: memoryview, pos: int, end: int) -> int:
+    return pos + 1 if buf[pos] == 0 else skip_tags(buf, pos, end)
+
+
+def scan_fetch_response(version: int, buf: Buffer, start: int = 0) -> FetchResponseLayout:
+    """Find every partition of the Fetch response body that starts at `start` of `buf` (pass
+    the whole frame and the response header's size to get offsets into the frame).
+
+    Raises DecodeError for a body that is truncated, declares more than it holds, names a
+    topic with a null or non-UTF-8 string or has bytes after its end; UnsupportedVersion for
+    a version the scan does not know. The records views alias `buf`."""
+    shape = _shape(version)
+    flexible = shape.flexible
+    by_id = shape.by_id
+    fixed = shape.fixed
+    replica = shape.replica
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    end = len(view)
+    # The smallest entries: what a count is checked against.
+    min_part = 4 + 2 + fixed + replica + (3 if flexible else 8)
+    # A name is a compact string in flexible versions: one byte when empty.
+    min_topic = (16 if by_id else 1 if flexible else 2) + (2 if flexible else 4)
+    min_aborted = 17 if flexible else 16
+    try:
+        pos = start
+        error_code = _i16(view, pos + 4)[0] if version >= 7 else 0
+        pos += shape.top_fixed
+        if pos > end:
+            raise DecodeError("Fetch response truncated")
+        n_topics, pos = _count(view, pos, end, flexible, min_topic)
+        topics = []
+        for _ in range(max(n_topics, 0)):
+            t_start = pos
+            name: str | None = None
+            topic_id: uuid.UUID | None = None
+            if by_id:
+                raw = bytes(view[pos : pos + 16])
+                if len(raw) != 16:
+                    raise DecodeError("Fetch response truncated in a topic id")
+                if raw != _ZERO_UUID:
+                    topic_id = uuid.UUID(bytes=raw)
+                pos += 16
+            else:
+                if flexible:
+                    n = view[pos]
+                    if n < 0x80:
+                        pos += 1
+                    else:
+                        n, pos = read_uvarint(view, pos, end)
+                    n -= 1
+                else:
+                    n = _i16(view, pos)[0]
+                    pos += 2
+                if n < 0:
+                    raise DecodeError("null topic name in a Fetch response")
+                if pos + n > end:
+                    raise DecodeError("Fetch response truncated in a topic name")
+                name = str(view[pos : pos + n], "utf-8")
+                pos += n
+            n_parts, pos = _count(view, pos, end, flexible, min_part)
+            parts = []
+            for _ in range(max(n_parts, 0)):
+                p_start = pos
+                index, code = _i32(view, pos)[0], _i16(view, pos + 4)[0]
+                pos += 6 + fixed
+                n_aborted, pos = _count(view, pos, end, flexible, min_aborted)
+                if n_aborted > 0:
+                    if flexible:
+                        for _ in range(n_aborted):
+                            pos = _skip_tags(view, pos + 16, end)
+                    else:
+                        pos += 16 * n_aborted
+                pos += replica
+                records_at = pos
+                if flexible:
+                    size = view[pos]
+                    if size < 0x80:
+                        pos += 1
+                    else:
+                        size, pos = read_uvarint(view, pos, end)
+                    size -= 1
+                else:
+                    size = _i32(view, pos)[0]
+                    pos += 4
+                if size >= 0:
+                    if pos + size > end:
+                        raise DecodeError(f"records of {size} bytes declared in {end - pos}")
+                    records: memoryview | None = view[pos : pos + size]
+                    pos += size
+                else:
+                    records = None
+                records_end = pos
+                if flexible:
+                    pos = _skip_tags(view, pos, end)
+                parts.append(
+                    FetchPartitionSlot(index, code, records, p_start, records_at, records_end, pos)
+                )
+            if flexible:
+                pos = _skip_tags(view, pos, end)
+            topics.append(FetchTopicSlot(name, topic_id, tuple(parts), t_start, pos))
+        topics_end = pos
+        endpoints = False
+        if flexible:
+            pos = _skip_tags(view, pos, end)
+            endpoints = pos != topics_end + 1 and view[topics_end:pos] not in _NO_ENDPOINTS
+    except (struct.error, IndexError):
+        raise DecodeError("Fetch response truncated") from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"Fetch response: a topic name is not UTF-8 ({exc.reason})") from None
+    if pos > end:
+        raise DecodeError("Fetch response truncated")
+    if pos != end:
+        raise DecodeError(f"Fetch response: {end - pos} trailing bytes after the body")
+    return FetchResponseLayout(version, flexible, error_code, tuple(topics), topics_end, endpoints)
+
+
+def _records_prefix(records: Buffer | None, flexible: bool) -> bytes:
+    if flexible:
+        return b"\x00" if records is None else _uvarint_bytes(len(records) + 1)
+    return _pack_i32(-1 if records is None else len(records))
+
+
+def splice_fetch_records(
+    buf: Buffer,
+    layout: FetchResponseLayout,
+    records: Mapping[tuple[int, int], Buffer | None],
+    errors: Mapping[tuple[int, int], int] | None = None,
+) -> bytes:
+    """`buf` (scanned into `layout`) with new records and error codes for some partitions.
+
+    `records` maps a partition's position ``(topic i, partition j)`` to its new records bytes
+    (None writes a null records field); `errors` maps positions to a new error code. Every
+    other byte is copied from `buf`, including what comes before the scanned body (the
+    response header): the body is what kio writes for the changed entity. Raises ValueError
+    for a position the response does not have."""
+    errors = errors or {}
+    topics = layout.topics
+    slots = []
+    for i, j in {*records, *errors}:
+        if not (0 <= i < len(topics) and 0 <= j < len(topics[i].partitions)):
+            raise ValueError(f"Fetch response has no partition entry at position {(i, j)}")
+        slots.append((topics[i].partitions[j], (i, j)))
+    slots.sort(key=lambda s: s[0].start)
+    view = buf if isinstance(buf, memoryview) else memoryview(buf)
+    flexible = layout.flexible
+    pieces: list[Buffer] = []
+    pos = 0
+    for part, key in slots:
+        code = errors.get(key)
+        if code is not None:
+            pieces.append(view[pos : part.start + 4])
+            pieces.append(_pack_i16(code))
+            pos = part.start + 6
+        if key in records:
+            new = records[key]
+            pieces.append(view[pos : part.records_at])
+            pieces.append(_records_prefix(new, flexible))
+            if new is not None:
+                pieces.append(new)
+            pos = part.records_end
+    pieces.append(view[pos:])
+    return b"".join(pieces)

@@ -1,0 +1,270 @@
+"""Whole-value encryption of a whole records section in one native call (the fast path of
+``builtin:encrypt``; crypto/batch_seal.c does the work, built at install by
+crypto/batch_seal_build.py).
+
+`seal_section` and `open_section` take and return Kafka's record encoding (the records section
+of a batch, uncompressed), so no Python object is built per record. They write exactly what
+the per-record reference path of crypto/record_filter.py writes for the same nonces (layout 2,
+crypto/envelope.py); a hypothesis test holds the two together. `AVAILABLE` is False when the
+module was not built: the filter then runs the reference path.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sluice.crypto.envelope import NONCE_SIZE, TAG_SIZE, Header
+
+try:
+    from sluice.crypto._batch_seal import ffi as _ffi  # type: ignore[import-not-found, unused-ignore]
+    from sluice.crypto._batch_seal import lib as _lib  # type: ignore[import-not-found, unused-ignore]
+    AVAILABLE: Final = True
+except ImportError:  # not built: the reference path stands in
+    _ffi = _lib = None
+    AVAILABLE = False  # type: ignore[misc]
+
+_MALFORMED: Final = -1
+_SLOW: Final = -2
+_TAMPERED: Final = -3
+_CRYPTO: Final = -4
+_SPACE: Final = -5
+#: Per record, the most a sealed record grows besides the proxy's headers.
+_GROWTH: Final = 1 + NONCE_SIZE + TAG_SIZE + 30
+
+
+class NativeSealError(RuntimeError):
+    """The native call failed for a reason that is not the data's (OpenSSL, buffer size)."""
+
+
+class Malformed(ValueError):
+    """The section is not the records it claims to be."""
+
+
+class Slow(Exception):
+    """The section holds something the native path leaves to the reference path."""
+
+
+class Tampered(Exception):
+    """Record `index` failed authentication."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"record {index} failed authentication")
+        self.index = index
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What one pass over a section found (`sb_scan`)."""
+
+    values: int
+    encrypted: int
+    #: Index of the first record with a ``sluice.enc`` header, and its header group as
+    #: Kafka encodes it (from that header to the record's end), with how many headers.
+    first: int
+    group: bytes
+    group_count: int
+    #: (record index, header name) of the first header starting with the reserved prefix.
+    reserved: tuple[int, str] | None
+
+
+def _check(rc: int) -> int:
+    if rc >= 0:
+        return rc
+    if rc == _MALFORMED:
+        raise Malformed("malformed records section")
+    if rc == _SLOW:
+        raise Slow()
+    raise NativeSealError("OpenSSL failed" if rc == _CRYPTO else f"native error {rc}")
+
+
+def encode_headers(headers: Sequence[Header]) -> bytes:
+    """`headers` in Kafka's record encoding (zigzag varint lengths, -1 for a null value)."""
+    out = bytearray()
+    for name, value in headers:
+        raw = name.encode()
+        _varint(len(raw), out)
+        out += raw
+        if value is None:
+            out.append(1)
+        else:
+            _varint(len(value), out)
+            out += value
+    return bytes(out)
+
+
+def decode_headers(raw: bytes, count: int) -> list[Header]:
+    """The inverse of `encode_headers` (for one record's proxy group)."""
+    out: list[Header] = []
+    pos = 0
+    for _ in range(count):
+        n, pos = _read_varint(raw, pos)
+        name = raw[pos:pos + n].decode()
+        pos += n
+        n, pos = _read_varint(raw, pos)
+        if n < 0:
+            out.append((name, None))
+        else:
+            out.append((name, raw[pos:pos + n]))
+            pos += n
+    if pos != len(raw):
+        raise Malformed("header group has trailing bytes")
+    return out
+
+
+def _varint(value: int, out: bytearray) -> None:
+    value = (value << 1) ^ (value >> 63)
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(raw) or shift > 63:
+            raise Malformed("truncated varint in a header group")
+        b = raw[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (value >> 1) ^ -(value & 1), pos
+        shift += 7
+
+
+def scan(section: Any, count: int, reserved: str = "") -> Scan:
+    """One pass over `section` (`count` records): see `Scan`."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    res = reserved.encode()
+    first = ffi.new("uint32_t *")
+    goff = ffi.new("size_t *")
+    glen = ffi.new("size_t *")
+    gcount = ffi.new("uint32_t *")
+    encrypted = ffi.new("uint32_t *")
+    values = ffi.new("uint32_t *")
+    at = ffi.new("int64_t *")
+    noff = ffi.new("size_t *")
+    nlen = ffi.new("size_t *")
+    rc = _check(lib.sb_scan(src, len(src), count, res, len(res), first, goff, glen, gcount,
+                            encrypted, values, at, noff, nlen))
+    group = b""
+    if rc == 0:
+        group = bytes(ffi.buffer(src)[goff[0]:goff[0] + glen[0]])
+    found = None
+    if at[0] >= 0:
+        name = bytes(ffi.buffer(src)[noff[0]:noff[0] + nlen[0]]).decode("utf-8", "replace")
+        found = (int(at[0]), name)
+    return Scan(int(values[0]), int(encrypted[0]), int(first[0]) if rc == 0 else -1, group,
+                int(gcount[0]) if rc == 0 else 0, found)
+
+
+def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
+                 ours: Sequence[Header]) -> tuple[bytes, bytes, int]:
+    """(new section, fate byte per record: 0 kept (a tombstone), 1 sealed, records sealed).
+    `nonces` holds 12 bytes per record with a value, used in order; `prefix` is the batch's
+    AAD prefix (`aad_prefix_v2`), `ours` the proxy's headers appended to each sealed record."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    group = encode_headers(ours)
+    cap = len(src) + count * (len(group) + _GROWTH)
+    out = bytearray(cap)
+    fates = bytearray(count)
+    scratch = bytearray(len(prefix) + 64 + len(src) + TAG_SIZE)
+    sealed = ffi.new("uint32_t *")
+    n = _check(lib.sb_seal_values(src, len(src), count, key, nonces, prefix, len(prefix), group,
+                                  len(group), len(ours), ffi.from_buffer(scratch), len(scratch),
+                                  ffi.from_buffer(out), cap, ffi.from_buffer(fates), sealed))
+    return bytes(memoryview(out)[:n]), bytes(fates), int(sealed[0])
+
+
+def open_section(section: Any, count: int, key: bytes, prefix: bytes, group: bytes,
+                 group_count: int) -> tuple[bytes, bytes]:
+    """(new section, fate byte per record: 0 kept (not encrypted), 1 opened). Every encrypted
+    record must carry exactly `group` (else `Slow`); `Tampered` names the first record that
+    fails authentication."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    out = bytearray(len(src))
+    fates = bytearray(count)
+    scratch = bytearray(len(prefix) + 64 + len(src))
+    where = ffi.new("uint32_t *")
+    n = lib.sb_open_values(src, len(src), count, key, prefix, len(prefix), group, len(group),
+                           group_count, ffi.from_buffer(scratch), len(scratch),
+                           ffi.from_buffer(out), len(out), ffi.from_buffer(fates), where)
+    if n == _TAMPERED:
+        raise Tampered(int(where[0]))
+    n = _check(n)
+    return bytes(memoryview(out)[:n]), bytes(fates)
+
+
+def pack_paths(paths: Sequence[str]) -> bytes:
+    """Fields-mode paths for `plan_fields` / `seal_fields`: each as u32 LE length + UTF-8, then
+    u32 LE length + the path as a JSON string (as ``sluice.enc.fields`` lists it)."""
+    out = bytearray()
+    for path in paths:
+        raw = path.encode()
+        as_json = json.dumps(path, ensure_ascii=False).encode()
+        out += struct.pack("<I", len(raw)) + raw + struct.pack("<I", len(as_json)) + as_json
+    return bytes(out)
+
+
+def plan_fields(section: Any, count: int, packed: bytes, npaths: int, max_seals: int) -> int:
+    """How many fields `seal_fields` would seal in `section` (`Slow` when a value is not a
+    JSON object the native scanner accepts, or a record holds more than `max_seals`)."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    records = ffi.new("uint32_t *")
+    seals = ffi.new("uint32_t *")
+    _check(lib.sb_seal_fields(src, len(src), count, b"", b"", 0, b"", 0, packed, len(packed),
+                              npaths, b"", 0, 0, max_seals, ffi.NULL, 0, ffi.NULL, 0,
+                              ffi.NULL, records, seals))
+    return int(seals[0])
+
+
+def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
+                packed: bytes, npaths: int, ours: Sequence[Header], max_seals: int
+                ) -> tuple[bytes, bytes, int, int]:
+    """Fields mode: (new section, fate per record, records sealed, fields sealed). `ours` are
+    the proxy's first three headers; each sealed record also gets ``sluice.enc.fields``."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    group = encode_headers(ours)
+    cap = 2 * len(src) + count * (len(group) + len(packed) + 128) + 64 * len(nonces) + 4096
+    out = bytearray(cap)
+    fates = bytearray(count)
+    scratch = bytearray(len(prefix) + 4 * len(src) + 64 * 256 + 4096)
+    records = ffi.new("uint32_t *")
+    seals = ffi.new("uint32_t *")
+    n = _check(lib.sb_seal_fields(src, len(src), count, key, nonces, len(nonces), prefix,
+                                  len(prefix), packed, len(packed), npaths, group, len(group),
+                                  len(ours), max_seals, ffi.from_buffer(scratch), len(scratch),
+                                  ffi.from_buffer(out), cap, ffi.from_buffer(fates), records,
+                                  seals))
+    return bytes(memoryview(out)[:n]), bytes(fates), int(records[0]), int(seals[0])
+
+
+def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: Sequence[Header]
+                ) -> tuple[bytes, bytes, int]:
+    """Fields mode: (new section, fate per record, records opened). Every encrypted record's
+    group must start with exactly `group3` (the proxy's first three headers, else `Slow`);
+    `Tampered` names the first record that fails authentication."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    group = encode_headers(group3)
+    out = bytearray(len(src))
+    fates = bytearray(count)
+    scratch = bytearray(len(prefix) + 2 * len(src) + 4096)
+    where = ffi.new("uint32_t *")
+    opened = ffi.new("uint32_t *")
+    n = lib.sb_open_fields(src, len(src), count, key, prefix, len(prefix), group, len(group),
+                           ffi.from_buffer(scratch), len(scratch), ffi.from_buffer(out),
+                           len(out), ffi.from_buffer(fates), where, opened)
+    if n == _TAMPERED:
+        raise Tampered(int(where[0]))
+    n = _check(n)
+    return bytes(memoryview(out)[:n]), bytes(fates), int(opened[0])

@@ -1,0 +1,67 @@
+"""Builds `sluice.crypto._batch_seal`, the native batch sealer (crypto/batch_seal.c), with cffi
+in API mode against OpenSSL's libcrypto (Debian: libssl-dev). Run by ``scripts/dev.sh
+install``; by hand::
+
+    .venv/bin/python -m sluice.crypto.batch_seal_build
+
+The compiled module lands next to this file (it is not committed). Without it builtin:encrypt
+runs its per-record Python path (crypto/record_filter.py), which gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+CDEF = """
+long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
+                    const uint8_t *nonces, const uint8_t *prefix, size_t prefix_len,
+                    const uint8_t *ours, size_t ours_len, uint32_t ours_count,
+                    uint8_t *scratch, size_t scratch_len, uint8_t *out, size_t out_cap,
+                    uint8_t *fates, uint32_t *sealed);
+long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
+                    const uint8_t *prefix, size_t prefix_len, const uint8_t *group,
+                    size_t group_len, uint32_t group_count, uint8_t *scratch,
+                    size_t scratch_len, uint8_t *out, size_t out_cap, uint8_t *fates,
+                    uint32_t *where);
+long sb_scan(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *reserved,
+             size_t reserved_len, uint32_t *first, size_t *group_off, size_t *group_len,
+             uint32_t *group_count, uint32_t *encrypted, uint32_t *values,
+             int64_t *reserved_at, size_t *name_off, size_t *name_len);
+long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
+                    const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
+                    size_t prefix_len, const uint8_t *packed_paths, size_t packed_len,
+                    uint32_t npaths, const uint8_t *ours, size_t ours_len, uint32_t ours_count,
+                    uint32_t max_seals, uint8_t *scratch, size_t scratch_len, uint8_t *out,
+                    size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals);
+long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
+                    const uint8_t *prefix, size_t prefix_len, const uint8_t *group3,
+                    size_t group3_len, uint8_t *scratch, size_t scratch_len, uint8_t *out,
+                    size_t out_cap, uint8_t *fates, uint32_t *where, uint32_t *opened);
+"""
+
+
+def builder() -> FFI:
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source("sluice.crypto._batch_seal", (HERE / "batch_seal.c").read_text(),
+                   libraries=["crypto"],
+                   extra_compile_args=["-O2", "-Wno-deprecated-declarations"])
+    return ffi
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        built = Path(builder().compile(tmpdir=tmp, verbose=False))
+        target = HERE / built.name
+        target.write_bytes(built.read_bytes())
+    print(f"built {target.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,565 @@
+/*
+ * builtin:rules: a data-mutating filter for people who write no code (seed 004's "filter that
+ * interprets mutating rules"). Its config is a list of rules over JSON record values; each
+ * rule names a field (a dotted path into the value's objects), an optional condition and one
+ * action:
+ *
+ *   rules:
+ *     - {field: card, action: remove}
+ *     - {field: email, action: hash, salt: "s3cret"}
+ *     - {field: user.name, action: rename, to: user.display_name}   (same parent object)
+ *     - {field: comment, action: truncate, length: 100}              (bytes, UTF-8 kept whole)
+ *     - {field: source, action: set, value: "web"}                   (any JSON value)
+ *     - {field: type, action: drop, when: {equals: "debug"}}
+ *
+ * when (optional): {exists: true|false} | {equals: scalar} | {prefix: "s"} | {contains: "s"},
+ * with an optional `field:` to test another field than the one acted on. Without `when`, a
+ * rule applies when its field exists (`set`: always; it creates the field when its parent
+ * object exists). Rules run in order on the result of the previous ones; `drop` ends the
+ * record. A value that is not a JSON object, or a null value, is kept unchanged (counted as
+ * "not_json_object" when it had to be parsed: unless a rule is a `set` or tests `exists:
+ * false`, a value that mentions none of the rules' field names is kept without parsing). A changed value is written back as compact JSON. `hash` replaces the
+ * field with the lowercase hex SHA-256 of salt + the field's bytes (a string's text, any other
+ * value's compact JSON). Counters: set, removed, renamed, hashed, truncated, dropped,
+ * not_json_object.
+ *
+ * The proxy validates the config when it loads (file:line:field errors, filters/rules_config.py);
+ * sluice_on_config checks it again for configs that come from elsewhere (code, the fleet).
+ */
+#include "sluice_filter.h"
+
+#define MAX_RULES 64
+
+enum { A_SET, A_REMOVE, A_RENAME, A_HASH, A_TRUNCATE, A_DROP };
+enum { W_DEFAULT, W_EXISTS, W_MISSING, W_EQUALS, W_PREFIX, W_CONTAINS };
+
+typedef struct {
+    sluice_bytes field;
+    int action;
+    int when;
+    sluice_bytes when_field;    /* the field the condition tests */
+    const sluice_json *operand; /* equals */
+    sluice_bytes text;          /* prefix / contains */
+    const sluice_json *value;   /* set */
+    sluice_bytes to;            /* rename: the new member name (last segment of `to`) */
+    sluice_bytes salt;          /* hash */
+    int64_t length;             /* truncate */
+} rule;
+
+static rule rules[MAX_RULES];
+static int nrules;
+/* Set when every rule needs a field to be present (no `set`, no `exists: false`): a value that
+ * does not mention any of those names cannot change and is kept without being parsed. */
+static int skip_unmentioned;
+
+/* ---------------------------------------------------------------- SHA-256 (FIPS 180-4) */
+
+static const uint32_t K[64] = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+typedef struct {
+    uint32_t h[8];
+    uint8_t block[64];
+    uint32_t fill;
+    uint64_t total;
+} sha256;
+
+#define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+static void sha_block(sha256 *s, const uint8_t *p) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
+               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (int i = 16; i < 64; i++) {
+        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    uint32_t a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3];
+    uint32_t e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
+        uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
+        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    s->h[0] += a; s->h[1] += b; s->h[2] += c; s->h[3] += d;
+    s->h[4] += e; s->h[5] += f; s->h[6] += g; s->h[7] += h;
+}
+
+static void sha_init(sha256 *s) {
+    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+    for (int i = 0; i < 8; i++) s->h[i] = iv[i];
+    s->fill = 0;
+    s->total = 0;
+}
+
+static void sha_update(sha256 *s, const uint8_t *p, int32_t n) {
+    s->total += (uint64_t)n;
+    while (n > 0) {
+        if (s->fill == 0 && n >= 64) { /* whole blocks straight from the input */
+            sha_block(s, p);
+            p += 64;
+            n -= 64;
+            continue;
+        }
+        uint32_t take = 64 - s->fill < (uint32_t)n ? 64 - s->fill : (uint32_t)n;
+        memcpy(s->block + s->fill, p, take);
+        s->fill += take;
+        p += take;
+        n -= (int32_t)take;
+        if (s->fill == 64) {
+            sha_block(s, s->block);
+            s->fill = 0;
+        }
+    }
+}
+
+static void sha_hex(sha256 *s, uint8_t out[64]) {
+    static const char hex[] = "0123456789abcdef";
+    static const uint8_t zeros[64];
+    uint64_t bits = s->total * 8u;
+    uint8_t pad = 0x80;
+    sha_update(s, &pad, 1);
+    sha_update(s, zeros, (int32_t)((s->fill <= 56 ? 56 : 120) - s->fill));
+    uint8_t len[8];
+    for (int i = 0; i < 8; i++) len[i] = (uint8_t)(bits >> (56 - 8 * i));
+    sha_update(s, len, 8);
+    for (int i = 0; i < 32; i++) {
+        uint8_t byte = (uint8_t)(s->h[i / 4] >> (24 - 8 * (i % 4)));
+        out[2 * i] = (uint8_t)hex[byte >> 4];
+        out[2 * i + 1] = (uint8_t)hex[byte & 15];
+    }
+}
+
+/* ---------------------------------------------------------------- JSON tree helpers */
+
+/* A JSON string literal: runs of bytes that need no escape go in with one copy each. */
+static void put_string(sluice_buf *b, sluice_bytes s) {
+    static const char hex[] = "0123456789abcdef";
+    int32_t run = 0;
+    sluice_buf_putc(b, '"');
+    for (int32_t i = 0; i < s.len; i++) {
+        uint8_t c = s.ptr[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        sluice_buf_put(b, s.ptr + run, (uint32_t)(i - run));
+        run = i + 1;
+        sluice_buf_putc(b, '\\');
+        switch (c) {
+        case '"': sluice_buf_putc(b, '"'); break;
+        case '\\': sluice_buf_putc(b, '\\'); break;
+        case '\n': sluice_buf_putc(b, 'n'); break;
+        case '\r': sluice_buf_putc(b, 'r'); break;
+        case '\t': sluice_buf_putc(b, 't'); break;
+        case '\b': sluice_buf_putc(b, 'b'); break;
+        case '\f': sluice_buf_putc(b, 'f'); break;
+        default:
+            sluice_buf_puts(b, "u00");
+            sluice_buf_putc(b, (uint8_t)hex[c >> 4]);
+            sluice_buf_putc(b, (uint8_t)hex[c & 15]);
+        }
+    }
+    sluice_buf_put(b, s.ptr + run, (uint32_t)(s.len - run));
+    sluice_buf_putc(b, '"');
+}
+
+static void put_json(sluice_buf *b, const sluice_json *n) {
+    switch (n->type) {
+    case SLUICE_JSON_OBJECT:
+    case SLUICE_JSON_ARRAY: {
+        int object = n->type == SLUICE_JSON_OBJECT;
+        sluice_buf_putc(b, object ? '{' : '[');
+        for (const sluice_json *c = n->child; c; c = c->next) {
+            if (c != n->child) sluice_buf_putc(b, ',');
+            if (object) {
+                put_string(b, c->key);
+                sluice_buf_putc(b, ':');
+            }
+            put_json(b, c);
+        }
+        sluice_buf_putc(b, object ? '}' : ']');
+        break;
+    }
+    case SLUICE_JSON_STRING: put_string(b, n->str); break;
+    case SLUICE_JSON_NUMBER: sluice_buf_put(b, n->str.ptr, (uint32_t)n->str.len); break;
+    case SLUICE_JSON_TRUE: sluice_buf_puts(b, "true"); break;
+    case SLUICE_JSON_FALSE: sluice_buf_puts(b, "false"); break;
+    default: sluice_buf_puts(b, "null"); break;
+    }
+}
+
+/* The object that holds the last segment of `path` (walking objects only), and that segment. */
+static sluice_json *parent_of(sluice_json *doc, sluice_bytes path, sluice_bytes *last) {
+    sluice_json *node = doc;
+    int32_t start = 0;
+    for (int32_t i = 0; i <= path.len; i++) {
+        if (i < path.len && path.ptr[i] != '.') continue;
+        sluice_bytes seg = sluice_bytes_of(path.ptr + start, (size_t)(i - start));
+        if (i == path.len) {
+            *last = seg;
+            return node;
+        }
+        sluice_json *next = NULL;
+        for (sluice_json *c = node->child; c; c = c->next)
+            if (sluice_eq(c->key, seg)) next = c; /* the last duplicate wins, as in lookups */
+        if (next == NULL || next->type != SLUICE_JSON_OBJECT) return NULL;
+        node = next;
+        start = i + 1;
+    }
+    return NULL;
+}
+
+static sluice_json *member(sluice_json *parent, sluice_bytes name) {
+    sluice_json *found = NULL;
+    if (parent == NULL) return NULL;
+    for (sluice_json *c = parent->child; c; c = c->next)
+        if (sluice_eq(c->key, name)) found = c;
+    return found;
+}
+
+static sluice_json *lookup(sluice_json *doc, sluice_bytes path) {
+    sluice_bytes last;
+    return member(parent_of(doc, path, &last), last);
+}
+
+/* Unlink every member called `name` from `parent`. */
+static void unlink_all(sluice_json *parent, sluice_bytes name) {
+    sluice_json **link = &parent->child;
+    while (*link) {
+        if (sluice_eq((*link)->key, name)) {
+            *link = (*link)->next;
+            parent->count--;
+        } else {
+            link = &(*link)->next;
+        }
+    }
+}
+
+/* A copy of `n` (and everything under it) in this call's memory: a set value is shared by
+ * every record, and later rules may change what they find. */
+static sluice_json *copy_tree(const sluice_json *n) {
+    sluice_json *c = (sluice_json *)sluice_malloc(sizeof(sluice_json));
+    if (c == NULL) return NULL;
+    *c = *n;
+    c->next = NULL;
+    sluice_json **link = &c->child;
+    for (const sluice_json *k = n->child; k; k = k->next) {
+        if ((*link = copy_tree(k)) == NULL) return NULL;
+        link = &(*link)->next;
+    }
+    return c;
+}
+
+static int same_scalar(const sluice_json *a, const sluice_json *b) {
+    if (a->type != b->type) return 0;
+    if (a->type == SLUICE_JSON_STRING || a->type == SLUICE_JSON_NUMBER) return sluice_eq(a->str, b->str);
+    return a->type != SLUICE_JSON_OBJECT && a->type != SLUICE_JSON_ARRAY;
+}
+
+static int contains(sluice_bytes hay, sluice_bytes needle) {
+    for (int32_t i = 0; i + needle.len <= hay.len; i++)
+        if (sluice_eq(sluice_bytes_of(hay.ptr + i, (size_t)needle.len), needle)) return 1;
+    return 0;
+}
+
+static int matches(const rule *r, sluice_json *doc) {
+    const sluice_json *n = lookup(doc, r->when_field);
+    switch (r->when) {
+    case W_DEFAULT: return r->action == A_SET || n != NULL;
+    case W_EXISTS: return n != NULL;
+    case W_MISSING: return n == NULL;
+    case W_EQUALS: return n != NULL && same_scalar(n, r->operand);
+    case W_PREFIX:
+        return n != NULL && n->type == SLUICE_JSON_STRING && n->str.len >= r->text.len &&
+               sluice_eq(sluice_bytes_of(n->str.ptr, (size_t)r->text.len), r->text);
+    default: return n != NULL && n->type == SLUICE_JSON_STRING && contains(n->str, r->text);
+    }
+}
+
+/* Applies `r` to `doc`: 1 changed, 0 unchanged, -1 drop, -2 out of memory. */
+static int apply(const rule *r, sluice_json *doc) {
+    if (!matches(r, doc)) return 0;
+    if (r->action == A_DROP) return -1;
+    sluice_bytes last;
+    sluice_json *parent = parent_of(doc, r->field, &last);
+    sluice_json *m = member(parent, last);
+    switch (r->action) {
+    case A_SET:
+        if (parent == NULL) return 0;
+        if (m == NULL) {
+            m = (sluice_json *)sluice_malloc(sizeof(sluice_json));
+            if (m == NULL) return -2;
+            m->key = last;
+            m->next = NULL;
+            sluice_json **link = &parent->child;
+            while (*link) link = &(*link)->next;
+            *link = m;
+            parent->count++;
+        }
+        const sluice_json *v = r->value;
+        if (v->child != NULL && (v = copy_tree(v)) == NULL) return -2;
+        m->type = v->type;
+        m->str = v->str;
+        m->count = v->count;
+        m->child = v->child;
+        sluice_count("set", 1);
+        return 1;
+    case A_REMOVE:
+        if (m == NULL) return 0;
+        unlink_all(parent, last);
+        sluice_count("removed", 1);
+        return 1;
+    case A_RENAME:
+        if (m == NULL) return 0;
+        if (sluice_eq(last, r->to)) return 0;
+        unlink_all(parent, r->to);
+        m->key = r->to;
+        sluice_count("renamed", 1);
+        return 1;
+    case A_HASH: {
+        if (m == NULL) return 0;
+        sha256 s;
+        sha_init(&s);
+        sha_update(&s, r->salt.ptr, r->salt.len);
+        if (m->type == SLUICE_JSON_STRING) {
+            sha_update(&s, m->str.ptr, m->str.len);
+        } else {
+            sluice_buf b;
+            sluice_buf_init(&b, 64);
+            put_json(&b, m);
+            if (b.failed) return -2;
+            sha_update(&s, b.ptr, (int32_t)b.len);
+        }
+        uint8_t *hex = (uint8_t *)sluice_malloc(64);
+        if (hex == NULL) return -2;
+        sha_hex(&s, hex);
+        m->type = SLUICE_JSON_STRING;
+        m->str = sluice_bytes_of(hex, 64);
+        m->child = NULL;
+        m->count = 0;
+        sluice_count("hashed", 1);
+        return 1;
+    }
+    default: { /* A_TRUNCATE */
+        if (m == NULL || m->type != SLUICE_JSON_STRING || m->str.len <= r->length) return 0;
+        int32_t n = (int32_t)r->length;
+        while (n > 0 && (m->str.ptr[n] & 0xc0) == 0x80) n--; /* never split a character */
+        m->str.len = n;
+        sluice_count("truncated", 1);
+        return 1;
+    }
+    }
+}
+
+/* Whether `name` occurs in `v` as a quoted string ("name"). */
+static int mentions(sluice_bytes v, sluice_bytes name) {
+    for (int32_t i = 0; i + name.len + 1 < v.len; i++) {
+        if (v.ptr[i] != '"' || v.ptr[i + name.len + 1] != '"') continue;
+        if (sluice_eq(sluice_bytes_of(v.ptr + i + 1, (size_t)name.len), name)) return 1;
+    }
+    return 0;
+}
+
+/* A value that no rule can change: names in JSON appear as they are unless escaped, so with
+ * no backslash in the text, a name it does not contain in quotes is not a member of it. */
+static int unmentioned(sluice_bytes v) {
+    if (!skip_unmentioned) return 0;
+    for (int32_t i = 0; i < v.len; i++)
+        if (v.ptr[i] == '\\') return 0;
+    for (int r = 0; r < nrules; r++) {
+        sluice_bytes f = rules[r].when_field;
+        int32_t dot = f.len - 1;
+        while (dot >= 0 && f.ptr[dot] != '.') dot--;
+        if (mentions(v, sluice_bytes_of(f.ptr + dot + 1, (size_t)(f.len - dot - 1)))) return 0;
+    }
+    return 1;
+}
+
+sluice_decision sluice_on_record(const sluice_record *rec) {
+    if (sluice_is_null(rec->value) || nrules == 0) return sluice_keep();
+    if (unmentioned(rec->value)) return sluice_keep();
+    sluice_json *doc = sluice_json_parse(rec->value, NULL);
+    if (doc == NULL || doc->type != SLUICE_JSON_OBJECT) {
+        sluice_count("not_json_object", 1);
+        return sluice_keep();
+    }
+    int changed = 0;
+    for (int i = 0; i < nrules; i++) {
+        int rc = apply(&rules[i], doc);
+        if (rc == -1) {
+            sluice_count("dropped", 1);
+            return sluice_drop();
+        }
+        if (rc == -2) return sluice_error("rules: out of memory");
+        changed |= rc;
+    }
+    if (!changed) return sluice_keep();
+    sluice_buf out;
+    sluice_buf_init(&out, (uint32_t)rec->value.len + 64);
+    put_json(&out, doc);
+    if (out.failed) return sluice_error("rules: out of memory");
+    return sluice_rewrite_value(rec, sluice_buf_bytes(&out));
+}
+
+/* ---------------------------------------------------------------- configuration */
+
+static sluice_buf errbuf;
+
+static int refuse(int i, const char *field, const char *reason) {
+    sluice_buf_init(&errbuf, 128);
+    sluice_buf_puts(&errbuf, "rules[");
+    sluice_buf_put_int(&errbuf, i);
+    sluice_buf_puts(&errbuf, "]");
+    if (field[0]) {
+        sluice_buf_putc(&errbuf, '.');
+        sluice_buf_puts(&errbuf, field);
+    }
+    sluice_buf_puts(&errbuf, ": ");
+    sluice_buf_puts(&errbuf, reason);
+    sluice_set_error_bytes(sluice_buf_bytes(&errbuf));
+    return 1;
+}
+
+static int valid_path(sluice_bytes p) {
+    if (p.len <= 0 || p.ptr[0] == '.' || p.ptr[p.len - 1] == '.') return 0;
+    for (int32_t i = 1; i < p.len; i++)
+        if (p.ptr[i] == '.' && p.ptr[i - 1] == '.') return 0;
+    return 1;
+}
+
+static int is_scalar(const sluice_json *n) {
+    return n->type != SLUICE_JSON_OBJECT && n->type != SLUICE_JSON_ARRAY;
+}
+
+static const char *const ACTIONS[] = {"set", "remove", "rename", "hash", "truncate", "drop"};
+
+int sluice_on_config(const sluice_json *config) {
+    static const char *const keys[] = {"field", "action", "when", "value", "to", "salt", "length"};
+    nrules = 0;
+    if (config == NULL || config->type == SLUICE_JSON_NULL) return 0;
+    if (config->type != SLUICE_JSON_OBJECT) {
+        sluice_set_error("config: must be a mapping");
+        return 1;
+    }
+    for (const sluice_json *k = config->child; k; k = k->next) {
+        if (!sluice_eq_str(k->key, "rules")) {
+            sluice_set_error("config: unknown field (expected rules)");
+            return 1;
+        }
+    }
+    const sluice_json *list = sluice_json_get(config, "rules");
+    if (list == NULL) return 0;
+    if (list->type != SLUICE_JSON_ARRAY) {
+        sluice_set_error("rules: must be a list of rules");
+        return 1;
+    }
+    if (list->count > MAX_RULES) {
+        sluice_set_error("rules: at most 64 rules");
+        return 1;
+    }
+    int i = 0;
+    for (const sluice_json *item = list->child; item; item = item->next, i++) {
+        rule *r = &rules[i];
+        if (item->type != SLUICE_JSON_OBJECT) return refuse(i, "", "each rule must be a mapping");
+        for (const sluice_json *k = item->child; k; k = k->next) {
+            int known = 0;
+            for (unsigned j = 0; j < sizeof keys / sizeof keys[0]; j++)
+                known |= sluice_eq_str(k->key, keys[j]);
+            if (!known) return refuse(i, "", "unknown field (expected field, action, when, value, to, salt, length)");
+        }
+        r->field = sluice_json_string(sluice_json_get(item, "field"));
+        if (sluice_is_null(r->field) || !valid_path(r->field))
+            return refuse(i, "field", "required: a field name or dotted path such as user.email");
+        sluice_bytes action = sluice_json_string(sluice_json_get(item, "action"));
+        r->action = -1;
+        for (int a = 0; a < 6; a++)
+            if (sluice_eq_str(action, ACTIONS[a])) r->action = a;
+        if (r->action < 0)
+            return refuse(i, "action", "required: one of set, remove, rename, hash, truncate, drop");
+        /* what each action needs, and nothing another action needs */
+        const sluice_json *value = sluice_json_get(item, "value");
+        const sluice_json *to = sluice_json_get(item, "to");
+        const sluice_json *salt = sluice_json_get(item, "salt");
+        const sluice_json *length = sluice_json_get(item, "length");
+        if ((value != NULL) != (r->action == A_SET))
+            return refuse(i, "value", r->action == A_SET ? "required by set" : "only set takes a value");
+        if ((to != NULL) != (r->action == A_RENAME))
+            return refuse(i, "to", r->action == A_RENAME ? "required by rename" : "only rename takes to");
+        if (salt != NULL && r->action != A_HASH) return refuse(i, "salt", "only hash takes a salt");
+        if ((length != NULL) != (r->action == A_TRUNCATE))
+            return refuse(i, "length", r->action == A_TRUNCATE ? "required by truncate" : "only truncate takes a length");
+        r->value = value;
+        if (to != NULL) {
+            sluice_bytes t = sluice_json_string(to);
+            if (sluice_is_null(t) || t.len == 0) return refuse(i, "to", "must be a non-empty string");
+            /* `to` may repeat the parent path (user.name -> user.display_name) */
+            int32_t dot = r->field.len - 1;
+            while (dot >= 0 && r->field.ptr[dot] != '.') dot--;
+            int32_t tdot = t.len - 1;
+            while (tdot >= 0 && t.ptr[tdot] != '.') tdot--;
+            if (tdot >= 0 && (tdot != dot || !sluice_eq(sluice_bytes_of(t.ptr, (size_t)tdot),
+                                                        sluice_bytes_of(r->field.ptr, (size_t)dot))))
+                return refuse(i, "to", "rename keeps the field in its object: give a new name, or the same parent path");
+            r->to = sluice_bytes_of(t.ptr + tdot + 1, (size_t)(t.len - tdot - 1));
+            if (r->to.len == 0) return refuse(i, "to", "must be a non-empty string");
+        }
+        r->salt = sluice_str("");
+        if (salt != NULL) {
+            r->salt = sluice_json_string(salt);
+            if (sluice_is_null(r->salt)) return refuse(i, "salt", "must be a string");
+        }
+        if (length != NULL && (!sluice_json_int(length, 0, &r->length) || r->length < 0 ||
+                               length->type != SLUICE_JSON_NUMBER))
+            return refuse(i, "length", "must be a whole number of bytes, 0 or more");
+        r->when = W_DEFAULT;
+        r->when_field = r->field;
+        const sluice_json *when = sluice_json_get(item, "when");
+        if (when != NULL) {
+            if (when->type != SLUICE_JSON_OBJECT)
+                return refuse(i, "when", "must be a mapping: exists, equals, prefix or contains (and field)");
+            int tests = 0;
+            for (const sluice_json *k = when->child; k; k = k->next) {
+                if (sluice_eq_str(k->key, "field")) {
+                    r->when_field = sluice_json_string(k);
+                    if (sluice_is_null(r->when_field) || !valid_path(r->when_field))
+                        return refuse(i, "when.field", "must be a field name or dotted path");
+                } else if (sluice_eq_str(k->key, "exists")) {
+                    if (k->type != SLUICE_JSON_TRUE && k->type != SLUICE_JSON_FALSE)
+                        return refuse(i, "when.exists", "must be true or false");
+                    r->when = k->type == SLUICE_JSON_TRUE ? W_EXISTS : W_MISSING;
+                    tests++;
+                } else if (sluice_eq_str(k->key, "equals")) {
+                    if (!is_scalar(k))
+                        return refuse(i, "when.equals", "must be a string, number, true, false or null");
+                    r->when = W_EQUALS;
+                    r->operand = k;
+                    tests++;
+                } else if (sluice_eq_str(k->key, "prefix") || sluice_eq_str(k->key, "contains")) {
+                    r->text = sluice_json_string(k);
+                    if (sluice_is_null(r->text))
+                        return refuse(i, sluice_eq_str(k->key, "prefix") ? "when.prefix" : "when.contains",
+                                      "must be a string");
+                    r->when = sluice_eq_str(k->key, "prefix") ? W_PREFIX : W_CONTAINS;
+                    tests++;
+                } else {
+                    return refuse(i, "when", "unknown test (expected exists, equals, prefix, contains, field)");
+                }
+            }
+            if (tests != 1)
+                return refuse(i, "when", "needs exactly one of exists, equals, prefix, contains");
+        }
+    }
+    nrules = i;
+    skip_unmentioned = 1;
+    for (int r = 0; r < nrules; r++)
+        if (rules[r].action == A_SET || rules[r].when == W_MISSING) skip_unmentioned = 0;
+    return 0;
+}

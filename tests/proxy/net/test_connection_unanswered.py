@@ -1,0 +1,83 @@
+"""Requests the broker never answered: the connection tells their pins, declared in the path
+contract (`UnansweredAware`), so that the Produce path can record its batches as lost."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.codec.messages import ApiKey
+from sluice.proxy.contract import ClientInfo
+from sluice.proxy.net.connection import Connection
+from sluice.proxy.paths.base import (
+    Exchange,
+    Forward,
+    Frame,
+    PathContext,
+    Respond,
+    UnansweredAware,
+)
+from sluice.proxy.paths.internal_topics import InternalTopicsPath
+from sluice.proxy.paths.produce import ProducePath
+from sluice.proxy.paths.registry import Routes, VersionTable
+from sluice.proxy.paths.topics import TopicRegistry
+from sluice.proxy.telemetry.metrics import Metrics
+from tests.proxy.net.test_connection import frame, request, response
+
+DESCRIBE_GROUPS = int(ApiKey.DESCRIBE_GROUPS)
+
+
+@dataclass
+class PinningPath:
+    """Forwards DescribeGroups pinned to itself and records what it is told was lost."""
+
+    name: str = "pinning"
+    api_keys: frozenset[int] = frozenset({DESCRIBE_GROUPS})
+    lost: list[tuple[int, str]] = field(default_factory=list)
+
+    def wants_request(self, ctx: PathContext, api_key: int) -> bool:
+        return True
+
+    def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
+        return False
+
+    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+        return Forward(pin=self)
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+        return Respond(bytes(frame))
+
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
+        self.lost.append((exchange.header.correlation_id, reason))
+
+
+def _connection(path: PinningPath) -> Connection:
+    metrics = Metrics()
+    topics = TopicRegistry()
+
+    def context(generation: int) -> PathContext:
+        return PathContext(
+            chain=None, generation=generation, directions=frozenset(), topics=topics,
+            telemetry=None,  # type: ignore[arg-type]
+            dead_letters=None,  # type: ignore[arg-type]
+            metrics=metrics, map_endpoint=lambda n, h, p: (h, p),
+            open_upstream=None,  # type: ignore[arg-type]
+        )
+
+    routes = Routes([path], context, VersionTable())
+    return Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), routes, metrics)
+
+
+def test_pins_hear_of_the_requests_left_unanswered_in_order() -> None:
+    path = PinningPath()
+    conn = _connection(path)
+    conn.client_data(b"".join(frame(request(DESCRIBE_GROUPS, cid)) for cid in (1, 2, 3)))
+    conn.broker_data(frame(response(1)))
+    conn.abort("shutdown")
+    assert path.lost == [(2, "shutdown"), (3, "shutdown")]
+
+
+def test_the_contract_declares_who_accounts_for_lost_requests() -> None:
+    assert isinstance(PinningPath(), UnansweredAware)
+    produce, internal = ProducePath(), InternalTopicsPath.__new__(InternalTopicsPath)
+    assert isinstance(produce, UnansweredAware) and isinstance(internal, UnansweredAware)
