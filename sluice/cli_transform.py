@@ -70,6 +70,7 @@ def _load(path: Path, bootstrap: str) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     from sluice.filters.runtime import FilterLoadError
     from sluice.proxy import telemetry
+    from sluice.proxy.net.kafka_settings import cluster_settings
     from sluice.proxy.ops.config_load import ConfigFileError
     from sluice.proxy.telemetry.logs import configure_logging, log
     from sluice.transforms.supervisor import TransformError, TransformSupervisor
@@ -80,12 +81,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_listen = parse_hostport(args.metrics, "--metrics") if args.metrics \
             else config.metrics_listen
         info = telemetry.proxy_info()
-        sink = telemetry.make_sink(config.telemetry, info.instance_id, proxy=info)
+        sink = telemetry.make_sink(config.telemetry, info.instance_id, proxy=info,
+                                   security=cluster_settings(config))
     except (ValueError, ConfigFileError, telemetry.TelemetryConfigError) as exc:
         print(f"sluice transform run: {exc}", file=sys.stderr)
         return 2
     supervisor = TransformSupervisor(config.transforms, args.bootstrap,
-                                     cache_dir=config.module_cache_dir, sink=sink, info=info)
+                                     cache_dir=config.module_cache_dir, sink=sink, info=info,
+                                     security=cluster_settings(config))
     try:
         supervisor.prepare()
     except (TransformError, FilterLoadError) as exc:
@@ -117,7 +120,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from sluice.proxy.net.kafka_settings import cluster_settings
     from sluice.proxy.ops.config_load import ConfigFileError
+    from sluice.transforms.config import with_security
     from sluice.transforms.listing import format_table, transform_lag
     from sluice.transforms.runner import TransformError
 
@@ -127,7 +132,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"sluice transform list: {exc}", file=sys.stderr)
         return 2
     try:
-        rows = [row for spec in config.transforms for row in transform_lag(spec, args.bootstrap)]
+        security = cluster_settings(config)
+        rows = [row for spec in config.transforms
+                for row in transform_lag(with_security(spec, security), args.bootstrap)]
     except TransformError as exc:
         print(f"sluice transform list: {exc}", file=sys.stderr)
         return 1

@@ -21,7 +21,6 @@ import dataclasses
 import getpass
 import hashlib
 import json
-import logging
 import os
 import re
 import socket
@@ -55,16 +54,16 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    default=os.environ.get("SLUICE_BOOTSTRAP"),
                    help="the Kafka cluster holding the fleet topic (or a Sluice proxy in front "
                         "of it); default $SLUICE_BOOTSTRAP")
+    p.add_argument("--config", type=Path, metavar="FILE",
+                   default=os.environ.get("SLUICE_CONFIG"),
+                   help="the proxies' config file: its upstream_tls: and upstream_sasl: "
+                        "secure the connections to the cluster (default $SLUICE_CONFIG; "
+                        "without it, plaintext)")
     p.add_argument("--fleet-topic", default=DEFAULT_TOPIC, metavar="TOPIC",
                    help=f"the fleet topic (default {DEFAULT_TOPIC}; must match fleet.topic in "
                         "the proxies' config)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                    help="give up talking to the cluster after this long (default 30)")
-
-
-def _quiet_client_logs() -> None:
-    # aiokafka logs every failed connection attempt; the command reports the outcome itself.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
 def _env_keys() -> list[str]:
@@ -191,9 +190,27 @@ def _err(message: str) -> None:
 
 
 def _bootstrap(args: argparse.Namespace) -> str:
+    """The cluster's address; also sets `args.kafka_security`, the librdkafka settings of
+    `--config`'s upstream_tls:/upstream_sasl: (PLAINTEXT without --config)."""
     if not args.bootstrap:
         raise UsageError("--bootstrap HOST:PORT is required (or set SLUICE_BOOTSTRAP)")
+    args.kafka_security = _security(getattr(args, "config", None))
     return str(args.bootstrap)
+
+
+def _security(path: Path | None) -> dict[str, str]:
+    from sluice.proxy.net.kafka_settings import cluster_settings
+    from sluice.proxy.ops.config import ConfigFileError
+    from sluice.proxy.ops.config_load import build_config
+
+    if path is None:
+        return {"security.protocol": "PLAINTEXT"}
+    try:
+        # Only the cluster sections matter here; the addresses are placeholders.
+        config = build_config(("127.0.0.1", 0), [("127.0.0.1", 9092)], Path(path))
+    except ConfigFileError as exc:
+        raise UsageError(f"--config: {exc}") from None
+    return cluster_settings(config)
 
 
 def _filter_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -287,7 +304,6 @@ def _kafka_failure(exc: BaseException, bootstrap: str) -> str:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     from sluice.filters.abi_base import FilterLoadError
     from sluice.filters.runtime import load_filter
     from sluice.proxy.ops.fleet import (
@@ -326,11 +342,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             value = filter_record_value(fields, args.module, module, _who())
         else:
             seq = asyncio.run(_next_seq(bootstrap, args.fleet_topic, args.name, args.timeout,
-                                        trust))
+                                        trust, args.kafka_security))
             value = signed_filter_value(key, fields, args.module, module, _who(), seq)
         partition, offset = asyncio.run(_publish(bootstrap, args.fleet_topic, args.name, value,
-                                                 args.timeout))
-    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+                                                 args.timeout, args.kafka_security))
+    except Exception as exc:  # the client raises a wide range of errors; report, do not trace
         _err(f"deploy: {_kafka_failure(exc, bootstrap)}")
         return 1
     signed = f", signed by key {key.key_id}" if key is not None else ", UNSIGNED"
@@ -357,25 +373,27 @@ def _trust(args: argparse.Namespace, key: Any) -> Any:
     return FleetTrust(keys)
 
 
-async def _next_seq(bootstrap: str, topic: str, name: str, timeout: float, trust: Any) -> int:
+async def _next_seq(bootstrap: str, topic: str, name: str, timeout: float, trust: Any,
+                    security: dict[str, str]) -> int:
     """A seq above the one of NAME's record in force (proxies ignore anything not above it)."""
     from sluice.proxy.ops.fleet import read_view
     from sluice.proxy.ops.fleet_signing import next_seq
 
-    view = await read_view(bootstrap, topic, timeout=timeout, trust=trust)
+    view = await read_view(bootstrap, topic, timeout=timeout, trust=trust, security=security)
     return next_seq(view.seqs.get(name))
 
 
 async def _publish(bootstrap: str, topic: str, name: str, value: bytes | None,
-                   timeout: float) -> tuple[int, int]:
+                   timeout: float, security: dict[str, str]) -> tuple[int, int]:
     from sluice.proxy.ops.fleet import ensure_topic, produce
 
-    await asyncio.wait_for(ensure_topic(bootstrap, topic, timeout=timeout), timeout)
-    return await produce(bootstrap, topic, name.encode("utf-8"), value, timeout=timeout)
+    await asyncio.wait_for(ensure_topic(bootstrap, topic, timeout=timeout, security=security),
+                           timeout + 5)
+    return await produce(bootstrap, topic, name.encode("utf-8"), value, timeout=timeout,
+                         security=security)
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     from sluice.proxy.ops.fleet import read_view, removal_payload
     from sluice.proxy.ops.fleet_signing import next_seq, sign
 
@@ -388,7 +406,7 @@ def cmd_remove(args: argparse.Namespace) -> int:
         return 2
     try:
         view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout,
-                                     trust=trust))
+                                     trust=trust, security=args.kafka_security))
         if args.name not in view.filters and not args.force:
             _err(f"remove: {args.name!r} is not deployed in {args.fleet_topic} "
                  "(--force writes the removal anyway)")
@@ -397,8 +415,8 @@ def cmd_remove(args: argparse.Namespace) -> int:
             key, args.name.encode("utf-8"),
             dict(removal_payload(args.name, _who()), seq=next_seq(view.seqs.get(args.name))))
         partition, offset = asyncio.run(_publish(bootstrap, args.fleet_topic, args.name, value,
-                                                 args.timeout))
-    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+                                                 args.timeout, args.kafka_security))
+    except Exception as exc:  # the client raises a wide range of errors; report, do not trace
         _err(f"remove: {_kafka_failure(exc, bootstrap)}")
         return 1
     what = "tombstone, UNSIGNED" if key is None else f"removal signed by key {key.key_id}"
@@ -443,8 +461,9 @@ def _wait(bootstrap: str, args: argparse.Namespace, name: str,
 
     try:
         view, done = asyncio.run(follow_view(bootstrap, args.fleet_topic, settled,
-                                             timeout=args.wait))
-    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+                                             timeout=args.wait,
+                                             security=args.kafka_security))
+    except Exception as exc:  # the client raises a wide range of errors; report, do not trace
         _err(_kafka_failure(exc, bootstrap))
         return 1
     live = sorted((i for i in view.instances.values() if i.live()), key=lambda i: i.instance)
@@ -490,7 +509,6 @@ def _listing(view: Any, topic: str, bootstrap: str) -> dict[str, Any]:
 
 
 def cmd_resign(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     from sluice.proxy.ops.fleet import read_view
     from sluice.proxy.ops.fleet_signing import next_seq, sign
 
@@ -505,7 +523,7 @@ def cmd_resign(args: argparse.Namespace) -> int:
         return 2
     try:
         view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout,
-                                     trust=trust))
+                                     trust=trust, security=args.kafka_security))
         writes: list[tuple[str, bytes]] = []
         for name, entry in sorted(view.signed.items()):
             envelope = entry["envelope"]
@@ -518,9 +536,10 @@ def cmd_resign(args: argparse.Namespace) -> int:
             module = record.module_b64 if record is not None else None
             writes.append((name, sign(key, name.encode("utf-8"), payload, module)))
         for name, value in writes:
-            asyncio.run(_publish(bootstrap, args.fleet_topic, name, value, args.timeout))
+            asyncio.run(_publish(bootstrap, args.fleet_topic, name, value, args.timeout,
+                                 args.kafka_security))
             print(f"re-signed {name} with key {key.key_id}")
-    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+    except Exception as exc:  # the client raises a wide range of errors; report, do not trace
         _err(f"resign: {_kafka_failure(exc, bootstrap)}")
         return 1
     print(f"{len(writes)} record(s) re-signed; {len(view.refused)} record(s) of the topic did "
@@ -529,7 +548,6 @@ def cmd_resign(args: argparse.Namespace) -> int:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     import base64
 
     from sluice.proxy.ops.fleet import load_state
@@ -558,16 +576,16 @@ def cmd_restore(args: argparse.Namespace) -> int:
         writes.append((name, json.dumps(envelope, separators=(",", ":")).encode("utf-8")))
     try:
         for name, value in writes:
-            asyncio.run(_publish(bootstrap, args.fleet_topic, name, value, args.timeout))
+            asyncio.run(_publish(bootstrap, args.fleet_topic, name, value, args.timeout,
+                                 args.kafka_security))
             print(f"restored {name}")
-    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+    except Exception as exc:  # the client raises a wide range of errors; report, do not trace
         _err(f"restore: {_kafka_failure(exc, bootstrap)}")
         return 1
     return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    _quiet_client_logs()
     from sluice.proxy.ops.fleet import FleetTrust, read_view
     from sluice.proxy.ops.fleet_signing import KeyFileError, load_trusted_keys
 
@@ -584,8 +602,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 2
     try:
         view = asyncio.run(read_view(bootstrap, args.fleet_topic, timeout=args.timeout,
-                                     trust=trust))
-    except Exception as exc:  # aiokafka raises a wide range of errors; report, do not trace
+                                     trust=trust, security=args.kafka_security))
+    except Exception as exc:  # the client raises a wide range of errors; report, do not trace
         _err(f"list: {_kafka_failure(exc, bootstrap)}")
         return 1
     listing = _listing(view, args.fleet_topic, bootstrap)

@@ -44,6 +44,7 @@ from sluice.kafka_config import (
 from sluice.kafka_security import (
     ADMIN_USER,
     ORDINARY_USERS,
+    PROXY_USER,
     KafkaCredentials,
     make_credentials,
 )
@@ -216,7 +217,7 @@ class KafkaCluster:
     """
 
     nodes: int = 1
-    users: tuple[str, ...] = ORDINARY_USERS
+    users: tuple[str, ...] = (*ORDINARY_USERS, PROXY_USER)
     anonymous_super_user: bool = True
     heap: str = "512m"
     jvm_opts: tuple[str, ...] = DEFAULT_JVM_OPTS

@@ -25,6 +25,9 @@ BROKER_USER = "broker"
 ADMIN_USER = "admin"
 # Ordinary users: nothing allowed until an ACL says so.
 ORDINARY_USERS = ("alice", "bob")
+# The user Sluice's own connections authenticate as (`upstream_sasl:`); an ordinary user,
+# granted only what docs/SECURITY.md ("The proxy's own connections") lists.
+PROXY_USER = "sluice-proxy"
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -321,6 +322,7 @@ def run_audit(
     html_path: str | None = None,
     conf: dict[str, str] | None = None,
     telemetry_keys: Sequence[str] | None = None,
+    kafka_security: Mapping[str, str] | None = None,
 ) -> AuditResult:
     """``telemetry_keys``: key files whose tags the job trusts; only files and messages that
     verify reach the reports. Without any, nothing is verified (``UNVERIFIED_NOTE``)."""
@@ -347,6 +349,7 @@ def run_audit(
             kafka_reader=kafka_reader,
             input_format=input_format,
             verifier=verifier,
+            kafka_security=kafka_security,
         )
         wanted = partials.standard(HOUR_MS)  # hourly: billing needs hours
         importing = _import_while_tasks_run()
@@ -487,6 +490,23 @@ def _relative(path: str, out: str) -> str:
     return path[len(prefix) :] if path.startswith(prefix) else path
 
 
+def _kafka_security(path: str | None) -> dict[str, str] | None:
+    """librdkafka settings of ``--config``'s upstream_tls:/upstream_sasl: (ValueError naming
+    the file, line and field of a mistake)."""
+    if path is None:
+        return None
+    from sluice.proxy.net.kafka_settings import cluster_settings
+    from sluice.proxy.ops.config import ConfigFileError
+    from sluice.proxy.ops.config_load import build_config
+
+    try:
+        # Only the cluster sections matter; the addresses are placeholders.
+        config = build_config(("127.0.0.1", 0), [("127.0.0.1", 9092)], Path(path))
+    except ConfigFileError as exc:
+        raise ValueError(f"--config: {exc}") from None
+    return cluster_settings(config)
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Entry point shared by ``sluice audit`` and ``python -m sluice.spark_audit``."""
     telemetry_path = str(args.telemetry)
@@ -501,6 +521,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     try:
         conf = parse_conf(list(args.conf or []))
+        kafka_security = _kafka_security(getattr(args, "config", None))
         result = run_audit(
             args.telemetry,
             args.out,
@@ -514,6 +535,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             html_path=args.html,
             conf=conf,
             telemetry_keys=list(args.telemetry_key or []),
+            kafka_security=kafka_security,
         )
     except ValueError as exc:
         print(f"sluice audit: {exc}", file=sys.stderr)

@@ -17,6 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="telemetry directory or any Spark path (s3a://, hdfs://), or kafka://HOST:PORT/TOPIC",
     )
     parser.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="the proxy's config file: its upstream_tls: and upstream_sasl: secure the "
+        "connection of a kafka:// --telemetry (python reader)",
+    )
+    parser.add_argument(
         "--out",
         required=True,
         metavar="DIR",

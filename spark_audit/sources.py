@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -185,15 +186,18 @@ def read_inputs(
     kafka_reader: str = "python",
     input_format: str = "auto",
     verifier: Verifier | None = None,
+    kafka_security: Mapping[str, str] | None = None,
 ) -> Inputs:
     """``input_format``: ``auto`` reads both layouts, ``columnar`` or ``json`` only one.
+    ``kafka_security``: librdkafka settings (TLS, SASL) for a ``kafka://`` source.
     ``verifier``: read only what its keys authenticate (see the module's docstring)."""
     kafka = parse_kafka_url(source)
     if kafka is not None:
         if verifier is not None and kafka_reader == "spark":
             raise ValueError("--kafka-reader spark cannot verify telemetry tags: use the "
                              "python reader with --telemetry-key")
-        found_kafka = _kafka_inputs(spark, kafka, time_from_ms, time_to_ms, kafka_reader)
+        found_kafka = _kafka_inputs(spark, kafka, time_from_ms, time_to_ms, kafka_reader,
+                                    kafka_security or {})
         found_kafka.verifier = verifier
         return found_kafka
     parquet: dict[str, dict[tuple[str, str, str], str]] = {d: {} for d in DATASETS}
@@ -502,7 +506,12 @@ def _kafka_inputs(
     from_ms: int | None,
     to_ms: int | None,
     kafka_reader: str,
+    security: Mapping[str, str],
 ) -> Inputs:
+    secured = security.get("security.protocol", "PLAINTEXT") != "PLAINTEXT"
+    if kafka_reader == "spark" and secured:
+        raise ValueError("--kafka-reader spark does not take --config's TLS/SASL settings: "
+                         "use the python reader")
     if kafka_reader == "spark":
         # Spark's own connector (its jar must be on the classpath): JSON messages only.
         values = (
@@ -522,8 +531,10 @@ def _kafka_inputs(
 
     # The topic's partitions (a metadata request from the driver: a missing topic or no
     # broker is a clear error here); the job's tasks read them (``rollups``).
+    # The tasks' consumers take ``kafka.``-prefixed options as librdkafka settings.
     reader = KafkaArrowReader({"bootstrap.servers": kafka.bootstrap, "subscribe": kafka.topic,
-                               "dataset": RAW})
+                               "dataset": RAW,
+                               **{f"kafka.{key}": value for key, value in security.items()}})
     return Inputs(tables={}, checks=None,
                   kafka=KafkaInput(reader.options, list(reader.partitions())),
                   window=Window(from_ms, to_ms))

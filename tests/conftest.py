@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from tests.harness.broker import TansuBroker
-from tests.harness.kafka_broker import ORDINARY_USERS, KafkaCluster
+from tests.harness.kafka_broker import ORDINARY_USERS, PROXY_USER, KafkaCluster
 from tests.harness.proxy import SluiceProxy
 
-# Ordinary users the session's Kafka node has besides alice and bob.
-E2E_USERS = ("app", "billing-eu")
+# Ordinary users the session's Kafka node has besides alice and bob (sluice-proxy: the user of
+# the proxy's own connections, tests/e2e/test_kafka_own_connections.py).
+E2E_USERS = ("app", "billing-eu", PROXY_USER)
 
 
 @pytest.fixture(scope="session")

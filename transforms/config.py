@@ -11,6 +11,7 @@ Errors are `ConfigError`s naming file, line and field, like the ``filters:`` sec
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,14 @@ _RESERVED_CLIENT_KEYS: Final = frozenset({
     "bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store",
     "transactional.id", "isolation.level", "enable.idempotence", "on_commit", "error_cb",
 })
+
+
+def with_security(spec: TransformSpec, security: Mapping[str, Any] | None) -> TransformSpec:
+    """`spec` whose clients connect with `security` (librdkafka settings of the config's
+    ``upstream_tls:``/``upstream_sasl:``) unless its own ``client_config`` says otherwise."""
+    if not security:
+        return spec
+    return dataclasses.replace(spec, client_config={**security, **spec.client_config})
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,12 +8,13 @@ by asking the broker for a transactional producer id once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sluice.filters.chain import FilterChain
 from sluice.proxy import telemetry
 from sluice.proxy.telemetry.logs import log
-from sluice.transforms.config import TransformSpec
+from sluice.transforms.config import TransformSpec, with_security
 from sluice.transforms.progress import TransformCollector, TransformStatus
 from sluice.transforms.runner import (
     AT_LEAST_ONCE,
@@ -32,8 +33,11 @@ class TransformSupervisor:
     def __init__(self, specs: Sequence[TransformSpec], bootstrap: str, *,
                  cache_dir: str | None = None, sink: telemetry.TelemetrySink | None = None,
                  info: telemetry.ProxyInfo | None = None,
-                 session_timeout_ms: int = 6000) -> None:
-        self.specs = list(specs)
+                 session_timeout_ms: int = 6000,
+                 security: Mapping[str, Any] | None = None) -> None:
+        # The config's upstream_tls:/upstream_sasl: (proxy/net/kafka_settings.py) under each
+        # transform's own client_config, which may override them.
+        self.specs = [with_security(spec, security) for spec in specs]
         self.bootstrap = bootstrap
         self.cache_dir = cache_dir
         self.sink = sink

@@ -16,7 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,9 +86,23 @@ class BrokerMap:
         self._on_new_node = on_new_node
         self._shared = shared
         self._unusable: set[int] = set()  # ports that could not be bound
+        self._live: frozenset[int] | None = None  # brokers the last Metadata listed
 
     def routes(self) -> list[NodeRoute]:
         return list(self._routes.values())
+
+    def observe(self, node_ids: Iterable[int]) -> tuple[list[int], list[int]] | None:
+        """The brokers a Metadata response lists; (gone, added) node ids when that set differs
+        from the last one seen (the first set seen is all `added`), else None. A node that is
+        gone keeps its route and port: clients may still hold its address, and it may return."""
+        now = frozenset(node_ids)
+        before = self._live
+        if now == before:
+            return None
+        self._live = now
+        if before is None:
+            return [], sorted(now)
+        return sorted(before - now), sorted(now - before)
 
     def route(self, node_id: int) -> NodeRoute | None:
         return self._routes.get(node_id)

@@ -104,6 +104,7 @@ class ProxyServer:
         # The proxy's own topics (paths/internal_topics.py); the chain adds its dead letters.
         self.own_topics = own_topics(config.raw, config.internal_topics)
         self.versions = VersionTable()
+        self._bootstrap_turn = -1  # the last --upstream address a bootstrap connection got
         self.routes = Routes(standard_paths(self.versions), self._context, self.versions)
 
     # ------------------------------------------------------------------ the paths' context
@@ -125,10 +126,20 @@ class ProxyServer:
             metrics=self.metrics,
             map_endpoint=self.broker_map.local_endpoint,
             open_upstream=self.open_upstream,
+            observe_brokers=self._brokers_seen,
             policies=self.policies,
             batch_limits=self.config.batch_limits,
             protection=Protection(frozenset(own), self.config.operators),
         )
+
+    def _brokers_seen(self, node_ids: list[int]) -> None:
+        """Log the cluster's membership as clients' Metadata shows it: a broker gone (fenced
+        or stopped) and a broker back. Their routes and ports stay as they are."""
+        change = self.broker_map.observe(node_ids)
+        if change is None:
+            return
+        gone, added = change
+        log.info("brokers_changed", brokers=sorted(node_ids), gone=gone, added=added)
 
     async def open_upstream(self) -> UpstreamConnection:
         """A connection to a bootstrap broker for the proxy's own look-ups (topic ids, current
@@ -230,7 +241,12 @@ class ProxyServer:
         return route.upstream_host, route.upstream_port
 
     def _bootstrap_upstream(self) -> tuple[str, int]:
-        return self.config.upstream[0]
+        """The broker a new bootstrap-port connection relays to: the `--upstream` addresses in
+        turn, so that one broker down (killed, restarting) costs a client one retry, not every
+        connection to the bootstrap port."""
+        upstream = self.config.upstream
+        self._bootstrap_turn = (self._bootstrap_turn + 1) % len(upstream)
+        return upstream[self._bootstrap_turn]
 
     async def _listen(
         self, sock: socket.socket, upstream: Callable[[], tuple[str, int]], node_id: int | None

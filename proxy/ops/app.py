@@ -13,6 +13,7 @@ from sluice.filters.chain import FilterChain
 from sluice.filters.runtime import FilterLoadError
 from sluice.filters.yaml_lines import ConfigError
 from sluice.proxy import telemetry
+from sluice.proxy.net.kafka_settings import cluster_settings
 from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops import warmup
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
@@ -43,7 +44,8 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
         await metrics_server.start()
     try:
         server.telemetry = telemetry.make_sink(
-            config.telemetry, server.instance_id, proxy=server.proxy_info
+            config.telemetry, server.instance_id, proxy=server.proxy_info,
+            security=cluster_settings(config),
         )
     except telemetry.TelemetryConfigError as exc:
         raise ConfigFileError(str(locate_telemetry_error(config.path, exc))) from None
@@ -53,7 +55,8 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
         # Only worker 0 runs them: more members of one group would add nothing but joins.
         transforms = TransformSupervisor(
             config.transforms, ",".join(f"{h}:{p}" for h, p in config.upstream),
-            cache_dir=config.module_cache_dir, sink=server.telemetry, info=server.proxy_info)
+            cache_dir=config.module_cache_dir, sink=server.telemetry, info=server.proxy_info,
+            security=cluster_settings(config))
         try:
             await asyncio.to_thread(transforms.prepare, check_topics=False)
         except (TransformError, FilterLoadError) as exc:

@@ -19,7 +19,8 @@ config section (`parse_fleet_section`), the catalog of accepted fleet filters
 (`FleetCatalog`: verifies the module sha256, stores modules in the module cache directory by
 sha256 and proves each one loads before it joins the chain), and the Kafka side
 (`FleetFollower` for the proxy, `read_view`/`follow_view`/`ensure_topic` for the CLI), built on
-aiokafka (a runtime dependency; the follower runs on the proxy's event loop).
+confluent-kafka through fleet_kafka.py (the follower runs on the proxy's event loop, the
+client's blocking calls on a thread of their own), secured by `upstream_tls:`/`upstream_sasl:`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import tempfile
 import time
@@ -40,13 +40,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
-
 from sluice.filters.config import FilterSpec, parse_filter_specs
 from sluice.filters.module_cache import default_cache_dir
 from sluice.filters.yaml_lines import ConfigError, LineMap
+from sluice.proxy.ops.fleet_kafka import (
+    FleetAccessError,
+    FleetAdmin,
+    FleetKafkaError,
+    FleetReader,
+    FleetWriter,
+)
 from sluice.proxy.ops.fleet_signing import (
     FILTER,
     FILTER_REMOVED,
@@ -743,68 +746,26 @@ class FleetCatalog:
 
 
 # ------------------------------------------------------------------------------------------
-# Kafka IO
+# Kafka IO (confluent-kafka, in fleet_kafka.py)
 # ------------------------------------------------------------------------------------------
 
-def _servers(bootstrap: str) -> list[str]:
-    return [s.strip() for s in bootstrap.split(",") if s.strip()]
+def _servers(bootstrap: str) -> str:
+    return ",".join(s.strip() for s in bootstrap.split(",") if s.strip())
 
 
-async def ensure_topic(bootstrap: str, topic: str, *, timeout: float = 15.0) -> bool:
+async def ensure_topic(bootstrap: str, topic: str, *, timeout: float = 15.0,
+                       security: Mapping[str, Any] | None = None,
+                       client_id: str = "sluice-fleet-admin") -> bool:
     """Create `topic` compacted (1 partition) if it does not exist; True if it was created."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=_servers(bootstrap),
-                                request_timeout_ms=int(timeout * 1000))
-    try:
-        await admin.start()
-        if topic in await admin.list_topics():
-            return False
-        response = await admin.create_topics(
-            [NewTopic(topic, 1, 1, topic_configs=dict(TOPIC_CONFIGS))],
-            timeout_ms=int(timeout * 1000))
-        for entry in response.topic_errors:
-            code, message = entry[1], entry[2]
-            if code == 36:  # TOPIC_ALREADY_EXISTS: another proxy or deploy won the race
-                return False
-            if code:
-                raise KafkaError(f"cannot create fleet topic {topic!r}: error {code} {message}")
-        return True
-    finally:
-        await admin.close()
-
-
-def _consumer(bootstrap: str, client_id: str, wait_ms: int) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        bootstrap_servers=_servers(bootstrap), client_id=client_id, group_id=None,
-        enable_auto_commit=False, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=MAX_RECORD_BYTES * 2, fetch_max_bytes=MAX_RECORD_BYTES * 4,
-        fetch_max_wait_ms=wait_ms)
-
-
-async def _assign_all(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition] | None:
-    # The partitions come from the all-topics answer itself: the consumer's own metadata
-    # tracks only the topics it already reads, which before the first assign is none (Tansu
-    # answers every topic to a Metadata request for none; Apache Kafka, rightly, none).
-    cluster = await consumer._client.fetch_all_metadata()
-    if topic not in cluster.topics():
-        return None
-    partitions = cluster.partitions_for_topic(topic) or set()
-    tps = [TopicPartition(topic, p) for p in sorted(partitions)]
-    consumer.assign(tps)
-    await consumer.seek_to_beginning(*tps)
-    return tps
-
-
-async def _caught_up(consumer: AIOKafkaConsumer, end: Mapping[TopicPartition, int]) -> bool:
-    for tp, last in end.items():
-        if await consumer.position(tp) < last:
-            return False
-    return True
+    admin = FleetAdmin(_servers(bootstrap), security or {}, client_id)
+    return await admin.ensure_topic(topic, TOPIC_CONFIGS, timeout)
 
 
 async def follow_view(bootstrap: str, topic: str,
                       until: Callable[[FleetView], bool], *, timeout: float,
                       client_id: str = "sluice-fleet-cli",
-                      trust: FleetTrust | None = None) -> tuple[FleetView, bool]:
+                      trust: FleetTrust | None = None,
+                      security: Mapping[str, Any] | None = None) -> tuple[FleetView, bool]:
     """Read `topic` from the beginning, then keep reading until `until(view)` holds (checked
     once caught up and after every new batch) or `timeout` seconds pass.
 
@@ -812,52 +773,45 @@ async def follow_view(bootstrap: str, topic: str,
     """
     deadline = time.monotonic() + timeout
     view = FleetView(trust=trust)
-    consumer = _consumer(bootstrap, client_id, 200)
+    reader = FleetReader(_servers(bootstrap), topic, security or {}, client_id, 200,
+                         MAX_RECORD_BYTES)
     try:
-        await consumer.start()
-        tps = await _assign_all(consumer, topic)
-        if tps is None:
+        if await reader.assign_all(min(timeout, 10.0)) is None:
             return view, until(view)
-        end = await consumer.end_offsets(tps)
+        _begin, end = await reader.offsets(min(timeout, 10.0))
         synced = False
         while True:
-            batch = await consumer.getmany(timeout_ms=200)
-            for tp, messages in batch.items():
-                for m in messages:
-                    view.apply(m.key, m.value, tp.partition, m.offset)
+            view.apply_all(await reader.poll(200))
             if not synced:
-                synced = await _caught_up(consumer, end)
+                synced = await reader.caught_up(end)
             if synced and until(view):
                 return view, True
             if time.monotonic() >= deadline:
                 return view, False
     finally:
-        await consumer.stop()
+        await reader.close()
 
 
 async def read_view(bootstrap: str, topic: str, *, timeout: float = 30.0,
-                    trust: FleetTrust | None = None) -> FleetView:
+                    trust: FleetTrust | None = None,
+                    security: Mapping[str, Any] | None = None) -> FleetView:
     """The current state of the fleet topic (reads up to the end once)."""
     view, done = await follow_view(bootstrap, topic, lambda _v: True, timeout=timeout,
-                                   trust=trust)
+                                   trust=trust, security=security)
     if not done:
         raise TimeoutError(f"could not read fleet topic {topic!r} to its end in {timeout:.0f} s")
     return view
 
 
 async def produce(bootstrap: str, topic: str, key: bytes, value: bytes | None, *,
-                  timeout: float = 30.0) -> tuple[int, int]:
+                  timeout: float = 30.0, security: Mapping[str, Any] | None = None,
+                  client_id: str = "sluice-fleet-cli") -> tuple[int, int]:
     """Write one record (None = tombstone); returns (partition, offset)."""
-    producer = AIOKafkaProducer(bootstrap_servers=_servers(bootstrap), acks="all",
-                                max_request_size=MAX_RECORD_BYTES,
-                                compression_type="gzip", request_timeout_ms=int(timeout * 1000))
+    writer = FleetWriter(_servers(bootstrap), security or {}, client_id, MAX_RECORD_BYTES)
     try:
-        await producer.start()
-        meta = await asyncio.wait_for(producer.send_and_wait(topic, key=key, value=value),
-                                      timeout)
-        return meta.partition, meta.offset
+        return await writer.send(topic, key, value, timeout)
     finally:
-        await producer.stop()
+        await writer.close(1.0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -930,9 +884,15 @@ class FleetFollower:
                  on_change: OnChange, heartbeat: Callable[[], dict[str, Any]], *,
                  state_file: Path | None = None,
                  on_refused: Callable[[str], None] | None = None,
-                 on_lost: Callable[[], None] | None = None) -> None:
+                 on_lost: Callable[[], None] | None = None,
+                 security: Mapping[str, Any] | None = None) -> None:
         self.settings = settings
         self.bootstrap = settings.bootstrap or bootstrap
+        #: librdkafka settings of `upstream_tls:`/`upstream_sasl:` (kafka_settings.py).
+        self.security: dict[str, Any] = dict(security or {})
+        #: Set when the cluster refused the proxy's user (credentials or ACLs): the message.
+        self.access_error: str | None = None
+        self.access_denied = asyncio.Event()
         self.instance_id = instance_id
         self.on_change = on_change
         self.heartbeat = heartbeat
@@ -949,7 +909,7 @@ class FleetFollower:
         self._topic_ready = asyncio.Event()
         self._poke = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: FleetWriter | None = None
         self._restore()
 
     @property
@@ -1014,20 +974,20 @@ class FleetFollower:
                   effect="the last verified fleet state stays in force; see docs/SECURITY.md "
                          "(Signed filters and policies) to recover")
 
-    def _check_positions(self, tps: list[TopicPartition], begin: Mapping[TopicPartition, int],
-                         end: Mapping[TopicPartition, int]) -> None:
+    def _check_positions(self, tps: list[int], begin: Mapping[int, int],
+                         end: Mapping[int, int]) -> None:
         """Report a topic that lost what this proxy read (recreated, truncated, deleted)."""
         problems: list[str] = []
         for tp in tps:
-            read = self._read_to.get(tp.partition)
+            read = self._read_to.get(tp)
             if read is not None and end.get(tp, 0) < read:
-                problems.append(f"partition {tp.partition} ends at offset {end.get(tp, 0)}, "
+                problems.append(f"partition {tp} ends at offset {end.get(tp, 0)}, "
                                 f"below offset {read} already read (recreated or truncated)")
         for name, entry in self.view.signed.items():
             if self._unanchored.get(name) == self.view.seqs.get(name):
                 continue  # already reported lost; the state in force stays as it is
             partition, offset = int(entry.get("partition", 0)), int(entry.get("offset", 0))
-            tp = TopicPartition(self.settings.topic, partition)
+            tp = partition
             if tp in begin and (offset < begin[tp] or offset >= end.get(tp, 0)) and \
                     not problems:
                 problems.append(f"the record in force for {name[:_LOGGED_KEY_CHARS]!r} "
@@ -1055,33 +1015,49 @@ class FleetFollower:
         try:
             # A tombstone, so `sluice filter list` stops showing this instance at once.
             await asyncio.wait_for(
-                producer.send_and_wait(self.settings.topic, key=self.key, value=None), timeout)
-        except (KafkaError, OSError, TimeoutError) as exc:
+                producer.send(self.settings.topic, self.key, None, timeout), timeout + 1)
+        except (FleetKafkaError, OSError, TimeoutError) as exc:
             log.warning("fleet_goodbye_failed", error=str(exc))
-        with contextlib.suppress(KafkaError, OSError, TimeoutError):
-            await asyncio.wait_for(producer.stop(), timeout)
+        with contextlib.suppress(FleetKafkaError, OSError, TimeoutError):
+            await asyncio.wait_for(producer.close(timeout), timeout + 1)
 
     async def publish(self, key: bytes, value: bytes | None,
                       timeout: float = 10.0) -> tuple[int, int]:
         """Write one record to the fleet topic and wait for the broker's acknowledgement;
-        returns (partition, offset). KafkaError, OSError or TimeoutError when it cannot."""
+        returns (partition, offset). FleetKafkaError, OSError or TimeoutError when it cannot."""
         producer = self._producer
         if producer is None:
             # The heartbeat task has not connected yet: a producer for this one record.
             return await asyncio.wait_for(
-                produce(self.bootstrap, self.settings.topic, key, value, timeout=timeout),
+                produce(self.bootstrap, self.settings.topic, key, value, timeout=timeout,
+                        security=self.security, client_id=self._client_id),
                 timeout + 5)
-        meta = await asyncio.wait_for(
-            producer.send_and_wait(self.settings.topic, key=key, value=value), timeout)
-        return int(meta.partition), int(meta.offset)
+        return await asyncio.wait_for(
+            producer.send(self.settings.topic, key, value, timeout), timeout + 1)
+
+    @property
+    def _client_id(self) -> str:
+        return f"sluice-fleet-{self.instance_id}"
 
     async def _follow_forever(self) -> None:
-        # aiokafka logs each failed connection attempt; the warning below reports them instead.
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         failures, logged_at = 0, 0.0
         while True:
             try:
                 await self._follow()
+            except FleetAccessError as exc:
+                # Credentials or ACLs: no retry soon will cure it. Say so once, clearly; the
+                # start-up wait (reload.py) turns it into a refusal to start.
+                failures += 1
+                now = time.monotonic()
+                if self.access_error != str(exc) or now - logged_at >= FAILURE_LOG_SECONDS:
+                    logged_at = now
+                    log.error("fleet_access_denied", topic=self.settings.topic,
+                              bootstrap=self.bootstrap, error=str(exc), failures=failures,
+                              effect="the fleet's filters and policies are not read; "
+                                     "the last verified state stays in force")
+                self.access_error = str(exc)
+                self.access_denied.set()
+                await asyncio.sleep(self.settings.poll_seconds)
             except Exception as exc:  # any client failure: retry; the proxy keeps serving
                 failures += 1
                 now = time.monotonic()
@@ -1094,14 +1070,15 @@ class FleetFollower:
 
     async def _follow(self) -> None:
         s = self.settings
-        if s.create_topic and await ensure_topic(self.bootstrap, s.topic):
+        if s.create_topic and await ensure_topic(self.bootstrap, s.topic,
+                                                 security=self.security,
+                                                 client_id=self._client_id):
             log.info("fleet_topic_created", topic=s.topic)
         poll_ms = int(s.poll_seconds * 1000)
-        consumer = _consumer(self.bootstrap, f"sluice-fleet-{self.instance_id}",
-                             min(500, poll_ms))
+        consumer = FleetReader(_servers(self.bootstrap), s.topic, self.security,
+                               self._client_id, min(500, poll_ms), MAX_RECORD_BYTES)
         try:
-            await consumer.start()
-            tps = await _assign_all(consumer, s.topic)
+            tps = await consumer.assign_all()
             if tps is None and (self._read_to or set(self.view.seqs.items())
                                 - set(self._unanchored.items())):
                 self._lost("the fleet topic does not exist")
@@ -1109,10 +1086,12 @@ class FleetFollower:
                 self._unanchored = dict(self.view.seqs)
             while tps is None:
                 await asyncio.sleep(s.poll_seconds)
-                tps = await _assign_all(consumer, s.topic)
+                tps = await consumer.assign_all()
             self._topic_ready.set()
-            end = await consumer.end_offsets(tps)
-            self._check_positions(tps, await consumer.beginning_offsets(tps), end)
+            self.access_error = None
+            self.access_denied.clear()
+            begin, end = await consumer.offsets()
+            self._check_positions(tps, begin, end)
             view = self.view
             view.live = False  # re-reading from the start: older records are no replay
             synced = False
@@ -1120,9 +1099,7 @@ class FleetFollower:
             reported: dict[str, str] = {}
             checked_at = time.monotonic()
             while True:
-                batch = await consumer.getmany(timeout_ms=poll_ms)
-                records = [(m.key, m.value, tp.partition, m.offset)
-                           for tp, messages in batch.items() for m in messages]
+                records = await consumer.poll(poll_ms)
                 size = sum(len(r[1] or b"") for r in records)
                 if size > INLINE_APPLY_BYTES:
                     # Parsing megabytes of JSON would stall client traffic: do it off the loop.
@@ -1138,7 +1115,7 @@ class FleetFollower:
                         log.error("fleet_record_invalid", topic=s.topic, key=name, reason=reason)
                 reported = dict(view.invalid)
                 if not synced:
-                    synced = await _caught_up(consumer, end)
+                    synced = await consumer.caught_up(end)
                     if synced:
                         view.live = True
                         log.info("fleet_synced", topic=s.topic, records=view.records,
@@ -1154,36 +1131,26 @@ class FleetFollower:
                 if synced and time.monotonic() - checked_at >= max(1.0, s.poll_seconds):
                     # A topic deleted or truncated under a running proxy: noticed here.
                     checked_at = time.monotonic()
-                    if s.topic not in await consumer.topics():
-                        raise KafkaError(f"fleet topic {s.topic!r} disappeared")
-                    self._check_positions(tps, await consumer.beginning_offsets(tps),
-                                          await consumer.end_offsets(tps))
+                    if not await consumer.exists():
+                        raise FleetKafkaError(f"fleet topic {s.topic!r} disappeared")
+                    self._check_positions(tps, *await consumer.offsets())
         finally:
-            await consumer.stop()
+            await consumer.close()
+
     async def _heartbeat_forever(self) -> None:
         s = self.settings
         await self._topic_ready.wait()
-        while self._producer is None:
-            producer = AIOKafkaProducer(bootstrap_servers=_servers(self.bootstrap),
-                                        client_id=f"sluice-fleet-{self.instance_id}",
-                                        request_timeout_ms=10_000)
-            try:
-                await producer.start()
-                self._producer = producer
-            except Exception as exc:  # cluster unreachable: try again later
-                log.warning("fleet_heartbeat_failed", error=str(exc) or type(exc).__name__)
-                with contextlib.suppress(Exception):
-                    await producer.stop()
-                await asyncio.sleep(s.heartbeat_seconds)
+        # librdkafka connects lazily: a cluster it cannot reach shows in the first send.
+        self._producer = FleetWriter(_servers(self.bootstrap), self.security, self._client_id,
+                                     MAX_RECORD_BYTES)
         while True:
             self._poke.clear()
             body = dict(self.heartbeat())
             body.update(type="instance", instance=self.instance_id,
                         time=int(time.time() * 1000), heartbeat_seconds=s.heartbeat_seconds)
             try:
-                await asyncio.wait_for(self._producer.send_and_wait(
-                    s.topic, key=self.key,
-                    value=json.dumps(body, separators=(",", ":")).encode()), 10)
+                await asyncio.wait_for(self._producer.send(
+                    s.topic, self.key, json.dumps(body, separators=(",", ":")).encode(), 10), 11)
             except Exception as exc:  # the next heartbeat tries again
                 log.warning("fleet_heartbeat_failed", error=str(exc) or type(exc).__name__)
             with contextlib.suppress(TimeoutError):

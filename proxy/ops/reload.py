@@ -44,6 +44,7 @@ from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
 from sluice.filters.yaml_lines import ConfigError, load_yaml_with_lines
+from sluice.proxy.net.kafka_settings import cluster_settings
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.ops.fleet import (
     FilterRecord,
@@ -302,7 +303,8 @@ class ChainManager:
                                       state_file=state_path(self.catalog.module_dir,
                                                             settings.topic),
                                       on_refused=metrics.fleet_record_refused,
-                                      on_lost=metrics.fleet_topic_lost)
+                                      on_lost=metrics.fleet_topic_lost,
+                                      security=cluster_settings(self.config))
         trust = settings.trust()
         if settings.allow_unsigned:
             log.warning("fleet_unsigned_allowed", topic=settings.topic,
@@ -323,12 +325,28 @@ class ChainManager:
                  bootstrap=self.follower.bootstrap, poll_seconds=settings.poll_seconds)
         if settings.startup_wait_seconds > 0:
             try:
-                await asyncio.wait_for(self.fleet_applied.wait(), settings.startup_wait_seconds)
+                await asyncio.wait_for(self._fleet_or_denied(), settings.startup_wait_seconds)
             except TimeoutError:
                 log.warning("fleet_not_synced", topic=settings.topic,
                             waited_seconds=settings.startup_wait_seconds,
                             note="serving with the config file's filters until the fleet "
                                  "topic is read")
+
+    async def _fleet_or_denied(self) -> None:
+        """Until the fleet is applied; ConfigFileError if the cluster refuses the proxy's
+        user first (wrong credentials, missing ACLs): the proxy fails closed, it does not
+        start without the fleet's filters because of a configuration mistake."""
+        assert self.follower is not None
+        applied = asyncio.ensure_future(self.fleet_applied.wait())
+        denied = asyncio.ensure_future(self.follower.access_denied.wait())
+        try:
+            await asyncio.wait({applied, denied}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            applied.cancel()
+            denied.cancel()
+        if not self.fleet_applied.is_set() and self.follower.access_error is not None:
+            raise ConfigFileError(f"fleet: the cluster refused the proxy's own connection: "
+                                  f"{self.follower.access_error}")
 
     async def stop(self) -> None:
         if self._sighup:

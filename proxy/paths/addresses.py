@@ -56,8 +56,11 @@ class AddressPath:
         if hdr.api_key == ApiKey.METADATA:
             ctx.topics.learn(response)
             # Learn brokers in node id order, not response order (a stable order of discovery).
-            for b in sorted(getattr(response, "brokers", ()) or (), key=lambda b: int(b.node_id)):
+            brokers = sorted(getattr(response, "brokers", ()) or (), key=lambda b: int(b.node_id))
+            for b in brokers:
                 ctx.map_endpoint(int(b.node_id), str(b.host), int(b.port))
+            if brokers:
+                ctx.observe_brokers([int(b.node_id) for b in brokers])
         rewritten = rewrite_endpoints(response, hdr.api_key, hdr.api_version, ctx.map_endpoint)
         if rewritten is response:
             return Respond(frame)

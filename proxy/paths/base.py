@@ -239,6 +239,8 @@ class PathContext:
     metrics: Metrics
     map_endpoint: EndpointMapper
     open_upstream: UpstreamOpener  # a connection to a bootstrap broker, for look-ups
+    # Told the node ids of every Metadata response's brokers (the proxy logs changes).
+    observe_brokers: Callable[[list[int]], None] = field(default=lambda _ids: None)
     policies: PolicyBook | None = None  # data policies, while the proxy follows a fleet
     # What one record batch of a filtered partition may expand into (limits.max_batch_*).
     batch_limits: BatchLimits = DEFAULT_BATCH_LIMITS

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sluice.codec import entities, schemas
+from sluice.codec.error_codes import ErrorCode
 from sluice.codec.messages import ApiKey
 from sluice.codec.partitioner import partition_for_key
 from sluice.codec.records import BatchHeader, Record, build_batch
@@ -358,7 +359,7 @@ class DeadLetterWriter:
                 "dead_letter_failed",
                 topic=topic,
                 records=len(gone),
-                error=f"metadata: broker error {code}",
+                error=f"metadata: broker error {code} ({_code_name(code)})",
             )
             self._resolve(gone, failed=True)
         for item in items:
@@ -549,3 +550,11 @@ class DeadLetterWriter:
             topics=tuple(entities.build(tcls, name=t) for t in topics),
             allow_auto_topic_creation=True,
         )
+
+
+def _code_name(code: int) -> str:
+    """TOPIC_AUTHORIZATION_FAILED for 29: what the operator looks up (a missing ACL...)."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return "unknown error code"

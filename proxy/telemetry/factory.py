@@ -32,6 +32,7 @@ def make_sink(
     instance_id: str,
     *,
     proxy: ProxyInfo | None = None,
+    security: Mapping[str, Any] | None = None,
 ) -> TelemetrySink:
     """Build the sink the proxy config's ``telemetry:`` section asks for.
 
@@ -39,6 +40,9 @@ def make_sink(
     ``{kafka: {bootstrap, topic}}`` a Kafka topic of Arrow IPC batches (``format: json`` one
     JSON message per event); both together write to both; ``None``/``{}``/``{enabled: false}``
     is a ``NullSink``. Raises ``TelemetryConfigError`` naming the offending field.
+    ``security``: librdkafka settings of the config's ``upstream_tls:``/``upstream_sasl:``
+    (proxy/net/kafka_settings.py) for the Kafka sinks; ``telemetry.kafka.producer_config``
+    may override them (a telemetry cluster other than the proxied one).
     """
     settings = parse_telemetry_config(telemetry_config)
     if not settings.enabled:
@@ -75,7 +79,7 @@ def make_sink(
     if settings.kafka_topic is not None and settings.kafka_bootstrap is not None:
         kafka_args: dict[str, Any] = {
             "queue_size": settings.queue_size,
-            "producer_config": settings.kafka_config,
+            "producer_config": {**(security or {}), **(settings.kafka_config or {})},
             "create_partitions": settings.create_partitions,
             "message_timeout_ms": settings.message_timeout_ms,
             "tagger": tagger,

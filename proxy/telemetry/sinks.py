@@ -551,7 +551,12 @@ class KafkaSink(QueuedSink):
     def _ensure_topic(self, partitions: int) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin_conf: dict[str, str | int | float | bool] = {"bootstrap.servers": self.bootstrap}
+        # The producer's connection settings (TLS, SASL), not its producing ones.
+        admin_conf: dict[str, Any] = {
+            k: v for k, v in self._conf.items()
+            if k == "bootstrap.servers" or k.startswith(("security.", "ssl.", "sasl."))
+        }
+        admin_conf["log_level"] = 0
         admin = AdminClient(admin_conf)
         futures = admin.create_topics([NewTopic(self.topic, partitions)], request_timeout=10)
         for fut in futures.values():

@@ -10,7 +10,7 @@ from sluice.kafka_broker import (
     KafkaNotInstalled,
     KafkaStartError,
 )
-from sluice.kafka_security import ADMIN_USER, BROKER_USER, ORDINARY_USERS
+from sluice.kafka_security import ADMIN_USER, BROKER_USER, ORDINARY_USERS, PROXY_USER
 
 __all__ = [
     "ADMIN_USER",
@@ -18,6 +18,7 @@ __all__ = [
     "CLIENT_LISTENERS",
     "KAFKA_VERSION",
     "ORDINARY_USERS",
+    "PROXY_USER",
     "KafkaCluster",
     "KafkaNode",
     "KafkaNotInstalled",

@@ -30,6 +30,18 @@ def test_fixed_node_ports_are_used_and_skipped_by_allocation() -> None:
     assert bmap.local_endpoint(2, "b2", 1) == ("h", 9001)
 
 
+def test_broker_set_changes_are_reported_once_and_keep_the_routes() -> None:
+    bmap = BrokerMap("h", 9000)
+    for node in (1, 2, 3):
+        bmap.local_endpoint(node, "b", 9090 + node)
+    assert bmap.observe([1, 2, 3]) == ([], [1, 2, 3])  # the first view: all of them
+    assert bmap.observe([3, 2, 1]) is None  # the same set, in any order: nothing to say
+    assert bmap.observe([1, 3]) == ([2], [])  # node 2 fenced or stopped
+    assert bmap.observe([1, 3]) is None
+    assert bmap.route(2) is not None and bmap.route(2).local_port == 9002  # port kept
+    assert bmap.observe([1, 2, 3]) == ([], [2])  # back
+
+
 def test_running_out_of_node_ports_is_an_error() -> None:
     bmap = BrokerMap("h", 9000, max_nodes=2)
     bmap.local_endpoint(1, "a", 1)
@@ -112,3 +124,14 @@ def test_api_versions_advertise_only_what_broker_and_codec_share() -> None:
     assert by_key[ApiKey.PRODUCE] == (produce_low, produce_high)
     assert by_key[ApiKey.METADATA] == (0, 1)
     assert 30_000 not in by_key
+
+
+def test_bootstrap_connections_take_the_upstream_addresses_in_turn() -> None:
+    from sluice.proxy.net.server import ProxyServer
+    from sluice.proxy.ops.config import ProxyConfig
+
+    server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0),
+                                     upstream=[("10.0.0.1", 9092), ("10.0.0.2", 9092)]))
+    # A broker that is down costs one connection, not every connection to the bootstrap port.
+    assert [server._bootstrap_upstream() for _ in range(3)] == [
+        ("10.0.0.1", 9092), ("10.0.0.2", 9092), ("10.0.0.1", 9092)]

@@ -306,8 +306,6 @@ def test_cli_keygen_and_deploy_without_a_key(tmp_path: Path,
 
 
 def test_truncated_or_recreated_topic_is_reported_once_and_changes_nothing() -> None:
-    from aiokafka import TopicPartition
-
     settings_ = parse_fleet_section({"trusted_keys": [OPS.public], "topic": "f"})
     assert settings_ is not None
     lost: list[int] = []
@@ -319,7 +317,7 @@ def test_truncated_or_recreated_topic_is_reported_once_and_changes_nothing() -> 
                              on_lost=lambda: lost.append(1))
     follower.view.apply(b"pii", deploy(seq=10), 0, 3)
     follower._read_to = {0: 4}
-    tp = TopicPartition("f", 0)
+    tp = 0  # partitions by id (offsets from fleet_kafka.FleetReader.offsets)
     follower._check_positions([tp], {tp: 0}, {tp: 4})  # as it was: nothing to report
     assert lost == []
     follower._check_positions([tp], {tp: 4}, {tp: 4})  # DeleteRecords up to the end
