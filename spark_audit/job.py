@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -490,24 +489,13 @@ def _relative(path: str, out: str) -> str:
     return path[len(prefix) :] if path.startswith(prefix) else path
 
 
-def _kafka_security(path: str | None) -> dict[str, str] | None:
-    """librdkafka settings of ``--config``'s upstream_tls:/upstream_sasl: (ValueError naming
-    the file, line and field of a mistake)."""
-    if path is None:
-        return None
-    from sluice.proxy.net.kafka_settings import cluster_settings
-    from sluice.proxy.ops.config import ConfigFileError
-    from sluice.proxy.ops.config_load import build_config
-
-    try:
-        # Only the cluster sections matter; the addresses are placeholders.
-        config = build_config(("127.0.0.1", 0), [("127.0.0.1", 9092)], Path(path))
-    except ConfigFileError as exc:
-        raise ValueError(f"--config: {exc}") from None
-    return cluster_settings(config)
+#: Reads ``--config``'s upstream_tls:/upstream_sasl: into librdkafka settings (ValueError
+#: naming the file, line and field of a mistake). The proxy's config loader lives in the proxy,
+#: which this room knows nothing of: `sluice audit` (sluice/cli_audit.py) passes it in.
+SecurityReader = Callable[[str], dict[str, str]]
 
 
-def run_from_args(args: argparse.Namespace) -> int:
+def run_from_args(args: argparse.Namespace, read_security: SecurityReader | None = None) -> int:
     """Entry point shared by ``sluice audit`` and ``python -m sluice.spark_audit``."""
     telemetry_path = str(args.telemetry)
     if (
@@ -521,7 +509,12 @@ def run_from_args(args: argparse.Namespace) -> int:
         return 2
     try:
         conf = parse_conf(list(args.conf or []))
-        kafka_security = _kafka_security(getattr(args, "config", None))
+        config_path = getattr(args, "config", None)
+        kafka_security = None
+        if config_path is not None:
+            if read_security is None:
+                raise ValueError("--config is read by `sluice audit` (the proxy's config loader)")
+            kafka_security = read_security(str(config_path))
         result = run_audit(
             args.telemetry,
             args.out,
