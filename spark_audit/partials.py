@@ -506,7 +506,7 @@ def offset_runs() -> Rollup:
         name="runs",
         datasets=("offset_run",),
         columns={"offset_run": _cols(*RUN_KEYS, "offset_first", "offset_last", "filter_name",
-                                     "batches", "kept", "rewritten", "dropped", "rejected",
+                                     "signer_key_id", "batches", "kept", "rewritten", "dropped", "rejected",
                                      "detections", "errors", "time_ns", "instance_id", "host",
                                      "time_first_ms", "time_last_ms")},
         prepare=prepare,
@@ -516,6 +516,8 @@ def offset_runs() -> Rollup:
             Agg("offset_first", "min", "offset_first"),
             Agg("offset_last", "max", "offset_last"),
             Agg("filter_names", "set", "filter_name"),
+            # The keys that signed the module's fleet records: few distinct values per run.
+            Agg("signer_key_ids", "set", "signer_key_id"),
             Agg("batches", "sum", "batches"),
             Agg("records", "sum", "_records"),
             *_summed("kept", "rewritten", "dropped", "rejected", "detections", "errors"),
