@@ -106,7 +106,7 @@ def test_audit_names_the_signer_of_the_module_per_run(report: Path) -> None:
     assert {r["module_sha256"]: r["signer_key_ids"]
             for r in csv_rows(report, "audit_modules")} == {k.PII: k.SIGNER, k.POLICY: ""}
     html = (report / "report.html").read_text(encoding="utf-8")
-    assert "<th>signed by</th>" in html and f"<td>{k.SIGNER}</td>" in html
+    assert ">signed by</th>" in html and f"<td>{k.SIGNER}</td>" in html
 
 
 def test_audit_time_windows(report: Path) -> None:
