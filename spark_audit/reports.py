@@ -59,9 +59,10 @@ SCHEMAS: dict[str, pa.Schema] = {
     ),
     "audit_modules": pa.schema(
         [("module_sha256", _S), ("filter_names", _LIST), ("signer_key_ids", _LIST),
-         ("proxy_instances", _LIST), ("proxy_hosts", _LIST), ("bound_topics", _LIST), ("apply_to", _LIST), ("apis", _LIST),
-         ("topics", _LIST), ("batches", _L), ("kept", _L), ("rewritten", _L), ("dropped", _L),
-         ("rejected", _L), ("detections", _L), ("errors", _L), ("filter_time_ns", _L),
+         ("proxy_instances", _LIST), ("proxy_hosts", _LIST), ("bound_topics", _LIST),
+         ("apply_to", _LIST), ("apis", _LIST), ("topics", _LIST), ("batches", _L),
+         ("kept", _L), ("rewritten", _L), ("dropped", _L), ("rejected", _L),
+         ("detections", _L), ("errors", _L), ("filter_time_ns", _L),
          ("admin_items", _L), ("admin_denied", _L), ("topic_partitions", _L),
          ("first_loaded", _T), ("last_loaded", _T), ("first_seen", _T), ("last_seen", _T)]
     ),

@@ -3,8 +3,8 @@
 Two proxy instances, two filter modules, produce and fetch traffic from three clients across
 two hours, one rejected partition, one filter error, an offset gap, an unfiltered topic, admin
 decisions, a connection, and a telemetry gap. Instance B runs the pii module from a signed
-fleet record (its entries name ``SIGNER``); instance A runs it from its config file. The tests derive every expected report figure
-from the constants here.
+fleet record (its entries name ``SIGNER``); instance A runs it from its config file. The tests
+derive every expected report figure from the constants here.
 """
 
 from __future__ import annotations

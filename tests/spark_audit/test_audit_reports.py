@@ -1,7 +1,8 @@
 """The audit reports, built from the offset runs' Arrow table, against their rules written
 plainly in Python over rows: ``audit`` is the runs themselves (times as timestamps), and
 ``audit_modules`` has one row per module sha256 seen in runs, filter loads or admin decisions,
-with the union of its names, signer key ids, instances and topics, its sums and its first and last times."""
+with the union of its names, signer key ids, instances and topics, its sums and its first
+and last times."""
 
 from __future__ import annotations
 
