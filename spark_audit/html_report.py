@@ -175,6 +175,7 @@ def render(data: ReportData) -> str:
         [
             ("module_sha256", "module sha256"),
             ("filter_names", "names"),
+            ("signer_key_ids", "signed by"),
             ("proxy_instances", "instances"),
             ("topics", "topics touched"),
             ("topic_partitions", "partitions"),

@@ -102,6 +102,7 @@ def flatten(events: DataFrame) -> dict[str, DataFrame]:
         "instance_id",
         f["module_sha256"].alias("module_sha256"),
         f["name"].alias("filter_name"),
+        f["signer_key_id"].alias("signer_key_id"),
         "api",
         "topic",
         "partition",
@@ -127,6 +128,7 @@ def flatten(events: DataFrame) -> dict[str, DataFrame]:
         "topic",
         f["name"].alias("filter_name"),
         f["module_sha256"].alias("module_sha256"),
+        f["signer_key_id"].alias("signer_key_id"),
         F.col("pos").cast("string").alias("pos"),
         F.posexplode(
             _items(
@@ -147,6 +149,7 @@ def flatten(events: DataFrame) -> dict[str, DataFrame]:
         "topic",
         F.lit(None).cast("string").alias("filter_name"),
         F.lit(None).cast("string").alias("module_sha256"),
+        F.lit(None).cast("string").alias("signer_key_id"),
         F.lit("b").alias("pos"),
         F.posexplode(
             _items(
@@ -181,6 +184,7 @@ def flatten(events: DataFrame) -> dict[str, DataFrame]:
         "api",
         "filter_name",
         "module_sha256",
+        "signer_key_id",
         F.col("item.name").alias("name"),
         F.col("item.n").alias("n"),
         F.lit(1).alias("events"),
@@ -239,6 +243,7 @@ def _encryption(per_filter: DataFrame) -> DataFrame:
         "instance_id",
         f["module_sha256"].alias("module_sha256"),
         f["name"].alias("filter_name"),
+        f["signer_key_id"].alias("signer_key_id"),
         "api",
         "topic",
         "partition",

@@ -199,7 +199,13 @@ def message_rows(dataset: str, layout: str | None, value: bytes | None) -> Itera
         return
     with pa.ipc.open_stream(value) as reader:
         for rows in reader:
-            yield rows.select(schema.names).cast(schema)
+            # A column added to the layout later (e.g. ``signer_key_id``) reads as nulls from
+            # an older message.
+            have = set(rows.schema.names)
+            yield pa.RecordBatch.from_arrays(
+                [rows.column(f.name).cast(f.type) if f.name in have
+                 else pa.nulls(rows.num_rows, f.type) for f in schema],
+                schema=schema)
 
 
 def message_table(dataset: str, layout: str | None, value: bytes | None,

@@ -51,16 +51,18 @@ _LIST = pa.list_(_S)
 SCHEMAS: dict[str, pa.Schema] = {
     "audit": pa.schema(
         [("module_sha256", _S), ("api", _S), ("topic", _S), ("partition", _I), ("run", _L),
-         ("offset_first", _L), ("offset_last", _L), ("filter_names", _LIST), ("batches", _L),
+         ("offset_first", _L), ("offset_last", _L), ("filter_names", _LIST),
+         ("signer_key_ids", _LIST), ("batches", _L),
          ("records", _L), ("kept", _L), ("rewritten", _L), ("dropped", _L), ("rejected", _L),
          ("detections", _L), ("errors", _L), ("filter_time_ns", _L), ("proxy_instances", _LIST),
          ("proxy_hosts", _LIST), ("time_first", _T), ("time_last", _T)]
     ),
     "audit_modules": pa.schema(
-        [("module_sha256", _S), ("filter_names", _LIST), ("proxy_instances", _LIST),
-         ("proxy_hosts", _LIST), ("bound_topics", _LIST), ("apply_to", _LIST), ("apis", _LIST),
-         ("topics", _LIST), ("batches", _L), ("kept", _L), ("rewritten", _L), ("dropped", _L),
-         ("rejected", _L), ("detections", _L), ("errors", _L), ("filter_time_ns", _L),
+        [("module_sha256", _S), ("filter_names", _LIST), ("signer_key_ids", _LIST),
+         ("proxy_instances", _LIST), ("proxy_hosts", _LIST), ("bound_topics", _LIST),
+         ("apply_to", _LIST), ("apis", _LIST), ("topics", _LIST), ("batches", _L),
+         ("kept", _L), ("rewritten", _L), ("dropped", _L), ("rejected", _L),
+         ("detections", _L), ("errors", _L), ("filter_time_ns", _L),
          ("admin_items", _L), ("admin_denied", _L), ("topic_partitions", _L),
          ("first_loaded", _T), ("last_loaded", _T), ("first_seen", _T), ("last_seen", _T)]
     ),
@@ -212,7 +214,7 @@ def _touched(runs: pa.Table) -> dict[Any, dict[str, Any]]:
     lists = {
         col: _distinct_per_module(runs[_M].take(pc.list_parent_indices(runs[col])),
                                   pc.list_flatten(runs[col]))
-        for col in ("filter_names", "proxy_instances", "proxy_hosts")
+        for col in ("filter_names", "signer_key_ids", "proxy_instances", "proxy_hosts")
     }
     apis = _distinct_per_module(runs[_M], runs["api"])
     topics = _distinct_per_module(runs[_M], runs["topic"])
@@ -237,7 +239,8 @@ def audit_modules(runs: pa.Table, loads: list[dict[str, Any]],
     loaded = _group(loads, lambda r: (r[_M],))
     admins = _group(admin_rows, lambda r: (r[_M],))
     untouched: dict[str, Any] = {
-        "filter_names": [], "proxy_instances": [], "proxy_hosts": [], "apis": [], "topics": [],
+        "filter_names": [], "signer_key_ids": [], "proxy_instances": [], "proxy_hosts": [],
+        "apis": [], "topics": [],
         "batches": 0, **dict.fromkeys(_DECISIONS, 0), "topic_partitions": 0,
         "first_seen": None, "last_seen": None,
     }

@@ -53,7 +53,9 @@ _ENVELOPE = [
 ]
 _CLIENT = [("connection_id", _S), ("client_address", _S), ("client_id", _S), ("principal", _S)]
 # The first columns of the segment rollups (``offset_run``, ``encryption``): the row's id and
-# version, where it was recorded, by which filter, on which partition.
+# version, where it was recorded, by which filter (and which key signed that filter's fleet
+# record: null for config-file filters and in files written before the column existed), on
+# which partition.
 _SEGMENT_HEAD = [
     ("schema_version", _I),
     ("id", _S),
@@ -62,6 +64,7 @@ _SEGMENT_HEAD = [
     ("instance_id", _S),
     ("module_sha256", _S),
     ("filter_name", _S),
+    ("signer_key_id", _S),
     ("api", _S),
     ("topic", _S),
     ("partition", _I),
@@ -117,6 +120,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("api", _S),
             ("filter_name", _S),
             ("module_sha256", _S),
+            ("signer_key_id", _S),
             ("name", _S),
             ("n", _L),
             ("events", _L),
@@ -273,6 +277,7 @@ def _segment_head(env: Mapping[str, Any], f: Mapping[str, Any],
         "instance_id": env["instance_id"],
         "module_sha256": f.get("module_sha256"),
         "filter_name": f.get("name"),
+        "signer_key_id": f.get("signer_key_id"),
         "api": event.get("api"),
         "topic": event.get("topic"),
         "partition": event.get("partition"),
@@ -425,6 +430,7 @@ class ColumnarBuffers:
         where = (env["instance_id"], api, topic, hour)
         for f in filters:
             name, sha = f.get("name"), f.get("module_sha256")
+            signer: str | None = f.get("signer_key_id")
             detectors: Mapping[str, int] = f.get("detectors") or {}
             errors: list[str] = list(f.get("errors") or [])
             self._add_segment(env, f, event, time_ms, hour, sum(detectors.values()), len(errors))
@@ -432,11 +438,13 @@ class ColumnarBuffers:
                 self._add_encryption(env, f, event, time_ms, hour, detectors)
             for detector, count in detectors.items():
                 if count > 0:
-                    self._finding(where, "detection", name, sha, detector, count, time_ms)
+                    self._finding(where, "detection", name, sha, detector, count, time_ms,
+                                  signer)
             if _int(f.get("rejected")) > 0:
-                self._finding(where, "rejected", name, sha, "", int(f["rejected"]), time_ms)
+                self._finding(where, "rejected", name, sha, "", int(f["rejected"]), time_ms,
+                              signer)
             for message in errors:
-                self._finding(where, "filter_error", name, sha, message, 1, time_ms)
+                self._finding(where, "filter_error", name, sha, message, 1, time_ms, signer)
         for reason, count in (event.get("reject_reasons") or {}).items():
             self._finding(where, "reject_reason", None, None, reason, int(count), time_ms)
         code = event.get("error_code") or 0
@@ -554,8 +562,9 @@ class ColumnarBuffers:
         name: str,
         n: int,
         time_ms: int,
+        signer_key_id: str | None = None,
     ) -> None:
-        key = (*where, kind, filter_name, module_sha256, name)
+        key = (*where, kind, filter_name, module_sha256, signer_key_id, name)
         item = self._findings.get(key)
         if item is None:
             instance_id, api, topic, _hour = where
@@ -568,6 +577,7 @@ class ColumnarBuffers:
                     "api": api,
                     "filter_name": filter_name,
                     "module_sha256": module_sha256,
+                    "signer_key_id": signer_key_id,
                     "name": name,
                     "time_first_ms": time_ms,
                     "time_last_ms": time_ms,

@@ -162,6 +162,35 @@ def test_forged_unsigned_tombstone_and_untrusted_records_change_nothing(
     assert {(f["name"], f["signer_key_id"]) for f in touched} == {("pii", operator().key_id)}
 
 
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_audit_report_names_the_key_that_signed_the_fleet_filter(
+    broker: TansuBroker, start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+) -> None:
+    """`sluice audit` over the proxy's telemetry: the run of the batches the signed fleet
+    filter touched, and its module, name the operator's key id."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    topic, fleet_topic = unique("signed-audit"), unique("_sluice_filters")
+    create_topic(broker.bootstrap, topic)
+    proxy = start_proxy(config=config(tmp_path, fleet_topic, None))
+    deploy(broker, fleet_topic, topic)
+    wait_for(functools.partial(has, proxy, ["pii"]), 30, "signed deploy applied")
+    assert b"#" in produce_and_read(broker, proxy, topic, "signed")
+    assert proxy.stop() == 0
+    out = tmp_path / "report"
+    proc = sluice("audit", "--telemetry", str(tmp_path / "telemetry" / "sluice"),
+                  "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sha = hashlib.sha256(PII).hexdigest()
+    runs = [r for r in pq.read_table(out / "audit.parquet").to_pylist() if r["topic"] == topic]
+    assert [(r["module_sha256"], r["api"], r["signer_key_ids"]) for r in runs] == [
+        (sha, "produce", [operator().key_id])]
+    [module] = [r for r in pq.read_table(out / "audit_modules.parquet").to_pylist()
+                if r["module_sha256"] == sha]
+    assert module["signer_key_ids"] == [operator().key_id]
+    assert operator().key_id in (out / "report.html").read_text(encoding="utf-8")
+
+
 def fleet_values(broker: TansuBroker, fleet_topic: str) -> list[tuple[bytes, bytes]]:
     from confluent_kafka import Consumer, TopicPartition
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from sluice.proxy import telemetry as t
 from sluice.proxy.telemetry.parquet import SPOOL, publish_spool, read_stream_tolerant
 from sluice.telemetry_schema.columns import ColumnarBuffers, latest_versions
+from sluice.telemetry_schema.host_identity import ENCRYPT_SHA256
 from tests.spark_audit import known_telemetry as k
 from tests.spark_audit import known_transforms as kt
 
@@ -64,6 +65,36 @@ def test_events_become_flat_datasets_partitioned_by_hour(tmp_path: Path) -> None
     found = {(r["kind"], r["name"]): (r["n"], r["events"]) for r in _dataset(tmp_path, "finding")}
     assert found[("detection", "email")] == (3, 3)
     assert found[("partition_error", "87: INVALID_RECORD")] == (1, 1)
+    # Instance B ran the pii module from a signed fleet record: its segments name the key.
+    signers = {(r["instance_id"], r["signer_key_id"]) for r in _dataset(tmp_path, "offset_run")}
+    assert signers == {("inst-a", None), ("inst-b", k.SIGNER)}
+
+
+def test_segments_and_findings_name_the_signer_of_their_filter(tmp_path: Path) -> None:
+    """Batches of one module signed by different keys (or by none) are separate segments and
+    findings, each naming its key; the encrypt filter's segments name theirs too."""
+    buffers = ColumnarBuffers("p")
+    for first, signer in ((0, None), (10, "00000000000000a1"), (20, "00000000000000b2")):
+        event = _batch(first, first + 9, k.T0)
+        event["filters"] = [
+            t.filter_entry("pii", "ab" * 32, kept=1, detectors={"email": 1},
+                           signer_key_id=signer),
+            t.filter_entry("builtin:encrypt", ENCRYPT_SHA256, detectors={"decrypted": 1},
+                           signer_key_id=signer),
+        ]
+        buffers.add(event)
+    rows = buffers.rows_for_flush()
+    runs = sorted(((r["module_sha256"], r["offset_first"], r["signer_key_id"])
+                   for r in rows["offset_run"].to_pylist()), key=repr)
+    assert runs == sorted(
+        [(sha, first, signer) for sha in ("ab" * 32, ENCRYPT_SHA256) for first, signer in
+         ((0, None), (10, "00000000000000a1"), (20, "00000000000000b2"))], key=repr)
+    assert sorted((r["offset_first"], r["signer_key_id"])
+                  for r in rows["encryption"].to_pylist()) == [
+        (0, None), (10, "00000000000000a1"), (20, "00000000000000b2")]
+    found = {r["signer_key_id"]: r["n"] for r in rows["finding"].to_pylist()
+             if r["kind"] == "detection" and r["name"] == "email"}
+    assert found == {None: 1, "00000000000000a1": 1, "00000000000000b2": 1}
 
 
 def test_transform_batches_and_encryption_counters_get_their_datasets(tmp_path: Path) -> None:

@@ -2,8 +2,9 @@
 
 Two proxy instances, two filter modules, produce and fetch traffic from three clients across
 two hours, one rejected partition, one filter error, an offset gap, an unfiltered topic, admin
-decisions, a connection, and a telemetry gap. The tests derive every expected report figure
-from the constants here.
+decisions, a connection, and a telemetry gap. Instance B runs the pii module from a signed
+fleet record (its entries name ``SIGNER``); instance A runs it from its config file. The tests
+derive every expected report figure from the constants here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ A = t.ProxyInfo(host="host-a", pid=101, instance_id="inst-a")
 B = t.ProxyInfo(host="host-b", pid=202, instance_id="inst-b")
 PII = hashlib.sha256(b"pii filter module").hexdigest()
 POLICY = hashlib.sha256(b"policy filter module").hexdigest()
+# The Ed25519 key id that signed instance B's fleet record of the pii module.
+SIGNER = "5ca1ab1e0ddba11e"
 T0 = int(datetime(2026, 11, 18, 10, 0, tzinfo=UTC).timestamp() * 1000)
 MIN = 60_000
 HOUR10 = "2026-11-18T10:00:00.000Z"
@@ -80,7 +83,7 @@ def events() -> list[dict[str, Any]]:
         _batch(
             B, 70, api="produce", topic="orders", partition=0, offset_first=40,
             offset_last=49, records_in=10, records_out=10, bytes_in=1000, bytes_out=1000,
-            filters=[_pii(kept=10, time_ns=3000)], **alice,
+            filters=[_pii(kept=10, time_ns=3000, signer_key_id=SIGNER)], **alice,
         )
     )
     # app-2: a rejected partition (no offsets assigned) and a batch with a filter error
@@ -112,7 +115,7 @@ def events() -> list[dict[str, Any]]:
         _batch(
             B, 75, api="fetch", topic="orders", partition=0, offset_first=20, offset_last=49,
             records_in=20, records_out=20, bytes_in=2000, bytes_out=2000, batches=2,
-            filters=[_pii(kept=20, time_ns=1000)], **bob,
+            filters=[_pii(kept=20, time_ns=1000, signer_key_id=SIGNER)], **bob,
         )
     )
     # an unfiltered topic, counted for billing only

@@ -89,6 +89,26 @@ def test_audit_offset_runs_per_module(report: Path) -> None:
     assert {r["module_sha256"] for r in rows(report, "audit")} == {k.PII}
 
 
+def test_audit_names_the_signer_of_the_module_per_run(report: Path) -> None:
+    """Instance B's batches went through the pii module of a signed fleet record: the runs
+    they are in and the module name its key; A's own runs and the admin-only module none."""
+    signed = {(r["api"], r["topic"], r["partition"], r["offset_first"]): r["signer_key_ids"]
+              for r in rows(report, "audit")}
+    assert signed == {
+        ("fetch", "orders", 0, 0): [k.SIGNER],
+        ("produce", "orders", 0, 0): [],
+        ("produce", "orders", 0, 40): [k.SIGNER],
+        ("produce", "payments", 1, 0): [],
+        ("produce", "payments", 1, None): [],
+    }
+    modules = {r["module_sha256"]: r["signer_key_ids"] for r in rows(report, "audit_modules")}
+    assert modules == {k.PII: [k.SIGNER], k.POLICY: []}
+    assert {r["module_sha256"]: r["signer_key_ids"]
+            for r in csv_rows(report, "audit_modules")} == {k.PII: k.SIGNER, k.POLICY: ""}
+    html = (report / "report.html").read_text(encoding="utf-8")
+    assert ">signed by</th>" in html and f"<td>{k.SIGNER}</td>" in html
+
+
 def test_audit_time_windows(report: Path) -> None:
     run = next(
         r for r in rows(report, "audit")

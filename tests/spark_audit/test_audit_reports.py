@@ -1,7 +1,8 @@
 """The audit reports, built from the offset runs' Arrow table, against their rules written
 plainly in Python over rows: ``audit`` is the runs themselves (times as timestamps), and
 ``audit_modules`` has one row per module sha256 seen in runs, filter loads or admin decisions,
-with the union of its names, instances and topics, its sums and its first and last times."""
+with the union of its names, signer key ids, instances and topics, its sums and its first
+and last times."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ _RUN = st.fixed_dictionaries({
     "offset_first": st.one_of(st.none(), st.integers(0, 100)),
     "offset_last": st.one_of(st.none(), st.integers(0, 100)),
     "filter_names": _NAMES,
+    "signer_key_ids": st.lists(st.sampled_from(["00000000000000a1", "00000000000000b2"]),
+                               max_size=2, unique=True),
     "batches": st.integers(0, 50),
     "records": st.integers(0, 500),
     **{c: st.integers(0, 2**40) for c in _DECISIONS},
@@ -77,6 +80,7 @@ def _plain_modules(runs: list[dict[str, Any]], loads: list[dict[str, Any]],
             "module_sha256": m,
             "filter_names": sorted({n for r in t for n in r["filter_names"]}
                                    | {r["filter_name"] for r in lo + ad} - {None}),
+            "signer_key_ids": sorted({key for r in t for key in r["signer_key_ids"]}),
             "proxy_instances": sorted({i for r in t for i in r["proxy_instances"]}
                                       | {r["instance_id"] for r in lo + ad} - {None}),
             "proxy_hosts": sorted({h for r in t for h in r["proxy_hosts"]}),

@@ -95,6 +95,47 @@ def test_parquet_layout_gives_the_json_reports(
     assert result.skipped == {"malformed": {}, "unknown_schema_version": {}}
 
 
+def test_parquet_layout_names_the_signer_of_the_module(
+    spark: Any, parquet_dir: Path, tmp_path: Path
+) -> None:
+    """Instance B ran the pii module from a signed fleet record: the audit report of its
+    Parquet segments names the key, per run and per module."""
+    _run(spark, parquet_dir, tmp_path)
+    got = report_rows(tmp_path)
+    assert {(r["api"], r["offset_first"], r["topic"]): r["signer_key_ids"]
+            for r in got["audit"] if r["signer_key_ids"]} == {
+        ("fetch", 0, "orders"): [k.SIGNER], ("produce", 40, "orders"): [k.SIGNER]}
+    assert {r["module_sha256"]: r["signer_key_ids"] for r in got["audit_modules"]} == {
+        k.PII: [k.SIGNER], k.POLICY: []}
+
+
+def _without_signer_column(root: Path) -> int:
+    """Rewrite every segment file under ``root`` as the layout was before ``signer_key_id``
+    (the same name, so the job reads it as that file); how many files were rewritten."""
+    n = 0
+    for path in root.rglob("*.parquet"):
+        table = pq.read_table(path)
+        if "signer_key_id" in table.column_names:
+            pq.write_table(table.drop_columns(["signer_key_id"]), path)
+            n += 1
+    return n
+
+
+def test_segment_files_of_the_layout_before_the_signer_column_still_read(
+    spark: Any, parquet_dir: Path, json_reports: dict[str, Any], tmp_path: Path
+) -> None:
+    """Files written before the column existed: the same reports, with no signer named."""
+    tele = tmp_path / "telemetry"
+    shutil.copytree(parquet_dir, tele)
+    assert _without_signer_column(tele) > 0
+    result = _run(spark, tele, tmp_path / "out")
+    assert result.events == len(k.events())
+    assert result.skipped == {"malformed": {}, "unknown_schema_version": {}}
+    unsigned = {name: [{**r, "signer_key_ids": []} if "signer_key_ids" in r else r
+                       for r in rows] for name, rows in json_reports.items()}
+    assert report_rows(tmp_path / "out") == unsigned
+
+
 def test_a_folder_with_both_layouts_reads_both(
     spark: Any, json_reports: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -259,3 +300,29 @@ def test_dedupe_drops_events_repeated_in_differently_named_files(
     result = _run(spark, tele, tmp_path / "out", dedupe=True)
     assert result.events == len(events)
     assert report_rows(tmp_path / "out") == json_reports
+
+
+def test_kafka_arrow_messages_without_the_signer_column_read_as_nulls() -> None:
+    """An Arrow message a sink sent before ``signer_key_id`` existed (the same layout
+    version): both readers of the columnar topic give the column as nulls."""
+    from sluice.spark_audit.kafka_arrow_source import message_rows, message_table
+    from sluice.telemetry_schema.columns import LAYOUT_VERSION, SCHEMAS, ColumnarBuffers
+
+    buffers = ColumnarBuffers("p")
+    for event in k.events():
+        buffers.add(event)
+    segments = buffers.rows_for_flush()["offset_run"]
+    assert set(segments.column(segments.schema.get_field_index("signer_key_id")).to_pylist()) \
+        == {None, k.SIGNER}
+    old = segments.drop_columns(["signer_key_id"])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, old.schema) as writer:
+        writer.write_batch(old)
+    value = sink.getvalue().to_pybytes()
+    (rows,) = message_rows("offset_run", str(LAYOUT_VERSION), value)
+    assert rows.schema == SCHEMAS["offset_run"]
+    assert rows.column("signer_key_id").null_count == rows.num_rows == old.num_rows
+    assert rows.column("offset_first").to_pylist() == old.column("offset_first").to_pylist()
+    table = message_table("offset_run", str(LAYOUT_VERSION), value,
+                          ["module_sha256", "signer_key_id"], dictionary=["signer_key_id"])
+    assert table["signer_key_id"].null_count == old.num_rows

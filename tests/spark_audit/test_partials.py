@@ -204,9 +204,11 @@ def test_split_invariance_example_batches() -> None:
 
 
 def _reference_runs(rows: list[dict[str, Any]]
-                    ) -> tuple[dict[tuple[Any, ...], tuple[int, int, int]], Counter[Any]]:
-    """({(key..., run): (offset_first, offset_last, rows)}, rows without offsets per key)."""
-    by_key: dict[tuple[Any, ...], list[tuple[int, int]]] = defaultdict(list)
+                    ) -> tuple[dict[tuple[Any, ...], tuple[int, int, int, list[str]]],
+                               Counter[Any]]:
+    """({(key..., run): (offset_first, offset_last, rows, signer key ids)}, rows without
+    offsets per key)."""
+    by_key: dict[tuple[Any, ...], list[tuple[int, int, str | None]]] = defaultdict(list)
     no_offsets: Counter[Any] = Counter()
     for r in rows:
         if r[SKIP] is not None:
@@ -215,18 +217,19 @@ def _reference_runs(rows: list[dict[str, Any]]
         if r["offset_first"] is None:
             no_offsets[key] += 1
         else:
-            by_key[key].append((r["offset_first"], r["offset_last"]))
-    runs: dict[tuple[Any, ...], tuple[int, int, int]] = {}
+            by_key[key].append((r["offset_first"], r["offset_last"], r["signer_key_id"]))
+    runs: dict[tuple[Any, ...], tuple[int, int, int, list[str]]] = {}
     for key, intervals in by_key.items():
-        number, lo, hi, n = 0, 0, 0, 0
-        for first, last in sorted(intervals):
+        number, lo, hi, n, signers = 0, 0, 0, 0, set()
+        for first, last, signer in sorted(intervals, key=lambda i: (i[0], i[1])):
             if number and first <= hi + 1:
                 hi, n = max(hi, last), n + 1
             else:
                 if number:
-                    runs[(*key, number)] = (lo, hi, n)
-                number, lo, hi, n = number + 1, first, last, 1
-        runs[(*key, number)] = (lo, hi, n)
+                    runs[(*key, number)] = (lo, hi, n, sorted(signers - {None}))
+                number, lo, hi, n, signers = number + 1, first, last, 1, set()
+            signers.add(signer)
+        runs[(*key, number)] = (lo, hi, n, sorted(signers - {None}))
     return runs, no_offsets
 
 
@@ -234,7 +237,7 @@ def _check_runs(rows: list[dict[str, Any]], got: list[dict[str, Any]]) -> None:
     runs, no_offsets = _reference_runs(rows)
     usable = [r for r in got if r[SKIP] is None]
     got_runs = {(*(r[k] for k in partials.RUN_KEYS), r["run"]):
-                (r["offset_first"], r["offset_last"], r["_rows"])
+                (r["offset_first"], r["offset_last"], r["_rows"], r["signer_key_ids"])
                 for r in usable if r["run"] is not None}
     assert got_runs == runs
     got_none = Counter({tuple(r[k] for k in partials.RUN_KEYS): r["_rows"]
