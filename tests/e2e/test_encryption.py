@@ -28,6 +28,7 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -70,14 +71,21 @@ class SaslBroker:
 
 
 @pytest.fixture(scope="module")
-def sasl_broker(kafka_broker: KafkaCluster) -> SaslBroker:
+def sasl_broker(kafka_broker: KafkaCluster) -> Iterator[SaslBroker]:
     PASSWORDS.update({user: kafka_broker.password(user) for user in USERS})
     bootstrap = kafka_broker.bootstrap_for("SASL_PLAINTEXT")
-    grant_topics_and_groups(bootstrap, [user for user in USERS if user != "admin"])
-    return SaslBroker(bootstrap)
+    bindings = grant_topics_and_groups(bootstrap, [user for user in USERS if user != "admin"])
+    yield SaslBroker(bootstrap)
+    # The node is the session's: other modules (tests/e2e/test_kafka_tools.py) count on `bob`
+    # having no ACL at all.
+    client = AdminClient({"bootstrap.servers": bootstrap, **QUIET, **sasl("admin")})
+    filters = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host,
+                                b.operation, b.permission_type) for b in bindings]
+    for future in client.delete_acls(filters).values():
+        future.result(20)
 
 
-def grant_topics_and_groups(bootstrap: str, users: list[str]) -> None:
+def grant_topics_and_groups(bootstrap: str, users: list[str]) -> list[AclBinding]:
     """ACLs (made by the super user `admin`): every operation on every topic, group and
     transactional id."""
     client = AdminClient({"bootstrap.servers": bootstrap, **QUIET, **sasl("admin")})
@@ -89,6 +97,7 @@ def grant_topics_and_groups(bootstrap: str, users: list[str]) -> None:
     ]
     for future in client.create_acls(bindings).values():
         future.result(20)
+    return bindings
 
 
 def write_config(tmp_path: Path, kms: dict[str, Any], telemetry_format: str = "jsonl",
