@@ -14,32 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from confluent_kafka.admin import (
-    AclBinding,
-    AclBindingFilter,
-    AclOperation,
-    AclPermissionType,
-    AdminClient,
-    ResourcePatternType,
-    ResourceType,
-    ScramCredentialInfo,
-    ScramMechanism,
-    UserScramCredentialDeletion,
-    UserScramCredentialUpsertion,
-)
+from confluent_kafka.admin import AclBinding, AclOperation, ResourceType, ScramMechanism
 
+from tests.harness.kafka_admin import KafkaAdmin, wait_until
 from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.ports import free_port
 
 RELAYED = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL")
 # The SASL session a SCRAM-SHA-256 login on SASL_PLAINTEXT gets (ms).
 REAUTH_MS = 4000
-_QUIET = {"log_level": 0, "logger": lambda *_: None}
 
 
 class CountingRelay:
@@ -187,57 +173,24 @@ class RelayedKafka:
     def target_port(self, listener: str) -> int:
         return self.cluster.node_list[0].ports[listener]
 
-    def admin(self) -> AdminClient:
+    def admin(self) -> KafkaAdmin:
         """The super user `admin`, on the node's own SASL_PLAINTEXT port (not relayed)."""
-        conf = self.cluster.client_config("SASL_PLAINTEXT", "admin", "SCRAM-SHA-512")
-        conf["bootstrap.servers"] = f"127.0.0.1:{self.target_port('SASL_PLAINTEXT')}"
-        return AdminClient({**conf, **_QUIET})
+        return KafkaAdmin(self.cluster, f"127.0.0.1:{self.target_port('SASL_PLAINTEXT')}")
 
     def add_scram_user(self, user: str, password: str,
                        mechanisms: Iterable[ScramMechanism]) -> None:
-        admin = self.admin()  # must outlive its futures
-        for mechanism in mechanisms:  # Kafka takes one alteration per user and request
-            upsert = UserScramCredentialUpsertion(
-                user, ScramCredentialInfo(mechanism, 4096), password.encode()
-            )
-            for future in admin.alter_user_scram_credentials([upsert]).values():
-                future.result(20)
+        self.admin().add_scram_user(user, password, mechanisms)
 
     def remove_scram_user(self, user: str, mechanisms: Iterable[ScramMechanism]) -> None:
-        admin = self.admin()
-        for mechanism in mechanisms:
-            deletion = UserScramCredentialDeletion(user, mechanism)
-            for future in admin.alter_user_scram_credentials([deletion]).values():
-                future.result(20)
+        self.admin().remove_scram_user(user, mechanisms)
 
     def grant(self, principal: str, topic: str, *operations: AclOperation,
               prefixed: bool = False) -> list[AclBinding]:
-        pattern = ResourcePatternType.PREFIXED if prefixed else ResourcePatternType.LITERAL
-        bindings = [AclBinding(ResourceType.TOPIC, topic, pattern, principal, "*", op,
-                               AclPermissionType.ALLOW) for op in operations]
-        admin = self.admin()
-        for future in admin.create_acls(bindings).values():
-            future.result(20)
-        return bindings
+        return self.admin().grant(principal, ResourceType.TOPIC, topic, *operations,
+                                  prefixed=prefixed)
 
     def revoke(self, bindings: list[AclBinding]) -> None:
-        filters = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal,
-                                    b.host, b.operation, b.permission_type) for b in bindings]
-        admin = self.admin()
-        for future in admin.delete_acls(filters).values():
-            future.result(20)
+        self.admin().revoke(bindings)
 
 
-def wait_until(check: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-    """`check()` until it returns something true (exceptions count as not yet)."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            found = check()
-            if found:
-                return found
-        except Exception as exc:  # the broker applies users and ACLs through its metadata log
-            last = exc
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not reached in {timeout} s (last error: {last})")
+__all__ = ["REAUTH_MS", "CountingRelay", "RelayedKafka", "wait_until"]
