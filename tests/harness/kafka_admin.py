@@ -67,12 +67,31 @@ class KafkaAdmin:
     def create_acls(self, bindings: list[AclBinding]) -> None:
         for future in self.client.create_acls(bindings).values():
             future.result(20)
+        self._wait_applied(bindings, present=True)
 
     def revoke(self, bindings: list[AclBinding]) -> None:
-        filters = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal,
-                                    b.host, b.operation, b.permission_type) for b in bindings]
-        for future in self.client.delete_acls(filters).values():
+        for future in self.client.delete_acls([_filter(b) for b in bindings]).values():
             future.result(20)
+        self._wait_applied(bindings, present=False)
+
+    def _wait_applied(self, bindings: list[AclBinding], present: bool,
+                      timeout: float = 20.0) -> None:
+        """Until the broker's authorizer (which DescribeAcls reads) shows the change: the
+        controller acknowledges it before the broker has applied it from the metadata log."""
+        deadline = time.monotonic() + timeout
+        for binding in bindings:
+            while True:
+                found = self.client.describe_acls(_filter(binding)).result(20)
+                if bool(found) == present:
+                    break
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"ACL {binding} not {'added' if present else 'removed'}")
+                time.sleep(0.05)
+
+
+def _filter(b: AclBinding) -> AclBindingFilter:
+    return AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host,
+                            b.operation, b.permission_type)
 
 
 def wait_until(check: Any, timeout: float = 20.0, what: str = "condition") -> Any:
