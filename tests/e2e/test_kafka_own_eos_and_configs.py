@@ -106,7 +106,7 @@ def transform_acls(admin: KafkaAdmin, src: str, dst: str, group: str,
 
 def load(kafka: KafkaCluster, topic: str, done: threading.Event) -> None:
     """RECORDS numbered records (idempotent), and every 500 an aborted transaction holding one
-    record per partition; ~600 records/s so that a kill lands mid-load."""
+    record per partition; ~400 records/s so that a kill lands mid-load."""
     conf = admin_conf(kafka)
     producer = Producer({**conf, "enable.idempotence": True, "linger.ms": 5})
     aborter = Producer({**conf, "transactional.id": unique("eos-aborts")})
@@ -122,7 +122,7 @@ def load(kafka: KafkaCluster, topic: str, done: threading.Event) -> None:
                     aborter.produce(topic, f"aborted-{i:05d}-{p}".encode(), partition=p)
                 aborter.flush(30)
                 aborter.abort_transaction(30)
-            time.sleep(0.15)
+            time.sleep(0.25)
     assert producer.flush(30) == 0
     done.set()
 
