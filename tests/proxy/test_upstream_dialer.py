@@ -38,8 +38,6 @@ from tests.proxy.dead_letter_helpers import (
     letters,
 )
 
-pytestmark = pytest.mark.kafka
-
 # A SCRAM user whose name needs SCRAM's =2C / =3D escaping on the way; made at run time.
 CAROL = "carol,ops=x"
 CAROL_PASSWORD = "carol-Pa55word-5d0e"
@@ -148,6 +146,7 @@ def dialer_for(kafka: RelayedKafka, sasl: UpstreamSasl | None = None,
     return UpstreamDialer(config_for(kafka.bootstrap(listener), sasl=sasl, tls=tls))
 
 
+@pytest.mark.kafka
 @pytest.mark.parametrize(
     ("mechanism", "user"),
     [("PLAIN", "alice"), ("SCRAM-SHA-256", CAROL), ("SCRAM-SHA-512", CAROL)],
@@ -168,6 +167,7 @@ def test_dialer_authenticates(kafka: RelayedKafka, mechanism: str, user: str) ->
         kafka.revoke(grant)
 
 
+@pytest.mark.kafka
 def test_wrong_password_is_refused_without_leaking_it(kafka: RelayedKafka) -> None:
     wrong = "not-alices-password-1234"
     dialer = dialer_for(kafka, UpstreamSasl("SCRAM-SHA-512", "alice", wrong))
@@ -180,6 +180,7 @@ def test_wrong_password_is_refused_without_leaking_it(kafka: RelayedKafka) -> No
     assert wrong not in message and kafka.cluster.password("alice") not in message
 
 
+@pytest.mark.kafka
 def test_dead_letters_over_sasl_use_one_connection(kafka: RelayedKafka) -> None:
     topic = unique("dlq-sasl")
     create_topic_with(kafka.bootstrap("SASL_PLAINTEXT"), topic, 3, **sasl_conf(kafka, "alice"))
@@ -202,6 +203,8 @@ def test_dead_letters_over_sasl_use_one_connection(kafka: RelayedKafka) -> None:
     assert len(landed) == 30
 
 
+@pytest.mark.kafka
+@pytest.mark.serial  # two flushes must fit in the session's first 90 %
 def test_a_connection_is_replaced_before_the_brokers_session_lifetime_ends(
     kafka: RelayedKafka,
 ) -> None:
@@ -231,6 +234,7 @@ def test_a_connection_is_replaced_before_the_brokers_session_lifetime_ends(
     assert writer.produce_requests == 3
 
 
+@pytest.mark.kafka
 def test_dead_letters_with_a_wrong_password_fail_quietly(kafka: RelayedKafka) -> None:
     wrong = "not-alices-password-5678"
     sasl = UpstreamSasl("PLAIN", "alice", wrong)
@@ -248,6 +252,7 @@ def test_dead_letters_with_a_wrong_password_fail_quietly(kafka: RelayedKafka) ->
     assert logs and not any(wrong in repr(e) for e in logs)
 
 
+@pytest.mark.kafka
 def test_dead_letters_over_mutual_tls(kafka: RelayedKafka) -> None:
     """Kafka's SSL listener wants a client certificate; its CN (alice) is the principal, who
     may write dlq-* topics only by ACL."""
@@ -273,6 +278,7 @@ def test_dead_letters_over_mutual_tls(kafka: RelayedKafka) -> None:
     assert len(landed) == 40
 
 
+@pytest.mark.kafka
 def test_tls_checks_the_broker_name(kafka: RelayedKafka) -> None:
     # Kafka's certificate names 127.0.0.1 and localhost: a dialer told to expect another name
     # refuses it.
