@@ -1,6 +1,7 @@
 """Per-record cost of builtin:pii-mask through the host runtime (no broker, no network).
 
     python -m bench.bench_pii_mask [--records 20000] [--batch 100] [--rounds 5] [--profile]
+                                   [--module PATH.wasm] [--variants pii,clean,...]
 
 Records are ~200-byte JSON values (as bench.bench_proxy sends), in batches of 100, measured
 two ways:
@@ -19,10 +20,15 @@ Variants:
   pii-mask/keyed    pii records with a short key and two short header values (one a trace
                     id), all three scanned as the defaults do
   pii-mask/keyed-values  the same records with ``keys: false, headers: false``
+  pii-mask/text-1k  ~1 KB log lines (not JSON: text mode), each with one e-mail address and
+                    one card number in the middle of ordinary words
+  pii-mask/text-1k-clean  the same lines without them
   json-validate     a cheap builtin over the same records: the host's fixed cost per batch
 
 Prints µs/record (median of the rounds, thread CPU time) per variant and path, and the guest
-call alone (``sluice_filter_records`` on the records section, without the host's checks).
+call alone (``sluice_filter_records`` on the records section, without the host's checks), also
+as ns per byte of record value. ``--module`` runs another build of pii-mask (a .wasm path) in
+place of the builtin, to compare two builds with one command.
 ``--profile`` instead runs cProfile over the native path of pii-mask/pii and prints where the
 time goes (the guest call against the host's checks), per record.
 """
@@ -59,6 +65,25 @@ def json_values(n: int, pii: bool, size: int = 200, seed: int = 7) -> list[bytes
         raw = json.dumps(doc)
         doc["note"] = "x" * max(0, size - len(raw))
         out.append(json.dumps(doc).encode())
+    return out
+
+
+def text_values(n: int, pii: bool, size: int = 1000, seed: int = 11) -> list[bytes]:
+    """Log lines of about `size` bytes, with an e-mail address and a card number in the middle
+    of ordinary words (or, without pii, the same words)."""
+    rng = random.Random(seed)
+    words = ["request", "served", "in", "ms", "status", "ok", "user", "session", "opened",
+             "from", "the", "web", "client", "cache", "miss", "retry", "queue", "latency"]
+    out = []
+    for i in range(n):
+        line: list[str] = [f"2026-11-28T06:{i % 60:02d}:00Z INFO"]
+        while sum(len(w) + 1 for w in line) < size // 2:
+            line.append(rng.choice(words))
+        line.append(f"contact user{i}@example.com card 4111 1111 1111 1111" if pii
+                    else "contact user at example card on file")
+        while sum(len(w) + 1 for w in line) < size:
+            line.append(rng.choice(words))
+        out.append(" ".join(line).encode())
     return out
 
 
@@ -171,6 +196,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", action="store_true",
                         help="profile pii-mask's native path instead of timing variants")
+    parser.add_argument("--module", default="builtin:pii-mask",
+                        help="the pii-mask build to measure (a .wasm path; default the builtin)")
+    parser.add_argument("--variants", default="",
+                        help="comma-separated variant names (default: all)")
     args = parser.parse_args(argv)
     pii = json_values(args.records, pii=True)
     if args.profile:
@@ -183,15 +212,23 @@ def main(argv: list[str] | None = None) -> None:
         f"median of {args.rounds} rounds"
     )
     off = {"keys": False, "headers": False}
+    mask = args.module
+    text_n = max(1, args.records // 5)
     variants: list[tuple[str, str, dict[str, Any], list[bytes], bool]] = [
-        ("pii-mask/pii", "builtin:pii-mask", {}, pii, False),
-        ("pii-mask/clean", "builtin:pii-mask", {}, clean, False),
-        ("pii-mask/fields", "builtin:pii-mask", {"fields": ["email", "card"]}, pii, False),
-        ("pii-mask/keyed", "builtin:pii-mask", {}, pii, True),
-        ("pii-mask/keyed-values", "builtin:pii-mask", off, pii, True),
+        ("pii-mask/pii", mask, {}, pii, False),
+        ("pii-mask/clean", mask, {}, clean, False),
+        ("pii-mask/fields", mask, {"fields": ["email", "card"]}, pii, False),
+        ("pii-mask/keyed", mask, {}, pii, True),
+        ("pii-mask/keyed-values", mask, off, pii, True),
+        ("pii-mask/text-1k", mask, {}, text_values(text_n, pii=True), False),
+        ("pii-mask/text-1k-clean", mask, {}, text_values(text_n, pii=False), False),
         ("json-validate", "builtin:json-validate", {"required_fields": ["user_id"]}, pii, False),
     ]
-    print(f"{'variant':22} {'decoding us/rec':>16} {'native us/rec':>14} {'guest us/rec':>13}")
+    if args.variants:
+        chosen = set(args.variants.split(","))
+        variants = [v for v in variants if v[0] in chosen or v[0].split("/")[-1] in chosen]
+    print(f"{'variant':22} {'decoding us/rec':>16} {'native us/rec':>14} {'guest us/rec':>13} "
+          f"{'guest ns/byte':>14}")
     for name, module, config, values, keyed in variants:
         spec = FilterSpec(name=name.replace("/", "-"), module=module, config=config,
                           topics=("bench",), apply_to=frozenset({"produce"}))
@@ -200,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
         native = measure_native(chain, values, args.batch, args.rounds, keyed)
         guest = measure_guest(chain.filters[0], values, args.batch, args.rounds, keyed)
         chain.close()
-        print(f"{name:22} {decoding:16.2f} {native:14.2f} {guest:13.2f}")
+        per_byte = guest * 1000 * len(values) / sum(len(v) for v in values)
+        print(f"{name:22} {decoding:16.2f} {native:14.2f} {guest:13.2f} {per_byte:14.2f}")
 
 
 if __name__ == "__main__":

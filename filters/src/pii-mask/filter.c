@@ -21,6 +21,13 @@
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
 
+/* The scans over every byte of a record (classifying strings, finding where a JSON string
+ * ends, skipping to where a detector can start, masking a match) use Wasm SIMD, 16 bytes per
+ * step: a compiled byte loop costs several instructions per byte, and these loops were most of
+ * the filter's time. SIMD is enabled for these functions only (target attribute), not for the
+ * rest of the module or other filters. */
+#define SIMD __attribute__((target("simd128")))
+
 /* ------------------------------------------------------------------------------------------ */
 /* Configuration                                                                              */
 /* ------------------------------------------------------------------------------------------ */
@@ -396,6 +403,53 @@ static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Block scan: where a detector can start                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every detector's loop passes over bytes that cannot start its match (an e-mail is found from
+ * its '@', a card, SSN or IPv4 address from a digit, a phone from a digit, '+' or '(', an IBAN
+ * from an upper-case letter, an AWS key id from 'A', a secret from '=' or ':', a JWT from 'e',
+ * a bearer token from 'b'). These return the first offset in [i, end) holding such a byte, or
+ * end: 16-byte blocks without one are rejected with a few vector compares, and the detector's
+ * checks and checksums run only from the candidates. The detectors' results do not change:
+ * their loops did nothing at the bytes skipped. Loads stay inside [i, end). */
+#define SKIP_BLOCKS(MATCH, SCALAR)                                        \
+    while (end - i >= 16) {                                               \
+        v128_t v = wasm_v128_load(p + i);                                 \
+        uint32_t m = (uint32_t)wasm_i8x16_bitmask(MATCH);                 \
+        if (m) return i + (uint32_t)__builtin_ctz(m);                     \
+        i += 16;                                                          \
+    }                                                                     \
+    while (i < end && !(SCALAR)) i++;                                     \
+    return i
+
+SIMD static inline uint32_t skip_to_byte(const uint8_t *p, uint32_t i, uint32_t end, uint8_t a) {
+    SKIP_BLOCKS(wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)a)), p[i] == a);
+}
+
+SIMD static inline uint32_t skip_to_byte2(const uint8_t *p, uint32_t i, uint32_t end, uint8_t a, uint8_t b) {
+    SKIP_BLOCKS(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)a)), wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)b))), p[i] == a || p[i] == b);
+}
+
+SIMD static inline v128_t in_range(v128_t v, uint8_t lo, uint8_t count) {
+    return wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat((int8_t)lo)), wasm_i8x16_splat((int8_t)count));
+}
+
+SIMD static inline uint32_t skip_to_digit(const uint8_t *p, uint32_t i, uint32_t end) {
+    SKIP_BLOCKS(in_range(v, '0', 10), (uint32_t)(p[i] - '0') < 10u);
+}
+
+SIMD static inline uint32_t skip_to_upper(const uint8_t *p, uint32_t i, uint32_t end) {
+    SKIP_BLOCKS(in_range(v, 'A', 26), (uint32_t)(p[i] - 'A') < 26u);
+}
+
+/* a digit, '+' or '(' (the bytes find_phone starts from) */
+SIMD static inline uint32_t skip_to_phone(const uint8_t *p, uint32_t i, uint32_t end) {
+    SKIP_BLOCKS(wasm_v128_or(in_range(v, '0', 10), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')), wasm_i8x16_eq(v, wasm_i8x16_splat('(')))),
+                (uint32_t)(p[i] - '0') < 10u || p[i] == '+' || p[i] == '(');
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Detectors: each scans p[0..n) and adds spans                                               */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -424,10 +478,11 @@ static uint32_t email_domain_at(const uint8_t *p, uint32_t n, uint32_t k) {
     return k + 1 < n && email_letter2(p[k], p[k + 1]) ? 2 : 0;
 }
 
-static void find_email(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_email(const uint8_t *p, uint32_t n, spans *out) {
     uint32_t floor = 0; /* do not reach back into the previous match */
     for (uint32_t i = 1; i + 1 < n; i++) {
-        if (p[i] != '@') continue;
+        i = skip_to_byte(p, i, n - 1, '@');
+        if (i + 1 >= n) break;
         uint32_t j = i, w;
         while (j > floor && (w = email_local_back(p, floor, j)) != 0) j -= w;
         while (j < i && p[j] == '.') j++;
@@ -469,7 +524,7 @@ static uint64_t bits_below(uint32_t k) { return k >= 64 ? ~(uint64_t)0 : ((uint6
 /* find_email for a string of at most 64 bytes that may be read in whole 16-byte steps: the
  * same walk, with the character classes as bit masks (bit i for p[i]), so that it steps over
  * '@' signs, local parts and domain labels rather than over bytes. */
-__attribute__((target("simd128"))) static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
     uint64_t at = 0, local = 0, domain = 0, alpha = 0, high = 0;
     for (uint32_t i = 0; i < n; i += 16) {
         v128_t v = wasm_v128_load(p + i);
@@ -589,9 +644,11 @@ static int card_issuer_ok(const uint8_t *d, uint32_t n) {
     return 0;
 }
 
-static void find_card(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
     uint32_t i = 0;
     while (i < n) {
+        i = skip_to_digit(p, i, n);
+        if (i >= n) break;
         if (!is_digit(p[i]) || !num_boundary_before(p, i) || after_iban_prefix(p, i)) {
             i++;
             continue;
@@ -783,8 +840,10 @@ static uint32_t phone_groups(const uint8_t *p, uint32_t n, uint32_t i, uint32_t 
     return g && shortest >= 2 ? end : i;
 }
 
-static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i < n; i++) {
+        i = skip_to_phone(p, i, n);
+        if (i >= n) break;
         uint8_t c = p[i];
         /* the international prefix 00 stands for '+' ("0049 30 1234567", "001-415-555-0132") */
         int intl00 = c == '0' && i + 3 < n && p[i + 1] == '0' && p[i + 2] >= '1' && p[i + 2] <= '9' && num_boundary_before(p, i) &&
@@ -896,8 +955,10 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_ssn(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_ssn(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 11 <= n; i++) {
+        i = skip_to_digit(p, i, n - 10);
+        if (i + 11 > n) break;
         if (!is_digit(p[i]) || !num_boundary_before(p, i)) continue;
         if (i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) continue;
         if (digits_at(p, n, i) != 3) continue;
@@ -952,8 +1013,10 @@ static int iban_checksum_ok(const uint8_t *chars, uint32_t n) {
     return rem == 1;
 }
 
-static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 15 <= n; i++) {
+        i = skip_to_upper(p, i, n - 14);
+        if (i + 15 > n) break;
         if (!is_upper(p[i]) || !is_upper(p[i + 1]) || !is_digit(p[i + 2]) || !is_digit(p[i + 3])) continue;
         if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
         uint32_t want = iban_length(p[i], p[i + 1]);
@@ -997,8 +1060,10 @@ static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 7 <= n; i++) {
+        i = skip_to_digit(p, i, n - 6);
+        if (i + 7 > n) break;
         if (!is_digit(p[i])) continue;
         /* "IP10.0.0.1": CJK text glues the label to the address; other letters before are a
          * version ("v1.2.3.4") or a word */
@@ -1034,10 +1099,11 @@ static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_aws_key(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_aws_key(const uint8_t *p, uint32_t n, spans *out) {
     static const char prefixes[][5] = {"AKIA", "ASIA", "AGPA", "AIDA", "AROA", "AIPA", "ANPA", "ANVA", "ABIA", "ACCA"};
     for (uint32_t i = 0; i + 20 <= n; i++) {
-        if (p[i] != 'A') continue;
+        i = skip_to_byte(p, i, n - 19, 'A');
+        if (i + 20 > n) break;
         if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
         int pre = 0;
         for (uint32_t t = 0; t < sizeof prefixes / sizeof prefixes[0]; t++) {
@@ -1091,9 +1157,10 @@ static int secret_name_match(const uint8_t *key, uint32_t len) {
 static int secret_name_char(uint8_t c) { return is_alnum(c) || secret_name_sep(c) || c == '"' || c == '\''; }
 
 /* NAME=value, NAME: value, "NAME": "value", NAME = 'value' */
-static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i < n; i++) {
-        if (p[i] != '=' && p[i] != ':') continue;
+        i = skip_to_byte2(p, i, n, '=', ':');
+        if (i >= n) break;
         uint32_t te = i;
         while (te > 0 && p[te - 1] == ' ') te--;
         uint32_t ts = te;
@@ -1111,10 +1178,11 @@ static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_bearer(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_bearer(const uint8_t *p, uint32_t n, spans *out) {
     static const char word[] = "bearer";
     for (uint32_t i = 0; i + 7 < n; i++) {
-        if (sluice_lower(p[i]) != 'b') continue;
+        i = skip_to_byte2(p, i, n - 7, 'b', 'B');
+        if (i + 7 >= n) break;
         if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
         int ok = 1;
         for (uint32_t t = 0; t < 6 && ok; t++) ok = sluice_lower(p[i + t]) == (uint8_t)word[t];
@@ -1135,8 +1203,10 @@ static void find_bearer(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_jwt(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_jwt(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 8 < n; i++) {
+        i = skip_to_byte(p, i, n - 8, 'e');
+        if (i + 8 >= n) break;
         if (p[i] != 'e' || p[i + 1] != 'y' || p[i + 2] != 'J') continue;
         if (i > 0 && is_b64url(p[i - 1])) continue;
         uint32_t k = i;
@@ -1160,12 +1230,7 @@ static void find_jwt(const uint8_t *p, uint32_t n, spans *out) {
 /* Every detector needs certain bytes to match at all (an '@', 13 digits, an 'A' ...), and most
  * strings in real records hold none of them. So each string is classified once, and only the
  * detectors whose trigger bytes occur run (candidates); a string none can match is not copied.
- *
- * The scans over every byte of a record (classifying strings, finding where a JSON string
- * ends, masking a match) use Wasm SIMD, 16 bytes per step: a compiled byte loop costs several
- * instructions per byte, and these loops were most of the filter's time. SIMD is enabled for
- * these functions only (target attribute), not for the rest of the module or other filters. */
-#define SIMD __attribute__((target("simd128")))
+ * (SIMD: see the top of the file.) */
 
 /* Byte classes, chosen so that each is a set of low nibbles within a set of high nibbles: a
  * byte's classes are then LO[byte & 15] & HI[byte >> 4], two table lookups (swizzles) per 16
@@ -1397,7 +1462,7 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
 }
 
 /* Run the detectors in the set c on p[0..n). */
-static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
+SIMD static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
     if (c & (1u << D_EMAIL)) {
         if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) find_email_short(p, n, s);
         else find_email(p, n, s);
