@@ -580,15 +580,17 @@ SIMD static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static int luhn_ok(const uint8_t *digits, uint32_t n) {
-    uint32_t sum = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t d = digits[n - 1 - i];
-        if (i & 1) {
-            d *= 2;
-            if (d > 9) d -= 9;
+/* Luhn's check over the digits of groups [gs[t], ge[t]) for t < g, read from the last: every
+ * second digit from the right doubled (its digit sum). */
+static int luhn_groups(const uint8_t *p, const uint32_t *gs, const uint32_t *ge, uint32_t g) {
+    static const uint8_t doubled[10] = {0, 2, 4, 6, 8, 1, 3, 5, 7, 9};
+    uint32_t sum = 0, odd = 0;
+    for (uint32_t t = g; t-- > 0;) {
+        for (uint32_t k = ge[t]; k-- > gs[t];) {
+            uint32_t d = (uint32_t)(p[k] - '0');
+            sum += odd ? doubled[d] : d;
+            odd ^= 1u;
         }
-        sum += d;
     }
     return sum % 10 == 0;
 }
@@ -686,28 +688,28 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
                 continue;
             }
         }
-        /* try windows of whole groups, longest first from each start */
+        /* try windows of whole groups, longest first from each start; a window's digits are
+         * its groups' lengths, so one with fewer than 12 or more than 19 is passed over
+         * without reading it (it would fail the length checks below) */
+        uint32_t below[MAX_GROUPS + 1]; /* below[t]: digits in groups 0..t-1 */
+        below[0] = 0;
+        for (uint32_t t = 0; t < g; t++) below[t + 1] = below[t] + (ge[t] - gs[t]);
         for (uint32_t a = 0; a < g && !matched; a++) {
             if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;
             for (uint32_t b = g; b > a && !matched; b--) {
                 uint32_t e = ge[b - 1];
                 if (b < g && sep != ' ') continue; /* a dashed or underscored number is one token */
+                if (below[b] - below[a] < 12 || below[b] - below[a] > 19) continue;
                 if (b == g && !num_boundary_after(p, n, e)) continue;
-                uint8_t digits[19];
-                uint32_t dn = 0;
-                int too_many = 0;
-                for (uint32_t t = gs[a]; t < e; t++) {
-                    if (is_digit(p[t])) {
-                        if (dn == 19) {
-                            too_many = 1;
-                            break;
-                        }
-                        digits[dn++] = (uint8_t)(p[t] - '0');
-                    }
+                /* the issuer prefix from the window's first four digits (it has 12 or more),
+                 * then Luhn over its groups where they lie: nothing is copied */
+                uint8_t lead[4];
+                uint32_t ln = 0;
+                for (uint32_t t = a; ln < 4; t++) {
+                    for (uint32_t k = gs[t]; k < ge[t] && ln < 4; k++) lead[ln++] = (uint8_t)(p[k] - '0');
                 }
-                if (too_many || dn < 12) continue;
-                if (!card_issuer_ok(digits, dn)) continue;
-                if (!luhn_ok(digits, dn)) continue;
+                if (!card_issuer_ok(lead, below[b] - below[a])) continue;
+                if (!luhn_groups(p, gs + a, ge + a, b - a)) continue;
                 add_span(out, gs[a], e, D_CARD);
                 matched = 1;
             }
