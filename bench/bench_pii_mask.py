@@ -10,12 +10,14 @@ two ways:
   encoding, the Wasm call and the decoding of decisions);
 - native path: ``filter_produce`` over an uncompressed record batch (what the proxy calls per
   partition: CRC check, ``sluice_filter_records`` on the records section, the codec's check
-  of the result, the rebuilt batch).
+  of the result, the rebuilt batch), and ``filter_fetch`` over the same batch (the fetch
+  direction's per-partition call). Minus the guest column, these are the host's share.
 
 Variants:
 
   pii-mask/pii      every record holds an e-mail address, every third a card number
   pii-mask/clean    the same shape without personal data (nothing to rewrite)
+  pii-mask/workload bench.bench_proxy's records: an e-mail address and a card number in each
   pii-mask/fields   pii records, with field paths configured as well
   pii-mask/keyed    pii records with a short key and two short header values (one a trace
                     id), all three scanned as the defaults do
@@ -42,11 +44,12 @@ import statistics
 import time
 from typing import Any
 
+from bench.workload import json_records as workload_records
 from sluice.codec.records import HEADER_SIZE, BatchHeader, Record, build_batch
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
-from sluice.filters.pipeline import filter_produce
+from sluice.filters.pipeline import filter_fetch, filter_produce
 from sluice.filters.runtime import LoadedFilter
 
 
@@ -88,6 +91,7 @@ def text_values(n: int, pii: bool, size: int = 1000, seed: int = 11) -> list[byt
 
 
 CTX = RecordContext(topic="bench", partition=0, direction="produce", client_id="bench")
+FETCH_CTX = RecordContext(topic="bench", partition=0, direction="fetch", client_id="bench")
 TRACE_ID = b"4bf92f3577b34da6a3ce929d0e0e4736"
 
 
@@ -124,7 +128,8 @@ def measure_decoding(f: LoadedFilter, values: list[bytes], batch: int, rounds: i
 
 
 def measure_native(chain: FilterChain, values: list[bytes], batch: int, rounds: int,
-                   keyed: bool = False) -> float:
+                   keyed: bool = False, fetch: bool = False) -> float:
+    """filter_produce (or, with `fetch`, filter_fetch) over uncompressed batches."""
     assert chain.native_for(CTX.topic, "produce"), "the module has no sluice_filter_records"
     raw = []
     for i in range(0, len(values), batch):
@@ -135,6 +140,9 @@ def measure_native(chain: FilterChain, values: list[bytes], batch: int, rounds: 
         n = len(records)
         header = BatchHeader(0, 0, -1, 2, 0, 0, n - 1, 0, 0, -1, -1, -1, n)
         raw.append(build_batch(header, records))
+    if fetch:
+        return _median_us([lambda r=r: filter_fetch(chain, FETCH_CTX, r) for r in raw],
+                          len(values), rounds)
     return _median_us([lambda r=r: filter_produce(chain, CTX, r) for r in raw], len(values),
                       rounds)
 
@@ -216,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     text_n = max(1, args.records // 5)
     variants: list[tuple[str, str, dict[str, Any], list[bytes], bool]] = [
         ("pii-mask/pii", mask, {}, pii, False),
+        ("pii-mask/workload", mask, {}, workload_records(args.records), False),
         ("pii-mask/clean", mask, {}, clean, False),
         ("pii-mask/fields", mask, {"fields": ["email", "card"]}, pii, False),
         ("pii-mask/keyed", mask, {}, pii, True),
@@ -227,18 +236,20 @@ def main(argv: list[str] | None = None) -> None:
     if args.variants:
         chosen = set(args.variants.split(","))
         variants = [v for v in variants if v[0] in chosen or v[0].split("/")[-1] in chosen]
-    print(f"{'variant':22} {'decoding us/rec':>16} {'native us/rec':>14} {'guest us/rec':>13} "
-          f"{'guest ns/byte':>14}")
+    print(f"{'variant':22} {'decoding us/rec':>16} {'native us/rec':>14} {'fetch us/rec':>13} "
+          f"{'guest us/rec':>13} {'guest ns/byte':>14}")
     for name, module, config, values, keyed in variants:
         spec = FilterSpec(name=name.replace("/", "-"), module=module, config=config,
-                          topics=("bench",), apply_to=frozenset({"produce"}))
+                          topics=("bench",), apply_to=frozenset({"produce", "fetch"}))
         chain = FilterChain.from_specs([spec])
         decoding = measure_decoding(chain.filters[0], values, args.batch, args.rounds, keyed)
         native = measure_native(chain, values, args.batch, args.rounds, keyed)
+        fetch = measure_native(chain, values, args.batch, args.rounds, keyed, fetch=True)
         guest = measure_guest(chain.filters[0], values, args.batch, args.rounds, keyed)
         chain.close()
         per_byte = guest * 1000 * len(values) / sum(len(v) for v in values)
-        print(f"{name:22} {decoding:16.2f} {native:14.2f} {guest:13.2f} {per_byte:14.2f}")
+        print(f"{name:22} {decoding:16.2f} {native:14.2f} {fetch:13.2f} {guest:13.2f} "
+              f"{per_byte:14.2f}")
 
 
 if __name__ == "__main__":
