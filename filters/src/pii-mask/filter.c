@@ -1379,6 +1379,28 @@ static int numeric_byte(uint8_t c) {
     return is_digit(c) || c == ' ' || c == '-' || c == '_' || c == '.' || c == '(' || c == ')' || c == '+';
 }
 
+/* One byte of numeric_possible's scan (its state: run, run3, plus_or_zero, in_numeric, best,
+ * phone_run). */
+#define NUMERIC_STEP(byte)                                                \
+    do {                                                                  \
+        uint8_t ch = (byte);                                              \
+        if (numeric_byte(ch)) {                                           \
+            in_numeric += is_digit(ch) ? 1u : 0u;                         \
+        } else {                                                          \
+            if (in_numeric > best) best = in_numeric;                     \
+            phone_run |= in_numeric >= 8 && in_numeric <= 15;             \
+            in_numeric = 0;                                               \
+        }                                                                 \
+        if (is_digit(ch)) {                                               \
+            run++;                                                        \
+            plus_or_zero |= ch == '0';                                    \
+        } else {                                                          \
+            run3 |= run == 3;                                             \
+            run = 0;                                                      \
+            plus_or_zero |= ch == '+';                                    \
+        }                                                                 \
+    } while (0)
+
 SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
     if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
         /* bit i of each mask: p[i] is in the class (bits from n on clear) */
@@ -1415,24 +1437,31 @@ SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_
     }
     uint32_t run = 0, run3 = 0, plus_or_zero = 0, in_numeric = 0, best = 0;
     int phone_run = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint8_t ch = p[i];
-        if (numeric_byte(ch)) {
-            in_numeric += is_digit(ch) ? 1u : 0u;
-        } else {
+    uint32_t i = 0;
+    /* Long strings, byte by byte, except 16-byte blocks without a digit (most of a text): in
+     * one of those every byte leaves the digit counts as they are, so the block only ends the
+     * current numeric run if it holds a byte outside the run's class, ends the digit run, and
+     * may hold a '+'. */
+    for (; n - i >= 16; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        if (wasm_v128_any_true(in_range(v, '0', 10))) {
+            for (uint32_t k = i; k < i + 16; k++) NUMERIC_STEP(p[k]);
+            continue;
+        }
+        v128_t plus = wasm_i8x16_eq(v, wasm_i8x16_splat('+'));
+        v128_t sep = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_i8x16_eq(v, wasm_i8x16_splat('_'))),
+                                  wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('(')), wasm_i8x16_eq(v, wasm_i8x16_splat(')'))),
+                                               wasm_v128_or(plus, wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))))));
+        if (!wasm_i8x16_all_true(sep)) {
             if (in_numeric > best) best = in_numeric;
             phone_run |= in_numeric >= 8 && in_numeric <= 15;
             in_numeric = 0;
         }
-        if (is_digit(ch)) {
-            run++;
-            plus_or_zero |= ch == '0';
-            continue;
-        }
         run3 |= run == 3;
         run = 0;
-        plus_or_zero |= ch == '+';
+        plus_or_zero |= (uint32_t)wasm_v128_any_true(plus);
     }
+    for (; i < n; i++) NUMERIC_STEP(p[i]);
     run3 |= run == 3;
     if (in_numeric > best) best = in_numeric;
     phone_run |= in_numeric >= 8 && in_numeric <= 15;
