@@ -19,6 +19,7 @@ from sluice.proxy.paths.base import (
     RequestOutcome,
     Respond,
     ResponseOutcome,
+    UnknownNodes,
 )
 
 
@@ -57,11 +58,19 @@ class AddressPath:
             ctx.topics.learn(response)
             # Learn brokers in node id order, not response order (a stable order of discovery).
             brokers = sorted(getattr(response, "brokers", ()) or (), key=lambda b: int(b.node_id))
+            unknown = []
             for b in brokers:
-                ctx.map_endpoint(int(b.node_id), str(b.host), int(b.port))
+                node = (int(b.node_id), str(b.host), int(b.port))
+                try:
+                    ctx.node_address(*node)
+                except UnknownNodes:
+                    unknown.append(node)
+            if unknown:
+                # All at once: the connection has them learnt, in this order, and asks again.
+                raise UnknownNodes(unknown)
             if brokers:
                 ctx.observe_brokers([int(b.node_id) for b in brokers])
-        rewritten = rewrite_endpoints(response, hdr.api_key, hdr.api_version, ctx.map_endpoint)
+        rewritten = rewrite_endpoints(response, hdr.api_key, hdr.api_version, ctx.node_address)
         if rewritten is response:
             return Respond(frame)
         return Respond(responses.encode(frame, size, rewritten))

@@ -402,7 +402,7 @@ class AdminPath:
             for resource, verdict in zip(resources, verdicts, strict=True):
                 if verdict.decision != "allow":
                     # A rewrite cannot apply to a topic the broker creates with its defaults.
-                    _emit(ctx, client, chain, resource, dataclasses.replace(
+                    _emit(exchange, chain, resource, dataclasses.replace(
                         verdict, decision="deny",
                         message=verdict.message or "auto-creation needs a rewrite"))
                     refused.append(resource.name)
@@ -480,7 +480,7 @@ class AdminPath:
             if resource is None:
                 continue
             verdict = chain.run_admin(resource)
-            _emit(ctx, client, chain, resource, verdict)
+            _emit(exchange, chain, resource, verdict)
             if verdict.decision == "deny":
                 plan.local[i] = (POLICY_VIOLATION, verdict.message or "denied by policy")
                 del plan.sent[i]
@@ -500,17 +500,16 @@ class AdminPath:
         header = exchange.header
         api = ApiKey(header.api_key)
         spec = _APIS[api]
-        client = exchange.client
         for i, change in plan.refused.items():
             code, message = plan.local[i]
-            policy.emit(ctx, client, change, code, message)
+            policy.emit(exchange, change, code, message)
         if not plan.sent:
             # Nothing for the broker: answer now, once the policies are stored.
             def answer(failed: dict[int, tuple[int, str]]) -> Answer:
                 return Answer(_answer(header, api, plan, items, failed))
 
             changes = _due(plan, set(plan.local))
-            return self._with_writes(ctx, client, plan, changes, answer)
+            return self._with_writes(ctx, exchange, plan, changes, answer)
         unchanged = not plan.local and all(plan.sent.get(i) is it for i, it in enumerate(items))
         if unchanged and not plan.changes:
             return Forward()
@@ -525,19 +524,20 @@ class AdminPath:
     def _with_writes(
         self,
         ctx: PathContext,
-        client: ClientInfo,
+        exchange: Exchange,
         plan: AlterPlan,
         changes: dict[int, policy.Change],
         then: Callable[[dict[int, tuple[int, str]]], Any],
     ) -> Any:
         """Store `changes` (not with validate_only), emit their telemetry, then `then`."""
         book = ctx.policies
+        client = exchange.client
 
         def done(failed: dict[int, tuple[int, str]]) -> Any:
             for i, change in changes.items():
                 code, message = failed.get(i, (0, "validate only: not stored"
                                                if plan.validate_only else None))
-                policy.emit(ctx, client, change, code, message)
+                policy.emit(exchange, change, code, message)
             return then(failed)
 
         if not changes or plan.validate_only or book is None:
@@ -560,11 +560,14 @@ class AdminPath:
         def respond(failed: dict[int, tuple[int, str]]) -> Respond:
             return Respond(
                 responses.transform(
-                    header, frame, ctx.map_endpoint, lambda r: _merged(api, r, plan, items, failed)
+                    header, frame, ctx.node_address, lambda r: _merged(api, r, plan, items, failed)
                 )
             )
 
-        return self._with_writes(ctx, exchange.client, plan, changes, respond)
+        return self._with_writes(ctx, exchange, plan, changes, respond)
+
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
+        """Nothing to account for: the client sees the connection close."""
 
 
 def _due(plan: AlterPlan, accepted: set[int]) -> dict[int, policy.Change]:
@@ -589,24 +592,24 @@ def _answer(
 
 
 def _emit(
-    ctx: PathContext,
-    client: ClientInfo,
+    exchange: Exchange,
     chain: FilterChain,
     resource: AdminResource,
     verdict: AdminVerdict,
 ) -> None:
+    client = exchange.client
     filters = chain.filters_for(resource.name, "admin", client.principal)
     deciding = next(
         (f for f in filters if f.name == verdict.filter), filters[0] if filters else None
     )
-    ctx.telemetry.admin_decision(
-        client,
-        op=resource.op,
-        resource_type=resource.resource_type,
-        resource=resource.name,
-        decision=verdict.decision,
-        message=verdict.message,
-        filter_name=deciding.name if deciding else "",
-        module_sha256=deciding.sha256 if deciding else "",
-        error_code=POLICY_VIOLATION if verdict.decision == "deny" else 0,
-    )
+    fields: dict[str, Any] = {
+        "op": resource.op,
+        "resource_type": resource.resource_type,
+        "resource": resource.name,
+        "decision": verdict.decision,
+        "message": verdict.message,
+        "filter_name": deciding.name if deciding else "",
+        "module_sha256": deciding.sha256 if deciding else "",
+        "error_code": POLICY_VIOLATION if verdict.decision == "deny" else 0,
+    }
+    exchange.emit(lambda t: t.admin_decision(client, **fields))

@@ -25,12 +25,16 @@ The contract (docs/ARCHITECTURE.md has the long form):
   of the router that called it. A response is processed again, from its original bytes, when
   the router changed before the response was sent, unless the path `pin`ned it (Produce and
   admin answers, whose filtering happened when the request was forwarded).
-- **Side effects.** Telemetry about what a response carries is returned as the `on_sent`
-  callback of `Respond`, so that a response processed twice is counted once. The other side
-  effects are performed by the paths themselves, on the loop (in their own methods and in
-  `Job.finish`): request telemetry, dead-letter submission, and `ctx.map_endpoint`, which may
-  take the node-port table's file lock and bind a node's listening socket
-  (`net/node_ports.py`) before the rewritten address reaches the client.
+- **Side effects.** A path performs none: it is bytes in, outcome out. What the world must
+  learn goes on the exchange (`Exchange.emit` for telemetry, `Exchange.dead_letters` for dead
+  letters) and the connection hands it to the I/O layer as actions, in order, after the call
+  that produced it; telemetry about what a response carries is the `on_sent` of `Respond`,
+  performed after the response's bytes, so a response processed twice counts once. Broker
+  addresses are rewritten from `ctx.node_address`, a pure look-up of the nodes already
+  learnt: a node it does not know raises `UnknownNodes`, the connection asks the I/O layer to
+  learn the nodes (`LearnNodes`: the port is chosen, under the shared table's lock, and bound)
+  and calls the path again, so the port is bound before the client can see its address. A
+  call that raises `UnknownNodes` has its effects dropped: the call that follows makes them.
 """
 
 from __future__ import annotations
@@ -74,6 +78,50 @@ class Exchange:
     # The proxy's own topics this request named and the proxy answered itself, kept for the
     # response (paths/internal_topics.py); None for almost every request.
     guard: Any = None
+    # Side effects a path asked for and the connection has not handed out yet, in order.
+    effects: list[Telemetry | DeadLetters] | None = None
+
+    def emit(self, call: TelemetryCall) -> None:
+        """Ask the I/O layer to call `call(recorder)` (a telemetry event)."""
+        if self.effects is None:
+            self.effects = []
+        self.effects.append(Telemetry(call))
+
+    def dead_letters(self, letters: list[DeadLetter]) -> None:
+        """Ask the I/O layer to submit `letters` to the dead-letter writer."""
+        if self.effects is None:
+            self.effects = []
+        self.effects.append(DeadLetters(letters))
+
+
+# ------------------------------------------------------------------ side effects, as data
+
+#: A telemetry event to emit, given the recorder (performed by the I/O layer, never a path).
+TelemetryCall = Callable[["TelemetryRecorder"], None]
+
+
+@dataclass(slots=True)
+class Telemetry:
+    """Emit a telemetry event: `call(recorder)`."""
+
+    call: TelemetryCall
+
+
+@dataclass(slots=True)
+class DeadLetters:
+    """Submit records to the dead-letter writer."""
+
+    letters: list[DeadLetter]
+
+
+class UnknownNodes(Exception):
+    """Raised by `PathContext.node_address` (and the paths) for broker nodes not learnt yet:
+    (node id, upstream host, upstream port) each. The connection has them learnt and calls
+    the path again."""
+
+    def __init__(self, nodes: Sequence[tuple[int, str, int]]) -> None:
+        super().__init__(f"broker node(s) not learnt yet: {[n[0] for n in nodes]}")
+        self.nodes = tuple(nodes)
 
 
 # ------------------------------------------------------------------ what a path may answer
@@ -86,7 +134,7 @@ class Forward:
     frame: Frame | None = None
     expect_response: bool = True
     state: Any = None
-    pin: ResponsePath | None = None  # this path handles the response, whatever the router
+    pin: Pin | None = None  # this path handles the response, whatever the router
 
 
 @dataclass(slots=True)
@@ -94,7 +142,7 @@ class Answer:
     """Answer the request from the proxy (a whole response frame body, header included)."""
 
     response: bytes
-    on_sent: Callable[[], None] | None = None
+    on_sent: TelemetryCall | None = None
 
 
 @dataclass(slots=True)
@@ -102,7 +150,7 @@ class Respond:
     """The response frame body to send to the client."""
 
     frame: Frame
-    on_sent: Callable[[], None] | None = None
+    on_sent: TelemetryCall | None = None
 
 
 @dataclass(slots=True)
@@ -190,10 +238,8 @@ ResponseOutcome = Respond | Refuse | Defer
 # ------------------------------------------------------------------ what a path gets
 
 
-class DeadLetterSink(Protocol):
-    def submit(self, letters: list[DeadLetter]) -> None: ...
-
-
+#: (node id, upstream host, upstream port) -> the address clients get. Pure: a node not
+#: learnt yet raises `UnknownNodes` (net/node_ports.py `BrokerMap.known`).
 EndpointMapper = Callable[[int, str, int], tuple[str, int]]
 
 
@@ -234,10 +280,8 @@ class PathContext:
     generation: int
     directions: frozenset[str]
     topics: TopicRegistry
-    telemetry: TelemetryRecorder
-    dead_letters: DeadLetterSink
     metrics: Metrics
-    map_endpoint: EndpointMapper
+    node_address: EndpointMapper
     open_upstream: UpstreamOpener  # a connection to a bootstrap broker, for look-ups
     # Told the node ids of every Metadata response's brokers (the proxy logs changes).
     observe_brokers: Callable[[list[int]], None] = field(default=lambda _ids: None)
@@ -282,11 +326,12 @@ class ApiPath(RequestPath, ResponsePath, Protocol):
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool: ...
 
 
-@runtime_checkable
-class UnansweredAware(Protocol):
-    """A `pin` that accounts for a request the broker never answered: when the connection
-    closes first, the connection calls `on_unanswered` for each such request, in order (the
-    Produce path records its batches as lost, not as never sent)."""
+class Pin(ResponsePath, Protocol):
+    """A path that handles the response of a request it forwarded (`Forward.pin`), whatever
+    the router says later. It also accounts for a request the broker never answered: when the
+    connection closes first, the connection calls `on_unanswered` for each such request, in
+    order (the Produce path records its batches as lost, not as never sent; others do
+    nothing). Its effects go out like those of any other call."""
 
     def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None: ...
 

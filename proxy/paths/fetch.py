@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.codec.batch_counts import count_records, offset_range
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
@@ -34,6 +34,7 @@ from sluice.codec.messages import ApiKey
 from sluice.filters.chain import DeadLetter, FilterChain
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_fetch
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Defer,
@@ -44,9 +45,13 @@ from sluice.proxy.paths.base import (
     RequestOutcome,
     Respond,
     ResponseOutcome,
+    TelemetryCall,
     inline_key,
     job_size,
 )
+
+if TYPE_CHECKING:
+    from sluice.proxy.telemetry.recorder import TelemetryRecorder
 
 
 @dataclass(slots=True)
@@ -135,14 +140,8 @@ class FetchPath:
 
     def _respond_spliced(self, ctx: PathContext, exchange: Exchange, result: _Spliced) -> Respond:
         for letters in result.dead_letters:
-            ctx.dead_letters.submit(letters)
-        client = exchange.client
-
-        def sent() -> None:
-            for fields in result.batches:
-                ctx.telemetry.record_batch(client, api="fetch", **fields)
-
-        return Respond(result.frame, sent if result.batches else None)
+            exchange.dead_letters(letters)
+        return Respond(result.frame, _sent(exchange.client, result.batches))
 
     def _on_decoded(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
         """The reference path: kio decodes the whole response (and rewrites its endpoints)."""
@@ -206,18 +205,25 @@ class FetchPath:
         original: Any,
         result: _FilteredResponse,
     ) -> Respond:
-        for letters in result.dead_letters:
-            ctx.dead_letters.submit(letters)
         hdr = exchange.header
-        final = rewrite_endpoints(result.response, hdr.api_key, hdr.api_version, ctx.map_endpoint)
+        # Before the effects: a node not learnt yet raises here, and the call is made again.
+        final = rewrite_endpoints(result.response, hdr.api_key, hdr.api_version, ctx.node_address)
+        for letters in result.dead_letters:
+            exchange.dead_letters(letters)
         out = frame if final is original else responses.encode(frame, size, final)
-        client = exchange.client
+        return Respond(out, _sent(exchange.client, result.batches))
 
-        def sent() -> None:
-            for fields in result.batches:
-                ctx.telemetry.record_batch(client, api="fetch", **fields)
 
-        return Respond(out, sent if result.batches else None)
+def _sent(client: ClientInfo, batches: list[dict[str, Any]]) -> TelemetryCall | None:
+    """The `on_sent` of a filtered Fetch response: its record_batch events."""
+    if not batches:
+        return None
+
+    def sent(recorder: TelemetryRecorder) -> None:
+        for fields in batches:
+            recorder.record_batch(client, api="fetch", **fields)
+
+    return sent
 
 
 def _batch_fields(name: str, part: int, records: Any, outcome: Any, out: Any) -> dict[str, Any]:

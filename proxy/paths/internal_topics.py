@@ -59,12 +59,12 @@ from sluice.proxy.paths.base import (
     Job,
     NoReply,
     PathContext,
+    Pin,
     Refuse,
     RequestOutcome,
     Respond,
     ResponseOutcome,
     ResponsePath,
-    UnansweredAware,
     UndecodableGate,
 )
 from sluice.proxy.paths.produce import LocalAnswer, local_response, merge_local
@@ -167,7 +167,7 @@ class Guard:
 
     refused: list[_Refused] = field(default_factory=list)
     produce: list[LocalAnswer] = field(default_factory=list)
-    pin: ResponsePath | None = None
+    pin: Pin | None = None
 
 
 # ------------------------------------------------------------------ reading the schemas
@@ -562,7 +562,7 @@ class InternalTopicsPath:
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
         header = exchange.header
         guard: Guard | None = exchange.guard
-        inner = guard.pin if guard is not None and guard.pin is not None else None
+        inner: ResponsePath | None = guard.pin if guard is not None else None
         if inner is None:
             inner = self._inner_response(ctx, header.api_key, header.api_version)
         outcome = Respond(frame) if inner is None else inner.on_response(ctx, exchange, frame)
@@ -600,7 +600,7 @@ class InternalTopicsPath:
 
     def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
         guard: Guard | None = exchange.guard
-        if guard is not None and isinstance(guard.pin, UnansweredAware):
+        if guard is not None and guard.pin is not None:
             guard.pin.on_unanswered(ctx, exchange, reason)
 
 

@@ -14,9 +14,10 @@ the proxy has not seen yet (Produce v13+) are looked up first (`topics.py`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.codec import entities
 from sluice.codec.batch_counts import count_records
@@ -54,6 +55,9 @@ from sluice.proxy.paths.base import (
     job_size,
 )
 from sluice.proxy.telemetry.events import produce_offsets
+
+if TYPE_CHECKING:
+    from sluice.proxy.telemetry.recorder import TelemetryRecorder
 
 #: Record errors one partition's answer lists: Kafka lists every failed record, which for a
 #: batch of 100 000 records that all fail is megabytes of answer; past these the partition's
@@ -180,23 +184,23 @@ class ProducePath:
     ) -> RequestOutcome:
         header = exchange.header
         for letters in result.dead_letters:
-            ctx.dead_letters.submit(letters)
+            exchange.dead_letters(letters)
         expect = layout.acks != 0
         state = ProduceState(result.local, result.filtered)
         if not result.replaced and not result.drop:
             if not expect:
-                _emit(ctx, exchange.client, state, None)
+                _emit(exchange, state, None)
             return Forward(expect_response=expect, state=state, pin=self if expect else None)
         total = sum(len(t.partitions) for t in layout.topics)
         if len(result.drop) >= total:
-            _emit(ctx, exchange.client, state, None)
+            _emit(exchange, state, None)
             if not expect:
                 return NoReply()
             return Answer(local_response(header, result.local))
         body = frame[header.header_size :]
         new_body = splice_produce_records(body, layout, result.replaced, result.drop)
         if not expect:
-            _emit(ctx, exchange.client, state, None)
+            _emit(exchange, state, None)
         return Forward(
             frame=bytes(frame[: header.header_size]) + new_body,
             expect_response=expect,
@@ -223,14 +227,14 @@ class ProducePath:
                 (_topic_name(ctx, t.topic), t.partition): (t.base_offset, t.error_code)
                 for t in scanned
             }
-            _emit(ctx, exchange.client, state, base)
+            _emit(exchange, state, base)
             return Respond(frame)
 
         def change(response: Any) -> Any:
-            _emit(ctx, exchange.client, state, _base_offsets(ctx, response))
+            _emit(exchange, state, _base_offsets(ctx, response))
             return merge_local(response, state.local) if state.local else response
 
-        return Respond(responses.transform(header, frame, ctx.map_endpoint, change))
+        return Respond(responses.transform(header, frame, ctx.node_address, change))
 
     def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
         """The broker went away before answering: the audit shows these batches as lost."""
@@ -241,7 +245,7 @@ class ProducePath:
             if info.forwarded:
                 info.error_code = ErrorCode.NETWORK_EXCEPTION
                 info.error_message = f"sluice: {reason} before answering; outcome unknown"
-        _emit(ctx, exchange.client, state, None)
+        _emit(exchange, state, None)
 
 
 @dataclass(slots=True)
@@ -356,34 +360,38 @@ def _base_offsets(ctx: PathContext, response: Any) -> dict[tuple[str, int], tupl
 
 
 def _emit(
-    ctx: PathContext,
-    client: ClientInfo,
+    exchange: Exchange,
     state: ProduceState,
     base: dict[tuple[str, int], tuple[int, int]] | None,
 ) -> None:
     """One record_batch event per filtered partition, with the broker's base offsets
     (`base`: (topic, partition) -> (base offset, error code); None when no response came)."""
     base = base or {}
+    client = exchange.client
     for info in state.filtered:
         offset, code = base.get((info.topic, info.index), (-1, info.error_code))
         first, last = produce_offsets(offset if info.forwarded else None, info.records_out)
-        ctx.telemetry.record_batch(
-            client,
-            api="produce",
-            topic=info.topic,
-            partition=info.index,
-            offset_first=first,
-            offset_last=last,
-            records_in=info.records_in,
-            records_out=info.records_out if info.forwarded else 0,
-            bytes_in=info.bytes_in,
-            bytes_out=info.bytes_out,
-            stats=info.stats,
-            error_code=info.error_code or code,
-            error_message=info.error_message,
-            record_errors=info.record_errors,
-            dead_letters=info.dead_letters,
-        )
+        fields: dict[str, Any] = {
+            "api": "produce",
+            "topic": info.topic,
+            "partition": info.index,
+            "offset_first": first,
+            "offset_last": last,
+            "records_in": info.records_in,
+            "records_out": info.records_out if info.forwarded else 0,
+            "bytes_in": info.bytes_in,
+            "bytes_out": info.bytes_out,
+            "stats": info.stats,
+            "error_code": info.error_code or code,
+            "error_message": info.error_message,
+            "record_errors": info.record_errors,
+            "dead_letters": info.dead_letters,
+        }
+        exchange.emit(functools.partial(_record_batch, client=client, fields=fields))
+
+
+def _record_batch(recorder: TelemetryRecorder, client: ClientInfo, fields: dict[str, Any]) -> None:
+    recorder.record_batch(client, **fields)
 
 
 def _partition_response(pcls: type[Any], answer: LocalAnswer) -> Any:
