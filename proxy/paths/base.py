@@ -231,6 +231,23 @@ class Defer:
     job: Job
 
 
+def with_topic_ids(
+    ctx: PathContext, topics: Iterable[Any], then: Callable[[], Any]
+) -> Any:
+    """`then()`, once the topic registry knows the ids of `topics` (items with `name` and
+    `topic_id`) that carry no name: now, or after a look-up job (Produce v13+, Fetch v13+)."""
+    if not ctx.topics.unknown(t.topic_id for t in topics if not t.name):
+        return then()
+    return Defer(
+        Job(
+            run=lambda: ctx.topics.refresh(ctx.open_upstream),
+            finish=lambda _: then(),
+            in_thread=False,
+            what="topic id look-up",
+        )
+    )
+
+
 RequestOutcome = Forward | Answer | NoReply | Refuse | Defer
 ResponseOutcome = Respond | Refuse | Defer
 

@@ -48,6 +48,7 @@ from sluice.proxy.paths.base import (
     TelemetryCall,
     inline_key,
     job_size,
+    with_topic_ids,
 )
 
 if TYPE_CHECKING:
@@ -91,17 +92,9 @@ class FetchPath:
         if layout is None or layout.endpoints:
             return self._on_decoded(ctx, exchange, frame)
         scanned = layout
-        unknown = ctx.topics.unknown(t.topic_id for t in layout.topics if not t.name)
-        if unknown:
-            return Defer(
-                Job(
-                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
-                    finish=lambda _: self._filter_scanned(ctx, exchange, frame, scanned),
-                    in_thread=False,
-                    what="topic id look-up",
-                )
-            )
-        return self._filter_scanned(ctx, exchange, frame, layout)
+        return with_topic_ids(
+            ctx, layout.topics, lambda: self._filter_scanned(ctx, exchange, frame, scanned)
+        )
 
     def _filter_scanned(
         self, ctx: PathContext, exchange: Exchange, frame: Frame, layout: FetchResponseLayout

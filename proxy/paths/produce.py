@@ -53,6 +53,7 @@ from sluice.proxy.paths.base import (
     Respond,
     inline_key,
     job_size,
+    with_topic_ids,
 )
 from sluice.proxy.telemetry.events import produce_offsets
 
@@ -131,17 +132,9 @@ class ProducePath:
         except CodecError as exc:
             # Fail closed: an undecodable Produce could carry records for a filtered topic.
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")
-        unknown = ctx.topics.unknown(t.topic_id for t in layout.topics if not t.name)
-        if unknown:
-            return Defer(
-                Job(
-                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
-                    finish=lambda _: self._filter(ctx, exchange, frame, layout),
-                    in_thread=False,
-                    what="topic id look-up",
-                )
-            )
-        return self._filter(ctx, exchange, frame, layout)
+        return with_topic_ids(
+            ctx, layout.topics, lambda: self._filter(ctx, exchange, frame, layout)
+        )
 
     def _filter(
         self, ctx: PathContext, exchange: Exchange, frame: Frame, layout: ProduceRequestLayout
