@@ -39,8 +39,9 @@ from .schemas import known_versions
 __all__ = [
     "PartitionSlot",
     "ProduceRequestLayout",
+    "ProduceTopics",
     "TopicSlot",
-    "produce_topic_keys",
+    "produce_topics",
     "read_topic_key",
     "scan_produce_request",
     "splice_produce_records",
@@ -253,8 +254,16 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
     )
 
 
-def produce_topic_keys(version: int, body: Buffer) -> list[str | uuid.UUID]:
-    """The topic names (v3-v12) or ids (v13+) of a Produce request body, in request order.
+class ProduceTopics(NamedTuple):
+    """What `produce_topics` reads of a Produce request: its acks and the topics it names."""
+
+    acks: int
+    keys: list[str | uuid.UUID]  # names (v3-v12) or ids (v13+), in request order
+
+
+def produce_topics(version: int, body: Buffer) -> ProduceTopics:
+    """The acks and the topic names (v3-v12) or ids (v13+) of a Produce request body, in
+    request order.
 
     What `scan_produce_request` finds, with the same checks (truncation, hostile counts,
     trailing bytes raise DecodeError), for the path that only asks which topics a request
@@ -272,7 +281,7 @@ def produce_topic_keys(version: int, body: Buffer) -> list[str | uuid.UUID]:
             pos += max(n - 1, 0)
         else:
             pos = 2 + max(_i16(view, 0)[0], 0)
-        _ih(view, pos)  # acks, timeout_ms: present
+        acks = _ih(view, pos)[0]  # acks, timeout_ms: present
         pos += 6
         n_topics, pos = _count(view, pos, end, flexible, _MIN_TOPIC[flexible])
         for _ in range(n_topics):
@@ -311,7 +320,7 @@ def produce_topic_keys(version: int, body: Buffer) -> list[str | uuid.UUID]:
         raise DecodeError("Produce request truncated")
     if pos != end:
         raise DecodeError(f"Produce request: {end - pos} trailing bytes after the body")
-    return keys
+    return ProduceTopics(int(acks), keys)
 
 
 def _count_bytes(n: int, flexible: bool) -> bytes:

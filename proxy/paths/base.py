@@ -78,6 +78,9 @@ class Exchange:
     # The proxy's own topics this request named and the proxy answered itself, kept for the
     # response (paths/internal_topics.py); None for almost every request.
     guard: Any = None
+    # What has been parsed of the request: (the frame, its parse), reused by every path that
+    # asks about the same frame (paths/parsed.py).
+    parsed: tuple[Frame, Any] | None = None
     # Side effects a path asked for and the connection has not handed out yet, in order.
     effects: list[Telemetry | DeadLetters] | None = None
 

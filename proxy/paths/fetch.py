@@ -109,10 +109,10 @@ class FetchPath:
             t.name or ctx.topics.name(t.topic_id)
             for t in layout.topics
         ]
+        # Whether a filter applies, asked once per topic (the thread and the pipeline reuse it).
+        applied = [n is not None and chain.applies(n, "fetch", principal) for n in names]
         filtered = [
-            p.records
-            for t, name in zip(layout.topics, names, strict=True)
-            if name is not None and chain.applies(name, "fetch", principal)
+            p.records for t, on in zip(layout.topics, applied, strict=True) if on
             for p in t.partitions
         ]
         if all(n is not None for n in names) and not any(filtered):
@@ -122,7 +122,7 @@ class FetchPath:
         return Defer(
             Job(
                 run=lambda: _filter_scanned(
-                    chain, frame, layout, names, client.client_id, principal, limits
+                    chain, frame, layout, names, applied, client.client_id, principal, limits
                 ),
                 finish=lambda result: self._respond_spliced(ctx, exchange, result),
                 what="fetch filters",
@@ -164,23 +164,23 @@ class FetchPath:
             id(t): getattr(t, "topic", None) or ctx.topics.name(getattr(t, "topic_id", None))
             for t in response.responses
         }
+        applied = {
+            key: n is not None and chain.applies(n, "fetch", client.principal)
+            for key, n in names.items()
+        } if chain is not None else {}
         if chain is None or (
-            all(n is not None for n in names.values())
-            and not any(chain.applies(n, "fetch", client.principal) for n in names.values() if n)
+            all(n is not None for n in names.values()) and not any(applied.values())
         ):
             unfiltered = _FilteredResponse(response, [], [])
             return self._respond(ctx, exchange, frame, size, response, unfiltered)
         limits = ctx.batch_limits
         filtered = (
-            part.records
-            for t in response.responses
-            if (name := names[id(t)]) is not None and chain.applies(name, "fetch", client.principal)
-            for part in t.partitions
+            part.records for t in response.responses if applied[id(t)] for part in t.partitions
         )
         return Defer(
             Job(
                 run=lambda: _filter_response(
-                    chain, response, names, client.client_id, client.principal, limits
+                    chain, response, names, applied, client.client_id, client.principal, limits
                 ),
                 finish=lambda result: self._respond(ctx, exchange, frame, size, response, result),
                 what="fetch filters",
@@ -220,9 +220,10 @@ def _sent(client: ClientInfo, batches: list[dict[str, Any]]) -> TelemetryCall | 
 
 
 def _batch_fields(name: str, part: int, records: Any, outcome: Any, out: Any) -> dict[str, Any]:
-    """The record_batch telemetry of one filtered partition (`out`: its records as sent)."""
-    first, last = offset_range(records)
-    records_in = count_records(records)
+    """The record_batch telemetry of one filtered partition (`out`: its records as sent):
+    counts and offsets from the pipeline's split of the batches when it made one."""
+    first, last = outcome.offsets if outcome.offsets is not None else offset_range(records)
+    records_in = outcome.records_in if outcome.records_in >= 0 else count_records(records)
     return {
         "topic": name,
         "partition": part,
@@ -245,6 +246,7 @@ def _filter_scanned(
     frame: Frame,
     layout: FetchResponseLayout,
     names: list[str | None],
+    applied: list[bool],
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
@@ -263,14 +265,14 @@ def _filter_scanned(
                 records[(i, j)] = None
                 errors[(i, j)] = ErrorCode.UNKNOWN_TOPIC_ID
             continue
-        if not chain.applies(name, "fetch", principal):
+        if not applied[i]:
             continue
         for j, part in enumerate(topic.partitions):
             blob = part.records
             if not blob:
                 continue
             ctx = RecordContext(name, part.partition, "fetch", client_id, principal)
-            outcome = filter_fetch(chain, ctx, blob, limits=limits)
+            outcome = filter_fetch(chain, ctx, blob, limits=limits, checked=True)
             if outcome.dead_letters:
                 dead.append(outcome.dead_letters)
             out: Any = blob
@@ -289,6 +291,7 @@ def _filter_response(
     chain: FilterChain,
     response: Any,
     names: dict[int, str | None],
+    applied: dict[int, bool],
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
@@ -316,7 +319,7 @@ def _filter_response(
             )
             topics.append(topic)
             continue
-        if not chain.applies(name, "fetch", principal):
+        if not applied[id(topic)]:
             topics.append(topic)
             continue
         parts = []
@@ -326,7 +329,7 @@ def _filter_response(
                 parts.append(part)
                 continue
             ctx = RecordContext(name, int(part.partition_index), "fetch", client_id, principal)
-            outcome = filter_fetch(chain, ctx, records, limits=limits)
+            outcome = filter_fetch(chain, ctx, records, limits=limits, checked=True)
             if outcome.dead_letters:
                 dead.append(outcome.dead_letters)
             if outcome.error_code:

@@ -26,11 +26,9 @@ from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_bytes, response_header_size
 from sluice.codec.messages import ApiKey, encode_response
-from sluice.codec.peek import produce_acks
-from sluice.codec.produce_offsets import scan_produce_offsets
+from sluice.codec.produce_offsets import scan_produce_response
 from sluice.codec.produce_splice import (
     ProduceRequestLayout,
-    scan_produce_request,
     splice_produce_records,
 )
 from sluice.filters.chain import DeadLetter, FilterChain, FilterStats
@@ -55,6 +53,7 @@ from sluice.proxy.paths.base import (
     job_size,
     with_topic_ids,
 )
+from sluice.proxy.paths.parsed import produce_acks_of, produce_layout_of
 from sluice.proxy.telemetry.events import produce_offsets
 
 if TYPE_CHECKING:
@@ -117,18 +116,17 @@ class ProducePath:
 
     def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
         header = exchange.header
-        body = frame[header.header_size :]
         chain = ctx.chain
         if chain is None or not ctx.filters_on("produce"):
             try:
-                acks = produce_acks(body, header.flexible)
+                acks = produce_acks_of(exchange, frame)
             except CodecError as exc:
                 return Refuse(f"malformed Produce request: {exc}")
             return Forward(expect_response=acks != 0)
         try:
             # Only the layout: where each partition's records are. The request is never
             # decoded into entities nor re-encoded; changed records are spliced in.
-            layout = scan_produce_request(header.api_version, body)
+            layout = produce_layout_of(exchange, frame)
         except CodecError as exc:
             # Fail closed: an undecodable Produce could carry records for a filtered topic.
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")
@@ -143,22 +141,19 @@ class ProducePath:
         assert chain is not None
         client = exchange.client
         names = [t.name or ctx.topics.name(t.topic_id) for t in layout.topics]
-        if all(
-            name is not None and not chain.applies(name, "produce", client.principal)
-            for name in names
-        ):
+        # Whether a filter applies, asked once per topic (the thread and the pipeline reuse it).
+        applied = [n is not None and chain.applies(n, "produce", client.principal) for n in names]
+        if all(n is not None for n in names) and not any(applied):
             return Forward(expect_response=layout.acks != 0)
         limits = ctx.batch_limits
         filtered = (
-            part.records
-            for topic, name in zip(layout.topics, names, strict=True)
-            if name is not None and chain.applies(name, "produce", client.principal)
+            part.records for topic, on in zip(layout.topics, applied, strict=True) if on
             for part in topic.partitions
         )
         return Defer(
             Job(
                 run=lambda: _filter_request(
-                    chain, layout, names, client.client_id, client.principal, limits
+                    chain, layout, names, applied, client.client_id, client.principal, limits
                 ),
                 finish=lambda result: self._forward(ctx, exchange, frame, layout, result),
                 what="produce filters",
@@ -204,18 +199,19 @@ class ProducePath:
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
         state: ProduceState = exchange.state
         header = exchange.header
-        if not state.local and not responses.may_carry_endpoints(
-            header.api_key, header.api_version, frame
-        ):
-            # Nothing to merge and no endpoint to rewrite: the response is relayed as it
-            # came, and telemetry's base offsets are scanned out of it, not decoded.
+        tagged = True
+        if not state.local:
+            # One scan: telemetry's base offsets, and whether a node endpoint may follow.
             size = response_header_size(frame, header.api_key, header.api_version)
             try:
-                scanned = scan_produce_offsets(header.api_version, frame[size:])
+                scanned, tagged = scan_produce_response(header.api_version, frame[size:])
             except CodecError as exc:
                 raise Refused(
                     f"cannot decode Produce v{header.api_version} response: {exc}"
                 ) from None
+        if not state.local and not tagged:
+            # Nothing to merge and no endpoint to rewrite: the response is relayed as it
+            # came, and telemetry's base offsets are scanned out of it, not decoded.
             base = {
                 (_topic_name(ctx, t.topic), t.partition): (t.base_offset, t.error_code)
                 for t in scanned
@@ -259,6 +255,7 @@ def _filter_request(
     chain: FilterChain,
     layout: ProduceRequestLayout,
     names: list[str | None],
+    applied: list[bool],
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
@@ -283,12 +280,12 @@ def _filter_request(
                     )
                 )
             continue
-        if not chain.applies(name, "produce", principal):
+        if not applied[i]:
             continue
         for j, part in enumerate(topic.partitions):
             records = part.records if part.records is not None else b""
             ctx = RecordContext(name, part.partition, "produce", client_id, principal)
-            outcome = filter_produce(chain, ctx, records, limits=limits)
+            outcome = filter_produce(chain, ctx, records, limits=limits, checked=True)
             if outcome.dead_letters:
                 result.dead_letters.append(outcome.dead_letters)
             records_in = outcome.records_in

@@ -17,7 +17,7 @@ from sluice.codec.errors import DecodeError, UnsupportedVersion
 from sluice.codec.headers import parse_request_header
 from sluice.codec.messages import decode_request, encode_request
 from sluice.codec.produce_splice import (
-    produce_topic_keys,
+    produce_topics,
     scan_produce_request,
     splice_produce_records,
 )
@@ -133,9 +133,9 @@ def test_scan_finds_what_kio_decodes(request: tuple[int, Any]) -> None:
     # Nothing changed: the body comes back as it was.
     assert splice_produce_records(body, layout, {}) == body
     # The topics-only read agrees with the scan.
-    assert produce_topic_keys(version, body) == [
-        t.name if t.name is not None else t.topic_id for t in layout.topics
-    ]
+    read = produce_topics(version, body)
+    assert read.keys == [t.name if t.name is not None else t.topic_id for t in layout.topics]
+    assert read.acks == layout.acks
 
 
 @settings(max_examples=100, deadline=None)
@@ -149,9 +149,9 @@ def test_every_truncation_is_a_decode_error(data: st.DataObject, request: tuple[
     with pytest.raises(DecodeError, match="trailing"):
         scan_produce_request(version, body + b"\x00")
     with pytest.raises(DecodeError):
-        produce_topic_keys(version, body[:cut])
+        produce_topics(version, body[:cut])
     with pytest.raises(DecodeError, match="trailing"):
-        produce_topic_keys(version, body + b"\x00")
+        produce_topics(version, body + b"\x00")
 
 
 PRODUCE_GOLDEN = [g for g in REQUESTS if g.api_key == 0]
