@@ -41,6 +41,7 @@ __all__ = [
     "ProduceRequestLayout",
     "ProduceTopics",
     "TopicSlot",
+    "produce_head",
     "produce_topics",
     "read_topic_key",
     "scan_produce_request",
@@ -259,6 +260,40 @@ class ProduceTopics(NamedTuple):
 
     acks: int
     keys: list[str | uuid.UUID]  # names (v3-v12) or ids (v13+), in request order
+
+
+def produce_head(version: int, body: Buffer) -> ProduceTopics | None:
+    """The acks and the one topic of a Produce request body that names exactly one topic (the
+    common case), read from its head only: the partitions and records after the name are not
+    walked (a broker reads the same count and name, so it finds no other topic there). None
+    for any other count: `produce_topics` reads them all. DecodeError if the head is short."""
+    flexible, by_id = _shape(version)
+    end = len(body)
+    try:
+        if flexible:
+            n = body[0]
+            pos = 1
+            if n >= 0x80:
+                n, pos = read_uvarint(body, 0, end)
+            pos += max(n - 1, 0)
+        else:
+            pos = 2 + max(_i16(body, 0)[0], 0)
+        acks = _ih(body, pos)[0]
+        pos += 6
+        if flexible:
+            count, name_at = body[pos] - 1, pos + 1  # a count of one is one byte
+        else:
+            count, name_at = _i32(body, pos)[0], pos + 4
+        if count != 1:
+            return None
+        key, _pos = read_topic_key(body, name_at, end, flexible, by_id)
+    except (struct.error, IndexError):
+        raise DecodeError("Produce request truncated") from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"Produce request: a string is not UTF-8 ({exc.reason})") from None
+    if key is None:
+        raise DecodeError("null topic name in a Produce request")
+    return ProduceTopics(int(acks), [key])
 
 
 def produce_topics(version: int, body: Buffer) -> ProduceTopics:

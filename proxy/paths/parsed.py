@@ -14,6 +14,7 @@ from sluice.codec.peek import produce_acks
 from sluice.codec.produce_splice import (
     ProduceRequestLayout,
     ProduceTopics,
+    produce_head,
     produce_topics,
     scan_produce_request,
 )
@@ -32,7 +33,9 @@ def produce_topics_of(exchange: Exchange, frame: Frame) -> ProduceTopics:
             # The scan refuses a topic with neither (a null name): no None here.
             return ProduceTopics(value.acks, [k for k in keys if k is not None])
     header = exchange.header
-    read = produce_topics(header.api_version, frame[header.header_size :])
+    body = frame[header.header_size :]
+    # One topic (the common case): its name is read from the head, the rest is not walked.
+    read = produce_head(header.api_version, body) or produce_topics(header.api_version, body)
     exchange.parsed = (frame, read)
     return read
 

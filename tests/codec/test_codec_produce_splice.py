@@ -17,6 +17,7 @@ from sluice.codec.errors import DecodeError, UnsupportedVersion
 from sluice.codec.headers import parse_request_header
 from sluice.codec.messages import decode_request, encode_request
 from sluice.codec.produce_splice import (
+    produce_head,
     produce_topics,
     scan_produce_request,
     splice_produce_records,
@@ -219,3 +220,16 @@ def test_topic_ids_survive_the_splice() -> None:
     assert layout.topics[0].topic_id == tid and layout.topics[0].name is None
     out = splice_produce_records(body, layout, {(0, 0): b"s" * 100})
     assert decode_request(0, 13, out).topic_data[0].topic_id == tid
+
+
+@settings(max_examples=200, deadline=None)
+@given(request=requests())
+def test_the_head_read_agrees_with_the_full_read(request: tuple[int, Any]) -> None:
+    version, entity = request
+    body = encode_request(entity)
+    head = produce_head(version, body)
+    full = produce_topics(version, body)
+    if len(full.keys) == 1:
+        assert head == full
+    else:
+        assert head is None  # several topics (or none): the caller reads them all
