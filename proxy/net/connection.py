@@ -472,7 +472,7 @@ class Connection:
         quotas = self._quotas
         if api_key == _PRODUCE and quotas is not None and quotas.active:
             exchange.throttle_until = until = quotas.produce(
-                client.principal, client.client_id, header, frame
+                client.principal, client.client_id, exchange, frame
             )
             # Like a broker, which reads a connection's next request only once it has
             # answered this one: requests after it wait until the client is within quota.

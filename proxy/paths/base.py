@@ -47,6 +47,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from sluice.codec.batch_counts import expanded_size
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.headers import RequestHeader
+from sluice.codec.peek import produce_acks
+from sluice.codec.produce_splice import (
+    ProduceRequestLayout,
+    ProduceTopics,
+    produce_head,
+    produce_topics,
+    scan_produce_request,
+)
 from sluice.filters.config import HOST_BUILTINS
 from sluice.proxy.contract import INLINE_MAX_BYTES, ClientInfo, Upstream
 
@@ -78,11 +86,50 @@ class Exchange:
     # The proxy's own topics this request named and the proxy answered itself, kept for the
     # response (paths/internal_topics.py); None for almost every request.
     guard: Any = None
-    # What has been parsed of the request: (the frame, its parse), reused by every path that
-    # asks about the same frame (paths/parsed.py).
+    # What has been parsed of the request: (the frame, its parse), reused by every path (and
+    # the quotas) that asks about the same frame through the methods below.
     parsed: tuple[Frame, Any] | None = None
     # Side effects a path asked for and the connection has not handed out yet, in order.
     effects: list[Telemetry | DeadLetters] | None = None
+
+    # Each frame parsed once: the internal-topics path reads a Produce request's acks and
+    # topic names, the Produce path needs its acks (unfiltered) or its layout (filtered), the
+    # quotas its bytes per topic. The first parse is kept with the frame it was made from; a
+    # path that hands another frame on (partitions taken out) gets that one parsed afresh.
+
+    def produce_topics(self, frame: Frame) -> ProduceTopics:
+        """The acks and topic keys of the Produce request `frame` (CodecError if malformed)."""
+        kept = self.parsed
+        if kept is not None and kept[0] is frame:
+            value = kept[1]
+            if type(value) is ProduceTopics:
+                return value
+            if type(value) is ProduceRequestLayout:
+                keys = [t.name if t.name is not None else t.topic_id for t in value.topics]
+                # The scan refuses a topic with neither (a null name): no None here.
+                return ProduceTopics(value.acks, [k for k in keys if k is not None])
+        version = self.header.api_version
+        body = frame[self.header.header_size :]
+        # One topic (the common case): its name is read from the head, the rest is not walked.
+        read = produce_head(version, body) or produce_topics(version, body)
+        self.parsed = (frame, read)
+        return read
+
+    def produce_layout(self, frame: Frame) -> ProduceRequestLayout:
+        """The layout of the Produce request `frame` (CodecError if malformed)."""
+        kept = self.parsed
+        if kept is not None and kept[0] is frame and type(kept[1]) is ProduceRequestLayout:
+            return kept[1]
+        layout = scan_produce_request(self.header.api_version, frame[self.header.header_size :])
+        self.parsed = (frame, layout)
+        return layout
+
+    def produce_acks(self, frame: Frame) -> int:
+        """The acks of the Produce request `frame`: from what was parsed of it, or read alone."""
+        kept = self.parsed
+        if kept is not None and kept[0] is frame:
+            return int(kept[1].acks)
+        return produce_acks(frame[self.header.header_size :], self.header.flexible)
 
     def emit(self, call: TelemetryCall) -> None:
         """Ask the I/O layer to call `call(recorder)` (a telemetry event)."""

@@ -17,8 +17,8 @@ refuse, gets UNKNOWN_TOPIC_OR_PARTITION for it (Kafka's answer; Tansu would stor
 operators included.
 
 Pass-through stays cheap: requests of APIs that cannot name a topic never reach it; of a
-Produce request only the acks and topic names (or ids) are read (`produce_topics`, kept on
-the exchange for the Produce path: paths/parsed.py); other requests
+Produce request only the acks and topic names (or ids) are read (`Exchange.produce_topics`,
+kept on the exchange for the Produce path); other requests
 are decoded only when their bytes contain the name (or known id) of an internal topic, or name
 topics by id while an internal topic's id is still unknown.
 """
@@ -66,7 +66,6 @@ from sluice.proxy.paths.base import (
     ResponsePath,
     UndecodableGate,
 )
-from sluice.proxy.paths.parsed import produce_layout_of, produce_topics_of
 from sluice.proxy.paths.produce import LocalAnswer, local_response, merge_local
 from sluice.proxy.paths.protection import Protection
 from sluice.proxy.paths.registry import pick_request_path, pick_response_path
@@ -422,8 +421,8 @@ class InternalTopicsPath:
         try:
             if ctx.filters_on("produce"):
                 # The Produce path will need the layout: scan it now, the names come with it.
-                produce_layout_of(exchange, frame)
-            keys = produce_topics_of(exchange, frame).keys
+                exchange.produce_layout(frame)
+            keys = exchange.produce_topics(frame).keys
         except CodecError as exc:
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")
         admin = ctx.filters_on("admin")
@@ -494,8 +493,8 @@ class InternalTopicsPath:
         header = exchange.header
         if not any(n in internal or n in absent for n in names):
             return self._pass(ctx, exchange, frame)
-        # Checked like this by `produce_topics_of` already: the scan cannot fail.
-        layout = produce_layout_of(exchange, frame)
+        # Checked like this by `Exchange.produce_topics` already: the scan cannot fail.
+        layout = exchange.produce_layout(frame)
         drop: set[tuple[int, int]] = set()
         local: list[LocalAnswer] = []
         for i, topic in enumerate(layout.topics):

@@ -53,7 +53,6 @@ from sluice.proxy.paths.base import (
     job_size,
     with_topic_ids,
 )
-from sluice.proxy.paths.parsed import produce_acks_of, produce_layout_of
 from sluice.proxy.telemetry.events import produce_offsets
 
 if TYPE_CHECKING:
@@ -119,14 +118,14 @@ class ProducePath:
         chain = ctx.chain
         if chain is None or not ctx.filters_on("produce"):
             try:
-                acks = produce_acks_of(exchange, frame)
+                acks = exchange.produce_acks(frame)
             except CodecError as exc:
                 return Refuse(f"malformed Produce request: {exc}")
             return Forward(expect_response=acks != 0)
         try:
             # Only the layout: where each partition's records are. The request is never
             # decoded into entities nor re-encoded; changed records are spliced in.
-            layout = produce_layout_of(exchange, frame)
+            layout = exchange.produce_layout(frame)
         except CodecError as exc:
             # Fail closed: an undecodable Produce could carry records for a filtered topic.
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")

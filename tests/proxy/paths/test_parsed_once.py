@@ -1,5 +1,5 @@
-"""Each Produce request is parsed once on its way through the internal-topics path and the
-Produce path (paths/parsed.py): the parse is kept on the exchange and reused."""
+"""Each Produce request is parsed once on its way through the quotas, the internal-topics path
+and the Produce path: the parse is kept on the exchange (`Exchange.produce_*`) and reused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sluice.proxy.paths import parsed
+from sluice.proxy.paths import base as parsed
 from sluice.proxy.paths.base import Forward
 from sluice.proxy.paths.internal_topics import InternalTopicsPath
 from sluice.proxy.paths.produce import ProducePath
@@ -53,8 +53,11 @@ def test_produce_to_a_protected_topic_is_scanned_once_more_only_for_its_layout(
 
 
 def test_filtered_produce_is_scanned_once(parses: Counter[str], tmp_path: Any) -> None:
+    """The quotas (a topic rule counts record bytes per topic), the internal-topics path and
+    the Produce path share one scan."""
     from sluice.filters.chain import FilterChain
     from sluice.filters.config import FilterSpec
+    from sluice.proxy.ops.quotas import QuotaRule, Quotas, QuotaSettings
 
     chain = FilterChain.from_specs(
         [FilterSpec(name="pii", module="builtin:pii-mask", topics=(ORDINARY,),
@@ -66,7 +69,11 @@ def test_filtered_produce_is_scanned_once(parses: Counter[str], tmp_path: Any) -
         ctx.chain, ctx.directions = chain, frozenset({"produce"})
         path = InternalTopicsPath([ProducePath()])
         frame = produce_frame(ORDINARY, make_batch([b'{"email": "ann@example.com"}']))
-        outcome = path.on_request(ctx, exchange_for(frame), frame)
+        exchange = exchange_for(frame)
+        quotas = Quotas(1)
+        quotas.update(QuotaSettings((QuotaRule("t", topic=ORDINARY, produce=1e9),)))
+        quotas.produce(None, "c", exchange, frame)
+        outcome = path.on_request(ctx, exchange, frame)
         while type(outcome).__name__ == "Defer":
             outcome = outcome.job.finish(outcome.job.run())  # type: ignore[union-attr]
         assert type(outcome) is Forward and outcome.frame is not None
