@@ -9,7 +9,9 @@ The contract (docs/ARCHITECTURE.md has the long form):
 
 - **Ordering.** `on_request` is called once per request, in the client's order, and never for
   a request while an earlier request of the same connection is still deferred. `on_response`
-  is called once per response; responses reach the client in request order whatever order
+  is called once per response (again, from the broker's bytes, when the chain changed before
+  it was sent or once the nodes it met were learnt: see side effects); responses reach the
+  client in request order whatever order
   their processing finishes in.
 - **Threading.** `on_request`, `on_response` and every `Job.finish` run on the event loop
   thread. They must not block: no socket I/O, no sleeping, no Wasm. Work that may take long
