@@ -332,6 +332,8 @@ class Connection:
             self._close(out, str(exc), violation=True)
             return
         except UnknownNodes as exc:
+            # Called again with the result it already has: a response's `finish` only
+            # rewrites and encodes (the filters ran in `run`), so the released chain is not used.
             self._park(
                 slot.exchange,
                 exc,
