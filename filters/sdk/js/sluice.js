@@ -49,16 +49,20 @@ export function reject(reason) {
   return new Rejection(reason);
 }
 
+/** The UTF-8 bytes of a string, as a Uint8Array (QuickJS has no TextEncoder). */
+export function utf8(text) {
+  return native.utf8(String(text));
+}
+
 /** Add n (default 1) to the per-batch counter `name`, reported to telemetry. */
 export function count(name, n = 1) {
   native.count(String(name), n);
 }
 
-let configValue = {};
-
-/** The filter's `config:` mapping from the proxy config (an object; {} without one). */
+/** The filter's `config:` mapping from the proxy config (an object; {} without one). It is
+ * set before the filter's top level runs, so a filter can read it there. */
 export function config() {
-  return configValue;
+  return native.config;
 }
 
 let recordHandler = null;
@@ -196,9 +200,6 @@ function runBatch(ctx, records) {
 
 // Called by the shim: once with the config, then once per batch.
 globalThis.__sluice_driver = {
-  configure(cfg) {
-    configValue = cfg;
-  },
   ready() {
     if (recordHandler === null && batchHandler === null) {
       throw new Error("the filter registers no handler: call onRecord(fn) or " +

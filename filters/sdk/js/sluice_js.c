@@ -289,6 +289,15 @@ static JSValue native_count(JSContext *c, JSValueConst this_val, int argc, JSVal
     return JS_UNDEFINED;
 }
 
+static JSValue native_utf8(JSContext *c, JSValueConst this_val, int argc, JSValueConst *argv) {
+    size_t len;
+    const char *s = JS_ToCStringLen(c, &len, argv[0]);
+    if (s == NULL) return JS_EXCEPTION;
+    JSValue r = JS_NewUint8ArrayCopy(c, (const uint8_t *)s, len);
+    JS_FreeCString(c, s);
+    return r;
+}
+
 static JSModuleDef *load_module(JSContext *c, const char *name, void *opaque) {
     JS_ThrowReferenceError(c, FILTER_NAME " imports '%s': a filter can import only 'sluice'",
                            name);
@@ -370,9 +379,22 @@ static int engine_start(sluice_bytes cfg) {
     native_obj = JS_NewObject(ctx);
     JS_SetPropertyStr(ctx, native_obj, "RecordData", ctor);
     JS_SetPropertyStr(ctx, native_obj, "count", JS_NewCFunction(ctx, native_count, "count", 2));
-    JSValue config = cfg.len > 0 ? JS_ParseJSON(ctx, (const char *)cfg.ptr, (size_t)cfg.len,
-                                                "<config>")
-                                 : JS_NewObject(ctx);
+    JS_SetPropertyStr(ctx, native_obj, "utf8", JS_NewCFunction(ctx, native_utf8, "utf8", 1));
+    JSValue config;
+    if (cfg.len > 0) {
+        char *text = (char *)malloc((size_t)cfg.len + 1); /* QuickJS wants it NUL-terminated */
+        if (text == NULL) {
+            set_error("out of memory");
+            JS_FreeValue(ctx, global);
+            return 0;
+        }
+        memcpy(text, cfg.ptr, (size_t)cfg.len);
+        text[cfg.len] = 0;
+        config = JS_ParseJSON(ctx, text, (size_t)cfg.len, "<config>");
+        free(text);
+    } else {
+        config = JS_NewObject(ctx);
+    }
     if (JS_IsException(config)) {
         error_from_exception("configuration is not valid JSON: ");
         JS_FreeValue(ctx, global);
