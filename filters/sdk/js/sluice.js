@@ -166,7 +166,7 @@ function matchRecords(outs, records) {
     const o = outs[k];
     let i;
     if (o !== null && typeof o === "object" && !(o instanceof Rejection) &&
-        typeof o.offset === "number" && byOffset.has(o.offset)) {
+        byOffset.has(o.offset)) {
       i = byOffset.get(o.offset);
     } else if (positional) {
       i = k;

@@ -477,6 +477,13 @@ typedef struct {
     sluice_decision d;
 } js_record;
 
+/* A Number, exact up to 2^53 (every real offset and timestamp); beyond, a BigInt, so that no
+ * digit is lost. */
+static JSValue int64_value(int64_t v) {
+    const int64_t safe = ((int64_t)1 << 53) - 1;
+    return (v >= -safe && v <= safe) ? JS_NewInt64(ctx, v) : JS_NewBigInt64(ctx, v);
+}
+
 static JSValue str_of(sluice_bytes b) {
     return JS_NewStringLen(ctx, (const char *)b.ptr, b.len > 0 ? (size_t)b.len : 0);
 }
@@ -503,9 +510,8 @@ static JSValue new_record(const js_record *r, uint32_t index, JSValueConst proto
         headers = JS_NewArrayFrom(ctx, (int)r->header_count, hs);
     }
     JS_DefinePropertyValue(ctx, obj, atom_index, JS_NewUint32(ctx, index), JS_PROP_C_W_E);
-    JS_DefinePropertyValue(ctx, obj, atom_offset, JS_NewInt64(ctx, r->offset), JS_PROP_C_W_E);
-    JS_DefinePropertyValue(ctx, obj, atom_timestamp, JS_NewInt64(ctx, r->timestamp),
-                           JS_PROP_C_W_E);
+    JS_DefinePropertyValue(ctx, obj, atom_offset, int64_value(r->offset), JS_PROP_C_W_E);
+    JS_DefinePropertyValue(ctx, obj, atom_timestamp, int64_value(r->timestamp), JS_PROP_C_W_E);
     JS_DefinePropertyValue(ctx, obj, atom_key, new_data(r->key), JS_PROP_C_W_E);
     JS_DefinePropertyValue(ctx, obj, atom_value, new_data(r->value), JS_PROP_C_W_E);
     JS_DefinePropertyValue(ctx, obj, atom_headers, headers, JS_PROP_C_W_E);
@@ -688,8 +694,8 @@ static int run_batch(const sluice_record *bctx, int64_t offset_base, int64_t tim
                       JS_NewString(ctx, bctx->direction == SLUICE_FETCH ? "fetch" : "produce"));
     JS_SetPropertyStr(ctx, proto, "clientId", str_of(bctx->client_id));
     JS_SetPropertyStr(ctx, proto, "principal", str_of(bctx->principal));
-    JS_SetPropertyStr(ctx, proto, "baseOffset", JS_NewInt64(ctx, offset_base));
-    JS_SetPropertyStr(ctx, proto, "baseTimestamp", JS_NewInt64(ctx, timestamp_base));
+    JS_SetPropertyStr(ctx, proto, "baseOffset", int64_value(offset_base));
+    JS_SetPropertyStr(ctx, proto, "baseTimestamp", int64_value(timestamp_base));
     JSValue *objs = (JSValue *)arena_alloc(sizeof(JSValue) * (count ? count : 1));
     if (objs == NULL) {
         JS_FreeValue(ctx, proto);
