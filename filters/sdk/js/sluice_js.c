@@ -215,6 +215,24 @@ static JSValue data_array(JSContext *c, JSValueConst this_val, int argc, JSValue
     return JS_NewUint8ArrayCopy(c, d->ptr, (size_t)d->len);
 }
 
+/* Whether the bytes are valid UTF-8: text() then decodes them exactly (else each invalid byte
+ * becomes U+FFFD). */
+static JSValue data_is_text(JSContext *c, JSValueConst this_val, int argc, JSValueConst *argv) {
+    const data_ref *d = data_of(c, this_val);
+    if (d == NULL) return JS_EXCEPTION;
+    const uint8_t *p = d->ptr, *end = d->ptr + d->len;
+    while (p < end) {
+        if (*p < 0x80) {
+            p++;
+            continue;
+        }
+        int n = sluice_utf8_len(p, end);
+        if (n == 0) return JS_FALSE;
+        p += n;
+    }
+    return JS_TRUE;
+}
+
 static JSValue data_length(JSContext *c, JSValueConst this_val) {
     const data_ref *d = data_of(c, this_val);
     if (d == NULL) return JS_EXCEPTION;
@@ -252,6 +270,7 @@ static const JSCFunctionListEntry data_funcs[] = {
     JS_CFUNC_DEF("text", 0, data_text),
     JS_CFUNC_DEF("json", 0, data_json),
     JS_CFUNC_DEF("array", 0, data_array),
+    JS_CFUNC_DEF("isText", 0, data_is_text),
     JS_CGETSET_DEF("length", data_length, NULL),
 };
 
@@ -296,6 +315,56 @@ static JSValue native_utf8(JSContext *c, JSValueConst this_val, int argc, JSValu
     JSValue r = JS_NewUint8ArrayCopy(c, (const uint8_t *)s, len);
     JS_FreeCString(c, s);
     return r;
+}
+
+/* String.prototype.toUpperCase / toLowerCase with a fast path for ASCII text: QuickJS maps
+ * every character through its Unicode tables (~20 ns a character here), which made case
+ * changes the bulk of a filter's time. Text with any non-ASCII character goes to the
+ * engine's own function, so results are identical. */
+static JSValue case_original[2];
+
+static JSValue fast_case(JSContext *c, JSValueConst this_val, int argc, JSValueConst *argv,
+                         int to_lower) {
+    if (JS_IsString(this_val)) {
+        size_t n;
+        const char *s = JS_ToCStringLen(c, &n, this_val);
+        if (s == NULL) return JS_EXCEPTION;
+        size_t i = 0;
+        while (i < n && (uint8_t)s[i] < 0x80) i++;
+        if (i == n) {
+            char *out = (char *)malloc(n ? n : 1);
+            if (out == NULL) {
+                JS_FreeCString(c, s);
+                return JS_ThrowOutOfMemory(c);
+            }
+            uint8_t lo = to_lower ? 'A' : 'a', hi = to_lower ? 'Z' : 'z';
+            for (i = 0; i < n; i++) {
+                uint8_t ch = (uint8_t)s[i];
+                out[i] = (char)((ch >= lo && ch <= hi) ? ch ^ 0x20 : ch);
+            }
+            JS_FreeCString(c, s);
+            JSValue r = JS_NewStringLen(c, out, n);
+            free(out);
+            return r;
+        }
+        JS_FreeCString(c, s);
+    }
+    return JS_Call(c, case_original[to_lower], this_val, argc, argv);
+}
+
+static void install_fast_case(JSValueConst global) {
+    JSValue string_ctor = JS_GetPropertyStr(ctx, global, "String");
+    JSValue proto = JS_GetPropertyStr(ctx, string_ctor, "prototype");
+    static const char *names[2] = {"toUpperCase", "toLowerCase"};
+    for (int k = 0; k < 2; k++) {
+        case_original[k] = JS_GetPropertyStr(ctx, proto, names[k]);
+        JS_DefinePropertyValueStr(ctx, proto, names[k],
+                                  JS_NewCFunctionMagic(ctx, fast_case, names[k], 0,
+                                                       JS_CFUNC_generic_magic, k),
+                                  JS_PROP_WRITABLE | JS_PROP_CONFIGURABLE);
+    }
+    JS_FreeValue(ctx, proto);
+    JS_FreeValue(ctx, string_ctor);
 }
 
 static JSModuleDef *load_module(JSContext *c, const char *name, void *opaque) {
@@ -376,6 +445,7 @@ static int engine_start(sluice_bytes cfg) {
     JS_SetClassProto(ctx, data_class, proto);
 
     JSValue global = JS_GetGlobalObject(ctx);
+    install_fast_case(global);
     native_obj = JS_NewObject(ctx);
     JS_SetPropertyStr(ctx, native_obj, "RecordData", ctor);
     JS_SetPropertyStr(ctx, native_obj, "count", JS_NewCFunction(ctx, native_count, "count", 2));
