@@ -128,13 +128,38 @@ static void count_add(const char *name, size_t len, uint32_t n) {
 
 static JSRuntime *rt;
 static JSContext *ctx;
-static JSClassID data_class;
+static JSClassID data_class, record_class;
 static JSValue native_obj, driver_obj, driver_run, record_proto, empty_headers;
 static JSAtom atom_index, atom_offset, atom_timestamp, atom_key, atom_value, atom_headers;
 static uint32_t generation; /* RecordData objects of earlier batches are refused */
 static int engine_state;    /* 0 not started, 1 ready, -1 failed (err_buf kept in init_error) */
 static char init_error[500];
 static uint32_t init_error_len;
+
+typedef struct {
+    /* the record as it came */
+    const uint8_t *raw; /* native path: the record's bytes, length prefix included */
+    uint32_t raw_len;
+    uint8_t attributes;
+    int64_t timestamp_delta;
+    int32_t offset_delta;
+    int64_t offset, timestamp;
+    sluice_bytes key, value;
+    uint32_t header_count;
+    sluice_header *headers;
+    /* its fate */
+    sluice_decision d;
+} js_record;
+
+/* The batch being filtered: records read their fields from here, lazily. */
+static js_record *cur_recs;
+static uint32_t cur_count;
+
+/* A record object's place in its batch. */
+typedef struct {
+    uint32_t index;
+    uint32_t gen;
+} record_ref;
 
 /* A record's key, value or header value: bytes in the host's input for one batch. */
 typedef struct {
@@ -290,6 +315,47 @@ static JSValue new_data(sluice_bytes b) {
     return obj;
 }
 
+static JSValue str_of(sluice_bytes b);
+static JSValue int64_value(int64_t v);
+static JSValue new_headers(const js_record *r);
+
+enum { FIELD_INDEX, FIELD_TIMESTAMP, FIELD_KEY, FIELD_VALUE, FIELD_HEADERS };
+
+/* record.index, .timestamp, .key, .value, .headers: built on first use (most filters read only
+ * the value), then kept as the object's own property, so a spread copy carries them. */
+static JSValue record_field(JSContext *c, JSValueConst this_val, int field) {
+    record_ref *ref = (record_ref *)JS_GetOpaque(this_val, record_class);
+    if (ref == NULL) return JS_ThrowTypeError(c, "not a record");
+    if (ref->gen != generation || ref->index >= cur_count)
+        return JS_ThrowTypeError(c, "this record belongs to an earlier batch: keep a copy of "
+                                    "what you need past the call");
+    const js_record *r = &cur_recs[ref->index];
+    JSValue v;
+    JSAtom atom;
+    switch (field) {
+    case FIELD_INDEX: v = JS_NewUint32(c, ref->index); atom = atom_index; break;
+    case FIELD_TIMESTAMP: v = int64_value(r->timestamp); atom = atom_timestamp; break;
+    case FIELD_KEY: v = new_data(r->key); atom = atom_key; break;
+    case FIELD_VALUE: v = new_data(r->value); atom = atom_value; break;
+    default: v = new_headers(r); atom = atom_headers; break;
+    }
+    if (JS_IsException(v)) return v;
+    JS_DefinePropertyValue(c, this_val, atom, JS_DupValue(c, v), JS_PROP_C_W_E);
+    return v;
+}
+
+static void record_finalizer(JSRuntime *r, JSValue val) {
+    js_free_rt(r, JS_GetOpaque(val, record_class));
+}
+
+static const JSCFunctionListEntry record_getters[] = {
+    JS_CGETSET_MAGIC_DEF("index", record_field, NULL, FIELD_INDEX),
+    JS_CGETSET_MAGIC_DEF("timestamp", record_field, NULL, FIELD_TIMESTAMP),
+    JS_CGETSET_MAGIC_DEF("key", record_field, NULL, FIELD_KEY),
+    JS_CGETSET_MAGIC_DEF("value", record_field, NULL, FIELD_VALUE),
+    JS_CGETSET_MAGIC_DEF("headers", record_field, NULL, FIELD_HEADERS),
+};
+
 static JSValue native_count(JSContext *c, JSValueConst this_val, int argc, JSValueConst *argv) {
     size_t len;
     const char *name = JS_ToCStringLen(c, &len, argv[0]);
@@ -443,6 +509,9 @@ static int engine_start(sluice_bytes cfg) {
     JSValue ctor = JS_NewCFunction2(ctx, data_ctor, "RecordData", 0, JS_CFUNC_constructor, 0);
     JS_SetConstructor(ctx, ctor, proto);
     JS_SetClassProto(ctx, data_class, proto);
+    JS_NewClassID(rt, &record_class);
+    JSClassDef record_def = {"Record", .finalizer = record_finalizer};
+    JS_NewClass(rt, record_class, &record_def);
 
     JSValue global = JS_GetGlobalObject(ctx);
     install_fast_case(global);
@@ -485,6 +554,8 @@ static int engine_start(sluice_bytes cfg) {
         driver_obj = JS_GetPropertyStr(ctx, global, "__sluice_driver");
         driver_run = JS_GetPropertyStr(ctx, driver_obj, "run");
         record_proto = JS_GetPropertyStr(ctx, driver_obj, "recordPrototype");
+        JS_SetPropertyFunctionList(ctx, record_proto, record_getters,
+                                   sizeof record_getters / sizeof record_getters[0]);
         ok = eval_module(sluice_js_filter, sluice_js_filter_len, FILTER_NAME);
     }
     if (ok) {
@@ -532,20 +603,6 @@ static int engine_ready(sluice_bytes cfg) {
 /* One batch through the driver                                                                 */
 /* ------------------------------------------------------------------------------------------ */
 
-typedef struct {
-    /* the record as it came */
-    const uint8_t *raw; /* native path: the record's bytes, length prefix included */
-    uint32_t raw_len;
-    uint8_t attributes;
-    int64_t timestamp_delta;
-    int32_t offset_delta;
-    int64_t offset, timestamp;
-    sluice_bytes key, value;
-    uint32_t header_count;
-    sluice_header *headers;
-    /* its fate */
-    sluice_decision d;
-} js_record;
 
 /* A Number, exact up to 2^53 (every real offset and timestamp); beyond, a BigInt, so that no
  * digit is lost. */
@@ -558,33 +615,34 @@ static JSValue str_of(sluice_bytes b) {
     return JS_NewStringLen(ctx, (const char *)b.ptr, b.len > 0 ? (size_t)b.len : 0);
 }
 
-static JSValue new_record(const js_record *r, uint32_t index, JSValueConst proto) {
-    JSValue obj = JS_NewObjectProto(ctx, proto);
-    if (JS_IsException(obj)) return obj;
-    JSValue headers;
-    if (r->header_count == 0) {
-        headers = JS_DupValue(ctx, empty_headers);
-    } else {
-        JSValue *hs = (JSValue *)arena_alloc(sizeof(JSValue) * r->header_count);
-        if (hs == NULL) {
-            JS_FreeValue(ctx, obj);
-            return JS_ThrowOutOfMemory(ctx);
-        }
-        for (uint32_t h = 0; h < r->header_count; h++) {
-            JSValue pair = JS_NewObject(ctx);
-            JS_DefinePropertyValue(ctx, pair, atom_key, str_of(r->headers[h].key), JS_PROP_C_W_E);
-            JS_DefinePropertyValue(ctx, pair, atom_value, new_data(r->headers[h].value),
-                                   JS_PROP_C_W_E);
-            hs[h] = pair;
-        }
-        headers = JS_NewArrayFrom(ctx, (int)r->header_count, hs);
+static JSValue new_headers(const js_record *r) {
+    if (r->header_count == 0) return JS_DupValue(ctx, empty_headers);
+    JSValue *hs = (JSValue *)arena_alloc(sizeof(JSValue) * r->header_count);
+    if (hs == NULL) return JS_ThrowOutOfMemory(ctx);
+    for (uint32_t h = 0; h < r->header_count; h++) {
+        JSValue pair = JS_NewObject(ctx);
+        JS_DefinePropertyValue(ctx, pair, atom_key, str_of(r->headers[h].key), JS_PROP_C_W_E);
+        JS_DefinePropertyValue(ctx, pair, atom_value, new_data(r->headers[h].value),
+                               JS_PROP_C_W_E);
+        hs[h] = pair;
     }
-    JS_DefinePropertyValue(ctx, obj, atom_index, JS_NewUint32(ctx, index), JS_PROP_C_W_E);
+    return JS_NewArrayFrom(ctx, (int)r->header_count, hs);
+}
+
+/* The offset is the record's only own property from the start: a batch filter's spread
+ * copies ({...record, value}) find their input record by it. */
+static JSValue new_record(const js_record *r, uint32_t index, JSValueConst proto) {
+    JSValue obj = JS_NewObjectProtoClass(ctx, proto, record_class);
+    if (JS_IsException(obj)) return obj;
+    record_ref *ref = (record_ref *)js_malloc(ctx, sizeof *ref);
+    if (ref == NULL) {
+        JS_FreeValue(ctx, obj);
+        return JS_EXCEPTION;
+    }
+    ref->index = index;
+    ref->gen = generation;
+    JS_SetOpaque(obj, ref);
     JS_DefinePropertyValue(ctx, obj, atom_offset, int64_value(r->offset), JS_PROP_C_W_E);
-    JS_DefinePropertyValue(ctx, obj, atom_timestamp, int64_value(r->timestamp), JS_PROP_C_W_E);
-    JS_DefinePropertyValue(ctx, obj, atom_key, new_data(r->key), JS_PROP_C_W_E);
-    JS_DefinePropertyValue(ctx, obj, atom_value, new_data(r->value), JS_PROP_C_W_E);
-    JS_DefinePropertyValue(ctx, obj, atom_headers, headers, JS_PROP_C_W_E);
     return obj;
 }
 
@@ -757,6 +815,8 @@ static int decide(js_record *r, JSValueConst v) {
 static int run_batch(const sluice_record *bctx, int64_t offset_base, int64_t timestamp_base,
                      js_record *recs, uint32_t count) {
     generation++;
+    cur_recs = recs;
+    cur_count = count;
     JSValue proto = JS_NewObjectProto(ctx, record_proto);
     JS_SetPropertyStr(ctx, proto, "topic", str_of(bctx->topic));
     JS_SetPropertyStr(ctx, proto, "partition", JS_NewInt32(ctx, bctx->partition));
