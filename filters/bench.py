@@ -5,9 +5,9 @@ Measures what docs/FILTER_ABI.md reports: the cost of one guest call through was
 batch of 100 against one call per record, how fast the epoch deadline stops an infinite loop,
 and compiling a module against deserializing its cached artifact (the guest modules are small
 WAT texts below); and ``languages``: the shipped ``upper`` example built with each SDK (C, Zig,
-Rust, AssemblyScript, Go, JavaScript: ``filters/examples/upper*``) side by side, through the decoding path
-(``run_batch``) and the native path the proxy takes (``filter_produce``). Prints one JSON
-object; ``--only languages`` runs that part alone.
+Rust, AssemblyScript, Go, JavaScript: ``filters/examples/upper*``) side by side, through the
+decoding path (``run_batch``) and the native path the proxy takes (``filter_produce``). Prints
+one JSON object; ``--only languages`` runs that part alone.
 """
 
 from __future__ import annotations

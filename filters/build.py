@@ -494,7 +494,8 @@ def build_filter(source_dir: Path, output: Path) -> Path:
 def quickjs_dir() -> Path:
     """The QuickJS-ng sources: $SLUICE_QUICKJS, or where scripts/dev.sh unpacks them."""
     chosen = os.environ.get("SLUICE_QUICKJS")
-    d = Path(chosen) if chosen else Path(sys.prefix) / "share" / "sluice" / f"quickjs-ng-{QUICKJS_VERSION}"
+    installed = Path(sys.prefix) / "share" / "sluice" / f"quickjs-ng-{QUICKJS_VERSION}"
+    d = Path(chosen) if chosen else installed
     if not (d / "quickjs.c").is_file() or not (d / "quickjs.h").is_file():
         raise BuildError(JS_MISSING)
     return d

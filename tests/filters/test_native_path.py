@@ -4,8 +4,9 @@ Both paths must give the same outcome for every batch: the same bytes forwarded,
 errors, the same per-filter counts. The decoding path is the reference; the native path is
 only allowed to be faster. Guests come from the C SDK (tests/filters/sdk/probe_c: each record
 value is a command), the Zig, Rust, AssemblyScript, Go and JavaScript SDKs
-(tests/filters/sdk/probe_zig, probe_rust, probe_as, probe_go, probe_js: the same commands), the shipped pii-mask and the upper and
-enrich examples in every language; `native_bad.wat` returns a broken native answer.
+(tests/filters/sdk/probe_zig, probe_rust, probe_as, probe_go, probe_js: the same commands),
+the shipped pii-mask and the upper and enrich examples in every language; `native_bad.wat`
+returns a broken native answer.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 They double as tests of the three ABIs from the guest side: Sluice ABI v1 (enrich in C, Rust,
 AssemblyScript, Go and JavaScript; upper in Zig, C, Rust, AssemblyScript, Go and JavaScript:
-each port must behave exactly like the original), the Kafka Connect ABI (connect-functions) and the in-place ABI
-(inplace-enrich).
+each port must behave exactly like the original), the Kafka Connect ABI (connect-functions)
+and the in-place ABI (inplace-enrich).
 """
 
 from __future__ import annotations

@@ -120,7 +120,8 @@ def test_what_a_record_function_returns(js: Callable[..., LoadedFilter]) -> None
     assert res.detector_counts == {"seen": 11}
     # json() of a value that is not JSON: the strict parser's SyntaxError fails the batch.
     bad = run(f, b"json")
-    assert bad.failure is not None and "SyntaxError: unexpected character at filter.js:" in bad.failure
+    assert bad.failure is not None
+    assert "SyntaxError: unexpected character at filter.js:" in bad.failure
     wrong = run(f, b"other")
     assert wrong.failure is not None and "value must be a string, Uint8Array" in wrong.failure
 
@@ -145,7 +146,7 @@ def test_load_errors_name_the_problem(js: Callable[..., LoadedFilter]) -> None:
     refusing = ('import { config, onRecord } from "sluice";\n'
                 'if (!config().limit) throw new Error("config.limit is required");\n'
                 'onRecord((r) => undefined);\n')
-    with pytest.raises(FilterLoadError, match="config.limit is required"):
+    with pytest.raises(FilterLoadError, match=r"config\.limit is required"):
         js(refusing)
     assert run(js(refusing, config={"limit": 3}), b"x").decisions[0].action == Action.KEEP
 
