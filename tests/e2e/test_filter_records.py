@@ -131,8 +131,13 @@ def proxy(
     }
     path = tmp_path_factory.mktemp("records-config") / "sluice.yaml"
     path.write_text(yaml.safe_dump(config))
-    with SluiceProxy(upstream=stack.bootstrap, config=path) as p:
+    # The session's module cache starts empty: the proxy compiles the Go and JavaScript
+    # examples (1-2 MB each, seconds apiece on a loaded machine) before it listens.
+    p = SluiceProxy(upstream=stack.bootstrap, config=path).start(timeout=120)
+    try:
         yield p
+    finally:
+        p.stop()
 
 
 @pytest.fixture(autouse=True)
