@@ -177,3 +177,13 @@ def test_memory_cap_holds(js: Callable[..., LoadedFilter]) -> None:
     assert res.failure is not None
     assert res.failure.startswith(("memory", "error")), res.failure
     assert run(f, b"fine").failure is None
+
+
+def test_deep_recursion_fails_the_batch_not_the_host(js: Callable[..., LoadedFilter]) -> None:
+    f = js('import { onRecord } from "sluice";\nfunction down(n) { return down(n + 1) + 1; }\n'
+           'onRecord((r) => { if (r.value.text() === "deep") down(0); });\n')
+    res = run(f, b"deep")
+    assert res.failure is not None
+    # QuickJS's own stack check (a RangeError) or the host's Wasm stack limit (a trap)
+    assert "RangeError" in res.failure or res.failure.startswith("trap"), res.failure
+    assert run(f, b"fine").failure is None
