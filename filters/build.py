@@ -182,7 +182,7 @@ JS_FLAGS = (
     "-Wno-unused-parameter",
     "-Wno-missing-field-initializers",
     # QuickJS's own stack check (JS_SetMaxStackSize in the shim) stays under this, so deep
-    # recursion is a RangeError rather than a write below the stack.
+    # recursion never writes below the stack (the host's Wasm stack limit usually traps first).
     "-Wl,-z,stack-size=1048576",
 )
 JS_MISSING = (

@@ -30,7 +30,9 @@ extern const unsigned char sluice_js_filter[];
 extern const unsigned int sluice_js_filter_len;
 
 #define FILTER_NAME "filter.js"
-/* Under the linker's 1 MiB stack (-z stack-size): QuickJS throws a RangeError first. */
+/* Under the linker's 1 MiB stack in linear memory (-z stack-size), so that QuickJS's own check
+ * fires before that stack overflows. Deep recursion usually exhausts the host's 512 KiB Wasm
+ * call stack first, which is a trap (the instance is replaced): the batch fails either way. */
 #define JS_STACK_LIMIT (768 * 1024)
 
 /* ------------------------------------------------------------------------------------------ */
