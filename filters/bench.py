@@ -5,9 +5,9 @@ Measures what docs/FILTER_ABI.md reports: the cost of one guest call through was
 batch of 100 against one call per record, how fast the epoch deadline stops an infinite loop,
 and compiling a module against deserializing its cached artifact (the guest modules are small
 WAT texts below); and ``languages``: the shipped ``upper`` example built with each SDK (C, Zig,
-Rust, AssemblyScript, Go: ``filters/examples/upper*``) side by side, through the decoding path
-(``run_batch``) and the native path the proxy takes (``filter_produce``). Prints one JSON
-object; ``--only languages`` runs that part alone.
+Rust, AssemblyScript, Go, JavaScript: ``filters/examples/upper*``) side by side, through the
+decoding path (``run_batch``) and the native path the proxy takes (``filter_produce``). Prints
+one JSON object; ``--only languages`` runs that part alone.
 """
 
 from __future__ import annotations
@@ -211,7 +211,7 @@ def bench_pipeline(seconds: float, tmp: Path) -> dict[str, float]:
 
 # The upper example in every SDK language: filters/examples/<dir>/<dir>.wasm.
 UPPER_PORTS = {"c": "upper-c", "zig": "upper", "rust": "upper-rust",
-               "assemblyscript": "upper-as", "go": "upper-go"}
+               "assemblyscript": "upper-as", "go": "upper-go", "js": "upper-js"}
 
 
 def _upper_runs(f: LoadedFilter, chain: Any, ctx: RecordContext, batch: list[FilterRecord],
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     parser.add_argument("--only", choices=("languages",),
                         help="run one part: languages = upper in C, Zig, Rust, AssemblyScript, "
-                             "Go")
+                             "Go, JavaScript")
     args = parser.parse_args(argv)
     seconds = 0.05 if args.quick else 1.0
     runs = 2 if args.quick else 7

@@ -12,6 +12,10 @@ A filter directory holds one entry source and builds to one stripped Wasm module
 - ``filter.go`` (Go, with the ``sluice`` package, ``sdk/go/``): the standard Go toolchain
   (``GOOS=wasip1 GOARCH=wasm``, a ``c-shared`` WASI reactor), offline: the SDK is the only
   module and it comes from this repository;
+- ``filter.js`` (JavaScript, with the ``sluice`` module, ``sdk/js/``): the QuickJS-ng engine's
+  C sources (pinned, fetched by ``scripts/dev.sh install``) compiled once per machine for
+  wasm32-wasi by the ``ziglang`` wheel, linked with the C shim ``sdk/js/sluice_js.c`` and the
+  filter's source embedded as data;
 - ``Cargo.toml`` (a Rust crate with a committed ``Cargo.lock``, crates from crates.io): the
   locked crates vendored by a cargo that reads the sparse index, then Debian's ``cargo`` and
   ``rustc`` build ``--release --target wasm32-unknown-unknown`` offline.
@@ -148,7 +152,48 @@ CARGO_FETCH_MISSING = (
     "install rustup's (`rustup toolchain install stable`), or set SLUICE_CARGO_FETCH"
 )
 
-ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go", "Cargo.toml")
+# JavaScript: QuickJS-ng's C sources as the PyPI sdist `quickjs-ng` bundles them (pinned by
+# version and sha256 in scripts/dev.sh, which unpacks them into the virtualenv), compiled for
+# wasm32-wasi (wasi-libc: QuickJS needs malloc and libm) as a reactor, so that wasi-libc's
+# constructors run in `_initialize`. The engine's objects depend only on the sources, the
+# compiler and these flags: they are compiled once per machine into a cache keyed by all
+# three, and each filter links them with the shim and its own embedded source.
+QUICKJS_VERSION = "0.17.0"
+QUICKJS_SDIST = "quickjs-ng==0.17.0.2"
+QUICKJS_SOURCES = ("dtoa.c", "libregexp.c", "libunicode.c", "quickjs.c")
+JS_ENGINE_FLAGS = (
+    "--target=wasm32-wasi",
+    "-O2",
+    "-mbulk-memory",
+    "-funsigned-char",  # as QuickJS-ng's own build: its code assumes an unsigned char
+    "-fwrapv",
+    "-w",
+)
+JS_FLAGS = (
+    "--target=wasm32-wasi",
+    "-mexec-model=reactor",
+    "-O2",
+    "-s",
+    "-mbulk-memory",
+    "-funsigned-char",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-function",
+    "-Wno-unused-parameter",
+    "-Wno-missing-field-initializers",
+    # QuickJS's own stack check (JS_SetMaxStackSize in the shim) stays under this, so deep
+    # recursion never writes below the stack (the host's Wasm stack limit usually traps first).
+    "-Wl,-z,stack-size=1048576",
+)
+JS_MISSING = (
+    f"the QuickJS-ng sources (version {QUICKJS_VERSION}, from the PyPI sdist "
+    f"{QUICKJS_SDIST}) are not installed: run `bash scripts/dev.sh install`, which fetches "
+    "and checks them; SLUICE_QUICKJS=/path/to/the/sources picks a directory holding "
+    "quickjs.c and quickjs.h"
+)
+
+ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go", "filter.js",
+           "Cargo.toml")
 
 ZIG_FLAGS = (
     "-target",
@@ -177,7 +222,7 @@ class Target:
 
 
 def entry_source(source_dir: Path) -> Path:
-    """The entry file of a filter directory: filter.c, .zig, .rs, .ts, .go or a Cargo.toml
+    """The entry file of a filter directory: filter.c, .zig, .rs, .ts, .go, .js or a Cargo.toml
     (exactly one)."""
     found = [source_dir / name for name in ENTRIES if (source_dir / name).is_file()]
     if not found:
@@ -423,6 +468,8 @@ def build_filter(source_dir: Path, output: Path) -> Path:
         elif entry.name == "Cargo.toml":
             steps, cargo_env = _cargo_steps(source_dir, Path(tmp), tmp_out)
             env.update(cargo_env)
+        elif entry.suffix == ".js":
+            steps = [(_js_command(entry, source_dir, Path(tmp), tmp_out, env), source_dir)]
         else:
             steps = [(cmd, source_dir)
                      for cmd in _compile_command(entry, source_dir, Path(tmp), tmp_out)]
@@ -442,6 +489,92 @@ def build_filter(source_dir: Path, output: Path) -> Path:
             raise BuildError(f"{entry}: compilation failed (no module written)")
         shutil.copyfile(tmp_out, output)
     return output
+
+
+def quickjs_dir() -> Path:
+    """The QuickJS-ng sources: $SLUICE_QUICKJS, or where scripts/dev.sh unpacks them."""
+    chosen = os.environ.get("SLUICE_QUICKJS")
+    installed = Path(sys.prefix) / "share" / "sluice" / f"quickjs-ng-{QUICKJS_VERSION}"
+    d = Path(chosen) if chosen else installed
+    if not (d / "quickjs.c").is_file() or not (d / "quickjs.h").is_file():
+        raise BuildError(JS_MISSING)
+    return d
+
+
+def quickjs_version(src: Path) -> str:
+    """QJS_VERSION_MAJOR.MINOR.PATCH from quickjs.h."""
+    parts = {}
+    for line in (src / "quickjs.h").read_text().splitlines():
+        fields = line.split()
+        if len(fields) == 3 and fields[0] == "#define" and fields[1].startswith("QJS_VERSION_"):
+            parts[fields[1][len("QJS_VERSION_"):]] = fields[2]
+    return ".".join(parts.get(k, "?") for k in ("MAJOR", "MINOR", "PATCH"))
+
+
+def _js_cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sluice" / "quickjs"
+
+
+def quickjs_objects(env: dict[str, str]) -> list[Path]:
+    """The engine compiled for wasm32-wasi: one object per QuickJS source, built once per
+    machine (a minute or two) into a cache keyed by the sources, the compiler and the flags."""
+    src = quickjs_dir()
+    key = hashlib.sha256()
+    key.update(zig_version().encode() + b"\0" + "\0".join(JS_ENGINE_FLAGS).encode())
+    for name in sorted(p.name for p in src.iterdir() if p.suffix in (".c", ".h")):
+        key.update(name.encode() + b"\0" + (src / name).read_bytes())
+    out = _js_cache_root() / key.hexdigest()[:24]
+    objects = [out / (Path(name).stem + ".o") for name in QUICKJS_SOURCES]
+    if all(o.is_file() for o in objects):
+        return objects
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="build-", dir=out.parent))
+    try:
+        # Relative source names: assert() puts __FILE__ into the module, and it must not
+        # depend on where the sources live.
+        procs = [(name, subprocess.Popen(
+            [*_zig(), "cc", *JS_ENGINE_FLAGS, "-c", name, "-o",
+             str(staging / (Path(name).stem + ".o"))],
+            cwd=src, env={**env, "ZIG_LOCAL_CACHE_DIR": str(staging / "cache")},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            for name in QUICKJS_SOURCES]
+        failed = []
+        for name, proc in procs:
+            _, err = proc.communicate()
+            if proc.returncode != 0:
+                failed.append(f"{name}: {err.strip()}")
+        if failed:
+            raise BuildError("compiling QuickJS-ng failed\n" + "\n".join(failed))
+        shutil.rmtree(staging / "cache", ignore_errors=True)
+        try:
+            staging.rename(out)
+        except OSError:
+            if not all(o.is_file() for o in objects):  # not another build's finished copy
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return objects
+
+
+def _c_array(name: str, data: bytes) -> str:
+    body = ",".join(str(b) for b in data)
+    return (f"const unsigned char {name}[] = {{{body}{',' if data else ''}0}};\n"
+            f"const unsigned int {name}_len = {len(data)}u;\n")
+
+
+def _js_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path,
+                env: dict[str, str]) -> list[str]:
+    """Link the shim, the SDK module and the filter's source (embedded as data) with the
+    cached engine objects."""
+    objects = quickjs_objects(env)
+    embedded = tmp / "embedded.c"
+    embedded.write_text(_c_array("sluice_js_sdk", (SDK_DIR / "js" / "sluice.js").read_bytes())
+                        + _c_array("sluice_js_filter", entry.read_bytes()))
+    sdk = os.path.relpath(SDK_DIR, source_dir)
+    return [*_zig(), "cc", *JS_FLAGS, "-I", str(quickjs_dir()), "-I", sdk,
+            os.path.join(sdk, "js", "sluice_js.c"), str(embedded), *map(str, objects),
+            "-o", str(tmp_out)]
 
 
 def _subdirs(parent: Path) -> list[Path]:
@@ -483,6 +616,9 @@ def _versions_match(suffixes: set[str]) -> bool:
         found.append(("assemblyscript", asc_version(find_asc()), ASC_VERSION))
     if ".go" in suffixes:
         found.append(("go", go_version(find_go()), GO_VERSION))
+    if ".js" in suffixes:
+        found.append(("ziglang", zig_version(), ZIG_VERSION))
+        found.append(("quickjs-ng", quickjs_version(quickjs_dir()), QUICKJS_VERSION))
     ok = True
     for tool, have, want in found:
         if have != want:

@@ -117,6 +117,43 @@ install_go() {
   ln -sf "$goroot/bin/go" "$VENV/bin/go"
 }
 
+# QuickJS-ng's C sources for JavaScript filters (filters/build.py, QUICKJS_VERSION): the PyPI
+# sdist of `quickjs-ng` bundles them (upstream-quickjs/). Fetched with pip, checked against the
+# pinned sha256, and unpacked into $VENV/share/sluice/quickjs-ng-<version>.
+QUICKJS_SDIST_VERSION=0.17.0.2
+QUICKJS_SDIST_SHA256=43d2e48272208721a7aaea8e3f02d4b9318f12ef20cc4f5421b59d9a470706ef
+QUICKJS_DIR_NAME=quickjs-ng-0.17.0
+install_quickjs() {
+  local dest="$VENV/share/sluice/$QUICKJS_DIR_NAME"
+  if [ -f "$dest/.sluice-installed" ] && [ "$(cat "$dest/.sluice-installed")" = "$QUICKJS_SDIST_SHA256" ]; then
+    return 0
+  fi
+  say "fetching QuickJS-ng's sources (PyPI sdist quickjs-ng $QUICKJS_SDIST_VERSION) for JavaScript filters"
+  local tmp
+  tmp="$(mktemp -d)"
+  "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    --no-build-isolation -d "$tmp" "quickjs-ng==$QUICKJS_SDIST_VERSION"
+  local sdist="$tmp/quickjs_ng-$QUICKJS_SDIST_VERSION.tar.gz"
+  echo "$QUICKJS_SDIST_SHA256  $sdist" | sha256sum --quiet --strict -c - || {
+    echo "$sdist does not match the pinned sha256: not installed" >&2; rm -rf "$tmp"; exit 1; }
+  rm -rf "$dest"
+  mkdir -p "$dest"
+  "$VENV/bin/python" - "$sdist" "$dest" <<'PYEOF'
+import sys, tarfile
+from pathlib import Path
+sdist, dest = sys.argv[1], Path(sys.argv[2])
+with tarfile.open(sdist) as tar:
+    for member in tar.getmembers():
+        parts = Path(member.name).parts
+        if member.isfile() and len(parts) == 3 and parts[1] == "upstream-quickjs":
+            (dest / parts[2]).write_bytes(tar.extractfile(member).read())
+        elif member.isfile() and len(parts) == 2 and parts[1] == "LICENSE":
+            (dest / "LICENSE").write_bytes(tar.extractfile(member).read())
+PYEOF
+  rm -rf "$tmp"
+  echo "$QUICKJS_SDIST_SHA256" > "$dest/.sluice-installed"
+}
+
 # The Spark driver JVM's class archive (spark_audit/class_archive.py): it fits only the jars
 # and the JVM it was recorded with, so it is recorded again after every (re)install of the
 # Python packages (the stamp is newer then).
@@ -312,6 +349,7 @@ install_all() {
   install_kafka
   install_spark_kafka
   install_go
+  install_quickjs
   compile_project
   install_class_archive
   install_kafka_class_archive

@@ -32,6 +32,10 @@
  *
  * Everything here is static except the ABI exports and the four memory routines the compiler
  * may call on its own (memcpy, memmove, memset, memcmp).
+ *
+ * Defining SLUICE_SDK_LIBRARY before the include leaves both out: the header is then a library
+ * of helpers (JSON parser, record readers and writers) for a shim that brings its own exports
+ * and a libc, as the JavaScript SDK's filters/sdk/js/sluice_js.c does.
  */
 #ifndef SLUICE_FILTER_H
 #define SLUICE_FILTER_H
@@ -123,6 +127,7 @@ int sluice_on_admin(const sluice_json *request, sluice_buf *out) __attribute__((
 /* ------------------------------------------------------------------------------------------ */
 /* Freestanding memory routines (clang may emit calls to these)                               */
 /* ------------------------------------------------------------------------------------------ */
+#ifndef SLUICE_SDK_LIBRARY
 
 void *memcpy(void *dst, const void *src, size_t n) { return __builtin_memmove(dst, src, n); }
 void *memmove(void *dst, const void *src, size_t n) { return __builtin_memmove(dst, src, n); }
@@ -134,6 +139,7 @@ int memcmp(const void *a, const void *b, size_t n) {
     }
     return 0;
 }
+#endif /* SLUICE_SDK_LIBRARY */
 
 static size_t sluice_strlen(const char *s) {
     size_t n = 0;
@@ -1002,6 +1008,7 @@ static void sl__wbytes(uint8_t **p, sluice_bytes b) {
 
 static uint64_t sl__blen(sluice_bytes b) { return 4u + (b.len > 0 ? (uint64_t)b.len : 0u); }
 
+#ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_abi_version"))) int32_t sluice_abi_version(void) { return SLUICE_ABI_VERSION; }
 
 __attribute__((export_name("sluice_alloc"))) int32_t sluice_alloc(int32_t size) {
@@ -1014,6 +1021,7 @@ __attribute__((export_name("sluice_alloc"))) int32_t sluice_alloc(int32_t size) 
 __attribute__((export_name("sluice_last_error"))) int64_t sluice_last_error(void) {
     return sl__pack(sl__error, sl__error_len);
 }
+#endif /* SLUICE_SDK_LIBRARY */
 
 /* Keep the input alive: the arena restarts after it, wherever the host put it. */
 static void sl__begin_call(int32_t in_ptr, int32_t in_len) {
@@ -1024,6 +1032,7 @@ static void sl__begin_call(int32_t in_ptr, int32_t in_len) {
     sl__counter_n = 0;
 }
 
+#ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_init"))) int32_t sluice_init(int32_t cfg_ptr, int32_t cfg_len) {
     sl__begin_call(cfg_ptr, cfg_len);
     sluice_bytes cfg = sluice_bytes_of((const void *)(uintptr_t)(uint32_t)cfg_ptr, (size_t)(cfg_len > 0 ? cfg_len : 0));
@@ -1044,6 +1053,7 @@ __attribute__((export_name("sluice_init"))) int32_t sluice_init(int32_t cfg_ptr,
     sl__initialised = 1;
     return rc;
 }
+#endif /* SLUICE_SDK_LIBRARY */
 
 static int sl__ensure_init(void) {
     if (!sl__initialised && sluice_on_config) {
@@ -1074,6 +1084,7 @@ static int sl__read_context(sl__rd *r, sluice_record *ctx) {
     return 1;
 }
 
+#ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
     if (!sl__ensure_init()) return -1;
@@ -1174,6 +1185,7 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     }
     return sl__pack(out, (uint32_t)(w - out));
 }
+#endif /* SLUICE_SDK_LIBRARY */
 
 /* ------------------------------------------------------------------------------------------ */
 /* sluice_filter_records: the same filter over Kafka's own record encoding                     */
@@ -1259,6 +1271,7 @@ static uint64_t sl__rewrite_body(const sl__native *n) {
     return size;
 }
 
+#ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_records(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
     if (!sl__ensure_init()) return -1;
@@ -1405,6 +1418,7 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
     }
     return sl__pack(out, (uint32_t)(w - out));
 }
+#endif /* SLUICE_SDK_LIBRARY */
 
 #ifdef SLUICE_ADMIN_FILTER
 /* Exported only by admin filters: the host offers admin requests to modules exporting it. */

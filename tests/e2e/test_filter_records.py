@@ -108,6 +108,7 @@ def proxy(
             ),
             entry("enrich", str(EXAMPLES / "enrich" / "enrich.wasm"), "enrich-*"),
             entry("enrich-go", str(EXAMPLES / "enrich-go" / "enrich-go.wasm"), "genrich-*"),
+            entry("enrich-js", str(EXAMPLES / "enrich-js" / "enrich-js.wasm"), "jsenrich-*"),
             entry(
                 "minify",
                 str(EXAMPLES / "inplace-enrich" / "inplace-enrich.wasm"),
@@ -130,8 +131,13 @@ def proxy(
     }
     path = tmp_path_factory.mktemp("records-config") / "sluice.yaml"
     path.write_text(yaml.safe_dump(config))
-    with SluiceProxy(upstream=stack.bootstrap, config=path) as p:
+    # The session's module cache starts empty: the proxy compiles the Go and JavaScript
+    # examples (1-2 MB each, seconds apiece on a loaded machine) before it listens.
+    p = SluiceProxy(upstream=stack.bootstrap, config=path).start(timeout=120)
+    try:
         yield p
+    finally:
+        p.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -569,7 +575,7 @@ def test_python_clients_mask_and_reject(stack: RelayedBroker, proxy: SluiceProxy
 # --------------------------------------------------------------------------- seed ABIs
 
 
-@pytest.mark.parametrize("prefix", ["enrich", "genrich"], ids=["c", "go"])
+@pytest.mark.parametrize("prefix", ["enrich", "genrich", "jsenrich"], ids=["c", "go", "js"])
 def test_sluice_abi_example_enriches_and_drops(stack: RelayedBroker, proxy: SluiceProxy,
                                                prefix: str) -> None:
     topic = unique(prefix)
@@ -585,6 +591,33 @@ def test_sluice_abi_example_enriches_and_drops(stack: RelayedBroker, proxy: Slui
     assert [d["user_id"] for d in stored] == ["a", "b"]
     assert stored[0]["timestamp"].endswith("Z") and len(stored[0]["timestamp"]) == 24
     assert stored[1]["timestamp"] == "2020-01-01T00:00:00.000Z"
+
+
+def test_javascript_enrich_rejects_like_the_c_original(proxy: SluiceProxy) -> None:
+    """The producer gets the same reject reason (the C SDK parser's message) from the
+    JavaScript port as from the C filter, through the proxy; the batch's good record is
+    stored by neither (a reject fails the partition's batch)."""
+    from kafka import KafkaProducer
+    from kafka.errors import InvalidRecordError
+
+    reasons = {}
+    for prefix, name in (("enrich", "enrich"), ("jsenrich", "enrich-js")):
+        topic = unique(prefix)
+        create_topic(proxy.bootstrap, topic)
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, retries=0)
+        try:
+            for value in (b"not json", b"[1]", b'{"user_id": 1,}'):
+                with pytest.raises(InvalidRecordError, match=f"filter {name}: ") as err:
+                    producer.send(topic, value).get(timeout=20)
+                reasons.setdefault(prefix, []).append(
+                    str(err.value).split(f"filter {name}: ", 1)[1])
+            producer.send(topic, b'{"user_id": 2, "timestamp": 1}').get(timeout=20)
+        finally:
+            producer.close()
+    assert reasons["jsenrich"] == reasons["enrich"]
+    assert reasons["enrich"][0].startswith("value is not a JSON object: unexpected token")
+    assert reasons["enrich"][1].startswith("value is not a JSON object")
+    assert "expected member name" in reasons["enrich"][2]
 
 
 def test_inplace_abi_transform_record(stack: RelayedBroker, proxy: SluiceProxy) -> None:

@@ -3,9 +3,10 @@
 Both paths must give the same outcome for every batch: the same bytes forwarded, the same
 errors, the same per-filter counts. The decoding path is the reference; the native path is
 only allowed to be faster. Guests come from the C SDK (tests/filters/sdk/probe_c: each record
-value is a command), the Zig, Rust, AssemblyScript and Go SDKs (tests/filters/sdk/probe_zig,
-probe_rust, probe_as, probe_go: the same commands), the shipped pii-mask and the upper and
-enrich examples in every language; `native_bad.wat` returns a broken native answer.
+value is a command), the Zig, Rust, AssemblyScript, Go and JavaScript SDKs
+(tests/filters/sdk/probe_zig, probe_rust, probe_as, probe_go, probe_js: the same commands),
+the shipped pii-mask and the upper and enrich examples in every language; `native_bad.wat`
+returns a broken native answer.
 """
 
 from __future__ import annotations
@@ -48,11 +49,12 @@ from sluice.filters.records_io import AbiError
 PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
 EXAMPLES = Path(__file__).resolve().parents[2] / "filters" / "examples"
 # Every example with a Sluice ABI port, by name: the committed modules.
-PORTS = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go", "enrich", "enrich-rust",
-         "enrich-as", "enrich-go", "pii-mask-go"]
+PORTS = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go", "upper-js", "enrich",
+         "enrich-rust", "enrich-as", "enrich-go", "enrich-js", "pii-mask-go"]
 # The probes that mirror probe_zig, by language; each has a "<lang>-probe" chain and a
 # "<lang>-like-c" one whose "ctx" text equals the C probe's.
-SDK_PROBES = {"zig": "probe_zig", "rust": "probe_rust", "as": "probe_as", "go": "probe_go"}
+SDK_PROBES = {"zig": "probe_zig", "rust": "probe_rust", "as": "probe_as", "go": "probe_go",
+              "js": "probe_js"}
 PRODUCE = RecordContext("orders", 3, "produce", "app", "User:alice")
 FETCH = RecordContext("orders", 3, "fetch", "app", "User:alice")
 COMMANDS = [b"keep", b"drop", b"ctx", b"count", b"headers", b"json", b"other", b"fail", None,
@@ -109,7 +111,7 @@ def chains(probe_wasm: Path, sdk_probes: dict[str, Path],
         # Its "ctx" text equals the C probe's without config (limit 1000).
         built[f"{lang}-like-c"] = make(FilterSpec(name=lang, module=str(wasm), topics=("*",),
                                                   apply_to=both, config={"prefix": "1000"}))
-    for lang in ("rust", "as", "go"):
+    for lang in ("rust", "as", "go", "js"):
         built[f"probe-then-{lang}"] = make(
             FilterSpec(name="probe", module=str(probe_wasm), topics=("*",), apply_to=both),
             FilterSpec(name=lang, module=str(sdk_probes[lang]), topics=("*",), apply_to=both,
@@ -185,7 +187,7 @@ values_st = st.lists(st.one_of(st.sampled_from(COMMANDS), st.binary(max_size=40)
        chain_name=st.sampled_from(["probe", "probe-pass", "mask-then-probe", "probe-twice",
                                    "zig-probe", "probe-then-zig", "zig-then-probe",
                                    "rust-probe", "as-probe", "probe-then-rust", "probe-then-as",
-                                   "go-probe", "probe-then-go",
+                                   "go-probe", "probe-then-go", "js-probe", "probe-then-js",
                                    *PORTS]),
        base_offset=st.integers(0, 2**40), null_keys=st.booleans())
 def test_native_and_decoding_paths_agree(chains: Any, values: list[bytes | None], codec: int,

@@ -1,4 +1,4 @@
-"""`python -m sluice.filters.bench --only languages` runs the five builds of `upper` side by side
+"""`python -m sluice.filters.bench --only languages` runs the six builds of `upper` side by side
 (a smoke run: what it measures is reported, never asserted on)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sluice.filters import bench
 def test_languages_report_has_every_sdk_and_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--only", "languages", "--quick"]) == 0
     report = json.loads(capsys.readouterr().out)["languages"]
-    assert sorted(report) == ["assemblyscript", "c", "go", "rust", "zig"]
+    assert sorted(report) == ["assemblyscript", "c", "go", "js", "rust", "zig"]
     for lang, row in report.items():
         for path in ("decoding_path", "native_call", "native_path"):
             assert row[f"{path}_records_per_s"] > 0, (lang, path)

@@ -1,9 +1,9 @@
 """The seed examples under filters/examples, run through the production filter runtime.
 
-They double as tests of the three ABIs from the guest side: Sluice ABI v1 (enrich in C, Rust
-and AssemblyScript; upper in Zig, Rust and AssemblyScript: each port must behave exactly like
-the original), the Kafka Connect ABI (connect-functions) and the in-place ABI
-(inplace-enrich).
+They double as tests of the three ABIs from the guest side: Sluice ABI v1 (enrich in C, Rust,
+AssemblyScript, Go and JavaScript; upper in Zig, C, Rust, AssemblyScript, Go and JavaScript:
+each port must behave exactly like the original), the Kafka Connect ABI (connect-functions)
+and the in-place ABI (inplace-enrich).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def run(f: LoadedFilter, *values: bytes | None, key: bytes | None = None,
     return f.run_batch(CTX, recs, timestamp_base=timestamp_ms).decisions
 
 
-ENRICH = ["enrich", "enrich-rust", "enrich-as", "enrich-go"]
-UPPER = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go"]
+ENRICH = ["enrich", "enrich-rust", "enrich-as", "enrich-go", "enrich-js"]
+UPPER = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go", "upper-js"]
 
 
 @pytest.mark.parametrize("name", ENRICH)
