@@ -109,10 +109,17 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{kafka39_smoke.MARKER}: the subset CI also runs against Kafka 3.9 "
         "(tests/harness/kafka39_smoke.py)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{kafka39_smoke.NEEDS_39}: uses the kafka39_broker fixture (a Kafka 3.9 node)",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The Kafka 3.9 smoke subset gets its marker (`-m kafka39_smoke` selects it)."""
+    """The Kafka 3.9 smoke subset gets its marker (`-m kafka39_smoke` selects it), and the
+    tests that start a 3.9 node theirs."""
     for item in items:
         if kafka39_smoke.selected(item.nodeid):
             item.add_marker(kafka39_smoke.MARKER)
+        if "kafka39_broker" in getattr(item, "fixturenames", ()):
+            item.add_marker(kafka39_smoke.NEEDS_39)
