@@ -56,6 +56,11 @@ SMOKE = (
     "tests/e2e/test_kafka_broker.py::test_a_wrong_password_is_an_authentication_error",
     "tests/e2e/test_kafka_broker.py::test_without_a_client_certificate_the_ssl_listener",
     "tests/e2e/test_kafka_broker.py::test_the_sluice_proxy_in_front_of_kafka_passes_records",
+    # SASL pass-through to Kafka's own users: per-principal filters, its ACL denial and its
+    # authentication error through the proxy
+    "tests/proxy/test_sasl.py::test_filters_bind_per_principal",
+    "tests/proxy/test_sasl.py::test_an_acl_denial_reaches_the_client_through_the_proxy",
+    "tests/proxy/test_sasl.py::test_wrong_password_sets_no_principal",
     # the files of the tests that need a 3.9 node whatever the session's Kafka is (fixture
     # `kafka39_broker`, marker `kafka39`): old clients that skip ApiVersions
     "tests/e2e/test_old_clients.py",
