@@ -1,6 +1,7 @@
 """Per-record cost of builtin:pii-mask through the host runtime (no broker, no network).
 
     python -m bench.bench_pii_mask [--records 20000] [--batch 100] [--rounds 5] [--profile]
+                                   [--module PATH.wasm] [--variants pii,clean,...]
 
 Records are ~200-byte JSON values (as bench.bench_proxy sends), in batches of 100, measured
 two ways:
@@ -9,20 +10,27 @@ two ways:
   encoding, the Wasm call and the decoding of decisions);
 - native path: ``filter_produce`` over an uncompressed record batch (what the proxy calls per
   partition: CRC check, ``sluice_filter_records`` on the records section, the codec's check
-  of the result, the rebuilt batch).
+  of the result, the rebuilt batch), and ``filter_fetch`` over the same batch (the fetch
+  direction's per-partition call). Minus the guest column, these are the host's share.
 
 Variants:
 
   pii-mask/pii      every record holds an e-mail address, every third a card number
   pii-mask/clean    the same shape without personal data (nothing to rewrite)
+  pii-mask/workload bench.bench_proxy's records: an e-mail address and a card number in each
   pii-mask/fields   pii records, with field paths configured as well
   pii-mask/keyed    pii records with a short key and two short header values (one a trace
                     id), all three scanned as the defaults do
   pii-mask/keyed-values  the same records with ``keys: false, headers: false``
+  pii-mask/text-1k  ~1 KB log lines (not JSON: text mode), each with one e-mail address and
+                    one card number in the middle of ordinary words
+  pii-mask/text-1k-clean  the same lines without them
   json-validate     a cheap builtin over the same records: the host's fixed cost per batch
 
 Prints µs/record (median of the rounds, thread CPU time) per variant and path, and the guest
-call alone (``sluice_filter_records`` on the records section, without the host's checks).
+call alone (``sluice_filter_records`` on the records section, without the host's checks), also
+as ns per byte of record value. ``--module`` runs another build of pii-mask (a .wasm path) in
+place of the builtin, to compare two builds with one command.
 ``--profile`` instead runs cProfile over the native path of pii-mask/pii and prints where the
 time goes (the guest call against the host's checks), per record.
 """
@@ -36,11 +44,12 @@ import statistics
 import time
 from typing import Any
 
+from bench.workload import json_records as workload_records
 from sluice.codec.records import HEADER_SIZE, BatchHeader, Record, build_batch
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
-from sluice.filters.pipeline import filter_produce
+from sluice.filters.pipeline import filter_fetch, filter_produce
 from sluice.filters.runtime import LoadedFilter
 
 
@@ -62,7 +71,27 @@ def json_values(n: int, pii: bool, size: int = 200, seed: int = 7) -> list[bytes
     return out
 
 
+def text_values(n: int, pii: bool, size: int = 1000, seed: int = 11) -> list[bytes]:
+    """Log lines of about `size` bytes, with an e-mail address and a card number in the middle
+    of ordinary words (or, without pii, the same words)."""
+    rng = random.Random(seed)
+    words = ["request", "served", "in", "ms", "status", "ok", "user", "session", "opened",
+             "from", "the", "web", "client", "cache", "miss", "retry", "queue", "latency"]
+    out = []
+    for i in range(n):
+        line: list[str] = [f"2026-11-28T06:{i % 60:02d}:00Z INFO"]
+        while sum(len(w) + 1 for w in line) < size // 2:
+            line.append(rng.choice(words))
+        line.append(f"contact user{i}@example.com card 4111 1111 1111 1111" if pii
+                    else "contact user at example card on file")
+        while sum(len(w) + 1 for w in line) < size:
+            line.append(rng.choice(words))
+        out.append(" ".join(line).encode())
+    return out
+
+
 CTX = RecordContext(topic="bench", partition=0, direction="produce", client_id="bench")
+FETCH_CTX = RecordContext(topic="bench", partition=0, direction="fetch", client_id="bench")
 TRACE_ID = b"4bf92f3577b34da6a3ce929d0e0e4736"
 
 
@@ -99,7 +128,8 @@ def measure_decoding(f: LoadedFilter, values: list[bytes], batch: int, rounds: i
 
 
 def measure_native(chain: FilterChain, values: list[bytes], batch: int, rounds: int,
-                   keyed: bool = False) -> float:
+                   keyed: bool = False, fetch: bool = False) -> float:
+    """filter_produce (or, with `fetch`, filter_fetch) over uncompressed batches."""
     assert chain.native_for(CTX.topic, "produce"), "the module has no sluice_filter_records"
     raw = []
     for i in range(0, len(values), batch):
@@ -110,6 +140,9 @@ def measure_native(chain: FilterChain, values: list[bytes], batch: int, rounds: 
         n = len(records)
         header = BatchHeader(0, 0, -1, 2, 0, 0, n - 1, 0, 0, -1, -1, -1, n)
         raw.append(build_batch(header, records))
+    if fetch:
+        return _median_us([lambda r=r: filter_fetch(chain, FETCH_CTX, r) for r in raw],
+                          len(values), rounds)
     return _median_us([lambda r=r: filter_produce(chain, CTX, r) for r in raw], len(values),
                       rounds)
 
@@ -171,6 +204,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", action="store_true",
                         help="profile pii-mask's native path instead of timing variants")
+    parser.add_argument("--module", default="builtin:pii-mask",
+                        help="the pii-mask build to measure (a .wasm path; default the builtin)")
+    parser.add_argument("--variants", default="",
+                        help="comma-separated variant names (default: all)")
     args = parser.parse_args(argv)
     pii = json_values(args.records, pii=True)
     if args.profile:
@@ -183,24 +220,36 @@ def main(argv: list[str] | None = None) -> None:
         f"median of {args.rounds} rounds"
     )
     off = {"keys": False, "headers": False}
+    mask = args.module
+    text_n = max(1, args.records // 5)
     variants: list[tuple[str, str, dict[str, Any], list[bytes], bool]] = [
-        ("pii-mask/pii", "builtin:pii-mask", {}, pii, False),
-        ("pii-mask/clean", "builtin:pii-mask", {}, clean, False),
-        ("pii-mask/fields", "builtin:pii-mask", {"fields": ["email", "card"]}, pii, False),
-        ("pii-mask/keyed", "builtin:pii-mask", {}, pii, True),
-        ("pii-mask/keyed-values", "builtin:pii-mask", off, pii, True),
+        ("pii-mask/pii", mask, {}, pii, False),
+        ("pii-mask/workload", mask, {}, workload_records(args.records), False),
+        ("pii-mask/clean", mask, {}, clean, False),
+        ("pii-mask/fields", mask, {"fields": ["email", "card"]}, pii, False),
+        ("pii-mask/keyed", mask, {}, pii, True),
+        ("pii-mask/keyed-values", mask, off, pii, True),
+        ("pii-mask/text-1k", mask, {}, text_values(text_n, pii=True), False),
+        ("pii-mask/text-1k-clean", mask, {}, text_values(text_n, pii=False), False),
         ("json-validate", "builtin:json-validate", {"required_fields": ["user_id"]}, pii, False),
     ]
-    print(f"{'variant':22} {'decoding us/rec':>16} {'native us/rec':>14} {'guest us/rec':>13}")
+    if args.variants:
+        chosen = set(args.variants.split(","))
+        variants = [v for v in variants if v[0] in chosen or v[0].split("/")[-1] in chosen]
+    print(f"{'variant':22} {'decoding us/rec':>16} {'native us/rec':>14} {'fetch us/rec':>13} "
+          f"{'guest us/rec':>13} {'guest ns/byte':>14}")
     for name, module, config, values, keyed in variants:
         spec = FilterSpec(name=name.replace("/", "-"), module=module, config=config,
-                          topics=("bench",), apply_to=frozenset({"produce"}))
+                          topics=("bench",), apply_to=frozenset({"produce", "fetch"}))
         chain = FilterChain.from_specs([spec])
         decoding = measure_decoding(chain.filters[0], values, args.batch, args.rounds, keyed)
         native = measure_native(chain, values, args.batch, args.rounds, keyed)
+        fetch = measure_native(chain, values, args.batch, args.rounds, keyed, fetch=True)
         guest = measure_guest(chain.filters[0], values, args.batch, args.rounds, keyed)
         chain.close()
-        print(f"{name:22} {decoding:16.2f} {native:14.2f} {guest:13.2f}")
+        per_byte = guest * 1000 * len(values) / sum(len(v) for v in values)
+        print(f"{name:22} {decoding:16.2f} {native:14.2f} {fetch:13.2f} {guest:13.2f} "
+              f"{per_byte:14.2f}")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ FATE_KEEP: Final = int(Action.KEEP)
 FATE_REWRITE: Final = int(Action.REWRITE)
 FATE_DROP: Final = int(Action.DROP)
 FATE_REJECT: Final = int(Action.REJECT)
+_KNOWN_FATES: Final = bytes((FATE_KEEP, FATE_REWRITE, FATE_DROP, FATE_REJECT))
 
 _TAIL = struct.Struct("<qqI")
 
@@ -118,8 +119,11 @@ def decode_native_output(buf: bytes, expected_records: int) -> NativeOutput:
     if pos + 4 > size:
         raise AbiError(f"output truncated reading fates and records_len at byte {pos}")
     fates = buf[4:pos]
-    if count and max(fates) > FATE_REJECT:
-        raise AbiError(f"unknown fate {max(fates)}")
+    # translate() deletes the known fates in one C pass (max() walked the bytes as ints: ~30 µs
+    # per 1 000 records, more than the rest of this function)
+    unknown = fates.translate(None, _KNOWN_FATES)
+    if unknown:
+        raise AbiError(f"unknown fate {max(unknown)}")
     records_len = _I32.unpack_from(buf, pos)[0]
     pos += 4
     all_kept = fates.count(FATE_KEEP) == count

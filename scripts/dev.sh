@@ -7,6 +7,8 @@
 #   bash scripts/dev.sh install   only install
 #   bash scripts/dev.sh kafka-lock  after changing scripts/kafka*/pom.xml: resolve each and write
 #                                 the sha256 of every jar to the jars.sha256 beside it
+#   bash scripts/dev.sh spark-kafka-lock  the same for scripts/spark/pom.xml (Spark's Kafka
+#                                 connector) and scripts/spark/jars.sha256
 #
 # Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark and Kafka, Maven, gcc and
 # libssl-dev for the native batch sealer of builtin:encrypt, Rust with the
@@ -14,8 +16,9 @@
 # missing, the pinned Go toolchain for the Go SDK (from an installed Go), a virtualenv in .venv with the project and every Python dependency from
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
 # the Spark driver's class archive in .venv/share/sluice, and Apache Kafka's jars (Maven
-# Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs, and Kafka
-# 3.9's broker (scripts/kafka39) in .venv/share/kafka39/libs.
+# Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs, Kafka 3.9's
+# broker (scripts/kafka39) in .venv/share/kafka39/libs, and Spark's Kafka source and sink
+# (checked against scripts/spark/jars.sha256) in .venv/share/spark-kafka/jars.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -251,6 +254,61 @@ install_kafka_class_archive() {
     echo "warning: no class archive for the Kafka broker (see the error above); it starts without it" >&2
 }
 
+SPARK_KAFKA_POM="scripts/spark/pom.xml"
+SPARK_KAFKA_LOCK="scripts/spark/jars.sha256"
+
+# The jars $1 (a pom) resolves, copied into $2, Maven checking each download against the
+# repository's checksum (-C).
+resolve_pom_jars() {
+  rm -rf "$2"
+  mvn -B -q -C -Dstyle.color=never -f "$1" dependency:copy-dependencies \
+    -DoutputDirectory="$2" -DincludeScope=runtime
+}
+
+# Spark's Kafka source and sink (the `kafka` format of Structured Streaming, which pyspark's
+# wheel lacks) in $VENV/share/spark-kafka/jars, for the streaming query the tests run through
+# the proxy (tests/harness/spark_streaming.py loads them with spark.jars: no Ivy, no network at
+# run time). Resolved from Maven Central, each jar's sha256 checked against the lock file, no
+# jar the lock file does not list; skipped while the pom and the lock file are unchanged.
+install_spark_kafka() {
+  local dest="$VENV/share/spark-kafka/jars"
+  local stamp="$VENV/share/spark-kafka/.sluice-installed"
+  local want
+  want="$(cat "$SPARK_KAFKA_POM" "$SPARK_KAFKA_LOCK" | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest" ]; then
+    return 0
+  fi
+  need_java_and_maven
+  say "fetching Spark's Kafka connector from Maven Central into $dest"
+  local tmp="$dest.tmp"
+  mkdir -p "$(dirname "$dest")"
+  resolve_pom_jars "$SPARK_KAFKA_POM" "$tmp"
+  (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$SPARK_KAFKA_LOCK") || {
+    echo "Spark's Kafka jars in $tmp do not match $SPARK_KAFKA_LOCK (see above): not installed" >&2
+    exit 1; }
+  local extra
+  extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$SPARK_KAFKA_LOCK" | sort))"
+  if [ -n "$extra" ]; then
+    echo "Maven resolved jars that $SPARK_KAFKA_LOCK does not list: $extra" >&2
+    echo "(after changing $SPARK_KAFKA_POM run: bash scripts/dev.sh spark-kafka-lock)" >&2
+    exit 1
+  fi
+  rm -rf "$dest"
+  mv "$tmp" "$dest"
+  echo "$want" > "$stamp"
+}
+
+# Writes $SPARK_KAFKA_LOCK from a fresh resolution of $SPARK_KAFKA_POM (review the diff).
+write_spark_kafka_lock() {
+  need_java_and_maven
+  local tmp
+  tmp="$(mktemp -d)"
+  resolve_pom_jars "$SPARK_KAFKA_POM" "$tmp/jars"
+  (cd "$tmp/jars" && sha256sum -- *.jar) > "$SPARK_KAFKA_LOCK"
+  rm -rf "$tmp"
+  say "wrote $SPARK_KAFKA_LOCK ($(wc -l < "$SPARK_KAFKA_LOCK") jars)"
+}
+
 # Writes every set's jars.sha256 from a fresh resolution of its pom (review the diff before
 # committing).
 write_kafka_lock() {
@@ -272,6 +330,7 @@ install_all() {
   build_batch_seal
   install_node_tools
   install_kafka
+  install_spark_kafka
   install_go
   compile_project
   install_class_archive
@@ -327,7 +386,8 @@ shift || true
 case "$cmd" in
   install) install_all ;;
   kafka-lock) write_kafka_lock ;;
+  spark-kafka-lock) write_spark_kafka_lock ;;
   demo) install_all; exec "$VENV/bin/sluice" demo "$@" ;;
   test) install_all; run_checks; run_tests "$@" ;;
-  *) echo "usage: bash scripts/dev.sh {demo|test|install|kafka-lock} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/dev.sh {demo|test|install|kafka-lock|spark-kafka-lock} [args]" >&2; exit 2 ;;
 esac

@@ -248,6 +248,9 @@ class KafkaCluster:
     # Keep the folder (configs, data, logs) after stop(); also kept when a start fails.
     keep_files: bool = field(default_factory=lambda: bool(os.environ.get("SLUICE_KAFKA_KEEP")))
     extra_config: dict[str, str] = field(default_factory=dict)
+    # Ports announced to clients instead of a client listener's own (one node only): for a
+    # test's TCP relay in front of the node (tests/harness/kafka_relay.py).
+    advertised_ports: dict[str, int] = field(default_factory=dict)
     start_timeout: float = 120.0
     # Map the recorded class archive into every JVM when there is one (see
     # sluice/kafka_class_archive.py); `record_classes_to` makes the brokers write one at
@@ -349,6 +352,7 @@ class KafkaCluster:
             node.data_dir,
             self._creds(),
             anonymous_super_user=self.anonymous_super_user,
+            advertised_ports=self.advertised_ports,
         )
         props.update(self.extra_config)
         return props
@@ -384,6 +388,8 @@ class KafkaCluster:
     def start(self) -> KafkaCluster:
         if self.nodes < 1:
             raise ValueError("a Kafka cluster needs at least one node")
+        if self.advertised_ports and self.nodes != 1:
+            raise ValueError("advertised_ports is for a single node")
         kafka_libs(self.version)  # fail before making anything if the jars are missing
         began = time.monotonic()
         self.folder = Path(tempfile.mkdtemp(prefix="sluice-kafka-"))

@@ -27,9 +27,14 @@ def server_properties(
     creds: KafkaCredentials,
     *,
     anonymous_super_user: bool,
+    advertised_ports: Mapping[str, int] | None = None,
 ) -> dict[str, str]:
-    """Node `node_id`'s settings; `ports` maps every node id to its port per listener."""
+    """Node `node_id`'s settings; `ports` maps every node id to its port per listener.
+    `advertised_ports` (by listener) are announced to clients instead of the listeners' own
+    ports: a test's TCP relay in front of the node then sees every connection a client makes
+    after bootstrap."""
     mine = ports[node_id]
+    announced = {**mine, **(advertised_ports or {})}
 
     def address(listener: str) -> str:
         return f"{HOST}:{mine[listener]}"
@@ -63,7 +68,7 @@ def server_properties(
         ),
         "listeners": ",".join(f"{name}://{address(name)}" for name in ALL_LISTENERS),
         "advertised.listeners": ",".join(
-            f"{name}://{address(name)}" for name in ALL_LISTENERS if name != "CONTROLLER"
+            f"{name}://{HOST}:{announced[name]}" for name in ALL_LISTENERS if name != "CONTROLLER"
         ),
         "listener.security.protocol.map": ",".join(f"{k}:{v}" for k, v in protocols.items()),
         "inter.broker.listener.name": "INTERNAL",

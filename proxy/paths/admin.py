@@ -140,10 +140,27 @@ async def _current_configs(
         await conn.close()
     out: dict[str, dict[str, str | None]] = {}
     for result in response.results:
+        code = int(result.error_code)
+        if code not in (0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION):
+            # E.g. TOPIC_AUTHORIZATION_FAILED when the proxy's user lacks DescribeConfigs: an
+            # empty config would be judged instead of the real one (a rewrite's defaults
+            # replacing values set on the topic). A missing topic stays empty: the broker
+            # answers the alter itself.
+            raise UpstreamError(
+                f"DescribeConfigs of topic {str(result.resource_name)!r} refused by the broker:"
+                f" {_error_name(code)} ({code})"
+            )
         out[str(result.resource_name)] = {
             str(c.name): c.value for c in result.configs if _set_on_topic(c)
         }
     return out
+
+
+def _error_name(code: int) -> str:
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return "unknown error"
 
 
 # DescribeConfigs' config_source values that mean "not set on the topic": a broker setting

@@ -32,7 +32,8 @@ def encrypt(doc: bytes, paths: list[str], key: bytes | None = b"k") -> tuple[byt
 
 
 def test_fields_are_replaced_and_the_rest_is_untouched() -> None:
-    doc = b'{ "card" : "4111 1111 1111 1111",\n  "name": "Ann", "iban": {"cc": "DE89370400440532013000", "n": 1} }'
+    doc = (b'{ "card" : "4111 1111 1111 1111",\n  "name": "Ann", '
+           b'"iban": {"cc": "DE89370400440532013000", "n": 1} }')
     stored, env = encrypt(doc, ["card", "iban", "missing"])
     assert env.fields == ("card", "iban")
     parsed = json.loads(stored)

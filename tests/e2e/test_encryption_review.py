@@ -1,7 +1,8 @@
 """The design review's findings on ``builtin:encrypt`` (issue 30), end to end: real
-confluent-kafka clients with SASL/PLAIN principals, a real `sluice serve`, a real Tansu behind
-a SASL broker front (or a plain Tansu where the principal must be ANONYMOUS), AWS KMS on
-moto's server. One test per finding; each failed before the fix.
+confluent-kafka clients with SCRAM principals, a real `sluice serve`, Apache Kafka's own
+SASL_PLAINTEXT listener (the session's node: users made for this module and ACLs on its
+topics, both removed after; its PLAINTEXT listener where the principal must be ANONYMOUS),
+AWS KMS on moto's server. One test per finding; each failed before the fix.
 """
 
 from __future__ import annotations
@@ -11,36 +12,79 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AclOperation, AdminClient, NewTopic, ResourceType
 
 from tests.e2e.clients import QUIET, unique
 from tests.harness.broker import TansuBroker
+from tests.harness.kafka_admin import KafkaAdmin
+from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.moto import AWS_ENV, MotoServer
 from tests.harness.proxy import SluiceProxy
-from tests.proxy.broker_front import FrontedTansu
 
-USERS = {"app": "app-Pa55-1", "card-1": "card-Pa55-2", "iban-1": "iban-Pa55-3",
-         "both-1": "both-Pa55-4", "admin": "admin-Pa55-5", "hr-1": "hr-Pa55-6"}
+# Made for this module (SCRAM-SHA-512); `app` and `admin` (the super user) are the node's own,
+# their passwords filled in by `sasl_broker`.
+USERS = {"card-1": "card-Pa55-2", "iban-1": "iban-Pa55-3", "both-1": "both-Pa55-4",
+         "hr-1": "hr-Pa55-6"}
+MADE = tuple(USERS)
 Rec = tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]
 
 
 def sasl(user: str | None) -> dict[str, Any]:
     if user is None:
         return {}
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
             "sasl.username": user, "sasl.password": USERS[user]}
 
 
+@dataclass(frozen=True)
+class SaslBroker:
+    """Kafka's SASL_PLAINTEXT listener (the address the proxy dials and admin reads from)."""
+
+    bootstrap: str
+
+
 @pytest.fixture(scope="module")
-def sasl_broker() -> Iterator[FrontedTansu]:
-    with FrontedTansu(front_kwargs={"sasl_users": USERS}) as b:
-        yield b
+def sasl_broker(kafka_broker: KafkaCluster) -> Iterator[SaslBroker]:
+    USERS.update({user: kafka_broker.password(user) for user in ("app", "admin")})
+    admin = KafkaAdmin(kafka_broker)
+    grants = []
+    try:
+        for user in MADE:
+            admin.add_scram_user(user, USERS[user])
+        for user in (*MADE, "app"):
+            principal = f"User:{user}"
+            for kind, name in ((ResourceType.TOPIC, "pay-"), (ResourceType.TOPIC, "hr-"),
+                               (ResourceType.GROUP, "g-")):
+                grants += admin.grant(principal, kind, name, AclOperation.ALL, prefixed=True)
+        bootstrap = kafka_broker.bootstrap_for("SASL_PLAINTEXT")
+        wait_for_login(bootstrap, MADE)
+        yield SaslBroker(bootstrap)
+    finally:
+        admin.revoke(grants)
+        for user in MADE:
+            admin.remove_scram_user(user)
+
+
+def wait_for_login(bootstrap: str, users: tuple[str, ...], timeout: float = 20) -> None:
+    """Until Kafka knows every user made at run time (its metadata log applies them)."""
+    deadline = time.monotonic() + timeout
+    for user in users:
+        while True:
+            try:
+                AdminClient({"bootstrap.servers": bootstrap, **QUIET, **sasl(user)}
+                            ).list_topics(timeout=5)
+                break
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
 
 
 def enc(name: str, topics: list[str], **config: Any) -> dict[str, Any]:
@@ -126,7 +170,7 @@ def fetch_errors(tmp_path: Path, topic: str, code: int, timeout: float = 10
 DOC = {"card": "4111-0000-1111", "iban": "DE89-3704-0044", "name": "Holder"}
 
 
-def test_bound_keks_topics_and_reverse_unwrapping(sasl_broker: FrontedTansu,
+def test_bound_keks_topics_and_reverse_unwrapping(sasl_broker: SaslBroker,
                                                   tmp_path: Path) -> None:
     """Finding 1: two fields-mode filters on one topic: a card reader never gets the IBAN
     (it did); nested seals unwrap in reverse; an hr record copied into a payments topic in the
@@ -161,7 +205,7 @@ def test_bound_keks_topics_and_reverse_unwrapping(sasl_broker: FrontedTansu,
         assert b"salary" not in (got[1][1] or b"")
 
 
-def test_forged_encryption_headers_are_refused(sasl_broker: FrontedTansu,
+def test_forged_encryption_headers_are_refused(sasl_broker: SaslBroker,
                                                tmp_path: Path) -> None:
     """Finding 2: a tombstone or a document without the listed fields, carrying a sluice.enc
     header, used to be stored and then fail every allowed fetch; now the produce is refused
@@ -186,7 +230,7 @@ def test_forged_encryption_headers_are_refused(sasl_broker: FrontedTansu,
     assert len(stored) == 2  # nothing forged reached the broker
 
 
-def test_fields_mode_edit_in_the_broker_is_an_error(sasl_broker: FrontedTansu,
+def test_fields_mode_edit_in_the_broker_is_an_error(sasl_broker: SaslBroker,
                                                     tmp_path: Path) -> None:
     """Finding 3: a clear member edited in the broker used to reach the allowed reader with
     error 0; now the partition fails (CORRUPT_MESSAGE) and the edit is never delivered."""
@@ -219,7 +263,7 @@ def test_dead_letter_config_is_refused(tmp_path: Path) -> None:
            f"'dead-letter'" in done.stderr
 
 
-def test_a_damaged_keyring_is_retriable_and_nothing_is_skipped(sasl_broker: FrontedTansu,
+def test_a_damaged_keyring_is_retriable_and_nothing_is_skipped(sasl_broker: SaslBroker,
                                                                tmp_path: Path) -> None:
     """Finding 5: a damaged keyring entry used to make the allowed fetch drop the records
     with error 0 (consumers moved past them); now the partition fails with 56 until the

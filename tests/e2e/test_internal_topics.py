@@ -3,7 +3,7 @@
 Each test plays an ordinary client of a real `sluice serve` in front of Tansu, with raw frames
 (tests/harness/raw_kafka.py) or real clients, and judges from outside: the answer's error
 codes, and the topics as the broker itself shows them. Operators (`security.operators`)
-authenticate with SASL PLAIN through the proxy to a broker front that checks passwords.
+authenticate with SCRAM through the proxy to Kafka's own SASL_PLAINTEXT listener.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AclOperation, AdminClient, NewTopic, ResourceType
 
 from sluice.codec import entities, schemas
 from sluice.codec.headers import response_header_size
@@ -30,9 +30,10 @@ from sluice.proxy.ops.config_load import load_config_file
 from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
 from tests.harness import raw_kafka as rk
 from tests.harness.broker import TansuBroker
+from tests.harness.kafka_admin import KafkaAdmin
+from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
-from tests.proxy.broker_front import FrontedTansu
 from tests.proxy.fleet_keys import operator, proxy_key
 from tests.proxy.test_fleet import MASKED, fleet_args, produce_and_read, sluice
 from tests.proxy.test_reload import events, wait_for
@@ -134,6 +135,30 @@ def high_watermark(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
+def values_since(bootstrap: str, topic: str, offset: int) -> list[bytes]:
+    """The values of partition 0 of `topic` from `offset` to its current end."""
+    end = high_watermark(bootstrap, topic)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"), **QUIET})
+    out: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, offset)])
+        deadline = time.monotonic() + 20
+        while offset + len(out) < end and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                out.append(msg.value() or b"")
+    finally:
+        consumer.close()
+    assert offset + len(out) >= end, f"read {len(out)} of {end - offset} records"
+    return out
+
+
+def only_heartbeats_since(bootstrap: str, topic: str, offset: int) -> bool:
+    """Whether the fleet topic gained nothing since `offset` but the proxy's own heartbeats
+    (one a second: comparing high watermarks raced with them)."""
+    return all(b'"type":"instance"' in value for value in values_since(bootstrap, topic, offset))
+
+
 def broker_topics(broker: TansuBroker) -> set[str]:
     return set(AdminClient({"bootstrap.servers": broker.bootstrap, **QUIET})
                .list_topics(timeout=10).topics)
@@ -158,7 +183,7 @@ def test_fleet_tombstone_and_forged_record_are_refused(guarded: Any, broker: Tan
                      on_delivery=lambda err, _msg: errors.append(err))
     producer.flush(20)
     assert [e.code() for e in errors] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
-    assert high_watermark(broker.bootstrap, fleet) == before
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
     # Counted: the two raw Produce requests, and librdkafka's Metadata request (it learns
     # TOPIC_AUTHORIZATION_FAILED there and never sends the record).
     lines = rk.series(rk.scrape(guarded["metrics"]), "sluice_internal_topic_refusals_total")
@@ -177,7 +202,7 @@ def test_mixed_produce_refuses_only_the_internal_topic(guarded: Any, broker: Tan
     answer = produce(port, {fleet: batch(b"filter:pii", None),
                             data: batch(b"k", b"mixed a@example.com")})
     assert answer == {fleet: DENIED, data: 0}
-    assert high_watermark(broker.bootstrap, fleet) == before
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
     stored = confluent_consume(broker.bootstrap, data, high_watermark(broker.bootstrap, data))
     assert stored[-1][1] is not None and b"a@example.com" not in stored[-1][1]
 
@@ -341,9 +366,10 @@ def test_admin_apis_on_the_fleet_topic_are_refused(guarded: Any, broker: TansuBr
             item(K.OFFSET_FOR_LEADER_EPOCH, 4, ("topics", "partitions"), partition=0,
                  current_leader_epoch=-1, leader_epoch=0),)),))
     assert topic_codes(answer) == [DENIED]
-    # Nothing happened to the topic.
+    # Nothing happened to the topic: what it gained meanwhile is the proxy's own heartbeats
+    # (one a second), never anything of the requests above.
     assert fleet in broker_topics(broker)
-    assert high_watermark(broker.bootstrap, fleet) == before
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
 
 
 def test_mixed_delete_topics_deletes_only_the_client_topic(guarded: Any, broker: TansuBroker
@@ -370,43 +396,76 @@ def test_mixed_delete_topics_deletes_only_the_client_topic(guarded: Any, broker:
 # ------------------------------------------------------------------ operators
 
 
-USERS = {"ops": "ops-Pa55word-1", "alice": "alice-Pa55word-2"}
+# `ops` is made for this module (a SCRAM user of the session's Kafka node, removed after);
+# `alice` is one of the node's users. Passwords: filled in by `sasl_broker`.
+USERS: dict[str, str] = {"ops": "ops-Pa55word-1"}
 
 
 def sasl(user: str) -> dict[str, Any]:
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
             "sasl.username": user, "sasl.password": USERS[user], **QUIET}
 
 
 @pytest.fixture(scope="module")
-def sasl_broker() -> Iterator[FrontedTansu]:
-    with FrontedTansu(front_kwargs={"sasl_users": USERS}) as b:
-        yield b
+def sasl_broker(kafka_broker: KafkaCluster) -> Iterator[KafkaCluster]:
+    USERS["alice"] = kafka_broker.password("alice")
+    admin = KafkaAdmin(kafka_broker)
+    admin.add_scram_user("ops", USERS["ops"])
+    try:
+        yield kafka_broker
+    finally:
+        admin.remove_scram_user("ops")
 
 
-def test_operators_reach_internal_topics(sasl_broker: FrontedTansu, tmp_path: Path) -> None:
+def test_operators_reach_internal_topics(sasl_broker: KafkaCluster, tmp_path: Path) -> None:
+    """Kafka lets both ops and alice use the topic (ACLs below): only the proxy keeps alice
+    out, because it is internal and she is no operator."""
     internal = unique("audit-mirror")
     config = tmp_path / "sluice.yaml"
     config.write_text(yaml.safe_dump({"security": {"operators": ["User:ops"],
                                                    "internal_topics": [internal]}}))
-    with SluiceProxy(upstream=sasl_broker.bootstrap, config=config) as proxy:
+    admin = KafkaAdmin(sasl_broker)
+    grants = [b for user in ("ops", "alice")
+              for b in admin.grant(f"User:{user}", ResourceType.TOPIC, internal, AclOperation.ALL)]
+    # librdkafka looks up a group coordinator even for a consumer that assigns itself.
+    grants += admin.grant("User:ops", ResourceType.GROUP, "assign-", AclOperation.READ,
+                          prefixed=True)
+    try:
+        direct = sasl_broker.bootstrap_for("SASL_PLAINTEXT")
+        with SluiceProxy(upstream=direct, config=config) as proxy:
+            operators_and_others(proxy, internal, direct)
+    finally:
+        admin.revoke(grants)
+
+
+def operators_and_others(proxy: SluiceProxy, internal: str, direct: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:  # the new user and ACLs reach the broker through its metadata log
         ops = AdminClient({"bootstrap.servers": proxy.bootstrap, **sasl("ops")})
-        for fut in ops.create_topics([NewTopic(internal, 1, 1)]).values():
-            fut.result(20)
-        assert internal in ops.list_topics(timeout=10).topics
-        alice = AdminClient({"bootstrap.servers": proxy.bootstrap, **sasl("alice")})
-        assert internal not in alice.list_topics(timeout=10).topics
-        results: dict[str, list[Any]] = {"ops": [], "alice": []}
-        for user in results:
-            producer = Producer({"bootstrap.servers": proxy.bootstrap,
-                                 "message.timeout.ms": 10000, **sasl(user)})
-            producer.produce(internal, value=user.encode(),
-                             on_delivery=lambda err, _m, u=user: results[u].append(err))
-            producer.flush(20)
-        assert results["ops"] == [None]
-        assert [e.code() for e in results["alice"]] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
-        stored = confluent_consume(proxy.bootstrap, internal, 1, **sasl("ops"))
-        assert [v for _k, v in stored] == [b"ops"]
+        try:
+            for fut in ops.create_topics([NewTopic(internal, 1, 1)]).values():
+                fut.result(20)
+            break
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+    assert internal in ops.list_topics(timeout=10).topics
+    alice = AdminClient({"bootstrap.servers": proxy.bootstrap, **sasl("alice")})
+    assert internal not in alice.list_topics(timeout=10).topics
+    results: dict[str, list[Any]] = {"ops": [], "alice": [], "alice-direct": []}
+    for user, bootstrap in (("ops", proxy.bootstrap), ("alice", proxy.bootstrap),
+                            ("alice-direct", direct)):
+        producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 10000,
+                             **sasl(user.removesuffix("-direct"))})
+        producer.produce(internal, value=user.encode(),
+                         on_delivery=lambda err, _m, u=user: results[u].append(err))
+        producer.flush(20)
+    assert results["ops"] == [None]
+    assert [e.code() for e in results["alice"]] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    assert results["alice-direct"] == [None]  # Kafka itself would let her
+    stored = confluent_consume(proxy.bootstrap, internal, 2, **sasl("ops"))
+    assert [v for _k, v in stored] == [b"ops", b"alice-direct"]
 
 
 # ------------------------------------------------------------------ configuration

@@ -3,16 +3,15 @@ checked against librdkafka), one reused connection, reconnection, the byte bound
 shutdown does with letters still queued.
 
 `broker` here is the session's Apache Kafka node (the module overrides the root fixture).
-Connections are counted by `BrokerFront` (tests/proxy/broker_front.py), a relay in front of a
-Tansu that advertises the relay's address, so every connection the writer opens passes it
-(kept on Tansu: the relay must be the address the broker advertises, which a Kafka node
-started for the whole session cannot be told).
+Connections are counted on `relayed_kafka` (tests/harness/kafka_relay.py), a Kafka node of this
+folder's own that announces its listeners at counting TCP relays, so every connection the
+writer opens passes one; the tests that inject broker answers or cut connections put their
+own relay (`Relay`) on that announced port for a while.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,8 +27,8 @@ from tests.e2e.clients import confluent_produce, create_topic, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.kafka_endpoint import KafkaEndpoint
+from tests.harness.kafka_relay import CountingRelay, RelayedKafka
 from tests.harness.ports import free_port
-from tests.proxy.broker_front import BrokerFront, FrontedTansu
 from tests.proxy.dead_letter_helpers import config_for, consume_with_partitions, letters
 
 
@@ -39,9 +38,8 @@ def broker(kafka_broker: KafkaCluster) -> KafkaEndpoint:
 
 
 @pytest.fixture(scope="module")
-def fronted() -> Iterator[FrontedTansu]:
-    with FrontedTansu() as b:
-        yield b
+def fronted(relayed_kafka: RelayedKafka) -> RelayedKafka:
+    return relayed_kafka
 
 
 def writer_for(
@@ -123,15 +121,16 @@ def test_keyless_letters_move_on_between_flushes(broker: TansuBroker) -> None:
     assert sorted(p for p, *_ in landed) == [0] * 4 + [1] * 4 + [2] * 4
 
 
-def test_one_connection_is_reused_across_flushes_and_topics(fronted: FrontedTansu) -> None:
-    assert fronted.front is not None
+@pytest.mark.kafka
+def test_one_connection_is_reused_across_flushes_and_topics(fronted: RelayedKafka) -> None:
+    relay = fronted.relays["PLAINTEXT"]
     topics = [unique("dlq-reuse"), unique("dlq-reuse")]
     for t in topics:
-        create_topic(fronted.bootstrap, t, 2)
-    before = fronted.front.connections
+        create_topic(fronted.bootstrap(), t, 2)
+    before = relay.connections
 
     async def run() -> DeadLetterWriter:
-        writer = writer_for(fronted.bootstrap)
+        writer = writer_for(fronted.bootstrap())
         for round_ in range(5):
             writer.submit(letters(topics[round_ % 2], 10))
             await wait_produced(writer, 10 * (round_ + 1))
@@ -140,8 +139,8 @@ def test_one_connection_is_reused_across_flushes_and_topics(fronted: FrontedTans
 
     writer = asyncio.run(run())
     assert writer.connections_opened == 1
-    assert fronted.front.connections - before == 1
-    assert len(consume_with_partitions(fronted.bootstrap, topics[0], 30)) == 30
+    assert relay.connections - before == 1
+    assert len(consume_with_partitions(fronted.bootstrap(), topics[0], 30)) == 30
 
 
 def test_queue_is_bounded_in_bytes_and_shutdown_counts_what_is_left() -> None:
@@ -234,10 +233,10 @@ def test_a_refused_topic_fails_its_letters_only(broker: TansuBroker) -> None:
 
 
 class Relay:
-    """An in-test relay on the port Tansu advertises (the front's, which steps aside): counts
-    connections and Metadata/Produce requests, can cut every connection (a broker restart) and
-    can answer the first `refuse_produces` Produce requests itself with NOT_LEADER_OR_FOLLOWER
-    for every partition, as a broker does after a leader moved."""
+    """An in-test relay on the port Kafka announces (the counting relay's, which steps aside):
+    counts connections and Metadata/Produce requests, can cut every connection (a broker
+    restart) and can answer the first `refuse_produces` Produce requests itself with
+    NOT_LEADER_OR_FOLLOWER for every partition, as a broker does after a leader moved."""
 
     def __init__(self, target_port: int, port: int, refuse_produces: int = 0) -> None:
         self.target_port, self.port = target_port, port
@@ -312,28 +311,33 @@ class Relay:
             pass
 
 
-async def relayed(fronted: FrontedTansu, relay: Relay, scenario: Any) -> DeadLetterWriter:
-    """Run `scenario(writer)` with `relay` in place of the front; the front comes back after."""
-    front = fronted.front
-    assert front is not None
-    front.stop()
+def in_place_of(fronted: RelayedKafka, **kwargs: Any) -> Relay:
+    counting = fronted.relays["PLAINTEXT"]
+    return Relay(counting.target_port, counting.port, **kwargs)
+
+
+async def relayed(fronted: RelayedKafka, relay: Relay, scenario: Any) -> DeadLetterWriter:
+    """Run `scenario(writer)` with `relay` in place of the counting relay, which comes back
+    after."""
+    counting = fronted.relays["PLAINTEXT"]
+    counting.stop()
     server = await asyncio.start_server(relay.serve, "127.0.0.1", relay.port)
     try:
-        writer = writer_for(fronted.bootstrap)
+        writer = writer_for(fronted.bootstrap())
         await scenario(writer)
         await writer.close()
         return writer
     finally:
         server.close()
         relay.cut()
-        fronted.front = BrokerFront(front.target_port, front.port).start()
+        fronted.relays["PLAINTEXT"] = CountingRelay(counting.target_port, counting.port).start()
 
 
-def test_not_leader_refreshes_metadata_and_retries(fronted: FrontedTansu) -> None:
-    assert fronted.front is not None
+@pytest.mark.kafka
+def test_not_leader_refreshes_metadata_and_retries(fronted: RelayedKafka) -> None:
     topic = unique("dlq-moved")
-    create_topic(fronted.bootstrap, topic, 2)
-    relay = Relay(fronted.front.target_port, fronted.front.port, refuse_produces=1)
+    create_topic(fronted.bootstrap(), topic, 2)
+    relay = in_place_of(fronted, refuse_produces=1)
 
     async def scenario(writer: DeadLetterWriter) -> None:
         writer.submit(letters(topic, 6))
@@ -343,15 +347,15 @@ def test_not_leader_refreshes_metadata_and_retries(fronted: FrontedTansu) -> Non
     assert relay.produce_requests == 2  # refused once, then sent again
     assert relay.metadata_requests == 2  # the refusal dropped the cached leaders
     assert (writer.stats()["produced"], writer.connections_opened) == (6, 1)
-    landed = consume_with_partitions(fronted.bootstrap, topic, 6)
+    landed = consume_with_partitions(fronted.bootstrap(), topic, 6)
     assert sorted(key for _, key, _, _ in landed) == sorted(d.key for d in letters(topic, 6))
 
 
-def test_a_broken_connection_is_dialled_again_after_a_back_off(fronted: FrontedTansu) -> None:
-    assert fronted.front is not None
+@pytest.mark.kafka
+def test_a_broken_connection_is_dialled_again_after_a_back_off(fronted: RelayedKafka) -> None:
     topic = unique("dlq-reconnect")
-    create_topic(fronted.bootstrap, topic, 1)
-    relay = Relay(fronted.front.target_port, fronted.front.port)
+    create_topic(fronted.bootstrap(), topic, 1)
+    relay = in_place_of(fronted)
 
     async def scenario(writer: DeadLetterWriter) -> None:
         writer.submit(letters(topic, 5))
@@ -362,4 +366,4 @@ def test_a_broken_connection_is_dialled_again_after_a_back_off(fronted: FrontedT
 
     writer = asyncio.run(relayed(fronted, relay, scenario))
     assert (writer.connections_opened, relay.connections) == (2, 2)
-    assert len(consume_with_partitions(fronted.bootstrap, topic, 10)) == 10
+    assert len(consume_with_partitions(fronted.bootstrap(), topic, 10)) == 10

@@ -24,6 +24,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -113,7 +114,7 @@ class SaslBroker:
 
 
 @pytest.fixture(scope="module")
-def sasl_broker(kafka_broker: KafkaCluster) -> SaslBroker:
+def sasl_broker(kafka_broker: KafkaCluster) -> Iterator[SaslBroker]:
     USERS.update({user: kafka_broker.password(user) for user in ("alice", "bob", "app", "admin")})
     bootstrap = kafka_broker.bootstrap_for("SASL_PLAINTEXT")
     # Ordinary users may do nothing until an ACL says so: topics sasl-* and every group.
@@ -127,7 +128,13 @@ def sasl_broker(kafka_broker: KafkaCluster) -> SaslBroker:
     ]
     for future in admin.create_acls(bindings).values():
         future.result(20)
-    return SaslBroker(bootstrap)
+    yield SaslBroker(bootstrap)
+    # The node is the session's: other modules (tests/e2e/test_kafka_tools.py) count on `bob`
+    # having no ACL at all.
+    filters = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host,
+                                b.operation, b.permission_type) for b in bindings]
+    for future in admin.delete_acls(filters).values():
+        future.result(20)
 
 
 def sasl_conf(mechanism: str, user: str, password: str | None = None) -> dict[str, Any]:

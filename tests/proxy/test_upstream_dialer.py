@@ -1,10 +1,11 @@
 """The proxy's own connections to the brokers: SASL (PLAIN, SCRAM-SHA-256/512) and TLS as
 configured, used by the dead-letter writer; and the `upstream_sasl:` / `dead_letters:` sections.
 
-Tansu 0.6 cannot authenticate anyone (see test_sasl.py), and its TLS flags cannot be combined,
-so the broker's SASL and TLS listeners are played by `BrokerFront` (tests/proxy/broker_front.py),
-which checks SCRAM proofs and PLAIN passwords against a user table as Kafka does and relays
-everything else to a real Tansu.
+The broker is Apache Kafka (a node of this folder's own, `relayed_kafka`): its SASL_PLAINTEXT
+listener checks PLAIN passwords and SCRAM proofs, its SSL listener wants a client certificate,
+and its ACLs say who the dialer authenticated as (a user may describe a topic only if an ACL
+names it). Each client listener is announced at a counting TCP relay, which counts the
+connections the writer opens and understands nothing of TLS or SASL.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AclOperation, ScramMechanism
 from structlog.testing import capture_logs
 
+from sluice.codec import entities, schemas
+from sluice.codec.error_codes import ErrorCode
+from sluice.codec.messages import ApiKey
 from sluice.proxy.contract import UpstreamError
 from sluice.proxy.net.tls import UpstreamTLS
 from sluice.proxy.net.upstream_client import UpstreamAuthError, UpstreamDialer
@@ -25,40 +30,56 @@ from sluice.proxy.ops.config import ConfigFileError, DeadLetterSettings, ProxyCo
 from sluice.proxy.ops.config_load import build_config
 from sluice.proxy.telemetry.dead_letters import DeadLetterWriter
 from tests.e2e.clients import unique
-from tests.proxy.broker_front import FrontedTansu
+from tests.harness.kafka_relay import REAUTH_MS, RelayedKafka, wait_until
 from tests.proxy.dead_letter_helpers import (
     config_for,
     consume_with_partitions,
     create_topic_with,
     letters,
 )
-from tests.proxy.tls_certs import Pki
 
-USERS = {"alice": "alice-Pa55word-7f3a", "carol,ops=x": "carol-Pa55word-5d0e"}
+# A SCRAM user whose name needs SCRAM's =2C / =3D escaping on the way; made at run time.
+CAROL = "carol,ops=x"
+CAROL_PASSWORD = "carol-Pa55word-5d0e"
+SCRAM = (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)
 
 
 @pytest.fixture(scope="module")
-def sasl_broker() -> Iterator[FrontedTansu]:
-    with FrontedTansu(front_kwargs={"sasl_users": USERS}) as b:
-        yield b
+def kafka(relayed_kafka: RelayedKafka) -> Iterator[RelayedKafka]:
+    relayed_kafka.add_scram_user(CAROL, CAROL_PASSWORD, SCRAM)
+    alice = relayed_kafka.cluster.password("alice")
+    relayed_kafka.add_scram_user("alice", alice, SCRAM[:1])  # SHA-512 exists from the format
+    # alice may use topics dlq-* (the dead-letter tests write them as alice).
+    grants = relayed_kafka.grant("User:alice", "dlq-", AclOperation.ALL, prefixed=True)
+    try:
+        yield relayed_kafka
+    finally:
+        relayed_kafka.revoke(grants)
+        relayed_kafka.remove_scram_user(CAROL, SCRAM)
+        relayed_kafka.remove_scram_user("alice", SCRAM[:1])
 
 
-def sasl_conf(user: str) -> dict[str, str]:
+def password(kafka: RelayedKafka, user: str) -> str:
+    return CAROL_PASSWORD if user == CAROL else kafka.cluster.password(user)
+
+
+def sasl_conf(kafka: RelayedKafka, user: str) -> dict[str, str]:
+    """librdkafka settings (SCRAM-SHA-512: no session lifetime on this listener)."""
     return {
         "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": user,
-        "sasl.password": USERS[user],
+        "sasl.password": password(kafka, user),
     }
 
 
-def ssl_conf(pki: Pki) -> dict[str, str]:
+def ssl_conf(kafka: RelayedKafka, user: str) -> dict[str, str]:
+    cert = kafka.cluster.credentials.client_certs[user]  # type: ignore[union-attr]
     return {
         "security.protocol": "SSL",
-        "ssl.ca.location": str(pki.ca),
-        "ssl.certificate.location": str(pki.client_cert),
-        "ssl.key.location": str(pki.client_key),
-        "ssl.endpoint.identification.algorithm": "none",
+        "ssl.ca.location": str(kafka.cluster.ca_cert),
+        "ssl.certificate.location": str(cert.cert),
+        "ssl.key.location": str(cert.key),
     }
 
 
@@ -102,50 +123,73 @@ def test_credentials_stay_out_of_repr() -> None:
 # ------------------------------------------------------------------ against the broker
 
 
-@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
-def test_dialer_authenticates(sasl_broker: FrontedTansu, mechanism: str) -> None:
-    user = "carol,ops=x"  # SCRAM's =2C / =3D escaping on the way
-    dialer = UpstreamDialer(
-        config_for(sasl_broker.bootstrap, sasl=UpstreamSasl(mechanism, user, USERS[user]))
-    )
-
-    async def run() -> int:
-        conn = await dialer.connect()
-        try:
-            # Kafka closes a connection that sends anything but ApiVersions before SASL.
-            version = conn.pick_version(3, ceiling=12)
-            response = await conn.request(
-                3, version, 10, topics=(), allow_auto_topic_creation=False
-            )
-            return len(response.brokers)
-        finally:
-            await conn.close()
-
-    assert asyncio.run(run()) == 1
-    assert sasl_broker.front is not None and user in sasl_broker.front.authenticated
+async def metadata_error(dialer: UpstreamDialer, topic: str) -> int:
+    """Kafka's error code for `topic` in a Metadata answer over a fresh dialled connection:
+    0 if the authenticated user may describe it, TOPIC_AUTHORIZATION_FAILED if not."""
+    conn = await dialer.connect()
+    try:
+        # Kafka closes a connection that sends anything but ApiVersions before SASL.
+        version = conn.pick_version(ApiKey.METADATA, ceiling=12)
+        tcls = entities.element_class(schemas.request_schema(ApiKey.METADATA, version), "topics")
+        response = await conn.request(
+            ApiKey.METADATA, version, 10, topics=(entities.build(tcls, name=topic),),
+            allow_auto_topic_creation=False,
+        )
+        [found] = response.topics
+        return int(found.error_code)
+    finally:
+        await conn.close()
 
 
-def test_wrong_password_is_refused_without_leaking_it(sasl_broker: FrontedTansu) -> None:
+def dialer_for(kafka: RelayedKafka, sasl: UpstreamSasl | None = None,
+               tls: UpstreamTLS | None = None, listener: str = "SASL_PLAINTEXT") -> UpstreamDialer:
+    return UpstreamDialer(config_for(kafka.bootstrap(listener), sasl=sasl, tls=tls))
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(
+    ("mechanism", "user"),
+    [("PLAIN", "alice"), ("SCRAM-SHA-256", CAROL), ("SCRAM-SHA-512", CAROL)],
+)
+def test_dialer_authenticates(kafka: RelayedKafka, mechanism: str, user: str) -> None:
+    topic = unique("who")
+    create_topic_with(kafka.bootstrap(), topic, 1)
+    grant = kafka.grant(f"User:{user}", topic, AclOperation.DESCRIBE)
+    try:
+        dialer = dialer_for(kafka, UpstreamSasl(mechanism, user, password(kafka, user)))
+        # Kafka says who logged in: only the ACL's user may describe the topic (the broker
+        # applies a new ACL through its metadata log: ask until it shows).
+        wait_until(lambda: asyncio.run(metadata_error(dialer, topic)) == 0, what="describe")
+        bob = dialer_for(kafka, UpstreamSasl(mechanism, "bob", password(kafka, "bob")))
+        if mechanism == "PLAIN":
+            assert asyncio.run(metadata_error(bob, topic)) == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    finally:
+        kafka.revoke(grant)
+
+
+@pytest.mark.kafka
+def test_wrong_password_is_refused_without_leaking_it(kafka: RelayedKafka) -> None:
     wrong = "not-alices-password-1234"
-    dialer = UpstreamDialer(
-        config_for(sasl_broker.bootstrap, sasl=UpstreamSasl("SCRAM-SHA-512", "alice", wrong))
-    )
+    dialer = dialer_for(kafka, UpstreamSasl("SCRAM-SHA-512", "alice", wrong))
     with pytest.raises(UpstreamAuthError) as caught:
         asyncio.run(dialer.connect())
     message = str(caught.value)
+    # Kafka's own SASL_AUTHENTICATION_FAILED (58) and its message, naming the mechanism.
     assert "'alice'" in message and "SCRAM-SHA-512" in message and "error 58" in message
-    assert wrong not in message
+    assert "invalid credentials" in message
+    assert wrong not in message and kafka.cluster.password("alice") not in message
 
 
-def test_dead_letters_over_sasl_use_one_connection(sasl_broker: FrontedTansu) -> None:
-    assert sasl_broker.front is not None
+@pytest.mark.kafka
+def test_dead_letters_over_sasl_use_one_connection(kafka: RelayedKafka) -> None:
     topic = unique("dlq-sasl")
-    create_topic_with(sasl_broker.bootstrap, topic, 3, **sasl_conf("alice"))
-    before = sasl_broker.front.connections
-    sasl = UpstreamSasl("SCRAM-SHA-512", "alice", USERS["alice"])
+    create_topic_with(kafka.bootstrap("SASL_PLAINTEXT"), topic, 3, **sasl_conf(kafka, "alice"))
+    relay = kafka.relays["SASL_PLAINTEXT"]
+    before = relay.connections
+    sasl = UpstreamSasl("SCRAM-SHA-512", "alice", password(kafka, "alice"))
 
     async def run() -> DeadLetterWriter:
-        writer = DeadLetterWriter(UpstreamDialer(config_for(sasl_broker.bootstrap, sasl=sasl)))
+        writer = DeadLetterWriter(dialer_for(kafka, sasl))
         for _ in range(3):
             writer.submit(letters(topic, 10))
             await writer_settled(writer)
@@ -154,43 +198,49 @@ def test_dead_letters_over_sasl_use_one_connection(sasl_broker: FrontedTansu) ->
 
     writer = asyncio.run(run())
     assert (writer.produced, writer.failed, writer.connections_opened) == (30, 0, 1)
-    assert sasl_broker.front.connections - before == 1
-    landed = consume_with_partitions(sasl_broker.bootstrap, topic, 30, **sasl_conf("alice"))
+    assert relay.connections - before == 1
+    landed = consume_with_partitions(kafka.bootstrap(), topic, 30)
     assert len(landed) == 30
 
 
-def test_a_connection_is_replaced_before_the_brokers_session_lifetime_ends() -> None:
-    with FrontedTansu(front_kwargs={"sasl_users": USERS, "session_lifetime_ms": 400}) as b:
-        assert b.front is not None
-        topic = unique("dlq-reauth")
-        create_topic_with(b.bootstrap, topic, 1, **sasl_conf("alice"))
-        sasl = UpstreamSasl("SCRAM-SHA-256", "alice", USERS["alice"])
+@pytest.mark.kafka
+@pytest.mark.serial  # two flushes must fit in the session's first 90 %
+def test_a_connection_is_replaced_before_the_brokers_session_lifetime_ends(
+    kafka: RelayedKafka,
+) -> None:
+    """SCRAM-SHA-256 sessions on this listener last REAUTH_MS (Kafka's
+    connections.max.reauth.ms, announced in SaslAuthenticate): Kafka closes a connection used
+    after that, so the writer must dial a new one before, not find out by a failed Produce."""
+    topic = unique("dlq-reauth")
+    create_topic_with(kafka.bootstrap(), topic, 1)
+    sasl = UpstreamSasl("SCRAM-SHA-256", "alice", password(kafka, "alice"))
 
-        async def run() -> DeadLetterWriter:
-            writer = DeadLetterWriter(UpstreamDialer(config_for(b.bootstrap, sasl=sasl)))
-            writer.submit(letters(topic, 3))
-            await writer_settled(writer)
-            writer.submit(letters(topic, 3))  # still within the session: same connection
-            await writer_settled(writer)
-            assert writer.connections_opened == 1
-            await asyncio.sleep(0.5)  # past 90 % of the lifetime the broker announced
-            writer.submit(letters(topic, 3))
-            await writer_settled(writer)
-            await writer.close()
-            return writer
+    async def run() -> DeadLetterWriter:
+        writer = DeadLetterWriter(dialer_for(kafka, sasl))
+        writer.submit(letters(topic, 3))
+        await writer_settled(writer)
+        writer.submit(letters(topic, 3))  # still within the session: same connection
+        await writer_settled(writer)
+        assert writer.connections_opened == 1
+        await asyncio.sleep(REAUTH_MS / 1000)  # past the session Kafka announced
+        writer.submit(letters(topic, 3))
+        await writer_settled(writer)
+        await writer.close()
+        return writer
 
-        writer = asyncio.run(run())
-        assert (writer.produced, writer.failed, writer.connections_opened) == (9, 0, 2)
+    writer = asyncio.run(run())
+    assert (writer.produced, writer.failed, writer.connections_opened) == (9, 0, 2)
+    # One Produce per flush: none was lost to a connection Kafka had closed.
+    assert writer.produce_requests == 3
 
 
-def test_dead_letters_with_a_wrong_password_fail_quietly(sasl_broker: FrontedTansu) -> None:
+@pytest.mark.kafka
+def test_dead_letters_with_a_wrong_password_fail_quietly(kafka: RelayedKafka) -> None:
     wrong = "not-alices-password-5678"
     sasl = UpstreamSasl("PLAIN", "alice", wrong)
 
     async def run() -> DeadLetterWriter:
-        writer = DeadLetterWriter(
-            UpstreamDialer(config_for(sasl_broker.bootstrap, sasl=sasl)), delivery_timeout=0.5
-        )
+        writer = DeadLetterWriter(dialer_for(kafka, sasl), delivery_timeout=0.5)
         writer.submit(letters(unique("dlq-nope"), 4))
         await writer_settled(writer, timeout=10)
         await writer.close(timeout=0.1)
@@ -202,20 +252,19 @@ def test_dead_letters_with_a_wrong_password_fail_quietly(sasl_broker: FrontedTan
     assert logs and not any(wrong in repr(e) for e in logs)
 
 
-def test_dead_letters_over_mutual_tls(tls_broker: FrontedTansu, broker_pki: Pki) -> None:
-    assert tls_broker.front is not None
+@pytest.mark.kafka
+def test_dead_letters_over_mutual_tls(kafka: RelayedKafka) -> None:
+    """Kafka's SSL listener wants a client certificate; its CN (alice) is the principal, who
+    may write dlq-* topics only by ACL."""
     topic = unique("dlq-tls")
-    create_topic_with(tls_broker.bootstrap, topic, 2, **ssl_conf(broker_pki))
-    tls = UpstreamTLS(
-        ca=broker_pki.ca,
-        cert=broker_pki.client_cert,
-        key=broker_pki.client_key,
-        server_hostname="broker.test",
-    )
-    before = tls_broker.front.connections
+    create_topic_with(kafka.bootstrap("SSL"), topic, 2, **ssl_conf(kafka, "alice"))
+    cert = kafka.cluster.credentials.client_certs["alice"]  # type: ignore[union-attr]
+    tls = UpstreamTLS(ca=kafka.cluster.ca_cert, cert=cert.cert, key=cert.key)
+    relay = kafka.relays["SSL"]
+    before = relay.connections
 
     async def run() -> DeadLetterWriter:
-        writer = DeadLetterWriter(UpstreamDialer(config_for(tls_broker.bootstrap, tls=tls)))
+        writer = DeadLetterWriter(dialer_for(kafka, tls=tls, listener="SSL"))
         writer.submit(letters(topic, 20))
         await writer_settled(writer)
         writer.submit(letters(topic, 20))
@@ -224,18 +273,20 @@ def test_dead_letters_over_mutual_tls(tls_broker: FrontedTansu, broker_pki: Pki)
 
     writer = asyncio.run(run())
     assert (writer.produced, writer.failed, writer.connections_opened) == (40, 0, 1)
-    assert tls_broker.front.connections - before == 1
-    assert tls_broker.front.handshake_failures == 0
-    landed = consume_with_partitions(tls_broker.bootstrap, topic, 40, **ssl_conf(broker_pki))
+    assert relay.connections - before == 1
+    landed = consume_with_partitions(kafka.bootstrap("SSL"), topic, 40, **ssl_conf(kafka, "alice"))
     assert len(landed) == 40
 
 
-def test_tls_checks_the_broker_name(tls_broker: FrontedTansu, broker_pki: Pki) -> None:
-    # Without server_hostname the dialer checks 127.0.0.1, which the certificate does not name.
-    tls = UpstreamTLS(ca=broker_pki.ca, cert=broker_pki.client_cert, key=broker_pki.client_key)
-    dialer = UpstreamDialer(config_for(tls_broker.bootstrap, tls=tls))
+@pytest.mark.kafka
+def test_tls_checks_the_broker_name(kafka: RelayedKafka) -> None:
+    # Kafka's certificate names 127.0.0.1 and localhost: a dialer told to expect another name
+    # refuses it.
+    cert = kafka.cluster.credentials.client_certs["alice"]  # type: ignore[union-attr]
+    tls = UpstreamTLS(ca=kafka.cluster.ca_cert, cert=cert.cert, key=cert.key,
+                      server_hostname="broker.test")
     with pytest.raises(UpstreamError, match="certificate verify failed"):
-        asyncio.run(dialer.connect())
+        asyncio.run(dialer_for(kafka, tls=tls, listener="SSL").connect())
 
 
 async def writer_settled(writer: DeadLetterWriter, timeout: float = 20) -> None:

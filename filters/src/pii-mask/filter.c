@@ -21,6 +21,13 @@
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
 
+/* The scans over every byte of a record (classifying strings, finding where a JSON string
+ * ends, skipping to where a detector can start, masking a match) use Wasm SIMD, 16 bytes per
+ * step: a compiled byte loop costs several instructions per byte, and these loops were most of
+ * the filter's time. SIMD is enabled for these functions only (target attribute), not for the
+ * rest of the module or other filters. */
+#define SIMD __attribute__((target("simd128")))
+
 /* ------------------------------------------------------------------------------------------ */
 /* Configuration                                                                              */
 /* ------------------------------------------------------------------------------------------ */
@@ -396,6 +403,53 @@ static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Block scan: where a detector can start                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Every detector's loop passes over bytes that cannot start its match (an e-mail is found from
+ * its '@', a card, SSN or IPv4 address from a digit, a phone from a digit, '+' or '(', an IBAN
+ * from an upper-case letter, an AWS key id from 'A', a secret from '=' or ':', a JWT from 'e',
+ * a bearer token from 'b'). These return the first offset in [i, end) holding such a byte, or
+ * end: 16-byte blocks without one are rejected with a few vector compares, and the detector's
+ * checks and checksums run only from the candidates. The detectors' results do not change:
+ * their loops did nothing at the bytes skipped. Loads stay inside [i, end). */
+#define SKIP_BLOCKS(MATCH, SCALAR)                                        \
+    while (end - i >= 16) {                                               \
+        v128_t v = wasm_v128_load(p + i);                                 \
+        uint32_t m = (uint32_t)wasm_i8x16_bitmask(MATCH);                 \
+        if (m) return i + (uint32_t)__builtin_ctz(m);                     \
+        i += 16;                                                          \
+    }                                                                     \
+    while (i < end && !(SCALAR)) i++;                                     \
+    return i
+
+SIMD static inline uint32_t skip_to_byte(const uint8_t *p, uint32_t i, uint32_t end, uint8_t a) {
+    SKIP_BLOCKS(wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)a)), p[i] == a);
+}
+
+SIMD static inline uint32_t skip_to_byte2(const uint8_t *p, uint32_t i, uint32_t end, uint8_t a, uint8_t b) {
+    SKIP_BLOCKS(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)a)), wasm_i8x16_eq(v, wasm_i8x16_splat((int8_t)b))), p[i] == a || p[i] == b);
+}
+
+SIMD static inline v128_t in_range(v128_t v, uint8_t lo, uint8_t count) {
+    return wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat((int8_t)lo)), wasm_i8x16_splat((int8_t)count));
+}
+
+SIMD static inline uint32_t skip_to_digit(const uint8_t *p, uint32_t i, uint32_t end) {
+    SKIP_BLOCKS(in_range(v, '0', 10), (uint32_t)(p[i] - '0') < 10u);
+}
+
+SIMD static inline uint32_t skip_to_upper(const uint8_t *p, uint32_t i, uint32_t end) {
+    SKIP_BLOCKS(in_range(v, 'A', 26), (uint32_t)(p[i] - 'A') < 26u);
+}
+
+/* a digit, '+' or '(' (the bytes find_phone starts from) */
+SIMD static inline uint32_t skip_to_phone(const uint8_t *p, uint32_t i, uint32_t end) {
+    SKIP_BLOCKS(wasm_v128_or(in_range(v, '0', 10), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')), wasm_i8x16_eq(v, wasm_i8x16_splat('(')))),
+                (uint32_t)(p[i] - '0') < 10u || p[i] == '+' || p[i] == '(');
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Detectors: each scans p[0..n) and adds spans                                               */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -424,10 +478,11 @@ static uint32_t email_domain_at(const uint8_t *p, uint32_t n, uint32_t k) {
     return k + 1 < n && email_letter2(p[k], p[k + 1]) ? 2 : 0;
 }
 
-static void find_email(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_email(const uint8_t *p, uint32_t n, spans *out) {
     uint32_t floor = 0; /* do not reach back into the previous match */
     for (uint32_t i = 1; i + 1 < n; i++) {
-        if (p[i] != '@') continue;
+        i = skip_to_byte(p, i, n - 1, '@');
+        if (i + 1 >= n) break;
         uint32_t j = i, w;
         while (j > floor && (w = email_local_back(p, floor, j)) != 0) j -= w;
         while (j < i && p[j] == '.') j++;
@@ -469,7 +524,7 @@ static uint64_t bits_below(uint32_t k) { return k >= 64 ? ~(uint64_t)0 : ((uint6
 /* find_email for a string of at most 64 bytes that may be read in whole 16-byte steps: the
  * same walk, with the character classes as bit masks (bit i for p[i]), so that it steps over
  * '@' signs, local parts and domain labels rather than over bytes. */
-__attribute__((target("simd128"))) static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
     uint64_t at = 0, local = 0, domain = 0, alpha = 0, high = 0;
     for (uint32_t i = 0; i < n; i += 16) {
         v128_t v = wasm_v128_load(p + i);
@@ -525,15 +580,17 @@ __attribute__((target("simd128"))) static void find_email_short(const uint8_t *p
     }
 }
 
-static int luhn_ok(const uint8_t *digits, uint32_t n) {
-    uint32_t sum = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t d = digits[n - 1 - i];
-        if (i & 1) {
-            d *= 2;
-            if (d > 9) d -= 9;
+/* Luhn's check over the digits of groups [gs[t], ge[t]) for t < g, read from the last: every
+ * second digit from the right doubled (its digit sum). */
+static int luhn_groups(const uint8_t *p, const uint32_t *gs, const uint32_t *ge, uint32_t g) {
+    static const uint8_t doubled[10] = {0, 2, 4, 6, 8, 1, 3, 5, 7, 9};
+    uint32_t sum = 0, odd = 0;
+    for (uint32_t t = g; t-- > 0;) {
+        for (uint32_t k = ge[t]; k-- > gs[t];) {
+            uint32_t d = (uint32_t)(p[k] - '0');
+            sum += odd ? doubled[d] : d;
+            odd ^= 1u;
         }
-        sum += d;
     }
     return sum % 10 == 0;
 }
@@ -589,9 +646,11 @@ static int card_issuer_ok(const uint8_t *d, uint32_t n) {
     return 0;
 }
 
-static void find_card(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
     uint32_t i = 0;
     while (i < n) {
+        i = skip_to_digit(p, i, n);
+        if (i >= n) break;
         if (!is_digit(p[i]) || !num_boundary_before(p, i) || after_iban_prefix(p, i)) {
             i++;
             continue;
@@ -629,28 +688,28 @@ static void find_card(const uint8_t *p, uint32_t n, spans *out) {
                 continue;
             }
         }
-        /* try windows of whole groups, longest first from each start */
+        /* try windows of whole groups, longest first from each start; a window's digits are
+         * its groups' lengths, so one with fewer than 12 or more than 19 is passed over
+         * without reading it (it would fail the length checks below) */
+        uint32_t below[MAX_GROUPS + 1]; /* below[t]: digits in groups 0..t-1 */
+        below[0] = 0;
+        for (uint32_t t = 0; t < g; t++) below[t + 1] = below[t] + (ge[t] - gs[t]);
         for (uint32_t a = 0; a < g && !matched; a++) {
             if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;
             for (uint32_t b = g; b > a && !matched; b--) {
                 uint32_t e = ge[b - 1];
                 if (b < g && sep != ' ') continue; /* a dashed or underscored number is one token */
+                if (below[b] - below[a] < 12 || below[b] - below[a] > 19) continue;
                 if (b == g && !num_boundary_after(p, n, e)) continue;
-                uint8_t digits[19];
-                uint32_t dn = 0;
-                int too_many = 0;
-                for (uint32_t t = gs[a]; t < e; t++) {
-                    if (is_digit(p[t])) {
-                        if (dn == 19) {
-                            too_many = 1;
-                            break;
-                        }
-                        digits[dn++] = (uint8_t)(p[t] - '0');
-                    }
+                /* the issuer prefix from the window's first four digits (it has 12 or more),
+                 * then Luhn over its groups where they lie: nothing is copied */
+                uint8_t lead[4];
+                uint32_t ln = 0;
+                for (uint32_t t = a; ln < 4; t++) {
+                    for (uint32_t k = gs[t]; k < ge[t] && ln < 4; k++) lead[ln++] = (uint8_t)(p[k] - '0');
                 }
-                if (too_many || dn < 12) continue;
-                if (!card_issuer_ok(digits, dn)) continue;
-                if (!luhn_ok(digits, dn)) continue;
+                if (!card_issuer_ok(lead, below[b] - below[a])) continue;
+                if (!luhn_groups(p, gs + a, ge + a, b - a)) continue;
                 add_span(out, gs[a], e, D_CARD);
                 matched = 1;
             }
@@ -783,8 +842,10 @@ static uint32_t phone_groups(const uint8_t *p, uint32_t n, uint32_t i, uint32_t 
     return g && shortest >= 2 ? end : i;
 }
 
-static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i < n; i++) {
+        i = skip_to_phone(p, i, n);
+        if (i >= n) break;
         uint8_t c = p[i];
         /* the international prefix 00 stands for '+' ("0049 30 1234567", "001-415-555-0132") */
         int intl00 = c == '0' && i + 3 < n && p[i + 1] == '0' && p[i + 2] >= '1' && p[i + 2] <= '9' && num_boundary_before(p, i) &&
@@ -896,8 +957,10 @@ static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_ssn(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_ssn(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 11 <= n; i++) {
+        i = skip_to_digit(p, i, n - 10);
+        if (i + 11 > n) break;
         if (!is_digit(p[i]) || !num_boundary_before(p, i)) continue;
         if (i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) continue;
         if (digits_at(p, n, i) != 3) continue;
@@ -952,8 +1015,10 @@ static int iban_checksum_ok(const uint8_t *chars, uint32_t n) {
     return rem == 1;
 }
 
-static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 15 <= n; i++) {
+        i = skip_to_upper(p, i, n - 14);
+        if (i + 15 > n) break;
         if (!is_upper(p[i]) || !is_upper(p[i + 1]) || !is_digit(p[i + 2]) || !is_digit(p[i + 3])) continue;
         if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
         uint32_t want = iban_length(p[i], p[i + 1]);
@@ -997,8 +1062,10 @@ static void find_iban(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 7 <= n; i++) {
+        i = skip_to_digit(p, i, n - 6);
+        if (i + 7 > n) break;
         if (!is_digit(p[i])) continue;
         /* "IP10.0.0.1": CJK text glues the label to the address; other letters before are a
          * version ("v1.2.3.4") or a word */
@@ -1034,10 +1101,11 @@ static void find_ipv4(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_aws_key(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_aws_key(const uint8_t *p, uint32_t n, spans *out) {
     static const char prefixes[][5] = {"AKIA", "ASIA", "AGPA", "AIDA", "AROA", "AIPA", "ANPA", "ANVA", "ABIA", "ACCA"};
     for (uint32_t i = 0; i + 20 <= n; i++) {
-        if (p[i] != 'A') continue;
+        i = skip_to_byte(p, i, n - 19, 'A');
+        if (i + 20 > n) break;
         if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
         int pre = 0;
         for (uint32_t t = 0; t < sizeof prefixes / sizeof prefixes[0]; t++) {
@@ -1091,9 +1159,10 @@ static int secret_name_match(const uint8_t *key, uint32_t len) {
 static int secret_name_char(uint8_t c) { return is_alnum(c) || secret_name_sep(c) || c == '"' || c == '\''; }
 
 /* NAME=value, NAME: value, "NAME": "value", NAME = 'value' */
-static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i < n; i++) {
-        if (p[i] != '=' && p[i] != ':') continue;
+        i = skip_to_byte2(p, i, n, '=', ':');
+        if (i >= n) break;
         uint32_t te = i;
         while (te > 0 && p[te - 1] == ' ') te--;
         uint32_t ts = te;
@@ -1111,10 +1180,11 @@ static void find_aws_secret(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_bearer(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_bearer(const uint8_t *p, uint32_t n, spans *out) {
     static const char word[] = "bearer";
     for (uint32_t i = 0; i + 7 < n; i++) {
-        if (sluice_lower(p[i]) != 'b') continue;
+        i = skip_to_byte2(p, i, n - 7, 'b', 'B');
+        if (i + 7 >= n) break;
         if (i > 0 && (is_alnum(p[i - 1]) || p[i - 1] == '_')) continue;
         int ok = 1;
         for (uint32_t t = 0; t < 6 && ok; t++) ok = sluice_lower(p[i + t]) == (uint8_t)word[t];
@@ -1135,8 +1205,10 @@ static void find_bearer(const uint8_t *p, uint32_t n, spans *out) {
     }
 }
 
-static void find_jwt(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_jwt(const uint8_t *p, uint32_t n, spans *out) {
     for (uint32_t i = 0; i + 8 < n; i++) {
+        i = skip_to_byte(p, i, n - 8, 'e');
+        if (i + 8 >= n) break;
         if (p[i] != 'e' || p[i + 1] != 'y' || p[i + 2] != 'J') continue;
         if (i > 0 && is_b64url(p[i - 1])) continue;
         uint32_t k = i;
@@ -1160,12 +1232,7 @@ static void find_jwt(const uint8_t *p, uint32_t n, spans *out) {
 /* Every detector needs certain bytes to match at all (an '@', 13 digits, an 'A' ...), and most
  * strings in real records hold none of them. So each string is classified once, and only the
  * detectors whose trigger bytes occur run (candidates); a string none can match is not copied.
- *
- * The scans over every byte of a record (classifying strings, finding where a JSON string
- * ends, masking a match) use Wasm SIMD, 16 bytes per step: a compiled byte loop costs several
- * instructions per byte, and these loops were most of the filter's time. SIMD is enabled for
- * these functions only (target attribute), not for the rest of the module or other filters. */
-#define SIMD __attribute__((target("simd128")))
+ * (SIMD: see the top of the file.) */
 
 /* Byte classes, chosen so that each is a set of low nibbles within a set of high nibbles: a
  * byte's classes are then LO[byte & 15] & HI[byte >> 4], two table lookups (swizzles) per 16
@@ -1312,6 +1379,28 @@ static int numeric_byte(uint8_t c) {
     return is_digit(c) || c == ' ' || c == '-' || c == '_' || c == '.' || c == '(' || c == ')' || c == '+';
 }
 
+/* One byte of numeric_possible's scan (its state: run, run3, plus_or_zero, in_numeric, best,
+ * phone_run). */
+#define NUMERIC_STEP(byte)                                                \
+    do {                                                                  \
+        uint8_t ch = (byte);                                              \
+        if (numeric_byte(ch)) {                                           \
+            in_numeric += is_digit(ch) ? 1u : 0u;                         \
+        } else {                                                          \
+            if (in_numeric > best) best = in_numeric;                     \
+            phone_run |= in_numeric >= 8 && in_numeric <= 15;             \
+            in_numeric = 0;                                               \
+        }                                                                 \
+        if (is_digit(ch)) {                                               \
+            run++;                                                        \
+            plus_or_zero |= ch == '0';                                    \
+        } else {                                                          \
+            run3 |= run == 3;                                             \
+            run = 0;                                                      \
+            plus_or_zero |= ch == '+';                                    \
+        }                                                                 \
+    } while (0)
+
 SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
     if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
         /* bit i of each mask: p[i] is in the class (bits from n on clear) */
@@ -1348,24 +1437,31 @@ SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_
     }
     uint32_t run = 0, run3 = 0, plus_or_zero = 0, in_numeric = 0, best = 0;
     int phone_run = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint8_t ch = p[i];
-        if (numeric_byte(ch)) {
-            in_numeric += is_digit(ch) ? 1u : 0u;
-        } else {
+    uint32_t i = 0;
+    /* Long strings, byte by byte, except 16-byte blocks without a digit (most of a text): in
+     * one of those every byte leaves the digit counts as they are, so the block only ends the
+     * current numeric run if it holds a byte outside the run's class, ends the digit run, and
+     * may hold a '+'. */
+    for (; n - i >= 16; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        if (wasm_v128_any_true(in_range(v, '0', 10))) {
+            for (uint32_t k = i; k < i + 16; k++) NUMERIC_STEP(p[k]);
+            continue;
+        }
+        v128_t plus = wasm_i8x16_eq(v, wasm_i8x16_splat('+'));
+        v128_t sep = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_i8x16_eq(v, wasm_i8x16_splat('_'))),
+                                  wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('(')), wasm_i8x16_eq(v, wasm_i8x16_splat(')'))),
+                                               wasm_v128_or(plus, wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))))));
+        if (!wasm_i8x16_all_true(sep)) {
             if (in_numeric > best) best = in_numeric;
             phone_run |= in_numeric >= 8 && in_numeric <= 15;
             in_numeric = 0;
         }
-        if (is_digit(ch)) {
-            run++;
-            plus_or_zero |= ch == '0';
-            continue;
-        }
         run3 |= run == 3;
         run = 0;
-        plus_or_zero |= ch == '+';
+        plus_or_zero |= (uint32_t)wasm_v128_any_true(plus);
     }
+    for (; i < n; i++) NUMERIC_STEP(p[i]);
     run3 |= run == 3;
     if (in_numeric > best) best = in_numeric;
     phone_run |= in_numeric >= 8 && in_numeric <= 15;
@@ -1397,7 +1493,7 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
 }
 
 /* Run the detectors in the set c on p[0..n). */
-static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
+SIMD static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
     if (c & (1u << D_EMAIL)) {
         if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) find_email_short(p, n, s);
         else find_email(p, n, s);

@@ -178,3 +178,34 @@ def test_json_mode_masks_each_string_as_text_mode_masks_it_alone(values: list[st
     (got,), counts = run(pii_mask(), [doc.encode()])
     assert got == want.encode()
     assert counts == counts_alone
+
+
+def test_each_detector_from_every_offset_of_a_long_text_and_at_its_end() -> None:
+    """Detectors skip 16-byte blocks holding no byte their match can start with (block scan):
+    a match starting at any offset around a block step, or in the last bytes after the last
+    whole block, is still found, in texts longer than 64 bytes (the detectors' long paths)."""
+    g = pii_mask()
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.c2lnbmF0dXJlX2hlcmU"
+    values = [
+        ("jo.doe@mail.example.org", "jo.doe@mail.example.org", "email"),
+        ("4111 1111 1111 1111", "4111 1111 1111 1111", "card"),
+        ("+49 151 2345 6789", "+49 151 2345 6789", "phone"),
+        ("123-45-6789", "123-45-6789", "ssn"),
+        ("DE89 3704 0044 0532 0130 00", "DE89 3704 0044 0532 0130 00", "iban"),
+        ("10.20.30.40", "10.20.30.40", "ipv4"),
+        ("AKIAIOSFODNN7EXAMPLE", "AKIAIOSFODNN7EXAMPLE", "aws_access_key"),
+        ("aws_secret_access_key=wJalrXUtnFEMI/K7MDENG", "wJalrXUtnFEMI/K7MDENG",
+         "aws_secret_key"),
+        (jwt, jwt, "jwt"),
+        ("Bearer abcdefghijklmnop123", "abcdefghijklmnop123", "bearer"),
+    ]
+    cases = []
+    for text_value, secret, det in values:
+        for before in range(0, 40):
+            for tail in (0, 1, 15, 16, 17, 40):
+                head = "lorem ipsum dolor sit amet " * 3 + "q" * before
+                text = head + " " + text_value + (" " + "z" * tail if tail else "")
+                cases.append((text, text.replace(secret, masked(secret)), det))
+    out, counts = run(g, [t.encode() for t, _, _ in cases])
+    assert [o.decode() for o in out] == [want for _, want, _ in cases]
+    assert counts == {det: sum(1 for _, _, d in cases if d == det) for _, _, det in values}

@@ -1,0 +1,151 @@
+"""Differential check of two builds of builtin:pii-mask: the same decisions on every record.
+
+    python -m tests.filters.builtin.pii_mask_differential OLD.wasm [NEW.wasm] [--random N]
+
+NEW defaults to the committed filters/builtin/pii-mask.wasm; OLD is any other build (e.g.
+`git show HEAD~1:filters/builtin/pii-mask.wasm > /tmp/old.wasm`). A change meant to make the
+filter faster without changing what it masks must print 0 differing records. Records: the two
+labelled corpora (pii_corpus, pii_locale_corpus with two seeds), random texts and JSON records
+glued from their labelled values and bytes that start or end matches, generated groups of
+digits (card, phone and SSN shapes, Luhn-valid or not), and long texts of digits and
+separators (the numeric prefilter of strings over 64 bytes); each set under several
+configurations. Prints the first few differences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.filters.builtin import pii_corpus, pii_locale_corpus
+from tests.filters.builtin.conftest import BUILTIN
+from tests.filters.sdk.guest_abi import Guest, Rec
+
+CONFIGS: list[dict[str, Any]] = [
+    {}, {"mode": "text"}, {"mode": "json"}, {"keep_last": 4, "mask": "#"},
+    {"preserve_format": False, "replacement": "[x]"}, {"fields": ["a", "n[*]"]},
+    {"detectors": ["email", "card"]}, {"detectors": ["phone", "ssn", "card"]},
+]
+GLUE = ["", " ", "-", ".", "\"", "\\", "\n", "@", "A", "AKIA", "+", "(", ")", "0", "00", "1",
+        "=", ":", "bearer ", "eyJ", "x", "é", "\uff14", "\uff0d", "\u3000", "電話", "tel: ", "key=",
+        "aws_secret_access_key = ", "e", "b", "DE", "GB26 ", "12", "123", "1234 ", "x" * 17,
+        "9" * 13, "a@b.c"]
+
+
+def corpus_texts() -> list[str]:
+    texts = [s.text for s in pii_locale_corpus.build_corpus()]
+    texts += [s.text for s in pii_locale_corpus.build_corpus(seed=7)]
+    texts += [s.text for s in pii_corpus.build_corpus()]
+    return texts
+
+
+def glued_texts(n: int, rng: random.Random) -> Iterator[str]:
+    pieces = [s.text[a:b] for s in pii_locale_corpus.build_corpus() for (_, a, b) in s.labels]
+    for _ in range(n):
+        parts = [rng.choice(pieces) if rng.random() < 0.4 else rng.choice(GLUE)
+                 for _ in range(rng.randint(1, 12))]
+        text = "".join(parts)
+        if rng.random() < 0.3:
+            text = rng.choice(GLUE) * rng.randint(0, 5) + text + "z" * rng.randint(0, 40)
+        yield text
+        if rng.random() < 0.3:
+            yield json.dumps({"a": text, "phone": text[:20], "n": [text, 1234567890123],
+                              "secret_key": "zz"}, ensure_ascii=rng.random() < 0.5)
+
+
+def luhn_fix(text: str) -> str:
+    """text with its last digit changed so that its digits pass Luhn."""
+    digits = [int(c) for c in text if c.isdigit()]
+    at = max(i for i, c in enumerate(text) if c.isdigit())
+    for last in range(10):
+        ds = [*digits[:-1], last]
+        total = sum(d if i % 2 == 0 else (2 * d - 9 if d > 4 else 2 * d)
+                    for i, d in enumerate(reversed(ds)))
+        if total % 10 == 0:
+            return text[:at] + str(last) + text[at + 1:]
+    return text
+
+
+def digit_group_texts(n: int, rng: random.Random) -> Iterator[str]:
+    for _ in range(n):
+        sep = rng.choice([" ", "-", "_", " ", "."])
+        groups = ["".join(rng.choice("0123456789")
+                          for _ in range(rng.choice([1, 2, 3, 4, 4, 4, 5, 6, 7, 13, 16])))
+                  for _ in range(rng.randint(1, 8))]
+        if rng.random() < 0.5:
+            groups[0] = rng.choice(["4", "5", "6", "3", "2", "0604", "1800", "2131", "5018",
+                                    "6761", "4111"]) + groups[0]
+        text = sep.join(groups)
+        if rng.random() < 0.3:
+            text = luhn_fix(text)
+        yield (rng.choice(["", "card ", "x", "DE89 ", "1.", "id-", "+", "(0) "]) + text
+               + rng.choice(["", " ok", "0", ".5", "-x", " 12"]))
+
+
+def long_numeric_texts(n: int, rng: random.Random) -> Iterator[str]:
+    alphabet = list("0123456789 -_.()+xaZ/:")
+    shapes = ["+49 151 2345 6789", "123-45-6789", "(0131) 496 0163", "0049 30 1234567",
+              "tel: ", "4111 1111 1111 1111", "415-555-0132"]
+    for _ in range(n):
+        parts: list[str] = []
+        size = rng.randint(65, 260)
+        while sum(map(len, parts)) < size:
+            r = rng.random()
+            if r < 0.3:
+                parts.append(rng.choice([" ", "x", "-", "ab"]) * rng.randint(1, 40))
+            elif r < 0.6:
+                parts.append("".join(rng.choice("0123456789") for _ in range(rng.randint(1, 16))))
+            elif r < 0.7:
+                parts.append(rng.choice(shapes))
+            else:
+                parts.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 8))))
+        yield "".join(parts)
+
+
+def compare(old: Path, new: Path, texts: list[str], configs: list[dict[str, Any]]) -> int:
+    differing = 0
+    for config in configs:
+        a, b = Guest(old, config), Guest(new, config)
+        for i in range(0, len(texts), 200):
+            recs = [Rec(t.encode()) for t in texts[i:i + 200]]
+            (da, ca), (db, cb) = a.run(recs), b.run(recs)
+            for rec, x, y in zip(recs, da, db, strict=True):
+                if x != y:
+                    differing += 1
+                    if differing <= 5:
+                        print(f"DIFFERS under {config}: {rec.value!r}\n  old {x}\n  new {y}")
+            if ca != cb and da == db:
+                differing += 1
+                print(f"COUNTS differ under {config}: old {ca}, new {cb}")
+    return differing
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("old", type=Path)
+    ap.add_argument("new", type=Path, nargs="?", default=BUILTIN / "pii-mask.wasm")
+    ap.add_argument("--random", type=int, default=20000, help="glued texts (and as many JSON)")
+    args = ap.parse_args()
+    rng = random.Random(1)
+    sets = [
+        ("corpora and glued texts", corpus_texts() + list(glued_texts(args.random, rng)),
+         CONFIGS[:7]),
+        ("digit groups", list(digit_group_texts(3 * args.random, rng)), [{}, CONFIGS[6]]),
+        ("long numeric texts", list(long_numeric_texts(2 * args.random, rng)),
+         [{}, CONFIGS[7]]),
+    ]
+    total = 0
+    for name, texts, configs in sets:
+        differing = compare(args.old, args.new, texts, configs)
+        print(f"{name}: {len(texts)} records x {len(configs)} configurations, "
+              f"{differing} differ")
+        total += differing
+    return 1 if total else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
