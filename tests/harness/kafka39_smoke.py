@@ -73,8 +73,12 @@ MARKER = "kafka39_smoke"
 NEEDS_39 = "kafka39"
 
 
+def selected_by(entry: str, nodeid: str) -> bool:
+    return nodeid == entry or nodeid.startswith(entry)
+
+
 def selected(nodeid: str) -> bool:
-    return any(nodeid == entry or nodeid.startswith(entry) for entry in SMOKE)
+    return any(selected_by(entry, nodeid) for entry in SMOKE)
 
 
 def files() -> list[str]:
