@@ -29,7 +29,12 @@ from .guard import read_uvarint, skip_tags
 from .produce_splice import read_topic_key
 from .schemas import known_versions, response_schema
 
-__all__ = ["ProduceOffset", "produce_responses_end", "scan_produce_offsets"]
+__all__ = [
+    "ProduceOffset",
+    "produce_responses_end",
+    "scan_produce_offsets",
+    "scan_produce_response",
+]
 
 Buffer = bytes | bytearray | memoryview
 
@@ -82,6 +87,19 @@ def scan_produce_offsets(version: int, body: Buffer) -> list[ProduceOffset]:
     out: list[ProduceOffset] = []
     _scan(version, body, out)
     return out
+
+
+def scan_produce_response(version: int, body: Buffer) -> tuple[list[ProduceOffset], bool]:
+    """`scan_produce_offsets`, and whether anything may follow `throttle_time_ms`: True when
+    the body has top-level tagged fields (where KIP-951 node endpoints sit) or ends otherwise
+    than the schema says (a full decode decides then). One walk where the Produce path used
+    two (this scan and a schema walk for endpoints)."""
+    out: list[ProduceOffset] = []
+    end = _scan(version, body, out)
+    flexible = _shape(version)[0]
+    rest = len(body) - end - 4  # after throttle_time_ms
+    plain = rest == (1 if flexible else 0) and (not flexible or body[-1] == 0)
+    return out, not plain
 
 
 def produce_responses_end(version: int, body: Buffer) -> int:

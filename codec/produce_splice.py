@@ -39,8 +39,10 @@ from .schemas import known_versions
 __all__ = [
     "PartitionSlot",
     "ProduceRequestLayout",
+    "ProduceTopics",
     "TopicSlot",
-    "produce_topic_keys",
+    "produce_head",
+    "produce_topics",
     "read_topic_key",
     "scan_produce_request",
     "splice_produce_records",
@@ -253,8 +255,50 @@ def scan_produce_request(version: int, body: Buffer) -> ProduceRequestLayout:
     )
 
 
-def produce_topic_keys(version: int, body: Buffer) -> list[str | uuid.UUID]:
-    """The topic names (v3-v12) or ids (v13+) of a Produce request body, in request order.
+class ProduceTopics(NamedTuple):
+    """What `produce_topics` reads of a Produce request: its acks and the topics it names."""
+
+    acks: int
+    keys: list[str | uuid.UUID]  # names (v3-v12) or ids (v13+), in request order
+
+
+def produce_head(version: int, body: Buffer) -> ProduceTopics | None:
+    """The acks and the one topic of a Produce request body that names exactly one topic (the
+    common case), read from its head only: the partitions and records after the name are not
+    walked (a broker reads the same count and name, so it finds no other topic there). None
+    for any other count: `produce_topics` reads them all. DecodeError if the head is short."""
+    flexible, by_id = _shape(version)
+    end = len(body)
+    try:
+        if flexible:
+            n = body[0]
+            pos = 1
+            if n >= 0x80:
+                n, pos = read_uvarint(body, 0, end)
+            pos += max(n - 1, 0)
+        else:
+            pos = 2 + max(_i16(body, 0)[0], 0)
+        acks = _ih(body, pos)[0]
+        pos += 6
+        if flexible:
+            count, name_at = body[pos] - 1, pos + 1  # a count of one is one byte
+        else:
+            count, name_at = _i32(body, pos)[0], pos + 4
+        if count != 1:
+            return None
+        key, _pos = read_topic_key(body, name_at, end, flexible, by_id)
+    except (struct.error, IndexError):
+        raise DecodeError("Produce request truncated") from None
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"Produce request: a string is not UTF-8 ({exc.reason})") from None
+    if key is None:
+        raise DecodeError("null topic name in a Produce request")
+    return ProduceTopics(int(acks), [key])
+
+
+def produce_topics(version: int, body: Buffer) -> ProduceTopics:
+    """The acks and the topic names (v3-v12) or ids (v13+) of a Produce request body, in
+    request order.
 
     What `scan_produce_request` finds, with the same checks (truncation, hostile counts,
     trailing bytes raise DecodeError), for the path that only asks which topics a request
@@ -272,7 +316,7 @@ def produce_topic_keys(version: int, body: Buffer) -> list[str | uuid.UUID]:
             pos += max(n - 1, 0)
         else:
             pos = 2 + max(_i16(view, 0)[0], 0)
-        _ih(view, pos)  # acks, timeout_ms: present
+        acks = _ih(view, pos)[0]  # acks, timeout_ms: present
         pos += 6
         n_topics, pos = _count(view, pos, end, flexible, _MIN_TOPIC[flexible])
         for _ in range(n_topics):
@@ -311,7 +355,7 @@ def produce_topic_keys(version: int, body: Buffer) -> list[str | uuid.UUID]:
         raise DecodeError("Produce request truncated")
     if pos != end:
         raise DecodeError(f"Produce request: {end - pos} trailing bytes after the body")
-    return keys
+    return ProduceTopics(int(acks), keys)
 
 
 def _count_bytes(n: int, flexible: bool) -> bytes:

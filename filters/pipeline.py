@@ -137,6 +137,10 @@ class FetchOutcome:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     stats: list[FilterStats] = field(default_factory=list)
     changed: bool = False
+    # The input's record count and (first, last) offsets, from the pipeline's split of its
+    # batches (-1 / None: not split, e.g. refused before; telemetry counts them itself).
+    records_in: int = -1
+    offsets: tuple[int | None, int | None] | None = None
 
 
 def _merge(into: list[FilterStats], more: Sequence[FilterStats]) -> None:
@@ -259,12 +263,13 @@ def _idempotent_drop(name: str) -> str:
 
 def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                    allow_multiple_batches: bool = False,
-                   limits: BatchLimits = DEFAULT_BATCH_LIMITS) -> ProduceOutcome:
+                   limits: BatchLimits = DEFAULT_BATCH_LIMITS,
+                   checked: bool = False) -> ProduceOutcome:
     """Filter one partition of a Produce request (see the module docstring); `limits` bounds
-    what each batch may expand into."""
+    what each batch may expand into; `checked`: the caller knows a filter applies."""
     if ctx.direction != "produce":
         raise ValueError("filter_produce needs a produce RecordContext")
-    if not chain.applies(ctx.topic, "produce", ctx.principal) or not len(records):
+    if not (checked or chain.applies(ctx.topic, "produce", ctx.principal)) or not len(records):
         return ProduceOutcome(records)
 
     def fail(code: int, message: str) -> ProduceOutcome:
@@ -412,12 +417,13 @@ def _build_produce(header: BatchHeader, kept: list[Record], dropped: bool) -> by
 
 
 def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
-                 limits: BatchLimits = DEFAULT_BATCH_LIMITS) -> FetchOutcome:
+                 limits: BatchLimits = DEFAULT_BATCH_LIMITS,
+                 checked: bool = False) -> FetchOutcome:
     """Filter one partition of a Fetch response (see the module docstring); `limits` bounds
-    what each batch may expand into."""
+    what each batch may expand into; `checked`: the caller knows a filter applies."""
     if ctx.direction != "fetch":
         raise ValueError("filter_fetch needs a fetch RecordContext")
-    if not chain.applies(ctx.topic, "fetch", ctx.principal) or not len(records):
+    if not (checked or chain.applies(ctx.topic, "fetch", ctx.principal)) or not len(records):
         return FetchOutcome(records)
 
     def fail(code: int, message: str) -> FetchOutcome:
@@ -432,7 +438,10 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
     except CorruptBatch as exc:
         return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
 
-    out = FetchOutcome(records)
+    # Counted here once, for telemetry (paths/fetch.py), from the split the filters need.
+    out = FetchOutcome(records, records_in=sum(b.header.record_count for b in batches),
+                       offsets=(batches[0].header.base_offset, batches[-1].header.last_offset)
+                       if batches else (None, None))
     parts: list[Buffer] = []
     changed = False
     native = chain.native_for(ctx.topic, "fetch", ctx.principal)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from sluice.codec.headers import RequestHeader
+    from sluice.codec.produce_splice import ProduceRequestLayout
 
 _ids = itertools.count(1)
 
@@ -74,6 +75,15 @@ class Upstream(Protocol):
     async def close(self) -> None: ...
 
 
+class ProduceRequest(Protocol):
+    """A Produce request on its way (the paths' `Exchange`), as the quotas read it: parsed
+    once, whoever asks first (the quotas, then the paths, reuse the same layout)."""
+
+    header: RequestHeader
+
+    def produce_layout(self, frame: bytes | memoryview) -> ProduceRequestLayout: ...
+
+
 class QuotaGate(Protocol):
     """Byte-rate quotas as the connection asks them: each call counts the frame and returns
     the monotonic time until which the client must wait (0: no wait)."""
@@ -81,7 +91,7 @@ class QuotaGate(Protocol):
     active: bool
 
     def produce(self, principal: str | None, client_id: str | None,
-                header: RequestHeader, frame: bytes | memoryview) -> float: ...
+                request: ProduceRequest, frame: bytes | memoryview) -> float: ...
 
     def fetch(self, principal: str | None, client_id: str | None,
               header: RequestHeader, frame: bytes | memoryview) -> float: ...

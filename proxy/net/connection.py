@@ -32,6 +32,12 @@ What lives here, and only here:
   Fetch v8+); older versions get their response held back until the wait is over instead.
   The wait is one more reason in the same back-pressure decision, so neither resumes reading
   early for the other; a `Wake` action asks the I/O layer to call `tick` when a wait ends.
+- **No side effects.** Telemetry, dead letters and learning a broker node are actions too
+  (`Telemetry`, `DeadLetters`, `LearnNodes`): a path puts the first two on its exchange and
+  the connection hands them out after the call; a path that meets a node it does not know
+  raises `UnknownNodes`, the connection hands out `LearnNodes` and calls the path again on
+  `nodes_learned`, so a response carrying a node's address is released only after the I/O
+  layer has bound the node's port.
 - **Refusals.** A frame that cannot be parsed, a request version the proxy never advertised,
   a response that matches no request: the connection closes with the reason.
 """
@@ -54,16 +60,19 @@ from sluice.codec.throttle import sends_before_throttling, with_throttle
 from sluice.proxy.contract import ClientInfo, QuotaGate
 from sluice.proxy.paths.base import (
     Answer,
+    DeadLetters,
     Defer,
     Exchange,
     Forward,
     Job,
     NoReply,
+    Pin,
     Refuse,
     Refused,
     Respond,
-    ResponsePath,
-    UnansweredAware,
+    Telemetry,
+    TelemetryCall,
+    UnknownNodes,
 )
 from sluice.proxy.paths.registry import Routes, lease, release
 from sluice.proxy.telemetry.metrics import Metrics
@@ -134,6 +143,15 @@ class Wake:
 
 
 @dataclass(slots=True)
+class LearnNodes:
+    """Learn these broker nodes ((node id, upstream host, upstream port) each): choose their
+    local ports and bind them, then call `Connection.nodes_learned`. A response that names one
+    of them is held until then."""
+
+    nodes: tuple[tuple[int, str, int], ...]
+
+
+@dataclass(slots=True)
 class Close:
     reason: str
     violation: bool = False  # the peer broke the protocol (counted, logged as a warning)
@@ -147,7 +165,12 @@ Action = (
     | ResumeClient
     | PauseBroker
     | (ResumeBroker | Close | Wake)
+    | (Telemetry | DeadLetters | LearnNodes)
 )
+
+
+# A call to make again once nodes are learnt: given the actions list and the nodes asked for.
+_Retry = Callable[[list[Action], frozenset[int]], None]
 
 
 class _Slot:
@@ -166,12 +189,12 @@ class _Slot:
         "waiting_job",
     )
 
-    def __init__(self, exchange: Exchange, pin: ResponsePath | None) -> None:
+    def __init__(self, exchange: Exchange, pin: Pin | None) -> None:
         self.exchange = exchange
         self.pin = pin
         self.raw: bytes | memoryview | None = None  # the broker's response frame body
         self.response: bytes | memoryview | None = None  # what the client gets
-        self.on_sent: Callable[[], None] | None = None
+        self.on_sent: TelemetryCall | None = None
         self.generation = -1  # router generation that produced `response` (-1: not routed)
         self.waiting_job = False
         self.held = 0  # bytes of `response` counted as held
@@ -219,6 +242,9 @@ class Connection:
         self._client_paused = False
         self._broker_paused = False
         self._client_eof = False
+        # Calls to make again once the I/O layer has learnt nodes (`LearnNodes`), in order,
+        # each with the nodes it asked for (asked twice: the port could not be bound).
+        self._parked: list[tuple[_Retry, frozenset[int]]] = []
         self.closed: Close | None = None
 
     # ================================================================ inputs
@@ -276,18 +302,59 @@ class Connection:
             return out
         if error is not None:
             return self._close(out, f"{kind} job failed: {type(error).__name__}: {error}")
-        try:
-            outcome = finish(result)
-        except (CodecError, Refused) as exc:
-            return self._close(out, str(exc), violation=True)
         to_broker: list[bytes | memoryview] = []
         if kind == "request":
+            exchange = subject[0]
+            try:
+                outcome = finish(result)
+            except (CodecError, Refused, UnknownNodes) as exc:
+                return self._close(out, str(exc), violation=True)
+            self._effects(exchange, out)
             self._deferred_request = False
             self._apply_request(subject, outcome, ctx, out, to_broker)
             self._drain_queue(out, to_broker)
         else:
-            self._apply_response(subject, outcome, ctx, out)
+            self._finish_response(subject, finish, result, ctx, out, frozenset())
         return self._finish(out, to_broker)
+
+    def _finish_response(
+        self,
+        slot: _Slot,
+        finish: Callable[[Any], Any],
+        result: Any,
+        ctx: Any,
+        out: list[Action],
+        asked: frozenset[int],
+    ) -> None:
+        try:
+            outcome = finish(result)
+        except (CodecError, Refused) as exc:
+            self._close(out, str(exc), violation=True)
+            return
+        except UnknownNodes as exc:
+            # Called again with the result it already has: a response's `finish` only
+            # rewrites and encodes (the filters ran in `run`), so the released chain is not used.
+            self._park(
+                slot.exchange,
+                exc,
+                asked,
+                lambda o, known: self._finish_response(slot, finish, result, ctx, o, known),
+                out,
+            )
+            return
+        self._effects(slot.exchange, out)
+        self._apply_response(slot, outcome, ctx, out)
+
+    def nodes_learned(self) -> list[Action]:
+        """The I/O layer performed the `LearnNodes` actions handed out: the calls that met
+        those nodes are made again, in order."""
+        out: list[Action] = []
+        parked, self._parked = self._parked, []
+        for call, asked in parked:
+            if self.closed is not None:
+                return out
+            call(out, asked)
+        return self._finish(out, None)
 
     def client_eof(self) -> list[Action]:
         """The client half-closed: answer what it asked, then close."""
@@ -407,7 +474,7 @@ class Connection:
         quotas = self._quotas
         if api_key == _PRODUCE and quotas is not None and quotas.active:
             exchange.throttle_until = until = quotas.produce(
-                client.principal, client.client_id, header, frame
+                client.principal, client.client_id, exchange, frame
             )
             # Like a broker, which reads a connection's next request only once it has
             # answered this one: requests after it wait until the client is within quota.
@@ -422,9 +489,10 @@ class Connection:
             return
         try:
             outcome = path.on_request(router.ctx, exchange, frame)
-        except (CodecError, Refused) as exc:
+        except (CodecError, Refused, UnknownNodes) as exc:
             self._close(out, str(exc), violation=True)
             return
+        self._effects(exchange, out)
         self._apply_request((exchange, frame), outcome, router.ctx, out, to_broker)
 
     def _apply_request(
@@ -477,6 +545,36 @@ class Connection:
         self._wake(deadline, now)
         out.append(StartJob(job_id, job))
 
+    # ================================================================ side effects
+
+    def _effects(self, exchange: Exchange, out: list[Action]) -> None:
+        """Hand out what the path just asked for on `exchange`, in order."""
+        effects = exchange.effects
+        if effects:
+            out.extend(effects)
+            exchange.effects = None
+
+    def _park(
+        self,
+        exchange: Exchange,
+        exc: UnknownNodes,
+        asked: frozenset[int],
+        call: Callable[[list[Action], frozenset[int]], None],
+        out: list[Action],
+    ) -> None:
+        """A path met nodes not learnt yet: drop what the call asked for (the call is made
+        again), hand out `LearnNodes`, and make the call again on `nodes_learned`."""
+        exchange.effects = None
+        ids = frozenset(n[0] for n in exc.nodes)
+        if ids & asked:
+            # Learnt once already and still unknown: its local port could not be bound (the
+            # server logged why). Closing makes the client ask again; it never gets an
+            # address nobody listens on.
+            self._close(out, f"cannot serve broker node(s) {sorted(ids & asked)}: no local port")
+            return
+        out.append(LearnNodes(exc.nodes))
+        self._parked.append((call, asked | ids))
+
     # ================================================================ responses
 
     def _on_response(self, frame: bytes | memoryview, out: list[Action]) -> None:
@@ -525,7 +623,9 @@ class Connection:
         )
         self._route_response(slot, out)
 
-    def _route_response(self, slot: _Slot, out: list[Action]) -> None:
+    def _route_response(
+        self, slot: _Slot, out: list[Action], asked: frozenset[int] = frozenset()
+    ) -> None:
         router = self._routes.current
         hdr = slot.exchange.header
         path = slot.pin or router.response_path(hdr.api_key, hdr.api_version)
@@ -539,6 +639,16 @@ class Connection:
         except (CodecError, Refused) as exc:
             self._close(out, str(exc), violation=True)
             return
+        except UnknownNodes as exc:
+            self._park(
+                slot.exchange,
+                exc,
+                asked,
+                lambda o, known: self._route_response(slot, o, known),
+                out,
+            )
+            return
+        self._effects(slot.exchange, out)
         self._apply_response(slot, outcome, router.ctx, out, router.generation)
 
     def _apply_response(
@@ -577,6 +687,7 @@ class Connection:
     def _flush(self, out: list[Action]) -> None:
         slots = self._slots
         data: list[bytes | memoryview] = []
+        sent: list[Action] = []  # telemetry of what was sent, after the bytes
         current = self._routes.current.generation
         while slots:
             slot = slots[0]
@@ -604,9 +715,10 @@ class Connection:
             data.append(response)
             self.client.stats.bytes_out += len(response) + 4
             if slot.on_sent is not None:
-                slot.on_sent()
+                sent.append(Telemetry(slot.on_sent))
         if data:
             out.append(SendToClient(data))
+            out.extend(sent)
 
     def _throttle(self, slot: _Slot, response: bytes | memoryview) -> bytes | memoryview | None:
         """The response to send to a throttled client, with its throttle time; None while a
@@ -709,19 +821,21 @@ class Connection:
             if not violation:
                 self._flush(out)
             self.closed = Close(reason, violation)
+            # Told before the close, so that the I/O layer performs them.
+            self._lost(reason, out)
             out.append(self.closed)
-            self._lost(reason)
         return out
 
     def abort(self, reason: str) -> list[Action]:
         """Close from the proxy's side (shutdown, a limit): nothing more is sent."""
         return self._close([], reason)
 
-    def _lost(self, reason: str) -> None:
+    def _lost(self, reason: str, out: list[Action]) -> None:
         # Requests the broker never answered: paths that account for them (produce
         # telemetry) are told, so an audit shows the batches as lost, not as never sent.
         ctx = self._routes.current.ctx
         for slot in self._awaiting:
-            if isinstance(slot.pin, UnansweredAware):
+            if slot.pin is not None:
                 slot.pin.on_unanswered(ctx, slot.exchange, reason)
+                self._effects(slot.exchange, out)
         self._awaiting.clear()

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sluice.proxy.paths.base import UnknownNodes
+
 
 class PortTable:
     """Node id -> local port, shared by the worker processes of one proxy through a file."""
@@ -133,6 +135,18 @@ class BrokerMap:
         route = self._routes.pop(node_id, None)
         if route is not None and node_id not in self._fixed and self._shared is None:
             self._unusable.add(route.local_port)
+
+    def known(self, node_id: int, upstream_host: str, upstream_port: int) -> tuple[str, int]:
+        """The (host, port) to advertise for a node already learnt at this upstream address.
+
+        Pure (a dict look-up): the sans-IO core calls it. A node not learnt yet, or now at
+        another upstream address, raises `UnknownNodes`; `local_endpoint` learns it."""
+        route = self._routes.get(node_id)
+        if route is None or route.upstream_host != upstream_host or (
+            route.upstream_port != upstream_port
+        ):
+            raise UnknownNodes([(node_id, upstream_host, upstream_port)])
+        return self.advertised_host, route.local_port
 
     def local_endpoint(
         self, node_id: int, upstream_host: str, upstream_port: int

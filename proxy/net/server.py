@@ -3,9 +3,10 @@
 `ProxyServer` opens the bootstrap listener and one listener per broker node (learnt from
 responses through the broker map), admits connections (`limits.max_connections`), and builds
 for each one a `Session` (asyncio glue) around a sans-IO `Connection`. It also assembles what
-the API paths get (`PathContext`: the chain, the topic registry, the telemetry recorder, dead
-letters, metrics, the endpoint mapper, an upstream opener) and rebuilds the router when a
-chain is installed. It names no API path: `paths/catalog.py` lists them.
+the API paths get (`PathContext`: the chain, the topic registry, metrics, the pure look-up of
+learnt node addresses, an upstream opener) and what sessions perform for their connections
+(`SideEffects`: the telemetry recorder, dead letters, learning a node), and rebuilds the
+router when a chain is installed. It names no API path: `paths/catalog.py` lists them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import Close, Connection, Limits
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.node_ports import BrokerMap, NodeRoute, PortTable
-from sluice.proxy.net.session import Session
+from sluice.proxy.net.session import Session, SideEffects
 from sluice.proxy.net.tls import peer_principal
 from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
 from sluice.proxy.ops.config import ProxyConfig
@@ -106,6 +107,10 @@ class ProxyServer:
         self.versions = VersionTable()
         self._bootstrap_turn = -1  # the last --upstream address a bootstrap connection got
         self.routes = Routes(standard_paths(self.versions), self._context, self.versions)
+        # What sessions perform for their connections (net/session.py).
+        self.side_effects = SideEffects(
+            self.recorder, self.dead_letters, self.broker_map.local_endpoint
+        )
 
     # ------------------------------------------------------------------ the paths' context
     def _context(self, generation: int) -> PathContext:
@@ -121,10 +126,8 @@ class ProxyServer:
             generation=generation,
             directions=frozenset(directions),
             topics=self.topics,
-            telemetry=self.recorder,
-            dead_letters=self.dead_letters,
             metrics=self.metrics,
-            map_endpoint=self.broker_map.local_endpoint,
+            node_address=self.broker_map.known,
             open_upstream=self.open_upstream,
             observe_brokers=self._brokers_seen,
             policies=self.policies,
@@ -269,6 +272,7 @@ class ProxyServer:
             node_id,
             self,
             self.executor,
+            self.side_effects,
             peer_principal if self.server_ssl is not None else None,
             self.placement,
         )

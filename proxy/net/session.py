@@ -2,8 +2,10 @@
 feed it bytes and perform the actions it returns.
 
 Nothing here decides anything about Kafka: correlation, order, back-pressure and refusals are
-the sans-IO `Connection`'s (`connection.py`). This module owns the sockets and the filter
-thread pool hand-off; when a connection ends it closes both sockets once and tells the server
+the sans-IO `Connection`'s (`connection.py`). This module owns the sockets, the filter
+thread pool hand-off and the side effects the connection asks for (telemetry, dead letters,
+learning a broker node: `SideEffects`), performed in the order of the actions; when a
+connection ends it closes both sockets once and tells the server
 (`SessionHooks.session_closed`), which counts it, logs it and records its telemetry.
 """
 
@@ -14,7 +16,8 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, Protocol, cast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import structlog
 
@@ -23,6 +26,8 @@ from sluice.proxy.net.connection import (
     Action,
     Close,
     Connection,
+    DeadLetters,
+    LearnNodes,
     PauseBroker,
     PauseClient,
     ResumeBroker,
@@ -30,14 +35,33 @@ from sluice.proxy.net.connection import (
     SendToBroker,
     SendToClient,
     StartJob,
+    Telemetry,
     Wake,
 )
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.telemetry.logs import log, repeats
 
+if TYPE_CHECKING:
+    from sluice.filters.chain import DeadLetter
+    from sluice.proxy.telemetry.recorder import TelemetryRecorder
+
 #: Bytes a socket's send buffer may hold before the connection stops reading the other side.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 _CONNECT_TIMEOUT = 10.0
+
+
+class DeadLetterSink(Protocol):
+    def submit(self, letters: list[DeadLetter]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SideEffects:
+    """What performs the side effects a `Connection` hands out as actions."""
+
+    telemetry: TelemetryRecorder
+    dead_letters: DeadLetterSink
+    #: Learn a broker node: choose its local port (under the shared table's lock) and bind it.
+    learn_node: Callable[[int, str, int], object]
 
 
 class SessionHooks(Protocol):
@@ -62,10 +86,12 @@ class Session(asyncio.Protocol):
         node_id: int | None,
         hooks: SessionHooks,
         executor: Executor | None,
+        effects: SideEffects,
         principal_of: Callable[[Any], str | None] | None = None,
         placement: JobPlacement | None = None,
     ) -> None:
         self._make_connection = make_connection
+        self._effects = effects
         self.upstream_address = upstream
         self._upstream_ssl = upstream_ssl
         self.node_id = node_id
@@ -230,6 +256,7 @@ class Session(asyncio.Protocol):
 
     # ------------------------------------------------------------ actions
     def _do(self, actions: list[Action]) -> None:
+        learnt = False
         for action in actions:
             kind = type(action)
             if kind is SendToBroker:
@@ -254,8 +281,20 @@ class Session(asyncio.Protocol):
                     self._broker.resume_reading()
             elif kind is Wake:
                 self._arm(action.delay)  # type: ignore[union-attr]
+            elif kind is Telemetry:
+                action.call(self._effects.telemetry)  # type: ignore[union-attr]
+            elif kind is DeadLetters:
+                self._effects.dead_letters.submit(action.letters)  # type: ignore[union-attr]
+            elif kind is LearnNodes:
+                # Bound now, synchronously: the response naming these nodes goes out only
+                # after `nodes_learned`, so a client dialling a node's port finds it bound.
+                for node in action.nodes:  # type: ignore[union-attr]
+                    self._effects.learn_node(*node)
+                learnt = True
             elif kind is Close:
                 self._end(action)  # type: ignore[arg-type]
+        if learnt and self.conn is not None and not self._ended:
+            self._do(self.conn.nodes_learned())
 
     def _arm(self, delay: float) -> None:
         # The connection asks only for a wake-up earlier than the one it has: replace it.

@@ -44,9 +44,9 @@ from typing import Any
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response
-from sluice.codec.produce_splice import scan_produce_request
 from sluice.filters.principal import ANONYMOUS
 from sluice.filters.yaml_lines import LineMap
+from sluice.proxy.contract import ProduceRequest
 
 PRODUCE = int(ApiKey.PRODUCE)
 FETCH = int(ApiKey.FETCH)
@@ -272,7 +272,7 @@ class Quotas:
 
     # ------------------------------------------------------------------ decisions
     def produce(self, principal: str | None, client_id: str | None,
-                header: RequestHeader, frame: bytes | memoryview) -> float:
+                request: ProduceRequest, frame: bytes | memoryview) -> float:
         """A Produce request was read: count it; returns the monotonic time until which the
         client is held back (0.0: not throttled)."""
         plain, by_topic = self._for(principal, client_id, 0)
@@ -280,7 +280,7 @@ class Quotas:
             return 0.0
         topics: dict[str, int] = {}
         if by_topic:
-            topics = self._produce_topics(header, frame)
+            topics = self._produce_topics(request, frame)
         return self._charge("produce", plain, by_topic, len(frame), topics)
 
     def fetch(self, principal: str | None, client_id: str | None,
@@ -364,11 +364,14 @@ class Quotas:
         self._buckets = {k: b for k, b in self._buckets.items() if not b.idle(now)}
 
     # ------------------------------------------------------------------ topic bytes
-    def _produce_topics(self, header: RequestHeader, frame: bytes | memoryview) -> dict[str, int]:
+    def _produce_topics(
+        self, request: ProduceRequest, frame: bytes | memoryview
+    ) -> dict[str, int]:
         """Record bytes per topic name of a Produce request (topic ids the proxy has not
-        learnt are not counted against topic rules)."""
+        learnt are not counted against topic rules); the layout is the request's one parse,
+        which the Produce path reuses."""
         try:
-            layout = scan_produce_request(header.api_version, frame[header.header_size :])
+            layout = request.produce_layout(frame)
         except CodecError:
             return {}  # the produce path refuses it; nothing to count
         out: dict[str, int] = {}

@@ -9,6 +9,8 @@ top-level tagged field are scanned first and pass undecoded when they carry none
 
 from __future__ import annotations
 
+from typing import Any
+
 from sluice.codec.endpoints import carries_endpoints, rewrite_endpoints
 from sluice.codec.messages import ApiKey, codec_version_range
 from sluice.proxy.paths import responses
@@ -19,6 +21,7 @@ from sluice.proxy.paths.base import (
     RequestOutcome,
     Respond,
     ResponseOutcome,
+    UnknownNodes,
 )
 
 
@@ -54,14 +57,28 @@ class AddressPath:
             return Respond(frame)
         size, response = responses.decode(hdr, frame)
         if hdr.api_key == ApiKey.METADATA:
-            ctx.topics.learn(response)
-            # Learn brokers in node id order, not response order (a stable order of discovery).
-            brokers = sorted(getattr(response, "brokers", ()) or (), key=lambda b: int(b.node_id))
-            for b in brokers:
-                ctx.map_endpoint(int(b.node_id), str(b.host), int(b.port))
-            if brokers:
-                ctx.observe_brokers([int(b.node_id) for b in brokers])
-        rewritten = rewrite_endpoints(response, hdr.api_key, hdr.api_version, ctx.map_endpoint)
+            learn_metadata(ctx, response)
+        rewritten = rewrite_endpoints(response, hdr.api_key, hdr.api_version, ctx.node_address)
         if rewritten is response:
             return Respond(frame)
         return Respond(responses.encode(frame, size, rewritten))
+
+
+def learn_metadata(ctx: PathContext, response: Any) -> None:
+    """What a decoded Metadata response teaches: topic ids, and its brokers, every node not
+    learnt yet raised at once (`UnknownNodes`, in node id order: a stable order of discovery)
+    before any address is rewritten."""
+    ctx.topics.learn(response)
+    brokers = sorted(getattr(response, "brokers", ()) or (), key=lambda b: int(b.node_id))
+    unknown = []
+    for b in brokers:
+        node = (int(b.node_id), str(b.host), int(b.port))
+        try:
+            ctx.node_address(*node)
+        except UnknownNodes:
+            unknown.append(node)
+    if unknown:
+        # All at once: the connection has them learnt, in this order, and asks again.
+        raise UnknownNodes(unknown)
+    if brokers:
+        ctx.observe_brokers([int(b.node_id) for b in brokers])

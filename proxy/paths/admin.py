@@ -15,9 +15,12 @@ admin filters then judge what is left for the broker, never the policy itself.
 Auto-creation is creation too: while an admin filter is in force, a Metadata request that lets
 the broker create the topics it names (``allow_auto_topic_creation``) offers each name bound
 to an admin filter as a CreateTopics item with the broker's defaults. If any is not allowed
-as it is, the request goes on with auto-creation turned off (the broker then answers
-UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist). Metadata v0-3 cannot turn it
-off (the broker always may create): such a request naming a refused topic is refused.
+as it is and the cluster does not have it (the proxy looks its topics up), that name is
+taken out of the request and answered UNKNOWN_TOPIC_OR_PARTITION, Kafka's answer for a topic
+it did not create; the other names go on with auto-creation as the client asked, so an
+allowed new topic named beside a refused one is still created, as by the broker directly.
+Metadata v0-3 cannot carry that choice (the broker always may create): such a request naming
+a refused topic is refused.
 A Produce to a missing topic is the other way in: paths/internal_topics.py answers it.
 """
 
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.codec import entities, schemas
+from sluice.codec.endpoints import rewrite_endpoints
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_bytes
@@ -38,6 +42,7 @@ from sluice.filters.chain import FilterChain
 from sluice.proxy.contract import ClientInfo, UpstreamError
 from sluice.proxy.ops.policies import CONFIG_KEY
 from sluice.proxy.paths import policy, responses
+from sluice.proxy.paths.addresses import learn_metadata
 from sluice.proxy.paths.base import (
     Answer,
     Defer,
@@ -419,7 +424,7 @@ class AdminPath:
             for resource, verdict in zip(resources, verdicts, strict=True):
                 if verdict.decision != "allow":
                     # A rewrite cannot apply to a topic the broker creates with its defaults.
-                    _emit(ctx, client, chain, resource, dataclasses.replace(
+                    _emit(exchange, chain, resource, dataclasses.replace(
                         verdict, decision="deny",
                         message=verdict.message or "auto-creation needs a rewrite"))
                     refused.append(resource.name)
@@ -428,8 +433,10 @@ class AdminPath:
             if header.api_version < AUTO_CREATE_FLAG_VERSION:
                 return Refuse(f"METADATA v{header.api_version} lets the broker create "
                               f"{', '.join(refused)}, which the admin filters refuse")
-            body = encode_request(dataclasses.replace(request, allow_auto_topic_creation=False))
-            return Forward(frame=bytes(frame[: header.header_size]) + body)
+            return Defer(Job(run=lambda: _existing(ctx.open_upstream, refused),
+                             finish=lambda found: _without_absent(exchange, frame, request,
+                                                                  set(refused), found),
+                             in_thread=False, what="topic look-up"))
 
         return Defer(Job(run=run, finish=finish, in_thread=True, what="auto-creation check"))
 
@@ -497,7 +504,7 @@ class AdminPath:
             if resource is None:
                 continue
             verdict = chain.run_admin(resource)
-            _emit(ctx, client, chain, resource, verdict)
+            _emit(exchange, chain, resource, verdict)
             if verdict.decision == "deny":
                 plan.local[i] = (POLICY_VIOLATION, verdict.message or "denied by policy")
                 del plan.sent[i]
@@ -517,17 +524,16 @@ class AdminPath:
         header = exchange.header
         api = ApiKey(header.api_key)
         spec = _APIS[api]
-        client = exchange.client
         for i, change in plan.refused.items():
             code, message = plan.local[i]
-            policy.emit(ctx, client, change, code, message)
+            policy.emit(exchange, change, code, message)
         if not plan.sent:
             # Nothing for the broker: answer now, once the policies are stored.
             def answer(failed: dict[int, tuple[int, str]]) -> Answer:
                 return Answer(_answer(header, api, plan, items, failed))
 
             changes = _due(plan, set(plan.local))
-            return self._with_writes(ctx, client, plan, changes, answer)
+            return self._with_writes(ctx, exchange, plan, changes, answer)
         unchanged = not plan.local and all(plan.sent.get(i) is it for i, it in enumerate(items))
         if unchanged and not plan.changes:
             return Forward()
@@ -542,19 +548,20 @@ class AdminPath:
     def _with_writes(
         self,
         ctx: PathContext,
-        client: ClientInfo,
+        exchange: Exchange,
         plan: AlterPlan,
         changes: dict[int, policy.Change],
         then: Callable[[dict[int, tuple[int, str]]], Any],
     ) -> Any:
         """Store `changes` (not with validate_only), emit their telemetry, then `then`."""
         book = ctx.policies
+        client = exchange.client
 
         def done(failed: dict[int, tuple[int, str]]) -> Any:
             for i, change in changes.items():
                 code, message = failed.get(i, (0, "validate only: not stored"
                                                if plan.validate_only else None))
-                policy.emit(ctx, client, change, code, message)
+                policy.emit(exchange, change, code, message)
             return then(failed)
 
         if not changes or plan.validate_only or book is None:
@@ -577,11 +584,14 @@ class AdminPath:
         def respond(failed: dict[int, tuple[int, str]]) -> Respond:
             return Respond(
                 responses.transform(
-                    header, frame, ctx.map_endpoint, lambda r: _merged(api, r, plan, items, failed)
+                    header, frame, ctx.node_address, lambda r: _merged(api, r, plan, items, failed)
                 )
             )
 
-        return self._with_writes(ctx, exchange.client, plan, changes, respond)
+        return self._with_writes(ctx, exchange, plan, changes, respond)
+
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
+        """Nothing to account for: the client sees the connection close."""
 
 
 def _due(plan: AlterPlan, accepted: set[int]) -> dict[int, policy.Change]:
@@ -606,24 +616,91 @@ def _answer(
 
 
 def _emit(
-    ctx: PathContext,
-    client: ClientInfo,
+    exchange: Exchange,
     chain: FilterChain,
     resource: AdminResource,
     verdict: AdminVerdict,
 ) -> None:
+    client = exchange.client
     filters = chain.filters_for(resource.name, "admin", client.principal)
     deciding = next(
         (f for f in filters if f.name == verdict.filter), filters[0] if filters else None
     )
-    ctx.telemetry.admin_decision(
-        client,
-        op=resource.op,
-        resource_type=resource.resource_type,
-        resource=resource.name,
-        decision=verdict.decision,
-        message=verdict.message,
-        filter_name=deciding.name if deciding else "",
-        module_sha256=deciding.sha256 if deciding else "",
-        error_code=POLICY_VIOLATION if verdict.decision == "deny" else 0,
-    )
+    fields: dict[str, Any] = {
+        "op": resource.op,
+        "resource_type": resource.resource_type,
+        "resource": resource.name,
+        "decision": verdict.decision,
+        "message": verdict.message,
+        "filter_name": deciding.name if deciding else "",
+        "module_sha256": deciding.sha256 if deciding else "",
+        "error_code": POLICY_VIOLATION if verdict.decision == "deny" else 0,
+    }
+    exchange.emit(lambda t: t.admin_decision(client, **fields))
+
+
+async def _existing(open_upstream: UpstreamOpener, names: list[str]) -> set[str] | None:
+    """Which of `names` the cluster has (a Metadata request for them that creates nothing,
+    asked now: the topic registry may be a second behind); None if the look-up failed."""
+    try:
+        conn = await open_upstream()
+        try:
+            version = conn.pick_version(ApiKey.METADATA, ceiling=12)
+            tcls = entities.element_class(schemas.request_schema(ApiKey.METADATA, version),
+                                          "topics")
+            response = await conn.request(
+                ApiKey.METADATA, version,
+                topics=tuple(entities.build(tcls, name=n) for n in names),
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+        finally:
+            await conn.close()
+    except (OSError, UpstreamError, TimeoutError, CodecError) as exc:
+        log.warning("topic_lookup_failed", error=str(exc) or type(exc).__name__)
+        return None
+    return {str(t.name) for t in response.topics or () if int(t.error_code) == 0}
+
+
+def _without_absent(exchange: Exchange, frame: Frame, request: Any, refused: set[str],
+                    existing: set[str] | None) -> RequestOutcome:
+    """The auto-creating Metadata `request` without the refused names the cluster does not
+    have (answered UNKNOWN_TOPIC_OR_PARTITION by `_NotCreated`); the rest as asked. Without an
+    answer to the look-up, auto-creation is turned off for the whole request (fail closed)."""
+    header = exchange.header
+    if existing is None:
+        body = encode_request(dataclasses.replace(request, allow_auto_topic_creation=False))
+        return Forward(frame=bytes(frame[: header.header_size]) + body)
+    absent = refused - existing
+    if not absent:
+        return Forward()  # they exist: auto-creation cannot create them
+    kept = tuple(t for t in request.topics or () if str(t.name) not in absent)
+    body = encode_request(dataclasses.replace(request, topics=kept))
+    return Forward(frame=bytes(frame[: header.header_size]) + body, pin=_NotCreated(absent))
+
+
+@dataclass(frozen=True, slots=True)
+class _NotCreated:
+    """The Metadata response of a request whose refused, absent topics were taken out: their
+    entries added back with UNKNOWN_TOPIC_OR_PARTITION (the address path's work done too)."""
+
+    names: frozenset[str] | set[str]
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
+        header = exchange.header
+
+        def added(response: Any) -> Any:
+            tcls = entities.element_class(type(response), "topics")
+            unknown = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            entries = tuple(entities.build(tcls, name=n, error_code=unknown)
+                            for n in sorted(self.names))
+            return dataclasses.replace(response, topics=(*(response.topics or ()), *entries))
+
+        size, decoded = responses.decode(header, frame)
+        learn_metadata(ctx, decoded)
+        final = added(rewrite_endpoints(decoded, header.api_key, header.api_version,
+                                        ctx.node_address))
+        return Respond(responses.encode(frame, size, final))
+
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
+        """Nothing to account for: the client sees the connection close."""

@@ -9,7 +9,9 @@ The contract (docs/ARCHITECTURE.md has the long form):
 
 - **Ordering.** `on_request` is called once per request, in the client's order, and never for
   a request while an earlier request of the same connection is still deferred. `on_response`
-  is called once per response; responses reach the client in request order whatever order
+  is called once per response (again, from the broker's bytes, when the chain changed before
+  it was sent or once the nodes it met were learnt: see side effects); responses reach the
+  client in request order whatever order
   their processing finishes in.
 - **Threading.** `on_request`, `on_response` and every `Job.finish` run on the event loop
   thread. They must not block: no socket I/O, no sleeping, no Wasm. Work that may take long
@@ -25,12 +27,16 @@ The contract (docs/ARCHITECTURE.md has the long form):
   of the router that called it. A response is processed again, from its original bytes, when
   the router changed before the response was sent, unless the path `pin`ned it (Produce and
   admin answers, whose filtering happened when the request was forwarded).
-- **Side effects.** Telemetry about what a response carries is returned as the `on_sent`
-  callback of `Respond`, so that a response processed twice is counted once. The other side
-  effects are performed by the paths themselves, on the loop (in their own methods and in
-  `Job.finish`): request telemetry, dead-letter submission, and `ctx.map_endpoint`, which may
-  take the node-port table's file lock and bind a node's listening socket
-  (`net/node_ports.py`) before the rewritten address reaches the client.
+- **Side effects.** A path performs none: it is bytes in, outcome out. What the world must
+  learn goes on the exchange (`Exchange.emit` for telemetry, `Exchange.dead_letters` for dead
+  letters) and the connection hands it to the I/O layer as actions, in order, after the call
+  that produced it; telemetry about what a response carries is the `on_sent` of `Respond`,
+  performed after the response's bytes, so a response processed twice counts once. Broker
+  addresses are rewritten from `ctx.node_address`, a pure look-up of the nodes already
+  learnt: a node it does not know raises `UnknownNodes`, the connection asks the I/O layer to
+  learn the nodes (`LearnNodes`: the port is chosen, under the shared table's lock, and bound)
+  and calls the path again, so the port is bound before the client can see its address. A
+  call that raises `UnknownNodes` has its effects dropped: the call that follows makes them.
 """
 
 from __future__ import annotations
@@ -43,6 +49,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from sluice.codec.batch_counts import expanded_size
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.headers import RequestHeader
+from sluice.codec.peek import produce_acks
+from sluice.codec.produce_splice import (
+    ProduceRequestLayout,
+    ProduceTopics,
+    produce_head,
+    produce_topics,
+    scan_produce_request,
+)
 from sluice.filters.config import HOST_BUILTINS
 from sluice.proxy.contract import INLINE_MAX_BYTES, ClientInfo, Upstream
 
@@ -74,6 +88,92 @@ class Exchange:
     # The proxy's own topics this request named and the proxy answered itself, kept for the
     # response (paths/internal_topics.py); None for almost every request.
     guard: Any = None
+    # What has been parsed of the request: (the frame, its parse), reused by every path (and
+    # the quotas) that asks about the same frame through the methods below.
+    parsed: tuple[Frame, Any] | None = None
+    # Side effects a path asked for and the connection has not handed out yet, in order.
+    effects: list[Telemetry | DeadLetters] | None = None
+
+    # Each frame parsed once: the internal-topics path reads a Produce request's acks and
+    # topic names, the Produce path needs its acks (unfiltered) or its layout (filtered), the
+    # quotas its bytes per topic. The first parse is kept with the frame it was made from; a
+    # path that hands another frame on (partitions taken out) gets that one parsed afresh.
+
+    def produce_topics(self, frame: Frame) -> ProduceTopics:
+        """The acks and topic keys of the Produce request `frame` (CodecError if malformed)."""
+        kept = self.parsed
+        if kept is not None and kept[0] is frame:
+            value = kept[1]
+            if type(value) is ProduceTopics:
+                return value
+            if type(value) is ProduceRequestLayout:
+                keys = [t.name if t.name is not None else t.topic_id for t in value.topics]
+                # The scan refuses a topic with neither (a null name): no None here.
+                return ProduceTopics(value.acks, [k for k in keys if k is not None])
+        version = self.header.api_version
+        body = frame[self.header.header_size :]
+        # One topic (the common case): its name is read from the head, the rest is not walked.
+        read = produce_head(version, body) or produce_topics(version, body)
+        self.parsed = (frame, read)
+        return read
+
+    def produce_layout(self, frame: Frame) -> ProduceRequestLayout:
+        """The layout of the Produce request `frame` (CodecError if malformed)."""
+        kept = self.parsed
+        if kept is not None and kept[0] is frame and type(kept[1]) is ProduceRequestLayout:
+            return kept[1]
+        layout = scan_produce_request(self.header.api_version, frame[self.header.header_size :])
+        self.parsed = (frame, layout)
+        return layout
+
+    def produce_acks(self, frame: Frame) -> int:
+        """The acks of the Produce request `frame`: from what was parsed of it, or read alone."""
+        kept = self.parsed
+        if kept is not None and kept[0] is frame:
+            return int(kept[1].acks)
+        return produce_acks(frame[self.header.header_size :], self.header.flexible)
+
+    def emit(self, call: TelemetryCall) -> None:
+        """Ask the I/O layer to call `call(recorder)` (a telemetry event)."""
+        if self.effects is None:
+            self.effects = []
+        self.effects.append(Telemetry(call))
+
+    def dead_letters(self, letters: list[DeadLetter]) -> None:
+        """Ask the I/O layer to submit `letters` to the dead-letter writer."""
+        if self.effects is None:
+            self.effects = []
+        self.effects.append(DeadLetters(letters))
+
+
+# ------------------------------------------------------------------ side effects, as data
+
+#: A telemetry event to emit, given the recorder (performed by the I/O layer, never a path).
+TelemetryCall = Callable[["TelemetryRecorder"], None]
+
+
+@dataclass(slots=True)
+class Telemetry:
+    """Emit a telemetry event: `call(recorder)`."""
+
+    call: TelemetryCall
+
+
+@dataclass(slots=True)
+class DeadLetters:
+    """Submit records to the dead-letter writer."""
+
+    letters: list[DeadLetter]
+
+
+class UnknownNodes(Exception):
+    """Raised by `PathContext.node_address` (and the paths) for broker nodes not learnt yet:
+    (node id, upstream host, upstream port) each. The connection has them learnt and calls
+    the path again."""
+
+    def __init__(self, nodes: Sequence[tuple[int, str, int]]) -> None:
+        super().__init__(f"broker node(s) not learnt yet: {[n[0] for n in nodes]}")
+        self.nodes = tuple(nodes)
 
 
 # ------------------------------------------------------------------ what a path may answer
@@ -86,7 +186,7 @@ class Forward:
     frame: Frame | None = None
     expect_response: bool = True
     state: Any = None
-    pin: ResponsePath | None = None  # this path handles the response, whatever the router
+    pin: Pin | None = None  # this path handles the response, whatever the router
 
 
 @dataclass(slots=True)
@@ -94,7 +194,7 @@ class Answer:
     """Answer the request from the proxy (a whole response frame body, header included)."""
 
     response: bytes
-    on_sent: Callable[[], None] | None = None
+    on_sent: TelemetryCall | None = None
 
 
 @dataclass(slots=True)
@@ -102,7 +202,7 @@ class Respond:
     """The response frame body to send to the client."""
 
     frame: Frame
-    on_sent: Callable[[], None] | None = None
+    on_sent: TelemetryCall | None = None
 
 
 @dataclass(slots=True)
@@ -183,6 +283,23 @@ class Defer:
     job: Job
 
 
+def with_topic_ids(
+    ctx: PathContext, topics: Iterable[Any], then: Callable[[], Any]
+) -> Any:
+    """`then()`, once the topic registry knows the ids of `topics` (items with `name` and
+    `topic_id`) that carry no name: now, or after a look-up job (Produce v13+, Fetch v13+)."""
+    if not ctx.topics.unknown(t.topic_id for t in topics if not t.name):
+        return then()
+    return Defer(
+        Job(
+            run=lambda: ctx.topics.refresh(ctx.open_upstream),
+            finish=lambda _: then(),
+            in_thread=False,
+            what="topic id look-up",
+        )
+    )
+
+
 RequestOutcome = Forward | Answer | NoReply | Refuse | Defer
 ResponseOutcome = Respond | Refuse | Defer
 
@@ -190,10 +307,8 @@ ResponseOutcome = Respond | Refuse | Defer
 # ------------------------------------------------------------------ what a path gets
 
 
-class DeadLetterSink(Protocol):
-    def submit(self, letters: list[DeadLetter]) -> None: ...
-
-
+#: (node id, upstream host, upstream port) -> the address clients get. Pure: a node not
+#: learnt yet raises `UnknownNodes` (net/node_ports.py `BrokerMap.known`).
 EndpointMapper = Callable[[int, str, int], tuple[str, int]]
 
 
@@ -234,10 +349,8 @@ class PathContext:
     generation: int
     directions: frozenset[str]
     topics: TopicRegistry
-    telemetry: TelemetryRecorder
-    dead_letters: DeadLetterSink
     metrics: Metrics
-    map_endpoint: EndpointMapper
+    node_address: EndpointMapper
     open_upstream: UpstreamOpener  # a connection to a bootstrap broker, for look-ups
     # Told the node ids of every Metadata response's brokers (the proxy logs changes).
     observe_brokers: Callable[[list[int]], None] = field(default=lambda _ids: None)
@@ -282,11 +395,12 @@ class ApiPath(RequestPath, ResponsePath, Protocol):
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool: ...
 
 
-@runtime_checkable
-class UnansweredAware(Protocol):
-    """A `pin` that accounts for a request the broker never answered: when the connection
-    closes first, the connection calls `on_unanswered` for each such request, in order (the
-    Produce path records its batches as lost, not as never sent)."""
+class Pin(ResponsePath, Protocol):
+    """A path that handles the response of a request it forwarded (`Forward.pin`), whatever
+    the router says later. It also accounts for a request the broker never answered: when the
+    connection closes first, the connection calls `on_unanswered` for each such request, in
+    order (the Produce path records its batches as lost, not as never sent; others do
+    nothing). Its effects go out like those of any other call."""
 
     def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None: ...
 

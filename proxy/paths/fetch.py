@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.codec.batch_counts import count_records, offset_range
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
@@ -34,6 +34,7 @@ from sluice.codec.messages import ApiKey
 from sluice.filters.chain import DeadLetter, FilterChain
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_fetch
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Defer,
@@ -44,9 +45,14 @@ from sluice.proxy.paths.base import (
     RequestOutcome,
     Respond,
     ResponseOutcome,
+    TelemetryCall,
     inline_key,
     job_size,
+    with_topic_ids,
 )
+
+if TYPE_CHECKING:
+    from sluice.proxy.telemetry.recorder import TelemetryRecorder
 
 
 @dataclass(slots=True)
@@ -86,17 +92,9 @@ class FetchPath:
         if layout is None or layout.endpoints:
             return self._on_decoded(ctx, exchange, frame)
         scanned = layout
-        unknown = ctx.topics.unknown(t.topic_id for t in layout.topics if not t.name)
-        if unknown:
-            return Defer(
-                Job(
-                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
-                    finish=lambda _: self._filter_scanned(ctx, exchange, frame, scanned),
-                    in_thread=False,
-                    what="topic id look-up",
-                )
-            )
-        return self._filter_scanned(ctx, exchange, frame, layout)
+        return with_topic_ids(
+            ctx, layout.topics, lambda: self._filter_scanned(ctx, exchange, frame, scanned)
+        )
 
     def _filter_scanned(
         self, ctx: PathContext, exchange: Exchange, frame: Frame, layout: FetchResponseLayout
@@ -111,10 +109,10 @@ class FetchPath:
             t.name or ctx.topics.name(t.topic_id)
             for t in layout.topics
         ]
+        # Whether a filter applies, asked once per topic (the thread and the pipeline reuse it).
+        applied = [n is not None and chain.applies(n, "fetch", principal) for n in names]
         filtered = [
-            p.records
-            for t, name in zip(layout.topics, names, strict=True)
-            if name is not None and chain.applies(name, "fetch", principal)
+            p.records for t, on in zip(layout.topics, applied, strict=True) if on
             for p in t.partitions
         ]
         if all(n is not None for n in names) and not any(filtered):
@@ -124,7 +122,7 @@ class FetchPath:
         return Defer(
             Job(
                 run=lambda: _filter_scanned(
-                    chain, frame, layout, names, client.client_id, principal, limits
+                    chain, frame, layout, names, applied, client.client_id, principal, limits
                 ),
                 finish=lambda result: self._respond_spliced(ctx, exchange, result),
                 what="fetch filters",
@@ -135,14 +133,8 @@ class FetchPath:
 
     def _respond_spliced(self, ctx: PathContext, exchange: Exchange, result: _Spliced) -> Respond:
         for letters in result.dead_letters:
-            ctx.dead_letters.submit(letters)
-        client = exchange.client
-
-        def sent() -> None:
-            for fields in result.batches:
-                ctx.telemetry.record_batch(client, api="fetch", **fields)
-
-        return Respond(result.frame, sent if result.batches else None)
+            exchange.dead_letters(letters)
+        return Respond(result.frame, _sent(exchange.client, result.batches))
 
     def _on_decoded(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
         """The reference path: kio decodes the whole response (and rewrites its endpoints)."""
@@ -172,23 +164,23 @@ class FetchPath:
             id(t): getattr(t, "topic", None) or ctx.topics.name(getattr(t, "topic_id", None))
             for t in response.responses
         }
+        applied = {
+            key: n is not None and chain.applies(n, "fetch", client.principal)
+            for key, n in names.items()
+        } if chain is not None else {}
         if chain is None or (
-            all(n is not None for n in names.values())
-            and not any(chain.applies(n, "fetch", client.principal) for n in names.values() if n)
+            all(n is not None for n in names.values()) and not any(applied.values())
         ):
             unfiltered = _FilteredResponse(response, [], [])
             return self._respond(ctx, exchange, frame, size, response, unfiltered)
         limits = ctx.batch_limits
         filtered = (
-            part.records
-            for t in response.responses
-            if (name := names[id(t)]) is not None and chain.applies(name, "fetch", client.principal)
-            for part in t.partitions
+            part.records for t in response.responses if applied[id(t)] for part in t.partitions
         )
         return Defer(
             Job(
                 run=lambda: _filter_response(
-                    chain, response, names, client.client_id, client.principal, limits
+                    chain, response, names, applied, client.client_id, client.principal, limits
                 ),
                 finish=lambda result: self._respond(ctx, exchange, frame, size, response, result),
                 what="fetch filters",
@@ -206,24 +198,32 @@ class FetchPath:
         original: Any,
         result: _FilteredResponse,
     ) -> Respond:
-        for letters in result.dead_letters:
-            ctx.dead_letters.submit(letters)
         hdr = exchange.header
-        final = rewrite_endpoints(result.response, hdr.api_key, hdr.api_version, ctx.map_endpoint)
+        # Before the effects: a node not learnt yet raises here, and the call is made again.
+        final = rewrite_endpoints(result.response, hdr.api_key, hdr.api_version, ctx.node_address)
+        for letters in result.dead_letters:
+            exchange.dead_letters(letters)
         out = frame if final is original else responses.encode(frame, size, final)
-        client = exchange.client
+        return Respond(out, _sent(exchange.client, result.batches))
 
-        def sent() -> None:
-            for fields in result.batches:
-                ctx.telemetry.record_batch(client, api="fetch", **fields)
 
-        return Respond(out, sent if result.batches else None)
+def _sent(client: ClientInfo, batches: list[dict[str, Any]]) -> TelemetryCall | None:
+    """The `on_sent` of a filtered Fetch response: its record_batch events."""
+    if not batches:
+        return None
+
+    def sent(recorder: TelemetryRecorder) -> None:
+        for fields in batches:
+            recorder.record_batch(client, api="fetch", **fields)
+
+    return sent
 
 
 def _batch_fields(name: str, part: int, records: Any, outcome: Any, out: Any) -> dict[str, Any]:
-    """The record_batch telemetry of one filtered partition (`out`: its records as sent)."""
-    first, last = offset_range(records)
-    records_in = count_records(records)
+    """The record_batch telemetry of one filtered partition (`out`: its records as sent):
+    counts and offsets from the pipeline's split of the batches when it made one."""
+    first, last = outcome.offsets if outcome.offsets is not None else offset_range(records)
+    records_in = outcome.records_in if outcome.records_in >= 0 else count_records(records)
     return {
         "topic": name,
         "partition": part,
@@ -246,6 +246,7 @@ def _filter_scanned(
     frame: Frame,
     layout: FetchResponseLayout,
     names: list[str | None],
+    applied: list[bool],
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
@@ -264,14 +265,14 @@ def _filter_scanned(
                 records[(i, j)] = None
                 errors[(i, j)] = ErrorCode.UNKNOWN_TOPIC_ID
             continue
-        if not chain.applies(name, "fetch", principal):
+        if not applied[i]:
             continue
         for j, part in enumerate(topic.partitions):
             blob = part.records
             if not blob:
                 continue
             ctx = RecordContext(name, part.partition, "fetch", client_id, principal)
-            outcome = filter_fetch(chain, ctx, blob, limits=limits)
+            outcome = filter_fetch(chain, ctx, blob, limits=limits, checked=True)
             if outcome.dead_letters:
                 dead.append(outcome.dead_letters)
             out: Any = blob
@@ -290,6 +291,7 @@ def _filter_response(
     chain: FilterChain,
     response: Any,
     names: dict[int, str | None],
+    applied: dict[int, bool],
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
@@ -317,7 +319,7 @@ def _filter_response(
             )
             topics.append(topic)
             continue
-        if not chain.applies(name, "fetch", principal):
+        if not applied[id(topic)]:
             topics.append(topic)
             continue
         parts = []
@@ -327,7 +329,7 @@ def _filter_response(
                 parts.append(part)
                 continue
             ctx = RecordContext(name, int(part.partition_index), "fetch", client_id, principal)
-            outcome = filter_fetch(chain, ctx, records, limits=limits)
+            outcome = filter_fetch(chain, ctx, records, limits=limits, checked=True)
             if outcome.dead_letters:
                 dead.append(outcome.dead_letters)
             if outcome.error_code:

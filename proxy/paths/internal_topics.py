@@ -17,7 +17,8 @@ refuse, gets UNKNOWN_TOPIC_OR_PARTITION for it (Kafka's answer; Tansu would stor
 operators included.
 
 Pass-through stays cheap: requests of APIs that cannot name a topic never reach it; of a
-Produce request only the topic names (or ids) are read (`produce_topic_keys`); other requests
+Produce request only the acks and topic names (or ids) are read (`Exchange.produce_topics`,
+kept on the exchange for the Produce path); other requests
 are decoded only when their bytes contain the name (or known id) of an internal topic, or name
 topics by id while an internal topic's id is still unknown.
 """
@@ -42,8 +43,6 @@ from sluice.codec.messages import (
     encode_response,
 )
 from sluice.codec.produce_splice import (
-    produce_topic_keys,
-    scan_produce_request,
     splice_produce_records,
 )
 from sluice.filters.admin import AdminResource
@@ -59,12 +58,12 @@ from sluice.proxy.paths.base import (
     Job,
     NoReply,
     PathContext,
+    Pin,
     Refuse,
     RequestOutcome,
     Respond,
     ResponseOutcome,
     ResponsePath,
-    UnansweredAware,
     UndecodableGate,
 )
 from sluice.proxy.paths.produce import LocalAnswer, local_response, merge_local
@@ -167,7 +166,7 @@ class Guard:
 
     refused: list[_Refused] = field(default_factory=list)
     produce: list[LocalAnswer] = field(default_factory=list)
-    pin: ResponsePath | None = None
+    pin: Pin | None = None
 
 
 # ------------------------------------------------------------------ reading the schemas
@@ -417,13 +416,19 @@ class InternalTopicsPath:
         looked_up: bool,
     ) -> RequestOutcome:
         header = exchange.header
-        body = frame[header.header_size :]
         if not internal and not ctx.filters_on("admin"):
             return self._pass(ctx, exchange, frame)
         try:
-            keys = produce_topic_keys(header.api_version, body)
+            if ctx.filters_on("produce"):
+                # The Produce path will need the layout: scan it now, the names come with it.
+                exchange.produce_layout(frame)
+            keys = exchange.produce_topics(frame).keys
         except CodecError as exc:
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")
+        admin = ctx.filters_on("admin")
+        if not admin and len(keys) == 1 and type(keys[0]) is str and keys[0] not in internal:
+            # The common case, kept short: one topic, by name, not the proxy's own.
+            return self._pass(ctx, exchange, frame)
         names = [k if isinstance(k, str) else ctx.topics.name(k) for k in keys]
         if not looked_up and any(n is None for n in names):
             return Defer(Job(
@@ -434,7 +439,7 @@ class InternalTopicsPath:
             ))
         chain = ctx.chain
         principal = exchange.client.principal
-        if chain is None or not ctx.filters_on("admin"):
+        if chain is None or not admin:
             return self._drop(ctx, exchange, frame, names, internal, set())
         # A Produce to a topic that does not exist creates it on lenient brokers (Tansu
         # stores the records): a name the admin filters would not let the client create,
@@ -488,8 +493,8 @@ class InternalTopicsPath:
         header = exchange.header
         if not any(n in internal or n in absent for n in names):
             return self._pass(ctx, exchange, frame)
-        # Checked like this by `produce_topic_keys` already: the scan cannot fail.
-        layout = scan_produce_request(header.api_version, frame[header.header_size :])
+        # Checked like this by `Exchange.produce_topics` already: the scan cannot fail.
+        layout = exchange.produce_layout(frame)
         drop: set[tuple[int, int]] = set()
         local: list[LocalAnswer] = []
         for i, topic in enumerate(layout.topics):
@@ -562,7 +567,7 @@ class InternalTopicsPath:
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
         header = exchange.header
         guard: Guard | None = exchange.guard
-        inner = guard.pin if guard is not None and guard.pin is not None else None
+        inner: ResponsePath | None = guard.pin if guard is not None else None
         if inner is None:
             inner = self._inner_response(ctx, header.api_key, header.api_version)
         outcome = Respond(frame) if inner is None else inner.on_response(ctx, exchange, frame)
@@ -600,7 +605,7 @@ class InternalTopicsPath:
 
     def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
         guard: Guard | None = exchange.guard
-        if guard is not None and isinstance(guard.pin, UnansweredAware):
+        if guard is not None and guard.pin is not None:
             guard.pin.on_unanswered(ctx, exchange, reason)
 
 

@@ -32,7 +32,6 @@ from sluice.codec import entities
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.messages import ApiKey, decode_request
-from sluice.proxy.contract import ClientInfo
 from sluice.proxy.ops.policies import (
     CONFIG_KEY,
     Policy,
@@ -253,21 +252,21 @@ async def publish_changes(book: PolicyBook, changes: dict[int, Change],
     return failed
 
 
-def emit(ctx: PathContext, client: ClientInfo, change: Change, code: int,
-         message: str | None) -> None:
+def emit(exchange: Exchange, change: Change, code: int, message: str | None) -> None:
     """One ``admin`` telemetry event for a policy set or delete (or its refusal)."""
-    ctx.telemetry.admin_decision(
-        client,
-        op="set_policy" if change.value is not None else "delete_policy",
-        resource_type="topic",
-        resource=change.topic,
-        decision="allow" if code == 0 else ("error" if code in (
+    client = exchange.client
+    fields: dict[str, Any] = {
+        "op": "set_policy" if change.value is not None else "delete_policy",
+        "resource_type": "topic",
+        "resource": change.topic,
+        "decision": "allow" if code == 0 else ("error" if code in (
             ErrorCode.UNKNOWN_SERVER_ERROR, ErrorCode.REQUEST_TIMED_OUT) else "deny"),
-        message=message,
-        filter_name=CONFIG_KEY,
-        module_sha256="",
-        error_code=int(code),
-    )
+        "message": message,
+        "filter_name": CONFIG_KEY,
+        "module_sha256": "",
+        "error_code": int(code),
+    }
+    exchange.emit(lambda t: t.admin_decision(client, **fields))
 
 
 # ------------------------------------------------------------------------------------------
@@ -313,8 +312,11 @@ class PolicyDescribePath:
         asked: _Asked = exchange.state
         book = ctx.policies
         return Respond(responses.transform(
-            exchange.header, frame, ctx.map_endpoint,
+            exchange.header, frame, ctx.node_address,
             lambda r: add_policies(r, asked, book) if book is not None else r))
+
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
+        """Nothing to account for: the client sees the connection close."""
 
 
 def add_policies(response: Any, asked: _Asked, book: PolicyBook) -> Any:

@@ -14,9 +14,10 @@ the proxy has not seen yet (Produce v13+) are looked up first (`topics.py`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sluice.codec import entities
 from sluice.codec.batch_counts import count_records
@@ -25,11 +26,9 @@ from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.headers import RequestHeader, response_header_bytes, response_header_size
 from sluice.codec.messages import ApiKey, encode_response
-from sluice.codec.peek import produce_acks
-from sluice.codec.produce_offsets import scan_produce_offsets
+from sluice.codec.produce_offsets import scan_produce_response
 from sluice.codec.produce_splice import (
     ProduceRequestLayout,
-    scan_produce_request,
     splice_produce_records,
 )
 from sluice.filters.chain import DeadLetter, FilterChain, FilterStats
@@ -52,8 +51,12 @@ from sluice.proxy.paths.base import (
     Respond,
     inline_key,
     job_size,
+    with_topic_ids,
 )
 from sluice.proxy.telemetry.events import produce_offsets
+
+if TYPE_CHECKING:
+    from sluice.proxy.telemetry.recorder import TelemetryRecorder
 
 #: Record errors one partition's answer lists: Kafka lists every failed record, which for a
 #: batch of 100 000 records that all fail is megabytes of answer; past these the partition's
@@ -112,32 +115,23 @@ class ProducePath:
 
     def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
         header = exchange.header
-        body = frame[header.header_size :]
         chain = ctx.chain
         if chain is None or not ctx.filters_on("produce"):
             try:
-                acks = produce_acks(body, header.flexible)
+                acks = exchange.produce_acks(frame)
             except CodecError as exc:
                 return Refuse(f"malformed Produce request: {exc}")
             return Forward(expect_response=acks != 0)
         try:
             # Only the layout: where each partition's records are. The request is never
             # decoded into entities nor re-encoded; changed records are spliced in.
-            layout = scan_produce_request(header.api_version, body)
+            layout = exchange.produce_layout(frame)
         except CodecError as exc:
             # Fail closed: an undecodable Produce could carry records for a filtered topic.
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")
-        unknown = ctx.topics.unknown(t.topic_id for t in layout.topics if not t.name)
-        if unknown:
-            return Defer(
-                Job(
-                    run=lambda: ctx.topics.refresh(ctx.open_upstream),
-                    finish=lambda _: self._filter(ctx, exchange, frame, layout),
-                    in_thread=False,
-                    what="topic id look-up",
-                )
-            )
-        return self._filter(ctx, exchange, frame, layout)
+        return with_topic_ids(
+            ctx, layout.topics, lambda: self._filter(ctx, exchange, frame, layout)
+        )
 
     def _filter(
         self, ctx: PathContext, exchange: Exchange, frame: Frame, layout: ProduceRequestLayout
@@ -146,22 +140,19 @@ class ProducePath:
         assert chain is not None
         client = exchange.client
         names = [t.name or ctx.topics.name(t.topic_id) for t in layout.topics]
-        if all(
-            name is not None and not chain.applies(name, "produce", client.principal)
-            for name in names
-        ):
+        # Whether a filter applies, asked once per topic (the thread and the pipeline reuse it).
+        applied = [n is not None and chain.applies(n, "produce", client.principal) for n in names]
+        if all(n is not None for n in names) and not any(applied):
             return Forward(expect_response=layout.acks != 0)
         limits = ctx.batch_limits
         filtered = (
-            part.records
-            for topic, name in zip(layout.topics, names, strict=True)
-            if name is not None and chain.applies(name, "produce", client.principal)
+            part.records for topic, on in zip(layout.topics, applied, strict=True) if on
             for part in topic.partitions
         )
         return Defer(
             Job(
                 run=lambda: _filter_request(
-                    chain, layout, names, client.client_id, client.principal, limits
+                    chain, layout, names, applied, client.client_id, client.principal, limits
                 ),
                 finish=lambda result: self._forward(ctx, exchange, frame, layout, result),
                 what="produce filters",
@@ -180,23 +171,23 @@ class ProducePath:
     ) -> RequestOutcome:
         header = exchange.header
         for letters in result.dead_letters:
-            ctx.dead_letters.submit(letters)
+            exchange.dead_letters(letters)
         expect = layout.acks != 0
         state = ProduceState(result.local, result.filtered)
         if not result.replaced and not result.drop:
             if not expect:
-                _emit(ctx, exchange.client, state, None)
+                _emit(exchange, state, None)
             return Forward(expect_response=expect, state=state, pin=self if expect else None)
         total = sum(len(t.partitions) for t in layout.topics)
         if len(result.drop) >= total:
-            _emit(ctx, exchange.client, state, None)
+            _emit(exchange, state, None)
             if not expect:
                 return NoReply()
             return Answer(local_response(header, result.local))
         body = frame[header.header_size :]
         new_body = splice_produce_records(body, layout, result.replaced, result.drop)
         if not expect:
-            _emit(ctx, exchange.client, state, None)
+            _emit(exchange, state, None)
         return Forward(
             frame=bytes(frame[: header.header_size]) + new_body,
             expect_response=expect,
@@ -207,30 +198,31 @@ class ProducePath:
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
         state: ProduceState = exchange.state
         header = exchange.header
-        if not state.local and not responses.may_carry_endpoints(
-            header.api_key, header.api_version, frame
-        ):
-            # Nothing to merge and no endpoint to rewrite: the response is relayed as it
-            # came, and telemetry's base offsets are scanned out of it, not decoded.
+        tagged = True
+        if not state.local:
+            # One scan: telemetry's base offsets, and whether a node endpoint may follow.
             size = response_header_size(frame, header.api_key, header.api_version)
             try:
-                scanned = scan_produce_offsets(header.api_version, frame[size:])
+                scanned, tagged = scan_produce_response(header.api_version, frame[size:])
             except CodecError as exc:
                 raise Refused(
                     f"cannot decode Produce v{header.api_version} response: {exc}"
                 ) from None
+        if not state.local and not tagged:
+            # Nothing to merge and no endpoint to rewrite: the response is relayed as it
+            # came, and telemetry's base offsets are scanned out of it, not decoded.
             base = {
                 (_topic_name(ctx, t.topic), t.partition): (t.base_offset, t.error_code)
                 for t in scanned
             }
-            _emit(ctx, exchange.client, state, base)
+            _emit(exchange, state, base)
             return Respond(frame)
 
         def change(response: Any) -> Any:
-            _emit(ctx, exchange.client, state, _base_offsets(ctx, response))
+            _emit(exchange, state, _base_offsets(ctx, response))
             return merge_local(response, state.local) if state.local else response
 
-        return Respond(responses.transform(header, frame, ctx.map_endpoint, change))
+        return Respond(responses.transform(header, frame, ctx.node_address, change))
 
     def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
         """The broker went away before answering: the audit shows these batches as lost."""
@@ -241,7 +233,7 @@ class ProducePath:
             if info.forwarded:
                 info.error_code = ErrorCode.NETWORK_EXCEPTION
                 info.error_message = f"sluice: {reason} before answering; outcome unknown"
-        _emit(ctx, exchange.client, state, None)
+        _emit(exchange, state, None)
 
 
 @dataclass(slots=True)
@@ -262,6 +254,7 @@ def _filter_request(
     chain: FilterChain,
     layout: ProduceRequestLayout,
     names: list[str | None],
+    applied: list[bool],
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
@@ -286,12 +279,12 @@ def _filter_request(
                     )
                 )
             continue
-        if not chain.applies(name, "produce", principal):
+        if not applied[i]:
             continue
         for j, part in enumerate(topic.partitions):
             records = part.records if part.records is not None else b""
             ctx = RecordContext(name, part.partition, "produce", client_id, principal)
-            outcome = filter_produce(chain, ctx, records, limits=limits)
+            outcome = filter_produce(chain, ctx, records, limits=limits, checked=True)
             if outcome.dead_letters:
                 result.dead_letters.append(outcome.dead_letters)
             records_in = outcome.records_in
@@ -356,34 +349,38 @@ def _base_offsets(ctx: PathContext, response: Any) -> dict[tuple[str, int], tupl
 
 
 def _emit(
-    ctx: PathContext,
-    client: ClientInfo,
+    exchange: Exchange,
     state: ProduceState,
     base: dict[tuple[str, int], tuple[int, int]] | None,
 ) -> None:
     """One record_batch event per filtered partition, with the broker's base offsets
     (`base`: (topic, partition) -> (base offset, error code); None when no response came)."""
     base = base or {}
+    client = exchange.client
     for info in state.filtered:
         offset, code = base.get((info.topic, info.index), (-1, info.error_code))
         first, last = produce_offsets(offset if info.forwarded else None, info.records_out)
-        ctx.telemetry.record_batch(
-            client,
-            api="produce",
-            topic=info.topic,
-            partition=info.index,
-            offset_first=first,
-            offset_last=last,
-            records_in=info.records_in,
-            records_out=info.records_out if info.forwarded else 0,
-            bytes_in=info.bytes_in,
-            bytes_out=info.bytes_out,
-            stats=info.stats,
-            error_code=info.error_code or code,
-            error_message=info.error_message,
-            record_errors=info.record_errors,
-            dead_letters=info.dead_letters,
-        )
+        fields: dict[str, Any] = {
+            "api": "produce",
+            "topic": info.topic,
+            "partition": info.index,
+            "offset_first": first,
+            "offset_last": last,
+            "records_in": info.records_in,
+            "records_out": info.records_out if info.forwarded else 0,
+            "bytes_in": info.bytes_in,
+            "bytes_out": info.bytes_out,
+            "stats": info.stats,
+            "error_code": info.error_code or code,
+            "error_message": info.error_message,
+            "record_errors": info.record_errors,
+            "dead_letters": info.dead_letters,
+        }
+        exchange.emit(functools.partial(_record_batch, client=client, fields=fields))
+
+
+def _record_batch(recorder: TelemetryRecorder, client: ClientInfo, fields: dict[str, Any]) -> None:
+    recorder.record_batch(client, **fields)
 
 
 def _partition_response(pcls: type[Any], answer: LocalAnswer) -> Any:

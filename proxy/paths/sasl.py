@@ -214,6 +214,9 @@ class SaslPath:
             ctx.metrics.sasl(step.mechanism, "ok")
         return Respond(frame)
 
+    def on_unanswered(self, ctx: PathContext, exchange: Exchange, reason: str) -> None:
+        """Nothing to account for: the client sees the connection close."""
+
 
 def _scram_final_code(body: memoryview | bytes, version: int) -> int:
     """0 if the server-final-message carries a verifier (``v=``), -1 for ``e=<error>``.

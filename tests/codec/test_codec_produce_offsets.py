@@ -14,7 +14,11 @@ from kio.schema.errors import ErrorCode
 from sluice.codec.errors import DecodeError, UnsupportedVersion
 from sluice.codec.headers import response_header_size
 from sluice.codec.messages import decode_response, encode_response
-from sluice.codec.produce_offsets import ProduceOffset, scan_produce_offsets
+from sluice.codec.produce_offsets import (
+    ProduceOffset,
+    scan_produce_offsets,
+    scan_produce_response,
+)
 from sluice.codec.schemas import known_versions, response_schema
 from tests.codec.produce_entities import element
 from tests.codec.test_codec_golden import RESPONSES
@@ -136,3 +140,22 @@ def test_hostile_counts_and_unknown_versions() -> None:
         scan_produce_offsets(10, b"\xff\xff\xff\xff\x0f")
     with pytest.raises(UnsupportedVersion):
         scan_produce_offsets(2, b"")
+
+
+@settings(max_examples=300, deadline=None)
+@given(response=responses())
+def test_one_scan_tells_whether_node_endpoints_may_follow(response: tuple[int, Any]) -> None:
+    # The Produce path's single scan must agree with the schema walk it replaced
+    # (paths/responses.py `may_carry_endpoints`) on every version, with and without
+    # KIP-951 node endpoints.
+    from sluice.codec.headers import response_header_bytes
+    from sluice.proxy.paths.responses import may_carry_endpoints
+
+    version, entity = response
+    body = encode_response(entity)
+    offsets, tagged = scan_produce_response(version, body)
+    assert offsets == scan_produce_offsets(version, body)
+    frame = response_header_bytes(1, 0, version) + body
+    assert tagged == may_carry_endpoints(0, version, frame)
+    endpoints = getattr(entity, "node_endpoints", ())
+    assert tagged == bool(endpoints)

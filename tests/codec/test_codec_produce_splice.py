@@ -17,7 +17,8 @@ from sluice.codec.errors import DecodeError, UnsupportedVersion
 from sluice.codec.headers import parse_request_header
 from sluice.codec.messages import decode_request, encode_request
 from sluice.codec.produce_splice import (
-    produce_topic_keys,
+    produce_head,
+    produce_topics,
     scan_produce_request,
     splice_produce_records,
 )
@@ -133,9 +134,9 @@ def test_scan_finds_what_kio_decodes(request: tuple[int, Any]) -> None:
     # Nothing changed: the body comes back as it was.
     assert splice_produce_records(body, layout, {}) == body
     # The topics-only read agrees with the scan.
-    assert produce_topic_keys(version, body) == [
-        t.name if t.name is not None else t.topic_id for t in layout.topics
-    ]
+    read = produce_topics(version, body)
+    assert read.keys == [t.name if t.name is not None else t.topic_id for t in layout.topics]
+    assert read.acks == layout.acks
 
 
 @settings(max_examples=100, deadline=None)
@@ -149,9 +150,9 @@ def test_every_truncation_is_a_decode_error(data: st.DataObject, request: tuple[
     with pytest.raises(DecodeError, match="trailing"):
         scan_produce_request(version, body + b"\x00")
     with pytest.raises(DecodeError):
-        produce_topic_keys(version, body[:cut])
+        produce_topics(version, body[:cut])
     with pytest.raises(DecodeError, match="trailing"):
-        produce_topic_keys(version, body + b"\x00")
+        produce_topics(version, body + b"\x00")
 
 
 PRODUCE_GOLDEN = [g for g in REQUESTS if g.api_key == 0]
@@ -219,3 +220,16 @@ def test_topic_ids_survive_the_splice() -> None:
     assert layout.topics[0].topic_id == tid and layout.topics[0].name is None
     out = splice_produce_records(body, layout, {(0, 0): b"s" * 100})
     assert decode_request(0, 13, out).topic_data[0].topic_id == tid
+
+
+@settings(max_examples=200, deadline=None)
+@given(request=requests())
+def test_the_head_read_agrees_with_the_full_read(request: tuple[int, Any]) -> None:
+    version, entity = request
+    body = encode_request(entity)
+    head = produce_head(version, body)
+    full = produce_topics(version, body)
+    if len(full.keys) == 1:
+        assert head == full
+    else:
+        assert head is None  # several topics (or none): the caller reads them all

@@ -514,9 +514,9 @@ def policed_tansu(
 ) -> Iterator[SluiceProxy]:
     """The same proxy in front of Tansu, which auto-creates a topic on the Metadata request
     that names it (answering error 0 at once) and on a Produce to it: the tests of the
-    auto-creation rewrite need a broker that creates on every path. Apache Kafka creates only
-    on Metadata, and through the proxy its first answer for an allowed new topic was
-    UNKNOWN_TOPIC_OR_PARTITION, not 0 (not looked into further yet)."""
+    auto-creation rewrite need a broker that creates on every path. Apache Kafka (KRaft)
+    creates only on Metadata, and its first answer for a new topic is
+    UNKNOWN_TOPIC_OR_PARTITION, directly as through the proxy (tests/e2e/test_auto_creation.py)."""
     with _policed(tansu_broker.bootstrap, tmp_path_factory) as proxy:
         yield proxy
 

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from sluice.codec.headers import parse_request_header, request_header_bytes
 from sluice.codec.messages import encode_request
 from sluice.filters.yaml_lines import ConfigError, load_yaml_text_with_lines
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.ops.config_load import load_config_file
 from sluice.proxy.ops.quotas import QuotaRule, Quotas, QuotaSettings, TokenBucket, parse_quotas
+from sluice.proxy.paths.base import Exchange
 from tests.codec.test_codec_produce_splice import build
 
 
@@ -33,9 +35,9 @@ def parse(text: str) -> QuotaSettings:
     return parse_quotas(data.get("quotas"), lines)
 
 
-def produce_frame(size: int) -> tuple[object, bytes]:
+def produce_frame(size: int) -> tuple[Exchange, bytes]:
     frame = request_header_bytes(0, 9, 1, "c") + b"x" * (size - 12)
-    return parse_request_header(frame), frame
+    return Exchange(parse_request_header(frame), ClientInfo("c", ("b", 1))), frame
 
 
 # ------------------------------------------------------------------ config
@@ -131,13 +133,13 @@ def quotas(rules: list[QuotaRule], workers: int = 1, burst: float = 1.0) -> tupl
 def test_budget_shared_by_the_named_fields_values() -> None:
     q, clock = quotas([QuotaRule("per-client", client_id="app-*", produce=1000.0)])
     header, frame = produce_frame(1500)
-    until = q.produce(None, "app-1", header, frame)  # type: ignore[arg-type]
+    until = q.produce(None, "app-1", header, frame)
     assert until == pytest.approx(clock.now + 0.5)
     # Another client id matching the pattern has its own budget; a connection of the same
     # client id shares app-1's.
-    assert q.produce(None, "app-2", header, frame) == pytest.approx(clock.now + 0.5)  # type: ignore[arg-type]
-    assert q.produce(None, "app-1", header, frame) == pytest.approx(clock.now + 2.0)  # type: ignore[arg-type]
-    assert q.produce(None, "other", header, frame) == 0.0  # type: ignore[arg-type]
+    assert q.produce(None, "app-2", header, frame) == pytest.approx(clock.now + 0.5)
+    assert q.produce(None, "app-1", header, frame) == pytest.approx(clock.now + 2.0)
+    assert q.produce(None, "other", header, frame) == 0.0
     stats = {(n, d): c for n, d, _, c in q.stats()}
     assert stats[("per-client", "produce")].bytes == 4500
     assert stats[("per-client", "produce")].throttled == 3
@@ -151,9 +153,9 @@ def test_every_matching_rule_applies_and_the_longest_wait_wins() -> None:
         ]
     )
     header, frame = produce_frame(3000)
-    until = q.produce("User:alice", "batch", header, frame)  # type: ignore[arg-type]
+    until = q.produce("User:alice", "batch", header, frame)
     assert until == pytest.approx(clock.now + 2.0)  # the narrower rule's wait
-    assert q.produce("User:alice", "web", header, frame) == 0.0  # type: ignore[arg-type]
+    assert q.produce("User:alice", "web", header, frame) == 0.0
     # ... and the shared principal budget saw both.
     stats = {(n, d): c for n, d, _, c in q.stats()}
     assert stats[("alice", "produce")].bytes == 6000
@@ -163,17 +165,17 @@ def test_rule_without_fields_caps_the_whole_proxy_and_throttle_is_capped() -> No
     q, clock = quotas([QuotaRule("all", produce=1000.0)])
     q.settings = QuotaSettings(q.settings.rules, 1.0, max_throttle_ms=1500)
     header, frame = produce_frame(6000)
-    assert q.produce(None, "a", header, frame) == pytest.approx(clock.now + 1.5)  # type: ignore[arg-type]
+    assert q.produce(None, "a", header, frame) == pytest.approx(clock.now + 1.5)
     # The rest of the deficit carries over to the next request, of any client.
     clock.now += 1.5
-    assert q.produce(None, "b", header, frame) == pytest.approx(clock.now + 1.5)  # type: ignore[arg-type]
+    assert q.produce(None, "b", header, frame) == pytest.approx(clock.now + 1.5)
 
 
 def test_workers_divide_the_rate() -> None:
     q, clock = quotas([QuotaRule("c", client_id="*", produce=2000.0)], workers=2)
     header, frame = produce_frame(2000)
     # Burst 1 s of 1000 B/s (half of 2000), so 1000 bytes over -> 1 s.
-    assert q.produce(None, "a", header, frame) == pytest.approx(clock.now + 1.0)  # type: ignore[arg-type]
+    assert q.produce(None, "a", header, frame) == pytest.approx(clock.now + 1.0)
     assert [(n, d, limit) for n, d, limit, _ in q.stats()] == [("c", "produce", 1000.0)]
 
 
@@ -181,28 +183,28 @@ def test_topic_rules_count_record_bytes_per_topic() -> None:
     q, clock = quotas([QuotaRule("logs", topic="logs-*", produce=1000.0)])
     entity = build(9, None, 1, [("logs-a", [(0, b"r" * 1500)]), ("other", [(0, b"o" * 9000)])])
     frame = request_header_bytes(0, 9, 1, "c") + encode_request(entity)
-    header = parse_request_header(frame)
-    until = q.produce(None, "c", header, frame)
+    request = Exchange(parse_request_header(frame), ClientInfo("c", ("b", 1)))
+    until = q.produce(None, "c", request, frame)
     assert until == pytest.approx(clock.now + 0.5), "only logs-a's 1500 record bytes count"
 
 
 def test_reload_keeps_debts_of_unchanged_rules_and_drops_removed_ones() -> None:
     q, clock = quotas([QuotaRule("a", client_id="x", produce=1000.0)])
     header, frame = produce_frame(3000)
-    q.produce(None, "x", header, frame)  # type: ignore[arg-type]
+    q.produce(None, "x", header, frame)
     q.update(QuotaSettings((QuotaRule("a", client_id="x", produce=2000.0),), burst_seconds=1.0))
     # Owes 2000 bytes at the new 2000 B/s: a further 1000 bytes -> 1.5 s.
     header, small = produce_frame(1000)
-    assert q.produce(None, "x", header, small) == pytest.approx(clock.now + 1.5)  # type: ignore[arg-type]
+    assert q.produce(None, "x", header, small) == pytest.approx(clock.now + 1.5)
     q.update(QuotaSettings(()))
     assert not q.active
-    assert q.produce(None, "x", header, small) == 0.0  # type: ignore[arg-type]
+    assert q.produce(None, "x", header, small) == 0.0
 
 
 def test_no_rule_for_the_direction_costs_nothing() -> None:
     q, _ = quotas([QuotaRule("f", fetch=10.0)])
     header, frame = produce_frame(100_000)
-    assert q.produce(None, "x", header, frame) == 0.0  # type: ignore[arg-type]
+    assert q.produce(None, "x", header, frame) == 0.0
     assert math.isclose(sum(c.bytes for *_, c in q.stats()), 0)
 
 

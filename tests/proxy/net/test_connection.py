@@ -104,10 +104,8 @@ def make(
             generation=generation,
             directions=frozenset(),
             topics=topics,
-            telemetry=None,  # type: ignore[arg-type]
-            dead_letters=None,  # type: ignore[arg-type]
             metrics=metrics,
-            map_endpoint=lambda n, h, p: (h, p),
+            node_address=lambda n, h, p: (h, p),
             open_upstream=None,  # type: ignore[arg-type]
         )
 

@@ -48,8 +48,8 @@ def context(operators: frozenset[str] = frozenset()) -> PathContext:
         topics.names[topic_id] = name
         topics.ids[name] = topic_id
     return PathContext(
-        chain=None, generation=0, directions=frozenset(), topics=topics, telemetry=None,  # type: ignore[arg-type]
-        dead_letters=None, metrics=Metrics(), map_endpoint=lambda n, h, p: (h, p),  # type: ignore[arg-type]
+        chain=None, generation=0, directions=frozenset(), topics=topics,
+        metrics=Metrics(), node_address=lambda n, h, p: (h, p),  # type: ignore[arg-type]
         open_upstream=None,  # type: ignore[arg-type]
         protection=Protection(frozenset({INTERNAL}), operators),
     )

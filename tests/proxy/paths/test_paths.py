@@ -33,6 +33,7 @@ from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths.admin import AdminPath
 from sluice.proxy.paths.base import (
     Answer,
+    DeadLetters,
     Defer,
     Exchange,
     Forward,
@@ -40,6 +41,7 @@ from sluice.proxy.paths.base import (
     Refuse,
     Refused,
     Respond,
+    Telemetry,
 )
 from sluice.proxy.paths.fetch import FetchPath
 from sluice.proxy.paths.produce import ProducePath
@@ -56,6 +58,7 @@ EMAIL = b'{"user": "ann@example.com", "note": "hi"}'
 @dataclass
 class ListSink:
     events: list[dict[str, Any]] = field(default_factory=list)
+    recorder: Any = None  # the recorder writing here (set by `context`)
 
     def emit(self, event: dict[str, Any]) -> None:
         self.events.append(event)
@@ -100,6 +103,7 @@ def chain(tmp_path: Any) -> Iterator[FilterChain]:
 def context(chain: FilterChain | None, sink: ListSink, letters: Letters) -> PathContext:
     recorder = TelemetryRecorder(proxy_info("test"), Metrics())
     recorder.sink = sink  # type: ignore[assignment]
+    sink.recorder = recorder
     directions: set[str] = set()
     for f in chain.filters if chain is not None else ():
         directions |= set(f.spec.apply_to)
@@ -112,12 +116,20 @@ def context(chain: FilterChain | None, sink: ListSink, letters: Letters) -> Path
         generation=1,
         directions=frozenset(directions),
         topics=TopicRegistry(),
-        telemetry=recorder,
-        dead_letters=letters,
         metrics=Metrics(),
-        map_endpoint=lambda node, host, port: ("proxy.local", 19092),
+        node_address=lambda node, host, port: ("proxy.local", 19092),
         open_upstream=no_upstream,
     )
+
+
+def perform(exchange: Exchange, sink: ListSink, letters: Letters | None = None) -> None:
+    """Perform the side effects the paths asked for on `exchange`, as the session would."""
+    for effect in exchange.effects or ():
+        if isinstance(effect, Telemetry):
+            effect.call(sink.recorder)
+        elif isinstance(effect, DeadLetters) and letters is not None:
+            letters.submit(effect.letters)
+    exchange.effects = None
 
 
 def run(outcome: Any) -> Any:
@@ -194,6 +206,8 @@ def test_produce_to_a_filtered_topic_is_masked_and_forwarded(chain: FilterChain)
     # No endpoint to rewrite and nothing answered locally: the broker's bytes are relayed
     # (the base offset was scanned out of them, not decoded).
     assert answered.frame is raw
+    assert sink.events == [], "the path emits nothing itself: the session performs it"
+    perform(exchange, sink)
     (event,) = sink.events
     assert (event["topic"], event["offset_first"], event["offset_last"]) == ("pii.users", 41, 41)
     assert event["filters"][0]["name"] == "pii" and event["filters"][0]["rewritten"] == 1
@@ -238,6 +252,7 @@ def test_produce_response_with_node_endpoints_is_rewritten_and_offsets_recorded(
     relayed = decode_response(ApiKey.PRODUCE, 10, bytes(answered.frame)[size:])
     ((host, port),) = [(e.host, e.port) for e in relayed.node_endpoints]
     assert (host, port) == ("proxy.local", 19092), "no broker address reaches the client"
+    perform(exchange, sink)
     (event,) = sink.events
     assert (event["offset_first"], event["offset_last"]) == (100, 101)
 
@@ -278,7 +293,9 @@ def test_produce_with_a_corrupt_batch_is_answered_by_the_proxy(chain: FilterChai
     batch = bytearray(make_batch([EMAIL]))
     batch[-1] ^= 0xFF  # the CRC no longer matches
     frame = produce_frame("pii.users", bytes(batch))
-    outcome = run(ProducePath().on_request(ctx, exchange_of(frame), frame))
+    exchange = exchange_of(frame)
+    outcome = run(ProducePath().on_request(ctx, exchange, frame))
+    perform(exchange, sink)
     assert isinstance(outcome, Answer)
     size = len(response_header_bytes(7, ApiKey.PRODUCE, 9))
     response = decode_response(ApiKey.PRODUCE, 9, outcome.response[size:])
@@ -336,7 +353,7 @@ def test_fetch_records_are_masked_and_counted_when_sent(chain: FilterChain) -> N
     (value,) = values_of(decoded.responses[0].partitions[0].records)
     assert value is not None and b"ann@example.com" not in value
     assert sink.events == [], "telemetry waits until the response is sent"
-    respond.on_sent()
+    respond.on_sent(sink.recorder)
     (event,) = sink.events
     assert event["api"] == "fetch" and event["records_in"] == 1
 
@@ -411,7 +428,7 @@ def test_fetch_splices_the_filtered_topic_and_keeps_the_brokers_bytes(
     (value,) = values_of(decoded.responses[0].partitions[0].records)
     assert value is not None and b"ann@example.com" not in value
     assert decoded.responses[1].partitions[0].records == make_batch([EMAIL])
-    respond.on_sent()
+    respond.on_sent(sink.recorder)
     (event,) = sink.events
     assert event["topic"] == "pii.users" and event["records_out"] == 1
 
@@ -447,7 +464,7 @@ def test_a_corrupt_filtered_partition_gets_an_error_and_no_records(
     filtered, plain = (t.partitions[0] for t in decoded.responses)
     assert int(filtered.error_code) == ErrorCode.CORRUPT_MESSAGE and filtered.records is None
     assert int(plain.error_code) == 0 and plain.records == bad  # not filtered: as sent
-    respond.on_sent()
+    respond.on_sent(sink.recorder)
     assert sink.events[0]["error_code"] == ErrorCode.CORRUPT_MESSAGE
 
 
@@ -499,8 +516,10 @@ def test_admin_denial_is_answered_with_policy_violation(chain: FilterChain) -> N
     sink = ListSink()
     ctx = context(chain, sink, Letters())
     frame = create_topics_frame(partitions=64)
-    outcome = AdminPath().on_request(ctx, exchange_of(frame), frame)
+    exchange = exchange_of(frame)
+    outcome = AdminPath().on_request(ctx, exchange, frame)
     assert isinstance(outcome, Answer)
+    perform(exchange, sink)
     size = len(response_header_bytes(9, ApiKey.CREATE_TOPICS, 5))
     (topic,) = decode_response(ApiKey.CREATE_TOPICS, 5, outcome.response[size:]).topics
     assert int(topic.error_code) == ErrorCode.POLICY_VIOLATION

@@ -43,7 +43,7 @@ from sluice.proxy.paths.admin import AdminPath
 from sluice.proxy.paths.base import Answer, Defer, Forward, Respond
 from sluice.proxy.paths.policy import PolicyDescribePath
 from tests.filters.test_native_path import make_batch
-from tests.proxy.paths.test_paths import Letters, ListSink, context, exchange_of
+from tests.proxy.paths.test_paths import Letters, ListSink, context, exchange_of, perform
 
 PII = '{"filters":[{"name":"pii","apply_to":["produce"],"config":{"mask":"#"}}]}'
 PII_FETCH = '{"filters":[{"name":"pii","apply_to":"fetch"}]}'
@@ -220,6 +220,7 @@ def test_policy_is_split_out_and_the_rest_reaches_the_broker(version: int) -> No
     assert [r[:2] for r in results_of(api, version, response.frame)] == [
         ("plain", 0), ("orders", 0), ("only", 0)]
     assert book.written == [("orders", PII, ADMIN), ("only", PII, ADMIN)]
+    perform(exchange, sink)
     assert [(e["op"], e["resource"], e["decision"]) for e in sink.events] == [
         ("set_policy", "orders", "allow"), ("set_policy", "only", "allow")]
 
@@ -282,8 +283,9 @@ def test_refused_changes_send_nothing_of_their_resource(
     api = ApiKey.INCREMENTAL_ALTER_CONFIGS
     frame = incremental([("orders", [*configs, ("retention.ms", 0, "5")]),
                          ("other", [("retention.ms", 0, "6")])])
-    outcome = settle(AdminPath().on_request(ctx_with(book, sink), exchange_of(frame, principal),
-                                            frame))
+    asked = exchange_of(frame, principal)
+    outcome = settle(AdminPath().on_request(ctx_with(book, sink), asked, frame))
+    perform(asked, sink)
     assert isinstance(outcome, Forward)
     sent = sent_request(api, 1, frame, outcome)
     assert [r.resource_name for r in sent.resources] == ["other"]
