@@ -5,8 +5,8 @@
 #   bash scripts/dev.sh test      install everything, then lint, type-check, check the
 #                                 committed Wasm builds, and run the test suite
 #   bash scripts/dev.sh install   only install
-#   bash scripts/dev.sh kafka-lock  after changing scripts/kafka/pom.xml: resolve it and write
-#                                 the sha256 of every jar to scripts/kafka/jars.sha256
+#   bash scripts/dev.sh kafka-lock  after changing scripts/kafka*/pom.xml: resolve each and write
+#                                 the sha256 of every jar to the jars.sha256 beside it
 #   bash scripts/dev.sh spark-kafka-lock  the same for scripts/spark/pom.xml (Spark's Kafka
 #                                 connector) and scripts/spark/jars.sha256
 #
@@ -16,9 +16,9 @@
 # missing, the pinned Go toolchain for the Go SDK (from an installed Go), a virtualenv in .venv with the project and every Python dependency from
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
 # the Spark driver's class archive in .venv/share/sluice, and Apache Kafka's jars (Maven
-# Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs, and Spark's
-# Kafka source and sink (checked against scripts/spark/jars.sha256) in
-# .venv/share/spark-kafka/jars.
+# Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs, Kafka 3.9's
+# broker (scripts/kafka39) in .venv/share/kafka39/libs, and Spark's Kafka source and sink
+# (checked against scripts/spark/jars.sha256) in .venv/share/spark-kafka/jars.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -48,7 +48,10 @@ install_debian_packages() {
   local pkg
   # builtin:encrypt's native batch sealer (crypto/batch_seal.c): a C compiler and OpenSSL's
   # headers, linked against the system's libcrypto (AES-NI through its EVP interface).
-  for pkg in rustc cargo libstd-rust-dev-wasm32 gcc libssl-dev; do
+  # Old Go Kafka clients as Debian ships them (Sarama 1.22, segmentio/kafka-go 0.2: sources in
+  # /usr/share/gocode, no compiler), built by tests/e2e/test_old_go_clients.py against Kafka 3.9.
+  for pkg in rustc cargo libstd-rust-dev-wasm32 gcc libssl-dev \
+      golang-github-shopify-sarama-dev golang-github-segmentio-kafka-go-dev; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
   done
   command -v node >/dev/null 2>&1 || missing+=(nodejs)
@@ -200,8 +203,11 @@ compile_project() {
     telemetry_schema transforms
 }
 
-KAFKA_POM="scripts/kafka/pom.xml"
-KAFKA_LOCK="scripts/kafka/jars.sha256"
+# Apache Kafka's jar sets, each a folder scripts/<name>/ with pom.xml and jars.sha256, installed
+# in $VENV/share/<name>/libs: "kafka" is 4.4 (the tests' broker, its tools and Java client),
+# "kafka39" the 3.9 broker alone (the 3.9 smoke run and the old-client tests). sluice/kafka_broker.py
+# knows both folders.
+KAFKA_SETS=(kafka kafka39)
 
 # Java 17+ and Maven, or a message saying what is missing (a bare "command not found" from
 # deep inside the set-up says nothing about why Java is needed).
@@ -223,42 +229,52 @@ need_java_and_maven() {
   fi
 }
 
-# The jars $KAFKA_POM resolves, copied into $1; Maven checks each download against the
-# repository's checksum and fails on a mismatch (-C).
+# The jars scripts/$1/pom.xml resolves, copied into $2; Maven checks each download against the
+# repository's checksum and fails on a mismatch (-C). Jars the two sets share are downloaded
+# once (Maven's local repository).
 resolve_kafka_jars() {
-  rm -rf "$1"
-  mvn -B -q -C -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
-    -DoutputDirectory="$1" -DincludeScope=runtime
+  rm -rf "$2"
+  mvn -B -q -C -Dstyle.color=never -f "scripts/$1/pom.xml" dependency:copy-dependencies \
+    -DoutputDirectory="$2" -DincludeScope=runtime
 }
 
-# Apache Kafka's jars in $VENV/share/kafka/libs (sluice/kafka_broker.py starts the broker from
+# The jar set scripts/$1 in $VENV/share/$1/libs (sluice/kafka_broker.py starts the broker from
 # them): resolved from Maven Central, then each jar's sha256 checked against the committed
 # lock file, and no jar the lock file does not list. Skipped while the pom, the lock file and
 # the installed jars are those of the last install.
-install_kafka() {
-  local dest="$VENV/share/kafka/libs"
-  local stamp="$VENV/share/kafka/.sluice-installed"
+install_kafka_set() {
+  local set="$1"
+  local pom="scripts/$set/pom.xml" lock="scripts/$set/jars.sha256"
+  local dest="$VENV/share/$set/libs"
+  local stamp="$VENV/share/$set/.sluice-installed"
   local want
-  want="$(cat "$KAFKA_POM" "$KAFKA_LOCK" | sha256sum | cut -d' ' -f1)"
+  want="$(cat "$pom" "$lock" | sha256sum | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest" ]; then
     return 0
   fi
   need_java_and_maven
-  say "fetching Apache Kafka's jars from Maven Central into $dest (first time: about a minute)"
+  say "fetching Apache Kafka's jars ($pom) from Maven Central into $dest (first time: about a minute)"
   local tmp="$dest.tmp"
-  resolve_kafka_jars "$tmp"
-  (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$KAFKA_LOCK") || {
-    echo "Kafka jars in $tmp do not match $KAFKA_LOCK (see above): not installed" >&2; exit 1; }
+  resolve_kafka_jars "$set" "$tmp"
+  (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$lock") || {
+    echo "Kafka jars in $tmp do not match $lock (see above): not installed" >&2; exit 1; }
   local extra
-  extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$KAFKA_LOCK" | sort))"
+  extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$lock" | sort))"
   if [ -n "$extra" ]; then
-    echo "Maven resolved jars that $KAFKA_LOCK does not list: $extra" >&2
-    echo "(after changing $KAFKA_POM run: bash scripts/dev.sh kafka-lock)" >&2
+    echo "Maven resolved jars that $lock does not list: $extra" >&2
+    echo "(after changing $pom run: bash scripts/dev.sh kafka-lock)" >&2
     exit 1
   fi
   rm -rf "$dest"
   mv "$tmp" "$dest"
   echo "$want" > "$stamp"
+}
+
+install_kafka() {
+  local set
+  for set in "${KAFKA_SETS[@]}"; do
+    install_kafka_set "$set"
+  done
 }
 
 # The Kafka broker's class archive (sluice/kafka_class_archive.py): it fits only
@@ -330,15 +346,19 @@ write_spark_kafka_lock() {
   say "wrote $SPARK_KAFKA_LOCK ($(wc -l < "$SPARK_KAFKA_LOCK") jars)"
 }
 
-# Writes $KAFKA_LOCK from a fresh resolution of $KAFKA_POM (review the diff before committing).
+# Writes every set's jars.sha256 from a fresh resolution of its pom (review the diff before
+# committing).
 write_kafka_lock() {
   need_java_and_maven
-  local tmp
+  local tmp set lock
   tmp="$(mktemp -d)"
-  resolve_kafka_jars "$tmp/libs"
-  (cd "$tmp/libs" && sha256sum -- *.jar) > "$KAFKA_LOCK"
+  for set in "${KAFKA_SETS[@]}"; do
+    lock="scripts/$set/jars.sha256"
+    resolve_kafka_jars "$set" "$tmp/$set"
+    (cd "$tmp/$set" && sha256sum -- *.jar) > "$lock"
+    say "wrote $lock ($(wc -l < "$lock") jars)"
+  done
   rm -rf "$tmp"
-  say "wrote $KAFKA_LOCK ($(wc -l < "$KAFKA_LOCK") jars)"
 }
 
 install_all() {
@@ -365,22 +385,38 @@ run_checks() {
 }
 
 run_tests() {
-  # Two passes: every test but those that measure time on two workers (a test file stays on
+  # Three passes: every test but those that measure time on two workers (a test file stays on
   # one worker, so its module fixtures are built once), then those marked `serial` alone, so
   # that no other test shares the machine's cores with them. The slowest tests are listed at
-  # the end of each pass, to keep the suite's time in view.
+  # the end of each pass, to keep the suite's time in view. Last, the Kafka 3.9 smoke run.
   say "pytest: on two workers, all but the tests marked serial"
+  # The tests that need a Kafka 3.9 node (marker kafka39) wait for the smoke run, whose
+  # session node is 3.9: one 3.9 start instead of one per worker.
+  local no39=""
+  [ $# -eq 0 ] && no39=" and not kafka39"
   set +e
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadfile \
-    -m "not soak and not serial" "$@"
+    -m "not soak and not serial$no39" "$@"
   local rc=$?
   say "pytest: the tests marked serial, alone"
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=10 -m "serial and not soak" "$@"
   local rc2=$?
+  local rc3=0
+  if [ $# -eq 0 ]; then
+    # The same clients and filters against Apache Kafka 3.9 (many users still run 3.x): a
+    # representative subset, one 3.9 node, tests/harness/kafka39_smoke.py. Not when the
+    # command was given its own pytest arguments.
+    say "pytest: the Kafka 3.9 smoke run (tests/harness/kafka39_smoke.py)"
+    # shellcheck disable=SC2046
+    SLUICE_E2E_BROKER=kafka39 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=5 \
+      -m "kafka39_smoke and not soak" $("$VENV/bin/python" -m tests.harness.kafka39_smoke)
+    rc3=$?
+  fi
   set -e
   # pytest exits 5 when it collected no tests: that is a failure of this command.
   [ $rc -ne 0 ] && return $rc
-  return $rc2
+  [ $rc2 -ne 0 ] && return $rc2
+  return $rc3
 }
 
 cmd="${1:-}"

@@ -51,6 +51,16 @@ from sluice.kafka_security import (
 from sluice.local_broker import free_port, wait_for_port
 
 KAFKA_VERSION = "4.4.0"
+# The 3.9 line, for a smoke run of the end-to-end suite (SLUICE_E2E_BROKER=kafka39) and the
+# old-client tests: 3.9 still serves the API versions Kafka 4 removed (KIP-896).
+KAFKA39_VERSION = "3.9.2"
+# Where `scripts/dev.sh install` puts each version's jars (<venv>/share/<folder>/libs; the
+# pom and lock file are scripts/<folder>/), and the variable that overrides the folder.
+_INSTALLS = {
+    KAFKA_VERSION: ("kafka", "SLUICE_KAFKA_LIBS"),
+    KAFKA39_VERSION: ("kafka39", "SLUICE_KAFKA39_LIBS"),
+}
+KAFKA_VERSIONS = tuple(_INSTALLS)
 READY_LINE = "Kafka Server started"
 
 # A small heap and the client compiler only: the machine's 2 cores are shared by everything,
@@ -69,7 +79,8 @@ DEFAULT_JVM_OPTS = (
 )
 
 _LOG4J2 = """\
-# Warnings and errors, plus the lines the launcher waits for (and the version).
+# Warnings and errors, plus the lines the launcher waits for (and the version: the class moved
+# in Kafka 4).
 status = warn
 appender.out.type = Console
 appender.out.name = OUT
@@ -81,6 +92,8 @@ logger.server.name = kafka.server.KafkaRaftServer
 logger.server.level = INFO
 logger.version.name = org.apache.kafka.common.utils.internals.AppInfoParser
 logger.version.level = INFO
+logger.version39.name = org.apache.kafka.common.utils.AppInfoParser
+logger.version39.level = INFO
 """
 
 
@@ -97,23 +110,31 @@ class KafkaStartError(RuntimeError):
     """A node did not start (or format): the message names its log and ends with its tail."""
 
 
-def kafka_libs() -> Path:
-    """The folder of Kafka's jars (`SLUICE_KAFKA_LIBS`, else `<venv>/share/kafka/libs`)."""
-    override = os.environ.get("SLUICE_KAFKA_LIBS")
-    libs = Path(override) if override else Path(sys.prefix) / "share" / "kafka" / "libs"
-    marker = libs / f"kafka_2.13-{KAFKA_VERSION}.jar"
+def kafka_libs(version: str = KAFKA_VERSION) -> Path:
+    """The folder of Kafka `version`'s jars: `<venv>/share/kafka/libs` for 4.4
+    (`SLUICE_KAFKA_LIBS` overrides it), `<venv>/share/kafka39/libs` for 3.9
+    (`SLUICE_KAFKA39_LIBS`)."""
+    if version not in _INSTALLS:
+        raise ValueError(
+            f"no Apache Kafka {version!r} in this project (one of {', '.join(KAFKA_VERSIONS)})"
+        )
+    folder, variable = _INSTALLS[version]
+    override = os.environ.get(variable)
+    libs = Path(override) if override else Path(sys.prefix) / "share" / folder / "libs"
+    marker = libs / f"kafka_2.13-{version}.jar"
     if not marker.is_file():
         raise KafkaNotInstalled(
-            f"Apache Kafka {KAFKA_VERSION}'s jars are not installed ({marker} is missing): "
+            f"Apache Kafka {version}'s jars are not installed ({marker} is missing): "
             "run `bash scripts/dev.sh install` (it needs Java 17+ and Maven)"
         )
     return libs
 
 
-def class_archive_path() -> Path:
+def class_archive_path(version: str = KAFKA_VERSION) -> Path:
     """The class-data-sharing archive of the installed jars (`sluice/kafka_class_archive.py`
-    writes it; `scripts/dev.sh` records it once per install of the jars)."""
-    return kafka_libs().parent / "kafka-classes.jsa"
+    writes it for 4.4; `scripts/dev.sh` records it once per install of the jars). 3.9 has
+    none: it only serves a short smoke run."""
+    return kafka_libs(version).parent / "kafka-classes.jsa"
 
 
 def java_binary() -> str:
@@ -217,6 +238,8 @@ class KafkaCluster:
     """
 
     nodes: int = 1
+    # KAFKA_VERSION (4.4) or KAFKA39_VERSION; each is started from its own installed jars.
+    version: str = KAFKA_VERSION
     users: tuple[str, ...] = (*ORDINARY_USERS, PROXY_USER)
     anonymous_super_user: bool = True
     heap: str = "512m"
@@ -346,8 +369,8 @@ class KafkaCluster:
         if self.record_classes_to is not None:
             if main == "kafka.Kafka":
                 sharing = (f"-XX:ArchiveClassesAtExit={self.record_classes_to}", *_CDS_QUIET)
-        elif self.class_archive and class_archive_path().is_file():
-            sharing = (f"-XX:SharedArchiveFile={class_archive_path()}", *_CDS_QUIET)
+        elif self.class_archive and class_archive_path(self.version).is_file():
+            sharing = (f"-XX:SharedArchiveFile={class_archive_path(self.version)}", *_CDS_QUIET)
         return [
             java_binary(),
             f"-Xmx{self.heap}",
@@ -355,7 +378,7 @@ class KafkaCluster:
             *sharing,
             f"-Dlog4j2.configurationFile={self.folder / 'log4j2.properties'}",
             "-cp",
-            str(kafka_libs() / "*"),
+            str(kafka_libs(self.version) / "*"),
             main,
             *args,
         ]
@@ -367,7 +390,7 @@ class KafkaCluster:
             raise ValueError("a Kafka cluster needs at least one node")
         if self.advertised_ports and self.nodes != 1:
             raise ValueError("advertised_ports is for a single node")
-        kafka_libs()  # fail before making anything if the jars are missing
+        kafka_libs(self.version)  # fail before making anything if the jars are missing
         began = time.monotonic()
         self.folder = Path(tempfile.mkdtemp(prefix="sluice-kafka-"))
         (self.folder / "log4j2.properties").write_text(_LOG4J2.format(level=self.log_level))

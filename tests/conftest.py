@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import kafka39_smoke
 from tests.harness.broker import TansuBroker
-from tests.harness.kafka_broker import ORDINARY_USERS, PROXY_USER, KafkaCluster
+from tests.harness.kafka_broker import KAFKA39_VERSION, ORDINARY_USERS, PROXY_USER, KafkaCluster
+from tests.harness.kafka_endpoint import session_kafka_version
 from tests.harness.proxy import SluiceProxy
 
 # Ordinary users the session's Kafka node has besides alice and bob (sluice-proxy: the user of
@@ -74,8 +76,22 @@ def kafka_broker() -> Iterator[KafkaCluster]:
     `bootstrap` is its PLAINTEXT listener (User:ANONYMOUS, a super user); `client_config(
     listener, user, mechanism)` gives confluent-kafka settings for the secured ones. Besides
     `alice` and `bob`, the ordinary users `app` and `billing-eu` are the principals of the
-    encryption tests (tests/e2e/test_encryption.py)."""
-    with KafkaCluster(nodes=1, users=(*ORDINARY_USERS, *E2E_USERS)) as cluster:
+    encryption tests (tests/e2e/test_encryption.py). Kafka 4.4, or 3.9 with
+    SLUICE_E2E_BROKER=kafka39 (tests/harness/kafka39_smoke.py)."""
+    version = session_kafka_version()
+    with KafkaCluster(nodes=1, version=version, users=(*ORDINARY_USERS, *E2E_USERS)) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kafka39_broker(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    """One Apache Kafka 3.9 node, for tests about what 3.9 still serves (the API versions
+    Kafka 4 removed, tests/e2e/test_old_clients.py). The session's `kafka_broker` when that is
+    already 3.9 (SLUICE_E2E_BROKER=kafka39)."""
+    if session_kafka_version() == KAFKA39_VERSION:
+        yield request.getfixturevalue("kafka_broker")
+        return
+    with KafkaCluster(nodes=1, version=KAFKA39_VERSION) as cluster:
         yield cluster
 
 
@@ -85,3 +101,25 @@ def kafka_cluster() -> Iterator[KafkaCluster]:
     min.insync.replicas 2. A test that kills or stops a node restarts it before it ends."""
     with KafkaCluster(nodes=3) as cluster:
         yield cluster
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{kafka39_smoke.MARKER}: the subset CI also runs against Kafka 3.9 "
+        "(tests/harness/kafka39_smoke.py)",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{kafka39_smoke.NEEDS_39}: uses the kafka39_broker fixture (a Kafka 3.9 node)",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The Kafka 3.9 smoke subset gets its marker (`-m kafka39_smoke` selects it), and the
+    tests that start a 3.9 node theirs."""
+    for item in items:
+        if kafka39_smoke.selected(item.nodeid):
+            item.add_marker(kafka39_smoke.MARKER)
+        if "kafka39_broker" in getattr(item, "fixturenames", ()):
+            item.add_marker(kafka39_smoke.NEEDS_39)

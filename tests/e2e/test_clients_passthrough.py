@@ -19,6 +19,7 @@ from tests.e2e.clients import (
 )
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
+from tests.proxy.test_reload import wait_for
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 
@@ -139,7 +140,9 @@ def test_admin_calls_match_direct(broker: TansuBroker, shared_proxy: SluiceProxy
     topic = unique("admin")
     for fut in via.create_topics([NewTopic(topic, 4, 1)]).values():
         fut.result(15)
-    assert topic in direct.list_topics(timeout=10).topics
+    # Kafka applies a change through its metadata log: a new topic, a new config value or a
+    # deletion shows a moment later, directly as through the proxy (docs/COMPATIBILITY.md).
+    wait_for(lambda: topic in direct.list_topics(timeout=10).topics, 15, "the topic")
     assert len(via.list_topics(timeout=10).topics[topic].partitions) == 4
 
     cluster_via = via.describe_cluster().result(15)
@@ -164,13 +167,16 @@ def test_admin_calls_match_direct(broker: TansuBroker, shared_proxy: SluiceProxy
     )
     for fut in via.incremental_alter_configs([resource]).values():
         fut.result(15)
-    described = direct.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
-    configs = next(iter(described.values())).result(15)
-    assert configs["retention.ms"].value == "3600000"
+
+    def retention() -> str:
+        described = direct.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+        return str(next(iter(described.values())).result(15)["retention.ms"].value)
+
+    wait_for(lambda: retention() == "3600000", 15, "retention.ms set through the proxy")
 
     for fut in via.delete_topics([topic]).values():
         fut.result(15)
-    assert topic not in direct.list_topics(timeout=10).topics
+    wait_for(lambda: topic not in direct.list_topics(timeout=10).topics, 15, "the deletion")
 
 
 def test_large_fetch_responses_spanning_many_reads(

@@ -29,11 +29,12 @@ from confluent_kafka.admin import (
 
 from sluice import kafka_broker
 from tests.harness.kafka_broker import (
-    KAFKA_VERSION,
+    KAFKA39_VERSION,
     KafkaCluster,
     KafkaNotInstalled,
     KafkaStartError,
 )
+from tests.harness.kafka_endpoint import session_kafka_version
 from tests.harness.proxy import SluiceProxy
 
 pytestmark = pytest.mark.kafka
@@ -141,7 +142,8 @@ def kafka(kafka_broker: KafkaCluster) -> Iterator[KafkaCluster]:
 
 def test_the_pinned_kafka_version_is_what_runs(kafka: KafkaCluster) -> None:
     log = kafka.log_tail(1, lines=10_000)
-    assert f"Kafka version: {KAFKA_VERSION}" in log
+    assert f"Kafka version: {kafka.version}" in log
+    assert kafka.version == session_kafka_version()  # 3.9 with SLUICE_E2E_BROKER=kafka39
     assert kafka.start_seconds > 0
 
 
@@ -287,6 +289,19 @@ def test_missing_jars_say_how_to_install_them(
     monkeypatch.setenv("SLUICE_KAFKA_LIBS", str(tmp_path))
     with pytest.raises(KafkaNotInstalled, match=r"scripts/dev\.sh install"):
         KafkaCluster().start()
+
+
+def test_missing_39_jars_say_how_to_install_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_KAFKA39_LIBS", str(tmp_path))
+    with pytest.raises(KafkaNotInstalled, match=rf"{KAFKA39_VERSION}.*scripts/dev\.sh install"):
+        KafkaCluster(version=KAFKA39_VERSION).start()
+
+
+def test_an_unknown_version_is_named() -> None:
+    with pytest.raises(ValueError, match=r"no Apache Kafka '3\.8\.0'.*4\.4\.0, 3\.9\.2"):
+        KafkaCluster(version="3.8.0").start()
 
 
 def test_a_bad_setting_fails_the_start_with_the_tool_output_and_leaves_nothing_running(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sluice.kafka_broker import (
     CLIENT_LISTENERS,
+    KAFKA39_VERSION,
     KAFKA_VERSION,
     KafkaCluster,
     KafkaNode,
@@ -16,6 +17,7 @@ __all__ = [
     "ADMIN_USER",
     "BROKER_USER",
     "CLIENT_LISTENERS",
+    "KAFKA39_VERSION",
     "KAFKA_VERSION",
     "ORDINARY_USERS",
     "PROXY_USER",
