@@ -7,6 +7,8 @@
 #   bash scripts/dev.sh install   only install
 #   bash scripts/dev.sh kafka-lock  after changing scripts/kafka/pom.xml: resolve it and write
 #                                 the sha256 of every jar to scripts/kafka/jars.sha256
+#   bash scripts/dev.sh kroxylicious-lock  the same for scripts/kroxylicious/pom.xml (the
+#                                 benchmark's peer proxy) and its jars.sha256
 #
 # Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark and Kafka, Maven, gcc and
 # libssl-dev for the native batch sealer of builtin:encrypt, Rust with the
@@ -14,7 +16,9 @@
 # missing, the pinned Go toolchain for the Go SDK (from an installed Go), a virtualenv in .venv with the project and every Python dependency from
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
 # the Spark driver's class archive in .venv/share/sluice, and Apache Kafka's jars (Maven
-# Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs.
+# Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs, and
+# Kroxylicious's (the benchmark's peer proxy; scripts/kroxylicious/jars.sha256) in
+# .venv/share/kroxylicious/libs.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -245,12 +249,60 @@ write_kafka_lock() {
   say "wrote $KAFKA_LOCK ($(wc -l < "$KAFKA_LOCK") jars)"
 }
 
+KROX_POM="scripts/kroxylicious/pom.xml"
+KROX_LOCK="scripts/kroxylicious/jars.sha256"
+
+# Kroxylicious's jars (the benchmark's peer proxy, bench/kroxylicious.py) in
+# $VENV/share/kroxylicious/libs, as install_kafka does for Kafka's: resolved from Maven Central
+# with strict checksums, each jar's sha256 checked against $KROX_LOCK, no jar it does not list;
+# skipped while the pom, the lock file and the installed jars are those of the last install.
+install_kroxylicious() {
+  local dest="$VENV/share/kroxylicious/libs"
+  local stamp="$VENV/share/kroxylicious/.sluice-installed"
+  local want
+  want="$(cat "$KROX_POM" "$KROX_LOCK" | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest" ]; then
+    return 0
+  fi
+  need_java_and_maven
+  say "fetching Kroxylicious's jars (benchmark peer) from Maven Central into $dest"
+  local tmp="$dest.tmp"
+  rm -rf "$tmp"
+  mvn -B -q -C -Dstyle.color=never -f "$KROX_POM" dependency:copy-dependencies \
+    -DoutputDirectory="$tmp" -DincludeScope=runtime
+  (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$KROX_LOCK") || {
+    echo "Kroxylicious jars in $tmp do not match $KROX_LOCK (see above): not installed" >&2; exit 1; }
+  local extra
+  extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$KROX_LOCK" | sort))"
+  if [ -n "$extra" ]; then
+    echo "Maven resolved jars that $KROX_LOCK does not list: $extra" >&2
+    echo "(after changing $KROX_POM run: bash scripts/dev.sh kroxylicious-lock)" >&2
+    exit 1
+  fi
+  rm -rf "$dest"
+  mv "$tmp" "$dest"
+  echo "$want" > "$stamp"
+}
+
+# Writes $KROX_LOCK from a fresh resolution of $KROX_POM (review the diff before committing).
+write_kroxylicious_lock() {
+  need_java_and_maven
+  local tmp
+  tmp="$(mktemp -d)"
+  mvn -B -q -C -Dstyle.color=never -f "$KROX_POM" dependency:copy-dependencies \
+    -DoutputDirectory="$tmp/libs" -DincludeScope=runtime
+  (cd "$tmp/libs" && sha256sum -- *.jar) > "$KROX_LOCK"
+  rm -rf "$tmp"
+  say "wrote $KROX_LOCK ($(wc -l < "$KROX_LOCK") jars)"
+}
+
 install_all() {
   install_debian_packages
   install_python
   build_batch_seal
   install_node_tools
   install_kafka
+  install_kroxylicious
   install_go
   compile_project
   install_class_archive
@@ -290,7 +342,8 @@ shift || true
 case "$cmd" in
   install) install_all ;;
   kafka-lock) write_kafka_lock ;;
+  kroxylicious-lock) write_kroxylicious_lock ;;
   demo) install_all; exec "$VENV/bin/sluice" demo "$@" ;;
   test) install_all; run_checks; run_tests "$@" ;;
-  *) echo "usage: bash scripts/dev.sh {demo|test|install|kafka-lock} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/dev.sh {demo|test|install|kafka-lock|kroxylicious-lock} [args]" >&2; exit 2 ;;
 esac

@@ -225,6 +225,10 @@ class KafkaCluster:
     # Keep the folder (configs, data, logs) after stop(); also kept when a start fails.
     keep_files: bool = field(default_factory=lambda: bool(os.environ.get("SLUICE_KAFKA_KEEP")))
     extra_config: dict[str, str] = field(default_factory=dict)
+    # Advertise this port instead of the PLAINTEXT listener's own (one node only): a relay in
+    # front of the broker (bench/bench_proxy.py's HAProxy variant), as TansuBroker's
+    # `advertised_port`, so that clients that bootstrap through the relay stay on it.
+    advertised_port: int | None = None
     start_timeout: float = 120.0
     # Map the recorded class archive into every JVM when there is one (see
     # sluice/kafka_class_archive.py); `record_classes_to` makes the brokers write one at
@@ -327,6 +331,13 @@ class KafkaCluster:
             self._creds(),
             anonymous_super_user=self.anonymous_super_user,
         )
+        if self.advertised_port is not None:
+            own = f"PLAINTEXT://{node.address('PLAINTEXT')}"
+            relayed = f"PLAINTEXT://{HOST}:{self.advertised_port}"
+            props["advertised.listeners"] = ",".join(
+                relayed if entry == own else entry
+                for entry in props["advertised.listeners"].split(",")
+            )
         props.update(self.extra_config)
         return props
 
@@ -361,6 +372,8 @@ class KafkaCluster:
     def start(self) -> KafkaCluster:
         if self.nodes < 1:
             raise ValueError("a Kafka cluster needs at least one node")
+        if self.advertised_port is not None and self.nodes != 1:
+            raise ValueError("advertised_port needs a one-node cluster")
         kafka_libs()  # fail before making anything if the jars are missing
         began = time.monotonic()
         self.folder = Path(tempfile.mkdtemp(prefix="sluice-kafka-"))
