@@ -57,6 +57,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -454,6 +455,19 @@ def main(argv: list[str] | None = None) -> int:
         help="the broker behind every variant: the bundled Tansu or Apache Kafka (one node)",
     )
     ap.add_argument(
+        "--cpus-proxy",
+        default="",
+        metavar="CPUS",
+        help="pin every process in the middle (Sluice and its workers, HAProxy, Kroxylicious) "
+        "to these CPUs (taskset's list: 1, 0,2, 2-3)",
+    )
+    ap.add_argument(
+        "--cpus-rest",
+        default="",
+        metavar="CPUS",
+        help="pin the benchmark's clients and the brokers to these CPUs",
+    )
+    ap.add_argument(
         "--warmup",
         type=int,
         default=100_000,
@@ -498,11 +512,24 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--workers must be at least 1")
     if args.warmup < 0:
         ap.error("--warmup must be 0 or more")
+    try:
+        cpus_proxy = targets.parse_cpus(args.cpus_proxy) if args.cpus_proxy else None
+        cpus_rest = targets.parse_cpus(args.cpus_rest) if args.cpus_rest else None
+    except ValueError as e:
+        ap.error(f"--cpus-proxy/--cpus-rest {e}")
+    if cpus_rest is not None:
+        # Before any thread or child exists: the clients' threads, the latency probes and the
+        # brokers inherit it.
+        os.sched_setaffinity(0, cpus_rest)
     if args.quick:
         args.slices, args.records, args.rate, args.seconds = 2, 3000, 200, 1.0
         args.warmup = min(args.warmup, 1000)
     proxy_args = [*(["--workers", str(args.workers)] if args.workers > 1 else []), *args.proxy_arg]
     with rig(names, proxy_args, args.proxy_yaml, args.broker) as points:
+        if cpus_proxy is not None:
+            for point in points.values():
+                if point.target.pid is not None:
+                    targets.pin(point.target.pid, cpus_proxy)
         for n in numbers:
             w = WORKLOADS[n]
             print(f"workload {n} ...", file=sys.stderr, flush=True)
@@ -514,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"broker: {args.broker}; "
                 f"{args.slices} interleaved slices, medians of per-slice pairs; "
                 f"sluice serve {' '.join(proxy_args) or '(defaults)'}; "
+                f"CPUs: middle {args.cpus_proxy or 'any'}, clients and brokers "
+                f"{args.cpus_rest or 'any'}; "
                 f"{result.seconds:.0f} s"
             )
             print()
