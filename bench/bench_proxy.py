@@ -470,8 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--warmup",
         type=int,
-        default=100_000,
-        help="records of one unmeasured phase per variant before workloads 1 and 2 (0: none)",
+        default=500_000,
+        help="records of one unmeasured phase per variant before workloads 1 and 2 (0: none); "
+        "a JVM in the middle compiles its hot paths over the first few hundred thousand",
     )
     ap.add_argument(
         "--proxy-arg",
