@@ -13,16 +13,25 @@ Workloads (issue 12, "The benchmark must show the truth"):
    (`--rate`, default 2 000/s), latency p50/p99, measured side by side with a producer
    straight to the broker in the same window (bench.latency).
 
-Variants: direct (clients to Tansu), relay (HAProxy in TCP mode; Tansu advertises the relay's
-port so every connection crosses it), sluice (no filters), mask-produce and mask-fetch
-(builtin:pii-mask on produce / on fetch for the benchmark topics), encrypt (builtin:encrypt,
-whole values, on produce and fetch, decrypting for the benchmark's unauthenticated clients;
-a local keyring in a temporary directory).
+Variants: `direct` (clients to the broker), `aa` (direct again, measured at another moment of
+the same slice: the A/A row, the noise), `relay` (HAProxy in TCP mode; its broker advertises
+the relay's port so every connection crosses it), `kroxylicious` (Kroxylicious, a peer proxy
+in Java, no filters; bench/kroxylicious.py), `sluice` (`sluice serve`, no filters),
+`mask-produce` and `mask-fetch` (builtin:pii-mask on produce / on fetch for the bench topics),
+`encrypt` (builtin:encrypt, whole values, on produce and fetch, decrypting for the benchmark's
+unauthenticated clients; a local keyring in a temporary directory), `kroxylicious-encrypt`
+(Kroxylicious's RecordEncryption filter on every topic: whole values, AES-256-GCM, one KEK in
+its in-memory KMS).
 
-Variants: `direct` (clients to Tansu), `aa` (direct again, measured at another moment of the
-same slice: the A/A row, the noise), `relay` (HAProxy in TCP mode; its broker advertises the
-relay's port so every connection crosses it), `sluice` (`sluice serve`, no filters),
-`mask-produce` and `mask-fetch` (builtin:pii-mask on produce / on fetch for the bench topics).
+`--broker tansu` (the default: the bundled Tansu, memory storage) or `--broker kafka` (Apache
+Kafka 4.4 from its jars, one KRaft node, `sluice/kafka_broker.py`, with Kafka's own default
+JVM settings: G1, 1 GiB heap). The relay variant gets a broker of its own that advertises the
+relay's port; every other variant shares one broker.
+
+Before the first slice of a throughput workload every variant runs one unmeasured produce and
+consume of `--warmup` records, so that the JVMs in the middle (Kroxylicious) and the broker
+have compiled their hot paths before anything is timed; Sluice finishes its own warm-up
+before it is used (bench/targets.py).
 
 Every process stays up for the whole run. A run is `--slices` slices; in each slice every
 variant runs its phase once, in an order rotated by one each slice. A variant's ratio in a
@@ -48,13 +57,15 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from bench import latency, pairs, targets, workload
+from bench import kroxylicious, latency, pairs, targets, workload
+from sluice.kafka_broker import KafkaCluster
 from sluice.local_broker import TansuBroker, free_port
 
 MASK_PRODUCE = """
@@ -77,7 +88,43 @@ kms:
   path: {path}
 """
 
-ALL = ["direct", "aa", "relay", "sluice", "mask-produce", "mask-fetch", "encrypt"]
+ALL = [
+    "direct",
+    "aa",
+    "relay",
+    "kroxylicious",
+    "sluice",
+    "mask-produce",
+    "mask-fetch",
+    "encrypt",
+    "kroxylicious-encrypt",
+]
+KROXYLICIOUS = {"kroxylicious": False, "kroxylicious-encrypt": True}  # name: encrypt
+BROKERS = ("tansu", "kafka")
+# Apache Kafka's own launch defaults (kafka-server-start.sh and kafka-run-class.sh): 1 GiB heap
+# and G1 with its short pause target, not the tests' small C1-only settings
+# (sluice/kafka_broker.py), so that the broker runs as users run it.
+KAFKA_HEAP = "1g"
+KAFKA_JVM_OPTS = (
+    "-Xms1g",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Xshare:auto",
+    "-Djava.awt.headless=true",
+)
+# Record encryption makes a producer's 1 MB batch larger than Kafka's default limit of one
+# batch (message.max.bytes, 1 MiB): both encrypting proxies send what they are given as one
+# batch. Tansu has no such limit; this gives Kafka room for the same batches.
+KAFKA_CONFIG = {"message.max.bytes": str(8 << 20)}
+# Per-slice ratios printed under the throughput table: (numerator, denominator).
+COMPARISONS = [
+    ("sluice", "relay"),
+    ("sluice", "kroxylicious"),
+    ("kroxylicious", "relay"),
+    ("encrypt", "kroxylicious-encrypt"),
+]
 SLUICE_CONFIGS: dict[str, str | None] = {
     "sluice": None,
     "mask-produce": MASK_PRODUCE,
@@ -160,21 +207,46 @@ class Point:
 
 
 @contextlib.contextmanager
+def broker(kind: str, advertised_port: int | None = None) -> Iterator[str]:
+    """A broker of `kind` ("tansu" or "kafka") on 127.0.0.1; yields its bootstrap address.
+    `advertised_port`: the port it tells clients to use (a relay in front of it)."""
+    if kind == "tansu":
+        with TansuBroker(advertised_port=advertised_port) as tansu:
+            yield tansu.bootstrap
+    elif kind == "kafka":
+        with KafkaCluster(
+            nodes=1,
+            heap=KAFKA_HEAP,
+            jvm_opts=KAFKA_JVM_OPTS,
+            advertised_ports={} if advertised_port is None else {"PLAINTEXT": advertised_port},
+            extra_config=KAFKA_CONFIG,
+        ) as kafka:
+            yield kafka.bootstrap
+    else:
+        raise ValueError(f"unknown broker {kind!r} (one of {', '.join(BROKERS)})")
+
+
+@contextlib.contextmanager
 def rig(
-    names: Sequence[str], proxy_args: Sequence[str], proxy_yaml: str
+    names: Sequence[str], proxy_args: Sequence[str], proxy_yaml: str, broker_kind: str = "tansu"
 ) -> Iterator[dict[str, Point]]:
     """Start everything the variants need, once, for the whole run."""
     with contextlib.ExitStack() as stack:
-        broker = stack.enter_context(TansuBroker())
+        main = stack.enter_context(broker(broker_kind))
         points: dict[str, Point] = {}
         for name in names:
             if name in ("direct", "aa"):
-                points[name] = Point(targets.Target(broker.bootstrap, None), broker.bootstrap)
+                points[name] = Point(targets.Target(main, None), main)
             elif name == "relay":
                 port = free_port()
-                relayed = stack.enter_context(TansuBroker(advertised_port=port))
-                target = stack.enter_context(targets.haproxy_relay(relayed.bootstrap, port))
-                points[name] = Point(target, relayed.bootstrap)
+                relayed = stack.enter_context(broker(broker_kind, advertised_port=port))
+                target = stack.enter_context(targets.haproxy_relay(relayed, port))
+                points[name] = Point(target, relayed)
+            elif name in KROXYLICIOUS:
+                target = stack.enter_context(
+                    kroxylicious.kroxylicious(main, encrypt=KROXYLICIOUS[name])
+                )
+                points[name] = Point(target, main)
             else:
                 config = SLUICE_CONFIGS[name]
                 if name == "encrypt":
@@ -183,10 +255,8 @@ def rig(
                     )
                     config = ENCRYPT.format(path=json.dumps(f"{keys}/keys.json"))
                 text = "\n".join(t for t in (config, proxy_yaml) if t) or None
-                target = stack.enter_context(
-                    targets.sluice(broker.bootstrap, text, list(proxy_args))
-                )
-                points[name] = Point(target, broker.bootstrap)
+                target = stack.enter_context(targets.sluice(main, text, list(proxy_args)))
+                points[name] = Point(target, main)
         yield points
 
 
@@ -226,11 +296,24 @@ def measure(
     records: int,
     rate: int,
     seconds: float,
+    warmup: int = 0,
 ) -> Result:
     values = workload.json_records(records)
     payload = sum(len(v) for v in values)
     result = Result(w, records, payload)
     names = list(points)
+    if warmup and not w.latency:
+        # Unmeasured: lets every JVM on the path (Kroxylicious, a Kafka broker) compile its hot
+        # paths before the first timed slice.
+        few = values[:warmup]
+        for name in names:
+            began = time.monotonic()
+            throughput_slice(points[name], w, few, sum(len(v) for v in few))
+            print(
+                f"  warm-up {name:20s} {len(few)} records, {time.monotonic() - began:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     started = time.monotonic()
     latency_topics: dict[str, tuple[str, tuple[str, str]]] = {}
     if w.latency:
@@ -248,7 +331,7 @@ def measure(
     for s in range(slices):
         for name in pairs.rotation(names, s):
             point = points[name]
-            line = f"  slice {s + 1}/{slices} {name:13s}"
+            line = f"  slice {s + 1}/{slices} {name:20s}"
             if w.latency:
                 via_topic, reference = latency_topics[name]
                 pair, per_request = latency_slice(point, via_topic, reference, rate, seconds)
@@ -317,13 +400,17 @@ def _throughput_report(result: Result) -> str:
                 "WARNING: direct consume is slower than direct produce: the consuming client, "
                 "not the path, may be what the consume column measures."
             )
-    if "relay" in rows and "sluice" in rows:
-        relay, sl = rows["relay"], rows["sluice"]
-        pr = pairs.summarise(pairs.ratios(sl.produce, relay.produce))
-        cr = pairs.summarise(pairs.ratios(sl.consume, relay.consume))
+    for top, bottom in COMPARISONS:
+        if top not in rows or bottom not in rows:
+            continue
+        a, b = rows[top], rows[bottom]
+        pr = pairs.summarise(pairs.ratios(a.produce, b.produce))
+        cr = pairs.summarise(pairs.ratios(a.consume, b.consume))
+        cpu_a, cpu_b = a.cpu_per_gb_overall(), b.cpu_per_gb_overall()
+        cpu = f"; CPU s/GB {cpu_a / cpu_b:.2f}x" if cpu_b > 0 else ""
         lines.append(
-            f"sluice / relay (median of per-slice ratios): produce {pr.ratio_text()}, "
-            f"consume {cr.ratio_text()}."
+            f"{top} / {bottom} (median of per-slice ratios): produce {pr.ratio_text()}, "
+            f"consume {cr.ratio_text()}{cpu}."
         )
     return "\n".join(lines)
 
@@ -362,6 +449,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="latency window per slice (3)")
     ap.add_argument("--workers", type=int, default=1, help="`sluice serve --workers N`")
     ap.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default="tansu",
+        help="the broker behind every variant: the bundled Tansu or Apache Kafka (one node)",
+    )
+    ap.add_argument(
+        "--cpus-proxy",
+        default="",
+        metavar="CPUS",
+        help="pin every process in the middle (Sluice and its workers, HAProxy, Kroxylicious) "
+        "to these CPUs (taskset's list: 1, 0,2, 2-3)",
+    )
+    ap.add_argument(
+        "--cpus-rest",
+        default="",
+        metavar="CPUS",
+        help="pin the benchmark's clients and the brokers to these CPUs",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=500_000,
+        help="records of one unmeasured phase per variant before workloads 1 and 2 (0: none); "
+        "a JVM in the middle compiles its hot paths over the first few hundred thousand",
+    )
+    ap.add_argument(
         "--proxy-arg",
         action="append",
         default=[],
@@ -391,20 +504,46 @@ def main(argv: list[str] | None = None) -> int:
         names.insert(0, "direct")
     if "relay" in names and not targets.haproxy_available():
         ap.error("the relay variant needs haproxy (bash scripts/dev.sh install adds it)")
+    if any(n in KROXYLICIOUS for n in names) and not kroxylicious.available():
+        ap.error(
+            f"the kroxylicious variants need Kroxylicious {kroxylicious.VERSION}'s jars "
+            "(bash scripts/dev.sh install adds them)"
+        )
     if args.workers < 1:
         ap.error("--workers must be at least 1")
+    if args.warmup < 0:
+        ap.error("--warmup must be 0 or more")
+    try:
+        cpus_proxy = targets.parse_cpus(args.cpus_proxy) if args.cpus_proxy else None
+        cpus_rest = targets.parse_cpus(args.cpus_rest) if args.cpus_rest else None
+    except ValueError as e:
+        ap.error(f"--cpus-proxy/--cpus-rest {e}")
+    if cpus_rest is not None:
+        # Before any thread or child exists: the clients' threads, the latency probes and the
+        # brokers inherit it.
+        os.sched_setaffinity(0, cpus_rest)
     if args.quick:
         args.slices, args.records, args.rate, args.seconds = 2, 3000, 200, 1.0
+        args.warmup = min(args.warmup, 1000)
     proxy_args = [*(["--workers", str(args.workers)] if args.workers > 1 else []), *args.proxy_arg]
-    with rig(names, proxy_args, args.proxy_yaml) as points:
+    with rig(names, proxy_args, args.proxy_yaml, args.broker) as points:
+        if cpus_proxy is not None:
+            for point in points.values():
+                if point.target.pid is not None:
+                    targets.pin(point.target.pid, cpus_proxy)
         for n in numbers:
             w = WORKLOADS[n]
             print(f"workload {n} ...", file=sys.stderr, flush=True)
-            result = measure(w, points, args.slices, args.records, args.rate, args.seconds)
+            result = measure(
+                w, points, args.slices, args.records, args.rate, args.seconds, args.warmup
+            )
             print(f"{w.describe(args.records, args.rate, args.seconds)}")
             print(
+                f"broker: {args.broker}; "
                 f"{args.slices} interleaved slices, medians of per-slice pairs; "
                 f"sluice serve {' '.join(proxy_args) or '(defaults)'}; "
+                f"CPUs: middle {args.cpus_proxy or 'any'}, clients and brokers "
+                f"{args.cpus_rest or 'any'}; "
                 f"{result.seconds:.0f} s"
             )
             print()

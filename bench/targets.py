@@ -84,6 +84,42 @@ def cpu_seconds(pid: int | None) -> float:
     return total
 
 
+def pin(pid: int, cpus: set[int]) -> int:
+    """Restrict a process, every thread it has, and its children's, to `cpus` (what `taskset
+    -a -p` does): Linux applies an affinity per thread, and a thread started later inherits
+    its creator's. Returns the number of threads pinned."""
+    pinned = 0
+    proc = psutil.Process(pid)
+    for p in (proc, *proc.children(recursive=True)):
+        try:
+            tids = [t.id for t in p.threads()]
+        except psutil.NoSuchProcess:
+            continue
+        for tid in tids:
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(tid, cpus)
+                pinned += 1
+    return pinned
+
+
+def parse_cpus(text: str) -> set[int]:
+    """A CPU list as taskset writes it ("1", "0,2", "0-3") as a set of CPU numbers; every
+    number must be a CPU this process may run on."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"{text!r}: expected CPU numbers such as 1, 0,2 or 0-3")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    allowed = os.sched_getaffinity(0)
+    if not cpus <= allowed:
+        raise ValueError(
+            f"{text!r}: CPU {min(cpus - allowed)} is not one of this machine's "
+            f"({','.join(map(str, sorted(allowed)))})"
+        )
+    return cpus
+
+
 def haproxy_available() -> bool:
     return shutil.which("haproxy") is not None
 

@@ -9,6 +9,8 @@
 #                                 the sha256 of every jar to the jars.sha256 beside it
 #   bash scripts/dev.sh spark-kafka-lock  the same for scripts/spark/pom.xml (Spark's Kafka
 #                                 connector) and scripts/spark/jars.sha256
+#   bash scripts/dev.sh kroxylicious-lock  the same for scripts/kroxylicious/pom.xml (the
+#                                 benchmark's peer proxy) and its jars.sha256
 #
 # Installs, pinned: Debian packages (kcat, haproxy, a Java runtime for Spark and Kafka, Maven, gcc and
 # libssl-dev for the native batch sealer of builtin:encrypt, Rust with the
@@ -17,8 +19,10 @@
 # constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
 # the Spark driver's class archive in .venv/share/sluice, and Apache Kafka's jars (Maven
 # Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs, Kafka 3.9's
-# broker (scripts/kafka39) in .venv/share/kafka39/libs, and Spark's Kafka source and sink
-# (checked against scripts/spark/jars.sha256) in .venv/share/spark-kafka/jars.
+# broker (scripts/kafka39) in .venv/share/kafka39/libs, Spark's Kafka source and sink
+# (checked against scripts/spark/jars.sha256) in .venv/share/spark-kafka/jars, and
+# Kroxylicious's (the benchmark's peer proxy; scripts/kroxylicious/jars.sha256) in
+# .venv/share/kroxylicious/libs.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -361,6 +365,53 @@ write_kafka_lock() {
   rm -rf "$tmp"
 }
 
+KROX_POM="scripts/kroxylicious/pom.xml"
+KROX_LOCK="scripts/kroxylicious/jars.sha256"
+
+# Kroxylicious's jars (the benchmark's peer proxy, bench/kroxylicious.py) in
+# $VENV/share/kroxylicious/libs, as install_kafka does for Kafka's: resolved from Maven Central
+# with strict checksums, each jar's sha256 checked against $KROX_LOCK, no jar it does not list;
+# skipped while the pom, the lock file and the installed jars are those of the last install.
+install_kroxylicious() {
+  local dest="$VENV/share/kroxylicious/libs"
+  local stamp="$VENV/share/kroxylicious/.sluice-installed"
+  local want
+  want="$(cat "$KROX_POM" "$KROX_LOCK" | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest" ]; then
+    return 0
+  fi
+  need_java_and_maven
+  say "fetching Kroxylicious's jars (benchmark peer) from Maven Central into $dest"
+  local tmp="$dest.tmp"
+  rm -rf "$tmp"
+  mvn -B -q -C -Dstyle.color=never -f "$KROX_POM" dependency:copy-dependencies \
+    -DoutputDirectory="$tmp" -DincludeScope=runtime
+  (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$KROX_LOCK") || {
+    echo "Kroxylicious jars in $tmp do not match $KROX_LOCK (see above): not installed" >&2; exit 1; }
+  local extra
+  extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$KROX_LOCK" | sort))"
+  if [ -n "$extra" ]; then
+    echo "Maven resolved jars that $KROX_LOCK does not list: $extra" >&2
+    echo "(after changing $KROX_POM run: bash scripts/dev.sh kroxylicious-lock)" >&2
+    exit 1
+  fi
+  rm -rf "$dest"
+  mv "$tmp" "$dest"
+  echo "$want" > "$stamp"
+}
+
+# Writes $KROX_LOCK from a fresh resolution of $KROX_POM (review the diff before committing).
+write_kroxylicious_lock() {
+  need_java_and_maven
+  local tmp
+  tmp="$(mktemp -d)"
+  mvn -B -q -C -Dstyle.color=never -f "$KROX_POM" dependency:copy-dependencies \
+    -DoutputDirectory="$tmp/libs" -DincludeScope=runtime
+  (cd "$tmp/libs" && sha256sum -- *.jar) > "$KROX_LOCK"
+  rm -rf "$tmp"
+  say "wrote $KROX_LOCK ($(wc -l < "$KROX_LOCK") jars)"
+}
+
 install_all() {
   install_debian_packages
   install_python
@@ -368,6 +419,7 @@ install_all() {
   install_node_tools
   install_kafka
   install_spark_kafka
+  install_kroxylicious
   install_go
   install_quickjs
   compile_project
@@ -425,7 +477,8 @@ case "$cmd" in
   install) install_all ;;
   kafka-lock) write_kafka_lock ;;
   spark-kafka-lock) write_spark_kafka_lock ;;
+  kroxylicious-lock) write_kroxylicious_lock ;;
   demo) install_all; exec "$VENV/bin/sluice" demo "$@" ;;
   test) install_all; run_checks; run_tests "$@" ;;
-  *) echo "usage: bash scripts/dev.sh {demo|test|install|kafka-lock|spark-kafka-lock} [args]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/dev.sh {demo|test|install|kafka-lock|spark-kafka-lock|kroxylicious-lock} [args]" >&2; exit 2 ;;
 esac

@@ -5,6 +5,9 @@ variant was measured in every slice and reported."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import psutil
 import pytest
@@ -78,3 +81,37 @@ def test_workers_and_proxy_arguments_reach_sluice_serve_and_cpu_counts_every_wor
         assert len(parent.children(recursive=True)) == 2
         own = parent.cpu_times()
         assert targets.cpu_seconds(t.pid) >= own.user + own.system
+
+
+def test_cpu_lists_are_parsed_as_taskset_writes_them_and_checked() -> None:
+    allowed = os.sched_getaffinity(0)
+    first = min(allowed)
+    assert targets.parse_cpus(str(first)) == {first}
+    assert targets.parse_cpus(f"{first}-{first}") == {first}
+    for bad in ("x", "1-", "", f"{max(allowed) + 1}"):
+        with pytest.raises(ValueError):
+            targets.parse_cpus(bad)
+
+
+def test_pin_restricts_every_thread_of_the_process_and_its_children() -> None:
+    cpu = {min(os.sched_getaffinity(0))}
+    code = (
+        "import subprocess, sys, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "print('up', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        assert targets.pin(proc.pid, cpu) >= 3  # main thread, the extra thread, the child
+        parent = psutil.Process(proc.pid)
+        for p in (parent, *parent.children(recursive=True)):
+            for t in p.threads():
+                assert os.sched_getaffinity(t.id) == cpu
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()
