@@ -4,7 +4,7 @@ crypto/batch_seal_build.py).
 
 `seal_section` and `open_section` take and return Kafka's record encoding (the records section
 of a batch, uncompressed), so no Python object is built per record. They write exactly what
-the per-record reference path of crypto/record_filter.py writes for the same nonces (layout 2,
+the per-record reference path of crypto/record_filter.py writes for the same nonces (layout 3,
 crypto/envelope.py); a hypothesis test holds the two together. `AVAILABLE` is False when the
 module was not built: the filter then runs the reference path.
 """
@@ -167,7 +167,8 @@ def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: by
                  ours: Sequence[Header]) -> tuple[bytes, bytes, int]:
     """(new section, fate byte per record: 0 kept (a tombstone), 1 sealed, records sealed).
     `nonces` holds 12 bytes per record with a value, used in order; `prefix` is the batch's
-    AAD prefix (`aad_prefix_v2`), `ours` the proxy's headers appended to each sealed record."""
+    AAD prefix (`aad_prefix_v2`, layout 3), `ours` the proxy's headers appended to each
+    sealed record."""
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
     group = encode_headers(ours)
@@ -230,7 +231,7 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: byt
                 packed: bytes, npaths: int, ours: Sequence[Header], max_seals: int
                 ) -> tuple[bytes, bytes, int, int]:
     """Fields mode: (new section, fate per record, records sealed, fields sealed). `ours` are
-    the proxy's first three headers; each sealed record also gets ``sluice.enc.fields``."""
+    the proxy's headers but ``sluice.enc.fields``, which each sealed record also gets."""
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
     group = encode_headers(ours)
@@ -251,8 +252,9 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: byt
 def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: Sequence[Header]
                 ) -> tuple[bytes, bytes, int]:
     """Fields mode: (new section, fate per record, records opened). Every encrypted record's
-    group must start with exactly `group3` (the proxy's first three headers, else `Slow`);
-    `Tampered` names the first record that fails authentication."""
+    group must be exactly `group3` (the proxy's headers before ``sluice.enc.fields``: one in
+    layout 3, three in layout 2, else `Slow`) and a ``sluice.enc.fields`` header; `Tampered`
+    names the first record that fails authentication."""
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
     group = encode_headers(group3)
@@ -262,8 +264,8 @@ def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: Seq
     where = ffi.new("uint32_t *")
     opened = ffi.new("uint32_t *")
     n = lib.sb_open_fields(src, len(src), count, key, prefix, len(prefix), group, len(group),
-                           ffi.from_buffer(scratch), len(scratch), ffi.from_buffer(out),
-                           len(out), ffi.from_buffer(fates), where, opened)
+                           len(group3), ffi.from_buffer(scratch), len(scratch),
+                           ffi.from_buffer(out), len(out), ffi.from_buffer(fates), where, opened)
     if n == _TAMPERED:
         raise Tampered(int(where[0]))
     n = _check(n)

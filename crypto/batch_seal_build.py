@@ -40,8 +40,9 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
                     size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals);
 long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *prefix, size_t prefix_len, const uint8_t *group3,
-                    size_t group3_len, uint8_t *scratch, size_t scratch_len, uint8_t *out,
-                    size_t out_cap, uint8_t *fates, uint32_t *where, uint32_t *opened);
+                    size_t group3_len, uint32_t group3_count, uint8_t *scratch,
+                    size_t scratch_len, uint8_t *out, size_t out_cap, uint8_t *fates,
+                    uint32_t *where, uint32_t *opened);
 """
 
 
