@@ -1,13 +1,15 @@
 """Profile the proxy under the benchmark workloads with py-spy (sampling, no code changes).
 
     python -m bench.profile_proxy [--variant mask-produce|mask-fetch|sluice|encrypt-produce|
-                                   encrypt-fetch] [--records N]
+                                   encrypt-fetch|encrypt-fields-produce|encrypt-fields-fetch]
+                                  [--records N] [--workload 1|2]
 
 Starts Tansu and `sluice serve` with the variant's config, attaches `py-spy record` to the
-proxy process while the produce (or, for mask-fetch and encrypt-fetch, the consume) workload
+proxy process while the produce (or, for the *-fetch variants, the consume) workload
 runs, and prints the functions with the most samples, by own time and by inclusive time. The
-encrypt variants use bench_proxy's builtin:encrypt config (a local keyring in a temporary
-directory); encrypt-fetch produces the records through the proxy first, so they are sealed.
+encrypt variants use bench_proxy's builtin:encrypt configs (whole value, or the "card" field
+for encrypt-fields-*; a local keyring in a temporary directory); their fetch variants produce
+the records through the proxy first, so they are sealed.
 Needs py-spy==0.4.3 and root (ptrace) or a permissive ptrace_scope.
 """
 
@@ -71,16 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     values = workload.json_records(args.records)
     out = Path(tempfile.mkdtemp(prefix="sluice-prof-")) / f"{args.variant}.txt"
     if args.variant.startswith("encrypt-"):
-        configs[args.variant] = bench_proxy.ENCRYPT.format(
-            path=json.dumps(str(out.parent / "keys.json")))
-    fetching = args.variant in ("mask-fetch", "encrypt-fetch")
+        template = (bench_proxy.ENCRYPT_FIELDS if args.variant.startswith("encrypt-fields-")
+                    else bench_proxy.ENCRYPT)
+        configs[args.variant] = template.format(path=json.dumps(str(out.parent / "keys.json")))
+    fetching = args.variant in ("mask-fetch", "encrypt-fetch", "encrypt-fields-fetch")
     with TansuBroker() as broker, targets.sluice(broker.bootstrap, configs[args.variant]) as t:
         w = bench_proxy.WORKLOADS.get(args.workload or 0)
         topic = workload.make_topic(t.bootstrap, **({"partitions": w.partitions} if w else {}))
         compression = {"compression": w.compression} if w else {}
         if fetching:
             # Encrypted records must be sealed by the proxy; masked ones are stored plain.
-            source = t.bootstrap if args.variant == "encrypt-fetch" else broker.bootstrap
+            source = t.bootstrap if args.variant.startswith("encrypt-") else broker.bootstrap
             workload.produce(source, topic, values, **compression)
         spy = subprocess.Popen(
             [
