@@ -91,7 +91,7 @@ class Envelope:
     #: Index of the first of the proxy's headers in the record's header list.
     start: int = 0
     #: The layout the group was written in (1 unless stated: the fields above are layout
-    #: 1's; layout 2 adds `filter_name`).
+    #: 1's; layouts 2 and 3 add `filter_name`).
     layout: int = LEGACY_LAYOUT
     #: Layouts 2 and 3: the name of the filter that sealed the record.
     filter_name: str = ""
@@ -124,7 +124,7 @@ def prefix_for(env: Envelope, topic: str) -> bytes:
 
 def record_digest(headers: Sequence[Header], fields: Sequence[str] = (),
                   clear: Sequence[str] | None = None) -> bytes:
-    """Layout 2: SHA-256 of what a record holds besides its sealed values and its key: the
+    """Layouts 2 and 3: SHA-256 of what a record holds besides its sealed values and its key: the
     producer's `headers` (every header before the proxy's group, in order), and in fields
     mode the sealed paths and the document's text outside the sealed values (`clear`: the
     pieces between them, in order). Unambiguous: every part is counted or length-prefixed."""
@@ -152,7 +152,7 @@ def record_digest(headers: Sequence[Header], fields: Sequence[str] = (),
 
 def aad_for(prefix: bytes, record_key: bytes | None, field: str = "",
             digest: bytes | None = None) -> bytes:
-    """`prefix` completed with the record key (absent and empty differ), (layout 2) the
+    """`prefix` completed with the record key (absent and empty differ), (layouts 2, 3) the
     record's `record_digest` and the field path: the additional authenticated data of one
     ciphertext (all parts length-prefixed; layout 1 has no digest)."""
     rk = b"\x00" if record_key is None else b"\x01" + record_key
@@ -330,7 +330,7 @@ def unseal(aead: AESGCM, sealed: bytes, associated: bytes) -> bytes:
 def seal_value(aead: AESGCM, prefix: bytes, record_key: bytes | None, value: bytes,
                nonce: bytes | None = None, digest: bytes | None = None) -> bytes:
     """The stored value of a whole-value encrypted record (`prefix`: the AAD prefix of its
-    envelope; `digest`: its `record_digest`, layout 2; `nonce` as for `seal`)."""
+    envelope; `digest`: its `record_digest`, layouts 2 and 3; `nonce` as for `seal`)."""
     return VALUE_PREFIX + seal(aead, value, aad_for(prefix, record_key, "", digest), nonce)
 
 
@@ -338,7 +338,7 @@ def open_value(aead: AESGCM, env: Envelope, record_key: bytes | None, stored: by
                prefix: bytes | None = None, digest: bytes | None = None) -> bytes:
     """The producer's value from a whole-value encrypted record (EnvelopeError if not);
     `prefix` is the AAD prefix of `env` (layout 1's is computed when not given), `digest`
-    the record's `record_digest` (layout 2)."""
+    the record's `record_digest` (layouts 2 and 3)."""
     if stored[:1] != VALUE_PREFIX:
         raise EnvelopeError("stored value does not start with the layout marker")
     if prefix is None:
