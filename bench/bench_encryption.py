@@ -15,8 +15,7 @@ directory, and prints the median records/s of:
 
 `--clock cpu` counts the process's CPU time instead of wall time (steadier on a loaded
 machine). `--path reference` turns off the native batch sealer (crypto/batch_seal.py), so
-the per-record Python path is measured. glibc's allocator is tuned as `sluice serve` tunes it
-(proxy/ops/allocator.py). Also prints the bytes stored per record against the
+the per-record Python path is measured. Also prints the bytes stored per record against the
 bytes produced (whole batches, uncompressed unless `--codec`).
 
 Only indicative on a shared machine; the end-to-end comparison with direct produce/consume
@@ -39,7 +38,6 @@ from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_fetch, filter_produce
-from sluice.proxy.ops import allocator
 
 TOPIC = "payments"
 
@@ -82,7 +80,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-    allocator.tune()  # as `sluice serve` does at start-up (proxy/ops/allocator.py)
     values = json_records(args.records)
     plain = batches(values, args.batch, args.codec)
     produce_ctx = RecordContext(TOPIC, 0, "produce", principal="User:app")

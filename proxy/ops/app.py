@@ -15,7 +15,7 @@ from sluice.filters.yaml_lines import ConfigError
 from sluice.proxy import telemetry
 from sluice.proxy.net.kafka_settings import cluster_settings
 from sluice.proxy.net.server import ProxyServer
-from sluice.proxy.ops import allocator, warmup
+from sluice.proxy.ops import warmup
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.ops.gc_pauses import GcPauses, freeze_startup_heap
 from sluice.proxy.ops.readiness import notify_ready
@@ -116,5 +116,4 @@ async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
 
 
 def run(config: ProxyConfig, ready_fd: int | None = None) -> int:
-    allocator.tune()  # batch-sized buffers from the heap, not a fresh mmap each (allocator.py)
     return uvloop.run(serve(config, ready_fd))
