@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> None:
                 aead.encrypt(nonce, r.value or b"", aad_for(prefix, r.key, "",
                                                             record_digest(r.headers)))
 
-        opened = [(r.key, (r.value or b"")[1:13], (r.value or b"")[13:], r.headers[:-3])
-                  for r in stored]
+        opened = [(r.key, (r.value or b"")[1:13], (r.value or b"")[13:], r.headers[:-1])
+                  for r in stored]  # [:-1]: the proxy's one header (layout 3)
 
         def loop_open() -> None:
             for k, nonce, ct, own in opened:

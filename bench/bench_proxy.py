@@ -22,6 +22,8 @@ in Java, no filters; bench/kroxylicious.py), `sluice` (`sluice serve`, no filter
 unauthenticated clients; a local keyring in a temporary directory), `kroxylicious-encrypt`
 (Kroxylicious's RecordEncryption filter on every topic: whole values, AES-256-GCM, one KEK in
 its in-memory KMS).
+Only when named in `--variants`: `encrypt-fields` (builtin:encrypt in fields mode, sealing
+the "card" member).
 
 `--broker tansu` (the default: the bundled Tansu, memory storage) or `--broker kafka` (Apache
 Kafka 4.4 from its jars, one KRaft node, `sluice/kafka_broker.py`, with Kafka's own default
@@ -125,11 +127,17 @@ COMPARISONS = [
     ("kroxylicious", "relay"),
     ("encrypt", "kroxylicious-encrypt"),
 ]
+#: builtin:encrypt in fields mode: the workload's "card" member only (not in ALL: run it with
+#: --variants ...,encrypt-fields).
+ENCRYPT_FIELDS = ENCRYPT.replace('decrypt_for: ["User:ANONYMOUS"]',
+                                 'decrypt_for: ["User:ANONYMOUS"], fields: [card]')
+OPTIONAL = ["encrypt-fields"]
 SLUICE_CONFIGS: dict[str, str | None] = {
     "sluice": None,
     "mask-produce": MASK_PRODUCE,
     "mask-fetch": MASK_FETCH,
     "encrypt": ENCRYPT,  # formatted with a fresh keyring path in rig()
+    "encrypt-fields": ENCRYPT_FIELDS,  # likewise
 }
 
 
@@ -249,11 +257,12 @@ def rig(
                 points[name] = Point(target, main)
             else:
                 config = SLUICE_CONFIGS[name]
-                if name == "encrypt":
+                if name in ("encrypt", "encrypt-fields"):
                     keys = stack.enter_context(
                         tempfile.TemporaryDirectory(prefix="sluice-bench-keys-")
                     )
-                    config = ENCRYPT.format(path=json.dumps(f"{keys}/keys.json"))
+                    config = SLUICE_CONFIGS[name].format(  # type: ignore[union-attr]
+                        path=json.dumps(f"{keys}/keys.json"))
                 text = "\n".join(t for t in (config, proxy_yaml) if t) or None
                 target = stack.enter_context(targets.sluice(main, text, list(proxy_args)))
                 points[name] = Point(target, main)
@@ -497,9 +506,10 @@ def main(argv: list[str] | None = None) -> int:
     if not numbers or any(n not in WORKLOADS for n in numbers):
         ap.error(f"--workload {args.workload!r}: expected numbers among 1, 2, 3")
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    unknown = set(names) - set(ALL)
+    unknown = set(names) - set(ALL) - set(OPTIONAL)
     if unknown:
-        ap.error(f"unknown variants: {', '.join(sorted(unknown))} (known: {', '.join(ALL)})")
+        ap.error(f"unknown variants: {', '.join(sorted(unknown))} "
+                 f"(known: {', '.join(ALL + OPTIONAL)})")
     if "direct" not in names:
         names.insert(0, "direct")
     if "relay" in names and not targets.haproxy_available():

@@ -1,17 +1,23 @@
 """Profile the proxy under the benchmark workloads with py-spy (sampling, no code changes).
 
-    python -m bench.profile_proxy [--variant mask-produce|mask-fetch|sluice] [--records N]
+    python -m bench.profile_proxy [--variant mask-produce|mask-fetch|sluice|encrypt-produce|
+                                   encrypt-fetch|encrypt-fields-produce|encrypt-fields-fetch]
+                                  [--records N] [--workload 1|2]
 
 Starts Tansu and `sluice serve` with the variant's config, attaches `py-spy record` to the
-proxy process while the produce (or, for mask-fetch, the consume) workload runs, and prints the
-functions with the most samples, by own time and by inclusive time. Needs py-spy==0.4.3 and
-root (ptrace) or a permissive ptrace_scope.
+proxy process while the produce (or, for the *-fetch variants, the consume) workload
+runs, and prints the functions with the most samples, by own time and by inclusive time. The
+encrypt variants use bench_proxy's builtin:encrypt configs (whole value, or the "card" field
+for encrypt-fields-*; a local keyring in a temporary directory); their fetch variants produce
+the records through the proxy first, so they are sealed.
+Needs py-spy==0.4.3 and root (ptrace) or a permissive ptrace_scope.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import shutil
 import subprocess
 import sys
@@ -54,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         "--latency", action="store_true", help="profile the fixed-rate latency workload instead"
     )
     ap.add_argument("--native", action="store_true", help="include native (C) frames")
+    ap.add_argument("--workload", type=int, choices=(1, 2), default=None,
+                    help="compression and partitions of bench_proxy's workload 1 or 2 "
+                         "(default: lz4, 3 partitions)")
     args = ap.parse_args(argv)
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     configs = {
@@ -63,10 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     }
     values = workload.json_records(args.records)
     out = Path(tempfile.mkdtemp(prefix="sluice-prof-")) / f"{args.variant}.txt"
+    if args.variant.startswith("encrypt-"):
+        template = (bench_proxy.ENCRYPT_FIELDS if args.variant.startswith("encrypt-fields-")
+                    else bench_proxy.ENCRYPT)
+        configs[args.variant] = template.format(path=json.dumps(str(out.parent / "keys.json")))
+    fetching = args.variant in ("mask-fetch", "encrypt-fetch", "encrypt-fields-fetch")
     with TansuBroker() as broker, targets.sluice(broker.bootstrap, configs[args.variant]) as t:
-        topic = workload.make_topic(t.bootstrap)
-        if args.variant == "mask-fetch":
-            workload.produce(broker.bootstrap, topic, values)
+        w = bench_proxy.WORKLOADS.get(args.workload or 0)
+        topic = workload.make_topic(t.bootstrap, **({"partitions": w.partitions} if w else {}))
+        compression = {"compression": w.compression} if w else {}
+        if fetching:
+            # Encrypted records must be sealed by the proxy; masked ones are stored plain.
+            source = t.bootstrap if args.variant.startswith("encrypt-") else broker.bootstrap
+            workload.produce(source, topic, values, **compression)
         spy = subprocess.Popen(
             [
                 py_spy,
@@ -90,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
                 producer = latency.latency_producer(t.bootstrap)
                 producer.list_topics(topic, timeout=10)
                 latency.produce_at_rate(producer, topic, 2000, 10, time.time())
-            elif args.variant == "mask-fetch":
+            elif fetching:
                 workload.consume(t.bootstrap, topic, args.records)
             else:
-                workload.produce(t.bootstrap, topic, values)
+                workload.produce(t.bootstrap, topic, values, **compression)
         finally:
             spy.send_signal(subprocess.signal.SIGINT)  # type: ignore[attr-defined]
             spy.wait(30)

@@ -4,7 +4,8 @@
  * AES-256-GCM through the EVP interface (which uses the CPU's AES and carry-less multiply
  * instructions) and SHA-256 for the record digest. The Python reference is
  * crypto/envelope.py + crypto/record_filter.py; the layout and the associated data written
- * here are exactly layout 2's (docs/ENCRYPTION.md), byte for byte.
+ * here are exactly the reference's (layout 3 today, layout 2 still opened; the proxy's header
+ * group is built by the caller), byte for byte (docs/ENCRYPTION.md).
  *
  * Input sections were checked by the codec before any filter sees them, but every length is
  * still bounds-checked here: a malformed section returns SB_MALFORMED, never reads past it.
@@ -220,7 +221,9 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     uint8_t *limit = out + out_cap;
     long rc = 0;
     static __thread record r;
-    uint8_t digest[32];
+    uint8_t digest[32], no_headers[32];
+    r.header_count = 0;
+    headers_digest(&r, 0, no_headers);
     EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
     if (!ctx || EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
         rc = SB_CRYPTO;
@@ -249,7 +252,8 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
             rc = SB_SPACE;
             goto done;
         }
-        headers_digest(&r, r.header_count, digest);
+        if (r.header_count) headers_digest(&r, r.header_count, digest);
+        else memcpy(digest, no_headers, 32); /* the common case: hashed once per batch */
         size_t aad_len = build_aad(scratch, prefix, prefix_len, &r, digest);
         uint8_t *ct = scratch + aad_len;
         const uint8_t *nonce = nonces + (size_t)(*sealed) * NONCE;
@@ -290,7 +294,9 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     uint8_t *limit = out + out_cap;
     long rc = 0;
     static __thread record r;
-    uint8_t digest[32];
+    uint8_t digest[32], no_headers[32];
+    r.header_count = 0;
+    headers_digest(&r, 0, no_headers);
     EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
     if (!ctx || EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
         rc = SB_CRYPTO;
@@ -328,7 +334,8 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
             rc = SB_SPACE;
             goto done;
         }
-        headers_digest(&r, start, digest);
+        if (start) headers_digest(&r, start, digest);
+        else memcpy(digest, no_headers, 32);
         size_t aad_len = build_aad(scratch, prefix, prefix_len, &r, digest);
         uint8_t *pt = scratch + aad_len;
         const uint8_t *nonce = r.value + 1;
@@ -993,8 +1000,9 @@ static int parse_fields_header(const uint8_t *v, size_t n, path_t *paths) {
 
 long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *prefix, size_t prefix_len, const uint8_t *group3,
-                    size_t group3_len, uint8_t *scratch, size_t scratch_len, uint8_t *out,
-                    size_t out_cap, uint8_t *fates, uint32_t *where, uint32_t *opened) {
+                    size_t group3_len, uint32_t group3_count, uint8_t *scratch,
+                    size_t scratch_len, uint8_t *out, size_t out_cap, uint8_t *fates,
+                    uint32_t *where, uint32_t *opened) {
     static __thread path_t paths[MAX_PATHS];
     static __thread record r;
     span_t spans[MAX_SPANS];
@@ -1023,14 +1031,17 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
         }
         *where = i;
         int64_t start = r.last_enc;
-        if (r.header_count - start != 4 || r.hoff[start + 3] - r.hoff[start] != group3_len ||
+        /* the group: `group3` (the proxy's headers before sluice.enc.fields: one in layout 3,
+         * three in layout 2), then sluice.enc.fields */
+        int64_t nc = (int64_t)group3_count;
+        if (r.header_count - start != nc + 1 || r.hoff[start + nc] - r.hoff[start] != group3_len ||
             memcmp(r.headers + r.hoff[start], group3, group3_len) != 0 || r.value_len < 0) {
             rc = SB_SLOW;
             goto done;
         }
         const uint8_t *fname, *fval;
         int64_t fnlen, fvlen;
-        cursor hc = {r.headers + r.hoff[start + 3], r.headers + r.hoff[start + 4]};
+        cursor hc = {r.headers + r.hoff[start + nc], r.headers + r.hoff[start + nc + 1]};
         rd_blob(&hc, &fname, &fnlen);
         rd_blob(&hc, &fval, &fvlen);
         if (fnlen != (int64_t)(sizeof(H_FIELDS_NAME) - 1) ||

@@ -10,6 +10,7 @@ runs its per-record Python path (crypto/record_filter.py), which gives the same 
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -40,8 +41,9 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
                     size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals);
 long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *prefix, size_t prefix_len, const uint8_t *group3,
-                    size_t group3_len, uint8_t *scratch, size_t scratch_len, uint8_t *out,
-                    size_t out_cap, uint8_t *fates, uint32_t *where, uint32_t *opened);
+                    size_t group3_len, uint32_t group3_count, uint8_t *scratch,
+                    size_t scratch_len, uint8_t *out, size_t out_cap, uint8_t *fates,
+                    uint32_t *where, uint32_t *opened);
 """
 
 
@@ -58,7 +60,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         built = Path(builder().compile(tmpdir=tmp, verbose=False))
         target = HERE / built.name
-        target.write_bytes(built.read_bytes())
+        # A new file renamed over the old one: a running proxy keeps its mapping of the old
+        # module intact (writing into a mapped library in place can crash it).
+        fresh = target.with_name(target.name + ".new")
+        fresh.write_bytes(built.read_bytes())
+        os.replace(fresh, target)
     print(f"built {target.name}")
     return 0
 

@@ -1,16 +1,20 @@
-"""The stored layout of an encrypted record (layout versions 2 and 1), sans-IO.
+"""The stored layout of an encrypted record (layout 3, and layouts 2 and 1 still read), sans-IO.
 
 A record encrypted by the proxy keeps its key and its own headers; the proxy appends its
-headers after the producer's, in this order (layout 2, written today):
+headers after the producer's (layout 3, written today):
 
-    sluice.enc         UTF-8 "2;value;<filter>" or "2;fields;<filter>": layout version, mode
-                       and the name of the filter that sealed the record
-    sluice.enc.key     ASCII "<kek name>;<kek version>": the key-encryption key used
-    sluice.enc.dek     binary: the data key wrapped by that KEK (opaque bytes from the KMS)
+    sluice.enc         binary: 0x03 | mode (0x01 value, 0x02 fields) | the filter's name |
+                       the KEK's name | the KEK's version | the wrapped data key; the three
+                       texts are UTF-8, each after its length as an unsigned LEB128 varint,
+                       and the wrapped data key (opaque bytes from the KMS) is the rest
     sluice.enc.fields  (fields mode only) JSON array of the encrypted field paths
 
-Layout 1 (older Sluice) has the same headers, with ``sluice.enc`` holding only "1;value" or
-"1;fields".
+Layout 2 stored the same facts in three headers: ``sluice.enc`` ("2;value;<filter>" or
+"2;fields;<filter>"), ``sluice.enc.key`` ("<kek name>;<kek version>") and ``sluice.enc.dek``
+(the wrapped data key), then ``sluice.enc.fields``; layout 1 the same with ``sluice.enc``
+holding only "1;value" or "1;fields". Layout 3 is layout 2 in one header (about 35 bytes
+less per record); what is authenticated is the same. A layout-3 value starts with the byte
+0x03, never with an ASCII digit, so the two cannot be confused.
 
 Whole-value mode stores ``0x01 | nonce (12) | AES-256-GCM ciphertext and tag (16)``.
 Fields mode keeps the JSON document and replaces each encrypted field's value text with the
@@ -18,12 +22,12 @@ JSON string ``"sluice:enc:1:" + base64url(nonce | ciphertext and tag)`` (no padd
 plaintext of a field is the exact text of its original JSON value, so decryption restores the
 producer's bytes exactly.
 
-The additional authenticated data (AAD) binds each ciphertext to its place. Layout 2: the
-layout version, the mode, the KEK name and version, the wrapped data key, the filter's name,
-the topic, the record key, a SHA-256 digest of the rest of the record (the producer's headers;
-in fields mode also the list of sealed fields and every byte of the document outside the
-sealed values), and (fields mode) the field path. Layout 1 covered neither the filter, the
-topic nor the rest of the record, which is why a filter reads it only when told to
+The additional authenticated data (AAD) binds each ciphertext to its place. Layouts 2 and 3:
+the layout version, the mode, the KEK name and version, the wrapped data key, the filter's
+name, the topic, the record key, a SHA-256 digest of the rest of the record (the producer's
+headers; in fields mode also the list of sealed fields and every byte of the document outside
+the sealed values), and (fields mode) the field path. Layout 1 covered neither the filter,
+the topic nor the rest of the record, which is why a filter reads it only when told to
 (``accept_legacy``).
 
 Reading is forward-compatible: a later layout version gets a new number in ``sluice.enc``;
@@ -43,9 +47,14 @@ from typing import Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-#: The layout written today; LEGACY_LAYOUT is still read (see the module docstring).
-LAYOUT_VERSION: Final = 2
+#: The layout written today; TEXT_LAYOUT and LEGACY_LAYOUT are still read (see the module
+#: docstring).
+LAYOUT_VERSION: Final = 3
+TEXT_LAYOUT: Final = 2
 LEGACY_LAYOUT: Final = 1
+#: Layout 3's mode bytes.
+_MODE_BYTES: Final = {"value": 1, "fields": 2}
+_MODE_NAMES: Final = {1: "value", 2: "fields"}
 H_ENC: Final = "sluice.enc"
 H_KEY: Final = "sluice.enc.key"
 H_DEK: Final = "sluice.enc.dek"
@@ -82,9 +91,9 @@ class Envelope:
     #: Index of the first of the proxy's headers in the record's header list.
     start: int = 0
     #: The layout the group was written in (1 unless stated: the fields above are layout
-    #: 1's; layout 2 adds `filter_name`).
+    #: 1's; layouts 2 and 3 add `filter_name`).
     layout: int = LEGACY_LAYOUT
-    #: Layout 2: the name of the filter that sealed the record.
+    #: Layouts 2 and 3: the name of the filter that sealed the record.
     filter_name: str = ""
 
 
@@ -97,10 +106,10 @@ def aad_prefix(mode: str, key_name: str, key_version: str, wrapped_dek: bytes) -
 
 
 def aad_prefix_v2(mode: str, key_name: str, key_version: str, wrapped_dek: bytes,
-                  filter_name: str, topic: str) -> bytes:
-    """Layout 2: the part of the associated data shared by every ciphertext one filter seals
-    under one data key on one topic."""
-    parts = (b"sluice.enc", str(LAYOUT_VERSION).encode(), mode.encode(), key_name.encode(),
+                  filter_name: str, topic: str, layout: int = LAYOUT_VERSION) -> bytes:
+    """Layouts 2 and 3 (`layout`, today's unless given): the part of the associated data
+    shared by every ciphertext one filter seals under one data key on one topic."""
+    parts = (b"sluice.enc", str(layout).encode(), mode.encode(), key_name.encode(),
              key_version.encode(), wrapped_dek, filter_name.encode(), topic.encode())
     return b"".join(_LEN.pack(len(p)) + p for p in parts)
 
@@ -110,12 +119,12 @@ def prefix_for(env: Envelope, topic: str) -> bytes:
     if env.layout == LEGACY_LAYOUT:
         return aad_prefix(env.mode, env.key_name, env.key_version, env.wrapped_dek)
     return aad_prefix_v2(env.mode, env.key_name, env.key_version, env.wrapped_dek,
-                         env.filter_name, topic)
+                         env.filter_name, topic, env.layout)
 
 
 def record_digest(headers: Sequence[Header], fields: Sequence[str] = (),
                   clear: Sequence[str] | None = None) -> bytes:
-    """Layout 2: SHA-256 of what a record holds besides its sealed values and its key: the
+    """Layouts 2 and 3: SHA-256 of what a record holds besides its sealed values and its key: the
     producer's `headers` (every header before the proxy's group, in order), and in fields
     mode the sealed paths and the document's text outside the sealed values (`clear`: the
     pieces between them, in order). Unambiguous: every part is counted or length-prefixed."""
@@ -143,7 +152,7 @@ def record_digest(headers: Sequence[Header], fields: Sequence[str] = (),
 
 def aad_for(prefix: bytes, record_key: bytes | None, field: str = "",
             digest: bytes | None = None) -> bytes:
-    """`prefix` completed with the record key (absent and empty differ), (layout 2) the
+    """`prefix` completed with the record key (absent and empty differ), (layouts 2, 3) the
     record's `record_digest` and the field path: the additional authenticated data of one
     ciphertext (all parts length-prefixed; layout 1 has no digest)."""
     rk = b"\x00" if record_key is None else b"\x01" + record_key
@@ -156,9 +165,14 @@ def aad_for(prefix: bytes, record_key: bytes | None, field: str = "",
 
 def headers_for(env: Envelope) -> list[Header]:
     """The proxy's headers for `env`, in stored order (in `env.layout`)."""
+    if env.layout == LAYOUT_VERSION:
+        out: list[Header] = [(H_ENC, compact_value(env))]
+        if env.mode == MODE_FIELDS:
+            out.append((H_FIELDS, _json_list(env.fields)))
+        return out
     enc = (f"{env.layout};{env.mode}" if env.layout == LEGACY_LAYOUT
            else f"{env.layout};{env.mode};{env.filter_name}")
-    out: list[Header] = [
+    out = [
         (H_ENC, enc.encode()),
         (H_KEY, f"{env.key_name};{env.key_version}".encode()),
         (H_DEK, env.wrapped_dek),
@@ -168,13 +182,66 @@ def headers_for(env: Envelope) -> list[Header]:
     return out
 
 
+def compact_value(env: Envelope) -> bytes:
+    """Layout 3's ``sluice.enc`` value for `env` (see the module docstring)."""
+    out = bytearray((LAYOUT_VERSION, _MODE_BYTES[env.mode]))
+    for text in (env.filter_name, env.key_name, env.key_version):
+        raw = text.encode()
+        _uvarint(len(raw), out)
+        out += raw
+    out += env.wrapped_dek
+    return bytes(out)
+
+
+def _uvarint(value: int, out: bytearray) -> None:
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _parse_compact(raw: bytes, names: Sequence[str], fields_value: bytes | None,
+                   start: int) -> Envelope:
+    """Layout 3's group: ``sluice.enc`` (`raw`), and in fields mode ``sluice.enc.fields``."""
+    if len(raw) < 2 or raw[1] not in _MODE_NAMES:
+        raise EnvelopeError("malformed sluice.enc header (layout 3)")
+    mode = _MODE_NAMES[raw[1]]
+    want = [H_ENC] + ([H_FIELDS] if mode == MODE_FIELDS else [])
+    if list(names) != want:
+        raise EnvelopeError("malformed encryption headers")
+    pos, texts = 2, []
+    for _ in range(3):
+        n = shift = 0
+        while True:
+            if pos >= len(raw) or shift > 28:
+                raise EnvelopeError("malformed sluice.enc header (layout 3)")
+            b = raw[pos]
+            pos += 1
+            n |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        if n == 0 or pos + n > len(raw):
+            raise EnvelopeError("malformed sluice.enc header (layout 3)")
+        try:
+            texts.append(raw[pos:pos + n].decode())
+        except UnicodeDecodeError:
+            raise EnvelopeError("malformed sluice.enc header (layout 3)") from None
+        pos += n
+    if pos >= len(raw):
+        raise EnvelopeError("malformed sluice.enc header (layout 3): no wrapped data key")
+    fields = _parse_fields(fields_value or b"") if mode == MODE_FIELDS else ()
+    return Envelope(mode, texts[1], texts[2], raw[pos:], fields, start, LAYOUT_VERSION,
+                    texts[0])
+
+
 def _json_list(items: Sequence[str]) -> bytes:
     return json.dumps(list(items), separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def group_start(headers: Sequence[Header]) -> int:
     """Index of the last ``sluice.enc`` header (-1: none). Scanning from the end finds it
-    within the last 3 or 4 headers (the proxy's group) when the record is encrypted."""
+    within the last 1 to 4 headers (the proxy's group) when the record is encrypted."""
     for i in range(len(headers) - 1, -1, -1):
         if headers[i][0] == H_ENC:
             return i
@@ -196,10 +263,13 @@ def find_envelope(headers: Sequence[Header]) -> Envelope | None:
     if any(v is None for v in values):
         raise EnvelopeError("encryption header without a value")
     enc = bytes(values[0] or b"")
+    if enc[:1] == bytes((LAYOUT_VERSION,)):
+        return _parse_compact(enc, names, bytes(values[1] or b"") if len(values) > 1 else None,
+                              start)
     version, _, mode = enc.partition(b";")
     filter_name = ""
-    if version == str(LAYOUT_VERSION).encode():
-        layout = LAYOUT_VERSION
+    if version == str(TEXT_LAYOUT).encode():
+        layout = TEXT_LAYOUT
         mode, fsep, name = mode.partition(b";")
         try:
             filter_name = name.decode()
@@ -260,7 +330,7 @@ def unseal(aead: AESGCM, sealed: bytes, associated: bytes) -> bytes:
 def seal_value(aead: AESGCM, prefix: bytes, record_key: bytes | None, value: bytes,
                nonce: bytes | None = None, digest: bytes | None = None) -> bytes:
     """The stored value of a whole-value encrypted record (`prefix`: the AAD prefix of its
-    envelope; `digest`: its `record_digest`, layout 2; `nonce` as for `seal`)."""
+    envelope; `digest`: its `record_digest`, layouts 2 and 3; `nonce` as for `seal`)."""
     return VALUE_PREFIX + seal(aead, value, aad_for(prefix, record_key, "", digest), nonce)
 
 
@@ -268,7 +338,7 @@ def open_value(aead: AESGCM, env: Envelope, record_key: bytes | None, stored: by
                prefix: bytes | None = None, digest: bytes | None = None) -> bytes:
     """The producer's value from a whole-value encrypted record (EnvelopeError if not);
     `prefix` is the AAD prefix of `env` (layout 1's is computed when not given), `digest`
-    the record's `record_digest` (layout 2)."""
+    the record's `record_digest` (layouts 2 and 3)."""
     if stored[:1] != VALUE_PREFIX:
         raise EnvelopeError("stored value does not start with the layout marker")
     if prefix is None:

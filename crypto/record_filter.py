@@ -274,7 +274,7 @@ class EncryptRunner(HostRunner):
                                self.spec.name, ctx.topic)
         section, fates, sealed, fields = batch_seal.seal_fields(
             records, count, key.raw, self.nonces(NONCE_SIZE * seals), prefix, packed, npaths,
-            headers_for(env)[:3], self.max_records)
+            headers_for(env)[:-1], self.max_records)
         return NativeOutput(fates, section, {}, {
             "encrypted": sealed, "fields_encrypted": fields,
             f"kek:{env.key_name}:{env.key_version}": sealed})
@@ -296,7 +296,7 @@ class EncryptRunner(HostRunner):
         if isinstance(known, str):
             return None
         env, _aead, prefix, raw = known
-        if env.layout != LAYOUT_VERSION or not raw:
+        if env.layout == LEGACY_LAYOUT or not raw:
             return None
         try:
             if env.mode == MODE_VALUE:
@@ -304,7 +304,7 @@ class EncryptRunner(HostRunner):
                                                          found.group, found.group_count)
             else:
                 section, fates, _n = batch_seal.open_fields(records, count, raw, prefix,
-                                                            headers[:3])
+                                                            headers[:-1])
         except batch_seal.Tampered:
             return None
         return NativeOutput(fates, section, {}, {"decrypted": fates.count(1)})

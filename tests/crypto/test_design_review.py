@@ -45,6 +45,7 @@ from sluice.filters.config import FilterSpec, load_filter_specs
 from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import CORRUPT_MESSAGE, filter_fetch, filter_produce
 from sluice.filters.yaml_lines import ConfigError
+from tests.crypto.layout_edit import edit_envelope, wrapped_dek
 from tests.harness.moto import AWS_ENV, MotoServer
 
 KAFKA_STORAGE_ERROR = 56
@@ -164,7 +165,7 @@ def test_a_record_naming_another_kek_is_not_opened(kms: KmsSettings) -> None:
     ])
     theirs = bytes(produce(chain, "u", batch([(b"k", b"secret of u", [])])).records)
     [rec] = records_of(theirs)
-    rec.headers = [(n, b"2;value;enc" if n == "sluice.enc" else v) for n, v in rec.headers]
+    rec.headers = edit_envelope(rec.headers, filter_name="enc")
     out = fetch(chain, "t", rebuild([rec]), "User:r")
     assert out.error_code == 0 and b"secret of u" not in bytes(out.records)
     assert counts(out) == {"foreign": 1}
@@ -433,8 +434,7 @@ def test_data_key_max_records_holds_within_one_batch(kms: KmsSettings) -> None:
     stored = bytes(produce(chain, "t", produced).records)
     per_key: dict[bytes, int] = {}
     for rec in records_of(stored):
-        dek = dict(rec.headers)["sluice.enc.dek"]
-        assert dek is not None
+        dek = wrapped_dek(rec.headers)
         per_key[dek] = per_key.get(dek, 0) + 1
     assert sorted(per_key.values()) == [50, 100, 100]
     assert bytes(fetch(chain, "t", stored, "User:r").records) == produced
@@ -445,7 +445,7 @@ def test_fields_mode_splits_by_record_within_the_bound(kms: KmsSettings) -> None
                                          decrypt_for=["User:r"], data_key_max_records=3)])
     docs = [b'{"a": 1, "b": 2}', b'{"a": 3, "b": 4}', b'{"a": 5}']
     stored = bytes(produce(chain, "t", batch([(None, d, []) for d in docs])).records)
-    deks = [dict(r.headers)["sluice.enc.dek"] for r in records_of(stored)]
+    deks = [wrapped_dek(r.headers) for r in records_of(stored)]
     assert deks[0] != deks[1] and deks[1] == deks[2]  # 2 + 2 > 3: a new key; 2 + 1 fits
 
 

@@ -24,6 +24,7 @@ from sluice.filters.pipeline import (
     filter_produce,
 )
 from sluice.filters.yaml_lines import ConfigError
+from tests.crypto.layout_edit import edit_envelope, wrapped_dek
 
 KAFKA_STORAGE_ERROR = 56
 TOPIC = "payments.eu"
@@ -154,14 +155,12 @@ def test_tampered_record_fails_the_partition(kms: KmsSettings, where: str) -> No
     if where == "value":
         victim.value = victim.value[:-1] + bytes([victim.value[-1] ^ 1])
     elif where == "header":
-        at = [h[0] for h in victim.headers].index("sluice.enc.key")
-        victim.headers[at] = ("sluice.enc.key", b"payments;2")
+        victim.headers = edit_envelope(victim.headers, key_version="2")
     elif where == "key":
         victim.key = b"key-0"
     else:
-        at = [h[0] for h in victim.headers].index("sluice.enc.dek")
-        name, dek = victim.headers[at]
-        victim.headers[at] = (name, dek[:-1] + bytes([dek[-1] ^ 1]))
+        dek = wrapped_dek(victim.headers)
+        victim.headers = edit_envelope(victim.headers, wrapped_dek=dek[:-1] + bytes([dek[-1] ^ 1]))
     header = BatchHeader(100, 0, 0, 2, 0, 0, 2, 0, 2, -1, -1, -1, 3)
     edited = build_batch(header, recs)
     out = fetch(chain, edited, BILLING)
@@ -267,7 +266,7 @@ def test_data_key_rotates_between_batches(kms: KmsSettings) -> None:
     for _ in range(3):
         stored = bytes(produce(chain, batch(list(values(250)))).records)
         recs = records_of(stored)
-        batch_deks = {dict(r.headers)["sluice.enc.dek"] for r in recs}
+        batch_deks = {wrapped_dek(r.headers) for r in recs}
         assert len(batch_deks) == 1  # one data key per batch
         deks |= batch_deks
     assert len(deks) == 3  # 250 + 250 > 300: every batch needed a fresh key

@@ -21,6 +21,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AclOperation, AdminClient, NewTopic, ResourceType
 
+from tests.crypto.layout_edit import wrapped_dek
 from tests.e2e.clients import QUIET, unique
 from tests.harness.broker import TansuBroker
 from tests.harness.kafka_admin import KafkaAdmin
@@ -370,7 +371,7 @@ def test_anonymous_and_the_per_key_bound_on_a_plain_broker(broker: TansuBroker,
     assert all(b"secret" not in (v or b"") for _k, v, _h in got)  # withheld: ciphertext
     per_key: dict[bytes, int] = {}
     for _k, _v, headers in got:
-        dek = dict(headers)["sluice.enc.dek"]
+        dek = wrapped_dek(headers)
         per_key[dek] = per_key.get(dek, 0) + 1
     assert max(per_key.values()) <= 100
 
