@@ -56,6 +56,27 @@ static int nrules;
  * does not mention any of those names cannot change and is kept without being parsed. */
 static int skip_unmentioned;
 
+/* Short copies as loads and stores: memcpy compiles to memory.copy, which the runtime runs
+ * as a call that costs more than copying the few dozen bytes of a name or a field. */
+static void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
+    if (n >= 256) {
+        memcpy(d, s, (size_t)n);
+        return;
+    }
+    for (; n >= 8; d += 8, s += 8, n -= 8) {
+        uint64_t w;
+        __builtin_memcpy(&w, s, 8);
+        __builtin_memcpy(d, &w, 8);
+    }
+    for (; n > 0; n--) *d++ = *s++;
+}
+
+static void put_bytes(sluice_buf *b, const uint8_t *p, int32_t n) {
+    if (n <= 0 || !sluice_buf_reserve(b, (uint32_t)n)) return;
+    copy_bytes(b->ptr + b->len, p, n);
+    b->len += (uint32_t)n;
+}
+
 /* ---------------------------------------------------------------- SHA-256 (FIPS 180-4) */
 
 static const uint32_t K[64] = {
@@ -116,7 +137,7 @@ static void sha_update(sha256 *s, const uint8_t *p, int32_t n) {
             continue;
         }
         uint32_t take = 64 - s->fill < (uint32_t)n ? 64 - s->fill : (uint32_t)n;
-        memcpy(s->block + s->fill, p, take);
+        copy_bytes(s->block + s->fill, p, (int32_t)take);
         s->fill += take;
         p += take;
         n -= (int32_t)take;
@@ -154,7 +175,7 @@ static void put_string(sluice_buf *b, sluice_bytes s) {
     for (int32_t i = 0; i < s.len; i++) {
         uint8_t c = s.ptr[i];
         if (c >= 0x20 && c != '"' && c != '\\') continue;
-        sluice_buf_put(b, s.ptr + run, (uint32_t)(i - run));
+        put_bytes(b, s.ptr + run, i - run);
         run = i + 1;
         sluice_buf_putc(b, '\\');
         switch (c) {
@@ -171,7 +192,7 @@ static void put_string(sluice_buf *b, sluice_bytes s) {
             sluice_buf_putc(b, (uint8_t)hex[c & 15]);
         }
     }
-    sluice_buf_put(b, s.ptr + run, (uint32_t)(s.len - run));
+    put_bytes(b, s.ptr + run, s.len - run);
     sluice_buf_putc(b, '"');
 }
 
@@ -188,7 +209,7 @@ static void put_minified(sluice_buf *b, sluice_bytes s) {
         } else if (c != '"') {
             const uint8_t *q = p + 1;
             while (q < e && *q != '"' && *q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') q++;
-            sluice_buf_put(b, p, (uint32_t)(q - p));
+            put_bytes(b, p, (int32_t)(q - p));
             p = q;
         } else {
             sl__jp j = {p, e, NULL, 0};
@@ -220,10 +241,19 @@ static void put_json(sluice_buf *b, const sluice_json *n) {
         sluice_buf_putc(b, object ? '}' : ']');
         break;
     }
-    case SLUICE_JSON_STRING: put_string(b, n->str); break;
-    case J_RAW_COMPACT: sluice_buf_put(b, n->str.ptr, (uint32_t)n->str.len); break;
+    case SLUICE_JSON_STRING:
+        if (n->count != 1) {
+            put_string(b, n->str);
+        } else if (sluice_buf_reserve(b, (uint32_t)n->str.len + 2u)) {
+            b->ptr[b->len++] = '"';
+            copy_bytes(b->ptr + b->len, n->str.ptr, n->str.len);
+            b->len += (uint32_t)n->str.len;
+            b->ptr[b->len++] = '"';
+        }
+        break;
+    case J_RAW_COMPACT: put_bytes(b, n->str.ptr, n->str.len); break;
     case J_RAW: put_minified(b, n->str); break;
-    case SLUICE_JSON_NUMBER: sluice_buf_put(b, n->str.ptr, (uint32_t)n->str.len); break;
+    case SLUICE_JSON_NUMBER: put_bytes(b, n->str.ptr, n->str.len); break;
     case SLUICE_JSON_TRUE: sluice_buf_puts(b, "true"); break;
     case SLUICE_JSON_FALSE: sluice_buf_puts(b, "false"); break;
     default: sluice_buf_puts(b, "null"); break;
@@ -430,7 +460,11 @@ static sluice_json *parse_value(sl__jp *j, int build) {
             j->error = "out of memory";
             return NULL;
         }
-        return read_string(j, &n->str) ? n : NULL;
+        const uint8_t *start = j->p;
+        if (!read_string(j, &n->str)) return NULL;
+        /* count 1: the text came from the source unescaped, so it needs no escaping */
+        n->count = n->str.ptr == start + 1;
+        return n;
     }
     /* an object */
     if (++j->depth > SLUICE_JSON_MAX_DEPTH) {
@@ -655,7 +689,7 @@ static int apply(const rule *r, sluice_json *doc) {
         m->type = SLUICE_JSON_STRING;
         m->str = sluice_bytes_of(hex, 64);
         m->child = NULL;
-        m->count = 0;
+        m->count = 1; /* lowercase hex: nothing to escape */
         sluice_count("hashed", 1);
         return 1;
     }
@@ -670,6 +704,11 @@ static int apply(const rule *r, sluice_json *doc) {
     }
 }
 
+/* The last segments of the rules' tested fields: the names a value must mention to change. */
+static sluice_bytes tested[MAX_RULES];
+static int ntested;
+static int tested_quote; /* a tested name holds a quote: look for it byte by byte */
+
 /* Whether `name` occurs in `v` as a quoted string ("name"). */
 static int mentions(sluice_bytes v, sluice_bytes name) {
     for (int32_t i = 0; i + name.len + 1 < v.len; i++) {
@@ -680,17 +719,27 @@ static int mentions(sluice_bytes v, sluice_bytes name) {
 }
 
 /* A value that no rule can change: names in JSON appear as they are unless escaped, so with
- * no backslash in the text, a name it does not contain in quotes is not a member of it. */
+ * no backslash in the text, a name it does not contain in quotes is not a member of it. One
+ * pass: a name without a quote in it can only sit between two consecutive quotes. */
 static int unmentioned(sluice_bytes v) {
     if (!skip_unmentioned) return 0;
-    for (int32_t i = 0; i < v.len; i++)
-        if (v.ptr[i] == '\\') return 0;
-    for (int r = 0; r < nrules; r++) {
-        sluice_bytes f = rules[r].when_field;
-        int32_t dot = f.len - 1;
-        while (dot >= 0 && f.ptr[dot] != '.') dot--;
-        if (mentions(v, sluice_bytes_of(f.ptr + dot + 1, (size_t)(f.len - dot - 1)))) return 0;
+    const uint8_t *p = v.ptr, *e = v.ptr + v.len, *open = NULL;
+    for (; p < e; p++) {
+        uint8_t c = *p;
+        if (c != '"') {
+            if (c == '\\') return 0;
+            continue;
+        }
+        if (open != NULL) {
+            int32_t len = (int32_t)(p - open - 1);
+            for (int t = 0; t < ntested; t++)
+                if (tested[t].len == len && memcmp(tested[t].ptr, open + 1, (size_t)len) == 0) return 0;
+        }
+        open = p;
     }
+    if (tested_quote)
+        for (int t = 0; t < ntested; t++)
+            if (mentions(v, tested[t])) return 0;
     return 1;
 }
 
@@ -875,6 +924,15 @@ int sluice_on_config(const sluice_json *config) {
         add_path_names(rules[r].field);
         add_path_names(rules[r].when_field);
         if (rules[r].action == A_RENAME) add_path_names(rules[r].to);
+    }
+    ntested = 0;
+    tested_quote = 0;
+    for (int r = 0; r < nrules; r++) {
+        sluice_bytes f = rules[r].when_field;
+        int32_t dot = f.len - 1;
+        while (dot >= 0 && f.ptr[dot] != '.') dot--;
+        tested[ntested++] = sluice_bytes_of(f.ptr + dot + 1, (size_t)(f.len - dot - 1));
+        for (int32_t i = dot + 1; i < f.len; i++) tested_quote |= f.ptr[i] == '"';
     }
     skip_unmentioned = 1;
     for (int r = 0; r < nrules; r++)
