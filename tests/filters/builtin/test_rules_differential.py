@@ -1,9 +1,9 @@
 """builtin:rules against the module it replaced: the same decisions, values and counters.
 
-`data/rules-tree-reference.wasm` is `builtin:rules` as it was before it parsed only what its
-rules touch (built from filters/src/rules/filter.c at that commit: every value parsed into a
-full tree by the SDK's parser and written back from it). The shipped module must answer every
-batch exactly as that one does, for generated rules and generated values: valid JSON with any
+`data/rules-tree-reference.wasm` is filters/builtin/rules.wasm as committed at bdb17db, before
+the module parsed only what its rules touch (every value parsed into a full tree by the SDK's
+parser and written back from it). The shipped module must answer every batch exactly as that
+one does, for generated rules and generated values: valid JSON with any
 spacing, escapes, nesting, duplicate members and arrays, and broken JSON.
 """
 
