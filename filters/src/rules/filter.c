@@ -56,8 +56,8 @@ static int nrules;
  * does not mention any of those names cannot change and is kept without being parsed. */
 static int skip_unmentioned;
 
-/* Short copies as loads and stores: memcpy compiles to memory.copy, which the runtime runs
- * as a call that costs more than copying the few dozen bytes of a name or a field. */
+/* Short copies as loads and stores: memcpy compiles to memory.copy, which wasmtime runs as a
+ * call into the runtime, a fixed cost that weighs on the few dozen bytes of a name or field. */
 static void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
     if (n >= 256) {
         memcpy(d, s, (size_t)n);
