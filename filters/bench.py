@@ -6,8 +6,9 @@ batch of 100 against one call per record, how fast the epoch deadline stops an i
 and compiling a module against deserializing its cached artifact (the guest modules are small
 WAT texts below); and ``languages``: the shipped ``upper`` example built with each SDK (C, Zig,
 Rust, AssemblyScript, Go, JavaScript: ``filters/examples/upper*``) side by side, through the
-decoding path (``run_batch``) and the native path the proxy takes (``filter_produce``). Prints
-one JSON object; ``--only languages`` runs that part alone.
+decoding path (``run_batch``) and the native path the proxy takes (``filter_produce``);
+``builtins``: ``builtin:rules`` against ``builtin:pii-mask`` on the same batch. Prints one JSON
+object; ``--only languages`` or ``--only builtins`` runs that part alone.
 """
 
 from __future__ import annotations
@@ -290,6 +291,62 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
     return out
 
 
+# builtin:rules as docs/WRITING_FILTERS.md measures it: four rules (remove, hash, truncate, a
+# drop condition) that rewrite every record of the bench batch.
+BENCH_RULES: list[dict[str, Any]] = [
+    {"field": "amount", "action": "remove"},
+    {"field": "email", "action": "hash", "salt": "pepper"},
+    {"field": "note", "action": "truncate", "length": 40},
+    {"field": "user_id", "action": "drop", "when": {"equals": -1}},
+]
+
+
+def bench_builtins(seconds: float, tmp: Path) -> dict[str, Any]:
+    """records/s of `builtin:rules` (BENCH_RULES) and `builtin:pii-mask` (defaults) on the same
+    batch of 100 x 200-byte JSON records, taking turns: the native call alone (`run_native`)
+    and the whole native path (`filter_produce`), and rules as a fraction of pii-mask."""
+    from sluice.codec.records import BatchHeader, Record, build_batch
+    from sluice.filters.chain import FilterChain
+    from sluice.filters.pipeline import filter_produce
+
+    batch = [_record(i) for i in range(100)]
+    raw = build_batch(BatchHeader(0, 0, -1, 2, 0, 0, 99, 1_700_000_000_000, 1_700_000_000_000,
+                                  -1, -1, -1, 100),
+                      [Record(i, 0, r.key, r.value, r.headers) for i, r in enumerate(batch)])
+    section = raw[61:]
+    ctx = RecordContext("bench", 0, "produce", "bench", None)
+    cache = ModuleCache(default_engine(), tmp / "cache-builtins")
+    configs: dict[str, dict[str, Any]] = {"rules": {"rules": BENCH_RULES}, "pii-mask": {}}
+    calls: dict[str, Callable[[], int]] = {}
+    paths: dict[str, Callable[[], int]] = {}
+    opened: list[Any] = []
+    for name, config in configs.items():
+        spec = FilterSpec(name=name, module=f"builtin:{name}", config=config,
+                          apply_to=frozenset({"produce"}))
+        f = load_filter(spec, cache=cache)
+        chain = FilterChain.from_specs([spec], cache=cache)
+        opened += [f, chain]
+        if filter_produce(chain, ctx, raw).changed is False:
+            raise RuntimeError(f"builtin:{name} changed nothing: the bench would not measure it")
+
+        def call(f: LoadedFilter = f) -> int:
+            return 100 if f.run_native(ctx, section, 100) is not None else 0
+
+        def path(chain: Any = chain) -> int:
+            return 100 if filter_produce(chain, ctx, raw).changed else 0
+
+        calls[name], paths[name] = call, path
+    out: dict[str, Any] = {name: {} for name in configs}
+    for key, fns in (("native_call_records_per_s", calls), ("native_path_records_per_s", paths)):
+        for name, rate in _interleaved(fns, seconds).items():
+            out[name][key] = rate
+        out["rules"][key.replace("records_per_s", "vs_pii_mask")] = round(
+            out["rules"][key] / out["pii-mask"][key], 3)
+    for thing in opened:
+        thing.close()
+    return out
+
+
 def bench_epoch(runs: int) -> dict[str, Any]:
     engine = default_engine()
     module = wasmtime.Module(engine.engine, _KEEP_WAT)
@@ -334,9 +391,10 @@ def bench_compile(tmp: Path, runs: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
-    parser.add_argument("--only", choices=("languages",),
+    parser.add_argument("--only", choices=("languages", "builtins"),
                         help="run one part: languages = upper in C, Zig, Rust, AssemblyScript, "
-                             "Go, JavaScript")
+                             "Go, JavaScript; builtins = builtin:rules against "
+                             "builtin:pii-mask")
     args = parser.parse_args(argv)
     seconds = 0.05 if args.quick else 1.0
     runs = 2 if args.quick else 7
@@ -349,7 +407,10 @@ def main(argv: list[str] | None = None) -> int:
             report["pipeline"] = bench_pipeline(seconds, tmp)
             report["epoch"] = bench_epoch(runs)
             report["compile"] = bench_compile(tmp, runs)
-        report["languages"] = bench_languages(seconds, tmp)
+        if args.only in (None, "builtins"):
+            report["builtins"] = bench_builtins(seconds, tmp)
+        if args.only in (None, "languages"):
+            report["languages"] = bench_languages(seconds, tmp)
     print(json.dumps(report, indent=2))
     return 0
 

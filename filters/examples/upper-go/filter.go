@@ -19,10 +19,9 @@ func (upper) OnRecord(rec *sluice.Record) (sluice.Decision, error) {
 		return sluice.KeepRecord(), nil // null, empty or nothing to change
 	}
 	out := sluice.Alloc(len(v)) // valid until the batch is answered, like C's sluice_malloc
-	copy(out, v[:first])
-	for i := first; i < len(v); i++ {
-		c := v[i]
-		if c >= 'a' && c <= 'z' {
+	out = out[:len(v)]          // the same length as v: no bounds check per byte below
+	for i, c := range v {
+		if c-'a' < 26 { // a-z (the subtraction wraps below 'a')
 			c -= 'a' - 'A'
 		}
 		out[i] = c

@@ -275,6 +275,14 @@ func wvar(out []byte, v int64) []byte {
 	return append(out, byte(z))
 }
 
+// wvarSmall is wvar with the one-byte case (most record fields) inlined at the call.
+func wvarSmall(out []byte, v int64) []byte {
+	if v >= -64 && v < 64 {
+		return append(out, byte(zigzag(v)))
+	}
+	return wvar(out, v)
+}
+
 func vblen(b []byte) int {
 	if b == nil {
 		return 1
@@ -397,6 +405,7 @@ type native struct {
 	attributes     byte
 	timestampDelta int64
 	offsetDelta    int32
+	body           int // a rewrite's record size (without its length prefix)
 	d              Decision
 }
 
@@ -433,6 +442,7 @@ func filterRecords(ptr, size int32) int64 {
 	if cap(natives) < int(count) {
 		natives = make([]native, 0, count)
 	}
+	natives = natives[:0]
 	recs := natives[:0]
 	// The previous batch's decisions must not keep its values alive.
 	defer clear(natives[:cap(natives)])
@@ -446,7 +456,10 @@ func filterRecords(ptr, size int32) int64 {
 		}
 		body := reader{buf: in[r.pos : r.pos+int(n)], ok: true}
 		r.pos += int(n)
-		nat := native{raw: in[start:r.pos]}
+		// Filled in place: building a native and appending it would copy it once more.
+		recs = recs[:i+1]
+		nat := &recs[i]
+		nat.raw = in[start:r.pos]
 		nat.attributes = body.u8()
 		nat.timestampDelta = body.varlong()
 		nat.offsetDelta = body.varint()
@@ -484,7 +497,8 @@ func filterRecords(ptr, size int32) int64 {
 		case Keep:
 			recordsSize += len(nat.raw)
 		case Rewrite:
-			b := rewriteBody(&nat)
+			b := rewriteBody(nat)
+			nat.body = b
 			recordsSize += vsize(int64(b)) + b
 			changed++
 		case Drop:
@@ -495,7 +509,6 @@ func filterRecords(ptr, size int32) int64 {
 		default:
 			return fail("filter returned an unknown action")
 		}
-		recs = append(recs, nat)
 	}
 	natives = recs
 	if r.left() != 0 {
@@ -522,13 +535,13 @@ func filterRecords(ptr, size int32) int64 {
 			case Keep:
 				o = append(o, n.raw...)
 			case Rewrite:
-				o = wvar(o, int64(rewriteBody(n)))
+				o = wvar(o, int64(n.body))
 				o = append(o, n.attributes)
-				o = wvar(o, n.timestampDelta)
-				o = wvar(o, int64(n.offsetDelta))
+				o = wvarSmall(o, n.timestampDelta)
+				o = wvarSmall(o, int64(n.offsetDelta))
 				o = wvbytes(o, n.d.Key)
 				o = wvbytes(o, n.d.Value)
-				o = wvar(o, int64(len(n.d.Headers)))
+				o = wvarSmall(o, int64(len(n.d.Headers)))
 				for _, h := range n.d.Headers {
 					o = wvar(o, int64(len(h.Key)))
 					o = append(o, h.Key...)

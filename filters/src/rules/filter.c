@@ -31,6 +31,10 @@
 #define MAX_RULES 64
 
 enum { A_SET, A_REMOVE, A_RENAME, A_HASH, A_TRUNCATE, A_DROP };
+/* Node types beside the SDK's: a value kept as its source text (see parse_value). */
+#define J_RAW 0x40         /* source text that needs minifying when written */
+#define J_RAW_COMPACT 0x41 /* source text that is already compact JSON */
+
 enum { W_DEFAULT, W_EXISTS, W_MISSING, W_EQUALS, W_PREFIX, W_CONTAINS };
 
 typedef struct {
@@ -51,6 +55,27 @@ static int nrules;
 /* Set when every rule needs a field to be present (no `set`, no `exists: false`): a value that
  * does not mention any of those names cannot change and is kept without being parsed. */
 static int skip_unmentioned;
+
+/* Short copies as loads and stores: memcpy compiles to memory.copy, which wasmtime runs as a
+ * call into the runtime, a fixed cost that weighs on the few dozen bytes of a name or field. */
+static void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
+    if (n >= 256) {
+        memcpy(d, s, (size_t)n);
+        return;
+    }
+    for (; n >= 8; d += 8, s += 8, n -= 8) {
+        uint64_t w;
+        __builtin_memcpy(&w, s, 8);
+        __builtin_memcpy(d, &w, 8);
+    }
+    for (; n > 0; n--) *d++ = *s++;
+}
+
+static void put_bytes(sluice_buf *b, const uint8_t *p, int32_t n) {
+    if (n <= 0 || !sluice_buf_reserve(b, (uint32_t)n)) return;
+    copy_bytes(b->ptr + b->len, p, n);
+    b->len += (uint32_t)n;
+}
 
 /* ---------------------------------------------------------------- SHA-256 (FIPS 180-4) */
 
@@ -112,7 +137,7 @@ static void sha_update(sha256 *s, const uint8_t *p, int32_t n) {
             continue;
         }
         uint32_t take = 64 - s->fill < (uint32_t)n ? 64 - s->fill : (uint32_t)n;
-        memcpy(s->block + s->fill, p, take);
+        copy_bytes(s->block + s->fill, p, (int32_t)take);
         s->fill += take;
         p += take;
         n -= (int32_t)take;
@@ -150,7 +175,7 @@ static void put_string(sluice_buf *b, sluice_bytes s) {
     for (int32_t i = 0; i < s.len; i++) {
         uint8_t c = s.ptr[i];
         if (c >= 0x20 && c != '"' && c != '\\') continue;
-        sluice_buf_put(b, s.ptr + run, (uint32_t)(i - run));
+        put_bytes(b, s.ptr + run, i - run);
         run = i + 1;
         sluice_buf_putc(b, '\\');
         switch (c) {
@@ -167,8 +192,36 @@ static void put_string(sluice_buf *b, sluice_bytes s) {
             sluice_buf_putc(b, (uint8_t)hex[c & 15]);
         }
     }
-    sluice_buf_put(b, s.ptr + run, (uint32_t)(s.len - run));
+    put_bytes(b, s.ptr + run, s.len - run);
     sluice_buf_putc(b, '"');
+}
+
+static int read_string(sl__jp *j, sluice_bytes *out);
+
+/* The compact JSON of valid JSON text `s`: whitespace between tokens left out, strings written
+ * as put_string writes them, numbers and literals as they are (what put_json writes for it). */
+static void put_minified(sluice_buf *b, sluice_bytes s) {
+    const uint8_t *p = s.ptr, *e = s.ptr + s.len;
+    while (p < e) {
+        uint8_t c = *p;
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            p++;
+        } else if (c != '"') {
+            const uint8_t *q = p + 1;
+            while (q < e && *q != '"' && *q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') q++;
+            put_bytes(b, p, (int32_t)(q - p));
+            p = q;
+        } else {
+            sl__jp j = {p, e, NULL, 0};
+            sluice_bytes text;
+            if (!read_string(&j, &text)) {
+                b->failed = 1;
+                return;
+            }
+            put_string(b, text);
+            p = j.p;
+        }
+    }
 }
 
 static void put_json(sluice_buf *b, const sluice_json *n) {
@@ -188,12 +241,304 @@ static void put_json(sluice_buf *b, const sluice_json *n) {
         sluice_buf_putc(b, object ? '}' : ']');
         break;
     }
-    case SLUICE_JSON_STRING: put_string(b, n->str); break;
-    case SLUICE_JSON_NUMBER: sluice_buf_put(b, n->str.ptr, (uint32_t)n->str.len); break;
+    case SLUICE_JSON_STRING:
+        if (n->count != 1) {
+            put_string(b, n->str);
+        } else if (sluice_buf_reserve(b, (uint32_t)n->str.len + 2u)) {
+            b->ptr[b->len++] = '"';
+            copy_bytes(b->ptr + b->len, n->str.ptr, n->str.len);
+            b->len += (uint32_t)n->str.len;
+            b->ptr[b->len++] = '"';
+        }
+        break;
+    case J_RAW_COMPACT: put_bytes(b, n->str.ptr, n->str.len); break;
+    case J_RAW: put_minified(b, n->str); break;
+    case SLUICE_JSON_NUMBER: put_bytes(b, n->str.ptr, n->str.len); break;
     case SLUICE_JSON_TRUE: sluice_buf_puts(b, "true"); break;
     case SLUICE_JSON_FALSE: sluice_buf_puts(b, "false"); break;
     default: sluice_buf_puts(b, "null"); break;
     }
+}
+
+/* ---------------------------------------------------------------- parsing only what rules touch */
+
+/* A record's value is parsed in one pass that validates all of it (a value that is not valid
+ * JSON is kept and counted, as before) but builds nodes only where a rule can look: the
+ * members whose names are a segment of some rule's field, `when.field` or `to`, and the
+ * objects under them. Every other value (and every array: paths walk objects only) becomes one
+ * J_RAW node that points at its source text; strings without escapes point into the value
+ * instead of being decoded. The writer copies a J_RAW node's text as it is when it is already
+ * compact (J_RAW_COMPACT), so an unchanged member costs a scan, not a tree and a re-encoding. */
+
+#define MAX_NAMES 256
+static sluice_bytes names[MAX_NAMES];
+static int nnames;
+static int all_names; /* more names than fit: build every member */
+
+static void add_path_names(sluice_bytes path) {
+    int32_t start = 0;
+    for (int32_t i = 0; i <= path.len; i++) {
+        if (i < path.len && path.ptr[i] != '.') continue;
+        sluice_bytes seg = sluice_bytes_of(path.ptr + start, (size_t)(i - start));
+        start = i + 1;
+        int known = 0;
+        for (int k = 0; k < nnames && !known; k++) known = sluice_eq(names[k], seg);
+        if (known) continue;
+        if (nnames == MAX_NAMES) all_names = 1;
+        else names[nnames++] = seg;
+    }
+}
+
+static int named(sluice_bytes key) {
+    if (all_names) return 1;
+    for (int k = 0; k < nnames; k++)
+        if (names[k].len == key.len && memcmp(names[k].ptr, key.ptr, (size_t)key.len) == 0) return 1;
+    return 0;
+}
+
+/* The string at j->p (its opening quote), checked as the SDK's parser checks it. Returns 1 and
+ * sets *plain when it holds no escape (its text is the bytes between the quotes); an escape or
+ * anything unusual goes to the SDK's own string parser, so the verdict is always the same. */
+static int scan_string(sl__jp *j, int *plain) {
+    const uint8_t *p = j->p + 1, *e = j->end;
+    for (;;) {
+        while (p < e && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
+        if (p >= e) break;
+        if (*p == '"') {
+            j->p = p + 1;
+            *plain = 1;
+            return 1;
+        }
+        if (*p < 0x80) break; /* an escape or a control character */
+        int n = sluice_utf8_len(p, e);
+        if (n == 0) break;
+        p += n;
+    }
+    *plain = 0;
+    return sl__jstring(j, NULL);
+}
+
+/* The text of the string at j->p: the source bytes when there is no escape, else decoded. */
+static int read_string(sl__jp *j, sluice_bytes *out) {
+    const uint8_t *start = j->p;
+    int plain;
+    if (!scan_string(j, &plain)) return 0;
+    if (plain) {
+        *out = sluice_bytes_of(start + 1, (size_t)(j->p - start - 2));
+        return 1;
+    }
+    sluice_buf b;
+    sluice_buf_init(&b, 16);
+    j->p = start;
+    if (!sl__jstring(j, &b)) return 0;
+    if (b.failed) {
+        j->error = "out of memory";
+        return 0;
+    }
+    *out = sluice_buf_bytes(&b);
+    return 1;
+}
+
+/* Whitespace, noting in *compact that there was some. */
+static void skip_ws(sl__jp *j, int *compact) {
+    const uint8_t *p = j->p;
+    sl__ws(j);
+    if (j->p != p) *compact = 0;
+}
+
+/* Checks the value at j->p without building anything; *compact = 0 when its text has
+ * whitespace or an escape (its compact JSON differs from it). */
+static int skip_value(sl__jp *j, int *compact) {
+    if (j->p >= j->end) {
+        j->error = "unexpected end of input";
+        return 0;
+    }
+    uint8_t c = *j->p;
+    if (c == '"') {
+        int plain;
+        if (!scan_string(j, &plain)) return 0;
+        if (!plain) *compact = 0;
+        return 1;
+    }
+    if (c == '{' || c == '[') {
+        if (++j->depth > SLUICE_JSON_MAX_DEPTH) {
+            j->error = "nesting too deep";
+            return 0;
+        }
+        uint8_t close = c == '{' ? '}' : ']';
+        j->p++;
+        skip_ws(j, compact);
+        if (j->p < j->end && *j->p == close) {
+            j->p++;
+            j->depth--;
+            return 1;
+        }
+        for (;;) {
+            skip_ws(j, compact);
+            if (c == '{') {
+                int plain;
+                if (j->p >= j->end || *j->p != '"') {
+                    j->error = "expected member name";
+                    return 0;
+                }
+                if (!scan_string(j, &plain)) return 0;
+                if (!plain) *compact = 0;
+                skip_ws(j, compact);
+                if (j->p >= j->end || *j->p != ':') {
+                    j->error = "expected ':'";
+                    return 0;
+                }
+                j->p++;
+                skip_ws(j, compact);
+            }
+            if (!skip_value(j, compact)) return 0;
+            skip_ws(j, compact);
+            if (j->p >= j->end) {
+                j->error = "unexpected end of input";
+                return 0;
+            }
+            if (*j->p == ',') {
+                j->p++;
+                continue;
+            }
+            if (*j->p == close) {
+                j->p++;
+                break;
+            }
+            j->error = "expected ',' or a closing bracket";
+            return 0;
+        }
+        j->depth--;
+        return 1;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return sl__jnumber(j);
+    if (c == 't') return sl__jlit(j, "true");
+    if (c == 'f') return sl__jlit(j, "false");
+    if (c == 'n') return sl__jlit(j, "null");
+    j->error = "unexpected character";
+    return 0;
+}
+
+static sluice_json *new_node(uint8_t type) {
+    sluice_json *n = (sluice_json *)sluice_malloc(sizeof(sluice_json));
+    if (n == NULL) return NULL;
+    n->type = type;
+    n->key = sluice_null();
+    n->str = sluice_null();
+    n->count = 0;
+    n->child = NULL;
+    n->next = NULL;
+    return n;
+}
+
+/* The value at j->p (whitespace skipped) as a node: objects and the scalars a rule may test
+ * are built when `build`, everything else is one J_RAW node. NULL when invalid or out of
+ * memory (j->error says which). */
+static sluice_json *parse_value(sl__jp *j, int build) {
+    uint8_t c = *j->p;
+    if (!build || c == '[' || (c != '{' && c != '"')) {
+        const uint8_t *start = j->p;
+        int compact = 1;
+        if (!skip_value(j, &compact)) return NULL;
+        if (!build || c == '[') {
+            sluice_json *n = new_node(compact ? J_RAW_COMPACT : J_RAW);
+            if (n == NULL) j->error = "out of memory";
+            else n->str = sluice_bytes_of(start, (size_t)(j->p - start));
+            return n;
+        }
+        /* a number or a literal a rule may compare */
+        uint8_t type = c == 't' ? SLUICE_JSON_TRUE : c == 'f' ? SLUICE_JSON_FALSE
+                     : c == 'n' ? SLUICE_JSON_NULL : SLUICE_JSON_NUMBER;
+        sluice_json *n = new_node(type);
+        if (n == NULL) j->error = "out of memory";
+        else if (type == SLUICE_JSON_NUMBER) n->str = sluice_bytes_of(start, (size_t)(j->p - start));
+        return n;
+    }
+    if (c == '"') {
+        sluice_json *n = new_node(SLUICE_JSON_STRING);
+        if (n == NULL) {
+            j->error = "out of memory";
+            return NULL;
+        }
+        const uint8_t *start = j->p;
+        if (!read_string(j, &n->str)) return NULL;
+        /* count 1: the text came from the source unescaped, so it needs no escaping */
+        n->count = n->str.ptr == start + 1;
+        return n;
+    }
+    /* an object */
+    if (++j->depth > SLUICE_JSON_MAX_DEPTH) {
+        j->error = "nesting too deep";
+        return NULL;
+    }
+    sluice_json *node = new_node(SLUICE_JSON_OBJECT);
+    if (node == NULL) {
+        j->error = "out of memory";
+        return NULL;
+    }
+    j->p++;
+    sl__ws(j);
+    if (j->p < j->end && *j->p == '}') {
+        j->p++;
+        j->depth--;
+        return node;
+    }
+    sluice_json **link = &node->child;
+    for (;;) {
+        sl__ws(j);
+        sluice_bytes key;
+        if (j->p >= j->end || *j->p != '"') {
+            j->error = "expected member name";
+            return NULL;
+        }
+        if (!read_string(j, &key)) return NULL;
+        sl__ws(j);
+        if (j->p >= j->end || *j->p != ':') {
+            j->error = "expected ':'";
+            return NULL;
+        }
+        j->p++;
+        sl__ws(j);
+        if (j->p >= j->end) {
+            j->error = "unexpected end of input";
+            return NULL;
+        }
+        sluice_json *child = parse_value(j, named(key));
+        if (child == NULL) return NULL;
+        child->key = key;
+        *link = child;
+        link = &child->next;
+        node->count++;
+        sl__ws(j);
+        if (j->p >= j->end) {
+            j->error = "unexpected end of input";
+            return NULL;
+        }
+        if (*j->p == ',') {
+            j->p++;
+            continue;
+        }
+        if (*j->p == '}') {
+            j->p++;
+            break;
+        }
+        j->error = "expected ',' or '}'";
+        return NULL;
+    }
+    j->depth--;
+    return node;
+}
+
+/* A record's value as a tree of what the rules can touch; NULL unless it is one valid JSON
+ * text (the same verdict as sluice_json_parse). */
+static sluice_json *parse_doc(sluice_bytes data) {
+    sl__jp j = {data.ptr, data.ptr + data.len, NULL, 0};
+    sl__ws(&j);
+    if (j.p >= j.end) return NULL;
+    sluice_json *root = parse_value(&j, 1);
+    if (root == NULL) return NULL;
+    sl__ws(&j);
+    return j.p == j.end ? root : NULL;
 }
 
 /* The object that holds the last segment of `path` (walking objects only), and that segment. */
@@ -344,7 +689,7 @@ static int apply(const rule *r, sluice_json *doc) {
         m->type = SLUICE_JSON_STRING;
         m->str = sluice_bytes_of(hex, 64);
         m->child = NULL;
-        m->count = 0;
+        m->count = 1; /* lowercase hex: nothing to escape */
         sluice_count("hashed", 1);
         return 1;
     }
@@ -359,6 +704,11 @@ static int apply(const rule *r, sluice_json *doc) {
     }
 }
 
+/* The last segments of the rules' tested fields: the names a value must mention to change. */
+static sluice_bytes tested[MAX_RULES];
+static int ntested;
+static int tested_quote; /* a tested name holds a quote: look for it byte by byte */
+
 /* Whether `name` occurs in `v` as a quoted string ("name"). */
 static int mentions(sluice_bytes v, sluice_bytes name) {
     for (int32_t i = 0; i + name.len + 1 < v.len; i++) {
@@ -369,24 +719,34 @@ static int mentions(sluice_bytes v, sluice_bytes name) {
 }
 
 /* A value that no rule can change: names in JSON appear as they are unless escaped, so with
- * no backslash in the text, a name it does not contain in quotes is not a member of it. */
+ * no backslash in the text, a name it does not contain in quotes is not a member of it. One
+ * pass: a name without a quote in it can only sit between two consecutive quotes. */
 static int unmentioned(sluice_bytes v) {
     if (!skip_unmentioned) return 0;
-    for (int32_t i = 0; i < v.len; i++)
-        if (v.ptr[i] == '\\') return 0;
-    for (int r = 0; r < nrules; r++) {
-        sluice_bytes f = rules[r].when_field;
-        int32_t dot = f.len - 1;
-        while (dot >= 0 && f.ptr[dot] != '.') dot--;
-        if (mentions(v, sluice_bytes_of(f.ptr + dot + 1, (size_t)(f.len - dot - 1)))) return 0;
+    const uint8_t *p = v.ptr, *e = v.ptr + v.len, *open = NULL;
+    for (; p < e; p++) {
+        uint8_t c = *p;
+        if (c != '"') {
+            if (c == '\\') return 0;
+            continue;
+        }
+        if (open != NULL) {
+            int32_t len = (int32_t)(p - open - 1);
+            for (int t = 0; t < ntested; t++)
+                if (tested[t].len == len && memcmp(tested[t].ptr, open + 1, (size_t)len) == 0) return 0;
+        }
+        open = p;
     }
+    if (tested_quote)
+        for (int t = 0; t < ntested; t++)
+            if (mentions(v, tested[t])) return 0;
     return 1;
 }
 
 sluice_decision sluice_on_record(const sluice_record *rec) {
     if (sluice_is_null(rec->value) || nrules == 0) return sluice_keep();
     if (unmentioned(rec->value)) return sluice_keep();
-    sluice_json *doc = sluice_json_parse(rec->value, NULL);
+    sluice_json *doc = parse_doc(rec->value);
     if (doc == NULL || doc->type != SLUICE_JSON_OBJECT) {
         sluice_count("not_json_object", 1);
         return sluice_keep();
@@ -558,6 +918,22 @@ int sluice_on_config(const sluice_json *config) {
         }
     }
     nrules = i;
+    nnames = 0;
+    all_names = 0;
+    for (int r = 0; r < nrules; r++) {
+        add_path_names(rules[r].field);
+        add_path_names(rules[r].when_field);
+        if (rules[r].action == A_RENAME) add_path_names(rules[r].to);
+    }
+    ntested = 0;
+    tested_quote = 0;
+    for (int r = 0; r < nrules; r++) {
+        sluice_bytes f = rules[r].when_field;
+        int32_t dot = f.len - 1;
+        while (dot >= 0 && f.ptr[dot] != '.') dot--;
+        tested[ntested++] = sluice_bytes_of(f.ptr + dot + 1, (size_t)(f.len - dot - 1));
+        for (int32_t i = dot + 1; i < f.len; i++) tested_quote |= f.ptr[i] == '"';
+    }
     skip_unmentioned = 1;
     for (int r = 0; r < nrules; r++)
         if (rules[r].action == A_SET || rules[r].when == W_MISSING) skip_unmentioned = 0;

@@ -1,0 +1,115 @@
+"""builtin:rules against the module it replaced: the same decisions, values and counters.
+
+`data/rules-tree-reference.wasm` is filters/builtin/rules.wasm as committed at bdb17db, before
+the module parsed only what its rules touch (every value parsed into a full tree by the SDK's
+parser and written back from it). The shipped module must answer every batch exactly as that
+one does, for generated rules and generated values: valid JSON with any
+spacing, escapes, nesting, duplicate members and arrays, and broken JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import FilterRecord, RecordContext
+from sluice.filters.runtime import LoadedFilter, load_filter
+
+REFERENCE = Path(__file__).resolve().parent / "data" / "rules-tree-reference.wasm"
+CTX = RecordContext(topic="events", partition=0, direction="produce", client_id="t")
+NAMES = ["a", "b", "c", "\u00e9", "q\"", "x"]
+PATHS = ["a", "b", "c", "a.b", "a.c", "b.a", "a.b.c", "\u00e9", "x"]
+
+scalar = st.one_of(st.none(), st.booleans(), st.integers(-1000, 1000),
+                   st.floats(allow_nan=False, allow_infinity=False, width=32),
+                   st.sampled_from(["", "a", "debug", "internal", "h\u00e9llo w\u00f6rld",
+                                    "q\"b\\n\n\t\x01\x1f\u2028 \U0001f600", "a.b", "x" * 70]))
+json_value = st.recursive(
+    scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.lists(st.tuples(st.sampled_from(NAMES), inner), max_size=5)),
+    max_leaves=12)
+
+
+def _dump(value: Any, spacing: tuple[str, str], ascii_only: bool) -> str:
+    """JSON text with duplicate members kept (a list of pairs is an object)."""
+    item_sep, key_sep = spacing
+    if isinstance(value, list) and value and all(isinstance(v, tuple) for v in value):
+        return "{" + item_sep.join(json.dumps(k, ensure_ascii=ascii_only) + key_sep +
+                                   _dump(v, spacing, ascii_only) for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + item_sep.join(_dump(v, spacing, ascii_only) for v in value) + "]"
+    return json.dumps(value, ensure_ascii=ascii_only)
+
+
+@st.composite
+def record_values(draw: st.DrawFn) -> bytes | None:
+    members = draw(st.lists(st.tuples(st.sampled_from(NAMES), json_value), max_size=6))
+    spacing = draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,\n", " :\t")]))
+    text = _dump(members, spacing, draw(st.booleans())) if members else "{}"
+    text = draw(st.sampled_from(["", " ", "\n"])) + text + draw(st.sampled_from(["", " "]))
+    data = text.encode()
+    kind = draw(st.integers(0, 9))
+    if kind == 0:  # broken JSON: a byte cut off, or an invalid byte
+        cut = draw(st.integers(0, max(len(data) - 1, 0)))
+        data = data[:cut] + draw(st.sampled_from([b"", b"\xff", b"\\", b"\x01", b"]"])) + \
+            data[cut + 1:]
+    elif kind == 1:
+        return draw(st.one_of(st.none(), st.binary(max_size=12),
+                              st.sampled_from([b"[1]", b"\"a\"", b"1", b"null", b"[" * 70])))
+    return data
+
+
+@st.composite
+def rule(draw: st.DrawFn) -> dict[str, Any]:
+    action = draw(st.sampled_from(["set", "remove", "rename", "hash", "truncate", "drop"]))
+    field = draw(st.sampled_from(PATHS))
+    r: dict[str, Any] = {"field": field, "action": action}
+    if action == "set":
+        r["value"] = draw(st.one_of(scalar, st.dictionaries(st.sampled_from(NAMES), scalar,
+                                                             max_size=2)))
+    elif action == "rename":
+        parent = field.rsplit(".", 1)[0] + "." if "." in field else ""
+        r["to"] = parent + draw(st.sampled_from(NAMES))
+    elif action == "hash" and draw(st.booleans()):
+        r["salt"] = draw(st.sampled_from(["", "s3cret"]))
+    elif action == "truncate":
+        r["length"] = draw(st.integers(0, 8))
+    if draw(st.integers(0, 2)) == 0:
+        test = draw(st.sampled_from(["exists", "equals", "prefix", "contains"]))
+        when: dict[str, Any] = {
+            "exists": draw(st.booleans()), "equals": draw(scalar),
+            "prefix": draw(st.sampled_from(["", "h", "int", "q\""])),
+            "contains": draw(st.sampled_from(["", "l", "tern", "\u00e9"]))}
+        r["when"] = {test: when[test]}
+        if draw(st.booleans()):
+            r["when"]["field"] = draw(st.sampled_from(PATHS))
+    return r
+
+
+def _answer(f: LoadedFilter, values: list[bytes | None]) -> tuple[Any, ...]:
+    res = f.run_batch(CTX, [FilterRecord(i, 0, b"k", v, []) for i, v in enumerate(values)])
+    return ([(d.action, d.value, d.reason) for d in res.decisions],
+            sorted(res.detector_counts.items()))
+
+
+@pytest.mark.skipif(not REFERENCE.is_file(), reason="reference module missing")
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rules=st.lists(rule(), min_size=1, max_size=5),
+       values=st.lists(record_values(), min_size=1, max_size=8))
+def test_rules_answer_as_the_full_tree_module_did(rules: list[dict[str, Any]],
+                                                  values: list[bytes | None]) -> None:
+    config = {"rules": rules}
+    new = load_filter(FilterSpec(name="rules", module="builtin:rules", config=config))
+    old = load_filter(FilterSpec(name="old", module=str(REFERENCE), config=config))
+    try:
+        assert _answer(new, values) == _answer(old, values)
+    finally:
+        new.close()
+        old.close()
