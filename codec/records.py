@@ -32,6 +32,19 @@ from .batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits, check_count, check_
 from .compression import CODEC_NONE, CODEC_SNAPPY, compress, decompress, is_xerial
 from .errors import CorruptBatch, EncodeError, UnsupportedCompression
 
+try:  # the native record check (codec/record_check.c), built at install
+    from sluice.codec._record_check import (  # type: ignore[import-not-found, unused-ignore]
+        ffi as _rc_ffi,
+    )
+    from sluice.codec._record_check import (  # type: ignore[import-not-found, unused-ignore]
+        lib as _rc_lib,
+    )
+
+    NATIVE_CHECK = True
+except ImportError:  # not built: aiokafka's reader gives the same verdicts
+    _rc_ffi = _rc_lib = None
+    NATIVE_CHECK = False
+
 __all__ = [
     "HEADER_SIZE",
     "BatchHeader",
@@ -41,7 +54,9 @@ __all__ = [
     "build_batch",
     "build_batch_from_section",
     "check_batch",
+    "check_batch_python",
     "check_section",
+    "check_section_python",
     "crc32c",
     "decode_records",
     "decode_records_from",
@@ -64,6 +79,7 @@ _HEADER = struct.Struct(">qiibIhiqqqhii")
 _AFTER_CRC = struct.Struct(">hiqqqhii")
 _BEFORE_CRC = struct.Struct(">qiibI")
 _OFFSET_AND_LENGTH = struct.Struct(">qi")
+_COUNT = struct.Struct(">i")
 
 _COMPRESSION_MASK = 0x07
 _TIMESTAMP_TYPE_MASK = 0x08
@@ -287,16 +303,75 @@ def decode_section(plain: Buffer, count: int, attributes: int = 0) -> list[Recor
         raise CorruptBatch(f"undecodable records: {exc}") from exc
 
 
-def check_section(plain: Buffer, count: int, attributes: int = 0) -> None:
-    """Raise CorruptBatch unless `plain` is exactly `count` well-formed records.
+# Why the native check rejected a section (codec/record_check.c's RC_* codes).
+_NATIVE_REASONS = {
+    -1: "a field runs past the end of the records",
+    -2: "a varint longer than ten bytes",
+    -3: "a negative header count",
+    -4: "a negative header key length",
+    -5: "a header key that is not UTF-8",
+    -6: "a record whose bytes differ from its declared length",
+    -7: "bytes after the last declared record",
+}
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
 
-    Parses every record like `decode_section` but keeps nothing: the check costs well under
-    0.1 µs per record, so a section the proxy did not parse itself can be vetted cheaply."""
+
+def _native_check(data: Buffer, start: int, count: int) -> tuple[int, int]:
+    # One C call walks every record from `start`: (0, count) or (RC_* code, failing record).
+    buf = _rc_ffi.from_buffer("uint8_t[]", data)
+    where = _rc_ffi.new("int64_t *")
+    rc = _rc_lib.rc_check_section(buf + start, len(buf) - start, count, where)
+    return int(rc), int(where[0])
+
+
+def _native_reject(rc: int, where: int) -> CorruptBatch:
+    # Only reached if the native check and aiokafka's reader ever disagreed (the tests hold
+    # them to the same verdicts): the native reason, since the reference gave none.
+    reason = _NATIVE_REASONS.get(rc, f"check code {rc}")
+    return CorruptBatch(f"undecodable records: record {where}: {reason}")
+
+
+def check_section_python(plain: Buffer, count: int, attributes: int = 0) -> None:
+    """`check_section` through aiokafka's record reader: the reference the native check is
+    held to, and the path when the native module is not built."""
     try:
         for _ in _CyBatch(_neutral_batch(plain, count, attributes)):
             pass
     except Exception as exc:
         raise CorruptBatch(f"undecodable records: {exc}") from exc
+
+
+def check_batch_python(data: Buffer) -> None:
+    """`check_batch` through aiokafka's record reader (see `check_section_python`)."""
+    if len(data) < HEADER_SIZE:
+        raise CorruptBatch(f"batch header needs {HEADER_SIZE} bytes, got {len(data)}")
+    if data[_ATTRIBUTES_OFFSET + 1] & _COMPRESSION_MASK:
+        raise ValueError("check_batch needs an uncompressed batch (use check_section)")
+    try:
+        for _ in _CyBatch(data):
+            pass
+    except Exception as exc:
+        raise CorruptBatch(f"undecodable records: {exc}") from exc
+
+
+def check_section(plain: Buffer, count: int, attributes: int = 0) -> None:
+    """Raise CorruptBatch unless `plain` is exactly `count` well-formed records.
+
+    Checks every record as `decode_section` parses it but keeps nothing: one native call
+    per section (codec/record_check.c, a few ns per record), or aiokafka's reader when the
+    native module is not built; both give the same verdict on any input."""
+    if not NATIVE_CHECK:
+        check_section_python(plain, count, attributes)
+        return
+    if not _INT32_MIN <= count <= _INT32_MAX:
+        raise CorruptBatch(f"undecodable records: record count {count} out of range")
+    rc, where = _native_check(plain, 0, count)
+    if rc:
+        # A reject is rare: the reference says why in the words the decoding path uses, so a
+        # client sees the same message whichever path refused its batch.
+        check_section_python(plain, count, attributes)
+        raise _native_reject(rc, where)
 
 
 def check_batch(data: Buffer) -> None:
@@ -307,15 +382,17 @@ def check_batch(data: Buffer) -> None:
     records behind a neutral header. `data` must be exactly one batch; the CRC is not looked
     at (see `verify_crc`). A compressed batch raises ValueError: its records are not in it as
     they are."""
+    if not NATIVE_CHECK:
+        check_batch_python(data)
+        return
     if len(data) < HEADER_SIZE:
         raise CorruptBatch(f"batch header needs {HEADER_SIZE} bytes, got {len(data)}")
     if data[_ATTRIBUTES_OFFSET + 1] & _COMPRESSION_MASK:
         raise ValueError("check_batch needs an uncompressed batch (use check_section)")
-    try:
-        for _ in _CyBatch(data):
-            pass
-    except Exception as exc:
-        raise CorruptBatch(f"undecodable records: {exc}") from exc
+    rc, where = _native_check(data, HEADER_SIZE, _COUNT.unpack_from(data, HEADER_SIZE - 4)[0])
+    if rc:  # the reference's words for it (see check_section)
+        check_batch_python(data)
+        raise _native_reject(rc, where)
 
 
 def decode_records(batch: RawBatch, limits: BatchLimits = DEFAULT_BATCH_LIMITS) -> RecordList:

@@ -202,6 +202,21 @@ build_batch_seal() {
     exit 2; }
 }
 
+# The native record check of codec/records.py, codec/_record_check*.so (cffi API mode, plain
+# C): one call per batch vets every record on the filter path; rebuilt when missing or older
+# than its sources. Without it the check runs aiokafka's reader (same verdicts, slower).
+build_record_check() {
+  local so
+  so="$(ls codec/_record_check*.so 2>/dev/null | head -1 || true)"
+  if [ -n "$so" ] && [ "$so" -nt codec/record_check.c ] && [ "$so" -nt codec/record_check_build.py ]; then
+    return 0
+  fi
+  say "building the native record check (codec/record_check.c)"
+  "$VENV/bin/python" -m sluice.codec.record_check_build || {
+    echo "could not build codec/record_check.c: it needs gcc and Python's headers" >&2
+    exit 2; }
+}
+
 compile_project() {
   "$VENV/bin/python" -m compileall -q -j 0 sluice codec crypto filters proxy spark_audit \
     telemetry_schema transforms
@@ -416,6 +431,7 @@ install_all() {
   install_debian_packages
   install_python
   build_batch_seal
+  build_record_check
   install_node_tools
   install_kafka
   install_spark_kafka

@@ -1,0 +1,43 @@
+"""Builds `sluice.codec._record_check`, the native record check (codec/record_check.c), with
+cffi in API mode (plain C, no library). Run by ``scripts/dev.sh install``; by hand::
+
+    .venv/bin/python -m sluice.codec.record_check_build
+
+The compiled module lands next to this file (it is not committed). Without it
+`codec.records.check_batch` and `check_section` use aiokafka's record reader, with the same
+verdicts (tests/codec/test_record_check_native.py holds the two to that).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+CDEF = """
+long rc_check_section(const uint8_t *buf, size_t len, int64_t count, int64_t *where);
+"""
+
+
+def builder() -> FFI:
+    ffi = FFI()
+    ffi.cdef(CDEF)
+    ffi.set_source("sluice.codec._record_check", (HERE / "record_check.c").read_text(),
+                   extra_compile_args=["-O2"])
+    return ffi
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        built = Path(builder().compile(tmpdir=tmp, verbose=False))
+        target = HERE / built.name
+        target.write_bytes(built.read_bytes())
+    print(f"built {target.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
