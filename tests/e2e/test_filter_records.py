@@ -31,12 +31,13 @@ from tests.e2e.clients import (
 )
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import (
-    RelayedBroker,
+    Relayed,
     exchange,
     fetch_batches,
     fetch_stored,
     produce_frame,
     produce_response,
+    relayed,
 )
 from tests.harness.validating_relay import StoredRecord as Stored
 
@@ -62,8 +63,8 @@ class Delivery:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[RelayedBroker]:
-    with RelayedBroker() as s:
+def stack(broker: object) -> Iterator[Relayed]:
+    with relayed(broker) as s:
         yield s
 
 
@@ -74,7 +75,7 @@ def telemetry_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def proxy(
-    stack: RelayedBroker, tmp_path_factory: pytest.TempPathFactory, telemetry_dir: Path
+    stack: Relayed, tmp_path_factory: pytest.TempPathFactory, telemetry_dir: Path
 ) -> Iterator[SluiceProxy]:
     def entry(name: str, module: str, topics: str, **kw: Any) -> dict[str, Any]:
         kw.setdefault("apply_to", ["produce"])
@@ -141,7 +142,7 @@ def proxy(
 
 
 @pytest.fixture(autouse=True)
-def relay_stays_clean(stack: RelayedBroker) -> Iterator[None]:
+def relay_stays_clean(stack: Relayed) -> Iterator[None]:
     yield
     stack.relay.assert_clean()
 
@@ -220,7 +221,7 @@ def consume(
         consumer.close()
 
 
-def broker_records(stack: RelayedBroker, topic: str, partitions: int) -> dict[int, list[Stored]]:
+def broker_records(stack: Relayed, topic: str, partitions: int) -> dict[int, list[Stored]]:
     """What the broker stored, read with raw Fetch requests (not through the proxy)."""
     return fetch_stored(stack.bootstrap, topic, partitions)
 
@@ -264,7 +265,7 @@ def raw_batch(values: list[bytes], compression: int) -> bytes:
 @pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
 @pytest.mark.parametrize("codec", CODECS)
 def test_mask_on_produce_stores_masked_records(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str, idempotent: bool
+    stack: Relayed, proxy: SluiceProxy, codec: str, idempotent: bool
 ) -> None:
     topic = unique("pmask")
     create_topic(proxy.bootstrap, topic, partitions=2)
@@ -289,7 +290,7 @@ def test_mask_on_produce_stores_masked_records(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_mask_on_fetch_keeps_stored_records_intact(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str
+    stack: Relayed, proxy: SluiceProxy, codec: str
 ) -> None:
     topic = unique("fmask")
     create_topic(proxy.bootstrap, topic, partitions=2)
@@ -317,7 +318,7 @@ def test_mask_on_fetch_keeps_stored_records_intact(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_drop_with_plain_producer_stores_the_rest(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str
+    stack: Relayed, proxy: SluiceProxy, codec: str
 ) -> None:
     topic = unique("jvdrop")
     create_topic(proxy.bootstrap, topic, partitions=2)
@@ -343,7 +344,7 @@ def test_drop_with_plain_producer_stores_the_rest(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_drop_in_idempotent_batch_becomes_reject(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str
+    stack: Relayed, proxy: SluiceProxy, codec: str
 ) -> None:
     topic = unique("jvdrop")
     create_topic(proxy.bootstrap, topic, partitions=2)
@@ -399,7 +400,7 @@ def test_drop_in_idempotent_batch_becomes_reject(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_reject_fails_only_its_partition_in_one_request(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str
+    stack: Relayed, proxy: SluiceProxy, codec: str
 ) -> None:
     strict, lenient = unique("jvreject"), unique("jvdrop")
     create_topic(proxy.bootstrap, strict, partitions=2)
@@ -452,7 +453,7 @@ def test_reject_reason_reaches_the_client(proxy: SluiceProxy) -> None:
         producer.close()
 
 
-def test_fetch_drop_keeps_emptied_batches(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_fetch_drop_keeps_emptied_batches(stack: Relayed, proxy: SluiceProxy) -> None:
     topic = unique("fdrop")
     create_topic(stack.bootstrap, topic)
     layout = [(3, False), (2, True), (2, False), (1, True), (2, False)]  # (records, valid?)
@@ -476,7 +477,7 @@ def test_fetch_drop_keeps_emptied_batches(stack: RelayedBroker, proxy: SluicePro
 
 
 def test_transactional_records_and_markers_through_fetch_masking(
-    stack: RelayedBroker, proxy: SluiceProxy
+    stack: Relayed, proxy: SluiceProxy
 ) -> None:
     topic = unique("fmask")
     create_topic(proxy.bootstrap, topic)
@@ -508,7 +509,7 @@ def test_transactional_records_and_markers_through_fetch_masking(
 
 
 def test_acks_zero_gets_no_answer_even_when_refused(
-    stack: RelayedBroker, proxy: SluiceProxy
+    stack: Relayed, proxy: SluiceProxy
 ) -> None:
     topic = unique("jvreject")
     create_topic(proxy.bootstrap, topic)
@@ -531,7 +532,7 @@ def test_acks_zero_gets_no_answer_even_when_refused(
 
 @pytest.mark.parametrize("version", [3, 5, 7, 8])
 def test_reject_answers_every_produce_version(
-    stack: RelayedBroker, proxy: SluiceProxy, version: int
+    stack: Relayed, proxy: SluiceProxy, version: int
 ) -> None:
     topic = unique("jvreject")
     create_topic(proxy.bootstrap, topic)
@@ -548,7 +549,7 @@ def test_reject_answers_every_produce_version(
     assert [r.value for r in broker_records(stack, topic, 1)[0]] == [user_event(1, True)]
 
 
-def test_python_clients_mask_and_reject(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_python_clients_mask_and_reject(stack: Relayed, proxy: SluiceProxy) -> None:
     import aiokafka.errors
     import kafka.errors
 
@@ -576,7 +577,7 @@ def test_python_clients_mask_and_reject(stack: RelayedBroker, proxy: SluiceProxy
 
 
 @pytest.mark.parametrize("prefix", ["enrich", "genrich", "jsenrich"], ids=["c", "go", "js"])
-def test_sluice_abi_example_enriches_and_drops(stack: RelayedBroker, proxy: SluiceProxy,
+def test_sluice_abi_example_enriches_and_drops(stack: Relayed, proxy: SluiceProxy,
                                                prefix: str) -> None:
     topic = unique(prefix)
     create_topic(proxy.bootstrap, topic)
@@ -620,7 +621,7 @@ def test_javascript_enrich_rejects_like_the_c_original(proxy: SluiceProxy) -> No
     assert "expected member name" in reasons["enrich"][2]
 
 
-def test_inplace_abi_transform_record(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_inplace_abi_transform_record(stack: Relayed, proxy: SluiceProxy) -> None:
     topic = unique("inplace")
     create_topic(proxy.bootstrap, topic)
     items: list[tuple[int, bytes | None, bytes | None]] = [
@@ -643,7 +644,7 @@ def test_inplace_abi_transform_record(stack: RelayedBroker, proxy: SluiceProxy) 
     assert len(broker_records(stack, topic, 1)[0]) == 2
 
 
-def test_connect_abi_to_upper_and_value_to_key(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_connect_abi_to_upper_and_value_to_key(stack: Relayed, proxy: SluiceProxy) -> None:
     upper, keyed = unique("upper"), unique("v2k")
     create_topic(proxy.bootstrap, upper)
     create_topic(proxy.bootstrap, keyed)
@@ -677,7 +678,7 @@ def _produce_events(directory: Path, topic: str) -> list[dict[str, Any]]:
 
 
 def test_telemetry_produce_offsets_are_the_brokers(
-    stack: RelayedBroker, proxy: SluiceProxy, telemetry_dir: Path
+    stack: Relayed, proxy: SluiceProxy, telemetry_dir: Path
 ) -> None:
     topic = unique("pmask")
     create_topic(proxy.bootstrap, topic, partitions=3)
@@ -710,7 +711,7 @@ def test_telemetry_produce_offsets_are_the_brokers(
 
 
 def test_telemetry_offsets_after_drops_are_the_stored_ones(
-    stack: RelayedBroker, proxy: SluiceProxy, telemetry_dir: Path
+    stack: Relayed, proxy: SluiceProxy, telemetry_dir: Path
 ) -> None:
     # The producer's per-record offsets are off after a drop (a documented Kafka-side effect);
     # telemetry must report what the broker stored.
