@@ -43,7 +43,8 @@ from tests.e2e.clients import QUIET, unique, wait_for_leaders
 from tests.harness.kafka_broker import KafkaCluster
 from tests.harness.moto import AWS_ENV, MotoServer
 from tests.harness.proxy import SluiceProxy
-from tests.harness.validating_relay import RelayedBroker, fetch_batches
+from tests.harness.validating_relay import Relayed, fetch_batches
+from tests.harness.validating_relay import relayed as relay_in_front
 
 # The principals, each a SCRAM/PLAIN user of the session's Kafka node; `admin` is its super
 # user, the others may use the test topics and groups through the ACLs `sasl_broker` adds.
@@ -477,14 +478,15 @@ def test_aws_kms_down_fails_closed(sasl_broker: SaslBroker, tmp_path: Path,
 
 # ------------------------------------------------------------------ Kafka's batch checks
 @pytest.fixture(scope="module")
-def relayed() -> Iterator[RelayedBroker]:
-    with RelayedBroker() as stack:
+def relayed(broker: object) -> Iterator[Relayed]:
+    """The session's Kafka node (PLAINTEXT listener) behind the validating relay."""
+    with relay_in_front(broker) as stack:
         yield stack
 
 
 @pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
 def test_forwarded_batches_pass_kafkas_checks_and_hold_no_plaintext(
-        relayed: RelayedBroker, tmp_path: Path, codec: str) -> None:
+        relayed: Relayed, tmp_path: Path, codec: str) -> None:
     """Through the validating relay (every produced batch checked as Apache Kafka would):
     idempotent batches keep their sequence numbers, counts and CRCs; the raw stored batches,
     decompressed, contain none of the produced values."""

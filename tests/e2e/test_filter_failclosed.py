@@ -21,11 +21,12 @@ from sluice.codec.records import BatchHeader, Record, build_batch, crc32c
 from tests.e2e.clients import create_topic, unique
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import (
-    RelayedBroker,
+    Relayed,
     exchange,
     fetch_stored,
     produce_frame,
     produce_response,
+    relayed,
 )
 
 VERSION = 9
@@ -35,14 +36,14 @@ INVALID_RECORD = 87
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[RelayedBroker]:
-    with RelayedBroker() as s:
+def stack(broker: object) -> Iterator[Relayed]:
+    with relayed(broker) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def proxy(
-    stack: RelayedBroker, tmp_path_factory: pytest.TempPathFactory
+    stack: Relayed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SluiceProxy]:
     config = {
         "module_cache_dir": str(tmp_path_factory.getbasetemp() / "sluice-module-cache"),
@@ -88,7 +89,7 @@ def with_compression_bits(batch: bytes, codec: int) -> bytes:
     return bytes(raw)
 
 
-def refused(stack: RelayedBroker, proxy: SluiceProxy, records: bytes) -> int:
+def refused(stack: Relayed, proxy: SluiceProxy, records: bytes) -> int:
     """Send `records` for a fresh filtered topic; the error code it got (nothing may be
     stored and no Produce for the topic may reach the broker)."""
     topic = unique("fc")
@@ -100,7 +101,7 @@ def refused(stack: RelayedBroker, proxy: SluiceProxy, records: bytes) -> int:
     return int(answer.error_code)
 
 
-def test_well_formed_batch_is_accepted(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_well_formed_batch_is_accepted(stack: Relayed, proxy: SluiceProxy) -> None:
     # The control case: the same path with a valid batch stores (masked) records.
     topic = unique("fc")
     create_topic(stack.bootstrap, topic)
@@ -114,38 +115,38 @@ def test_well_formed_batch_is_accepted(stack: RelayedBroker, proxy: SluiceProxy)
     stack.relay.assert_clean()
 
 
-def test_legacy_message_format_is_refused(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_legacy_message_format_is_refused(stack: Relayed, proxy: SluiceProxy) -> None:
     assert refused(stack, proxy, legacy_message_set(b"mail bob@example.com")) == INVALID_RECORD
 
 
 @pytest.mark.parametrize("codec", [5, 6, 7])
 def test_unknown_compression_is_refused(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: int
+    stack: Relayed, proxy: SluiceProxy, codec: int
 ) -> None:
     batch = with_compression_bits(v2_batch([b"mail bob@example.com"]), codec)
     assert refused(stack, proxy, batch) == UNSUPPORTED_COMPRESSION_TYPE
 
 
-def test_bad_crc_is_refused(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_bad_crc_is_refused(stack: Relayed, proxy: SluiceProxy) -> None:
     raw = bytearray(v2_batch([b"mail bob@example.com"]))
     raw[-3] ^= 0x55
     assert refused(stack, proxy, bytes(raw)) == CORRUPT_MESSAGE
 
 
-def test_truncated_batch_is_refused(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_truncated_batch_is_refused(stack: Relayed, proxy: SluiceProxy) -> None:
     batch = v2_batch([b"mail bob@example.com", b"call +1 415 555 2671"])
     assert refused(stack, proxy, batch[:-7]) == CORRUPT_MESSAGE
 
 
 def test_two_batches_in_one_partition_are_refused(
-    stack: RelayedBroker, proxy: SluiceProxy
+    stack: Relayed, proxy: SluiceProxy
 ) -> None:
     two = v2_batch([b"a@example.com"]) + v2_batch([b"b@example.com"])
     assert refused(stack, proxy, two) == INVALID_RECORD
 
 
 def test_undecodable_request_closes_the_connection(
-    stack: RelayedBroker, proxy: SluiceProxy
+    stack: Relayed, proxy: SluiceProxy
 ) -> None:
     topic = unique("fc")
     create_topic(stack.bootstrap, topic)

@@ -24,13 +24,14 @@ from sluice.codec.records import BatchHeader, Record, build_batch
 from tests.e2e.clients import QUIET, create_topic, unique
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import (
-    RelayedBroker,
+    Relayed,
     StoredRecord,
     exchange,
     fetch_batches,
     fetch_stored,
     produce_frame,
     produce_response,
+    relayed,
 )
 
 MODULES = Path(__file__).resolve().parents[1] / "filters" / "modules"
@@ -42,13 +43,13 @@ FILTER_NAMES = {"reject": "fault-reject", "pass": "fault-pass", "dead-letter": "
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[RelayedBroker]:
-    with RelayedBroker() as s:
+def stack(broker: object) -> Iterator[Relayed]:
+    with relayed(broker) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
-def dlq(stack: RelayedBroker) -> str:
+def dlq(stack: Relayed) -> str:
     name = unique("sluice-dlq")
     create_topic(stack.bootstrap, name)
     return name
@@ -56,7 +57,7 @@ def dlq(stack: RelayedBroker) -> str:
 
 @pytest.fixture(scope="module")
 def proxy(
-    stack: RelayedBroker, dlq: str, tmp_path_factory: pytest.TempPathFactory
+    stack: Relayed, dlq: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SluiceProxy]:
     work = tmp_path_factory.mktemp("failures")
     module = work / "sluice_upper.wasm"
@@ -95,7 +96,7 @@ def proxy(
 
 
 @pytest.fixture(autouse=True)
-def relay_stays_clean(stack: RelayedBroker) -> Iterator[None]:
+def relay_stays_clean(stack: Relayed) -> Iterator[None]:
     yield
     stack.relay.assert_clean()
 
@@ -123,7 +124,7 @@ def produce_one(bootstrap: str, topic: str, value: bytes) -> tuple[int | None, f
     return outcome[0], time.monotonic() - start
 
 
-def stored(stack: RelayedBroker, topic: str) -> list[StoredRecord]:
+def stored(stack: Relayed, topic: str) -> list[StoredRecord]:
     return fetch_stored(stack.bootstrap, topic, 1)[0]
 
 
@@ -135,7 +136,7 @@ def headers_of(record: StoredRecord) -> dict[str, bytes]:
 @pytest.mark.parametrize("policy", list(POLICIES))
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_failure_policy(
-    stack: RelayedBroker, proxy: SluiceProxy, dlq: str, fault: str, policy: str
+    stack: Relayed, proxy: SluiceProxy, dlq: str, fault: str, policy: str
 ) -> None:
     topic = unique(POLICIES[policy])
     create_topic(proxy.bootstrap, topic)
@@ -171,7 +172,7 @@ def test_failure_policy(
 
 
 def test_reject_reasons_name_the_filter_and_the_failure_kind(
-    stack: RelayedBroker, proxy: SluiceProxy
+    stack: Relayed, proxy: SluiceProxy
 ) -> None:
     topics = {fault: unique("freject") for fault in FAULTS}
     for topic in topics.values():
@@ -208,7 +209,7 @@ def test_reject_reasons_name_the_filter_and_the_failure_kind(
 
 @pytest.mark.parametrize("policy", ["reject", "pass"])
 def test_fetch_failures_never_stall_the_consumer(
-    stack: RelayedBroker, proxy: SluiceProxy, policy: str
+    stack: Relayed, proxy: SluiceProxy, policy: str
 ) -> None:
     from confluent_kafka import Consumer, TopicPartition
 

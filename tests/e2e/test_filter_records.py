@@ -1,4 +1,4 @@
-"""Filters on records, end to end: real clients -> `sluice serve` -> validating relay -> Tansu.
+"""Filters on records, end to end: real clients -> `sluice serve` -> validating relay -> Kafka.
 
 Masking on produce and on fetch, drop and reject for plain and idempotent producers with each
 compression codec, both seed ABIs, and the offsets telemetry reports. Every batch the proxy
@@ -31,12 +31,14 @@ from tests.e2e.clients import (
 )
 from tests.harness.proxy import SluiceProxy
 from tests.harness.validating_relay import (
-    RelayedBroker,
+    Relayed,
+    RelayedKafka,
     exchange,
     fetch_batches,
     fetch_stored,
     produce_frame,
     produce_response,
+    relayed,
 )
 from tests.harness.validating_relay import StoredRecord as Stored
 
@@ -62,8 +64,8 @@ class Delivery:
 
 
 @pytest.fixture(scope="module")
-def stack() -> Iterator[RelayedBroker]:
-    with RelayedBroker() as s:
+def stack(broker: object) -> Iterator[Relayed]:
+    with relayed(broker) as s:
         yield s
 
 
@@ -74,7 +76,7 @@ def telemetry_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def proxy(
-    stack: RelayedBroker, tmp_path_factory: pytest.TempPathFactory, telemetry_dir: Path
+    stack: Relayed, tmp_path_factory: pytest.TempPathFactory, telemetry_dir: Path
 ) -> Iterator[SluiceProxy]:
     def entry(name: str, module: str, topics: str, **kw: Any) -> dict[str, Any]:
         kw.setdefault("apply_to", ["produce"])
@@ -141,7 +143,7 @@ def proxy(
 
 
 @pytest.fixture(autouse=True)
-def relay_stays_clean(stack: RelayedBroker) -> Iterator[None]:
+def relay_stays_clean(stack: Relayed) -> Iterator[None]:
     yield
     stack.relay.assert_clean()
 
@@ -220,7 +222,7 @@ def consume(
         consumer.close()
 
 
-def broker_records(stack: RelayedBroker, topic: str, partitions: int) -> dict[int, list[Stored]]:
+def broker_records(stack: Relayed, topic: str, partitions: int) -> dict[int, list[Stored]]:
     """What the broker stored, read with raw Fetch requests (not through the proxy)."""
     return fetch_stored(stack.bootstrap, topic, partitions)
 
@@ -264,7 +266,7 @@ def raw_batch(values: list[bytes], compression: int) -> bytes:
 @pytest.mark.parametrize("idempotent", [False, True], ids=["plain", "idempotent"])
 @pytest.mark.parametrize("codec", CODECS)
 def test_mask_on_produce_stores_masked_records(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str, idempotent: bool
+    stack: Relayed, proxy: SluiceProxy, codec: str, idempotent: bool
 ) -> None:
     topic = unique("pmask")
     create_topic(proxy.bootstrap, topic, partitions=2)
@@ -289,7 +291,7 @@ def test_mask_on_produce_stores_masked_records(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_mask_on_fetch_keeps_stored_records_intact(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str
+    stack: Relayed, proxy: SluiceProxy, codec: str
 ) -> None:
     topic = unique("fmask")
     create_topic(proxy.bootstrap, topic, partitions=2)
@@ -317,7 +319,7 @@ def test_mask_on_fetch_keeps_stored_records_intact(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_drop_with_plain_producer_stores_the_rest(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str
+    stack: Relayed, proxy: SluiceProxy, codec: str
 ) -> None:
     topic = unique("jvdrop")
     create_topic(proxy.bootstrap, topic, partitions=2)
@@ -343,7 +345,7 @@ def test_drop_with_plain_producer_stores_the_rest(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_drop_in_idempotent_batch_becomes_reject(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str
+    stack: Relayed, proxy: SluiceProxy, codec: str
 ) -> None:
     topic = unique("jvdrop")
     create_topic(proxy.bootstrap, topic, partitions=2)
@@ -386,10 +388,14 @@ def test_drop_in_idempotent_batch_becomes_reject(
     assert p0 and all(b.header.record_count == 4 for b in p0)  # the rejected batch never left
     assert p0[0].header.producer_epoch > p1[0].header.producer_epoch
     # The relay checked these batches as Apache Kafka would (a higher epoch starting at
-    # sequence 0 is accepted). Tansu, unlike Kafka, fences epochs it did not hand out itself,
-    # so the only error allowed here is the broker's own PRODUCER_FENCED.
+    # sequence 0 is accepted), and Kafka, which handed out the bumped epoch (KIP-360), stores
+    # them. Tansu (SLUICE_E2E_BROKER=tansu) fences epochs it did not hand out itself, so there
+    # the only error allowed is the broker's own PRODUCER_FENCED.
     broker_codes = {a.error_code for a in stack.relay.validator.answers_for(topic)
                     if a.partition == 0}
+    if isinstance(stack, RelayedKafka):
+        assert broker_codes == {0}
+        assert [d.error for d in later] == [None] * 4
     for d in later:
         assert d.error in (None, PRODUCER_FENCED), d
         if d.error is not None:
@@ -399,7 +405,7 @@ def test_drop_in_idempotent_batch_becomes_reject(
 
 @pytest.mark.parametrize("codec", CODECS)
 def test_reject_fails_only_its_partition_in_one_request(
-    stack: RelayedBroker, proxy: SluiceProxy, codec: str
+    stack: Relayed, proxy: SluiceProxy, codec: str
 ) -> None:
     strict, lenient = unique("jvreject"), unique("jvdrop")
     create_topic(proxy.bootstrap, strict, partitions=2)
@@ -452,7 +458,7 @@ def test_reject_reason_reaches_the_client(proxy: SluiceProxy) -> None:
         producer.close()
 
 
-def test_fetch_drop_keeps_emptied_batches(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_fetch_drop_keeps_emptied_batches(stack: Relayed, proxy: SluiceProxy) -> None:
     topic = unique("fdrop")
     create_topic(stack.bootstrap, topic)
     layout = [(3, False), (2, True), (2, False), (1, True), (2, False)]  # (records, valid?)
@@ -476,7 +482,7 @@ def test_fetch_drop_keeps_emptied_batches(stack: RelayedBroker, proxy: SluicePro
 
 
 def test_transactional_records_and_markers_through_fetch_masking(
-    stack: RelayedBroker, proxy: SluiceProxy
+    stack: Relayed, proxy: SluiceProxy
 ) -> None:
     topic = unique("fmask")
     create_topic(proxy.bootstrap, topic)
@@ -491,10 +497,17 @@ def test_transactional_records_and_markers_through_fetch_masking(
         producer.commit_transaction(15)
     seen = stack.relay.validator.batches_for(topic)
     assert seen and all(b.header.is_transactional for b in seen)
-    direct = fetch_batches(stack.bootstrap, topic, 0, 0)
-    filtered = fetch_batches(proxy.bootstrap, topic, 0, 0)
-    markers = [b for b in direct if b.header.is_control]
+    # Kafka answers EndTxn once the commit is decided and writes the partition's marker after
+    # (Tansu writes it before answering): wait for the second marker.
+    deadline = time.monotonic() + 15
+    while True:
+        direct = fetch_batches(stack.bootstrap, topic, 0, 0)
+        markers = [b for b in direct if b.header.is_control]
+        if len(markers) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert len(markers) == 2
+    filtered = fetch_batches(proxy.bootstrap, topic, 0, 0)
     # Control batches (commit markers) pass through byte for byte.
     assert [bytes(b.data) for b in filtered if b.header.is_control] == [
         bytes(b.data) for b in markers
@@ -508,7 +521,7 @@ def test_transactional_records_and_markers_through_fetch_masking(
 
 
 def test_acks_zero_gets_no_answer_even_when_refused(
-    stack: RelayedBroker, proxy: SluiceProxy
+    stack: Relayed, proxy: SluiceProxy
 ) -> None:
     topic = unique("jvreject")
     create_topic(proxy.bootstrap, topic)
@@ -531,7 +544,7 @@ def test_acks_zero_gets_no_answer_even_when_refused(
 
 @pytest.mark.parametrize("version", [3, 5, 7, 8])
 def test_reject_answers_every_produce_version(
-    stack: RelayedBroker, proxy: SluiceProxy, version: int
+    stack: Relayed, proxy: SluiceProxy, version: int
 ) -> None:
     topic = unique("jvreject")
     create_topic(proxy.bootstrap, topic)
@@ -548,7 +561,7 @@ def test_reject_answers_every_produce_version(
     assert [r.value for r in broker_records(stack, topic, 1)[0]] == [user_event(1, True)]
 
 
-def test_python_clients_mask_and_reject(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_python_clients_mask_and_reject(stack: Relayed, proxy: SluiceProxy) -> None:
     import aiokafka.errors
     import kafka.errors
 
@@ -576,7 +589,7 @@ def test_python_clients_mask_and_reject(stack: RelayedBroker, proxy: SluiceProxy
 
 
 @pytest.mark.parametrize("prefix", ["enrich", "genrich", "jsenrich"], ids=["c", "go", "js"])
-def test_sluice_abi_example_enriches_and_drops(stack: RelayedBroker, proxy: SluiceProxy,
+def test_sluice_abi_example_enriches_and_drops(stack: Relayed, proxy: SluiceProxy,
                                                prefix: str) -> None:
     topic = unique(prefix)
     create_topic(proxy.bootstrap, topic)
@@ -620,7 +633,7 @@ def test_javascript_enrich_rejects_like_the_c_original(proxy: SluiceProxy) -> No
     assert "expected member name" in reasons["enrich"][2]
 
 
-def test_inplace_abi_transform_record(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_inplace_abi_transform_record(stack: Relayed, proxy: SluiceProxy) -> None:
     topic = unique("inplace")
     create_topic(proxy.bootstrap, topic)
     items: list[tuple[int, bytes | None, bytes | None]] = [
@@ -643,7 +656,7 @@ def test_inplace_abi_transform_record(stack: RelayedBroker, proxy: SluiceProxy) 
     assert len(broker_records(stack, topic, 1)[0]) == 2
 
 
-def test_connect_abi_to_upper_and_value_to_key(stack: RelayedBroker, proxy: SluiceProxy) -> None:
+def test_connect_abi_to_upper_and_value_to_key(stack: Relayed, proxy: SluiceProxy) -> None:
     upper, keyed = unique("upper"), unique("v2k")
     create_topic(proxy.bootstrap, upper)
     create_topic(proxy.bootstrap, keyed)
@@ -677,7 +690,7 @@ def _produce_events(directory: Path, topic: str) -> list[dict[str, Any]]:
 
 
 def test_telemetry_produce_offsets_are_the_brokers(
-    stack: RelayedBroker, proxy: SluiceProxy, telemetry_dir: Path
+    stack: Relayed, proxy: SluiceProxy, telemetry_dir: Path
 ) -> None:
     topic = unique("pmask")
     create_topic(proxy.bootstrap, topic, partitions=3)
@@ -710,7 +723,7 @@ def test_telemetry_produce_offsets_are_the_brokers(
 
 
 def test_telemetry_offsets_after_drops_are_the_stored_ones(
-    stack: RelayedBroker, proxy: SluiceProxy, telemetry_dir: Path
+    stack: Relayed, proxy: SluiceProxy, telemetry_dir: Path
 ) -> None:
     # The producer's per-record offsets are off after a drop (a documented Kafka-side effect);
     # telemetry must report what the broker stored.

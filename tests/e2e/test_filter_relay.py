@@ -1,7 +1,10 @@
 """The validating relay itself: real clients pass its checks, broken batches are caught.
 
-The filter tests rely on the relay to catch batches that Tansu stores but Apache Kafka would
-refuse; these tests show that each check can fail (and that Tansu indeed takes the batches).
+The filter tests run the proxy against the session's Apache Kafka node behind this relay (which
+rewrites Kafka's endpoints to its own): the first tests show that every connection goes through
+it there and that Kafka refuses what the relay flags. The tests that show each check can fail
+send batches Kafka would refuse, so they run on a Tansu of their own behind the relay: Tansu
+stores them, which is why a relay was needed before the filter tests ran on Kafka.
 """
 
 from __future__ import annotations
@@ -16,17 +19,28 @@ from sluice.codec.records import BatchHeader, Record, build_batch
 from tests.e2e.clients import confluent_consume, confluent_produce, create_topic, unique
 from tests.harness.validating_relay import (
     BatchValidator,
+    Relayed,
     RelayedBroker,
     exchange,
     produce_frame,
     produce_response,
+    relayed,
 )
 
 VERSION = 9
+CORRUPT_MESSAGE = 2
+
+
+@pytest.fixture(scope="module")
+def kafka_stack(broker: object) -> Iterator[Relayed]:
+    """The relay in front of the session's Kafka node (the filter tests' stack)."""
+    with relayed(broker) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[RelayedBroker]:
+    """A Tansu of its own behind the relay: it stores the broken batches Kafka refuses."""
     with RelayedBroker() as s:
         yield s
 
@@ -49,21 +63,22 @@ def batch(
     return build_batch(header, records)
 
 
-def send(stack: RelayedBroker, topic: str, records: bytes, cid: int = 1) -> int:
+def send(stack: Relayed, topic: str, records: bytes, cid: int = 1) -> int:
     bodies = exchange(stack.bootstrap, [produce_frame(cid, VERSION, {(topic, 0): records})])
     assert len(bodies) == 1
     response = produce_response(VERSION, bodies[0])
     return int(response.responses[0].partition_responses[0].error_code)
 
 
-def new_violations(stack: RelayedBroker, before: int) -> list[str]:
+def new_violations(stack: Relayed, before: int) -> list[str]:
     return [str(v) for v in stack.relay.violations[before:]]
 
 
 @pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "plain"])
 def test_real_producer_passes_and_every_connection_goes_through_the_relay(
-    stack: RelayedBroker, idempotent: bool
+    kafka_stack: Relayed, idempotent: bool
 ) -> None:
+    stack = kafka_stack
     topic = unique("relay-ok")
     create_topic(stack.bootstrap, topic, partitions=2)
     sent = [(f"k{i}".encode(), f"value {i}".encode()) for i in range(200)]
@@ -81,7 +96,19 @@ def test_real_producer_passes_and_every_connection_goes_through_the_relay(
     assert sorted(confluent_consume(stack.bootstrap, topic, 200)) == sorted(sent)
 
 
+def test_bad_crc_is_caught_by_the_relay_and_refused_by_kafka(kafka_stack: Relayed) -> None:
+    stack = kafka_stack
+    topic = unique("relay-kcrc")
+    create_topic(stack.bootstrap, topic)
+    raw = bytearray(batch(3))
+    raw[-1] ^= 0xFF
+    before = len(stack.relay.violations)
+    assert send(stack, topic, bytes(raw)) == CORRUPT_MESSAGE  # Kafka checks CRCs itself
+    assert any("CRC32C mismatch" in v for v in new_violations(stack, before))
+
+
 def test_bad_crc_is_caught_although_tansu_stores_it(stack: RelayedBroker) -> None:
+    """On Tansu: it stores the corrupt batch Kafka refuses (the test above)."""
     topic = unique("relay-crc")
     create_topic(stack.bootstrap, topic)
     raw = bytearray(batch(3))
@@ -92,6 +119,7 @@ def test_bad_crc_is_caught_although_tansu_stores_it(stack: RelayedBroker) -> Non
 
 
 def test_count_not_matching_last_offset_delta_is_caught(stack: RelayedBroker) -> None:
+    """On Tansu: the broken batches are ones Kafka would refuse; the relay must flag them."""
     topic = unique("relay-count")
     create_topic(stack.bootstrap, topic)
     now = int(time.time() * 1000)
@@ -105,6 +133,7 @@ def test_count_not_matching_last_offset_delta_is_caught(stack: RelayedBroker) ->
 
 
 def test_two_batches_and_nonzero_base_offset_are_caught(stack: RelayedBroker) -> None:
+    """On Tansu: the broken batches are ones Kafka would refuse; the relay must flag them."""
     topic = unique("relay-two")
     create_topic(stack.bootstrap, topic)
     before = len(stack.relay.violations)
@@ -116,6 +145,7 @@ def test_two_batches_and_nonzero_base_offset_are_caught(stack: RelayedBroker) ->
 
 
 def test_offset_deltas_out_of_order_are_caught(stack: RelayedBroker) -> None:
+    """On Tansu: the broken batches are ones Kafka would refuse; the relay must flag them."""
     topic = unique("relay-deltas")
     create_topic(stack.bootstrap, topic)
     now = int(time.time() * 1000)
@@ -127,6 +157,7 @@ def test_offset_deltas_out_of_order_are_caught(stack: RelayedBroker) -> None:
 
 
 def test_sequence_gap_is_caught_and_retries_and_new_epochs_are_not(stack: RelayedBroker) -> None:
+    """On Tansu: the broken batches are ones Kafka would refuse; the relay must flag them."""
     topic = unique("relay-seq")
     create_topic(stack.bootstrap, topic)
     pid = 987_654

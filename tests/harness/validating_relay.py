@@ -1,4 +1,4 @@
-"""A TCP relay between the proxy and Tansu that checks every produced batch like Apache Kafka.
+"""A TCP relay between the proxy and a broker that checks every produced batch like Apache Kafka.
 
 Tansu stores batches that Apache Kafka's broker would refuse (wrong CRC, a record count that
 does not match the last offset delta, several batches per partition, sequence gaps). So the
@@ -16,6 +16,12 @@ timestamp (CreateTime), a producer id when the batch is transactional. Per (prod
 topic, partition): within an epoch the next batch must start at the previous batch's
 ``base_sequence + record_count`` (a retry of one of the last five batches is a duplicate and
 fine), a new epoch starts at sequence 0, an older epoch is fenced.
+
+In front of Apache Kafka (`RelayedKafka`), whose advertised listener cannot point at the relay,
+the relay rewrites every broker endpoint in the responses (Metadata, FindCoordinator,
+DescribeCluster, KIP-951 node endpoints) to its own address, so that every connection after
+bootstrap still passes through it. There the relay's checks name a bad batch early and clearly;
+Kafka refuses it on its own as well.
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.codec.compression import decompress
+from sluice.codec.endpoints import carries_endpoints, rewrite_endpoints
 from sluice.codec.errors import CodecError
 from sluice.codec.frames import FrameBuffer
-from sluice.codec.headers import parse_request_header
-from sluice.codec.messages import ApiKey, decode_request
+from sluice.codec.headers import parse_request_header, response_header_size
+from sluice.codec.messages import ApiKey, decode_request, decode_response, encode_response
 from sluice.codec.records import (
     HEADER_SIZE,
     BatchHeader,
@@ -313,8 +320,10 @@ class ValidatingRelay:
     then `start()`. Runs its own event loop in a daemon thread.
     """
 
-    def __init__(self, target_port: int = 0) -> None:
+    def __init__(self, target_port: int = 0, rewrite_addresses: bool = False) -> None:
         self.target_port = target_port
+        # True in front of a broker that advertises itself: its endpoints become the relay's.
+        self.rewrite_addresses = rewrite_addresses
         self.validator = BatchValidator()
         self.connections = 0
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -395,6 +404,8 @@ class ValidatingRelay:
             return
 
         produces: dict[int, int] = {}  # correlation id -> Produce version awaiting an answer
+        # correlation id -> (api key, version) of a request whose response carries endpoints
+        addressed: dict[int, tuple[int, int]] = {}
 
         async def requests() -> None:
             frames = FrameBuffer()
@@ -403,19 +414,28 @@ class ValidatingRelay:
                     produce = self.validator.check_frame(bytes(body))
                     if produce is not None:
                         produces[produce[0]] = produce[1]
+                    if self.rewrite_addresses:
+                        self._note_addressed(bytes(body), addressed)
                 up_writer.write(data)
                 await up_writer.drain()
 
         async def responses() -> None:
             frames = FrameBuffer()
             while data := await up_reader.read(256 * 1024):
+                out = bytearray()
                 for body in frames.feed(data):
                     (correlation_id,) = struct.unpack_from(">i", body)
                     version = produces.pop(correlation_id, None)
                     if version is not None:
                         self.validator.note_response(version, body)
-                writer.write(data)
-                await writer.drain()
+                    request = addressed.pop(correlation_id, None)
+                    frame = bytes(body) if request is None else self._rewritten(request, body)
+                    out += struct.pack(">i", len(frame)) + frame
+                if not self.rewrite_addresses:
+                    out = bytearray(data)  # byte for byte, partial frames included
+                if out:
+                    writer.write(out)
+                    await writer.drain()
 
         pumps = [asyncio.create_task(requests()), asyncio.create_task(responses())]
         try:
@@ -426,6 +446,29 @@ class ValidatingRelay:
             await asyncio.gather(*pumps, return_exceptions=True)
             for w in (writer, up_writer):
                 w.close()
+
+    @staticmethod
+    def _note_addressed(frame: bytes, addressed: dict[int, tuple[int, int]]) -> None:
+        try:
+            header = parse_request_header(frame)
+        except CodecError:
+            return
+        if carries_endpoints(header.api_key, header.api_version):
+            addressed[header.correlation_id] = (header.api_key, header.api_version)
+
+    def _rewritten(self, request: tuple[int, int], frame: bytes | memoryview) -> bytes:
+        """The response with every broker endpoint pointing at this relay (one broker behind)."""
+        api_key, version = request
+        size = response_header_size(frame, api_key, version)
+        response = decode_response(api_key, version, frame[size:])
+
+        def here(node_id: int, host: str, port: int) -> tuple[str, int]:
+            return "127.0.0.1", self.port
+
+        rewritten = rewrite_endpoints(response, api_key, version, here)
+        if rewritten is response:
+            return bytes(frame)
+        return bytes(frame[:size]) + encode_response(rewritten)
 
 
 def produce_frame(
@@ -462,6 +505,34 @@ def produce_frame(
     body = request_header_bytes(ApiKey.PRODUCE, version, correlation_id, client_id)
     body += encode_request(request)
     return struct.pack(">i", len(body)) + body
+
+
+class RelayedKafka:
+    """The session's Apache Kafka node behind a ValidatingRelay that rewrites the node's
+    endpoints to its own: every connection after bootstrap passes through the relay, and Kafka
+    checks the forwarded batches itself as well. The relay is this object's; the node is
+    shared with the session (unique topic names)."""
+
+    def __init__(self, kafka_port: int) -> None:
+        self.relay = ValidatingRelay(target_port=kafka_port, rewrite_addresses=True)
+
+    @property
+    def bootstrap(self) -> str:
+        """The relay's address: use it as the proxy's upstream and for direct clients."""
+        return self.relay.address
+
+    def start(self) -> RelayedKafka:
+        self.relay.start()
+        return self
+
+    def stop(self) -> None:
+        self.relay.stop()
+
+    def __enter__(self) -> RelayedKafka:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class RelayedBroker:
@@ -637,3 +708,16 @@ def fetch_stored(address: str, topic: str, partitions: int) -> dict[int, list[St
             offset = batches[-1].header.next_offset
         out[partition] = records
     return out
+
+
+Relayed = RelayedKafka | RelayedBroker
+
+
+def relayed(broker: object) -> Relayed:
+    """A validating relay in front of the e2e `broker` fixture's node: the session's Kafka node
+    (`KafkaEndpoint`), or a Tansu of its own advertising the relay (SLUICE_E2E_BROKER=tansu)."""
+    from tests.harness.kafka_endpoint import KafkaEndpoint
+
+    if isinstance(broker, KafkaEndpoint):
+        return RelayedKafka(broker.port)
+    return RelayedBroker()
