@@ -12,6 +12,10 @@ A filter directory holds one entry source and builds to one stripped Wasm module
 - ``filter.go`` (Go, with the ``sluice`` package, ``sdk/go/``): the standard Go toolchain
   (``GOOS=wasip1 GOARCH=wasm``, a ``c-shared`` WASI reactor), offline: the SDK is the only
   module and it comes from this repository;
+- ``filter.py`` (Python, with the ``sluice_filter`` package, ``sdk/python/``): the pinned
+  ``componentize-py`` that ``scripts/dev.sh install`` puts in the virtualenv bundles CPython
+  and the filter into a WebAssembly component (world ``sdk/python/wit``) with every WASI
+  import replaced by a trapping stub (``--stub-wasi``);
 - ``Cargo.toml`` (a Rust crate with a committed ``Cargo.lock``, crates from crates.io): the
   locked crates vendored by a cargo that reads the sparse index, then Debian's ``cargo`` and
   ``rustc`` build ``--release --target wasm32-unknown-unknown`` offline.
@@ -148,7 +152,8 @@ CARGO_FETCH_MISSING = (
     "install rustup's (`rustup toolchain install stable`), or set SLUICE_CARGO_FETCH"
 )
 
-ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go", "Cargo.toml")
+ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go", "filter.py",
+           "Cargo.toml")
 
 ZIG_FLAGS = (
     "-target",
@@ -369,6 +374,41 @@ def _go_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
     return [find_go(), "build", *GO_FLAGS, "-o", str(tmp_out), "."], module
 
 
+COMPONENTIZE_PY_VERSION = "0.25.1"
+PY_WORLD = "sluice-filter"
+
+
+def find_componentize_py() -> str:
+    """The componentize-py of this interpreter's environment (scripts/dev.sh installs it)."""
+    here = Path(sys.executable).parent / "componentize-py"
+    for cand in (str(here), shutil.which("componentize-py")):
+        if cand and Path(cand).is_file():
+            return cand
+    raise BuildError(
+        "componentize-py is not installed (it builds Python filters): run "
+        "`bash scripts/dev.sh install`, or pip install 'componentize-py=="
+        + COMPONENTIZE_PY_VERSION + "'")
+
+
+def componentize_py_version(tool: str) -> str:
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True)
+    return out.stdout.strip().removeprefix("componentize-py").strip()
+
+
+def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]:
+    """componentize-py over a directory holding only the filter, the SDK and the world glue:
+    nothing of the builder's environment (virtualenv, site-packages) is bundled."""
+    app = tmp / "app"
+    app.mkdir()
+    shutil.copyfile(entry, app / "filter.py")
+    shutil.copyfile(SDK_DIR / "python" / "sluice_app.py", app / "sluice_app.py")
+    shutil.copytree(SDK_DIR / "python" / "sluice_filter", app / "sluice_filter",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SDK_DIR / "python" / "wit", app / "wit")
+    return [find_componentize_py(), "-q", "-d", "wit", "-w", PY_WORLD, "componentize",
+            "--stub-wasi", "-p", ".", "sluice_app", "-o", str(tmp_out)], app
+
+
 def _compile_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path) -> list[list[str]]:
     """The commands that compile `entry` (run in `source_dir`, paths relative to it)."""
     sdk = os.path.relpath(SDK_DIR, source_dir)
@@ -420,6 +460,14 @@ def build_filter(source_dir: Path, output: Path) -> Path:
             go_cmd, go_dir = _go_command(entry, Path(tmp), tmp_out)
             env.update(GO_ENV)
             steps = [(go_cmd, go_dir)]
+        elif entry.suffix == ".py":
+            py_cmd, py_dir = _py_command(entry, Path(tmp), tmp_out)
+            # Only the app directory goes in: no virtualenv or site-packages lookup.
+            for var in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+                env.pop(var, None)
+            env["PYTHONHASHSEED"] = "0"
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+            steps = [(py_cmd, py_dir)]
         elif entry.name == "Cargo.toml":
             steps, cargo_env = _cargo_steps(source_dir, Path(tmp), tmp_out)
             env.update(cargo_env)
@@ -483,6 +531,9 @@ def _versions_match(suffixes: set[str]) -> bool:
         found.append(("assemblyscript", asc_version(find_asc()), ASC_VERSION))
     if ".go" in suffixes:
         found.append(("go", go_version(find_go()), GO_VERSION))
+    if ".py" in suffixes:
+        found.append(("componentize-py", componentize_py_version(find_componentize_py()),
+                      COMPONENTIZE_PY_VERSION))
     ok = True
     for tool, have, want in found:
         if have != want:
