@@ -379,9 +379,12 @@ PY_WORLD = "sluice-filter"
 
 
 def find_componentize_py() -> str:
-    """The componentize-py of this interpreter's environment (scripts/dev.sh installs it)."""
+    """The componentize-py of this interpreter's environment (scripts/dev.sh installs it);
+    ``SLUICE_COMPONENTIZE_PY`` names another."""
     here = Path(sys.executable).parent / "componentize-py"
-    for cand in (str(here), shutil.which("componentize-py")):
+    chosen = os.environ.get("SLUICE_COMPONENTIZE_PY")
+    candidates = [chosen] if chosen else [str(here), shutil.which("componentize-py")]
+    for cand in candidates:
         if cand and Path(cand).is_file():
             return cand
     raise BuildError(
@@ -512,9 +515,29 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def py_sources_digest(source_dir: Path) -> str:
+    """sha256 over what a Python filter is built from: filter.py, the SDK, the world and the
+    componentize-py version. componentize-py's output is not byte-identical across rebuilds
+    (the order of its adapter modules and the pre-initialised heap vary), so --check compares
+    this digest, recorded beside the committed module, instead of the module's bytes."""
+    h = hashlib.sha256(f"componentize-py {COMPONENTIZE_PY_VERSION}\n".encode())
+    files = [source_dir / "filter.py", SDK_DIR / "python" / "sluice_app.py",
+             *sorted((SDK_DIR / "python" / "sluice_filter").glob("*.py")),
+             *sorted((SDK_DIR / "python" / "wit").glob("*.wit"))]
+    for f in files:
+        h.update(f"{f.name}\n".encode() + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _digest_path(t: Target) -> Path:
+    return t.output.with_name(t.output.name + ".sources.sha256")
+
+
 def build_all() -> int:
     for t in targets():
         build_filter(t.source_dir, t.output)
+        if entry_source(t.source_dir).suffix == ".py":
+            _digest_path(t).write_text(py_sources_digest(t.source_dir) + "\n")
         print(f"built {t.output.relative_to(FILTERS_DIR.parent)}  sha256={_sha256(t.output)}")
     return 0
 
@@ -549,8 +572,19 @@ def check_all() -> int:
     failures = 0
     with tempfile.TemporaryDirectory(prefix="sluice-check-") as tmp:
         for t in targets():
-            fresh = build_filter(t.source_dir, Path(tmp) / f"{t.name}.wasm")
             rel = t.output.relative_to(FILTERS_DIR.parent)
+            if entry_source(t.source_dir).suffix == ".py":
+                recorded = (_digest_path(t).read_text().strip()
+                            if _digest_path(t).is_file() else "")
+                if t.output.is_file() and recorded == py_sources_digest(t.source_dir):
+                    print(f"ok      {rel}  built from the current sources (componentize-py "
+                          "output is not byte-identical: sources digest compared)")
+                else:
+                    print(f"DIFFERS {rel}: its sources changed since it was built "
+                          "(python filters/build.py)")
+                    failures += 1
+                continue
+            fresh = build_filter(t.source_dir, Path(tmp) / f"{t.name}.wasm")
             if not t.output.is_file():
                 print(f"MISSING {rel} (run python filters/build.py)")
                 failures += 1

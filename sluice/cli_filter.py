@@ -1,8 +1,8 @@
 """The ``sluice filter`` subcommand: the filter author's loop.
 
-    sluice filter new NAME [--lang c|zig|rust|assemblyscript|go] [--dir PARENT]
+    sluice filter new NAME [--lang c|zig|rust|assemblyscript|go|python] [--dir PARENT]
                                                             write a ready-to-build template
-    sluice filter build PATH [-o OUT.wasm]                  compile PATH/filter.{c,zig,rs,ts,go}
+    sluice filter build PATH [-o OUT.wasm]                  compile PATH/filter.{c,zig,rs,ts,go,py}
     sluice filter test MODULE --input FILE.jsonl [--config FILE] [--output FILE.jsonl]
                                                             run a module over sample records
 
@@ -36,7 +36,7 @@ from typing import Any, TextIO
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _LANG_ENTRY = {"c": "filter.c", "zig": "filter.zig", "rust": "filter.rs",
-               "assemblyscript": "filter.ts", "go": "filter.go"}
+               "assemblyscript": "filter.ts", "go": "filter.go", "python": "filter.py"}
 
 
 def register(subparsers: Any) -> None:

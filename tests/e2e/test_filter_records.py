@@ -21,6 +21,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sluice.codec.compression import CODEC_NAMES
 from sluice.codec.records import BatchHeader, Record, build_batch
+from sluice.filters.config import FilterSpec
+from sluice.filters.runtime import load_filter
 from tests.e2e.clients import (
     QUIET,
     aiokafka_produce,
@@ -108,6 +110,7 @@ def proxy(
             ),
             entry("enrich", str(EXAMPLES / "enrich" / "enrich.wasm"), "enrich-*"),
             entry("enrich-go", str(EXAMPLES / "enrich-go" / "enrich-go.wasm"), "genrich-*"),
+            entry("enrich-py", str(EXAMPLES / "enrich-py" / "enrich-py.wasm"), "penrich-*"),
             entry(
                 "minify",
                 str(EXAMPLES / "inplace-enrich" / "inplace-enrich.wasm"),
@@ -130,6 +133,12 @@ def proxy(
     }
     path = tmp_path_factory.mktemp("records-config") / "sluice.yaml"
     path.write_text(yaml.safe_dump(config))
+    # The Python module (a component with CPython inside) takes tens of seconds to compile on
+    # a loaded machine: compile it into the proxy's cache first, so the proxy's start (which
+    # has a deadline) deserializes it, as a proxy restart does.
+    load_filter(FilterSpec(name="enrich-py",
+                           module=str(EXAMPLES / "enrich-py" / "enrich-py.wasm")),
+                cache_dir=config["module_cache_dir"]).close()
     with SluiceProxy(upstream=stack.bootstrap, config=path) as p:
         yield p
 
@@ -569,7 +578,7 @@ def test_python_clients_mask_and_reject(stack: RelayedBroker, proxy: SluiceProxy
 # --------------------------------------------------------------------------- seed ABIs
 
 
-@pytest.mark.parametrize("prefix", ["enrich", "genrich"], ids=["c", "go"])
+@pytest.mark.parametrize("prefix", ["enrich", "genrich", "penrich"], ids=["c", "go", "python"])
 def test_sluice_abi_example_enriches_and_drops(stack: RelayedBroker, proxy: SluiceProxy,
                                                prefix: str) -> None:
     topic = unique(prefix)
@@ -585,6 +594,26 @@ def test_sluice_abi_example_enriches_and_drops(stack: RelayedBroker, proxy: Slui
     assert [d["user_id"] for d in stored] == ["a", "b"]
     assert stored[0]["timestamp"].endswith("Z") and len(stored[0]["timestamp"]) == 24
     assert stored[1]["timestamp"] == "2020-01-01T00:00:00.000Z"
+
+
+@pytest.mark.parametrize(("prefix", "name"), [("enrich", "enrich"), ("penrich", "enrich-py")],
+                         ids=["c", "python"])
+def test_enrich_reject_reason_reaches_the_producer(proxy: SluiceProxy, prefix: str,
+                                                   name: str) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import InvalidRecordError
+
+    topic = unique(prefix)
+    create_topic(proxy.bootstrap, topic)
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, retries=0)
+    try:
+        bad = producer.send(topic, b'{"user_id": 1,}')
+        with pytest.raises(InvalidRecordError, match=rf"filter {name}: value is not a JSON "
+                                                     r"object: expected member name"):
+            bad.get(timeout=20)
+        producer.send(topic, b'{"user_id": 2}').get(timeout=20)  # and it carries on
+    finally:
+        producer.close()
 
 
 def test_inplace_abi_transform_record(stack: RelayedBroker, proxy: SluiceProxy) -> None:

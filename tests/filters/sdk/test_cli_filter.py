@@ -18,7 +18,7 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 
 ENTRY = {"c": "filter.c", "zig": "filter.zig", "rust": "filter.rs",
-         "assemblyscript": "filter.ts", "go": "filter.go"}
+         "assemblyscript": "filter.ts", "go": "filter.go", "python": "filter.py"}
 
 
 @pytest.mark.parametrize("lang", sorted(ENTRY))
@@ -147,6 +147,7 @@ def test_test_unknown_module(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     ("rust", "SLUICE_RUSTC", "apt-get install rustc libstd-rust-dev-wasm32"),
     ("assemblyscript", "SLUICE_ASC", "bash scripts/dev.sh install"),
     ("go", "SLUICE_GO", "GOTOOLCHAIN=go1.26.8 go version"),
+    ("python", "SLUICE_COMPONENTIZE_PY", "bash scripts/dev.sh install"),
 ])
 def test_build_names_the_missing_toolchain_and_its_install_command(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,

@@ -1,5 +1,5 @@
 """docs/WRITING_FILTERS.md section 1, followed as written in each language it shows (C, Zig,
-Rust, AssemblyScript, Go): the guide's own code blocks are extracted, built, tested with
+Rust, AssemblyScript, Go, Python): the guide's own code blocks are extracted, built, tested with
 `sluice filter test`, and run in a real proxy in front of Tansu with a real client. If the guide
 drifts from what works, this fails."""
 
@@ -46,7 +46,8 @@ def consume_all(bootstrap: str, topic: str, want: int) -> list[bytes]:
 WALKTHROUGHS = [("c", "c", "ssn_at", "filter.c"), ("zig", "zig", "ssnAt", "filter.zig"),
                 ("rust", "rust", "ssn_at", "filter.rs"),
                 ("assemblyscript", "ts", "ssnAt", "filter.ts"),
-                ("go", "go", "ssnAt", "filter.go")]
+                ("go", "go", "ssnAt", "filter.go"),
+                ("python", "python", "ssn_stars", "filter.py")]
 
 
 @pytest.mark.parametrize(("lang", "fence", "marker", "entry"), WALKTHROUGHS)
