@@ -15,8 +15,8 @@ at a time through ctypes, a ``string`` with one C copy.
 
 Sandbox, as for core modules: a component may import **nothing** (componentize-py's
 ``--stub-wasi`` replaces every WASI import by a trapping stub, and the loader refuses any
-import by name), linear memory is capped by the store limiter (the store's *total* across the
-component's core instances), and every call, instantiation included, has the filter's epoch
+import by name), linear memory is capped by the store limiter (one memory per store, so the cap is the
+component's whole heap), and every call, instantiation included, has the filter's epoch
 deadline plus the per-record budget. After a trap the instance is thrown away and the next
 call instantiates afresh (and calls ``init`` again), as for every ABI.
 """
@@ -87,9 +87,11 @@ class ComponentInstance:
         self.timeout_ms = timeout_ms
         self.ticks = engine.ticks_for(timeout_ms)
         self.store = wasmtime.Store(engine.engine)
+        # memories=1: a componentize-py component links CPython, libc and its shims into one
+        # shared memory, so the cap is the component's whole heap (as for core modules).
         self.store.set_limits(memory_size=memory_bytes, table_elements=1_000_000,
                               instances=MAX_CORE_INSTANCES, tables=MAX_CORE_INSTANCES,
-                              memories=MAX_CORE_INSTANCES)
+                              memories=1)
         self._ctx = ctypes.cast(self.store._context(), _vp).value
         self.dead = False
         self.depth = 0

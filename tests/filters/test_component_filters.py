@@ -169,3 +169,10 @@ def test_python_ports_native_and_decoding_paths_agree(
             native, slow = both_paths(chain, filter_produce, PRODUCE, data)
     assert summary(native) == summary(slow)
     assert len(answers) == 1 and answers[0] is not None  # the native answer itself was used
+
+
+def test_a_component_with_a_second_memory_is_refused(tmp_path: Path) -> None:
+    """One memory per store: a second one cannot double the cap."""
+    second = '(core module $two (memory 1)) (core instance $t (instantiate $two))'
+    with pytest.raises(FilterLoadError, match="instantiation failed"):
+        load(tmp_path, component("", extra=second))

@@ -377,9 +377,9 @@ def filter_records(batch: bytes) -> bytes:
         raise ValueError(f"{len(batch) - pos} bytes after the last record")
     out = [_U32.pack(n), bytes(fates)]
     if changed:
-        body = b"".join(section)
-        out.append(_I32.pack(len(body)))
-        out.append(body)
+        new_section = b"".join(section)
+        out.append(_I32.pack(len(new_section)))
+        out.append(new_section)
     else:
         out.append(_I32.pack(-1))
     out.append(_U32.pack(len(rejects)))
