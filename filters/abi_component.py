@@ -16,8 +16,8 @@ at a time through ctypes, a ``string`` with one C copy.
 Sandbox, as for core modules: a component may import **nothing** (componentize-py's
 ``--stub-wasi`` replaces every WASI import by a trapping stub, and the loader refuses any
 import by name), linear memory is capped by the store limiter (one memory per store, so
-the cap is the component's whole heap), and every call, instantiation included, has the filter's epoch
-deadline plus the per-record budget. After a trap the instance is thrown away and the next
+the cap is the component's whole heap), and every call, instantiation included, has the
+filter's epoch deadline plus the per-record budget. After a trap the instance is thrown away and the next
 call instantiates afresh (and calls ``init`` again), as for every ABI.
 """
 
