@@ -17,8 +17,8 @@ Sandbox, as for core modules: a component may import **nothing** (componentize-p
 ``--stub-wasi`` replaces every WASI import by a trapping stub, and the loader refuses any
 import by name), linear memory is capped by the store limiter (one memory per store, so
 the cap is the component's whole heap), and every call, instantiation included, has the
-filter's epoch deadline plus the per-record budget. After a trap the instance is thrown away and the next
-call instantiates afresh (and calls ``init`` again), as for every ABI.
+filter's epoch deadline plus the per-record budget. After a trap the instance is thrown
+away and the next call instantiates afresh (and calls ``init`` again), as for every ABI.
 """
 
 from __future__ import annotations
