@@ -7,10 +7,17 @@ Buffers arrive and leave as Latin-1 strings (one character per byte, see the WIT
 every exception becomes the world's error string, which the host counts as a filter error.
 """
 
+import gc
+
 import filter  # noqa: F401  (registers the callback)
 import sluice_filter
 import wit_world
 from componentize_py_types import Err
+
+# Everything imported so far (the standard library modules, the SDK, the filter) lives as
+# long as the instance: moved out of the collector's reach, a full collection no longer walks
+# the whole pre-initialised heap in the middle of a batch.
+gc.freeze()
 
 
 def _error(exc: BaseException) -> Err:
