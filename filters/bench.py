@@ -5,7 +5,7 @@ Measures what docs/FILTER_ABI.md reports: the cost of one guest call through was
 batch of 100 against one call per record, how fast the epoch deadline stops an infinite loop,
 and compiling a module against deserializing its cached artifact (the guest modules are small
 WAT texts below); and ``languages``: the shipped ``upper`` example built with each SDK (C, Zig,
-Rust, AssemblyScript, Go, JavaScript: ``filters/examples/upper*``) side by side, through the
+Rust, AssemblyScript, Go, JavaScript, Python: ``filters/examples/upper*``) side by side, through the
 decoding path (``run_batch``) and the native path the proxy takes (``filter_produce``);
 ``builtins``: ``builtin:rules`` against ``builtin:pii-mask`` on the same batch. Prints one JSON
 object; ``--only languages`` or ``--only builtins`` runs that part alone.
@@ -212,7 +212,8 @@ def bench_pipeline(seconds: float, tmp: Path) -> dict[str, float]:
 
 # The upper example in every SDK language: filters/examples/<dir>/<dir>.wasm.
 UPPER_PORTS = {"c": "upper-c", "zig": "upper", "rust": "upper-rust",
-               "assemblyscript": "upper-as", "go": "upper-go", "js": "upper-js"}
+               "assemblyscript": "upper-as", "go": "upper-go", "js": "upper-js",
+               "python": "upper-py"}
 
 
 def _upper_runs(f: LoadedFilter, chain: Any, ctx: RecordContext, batch: list[FilterRecord],
@@ -267,13 +268,23 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
         first = load_filter(spec, cache=ModuleCache(default_engine(), tmp / "cache-lang"))
         first.run_batch(ctx, batch)
         first_call_ms = (time.perf_counter() - started) * 1000
+        # A fresh instance of the compiled module (what a trap costs: the next call makes one;
+        # Python: CPython's pre-initialised heap is copied in, init runs again).
+        runner: Any = first._runner
+        inst = []
+        for _ in range(5):
+            runner.discard()
+            started = time.perf_counter()
+            runner.guest()
+            inst.append((time.perf_counter() - started) * 1000)
         first.close()
         chain = FilterChain.from_specs([spec], cache=cache)
         opened += [f, chain]
         decoding[lang], guest[lang], native[lang] = _upper_runs(f, chain, ctx, batch, raw)
         out[lang] = {"module_bytes": module.stat().st_size,
                      "compile_ms": round(compile_ms, 1),
-                     "first_call_ms": round(first_call_ms, 2)}
+                     "first_call_ms": round(first_call_ms, 2),
+                     "instantiate_ms": round(statistics.median(inst), 2)}
     # Languages take turns in short slices, so a burst of load on the shared machine hits
     # them all alike instead of whichever ran at that moment.
     for path, fns in (("decoding_path_records_per_s", decoding),
@@ -393,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     parser.add_argument("--only", choices=("languages", "builtins"),
                         help="run one part: languages = upper in C, Zig, Rust, AssemblyScript, "
-                             "Go, JavaScript; builtins = builtin:rules against "
+                             "Go, JavaScript, Python; builtins = builtin:rules against "
                              "builtin:pii-mask")
     args = parser.parse_args(argv)
     seconds = 0.05 if args.quick else 1.0

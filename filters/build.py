@@ -16,6 +16,10 @@ A filter directory holds one entry source and builds to one stripped Wasm module
   C sources (pinned, fetched by ``scripts/dev.sh install``) compiled once per machine for
   wasm32-wasi by the ``ziglang`` wheel, linked with the C shim ``sdk/js/sluice_js.c`` and the
   filter's source embedded as data;
+- ``filter.py`` (Python, with the ``sluice_filter`` package, ``sdk/python/``): the pinned
+  ``componentize-py`` that ``scripts/dev.sh install`` puts in the virtualenv bundles CPython
+  and the filter into a WebAssembly component (world ``sdk/python/wit``) with every WASI
+  import replaced by a trapping stub (``--stub-wasi``);
 - ``Cargo.toml`` (a Rust crate with a committed ``Cargo.lock``, crates from crates.io): the
   locked crates vendored by a cargo that reads the sparse index, then Debian's ``cargo`` and
   ``rustc`` build ``--release --target wasm32-unknown-unknown`` offline.
@@ -193,7 +197,7 @@ JS_MISSING = (
 )
 
 ENTRIES = ("filter.c", "filter.zig", "filter.rs", "filter.ts", "filter.go", "filter.js",
-           "Cargo.toml")
+           "filter.py", "Cargo.toml")
 
 ZIG_FLAGS = (
     "-target",
@@ -414,6 +418,44 @@ def _go_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
     return [find_go(), "build", *GO_FLAGS, "-o", str(tmp_out), "."], module
 
 
+COMPONENTIZE_PY_VERSION = "0.25.1"
+PY_WORLD = "sluice-filter"
+
+
+def find_componentize_py() -> str:
+    """The componentize-py of this interpreter's environment (scripts/dev.sh installs it);
+    ``SLUICE_COMPONENTIZE_PY`` names another."""
+    here = Path(sys.executable).parent / "componentize-py"
+    chosen = os.environ.get("SLUICE_COMPONENTIZE_PY")
+    candidates = [chosen] if chosen else [str(here), shutil.which("componentize-py")]
+    for cand in candidates:
+        if cand and Path(cand).is_file():
+            return cand
+    raise BuildError(
+        "componentize-py is not installed (it builds Python filters): run "
+        "`bash scripts/dev.sh install`, or pip install 'componentize-py=="
+        + COMPONENTIZE_PY_VERSION + "'")
+
+
+def componentize_py_version(tool: str) -> str:
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True)
+    return out.stdout.strip().removeprefix("componentize-py").strip()
+
+
+def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]:
+    """componentize-py over a directory holding only the filter, the SDK and the world glue:
+    nothing of the builder's environment (virtualenv, site-packages) is bundled."""
+    app = tmp / "app"
+    app.mkdir()
+    shutil.copyfile(entry, app / "filter.py")
+    shutil.copyfile(SDK_DIR / "python" / "sluice_app.py", app / "sluice_app.py")
+    shutil.copytree(SDK_DIR / "python" / "sluice_filter", app / "sluice_filter",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SDK_DIR / "python" / "wit", app / "wit")
+    return [find_componentize_py(), "-q", "-d", "wit", "-w", PY_WORLD, "componentize",
+            "--stub-wasi", "-p", ".", "sluice_app", "-o", str(tmp_out)], app
+
+
 def _compile_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path) -> list[list[str]]:
     """The commands that compile `entry` (run in `source_dir`, paths relative to it)."""
     sdk = os.path.relpath(SDK_DIR, source_dir)
@@ -465,6 +507,14 @@ def build_filter(source_dir: Path, output: Path) -> Path:
             go_cmd, go_dir = _go_command(entry, Path(tmp), tmp_out)
             env.update(GO_ENV)
             steps = [(go_cmd, go_dir)]
+        elif entry.suffix == ".py":
+            py_cmd, py_dir = _py_command(entry, Path(tmp), tmp_out)
+            # Only the app directory goes in: no virtualenv or site-packages lookup.
+            for var in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+                env.pop(var, None)
+            env["PYTHONHASHSEED"] = "0"
+            env["PYTHONDONTWRITEBYTECODE"] = "1"
+            steps = [(py_cmd, py_dir)]
         elif entry.name == "Cargo.toml":
             steps, cargo_env = _cargo_steps(source_dir, Path(tmp), tmp_out)
             env.update(cargo_env)
@@ -597,9 +647,29 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def py_sources_digest(source_dir: Path) -> str:
+    """sha256 over what a Python filter is built from: filter.py, the SDK, the world and the
+    componentize-py version. componentize-py's output is not byte-identical across rebuilds
+    (the order of its adapter modules and the pre-initialised heap vary), so --check compares
+    this digest, recorded beside the committed module, instead of the module's bytes."""
+    h = hashlib.sha256(f"componentize-py {COMPONENTIZE_PY_VERSION}\n".encode())
+    files = [source_dir / "filter.py", SDK_DIR / "python" / "sluice_app.py",
+             *sorted((SDK_DIR / "python" / "sluice_filter").glob("*.py")),
+             *sorted((SDK_DIR / "python" / "wit").glob("*.wit"))]
+    for f in files:
+        h.update(f"{f.name}\n".encode() + hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _digest_path(t: Target) -> Path:
+    return t.output.with_name(t.output.name + ".sources.sha256")
+
+
 def build_all() -> int:
     for t in targets():
         build_filter(t.source_dir, t.output)
+        if entry_source(t.source_dir).suffix == ".py":
+            _digest_path(t).write_text(py_sources_digest(t.source_dir) + "\n")
         print(f"built {t.output.relative_to(FILTERS_DIR.parent)}  sha256={_sha256(t.output)}")
     return 0
 
@@ -619,6 +689,9 @@ def _versions_match(suffixes: set[str]) -> bool:
     if ".js" in suffixes:
         found.append(("ziglang", zig_version(), ZIG_VERSION))
         found.append(("quickjs-ng", quickjs_version(quickjs_dir()), QUICKJS_VERSION))
+    if ".py" in suffixes:
+        found.append(("componentize-py", componentize_py_version(find_componentize_py()),
+                      COMPONENTIZE_PY_VERSION))
     ok = True
     for tool, have, want in found:
         if have != want:
@@ -634,8 +707,19 @@ def check_all() -> int:
     failures = 0
     with tempfile.TemporaryDirectory(prefix="sluice-check-") as tmp:
         for t in targets():
-            fresh = build_filter(t.source_dir, Path(tmp) / f"{t.name}.wasm")
             rel = t.output.relative_to(FILTERS_DIR.parent)
+            if entry_source(t.source_dir).suffix == ".py":
+                recorded = (_digest_path(t).read_text().strip()
+                            if _digest_path(t).is_file() else "")
+                if t.output.is_file() and recorded == py_sources_digest(t.source_dir):
+                    print(f"ok      {rel}  built from the current sources (componentize-py "
+                          "output is not byte-identical: sources digest compared)")
+                else:
+                    print(f"DIFFERS {rel}: its sources changed since it was built "
+                          "(python filters/build.py)")
+                    failures += 1
+                continue
+            fresh = build_filter(t.source_dir, Path(tmp) / f"{t.name}.wasm")
             if not t.output.is_file():
                 print(f"MISSING {rel} (run python filters/build.py)")
                 failures += 1

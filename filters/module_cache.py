@@ -23,12 +23,34 @@ from pathlib import Path
 
 import structlog
 import wasmtime
+from wasmtime import component as wc
 
 from sluice.filters.engine import FilterEngine, wasmtime_version
 
 log = structlog.get_logger("sluice.filters.cache")
 
 _MAGIC = b"SLUICEM1"
+
+
+_COMPONENT_MAGIC = b"SLUICEC1"
+
+
+def _is_component(wasm: bytes) -> bool:
+    """Layer 1 of the binary format (a component), not layer 0 (a core module)."""
+    return len(wasm) >= 8 and wasm[:4] == b"\0asm" and wasm[6:8] == b"\x01\x00"
+
+
+def _compile(engine: FilterEngine, wasm: bytes) -> wasmtime.Module | wc.Component:
+    if _is_component(wasm):
+        return wc.Component(engine.engine, wasm)
+    return wasmtime.Module(engine.engine, wasm)
+
+
+def _deserialize(engine: FilterEngine, body: bytes) -> wasmtime.Module | wc.Component:
+    # A component's artifact is tagged in front: the two deserializers refuse each other's.
+    if body.startswith(_COMPONENT_MAGIC):
+        return wc.Component.deserialize(engine.engine, body[len(_COMPONENT_MAGIC):])
+    return wasmtime.Module.deserialize(engine.engine, body)
 
 
 def default_cache_dir() -> Path:
@@ -43,9 +65,11 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class CompiledModule:
-    """A compiled module and where it came from (``compiled``, ``disk`` or ``memory``)."""
+    """A compiled module and where it came from (``compiled``, ``disk`` or ``memory``).
+    `module` is a `wasmtime.component.Component` when the bytes are a component (Python
+    filters: filters/abi_component.py)."""
 
-    module: wasmtime.Module
+    module: wasmtime.Module | wc.Component
     sha256: str
     origin: str
     load_seconds: float
@@ -79,7 +103,7 @@ class ModuleCache:
             compiled = self._from_disk(sha)
             if compiled is None:
                 started = time.perf_counter()
-                module = wasmtime.Module(self.engine.engine, wasm)
+                module = _compile(self.engine, wasm)
                 compiled = CompiledModule(module, sha, "compiled", time.perf_counter() - started)
                 self._to_disk(sha, module)
             self._memory[sha] = compiled
@@ -104,19 +128,21 @@ class ModuleCache:
             return None
         started = time.perf_counter()
         try:
-            module = wasmtime.Module.deserialize(self.engine.engine, body)
+            module = _deserialize(self.engine, body)
         except wasmtime.WasmtimeError as exc:
             # Another wasmtime build or setting produced it: recompile and overwrite.
             log.info("module_cache_incompatible", path=str(path), error=str(exc))
             return None
         return CompiledModule(module, sha, "disk", time.perf_counter() - started)
 
-    def _to_disk(self, sha: str, module: wasmtime.Module) -> None:
+    def _to_disk(self, sha: str, module: wasmtime.Module | wc.Component) -> None:
         if not self.persist:
             return
         path = self.artifact_path(sha)
         try:
             body = bytes(module.serialize())
+            if isinstance(module, wc.Component):
+                body = _COMPONENT_MAGIC + body
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.cache_dir, prefix=".tmp-", suffix=".cwasm")
             try:

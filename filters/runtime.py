@@ -33,9 +33,11 @@ from pathlib import Path
 
 import structlog
 import wasmtime
+from wasmtime import component as wc
 
 from sluice.codec.records import Buffer
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
+from sluice.filters.abi_component import ComponentAbi
 from sluice.filters.abi_connect import ConnectAbi, connect_function
 from sluice.filters.abi_inplace import InPlaceAbi, inplace_function
 from sluice.filters.abi_sluice import SluiceAbi, is_sluice_module
@@ -72,8 +74,10 @@ def shared_cache(engine: FilterEngine | None = None,
         return cache
 
 
-def _select_abi(module: wasmtime.Module, spec: FilterSpec, who: str,
-                engine: FilterEngine) -> AbiRunner:
+def _select_abi(module: wasmtime.Module | wc.Component, spec: FilterSpec, who: str,
+                engine: FilterEngine) -> AbiRunner | ComponentAbi:
+    if isinstance(module, wc.Component):
+        return ComponentAbi(engine, module, spec, who)
     if is_sluice_module(module):
         return SluiceAbi(engine, module, spec, who)
     if connect_function(module, spec.function):
@@ -123,8 +127,11 @@ def load_filter(spec: FilterSpec, *, cache: ModuleCache | None = None,
         first = str(exc).splitlines()[0] if str(exc) else "invalid module"
         raise FilterLoadError(f"{who}: {path} is not a valid Wasm module: {first}") from None
     runner = _select_abi(compiled.module, spec, who, eng)
+    if "admin" in spec.apply_to and isinstance(runner, ComponentAbi):
+        raise FilterLoadError(f"{who}: filter components cannot act on admin requests "
+                              "(remove admin from apply_to)")
     if "admin" in spec.apply_to and not runner.supports_admin:
-        if runner.abi == "sluice-v1":
+        if runner.abi.startswith("sluice-v1"):
             raise FilterLoadError(f"{who}: bound to admin but the module does not export "
                                   "sluice_admin")
         raise FilterLoadError(f"{who}: {runner.abi} ABI modules cannot act on admin requests "
@@ -140,7 +147,8 @@ def load_filter(spec: FilterSpec, *, cache: ModuleCache | None = None,
 class LoadedFilter:
     """A filter ready to run. Thread-safe (calls are serialised)."""
 
-    def __init__(self, spec: FilterSpec, sha256: str, runner: AbiRunner | HostRunner,
+    def __init__(self, spec: FilterSpec, sha256: str,
+                 runner: AbiRunner | HostRunner | ComponentAbi,
                  origin: str,
                  load_seconds: float) -> None:
         self.spec = spec
@@ -185,7 +193,7 @@ class LoadedFilter:
         runner = self._runner
         if isinstance(runner, HostRunner):
             return runner.has_native
-        return isinstance(runner, SluiceAbi) and runner.has_native
+        return isinstance(runner, (SluiceAbi, ComponentAbi)) and runner.has_native
 
     @property
     def can_screen(self) -> bool:
@@ -215,7 +223,7 @@ class LoadedFilter:
         if isinstance(runner, HostRunner):
             return self._run_host_native(runner, ctx, records, count, offset_base,
                                          timestamp_base)
-        if not isinstance(runner, SluiceAbi) or not runner.has_native:
+        if not isinstance(runner, (SluiceAbi, ComponentAbi)) or not runner.has_native:
             return None
         with self._lock:
             try:

@@ -72,7 +72,7 @@ install_python() {
     echo "Sluice needs Python 3.11 (found $("$PY" --version))" >&2; exit 2; }
   local stamp="$VENV/.sluice-installed"
   local want
-  want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+  want="$(cat pyproject.toml constraints.txt scripts/python-filters/requirements.txt | sha256sum | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
@@ -80,6 +80,9 @@ install_python() {
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt pip==23.2.1 setuptools==75.8.0 wheel==0.45.1
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,spark,build,aws]"
+  # Python filters' builder (a binary wheel with CPython for WASI inside), sha256-checked.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --require-hashes \
+    -r scripts/python-filters/requirements.txt
   echo "$want" > "$stamp"
 }
 

@@ -1,8 +1,9 @@
 """The ``sluice filter`` subcommand: the filter author's loop.
 
-    sluice filter new NAME [--lang c|zig|rust|assemblyscript|go|js] [--dir PARENT]
+    sluice filter new NAME [--lang c|zig|rust|assemblyscript|go|js|python] [--dir PARENT]
                                                             write a ready-to-build template
-    sluice filter build PATH [-o OUT.wasm]                  compile PATH/filter.{c,zig,rs,ts,go,js}
+    sluice filter build PATH [-o OUT.wasm]                  compile PATH/filter.{c,zig,rs,ts,go,
+                                                            js,py}
     sluice filter test MODULE --input FILE.jsonl [--config FILE] [--output FILE.jsonl]
                                                             run a module over sample records
 
@@ -36,7 +37,8 @@ from typing import Any, TextIO
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _LANG_ENTRY = {"c": "filter.c", "zig": "filter.zig", "rust": "filter.rs",
-               "assemblyscript": "filter.ts", "go": "filter.go", "js": "filter.js"}
+               "assemblyscript": "filter.ts", "go": "filter.go", "js": "filter.js",
+               "python": "filter.py"}
 
 
 def register(subparsers: Any) -> None:

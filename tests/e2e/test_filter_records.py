@@ -21,6 +21,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from sluice.codec.compression import CODEC_NAMES
 from sluice.codec.records import BatchHeader, Record, build_batch
+from sluice.filters.config import FilterSpec
+from sluice.filters.runtime import load_filter
 from tests.e2e.clients import (
     QUIET,
     aiokafka_produce,
@@ -111,6 +113,7 @@ def proxy(
             entry("enrich", str(EXAMPLES / "enrich" / "enrich.wasm"), "enrich-*"),
             entry("enrich-go", str(EXAMPLES / "enrich-go" / "enrich-go.wasm"), "genrich-*"),
             entry("enrich-js", str(EXAMPLES / "enrich-js" / "enrich-js.wasm"), "jsenrich-*"),
+            entry("enrich-py", str(EXAMPLES / "enrich-py" / "enrich-py.wasm"), "penrich-*"),
             entry(
                 "minify",
                 str(EXAMPLES / "inplace-enrich" / "inplace-enrich.wasm"),
@@ -134,7 +137,13 @@ def proxy(
     path = tmp_path_factory.mktemp("records-config") / "sluice.yaml"
     path.write_text(yaml.safe_dump(config))
     # The session's module cache starts empty: the proxy compiles the Go and JavaScript
-    # examples (1-2 MB each, seconds apiece on a loaded machine) before it listens.
+    # examples (1-2 MB each, seconds apiece on a loaded machine) before it listens. The Python
+    # module (a component with CPython inside) takes tens of seconds to compile on a loaded
+    # machine: compile it into the proxy's cache first, so the proxy's start deserializes it,
+    # as a proxy restart does.
+    load_filter(FilterSpec(name="enrich-py",
+                           module=str(EXAMPLES / "enrich-py" / "enrich-py.wasm")),
+                cache_dir=config["module_cache_dir"]).close()
     p = SluiceProxy(upstream=stack.bootstrap, config=path).start(timeout=120)
     try:
         yield p
@@ -588,7 +597,8 @@ def test_python_clients_mask_and_reject(stack: Relayed, proxy: SluiceProxy) -> N
 # --------------------------------------------------------------------------- seed ABIs
 
 
-@pytest.mark.parametrize("prefix", ["enrich", "genrich", "jsenrich"], ids=["c", "go", "js"])
+@pytest.mark.parametrize("prefix", ["enrich", "genrich", "jsenrich", "penrich"],
+                         ids=["c", "go", "js", "python"])
 def test_sluice_abi_example_enriches_and_drops(stack: Relayed, proxy: SluiceProxy,
                                                prefix: str) -> None:
     topic = unique(prefix)
@@ -631,6 +641,26 @@ def test_javascript_enrich_rejects_like_the_c_original(proxy: SluiceProxy) -> No
     assert reasons["enrich"][0].startswith("value is not a JSON object: unexpected token")
     assert reasons["enrich"][1].startswith("value is not a JSON object")
     assert "expected member name" in reasons["enrich"][2]
+
+
+@pytest.mark.parametrize(("prefix", "name"), [("enrich", "enrich"), ("penrich", "enrich-py")],
+                         ids=["c", "python"])
+def test_enrich_reject_reason_reaches_the_producer(proxy: SluiceProxy, prefix: str,
+                                                   name: str) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import InvalidRecordError
+
+    topic = unique(prefix)
+    create_topic(proxy.bootstrap, topic)
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, retries=0)
+    try:
+        bad = producer.send(topic, b'{"user_id": 1,}')
+        with pytest.raises(InvalidRecordError, match=rf"filter {name}: value is not a JSON "
+                                                     r"object: expected member name"):
+            bad.get(timeout=20)
+        producer.send(topic, b'{"user_id": 2}').get(timeout=20)  # and it carries on
+    finally:
+        producer.close()
 
 
 def test_inplace_abi_transform_record(stack: Relayed, proxy: SluiceProxy) -> None:

@@ -50,7 +50,8 @@ PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
 EXAMPLES = Path(__file__).resolve().parents[2] / "filters" / "examples"
 # Every example with a Sluice ABI port, by name: the committed modules.
 PORTS = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go", "upper-js", "enrich",
-         "enrich-rust", "enrich-as", "enrich-go", "enrich-js", "pii-mask-go"]
+         "enrich-rust", "enrich-as", "enrich-go", "enrich-js", "pii-mask-go", "upper-py",
+         "enrich-py"]
 # The probes that mirror probe_zig, by language; each has a "<lang>-probe" chain and a
 # "<lang>-like-c" one whose "ctx" text equals the C probe's.
 SDK_PROBES = {"zig": "probe_zig", "rust": "probe_rust", "as": "probe_as", "go": "probe_go",

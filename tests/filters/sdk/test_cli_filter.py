@@ -18,7 +18,8 @@ def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, s
 
 
 ENTRY = {"c": "filter.c", "zig": "filter.zig", "rust": "filter.rs",
-         "assemblyscript": "filter.ts", "go": "filter.go", "js": "filter.js"}
+         "assemblyscript": "filter.ts", "go": "filter.go", "js": "filter.js",
+         "python": "filter.py"}
 
 
 @pytest.mark.parametrize("lang", sorted(ENTRY))
@@ -148,6 +149,7 @@ def test_test_unknown_module(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     ("assemblyscript", "SLUICE_ASC", "bash scripts/dev.sh install"),
     ("go", "SLUICE_GO", "GOTOOLCHAIN=go1.26.8 go version"),
     ("js", "SLUICE_QUICKJS", "bash scripts/dev.sh install"),
+    ("python", "SLUICE_COMPONENTIZE_PY", "bash scripts/dev.sh install"),
 ])
 def test_build_names_the_missing_toolchain_and_its_install_command(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,

@@ -35,8 +35,8 @@ def run(f: LoadedFilter, *values: bytes | None, key: bytes | None = None,
     return f.run_batch(CTX, recs, timestamp_base=timestamp_ms).decisions
 
 
-ENRICH = ["enrich", "enrich-rust", "enrich-as", "enrich-go", "enrich-js"]
-UPPER = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go", "upper-js"]
+ENRICH = ["enrich", "enrich-rust", "enrich-as", "enrich-go", "enrich-js", "enrich-py"]
+UPPER = ["upper", "upper-c", "upper-rust", "upper-as", "upper-go", "upper-js", "upper-py"]
 
 
 @pytest.mark.parametrize("name", ENRICH)

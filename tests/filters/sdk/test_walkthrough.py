@@ -1,7 +1,7 @@
 """docs/WRITING_FILTERS.md section 1, followed as written in each language it shows (C, Zig,
-Rust, AssemblyScript, Go, JavaScript): the guide's own code blocks are extracted, built, tested with
-`sluice filter test`, and run in a real proxy in front of Tansu with a real client. If the guide
-drifts from what works, this fails."""
+Rust, AssemblyScript, Go, JavaScript, Python): the guide's own code blocks are extracted, built,
+tested with `sluice filter test`, and run in a real proxy in front of Tansu with a real client.
+If the guide drifts from what works, this fails."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def consume_all(bootstrap: str, topic: str, want: int) -> list[bytes]:
 WALKTHROUGHS = [("c", "c", "ssn_at", "filter.c"), ("zig", "zig", "ssnAt", "filter.zig"),
                 ("rust", "rust", "ssn_at", "filter.rs"),
                 ("assemblyscript", "ts", "ssnAt", "filter.ts"),
-                ("go", "go", "ssnAt", "filter.go"), ("js", "js", "redactSsn", "filter.js")]
+                ("go", "go", "ssnAt", "filter.go"), ("js", "js", "redactSsn", "filter.js"),
+                ("python", "python", "ssn_stars", "filter.py")]
 
 
 @pytest.mark.parametrize(("lang", "fence", "marker", "entry"), WALKTHROUGHS)
