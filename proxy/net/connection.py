@@ -820,7 +820,8 @@ class Connection:
             out.append(SendToBroker(to_broker))
         if self._phase is _CLOSED:
             return out
-        if self._client_side.eof and self._idle():
+        client_side, broker_side = self._client_side, self._broker_side
+        if client_side.eof and self._idle():
             self._close(out, "client closed")
             return out
         limits = self.limits
@@ -829,25 +830,27 @@ class Connection:
             or len(self._slots) >= limits.max_inflight
             or self._held_bytes >= limits.max_held_response_bytes
             or self._queued_bytes >= limits.max_queued_request_bytes
-            or not self._client_side.writable
-            or not self._broker_side.writable
+            or not client_side.writable
+            or not broker_side.writable
         )
         if self._mute_until and self._held_back():
             pause_client = True
         if self._pending_wake is not None:
             out.append(Wake(self._pending_wake))
             self._pending_wake = None
-        self._client_side.steer(pause_client, out)
+        if pause_client != client_side.paused:  # compared here: no call on the hot path
+            client_side.steer(pause_client, out)
         # Responses are counted from the moment they arrive (in a job or ready): past the
         # bound the broker is not read either. Never while the first slot still waits for the
         # broker's answer: later broker answers cannot have arrived, the bytes held are the
         # proxy's own answers, and only the broker's next answer can let them go.
         slots = self._slots
-        pause_broker = not self._client_side.writable or (
+        pause_broker = not client_side.writable or (
             self._held_bytes >= limits.max_held_response_bytes
             and not (slots and self._awaiting and self._awaiting[0] is slots[0])
         )
-        self._broker_side.steer(pause_broker, out)
+        if pause_broker != broker_side.paused:
+            broker_side.steer(pause_broker, out)
         return out
 
     def _close(self, out: list[Action], reason: str, violation: bool = False) -> list[Action]:
