@@ -20,6 +20,10 @@ What lives here, and only here:
   deferred one, or either socket's send buffer is full; reading from the broker pauses while
   the client's socket does not drain. Per-connection memory is therefore bounded (see
   `Limits` and docs/ARCHITECTURE.md).
+- **State, named.** Each socket is a `_Side` (writable, paused, ended) whose reading is
+  paused and resumed only by `_Side.steer`, the one place Pause/Resume actions are made; the
+  request stream is in one `_Phase`: flowing, deferred (one request in a job, later ones
+  queued behind it) or closed (`closed` holds the reason).
 - **Chain changes in flight.** A response is sent only if it was processed by the router in
   force at send time; otherwise it is processed again from the broker's bytes (a Fetch that
   waited across a reload that added a fetch filter is filtered by it).
