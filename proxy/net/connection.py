@@ -20,6 +20,10 @@ What lives here, and only here:
   deferred one, or either socket's send buffer is full; reading from the broker pauses while
   the client's socket does not drain. Per-connection memory is therefore bounded (see
   `Limits` and docs/ARCHITECTURE.md).
+- **State, named.** Each socket is a `_Side` (writable, paused, ended) whose reading is
+  paused and resumed only by `_Side.steer`, the one place Pause/Resume actions are made; the
+  request stream is in one `_Phase`: flowing, deferred (one request in a job, later ones
+  queued behind it) or closed (`closed` holds the reason).
 - **Chain changes in flight.** A response is sent only if it was processed by the router in
   force at send time; otherwise it is processed again from the broker's bytes (a Fetch that
   waited across a reload that added a fetch filter is filtered by it).
@@ -44,6 +48,7 @@ What lives here, and only here:
 
 from __future__ import annotations
 
+import enum
 import math
 import struct
 import time
@@ -169,6 +174,42 @@ Action = (
 )
 
 
+@dataclass(slots=True)
+class _Side:
+    """One socket as the connection sees it: can it take more bytes, is reading it paused,
+    has it ended. Reading is paused and resumed only through `steer`, which hands out the
+    action on a change, so `paused` is always what the last Pause/Resume action said."""
+
+    pause: Callable[[], Action]
+    resume: Callable[[], Action]
+    writable: bool = True
+    paused: bool = False
+    eof: bool = False
+
+    def steer(self, pause: bool, out: list[Action]) -> None:
+        if pause != self.paused:
+            self.paused = pause
+            out.append(self.pause() if pause else self.resume())
+
+
+class _Phase(enum.Enum):
+    """Where the stream of requests stands."""
+
+    #: requests go to their paths as they are read (past a limit they wait in the queue)
+    FLOWING = "flowing"
+    #: one request is in a job (a filter run, a config look-up); every later one waits in
+    #: the queue behind it, so the broker sees them in the client's order
+    DEFERRED = "deferred"
+    #: the connection is closed (`Connection.closed` says why); inputs are ignored
+    CLOSED = "closed"
+
+
+# Module constants: compared by identity on the hot path.
+_FLOWING = _Phase.FLOWING
+_DEFERRED = _Phase.DEFERRED
+_CLOSED = _Phase.CLOSED
+
+
 # A call to make again once nodes are learnt: given the actions list and the nodes asked for.
 _Retry = Callable[[list[Action], frozenset[int]], None]
 
@@ -230,28 +271,25 @@ class Connection:
         self._unanswered: deque[int] = deque(maxlen=self.limits.max_unanswered_acks0)
         self._queued: deque[bytes | memoryview] = deque()  # requests behind a deferred one
         self._queued_bytes = 0
-        self._held_bytes = 0
-        self._deferred_request = False
+        self._held_bytes = 0  # response bytes held (see `_account`)
+        self._phase = _FLOWING
         # job id -> (kind, what it is for, its finish, the context it runs with)
         self._jobs: dict[int, tuple[str, Any, Callable[[Any], Any], Any]] = {}
         # job id -> (its deadline on the clock, Job.what), in start order
         self._job_deadlines: dict[int, tuple[float, str]] = {}
         self._next_job = 1
-        self._client_writable = True
-        self._broker_writable = True
-        self._client_paused = False
-        self._broker_paused = False
-        self._client_eof = False
+        self._client_side = _Side(PauseClient, ResumeClient)
+        self._broker_side = _Side(PauseBroker, ResumeBroker)
         # Calls to make again once the I/O layer has learnt nodes (`LearnNodes`), in order,
         # each with the nodes it asked for (asked twice: the port could not be bound).
         self._parked: list[tuple[_Retry, frozenset[int]]] = []
-        self.closed: Close | None = None
+        self._closed: Close | None = None  # set with the CLOSED phase, by `_close` only
 
     # ================================================================ inputs
 
     def client_data(self, data: bytes) -> list[Action]:
         out: list[Action] = []
-        if self.closed is not None:
+        if self._phase is _CLOSED:
             return out
         self.client.stats.bytes_in += len(data)
         try:
@@ -262,7 +300,7 @@ class Connection:
         limit = self.limits.max_inflight
         for frame in frames:
             if (
-                self._deferred_request
+                self._phase is _DEFERRED
                 or self._queued
                 or len(self._slots) >= limit
                 or (self._mute_until and self._held_back())
@@ -273,13 +311,13 @@ class Connection:
                 self._queue(frame)
                 continue
             self._on_request(frame, out, to_broker)
-            if self.closed is not None:
+            if self._phase is _CLOSED:
                 break
         return self._finish(out, to_broker)
 
     def broker_data(self, data: bytes) -> list[Action]:
         out: list[Action] = []
-        if self.closed is not None:
+        if self._phase is _CLOSED:
             return out
         try:
             frames = self._broker_frames.feed(data)
@@ -287,7 +325,7 @@ class Connection:
             return self._close(out, f"response frame too large: {exc}", violation=True)
         for frame in frames:
             self._on_response(frame, out)
-            if self.closed is not None:
+            if self._phase is _CLOSED:
                 return out
         return self._finish(out, None)
 
@@ -298,7 +336,7 @@ class Connection:
         kind, subject, finish, ctx = self._jobs.pop(job_id)
         self._job_deadlines.pop(job_id, None)
         release(ctx)
-        if self.closed is not None:
+        if self._phase is _CLOSED:
             return out
         if error is not None:
             return self._close(out, f"{kind} job failed: {type(error).__name__}: {error}")
@@ -310,7 +348,7 @@ class Connection:
             except (CodecError, Refused, UnknownNodes) as exc:
                 return self._close(out, str(exc), violation=True)
             self._effects(exchange, out)
-            self._deferred_request = False
+            self._phase = _FLOWING
             self._apply_request(subject, outcome, ctx, out, to_broker)
             self._drain_queue(out, to_broker)
         else:
@@ -351,7 +389,7 @@ class Connection:
         out: list[Action] = []
         parked, self._parked = self._parked, []
         for call, asked in parked:
-            if self.closed is not None:
+            if self._phase is _CLOSED:
                 return out
             call(out, asked)
         return self._finish(out, None)
@@ -359,14 +397,15 @@ class Connection:
     def client_eof(self) -> list[Action]:
         """The client half-closed: answer what it asked, then close."""
         out: list[Action] = []
-        self._client_eof = True
-        if self.closed is None and self._idle():
+        self._client_side.eof = True
+        if self._phase is not _CLOSED and self._idle():
             self._close(out, "client closed")
         return out
 
     def broker_eof(self) -> list[Action]:
         out: list[Action] = []
-        if self.closed is None:
+        self._broker_side.eof = True
+        if self._phase is not _CLOSED:
             reason = "broker closed"
             if self._awaiting:
                 reason += f" with {len(self._awaiting)} request(s) unanswered"
@@ -376,7 +415,7 @@ class Connection:
     def tick(self) -> list[Action]:
         """A `Wake` came due: a quota wait may have ended, or a job's deadline passed."""
         self._wake_at = None
-        if self.closed is not None:
+        if self._phase is _CLOSED:
             return []
         if self._job_deadlines:
             now = self._clock()
@@ -395,11 +434,11 @@ class Connection:
         return self._finish([], None)
 
     def client_writable(self, writable: bool) -> list[Action]:
-        self._client_writable = writable
+        self._client_side.writable = writable
         return self._finish([], None)
 
     def broker_writable(self, writable: bool) -> list[Action]:
-        self._broker_writable = writable
+        self._broker_side.writable = writable
         return self._finish([], None)
 
     # ================================================================ state for observers
@@ -410,16 +449,21 @@ class Connection:
         the client is held back by a quota."""
         return (
             bool(self._slots)
-            or self._deferred_request
+            or self._phase is _DEFERRED
             or (self._mute_until > 0 and self._mute_until > self._clock())
         )
 
     @property
     def client_paused(self) -> bool:
-        return self._client_paused
+        return self._client_side.paused
+
+    @property
+    def closed(self) -> Close | None:
+        """Why the connection closed; None while it is open."""
+        return self._closed
 
     def _idle(self) -> bool:
-        return not self._slots and not self._deferred_request and not self._queued
+        return not self._slots and self._phase is _FLOWING and not self._queued
 
     # ================================================================ requests
 
@@ -431,12 +475,11 @@ class Connection:
         limits = self.limits
         while (
             self._queued
-            and not self._deferred_request
-            and self.closed is None
+            and self._phase is _FLOWING
             and len(self._slots) < limits.max_inflight
             # Answers go out as soon as they are made: not while the client does not read.
-            and self._client_writable
-            and self._broker_writable
+            and self._client_side.writable
+            and self._broker_side.writable
             and self._held_bytes < limits.max_held_response_bytes
             and not (self._mute_until and self._held_back())
         ):
@@ -527,7 +570,7 @@ class Connection:
             self._close(out, outcome.reason, violation=True)
         elif type(outcome) is Defer:
             # Later requests wait: the broker must see them in the client's order.
-            self._deferred_request = True
+            self._phase = _DEFERRED
             self._start_job("request", target, outcome.job, ctx, out)
         elif type(outcome) is NoReply:
             return
@@ -701,7 +744,7 @@ class Connection:
                 slot.on_sent = None
                 self._account(slot)
                 self._route_response(slot, out)
-                if self.closed is not None or slot.response is None:
+                if self._phase is _CLOSED or slot.response is None:
                     break
                 continue
             if slot.exchange.throttle_until:
@@ -769,19 +812,20 @@ class Connection:
     def _finish(
         self, out: list[Action], to_broker: list[bytes | memoryview] | None
     ) -> list[Action]:
-        if self.closed is not None:
+        if self._phase is _CLOSED:
             return out
         if to_broker is None:
             to_broker = []
         self._flush(out)
-        if self._queued and self.closed is None:
+        if self._queued and self._phase is not _CLOSED:
             self._drain_queue(out, to_broker)
             self._flush(out)
         if to_broker:
             out.append(SendToBroker(to_broker))
-        if self.closed is not None:
+        if self._phase is _CLOSED:
             return out
-        if self._client_eof and self._idle():
+        client_side, broker_side = self._client_side, self._broker_side
+        if client_side.eof and self._idle():
             self._close(out, "client closed")
             return out
         limits = self.limits
@@ -790,40 +834,39 @@ class Connection:
             or len(self._slots) >= limits.max_inflight
             or self._held_bytes >= limits.max_held_response_bytes
             or self._queued_bytes >= limits.max_queued_request_bytes
-            or not self._client_writable
-            or not self._broker_writable
+            or not client_side.writable
+            or not broker_side.writable
         )
         if self._mute_until and self._held_back():
             pause_client = True
         if self._pending_wake is not None:
             out.append(Wake(self._pending_wake))
             self._pending_wake = None
-        if pause_client != self._client_paused:
-            self._client_paused = pause_client
-            out.append(PauseClient() if pause_client else ResumeClient())
+        if pause_client != client_side.paused:  # compared here: no call on the hot path
+            client_side.steer(pause_client, out)
         # Responses are counted from the moment they arrive (in a job or ready): past the
         # bound the broker is not read either. Never while the first slot still waits for the
         # broker's answer: later broker answers cannot have arrived, the bytes held are the
         # proxy's own answers, and only the broker's next answer can let them go.
         slots = self._slots
-        pause_broker = not self._client_writable or (
+        pause_broker = not client_side.writable or (
             self._held_bytes >= limits.max_held_response_bytes
             and not (slots and self._awaiting and self._awaiting[0] is slots[0])
         )
-        if pause_broker != self._broker_paused:
-            self._broker_paused = pause_broker
-            out.append(PauseBroker() if pause_broker else ResumeBroker())
+        if pause_broker != broker_side.paused:
+            broker_side.steer(pause_broker, out)
         return out
 
     def _close(self, out: list[Action], reason: str, violation: bool = False) -> list[Action]:
-        if self.closed is None:
+        if self._phase is not _CLOSED:
             # What is ready in order still goes out first (a close after a half-close).
             if not violation:
                 self._flush(out)
-            self.closed = Close(reason, violation)
+            self._closed = closed = Close(reason, violation)
+            self._phase = _CLOSED
             # Told before the close, so that the I/O layer performs them.
             self._lost(reason, out)
-            out.append(self.closed)
+            out.append(closed)
         return out
 
     def abort(self, reason: str) -> list[Action]:

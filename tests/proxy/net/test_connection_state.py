@@ -1,0 +1,151 @@
+"""The connection's explicit state under any sequence of inputs (a hypothesis state machine):
+each side's `paused` is what the last Pause/Resume action for it said, the request stream is
+deferred exactly while a request job is out and nothing reaches the broker meanwhile, and a
+closed connection stays closed and says nothing more."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from sluice.proxy.net.connection import (
+    Close,
+    Limits,
+    PauseBroker,
+    PauseClient,
+    ResumeBroker,
+    ResumeClient,
+    SendToBroker,
+    StartJob,
+    _Phase,
+)
+from tests.proxy.net.test_connection import (
+    DESCRIBE_GROUPS,
+    FETCH,
+    LIST_OFFSETS,
+    METADATA,
+    frame,
+    frames_of,
+    make,
+    request,
+    response,
+)
+
+# Small limits, so that short sequences reach every back-pressure reason.
+LIMITS = Limits(
+    max_inflight=3, max_held_response_bytes=200, max_queued_request_bytes=300, job_deadline=1e9
+)
+
+
+class ConnectionState(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conn, _, _ = make(LIMITS)
+        self.next_cid = 0
+        self.jobs: list[StartJob] = []  # started and not yet done, in start order
+        self.forwarded: list[int] = []  # correlation ids sent to the broker, not yet answered
+        self.client_paused = False  # what the last PauseClient/ResumeClient said
+        self.broker_paused = False
+        self.closed = False
+
+    def feed(self, out: list[Any]) -> None:
+        if self.closed:
+            assert out == [], "a closed connection hands out nothing"
+        for i, action in enumerate(out):
+            if isinstance(action, PauseClient):
+                assert not self.client_paused, "two PauseClient in a row"
+                self.client_paused = True
+            elif isinstance(action, ResumeClient):
+                assert self.client_paused, "ResumeClient while not paused"
+                self.client_paused = False
+            elif isinstance(action, PauseBroker):
+                assert not self.broker_paused, "two PauseBroker in a row"
+                self.broker_paused = True
+            elif isinstance(action, ResumeBroker):
+                assert self.broker_paused, "ResumeBroker while not paused"
+                self.broker_paused = False
+            elif isinstance(action, StartJob):
+                self.jobs.append(action)
+            elif isinstance(action, SendToBroker):
+                data = b"".join(bytes(b) for b in action.data)
+                self.forwarded += [struct.unpack_from(">i", f, 4)[0] for f in frames_of(data)]
+            elif isinstance(action, Close):
+                assert i == len(out) - 1, "Close is the last action"
+                self.closed = True
+
+    @rule(
+        kind=st.sampled_from([METADATA, LIST_OFFSETS, DESCRIBE_GROUPS, FETCH]),
+        n=st.integers(1, 4),
+    )
+    def client_sends(self, kind: int, n: int) -> None:
+        data = b""
+        for _ in range(n):
+            data += frame(request(kind, self.next_cid))
+            self.next_cid += 1
+        self.feed(self.conn.client_data(data))
+
+    @precondition(lambda self: bool(self.jobs))
+    @rule(pick=st.integers(0, 10))
+    def a_job_finishes(self, pick: int) -> None:
+        job = self.jobs.pop(pick % len(self.jobs))
+        self.feed(self.conn.job_done(job.job_id, job.job.run()))
+
+    @precondition(lambda self: bool(self.forwarded))
+    @rule(n=st.integers(1, 3), slow=st.booleans())
+    def broker_answers(self, n: int, slow: bool) -> None:
+        data = b""
+        for cid in self.forwarded[:n]:
+            data += frame(response(cid, b"slow" if slow else b"broker"))
+        del self.forwarded[:n]
+        self.feed(self.conn.broker_data(data))
+
+    @rule(writable=st.booleans())
+    def client_socket(self, writable: bool) -> None:
+        self.feed(self.conn.client_writable(writable))
+        if not self.closed and not writable:
+            assert self.client_paused and self.broker_paused
+
+    @rule(writable=st.booleans())
+    def broker_socket(self, writable: bool) -> None:
+        self.feed(self.conn.broker_writable(writable))
+        if not self.closed and not writable:
+            assert self.client_paused
+
+    @rule()
+    def client_half_closes(self) -> None:
+        self.feed(self.conn.client_eof())
+
+    @rule()
+    def tick(self) -> None:
+        self.feed(self.conn.tick())
+
+    @invariant()
+    def sides_are_what_the_actions_said(self) -> None:
+        conn = self.conn
+        assert conn.client_paused is self.client_paused
+        assert conn._client_side.paused is self.client_paused
+        assert conn._broker_side.paused is self.broker_paused
+
+    @invariant()
+    def phase_matches_the_jobs_and_the_close(self) -> None:
+        conn = self.conn
+        assert (conn._phase is _Phase.CLOSED) is (conn.closed is not None) is self.closed
+        if self.closed:
+            return
+        request_jobs = [j for j in self.jobs if j.job.what == "test"]
+        assert len(request_jobs) <= 1, "one deferred request at a time"
+        assert (conn._phase is _Phase.DEFERRED) is bool(request_jobs)
+        if conn._phase is _Phase.DEFERRED:
+            assert conn.busy
+            # Everything read after the deferred request waits in the queue, unsent.
+            deferred = request_jobs[0]
+            later = [c for c in self.forwarded if c > deferred.job.run()]
+            assert later == [], f"sent to the broker past a deferred request: {later}"
+
+
+TestConnectionState = ConnectionState.TestCase
+TestConnectionState.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
