@@ -162,6 +162,9 @@ def fetch_request(
     )
 
 
+_RETRIABLE_FETCH_ERRORS = frozenset({3, 5, 6})
+
+
 def read_partition(
     bootstrap: str, topic: str, partition: int = 0, version: int = 12
 ) -> list[Record]:
@@ -169,13 +172,21 @@ def read_partition(
     out: list[Record] = []
     offset = 0
     empty = 0
+    # Apache Kafka answers a topic created a moment ago with a retriable error until its
+    # leader is known everywhere (NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION,
+    # LEADER_NOT_AVAILABLE): retry those for a while.
+    settle_until = time.monotonic() + 10.0
     with RawConnection(bootstrap) as conn:
         while True:
             response = conn.call(1, version, fetch_request(version, topic, partition, offset))
             (t,) = response.responses
             (p,) = t.partitions
-            if int(p.error_code):
-                raise RuntimeError(f"fetch {topic}/{partition}: error {int(p.error_code)}")
+            code = int(p.error_code)
+            if code in _RETRIABLE_FETCH_ERRORS and time.monotonic() < settle_until:
+                time.sleep(0.1)
+                continue
+            if code:
+                raise RuntimeError(f"fetch {topic}/{partition}: error {code}")
             batches, _tail = split_batches(p.records or b"")
             if not batches:
                 if offset >= int(p.high_watermark):

@@ -616,7 +616,7 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     from sluice.proxy.net.server import ProxyServer
     from sluice.proxy.ops.config import ProxyConfig
     from sluice.proxy.paths import addresses
-    from sluice.proxy.paths.base import Exchange
+    from sluice.proxy.paths.base import Exchange, UnknownNodes
     from sluice.proxy.paths.internal_topics import InternalTopicsPath
     from tests.harness.ports import free_port_block
 
@@ -653,6 +653,13 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     assert relayed.frame is plain, "no tagged fields: relayed as is"
     remote = entities.build(ecls, node_id=7, host="broker-7.internal", port=9092, rack=None)
     tagged = frame(responses=(), node_endpoints=(remote,))
+    # A node not learnt yet: the path asks for it (the connection hands that out as an action
+    # and the session binds the node's port), then answers when called again.
+    with pytest.raises(UnknownNodes) as unknown:
+        path.on_response(router.ctx, exchange, tagged)
+    assert [n[0] for n in unknown.value.nodes] == [7]
+    for node in unknown.value.nodes:
+        server.side_effects.learn_node(*node)
     out = path.on_response(router.ctx, exchange, tagged).frame
     size = len(response_header_bytes(42, api_key, version))
     (endpoint,) = decode_response(api_key, version, out[size:]).node_endpoints
