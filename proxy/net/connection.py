@@ -4,7 +4,8 @@
 (`broker_data`), the results of jobs it asked for (`job_done`), end-of-stream on either side,
 and whether each side's socket can take more bytes (`client_writable`, `broker_writable`). It
 answers with a list of actions for the I/O layer (`net/session.py`) to perform: send these
-bytes to the broker or to the client, pause or resume reading a side, start a job, close.
+bytes to the broker or to the client, pause or resume reading a side, start a job, call
+`tick` later (`Wake`), perform a side effect (below), close.
 
 What lives here, and only here:
 
@@ -15,18 +16,21 @@ What lives here, and only here:
   response; a broker that answers anyway is tolerated and its answer dropped).
 - **Request order towards the broker.** While a request is deferred (a filter job, a config
   look-up), later requests wait behind it, so the broker sees them in the client's order.
-- **Back-pressure.** Reading from the client pauses while too many requests are in flight,
-  too many response bytes wait for an earlier slot, too many request bytes wait behind a
-  deferred one, or either socket's send buffer is full; reading from the broker pauses while
-  the client's socket does not drain. Per-connection memory is therefore bounded (see
-  `Limits` and docs/ARCHITECTURE.md).
+- **Back-pressure.** Reading from the client pauses while any request it sent waits in the
+  queue (behind a deferred one, past the in-flight limit, or during a quota wait), too many
+  requests are in flight, too many response bytes are held (from arrival until sent: being
+  decided, in a job, or ready behind an earlier slot), or either socket's send buffer is
+  full; reading from the broker pauses while the client's socket does not drain or too many
+  response bytes are held (never while the first slot still waits for the broker).
+  Per-connection memory is therefore bounded (see `Limits` and docs/ARCHITECTURE.md).
 - **State, named.** Each socket is a `_Side` (writable, paused, ended) whose reading is
   paused and resumed only by `_Side.steer`, the one place Pause/Resume actions are made; the
   request stream is in one `_Phase`: flowing, deferred (one request in a job, later ones
   queued behind it) or closed (`closed` holds the reason).
 - **Chain changes in flight.** A response is sent only if it was processed by the router in
-  force at send time; otherwise it is processed again from the broker's bytes (a Fetch that
-  waited across a reload that added a fetch filter is filtered by it).
+  force at send time, or its request pinned the path that handles it (`Forward.pin`);
+  otherwise it is processed again from the broker's bytes (a Fetch that waited across a
+  reload that added a fetch filter is filtered by it).
 - **Quota throttling.** With quotas configured (`ops/quotas.py`), a Produce request read or a
   Fetch response received is counted against the client's budgets, and an exchange over
   quota carries the time until which the client is held back. From then on the client's later
@@ -42,8 +46,10 @@ What lives here, and only here:
   raises `UnknownNodes`, the connection hands out `LearnNodes` and calls the path again on
   `nodes_learned`, so a response carrying a node's address is released only after the I/O
   layer has bound the node's port.
-- **Refusals.** A frame that cannot be parsed, a request version the proxy never advertised,
-  a response that matches no request: the connection closes with the reason.
+- **Refusals.** A frame that cannot be parsed, a request version the router refuses
+  (`Router.refusal`: one the broker does not serve, or one a path must inspect that the codec
+  cannot decode), a response that matches no request, a job past its deadline: the
+  connection closes with the reason.
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ The contract (docs/ARCHITECTURE.md has the long form):
   it cannot decode is `Refuse`d (the connection is closed with the reason), never relayed.
 - **Chain changes.** A path reads the chain from its `PathContext`, which is fixed for the life
   of the router that called it. A response is processed again, from its original bytes, when
-  the router changed before the response was sent, unless the path `pin`ned it (Produce and
-  admin answers, whose filtering happened when the request was forwarded).
+  the router changed before the response was sent, unless the path `pin`ned it (filtered
+  Produce, changed admin requests, DescribeConfigs under data policies and SASL: what their
+  answer needs was decided when the request was forwarded).
 - **Side effects.** A path performs none: it is bytes in, outcome out. What the world must
   learn goes on the exchange (`Exchange.emit` for telemetry, `Exchange.dead_letters` for dead
   letters) and the connection hands it to the I/O layer as actions, in order, after the call
@@ -34,9 +35,10 @@ The contract (docs/ARCHITECTURE.md has the long form):
   performed after the response's bytes, so a response processed twice counts once. Broker
   addresses are rewritten from `ctx.node_address`, a pure look-up of the nodes already
   learnt: a node it does not know raises `UnknownNodes`, the connection asks the I/O layer to
-  learn the nodes (`LearnNodes`: the port is chosen, under the shared table's lock, and bound)
-  and calls the path again, so the port is bound before the client can see its address. A
-  call that raises `UnknownNodes` has its effects dropped: the call that follows makes them.
+  learn the nodes (`LearnNodes`: the port is chosen, with `--workers` under the shared table's
+  lock, and bound) and calls the path again, so the port is bound before the client can see
+  its address. A call that raises `UnknownNodes` has its effects dropped: the call that
+  follows makes them.
 """
 
 from __future__ import annotations
