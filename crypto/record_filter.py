@@ -261,7 +261,8 @@ class EncryptRunner(HostRunner):
                             ) -> NativeOutput | None:
         assert self.fields is not None
         packed, npaths = self._packed_paths, len(self.fields)
-        seals = batch_seal.plan_fields(records, count, packed, npaths, self.max_records)
+        plan = batch_seal.plan_fields(records, count, packed, npaths, self.max_records)
+        seals = plan.seals
         if not seals:
             return NativeOutput(bytes(count), None)
         if seals > self.max_records:
@@ -274,7 +275,7 @@ class EncryptRunner(HostRunner):
                                self.spec.name, ctx.topic)
         section, fates, sealed, fields = batch_seal.seal_fields(
             records, count, key.raw, self.nonces(NONCE_SIZE * seals), prefix, packed, npaths,
-            headers_for(env)[:-1], self.max_records)
+            headers_for(env)[:-1], self.max_records, plan)
         return NativeOutput(fates, section, {}, {
             "encrypted": sealed, "fields_encrypted": fields,
             f"kek:{env.key_name}:{env.key_version}": sealed}, trusted=True)
