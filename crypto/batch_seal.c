@@ -440,26 +440,15 @@ typedef struct {
     int path;
 } span_t;
 
+static size_t utf8_seq(const uint8_t *s, size_t n, size_t i);
+
 static int utf8_ok(const uint8_t *s, size_t n) {
     size_t i = 0;
     while (i < n) {
-        uint8_t c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t need;
-        uint32_t cp;
-        if (c >= 0xc2 && c <= 0xdf) { need = 1; cp = c & 0x1f; }
-        else if (c >= 0xe0 && c <= 0xef) { need = 2; cp = c & 0x0f; }
-        else if (c >= 0xf0 && c <= 0xf4) { need = 3; cp = c & 0x07; }
-        else return 0;
-        if (i + need >= n) return 0;
-        for (size_t k = 1; k <= need; k++) {
-            if ((s[i + k] & 0xc0) != 0x80) return 0;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        if ((need == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-            (need == 3 && (cp < 0x10000 || cp > 0x10ffff)))
-            return 0;
-        i += need + 1;
+        if (s[i] < 0x80) { i++; continue; }
+        size_t k = utf8_seq(s, n, i);
+        if (!k) return 0;
+        i += k;
     }
     return 1;
 }
@@ -480,7 +469,30 @@ static int ishex(uint8_t c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
-/* A string at j->i ('"'); *escaped tells whether it held a backslash. 0 ok, -1 decline. */
+/* Length of the UTF-8 sequence at s[i] (a byte >= 0x80), 0 when it is not valid UTF-8
+ * (overlong, a surrogate, above U+10FFFF or cut short): what utf8_ok accepts. */
+static size_t utf8_seq(const uint8_t *s, size_t n, size_t i) {
+    uint8_t c = s[i];
+    size_t need;
+    uint32_t cp;
+    if (c >= 0xc2 && c <= 0xdf) { need = 1; cp = c & 0x1f; }
+    else if (c >= 0xe0 && c <= 0xef) { need = 2; cp = c & 0x0f; }
+    else if (c >= 0xf0 && c <= 0xf4) { need = 3; cp = c & 0x07; }
+    else return 0;
+    if (i + need >= n) return 0;
+    for (size_t k = 1; k <= need; k++) {
+        if ((s[i + k] & 0xc0) != 0x80) return 0;
+        cp = (cp << 6) | (s[i + k] & 0x3f);
+    }
+    if ((need == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+        (need == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+        return 0;
+    return need + 1;
+}
+
+/* A string at j->i ('"'); *escaped tells whether it held a backslash. 0 ok, -1 decline.
+ * It checks the UTF-8 of what it reads: outside strings only ASCII is valid JSON, so a
+ * document whose strings pass is valid UTF-8 without a separate pass over it. */
 static int jstring(jcur *j, int *escaped) {
     *escaped = 0;
     j->i++;
@@ -488,6 +500,12 @@ static int jstring(jcur *j, int *escaped) {
         uint8_t c = j->s[j->i];
         if (c == '"') { j->i++; return 0; }
         if (c < 0x20) return -1;
+        if (c >= 0x80) {
+            size_t k = utf8_seq(j->s, j->n, j->i);
+            if (!k) return -1;
+            j->i += k;
+            continue;
+        }
         if (c == '\\') {
             *escaped = 1;
             if (j->i + 1 >= j->n) return -1;
@@ -581,72 +599,75 @@ static int jvalue(jcur *j, int depth) {
     return -1;
 }
 
-/* Spans of `paths` (from part `part` on) among the members of the object at j->i. */
-static int jspans(const uint8_t *s, size_t n, size_t at, const path_t *paths, int npaths,
-                  const int *active, int part, span_t *spans, int *nspans, int depth) {
-    jcur j = {s, n, at + 1};
+/* Walks the object at j->i (nesting level `depth`), checking it as jvalue does and leaving
+ * j->i after its '}', and collects the spans of the `nactive` paths of `active` (from part
+ * `part` on) among its members. One pass: a member on a path is walked by the recursive
+ * call, every other member by jvalue, and nothing is read twice. */
+static int jspans(jcur *j, const path_t *paths, const int *active, int nactive, int part,
+                  span_t *spans, int *nspans, int depth) {
+    const uint8_t *s = j->s;
+    size_t n = j->n;
     int esc;
-    jws(&j);
-    if (j.i < n && s[j.i] == '}') return 0;
+    if (depth >= MAX_DEPTH) return -1;
+    j->i++;
+    jws(j);
+    if (j->i < n && s[j->i] == '}') { j->i++; return 0; }
     for (;;) {
-        size_t name_at = j.i + 1;
-        if (j.i >= n || s[j.i] != '"' || jstring(&j, &esc)) return -1;
-        size_t name_len = j.i - 1 - name_at;
-        jws(&j);
-        if (j.i >= n || s[j.i] != ':') return -1;
-        j.i++;
-        jws(&j);
-        size_t vstart = j.i;
-        if (jvalue(&j, depth + 1)) return -1;
-        size_t vend = j.i;
-        int sub[MAX_PATHS];
-        int nsub = 0;
-        for (int p = 0; p < npaths; p++) {
+        size_t name_at = j->i + 1;
+        if (j->i >= n || s[j->i] != '"' || jstring(j, &esc)) return -1;
+        size_t name_len = j->i - 1 - name_at;
+        jws(j);
+        if (j->i >= n || s[j->i] != ':') return -1;
+        j->i++;
+        jws(j);
+        size_t vstart = j->i;
+        int leaf[MAX_PATHS], sub[MAX_PATHS];
+        int nleaf = 0, nsub = 0;
+        for (int p = 0; p < nactive; p++) {
             const path_t *pp = &paths[active[p]];
             if (pp->len[part] != name_len || memcmp(pp->name[part], s + name_at, name_len))
                 continue;
             if (esc) return -1; /* the reference compares unescaped names */
-            if (part + 1 == pp->parts) {
-                if (*nspans >= MAX_SPANS) return -1;
-                spans[*nspans].start = vstart;
-                spans[*nspans].end = vend;
-                spans[*nspans].path = active[p];
-                (*nspans)++;
-            } else if (s[vstart] == '{') {
-                sub[nsub++] = active[p];
-            }
+            if (part + 1 == pp->parts) leaf[nleaf++] = active[p];
+            else if (vstart < n && s[vstart] == '{') sub[nsub++] = active[p];
         }
         if (esc) {
             /* a name with escapes might equal a path once unescaped: let the reference look */
-            for (int p = 0; p < npaths; p++)
+            for (int p = 0; p < nactive; p++)
                 if (paths[active[p]].parts > part) return -1;
         }
-        if (nsub && jspans(s, n, vstart, paths, nsub, sub, part + 1, spans, nspans, depth + 1))
+        if (nsub ? jspans(j, paths, sub, nsub, part + 1, spans, nspans, depth + 1)
+                 : jvalue(j, depth + 1))
             return -1;
-        jws(&j);
-        if (j.i >= n) return -1;
-        if (s[j.i] == ',') { j.i++; jws(&j); continue; }
-        if (s[j.i] == '}') return 0;
+        for (int a = 0; a < nleaf; a++) {
+            if (*nspans >= MAX_SPANS) return -1;
+            spans[*nspans].start = vstart;
+            spans[*nspans].end = j->i;
+            spans[*nspans].path = leaf[a];
+            (*nspans)++;
+        }
+        jws(j);
+        if (j->i >= n) return -1;
+        if (s[j->i] == ',') { j->i++; jws(j); continue; }
+        if (s[j->i] == '}') { j->i++; return 0; }
         return -1;
     }
 }
 
-/* The outermost spans of `paths` in the JSON object `s`, in text order; -1 to decline. */
+/* The outermost spans of `paths` in the JSON object `s`, in text order; -1 to decline.
+ * The document is read once (jspans checks it while it looks for the paths). */
 static int find_field_spans(const uint8_t *s, size_t n, const path_t *paths, int npaths,
                             span_t *out) {
-    if (!utf8_ok(s, n)) return -1;
     jcur j = {s, n, 0};
     jws(&j);
-    size_t at = j.i;
-    if (at >= n || s[at] != '{') return -1;
-    if (jvalue(&j, 0)) return -1;
-    jws(&j);
-    if (j.i != n) return -1;
+    if (j.i >= n || s[j.i] != '{') return -1;
     span_t found[MAX_SPANS];
     int nfound = 0;
     int active[MAX_PATHS];
     for (int p = 0; p < npaths; p++) active[p] = p;
-    if (jspans(s, n, at, paths, npaths, active, 0, found, &nfound, 0)) return -1;
+    if (jspans(&j, paths, active, npaths, 0, found, &nfound, 0)) return -1;
+    jws(&j);
+    if (j.i != n) return -1;
     /* sort by start (insertion: few spans), then keep the outermost */
     for (int a = 1; a < nfound; a++) {
         span_t t = found[a];
@@ -748,14 +769,19 @@ static int parse_paths(const uint8_t *packed, size_t packed_len, uint32_t npaths
 static const char H_FIELDS_NAME[] = "sluice.enc.fields";
 
 /* With `out` NULL: plans only, *seals = the fields every record would seal (SB_SLOW when a
- * value is not a JSON object the scanner accepts, or a record has more than `max_seals`).
- * Otherwise seals them with `nonces` (12 bytes per field, in order). */
+ * value is not a JSON object the scanner accepts, or a record has more than `max_seals`),
+ * and with `plan` the spans found go there (per record: u32 count, then start, end, path
+ * per span; at most `plan_cap` words; the words written are returned). Otherwise seals them
+ * with `nonces` (12 bytes per field, in order), reading the spans from `plan` (the planning
+ * call's over this very section) or, without one, scanning each value again. */
 long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
                     size_t prefix_len, const uint8_t *packed_paths, size_t packed_len,
                     uint32_t npaths, const uint8_t *ours, size_t ours_len, uint32_t ours_count,
                     uint32_t max_seals, uint8_t *scratch, size_t scratch_len, uint8_t *out,
-                    size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals) {
+                    size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals,
+                    uint32_t *plan, size_t plan_cap) {
+    size_t plan_at = 0;
     static __thread path_t paths[MAX_PATHS];
     static __thread record r;
     span_t spans[MAX_SPANS];
@@ -782,12 +808,33 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
         if (p) { rc = p == -2 ? SB_SLOW : SB_MALFORMED; goto done; }
         size_t raw = (size_t)(c.p - rec_start);
         int nspans = 0;
-        if (r.value_len >= 0) {
+        if (out && plan) { /* the planning call's spans for this record */
+            if (plan_cap - plan_at < 1) { rc = SB_SPACE; goto done; }
+            nspans = (int)plan[plan_at++];
+            if (nspans > MAX_SPANS || plan_cap - plan_at < 3 * (size_t)nspans) {
+                rc = SB_SPACE;
+                goto done;
+            }
+            for (int a = 0; a < nspans; a++, plan_at += 3) {
+                spans[a].start = plan[plan_at];
+                spans[a].end = plan[plan_at + 1];
+                spans[a].path = (int)plan[plan_at + 2];
+            }
+        } else if (r.value_len >= 0) {
             nspans = find_field_spans(r.value, (size_t)r.value_len, paths, (int)npaths, spans);
             if (nspans < 0 || (uint32_t)nspans > max_seals) { rc = SB_SLOW; goto done; }
         }
         if (!out) {
             *seals += (uint32_t)nspans;
+            if (plan) {
+                if (plan_cap - plan_at < 1 + 3 * (size_t)nspans) { rc = SB_SPACE; goto done; }
+                plan[plan_at++] = (uint32_t)nspans;
+                for (int a = 0; a < nspans; a++, plan_at += 3) {
+                    plan[plan_at] = (uint32_t)spans[a].start;
+                    plan[plan_at + 1] = (uint32_t)spans[a].end;
+                    plan[plan_at + 2] = (uint32_t)spans[a].path;
+                }
+            }
             continue;
         }
         if (nspans == 0) { /* a tombstone, or none of the fields: stored as it is */
@@ -920,7 +967,7 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
         (*records)++;
     }
     if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
-    rc = out ? (long)(o - out) : 0;
+    rc = out ? (long)(o - out) : (long)plan_at;
 done:
     if (ctx) EVP_CIPHER_CTX_free(ctx);
     return rc;

@@ -233,24 +233,41 @@ def pack_paths(paths: Sequence[str]) -> bytes:
     return bytes(out)
 
 
-def plan_fields(section: Any, count: int, packed: bytes, npaths: int, max_seals: int) -> int:
-    """How many fields `seal_fields` would seal in `section` (`Slow` when a value is not a
-    JSON object the native scanner accepts, or a record holds more than `max_seals`)."""
+@dataclass(frozen=True, slots=True)
+class FieldPlan:
+    """What `plan_fields` found in one section: how many fields `seal_fields` seals, and
+    where they are (per record: u32 count, then start, end and path index of each field), so
+    `seal_fields` does not scan the JSON documents a second time."""
+
+    seals: int
+    spans: bytes
+
+
+def plan_fields(section: Any, count: int, packed: bytes, npaths: int, max_seals: int
+                ) -> FieldPlan:
+    """The fields `seal_fields` would seal in `section` (`Slow` when a value is not a JSON
+    object the native scanner accepts, or a record holds more than `max_seals`)."""
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
     records = ffi.new("uint32_t *")
     seals = ffi.new("uint32_t *")
-    _check(lib.sb_seal_fields(src, len(src), count, b"", b"", 0, b"", 0, packed, len(packed),
-                              npaths, b"", 0, 0, max_seals, ffi.NULL, 0, ffi.NULL, 0,
-                              ffi.NULL, records, seals))
-    return int(seals[0])
+    # Fields never overlap and each takes at least 4 bytes of its document ("":0): the
+    # spans fit in this many words.
+    words = 1 + count + 3 * (len(src) // 4 + count)
+    plan = _space("plan", 4 * words)
+    used = _check(lib.sb_seal_fields(src, len(src), count, b"", b"", 0, b"", 0, packed,
+                                     len(packed), npaths, b"", 0, 0, max_seals, ffi.NULL, 0,
+                                     ffi.NULL, 0, ffi.NULL, records, seals,
+                                     ffi.cast("uint32_t *", ffi.from_buffer(plan)), words))
+    return FieldPlan(int(seals[0]), bytes(memoryview(plan)[:4 * used]))
 
 
 def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
-                packed: bytes, npaths: int, ours: Sequence[Header], max_seals: int
-                ) -> tuple[bytes, bytes, int, int]:
+                packed: bytes, npaths: int, ours: Sequence[Header], max_seals: int,
+                plan: FieldPlan | None = None) -> tuple[bytes, bytes, int, int]:
     """Fields mode: (new section, fate per record, records sealed, fields sealed). `ours` are
-    the proxy's headers but ``sluice.enc.fields``, which each sealed record also gets."""
+    the proxy's headers but ``sluice.enc.fields``, which each sealed record also gets. `plan`
+    is `plan_fields`'s answer for this very section (without it each value is scanned)."""
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
     group = encode_headers(ours)
@@ -260,11 +277,13 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: byt
     scratch = _space("scratch", len(prefix) + 4 * len(src) + 64 * 256 + 4096)
     records = ffi.new("uint32_t *")
     seals = ffi.new("uint32_t *")
+    spans = (ffi.NULL if plan is None
+             else ffi.cast("uint32_t *", ffi.from_buffer(plan.spans)))
     n = _check(lib.sb_seal_fields(src, len(src), count, key, nonces, len(nonces), prefix,
                                   len(prefix), packed, len(packed), npaths, group, len(group),
                                   len(ours), max_seals, ffi.from_buffer(scratch), len(scratch),
                                   ffi.from_buffer(out), cap, ffi.from_buffer(fates), records,
-                                  seals))
+                                  seals, spans, 0 if plan is None else len(plan.spans) // 4))
     return bytes(memoryview(out)[:n]), bytes(fates), int(records[0]), int(seals[0])
 
 

@@ -38,7 +38,8 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
                     size_t prefix_len, const uint8_t *packed_paths, size_t packed_len,
                     uint32_t npaths, const uint8_t *ours, size_t ours_len, uint32_t ours_count,
                     uint32_t max_seals, uint8_t *scratch, size_t scratch_len, uint8_t *out,
-                    size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals);
+                    size_t out_cap, uint8_t *fates, uint32_t *records, uint32_t *seals,
+                    uint32_t *plan, size_t plan_cap);
 long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *prefix, size_t prefix_len, const uint8_t *group3,
                     size_t group3_len, uint32_t group3_count, uint8_t *scratch,

@@ -255,13 +255,14 @@ class EncryptRunner(HostRunner):
             records, count, key.raw, self.nonces(NONCE_SIZE * found.values), prefix,
             headers_for(env))
         return NativeOutput(fates, section, {}, {
-            "encrypted": sealed, f"kek:{env.key_name}:{env.key_version}": sealed})
+            "encrypted": sealed, f"kek:{env.key_name}:{env.key_version}": sealed}, trusted=True)
 
     def _seal_fields_native(self, ctx: RecordContext, records: Buffer, count: int
                             ) -> NativeOutput | None:
         assert self.fields is not None
         packed, npaths = self._packed_paths, len(self.fields)
-        seals = batch_seal.plan_fields(records, count, packed, npaths, self.max_records)
+        plan = batch_seal.plan_fields(records, count, packed, npaths, self.max_records)
+        seals = plan.seals
         if not seals:
             return NativeOutput(bytes(count), None)
         if seals > self.max_records:
@@ -274,10 +275,10 @@ class EncryptRunner(HostRunner):
                                self.spec.name, ctx.topic)
         section, fates, sealed, fields = batch_seal.seal_fields(
             records, count, key.raw, self.nonces(NONCE_SIZE * seals), prefix, packed, npaths,
-            headers_for(env)[:-1], self.max_records)
+            headers_for(env)[:-1], self.max_records, plan)
         return NativeOutput(fates, section, {}, {
             "encrypted": sealed, "fields_encrypted": fields,
-            f"kek:{env.key_name}:{env.key_version}": sealed})
+            f"kek:{env.key_name}:{env.key_version}": sealed}, trusted=True)
 
     def _open_native(self, ctx: RecordContext, records: Buffer, count: int, offset_base: int
                      ) -> NativeOutput | None:
@@ -307,7 +308,8 @@ class EncryptRunner(HostRunner):
                                                             headers[:-1])
         except batch_seal.Tampered:
             return None
-        return NativeOutput(fates, section, {}, {"decrypted": fates.count(1)})
+        # Written by the native opener over the checked section: the pipeline skips its check.
+        return NativeOutput(fates, section, {}, {"decrypted": fates.count(1)}, trusted=True)
 
     # ------------------------------------------------------------------ produce
     def _data_key(self, seals: int) -> ActiveKey:

@@ -128,7 +128,9 @@ class NativeChainResult:
 
     `records` is the section after the last filter (the input object itself when nothing
     changed) holding `count` records; `rejected` maps an input index to ``filter NAME:
-    reason`` and `dropped` maps an input index to the filter that dropped it.
+    reason`` and `dropped` maps an input index to the filter that dropped it. `trusted`: every
+    filter that changed the section is the proxy's own code (`NativeOutput.trusted`), so the
+    section is as well-formed as the checked input and needs no second check.
     """
 
     records: Buffer
@@ -137,6 +139,7 @@ class NativeChainResult:
     rejected: dict[int, str]
     dropped: dict[int, str]
     stats: list[FilterStats]
+    trusted: bool = False
 
 
 class _Bound:
@@ -341,6 +344,7 @@ class FilterChain:
         current = records
         n = count
         changed = False
+        trusted = True  # until a filter not of the proxy's own code rewrites the section
         alive: list[int] | None = None  # input index of each current record (None: identity)
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
@@ -368,6 +372,7 @@ class FilterChain:
             st.rejected = fates.count(REJECT)
             st.kept = n - st.rewritten - st.dropped - st.rejected
             changed = True
+            trusted = trusted and out.trusted
             current = out.records
             if st.dropped or st.rejected:
                 index = alive if alive is not None else range(n)
@@ -380,7 +385,8 @@ class FilterChain:
                         rejected[index[j]] = reason if own else f"filter {f.name}: {reason}"
                 alive = [index[j] for j, fate in enumerate(fates) if fate <= REWRITE]
                 n = len(alive)
-        return NativeChainResult(current, n, changed, rejected, dropped, stats)
+        return NativeChainResult(current, n, changed, rejected, dropped, stats,
+                                 changed and trusted)
 
     def run_admin(self, resource: AdminResource) -> AdminVerdict:
         """Offer one admin resource to the ``admin`` filters bound to its name."""

@@ -80,13 +80,16 @@ class NativeOutput:
     """One filter's answer for one records section.
 
     `fates[i]` is the fate byte of input record i; `records` is the new records section, or
-    None when every record was kept; `rejects` maps input index -> reason.
+    None when every record was kept; `rejects` maps input index -> reason. `trusted` is set
+    only by the proxy's own native code (a host filter's sealer): its section, written from a
+    section that was already checked, needs no second check (a guest's output always does).
     """
 
     fates: bytes
     records: bytes | None
     rejects: dict[int, str] = field(default_factory=dict)
     detector_counts: dict[str, int] = field(default_factory=dict)
+    trusted: bool = False
 
     def count(self, fate: int) -> int:
         return self.fates.count(fate)

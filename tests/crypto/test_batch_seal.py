@@ -250,6 +250,12 @@ def test_fields_native_declines_what_it_does_not_read_like_the_reference(
 @pytest.mark.parametrize("doc", [
     b'{"card": NaN}', b'{"ca\\u0072d": 1}', b'{"card": 1} x', b'[1]', b'{"card": "\x01"}',
     b'{"card": ' + b"1" * 4400 + b"}", b'{"card":' + b"[" * 200 + b"]" * 200 + b"}",
+    # UTF-8 is checked inside the strings as the one pass reads them: a bad sequence in a
+    # sealed value, a clear one, a member name, or cut short by the closing quote.
+    b'{"card": "\xff"}', b'{"n": "\xc0\xaf", "card": 1}', b'{"\xed\xa0\x80": 1, "card": 2}',
+    b'{"card": 1, "n": "\xf4\x90\x80\x80"}', b'{"card": "\xe2\x82"}',
+    # nesting over the limit inside an object on a path (walked by the path's own scan)
+    b'{"x": {"y": {"z": 1, "w": ' + b"[" * 70 + b"]" * 70 + b"}}}",
 ])
 def test_fields_native_leaves_odd_json_to_the_reference(fields_runner: EncryptRunner,
                                                         doc: bytes) -> None:

@@ -270,3 +270,33 @@ def test_data_key_rotates_between_batches(kms: KmsSettings) -> None:
         assert len(batch_deks) == 1  # one data key per batch
         deks |= batch_deks
     assert len(deks) == 3  # 250 + 250 > 300: every batch needed a fresh key
+
+
+@pytest.mark.parametrize("codec", [0, 1], ids=["none", "gzip"])
+@pytest.mark.parametrize("fields", [None, ["card"]], ids=["value", "fields"])
+def test_sealed_sections_are_not_checked_a_second_time(
+        kms: KmsSettings, monkeypatch: pytest.MonkeyPatch, codec: int,
+        fields: list[str] | None) -> None:
+    """The pipeline checks the client's (and the broker's) section once; what the native
+    sealer and opener write from it is the proxy's own output and is not checked again."""
+    from sluice.filters import pipeline
+
+    checked: list[bytes] = []
+    for name in ("check_batch", "check_section"):
+        real = getattr(pipeline, name)
+
+        def spy(data: Any, *rest: Any, _real: Any = real) -> Any:
+            checked.append(bytes(data))
+            return _real(data, *rest)
+
+        monkeypatch.setattr(pipeline, name, spy)
+    chain = chain_for(kms, **({"fields": fields} if fields else {}))
+    produced = batch(values(4), codec=codec)
+    out = produce(chain, produced)
+    assert out.error_code == 0 and out.records is not None
+    stored = bytes(out.records)
+    assert all(b"4111-" not in (r.value or b"") for r in records_of(stored))
+    assert len(checked) == 1  # the producer's section only
+    allowed = fetch(chain, stored, BILLING)
+    assert allowed.error_code == 0 and bytes(allowed.records) == produced
+    assert len(checked) == 2  # and the stored one, as the broker returned it

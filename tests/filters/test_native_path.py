@@ -583,3 +583,33 @@ def test_native_output_decoder_raises_only_abi_errors(buf: bytes, count: int) ->
         return
     assert len(out.fates) == count
 
+
+
+def test_a_guest_section_is_checked_even_when_the_sealer_comes_after_it(
+        make_chain: Callable[..., FilterChain], make_spec: Callable[..., FilterSpec],
+        tmp_path: Path) -> None:
+    """Only a section the proxy's own native code wrote skips the pipeline's second check: a
+    guest's (here three garbage bytes) is never trusted, also when builtin:encrypt's sealer
+    runs after it, and the batch is redone by the decoding path."""
+    from sluice.crypto.kms import KmsSettings
+
+    kms = KmsSettings("local", path=str(tmp_path / "keys.json"))
+    enc = make_spec("builtin:encrypt", name="enc", kms=kms,
+                    config={"key": "orders", "decrypt_for": ["User:alice"]})
+    data = make_batch([b'{"a": 1}', b'{"a": 2}', b'{"a": 3}'])
+    section = bytes(data[61:])
+    guest = make_chain("native_bad")
+    alone = guest.run_native(PRODUCE, section, 3)
+    assert alone is not None and alone.changed and not alone.trusted
+    sealer = make_chain(enc)
+    sealed = sealer.run_native(PRODUCE, section, 3)
+    assert sealed is not None and sealed.changed and sealed.trusted
+    both = make_chain(make_spec("native_bad"), enc)
+    after = both.run_native(PRODUCE, section, 3)
+    assert after is None or not after.trusted
+    out = filter_produce(both, PRODUCE, data)
+    assert out.error_code == 0 and out.records is not None
+    stored = bytes(out.records)
+    assert b'{"a": 2}' not in stored
+    back = filter_fetch(make_chain(enc), FETCH, stored)
+    assert back.error_code == 0 and bytes(back.records) == data
