@@ -9,10 +9,6 @@ layouts unchanged, so the host reuses records_io and native_io as they are:
     filter: func(batch: string) -> result<string, string>       (sluice_filter's layouts)
     filter-records: func(batch: string) -> result<string, string>  (sluice_filter_records')
 
-The pipeline calls ``filter``, not ``filter-records`` (`ComponentAbi.prefers_native`): a
-Python guest reads filter's fixed layout about twice as fast as it parses Kafka's varints in
-interpreted code. ``filter-records`` stays required and tested against ``filter``.
-
 Byte buffers travel as ``string``s in which every character is one byte (Latin-1: code point
 n is byte n). The reason is the host binding: wasmtime-py converts a ``list<u8>`` one element
 at a time through ctypes, a ``string`` with one C copy.
@@ -181,12 +177,7 @@ class ComponentAbi:
     abi: Final = "sluice-v1-component"
     capabilities: frozenset[str] = frozenset({"init", "last_error", "records"})
     supports_admin: Final = False
-    #: The component exports ``filter-records`` (`run_native` calls it) ...
     has_native: Final = True
-    #: ... but the pipeline takes the decoding path: a Python guest reads ``filter``'s fixed
-    #: layout about twice as fast as it parses Kafka's varints in interpreted code, while the
-    #: host parses the batch in its own codec either way (the language benchmark measures it).
-    prefers_native: Final = False
 
     def __init__(self, engine: FilterEngine, component: wc.Component, spec: FilterSpec,
                  who: str) -> None:

@@ -240,8 +240,7 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
     rewritten), and each language's rate as a fraction of C's: through the decoding path
     (`run_batch`: records as Python objects, `sluice_filter`), the native call alone
     (`run_native`: `sluice_filter_records` on the records section) and the whole native path
-    (`filter_produce`: CRC check, the call, the codec's check, the rebuilt batch; for Python
-    the path the pipeline takes is its decoding path, so that row measures `filter` there)."""
+    (`filter_produce`: CRC check, the call, the codec's check, the rebuilt batch)."""
     from sluice.codec.records import BatchHeader, Record, build_batch
     from sluice.filters.chain import FilterChain
 

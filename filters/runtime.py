@@ -188,16 +188,8 @@ class LoadedFilter:
 
     @property
     def native(self) -> bool:
-        """Whether the pipeline takes the native path for this filter: the module offers
-        ``sluice_filter_records`` and does not prefer the decoding path (components do:
-        see `exports_native`), or the host filter offers its `run_native`."""
-        return self.exports_native and bool(getattr(self._runner, "prefers_native", True))
-
-    @property
-    def exports_native(self) -> bool:
-        """Whether `run_native` can run this filter at all: the module exports
-        ``sluice_filter_records`` (a component ``filter-records``), or the host filter
-        offers its `run_native`. The pipeline's choice is `native`."""
+        """Whether the module offers ``sluice_filter_records`` (the host's fast path), or the
+        host filter its `run_native`."""
         runner = self._runner
         if isinstance(runner, HostRunner):
             return runner.has_native

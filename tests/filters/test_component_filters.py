@@ -122,8 +122,7 @@ def test_garbage_output_is_invalid_output(tmp_path: Path) -> None:
 
 def test_python_upper_on_both_entry_points() -> None:
     f = load_filter(FilterSpec(name="u", module=str(EXAMPLES / "upper-py" / "upper-py.wasm")))
-    # It exports filter-records, but the pipeline takes its faster decoding path.
-    assert f.abi == "sluice-v1-component" and f.exports_native and not f.native
+    assert f.abi == "sluice-v1-component" and f.native
     values = [b"hello w\xc3\xb6rld", b"ABC", None, b""]
     records = [Record(offset_delta=i, timestamp_delta=i, key=b"k", value=v,
                       headers=[("h", b"1")]) for i, v in enumerate(values)]

@@ -7,11 +7,6 @@ value is a command), the Zig, Rust, AssemblyScript, Go and JavaScript SDKs
 (tests/filters/sdk/probe_zig, probe_rust, probe_as, probe_go, probe_js: the same commands),
 the shipped pii-mask and the upper and enrich examples in every language; `native_bad.wat`
 returns a broken native answer.
-
-Python components export ``filter-records`` too, but the pipeline takes their decoding path
-(``filter``: about twice as fast for interpreted Python). The agreement tests still call
-their ``filter-records`` (`forcing_native`), so the export a component ships stays correct;
-`test_python_components_take_the_decoding_path` checks the pipeline's choice.
 """
 
 from __future__ import annotations
@@ -145,24 +140,9 @@ def make_batch(values: list[bytes | None], *, codec: int = 0, producer_id: int =
     return build_batch(header, records)
 
 
-@contextmanager
-def forcing_native(chain: FilterChain) -> Iterator[None]:
-    """The pipeline takes the native path for every filter that exports it, components
-    included (they prefer the decoding path: `LoadedFilter.native`)."""
-    runners: list[Any] = [f._runner for f in chain.filters if f.exports_native and not f.native]
-    for r in runners:
-        r.prefers_native = True  # an instance attribute over the class's False
-    try:
-        yield
-    finally:
-        for r in runners:
-            del r.prefers_native
-
-
 def both_paths(chain: FilterChain, run: Callable[..., Any], ctx: RecordContext,
                data: bytes) -> tuple[Any, Any]:
-    with forcing_native(chain):
-        native = run(chain, ctx, data)
+    native = run(chain, ctx, data)
     original = chain.native_for
     chain.native_for = lambda *a, **k: False  # type: ignore[method-assign]
     try:
@@ -272,28 +252,10 @@ def test_native_path_is_taken_and_sees_the_context(chains: Any) -> None:
 LANGS = pytest.mark.parametrize("lang", sorted(SDK_PROBES))
 
 
-@pytest.mark.parametrize("name", [n for n in PORTS if n.endswith("-py")])
-def test_python_components_take_the_decoding_path(chains: Any, name: str) -> None:
-    chain = chains[name]
-    f = chain.filters[0]
-    assert f.exports_native and not f.native
-    assert not chain.native_for("orders", "produce", "User:alice")
-    assert not chain.native_for("orders", "fetch", "User:alice")
-    data = make_batch([b'{"user_id": "ann"}', b'{"user_id": 2, "n": "x"}'])
-    with native_answers() as answers:
-        out = filter_produce(chain, PRODUCE, data)
-    assert answers == [] and out.records is not None
-    # The same bytes as filter-records gives when the native path is forced.
-    with native_answers() as answers, forcing_native(chain):
-        forced = filter_produce(chain, PRODUCE, data)
-    assert len(answers) == 1 and answers[0] is not None
-    assert summary(out) == summary(forced)
-
-
 @LANGS
 def test_sdk_modules_export_the_native_entry_point(chains: Any, lang: str) -> None:
     # The committed examples and a freshly built probe: all come from the SDKs.
-    assert all(chains[name].filters[0].exports_native for name in PORTS)
+    assert all(chains[name].filters[0].native for name in PORTS)
     chain = chains[f"{lang}-probe"]
     probe = chain.filters[0]
     assert probe.native and chain.native_for("orders", "fetch", "User:alice")
