@@ -217,11 +217,22 @@ UPPER_PORTS = {"c": "upper-c", "zig": "upper", "rust": "upper-rust",
 
 
 def _upper_runs(f: LoadedFilter, chain: Any, ctx: RecordContext, batch: list[FilterRecord],
-                raw: bytes) -> tuple[Callable[[], int], Callable[[], int], Callable[[], int]]:
-    """One batch through the decoding path, the native call alone, the whole native path."""
+                raw: bytes) -> tuple[Callable[[], int], Callable[[], int], Callable[[], int],
+                                     Callable[[], int]]:
+    """One batch through the decoding path, the native call alone, the whole native path,
+    and the whole pipeline on the decoding path (`filter_produce` with the native path off:
+    the host decodes the batch, calls `sluice_filter`, rebuilds the batch)."""
     from sluice.filters.pipeline import filter_produce
 
     section = raw[61:]  # the records section after the v2 batch header
+
+    def decoding_pipeline() -> int:
+        original = chain.native_for
+        chain.native_for = lambda *a, **k: False
+        try:
+            return 100 if filter_produce(chain, ctx, raw).changed else 0
+        finally:
+            chain.native_for = original
 
     def decoding() -> int:
         return len(f.run_batch(ctx, batch).decisions)
@@ -232,7 +243,7 @@ def _upper_runs(f: LoadedFilter, chain: Any, ctx: RecordContext, batch: list[Fil
     def native_path() -> int:
         return 100 if filter_produce(chain, ctx, raw).changed else 0
 
-    return decoding, native_call, native_path
+    return decoding, native_call, native_path, decoding_pipeline
 
 
 def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
@@ -240,7 +251,10 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
     rewritten), and each language's rate as a fraction of C's: through the decoding path
     (`run_batch`: records as Python objects, `sluice_filter`), the native call alone
     (`run_native`: `sluice_filter_records` on the records section) and the whole native path
-    (`filter_produce`: CRC check, the call, the codec's check, the rebuilt batch)."""
+    (`filter_produce`: CRC check, the call, the codec's check, the rebuilt batch). The last
+    two are also taken in turn with the whole pipeline on the decoding path (`filter_produce`
+    with the native path off), so `pipeline_native_over_decoding` says which entry point the
+    proxy should use for that language, from figures measured side by side."""
     from sluice.codec.records import BatchHeader, Record, build_batch
     from sluice.filters.chain import FilterChain
 
@@ -254,6 +268,7 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
     decoding: dict[str, Callable[[], int]] = {}
     guest: dict[str, Callable[[], int]] = {}
     native: dict[str, Callable[[], int]] = {}
+    pipelines: dict[str, Callable[[], int]] = {}
     out: dict[str, Any] = {}
     opened: list[Any] = []
     for lang, name in UPPER_PORTS.items():
@@ -280,7 +295,9 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
         first.close()
         chain = FilterChain.from_specs([spec], cache=cache)
         opened += [f, chain]
-        decoding[lang], guest[lang], native[lang] = _upper_runs(f, chain, ctx, batch, raw)
+        (decoding[lang], guest[lang], native[lang],
+         pipelines[f"{lang} decoding"]) = _upper_runs(f, chain, ctx, batch, raw)
+        pipelines[f"{lang} native"] = native[lang]
         out[lang] = {"module_bytes": module.stat().st_size,
                      "compile_ms": round(compile_ms, 1),
                      "first_call_ms": round(first_call_ms, 2),
@@ -292,6 +309,13 @@ def bench_languages(seconds: float, tmp: Path) -> dict[str, Any]:
                       ("native_path_records_per_s", native)):
         for lang, rate in _interleaved(fns, seconds).items():
             out[lang][path] = rate
+    # Each language's two whole-pipeline paths back to back, in turn: their ratio is what
+    # the choice of entry point gains, whatever the machine's load did meanwhile.
+    rates = _interleaved(pipelines, seconds)
+    for lang in UPPER_PORTS:
+        out[lang]["decoding_pipeline_records_per_s"] = rates[f"{lang} decoding"]
+        out[lang]["pipeline_native_over_decoding"] = round(
+            rates[f"{lang} native"] / rates[f"{lang} decoding"], 3)
     for thing in opened:
         thing.close()
     for path in ("decoding_path_records_per_s", "native_call_records_per_s",

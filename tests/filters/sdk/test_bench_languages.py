@@ -1,4 +1,4 @@
-"""`python -m sluice.filters.bench --only languages` runs the six builds of `upper` side by side
+"""`python -m sluice.filters.bench --only languages` runs the seven builds of `upper` side by side
 (and `--only builtins` builtin:rules against builtin:pii-mask)
 (a smoke run: what it measures is reported, never asserted on)."""
 
@@ -14,10 +14,11 @@ from sluice.filters import bench
 def test_languages_report_has_every_sdk_and_path(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--only", "languages", "--quick"]) == 0
     report = json.loads(capsys.readouterr().out)["languages"]
-    assert sorted(report) == ["assemblyscript", "c", "go", "js", "rust", "zig"]
+    assert sorted(report) == ["assemblyscript", "c", "go", "js", "python", "rust", "zig"]
     for lang, row in report.items():
-        for path in ("decoding_path", "native_call", "native_path"):
+        for path in ("decoding_path", "native_call", "native_path", "decoding_pipeline"):
             assert row[f"{path}_records_per_s"] > 0, (lang, path)
+        assert row["pipeline_native_over_decoding"] > 0, lang
         assert row["module_bytes"] > 0
         assert row["compile_ms"] > 0 and row["first_call_ms"] > 0
     assert report["c"]["native_path_vs_c"] == 1.0
