@@ -49,10 +49,29 @@ def wait_for_leaders(
         topic = admin.list_topics(name, timeout=10).topics.get(name)
         if (topic is not None and topic.error is None and len(topic.partitions) >= partitions
                 and all(p.leader >= 0 for p in topic.partitions.values())):
-            return
+            break
         if time.monotonic() > deadline:
             raise TimeoutError(f"topic {name}: no leader for every partition after {timeout} s")
         time.sleep(0.05)
+    # Metadata can name a leader a moment before that broker serves the partition (its
+    # metadata cache is updated before its replicas): ask each leader for the partition's
+    # offsets until it answers (ListOffsets gets NOT_LEADER_OR_FOLLOWER until then).
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "sluice-tests-wait",
+                         **QUIET, **conf})
+    try:
+        for partition in range(partitions):
+            while True:
+                try:
+                    consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=5)
+                    break
+                except KafkaException:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(
+                            f"topic {name}[{partition}]: its leader does not serve it after "
+                            f"{timeout} s") from None
+                    time.sleep(0.05)
+    finally:
+        consumer.close()
 
 
 def confluent_produce(
