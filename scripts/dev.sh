@@ -254,37 +254,40 @@ need_java_and_maven() {
 # The jars scripts/$1/pom.xml resolves, copied into $2; Maven checks each download against the
 # repository's checksum and fails on a mismatch (-C). Jars the two sets share are downloaded
 # once (Maven's local repository).
-resolve_kafka_jars() {
+# The jars the pom $1 resolves, copied into $2, Maven checking each download against the
+# repository's checksum (-C).
+resolve_pom_jars() {
   rm -rf "$2"
-  mvn -B -q -C -Dstyle.color=never -f "scripts/$1/pom.xml" dependency:copy-dependencies \
+  mvn -B -q -C -Dstyle.color=never -f "$1" dependency:copy-dependencies \
     -DoutputDirectory="$2" -DincludeScope=runtime
 }
 
-# The jar set scripts/$1 in $VENV/share/$1/libs (sluice/kafka_broker.py starts the broker from
-# them): resolved from Maven Central, then each jar's sha256 checked against the committed
-# lock file, and no jar the lock file does not list. Skipped while the pom, the lock file and
-# the installed jars are those of the last install.
-install_kafka_set() {
-  local set="$1"
-  local pom="scripts/$set/pom.xml" lock="scripts/$set/jars.sha256"
-  local dest="$VENV/share/$set/libs"
-  local stamp="$VENV/share/$set/.sluice-installed"
+# One pinned jar set: the jars the pom $1 resolves, installed in $3 after each jar's sha256 is
+# checked against the committed lock file $2 and no jar the lock file does not list is found.
+# Skipped while the pom, the lock file and the installed jars are those of the last install
+# (the stamp beside $3). $4 names the set in messages, $5 is the dev.sh command that rewrites
+# the lock file.
+install_jar_set() {
+  local pom="$1" lock="$2" dest="$3" what="$4" lock_cmd="$5"
+  local stamp
+  stamp="$(dirname "$dest")/.sluice-installed"
   local want
   want="$(cat "$pom" "$lock" | sha256sum | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest" ]; then
     return 0
   fi
   need_java_and_maven
-  say "fetching Apache Kafka's jars ($pom) from Maven Central into $dest (first time: about a minute)"
+  say "fetching $what ($pom) from Maven Central into $dest"
   local tmp="$dest.tmp"
-  resolve_kafka_jars "$set" "$tmp"
+  mkdir -p "$(dirname "$dest")"
+  resolve_pom_jars "$pom" "$tmp"
   (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$lock") || {
-    echo "Kafka jars in $tmp do not match $lock (see above): not installed" >&2; exit 1; }
+    echo "$what in $tmp do not match $lock (see above): not installed" >&2; exit 1; }
   local extra
   extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$lock" | sort))"
   if [ -n "$extra" ]; then
     echo "Maven resolved jars that $lock does not list: $extra" >&2
-    echo "(after changing $pom run: bash scripts/dev.sh kafka-lock)" >&2
+    echo "(after changing $pom run: bash scripts/dev.sh $lock_cmd)" >&2
     exit 1
   fi
   rm -rf "$dest"
@@ -292,10 +295,32 @@ install_kafka_set() {
   echo "$want" > "$stamp"
 }
 
+# Writes the lock file $2 from a fresh resolution of the pom $1 (review the diff before
+# committing).
+write_jar_lock() {
+  local tmp
+  tmp="$(mktemp -d)"
+  resolve_pom_jars "$1" "$tmp/jars"
+  (cd "$tmp/jars" && sha256sum -- *.jar) > "$2"
+  rm -rf "$tmp"
+  say "wrote $2 ($(wc -l < "$2") jars)"
+}
+
+# Apache Kafka's jar sets (scripts/kafka, scripts/kafka39) in $VENV/share/<set>/libs
+# (sluice/kafka_broker.py starts the broker from them).
 install_kafka() {
   local set
   for set in "${KAFKA_SETS[@]}"; do
-    install_kafka_set "$set"
+    install_jar_set "scripts/$set/pom.xml" "scripts/$set/jars.sha256" "$VENV/share/$set/libs" \
+      "Apache Kafka's jars" kafka-lock
+  done
+}
+
+write_kafka_lock() {
+  need_java_and_maven
+  local set
+  for set in "${KAFKA_SETS[@]}"; do
+    write_jar_lock "scripts/$set/pom.xml" "scripts/$set/jars.sha256"
   done
 }
 
@@ -313,121 +338,24 @@ install_kafka_class_archive() {
     echo "warning: no class archive for the Kafka broker (see the error above); it starts without it" >&2
 }
 
-SPARK_KAFKA_POM="scripts/spark/pom.xml"
-SPARK_KAFKA_LOCK="scripts/spark/jars.sha256"
-
-# The jars $1 (a pom) resolves, copied into $2, Maven checking each download against the
-# repository's checksum (-C).
-resolve_pom_jars() {
-  rm -rf "$2"
-  mvn -B -q -C -Dstyle.color=never -f "$1" dependency:copy-dependencies \
-    -DoutputDirectory="$2" -DincludeScope=runtime
-}
-
 # Spark's Kafka source and sink (the `kafka` format of Structured Streaming, which pyspark's
 # wheel lacks) in $VENV/share/spark-kafka/jars, for the streaming query the tests run through
 # the proxy (tests/harness/spark_streaming.py loads them with spark.jars: no Ivy, no network at
-# run time). Resolved from Maven Central, each jar's sha256 checked against the lock file, no
-# jar the lock file does not list; skipped while the pom and the lock file are unchanged.
+# run time).
+SPARK_KAFKA_POM="scripts/spark/pom.xml"
+SPARK_KAFKA_LOCK="scripts/spark/jars.sha256"
 install_spark_kafka() {
-  local dest="$VENV/share/spark-kafka/jars"
-  local stamp="$VENV/share/spark-kafka/.sluice-installed"
-  local want
-  want="$(cat "$SPARK_KAFKA_POM" "$SPARK_KAFKA_LOCK" | sha256sum | cut -d' ' -f1)"
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest" ]; then
-    return 0
-  fi
-  need_java_and_maven
-  say "fetching Spark's Kafka connector from Maven Central into $dest"
-  local tmp="$dest.tmp"
-  mkdir -p "$(dirname "$dest")"
-  resolve_pom_jars "$SPARK_KAFKA_POM" "$tmp"
-  (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$SPARK_KAFKA_LOCK") || {
-    echo "Spark's Kafka jars in $tmp do not match $SPARK_KAFKA_LOCK (see above): not installed" >&2
-    exit 1; }
-  local extra
-  extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$SPARK_KAFKA_LOCK" | sort))"
-  if [ -n "$extra" ]; then
-    echo "Maven resolved jars that $SPARK_KAFKA_LOCK does not list: $extra" >&2
-    echo "(after changing $SPARK_KAFKA_POM run: bash scripts/dev.sh spark-kafka-lock)" >&2
-    exit 1
-  fi
-  rm -rf "$dest"
-  mv "$tmp" "$dest"
-  echo "$want" > "$stamp"
+  install_jar_set "$SPARK_KAFKA_POM" "$SPARK_KAFKA_LOCK" "$VENV/share/spark-kafka/jars" \
+    "Spark's Kafka connector" spark-kafka-lock
 }
-
-# Writes $SPARK_KAFKA_LOCK from a fresh resolution of $SPARK_KAFKA_POM (review the diff).
-write_spark_kafka_lock() {
-  need_java_and_maven
-  local tmp
-  tmp="$(mktemp -d)"
-  resolve_pom_jars "$SPARK_KAFKA_POM" "$tmp/jars"
-  (cd "$tmp/jars" && sha256sum -- *.jar) > "$SPARK_KAFKA_LOCK"
-  rm -rf "$tmp"
-  say "wrote $SPARK_KAFKA_LOCK ($(wc -l < "$SPARK_KAFKA_LOCK") jars)"
-}
-
-# Writes every set's jars.sha256 from a fresh resolution of its pom (review the diff before
-# committing).
-write_kafka_lock() {
-  need_java_and_maven
-  local tmp set lock
-  tmp="$(mktemp -d)"
-  for set in "${KAFKA_SETS[@]}"; do
-    lock="scripts/$set/jars.sha256"
-    resolve_kafka_jars "$set" "$tmp/$set"
-    (cd "$tmp/$set" && sha256sum -- *.jar) > "$lock"
-    say "wrote $lock ($(wc -l < "$lock") jars)"
-  done
-  rm -rf "$tmp"
-}
-
-KROX_POM="scripts/kroxylicious/pom.xml"
-KROX_LOCK="scripts/kroxylicious/jars.sha256"
 
 # Kroxylicious's jars (the benchmark's peer proxy, bench/kroxylicious.py) in
-# $VENV/share/kroxylicious/libs, as install_kafka does for Kafka's: resolved from Maven Central
-# with strict checksums, each jar's sha256 checked against $KROX_LOCK, no jar it does not list;
-# skipped while the pom, the lock file and the installed jars are those of the last install.
+# $VENV/share/kroxylicious/libs.
+KROX_POM="scripts/kroxylicious/pom.xml"
+KROX_LOCK="scripts/kroxylicious/jars.sha256"
 install_kroxylicious() {
-  local dest="$VENV/share/kroxylicious/libs"
-  local stamp="$VENV/share/kroxylicious/.sluice-installed"
-  local want
-  want="$(cat "$KROX_POM" "$KROX_LOCK" | sha256sum | cut -d' ' -f1)"
-  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest" ]; then
-    return 0
-  fi
-  need_java_and_maven
-  say "fetching Kroxylicious's jars (benchmark peer) from Maven Central into $dest"
-  local tmp="$dest.tmp"
-  rm -rf "$tmp"
-  mvn -B -q -C -Dstyle.color=never -f "$KROX_POM" dependency:copy-dependencies \
-    -DoutputDirectory="$tmp" -DincludeScope=runtime
-  (cd "$tmp" && sha256sum --quiet --strict -c "$ROOT/$KROX_LOCK") || {
-    echo "Kroxylicious jars in $tmp do not match $KROX_LOCK (see above): not installed" >&2; exit 1; }
-  local extra
-  extra="$(comm -23 <(ls "$tmp" | sort) <(awk '{print $2}' "$KROX_LOCK" | sort))"
-  if [ -n "$extra" ]; then
-    echo "Maven resolved jars that $KROX_LOCK does not list: $extra" >&2
-    echo "(after changing $KROX_POM run: bash scripts/dev.sh kroxylicious-lock)" >&2
-    exit 1
-  fi
-  rm -rf "$dest"
-  mv "$tmp" "$dest"
-  echo "$want" > "$stamp"
-}
-
-# Writes $KROX_LOCK from a fresh resolution of $KROX_POM (review the diff before committing).
-write_kroxylicious_lock() {
-  need_java_and_maven
-  local tmp
-  tmp="$(mktemp -d)"
-  mvn -B -q -C -Dstyle.color=never -f "$KROX_POM" dependency:copy-dependencies \
-    -DoutputDirectory="$tmp/libs" -DincludeScope=runtime
-  (cd "$tmp/libs" && sha256sum -- *.jar) > "$KROX_LOCK"
-  rm -rf "$tmp"
-  say "wrote $KROX_LOCK ($(wc -l < "$KROX_LOCK") jars)"
+  install_jar_set "$KROX_POM" "$KROX_LOCK" "$VENV/share/kroxylicious/libs" \
+    "Kroxylicious's jars (benchmark peer)" kroxylicious-lock
 }
 
 install_all() {
@@ -495,8 +423,8 @@ shift || true
 case "$cmd" in
   install) install_all ;;
   kafka-lock) write_kafka_lock ;;
-  spark-kafka-lock) write_spark_kafka_lock ;;
-  kroxylicious-lock) write_kroxylicious_lock ;;
+  spark-kafka-lock) need_java_and_maven; write_jar_lock "$SPARK_KAFKA_POM" "$SPARK_KAFKA_LOCK" ;;
+  kroxylicious-lock) need_java_and_maven; write_jar_lock "$KROX_POM" "$KROX_LOCK" ;;
   demo) install_all; exec "$VENV/bin/sluice" demo "$@" ;;
   test) install_all; run_checks; run_tests "$@" ;;
   *) echo "usage: bash scripts/dev.sh {demo|test|install|kafka-lock|spark-kafka-lock|kroxylicious-lock} [args]" >&2; exit 2 ;;
