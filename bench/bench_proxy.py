@@ -56,70 +56,15 @@ similar settings), so scaling can be measured with the same command.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from bench import kroxylicious, latency, pairs, targets, workload
-from sluice.kafka_broker import KafkaCluster
-from sluice.local_broker import TansuBroker, free_port
+from bench import latency, pairs, targets, workload
+from bench.rig import Point, add_rig_arguments, rig, variant_names
 
-MASK_PRODUCE = """
-filters:
-  - name: mask-pii
-    module: builtin:pii-mask
-    topics: ["bench-*"]
-    apply_to: [produce]
-"""
-MASK_FETCH = MASK_PRODUCE.replace("[produce]", "[fetch]")
-ENCRYPT = """
-filters:
-  - name: encrypt
-    module: builtin:encrypt
-    topics: ["bench-*"]
-    apply_to: [produce, fetch]
-    config: {{key: bench, decrypt_for: ["User:ANONYMOUS"]}}
-kms:
-  type: local
-  path: {path}
-"""
-
-ALL = [
-    "direct",
-    "aa",
-    "relay",
-    "kroxylicious",
-    "sluice",
-    "mask-produce",
-    "mask-fetch",
-    "encrypt",
-    "kroxylicious-encrypt",
-]
-KROXYLICIOUS = {"kroxylicious": False, "kroxylicious-encrypt": True}  # name: encrypt
-BROKERS = ("tansu", "kafka")
-# Apache Kafka's own launch defaults (kafka-server-start.sh and kafka-run-class.sh): 1 GiB heap
-# and G1 with its short pause target, not the tests' small C1-only settings
-# (sluice/kafka_broker.py), so that the broker runs as users run it.
-KAFKA_HEAP = "1g"
-KAFKA_JVM_OPTS = (
-    "-Xms1g",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:InitiatingHeapOccupancyPercent=35",
-    "-XX:+ExplicitGCInvokesConcurrent",
-    "-Xshare:auto",
-    "-Djava.awt.headless=true",
-)
-# Record encryption makes a producer's 1 MB batch larger than Kafka's default limit of one
-# batch (message.max.bytes, 1 MiB): both encrypting proxies send what they are given as one
-# batch. Tansu has no such limit; this gives Kafka room for the same batches.
-KAFKA_CONFIG = {"message.max.bytes": str(8 << 20)}
 # Per-slice ratios printed under the throughput table: (numerator, denominator).
 COMPARISONS = [
     ("sluice", "relay"),
@@ -127,19 +72,6 @@ COMPARISONS = [
     ("kroxylicious", "relay"),
     ("encrypt", "kroxylicious-encrypt"),
 ]
-#: builtin:encrypt in fields mode: the workload's "card" member only (not in ALL: run it with
-#: --variants ...,encrypt-fields).
-ENCRYPT_FIELDS = ENCRYPT.replace('decrypt_for: ["User:ANONYMOUS"]',
-                                 'decrypt_for: ["User:ANONYMOUS"], fields: [card]')
-OPTIONAL = ["encrypt-fields"]
-SLUICE_CONFIGS: dict[str, str | None] = {
-    "sluice": None,
-    "mask-produce": MASK_PRODUCE,
-    "mask-fetch": MASK_FETCH,
-    "encrypt": ENCRYPT,  # formatted with a fresh keyring path in rig()
-    "encrypt-fields": ENCRYPT_FIELDS,  # likewise
-}
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -203,70 +135,6 @@ class Result:
     throughput: dict[str, Throughput] = field(default_factory=dict)
     latency: dict[str, Latency] = field(default_factory=dict)
     seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Point:
-    """One variant in the rig: where clients connect, the process in the middle, and the
-    broker's own address (for topic admin and the side-by-side direct probe)."""
-
-    target: targets.Target
-    broker: str
-
-
-@contextlib.contextmanager
-def broker(kind: str, advertised_port: int | None = None) -> Iterator[str]:
-    """A broker of `kind` ("tansu" or "kafka") on 127.0.0.1; yields its bootstrap address.
-    `advertised_port`: the port it tells clients to use (a relay in front of it)."""
-    if kind == "tansu":
-        with TansuBroker(advertised_port=advertised_port) as tansu:
-            yield tansu.bootstrap
-    elif kind == "kafka":
-        with KafkaCluster(
-            nodes=1,
-            heap=KAFKA_HEAP,
-            jvm_opts=KAFKA_JVM_OPTS,
-            advertised_ports={} if advertised_port is None else {"PLAINTEXT": advertised_port},
-            extra_config=KAFKA_CONFIG,
-        ) as kafka:
-            yield kafka.bootstrap
-    else:
-        raise ValueError(f"unknown broker {kind!r} (one of {', '.join(BROKERS)})")
-
-
-@contextlib.contextmanager
-def rig(
-    names: Sequence[str], proxy_args: Sequence[str], proxy_yaml: str, broker_kind: str = "tansu"
-) -> Iterator[dict[str, Point]]:
-    """Start everything the variants need, once, for the whole run."""
-    with contextlib.ExitStack() as stack:
-        main = stack.enter_context(broker(broker_kind))
-        points: dict[str, Point] = {}
-        for name in names:
-            if name in ("direct", "aa"):
-                points[name] = Point(targets.Target(main, None), main)
-            elif name == "relay":
-                port = free_port()
-                relayed = stack.enter_context(broker(broker_kind, advertised_port=port))
-                target = stack.enter_context(targets.haproxy_relay(relayed, port))
-                points[name] = Point(target, relayed)
-            elif name in KROXYLICIOUS:
-                target = stack.enter_context(
-                    kroxylicious.kroxylicious(main, encrypt=KROXYLICIOUS[name])
-                )
-                points[name] = Point(target, main)
-            else:
-                config = SLUICE_CONFIGS[name]
-                if name in ("encrypt", "encrypt-fields"):
-                    keys = stack.enter_context(
-                        tempfile.TemporaryDirectory(prefix="sluice-bench-keys-")
-                    )
-                    config = SLUICE_CONFIGS[name].format(  # type: ignore[union-attr]
-                        path=json.dumps(f"{keys}/keys.json"))
-                text = "\n".join(t for t in (config, proxy_yaml) if t) or None
-                target = stack.enter_context(targets.sluice(main, text, list(proxy_args)))
-                points[name] = Point(target, main)
-        yield points
 
 
 def throughput_slice(
@@ -449,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--workload", default="1,2,3", help="comma-separated: 1, 2, 3")
-    ap.add_argument("--variants", default=",".join(ALL))
+    add_rig_arguments(ap)
     ap.add_argument("--slices", type=int, default=7, help="interleaved slices per workload")
     ap.add_argument(
         "--records", type=int, default=500_000, help="records per variant and slice (1 and 2)"
@@ -457,12 +325,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=2000, help="requests/s of each probe (3)")
     ap.add_argument("--seconds", type=float, default=5.0, help="latency window per slice (3)")
     ap.add_argument("--workers", type=int, default=1, help="`sluice serve --workers N`")
-    ap.add_argument(
-        "--broker",
-        choices=BROKERS,
-        default="tansu",
-        help="the broker behind every variant: the bundled Tansu or Apache Kafka (one node)",
-    )
     ap.add_argument(
         "--cpus-proxy",
         default="",
@@ -484,16 +346,6 @@ def main(argv: list[str] | None = None) -> int:
         "a JVM in the middle compiles its hot paths over the first few hundred thousand",
     )
     ap.add_argument(
-        "--proxy-arg",
-        action="append",
-        default=[],
-        metavar="ARG",
-        help="an argument passed to every `sluice serve` (repeatable; write --proxy-arg=--x)",
-    )
-    ap.add_argument(
-        "--proxy-yaml", default="", help="YAML appended to every Sluice variant's config file"
-    )
-    ap.add_argument(
         "--quick",
         action="store_true",
         help="tiny run that checks the harness (2 slices, 3 000 records, 1 s windows at 200/s)",
@@ -505,20 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--workload {args.workload!r}: expected numbers among 1, 2, 3")
     if not numbers or any(n not in WORKLOADS for n in numbers):
         ap.error(f"--workload {args.workload!r}: expected numbers among 1, 2, 3")
-    names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    unknown = set(names) - set(ALL) - set(OPTIONAL)
-    if unknown:
-        ap.error(f"unknown variants: {', '.join(sorted(unknown))} "
-                 f"(known: {', '.join(ALL + OPTIONAL)})")
-    if "direct" not in names:
-        names.insert(0, "direct")
-    if "relay" in names and not targets.haproxy_available():
-        ap.error("the relay variant needs haproxy (bash scripts/dev.sh install adds it)")
-    if any(n in KROXYLICIOUS for n in names) and not kroxylicious.available():
-        ap.error(
-            f"the kroxylicious variants need Kroxylicious {kroxylicious.VERSION}'s jars "
-            "(bash scripts/dev.sh install adds them)"
-        )
+    names = variant_names(ap, args.variants)
     if args.workers < 1:
         ap.error("--workers must be at least 1")
     if args.warmup < 0:

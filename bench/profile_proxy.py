@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import bench_proxy, latency, targets, workload
+from bench import bench_proxy, latency, rig, targets, workload
 from tests.harness.broker import TansuBroker
 
 
@@ -67,14 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     configs = {
         "sluice": None,
-        "mask-produce": bench_proxy.MASK_PRODUCE,
-        "mask-fetch": bench_proxy.MASK_FETCH,
+        "mask-produce": rig.MASK_PRODUCE,
+        "mask-fetch": rig.MASK_FETCH,
     }
     values = workload.json_records(args.records)
     out = Path(tempfile.mkdtemp(prefix="sluice-prof-")) / f"{args.variant}.txt"
     if args.variant.startswith("encrypt-"):
-        template = (bench_proxy.ENCRYPT_FIELDS if args.variant.startswith("encrypt-fields-")
-                    else bench_proxy.ENCRYPT)
+        template = (rig.ENCRYPT_FIELDS if args.variant.startswith("encrypt-fields-")
+                    else rig.ENCRYPT)
         configs[args.variant] = template.format(path=json.dumps(str(out.parent / "keys.json")))
     fetching = args.variant in ("mask-fetch", "encrypt-fetch", "encrypt-fields-fetch")
     with TansuBroker() as broker, targets.sluice(broker.bootstrap, configs[args.variant]) as t:

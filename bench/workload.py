@@ -55,6 +55,39 @@ def delete_topic(bootstrap: str, topic: str) -> None:
         fut.result(20)
 
 
+def producer_config(
+    bootstrap: str, records: int, compression: str = "lz4", linger_ms: int = 5
+) -> dict[str, Any]:
+    """The benchmark producer: acks=all, `linger_ms`, batches of up to 10 000 records, a local
+    queue that holds `records` without blocking produce()."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "linger.ms": linger_ms,
+        "batch.num.messages": 10000,
+        "compression.type": compression,
+        "queue.buffering.max.messages": records + 1000,
+        **QUIET,
+    }
+
+
+def consumer_config(bootstrap: str) -> dict[str, Any]:
+    """The benchmark consumer (a fresh group, no commits), sized to read at the broker's speed."""
+    return {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+        "enable.auto.commit": False,
+        # Keep the fetch queue full while Python takes each batch out. librdkafka 2.x
+        # stops fetching for fetch.queue.backoff.ms (default 1 s) whenever its local queue
+        # is full; with the default, a consumer that drains it a moment later still idles.
+        "fetch.queue.backoff.ms": 1,
+        "fetch.max.bytes": 64 << 20,
+        "max.partition.fetch.bytes": 8 << 20,
+        "queued.max.messages.kbytes": 256 << 10,
+        **QUIET,
+    }
+
+
 def produce(
     bootstrap: str, topic: str, values: list[bytes], compression: str = "lz4", linger_ms: int = 5
 ) -> float:
@@ -62,17 +95,7 @@ def produce(
 
     Records are spread over the topic's partitions by librdkafka's default partitioner (no
     key: sticky batches per partition). Any delivery error fails the run."""
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "linger.ms": linger_ms,
-            "batch.num.messages": 10000,
-            "compression.type": compression,
-            "queue.buffering.max.messages": len(values) + 1000,
-            **QUIET,
-        }
-    )
+    producer = Producer(producer_config(bootstrap, len(values), compression, linger_ms))
     producer.list_topics(topic, timeout=10)  # connect and learn metadata before the clock starts
     errors: list[str] = []
 
@@ -103,21 +126,7 @@ def consume(bootstrap: str, topic: str, count: int, batch: int = 10_000) -> Cons
     """Read `count` records from the start of every partition (assigned, no group join), with
     the batch API. The clock starts at assignment (the consumer has already fetched metadata
     through the same address) and stops at the last record."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-            "enable.auto.commit": False,
-            # Keep the fetch queue full while Python takes each batch out. librdkafka 2.x
-            # stops fetching for fetch.queue.backoff.ms (default 1 s) whenever its local queue
-            # is full; with the default, a consumer that drains it a moment later still idles.
-            "fetch.queue.backoff.ms": 1,
-            "fetch.max.bytes": 64 << 20,
-            "max.partition.fetch.bytes": 8 << 20,
-            "queued.max.messages.kbytes": 256 << 10,
-            **QUIET,
-        }
-    )
+    consumer = Consumer(consumer_config(bootstrap))
     try:
         md = consumer.list_topics(topic, timeout=10)
         parts = list(md.topics[topic].partitions)

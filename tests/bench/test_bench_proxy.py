@@ -12,7 +12,7 @@ import sys
 import psutil
 import pytest
 
-from bench import bench_proxy, pairs, targets
+from bench import bench_proxy, pairs, rig, targets
 from tests.harness.broker import TansuBroker
 
 
@@ -54,7 +54,7 @@ def test_quick_run_measures_every_variant_in_every_slice(
     tables = out.split("workload 3:")
     assert len(tables) == 2
     throughput, latency = tables
-    for name in bench_proxy.ALL:
+    for name in rig.ALL:
         row = next(line for line in throughput.splitlines() if line.startswith(f"| {name} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         # produce rec/s, its ratio, consume rec/s, its ratio: measured in both slices.
@@ -63,7 +63,7 @@ def test_quick_run_measures_every_variant_in_every_slice(
         middle = name not in ("direct", "aa")
         assert (cells[5] != "-") is middle
     assert "Direct speed" in throughput and "sluice / relay" in throughput
-    for name in [n for n in bench_proxy.ALL if n != "aa"]:
+    for name in [n for n in rig.ALL if n != "aa"]:
         row = next(line for line in latency.splitlines() if line.startswith(f"| {name} |"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[1]) > 0 and float(cells[2]) >= float(cells[1])

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from bench import bench_proxy, kroxylicious, targets, workload
+from bench import kroxylicious, rig, targets, workload
 from tests.harness.broker import TansuBroker
 from tests.harness.ports import free_port
 
@@ -78,7 +78,7 @@ def test_kroxylicious_carries_records_and_encrypts_them_when_asked(
 def test_a_kafka_broker_behind_the_relay_advertises_the_relay() -> None:
     port = free_port()
     with (
-        bench_proxy.broker("kafka", advertised_port=port) as bootstrap,
+        rig.broker("kafka", advertised_port=port) as bootstrap,
         targets.haproxy_relay(bootstrap, port) as relay,
     ):
         admin = AdminClient({"bootstrap.servers": relay.bootstrap, "log_level": 3})

@@ -1,0 +1,308 @@
+"""The proxy benchmark's second harness: long-lived producers, flushed chunks, alternating pairs.
+
+    python -m bench.chunked --variants direct,aa,sluice,mask-produce,mask-fetch --pairs 6
+    python -m bench.chunked --quick                  # seconds: checks the harness
+
+bench.bench_proxy builds a fresh producer per slice and times a consumer from its assignment.
+This harness measures the same rig (bench/rig.py: the broker of `--broker tansu|kafka`, HAProxy,
+Kroxylicious, `sluice serve` with the same filter configs) the way an application runs, and the
+way the outside measurements of issue 29 were taken:
+
+- every variant, and direct, has one client process for the whole run
+  (bench/chunk_client.py): its producer is created once and flushes `--chunk` records at a
+  time (default 100 000), so its connections through the proxy stay open between chunks;
+- a pair compares direct with one variant on fresh topics of their own. Produce chunks
+  alternate A B B A (B A A B in the next pair), so a drift of the machine's speed during the
+  pair hits both sides alike; then each side's topic (twice --chunk records) is read by a fresh
+  batch-API consumer, again A B B A, timed from its first record to the chunk's last
+  (connection set-up and the first fetch's wait are left out). A pair's ratio is the
+  variant's records/s over direct's in that pair;
+- `--pairs` rounds (default 20): every round holds one pair per variant, in an order rotated
+  by one each round. `aa` pairs direct with a second direct client: the A/A row, the noise;
+- the table gives the median of per-pair ratios with their spread (min..max), the middle
+  process's CPU s/GB (psutil, over the bytes it carried both ways), and the client's own CPU:
+  µs per record of its whole process (Python and librdkafka threads) and the share of the
+  timed span its Python thread was on a CPU ("busy"). A busy share near 100 % means the client,
+  not the path, set the pace: the run then says so under the table.
+
+Workload: `--workload 1` (default; ~200-byte JSON values, no compression, one partition,
+acks=all, linger.ms=5) or `2` (lz4, 6 partitions), as in bench.bench_proxy. Before the first
+pair every side runs an unmeasured `--warmup` (records, default 500 000) so JVMs in the path
+have compiled their hot paths.
+
+Is direct capped by the client? On the 2-core machine this was written on, the direct
+producer's Python thread was busy about half of a chunk's time and its process spent about
+1 µs of CPU per record (librdkafka's threads included), while the broker took the rest of
+the 2 cores: the pace is the machine's (client, broker and proxy share two cores), not the
+Python loop's. The direct consumer's thread is busier (it builds a Message object per record);
+the run prints both under the table, and a warning when either passes 90 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bench import pairs, targets, workload
+from bench.bench_proxy import WORKLOADS, Workload
+from bench.chunk_client import ChunkClient, Timed
+from bench.rig import Point, add_rig_arguments, rig, variant_names
+
+#: The Python thread of a client busier than this for a median chunk set the pace itself.
+CLIENT_BOUND = 0.9
+
+
+@dataclass
+class Row:
+    """Per-pair measurements of one variant (direct's own row: every pair's direct side)."""
+
+    produce: list[float] = field(default_factory=list)  # records/s
+    consume: list[float] = field(default_factory=list)
+    produce_ratio: list[float] = field(default_factory=list)
+    consume_ratio: list[float] = field(default_factory=list)
+    produce_client: list[Timed] = field(default_factory=list)  # every chunk
+    consume_client: list[Timed] = field(default_factory=list)
+    middle_cpu: float = 0.0  # seconds, over the whole run
+    middle_bytes: int = 0
+
+    def cpu_per_gb(self) -> float | None:
+        return self.middle_cpu / (self.middle_bytes / 1e9) if self.middle_bytes else None
+
+
+@dataclass
+class Run:
+    workload: Workload
+    chunk: int
+    record_bytes: float
+    rows: dict[str, Row] = field(default_factory=dict)
+    pairs: int = 0
+    seconds: float = 0.0
+
+
+def _order(first: str, second: str, round_index: int) -> list[str]:
+    """A B B A in even rounds, B A A B in odd ones."""
+    a, b = (first, second) if round_index % 2 == 0 else (second, first)
+    return [a, b, b, a]
+
+
+class Harness:
+    """The rig's points and one long-lived client per side."""
+
+    def __init__(self, w: Workload, points: dict[str, Point], clients: dict[str, ChunkClient],
+                 chunk: int) -> None:
+        self.w = w
+        self.points = points
+        self.clients = clients
+        self.chunk = chunk
+
+    def _topics(self, names: Sequence[str]) -> dict[str, str]:
+        topics = {}
+        for name in names:
+            topics[name] = workload.make_topic(
+                self.points[name].target.bootstrap, partitions=self.w.partitions
+            )
+            self.clients[name].prepare(topics[name])
+        return topics
+
+    def _drop(self, topics: dict[str, str]) -> None:
+        for name, topic in topics.items():
+            workload.delete_topic(self.points[name].broker, topic)
+
+    def _timed(self, name: str, run: Run | None, op: str, topic: str, records: int) -> Timed:
+        """One chunk of `op` by `name`'s client, with the middle process's CPU around it."""
+        pid = self.points[name].target.pid
+        cpu0 = targets.cpu_seconds(pid)
+        client = self.clients[name]
+        t = client.produce(topic, records) if op == "produce" else client.consume(topic, records)
+        if run is not None and pid is not None:
+            row = run.rows.setdefault(name, Row())
+            row.middle_cpu += targets.cpu_seconds(pid) - cpu0
+            row.middle_bytes += int(records * run.record_bytes)
+        return t
+
+    def warm(self, name: str, records: int) -> None:
+        """Unmeasured produce and consume of `records` through `name`."""
+        topics = self._topics([name])
+        try:
+            left = records
+            while left > 0:
+                n = min(left, self.chunk)
+                self._timed(name, None, "produce", topics[name], n)
+                left -= n
+            self._timed(name, None, "consume", topics[name], records + 1)
+        finally:
+            self._drop(topics)
+
+    def pair(self, run: Run, name: str, round_index: int) -> tuple[float, float]:
+        """Direct against `name` on fresh topics; their (produce, consume) ratio."""
+        order = _order("direct", name, round_index)
+        # The aa side is a second direct client: the pair still needs two topics and processes.
+        topics = self._topics(["direct", name])
+        try:
+            produced: dict[str, list[Timed]] = {"direct": [], name: []}
+            for side in order:
+                produced[side].append(
+                    self._timed(side, run, "produce", topics[side], self.chunk)
+                )
+            consumed: dict[str, list[Timed]] = {"direct": [], name: []}
+            held = 2 * self.chunk + 1  # two chunks and the record prepare() delivered
+            for side in order:
+                consumed[side].append(self._timed(side, run, "consume", topics[side], held))
+        finally:
+            self._drop(topics)
+        rates = {}
+        for side in ("direct", name):
+            row = run.rows.setdefault(side, Row())
+            p = _rate(produced[side])
+            c = _rate(consumed[side])
+            row.produce.append(p)
+            row.consume.append(c)
+            row.produce_client.extend(produced[side])
+            row.consume_client.extend(consumed[side])
+            rates[side] = (p, c)
+        ratio = (rates[name][0] / rates["direct"][0], rates[name][1] / rates["direct"][1])
+        row = run.rows[name]
+        row.produce_ratio.append(ratio[0])
+        row.consume_ratio.append(ratio[1])
+        return ratio
+
+
+def _rate(chunks: Sequence[Timed]) -> float:
+    seconds = sum(t.seconds for t in chunks)
+    return sum(t.records for t in chunks) / seconds if seconds > 0 else 0.0
+
+
+def measure(
+    w: Workload, points: dict[str, Point], chunk: int, rounds: int, warmup: int
+) -> Run:
+    values = workload.json_records(chunk)
+    run = Run(w, chunk, sum(len(v) for v in values) / len(values))
+    names = list(points)
+    others = [n for n in names if n != "direct"]
+    with contextlib.ExitStack() as stack:
+        clients = {
+            name: stack.enter_context(
+                ChunkClient(points[name].target.bootstrap, chunk, w.compression)
+            )
+            for name in names
+        }
+        harness = Harness(w, points, clients, chunk)
+        run.rows["direct"] = Row()
+        for name in others:
+            run.rows[name] = Row()
+        if warmup:
+            for name in names:
+                began = time.monotonic()
+                harness.warm(name, warmup)
+                print(f"  warm-up {name:20s} {warmup} records, {time.monotonic() - began:.1f} s",
+                      file=sys.stderr, flush=True)
+        started = time.monotonic()
+        for r in range(rounds):
+            for name in pairs.rotation(others, r):
+                p, c = harness.pair(run, name, r)
+                d = run.rows["direct"]
+                print(
+                    f"  pair {r + 1}/{rounds} {name:20s} produce {p:5.2f} consume {c:5.2f} "
+                    f"of direct ({d.produce[-1]:9.0f} / {d.consume[-1]:9.0f} rec/s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        run.pairs = rounds
+        run.seconds = time.monotonic() - started
+    return run
+
+
+def _client_text(chunks: Sequence[Timed]) -> tuple[str, str]:
+    """(client CPU µs per record, Python thread busy %) of a side's chunks, medians."""
+    if not chunks:
+        return "-", "-"
+    cpu = pairs.median([t.cpu_us_per_record for t in chunks])
+    busy = pairs.median([t.busy for t in chunks])
+    return f"{cpu:.2f}", f"{100 * busy:.0f}"
+
+
+def report(run: Run) -> str:
+    """The run as a markdown table, and what it says about the client."""
+    lines = [
+        "| variant | produce rec/s | produce ratio (range) | consume rec/s "
+        "| consume ratio (range) | middle CPU s/GB | client CPU µs/rec p / c "
+        "| client busy % p / c |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in run.rows.items():
+        direct = name == "direct"
+        pr = "-" if direct else pairs.summarise(row.produce_ratio).ratio_text()
+        cr = "-" if direct else pairs.summarise(row.consume_ratio).ratio_text()
+        per_gb = row.cpu_per_gb()
+        pc, pb = _client_text(row.produce_client)
+        cc, cb = _client_text(row.consume_client)
+        lines.append(
+            f"| {name} | {pairs.median(row.produce):.0f} | {pr} "
+            f"| {pairs.median(row.consume):.0f} | {cr} "
+            f"| {'-' if per_gb is None else f'{per_gb:.2f}'} | {pc} / {cc} | {pb} / {cb} |"
+        )
+    lines.append("")
+    d = run.rows.get("direct")
+    if d and d.produce:
+        mb = run.record_bytes / 1e6
+        p, c = pairs.median(d.produce), pairs.median(d.consume)
+        lines.append(
+            f"Direct (median of its {len(d.produce)} pair sides): produce {p:.0f} records/s "
+            f"({p * mb:.0f} MB/s), consume {c:.0f} records/s ({c * mb:.0f} MB/s)."
+        )
+        for what, chunks in (("produce", d.produce_client), ("consume", d.consume_client)):
+            busy = pairs.median([t.busy for t in chunks])
+            if busy > CLIENT_BOUND:
+                lines.append(
+                    f"WARNING: direct's {what} client kept its Python thread busy "
+                    f"{100 * busy:.0f} % of the time: the client may cap direct's {what} rate."
+                )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--workload", type=int, choices=(1, 2), default=1)
+    add_rig_arguments(ap)
+    ap.add_argument("--pairs", type=int, default=20, help="rounds: one pair per variant each")
+    ap.add_argument("--chunk", type=int, default=100_000, help="records a producer flushes")
+    ap.add_argument(
+        "--warmup", type=int, default=500_000, help="unmeasured records per side first (0: none)"
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="a seconds-long run (2 pairs of 2 000-record chunks)"
+    )
+    args = ap.parse_args(argv)
+    names = variant_names(ap, args.variants)
+    if args.quick:
+        args.pairs, args.chunk, args.warmup = 2, 2000, min(args.warmup, 2000)
+    if args.pairs < 1 or args.chunk < 1 or args.warmup < 0:
+        ap.error("--pairs and --chunk must be at least 1, --warmup at least 0")
+    w = WORKLOADS[args.workload]
+    with rig(names, args.proxy_arg, args.proxy_yaml, args.broker) as points:
+        run = measure(w, points, args.chunk, args.pairs, args.warmup)
+    print(
+        f"workload {w.number}-like: ~200-byte JSON records, compression={w.compression}, "
+        f"{w.partitions} partition(s), acks=all, linger.ms=5, confluent-kafka; one long-lived "
+        f"producer per side flushing {args.chunk}-record chunks, fresh batch-API consumers per "
+        f"{2 * args.chunk}-record topic timed from their first record"
+    )
+    print(
+        f"broker: {args.broker}; {run.pairs} rounds of A B B A pairs (direct vs variant), "
+        f"medians of per-pair ratios (min..max); sluice serve "
+        f"{' '.join(args.proxy_arg) or '(defaults)'}; {run.seconds:.0f} s"
+    )
+    print()
+    print(report(run))
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

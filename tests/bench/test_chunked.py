@@ -1,0 +1,76 @@
+"""The chunked harness (bench.chunked, bench.chunk_client): its long-lived client process
+against a real broker, and a `--quick` run through `sluice serve`. No speed is asserted: only
+that every side is measured in every pair and reported with its client's own CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import chunked, workload
+from bench.chunk_client import ChunkClient, Timed
+from tests.harness.broker import TansuBroker
+
+
+def test_pairs_alternate_which_side_goes_first() -> None:
+    assert chunked._order("direct", "x", 0) == ["direct", "x", "x", "direct"]
+    assert chunked._order("direct", "x", 1) == ["x", "direct", "direct", "x"]
+
+
+def test_a_busy_direct_client_is_reported_as_the_possible_cap() -> None:
+    run = chunked.Run(chunked.WORKLOADS[1], 10, 200.0)
+    busy = Timed(records=10, seconds=1.0, cpu=1.5, thread_cpu=0.95)
+    idle = Timed(records=10, seconds=1.0, cpu=0.2, thread_cpu=0.1)
+    run.rows["direct"] = chunked.Row(
+        produce=[10.0], consume=[10.0], produce_client=[busy], consume_client=[idle]
+    )
+    text = chunked.report(run)
+    assert "direct's produce client kept its Python thread busy 95 %" in text
+    assert "consume client" not in text
+    assert "| direct | 10 | - | 10 | - | - | 150000.00 / 20000.00 | 95 / 10 |" in text
+
+
+def test_bad_arguments_are_refused_with_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--variants", "direct,nope"], ["--pairs", "0"], ["--workload", "3"]):
+        with pytest.raises(SystemExit) as exc:
+            chunked.main(argv)
+        assert exc.value.code == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_one_client_process_produces_chunks_and_times_consumers_from_their_first_record(
+    broker: TansuBroker,
+) -> None:
+    topic = workload.make_topic(broker.bootstrap, partitions=1)
+    with ChunkClient(broker.bootstrap, chunk=3000) as client:
+        pid = client.pid
+        client.prepare(topic)
+        chunks = [client.produce(topic, 3000) for _ in range(2)]
+        read = client.consume(topic, 6001)
+        assert client.pid == pid and client.proc.poll() is None  # the same process throughout
+        for t in chunks:
+            assert t.records == 3000 and t.seconds > 0 and t.cpu > 0
+        # The clock starts when the first record is there: it counts the 6 000 after it.
+        assert read.records == 6000 and read.seconds > 0
+        with pytest.raises(RuntimeError, match=r"records must be 1\.\.3000"):
+            client.produce(topic, 3001)
+    assert client.proc.returncode == 1
+
+
+@pytest.mark.serial
+def test_quick_run_measures_every_variant_in_every_pair(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    names = ["direct", "aa", "sluice", "mask-fetch"]
+    assert chunked.main(["--quick", "--variants", ",".join(names)]) == 0
+    out = capsys.readouterr()
+    assert out.err.count(" pair ") == 2 * (len(names) - 1)
+    for name in names:
+        row = next(line for line in out.out.splitlines() if line.startswith(f"| {name} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[0] == name and float(cells[1]) > 0 and float(cells[3]) > 0
+        if name != "direct":
+            assert "(" in cells[2] and "(" in cells[4]  # two pairs: a median and a range
+        assert (cells[5] != "-") is (name in ("sluice", "mask-fetch"))
+        produce_cpu, consume_cpu = (float(x) for x in cells[6].split(" / "))
+        assert produce_cpu > 0 and consume_cpu > 0
+    assert "Direct (median of its 6 pair sides)" in out.out
