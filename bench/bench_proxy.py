@@ -48,6 +48,11 @@ of the per-slice figures; one slice is too short for psutil's 10 ms ticks). CPU 
 (workload 3): its CPU in the latency window per record (one Produce request and response
 each), median over slices.
 
+Client CPU µs/rec: the CPU of this process (the confluent-kafka client, its librdkafka threads
+included) per record over each whole produce or consume call, the client's set-up and close
+included (median of slices): a client that costs more per record hides more of a proxy's cost
+on a machine whose cores they share (bench.chunked's long-lived producer costs less).
+
 `--workers N` and `--proxy-arg ARG` (repeatable) are passed to every `sluice serve`;
 `--proxy-yaml TEXT` is appended to every Sluice variant's config file (for thread-pool and
 similar settings), so scaling can be measured with the same command.
@@ -107,6 +112,8 @@ class Throughput:
     produce: list[float | None] = field(default_factory=list)  # records/s
     consume: list[float | None] = field(default_factory=list)  # records/s
     cpu_per_gb: list[float | None] = field(default_factory=list)
+    client_produce: list[float | None] = field(default_factory=list)  # client CPU µs/record
+    client_consume: list[float | None] = field(default_factory=list)
 
     def cpu_per_gb_overall(self) -> float:
         """CPU seconds over GB carried, summed over all slices: psutil counts CPU in clock
@@ -139,19 +146,31 @@ class Result:
 
 def throughput_slice(
     point: Point, w: Workload, values: list[bytes], payload: int
-) -> tuple[float, float, float | None]:
-    """One produce + consume phase through `point`: (produce rec/s, consume rec/s, CPU s/GB)."""
+) -> tuple[float, float, float | None, float, float]:
+    """One produce + consume phase through `point`: (produce rec/s, consume rec/s, CPU s/GB,
+    and the client's own CPU µs per record producing and consuming: this process's CPU, its
+    librdkafka threads included, over each whole call, the client's set-up and close too)."""
     bootstrap = point.target.bootstrap
     topic = workload.make_topic(bootstrap, partitions=w.partitions)
     try:
         cpu0 = targets.cpu_seconds(point.target.pid)
+        client0 = time.process_time()
         p = workload.produce(bootstrap, topic, values, w.compression)
+        client1 = time.process_time()
         c = workload.consume(bootstrap, topic, len(values))
+        client2 = time.process_time()
         cpu = targets.cpu_seconds(point.target.pid) - cpu0
     finally:
         workload.delete_topic(point.broker, topic)
     per_gb = cpu / (2 * payload / 1e9) if point.target.pid is not None else None
-    return len(values) / p, c.records / c.seconds, per_gb
+    per_record = 1e6 / len(values)
+    return (
+        len(values) / p,
+        c.records / c.seconds,
+        per_gb,
+        (client1 - client0) * per_record,
+        (client2 - client1) * per_record,
+    )
 
 
 def latency_slice(
@@ -227,11 +246,13 @@ def measure(
                 if per_request is not None:
                     line += f" | {per_request:.0f} µs CPU/request"
             else:
-                p, c, per_gb = throughput_slice(point, w, values, payload)
+                p, c, per_gb, client_p, client_c = throughput_slice(point, w, values, payload)
                 trow = result.throughput.setdefault(name, Throughput())
                 trow.produce.append(p)
                 trow.consume.append(c)
                 trow.cpu_per_gb.append(per_gb)
+                trow.client_produce.append(client_p)
+                trow.client_consume.append(client_c)
                 line += f" produce {p:9.0f} rec/s  consume {c:9.0f} rec/s"
                 if per_gb is not None:
                     line += f"  {per_gb:5.2f} CPU s/GB"
@@ -252,8 +273,8 @@ def _throughput_report(result: Result) -> str:
     base = rows.get("direct")
     lines = [
         "| variant | produce rec/s | produce ratio (range) | consume rec/s "
-        "| consume ratio (range) | CPU s/GB |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| consume ratio (range) | CPU s/GB | client CPU µs/rec p / c |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in rows.items():
         p_ratio = pairs.summarise(pairs.ratios(row.produce, base.produce)) if base else pairs.EMPTY
@@ -262,7 +283,8 @@ def _throughput_report(result: Result) -> str:
         lines.append(
             f"| {name} | {pairs.median(row.produce):.0f} | {p_ratio.ratio_text()} "
             f"| {pairs.median(row.consume):.0f} | {c_ratio.ratio_text()} "
-            f"| {'-' if math.isnan(cpu) else f'{cpu:.2f}'} |"
+            f"| {'-' if math.isnan(cpu) else f'{cpu:.2f}'} "
+            f"| {pairs.median(row.client_produce):.2f} / {pairs.median(row.client_consume):.2f} |"
         )
     lines.append("")
     if base:

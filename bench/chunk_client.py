@@ -23,8 +23,15 @@ Every answer carries ``seconds`` (the timed wall-clock span), ``records`` (count
 and ``thread_cpu`` (CPU seconds of the Python thread alone). ``thread_cpu / seconds`` near 1
 means the Python thread was never idle: the client, not the path, set the pace.
 
+With ``--shapes`` the client also turns on librdkafka's statistics (every 100 ms) and adds to
+each answer the requests it sent in the span (``requests``: Produce or Fetch) and their mean
+round trip (``rtt_us``): records per request and round trip show whether a path changed the
+shape of the traffic (a slower round trip lets the producer's batches fill up; a proxy can
+answer a Fetch with less than the broker would). Off by default: it costs the client a little.
+
 Delivery reports are asked for errors only (``delivery.report.only.error``): a Python callback
-per record would add about a microsecond of client CPU per record to every side.
+per record adds client CPU to every record. ``--reports`` turns them on, as
+bench.workload.produce has them, to see what that client cost does to a ratio.
 """
 
 from __future__ import annotations
@@ -55,6 +62,12 @@ class Timed:
     seconds: float
     cpu: float
     thread_cpu: float
+    requests: int = 0  # with --shapes: Produce or Fetch requests in the span
+    rtt_us: float = 0.0  # with --shapes: their mean round trip
+
+    @property
+    def records_per_request(self) -> float:
+        return self.records / self.requests if self.requests else 0.0
 
     @property
     def rate(self) -> float:
@@ -70,16 +83,73 @@ class Timed:
         return self.thread_cpu / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class _Stats:
+    """What one librdkafka statistics event says: requests so far of one kind (cumulative),
+    and the round trips in its window (since the event before)."""
+
+    requests: int
+    rtt_sum: int
+    rtt_count: int
+
+
+class _Shapes:
+    """The statistics events of one client, kept when --shapes is on."""
+
+    def __init__(self, request: str) -> None:
+        self.request = request  # "Produce" or "Fetch"
+        self.events: list[_Stats] = []
+
+    def config(self) -> dict[str, Any]:
+        return {"statistics.interval.ms": 100, "stats_cb": self._event}
+
+    def _event(self, text: str) -> None:
+        brokers = [b for b in json.loads(text)["brokers"].values() if b.get("nodeid", -1) >= 0]
+        self.events.append(
+            _Stats(
+                sum(b["req"].get(self.request, 0) for b in brokers),
+                sum(b["rtt"]["sum"] for b in brokers),
+                sum(b["rtt"]["cnt"] for b in brokers),
+            )
+        )
+
+    def fresh(self, poll: Any) -> int:
+        """Wait (calling `poll`) for the next event; the index of the last event."""
+        seen = len(self.events)
+        deadline = time.monotonic() + 2.0
+        while len(self.events) == seen and time.monotonic() < deadline:
+            poll(0.05)
+        return len(self.events) - 1
+
+    def since(self, first: int, last: int) -> dict[str, Any]:
+        """Requests and mean round trip between events `first` (-1: none) and `last`."""
+        if last < 0:
+            return {}
+        window = self.events[first + 1 : last + 1]
+        count = sum(e.rtt_count for e in window)
+        base = self.events[first].requests if first >= 0 else 0
+        return {
+            "requests": self.events[last].requests - base,
+            "rtt_us": sum(e.rtt_sum for e in window) / count if count else 0.0,
+        }
+
+
 class _Side:
     """The child's state: the long-lived producer and the values it sends."""
 
-    def __init__(self, bootstrap: str, chunk: int, compression: str) -> None:
+    def __init__(
+        self, bootstrap: str, chunk: int, compression: str, shapes: bool, reports: bool
+    ) -> None:
         self.bootstrap = bootstrap
         self.values = workload.json_records(chunk)
         self.errors: list[str] = []
+        self.shapes = shapes
+        self.produce_shapes = _Shapes("Produce")
         config = workload.producer_config(bootstrap, chunk, compression)
-        config["delivery.report.only.error"] = True
+        config["delivery.report.only.error"] = not reports
         config["on_delivery"] = self._delivered
+        if shapes:
+            config.update(self.produce_shapes.config())
         self.producer = Producer(config)
         self.producer.list_topics(timeout=20)  # connected before the first command
 
@@ -104,15 +174,23 @@ class _Side:
             raise ValueError(f"records must be 1..{len(self.values)}, not {records}")
         values = self.values[:records]
         produce = self.producer.produce
+        before = self.produce_shapes.fresh(self.producer.poll) if self.shapes else -1
         cpu0, thread0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
         for v in values:
             produce(topic, value=v)
         self._flush()
         t1, thread1, cpu1 = time.perf_counter(), time.thread_time(), time.process_time()
-        return _answer(records, t1 - t0, cpu1 - cpu0, thread1 - thread0)
+        answer = _answer(records, t1 - t0, cpu1 - cpu0, thread1 - thread0)
+        if self.shapes:
+            after = self.produce_shapes.fresh(self.producer.poll)
+            answer.update(self.produce_shapes.since(before, after))
+        return answer
 
     def consume(self, topic: str, records: int) -> dict[str, Any]:
-        consumer = Consumer(workload.consumer_config(self.bootstrap))
+        shapes = _Shapes("Fetch")
+        consumer = Consumer(
+            {**workload.consumer_config(self.bootstrap), **(shapes.config() if self.shapes else {})}
+        )
         try:
             md = consumer.list_topics(topic, timeout=20)
             consumer.assign([TopicPartition(topic, p, 0) for p in md.topics[topic].partitions])
@@ -137,7 +215,11 @@ class _Side:
             if got < records or started is None:
                 raise RuntimeError(f"consumed {got}/{records} records of {topic} in {TIMEOUT} s")
             cpu0, thread0, t0 = started
-            return _answer(got - first, t1 - t0, cpu1 - cpu0, thread1 - thread0)
+            answer = _answer(got - first, t1 - t0, cpu1 - cpu0, thread1 - thread0)
+            if self.shapes:
+                # Every Fetch of this consumer, the few before its first record included.
+                answer.update(shapes.since(-1, shapes.fresh(consumer.poll)))
+            return answer
         finally:
             consumer.close()
 
@@ -175,8 +257,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--chunk", type=int, required=True)
     ap.add_argument("--compression", default="none")
+    ap.add_argument("--shapes", action="store_true", help="count requests and round trips")
+    ap.add_argument("--reports", action="store_true", help="a delivery callback per record")
     args = ap.parse_args(argv)
-    side = _Side(args.bootstrap, args.chunk, args.compression)
+    side = _Side(args.bootstrap, args.chunk, args.compression, args.shapes, args.reports)
     print(json.dumps({"ready": True}), flush=True)
     code = _serve(side, sys.stdin, sys.stdout)
     side.producer.flush(10)
@@ -186,7 +270,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
 class ChunkClient:
     """The parent's handle on one side process."""
 
-    def __init__(self, bootstrap: str, chunk: int, compression: str = "none") -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        chunk: int,
+        compression: str = "none",
+        shapes: bool = False,
+        reports: bool = False,
+    ) -> None:
         self.bootstrap = bootstrap
         self.proc = subprocess.Popen(
             [
@@ -199,6 +290,8 @@ class ChunkClient:
                 str(chunk),
                 "--compression",
                 compression,
+                *(["--shapes"] if shapes else []),
+                *(["--reports"] if reports else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

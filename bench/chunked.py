@@ -30,12 +30,12 @@ acks=all, linger.ms=5) or `2` (lz4, 6 partitions), as in bench.bench_proxy. Befo
 pair every side runs an unmeasured `--warmup` (records, default 500 000) so JVMs in the path
 have compiled their hot paths.
 
-Is direct capped by the client? On the 2-core machine this was written on, the direct
-producer's Python thread was busy about half of a chunk's time and its process spent about
-1 µs of CPU per record (librdkafka's threads included), while the broker took the rest of
-the 2 cores: the pace is the machine's (client, broker and proxy share two cores), not the
-Python loop's. The direct consumer's thread is busier (it builds a Message object per record);
-the run prints both under the table, and a warning when either passes 90 %.
+Is direct capped by the client? No, not on the 2-core machine this was written on (Tansu, a
+loaded machine): the direct producer's Python thread was on a CPU 37-44 % of a chunk's time
+and its process spent 0.8 µs of CPU per record (librdkafka's threads included), about half a
+core at 600 000 records/s; the direct consumer's thread 23-28 %, 0.6 µs per record. The
+broker and the rest of the machine set the pace. The run prints both figures for every row,
+and a warning when direct's Python thread is busy more than 90 % of the time.
 """
 
 from __future__ import annotations
@@ -177,7 +177,13 @@ def _rate(chunks: Sequence[Timed]) -> float:
 
 
 def measure(
-    w: Workload, points: dict[str, Point], chunk: int, rounds: int, warmup: int
+    w: Workload,
+    points: dict[str, Point],
+    chunk: int,
+    rounds: int,
+    warmup: int,
+    shapes: bool = False,
+    reports: bool = False,
 ) -> Run:
     values = workload.json_records(chunk)
     run = Run(w, chunk, sum(len(v) for v in values) / len(values))
@@ -186,7 +192,9 @@ def measure(
     with contextlib.ExitStack() as stack:
         clients = {
             name: stack.enter_context(
-                ChunkClient(points[name].target.bootstrap, chunk, w.compression)
+                ChunkClient(
+                    points[name].target.bootstrap, chunk, w.compression, shapes, reports
+                )
             )
             for name in names
         }
@@ -261,7 +269,25 @@ def report(run: Run) -> str:
                     f"WARNING: direct's {what} client kept its Python thread busy "
                     f"{100 * busy:.0f} % of the time: the client may cap direct's {what} rate."
                 )
+    if any(t.requests for row in run.rows.values() for t in row.produce_client):
+        lines += ["", *_shapes_report(run)]
     return "\n".join(lines)
+
+
+def _shapes_report(run: Run) -> list[str]:
+    """Records per request and round trips (librdkafka's statistics), medians over chunks."""
+    lines = [
+        "| variant | records / Produce | Produce round trip ms | records / Fetch "
+        "| Fetch round trip ms |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, row in run.rows.items():
+        cells = []
+        for chunks in (row.produce_client, row.consume_client):
+            cells.append(f"{pairs.median([t.records_per_request for t in chunks]):.0f}")
+            cells.append(f"{pairs.median([t.rtt_us / 1000 for t in chunks]):.2f}")
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,6 +302,18 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup", type=int, default=500_000, help="unmeasured records per side first (0: none)"
     )
     ap.add_argument(
+        "--shapes",
+        action="store_true",
+        help="also count the clients' requests and round trips (librdkafka statistics): "
+        "records per Produce and per Fetch, to see whether a path changes the traffic's shape",
+    )
+    ap.add_argument(
+        "--delivery-reports",
+        action="store_true",
+        help="a Python delivery callback per produced record (as bench.bench_proxy's producer "
+        "has): more client CPU per record",
+    )
+    ap.add_argument(
         "--quick", action="store_true", help="a seconds-long run (2 pairs of 2 000-record chunks)"
     )
     args = ap.parse_args(argv)
@@ -286,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--pairs and --chunk must be at least 1, --warmup at least 0")
     w = WORKLOADS[args.workload]
     with rig(names, args.proxy_arg, args.proxy_yaml, args.broker) as points:
-        run = measure(w, points, args.chunk, args.pairs, args.warmup)
+        run = measure(w, points, args.chunk, args.pairs, args.warmup, args.shapes,
+                      args.delivery_reports)
     print(
         f"workload {w.number}-like: ~200-byte JSON records, compression={w.compression}, "
         f"{w.partitions} partition(s), acks=all, linger.ms=5, confluent-kafka; one long-lived "

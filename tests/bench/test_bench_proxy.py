@@ -62,6 +62,7 @@ def test_quick_run_measures_every_variant_in_every_slice(
         assert "(" in cells[2] and "(" in cells[4]
         middle = name not in ("direct", "aa")
         assert (cells[5] != "-") is middle
+        assert all(float(x) > 0 for x in cells[6].split(" / "))  # the client's CPU per record
     assert "Direct speed" in throughput and "sluice / relay" in throughput
     for name in [n for n in rig.ALL if n != "aa"]:
         row = next(line for line in latency.splitlines() if line.startswith(f"| {name} |"))

@@ -41,7 +41,7 @@ def test_one_client_process_produces_chunks_and_times_consumers_from_their_first
     broker: TansuBroker,
 ) -> None:
     topic = workload.make_topic(broker.bootstrap, partitions=1)
-    with ChunkClient(broker.bootstrap, chunk=3000) as client:
+    with ChunkClient(broker.bootstrap, chunk=3000, shapes=True) as client:
         pid = client.pid
         client.prepare(topic)
         chunks = [client.produce(topic, 3000) for _ in range(2)]
@@ -49,6 +49,9 @@ def test_one_client_process_produces_chunks_and_times_consumers_from_their_first
         assert client.pid == pid and client.proc.poll() is None  # the same process throughout
         for t in chunks:
             assert t.records == 3000 and t.seconds > 0 and t.cpu > 0
+            # --shapes: librdkafka's statistics counted the chunk's Produce requests.
+            assert 1 <= t.requests <= 3000 and t.rtt_us > 0
+        assert read.requests >= 1 and read.rtt_us > 0
         # The clock starts when the first record is there: it counts the 6 000 after it.
         assert read.records == 6000 and read.seconds > 0
         with pytest.raises(RuntimeError, match=r"records must be 1\.\.3000"):
