@@ -25,6 +25,13 @@ way the outside measurements of issue 29 were taken:
   timed span its Python thread was on a CPU ("busy"). A busy share near 100 % means the client,
   not the path, set the pace: the run then says so under the table.
 
+Read the A/A row first. A pair cancels a drift of the machine, not a difference between the
+two processes themselves, and these live for the whole run: on the loaded 2-core machine two
+identical direct clients differed for a whole run (the A/A produce median of 6-8 pairs ranged
+0.74-1.25 over seven runs, most pairs of one run on the same side of 1). A difference smaller
+than that needs more runs, not more pairs; bench.bench_proxy, with a new client per slice,
+spreads the same effect over its slices instead.
+
 Workload: `--workload 1` (default; ~200-byte JSON values, no compression, one partition,
 acks=all, linger.ms=5) or `2` (lz4, 6 partitions), as in bench.bench_proxy. Before the first
 pair every side runs an unmeasured `--warmup` (records, default 500 000) so JVMs in the path
