@@ -30,7 +30,8 @@ What lives here, and only here:
 - **Chain changes in flight.** A response is sent only if it was processed by the router in
   force at send time, or its request pinned the path that handles it (`Forward.pin`);
   otherwise it is processed again from the broker's bytes (a Fetch that waited across a
-  reload that added a fetch filter is filtered by it).
+  reload that added a fetch filter is filtered by it), and what the first processing asked
+  for (`on_sent`, dead letters) is dropped: the second asks for its own.
 - **Quota throttling.** With quotas configured (`ops/quotas.py`), a Produce request read or a
   Fetch response received is counted against the client's budgets, and an exchange over
   quota carries the time until which the client is held back. From then on the client's later
@@ -42,10 +43,11 @@ What lives here, and only here:
   early for the other; a `Wake` action asks the I/O layer to call `tick` when a wait ends.
 - **No side effects.** Telemetry, dead letters and learning a broker node are actions too
   (`Telemetry`, `DeadLetters`, `LearnNodes`): a path puts the first two on its exchange and
-  the connection hands them out after the call; a path that meets a node it does not know
-  raises `UnknownNodes`, the connection hands out `LearnNodes` and calls the path again on
-  `nodes_learned`, so a response carrying a node's address is released only after the I/O
-  layer has bound the node's port.
+  the connection hands them out after the call (those of an unpinned response after its
+  bytes, and only those of the processing that was sent: see chain changes); a path that
+  meets a node it does not know raises `UnknownNodes`, the connection hands out
+  `LearnNodes` and calls the path again on `nodes_learned`, so a response carrying a node's
+  address is released only after the I/O layer has bound the node's port.
 - **Refusals.** A frame that cannot be parsed, a request version the router refuses
   (`Router.refusal`: one the broker does not serve, or one a path must inspect that the codec
   cannot decode), a response that matches no request, a job past its deadline: the
@@ -224,6 +226,7 @@ class _Slot:
     """One request awaiting its response, in client order."""
 
     __slots__ = (
+        "effects",
         "exchange",
         "generation",
         "held",
@@ -242,6 +245,9 @@ class _Slot:
         self.raw: bytes | memoryview | None = None  # the broker's response frame body
         self.response: bytes | memoryview | None = None  # what the client gets
         self.on_sent: TelemetryCall | None = None
+        # What processing `response` asked for (dead letters, telemetry), handed out after
+        # its bytes like `on_sent` and dropped with it if the response is processed again.
+        self.effects: list[Telemetry | DeadLetters] | None = None
         self.generation = -1  # router generation that produced `response` (-1: not routed)
         self.waiting_job = False
         self.held = 0  # bytes of `response` counted as held
@@ -386,7 +392,7 @@ class Connection:
                 out,
             )
             return
-        self._effects(slot.exchange, out)
+        self._response_effects(slot, out)
         self._apply_response(slot, outcome, ctx, out)
 
     def nodes_learned(self) -> list[Action]:
@@ -603,6 +609,23 @@ class Connection:
             out.extend(effects)
             exchange.effects = None
 
+    def _response_effects(self, slot: _Slot, out: list[Action]) -> None:
+        """Effects of processing a response. A pinned one is never processed again: handed
+        out now. Otherwise they wait on the slot until the response is sent, because a reload
+        before then processes it again and that processing asks for its own (a record a
+        filter failed on would be dead-lettered twice, or by a filter no longer in force)."""
+        exchange = slot.exchange
+        effects = exchange.effects
+        if not effects:
+            return
+        exchange.effects = None
+        if slot.pin is not None:
+            out.extend(effects)
+        elif slot.effects is None:
+            slot.effects = effects
+        else:
+            slot.effects.extend(effects)  # a Defer's finish after the call that deferred
+
     def _park(
         self,
         exchange: Exchange,
@@ -697,7 +720,7 @@ class Connection:
                 out,
             )
             return
-        self._effects(slot.exchange, out)
+        self._response_effects(slot, out)
         self._apply_response(slot, outcome, router.ctx, out, router.generation)
 
     def _apply_response(
@@ -748,6 +771,7 @@ class Connection:
                 # now decide what the client gets (issue 11, hole 1).
                 slot.response = None
                 slot.on_sent = None
+                slot.effects = None  # the new processing asks for its own
                 self._account(slot)
                 self._route_response(slot, out)
                 if self._phase is _CLOSED or slot.response is None:
@@ -763,6 +787,8 @@ class Connection:
             data.append(_pack_size(len(response)))
             data.append(response)
             self.client.stats.bytes_out += len(response) + 4
+            if slot.effects is not None:
+                sent.extend(slot.effects)
             if slot.on_sent is not None:
                 sent.append(Telemetry(slot.on_sent))
         if data:
