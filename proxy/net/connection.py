@@ -103,7 +103,6 @@ class Limits:
     max_frame_size: int = 100 * 1024 * 1024
     max_inflight: int = 256  # requests awaiting their response
     max_held_response_bytes: int = 8 * 1024 * 1024  # responses held: being decided, in jobs, ready
-    max_queued_request_bytes: int = 8 * 1024 * 1024  # requests waiting behind a deferred one
     max_unanswered_acks0: int = 1024  # correlation ids of acks=0 requests remembered
     #: seconds a job (a filter run, a config look-up) may take before the connection closes
     job_deadline: float = 20.0
@@ -281,8 +280,9 @@ class Connection:
         self._slots: deque[_Slot] = deque()  # awaiting the client, in request order
         self._awaiting: deque[_Slot] = deque()  # forwarded, awaiting the broker, in order
         self._unanswered: deque[int] = deque(maxlen=self.limits.max_unanswered_acks0)
-        self._queued: deque[bytes | memoryview] = deque()  # requests behind a deferred one
-        self._queued_bytes = 0
+        # Requests behind a deferred one: at most one read's worth, as reading pauses while
+        # any waits here (see `_finish`), so they need no byte bound of their own.
+        self._queued: deque[bytes | memoryview] = deque()
         self._held_bytes = 0  # response bytes held (see `_account`)
         self._phase = _FLOWING
         # job id -> (kind, what it is for, its finish, the context it runs with)
@@ -320,7 +320,7 @@ class Connection:
                 # One read can hold thousands of small requests: those past the in-flight
                 # limit (or behind a deferred one, or read while the client is held back by
                 # a quota) wait here, and reading pauses.
-                self._queue(frame)
+                self._queued.append(frame)
                 continue
             self._on_request(frame, out, to_broker)
             if self._phase is _CLOSED:
@@ -479,10 +479,6 @@ class Connection:
 
     # ================================================================ requests
 
-    def _queue(self, frame: bytes | memoryview) -> None:
-        self._queued.append(frame)
-        self._queued_bytes += len(frame)
-
     def _drain_queue(self, out: list[Action], to_broker: list[bytes | memoryview]) -> None:
         limits = self.limits
         while (
@@ -496,7 +492,6 @@ class Connection:
             and not (self._mute_until and self._held_back())
         ):
             frame = self._queued.popleft()
-            self._queued_bytes -= len(frame)
             self._on_request(frame, out, to_broker)
 
     def _on_request(
@@ -865,7 +860,6 @@ class Connection:
             bool(self._queued)
             or len(self._slots) >= limits.max_inflight
             or self._held_bytes >= limits.max_held_response_bytes
-            or self._queued_bytes >= limits.max_queued_request_bytes
             or not client_side.writable
             or not broker_side.writable
         )
