@@ -372,6 +372,46 @@ def test_admin_apis_on_the_fleet_topic_are_refused(guarded: Any, broker: TansuBr
     assert only_heartbeats_since(broker.bootstrap, fleet, before)
 
 
+def test_more_apis_and_keys_on_the_internal_topics_are_refused(guarded: Any,
+                                                              broker: TansuBroker) -> None:
+    """The next tries after the admin APIs: DescribeTopicPartitions, batched
+    AddPartitionsToTxn (v4+, several transactions), writing the telemetry topic, and a
+    `policy:` tombstone or forged policy through the proxy (the policy_admins bypass)."""
+    fleet, telemetry, data, port = (guarded["fleet"], guarded["telemetry"], guarded["data"],
+                                    guarded["port"])
+    K = ApiKey
+    before = high_watermark(broker.bootstrap, fleet)
+    answer = call(port, K.DESCRIBE_TOPIC_PARTITIONS, 0, response_partition_limit=100,
+                  cursor=None, topics=tuple(item(K.DESCRIBE_TOPIC_PARTITIONS, 0, ("topics",),
+                                                 name=t) for t in (fleet, telemetry)))
+    assert sorted((str(t.name), int(t.error_code), len(t.partitions))
+                  for t in answer.topics) == sorted([(fleet, DENIED, 0), (telemetry, DENIED, 0)])
+    for version in (4, 5):
+        answer = call(port, K.ADD_PARTITIONS_TO_TXN, version, transactions=tuple(
+            item(K.ADD_PARTITIONS_TO_TXN, version, ("transactions",), transactional_id=tid,
+                 producer_id=1, producer_epoch=0, verify_only=False, topics=(
+                     item(K.ADD_PARTITIONS_TO_TXN, version, ("transactions", "topics"),
+                          name=topic, partitions=(0,)),))
+            for tid, topic in (("t1", fleet), ("t2", telemetry))))
+        codes = sorted((str(t.name), int(p.partition_error_code))
+                       for r in answer.results_by_transaction for t in r.topic_results
+                       for p in t.results_by_partition)
+        assert codes == sorted([(fleet, DENIED), (telemetry, DENIED)]), (version, codes)
+    telemetry_before = high_watermark(broker.bootstrap, telemetry)
+    forged_row = json.dumps({"type": "record_batch", "principal": "User:victim",
+                             "bytes": 5 * 10**12}).encode()
+    assert produce(port, {telemetry: batch(None, forged_row)}) == {telemetry: DENIED}
+    topic = "crm"
+    assert produce(port, {fleet: batch(f"policy:{topic}".encode(), None)}) == {fleet: DENIED}
+    forged = json.dumps({"format": 1, "type": "policy", "topic": topic,
+                         "value": json.dumps({"filters": []}), "set_by": "User:admin"}).encode()
+    assert produce(port, {fleet: batch(f"policy:{topic}".encode(), forged),
+                          data: batch(b"k", b"v")}) == {fleet: DENIED, data: 0}
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
+    assert all(forged_row not in v
+               for v in values_since(broker.bootstrap, telemetry, telemetry_before))
+
+
 def test_mixed_delete_topics_deletes_only_the_client_topic(guarded: Any, broker: TansuBroker
                                                            ) -> None:
     fleet, port = guarded["fleet"], guarded["port"]
