@@ -412,6 +412,65 @@ def test_more_apis_and_keys_on_the_internal_topics_are_refused(guarded: Any,
                for v in values_since(broker.bootstrap, telemetry, telemetry_before))
 
 
+def test_acks_0_all_topics_metadata_and_topic_ids_do_not_reach_the_internal_topics(
+        guarded: Any, broker: TansuBroker) -> None:
+    """A Produce with acks=0 (no answer is due: the proxy must still drop it), Metadata v0's
+    empty list (all topics), and DeleteTopics naming the fleet topic by id only."""
+    fleet, telemetry, dead, port = (guarded["fleet"], guarded["telemetry"], guarded["dead"],
+                                    guarded["port"])
+    before = high_watermark(broker.bootstrap, fleet)
+    tombstone = rk.request_frame(
+        ApiKey.PRODUCE, 9, 5, transactional_id=None, acks=0,
+        timeout=datetime.timedelta(seconds=10), topic_data=(
+            item(ApiKey.PRODUCE, 9, ("topic_data",), name=fleet, partition_data=(
+                item(ApiKey.PRODUCE, 9, ("topic_data", "partition_data"), index=0,
+                     records=batch(b"filter:pii", None)),)),))
+    with rk.connect(port) as sock:
+        sock.sendall(tombstone)
+        sock.sendall(rk.metadata_frame(6, None, version=0))
+        body = rk.recv_frame(sock)  # the next answer is Metadata's: the Produce has none
+    assert body is not None and rk.correlation_id(body) == 6
+    answer = decode_response(ApiKey.METADATA, 0, body[response_header_size(
+        body, ApiKey.METADATA, 0):])
+    listed = {str(t.name) for t in answer.topics}
+    assert guarded["data"] in listed and not {fleet, telemetry, dead} & listed
+    direct = metadata(int(broker.bootstrap.rsplit(":", 1)[1]), [fleet])
+    answer = call(port, ApiKey.DELETE_TOPICS, 6, timeout=datetime.timedelta(seconds=5),
+                  topics=(item(ApiKey.DELETE_TOPICS, 6, ("topics",), name=None,
+                               topic_id=direct[fleet].topic_id),))
+    assert [int(r.error_code) for r in answer.responses] == [DENIED]
+    assert fleet in broker_topics(broker)
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
+    # The fleet's filter still masks.
+    masked = produce_and_read(broker, guarded["proxy"], guarded["data"], "acks0")
+    assert b"@example.com" not in masked and MASKED.search(masked), masked
+
+
+def test_produce_by_topic_id_to_the_fleet_topic_is_refused(guarded: Any,
+                                                           broker: TansuBroker) -> None:
+    """Produce v13 names topics by id only (KIP-516): a tombstone for the fleet's filter sent
+    to the fleet topic's id (learnt from the broker) is refused; the client topic beside it
+    is stored, masked."""
+    fleet, data, port = guarded["fleet"], guarded["data"], guarded["port"]
+    ids = metadata(int(broker.bootstrap.rsplit(":", 1)[1]), [fleet, data])
+    before = high_watermark(broker.bootstrap, fleet)
+    topics = tuple(
+        item(ApiKey.PRODUCE, 13, ("topic_data",), topic_id=ids[t].topic_id, partition_data=(
+            item(ApiKey.PRODUCE, 13, ("topic_data", "partition_data"), index=0, records=r),))
+        for t, r in ((fleet, batch(b"filter:pii", None)),
+                     (data, batch(b"k", b"by id b@example.com"))))
+    answer = call(port, ApiKey.PRODUCE, 13, transactional_id=None, acks=-1,
+                  timeout=datetime.timedelta(seconds=10), topic_data=topics)
+    codes = {t.topic_id: int(p.error_code) for t in answer.responses
+             for p in t.partition_responses}
+    assert codes == {ids[fleet].topic_id: DENIED, ids[data].topic_id: 0}
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
+    stored = confluent_consume(broker.bootstrap, data, high_watermark(broker.bootstrap, data))
+    assert stored[-1][1] is not None and b"b@example.com" not in stored[-1][1]
+    masked = produce_and_read(broker, guarded["proxy"], data, "by-id")
+    assert b"@example.com" not in masked and MASKED.search(masked), masked
+
+
 def test_mixed_delete_topics_deletes_only_the_client_topic(guarded: Any, broker: TansuBroker
                                                            ) -> None:
     fleet, port = guarded["fleet"], guarded["port"]

@@ -5,7 +5,8 @@ written straight to the broker as anyone with write access to the fleet topic co
 Kafka's own clients or raw frames through the proxy:
 
 - policy records made unreadable every other way (bad JSON, wrong schema, a record naming
-  another topic, a tampered signature, an untrusted key, a huge value, malformed keys): none
+  another topic, a tampered signature, a record signed for another key, an untrusted key, a
+  huge value, malformed keys): none
   changes the policy in force, and a signed policy that cannot be used blocks its own topic
   only;
 - an older, validly signed policy written again (a rollback) changes nothing;
@@ -98,6 +99,8 @@ def test_unreadable_policy_records_block_at_most_their_own_topic(
         (key, huge),                                                            # unreadable
         (b"policy:\xff", b"{}"),                                                # unreadable
         (key, json.dumps(tampered).encode()),                                   # bad_signature
+        (key, sign(proxy_key(), f"policy:{clear}".encode(), dict(               # bad_signature
+            policy_payload(topic, off, "x"), seq=next_seq()))),  # signed for another key
         (key, sign(intruder(), key, dict(policy_payload(topic, off, "x"),       # untrusted_key
                                          seq=next_seq()))),
         (key, policy_record_value(topic, off, "User:forged")),                  # unsigned
@@ -107,11 +110,11 @@ def test_unreadable_policy_records_block_at_most_their_own_topic(
         (f"policy:{broken}".encode(), sign(proxy_key(), f"policy:{broken}".encode(), dict(
             policy_payload(broken, "not a policy", "x"), seq=next_seq()))),
     ], **{"message.max.bytes": 4 * 1024 * 1024})
-    wait_for(lambda: metric(port, "sluice_fleet_records_refused_total") >= 11, 30, "refusals")
+    wait_for(lambda: metric(port, "sluice_fleet_records_refused_total") >= 12, 30, "refusals")
     wait_for(functools.partial(bound, proxy, {f"policy:{broken}/*"}), 30, "broken blocked")
     assert {r: refused(port, r) for r in ("unreadable", "bad_signature", "untrusted_key",
                                           "unsigned", "invalid_name", "replay")} == {
-        "unreadable": 5, "bad_signature": 1, "untrusted_key": 1, "unsigned": 1,
+        "unreadable": 5, "bad_signature": 2, "untrusted_key": 1, "unsigned": 1,
         "invalid_name": 3, "replay": 0}
     assert bound(proxy, {"pii", binding})
     masked = produce_and_read(broker, proxy, topic, "kept")
