@@ -129,13 +129,13 @@ static int parse_record(cursor *c, record *r) {
     return 0;
 }
 
-/* record_digest of crypto/envelope.py over the first `n` headers of `r`. */
-static void headers_digest(const record *r, int64_t n, uint8_t *out) {
-    SHA256_CTX h;
+/* The first `n` headers of `r` as crypto/envelope.py's digests hash them: their count, then
+ * per header its name's length and bytes, and 0 (null value) or 1, the value's length and
+ * bytes. Both modes' digests start so. */
+static void hash_headers(SHA256_CTX *h, const record *r, int64_t n) {
     uint8_t len4[4];
-    SHA256_Init(&h);
     be32(len4, (uint32_t)n);
-    SHA256_Update(&h, len4, 4);
+    SHA256_Update(h, len4, 4);
     for (int64_t i = 0; i < n; i++) {
         cursor c = {r->headers + r->hoff[i], r->headers + r->hoff[i + 1]};
         const uint8_t *name, *val;
@@ -143,17 +143,34 @@ static void headers_digest(const record *r, int64_t n, uint8_t *out) {
         rd_blob(&c, &name, &nlen);
         rd_blob(&c, &val, &vlen);
         be32(len4, (uint32_t)nlen);
-        SHA256_Update(&h, len4, 4);
-        SHA256_Update(&h, name, (size_t)nlen);
+        SHA256_Update(h, len4, 4);
+        SHA256_Update(h, name, (size_t)nlen);
         if (vlen < 0) {
-            SHA256_Update(&h, "\x00", 1);
+            SHA256_Update(h, "\x00", 1);
         } else {
             uint8_t tag5[5] = {1};
             be32(tag5 + 1, (uint32_t)vlen);
-            SHA256_Update(&h, tag5, 5);
-            if (vlen) SHA256_Update(&h, val, (size_t)vlen);
+            SHA256_Update(h, tag5, 5);
+            if (vlen) SHA256_Update(h, val, (size_t)vlen);
         }
     }
+}
+
+/* Parses the record at `c` into `r`: its first byte in *start, its size in *raw. Returns 0,
+ * or SB_SLOW (a record the reference path must read) or SB_MALFORMED. */
+static long next_record(cursor *c, record *r, const uint8_t **start, size_t *raw) {
+    *start = c->p;
+    int p = parse_record(c, r);
+    if (p) return p == -2 ? SB_SLOW : SB_MALFORMED;
+    *raw = (size_t)(c->p - *start);
+    return 0;
+}
+
+/* record_digest of crypto/envelope.py over the first `n` headers of `r`. */
+static void headers_digest(const record *r, int64_t n, uint8_t *out) {
+    SHA256_CTX h;
+    SHA256_Init(&h);
+    hash_headers(&h, r, n);
     SHA256_Final(out, &h);
 }
 
@@ -179,6 +196,28 @@ static size_t build_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
     be32(o, 0);
     o += 4;
     return (size_t)(o - aad);
+}
+
+/* The AAD of a whole-value record (build_aad) with the digest of its first `n` headers:
+ * `no_headers` is the digest of none, hashed once per batch (the common case). */
+static size_t record_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
+                         const record *r, int64_t n, const uint8_t *no_headers) {
+    uint8_t digest[32];
+    if (n) headers_digest(r, n, digest);
+    return build_aad(aad, prefix, prefix_len, r, n ? digest : no_headers);
+}
+
+/* An AES-256-GCM context keyed with `key`, to seal (`seal` 1) or open; NULL on failure. */
+static EVP_CIPHER_CTX *gcm_new(int seal, const uint8_t *key) {
+    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
+    if (!ctx) return NULL;
+    int ok = seal ? EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL)
+                  : EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL);
+    if (ok != 1) {
+        EVP_CIPHER_CTX_free(ctx);
+        return NULL;
+    }
+    return ctx;
 }
 
 /* Writes one record: the body from `r->start` to the key (as is), `value`, then the first
@@ -221,23 +260,19 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     uint8_t *limit = out + out_cap;
     long rc = 0;
     static __thread record r;
-    uint8_t digest[32], no_headers[32];
+    uint8_t no_headers[32];
     r.header_count = 0;
     headers_digest(&r, 0, no_headers);
-    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-    if (!ctx || EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
+    EVP_CIPHER_CTX *ctx = gcm_new(1, key);
+    if (!ctx) {
         rc = SB_CRYPTO;
         goto done;
     }
     *sealed = 0;
     for (uint32_t i = 0; i < count; i++) {
-        const uint8_t *rec_start = c.p;
-        int p = parse_record(&c, &r);
-        if (p) {
-            rc = p == -2 ? SB_SLOW : SB_MALFORMED;
-            goto done;
-        }
-        size_t raw = (size_t)(c.p - rec_start);
+        const uint8_t *rec_start;
+        size_t raw;
+        if ((rc = next_record(&c, &r, &rec_start, &raw))) goto done;
         if (r.value_len < 0) { /* a tombstone stays as it is */
             if ((size_t)(limit - o) < raw) { rc = SB_SPACE; goto done; }
             memcpy(o, rec_start, raw);
@@ -252,9 +287,7 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
             rc = SB_SPACE;
             goto done;
         }
-        if (r.header_count) headers_digest(&r, r.header_count, digest);
-        else memcpy(digest, no_headers, 32); /* the common case: hashed once per batch */
-        size_t aad_len = build_aad(scratch, prefix, prefix_len, &r, digest);
+        size_t aad_len = record_aad(scratch, prefix, prefix_len, &r, r.header_count, no_headers);
         uint8_t *ct = scratch + aad_len;
         const uint8_t *nonce = nonces + (size_t)(*sealed) * NONCE;
         int n1 = 0, n2 = 0;
@@ -294,22 +327,18 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     uint8_t *limit = out + out_cap;
     long rc = 0;
     static __thread record r;
-    uint8_t digest[32], no_headers[32];
+    uint8_t no_headers[32];
     r.header_count = 0;
     headers_digest(&r, 0, no_headers);
-    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-    if (!ctx || EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
+    EVP_CIPHER_CTX *ctx = gcm_new(0, key);
+    if (!ctx) {
         rc = SB_CRYPTO;
         goto done;
     }
     for (uint32_t i = 0; i < count; i++) {
-        const uint8_t *rec_start = c.p;
-        int p = parse_record(&c, &r);
-        if (p) {
-            rc = p == -2 ? SB_SLOW : SB_MALFORMED;
-            goto done;
-        }
-        size_t raw = (size_t)(c.p - rec_start);
+        const uint8_t *rec_start;
+        size_t raw;
+        if ((rc = next_record(&c, &r, &rec_start, &raw))) goto done;
         if ((size_t)(limit - o) < raw) { rc = SB_SPACE; goto done; }
         if (r.last_enc < 0) {
             memcpy(o, rec_start, raw);
@@ -334,9 +363,7 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
             rc = SB_SPACE;
             goto done;
         }
-        if (start) headers_digest(&r, start, digest);
-        else memcpy(digest, no_headers, 32);
-        size_t aad_len = build_aad(scratch, prefix, prefix_len, &r, digest);
+        size_t aad_len = record_aad(scratch, prefix, prefix_len, &r, start, no_headers);
         uint8_t *pt = scratch + aad_len;
         const uint8_t *nonce = r.value + 1;
         const uint8_t *ct = nonce + NONCE;
@@ -729,6 +756,42 @@ static int sealed_paths(const span_t *spans, int nspans, int *order) {
     return n;
 }
 
+/* The fields-mode digest of a record (crypto/envelope.py): its first `nheaders` headers (the
+ * producer's), "F", the `npaths` paths listed (`paths[order[a]]`, or `paths[a]` without an
+ * order), then the clear pieces of the value between its `nspans` spans. */
+static void fields_digest(const record *r, int64_t nheaders, const path_t *paths,
+                          const int *order, int npaths, const span_t *spans, int nspans,
+                          uint8_t *out) {
+    SHA256_CTX h;
+    SHA256_Init(&h);
+    hash_headers(&h, r, nheaders);
+    SHA256_Update(&h, "F", 1);
+    sha_len(&h, (size_t)npaths);
+    for (int a = 0; a < npaths; a++) {
+        const path_t *pp = &paths[order ? order[a] : a];
+        sha_len(&h, pp->full_len);
+        SHA256_Update(&h, pp->full, pp->full_len);
+    }
+    sha_len(&h, (size_t)nspans + 1);
+    size_t pos = 0;
+    for (int a = 0; a <= nspans; a++) {
+        size_t end = a < nspans ? spans[a].start : (size_t)r->value_len;
+        sha_len(&h, end - pos);
+        if (end > pos) SHA256_Update(&h, r->value + pos, end - pos);
+        if (a < nspans) pos = spans[a].end;
+    }
+    SHA256_Final(out, &h);
+}
+
+/* The AAD of one field: build_aad's, its empty last part replaced by the field's path. */
+static size_t field_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
+                        const record *r, const uint8_t *digest, const path_t *pp) {
+    size_t alen = build_aad(aad, prefix, prefix_len, r, digest) - 4;
+    be32(aad + alen, (uint32_t)pp->full_len);
+    memcpy(aad + alen + 4, pp->full, pp->full_len);
+    return alen + 4 + pp->full_len;
+}
+
 static int parse_paths(const uint8_t *packed, size_t packed_len, uint32_t npaths,
                        path_t *paths) {
     /* per path: u32 LE length, path bytes, u32 LE length, its JSON string */
@@ -796,17 +859,16 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     *seals = 0;
     if (parse_paths(packed_paths, packed_len, npaths, paths)) return SB_SLOW;
     if (out) {
-        ctx = EVP_CIPHER_CTX_new();
-        if (!ctx || EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
+        ctx = gcm_new(1, key);
+        if (!ctx) {
             rc = SB_CRYPTO;
             goto done;
         }
     }
     for (uint32_t i = 0; i < count; i++) {
-        const uint8_t *rec_start = c.p;
-        int p = parse_record(&c, &r);
-        if (p) { rc = p == -2 ? SB_SLOW : SB_MALFORMED; goto done; }
-        size_t raw = (size_t)(c.p - rec_start);
+        const uint8_t *rec_start;
+        size_t raw;
+        if ((rc = next_record(&c, &r, &rec_start, &raw))) goto done;
         int nspans = 0;
         if (out && plan) { /* the planning call's spans for this record */
             if (plan_cap - plan_at < 1) { rc = SB_SPACE; goto done; }
@@ -854,44 +916,7 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
                           NONCE + (size_t)r.value_len + TAG;
         if (scratch_len < aad_room + value_bound) { rc = SB_SPACE; goto done; }
         /* digest: the producer's headers, F, the sealed paths, the clear pieces */
-        SHA256_CTX h;
-        {
-            uint8_t len4[4];
-            SHA256_Init(&h);
-            be32(len4, (uint32_t)r.header_count);
-            SHA256_Update(&h, len4, 4);
-            for (int64_t k = 0; k < r.header_count; k++) {
-                cursor hc = {r.headers + r.hoff[k], r.headers + r.hoff[k + 1]};
-                const uint8_t *name, *val;
-                int64_t nlen, vlen;
-                rd_blob(&hc, &name, &nlen);
-                rd_blob(&hc, &val, &vlen);
-                sha_len(&h, (size_t)nlen);
-                SHA256_Update(&h, name, (size_t)nlen);
-                if (vlen < 0) {
-                    SHA256_Update(&h, "\x00", 1);
-                } else {
-                    SHA256_Update(&h, "\x01", 1);
-                    sha_len(&h, (size_t)vlen);
-                    if (vlen) SHA256_Update(&h, val, (size_t)vlen);
-                }
-            }
-            SHA256_Update(&h, "F", 1);
-            sha_len(&h, (size_t)nsealed);
-            for (int a = 0; a < nsealed; a++) {
-                sha_len(&h, paths[order[a]].full_len);
-                SHA256_Update(&h, paths[order[a]].full, paths[order[a]].full_len);
-            }
-            sha_len(&h, (size_t)nspans + 1);
-            size_t pos = 0;
-            for (int a = 0; a <= nspans; a++) {
-                size_t end = a < nspans ? spans[a].start : (size_t)r.value_len;
-                sha_len(&h, end - pos);
-                if (end > pos) SHA256_Update(&h, r.value + pos, end - pos);
-                if (a < nspans) pos = spans[a].end;
-            }
-            SHA256_Final(digest, &h);
-        }
+        fields_digest(&r, r.header_count, paths, order, nsealed, spans, nspans, digest);
         uint8_t *v = scratch + aad_room;
         uint8_t *vo = v;
         size_t pos = 0;
@@ -903,10 +928,7 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
             const uint8_t *nonce = nonces + (size_t)(*seals) * NONCE;
             /* AAD: prefix, key, digest, path */
             uint8_t *aad = scratch;
-            size_t alen = build_aad(aad, prefix, prefix_len, &r, digest) - 4;
-            be32(aad + alen, (uint32_t)pp->full_len);
-            memcpy(aad + alen + 4, pp->full, pp->full_len);
-            alen += 4 + pp->full_len;
+            size_t alen = field_aad(aad, prefix, prefix_len, &r, digest, pp);
             uint8_t *sealed = aad + alen;
             memcpy(sealed, nonce, NONCE);
             int n1 = 0, n2 = 0;
@@ -1059,16 +1081,15 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     long rc = 0;
     uint8_t digest[32];
     *opened = 0;
-    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-    if (!ctx || EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
+    EVP_CIPHER_CTX *ctx = gcm_new(0, key);
+    if (!ctx) {
         rc = SB_CRYPTO;
         goto done;
     }
     for (uint32_t i = 0; i < count; i++) {
-        const uint8_t *rec_start = c.p;
-        int p = parse_record(&c, &r);
-        if (p) { rc = p == -2 ? SB_SLOW : SB_MALFORMED; goto done; }
-        size_t raw = (size_t)(c.p - rec_start);
+        const uint8_t *rec_start;
+        size_t raw;
+        if ((rc = next_record(&c, &r, &rec_start, &raw))) goto done;
         if ((size_t)(limit - o) < raw) { rc = SB_SPACE; goto done; }
         if (r.last_enc < 0) {
             memcpy(o, rec_start, raw);
@@ -1109,44 +1130,11 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
                           (size_t)r.value_len;
         if (scratch_len < aad_room + (size_t)r.value_len) { rc = SB_SPACE; goto done; }
         /* digest: the producer's headers, F, the listed paths, the clear pieces */
-        SHA256_CTX h;
-        SHA256_Init(&h);
-        sha_len(&h, (size_t)start);
-        for (int64_t k = 0; k < start; k++) {
-            cursor kc = {r.headers + r.hoff[k], r.headers + r.hoff[k + 1]};
-            const uint8_t *name, *val;
-            int64_t nlen, vlen;
-            rd_blob(&kc, &name, &nlen);
-            rd_blob(&kc, &val, &vlen);
-            sha_len(&h, (size_t)nlen);
-            SHA256_Update(&h, name, (size_t)nlen);
-            if (vlen < 0) {
-                SHA256_Update(&h, "\x00", 1);
-            } else {
-                SHA256_Update(&h, "\x01", 1);
-                sha_len(&h, (size_t)vlen);
-                if (vlen) SHA256_Update(&h, val, (size_t)vlen);
-            }
-        }
-        SHA256_Update(&h, "F", 1);
-        sha_len(&h, (size_t)npaths);
-        for (int q = 0; q < npaths; q++) {
-            sha_len(&h, paths[q].full_len);
-            SHA256_Update(&h, paths[q].full, paths[q].full_len);
-        }
-        sha_len(&h, (size_t)nspans + 1);
-        size_t pos = 0;
-        for (int a = 0; a <= nspans; a++) {
-            size_t end = a < nspans ? spans[a].start : (size_t)r.value_len;
-            sha_len(&h, end - pos);
-            if (end > pos) SHA256_Update(&h, r.value + pos, end - pos);
-            if (a < nspans) pos = spans[a].end;
-        }
-        SHA256_Final(digest, &h);
+        fields_digest(&r, start, paths, NULL, npaths, spans, nspans, digest);
         /* the new value goes after the AAD room of scratch */
         uint8_t *v = scratch + aad_room;
         uint8_t *vo = v;
-        pos = 0;
+        size_t pos = 0;
         for (int a = 0; a < nspans; a++) {
             const path_t *pp = &paths[spans[a].path];
             const uint8_t *lit = r.value + spans[a].start;
@@ -1158,10 +1146,7 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
             memcpy(vo, r.value + pos, spans[a].start - pos);
             vo += spans[a].start - pos;
             uint8_t *aad = scratch;
-            size_t alen = build_aad(aad, prefix, prefix_len, &r, digest) - 4;
-            be32(aad + alen, (uint32_t)pp->full_len);
-            memcpy(aad + alen + 4, pp->full, pp->full_len);
-            alen += 4 + pp->full_len;
+            size_t alen = field_aad(aad, prefix, prefix_len, &r, digest, pp);
             uint8_t *sealed = aad + alen;
             long slen = unb64url(lit + 14, lit_len - 15, sealed);
             if (slen < NONCE + TAG) { rc = SB_SLOW; goto done; }

@@ -80,6 +80,11 @@ install_python() {
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt pip==23.2.1 setuptools==75.8.0 wheel==0.45.1
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,spark,build,aws]"
+  # Every record batch's CRC32C is checked: google-crc32c falls back to pure Python where
+  # its binary wheel does not fit the platform (45 ms instead of 7 us for a 230 KB batch).
+  "$VENV/bin/python" -c 'import google_crc32c, sys
+if google_crc32c.implementation != "c":
+    sys.exit("google-crc32c runs its pure-Python fallback here: the proxy needs its C build")'
   # Python filters' builder (a binary wheel with CPython for WASI inside), sha256-checked.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --require-hashes \
     -r scripts/python-filters/requirements.txt

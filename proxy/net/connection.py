@@ -30,7 +30,8 @@ What lives here, and only here:
 - **Chain changes in flight.** A response is sent only if it was processed by the router in
   force at send time, or its request pinned the path that handles it (`Forward.pin`);
   otherwise it is processed again from the broker's bytes (a Fetch that waited across a
-  reload that added a fetch filter is filtered by it).
+  reload that added a fetch filter is filtered by it), and what the first processing asked
+  for (`on_sent`, dead letters) is dropped: the second asks for its own.
 - **Quota throttling.** With quotas configured (`ops/quotas.py`), a Produce request read or a
   Fetch response received is counted against the client's budgets, and an exchange over
   quota carries the time until which the client is held back. From then on the client's later
@@ -42,10 +43,11 @@ What lives here, and only here:
   early for the other; a `Wake` action asks the I/O layer to call `tick` when a wait ends.
 - **No side effects.** Telemetry, dead letters and learning a broker node are actions too
   (`Telemetry`, `DeadLetters`, `LearnNodes`): a path puts the first two on its exchange and
-  the connection hands them out after the call; a path that meets a node it does not know
-  raises `UnknownNodes`, the connection hands out `LearnNodes` and calls the path again on
-  `nodes_learned`, so a response carrying a node's address is released only after the I/O
-  layer has bound the node's port.
+  the connection hands them out after the call (those of an unpinned response after its
+  bytes, and only those of the processing that was sent: see chain changes); a path that
+  meets a node it does not know raises `UnknownNodes`, the connection hands out
+  `LearnNodes` and calls the path again on `nodes_learned`, so a response carrying a node's
+  address is released only after the I/O layer has bound the node's port.
 - **Refusals.** A frame that cannot be parsed, a request version the router refuses
   (`Router.refusal`: one the broker does not serve, or one a path must inspect that the codec
   cannot decode), a response that matches no request, a job past its deadline: the
@@ -101,7 +103,6 @@ class Limits:
     max_frame_size: int = 100 * 1024 * 1024
     max_inflight: int = 256  # requests awaiting their response
     max_held_response_bytes: int = 8 * 1024 * 1024  # responses held: being decided, in jobs, ready
-    max_queued_request_bytes: int = 8 * 1024 * 1024  # requests waiting behind a deferred one
     max_unanswered_acks0: int = 1024  # correlation ids of acks=0 requests remembered
     #: seconds a job (a filter run, a config look-up) may take before the connection closes
     job_deadline: float = 20.0
@@ -224,6 +225,7 @@ class _Slot:
     """One request awaiting its response, in client order."""
 
     __slots__ = (
+        "effects",
         "exchange",
         "generation",
         "held",
@@ -242,6 +244,9 @@ class _Slot:
         self.raw: bytes | memoryview | None = None  # the broker's response frame body
         self.response: bytes | memoryview | None = None  # what the client gets
         self.on_sent: TelemetryCall | None = None
+        # What processing `response` asked for (dead letters, telemetry), handed out after
+        # its bytes like `on_sent` and dropped with it if the response is processed again.
+        self.effects: list[Telemetry | DeadLetters] | None = None
         self.generation = -1  # router generation that produced `response` (-1: not routed)
         self.waiting_job = False
         self.held = 0  # bytes of `response` counted as held
@@ -275,8 +280,9 @@ class Connection:
         self._slots: deque[_Slot] = deque()  # awaiting the client, in request order
         self._awaiting: deque[_Slot] = deque()  # forwarded, awaiting the broker, in order
         self._unanswered: deque[int] = deque(maxlen=self.limits.max_unanswered_acks0)
-        self._queued: deque[bytes | memoryview] = deque()  # requests behind a deferred one
-        self._queued_bytes = 0
+        # Requests behind a deferred one: at most one read's worth, as reading pauses while
+        # any waits here (see `_finish`), so they need no byte bound of their own.
+        self._queued: deque[bytes | memoryview] = deque()
         self._held_bytes = 0  # response bytes held (see `_account`)
         self._phase = _FLOWING
         # job id -> (kind, what it is for, its finish, the context it runs with)
@@ -314,7 +320,7 @@ class Connection:
                 # One read can hold thousands of small requests: those past the in-flight
                 # limit (or behind a deferred one, or read while the client is held back by
                 # a quota) wait here, and reading pauses.
-                self._queue(frame)
+                self._queued.append(frame)
                 continue
             self._on_request(frame, out, to_broker)
             if self._phase is _CLOSED:
@@ -386,7 +392,7 @@ class Connection:
                 out,
             )
             return
-        self._effects(slot.exchange, out)
+        self._response_effects(slot, out)
         self._apply_response(slot, outcome, ctx, out)
 
     def nodes_learned(self) -> list[Action]:
@@ -473,10 +479,6 @@ class Connection:
 
     # ================================================================ requests
 
-    def _queue(self, frame: bytes | memoryview) -> None:
-        self._queued.append(frame)
-        self._queued_bytes += len(frame)
-
     def _drain_queue(self, out: list[Action], to_broker: list[bytes | memoryview]) -> None:
         limits = self.limits
         while (
@@ -490,7 +492,6 @@ class Connection:
             and not (self._mute_until and self._held_back())
         ):
             frame = self._queued.popleft()
-            self._queued_bytes -= len(frame)
             self._on_request(frame, out, to_broker)
 
     def _on_request(
@@ -603,6 +604,23 @@ class Connection:
             out.extend(effects)
             exchange.effects = None
 
+    def _response_effects(self, slot: _Slot, out: list[Action]) -> None:
+        """Effects of processing a response. A pinned one is never processed again: handed
+        out now. Otherwise they wait on the slot until the response is sent, because a reload
+        before then processes it again and that processing asks for its own (a record a
+        filter failed on would be dead-lettered twice, or by a filter no longer in force)."""
+        exchange = slot.exchange
+        effects = exchange.effects
+        if not effects:
+            return
+        exchange.effects = None
+        if slot.pin is not None:
+            out.extend(effects)
+        elif slot.effects is None:
+            slot.effects = effects
+        else:
+            slot.effects.extend(effects)  # a Defer's finish after the call that deferred
+
     def _park(
         self,
         exchange: Exchange,
@@ -697,7 +715,7 @@ class Connection:
                 out,
             )
             return
-        self._effects(slot.exchange, out)
+        self._response_effects(slot, out)
         self._apply_response(slot, outcome, router.ctx, out, router.generation)
 
     def _apply_response(
@@ -748,6 +766,7 @@ class Connection:
                 # now decide what the client gets (issue 11, hole 1).
                 slot.response = None
                 slot.on_sent = None
+                slot.effects = None  # the new processing asks for its own
                 self._account(slot)
                 self._route_response(slot, out)
                 if self._phase is _CLOSED or slot.response is None:
@@ -763,6 +782,8 @@ class Connection:
             data.append(_pack_size(len(response)))
             data.append(response)
             self.client.stats.bytes_out += len(response) + 4
+            if slot.effects is not None:
+                sent.extend(slot.effects)
             if slot.on_sent is not None:
                 sent.append(Telemetry(slot.on_sent))
         if data:
@@ -839,7 +860,6 @@ class Connection:
             bool(self._queued)
             or len(self._slots) >= limits.max_inflight
             or self._held_bytes >= limits.max_held_response_bytes
-            or self._queued_bytes >= limits.max_queued_request_bytes
             or not client_side.writable
             or not broker_side.writable
         )

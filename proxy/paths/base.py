@@ -32,7 +32,9 @@ The contract (docs/ARCHITECTURE.md has the long form):
   learn goes on the exchange (`Exchange.emit` for telemetry, `Exchange.dead_letters` for dead
   letters) and the connection hands it to the I/O layer as actions, in order, after the call
   that produced it; telemetry about what a response carries is the `on_sent` of `Respond`,
-  performed after the response's bytes, so a response processed twice counts once. Broker
+  performed after the response's bytes, so a response processed twice counts once; what
+  processing a response that is not pinned asks for (a Fetch's dead letters) waits for its
+  bytes too and is dropped with `on_sent` when it is processed again. Broker
   addresses are rewritten from `ctx.node_address`, a pure look-up of the nodes already
   learnt: a node it does not know raises `UnknownNodes`, the connection asks the I/O layer to
   learn the nodes (`LearnNodes`: the port is chosen, with `--workers` under the shared table's

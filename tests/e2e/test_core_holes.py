@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 import signal
 import socket
 import struct
@@ -49,6 +50,7 @@ from tests.harness.raw_kafka import (
     scrape,
     series,
 )
+from tests.harness.validating_relay import fetch_stored
 from tests.proxy.test_reload import events, rewrite, wait_for
 
 # Measures time: run alone, after the tests that run on two workers (scripts/dev.sh).
@@ -151,6 +153,57 @@ def test_reload_filters_a_fetch_already_in_flight(own_broker: TansuBroker, tmp_p
                     assert again is not None and ADDRESS not in again
                     assert MASKED.search(again), "the record never came back, masked or not"
     assert not leaks, f"{len(leaks)} of {len(topics)} in-flight Fetches showed the address"
+
+
+def test_a_fetch_filtered_again_after_a_reload_dead_letters_once(
+    own_broker: TansuBroker, tmp_path: Path
+) -> None:
+    """A Fetch response filtered, then held behind a slower one while a reload comes, is
+    filtered again by the new chain before it is sent: its failed record must reach the
+    dead-letter topic once, not once per processing."""
+    slow_topic, trap_topic, dlq = fresh_topics(own_broker, "reload-slow", "reload-dl", "dlq")
+    module = tmp_path / "sluice_upper.wasm"
+    module.write_bytes(wasmtime.wat2wasm((MODULES / "sluice_upper.wat").read_text()))
+    path = tmp_path / "sluice.yaml"
+    timeout_ms = 4000
+
+    def config(extra: bool) -> str:
+        filters: list[dict[str, Any]] = [
+            # "LOOP" runs into the CPU deadline: its response takes timeout_ms to filter.
+            {"name": "slow", "module": str(module), "topics": [slow_topic],
+             "apply_to": ["fetch"], "on_error": "pass", "timeout_ms": timeout_ms},
+            # "TRAP" fails: the record is dead-lettered.
+            {"name": "dl", "module": str(module), "topics": [trap_topic],
+             "apply_to": ["fetch"], "on_error": "dead-letter", "dead_letter_topic": dlq},
+        ]
+        if extra:  # what the reload changes: a filter on another topic
+            filters.append({"name": "other", "module": "builtin:pii-mask",
+                            "topics": ["other-only"], "apply_to": ["produce"]})
+        return yaml.safe_dump({"filters": filters})
+
+    confluent_produce(own_broker.bootstrap, slow_topic, [(None, b"LOOP slow")])
+    confluent_produce(own_broker.bootstrap, trap_topic, [(None, b"TRAP once")])
+    with serving(own_broker, path, yaml.safe_load(config(False))) as proxy:
+        with connect(proxy.port, timeout=30) as sock:
+            # Pipelined: the second response is filtered at once and waits behind the first.
+            sock.sendall(fetch_frame(1, slow_topic) + fetch_frame(2, trap_topic))
+            time.sleep(0.5)
+            installed = len(events(proxy, "chain_installed"))
+            rewrite(path, config(True))
+            proxy.send_signal(signal.SIGHUP)
+            wait_for(lambda: len(events(proxy, "chain_installed")) > installed, 10, "the reload")
+            # The reload came while both responses were still held (else nothing is re-run).
+            ready, _, _ = select.select([sock], [], [], 0)
+            assert not ready, "the first response was sent before the reload"
+            answers = [recv_frame(sock), recv_frame(sock)]
+            assert [correlation_id(a) for a in answers if a is not None] == [1, 2]
+
+        def letters() -> list[bytes | None]:
+            return [r.value for r in fetch_stored(own_broker.bootstrap, dlq, 1)[0]]
+
+        wait_for(letters, 20, "the dead letter")
+        time.sleep(2)  # a second letter, if any, is queued right after the first
+    assert letters() == [b"TRAP once"], "the record was dead-lettered once per processing"
 
 
 # ------------------------------------------------------------------ hole 2: back-pressure

@@ -372,6 +372,105 @@ def test_admin_apis_on_the_fleet_topic_are_refused(guarded: Any, broker: TansuBr
     assert only_heartbeats_since(broker.bootstrap, fleet, before)
 
 
+def test_more_apis_and_keys_on_the_internal_topics_are_refused(guarded: Any,
+                                                              broker: TansuBroker) -> None:
+    """The next tries after the admin APIs: DescribeTopicPartitions, batched
+    AddPartitionsToTxn (v4+, several transactions), writing the telemetry topic, and a
+    `policy:` tombstone or forged policy through the proxy (the policy_admins bypass)."""
+    fleet, telemetry, data, port = (guarded["fleet"], guarded["telemetry"], guarded["data"],
+                                    guarded["port"])
+    K = ApiKey
+    before = high_watermark(broker.bootstrap, fleet)
+    answer = call(port, K.DESCRIBE_TOPIC_PARTITIONS, 0, response_partition_limit=100,
+                  cursor=None, topics=tuple(item(K.DESCRIBE_TOPIC_PARTITIONS, 0, ("topics",),
+                                                 name=t) for t in (fleet, telemetry)))
+    assert sorted((str(t.name), int(t.error_code), len(t.partitions))
+                  for t in answer.topics) == sorted([(fleet, DENIED, 0), (telemetry, DENIED, 0)])
+    for version in (4, 5):
+        answer = call(port, K.ADD_PARTITIONS_TO_TXN, version, transactions=tuple(
+            item(K.ADD_PARTITIONS_TO_TXN, version, ("transactions",), transactional_id=tid,
+                 producer_id=1, producer_epoch=0, verify_only=False, topics=(
+                     item(K.ADD_PARTITIONS_TO_TXN, version, ("transactions", "topics"),
+                          name=topic, partitions=(0,)),))
+            for tid, topic in (("t1", fleet), ("t2", telemetry))))
+        codes = sorted((str(t.name), int(p.partition_error_code))
+                       for r in answer.results_by_transaction for t in r.topic_results
+                       for p in t.results_by_partition)
+        assert codes == sorted([(fleet, DENIED), (telemetry, DENIED)]), (version, codes)
+    telemetry_before = high_watermark(broker.bootstrap, telemetry)
+    forged_row = json.dumps({"type": "record_batch", "principal": "User:victim",
+                             "bytes": 5 * 10**12}).encode()
+    assert produce(port, {telemetry: batch(None, forged_row)}) == {telemetry: DENIED}
+    topic = "crm"
+    assert produce(port, {fleet: batch(f"policy:{topic}".encode(), None)}) == {fleet: DENIED}
+    forged = json.dumps({"format": 1, "type": "policy", "topic": topic,
+                         "value": json.dumps({"filters": []}), "set_by": "User:admin"}).encode()
+    assert produce(port, {fleet: batch(f"policy:{topic}".encode(), forged),
+                          data: batch(b"k", b"v")}) == {fleet: DENIED, data: 0}
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
+    assert all(forged_row not in v
+               for v in values_since(broker.bootstrap, telemetry, telemetry_before))
+
+
+def test_acks_0_all_topics_metadata_and_topic_ids_do_not_reach_the_internal_topics(
+        guarded: Any, broker: TansuBroker) -> None:
+    """A Produce with acks=0 (no answer is due: the proxy must still drop it), Metadata v0's
+    empty list (all topics), and DeleteTopics naming the fleet topic by id only."""
+    fleet, telemetry, dead, port = (guarded["fleet"], guarded["telemetry"], guarded["dead"],
+                                    guarded["port"])
+    before = high_watermark(broker.bootstrap, fleet)
+    tombstone = rk.request_frame(
+        ApiKey.PRODUCE, 9, 5, transactional_id=None, acks=0,
+        timeout=datetime.timedelta(seconds=10), topic_data=(
+            item(ApiKey.PRODUCE, 9, ("topic_data",), name=fleet, partition_data=(
+                item(ApiKey.PRODUCE, 9, ("topic_data", "partition_data"), index=0,
+                     records=batch(b"filter:pii", None)),)),))
+    with rk.connect(port) as sock:
+        sock.sendall(tombstone)
+        sock.sendall(rk.metadata_frame(6, None, version=0))
+        body = rk.recv_frame(sock)  # the next answer is Metadata's: the Produce has none
+    assert body is not None and rk.correlation_id(body) == 6
+    answer = decode_response(ApiKey.METADATA, 0, body[response_header_size(
+        body, ApiKey.METADATA, 0):])
+    listed = {str(t.name) for t in answer.topics}
+    assert guarded["data"] in listed and not {fleet, telemetry, dead} & listed
+    direct = metadata(int(broker.bootstrap.rsplit(":", 1)[1]), [fleet])
+    answer = call(port, ApiKey.DELETE_TOPICS, 6, timeout=datetime.timedelta(seconds=5),
+                  topics=(item(ApiKey.DELETE_TOPICS, 6, ("topics",), name=None,
+                               topic_id=direct[fleet].topic_id),))
+    assert [int(r.error_code) for r in answer.responses] == [DENIED]
+    assert fleet in broker_topics(broker)
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
+    # The fleet's filter still masks.
+    masked = produce_and_read(broker, guarded["proxy"], guarded["data"], "acks0")
+    assert b"@example.com" not in masked and MASKED.search(masked), masked
+
+
+def test_produce_by_topic_id_to_the_fleet_topic_is_refused(guarded: Any,
+                                                           broker: TansuBroker) -> None:
+    """Produce v13 names topics by id only (KIP-516): a tombstone for the fleet's filter sent
+    to the fleet topic's id (learnt from the broker) is refused; the client topic beside it
+    is stored, masked."""
+    fleet, data, port = guarded["fleet"], guarded["data"], guarded["port"]
+    ids = metadata(int(broker.bootstrap.rsplit(":", 1)[1]), [fleet, data])
+    before = high_watermark(broker.bootstrap, fleet)
+    topics = tuple(
+        item(ApiKey.PRODUCE, 13, ("topic_data",), topic_id=ids[t].topic_id, partition_data=(
+            item(ApiKey.PRODUCE, 13, ("topic_data", "partition_data"), index=0, records=r),))
+        for t, r in ((fleet, batch(b"filter:pii", None)),
+                     (data, batch(b"k", b"by id b@example.com"))))
+    answer = call(port, ApiKey.PRODUCE, 13, transactional_id=None, acks=-1,
+                  timeout=datetime.timedelta(seconds=10), topic_data=topics)
+    codes = {t.topic_id: int(p.error_code) for t in answer.responses
+             for p in t.partition_responses}
+    assert codes == {ids[fleet].topic_id: DENIED, ids[data].topic_id: 0}
+    assert only_heartbeats_since(broker.bootstrap, fleet, before)
+    stored = confluent_consume(broker.bootstrap, data, high_watermark(broker.bootstrap, data))
+    assert stored[-1][1] is not None and b"b@example.com" not in stored[-1][1]
+    masked = produce_and_read(broker, guarded["proxy"], data, "by-id")
+    assert b"@example.com" not in masked and MASKED.search(masked), masked
+
+
 def test_mixed_delete_topics_deletes_only_the_client_topic(guarded: Any, broker: TansuBroker
                                                            ) -> None:
     fleet, port = guarded["fleet"], guarded["port"]

@@ -166,3 +166,42 @@ def test_old_version_naming_the_proxys_own_topic_is_refused(
     assert call(proxy.bootstrap, create_topics_v0(46, topic)) is not None
     deleted = call(proxy.bootstrap, delete_topics_v0(47, topic))
     assert deleted is not None and struct.unpack_from(">i", deleted)[0] == 47
+
+
+def produce_v2(correlation_id: int, topic: str, message_set: bytes) -> bytes:
+    # acks, timeout_ms, topics: [name, partitions: [index, message_set_size, message_set]]
+    body = struct.pack(">hii", -1, 5000, 1) + _string(topic)
+    body += struct.pack(">iii", 1, 0, len(message_set)) + message_set
+    return _frame(0, 2, correlation_id, body)
+
+
+def test_old_produce_to_an_internal_topic_is_refused(
+    kafka39_broker: KafkaCluster, start_proxy: Callable[..., SluiceProxy], tmp_path: Path
+) -> None:
+    """Produce v2 (a magic-1 message set, as pre-0.11 clients write) is older than the codec
+    decodes, and Produce is always inspected: refused (connection closed), and one of the
+    proxy's own topics stays empty. The broker itself serves that version (shown directly on
+    another topic)."""
+    from tests.e2e.test_filter_failclosed import legacy_message_set
+
+    internal, ordinary = (f"old-internal-{uuid.uuid4().hex[:8]}",
+                          f"old-client-{uuid.uuid4().hex[:8]}")
+    config = tmp_path / "sluice.yaml"
+    config.write_text(f"security:\n  internal_topics: [{internal}]\n")
+    for topic in (internal, ordinary):
+        answer = call(kafka39_broker.bootstrap, create_topics_v0(40, topic))
+        assert answer is not None and create_error(answer, topic) == 0
+    proxy = start_proxy(config=config, upstream=kafka39_broker.bootstrap)
+    message = legacy_message_set(b"forged fleet record")
+    assert call(proxy.bootstrap, produce_v2(41, internal, message)) is None
+    logged_refusal(proxy)
+    assert call(kafka39_broker.bootstrap, produce_v2(42, ordinary, message)) is not None
+
+    from confluent_kafka import Consumer, TopicPartition
+    consumer = Consumer({"bootstrap.servers": kafka39_broker.bootstrap, "group.id": "old-hw"})
+    try:
+        ends = {t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10)[1]
+                for t in (internal, ordinary)}
+    finally:
+        consumer.close()
+    assert ends == {internal: 0, ordinary: 1}

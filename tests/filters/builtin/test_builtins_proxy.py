@@ -213,3 +213,33 @@ def test_pii_mask_defaults_mask_key_value_and_headers(
     assert m.key() == (b"ann@example.com" if keys is False else b"***@*******.***")
     assert m.headers() == [("x-user", b"***@*******.***"), ("x-phone", b"+** ** **** ****"),
                            ("trace", b"abc-1")]
+
+
+def _wide(text: str) -> str:
+    """`text` with its ASCII digits and punctuation in their full-width forms (U+FF01-FF5E),
+    as East Asian input methods type them; spaces stay ASCII."""
+    return "".join(chr(ord(ch) + 0xFEE0) if "!" <= ch <= "~" else ch for ch in text)
+
+
+def test_pii_mask_defaults_mask_underscore_and_full_width_cards_everywhere(
+        tmp_path: Path, broker: TansuBroker, start_proxy: Callable[..., SluiceProxy]) -> None:
+    # Card numbers as people also type them: underscores, full-width digits (in the value, the
+    # key and a header). Before, both passed the default pii-mask in clear.
+    topic = unique("people")
+    cfg = write_config(tmp_path, [{"name": "mask", "module": "builtin:pii-mask",
+                                   "topics": ["people-*"], "apply_to": ["produce"]}])
+    proxy = start_proxy(config=cfg)
+    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    card = _wide("4111 1111 1111 1111").encode()
+    value = json.dumps({"a": "5500_0000_0000_0004", "b": _wide("4111-1111-1111-1111")},
+                       ensure_ascii=False).encode()
+    p = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 0, "retries": 0, **QUIET})
+    errors: list[Any] = []
+    p.produce(topic, key=b"card " + card, value=value, headers=[("x-card", card)],
+              on_delivery=lambda err, _m: errors.append(err))
+    assert p.flush(30) == 0 and errors == [None]
+    (m,) = stored_records(broker.bootstrap, topic, 1)
+    assert json.loads(m.value()) == {"a": "****_****_****_****",
+                                     "b": _wide("****-****-****-****").replace(_wide("*"), "*")}
+    assert m.key() == b"card **** **** **** ****"
+    assert m.headers() == [("x-card", b"**** **** **** ****")]

@@ -1,16 +1,22 @@
 """The sans-IO `Connection` performs no side effect: telemetry, dead letters and learning a
 broker node come out as actions, in order, and a response naming a new node is released only
-after the I/O layer has learnt (bound) it."""
+after the I/O layer has learnt (bound) it. A response processed again after a reload asks
+for its dead letters once."""
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import wasmtime
 
 from sluice.codec import entities, schemas
 from sluice.codec.headers import response_header_bytes
 from sluice.codec.messages import ApiKey, decode_response, encode_response
+from sluice.filters.chain import FilterChain
+from sluice.filters.config import FilterSpec
 from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import (
     Close,
@@ -18,16 +24,22 @@ from sluice.proxy.net.connection import (
     DeadLetters,
     LearnNodes,
     SendToClient,
+    StartJob,
     Telemetry,
 )
 from sluice.proxy.net.node_ports import BrokerMap, NodeRoute
 from sluice.proxy.paths.addresses import AddressPath
 from sluice.proxy.paths.base import Exchange, Forward, Frame, PathContext, Respond
+from sluice.proxy.paths.fetch import FetchPath
 from sluice.proxy.paths.registry import Routes, VersionTable
 from sluice.proxy.paths.topics import TopicRegistry
 from sluice.proxy.telemetry.metrics import Metrics
+from tests.filters.test_native_path import make_batch
 from tests.harness import raw_kafka as rk
 from tests.proxy.net.test_connection import frame, request
+from tests.proxy.paths.test_paths import fetch_response
+
+WAT_MODULES = Path(__file__).resolve().parents[2] / "filters" / "modules"
 
 DESCRIBE_GROUPS = int(ApiKey.DESCRIBE_GROUPS)
 
@@ -159,4 +171,75 @@ def test_lost_requests_are_accounted_for_by_actions_before_the_close() -> None:
     actions = conn.broker_eof()
     assert [type(a).__name__ for a in actions] == ["Telemetry", "Close"]
     assert path.performed == []
+
+
+
+# ------------------------------------------------------------------ dead letters, counted once
+
+
+def dead_letter_chain(tmp_path: Path, generation: int) -> FilterChain:
+    """The chain of one install: sluice_upper traps on "TRAP", and the failure policy
+    dead-letters the record (a reload builds a new chain from the same spec)."""
+    wasm = tmp_path / "sluice_upper.wasm"
+    if not wasm.exists():
+        wasm.write_bytes(wasmtime.wat2wasm((WAT_MODULES / "sluice_upper.wat").read_text()))
+    spec = FilterSpec(name="dl", module=str(wasm), topics=("orders",),
+                      apply_to=frozenset({"fetch"}), on_error="dead-letter",
+                      dead_letter_topic="orders.dlq")
+    return FilterChain.from_specs([spec], cache_dir=tmp_path / f"cache{generation}")
+
+
+def fetch_connection(tmp_path: Path) -> tuple[Connection, Routes, list[FilterChain]]:
+    metrics = Metrics()
+    topics = TopicRegistry()
+    chains: list[FilterChain] = []
+
+    def context(generation: int) -> PathContext:
+        chains.append(dead_letter_chain(tmp_path, generation))
+        return PathContext(
+            chain=chains[-1], generation=generation, directions=frozenset({"fetch"}),
+            topics=topics, metrics=metrics, node_address=lambda n, h, p: (h, p),
+            open_upstream=None,  # type: ignore[arg-type]
+        )
+
+    routes = Routes([FetchPath()], context, VersionTable())
+    conn = Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), routes, metrics)
+    return conn, routes, chains
+
+
+def run_jobs(conn: Connection, actions: list[Any]) -> list[Any]:
+    """Run every job handed out (in the test's thread) until none is left, as the session
+    would; returns every action handed out on the way."""
+    seen: list[Any] = list(actions)
+    jobs = [a for a in actions if isinstance(a, StartJob)]
+    while jobs:
+        job = jobs.pop(0)
+        more = conn.job_done(job.job_id, job.job.run())
+        seen.extend(more)
+        jobs.extend(a for a in more if isinstance(a, StartJob))
+    return seen
+
+
+def test_a_fetch_filtered_again_after_a_reload_dead_letters_its_records_once(
+    tmp_path: Path,
+) -> None:
+    conn, routes, chains = fetch_connection(tmp_path)
+    try:
+        conn.client_data(rk.fetch_frame(3, "orders"))
+        actions = conn.broker_data(frame(fetch_response("orders", make_batch([b"TRAP"]))))
+        (job,) = [a for a in actions if isinstance(a, StartJob)]
+        result = job.job.run()  # the filters ran under the first chain...
+        routes.install()  # ...and a reload came before the response was sent
+        seen = run_jobs(conn, conn.job_done(job.job_id, result))
+        kinds = [type(a).__name__ for a in seen if not isinstance(a, StartJob)]
+        # Processed again under the new chain, sent once, dead-lettered once, after its bytes.
+        assert kinds.count("SendToClient") == 1, kinds
+        letters = [a.letters for a in seen if isinstance(a, DeadLetters)]
+        assert len(letters) == 1, f"the failed record was dead-lettered {len(letters)} times"
+        ((letter,),) = letters
+        assert (letter.topic, letter.value) == ("orders.dlq", b"TRAP")
+        assert kinds.index("DeadLetters") > kinds.index("SendToClient"), kinds
+    finally:
+        for chain in chains:
+            chain.close()
 
