@@ -27,6 +27,11 @@
  * sluice_on_config checks it again for configs that come from elsewhere (code, the fleet).
  */
 #include "sluice_filter.h"
+#include <wasm_simd128.h>
+
+/* The scans over a value's strings use Wasm SIMD, 16 bytes per step, as builtin:pii-mask's do
+ * (enabled for those functions only). */
+#define SIMD __attribute__((target("simd128")))
 
 #define MAX_RULES 64
 
@@ -37,16 +42,29 @@ enum { A_SET, A_REMOVE, A_RENAME, A_HASH, A_TRUNCATE, A_DROP };
 
 enum { W_DEFAULT, W_EXISTS, W_MISSING, W_EQUALS, W_PREFIX, W_CONTAINS };
 
+/* A hash rule's salt, compressed once at load (see sha_hex). */
+typedef struct {
+    uint32_t h[8];      /* state after the salt's whole blocks */
+    uint64_t done;      /* bytes those blocks held */
+    uint8_t tail[64];   /* the salt's remaining bytes, then zeros */
+    int32_t tail_len;
+} salt_state;
+
 typedef struct {
     sluice_bytes field;
+    const sluice_bytes *seg;      /* field split at its dots (at load) */
+    int nseg;
     int action;
     int when;
     sluice_bytes when_field;    /* the field the condition tests */
+    const sluice_bytes *when_seg; /* when_field split at its dots; seg when it is field */
+    int when_nseg;
     const sluice_json *operand; /* equals */
     sluice_bytes text;          /* prefix / contains */
     const sluice_json *value;   /* set */
     sluice_bytes to;            /* rename: the new member name (last segment of `to`) */
     sluice_bytes salt;          /* hash */
+    salt_state hash;            /* hash: the salt's midstate */
     int64_t length;             /* truncate */
 } rule;
 
@@ -71,8 +89,30 @@ static void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
     for (; n > 0; n--) *d++ = *s++;
 }
 
+/* Whether a[0..n) == b[0..n): names are short, and memcmp is a call with a byte loop. */
+static inline int same_bytes(const uint8_t *a, const uint8_t *b, int32_t n) {
+    for (; n >= 8; a += 8, b += 8, n -= 8) {
+        uint64_t x, y;
+        __builtin_memcpy(&x, a, 8);
+        __builtin_memcpy(&y, b, 8);
+        if (x != y) return 0;
+    }
+    for (; n > 0; n--)
+        if (*a++ != *b++) return 0;
+    return 1;
+}
+
+static inline int eq(sluice_bytes a, sluice_bytes b) {
+    return a.len == b.len && (a.len <= 0 || same_bytes(a.ptr, b.ptr, a.len));
+}
+
+/* Room for n more bytes: the check inline, growing out of line. */
+static inline int room(sluice_buf *b, uint32_t n) {
+    return (!b->failed && b->cap - b->len >= n) || sluice_buf_reserve(b, n);
+}
+
 static void put_bytes(sluice_buf *b, const uint8_t *p, int32_t n) {
-    if (n <= 0 || !sluice_buf_reserve(b, (uint32_t)n)) return;
+    if (n <= 0 || !room(b, (uint32_t)n)) return;
     copy_bytes(b->ptr + b->len, p, n);
     b->len += (uint32_t)n;
 }
@@ -89,79 +129,83 @@ static const uint32_t K[64] = {
     0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
-typedef struct {
-    uint32_t h[8];
-    uint8_t block[64];
-    uint32_t fill;
-    uint64_t total;
-} sha256;
-
+/* The salt is the same for every record, so its whole 64-byte blocks are compressed once at
+ * load (the midstate) and its remaining bytes kept as the start of a block template; a record
+ * then costs one compression per 64 bytes of salt tail + field + padding (one for a short
+ * e-mail or id), with the block built in place: no per-call state, no byte-wise padding. The
+ * rounds stay a loop: fully unrolled, wasmtime's code for them ran slower (register spills). */
 #define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+#define BSIG0(a) (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22))
+#define BSIG1(e) (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25))
+#define SSIG0(x) (ROR(x, 7) ^ ROR(x, 18) ^ ((x) >> 3))
+#define SSIG1(x) (ROR(x, 17) ^ ROR(x, 19) ^ ((x) >> 10))
 
-static void sha_block(sha256 *s, const uint8_t *p) {
-    uint32_t w[64];
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-    for (int i = 16; i < 64; i++) {
-        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
-        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3];
-    uint32_t e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
-    for (int i = 0; i < 64; i++) {
-        uint32_t t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
-        uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
-    }
-    s->h[0] += a; s->h[1] += b; s->h[2] += c; s->h[3] += d;
-    s->h[4] += e; s->h[5] += f; s->h[6] += g; s->h[7] += h;
+static uint32_t load_be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static void sha_init(sha256 *s) {
+static void sha_block(uint32_t st[8], const uint8_t *p) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++) w[i] = load_be32(p + 4 * i);
+    for (int i = 16; i < 64; i++) w[i] = w[i - 16] + SSIG0(w[i - 15]) + w[i - 7] + SSIG1(w[i - 2]);
+    uint32_t a = st[0], b = st[1], c = st[2], d = st[3], e = st[4], f = st[5], g = st[6], h = st[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = h + BSIG1(e) + (g ^ (e & (f ^ g))) + K[i] + w[i];
+        uint32_t t2 = BSIG0(a) + ((a & b) | (c & (a | b)));
+        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    st[0] += a; st[1] += b; st[2] += c; st[3] += d;
+    st[4] += e; st[5] += f; st[6] += g; st[7] += h;
+}
+
+static void salt_init(salt_state *s, sluice_bytes salt) {
     static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
     for (int i = 0; i < 8; i++) s->h[i] = iv[i];
-    s->fill = 0;
-    s->total = 0;
+    int32_t n = salt.len > 0 ? salt.len : 0, at = 0;
+    for (; n - at >= 64; at += 64) sha_block(s->h, salt.ptr + at);
+    s->done = (uint64_t)at;
+    s->tail_len = n - at;
+    for (int i = 0; i < 64; i++) s->tail[i] = i < s->tail_len ? salt.ptr[at + i] : 0;
 }
 
-static void sha_update(sha256 *s, const uint8_t *p, int32_t n) {
-    s->total += (uint64_t)n;
-    while (n > 0) {
-        if (s->fill == 0 && n >= 64) { /* whole blocks straight from the input */
-            sha_block(s, p);
-            p += 64;
-            n -= 64;
-            continue;
-        }
-        uint32_t take = 64 - s->fill < (uint32_t)n ? 64 - s->fill : (uint32_t)n;
-        copy_bytes(s->block + s->fill, p, (int32_t)take);
-        s->fill += take;
+/* "0".."ff" as two bytes each, for writing the digest a byte at a time. */
+static uint16_t hex_pairs[256];
+
+/* The lowercase hex SHA-256 of salt + p[0..n) into out[0..64). */
+static void sha_hex(const salt_state *s, const uint8_t *p, int32_t n, uint8_t out[64]) {
+    uint32_t st[8];
+    uint64_t block[16]; /* two blocks: the last one may not hold the padding */
+    uint8_t *bb = (uint8_t *)block;
+    for (int i = 0; i < 8; i++) st[i] = s->h[i];
+    uint64_t bits = (s->done + (uint64_t)s->tail_len + (uint64_t)n) * 8u;
+    int32_t fill = s->tail_len, streamed = 0;
+    for (int i = 0; i < 8; i++) __builtin_memcpy(&block[i], s->tail + 8 * i, 8);
+    for (int i = 8; i < 16; i++) block[i] = 0;
+    while (fill + n >= 64) { /* whole blocks of field bytes */
+        int32_t take = 64 - fill;
+        copy_bytes(bb + fill, p, take);
+        sha_block(st, bb);
         p += take;
-        n -= (int32_t)take;
-        if (s->fill == 64) {
-            sha_block(s, s->block);
-            s->fill = 0;
-        }
+        n -= take;
+        fill = 0;
+        streamed = 1;
     }
-}
-
-static void sha_hex(sha256 *s, uint8_t out[64]) {
-    static const char hex[] = "0123456789abcdef";
-    static const uint8_t zeros[64];
-    uint64_t bits = s->total * 8u;
-    uint8_t pad = 0x80;
-    sha_update(s, &pad, 1);
-    sha_update(s, zeros, (int32_t)((s->fill <= 56 ? 56 : 120) - s->fill));
-    uint8_t len[8];
-    for (int i = 0; i < 8; i++) len[i] = (uint8_t)(bits >> (56 - 8 * i));
-    sha_update(s, len, 8);
-    for (int i = 0; i < 32; i++) {
-        uint8_t byte = (uint8_t)(s->h[i / 4] >> (24 - 8 * (i % 4)));
-        out[2 * i] = (uint8_t)hex[byte >> 4];
-        out[2 * i + 1] = (uint8_t)hex[byte & 15];
+    copy_bytes(bb + fill, p, n);
+    fill += n;
+    if (streamed) /* the block still holds field bytes after fill */
+        for (int i = fill; i < 64; i++) bb[i] = 0;
+    bb[fill] = 0x80;
+    int32_t last = fill < 56 ? 56 : 120;
+    for (int i = 0; i < 8; i++) bb[last + i] = (uint8_t)(bits >> (56 - 8 * i));
+    sha_block(st, bb);
+    if (last == 120) sha_block(st, bb + 64);
+    for (int i = 0; i < 8; i++) {
+        uint32_t v = st[i];
+        for (int k = 0; k < 4; k++) {
+            uint16_t pair = hex_pairs[(v >> (24 - 8 * k)) & 0xff];
+            __builtin_memcpy(out + 8 * i + 2 * k, &pair, 2);
+        }
     }
 }
 
@@ -224,27 +268,46 @@ static void put_minified(sluice_buf *b, sluice_bytes s) {
     }
 }
 
+/* The record value being rewritten: a member name that points into it was read without an
+ * escape (decoded names live elsewhere in the arena), so it is written as it is. */
+static const uint8_t *src_lo, *src_hi;
+
 static void put_json(sluice_buf *b, const sluice_json *n) {
     switch (n->type) {
     case SLUICE_JSON_OBJECT:
     case SLUICE_JSON_ARRAY: {
         int object = n->type == SLUICE_JSON_OBJECT;
-        sluice_buf_putc(b, object ? '{' : '[');
+        if (!room(b, 1)) return;
+        b->ptr[b->len++] = object ? '{' : '[';
         for (const sluice_json *c = n->child; c; c = c->next) {
-            if (c != n->child) sluice_buf_putc(b, ',');
+            if (c != n->child) {
+                if (!room(b, 1)) return;
+                b->ptr[b->len++] = ',';
+            }
             if (object) {
-                put_string(b, c->key);
-                sluice_buf_putc(b, ':');
+                sluice_bytes k = c->key;
+                if (k.ptr >= src_lo && k.ptr + k.len <= src_hi) { /* read from the value unescaped */
+                    if (!room(b, (uint32_t)k.len + 3u)) return;
+                    b->ptr[b->len++] = '"';
+                    copy_bytes(b->ptr + b->len, k.ptr, k.len);
+                    b->len += (uint32_t)k.len;
+                    b->ptr[b->len++] = '"';
+                    b->ptr[b->len++] = ':';
+                } else {
+                    put_string(b, k);
+                    sluice_buf_putc(b, ':');
+                }
             }
             put_json(b, c);
         }
-        sluice_buf_putc(b, object ? '}' : ']');
+        if (!room(b, 1)) return;
+        b->ptr[b->len++] = object ? '}' : ']';
         break;
     }
     case SLUICE_JSON_STRING:
         if (n->count != 1) {
             put_string(b, n->str);
-        } else if (sluice_buf_reserve(b, (uint32_t)n->str.len + 2u)) {
+        } else if (room(b, (uint32_t)n->str.len + 2u)) {
             b->ptr[b->len++] = '"';
             copy_bytes(b->ptr + b->len, n->str.ptr, n->str.len);
             b->len += (uint32_t)n->str.len;
@@ -292,16 +355,30 @@ static void add_path_names(sluice_bytes path) {
 static int named(sluice_bytes key) {
     if (all_names) return 1;
     for (int k = 0; k < nnames; k++)
-        if (names[k].len == key.len && memcmp(names[k].ptr, key.ptr, (size_t)key.len) == 0) return 1;
+        if (names[k].len == key.len && same_bytes(names[k].ptr, key.ptr, key.len)) return 1;
     return 0;
 }
 
 /* The string at j->p (its opening quote), checked as the SDK's parser checks it. Returns 1 and
  * sets *plain when it holds no escape (its text is the bytes between the quotes); an escape or
  * anything unusual goes to the SDK's own string parser, so the verdict is always the same. */
-static int scan_string(sl__jp *j, int *plain) {
+SIMD static int scan_string(sl__jp *j, int *plain) {
     const uint8_t *p = j->p + 1, *e = j->end;
     for (;;) {
+        /* 16 bytes at a time to the first quote, backslash, control or non-ASCII byte (the
+         * signed compare catches both of the last two) */
+        while (e - p >= 16) {
+            v128_t v = wasm_v128_load(p);
+            uint32_t m = (uint32_t)wasm_i8x16_bitmask(
+                wasm_v128_or(wasm_i8x16_lt(v, wasm_i8x16_splat(0x20)),
+                             wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('"')),
+                                          wasm_i8x16_eq(v, wasm_i8x16_splat('\\')))));
+            if (m) {
+                p += __builtin_ctz(m);
+                break;
+            }
+            p += 16;
+        }
         while (p < e && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
         if (p >= e) break;
         if (*p == '"') {
@@ -541,45 +618,46 @@ static sluice_json *parse_doc(sluice_bytes data) {
     return j.p == j.end ? root : NULL;
 }
 
-/* The object that holds the last segment of `path` (walking objects only), and that segment. */
-static sluice_json *parent_of(sluice_json *doc, sluice_bytes path, sluice_bytes *last) {
-    sluice_json *node = doc;
-    int32_t start = 0;
-    for (int32_t i = 0; i <= path.len; i++) {
-        if (i < path.len && path.ptr[i] != '.') continue;
-        sluice_bytes seg = sluice_bytes_of(path.ptr + start, (size_t)(i - start));
-        if (i == path.len) {
-            *last = seg;
-            return node;
-        }
-        sluice_json *next = NULL;
-        for (sluice_json *c = node->child; c; c = c->next)
-            if (sluice_eq(c->key, seg)) next = c; /* the last duplicate wins, as in lookups */
-        if (next == NULL || next->type != SLUICE_JSON_OBJECT) return NULL;
-        node = next;
-        start = i + 1;
-    }
-    return NULL;
-}
-
 static sluice_json *member(sluice_json *parent, sluice_bytes name) {
     sluice_json *found = NULL;
     if (parent == NULL) return NULL;
     for (sluice_json *c = parent->child; c; c = c->next)
-        if (sluice_eq(c->key, name)) found = c;
+        if (eq(c->key, name)) found = c; /* the last duplicate wins, as in lookups */
     return found;
 }
 
-static sluice_json *lookup(sluice_json *doc, sluice_bytes path) {
-    sluice_bytes last;
-    return member(parent_of(doc, path, &last), last);
+/* The object that holds the last of the path's n segments (walking objects only). */
+static sluice_json *parent_in(sluice_json *doc, const sluice_bytes *seg, int n) {
+    sluice_json *node = doc;
+    for (int i = 0; i + 1 < n; i++) {
+        node = member(node, seg[i]);
+        if (node == NULL || node->type != SLUICE_JSON_OBJECT) return NULL;
+    }
+    return node;
+}
+
+/* A path's n segments, split once at load. */
+static const sluice_bytes *split_path(sluice_bytes path, int *n) {
+    int count = 1;
+    for (int32_t i = 0; i < path.len; i++) count += path.ptr[i] == '.';
+    sluice_bytes *seg = (sluice_bytes *)sluice_malloc(sizeof(sluice_bytes) * (size_t)count);
+    if (seg == NULL) return NULL;
+    int32_t start = 0;
+    int k = 0;
+    for (int32_t i = 0; i <= path.len; i++) {
+        if (i < path.len && path.ptr[i] != '.') continue;
+        seg[k++] = sluice_bytes_of(path.ptr + start, (size_t)(i - start));
+        start = i + 1;
+    }
+    *n = count;
+    return seg;
 }
 
 /* Unlink every member called `name` from `parent`. */
 static void unlink_all(sluice_json *parent, sluice_bytes name) {
     sluice_json **link = &parent->child;
     while (*link) {
-        if (sluice_eq((*link)->key, name)) {
+        if (eq((*link)->key, name)) {
             *link = (*link)->next;
             parent->count--;
         } else {
@@ -605,7 +683,7 @@ static sluice_json *copy_tree(const sluice_json *n) {
 
 static int same_scalar(const sluice_json *a, const sluice_json *b) {
     if (a->type != b->type) return 0;
-    if (a->type == SLUICE_JSON_STRING || a->type == SLUICE_JSON_NUMBER) return sluice_eq(a->str, b->str);
+    if (a->type == SLUICE_JSON_STRING || a->type == SLUICE_JSON_NUMBER) return eq(a->str, b->str);
     return a->type != SLUICE_JSON_OBJECT && a->type != SLUICE_JSON_ARRAY;
 }
 
@@ -615,8 +693,8 @@ static int contains(sluice_bytes hay, sluice_bytes needle) {
     return 0;
 }
 
-static int matches(const rule *r, sluice_json *doc) {
-    const sluice_json *n = lookup(doc, r->when_field);
+/* Whether the rule's condition holds; n is the member it tests (NULL: missing). */
+static int matches(const rule *r, const sluice_json *n) {
     switch (r->when) {
     case W_DEFAULT: return r->action == A_SET || n != NULL;
     case W_EXISTS: return n != NULL;
@@ -631,11 +709,14 @@ static int matches(const rule *r, sluice_json *doc) {
 
 /* Applies `r` to `doc`: 1 changed, 0 unchanged, -1 drop, -2 out of memory. */
 static int apply(const rule *r, sluice_json *doc) {
-    if (!matches(r, doc)) return 0;
-    if (r->action == A_DROP) return -1;
-    sluice_bytes last;
-    sluice_json *parent = parent_of(doc, r->field, &last);
+    sluice_bytes last = r->seg[r->nseg - 1];
+    sluice_json *parent = parent_in(doc, r->seg, r->nseg);
     sluice_json *m = member(parent, last);
+    const sluice_json *tested_member =
+        r->when_seg == r->seg ? m
+                              : member(parent_in(doc, r->when_seg, r->when_nseg), r->when_seg[r->when_nseg - 1]);
+    if (!matches(r, tested_member)) return 0;
+    if (r->action == A_DROP) return -1;
     switch (r->action) {
     case A_SET:
         if (parent == NULL) return 0;
@@ -664,28 +745,24 @@ static int apply(const rule *r, sluice_json *doc) {
         return 1;
     case A_RENAME:
         if (m == NULL) return 0;
-        if (sluice_eq(last, r->to)) return 0;
+        if (eq(last, r->to)) return 0;
         unlink_all(parent, r->to);
         m->key = r->to;
         sluice_count("renamed", 1);
         return 1;
     case A_HASH: {
         if (m == NULL) return 0;
-        sha256 s;
-        sha_init(&s);
-        sha_update(&s, r->salt.ptr, r->salt.len);
+        uint8_t *hex = (uint8_t *)sluice_malloc(64);
+        if (hex == NULL) return -2;
         if (m->type == SLUICE_JSON_STRING) {
-            sha_update(&s, m->str.ptr, m->str.len);
+            sha_hex(&r->hash, m->str.ptr, m->str.len, hex);
         } else {
             sluice_buf b;
             sluice_buf_init(&b, 64);
             put_json(&b, m);
             if (b.failed) return -2;
-            sha_update(&s, b.ptr, (int32_t)b.len);
+            sha_hex(&r->hash, b.ptr, (int32_t)b.len, hex);
         }
-        uint8_t *hex = (uint8_t *)sluice_malloc(64);
-        if (hex == NULL) return -2;
-        sha_hex(&s, hex);
         m->type = SLUICE_JSON_STRING;
         m->str = sluice_bytes_of(hex, 64);
         m->child = NULL;
@@ -733,7 +810,7 @@ static int unmentioned(sluice_bytes v) {
         if (open != NULL) {
             int32_t len = (int32_t)(p - open - 1);
             for (int t = 0; t < ntested; t++)
-                if (tested[t].len == len && memcmp(tested[t].ptr, open + 1, (size_t)len) == 0) return 0;
+                if (tested[t].len == len && same_bytes(tested[t].ptr, open + 1, len)) return 0;
         }
         open = p;
     }
@@ -747,6 +824,8 @@ sluice_decision sluice_on_record(const sluice_record *rec) {
     if (sluice_is_null(rec->value) || nrules == 0) return sluice_keep();
     if (unmentioned(rec->value)) return sluice_keep();
     sluice_json *doc = parse_doc(rec->value);
+    src_lo = rec->value.ptr;
+    src_hi = rec->value.ptr + rec->value.len;
     if (doc == NULL || doc->type != SLUICE_JSON_OBJECT) {
         sluice_count("not_json_object", 1);
         return sluice_keep();
@@ -876,6 +955,7 @@ int sluice_on_config(const sluice_json *config) {
             r->salt = sluice_json_string(salt);
             if (sluice_is_null(r->salt)) return refuse(i, "salt", "must be a string");
         }
+        if (r->action == A_HASH) salt_init(&r->hash, r->salt);
         if (length != NULL && (!sluice_json_int(length, 0, &r->length) || r->length < 0 ||
                                length->type != SLUICE_JSON_NUMBER))
             return refuse(i, "length", "must be a whole number of bytes, 0 or more");
@@ -916,8 +996,22 @@ int sluice_on_config(const sluice_json *config) {
             if (tests != 1)
                 return refuse(i, "when", "needs exactly one of exists, equals, prefix, contains");
         }
+        r->seg = split_path(r->field, &r->nseg);
+        r->when_seg = r->seg;
+        r->when_nseg = r->nseg;
+        if (r->when_field.ptr != r->field.ptr || r->when_field.len != r->field.len)
+            r->when_seg = split_path(r->when_field, &r->when_nseg);
+        if (r->seg == NULL || r->when_seg == NULL) {
+            sluice_set_error("rules: out of memory");
+            return 1;
+        }
     }
     nrules = i;
+    for (int b = 0; b < 256; b++) {
+        static const char hex[] = "0123456789abcdef";
+        uint8_t pair[2] = {(uint8_t)hex[b >> 4], (uint8_t)hex[b & 15]};
+        __builtin_memcpy(&hex_pairs[b], pair, 2);
+    }
     nnames = 0;
     all_names = 0;
     for (int r = 0; r < nrules; r++) {
