@@ -124,6 +124,15 @@ sluice_decision sluice_on_record(const sluice_record *rec) __attribute__((weak))
 int sluice_on_config(const sluice_json *config) __attribute__((weak));
 int sluice_on_admin(const sluice_json *request, sluice_buf *out) __attribute__((weak));
 
+/* A filter may finish work it deferred for a whole batch (builtin:rules hashes four fields at
+ * a time): `#define SLUICE_BATCH_END name` before including this header and define
+ * `static void name(void)`. Both batch entry points call it after the last record's
+ * sluice_on_record, before the output is written; decisions may point at bytes it fills in.
+ * Filters that do not define it compile exactly as before. */
+#ifdef SLUICE_BATCH_END
+static void SLUICE_BATCH_END(void);
+#endif
+
 /* ------------------------------------------------------------------------------------------ */
 /* Freestanding memory routines (clang may emit calls to these)                               */
 /* ------------------------------------------------------------------------------------------ */
@@ -1149,6 +1158,9 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
         }
         decisions[i] = d;
     }
+#ifdef SLUICE_BATCH_END
+    SLUICE_BATCH_END();
+#endif
     out_size += 4;
     for (uint32_t c = 0; c < sl__counter_n; c++) out_size += 8u + sl__counters[c].name_len;
     if (out_size > 0x7fffffffu) {
@@ -1365,6 +1377,9 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
         sluice_set_error("malformed batch: bytes after the last record");
         return -1;
     }
+#ifdef SLUICE_BATCH_END
+    SLUICE_BATCH_END();
+#endif
     uint64_t out_size = 4u + count + 4u + (changed ? records_size : 0u) + 4u + rejects_size + 4u;
     for (uint32_t c = 0; c < sl__counter_n; c++) out_size += 8u + sl__counters[c].name_len;
     if (out_size > 0x7fffffffu || records_size > 0x7fffffffu) {
