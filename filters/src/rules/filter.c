@@ -77,32 +77,56 @@ static int nrules;
  * does not mention any of those names cannot change and is kept without being parsed. */
 static int skip_unmentioned;
 
-/* Short copies as loads and stores: memcpy compiles to memory.copy, which wasmtime runs as a
- * call into the runtime, a fixed cost that weighs on the few dozen bytes of a name or field. */
+/* Short copies and compares as a few loads and stores, overlapping at the end, without a loop
+ * for up to 16 bytes: memcpy compiles to memory.copy, which wasmtime runs as a call into the
+ * runtime, memcmp is a call with a byte loop, and every loop back-edge costs wasmtime an epoch
+ * check; names and fields are a few dozen bytes. */
+static inline uint64_t ld64(const uint8_t *p) {
+    uint64_t v;
+    __builtin_memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+}
+
 static void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
     if (n >= 256) {
         memcpy(d, s, (size_t)n);
         return;
     }
-    for (; n >= 8; d += 8, s += 8, n -= 8) {
-        uint64_t w;
-        __builtin_memcpy(&w, s, 8);
-        __builtin_memcpy(d, &w, 8);
+    if (n >= 8) {
+        uint64_t last = ld64(s + n - 8);
+        for (; n > 8; d += 8, s += 8, n -= 8) {
+            uint64_t w = ld64(s);
+            __builtin_memcpy(d, &w, 8);
+        }
+        __builtin_memcpy(d + n - 8, &last, 8);
+    } else if (n >= 4) {
+        uint32_t first = ld32(s), last = ld32(s + n - 4);
+        __builtin_memcpy(d, &first, 4);
+        __builtin_memcpy(d + n - 4, &last, 4);
+    } else if (n > 0) {
+        uint8_t first = s[0], mid = s[n / 2], last = s[n - 1];
+        d[0] = first;
+        d[n / 2] = mid;
+        d[n - 1] = last;
     }
-    for (; n > 0; n--) *d++ = *s++;
 }
 
-/* Whether a[0..n) == b[0..n): names are short, and memcmp is a call with a byte loop. */
+/* Whether a[0..n) == b[0..n). */
 static inline int same_bytes(const uint8_t *a, const uint8_t *b, int32_t n) {
-    for (; n >= 8; a += 8, b += 8, n -= 8) {
-        uint64_t x, y;
-        __builtin_memcpy(&x, a, 8);
-        __builtin_memcpy(&y, b, 8);
-        if (x != y) return 0;
+    if (n >= 8) {
+        if (ld64(a + n - 8) != ld64(b + n - 8)) return 0;
+        for (; n > 8; a += 8, b += 8, n -= 8)
+            if (ld64(a) != ld64(b)) return 0;
+        return 1;
     }
-    for (; n > 0; n--)
-        if (*a++ != *b++) return 0;
-    return 1;
+    if (n >= 4) return ld32(a) == ld32(b) && ld32(a + n - 4) == ld32(b + n - 4);
+    return n <= 0 || (a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1]);
 }
 
 static inline int eq(sluice_bytes a, sluice_bytes b) {
@@ -304,6 +328,7 @@ SIMD static void sha4(pending_hash *const e[4]) {
         for (int q = 0; q < 4; q++) w[4 * q + l] = BSWAP32X4(wasm_v128_load(bb + 16 * q));
     }
     for (int q = 0; q < 4; q++) transpose4(&w[4 * q], &w[4 * q + 1], &w[4 * q + 2], &w[4 * q + 3]);
+#pragma clang loop unroll(full)
     for (int i = 16; i < 64; i++) {
         v128_t x = w[i - 15], y = w[i - 2];
         v128_t s0 = VXOR(VXOR(VROR(x, 7), VROR(x, 18)), wasm_u32x4_shr(x, 3));
@@ -314,6 +339,8 @@ SIMD static void sha4(pending_hash *const e[4]) {
         st[i] = wasm_i32x4_make((int32_t)e[0]->salt->h[i], (int32_t)e[1]->salt->h[i],
                                 (int32_t)e[2]->salt->h[i], (int32_t)e[3]->salt->h[i]);
     v128_t a = st[0], b = st[1], c = st[2], d = st[3], f4 = st[4], f = st[5], g = st[6], h = st[7];
+    /* unrolled: a loop back-edge's epoch check spills the eight state vectors every round */
+#pragma clang loop unroll(full)
     for (int i = 0; i < 64; i++) {
         v128_t bs1 = VXOR(VXOR(VROR(f4, 6), VROR(f4, 11)), VROR(f4, 25));
         v128_t ch = VXOR(g, wasm_v128_and(f4, VXOR(f, g)));
