@@ -273,9 +273,14 @@ static int32_t queue_hash(const salt_state *salt, sluice_bytes in) {
     return (int32_t)npending++;
 }
 
+static int settle_now(sluice_json *n);
+
 /* A queued hash computed now: the member becomes its digest. 0 when out of memory. */
-static int settle(sluice_json *n) {
-    if (n == NULL || n->type != J_HASH) return 1;
+static inline int settle(sluice_json *n) {
+    return n == NULL || n->type != J_HASH || settle_now(n);
+}
+
+static int settle_now(sluice_json *n) {
     uint8_t *hex = (uint8_t *)sluice_malloc(64);
     if (hex == NULL) return 0;
     sha_hex(pending[n->count].salt, n->str.ptr, n->str.len, hex);
@@ -531,11 +536,34 @@ static void add_path_names(sluice_bytes path) {
     }
 }
 
-static int named(sluice_bytes key) {
-    if (all_names) return 1;
-    for (int k = 0; k < nnames; k++)
-        if (names[k].len == key.len && same_bytes(names[k].ptr, key.ptr, key.len)) return 1;
+/* A name's slot in a 64-entry table (its length, first and last byte): a key is looked up with
+ * one compare instead of a loop over every name. Entries: 0 empty, NAME_CLASH two names share
+ * the slot (compare with each), else 1 + the name's index. */
+#define NAME_CLASH 255
+static uint8_t name_tab[64], tested_tab[64];
+
+static inline uint32_t name_slot(const uint8_t *p, int32_t n) {
+    return n <= 0 ? 0u : ((uint32_t)n * 7u + (uint32_t)p[0] * 3u + p[n - 1]) & 63u;
+}
+
+static void tab_add(uint8_t tab[64], sluice_bytes name, int index) {
+    uint32_t h = name_slot(name.ptr, name.len);
+    tab[h] = tab[h] == 0 && index + 1 < NAME_CLASH ? (uint8_t)(index + 1) : NAME_CLASH;
+}
+
+/* Whether `key` is one of list[0..n) (tab: their slots). */
+static inline int in_list(const uint8_t tab[64], const sluice_bytes *list, int n, const uint8_t *p,
+                          int32_t len) {
+    uint8_t t = tab[name_slot(p, len)];
+    if (t == 0) return 0;
+    if (t != NAME_CLASH) return list[t - 1].len == len && same_bytes(list[t - 1].ptr, p, len);
+    for (int k = 0; k < n; k++)
+        if (list[k].len == len && same_bytes(list[k].ptr, p, len)) return 1;
     return 0;
+}
+
+static int named(sluice_bytes key) {
+    return all_names || in_list(name_tab, names, nnames, key.ptr, key.len);
 }
 
 /* The string at j->p (its opening quote), checked as the SDK's parser checks it. Returns 1 and
@@ -999,9 +1027,7 @@ static int unmentioned(sluice_bytes v) {
             continue;
         }
         if (open != NULL) {
-            int32_t len = (int32_t)(p - open - 1);
-            for (int t = 0; t < ntested; t++)
-                if (tested[t].len == len && same_bytes(tested[t].ptr, open + 1, len)) return 0;
+            if (in_list(tested_tab, tested, ntested, open + 1, (int32_t)(p - open - 1))) return 0;
         }
         open = p;
     }
@@ -1228,6 +1254,9 @@ int sluice_on_config(const sluice_json *config) {
         tested[ntested++] = sluice_bytes_of(f.ptr + dot + 1, (size_t)(f.len - dot - 1));
         for (int32_t i = dot + 1; i < f.len; i++) tested_quote |= f.ptr[i] == '"';
     }
+    for (int k = 0; k < 64; k++) name_tab[k] = tested_tab[k] = 0;
+    for (int k = 0; k < nnames; k++) tab_add(name_tab, names[k], k);
+    for (int k = 0; k < ntested; k++) tab_add(tested_tab, tested[k], k);
     skip_unmentioned = 1;
     for (int r = 0; r < nrules; r++)
         if (rules[r].action == A_SET || rules[r].when == W_MISSING) skip_unmentioned = 0;
