@@ -57,6 +57,7 @@ typedef struct {
     sluice_bytes field;
     const sluice_bytes *seg;      /* field split at its dots (at load) */
     int nseg;
+    int k0, when_k0, to_k;        /* name indexes of seg[0], when_seg[0], to (-1: no slots) */
     int action;
     int when;
     sluice_bytes when_field;    /* the field the condition tests */
@@ -551,19 +552,32 @@ static void tab_add(uint8_t tab[64], sluice_bytes name, int index) {
     tab[h] = tab[h] == 0 && index + 1 < NAME_CLASH ? (uint8_t)(index + 1) : NAME_CLASH;
 }
 
-/* Whether `key` is one of list[0..n) (tab: their slots). */
-static inline int in_list(const uint8_t tab[64], const sluice_bytes *list, int n, const uint8_t *p,
+/* The index of p[0..len) in list[0..n) (tab: their slots), or -1. */
+static inline int find_in(const uint8_t tab[64], const sluice_bytes *list, int n, const uint8_t *p,
                           int32_t len) {
     uint8_t t = tab[name_slot(p, len)];
-    if (t == 0) return 0;
-    if (t != NAME_CLASH) return list[t - 1].len == len && same_bytes(list[t - 1].ptr, p, len);
+    if (t == 0) return -1;
+    if (t != NAME_CLASH) return list[t - 1].len == len && same_bytes(list[t - 1].ptr, p, len) ? t - 1 : -1;
     for (int k = 0; k < n; k++)
-        if (list[k].len == len && same_bytes(list[k].ptr, p, len)) return 1;
-    return 0;
+        if (list[k].len == len && same_bytes(list[k].ptr, p, len)) return k;
+    return -1;
 }
 
-static int named(sluice_bytes key) {
-    return all_names || in_list(name_tab, names, nnames, key.ptr, key.len);
+static inline int find_name(sluice_bytes key) { return find_in(name_tab, names, nnames, key.ptr, key.len); }
+
+/* The record's top-level members by name index (the last of duplicates, as lookups find),
+ * valid while top_gen[k] == gen: a rule's first path step is one load instead of a walk over
+ * the members. Kept exact by the rules that change the top level (set, remove, rename). Off
+ * when the names did not all fit (all_names). */
+static sluice_json *top_member[MAX_NAMES];
+static uint32_t top_gen[MAX_NAMES];
+static uint32_t gen;
+
+static inline sluice_json *top(int k) { return top_gen[k] == gen ? top_member[k] : NULL; }
+
+static inline void top_set(int k, sluice_json *n) {
+    top_member[k] = n;
+    top_gen[k] = gen;
 }
 
 /* The string at j->p (its opening quote), checked as the SDK's parser checks it. Returns 1 and
@@ -787,9 +801,11 @@ static sluice_json *parse_value(sl__jp *j, int build) {
             j->error = "unexpected end of input";
             return NULL;
         }
-        sluice_json *child = parse_value(j, named(key));
+        int k = all_names ? -1 : find_name(key);
+        sluice_json *child = parse_value(j, all_names || k >= 0);
         if (child == NULL) return NULL;
         child->key = key;
+        if (k >= 0 && j->depth == 1) top_set(k, child); /* a member of the record's object */
         *link = child;
         link = &child->next;
         node->count++;
@@ -816,6 +832,10 @@ static sluice_json *parse_value(sl__jp *j, int build) {
 /* A record's value as a tree of what the rules can touch; NULL unless it is one valid JSON
  * text (the same verdict as sluice_json_parse). */
 static sluice_json *parse_doc(sluice_bytes data) {
+    if (++gen == 0) { /* after 2^32 records: forget every slot rather than trust an old one */
+        for (int k = 0; k < MAX_NAMES; k++) top_gen[k] = 0;
+        gen = 1;
+    }
     sl__jp j = {data.ptr, data.ptr + data.len, NULL, 0};
     sl__ws(&j);
     if (j.p >= j.end) return NULL;
@@ -833,14 +853,21 @@ static sluice_json *member(sluice_json *parent, sluice_bytes name) {
     return found;
 }
 
-/* The object that holds the last of the path's n segments (walking objects only). */
-static sluice_json *parent_in(sluice_json *doc, const sluice_bytes *seg, int n) {
+/* The member at the path seg[0..n) (walking objects only; NULL when missing) and in *parent the
+ * object that holds it or would (NULL when a step is missing or not an object). The first
+ * step comes from the top-level slots when k0 (seg[0]'s name index) >= 0. */
+static sluice_json *find_path(sluice_json *doc, const sluice_bytes *seg, int n, int k0,
+                              sluice_json **parent) {
     sluice_json *node = doc;
     for (int i = 0; i + 1 < n; i++) {
-        node = member(node, seg[i]);
-        if (node == NULL || node->type != SLUICE_JSON_OBJECT) return NULL;
+        node = i == 0 && k0 >= 0 ? top(k0) : member(node, seg[i]);
+        if (node == NULL || node->type != SLUICE_JSON_OBJECT) {
+            *parent = NULL;
+            return NULL;
+        }
     }
-    return node;
+    *parent = node;
+    return n == 1 && k0 >= 0 ? top(k0) : member(node, seg[n - 1]);
 }
 
 /* A path's n segments, split once at load. */
@@ -917,11 +944,10 @@ static int matches(const rule *r, const sluice_json *n) {
 /* Applies `r` to `doc`: 1 changed, 0 unchanged, -1 drop, -2 out of memory. */
 static int apply(const rule *r, sluice_json *doc) {
     sluice_bytes last = r->seg[r->nseg - 1];
-    sluice_json *parent = parent_in(doc, r->seg, r->nseg);
-    sluice_json *m = member(parent, last);
+    sluice_json *parent, *when_parent;
+    sluice_json *m = find_path(doc, r->seg, r->nseg, r->k0, &parent);
     const sluice_json *tested_member =
-        r->when_seg == r->seg ? m
-                              : member(parent_in(doc, r->when_seg, r->when_nseg), r->when_seg[r->when_nseg - 1]);
+        r->when_seg == r->seg ? m : find_path(doc, r->when_seg, r->when_nseg, r->when_k0, &when_parent);
     if (r->when >= W_EQUALS && !settle((sluice_json *)tested_member)) return -2;
     if (!matches(r, tested_member)) return 0;
     if (r->action == A_DROP) return -1;
@@ -936,6 +962,7 @@ static int apply(const rule *r, sluice_json *doc) {
             sluice_json **link = &parent->child;
             while (*link) link = &(*link)->next;
             *link = m;
+            if (r->nseg == 1 && r->k0 >= 0) top_set(r->k0, m);
             parent->count++;
         }
         const sluice_json *v = r->value;
@@ -949,6 +976,7 @@ static int apply(const rule *r, sluice_json *doc) {
     case A_REMOVE:
         if (m == NULL) return 0;
         unlink_all(parent, last);
+        if (r->nseg == 1 && r->k0 >= 0) top_set(r->k0, NULL);
         sluice_count("removed", 1);
         return 1;
     case A_RENAME:
@@ -956,6 +984,11 @@ static int apply(const rule *r, sluice_json *doc) {
         if (eq(last, r->to)) return 0;
         unlink_all(parent, r->to);
         m->key = r->to;
+        if (r->nseg == 1 && r->k0 >= 0) { /* the top level changed: the new name, and the old
+                                              * one's earlier duplicate if any */
+            top_set(r->to_k, m);
+            top_set(r->k0, member(doc, last));
+        }
         sluice_count("renamed", 1);
         return 1;
     case A_HASH: {
@@ -1027,7 +1060,7 @@ static int unmentioned(sluice_bytes v) {
             continue;
         }
         if (open != NULL) {
-            if (in_list(tested_tab, tested, ntested, open + 1, (int32_t)(p - open - 1))) return 0;
+            if (find_in(tested_tab, tested, ntested, open + 1, (int32_t)(p - open - 1)) >= 0) return 0;
         }
         open = p;
     }
@@ -1257,6 +1290,13 @@ int sluice_on_config(const sluice_json *config) {
     for (int k = 0; k < 64; k++) name_tab[k] = tested_tab[k] = 0;
     for (int k = 0; k < nnames; k++) tab_add(name_tab, names[k], k);
     for (int k = 0; k < ntested; k++) tab_add(tested_tab, tested[k], k);
+    for (int i = 0; i < nrules; i++) {
+        rule *r = &rules[i];
+        r->k0 = all_names ? -1 : find_name(r->seg[0]);
+        r->when_k0 = all_names ? -1 : find_name(r->when_seg[0]);
+        r->to_k = all_names || r->action != A_RENAME ? -1 : find_name(r->to);
+        if (r->action == A_RENAME && r->to_k < 0) r->k0 = -1; /* cannot happen: `to` is a name */
+    }
     skip_unmentioned = 1;
     for (int r = 0; r < nrules; r++)
         if (rules[r].action == A_SET || rules[r].when == W_MISSING) skip_unmentioned = 0;
