@@ -128,9 +128,14 @@ int sluice_on_admin(const sluice_json *request, sluice_buf *out) __attribute__((
  * a time): `#define SLUICE_BATCH_END name` before including this header and define
  * `static void name(void)`. Both batch entry points call it after the last record's
  * sluice_on_record, before the output is written; decisions may point at bytes it fills in.
- * Filters that do not define it compile exactly as before. */
+ * SLUICE_BATCH_BEGIN (same form) is called at the start of each batch call, before any record,
+ * so state a failed call left behind can be dropped. Filters that define neither compile
+ * exactly as before. */
 #ifdef SLUICE_BATCH_END
 static void SLUICE_BATCH_END(void);
+#endif
+#ifdef SLUICE_BATCH_BEGIN
+static void SLUICE_BATCH_BEGIN(void);
 #endif
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1096,6 +1101,9 @@ static int sl__read_context(sl__rd *r, sluice_record *ctx) {
 #ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
+#ifdef SLUICE_BATCH_BEGIN
+    SLUICE_BATCH_BEGIN();
+#endif
     if (!sl__ensure_init()) return -1;
     sl__rd r = {(const uint8_t *)(uintptr_t)(uint32_t)in_ptr, (const uint8_t *)(uintptr_t)(uint32_t)in_ptr + (uint32_t)in_len, 1};
     sluice_record ctx;
@@ -1286,6 +1294,9 @@ static uint64_t sl__rewrite_body(const sl__native *n) {
 #ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_records(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
+#ifdef SLUICE_BATCH_BEGIN
+    SLUICE_BATCH_BEGIN();
+#endif
     if (!sl__ensure_init()) return -1;
     sl__rd r = {(const uint8_t *)(uintptr_t)(uint32_t)in_ptr, (const uint8_t *)(uintptr_t)(uint32_t)in_ptr + (uint32_t)in_len, 1};
     sluice_record ctx;

@@ -26,7 +26,8 @@
  * The proxy validates the config when it loads (file:line:field errors, filters/rules_config.py);
  * sluice_on_config checks it again for configs that come from elsewhere (code, the fleet).
  */
-#define SLUICE_BATCH_END hash_pending /* the SDK calls it after a batch's last record */
+#define SLUICE_BATCH_BEGIN forget_pending /* the SDK calls these around each batch call */
+#define SLUICE_BATCH_END hash_pending
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
 
@@ -255,6 +256,12 @@ typedef struct {
 
 static pending_hash *pending; /* this call's queue (arena memory) */
 static uint32_t npending, cap_pending;
+
+/* SLUICE_BATCH_BEGIN: a new call; a queue a failed call left went with its arena. */
+static void forget_pending(void) {
+    pending = NULL;
+    npending = cap_pending = 0;
+}
 
 /* Queue salt + in; the index, or -1 out of memory. */
 static int32_t queue_hash(const salt_state *salt, sluice_bytes in) {
@@ -1071,10 +1078,6 @@ static int unmentioned(sluice_bytes v) {
 }
 
 sluice_decision sluice_on_record(const sluice_record *rec) {
-    if (rec->index == 0) { /* a new call: the previous one's queue went with its arena */
-        pending = NULL;
-        npending = cap_pending = 0;
-    }
     if (sluice_is_null(rec->value) || nrules == 0) return sluice_keep();
     if (unmentioned(rec->value)) return sluice_keep();
     sluice_json *doc = parse_doc(rec->value);
