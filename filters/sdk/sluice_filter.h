@@ -124,6 +124,20 @@ sluice_decision sluice_on_record(const sluice_record *rec) __attribute__((weak))
 int sluice_on_config(const sluice_json *config) __attribute__((weak));
 int sluice_on_admin(const sluice_json *request, sluice_buf *out) __attribute__((weak));
 
+/* A filter may finish work it deferred for a whole batch (builtin:rules hashes four fields at
+ * a time): `#define SLUICE_BATCH_END name` before including this header and define
+ * `static void name(void)`. Both batch entry points call it after the last record's
+ * sluice_on_record, before the output is written; decisions may point at bytes it fills in.
+ * SLUICE_BATCH_BEGIN (same form) is called at the start of each batch call, before any record,
+ * so state a failed call left behind can be dropped. Filters that define neither compile
+ * exactly as before. */
+#ifdef SLUICE_BATCH_END
+static void SLUICE_BATCH_END(void);
+#endif
+#ifdef SLUICE_BATCH_BEGIN
+static void SLUICE_BATCH_BEGIN(void);
+#endif
+
 /* ------------------------------------------------------------------------------------------ */
 /* Freestanding memory routines (clang may emit calls to these)                               */
 /* ------------------------------------------------------------------------------------------ */
@@ -1087,6 +1101,9 @@ static int sl__read_context(sl__rd *r, sluice_record *ctx) {
 #ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
+#ifdef SLUICE_BATCH_BEGIN
+    SLUICE_BATCH_BEGIN();
+#endif
     if (!sl__ensure_init()) return -1;
     sl__rd r = {(const uint8_t *)(uintptr_t)(uint32_t)in_ptr, (const uint8_t *)(uintptr_t)(uint32_t)in_ptr + (uint32_t)in_len, 1};
     sluice_record ctx;
@@ -1149,6 +1166,9 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
         }
         decisions[i] = d;
     }
+#ifdef SLUICE_BATCH_END
+    SLUICE_BATCH_END();
+#endif
     out_size += 4;
     for (uint32_t c = 0; c < sl__counter_n; c++) out_size += 8u + sl__counters[c].name_len;
     if (out_size > 0x7fffffffu) {
@@ -1274,6 +1294,9 @@ static uint64_t sl__rewrite_body(const sl__native *n) {
 #ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_records(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
+#ifdef SLUICE_BATCH_BEGIN
+    SLUICE_BATCH_BEGIN();
+#endif
     if (!sl__ensure_init()) return -1;
     sl__rd r = {(const uint8_t *)(uintptr_t)(uint32_t)in_ptr, (const uint8_t *)(uintptr_t)(uint32_t)in_ptr + (uint32_t)in_len, 1};
     sluice_record ctx;
@@ -1365,6 +1388,9 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
         sluice_set_error("malformed batch: bytes after the last record");
         return -1;
     }
+#ifdef SLUICE_BATCH_END
+    SLUICE_BATCH_END();
+#endif
     uint64_t out_size = 4u + count + 4u + (changed ? records_size : 0u) + 4u + rejects_size + 4u;
     for (uint32_t c = 0; c < sl__counter_n; c++) out_size += 8u + sl__counters[c].name_len;
     if (out_size > 0x7fffffffu || records_size > 0x7fffffffu) {

@@ -26,7 +26,14 @@
  * The proxy validates the config when it loads (file:line:field errors, filters/rules_config.py);
  * sluice_on_config checks it again for configs that come from elsewhere (code, the fleet).
  */
+#define SLUICE_BATCH_BEGIN forget_pending /* the SDK calls these around each batch call */
+#define SLUICE_BATCH_END hash_pending
 #include "sluice_filter.h"
+#include <wasm_simd128.h>
+
+/* The scans over a value's strings use Wasm SIMD, 16 bytes per step, as builtin:pii-mask's do
+ * (enabled for those functions only). */
+#define SIMD __attribute__((target("simd128")))
 
 #define MAX_RULES 64
 
@@ -34,19 +41,35 @@ enum { A_SET, A_REMOVE, A_RENAME, A_HASH, A_TRUNCATE, A_DROP };
 /* Node types beside the SDK's: a value kept as its source text (see parse_value). */
 #define J_RAW 0x40         /* source text that needs minifying when written */
 #define J_RAW_COMPACT 0x41 /* source text that is already compact JSON */
+#define J_HASH 0x42        /* a hashed string whose digest comes at the batch's end: str = the
+                            * bytes to hash, count = its entry in `pending` (see hash_pending) */
 
 enum { W_DEFAULT, W_EXISTS, W_MISSING, W_EQUALS, W_PREFIX, W_CONTAINS };
 
+/* A hash rule's salt, compressed once at load (see sha_hex). */
+typedef struct {
+    uint32_t h[8];      /* state after the salt's whole blocks */
+    uint64_t done;      /* bytes those blocks held */
+    uint8_t tail[64];   /* the salt's remaining bytes, then zeros */
+    int32_t tail_len;
+} salt_state;
+
 typedef struct {
     sluice_bytes field;
+    const sluice_bytes *seg;      /* field split at its dots (at load) */
+    int nseg;
+    int k0, when_k0, to_k;        /* name indexes of seg[0], when_seg[0], to (-1: no slots) */
     int action;
     int when;
     sluice_bytes when_field;    /* the field the condition tests */
+    const sluice_bytes *when_seg; /* when_field split at its dots; seg when it is field */
+    int when_nseg;
     const sluice_json *operand; /* equals */
     sluice_bytes text;          /* prefix / contains */
     const sluice_json *value;   /* set */
     sluice_bytes to;            /* rename: the new member name (last segment of `to`) */
     sluice_bytes salt;          /* hash */
+    salt_state hash;            /* hash: the salt's midstate */
     int64_t length;             /* truncate */
 } rule;
 
@@ -56,23 +79,69 @@ static int nrules;
  * does not mention any of those names cannot change and is kept without being parsed. */
 static int skip_unmentioned;
 
-/* Short copies as loads and stores: memcpy compiles to memory.copy, which wasmtime runs as a
- * call into the runtime, a fixed cost that weighs on the few dozen bytes of a name or field. */
+/* Short copies and compares as a few loads and stores, overlapping at the end, without a loop
+ * for up to 16 bytes: memcpy compiles to memory.copy, which wasmtime runs as a call into the
+ * runtime, memcmp is a call with a byte loop, and every loop back-edge costs wasmtime an epoch
+ * check; names and fields are a few dozen bytes. */
+static inline uint64_t ld64(const uint8_t *p) {
+    uint64_t v;
+    __builtin_memcpy(&v, p, 8);
+    return v;
+}
+
+static inline uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+}
+
 static void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
     if (n >= 256) {
         memcpy(d, s, (size_t)n);
         return;
     }
-    for (; n >= 8; d += 8, s += 8, n -= 8) {
-        uint64_t w;
-        __builtin_memcpy(&w, s, 8);
-        __builtin_memcpy(d, &w, 8);
+    if (n >= 8) {
+        uint64_t last = ld64(s + n - 8);
+        for (; n > 8; d += 8, s += 8, n -= 8) {
+            uint64_t w = ld64(s);
+            __builtin_memcpy(d, &w, 8);
+        }
+        __builtin_memcpy(d + n - 8, &last, 8);
+    } else if (n >= 4) {
+        uint32_t first = ld32(s), last = ld32(s + n - 4);
+        __builtin_memcpy(d, &first, 4);
+        __builtin_memcpy(d + n - 4, &last, 4);
+    } else if (n > 0) {
+        uint8_t first = s[0], mid = s[n / 2], last = s[n - 1];
+        d[0] = first;
+        d[n / 2] = mid;
+        d[n - 1] = last;
     }
-    for (; n > 0; n--) *d++ = *s++;
+}
+
+/* Whether a[0..n) == b[0..n). */
+static inline int same_bytes(const uint8_t *a, const uint8_t *b, int32_t n) {
+    if (n >= 8) {
+        if (ld64(a + n - 8) != ld64(b + n - 8)) return 0;
+        for (; n > 8; a += 8, b += 8, n -= 8)
+            if (ld64(a) != ld64(b)) return 0;
+        return 1;
+    }
+    if (n >= 4) return ld32(a) == ld32(b) && ld32(a + n - 4) == ld32(b + n - 4);
+    return n <= 0 || (a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1]);
+}
+
+static inline int eq(sluice_bytes a, sluice_bytes b) {
+    return a.len == b.len && (a.len <= 0 || same_bytes(a.ptr, b.ptr, a.len));
+}
+
+/* Room for n more bytes: the check inline, growing out of line. */
+static inline int room(sluice_buf *b, uint32_t n) {
+    return (!b->failed && b->cap - b->len >= n) || sluice_buf_reserve(b, n);
 }
 
 static void put_bytes(sluice_buf *b, const uint8_t *p, int32_t n) {
-    if (n <= 0 || !sluice_buf_reserve(b, (uint32_t)n)) return;
+    if (n <= 0 || !room(b, (uint32_t)n)) return;
     copy_bytes(b->ptr + b->len, p, n);
     b->len += (uint32_t)n;
 }
@@ -89,80 +158,237 @@ static const uint32_t K[64] = {
     0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
-typedef struct {
-    uint32_t h[8];
-    uint8_t block[64];
-    uint32_t fill;
-    uint64_t total;
-} sha256;
-
+/* The salt is the same for every record, so its whole 64-byte blocks are compressed once at
+ * load (the midstate) and its remaining bytes kept as the start of a block template; a record
+ * then costs one compression per 64 bytes of salt tail + field + padding (one for a short
+ * e-mail or id), with the block built in place: no per-call state, no byte-wise padding. The
+ * rounds stay a loop: fully unrolled, wasmtime's code for them ran slower (register spills). */
 #define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+#define BSIG0(a) (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22))
+#define BSIG1(e) (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25))
+#define SSIG0(x) (ROR(x, 7) ^ ROR(x, 18) ^ ((x) >> 3))
+#define SSIG1(x) (ROR(x, 17) ^ ROR(x, 19) ^ ((x) >> 10))
 
-static void sha_block(sha256 *s, const uint8_t *p) {
-    uint32_t w[64];
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
-    for (int i = 16; i < 64; i++) {
-        uint32_t s0 = ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^ (w[i - 15] >> 3);
-        uint32_t s1 = ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10);
-        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-    }
-    uint32_t a = s->h[0], b = s->h[1], c = s->h[2], d = s->h[3];
-    uint32_t e = s->h[4], f = s->h[5], g = s->h[6], h = s->h[7];
-    for (int i = 0; i < 64; i++) {
-        uint32_t t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) + ((e & f) ^ (~e & g)) + K[i] + w[i];
-        uint32_t t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
-    }
-    s->h[0] += a; s->h[1] += b; s->h[2] += c; s->h[3] += d;
-    s->h[4] += e; s->h[5] += f; s->h[6] += g; s->h[7] += h;
+static uint32_t load_be32(const uint8_t *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static void sha_init(sha256 *s) {
+static void sha_block(uint32_t st[8], const uint8_t *p) {
+    uint32_t w[64];
+    for (int i = 0; i < 16; i++) w[i] = load_be32(p + 4 * i);
+    for (int i = 16; i < 64; i++) w[i] = w[i - 16] + SSIG0(w[i - 15]) + w[i - 7] + SSIG1(w[i - 2]);
+    uint32_t a = st[0], b = st[1], c = st[2], d = st[3], e = st[4], f = st[5], g = st[6], h = st[7];
+    for (int i = 0; i < 64; i++) {
+        uint32_t t1 = h + BSIG1(e) + (g ^ (e & (f ^ g))) + K[i] + w[i];
+        uint32_t t2 = BSIG0(a) + ((a & b) | (c & (a | b)));
+        h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+    }
+    st[0] += a; st[1] += b; st[2] += c; st[3] += d;
+    st[4] += e; st[5] += f; st[6] += g; st[7] += h;
+}
+
+static void salt_init(salt_state *s, sluice_bytes salt) {
     static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
     for (int i = 0; i < 8; i++) s->h[i] = iv[i];
-    s->fill = 0;
-    s->total = 0;
+    int32_t n = salt.len > 0 ? salt.len : 0, at = 0;
+    for (; n - at >= 64; at += 64) sha_block(s->h, salt.ptr + at);
+    s->done = (uint64_t)at;
+    s->tail_len = n - at;
+    for (int i = 0; i < 64; i++) s->tail[i] = i < s->tail_len ? salt.ptr[at + i] : 0;
 }
 
-static void sha_update(sha256 *s, const uint8_t *p, int32_t n) {
-    s->total += (uint64_t)n;
-    while (n > 0) {
-        if (s->fill == 0 && n >= 64) { /* whole blocks straight from the input */
-            sha_block(s, p);
-            p += 64;
-            n -= 64;
-            continue;
-        }
-        uint32_t take = 64 - s->fill < (uint32_t)n ? 64 - s->fill : (uint32_t)n;
-        copy_bytes(s->block + s->fill, p, (int32_t)take);
-        s->fill += take;
+/* "0".."ff" as two bytes each, for writing the digest a byte at a time. */
+static uint16_t hex_pairs[256];
+
+/* The lowercase hex SHA-256 of salt + p[0..n) into out[0..64). */
+static void sha_hex(const salt_state *s, const uint8_t *p, int32_t n, uint8_t out[64]) {
+    uint32_t st[8];
+    uint64_t block[16]; /* two blocks: the last one may not hold the padding */
+    uint8_t *bb = (uint8_t *)block;
+    for (int i = 0; i < 8; i++) st[i] = s->h[i];
+    uint64_t bits = (s->done + (uint64_t)s->tail_len + (uint64_t)n) * 8u;
+    int32_t fill = s->tail_len, streamed = 0;
+    for (int i = 0; i < 8; i++) __builtin_memcpy(&block[i], s->tail + 8 * i, 8);
+    for (int i = 8; i < 16; i++) block[i] = 0;
+    while (fill + n >= 64) { /* whole blocks of field bytes */
+        int32_t take = 64 - fill;
+        copy_bytes(bb + fill, p, take);
+        sha_block(st, bb);
         p += take;
-        n -= (int32_t)take;
-        if (s->fill == 64) {
-            sha_block(s, s->block);
-            s->fill = 0;
+        n -= take;
+        fill = 0;
+        streamed = 1;
+    }
+    copy_bytes(bb + fill, p, n);
+    fill += n;
+    if (streamed) /* the block still holds field bytes after fill */
+        for (int i = fill; i < 64; i++) bb[i] = 0;
+    bb[fill] = 0x80;
+    int32_t last = fill < 56 ? 56 : 120;
+    for (int i = 0; i < 8; i++) bb[last + i] = (uint8_t)(bits >> (56 - 8 * i));
+    sha_block(st, bb);
+    if (last == 120) sha_block(st, bb + 64);
+    for (int i = 0; i < 8; i++) {
+        uint32_t v = st[i];
+        for (int k = 0; k < 4; k++) {
+            uint16_t pair = hex_pairs[(v >> (24 - 8 * k)) & 0xff];
+            __builtin_memcpy(out + 8 * i + 2 * k, &pair, 2);
         }
     }
 }
 
-static void sha_hex(sha256 *s, uint8_t out[64]) {
-    static const char hex[] = "0123456789abcdef";
-    static const uint8_t zeros[64];
-    uint64_t bits = s->total * 8u;
-    uint8_t pad = 0x80;
-    sha_update(s, &pad, 1);
-    sha_update(s, zeros, (int32_t)((s->fill <= 56 ? 56 : 120) - s->fill));
-    uint8_t len[8];
-    for (int i = 0; i < 8; i++) len[i] = (uint8_t)(bits >> (56 - 8 * i));
-    sha_update(s, len, 8);
-    for (int i = 0; i < 32; i++) {
-        uint8_t byte = (uint8_t)(s->h[i / 4] >> (24 - 8 * (i % 4)));
-        out[2 * i] = (uint8_t)hex[byte >> 4];
-        out[2 * i + 1] = (uint8_t)hex[byte & 15];
+/* ---------------------------------------------------------------- four hashes at a time */
+
+/* One compression is ~2,300 dependent 32-bit operations, most of a record's time when a rule
+ * hashes a field of every record. Four independent messages fit the four lanes of a Wasm SIMD
+ * vector, so a hash rule whose salt tail + field fit one block (55 bytes: an e-mail, an id)
+ * writes a placeholder and queues the field; at the batch's end (SLUICE_BATCH_END) the queue
+ * is hashed four at a time and the digests written over the placeholders. A rule that reads
+ * a queued field before then (a condition, truncate, another hash) computes it on the spot
+ * (settle), so every output is what hashing in place gives. */
+typedef struct {
+    const salt_state *salt;
+    sluice_bytes in;
+    int32_t off;  /* offset of its placeholder in the record's output; -1 while not written */
+    uint8_t *out; /* the placeholder, once the record's output is final */
+} pending_hash;
+
+static pending_hash *pending; /* this call's queue (arena memory) */
+static uint32_t npending, cap_pending;
+
+/* SLUICE_BATCH_BEGIN: a new call; a queue a failed call left went with its arena. */
+static void forget_pending(void) {
+    pending = NULL;
+    npending = cap_pending = 0;
+}
+
+/* Queue salt + in; the index, or -1 out of memory. */
+static int32_t queue_hash(const salt_state *salt, sluice_bytes in) {
+    if (npending == cap_pending) {
+        uint32_t cap = cap_pending ? cap_pending * 2u : 128u;
+        pending_hash *grown = (pending_hash *)sl__realloc(pending, sizeof(pending_hash) * cap_pending,
+                                                          sizeof(pending_hash) * cap);
+        if (grown == NULL) return -1;
+        pending = grown;
+        cap_pending = cap;
     }
+    pending_hash *h = &pending[npending];
+    h->salt = salt;
+    h->in = in;
+    h->off = -1;
+    h->out = NULL;
+    return (int32_t)npending++;
+}
+
+static int settle_now(sluice_json *n);
+
+/* A queued hash computed now: the member becomes its digest. 0 when out of memory. */
+static inline int settle(sluice_json *n) {
+    return n == NULL || n->type != J_HASH || settle_now(n);
+}
+
+static int settle_now(sluice_json *n) {
+    uint8_t *hex = (uint8_t *)sluice_malloc(64);
+    if (hex == NULL) return 0;
+    sha_hex(pending[n->count].salt, n->str.ptr, n->str.len, hex);
+    n->type = SLUICE_JSON_STRING;
+    n->str = sluice_bytes_of(hex, 64);
+    n->count = 1; /* lowercase hex: nothing to escape */
+    return 1;
+}
+
+#define VROR(x, n) wasm_v128_or(wasm_u32x4_shr((x), (n)), wasm_i32x4_shl((x), 32 - (n)))
+#define VADD wasm_i32x4_add
+#define VXOR wasm_v128_xor
+
+/* Four 4-word rows (one per lane) as four columns (word q of every lane). */
+SIMD static void transpose4(v128_t *r0, v128_t *r1, v128_t *r2, v128_t *r3) {
+    v128_t t0 = wasm_i32x4_shuffle(*r0, *r1, 0, 4, 1, 5), t1 = wasm_i32x4_shuffle(*r0, *r1, 2, 6, 3, 7);
+    v128_t t2 = wasm_i32x4_shuffle(*r2, *r3, 0, 4, 1, 5), t3 = wasm_i32x4_shuffle(*r2, *r3, 2, 6, 3, 7);
+    *r0 = wasm_i32x4_shuffle(t0, t2, 0, 1, 4, 5);
+    *r1 = wasm_i32x4_shuffle(t0, t2, 2, 3, 6, 7);
+    *r2 = wasm_i32x4_shuffle(t1, t3, 0, 1, 4, 5);
+    *r3 = wasm_i32x4_shuffle(t1, t3, 2, 3, 6, 7);
+}
+
+#define BSWAP32X4(v) wasm_i8x16_shuffle((v), (v), 3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12)
+
+/* 16 digest bytes (four words, host order) as 32 hex digits at out. */
+SIMD static void put_hex16(v128_t words, uint8_t *out) {
+    const v128_t digits = wasm_i8x16_const('0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b',
+                                           'c', 'd', 'e', 'f');
+    v128_t bytes = BSWAP32X4(words);
+    v128_t hi = wasm_i8x16_swizzle(digits, wasm_u8x16_shr(bytes, 4));
+    v128_t lo = wasm_i8x16_swizzle(digits, wasm_v128_and(bytes, wasm_i8x16_splat(15)));
+    wasm_v128_store(out, wasm_i8x16_shuffle(hi, lo, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23));
+    wasm_v128_store(out + 16, wasm_i8x16_shuffle(hi, lo, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
+}
+
+/* The four one-block hashes e[0..3] (repeats allowed), their digests written to e[i]->out. */
+SIMD static void sha4(pending_hash *const e[4]) {
+    v128_t w[64], st[8];
+    for (int l = 0; l < 4; l++) {
+        const salt_state *s = e[l]->salt;
+        uint64_t block[8];
+        uint8_t *bb = (uint8_t *)block;
+        for (int i = 0; i < 8; i++) __builtin_memcpy(&block[i], s->tail + 8 * i, 8);
+        int32_t n = e[l]->in.len, fill = s->tail_len + n;
+        copy_bytes(bb + s->tail_len, e[l]->in.ptr, n);
+        bb[fill] = 0x80; /* the template's zeros follow */
+        uint64_t bits = (s->done + (uint64_t)fill) * 8u;
+        for (int i = 0; i < 8; i++) bb[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
+        for (int q = 0; q < 4; q++) w[4 * q + l] = BSWAP32X4(wasm_v128_load(bb + 16 * q));
+    }
+    for (int q = 0; q < 4; q++) transpose4(&w[4 * q], &w[4 * q + 1], &w[4 * q + 2], &w[4 * q + 3]);
+#pragma clang loop unroll(full)
+    for (int i = 16; i < 64; i++) {
+        v128_t x = w[i - 15], y = w[i - 2];
+        v128_t s0 = VXOR(VXOR(VROR(x, 7), VROR(x, 18)), wasm_u32x4_shr(x, 3));
+        v128_t s1 = VXOR(VXOR(VROR(y, 17), VROR(y, 19)), wasm_u32x4_shr(y, 10));
+        w[i] = VADD(VADD(w[i - 16], s0), VADD(w[i - 7], s1));
+    }
+    for (int i = 0; i < 8; i++)
+        st[i] = wasm_i32x4_make((int32_t)e[0]->salt->h[i], (int32_t)e[1]->salt->h[i],
+                                (int32_t)e[2]->salt->h[i], (int32_t)e[3]->salt->h[i]);
+    v128_t a = st[0], b = st[1], c = st[2], d = st[3], f4 = st[4], f = st[5], g = st[6], h = st[7];
+    /* unrolled: a loop back-edge's epoch check spills the eight state vectors every round */
+#pragma clang loop unroll(full)
+    for (int i = 0; i < 64; i++) {
+        v128_t bs1 = VXOR(VXOR(VROR(f4, 6), VROR(f4, 11)), VROR(f4, 25));
+        v128_t ch = VXOR(g, wasm_v128_and(f4, VXOR(f, g)));
+        v128_t t1 = VADD(VADD(h, bs1), VADD(ch, VADD(wasm_i32x4_splat((int32_t)K[i]), w[i])));
+        v128_t bs0 = VXOR(VXOR(VROR(a, 2), VROR(a, 13)), VROR(a, 22));
+        v128_t maj = wasm_v128_or(wasm_v128_and(a, b), wasm_v128_and(c, wasm_v128_or(a, b)));
+        h = g; g = f; f = f4; f4 = VADD(d, t1); d = c; c = b; b = a; a = VADD(t1, VADD(bs0, maj));
+    }
+    v128_t r[8] = {VADD(st[0], a), VADD(st[1], b), VADD(st[2], c), VADD(st[3], d),
+                   VADD(st[4], f4), VADD(st[5], f), VADD(st[6], g), VADD(st[7], h)};
+    transpose4(&r[0], &r[1], &r[2], &r[3]); /* r[l]: words 0..3 of lane l */
+    transpose4(&r[4], &r[5], &r[6], &r[7]); /* r[4 + l]: words 4..7 */
+    for (int l = 0; l < 4; l++) {
+        put_hex16(r[l], e[l]->out);
+        put_hex16(r[4 + l], e[l]->out + 32);
+    }
+}
+
+/* SLUICE_BATCH_END: the queued digests whose placeholders made it into an output. */
+static void hash_pending(void) {
+    pending_hash *lanes[4];
+    int n = 0;
+    for (uint32_t i = 0; i < npending; i++) {
+        if (pending[i].out == NULL) continue; /* removed, replaced, dropped or settled */
+        lanes[n++] = &pending[i];
+        if (n == 4) {
+            sha4(lanes);
+            n = 0;
+        }
+    }
+    if (n > 0) {
+        for (int l = n; l < 4; l++) lanes[l] = lanes[0]; /* the spare lanes redo the first */
+        sha4(lanes);
+    }
+    npending = 0;
 }
 
 /* ---------------------------------------------------------------- JSON tree helpers */
@@ -224,27 +450,47 @@ static void put_minified(sluice_buf *b, sluice_bytes s) {
     }
 }
 
+/* The record value being rewritten: a member name that points into it was read without an
+ * escape (decoded names live elsewhere in the arena), so it is written as it is. */
+static const uint8_t *src_lo, *src_hi;
+static int writing_output; /* put_json is writing the record's new value (not a hash's input) */
+
 static void put_json(sluice_buf *b, const sluice_json *n) {
     switch (n->type) {
     case SLUICE_JSON_OBJECT:
     case SLUICE_JSON_ARRAY: {
         int object = n->type == SLUICE_JSON_OBJECT;
-        sluice_buf_putc(b, object ? '{' : '[');
+        if (!room(b, 1)) return;
+        b->ptr[b->len++] = object ? '{' : '[';
         for (const sluice_json *c = n->child; c; c = c->next) {
-            if (c != n->child) sluice_buf_putc(b, ',');
+            if (c != n->child) {
+                if (!room(b, 1)) return;
+                b->ptr[b->len++] = ',';
+            }
             if (object) {
-                put_string(b, c->key);
-                sluice_buf_putc(b, ':');
+                sluice_bytes k = c->key;
+                if (k.ptr >= src_lo && k.ptr + k.len <= src_hi) { /* read from the value unescaped */
+                    if (!room(b, (uint32_t)k.len + 3u)) return;
+                    b->ptr[b->len++] = '"';
+                    copy_bytes(b->ptr + b->len, k.ptr, k.len);
+                    b->len += (uint32_t)k.len;
+                    b->ptr[b->len++] = '"';
+                    b->ptr[b->len++] = ':';
+                } else {
+                    put_string(b, k);
+                    sluice_buf_putc(b, ':');
+                }
             }
             put_json(b, c);
         }
-        sluice_buf_putc(b, object ? '}' : ']');
+        if (!room(b, 1)) return;
+        b->ptr[b->len++] = object ? '}' : ']';
         break;
     }
     case SLUICE_JSON_STRING:
         if (n->count != 1) {
             put_string(b, n->str);
-        } else if (sluice_buf_reserve(b, (uint32_t)n->str.len + 2u)) {
+        } else if (room(b, (uint32_t)n->str.len + 2u)) {
             b->ptr[b->len++] = '"';
             copy_bytes(b->ptr + b->len, n->str.ptr, n->str.len);
             b->len += (uint32_t)n->str.len;
@@ -252,6 +498,15 @@ static void put_json(sluice_buf *b, const sluice_json *n) {
         }
         break;
     case J_RAW_COMPACT: put_bytes(b, n->str.ptr, n->str.len); break;
+    case J_HASH: /* a placeholder in the record's output; the digest itself anywhere else */
+        if (room(b, 66)) {
+            b->ptr[b->len++] = '"';
+            if (writing_output) pending[n->count].off = (int32_t)b->len;
+            else sha_hex(pending[n->count].salt, n->str.ptr, n->str.len, b->ptr + b->len);
+            b->len += 64;
+            b->ptr[b->len++] = '"';
+        }
+        break;
     case J_RAW: put_minified(b, n->str); break;
     case SLUICE_JSON_NUMBER: put_bytes(b, n->str.ptr, n->str.len); break;
     case SLUICE_JSON_TRUE: sluice_buf_puts(b, "true"); break;
@@ -289,19 +544,69 @@ static void add_path_names(sluice_bytes path) {
     }
 }
 
-static int named(sluice_bytes key) {
-    if (all_names) return 1;
-    for (int k = 0; k < nnames; k++)
-        if (names[k].len == key.len && memcmp(names[k].ptr, key.ptr, (size_t)key.len) == 0) return 1;
-    return 0;
+/* A name's slot in a 64-entry table (its length, first and last byte): a key is looked up with
+ * one compare instead of a loop over every name. Entries: 0 empty, NAME_CLASH two names share
+ * the slot (compare with each), else 1 + the name's index. */
+#define NAME_CLASH 255
+static uint8_t name_tab[64], tested_tab[64];
+
+static inline uint32_t name_slot(const uint8_t *p, int32_t n) {
+    return n <= 0 ? 0u : ((uint32_t)n * 7u + (uint32_t)p[0] * 3u + p[n - 1]) & 63u;
+}
+
+static void tab_add(uint8_t tab[64], sluice_bytes name, int index) {
+    uint32_t h = name_slot(name.ptr, name.len);
+    tab[h] = tab[h] == 0 && index + 1 < NAME_CLASH ? (uint8_t)(index + 1) : NAME_CLASH;
+}
+
+/* The index of p[0..len) in list[0..n) (tab: their slots), or -1. */
+static inline int find_in(const uint8_t tab[64], const sluice_bytes *list, int n, const uint8_t *p,
+                          int32_t len) {
+    uint8_t t = tab[name_slot(p, len)];
+    if (t == 0) return -1;
+    if (t != NAME_CLASH) return list[t - 1].len == len && same_bytes(list[t - 1].ptr, p, len) ? t - 1 : -1;
+    for (int k = 0; k < n; k++)
+        if (list[k].len == len && same_bytes(list[k].ptr, p, len)) return k;
+    return -1;
+}
+
+static inline int find_name(sluice_bytes key) { return find_in(name_tab, names, nnames, key.ptr, key.len); }
+
+/* The record's top-level members by name index (the last of duplicates, as lookups find),
+ * valid while top_gen[k] == gen: a rule's first path step is one load instead of a walk over
+ * the members. Kept exact by the rules that change the top level (set, remove, rename). Off
+ * when the names did not all fit (all_names). */
+static sluice_json *top_member[MAX_NAMES];
+static uint32_t top_gen[MAX_NAMES];
+static uint32_t gen;
+
+static inline sluice_json *top(int k) { return top_gen[k] == gen ? top_member[k] : NULL; }
+
+static inline void top_set(int k, sluice_json *n) {
+    top_member[k] = n;
+    top_gen[k] = gen;
 }
 
 /* The string at j->p (its opening quote), checked as the SDK's parser checks it. Returns 1 and
  * sets *plain when it holds no escape (its text is the bytes between the quotes); an escape or
  * anything unusual goes to the SDK's own string parser, so the verdict is always the same. */
-static int scan_string(sl__jp *j, int *plain) {
+SIMD static int scan_string(sl__jp *j, int *plain) {
     const uint8_t *p = j->p + 1, *e = j->end;
     for (;;) {
+        /* 16 bytes at a time to the first quote, backslash, control or non-ASCII byte (the
+         * signed compare catches both of the last two) */
+        while (e - p >= 16) {
+            v128_t v = wasm_v128_load(p);
+            uint32_t m = (uint32_t)wasm_i8x16_bitmask(
+                wasm_v128_or(wasm_i8x16_lt(v, wasm_i8x16_splat(0x20)),
+                             wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('"')),
+                                          wasm_i8x16_eq(v, wasm_i8x16_splat('\\')))));
+            if (m) {
+                p += __builtin_ctz(m);
+                break;
+            }
+            p += 16;
+        }
         while (p < e && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
         if (p >= e) break;
         if (*p == '"') {
@@ -503,9 +808,11 @@ static sluice_json *parse_value(sl__jp *j, int build) {
             j->error = "unexpected end of input";
             return NULL;
         }
-        sluice_json *child = parse_value(j, named(key));
+        int k = all_names ? -1 : find_name(key);
+        sluice_json *child = parse_value(j, all_names || k >= 0);
         if (child == NULL) return NULL;
         child->key = key;
+        if (k >= 0 && j->depth == 1) top_set(k, child); /* a member of the record's object */
         *link = child;
         link = &child->next;
         node->count++;
@@ -532,6 +839,10 @@ static sluice_json *parse_value(sl__jp *j, int build) {
 /* A record's value as a tree of what the rules can touch; NULL unless it is one valid JSON
  * text (the same verdict as sluice_json_parse). */
 static sluice_json *parse_doc(sluice_bytes data) {
+    if (++gen == 0) { /* after 2^32 records: forget every slot rather than trust an old one */
+        for (int k = 0; k < MAX_NAMES; k++) top_gen[k] = 0;
+        gen = 1;
+    }
     sl__jp j = {data.ptr, data.ptr + data.len, NULL, 0};
     sl__ws(&j);
     if (j.p >= j.end) return NULL;
@@ -541,45 +852,53 @@ static sluice_json *parse_doc(sluice_bytes data) {
     return j.p == j.end ? root : NULL;
 }
 
-/* The object that holds the last segment of `path` (walking objects only), and that segment. */
-static sluice_json *parent_of(sluice_json *doc, sluice_bytes path, sluice_bytes *last) {
-    sluice_json *node = doc;
-    int32_t start = 0;
-    for (int32_t i = 0; i <= path.len; i++) {
-        if (i < path.len && path.ptr[i] != '.') continue;
-        sluice_bytes seg = sluice_bytes_of(path.ptr + start, (size_t)(i - start));
-        if (i == path.len) {
-            *last = seg;
-            return node;
-        }
-        sluice_json *next = NULL;
-        for (sluice_json *c = node->child; c; c = c->next)
-            if (sluice_eq(c->key, seg)) next = c; /* the last duplicate wins, as in lookups */
-        if (next == NULL || next->type != SLUICE_JSON_OBJECT) return NULL;
-        node = next;
-        start = i + 1;
-    }
-    return NULL;
-}
-
 static sluice_json *member(sluice_json *parent, sluice_bytes name) {
     sluice_json *found = NULL;
     if (parent == NULL) return NULL;
     for (sluice_json *c = parent->child; c; c = c->next)
-        if (sluice_eq(c->key, name)) found = c;
+        if (eq(c->key, name)) found = c; /* the last duplicate wins, as in lookups */
     return found;
 }
 
-static sluice_json *lookup(sluice_json *doc, sluice_bytes path) {
-    sluice_bytes last;
-    return member(parent_of(doc, path, &last), last);
+/* The member at the path seg[0..n) (walking objects only; NULL when missing) and in *parent the
+ * object that holds it or would (NULL when a step is missing or not an object). The first
+ * step comes from the top-level slots when k0 (seg[0]'s name index) >= 0. */
+static sluice_json *find_path(sluice_json *doc, const sluice_bytes *seg, int n, int k0,
+                              sluice_json **parent) {
+    sluice_json *node = doc;
+    for (int i = 0; i + 1 < n; i++) {
+        node = i == 0 && k0 >= 0 ? top(k0) : member(node, seg[i]);
+        if (node == NULL || node->type != SLUICE_JSON_OBJECT) {
+            *parent = NULL;
+            return NULL;
+        }
+    }
+    *parent = node;
+    return n == 1 && k0 >= 0 ? top(k0) : member(node, seg[n - 1]);
+}
+
+/* A path's n segments, split once at load. */
+static const sluice_bytes *split_path(sluice_bytes path, int *n) {
+    int count = 1;
+    for (int32_t i = 0; i < path.len; i++) count += path.ptr[i] == '.';
+    sluice_bytes *seg = (sluice_bytes *)sluice_malloc(sizeof(sluice_bytes) * (size_t)count);
+    if (seg == NULL) return NULL;
+    int32_t start = 0;
+    int k = 0;
+    for (int32_t i = 0; i <= path.len; i++) {
+        if (i < path.len && path.ptr[i] != '.') continue;
+        seg[k++] = sluice_bytes_of(path.ptr + start, (size_t)(i - start));
+        start = i + 1;
+    }
+    *n = count;
+    return seg;
 }
 
 /* Unlink every member called `name` from `parent`. */
 static void unlink_all(sluice_json *parent, sluice_bytes name) {
     sluice_json **link = &parent->child;
     while (*link) {
-        if (sluice_eq((*link)->key, name)) {
+        if (eq((*link)->key, name)) {
             *link = (*link)->next;
             parent->count--;
         } else {
@@ -605,7 +924,7 @@ static sluice_json *copy_tree(const sluice_json *n) {
 
 static int same_scalar(const sluice_json *a, const sluice_json *b) {
     if (a->type != b->type) return 0;
-    if (a->type == SLUICE_JSON_STRING || a->type == SLUICE_JSON_NUMBER) return sluice_eq(a->str, b->str);
+    if (a->type == SLUICE_JSON_STRING || a->type == SLUICE_JSON_NUMBER) return eq(a->str, b->str);
     return a->type != SLUICE_JSON_OBJECT && a->type != SLUICE_JSON_ARRAY;
 }
 
@@ -615,8 +934,8 @@ static int contains(sluice_bytes hay, sluice_bytes needle) {
     return 0;
 }
 
-static int matches(const rule *r, sluice_json *doc) {
-    const sluice_json *n = lookup(doc, r->when_field);
+/* Whether the rule's condition holds; n is the member it tests (NULL: missing). */
+static int matches(const rule *r, const sluice_json *n) {
     switch (r->when) {
     case W_DEFAULT: return r->action == A_SET || n != NULL;
     case W_EXISTS: return n != NULL;
@@ -631,11 +950,14 @@ static int matches(const rule *r, sluice_json *doc) {
 
 /* Applies `r` to `doc`: 1 changed, 0 unchanged, -1 drop, -2 out of memory. */
 static int apply(const rule *r, sluice_json *doc) {
-    if (!matches(r, doc)) return 0;
+    sluice_bytes last = r->seg[r->nseg - 1];
+    sluice_json *parent, *when_parent;
+    sluice_json *m = find_path(doc, r->seg, r->nseg, r->k0, &parent);
+    const sluice_json *tested_member =
+        r->when_seg == r->seg ? m : find_path(doc, r->when_seg, r->when_nseg, r->when_k0, &when_parent);
+    if (r->when >= W_EQUALS && !settle((sluice_json *)tested_member)) return -2;
+    if (!matches(r, tested_member)) return 0;
     if (r->action == A_DROP) return -1;
-    sluice_bytes last;
-    sluice_json *parent = parent_of(doc, r->field, &last);
-    sluice_json *m = member(parent, last);
     switch (r->action) {
     case A_SET:
         if (parent == NULL) return 0;
@@ -647,6 +969,7 @@ static int apply(const rule *r, sluice_json *doc) {
             sluice_json **link = &parent->child;
             while (*link) link = &(*link)->next;
             *link = m;
+            if (r->nseg == 1 && r->k0 >= 0) top_set(r->k0, m);
             parent->count++;
         }
         const sluice_json *v = r->value;
@@ -660,32 +983,44 @@ static int apply(const rule *r, sluice_json *doc) {
     case A_REMOVE:
         if (m == NULL) return 0;
         unlink_all(parent, last);
+        if (r->nseg == 1 && r->k0 >= 0) top_set(r->k0, NULL);
         sluice_count("removed", 1);
         return 1;
     case A_RENAME:
         if (m == NULL) return 0;
-        if (sluice_eq(last, r->to)) return 0;
+        if (eq(last, r->to)) return 0;
         unlink_all(parent, r->to);
         m->key = r->to;
+        if (r->nseg == 1 && r->k0 >= 0) { /* the top level changed: the new name, and the old
+                                              * one's earlier duplicate if any */
+            top_set(r->to_k, m);
+            top_set(r->k0, member(doc, last));
+        }
         sluice_count("renamed", 1);
         return 1;
     case A_HASH: {
         if (m == NULL) return 0;
-        sha256 s;
-        sha_init(&s);
-        sha_update(&s, r->salt.ptr, r->salt.len);
+        if (!settle(m)) return -2;
+        if (m->type == SLUICE_JSON_STRING && r->hash.tail_len + m->str.len <= 55) {
+            int32_t at = queue_hash(&r->hash, m->str);
+            if (at < 0) return -2;
+            m->type = J_HASH;
+            m->count = (uint32_t)at;
+            m->child = NULL;
+            sluice_count("hashed", 1);
+            return 1;
+        }
+        uint8_t *hex = (uint8_t *)sluice_malloc(64);
+        if (hex == NULL) return -2;
         if (m->type == SLUICE_JSON_STRING) {
-            sha_update(&s, m->str.ptr, m->str.len);
+            sha_hex(&r->hash, m->str.ptr, m->str.len, hex);
         } else {
             sluice_buf b;
             sluice_buf_init(&b, 64);
             put_json(&b, m);
             if (b.failed) return -2;
-            sha_update(&s, b.ptr, (int32_t)b.len);
+            sha_hex(&r->hash, b.ptr, (int32_t)b.len, hex);
         }
-        uint8_t *hex = (uint8_t *)sluice_malloc(64);
-        if (hex == NULL) return -2;
-        sha_hex(&s, hex);
         m->type = SLUICE_JSON_STRING;
         m->str = sluice_bytes_of(hex, 64);
         m->child = NULL;
@@ -694,6 +1029,7 @@ static int apply(const rule *r, sluice_json *doc) {
         return 1;
     }
     default: { /* A_TRUNCATE */
+        if (!settle(m)) return -2;
         if (m == NULL || m->type != SLUICE_JSON_STRING || m->str.len <= r->length) return 0;
         int32_t n = (int32_t)r->length;
         while (n > 0 && (m->str.ptr[n] & 0xc0) == 0x80) n--; /* never split a character */
@@ -731,9 +1067,7 @@ static int unmentioned(sluice_bytes v) {
             continue;
         }
         if (open != NULL) {
-            int32_t len = (int32_t)(p - open - 1);
-            for (int t = 0; t < ntested; t++)
-                if (tested[t].len == len && memcmp(tested[t].ptr, open + 1, (size_t)len) == 0) return 0;
+            if (find_in(tested_tab, tested, ntested, open + 1, (int32_t)(p - open - 1)) >= 0) return 0;
         }
         open = p;
     }
@@ -747,11 +1081,14 @@ sluice_decision sluice_on_record(const sluice_record *rec) {
     if (sluice_is_null(rec->value) || nrules == 0) return sluice_keep();
     if (unmentioned(rec->value)) return sluice_keep();
     sluice_json *doc = parse_doc(rec->value);
+    src_lo = rec->value.ptr;
+    src_hi = rec->value.ptr + rec->value.len;
     if (doc == NULL || doc->type != SLUICE_JSON_OBJECT) {
         sluice_count("not_json_object", 1);
         return sluice_keep();
     }
     int changed = 0;
+    uint32_t first = npending; /* this record's queued hashes start here */
     for (int i = 0; i < nrules; i++) {
         int rc = apply(&rules[i], doc);
         if (rc == -1) {
@@ -764,8 +1101,12 @@ sluice_decision sluice_on_record(const sluice_record *rec) {
     if (!changed) return sluice_keep();
     sluice_buf out;
     sluice_buf_init(&out, (uint32_t)rec->value.len + 64);
+    writing_output = 1;
     put_json(&out, doc);
+    writing_output = 0;
     if (out.failed) return sluice_error("rules: out of memory");
+    for (uint32_t i = first; i < npending; i++) /* the output is final: placeholders stay put */
+        if (pending[i].off >= 0) pending[i].out = out.ptr + pending[i].off;
     return sluice_rewrite_value(rec, sluice_buf_bytes(&out));
 }
 
@@ -876,6 +1217,7 @@ int sluice_on_config(const sluice_json *config) {
             r->salt = sluice_json_string(salt);
             if (sluice_is_null(r->salt)) return refuse(i, "salt", "must be a string");
         }
+        if (r->action == A_HASH) salt_init(&r->hash, r->salt);
         if (length != NULL && (!sluice_json_int(length, 0, &r->length) || r->length < 0 ||
                                length->type != SLUICE_JSON_NUMBER))
             return refuse(i, "length", "must be a whole number of bytes, 0 or more");
@@ -916,8 +1258,22 @@ int sluice_on_config(const sluice_json *config) {
             if (tests != 1)
                 return refuse(i, "when", "needs exactly one of exists, equals, prefix, contains");
         }
+        r->seg = split_path(r->field, &r->nseg);
+        r->when_seg = r->seg;
+        r->when_nseg = r->nseg;
+        if (r->when_field.ptr != r->field.ptr || r->when_field.len != r->field.len)
+            r->when_seg = split_path(r->when_field, &r->when_nseg);
+        if (r->seg == NULL || r->when_seg == NULL) {
+            sluice_set_error("rules: out of memory");
+            return 1;
+        }
     }
     nrules = i;
+    for (int b = 0; b < 256; b++) {
+        static const char hex[] = "0123456789abcdef";
+        uint8_t pair[2] = {(uint8_t)hex[b >> 4], (uint8_t)hex[b & 15]};
+        __builtin_memcpy(&hex_pairs[b], pair, 2);
+    }
     nnames = 0;
     all_names = 0;
     for (int r = 0; r < nrules; r++) {
@@ -933,6 +1289,16 @@ int sluice_on_config(const sluice_json *config) {
         while (dot >= 0 && f.ptr[dot] != '.') dot--;
         tested[ntested++] = sluice_bytes_of(f.ptr + dot + 1, (size_t)(f.len - dot - 1));
         for (int32_t i = dot + 1; i < f.len; i++) tested_quote |= f.ptr[i] == '"';
+    }
+    for (int k = 0; k < 64; k++) name_tab[k] = tested_tab[k] = 0;
+    for (int k = 0; k < nnames; k++) tab_add(name_tab, names[k], k);
+    for (int k = 0; k < ntested; k++) tab_add(tested_tab, tested[k], k);
+    for (int i = 0; i < nrules; i++) {
+        rule *r = &rules[i];
+        r->k0 = all_names ? -1 : find_name(r->seg[0]);
+        r->when_k0 = all_names ? -1 : find_name(r->when_seg[0]);
+        r->to_k = all_names || r->action != A_RENAME ? -1 : find_name(r->to);
+        if (r->action == A_RENAME && r->to_k < 0) r->k0 = -1; /* cannot happen: `to` is a name */
     }
     skip_unmentioned = 1;
     for (int r = 0; r < nrules; r++)

@@ -4,7 +4,10 @@
 the module parsed only what its rules touch (every value parsed into a full tree by the SDK's
 parser and written back from it). The shipped module must answer every batch exactly as that
 one does, for generated rules and generated values: valid JSON with any
-spacing, escapes, nesting, duplicate members and arrays, and broken JSON.
+spacing, escapes, nesting, duplicate members and arrays, and broken JSON; on the decoding path
+(`sluice_filter`) and on the native path the proxy takes (`sluice_filter_records`: the whole
+records section it writes back, byte for byte), with hashed fields long enough to span SHA-256
+blocks and salts of one and more whole blocks.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sluice.codec.records import BatchHeader, Record, build_batch
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.runtime import LoadedFilter, load_filter
@@ -29,7 +33,8 @@ PATHS = ["a", "b", "c", "a.b", "a.c", "b.a", "a.b.c", "\u00e9", "x"]
 scalar = st.one_of(st.none(), st.booleans(), st.integers(-1000, 1000),
                    st.floats(allow_nan=False, allow_infinity=False, width=32),
                    st.sampled_from(["", "a", "debug", "internal", "h\u00e9llo w\u00f6rld",
-                                    "q\"b\\n\n\t\x01\x1f\u2028 \U0001f600", "a.b", "x" * 70]))
+                                    "q\"b\\n\n\t\x01\x1f\u2028 \U0001f600", "a.b", "x" * 70,
+                                    "y" * 47, "z" * 55, "w" * 56, "\u00e9" * 40]))
 json_value = st.recursive(
     scalar,
     lambda inner: st.one_of(st.lists(inner, max_size=4),
@@ -78,7 +83,7 @@ def rule(draw: st.DrawFn) -> dict[str, Any]:
         parent = field.rsplit(".", 1)[0] + "." if "." in field else ""
         r["to"] = parent + draw(st.sampled_from(NAMES))
     elif action == "hash" and draw(st.booleans()):
-        r["salt"] = draw(st.sampled_from(["", "s3cret"]))
+        r["salt"] = draw(st.sampled_from(["", "s3cret", "p" * 63, "q" * 64, "r" * 130]))
     elif action == "truncate":
         r["length"] = draw(st.integers(0, 8))
     if draw(st.integers(0, 2)) == 0:
@@ -99,6 +104,16 @@ def _answer(f: LoadedFilter, values: list[bytes | None]) -> tuple[Any, ...]:
             sorted(res.detector_counts.items()))
 
 
+def _native_answer(f: LoadedFilter, values: list[bytes | None]) -> tuple[Any, ...]:
+    n = len(values)
+    raw = build_batch(BatchHeader(0, 0, -1, 2, 0, 0, n - 1, 1_700_000_000_000,
+                                  1_700_000_000_000, -1, -1, -1, n),
+                      [Record(i, 0, b"k", v, [("h", b"v")]) for i, v in enumerate(values)])
+    out = f.run_native(CTX, raw[61:], n)
+    assert out is not None
+    return out.fates, out.records, out.rejects, sorted(out.detector_counts.items())
+
+
 @pytest.mark.skipif(not REFERENCE.is_file(), reason="reference module missing")
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rules=st.lists(rule(), min_size=1, max_size=5),
@@ -110,6 +125,7 @@ def test_rules_answer_as_the_full_tree_module_did(rules: list[dict[str, Any]],
     old = load_filter(FilterSpec(name="old", module=str(REFERENCE), config=config))
     try:
         assert _answer(new, values) == _answer(old, values)
+        assert _native_answer(new, values) == _native_answer(old, values)
     finally:
         new.close()
         old.close()

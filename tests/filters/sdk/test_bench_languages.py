@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +30,20 @@ def test_builtins_report_rules_against_pii_mask(capsys: pytest.CaptureFixture[st
     report = json.loads(capsys.readouterr().out)
     assert "languages" not in report
     rows = report["builtins"]
-    assert sorted(rows) == ["pii-mask", "rules"]
-    for row in rows.values():
-        assert row["native_call_records_per_s"] > 0 and row["native_path_records_per_s"] > 0
-    assert rows["rules"]["native_path_vs_pii_mask"] > 0
+    assert sorted(rows) == ["load_average_after", "load_average_before", "pii-mask", "rules"]
+    assert len(rows["load_average_before"]) == 3
+    for name in ("pii-mask", "rules"):
+        for key in ("native_call", "native_path"):
+            assert rows[name][f"{key}_records_per_s"] > 0
+            assert rows[name][f"{key}_cpu_records_per_s"] > 0
+    for key in ("native_call", "native_path", "native_call_cpu", "native_path_cpu"):
+        assert rows["rules"][f"{key}_vs_pii_mask"] > 0
+
+
+def test_builtins_baseline_runs_in_the_same_turns(capsys: pytest.CaptureFixture[str]) -> None:
+    # The module builtin:rules replaced answers the bench batch the same way: it may join.
+    old = Path(__file__).resolve().parents[1] / "builtin" / "data" / "rules-tree-reference.wasm"
+    assert bench.main(["--only", "builtins", "--quick", "--baseline", str(old)]) == 0
+    rows = json.loads(capsys.readouterr().out)["builtins"]
+    assert rows["rules-baseline"]["native_call_cpu_vs_pii_mask"] > 0
+    assert rows["rules-baseline"]["native_path_records_per_s"] > 0
