@@ -443,6 +443,11 @@ SIMD static inline uint32_t skip_to_upper(const uint8_t *p, uint32_t i, uint32_t
     SKIP_BLOCKS(in_range(v, 'A', 26), (uint32_t)(p[i] - 'A') < 26u);
 }
 
+/* The first offset in [i, end) not holding an ASCII digit, or end. */
+SIMD static inline uint32_t skip_digits(const uint8_t *p, uint32_t i, uint32_t end) {
+    SKIP_BLOCKS(wasm_v128_not(in_range(v, '0', 10)), (uint32_t)(p[i] - '0') >= 10u);
+}
+
 /* a digit, '+' or '(' (the bytes find_phone starts from) */
 SIMD static inline uint32_t skip_to_phone(const uint8_t *p, uint32_t i, uint32_t end) {
     SKIP_BLOCKS(wasm_v128_or(in_range(v, '0', 10), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')), wasm_i8x16_eq(v, wasm_i8x16_splat('(')))),
@@ -847,6 +852,13 @@ SIMD static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
         i = skip_to_phone(p, i, n);
         if (i >= n) break;
         uint8_t c = p[i];
+        /* Nothing starts at a digit that follows a digit (both branches below need
+         * num_boundary_before), so the rest of a run of digits is passed over in one step
+         * rather than tried digit by digit: "4111 1111 1111 1111" is 4 tries, not 16. */
+        if (i > 0 && is_digit(c) && is_digit(p[i - 1])) {
+            i = skip_digits(p, i, n) - 1;
+            continue;
+        }
         /* the international prefix 00 stands for '+' ("0049 30 1234567", "001-415-555-0132") */
         int intl00 = c == '0' && i + 3 < n && p[i + 1] == '0' && p[i + 2] >= '1' && p[i + 2] <= '9' && num_boundary_before(p, i) &&
                      !(i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) && !after_iban_prefix(p, i);
@@ -1468,6 +1480,52 @@ SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_
     return numeric_verdict(best, run3 != 0, plus_or_zero != 0, phone_run);
 }
 
+/* Whether the member being scanned has a phone word in its name (phone_word_in), remembered
+ * for the last name asked about: records of one topic repeat their member names, and this is
+ * asked for nearly every card number (phone_possible). */
+static uint8_t member_seen[32];
+static uint32_t member_seen_len = 0xffffffffu;
+static int member_seen_phone;
+
+static int member_is_phone(void) {
+    if (member_name == NULL) return 0;
+    if (member_len == member_seen_len && memcmp(member_name, member_seen, member_len) == 0) return member_seen_phone;
+    int r = phone_word_in(member_name, member_len);
+    if (member_len <= sizeof member_seen) {
+        memcpy(member_seen, member_name, member_len);
+        member_seen_len = member_len;
+        member_seen_phone = r;
+    }
+    return r;
+}
+
+/* Whether find_phone can match in p[0..n) (a string numeric_possible let through): each of its
+ * ways to a match needs one of these. '+' (E.164); a '0' starting a run of digits (00 for '+',
+ * a trunk prefix 0); a run of exactly three digits (North American groups); '(' (an area code
+ * in parentheses); or a phone label, which is a phone word in the member's name or in the
+ * string (letters or UTF-8, before the number). A card number printed in groups of four ("4111
+ * 1111 1111 1230") has none of them, so the phone detector does not run on it. Strings over 64
+ * bytes (or not loadable in whole 16-byte steps) are let through unchecked. */
+SIMD static int phone_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+    if (n > 64 || readable - p < (int32_t)((n + 15) & ~15u)) return 1;
+    uint64_t digits = 0, zero = 0, other = 0;
+    for (uint32_t i = 0; i < n; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        if (n - i < 16) v = first_lanes(v, n - i);
+        v128_t d = in_range(v, '0', 10);
+        /* '+', '(', letters and bytes >= 0x80 (signed: below zero) */
+        v128_t o = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')), wasm_i8x16_eq(v, wasm_i8x16_splat('('))),
+                                wasm_v128_or(in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26), wasm_i8x16_lt(v, wasm_i8x16_splat(0))));
+        digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
+        zero |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('0'))) << i;
+        other |= (uint64_t)wasm_i8x16_bitmask(o) << i;
+    }
+    uint64_t starts = digits & ~(digits << 1);
+    uint64_t run3 = starts & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
+    if (other || (zero & starts) || run3) return 1;
+    return member_is_phone();
+}
+
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
  * Each condition is something the detector cannot match without, so skipping the others
  * changes nothing: a card has 12-19 digits; a phone 8+ (E.164) or 9+ (national formats); an
@@ -1489,6 +1547,7 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
     c &= enabled_detectors;
     const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
     if (c & cps) c &= ~cps | numeric_possible(p, n, readable);
+    if ((c & (1u << D_PHONE)) && !phone_possible(p, n, readable)) c &= ~(1u << D_PHONE);
     return c;
 }
 
