@@ -406,6 +406,14 @@ static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
 /* Block scan: where a detector can start                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Bytes below this address may be loaded: the end of linear memory. The scans that take a
+ * string in whole 16-byte steps load past its end and clear the lanes beyond it, so any string
+ * in memory (not only one followed by 16 more bytes of its own record) takes that path. */
+static const uint8_t *mem_readable(void) {
+    sl__arena_setup();
+    return (const uint8_t *)(sl__limit < 0x7fff0000u ? sl__limit : 0x7fff0000u);
+}
+
 /* Every detector's loop passes over bytes that cannot start its match (an e-mail is found from
  * its '@', a card, SSN or IPv4 address from a digit, a phone from a digit, '+' or '(', an IBAN
  * from an upper-case letter, an AWS key id from 'A', a secret from '=' or ':', a JWT from 'e',
@@ -586,18 +594,53 @@ SIMD static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
 }
 
 /* Luhn's check over the digits of groups [gs[t], ge[t]) for t < g, read from the last: every
- * second digit from the right doubled (its digit sum). */
-static int luhn_groups(const uint8_t *p, const uint32_t *gs, const uint32_t *ge, uint32_t g) {
+ * second digit from the right doubled (its digit sum). A group of at most 16 digits that may be
+ * loaded whole is summed in one 16-byte step (its doubled digits looked up by a swizzle), the
+ * others digit by digit: the same sum either way. */
+SIMD static int luhn_groups(const uint8_t *p, const uint32_t *gs, const uint32_t *ge, uint32_t g, const uint8_t *readable) {
     static const uint8_t doubled[10] = {0, 2, 4, 6, 8, 1, 3, 5, 7, 9};
+    const v128_t table = wasm_u8x16_make(0, 2, 4, 6, 8, 1, 3, 5, 7, 9, 0, 0, 0, 0, 0, 0);
+    const v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v128_t odd_lanes = wasm_u8x16_make(0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255);
+    v128_t acc = wasm_i64x2_splat(0); /* u16 lanes: at most 18 per group added to each */
     uint32_t sum = 0, odd = 0;
     for (uint32_t t = g; t-- > 0;) {
-        for (uint32_t k = ge[t]; k-- > gs[t];) {
+        uint32_t s = gs[t], len = ge[t] - s;
+        if (len <= 16 && readable - (p + s) >= 16) {
+            v128_t d = wasm_i8x16_sub(wasm_v128_load(p + s), wasm_i8x16_splat('0'));
+            /* lane j is doubled when an odd number of the window's digits follow it */
+            v128_t twice = (len - 1u + odd) & 1u ? wasm_v128_not(odd_lanes) : odd_lanes;
+            v128_t vals = wasm_v128_bitselect(wasm_i8x16_swizzle(table, d), d, twice);
+            vals = wasm_v128_and(vals, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)len)));
+            acc = wasm_i16x8_add(acc, wasm_u16x8_extadd_pairwise_u8x16(vals));
+            odd ^= len & 1u;
+            continue;
+        }
+        for (uint32_t k = ge[t]; k-- > s;) {
             uint32_t d = (uint32_t)(p[k] - '0');
             sum += odd ? doubled[d] : d;
             odd ^= 1u;
         }
     }
+    v128_t s32 = wasm_u32x4_extadd_pairwise_u16x8(acc);
+    sum += wasm_i32x4_extract_lane(s32, 0) + wasm_i32x4_extract_lane(s32, 1) + wasm_i32x4_extract_lane(s32, 2) + wasm_i32x4_extract_lane(s32, 3);
     return sum % 10 == 0;
+}
+
+/* The end of the run of digits from p[k] (at most n); bytes up to `readable` may be loaded, so
+ * a run is found with one 16-byte step rather than byte by byte. */
+SIMD static inline uint32_t digit_end(const uint8_t *p, uint32_t k, uint32_t n, const uint8_t *readable) {
+    while (k < n && readable - (p + k) >= 16) {
+        uint32_t m = ~(uint32_t)wasm_i8x16_bitmask(in_range(wasm_v128_load(p + k), '0', 10)) & 0xffffu;
+        if (m) {
+            k += (uint32_t)__builtin_ctz(m);
+            return k < n ? k : n;
+        }
+        k += 16;
+    }
+    if (k >= n) return n;
+    while (k < n && is_digit(p[k])) k++;
+    return k;
 }
 
 /* A number-like run starts here: not glued to a preceding word or decimal number. */
@@ -651,7 +694,7 @@ static int card_issuer_ok(const uint8_t *d, uint32_t n) {
     return 0;
 }
 
-SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out, const uint8_t *readable) {
     uint32_t i = 0;
     while (i < n) {
         i = skip_to_digit(p, i, n);
@@ -666,7 +709,7 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
         uint8_t sep = 0;
         for (;;) {
             uint32_t s = k;
-            while (k < n && is_digit(p[k])) k++;
+            k = digit_end(p, k, n, readable);
             if (g < MAX_GROUPS) {
                 gs[g] = s;
                 ge[g] = k;
@@ -699,22 +742,31 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
         uint32_t below[MAX_GROUPS + 1]; /* below[t]: digits in groups 0..t-1 */
         below[0] = 0;
         for (uint32_t t = 0; t < g; t++) below[t + 1] = below[t] + (ge[t] - gs[t]);
+        int end_ok = -1; /* num_boundary_after at the run's end, once needed */
         for (uint32_t a = 0; a < g && !matched; a++) {
+            /* windows only get shorter from here on (later starts, earlier ends) */
+            if (below[g] - below[a] < 12) break;
+            /* no issuer prefix starts with 7, 8 or 9 (card_issuer_ok) */
+            if (p[gs[a]] >= '7') continue;
             if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;
+            /* the issuer prefix from the window's first four digits (it has 12 or more), read
+             * once per start; then Luhn over its groups where they lie: nothing is copied */
+            uint8_t lead[4];
+            uint32_t ln = 0;
             for (uint32_t b = g; b > a && !matched; b--) {
                 uint32_t e = ge[b - 1];
+                if (below[b] - below[a] < 12) break;
                 if (b < g && sep != ' ') continue; /* a dashed or underscored number is one token */
-                if (below[b] - below[a] < 12 || below[b] - below[a] > 19) continue;
-                if (b == g && !num_boundary_after(p, n, e)) continue;
-                /* the issuer prefix from the window's first four digits (it has 12 or more),
-                 * then Luhn over its groups where they lie: nothing is copied */
-                uint8_t lead[4];
-                uint32_t ln = 0;
+                if (below[b] - below[a] > 19) continue;
+                if (b == g) {
+                    if (end_ok < 0) end_ok = num_boundary_after(p, n, e);
+                    if (!end_ok) continue;
+                }
                 for (uint32_t t = a; ln < 4; t++) {
                     for (uint32_t k = gs[t]; k < ge[t] && ln < 4; k++) lead[ln++] = (uint8_t)(p[k] - '0');
                 }
                 if (!card_issuer_ok(lead, below[b] - below[a])) continue;
-                if (!luhn_groups(p, gs + a, ge + a, b - a)) continue;
+                if (!luhn_groups(p, gs + a, ge + a, b - a, readable)) continue;
                 add_span(out, gs[a], e, D_CARD);
                 matched = 1;
             }
@@ -1557,7 +1609,7 @@ SIMD static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, 
         if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) find_email_short(p, n, s);
         else find_email(p, n, s);
     }
-    if (c & (1u << D_CARD)) find_card(p, n, s);
+    if (c & (1u << D_CARD)) find_card(p, n, s, readable);
     if (c & (1u << D_PHONE)) find_phone(p, n, s);
     if (c & (1u << D_SSN)) find_ssn(p, n, s);
     if (c & (1u << D_IBAN)) find_iban(p, n, s);
@@ -2066,11 +2118,80 @@ static void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const u
     put_json_string(jreplace(c, from, to), tmp.ptr, tmp.len);
 }
 
+/* Whether the matches of s that put_spans_masked would mask (the first of overlapping ones)
+ * are ASCII and masked one mask byte per byte (no replacement, no keep_last, a one-byte mask):
+ * then the masked text is the text with those bytes overwritten, as long as the text. */
+SIMD static int spans_mask_in_place(const uint8_t *text, const spans *s) {
+    const uint8_t *readable = mem_readable();
+    uint32_t pos = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        const span *x = &s->v[i];
+        if (x->start < pos) continue;
+        const mask_rule *r = &rules[x->det];
+        if (!sluice_is_null(r->replacement) || r->mask.len != 1 || r->keep_last != 0) return 0;
+        for (uint32_t k = x->start; k < x->end; k += 16) {
+            uint32_t high;
+            if (readable - (text + k) >= 16) {
+                high = (uint32_t)wasm_i8x16_bitmask(wasm_v128_load(text + k));
+                if (x->end - k < 16) high &= (1u << (x->end - k)) - 1u;
+            } else {
+                high = 0;
+                for (uint32_t t = k; t < x->end && t < k + 16; t++) high |= text[t] >> 7;
+            }
+            if (high) return 0;
+        }
+        pos = x->end;
+    }
+    return 1;
+}
+
+/* put_spans_masked for spans_mask_in_place's case, on w[0..n), a copy of the text followed
+ * by 16 bytes of room: each match's letters and digits (every byte without preserve_format)
+ * become its mask byte, as put_masked writes them. Counts and returns the matches masked. */
+SIMD static uint32_t mask_spans_in_place(uint8_t *w, const spans *s) {
+    const v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    uint32_t pos = 0, matches = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        const span *x = &s->v[i];
+        if (x->start < pos) continue;
+        const mask_rule *r = &rules[x->det];
+        v128_t m = wasm_i8x16_splat((int8_t)r->mask.ptr[0]);
+        for (uint32_t k = x->start; k < x->end; k += 16) {
+            v128_t v = wasm_v128_load(w + k);
+            v128_t to = m;
+            if (r->preserve_format) {
+                v128_t alnum = wasm_v128_or(in_range(v, '0', 10), in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26));
+                to = wasm_v128_bitselect(m, v, alnum);
+            }
+            if (x->end - k < 16) to = wasm_v128_bitselect(to, v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)(x->end - k))));
+            wasm_v128_store(w + k, to);
+        }
+        sluice_count(det_names[x->det], 1);
+        pos = x->end;
+        matches++;
+    }
+    return matches;
+}
+
 /* Replace the literal [from, c->p) by text[0..n) with the matches in s masked, as a JSON
  * string. The masked text goes straight into the output and is escaped afterwards only when it
  * must be (a quote, backslash or control character kept from the text). */
 static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain) {
     sluice_buf *out = jreplace(c, from, c->p);
+    if (plain && masks_plain && spans_mask_in_place(text, s)) {
+        /* the usual case: the literal copied whole, its matches overwritten */
+        if (!sluice_buf_reserve(out, n + 18u)) {
+            c->failed = 1;
+            return;
+        }
+        uint8_t *w = out->ptr + out->len;
+        w[0] = '"';
+        memcpy(w + 1, text, n);
+        c->changes += mask_spans_in_place(w + 1, s);
+        w[n + 1] = '"';
+        out->len += n + 2u;
+        return;
+    }
     uint32_t start = out->len;
     sluice_buf_putc(out, '"');
     c->changes += put_spans_masked(out, text, n, s);
@@ -2101,7 +2222,7 @@ SIMD static int jstring_value(jctx *c) {
     triggers t;
     int scanned = jstring_classify(c, &s, &e, &escaped, &t);
     if (!scanned) return 0;
-    const uint8_t *text = s, *readable = c->end;
+    const uint8_t *text = s, *readable = mem_readable();
     uint32_t n = (uint32_t)(e - s);
     if (escaped) {
         sluice_buf dec;
@@ -2113,7 +2234,6 @@ SIMD static int jstring_value(jctx *c) {
         }
         text = dec.ptr;
         n = dec.len;
-        readable = dec.ptr + dec.len;
     }
     if (c->field_depth >= 0 || (c->secret && rules[D_AWS_SECRET].enabled)) {
         int field = c->field_depth >= 0;
@@ -2159,10 +2279,10 @@ static int jnumber_value(jctx *c) {
     uint32_t digits = 0;
     for (uint32_t i = 0; i < n; i++) digits += (uint32_t)(s[i] - '0') < 10u;
     if (digits < 8) return 1;
-    uint32_t todo = candidates(scan_triggers(s, n, c->end), s, n, c->end);
+    uint32_t todo = candidates(scan_triggers(s, n, mem_readable()), s, n, mem_readable());
     if (todo == 0) return 1;
     spans found;
-    if (!collect_spans(s, n, todo, &found, c->end)) {
+    if (!collect_spans(s, n, todo, &found, mem_readable())) {
         c->failed = 1;
         return 0;
     }
@@ -2266,38 +2386,52 @@ SIMD static int jvalue(jctx *c) {
     return ok;
 }
 
+/* jws on a local pointer: the same skip, returns where it stopped. */
+static inline __attribute__((always_inline)) const uint8_t *ws_from(const uint8_t *p, const uint8_t *end) {
+    if (p < end && !is_ws(*p)) return p;
+    if (end - p >= 2 && !is_ws(p[1])) return p + 1;
+    while (p < end && is_ws(*p)) p++;
+    return p;
+}
+
 /* jvalue without field paths (the usual configuration) as one loop over an explicit stack of
  * open containers: the same grammar, depth limit and results, without a call per value and
- * without the per-member frames that only field paths read. */
+ * without the per-member frames that only field paths read. The position is kept in a local
+ * (c->p is memory the compiled code reloads after every store) and handed over in c->p only
+ * around the calls that read it. */
 SIMD static int jwalk(jctx *c) {
     uint8_t closes[MAX_DEPTH]; /* '}' or ']' of each open container */
     uint32_t depth = 0;
-    const uint8_t *end = c->end;
+    const uint8_t *p = c->p, *end = c->end;
 value:
-    if (c->p >= end) return 0;
-    if (*c->p == '{' || *c->p == '[') {
+    if (p >= end) return 0;
+    if (*p == '{' || *p == '[') {
         if (depth >= MAX_DEPTH) return 0;
-        uint8_t close = *c->p == '[' ? ']' : '}';
-        c->p++;
-        jws(c);
-        if (c->p < end && *c->p == close) {
-            c->p++;
+        uint8_t close = *p == '[' ? ']' : '}';
+        p = ws_from(p + 1, end);
+        if (p < end && *p == close) {
+            p++;
             goto after;
         }
         closes[depth++] = close;
         goto member;
     }
+    c->p = p;
     if (!jscalar(c)) return 0;
+    p = c->p;
 after:
-    if (depth == 0) return 1;
-    jws(c);
-    if (c->p >= end) return 0;
-    if (*c->p == ',') {
-        c->p++;
+    if (depth == 0) {
+        c->p = p;
+        return 1;
+    }
+    p = ws_from(p, end);
+    if (p >= end) return 0;
+    if (*p == ',') {
+        p++;
         goto member;
     }
-    if (*c->p != closes[depth - 1]) return 0;
-    c->p++;
+    if (*p != closes[depth - 1]) return 0;
+    p++;
     depth--;
     goto after;
 member:
@@ -2306,18 +2440,20 @@ member:
     if (closes[depth - 1] == '}') {
         const uint8_t *s, *e;
         int escaped;
-        jws(c);
-        if (c->p >= end || *c->p != '"') return 0;
+        p = ws_from(p, end);
+        if (p >= end || *p != '"') return 0;
+        c->p = p;
         if (!jstring_span(c, &s, &e, &escaped)) return 0;
+        p = c->p;
         uint32_t klen = (uint32_t)(e - s);
-        c->secret = is_secret_key(sluice_bytes_of(s, klen));
+        c->secret = klen >= secret_key_min && is_secret_key(sluice_bytes_of(s, klen));
         member_name = s;
         member_len = klen;
-        jws(c);
-        if (c->p >= end || *c->p != ':') return 0;
-        c->p++;
+        p = ws_from(p, end);
+        if (p >= end || *p != ':') return 0;
+        p++;
     }
-    jws(c);
+    p = ws_from(p, end);
     goto value;
 }
 
@@ -2372,7 +2508,7 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         /* not JSON after all: fall through to text */
     }
     spans found;
-    if (!find_matches(in.ptr, n, scan_triggers(in.ptr, n, in.ptr + n), &found, in.ptr + n)) return -1;
+    if (!find_matches(in.ptr, n, scan_triggers(in.ptr, n, mem_readable()), &found, mem_readable())) return -1;
     if (found.n == 0) return 0;
     sluice_buf out;
     sluice_buf_init(&out, n + 16);
