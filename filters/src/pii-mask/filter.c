@@ -682,13 +682,13 @@ static int after_iban_prefix(const uint8_t *p, uint32_t i) {
 /* Issuer prefixes and lengths: 13-19 digits starting 2-6 (Visa, Mastercard, Amex, Discover,
  * JCB, Diners, UnionPay, Maestro); Maestro also prints 12 digits (50xx, 56-58, 6xxx) and
  * 0604 numbers; the old JCB numbers are 15 digits starting 1800 or 2131. */
-static int card_issuer_ok(const uint8_t *d, uint32_t n) {
-    uint32_t p4 = (uint32_t)d[0] * 1000u + (uint32_t)d[1] * 100u + (uint32_t)d[2] * 10u + (uint32_t)d[3];
-    if (n >= 13 && d[0] >= 2 && d[0] <= 6) return 1;
+static int card_issuer_ok(uint32_t p4, uint32_t n) {
+    /* p4: the first four digits as a number (d0 = p4 / 1000) */
+    if (n >= 13 && p4 >= 2000 && p4 <= 6999) return 1;
     if (n == 15 && (p4 == 1800 || p4 == 2131)) return 1;
     if (p4 == 604) return 1; /* Maestro 0604, 12-19 digits */
     if (n == 12) {
-        return p4 == 5018 || p4 == 5020 || p4 == 5038 || p4 == 5893 || (d[0] == 5 && d[1] >= 6 && d[1] <= 8) || p4 == 6304 || p4 == 6390 ||
+        return p4 == 5018 || p4 == 5020 || p4 == 5038 || p4 == 5893 || (p4 >= 5600 && p4 <= 5899) || p4 == 6304 || p4 == 6390 ||
                p4 == 6759 || (p4 >= 6761 && p4 <= 6763);
     }
     return 0;
@@ -751,8 +751,7 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out, const uint8
             if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;
             /* the issuer prefix from the window's first four digits (it has 12 or more), read
              * once per start; then Luhn over its groups where they lie: nothing is copied */
-            uint8_t lead[4];
-            uint32_t ln = 0;
+            uint32_t p4 = 0, ln = 0;
             for (uint32_t b = g; b > a && !matched; b--) {
                 uint32_t e = ge[b - 1];
                 if (below[b] - below[a] < 12) break;
@@ -762,10 +761,15 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out, const uint8
                     if (end_ok < 0) end_ok = num_boundary_after(p, n, e);
                     if (!end_ok) continue;
                 }
-                for (uint32_t t = a; ln < 4; t++) {
-                    for (uint32_t k = gs[t]; k < ge[t] && ln < 4; k++) lead[ln++] = (uint8_t)(p[k] - '0');
+                if (ln == 0 && ge[a] - gs[a] >= 4) {
+                    const uint8_t *q = p + gs[a];
+                    p4 = (uint32_t)(q[0] - '0') * 1000u + (uint32_t)(q[1] - '0') * 100u + (uint32_t)(q[2] - '0') * 10u + (uint32_t)(q[3] - '0');
+                    ln = 4;
                 }
-                if (!card_issuer_ok(lead, below[b] - below[a])) continue;
+                for (uint32_t t = a; ln < 4; t++) {
+                    for (uint32_t k = gs[t]; k < ge[t] && ln < 4; k++, ln++) p4 = p4 * 10u + (uint32_t)(p[k] - '0');
+                }
+                if (!card_issuer_ok(p4, below[b] - below[a])) continue;
                 if (!luhn_groups(p, gs + a, ge + a, b - a, readable)) continue;
                 add_span(out, gs[a], e, D_CARD);
                 matched = 1;
