@@ -406,6 +406,14 @@ static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
 /* Block scan: where a detector can start                                                      */
 /* ------------------------------------------------------------------------------------------ */
 
+/* Bytes below this address may be loaded: the end of linear memory. The scans that take a
+ * string in whole 16-byte steps load past its end and clear the lanes beyond it, so any string
+ * in memory (not only one followed by 16 more bytes of its own record) takes that path. */
+static const uint8_t *mem_readable(void) {
+    sl__arena_setup();
+    return (const uint8_t *)(sl__limit < 0x7fff0000u ? sl__limit : 0x7fff0000u);
+}
+
 /* Every detector's loop passes over bytes that cannot start its match (an e-mail is found from
  * its '@', a card, SSN or IPv4 address from a digit, a phone from a digit, '+' or '(', an IBAN
  * from an upper-case letter, an AWS key id from 'A', a secret from '=' or ':', a JWT from 'e',
@@ -441,6 +449,11 @@ SIMD static inline uint32_t skip_to_digit(const uint8_t *p, uint32_t i, uint32_t
 
 SIMD static inline uint32_t skip_to_upper(const uint8_t *p, uint32_t i, uint32_t end) {
     SKIP_BLOCKS(in_range(v, 'A', 26), (uint32_t)(p[i] - 'A') < 26u);
+}
+
+/* The first offset in [i, end) not holding an ASCII digit, or end. */
+SIMD static inline uint32_t skip_digits(const uint8_t *p, uint32_t i, uint32_t end) {
+    SKIP_BLOCKS(wasm_v128_not(in_range(v, '0', 10)), (uint32_t)(p[i] - '0') >= 10u);
 }
 
 /* a digit, '+' or '(' (the bytes find_phone starts from) */
@@ -581,18 +594,53 @@ SIMD static void find_email_short(const uint8_t *p, uint32_t n, spans *out) {
 }
 
 /* Luhn's check over the digits of groups [gs[t], ge[t]) for t < g, read from the last: every
- * second digit from the right doubled (its digit sum). */
-static int luhn_groups(const uint8_t *p, const uint32_t *gs, const uint32_t *ge, uint32_t g) {
+ * second digit from the right doubled (its digit sum). A group of at most 16 digits that may be
+ * loaded whole is summed in one 16-byte step (its doubled digits looked up by a swizzle), the
+ * others digit by digit: the same sum either way. */
+SIMD static int luhn_groups(const uint8_t *p, const uint32_t *gs, const uint32_t *ge, uint32_t g, const uint8_t *readable) {
     static const uint8_t doubled[10] = {0, 2, 4, 6, 8, 1, 3, 5, 7, 9};
+    const v128_t table = wasm_u8x16_make(0, 2, 4, 6, 8, 1, 3, 5, 7, 9, 0, 0, 0, 0, 0, 0);
+    const v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const v128_t odd_lanes = wasm_u8x16_make(0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255);
+    v128_t acc = wasm_i64x2_splat(0); /* u16 lanes: at most 18 per group added to each */
     uint32_t sum = 0, odd = 0;
     for (uint32_t t = g; t-- > 0;) {
-        for (uint32_t k = ge[t]; k-- > gs[t];) {
+        uint32_t s = gs[t], len = ge[t] - s;
+        if (len <= 16 && readable - (p + s) >= 16) {
+            v128_t d = wasm_i8x16_sub(wasm_v128_load(p + s), wasm_i8x16_splat('0'));
+            /* lane j is doubled when an odd number of the window's digits follow it */
+            v128_t twice = (len - 1u + odd) & 1u ? wasm_v128_not(odd_lanes) : odd_lanes;
+            v128_t vals = wasm_v128_bitselect(wasm_i8x16_swizzle(table, d), d, twice);
+            vals = wasm_v128_and(vals, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)len)));
+            acc = wasm_i16x8_add(acc, wasm_u16x8_extadd_pairwise_u8x16(vals));
+            odd ^= len & 1u;
+            continue;
+        }
+        for (uint32_t k = ge[t]; k-- > s;) {
             uint32_t d = (uint32_t)(p[k] - '0');
             sum += odd ? doubled[d] : d;
             odd ^= 1u;
         }
     }
+    v128_t s32 = wasm_u32x4_extadd_pairwise_u16x8(acc);
+    sum += wasm_i32x4_extract_lane(s32, 0) + wasm_i32x4_extract_lane(s32, 1) + wasm_i32x4_extract_lane(s32, 2) + wasm_i32x4_extract_lane(s32, 3);
     return sum % 10 == 0;
+}
+
+/* The end of the run of digits from p[k] (at most n); bytes up to `readable` may be loaded, so
+ * a run is found with one 16-byte step rather than byte by byte. */
+SIMD static inline uint32_t digit_end(const uint8_t *p, uint32_t k, uint32_t n, const uint8_t *readable) {
+    while (k < n && readable - (p + k) >= 16) {
+        uint32_t m = ~(uint32_t)wasm_i8x16_bitmask(in_range(wasm_v128_load(p + k), '0', 10)) & 0xffffu;
+        if (m) {
+            k += (uint32_t)__builtin_ctz(m);
+            return k < n ? k : n;
+        }
+        k += 16;
+    }
+    if (k >= n) return n;
+    while (k < n && is_digit(p[k])) k++;
+    return k;
 }
 
 /* A number-like run starts here: not glued to a preceding word or decimal number. */
@@ -634,19 +682,19 @@ static int after_iban_prefix(const uint8_t *p, uint32_t i) {
 /* Issuer prefixes and lengths: 13-19 digits starting 2-6 (Visa, Mastercard, Amex, Discover,
  * JCB, Diners, UnionPay, Maestro); Maestro also prints 12 digits (50xx, 56-58, 6xxx) and
  * 0604 numbers; the old JCB numbers are 15 digits starting 1800 or 2131. */
-static int card_issuer_ok(const uint8_t *d, uint32_t n) {
-    uint32_t p4 = (uint32_t)d[0] * 1000u + (uint32_t)d[1] * 100u + (uint32_t)d[2] * 10u + (uint32_t)d[3];
-    if (n >= 13 && d[0] >= 2 && d[0] <= 6) return 1;
+static int card_issuer_ok(uint32_t p4, uint32_t n) {
+    /* p4: the first four digits as a number (d0 = p4 / 1000) */
+    if (n >= 13 && p4 >= 2000 && p4 <= 6999) return 1;
     if (n == 15 && (p4 == 1800 || p4 == 2131)) return 1;
     if (p4 == 604) return 1; /* Maestro 0604, 12-19 digits */
     if (n == 12) {
-        return p4 == 5018 || p4 == 5020 || p4 == 5038 || p4 == 5893 || (d[0] == 5 && d[1] >= 6 && d[1] <= 8) || p4 == 6304 || p4 == 6390 ||
+        return p4 == 5018 || p4 == 5020 || p4 == 5038 || p4 == 5893 || (p4 >= 5600 && p4 <= 5899) || p4 == 6304 || p4 == 6390 ||
                p4 == 6759 || (p4 >= 6761 && p4 <= 6763);
     }
     return 0;
 }
 
-SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
+SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out, const uint8_t *readable) {
     uint32_t i = 0;
     while (i < n) {
         i = skip_to_digit(p, i, n);
@@ -661,7 +709,7 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
         uint8_t sep = 0;
         for (;;) {
             uint32_t s = k;
-            while (k < n && is_digit(p[k])) k++;
+            k = digit_end(p, k, n, readable);
             if (g < MAX_GROUPS) {
                 gs[g] = s;
                 ge[g] = k;
@@ -694,22 +742,35 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out) {
         uint32_t below[MAX_GROUPS + 1]; /* below[t]: digits in groups 0..t-1 */
         below[0] = 0;
         for (uint32_t t = 0; t < g; t++) below[t + 1] = below[t] + (ge[t] - gs[t]);
+        int end_ok = -1; /* num_boundary_after at the run's end, once needed */
         for (uint32_t a = 0; a < g && !matched; a++) {
+            /* windows only get shorter from here on (later starts, earlier ends) */
+            if (below[g] - below[a] < 12) break;
+            /* no issuer prefix starts with 7, 8 or 9 (card_issuer_ok) */
+            if (p[gs[a]] >= '7') continue;
             if (a > 0 && !num_boundary_before(p, gs[a]) && sep != ' ') continue;
+            /* the issuer prefix from the window's first four digits (it has 12 or more), read
+             * once per start; then Luhn over its groups where they lie: nothing is copied */
+            uint32_t p4 = 0, ln = 0;
             for (uint32_t b = g; b > a && !matched; b--) {
                 uint32_t e = ge[b - 1];
+                if (below[b] - below[a] < 12) break;
                 if (b < g && sep != ' ') continue; /* a dashed or underscored number is one token */
-                if (below[b] - below[a] < 12 || below[b] - below[a] > 19) continue;
-                if (b == g && !num_boundary_after(p, n, e)) continue;
-                /* the issuer prefix from the window's first four digits (it has 12 or more),
-                 * then Luhn over its groups where they lie: nothing is copied */
-                uint8_t lead[4];
-                uint32_t ln = 0;
-                for (uint32_t t = a; ln < 4; t++) {
-                    for (uint32_t k = gs[t]; k < ge[t] && ln < 4; k++) lead[ln++] = (uint8_t)(p[k] - '0');
+                if (below[b] - below[a] > 19) continue;
+                if (b == g) {
+                    if (end_ok < 0) end_ok = num_boundary_after(p, n, e);
+                    if (!end_ok) continue;
                 }
-                if (!card_issuer_ok(lead, below[b] - below[a])) continue;
-                if (!luhn_groups(p, gs + a, ge + a, b - a)) continue;
+                if (ln == 0 && ge[a] - gs[a] >= 4) {
+                    const uint8_t *q = p + gs[a];
+                    p4 = (uint32_t)(q[0] - '0') * 1000u + (uint32_t)(q[1] - '0') * 100u + (uint32_t)(q[2] - '0') * 10u + (uint32_t)(q[3] - '0');
+                    ln = 4;
+                }
+                for (uint32_t t = a; ln < 4; t++) {
+                    for (uint32_t k = gs[t]; k < ge[t] && ln < 4; k++, ln++) p4 = p4 * 10u + (uint32_t)(p[k] - '0');
+                }
+                if (!card_issuer_ok(p4, below[b] - below[a])) continue;
+                if (!luhn_groups(p, gs + a, ge + a, b - a, readable)) continue;
                 add_span(out, gs[a], e, D_CARD);
                 matched = 1;
             }
@@ -847,6 +908,13 @@ SIMD static void find_phone(const uint8_t *p, uint32_t n, spans *out) {
         i = skip_to_phone(p, i, n);
         if (i >= n) break;
         uint8_t c = p[i];
+        /* Nothing starts at a digit that follows a digit (both branches below need
+         * num_boundary_before), so the rest of a run of digits is passed over in one step
+         * rather than tried digit by digit: "4111 1111 1111 1111" is 4 tries, not 16. */
+        if (i > 0 && is_digit(c) && is_digit(p[i - 1])) {
+            i = skip_digits(p, i, n) - 1;
+            continue;
+        }
         /* the international prefix 00 stands for '+' ("0049 30 1234567", "001-415-555-0132") */
         int intl00 = c == '0' && i + 3 < n && p[i + 1] == '0' && p[i + 2] >= '1' && p[i + 2] <= '9' && num_boundary_before(p, i) &&
                      !(i >= 2 && p[i - 1] == ' ' && is_digit(p[i - 2])) && !after_iban_prefix(p, i);
@@ -1468,6 +1536,52 @@ SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_
     return numeric_verdict(best, run3 != 0, plus_or_zero != 0, phone_run);
 }
 
+/* Whether the member being scanned has a phone word in its name (phone_word_in), remembered
+ * for the last name asked about: records of one topic repeat their member names, and this is
+ * asked for nearly every card number (phone_possible). */
+static uint8_t member_seen[32];
+static uint32_t member_seen_len = 0xffffffffu;
+static int member_seen_phone;
+
+static int member_is_phone(void) {
+    if (member_name == NULL) return 0;
+    if (member_len == member_seen_len && memcmp(member_name, member_seen, member_len) == 0) return member_seen_phone;
+    int r = phone_word_in(member_name, member_len);
+    if (member_len <= sizeof member_seen) {
+        memcpy(member_seen, member_name, member_len);
+        member_seen_len = member_len;
+        member_seen_phone = r;
+    }
+    return r;
+}
+
+/* Whether find_phone can match in p[0..n) (a string numeric_possible let through): each of its
+ * ways to a match needs one of these. '+' (E.164); a '0' starting a run of digits (00 for '+',
+ * a trunk prefix 0); a run of exactly three digits (North American groups); '(' (an area code
+ * in parentheses); or a phone label, which is a phone word in the member's name or in the
+ * string (letters or UTF-8, before the number). A card number printed in groups of four ("4111
+ * 1111 1111 1230") has none of them, so the phone detector does not run on it. Strings over 64
+ * bytes (or not loadable in whole 16-byte steps) are let through unchecked. */
+SIMD static int phone_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+    if (n > 64 || readable - p < (int32_t)((n + 15) & ~15u)) return 1;
+    uint64_t digits = 0, zero = 0, other = 0;
+    for (uint32_t i = 0; i < n; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        if (n - i < 16) v = first_lanes(v, n - i);
+        v128_t d = in_range(v, '0', 10);
+        /* '+', '(', letters and bytes >= 0x80 (signed: below zero) */
+        v128_t o = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')), wasm_i8x16_eq(v, wasm_i8x16_splat('('))),
+                                wasm_v128_or(in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26), wasm_i8x16_lt(v, wasm_i8x16_splat(0))));
+        digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
+        zero |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('0'))) << i;
+        other |= (uint64_t)wasm_i8x16_bitmask(o) << i;
+    }
+    uint64_t starts = digits & ~(digits << 1);
+    uint64_t run3 = starts & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
+    if (other || (zero & starts) || run3) return 1;
+    return member_is_phone();
+}
+
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
  * Each condition is something the detector cannot match without, so skipping the others
  * changes nothing: a card has 12-19 digits; a phone 8+ (E.164) or 9+ (national formats); an
@@ -1489,6 +1603,7 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
     c &= enabled_detectors;
     const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
     if (c & cps) c &= ~cps | numeric_possible(p, n, readable);
+    if ((c & (1u << D_PHONE)) && !phone_possible(p, n, readable)) c &= ~(1u << D_PHONE);
     return c;
 }
 
@@ -1498,7 +1613,7 @@ SIMD static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, 
         if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) find_email_short(p, n, s);
         else find_email(p, n, s);
     }
-    if (c & (1u << D_CARD)) find_card(p, n, s);
+    if (c & (1u << D_CARD)) find_card(p, n, s, readable);
     if (c & (1u << D_PHONE)) find_phone(p, n, s);
     if (c & (1u << D_SSN)) find_ssn(p, n, s);
     if (c & (1u << D_IBAN)) find_iban(p, n, s);
@@ -2007,11 +2122,80 @@ static void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const u
     put_json_string(jreplace(c, from, to), tmp.ptr, tmp.len);
 }
 
+/* Whether the matches of s that put_spans_masked would mask (the first of overlapping ones)
+ * are ASCII and masked one mask byte per byte (no replacement, no keep_last, a one-byte mask):
+ * then the masked text is the text with those bytes overwritten, as long as the text. */
+SIMD static int spans_mask_in_place(const uint8_t *text, const spans *s) {
+    const uint8_t *readable = mem_readable();
+    uint32_t pos = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        const span *x = &s->v[i];
+        if (x->start < pos) continue;
+        const mask_rule *r = &rules[x->det];
+        if (!sluice_is_null(r->replacement) || r->mask.len != 1 || r->keep_last != 0) return 0;
+        for (uint32_t k = x->start; k < x->end; k += 16) {
+            uint32_t high;
+            if (readable - (text + k) >= 16) {
+                high = (uint32_t)wasm_i8x16_bitmask(wasm_v128_load(text + k));
+                if (x->end - k < 16) high &= (1u << (x->end - k)) - 1u;
+            } else {
+                high = 0;
+                for (uint32_t t = k; t < x->end && t < k + 16; t++) high |= text[t] >> 7;
+            }
+            if (high) return 0;
+        }
+        pos = x->end;
+    }
+    return 1;
+}
+
+/* put_spans_masked for spans_mask_in_place's case, on w[0..n), a copy of the text followed
+ * by 16 bytes of room: each match's letters and digits (every byte without preserve_format)
+ * become its mask byte, as put_masked writes them. Counts and returns the matches masked. */
+SIMD static uint32_t mask_spans_in_place(uint8_t *w, const spans *s) {
+    const v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    uint32_t pos = 0, matches = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        const span *x = &s->v[i];
+        if (x->start < pos) continue;
+        const mask_rule *r = &rules[x->det];
+        v128_t m = wasm_i8x16_splat((int8_t)r->mask.ptr[0]);
+        for (uint32_t k = x->start; k < x->end; k += 16) {
+            v128_t v = wasm_v128_load(w + k);
+            v128_t to = m;
+            if (r->preserve_format) {
+                v128_t alnum = wasm_v128_or(in_range(v, '0', 10), in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26));
+                to = wasm_v128_bitselect(m, v, alnum);
+            }
+            if (x->end - k < 16) to = wasm_v128_bitselect(to, v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)(x->end - k))));
+            wasm_v128_store(w + k, to);
+        }
+        sluice_count(det_names[x->det], 1);
+        pos = x->end;
+        matches++;
+    }
+    return matches;
+}
+
 /* Replace the literal [from, c->p) by text[0..n) with the matches in s masked, as a JSON
  * string. The masked text goes straight into the output and is escaped afterwards only when it
  * must be (a quote, backslash or control character kept from the text). */
 static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain) {
     sluice_buf *out = jreplace(c, from, c->p);
+    if (plain && masks_plain && spans_mask_in_place(text, s)) {
+        /* the usual case: the literal copied whole, its matches overwritten */
+        if (!sluice_buf_reserve(out, n + 18u)) {
+            c->failed = 1;
+            return;
+        }
+        uint8_t *w = out->ptr + out->len;
+        w[0] = '"';
+        memcpy(w + 1, text, n);
+        c->changes += mask_spans_in_place(w + 1, s);
+        w[n + 1] = '"';
+        out->len += n + 2u;
+        return;
+    }
     uint32_t start = out->len;
     sluice_buf_putc(out, '"');
     c->changes += put_spans_masked(out, text, n, s);
@@ -2042,7 +2226,7 @@ SIMD static int jstring_value(jctx *c) {
     triggers t;
     int scanned = jstring_classify(c, &s, &e, &escaped, &t);
     if (!scanned) return 0;
-    const uint8_t *text = s, *readable = c->end;
+    const uint8_t *text = s, *readable = mem_readable();
     uint32_t n = (uint32_t)(e - s);
     if (escaped) {
         sluice_buf dec;
@@ -2054,7 +2238,6 @@ SIMD static int jstring_value(jctx *c) {
         }
         text = dec.ptr;
         n = dec.len;
-        readable = dec.ptr + dec.len;
     }
     if (c->field_depth >= 0 || (c->secret && rules[D_AWS_SECRET].enabled)) {
         int field = c->field_depth >= 0;
@@ -2100,10 +2283,10 @@ static int jnumber_value(jctx *c) {
     uint32_t digits = 0;
     for (uint32_t i = 0; i < n; i++) digits += (uint32_t)(s[i] - '0') < 10u;
     if (digits < 8) return 1;
-    uint32_t todo = candidates(scan_triggers(s, n, c->end), s, n, c->end);
+    uint32_t todo = candidates(scan_triggers(s, n, mem_readable()), s, n, mem_readable());
     if (todo == 0) return 1;
     spans found;
-    if (!collect_spans(s, n, todo, &found, c->end)) {
+    if (!collect_spans(s, n, todo, &found, mem_readable())) {
         c->failed = 1;
         return 0;
     }
@@ -2207,38 +2390,52 @@ SIMD static int jvalue(jctx *c) {
     return ok;
 }
 
+/* jws on a local pointer: the same skip, returns where it stopped. */
+static inline __attribute__((always_inline)) const uint8_t *ws_from(const uint8_t *p, const uint8_t *end) {
+    if (p < end && !is_ws(*p)) return p;
+    if (end - p >= 2 && !is_ws(p[1])) return p + 1;
+    while (p < end && is_ws(*p)) p++;
+    return p;
+}
+
 /* jvalue without field paths (the usual configuration) as one loop over an explicit stack of
  * open containers: the same grammar, depth limit and results, without a call per value and
- * without the per-member frames that only field paths read. */
+ * without the per-member frames that only field paths read. The position is kept in a local
+ * (c->p is memory the compiled code reloads after every store) and handed over in c->p only
+ * around the calls that read it. */
 SIMD static int jwalk(jctx *c) {
     uint8_t closes[MAX_DEPTH]; /* '}' or ']' of each open container */
     uint32_t depth = 0;
-    const uint8_t *end = c->end;
+    const uint8_t *p = c->p, *end = c->end;
 value:
-    if (c->p >= end) return 0;
-    if (*c->p == '{' || *c->p == '[') {
+    if (p >= end) return 0;
+    if (*p == '{' || *p == '[') {
         if (depth >= MAX_DEPTH) return 0;
-        uint8_t close = *c->p == '[' ? ']' : '}';
-        c->p++;
-        jws(c);
-        if (c->p < end && *c->p == close) {
-            c->p++;
+        uint8_t close = *p == '[' ? ']' : '}';
+        p = ws_from(p + 1, end);
+        if (p < end && *p == close) {
+            p++;
             goto after;
         }
         closes[depth++] = close;
         goto member;
     }
+    c->p = p;
     if (!jscalar(c)) return 0;
+    p = c->p;
 after:
-    if (depth == 0) return 1;
-    jws(c);
-    if (c->p >= end) return 0;
-    if (*c->p == ',') {
-        c->p++;
+    if (depth == 0) {
+        c->p = p;
+        return 1;
+    }
+    p = ws_from(p, end);
+    if (p >= end) return 0;
+    if (*p == ',') {
+        p++;
         goto member;
     }
-    if (*c->p != closes[depth - 1]) return 0;
-    c->p++;
+    if (*p != closes[depth - 1]) return 0;
+    p++;
     depth--;
     goto after;
 member:
@@ -2247,18 +2444,20 @@ member:
     if (closes[depth - 1] == '}') {
         const uint8_t *s, *e;
         int escaped;
-        jws(c);
-        if (c->p >= end || *c->p != '"') return 0;
+        p = ws_from(p, end);
+        if (p >= end || *p != '"') return 0;
+        c->p = p;
         if (!jstring_span(c, &s, &e, &escaped)) return 0;
+        p = c->p;
         uint32_t klen = (uint32_t)(e - s);
-        c->secret = is_secret_key(sluice_bytes_of(s, klen));
+        c->secret = klen >= secret_key_min && is_secret_key(sluice_bytes_of(s, klen));
         member_name = s;
         member_len = klen;
-        jws(c);
-        if (c->p >= end || *c->p != ':') return 0;
-        c->p++;
+        p = ws_from(p, end);
+        if (p >= end || *p != ':') return 0;
+        p++;
     }
-    jws(c);
+    p = ws_from(p, end);
     goto value;
 }
 
@@ -2313,7 +2512,7 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         /* not JSON after all: fall through to text */
     }
     spans found;
-    if (!find_matches(in.ptr, n, scan_triggers(in.ptr, n, in.ptr + n), &found, in.ptr + n)) return -1;
+    if (!find_matches(in.ptr, n, scan_triggers(in.ptr, n, mem_readable()), &found, mem_readable())) return -1;
     if (found.n == 0) return 0;
     sluice_buf out;
     sluice_buf_init(&out, n + 16);

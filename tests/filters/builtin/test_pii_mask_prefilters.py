@@ -42,6 +42,36 @@ def test_phone_and_ssn_next_to_card_numbers_and_other_long_digit_runs() -> None:
             assert got == counts, value
 
 
+def test_phone_runs_only_where_one_of_its_ways_to_a_match_is_open() -> None:
+    """The phone detector is skipped on a string without '+', '(', a 0 starting a run of
+    digits, a run of exactly three digits or a phone label (card numbers printed in groups of
+    four): each way is kept open, including a label that is only the member's name."""
+    g = pii_mask()
+    grouped = "1234 5678 9012"  # 12 digits in groups of four, a 0 inside a group
+    cases = [
+        (json.dumps({"phone": grouped}), json.dumps({"phone": masked(grouped)}), {"phone": 1}),
+        (json.dumps({"mobile_no": "4101 2345 6789"}),
+         json.dumps({"mobile_no": masked("4101 2345 6789")}), {"phone": 1}),
+        # the member name changes between records: the remembered name is not reused
+        (json.dumps({"card": grouped}), json.dumps({"card": grouped}), {}),
+        (f"phone {grouped}", f"phone {masked(grouped)}", {"phone": 1}),
+        (f"ref {grouped}", f"ref {grouped}", {}),
+        (json.dumps({"v": "(11) 9612 3745"}), json.dumps({"v": masked("(11) 9612 3745")}),
+         {"phone": 1}),
+        (json.dumps({"tel": "123456789012 - 99999"}),
+         json.dumps({"tel": masked("123456789012") + " - 99999"}), {"phone": 1}),
+        (json.dumps({"v": "123456789012 - 99990"}), json.dumps({"v": "123456789012 - 99990"}),
+         {}),
+        # a card number with zeros inside its groups, at the end of the record
+        (json.dumps({"card": "5500 0000 0000 0004"}),
+         json.dumps({"card": masked("5500 0000 0000 0004")}), {"card": 1}),
+    ]
+    for value, expected, counts in cases:
+        out, got = run(g, [value.encode()])
+        assert out == [expected.encode()], value
+        assert got == counts, value
+
+
 def test_card_phone_and_ssn_need_one_run_with_enough_digits() -> None:
     g = pii_mask()
     trace = "4bf92f3577b34da6a3ce929d0e0e4736"  # 18 digits, none in a run of more than 4
