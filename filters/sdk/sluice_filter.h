@@ -1084,6 +1084,64 @@ static int sl__read_context(sl__rd *r, sluice_record *ctx) {
     return 1;
 }
 
+/* The decoding entry point's record helpers, shared with the JavaScript shim's sluice_filter
+ * (sdk/js/sluice_js.c) like the native ones below. Reads the record at `r` (the ABI's
+ * decoded layout): its fields, the headers into an array from `alloc`. Returns NULL, or why
+ * it failed. */
+static const char *sl__read_decoded(sl__rd *r, int64_t *offset, int64_t *timestamp_ms,
+                                    sluice_bytes *key, sluice_bytes *value,
+                                    uint32_t *header_count, sluice_header **headers,
+                                    void *(*alloc)(size_t)) {
+    *offset = sl__i64(r);
+    *timestamp_ms = sl__i64(r);
+    *key = sl__bytes(r, 1);
+    *value = sl__bytes(r, 1);
+    uint32_t hc = sl__u32(r);
+    if (!r->ok || hc > (uint32_t)(r->end - r->p) / 8u) return "malformed record";
+    *header_count = hc;
+    if (hc) {
+        sluice_header *hs = (sluice_header *)alloc(sizeof(sluice_header) * hc);
+        if (hs == NULL) return "out of memory";
+        for (uint32_t h = 0; h < hc; h++) {
+            hs[h].key = sl__bytes(r, 0);
+            hs[h].value = sl__bytes(r, 1);
+        }
+        if (!r->ok) return "malformed header";
+        *headers = hs;
+    }
+    return NULL;
+}
+
+/* The bytes a decision takes in the decoding entry point's output. */
+static uint64_t sl__decided_size(const sluice_decision *d) {
+    uint64_t size = 1;
+    if (d->kind == SLUICE_REWRITE) {
+        size += sl__blen(d->key) + sl__blen(d->value) + 4;
+        for (uint32_t h = 0; h < d->header_count; h++)
+            size += sl__blen(d->headers[h].key) + sl__blen(d->headers[h].value);
+    } else if (d->kind == SLUICE_REJECT) {
+        size += sl__blen(d->reason);
+    }
+    return size;
+}
+
+/* Writes a decision of the decoding entry point's output (a null header name as ""). */
+static void sl__write_decided(uint8_t **w, const sluice_decision *d) {
+    *(*w)++ = d->kind;
+    if (d->kind == SLUICE_REWRITE) {
+        sl__wbytes(w, d->key);
+        sl__wbytes(w, d->value);
+        sl__w32(w, d->header_count);
+        for (uint32_t h = 0; h < d->header_count; h++) {
+            sluice_bytes hk = d->headers[h].key;
+            sl__wbytes(w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
+            sl__wbytes(w, d->headers[h].value);
+        }
+    } else if (d->kind == SLUICE_REJECT) {
+        sl__wbytes(w, d->reason);
+    }
+}
+
 #ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
@@ -1105,30 +1163,12 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     for (uint32_t i = 0; i < count; i++) {
         sluice_record rec = ctx;
         rec.index = i;
-        rec.offset = sl__i64(&r);
-        rec.timestamp_ms = sl__i64(&r);
-        rec.key = sl__bytes(&r, 1);
-        rec.value = sl__bytes(&r, 1);
-        rec.header_count = sl__u32(&r);
-        if (!r.ok || rec.header_count > (uint32_t)(r.end - r.p) / 8u) {
-            sluice_set_error("malformed record");
-            return -1;
-        }
         sluice_header *hs = NULL;
-        if (rec.header_count) {
-            hs = (sluice_header *)sluice_malloc(sizeof(sluice_header) * rec.header_count);
-            if (hs == NULL) {
-                sluice_set_error("out of memory");
-                return -1;
-            }
-            for (uint32_t h = 0; h < rec.header_count; h++) {
-                hs[h].key = sl__bytes(&r, 0);
-                hs[h].value = sl__bytes(&r, 1);
-            }
-            if (!r.ok) {
-                sluice_set_error("malformed header");
-                return -1;
-            }
+        const char *bad = sl__read_decoded(&r, &rec.offset, &rec.timestamp_ms, &rec.key,
+                                           &rec.value, &rec.header_count, &hs, sluice_malloc);
+        if (bad) {
+            sluice_set_error(bad);
+            return -1;
         }
         rec.headers = hs;
         sluice_decision d = sluice_on_record ? sluice_on_record(&rec) : sluice_keep();
@@ -1137,16 +1177,12 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
             if (sl__error_len == 0) sluice_set_error("filter error");
             return -1;
         }
-        out_size += 1;
-        if (d.kind == SLUICE_REWRITE) {
-            out_size += sl__blen(d.key) + sl__blen(d.value) + 4;
-            for (uint32_t h = 0; h < d.header_count; h++) out_size += sl__blen(d.headers[h].key) + sl__blen(d.headers[h].value);
-        } else if (d.kind == SLUICE_REJECT) {
-            out_size += sl__blen(d.reason);
-        } else if (d.kind != SLUICE_KEEP && d.kind != SLUICE_DROP) {
+        if (d.kind != SLUICE_KEEP && d.kind != SLUICE_DROP && d.kind != SLUICE_REWRITE &&
+            d.kind != SLUICE_REJECT) {
             sluice_set_error("filter returned an unknown decision");
             return -1;
         }
+        out_size += sl__decided_size(&d);
         decisions[i] = d;
     }
     out_size += 4;
@@ -1162,22 +1198,7 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     }
     uint8_t *w = out;
     sl__w32(&w, count);
-    for (uint32_t i = 0; i < count; i++) {
-        const sluice_decision *d = &decisions[i];
-        *w++ = d->kind;
-        if (d->kind == SLUICE_REWRITE) {
-            sl__wbytes(&w, d->key);
-            sl__wbytes(&w, d->value);
-            sl__w32(&w, d->header_count);
-            for (uint32_t h = 0; h < d->header_count; h++) {
-                sluice_bytes hk = d->headers[h].key;
-                sl__wbytes(&w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
-                sl__wbytes(&w, d->headers[h].value);
-            }
-        } else if (d->kind == SLUICE_REJECT) {
-            sl__wbytes(&w, d->reason);
-        }
-    }
+    for (uint32_t i = 0; i < count; i++) sl__write_decided(&w, &decisions[i]);
     sl__w32(&w, sl__counter_n);
     for (uint32_t c = 0; c < sl__counter_n; c++) {
         sl__wbytes(&w, sluice_bytes_of(sl__counters[c].name, sl__counters[c].name_len));

@@ -934,44 +934,17 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     for (uint32_t i = 0; i < count; i++) {
         js_record *rec = &recs[i];
         memset(rec, 0, sizeof *rec);
-        rec->offset = sl__i64(&r);
-        rec->timestamp = sl__i64(&r);
-        rec->key = sl__bytes(&r, 1);
-        rec->value = sl__bytes(&r, 1);
-        rec->header_count = sl__u32(&r);
-        if (!r.ok || rec->header_count > (uint32_t)(r.end - r.p) / 8u) {
-            set_error("malformed record");
+        const char *bad = sl__read_decoded(&r, &rec->offset, &rec->timestamp, &rec->key,
+                                           &rec->value, &rec->header_count, &rec->headers,
+                                           arena_alloc);
+        if (bad) {
+            set_error(bad);
             return -1;
-        }
-        if (rec->header_count) {
-            rec->headers = (sluice_header *)arena_alloc(sizeof(sluice_header) * rec->header_count);
-            if (rec->headers == NULL) {
-                set_error("out of memory");
-                return -1;
-            }
-            for (uint32_t h = 0; h < rec->header_count; h++) {
-                rec->headers[h].key = sl__bytes(&r, 0);
-                rec->headers[h].value = sl__bytes(&r, 1);
-            }
-            if (!r.ok) {
-                set_error("malformed header");
-                return -1;
-            }
         }
     }
     if (!run_batch(&bctx, 0, 0, recs, count)) return -1;
     uint64_t out_size = 4u + counters_size();
-    for (uint32_t i = 0; i < count; i++) {
-        const sluice_decision *d = &recs[i].d;
-        out_size += 1;
-        if (d->kind == SLUICE_REWRITE) {
-            out_size += sl__blen(d->key) + sl__blen(d->value) + 4;
-            for (uint32_t h = 0; h < d->header_count; h++)
-                out_size += sl__blen(d->headers[h].key) + sl__blen(d->headers[h].value);
-        } else if (d->kind == SLUICE_REJECT) {
-            out_size += sl__blen(d->reason);
-        }
-    }
+    for (uint32_t i = 0; i < count; i++) out_size += sl__decided_size(&recs[i].d);
     if (out_size > 0x7fffffffu) {
         set_error("output too large");
         return -1;
@@ -983,21 +956,7 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     }
     uint8_t *w = out;
     sl__w32(&w, count);
-    for (uint32_t i = 0; i < count; i++) {
-        const sluice_decision *d = &recs[i].d;
-        *w++ = d->kind;
-        if (d->kind == SLUICE_REWRITE) {
-            sl__wbytes(&w, d->key);
-            sl__wbytes(&w, d->value);
-            sl__w32(&w, d->header_count);
-            for (uint32_t h = 0; h < d->header_count; h++) {
-                sl__wbytes(&w, d->headers[h].key);
-                sl__wbytes(&w, d->headers[h].value);
-            }
-        } else if (d->kind == SLUICE_REJECT) {
-            sl__wbytes(&w, d->reason);
-        }
-    }
+    for (uint32_t i = 0; i < count; i++) sl__write_decided(&w, &recs[i].d);
     write_counters(&w);
     return sl__pack(out, (uint32_t)(w - out));
 }
