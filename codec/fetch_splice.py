@@ -46,6 +46,7 @@ from typing import NamedTuple
 from .errors import DecodeError, UnsupportedVersion
 from .guard import read_uvarint, skip_tags
 from .schemas import known_versions
+from .splice_fields import records_prefix
 
 __all__ = [
     "FetchPartitionSlot",
@@ -120,15 +121,6 @@ def _shape(version: int) -> _Shape:
         fixed=24 if version >= 5 else 16,
         replica=4 if version >= 11 else 0,
     )
-
-
-def _uvarint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _count(buf: memoryview, pos: int, end: int, flexible: bool, minimum: int) -> tuple[int, int]:
@@ -267,12 +259,6 @@ def scan_fetch_response(version: int, buf: Buffer, start: int = 0) -> FetchRespo
     return FetchResponseLayout(version, flexible, error_code, tuple(topics), topics_end, endpoints)
 
 
-def _records_prefix(records: Buffer | None, flexible: bool) -> bytes:
-    if flexible:
-        return b"\x00" if records is None else _uvarint_bytes(len(records) + 1)
-    return _pack_i32(-1 if records is None else len(records))
-
-
 def splice_fetch_records(
     buf: Buffer,
     layout: FetchResponseLayout,
@@ -307,7 +293,7 @@ def splice_fetch_records(
         if key in records:
             new = records[key]
             pieces.append(view[pos : part.records_at])
-            pieces.append(_records_prefix(new, flexible))
+            pieces.append(records_prefix(new, flexible))
             if new is not None:
                 pieces.append(new)
             pos = part.records_end

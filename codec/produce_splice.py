@@ -35,6 +35,7 @@ from typing import NamedTuple
 from .errors import DecodeError, UnsupportedVersion
 from .guard import read_uvarint, skip_tags
 from .schemas import known_versions
+from .splice_fields import records_prefix, uvarint_bytes
 
 __all__ = [
     "PartitionSlot",
@@ -105,15 +106,6 @@ def _shape(version: int) -> tuple[bool, bool]:
     if version not in known_versions(0, True):
         raise UnsupportedVersion(f"Produce v{version} is not supported by the codec")
     return version >= 9, version >= 13
-
-
-def _uvarint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def read_topic_key(
@@ -359,13 +351,7 @@ def produce_topics(version: int, body: Buffer) -> ProduceTopics:
 
 
 def _count_bytes(n: int, flexible: bool) -> bytes:
-    return _uvarint_bytes(n + 1) if flexible else _pack_i32(n)
-
-
-def _records_prefix(records: Buffer | None, flexible: bool) -> bytes:
-    if flexible:
-        return b"\x00" if records is None else _uvarint_bytes(len(records) + 1)
-    return _pack_i32(-1 if records is None else len(records))
+    return uvarint_bytes(n + 1) if flexible else _pack_i32(n)
 
 
 def splice_produce_records(
@@ -411,7 +397,7 @@ def splice_produce_records(
             if (i, j) in records:
                 new = records[(i, j)]
                 topic_pieces.append(view[part.start : part.records_at])
-                topic_pieces.append(_records_prefix(new, flexible))
+                topic_pieces.append(records_prefix(new, flexible))
                 if new is not None:
                     topic_pieces.append(new)
                 topic_pieces.append(view[part.records_end : part.end])

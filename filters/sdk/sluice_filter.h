@@ -1098,6 +1098,64 @@ static int sl__read_context(sl__rd *r, sluice_record *ctx) {
     return 1;
 }
 
+/* The decoding entry point's record helpers, shared with the JavaScript shim's sluice_filter
+ * (sdk/js/sluice_js.c) like the native ones below. Reads the record at `r` (the ABI's
+ * decoded layout): its fields, the headers into an array from `alloc`. Returns NULL, or why
+ * it failed. */
+static const char *sl__read_decoded(sl__rd *r, int64_t *offset, int64_t *timestamp_ms,
+                                    sluice_bytes *key, sluice_bytes *value,
+                                    uint32_t *header_count, sluice_header **headers,
+                                    void *(*alloc)(size_t)) {
+    *offset = sl__i64(r);
+    *timestamp_ms = sl__i64(r);
+    *key = sl__bytes(r, 1);
+    *value = sl__bytes(r, 1);
+    uint32_t hc = sl__u32(r);
+    if (!r->ok || hc > (uint32_t)(r->end - r->p) / 8u) return "malformed record";
+    *header_count = hc;
+    if (hc) {
+        sluice_header *hs = (sluice_header *)alloc(sizeof(sluice_header) * hc);
+        if (hs == NULL) return "out of memory";
+        for (uint32_t h = 0; h < hc; h++) {
+            hs[h].key = sl__bytes(r, 0);
+            hs[h].value = sl__bytes(r, 1);
+        }
+        if (!r->ok) return "malformed header";
+        *headers = hs;
+    }
+    return NULL;
+}
+
+/* The bytes a decision takes in the decoding entry point's output. */
+static uint64_t sl__decided_size(const sluice_decision *d) {
+    uint64_t size = 1;
+    if (d->kind == SLUICE_REWRITE) {
+        size += sl__blen(d->key) + sl__blen(d->value) + 4;
+        for (uint32_t h = 0; h < d->header_count; h++)
+            size += sl__blen(d->headers[h].key) + sl__blen(d->headers[h].value);
+    } else if (d->kind == SLUICE_REJECT) {
+        size += sl__blen(d->reason);
+    }
+    return size;
+}
+
+/* Writes a decision of the decoding entry point's output (a null header name as ""). */
+static void sl__write_decided(uint8_t **w, const sluice_decision *d) {
+    *(*w)++ = d->kind;
+    if (d->kind == SLUICE_REWRITE) {
+        sl__wbytes(w, d->key);
+        sl__wbytes(w, d->value);
+        sl__w32(w, d->header_count);
+        for (uint32_t h = 0; h < d->header_count; h++) {
+            sluice_bytes hk = d->headers[h].key;
+            sl__wbytes(w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
+            sl__wbytes(w, d->headers[h].value);
+        }
+    } else if (d->kind == SLUICE_REJECT) {
+        sl__wbytes(w, d->reason);
+    }
+}
+
 #ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
@@ -1122,30 +1180,12 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     for (uint32_t i = 0; i < count; i++) {
         sluice_record rec = ctx;
         rec.index = i;
-        rec.offset = sl__i64(&r);
-        rec.timestamp_ms = sl__i64(&r);
-        rec.key = sl__bytes(&r, 1);
-        rec.value = sl__bytes(&r, 1);
-        rec.header_count = sl__u32(&r);
-        if (!r.ok || rec.header_count > (uint32_t)(r.end - r.p) / 8u) {
-            sluice_set_error("malformed record");
-            return -1;
-        }
         sluice_header *hs = NULL;
-        if (rec.header_count) {
-            hs = (sluice_header *)sluice_malloc(sizeof(sluice_header) * rec.header_count);
-            if (hs == NULL) {
-                sluice_set_error("out of memory");
-                return -1;
-            }
-            for (uint32_t h = 0; h < rec.header_count; h++) {
-                hs[h].key = sl__bytes(&r, 0);
-                hs[h].value = sl__bytes(&r, 1);
-            }
-            if (!r.ok) {
-                sluice_set_error("malformed header");
-                return -1;
-            }
+        const char *bad = sl__read_decoded(&r, &rec.offset, &rec.timestamp_ms, &rec.key,
+                                           &rec.value, &rec.header_count, &hs, sluice_malloc);
+        if (bad) {
+            sluice_set_error(bad);
+            return -1;
         }
         rec.headers = hs;
         sluice_decision d = sluice_on_record ? sluice_on_record(&rec) : sluice_keep();
@@ -1154,16 +1194,12 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
             if (sl__error_len == 0) sluice_set_error("filter error");
             return -1;
         }
-        out_size += 1;
-        if (d.kind == SLUICE_REWRITE) {
-            out_size += sl__blen(d.key) + sl__blen(d.value) + 4;
-            for (uint32_t h = 0; h < d.header_count; h++) out_size += sl__blen(d.headers[h].key) + sl__blen(d.headers[h].value);
-        } else if (d.kind == SLUICE_REJECT) {
-            out_size += sl__blen(d.reason);
-        } else if (d.kind != SLUICE_KEEP && d.kind != SLUICE_DROP) {
+        if (d.kind != SLUICE_KEEP && d.kind != SLUICE_DROP && d.kind != SLUICE_REWRITE &&
+            d.kind != SLUICE_REJECT) {
             sluice_set_error("filter returned an unknown decision");
             return -1;
         }
+        out_size += sl__decided_size(&d);
         decisions[i] = d;
     }
 #ifdef SLUICE_BATCH_END
@@ -1182,22 +1218,7 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     }
     uint8_t *w = out;
     sl__w32(&w, count);
-    for (uint32_t i = 0; i < count; i++) {
-        const sluice_decision *d = &decisions[i];
-        *w++ = d->kind;
-        if (d->kind == SLUICE_REWRITE) {
-            sl__wbytes(&w, d->key);
-            sl__wbytes(&w, d->value);
-            sl__w32(&w, d->header_count);
-            for (uint32_t h = 0; h < d->header_count; h++) {
-                sluice_bytes hk = d->headers[h].key;
-                sl__wbytes(&w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
-                sl__wbytes(&w, d->headers[h].value);
-            }
-        } else if (d->kind == SLUICE_REJECT) {
-            sl__wbytes(&w, d->reason);
-        }
-    }
+    for (uint32_t i = 0; i < count; i++) sl__write_decided(&w, &decisions[i]);
     sl__w32(&w, sl__counter_n);
     for (uint32_t c = 0; c < sl__counter_n; c++) {
         sl__wbytes(&w, sluice_bytes_of(sl__counters[c].name, sl__counters[c].name_len));
@@ -1280,15 +1301,104 @@ typedef struct {
     sluice_decision d;
 } sl__native;
 
-static uint64_t sl__rewrite_body(const sl__native *n) {
-    const sluice_decision *d = &n->d;
-    uint64_t size = 1u + sl__vsize(n->timestamp_delta) + sl__vsize(n->offset_delta) + sl__vblen(d->key) +
+/* The native entry point's record helpers, shared by this SDK's sluice_filter_records and
+ * the JavaScript shim's (sdk/js/sluice_js.c), which keeps its records in a struct of its own:
+ * the fields are passed one by one (each helper has one caller per module, which the compiler
+ * inlines). */
+
+/* Reads the record at `r` (Kafka's encoding, length prefix first): its bytes and fields, the
+ * headers into an array from `alloc`. Returns NULL, or why it failed. */
+static const char *sl__read_record(sl__rd *r, const uint8_t **raw, uint32_t *raw_len,
+                                       uint8_t *attributes, int64_t *timestamp_delta,
+                                       int32_t *offset_delta, sluice_bytes *key,
+                                       sluice_bytes *value, uint32_t *header_count,
+                                       sluice_header **headers, void *(*alloc)(size_t)) {
+    *raw = r->p;
+    int32_t len = sl__varint(r);
+    if (!r->ok || len < 0 || r->end - r->p < len) return "malformed record";
+    sl__rd body = {r->p, r->p + len, 1};
+    r->p += len;
+    *raw_len = (uint32_t)(r->p - *raw);
+    if (body.end - body.p < 1) body.ok = 0;
+    else *attributes = *body.p++;
+    *timestamp_delta = sl__varlong(&body);
+    *offset_delta = sl__varint(&body);
+    *key = sl__vbytes(&body, 1);
+    *value = sl__vbytes(&body, 1);
+    int32_t hc = sl__varint(&body);
+    if (!body.ok || hc < 0 || (uint32_t)hc > (uint32_t)(body.end - body.p) / 2u)
+        return "malformed record";
+    *header_count = (uint32_t)hc;
+    if (hc) {
+        sluice_header *hs = (sluice_header *)alloc(sizeof(sluice_header) * (uint32_t)hc);
+        if (hs == NULL) return "out of memory";
+        for (int32_t h = 0; h < hc; h++) {
+            hs[h].key = sl__vbytes(&body, 0);
+            hs[h].value = sl__vbytes(&body, 1);
+        }
+        *headers = hs;
+    }
+    if (!body.ok || body.p != body.end) return "malformed record";
+    return NULL;
+}
+
+/* The body size of a record rewritten as `d` says (a null header name is written as ""). */
+static uint64_t sl__rewrite_size(int64_t timestamp_delta, int32_t offset_delta,
+                                     const sluice_decision *d) {
+    uint64_t size = 1u + sl__vsize(timestamp_delta) + sl__vsize(offset_delta) + sl__vblen(d->key) +
                     sl__vblen(d->value) + sl__vsize(d->header_count);
     for (uint32_t h = 0; h < d->header_count; h++) {
         sluice_bytes hk = d->headers[h].key;
         size += sl__vblen(hk.len < 0 ? sluice_bytes_of("", 0) : hk) + sl__vblen(d->headers[h].value);
     }
     return size;
+}
+
+/* Counts a record's decision into the output's sizes; 0 for a kind the ABI does not have. */
+static int sl__count_decision(const sluice_decision *d, uint32_t raw_len,
+                                  int64_t timestamp_delta, int32_t offset_delta,
+                                  uint64_t *records_size, uint64_t *rejects_size,
+                                  uint32_t *changed, uint32_t *rejects) {
+    if (d->kind == SLUICE_KEEP) {
+        *records_size += raw_len;
+    } else if (d->kind == SLUICE_REWRITE) {
+        uint64_t b = sl__rewrite_size(timestamp_delta, offset_delta, d);
+        *records_size += sl__vsize((int64_t)b) + b;
+        (*changed)++;
+    } else if (d->kind == SLUICE_DROP) {
+        (*changed)++;
+    } else if (d->kind == SLUICE_REJECT) {
+        *rejects_size += 4u + sl__blen(d->reason);
+        (*changed)++;
+        (*rejects)++;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Writes a record of the changed records section: as it came when kept, rewritten as `d`
+ * says, nothing when dropped or rejected. */
+static void sl__write_record(uint8_t **w, const uint8_t *raw, uint32_t raw_len,
+                                 uint8_t attributes, int64_t timestamp_delta,
+                                 int32_t offset_delta, const sluice_decision *d) {
+    if (d->kind == SLUICE_KEEP) {
+        memcpy(*w, raw, raw_len);
+        *w += raw_len;
+    } else if (d->kind == SLUICE_REWRITE) {
+        sl__wvar(w, (int64_t)sl__rewrite_size(timestamp_delta, offset_delta, d));
+        *(*w)++ = attributes;
+        sl__wvar(w, timestamp_delta);
+        sl__wvar(w, offset_delta);
+        sl__wvbytes(w, d->key);
+        sl__wvbytes(w, d->value);
+        sl__wvar(w, d->header_count);
+        for (uint32_t h = 0; h < d->header_count; h++) {
+            sluice_bytes hk = d->headers[h].key;
+            sl__wvbytes(w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
+            sl__wvbytes(w, d->headers[h].value);
+        }
+    }
 }
 
 #ifndef SLUICE_SDK_LIBRARY
@@ -1318,47 +1428,18 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
     uint64_t records_size = 0, rejects_size = 0;
     for (uint32_t i = 0; i < count; i++) {
         sl__native *n = &recs[i];
-        n->raw = r.p;
-        int32_t len = sl__varint(&r);
-        if (!r.ok || len < 0 || r.end - r.p < len) {
-            sluice_set_error("malformed record");
-            return -1;
-        }
-        sl__rd body = {r.p, r.p + len, 1};
-        r.p += len;
-        n->raw_len = (uint32_t)(r.p - n->raw);
         sluice_record rec = ctx;
         rec.index = i;
-        if (body.end - body.p < 1) body.ok = 0;
-        else n->attributes = *body.p++;
-        n->timestamp_delta = sl__varlong(&body);
-        n->offset_delta = sl__varint(&body);
+        sluice_header *hs = NULL;
+        const char *bad = sl__read_record(&r, &n->raw, &n->raw_len, &n->attributes,
+                                          &n->timestamp_delta, &n->offset_delta, &rec.key,
+                                          &rec.value, &rec.header_count, &hs, sluice_malloc);
+        if (bad) {
+            sluice_set_error(bad);
+            return -1;
+        }
         rec.offset = offset_base + n->offset_delta;
         rec.timestamp_ms = timestamp_base + n->timestamp_delta;
-        rec.key = sl__vbytes(&body, 1);
-        rec.value = sl__vbytes(&body, 1);
-        int32_t hc = sl__varint(&body);
-        if (!body.ok || hc < 0 || (uint32_t)hc > (uint32_t)(body.end - body.p) / 2u) {
-            sluice_set_error("malformed record");
-            return -1;
-        }
-        rec.header_count = (uint32_t)hc;
-        sluice_header *hs = NULL;
-        if (hc) {
-            hs = (sluice_header *)sluice_malloc(sizeof(sluice_header) * (uint32_t)hc);
-            if (hs == NULL) {
-                sluice_set_error("out of memory");
-                return -1;
-            }
-            for (int32_t h = 0; h < hc; h++) {
-                hs[h].key = sl__vbytes(&body, 0);
-                hs[h].value = sl__vbytes(&body, 1);
-            }
-        }
-        if (!body.ok || body.p != body.end) {
-            sluice_set_error("malformed record");
-            return -1;
-        }
         rec.headers = hs;
         sluice_decision d = sluice_on_record ? sluice_on_record(&rec) : sluice_keep();
         if (d.kind == SLUICE_ERROR) {
@@ -1367,19 +1448,8 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
             return -1;
         }
         n->d = d;
-        if (d.kind == SLUICE_KEEP) {
-            records_size += n->raw_len;
-        } else if (d.kind == SLUICE_REWRITE) {
-            uint64_t b = sl__rewrite_body(n);
-            records_size += sl__vsize((int64_t)b) + b;
-            changed++;
-        } else if (d.kind == SLUICE_DROP) {
-            changed++;
-        } else if (d.kind == SLUICE_REJECT) {
-            rejects_size += 4u + sl__blen(d.reason);
-            changed++;
-            rejects++;
-        } else {
+        if (!sl__count_decision(&n->d, n->raw_len, n->timestamp_delta, n->offset_delta,
+                                &records_size, &rejects_size, &changed, &rejects)) {
             sluice_set_error("filter returned an unknown decision");
             return -1;
         }
@@ -1411,24 +1481,8 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
         sl__w32(&w, (uint32_t)records_size);
         for (uint32_t i = 0; i < count; i++) {
             const sl__native *n = &recs[i];
-            if (n->d.kind == SLUICE_KEEP) {
-                memcpy(w, n->raw, n->raw_len);
-                w += n->raw_len;
-            } else if (n->d.kind == SLUICE_REWRITE) {
-                const sluice_decision *d = &n->d;
-                sl__wvar(&w, (int64_t)sl__rewrite_body(n));
-                *w++ = n->attributes;
-                sl__wvar(&w, n->timestamp_delta);
-                sl__wvar(&w, n->offset_delta);
-                sl__wvbytes(&w, d->key);
-                sl__wvbytes(&w, d->value);
-                sl__wvar(&w, d->header_count);
-                for (uint32_t h = 0; h < d->header_count; h++) {
-                    sluice_bytes hk = d->headers[h].key;
-                    sl__wvbytes(&w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
-                    sl__wvbytes(&w, d->headers[h].value);
-                }
-            }
+            sl__write_record(&w, n->raw, n->raw_len, n->attributes, n->timestamp_delta,
+                             n->offset_delta, &n->d);
         }
     }
     sl__w32(&w, rejects);

@@ -934,44 +934,17 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     for (uint32_t i = 0; i < count; i++) {
         js_record *rec = &recs[i];
         memset(rec, 0, sizeof *rec);
-        rec->offset = sl__i64(&r);
-        rec->timestamp = sl__i64(&r);
-        rec->key = sl__bytes(&r, 1);
-        rec->value = sl__bytes(&r, 1);
-        rec->header_count = sl__u32(&r);
-        if (!r.ok || rec->header_count > (uint32_t)(r.end - r.p) / 8u) {
-            set_error("malformed record");
+        const char *bad = sl__read_decoded(&r, &rec->offset, &rec->timestamp, &rec->key,
+                                           &rec->value, &rec->header_count, &rec->headers,
+                                           arena_alloc);
+        if (bad) {
+            set_error(bad);
             return -1;
-        }
-        if (rec->header_count) {
-            rec->headers = (sluice_header *)arena_alloc(sizeof(sluice_header) * rec->header_count);
-            if (rec->headers == NULL) {
-                set_error("out of memory");
-                return -1;
-            }
-            for (uint32_t h = 0; h < rec->header_count; h++) {
-                rec->headers[h].key = sl__bytes(&r, 0);
-                rec->headers[h].value = sl__bytes(&r, 1);
-            }
-            if (!r.ok) {
-                set_error("malformed header");
-                return -1;
-            }
         }
     }
     if (!run_batch(&bctx, 0, 0, recs, count)) return -1;
     uint64_t out_size = 4u + counters_size();
-    for (uint32_t i = 0; i < count; i++) {
-        const sluice_decision *d = &recs[i].d;
-        out_size += 1;
-        if (d->kind == SLUICE_REWRITE) {
-            out_size += sl__blen(d->key) + sl__blen(d->value) + 4;
-            for (uint32_t h = 0; h < d->header_count; h++)
-                out_size += sl__blen(d->headers[h].key) + sl__blen(d->headers[h].value);
-        } else if (d->kind == SLUICE_REJECT) {
-            out_size += sl__blen(d->reason);
-        }
-    }
+    for (uint32_t i = 0; i < count; i++) out_size += sl__decided_size(&recs[i].d);
     if (out_size > 0x7fffffffu) {
         set_error("output too large");
         return -1;
@@ -983,35 +956,12 @@ __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_p
     }
     uint8_t *w = out;
     sl__w32(&w, count);
-    for (uint32_t i = 0; i < count; i++) {
-        const sluice_decision *d = &recs[i].d;
-        *w++ = d->kind;
-        if (d->kind == SLUICE_REWRITE) {
-            sl__wbytes(&w, d->key);
-            sl__wbytes(&w, d->value);
-            sl__w32(&w, d->header_count);
-            for (uint32_t h = 0; h < d->header_count; h++) {
-                sl__wbytes(&w, d->headers[h].key);
-                sl__wbytes(&w, d->headers[h].value);
-            }
-        } else if (d->kind == SLUICE_REJECT) {
-            sl__wbytes(&w, d->reason);
-        }
-    }
+    for (uint32_t i = 0; i < count; i++) sl__write_decided(&w, &recs[i].d);
     write_counters(&w);
     return sl__pack(out, (uint32_t)(w - out));
 }
 
 /* Size of a rewritten record's body in Kafka's encoding (as the C SDK computes it). */
-static uint64_t rewrite_body(const js_record *n) {
-    const sluice_decision *d = &n->d;
-    uint64_t size = 1u + sl__vsize(n->timestamp_delta) + sl__vsize(n->offset_delta) +
-                    sl__vblen(d->key) + sl__vblen(d->value) + sl__vsize(d->header_count);
-    for (uint32_t h = 0; h < d->header_count; h++)
-        size += sl__vblen(d->headers[h].key) + sl__vblen(d->headers[h].value);
-    return size;
-}
-
 __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_records(int32_t in_ptr, int32_t in_len) {
     begin_call();
     if (!engine_ready(sluice_bytes_of("", 0))) return -1;
@@ -1038,44 +988,15 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
     for (uint32_t i = 0; i < count; i++) {
         js_record *n = &recs[i];
         memset(n, 0, sizeof *n);
-        n->raw = r.p;
-        int32_t len = sl__varint(&r);
-        if (!r.ok || len < 0 || r.end - r.p < len) {
-            set_error("malformed record");
+        const char *bad = sl__read_record(&r, &n->raw, &n->raw_len, &n->attributes,
+                                          &n->timestamp_delta, &n->offset_delta, &n->key,
+                                          &n->value, &n->header_count, &n->headers, arena_alloc);
+        if (bad) {
+            set_error(bad);
             return -1;
         }
-        sl__rd body = {r.p, r.p + len, 1};
-        r.p += len;
-        n->raw_len = (uint32_t)(r.p - n->raw);
-        if (body.end - body.p < 1) body.ok = 0;
-        else n->attributes = *body.p++;
-        n->timestamp_delta = sl__varlong(&body);
-        n->offset_delta = sl__varint(&body);
         n->offset = offset_base + n->offset_delta;
         n->timestamp = timestamp_base + n->timestamp_delta;
-        n->key = sl__vbytes(&body, 1);
-        n->value = sl__vbytes(&body, 1);
-        int32_t hc = sl__varint(&body);
-        if (!body.ok || hc < 0 || (uint32_t)hc > (uint32_t)(body.end - body.p) / 2u) {
-            set_error("malformed record");
-            return -1;
-        }
-        n->header_count = (uint32_t)hc;
-        if (hc) {
-            n->headers = (sluice_header *)arena_alloc(sizeof(sluice_header) * (uint32_t)hc);
-            if (n->headers == NULL) {
-                set_error("out of memory");
-                return -1;
-            }
-            for (int32_t h = 0; h < hc; h++) {
-                n->headers[h].key = sl__vbytes(&body, 0);
-                n->headers[h].value = sl__vbytes(&body, 1);
-            }
-        }
-        if (!body.ok || body.p != body.end) {
-            set_error("malformed record");
-            return -1;
-        }
     }
     if (r.p != r.end) {
         set_error("malformed batch: bytes after the last record");
@@ -1086,19 +1007,9 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
     uint64_t records_size = 0, rejects_size = 0;
     for (uint32_t i = 0; i < count; i++) {
         const js_record *n = &recs[i];
-        if (n->d.kind == SLUICE_KEEP) {
-            records_size += n->raw_len;
-        } else if (n->d.kind == SLUICE_REWRITE) {
-            uint64_t b = rewrite_body(n);
-            records_size += sl__vsize((int64_t)b) + b;
-            changed++;
-        } else if (n->d.kind == SLUICE_DROP) {
-            changed++;
-        } else {
-            rejects_size += 4u + sl__blen(n->d.reason);
-            changed++;
-            rejects++;
-        }
+        /* decide() gives every record a kind the ABI has */
+        sl__count_decision(&n->d, n->raw_len, n->timestamp_delta, n->offset_delta,
+                           &records_size, &rejects_size, &changed, &rejects);
     }
     uint64_t out_size = 4u + count + 4u + (changed ? records_size : 0u) + 4u + rejects_size +
                         counters_size();
@@ -1120,23 +1031,8 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
         sl__w32(&w, (uint32_t)records_size);
         for (uint32_t i = 0; i < count; i++) {
             const js_record *n = &recs[i];
-            if (n->d.kind == SLUICE_KEEP) {
-                memcpy(w, n->raw, n->raw_len);
-                w += n->raw_len;
-            } else if (n->d.kind == SLUICE_REWRITE) {
-                const sluice_decision *d = &n->d;
-                sl__wvar(&w, (int64_t)rewrite_body(n));
-                *w++ = n->attributes;
-                sl__wvar(&w, n->timestamp_delta);
-                sl__wvar(&w, n->offset_delta);
-                sl__wvbytes(&w, d->key);
-                sl__wvbytes(&w, d->value);
-                sl__wvar(&w, d->header_count);
-                for (uint32_t h = 0; h < d->header_count; h++) {
-                    sl__wvbytes(&w, d->headers[h].key);
-                    sl__wvbytes(&w, d->headers[h].value);
-                }
-            }
+            sl__write_record(&w, n->raw, n->raw_len, n->attributes, n->timestamp_delta,
+                             n->offset_delta, &n->d);
         }
     }
     sl__w32(&w, rejects);
