@@ -471,6 +471,25 @@ def test_produce_by_topic_id_to_the_fleet_topic_is_refused(guarded: Any,
     assert b"@example.com" not in masked and MASKED.search(masked), masked
 
 
+def test_metadata_by_topic_id_and_listing_cursors_do_not_offer_internal_topics(
+        guarded: Any, broker: TansuBroker) -> None:
+    """Metadata v12 naming the fleet topic by id only, and DescribeTopicPartitions listing
+    every topic from a cursor set on the fleet topic: neither answer describes it."""
+    fleet, telemetry, dead, port = (guarded["fleet"], guarded["telemetry"], guarded["dead"],
+                                    guarded["port"])
+    K = ApiKey
+    direct = metadata(int(broker.bootstrap.rsplit(":", 1)[1]), [fleet])
+    answer = call(port, K.METADATA, 12, allow_auto_topic_creation=False, topics=(
+        item(K.METADATA, 12, ("topics",), name=None, topic_id=direct[fleet].topic_id),))
+    described = [(t.topic_id, int(t.error_code), len(t.partitions)) for t in answer.topics]
+    assert described == [(direct[fleet].topic_id, DENIED, 0)], described
+    answer = call(port, K.DESCRIBE_TOPIC_PARTITIONS, 0, response_partition_limit=1000,
+                  topics=(), cursor=item(K.DESCRIBE_TOPIC_PARTITIONS, 0, ("cursor",),
+                                         topic_name=fleet, partition_index=0))
+    listed = {str(t.name) for t in answer.topics}
+    assert not {fleet, telemetry, dead} & listed, listed
+
+
 def test_mixed_delete_topics_deletes_only_the_client_topic(guarded: Any, broker: TansuBroker
                                                            ) -> None:
     fleet, port = guarded["fleet"], guarded["port"]
