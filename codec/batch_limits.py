@@ -18,8 +18,14 @@ Defaults, and why:
   decoding path (Python objects per record) ~0.7 s and ~40 MiB; 1.5 million cost it 10 s
   and 900 MiB.
 
+- `max_headers` 200 000 (all records' headers together): a header takes only 2 bytes, so
+  within the other two limits one record can carry 16 million of them, and the decoding path
+  builds an object per header (~90 bytes: 3 million cost +280 MiB). Real batches carry a few
+  per record (tracing, content type): 200 000 is 20 per record at librdkafka's 10 000.
+
 `max_records` applies to every batch; `max_bytes` only to what decompression produces
-(uncompressed bytes are bounded by the frame size limit already).
+(uncompressed bytes are bounded by the frame size limit already); `max_headers` is counted by
+the record check that every batch passes before a filter sees it (codec/record_check.c).
 """
 
 from __future__ import annotations
@@ -32,15 +38,18 @@ from .errors import BatchTooLarge, CorruptBatch
 __all__ = [
     "DEFAULT_BATCH_LIMITS",
     "DEFAULT_MAX_BATCH_BYTES",
+    "DEFAULT_MAX_BATCH_HEADERS",
     "DEFAULT_MAX_BATCH_RECORDS",
     "MIN_RECORD_SIZE",
     "BatchLimits",
     "check_count",
     "check_section_size",
+    "headers_too_many",
 ]
 
 DEFAULT_MAX_BATCH_BYTES: Final = 32 * 1024 * 1024
 DEFAULT_MAX_BATCH_RECORDS: Final = 100_000
+DEFAULT_MAX_BATCH_HEADERS: Final = 200_000
 
 #: Kafka's smallest record: a length, attributes, timestamp delta, offset delta, null key,
 #: null value and header count, one byte each.
@@ -49,14 +58,15 @@ MIN_RECORD_SIZE: Final = 7
 
 @dataclass(frozen=True, slots=True)
 class BatchLimits:
-    """What one batch may expand into (the proxy's `limits.max_batch_bytes` and
-    `limits.max_batch_records`)."""
+    """What one batch may expand into (the proxy's `limits.max_batch_bytes`,
+    `limits.max_batch_records` and `limits.max_batch_headers`)."""
 
     max_bytes: int = DEFAULT_MAX_BATCH_BYTES
     max_records: int = DEFAULT_MAX_BATCH_RECORDS
+    max_headers: int = DEFAULT_MAX_BATCH_HEADERS
 
     def __post_init__(self) -> None:
-        if self.max_bytes < 1 or self.max_records < 1:
+        if self.max_bytes < 1 or self.max_records < 1 or self.max_headers < 0:
             raise ValueError("batch limits must be at least 1")
 
 
@@ -85,3 +95,11 @@ def check_section_size(count: int, size: int) -> None:
         )
     if count == 0 and size:
         raise CorruptBatch(f"record batch declares no record but holds {size} bytes of records")
+
+
+def headers_too_many(max_headers: int) -> BatchTooLarge:
+    """The refusal of a batch whose records carry more than `max_headers` headers."""
+    return BatchTooLarge(
+        f"record batch holds more than {max_headers} record headers "
+        "(limits.max_batch_headers)"
+    )

@@ -9,7 +9,11 @@
  *     is null; a header key's length must be >= 0 and its bytes well-formed UTF-8 (Python's
  *     strict decoder: no surrogates, no overlong forms, nothing above U+10FFFF);
  *   - a negative header count is an error; each record must span exactly its declared length;
- *   - after `count` records (none when count <= 0) no byte may remain.
+ *   - after `count` records (none when count <= 0) no byte may remain;
+ *   - the records hold at most `max_headers` headers between them (limits.max_batch_headers:
+ *     the decoding path builds an object per header, so a few hundred bytes of zstd holding
+ *     one record with millions of empty headers must be refused before it is decoded; the
+ *     aiokafka reader has no such bound, the Python fallback counts them).
  *
  * Unlike the reader it mirrors, every byte read is bounds-checked first (aiokafka reads a
  * varint's continuation bytes past the end of its buffer; it then rejects the batch anyway,
@@ -27,6 +31,7 @@
 #define RC_UTF8 -5          /* a header key that is not UTF-8 */
 #define RC_LENGTH -6        /* a record's bytes differ from its declared length */
 #define RC_TRAILING -7      /* bytes after the last declared record */
+#define RC_HEADERS -8       /* more headers than max_headers in the section */
 
 /* One varint at *pos, as aiokafka decodes it (value bits past 64 are dropped). */
 static inline int rc_varint(const uint8_t *buf, size_t len, size_t *pos, int64_t *out)
@@ -109,9 +114,11 @@ static int rc_utf8(const uint8_t *s, size_t n)
     return 1;
 }
 
-long rc_check_section(const uint8_t *buf, size_t len, int64_t count, int64_t *where)
+long rc_check_section(const uint8_t *buf, size_t len, int64_t count, int64_t max_headers,
+                      int64_t *where)
 {
     size_t pos = 0;
+    int64_t budget = max_headers;
     int rc;
     for (int64_t index = 0; index < count; index++) {
         int64_t length, scratch, headers;
@@ -131,6 +138,9 @@ long rc_check_section(const uint8_t *buf, size_t len, int64_t count, int64_t *wh
             return RC_HEADER_COUNT;
         for (; headers > 0; headers--) {
             int64_t key_len;
+            /* counted as they are walked (the declared count may lie) */
+            if (budget-- <= 0)
+                return RC_HEADERS;
             if ((rc = rc_varint(buf, len, &pos, &key_len)))
                 return rc;
             if (key_len < 0)

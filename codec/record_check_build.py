@@ -18,7 +18,8 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 CDEF = """
-long rc_check_section(const uint8_t *buf, size_t len, int64_t count, int64_t *where);
+long rc_check_section(const uint8_t *buf, size_t len, int64_t count, int64_t max_headers,
+                      int64_t *where);
 """
 
 

@@ -28,7 +28,14 @@ from aiokafka.record._crecords.default_records import (
     DefaultRecordBatchBuilder as _CyBuilder,
 )
 
-from .batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits, check_count, check_section_size
+from .batch_limits import (
+    DEFAULT_BATCH_LIMITS,
+    DEFAULT_MAX_BATCH_HEADERS,
+    BatchLimits,
+    check_count,
+    check_section_size,
+    headers_too_many,
+)
 from .compression import CODEC_NONE, CODEC_SNAPPY, compress, decompress, is_xerial
 from .errors import CorruptBatch, EncodeError, UnsupportedCompression
 
@@ -40,7 +47,9 @@ try:  # the native record check (codec/record_check.c), built at install
         lib as _rc_lib,
     )
 
-    NATIVE_CHECK = True
+    # A module built from an older record_check.c (before `scripts/dev.sh install` rebuilt
+    # it) takes no header limit: not used, rather than called with the wrong arguments.
+    NATIVE_CHECK = len(_rc_ffi.typeof(_rc_lib.rc_check_section).args) == 5
 except ImportError:  # not built: aiokafka's reader gives the same verdicts
     _rc_ffi = _rc_lib = None
     NATIVE_CHECK = False
@@ -313,15 +322,16 @@ _NATIVE_REASONS = {
     -6: "a record whose bytes differ from its declared length",
     -7: "bytes after the last declared record",
 }
+_RC_HEADERS = -8  # more headers than max_headers: refused as too large, not as corrupt
 _INT32_MIN = -(2**31)
 _INT32_MAX = 2**31 - 1
 
 
-def _native_check(data: Buffer, start: int, count: int) -> tuple[int, int]:
+def _native_check(data: Buffer, start: int, count: int, max_headers: int) -> tuple[int, int]:
     # One C call walks every record from `start`: (0, count) or (RC_* code, failing record).
     buf = _rc_ffi.from_buffer("uint8_t[]", data)
     where = _rc_ffi.new("int64_t *")
-    rc = _rc_lib.rc_check_section(buf + start, len(buf) - start, count, where)
+    rc = _rc_lib.rc_check_section(buf + start, len(buf) - start, count, max_headers, where)
     return int(rc), int(where[0])
 
 
@@ -332,49 +342,63 @@ def _native_reject(rc: int, where: int) -> CorruptBatch:
     return CorruptBatch(f"undecodable records: record {where}: {reason}")
 
 
-def check_section_python(plain: Buffer, count: int, attributes: int = 0) -> None:
-    """`check_section` through aiokafka's record reader: the reference the native check is
-    held to, and the path when the native module is not built."""
+def _read_all(batch: Any, max_headers: int | None) -> None:
+    # aiokafka's reader over every record; with `max_headers`, their headers are counted.
+    budget = max_headers
     try:
-        for _ in _CyBatch(_neutral_batch(plain, count, attributes)):
-            pass
+        for record in batch:
+            if budget is not None:
+                budget -= len(record.headers)
+                if budget < 0:
+                    break
     except Exception as exc:
         raise CorruptBatch(f"undecodable records: {exc}") from exc
+    if budget is not None and budget < 0:
+        raise headers_too_many(max_headers or 0)
 
 
-def check_batch_python(data: Buffer) -> None:
+def check_section_python(plain: Buffer, count: int, attributes: int = 0,
+                         max_headers: int | None = DEFAULT_MAX_BATCH_HEADERS) -> None:
+    """`check_section` through aiokafka's record reader: the reference the native check is
+    held to, and the path when the native module is not built."""
+    _read_all(_CyBatch(_neutral_batch(plain, count, attributes)), max_headers)
+
+
+def check_batch_python(data: Buffer,
+                       max_headers: int | None = DEFAULT_MAX_BATCH_HEADERS) -> None:
     """`check_batch` through aiokafka's record reader (see `check_section_python`)."""
     if len(data) < HEADER_SIZE:
         raise CorruptBatch(f"batch header needs {HEADER_SIZE} bytes, got {len(data)}")
     if data[_ATTRIBUTES_OFFSET + 1] & _COMPRESSION_MASK:
         raise ValueError("check_batch needs an uncompressed batch (use check_section)")
-    try:
-        for _ in _CyBatch(data):
-            pass
-    except Exception as exc:
-        raise CorruptBatch(f"undecodable records: {exc}") from exc
+    _read_all(_CyBatch(data), max_headers)
 
 
-def check_section(plain: Buffer, count: int, attributes: int = 0) -> None:
-    """Raise CorruptBatch unless `plain` is exactly `count` well-formed records.
+def check_section(plain: Buffer, count: int, attributes: int = 0,
+                  max_headers: int = DEFAULT_MAX_BATCH_HEADERS) -> None:
+    """Raise CorruptBatch unless `plain` is exactly `count` well-formed records, and
+    BatchTooLarge when they carry more than `max_headers` headers between them (checked
+    before `decode_section` would build an object for each).
 
     Checks every record as `decode_section` parses it but keeps nothing: one native call
     per section (codec/record_check.c, a few ns per record), or aiokafka's reader when the
     native module is not built; both give the same verdict on any input."""
     if not NATIVE_CHECK:
-        check_section_python(plain, count, attributes)
+        check_section_python(plain, count, attributes, max_headers)
         return
     if not _INT32_MIN <= count <= _INT32_MAX:
         raise CorruptBatch(f"undecodable records: record count {count} out of range")
-    rc, where = _native_check(plain, 0, count)
+    rc, where = _native_check(plain, 0, count, max_headers)
+    if rc == _RC_HEADERS:
+        raise headers_too_many(max_headers)  # the reference would build every header
     if rc:
         # A reject is rare: the reference says why in the words the decoding path uses, so a
         # client sees the same message whichever path refused its batch.
-        check_section_python(plain, count, attributes)
+        check_section_python(plain, count, attributes, max_headers)
         raise _native_reject(rc, where)
 
 
-def check_batch(data: Buffer) -> None:
+def check_batch(data: Buffer, max_headers: int = DEFAULT_MAX_BATCH_HEADERS) -> None:
     """Raise CorruptBatch unless the whole uncompressed batch `data` holds exactly its
     record_count well-formed records (and nothing after them).
 
@@ -383,15 +407,18 @@ def check_batch(data: Buffer) -> None:
     at (see `verify_crc`). A compressed batch raises ValueError: its records are not in it as
     they are."""
     if not NATIVE_CHECK:
-        check_batch_python(data)
+        check_batch_python(data, max_headers)
         return
     if len(data) < HEADER_SIZE:
         raise CorruptBatch(f"batch header needs {HEADER_SIZE} bytes, got {len(data)}")
     if data[_ATTRIBUTES_OFFSET + 1] & _COMPRESSION_MASK:
         raise ValueError("check_batch needs an uncompressed batch (use check_section)")
-    rc, where = _native_check(data, HEADER_SIZE, _COUNT.unpack_from(data, HEADER_SIZE - 4)[0])
+    rc, where = _native_check(data, HEADER_SIZE, _COUNT.unpack_from(data, HEADER_SIZE - 4)[0],
+                              max_headers)
+    if rc == _RC_HEADERS:
+        raise headers_too_many(max_headers)
     if rc:  # the reference's words for it (see check_section)
-        check_batch_python(data)
+        check_batch_python(data, max_headers)
         raise _native_reject(rc, where)
 
 

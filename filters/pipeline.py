@@ -207,16 +207,29 @@ def _decode(batch: RawBatch, plain: Buffer) -> tuple[list[Record] | None, int, s
         return None, CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
 
 
-def _check_input(batch: RawBatch, plain: Buffer) -> None:
+def _check_input(batch: RawBatch, plain: Buffer, limits: BatchLimits) -> None:
     """CorruptBatch unless the section holds exactly the records the header declares (checked
     before any filter sees it: a filter reads as many records as declared, so extra records
-    would pass it unseen)."""
+    would pass it unseen); BatchTooLarge when its records carry more than
+    `limits.max_headers` headers (before the decoding path builds an object for each)."""
     header = batch.header
     if header.compression == CODEC_NONE:
         # The records already sit behind their own header: no copy behind a neutral one.
-        check_batch(batch.data)
+        check_batch(batch.data, limits.max_headers)
     else:
-        check_section(plain, header.record_count, header.attributes)
+        check_section(plain, header.record_count, header.attributes, limits.max_headers)
+
+
+def _input_problem(batch: RawBatch, plain: Buffer, limits: BatchLimits,
+                   too_large: int) -> tuple[int, str] | None:
+    """`_check_input` as (error code, message), or None when the section is fine."""
+    try:
+        _check_input(batch, plain, limits)
+    except BatchTooLarge as exc:
+        return too_large, f"record batch too large: {exc}"
+    except CodecError as exc:
+        return CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
+    return None
 
 
 def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: Buffer,
@@ -312,12 +325,12 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         plain, code, message = _open(batch, limits, MESSAGE_TOO_LARGE)
         if plain is None:
             return fail(code, message)
+        # Before any filter, on either path (the decoding path builds an object per header).
+        problem = _input_problem(batch, plain, limits, MESSAGE_TOO_LARGE)
+        if problem is not None:
+            return fail(*problem)
         ran = None
         if native:
-            try:
-                _check_input(batch, plain)
-            except CodecError as exc:
-                return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
             try:
                 ran = _run_native(chain, ctx, batch, plain, 0)
             except PartitionError as exc:
@@ -464,12 +477,11 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         if header.record_count == 0:
             parts.append(batch.data)  # a compressed empty section (_open refuses anything else)
             continue
+        problem = _input_problem(batch, plain, limits, CORRUPT_MESSAGE)
+        if problem is not None:
+            return fail(*problem)
         ran = None
         if native:
-            try:
-                _check_input(batch, plain)
-            except CodecError as exc:
-                return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
             try:
                 ran = _run_native(chain, ctx, batch, plain, header.base_offset)
             except PartitionError as exc:

@@ -52,7 +52,7 @@ class ProxyConfig:
     max_connections: int = 0  # limits.max_connections, per worker; 0 = unlimited
     idle_timeout: float = 0  # limits.idle_timeout_seconds; 0 = never
     job_deadline: float = 20.0  # limits.job_deadline_seconds
-    # limits.max_batch_bytes / max_batch_records: what one filtered batch may expand into
+    # limits.max_batch_bytes / _records / _headers: what one filtered batch may expand into
     batch_limits: BatchLimits = field(default_factory=BatchLimits)
     quotas: QuotaSettings = field(default_factory=QuotaSettings)  # section `quotas:`
     metrics_listen: tuple[str, int] | None = None  # metrics.listen

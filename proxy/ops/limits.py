@@ -3,9 +3,10 @@
 `max_frame_size` is enforced by the frame reader of each session; `max_connections` by the
 listeners (a connection beyond it is closed as soon as it is accepted); `idle_timeout_seconds`
 by `IdleReaper`, which looks at each session's byte counters on a timer instead of arming a
-timeout on every read, so the data path pays nothing for it. `max_batch_bytes` and
-`max_batch_records` bound what one record batch of a filtered partition may expand into
-(`codec.batch_limits`; the filter pipeline checks them before decompressing or parsing).
+timeout on every read, so the data path pays nothing for it. `max_batch_bytes`,
+`max_batch_records` and `max_batch_headers` bound what one record batch of a filtered
+partition may expand into (`codec.batch_limits`; the filter pipeline checks them before
+decompressing or parsing).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.codec.batch_limits import (
     DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_BATCH_HEADERS,
     DEFAULT_MAX_BATCH_RECORDS,
     BatchLimits,
 )
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
     from sluice.proxy.net.session import Session
 
 _KEYS = ("max_connections", "max_frame_size", "idle_timeout_seconds", "job_deadline_seconds",
-         "max_batch_bytes", "max_batch_records")
+         "max_batch_bytes", "max_batch_records", "max_batch_headers")
 
 
 @dataclass(frozen=True)
@@ -39,10 +41,11 @@ class Limits:
     job_deadline_seconds: float = 20.0  # a filter or look-up job longer than this closes
     max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES  # what one batch may decompress to
     max_batch_records: int = DEFAULT_MAX_BATCH_RECORDS  # records one batch may declare
+    max_batch_headers: int = DEFAULT_MAX_BATCH_HEADERS  # headers of all its records together
 
     @property
     def batch(self) -> BatchLimits:
-        return BatchLimits(self.max_batch_bytes, self.max_batch_records)
+        return BatchLimits(self.max_batch_bytes, self.max_batch_records, self.max_batch_headers)
 
 
 def parse_limits(raw: Any, lines: LineMap, default_frame_size: int) -> Limits:
@@ -72,6 +75,7 @@ def parse_limits(raw: Any, lines: LineMap, default_frame_size: int) -> Limits:
         # Below 1 KiB a single ordinary record may not fit.
         max_batch_bytes=number("max_batch_bytes", DEFAULT_MAX_BATCH_BYTES, True, 1024),
         max_batch_records=number("max_batch_records", DEFAULT_MAX_BATCH_RECORDS, True, 1),
+        max_batch_headers=number("max_batch_headers", DEFAULT_MAX_BATCH_HEADERS, True, 0),
     )
 
 

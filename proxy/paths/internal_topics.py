@@ -26,6 +26,7 @@ topics by id while an internal topic's id is still unknown.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -399,7 +400,7 @@ class InternalTopicsPath:
             # Nothing left for the broker (Metadata always goes: its answer lists the brokers).
             cls = entities.response_class(header.api_key, header.api_version)
             empty = entities.build(cls, **{shape[1][0]: ()})
-            merged = _merge(empty, shape, request, guard, ctx.topics)
+            merged = _merge(empty, shape, request, guard)
             return Answer(
                 response_header_bytes(header.correlation_id, header.api_key, header.api_version)
                 + encode_response(merged)
@@ -552,7 +553,7 @@ class InternalTopicsPath:
             if type(outcome) is Answer:
                 size, decoded = responses.decode(header, outcome.response)
                 merged = (merge_local(decoded, guard.produce) if shape is None
-                          else _merge(decoded, shape, request, guard, ctx.topics))
+                          else _merge(decoded, shape, request, guard))
                 return Answer(responses.encode(outcome.response, size, merged), outcome.on_sent)
             if type(outcome) is Defer:
                 job = outcome.job
@@ -598,7 +599,7 @@ class InternalTopicsPath:
             if header.api_key == ApiKey.PRODUCE:
                 result = merge_local(result, guard.produce)
             elif shape is not None:
-                result = _merge(result, shape, None, guard, ctx.topics)
+                result = _merge(result, shape, None, guard)
         if result is decoded:
             return respond
         return Respond(responses.encode(frame, size, result), respond.on_sent)
@@ -651,15 +652,14 @@ def _hide(response: Any, path: tuple[str, ...], names: frozenset[str],
     return dataclasses.replace(response, **{path[0]: outers})
 
 
-def _merge(response: Any, shape: _Shape, request: Any, guard: Guard,
-           topics: TopicRegistry) -> Any:
+def _merge(response: Any, shape: _Shape, request: Any, guard: Guard) -> Any:
     """`response` with an answer for every refused item, where its response has room for one
     (a listing without error codes just leaves the item out)."""
     path = shape[1]
     cls = type(response)
     if len(path) == 1:
         icls = entities.element_class(cls, path[0])
-        added = [e for r in guard.refused if (e := _refusal(icls, r, topics)) is not None]
+        added = [e for r in guard.refused if (e := _refusal(icls, r)) is not None]
         if not added:
             return response
         return dataclasses.replace(
@@ -669,7 +669,7 @@ def _merge(response: Any, shape: _Shape, request: Any, guard: Guard,
     outers = list(getattr(response, path[0]) or ())
     request_outers = getattr(request, shape[0][0], None) or () if request is not None else ()
     for r in guard.refused:
-        entry = _refusal(icls, r, topics)
+        entry = _refusal(icls, r)
         if entry is None or r.outer < 0:
             continue
         while len(outers) <= r.outer:
@@ -685,7 +685,7 @@ def _merge(response: Any, shape: _Shape, request: Any, guard: Guard,
     return dataclasses.replace(response, **{path[0]: tuple(outers)})
 
 
-def _refusal(cls: type[Any], refused: _Refused, topics: TopicRegistry) -> Any:
+def _refusal(cls: type[Any], refused: _Refused) -> Any:
     """The response item of `cls` saying TOPIC_AUTHORIZATION_FAILED for one request item
     (per partition when both carry partitions); None when `cls` has no error code."""
     item = refused.item
@@ -693,10 +693,15 @@ def _refusal(cls: type[Any], refused: _Refused, topics: TopicRegistry) -> Any:
     if hasattr(item, "resource_type"):
         values["resource_type"] = item.resource_type
         values["resource_name"] = item.resource_name
-    for n in _NAME_FIELDS:
-        values[n] = refused.name
+    # As Kafka's own refusals: an item named by id is answered with that id and no name, one
+    # named by name with that name and the null id, so that a refusal discloses nothing the
+    # client did not send (KafkaApis: "we should not return topicId on unauthorized error").
     topic_id = getattr(item, "topic_id", None)
-    values["topic_id"] = topic_id if not is_null_id(topic_id) else topics.id_of(refused.name)
+    by_id = not is_null_id(topic_id) and not any(
+        getattr(item, n, None) for n in _NAME_FIELDS)
+    for n in _NAME_FIELDS:
+        values[n] = None if by_id else refused.name
+    values["topic_id"] = topic_id if not is_null_id(topic_id) else uuid.UUID(int=0)
     parts_field = _field(cls, _PART_FIELDS)
     asked = None if isinstance(item, str) else _partitions(item)
     if parts_field is not None and asked is not None:

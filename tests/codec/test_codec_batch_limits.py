@@ -15,9 +15,15 @@ from sluice.codec.compression import compress, declared_size, decompress
 from sluice.codec.errors import BatchTooLarge, CorruptBatch
 from sluice.codec.records import (
     HEADER_SIZE,
+    NATIVE_CHECK,
     RawBatch,
+    Record,
+    check_batch,
+    check_batch_python,
     check_section,
+    check_section_python,
     decode_records,
+    encode_records,
     records_section,
     split_batches,
 )
@@ -190,3 +196,36 @@ def test_a_frame_declaring_more_than_the_limit_is_refused_before_decompressing(
     # Within the limit the same frame decompresses (zstd: the declaration is honest).
     if codec == 4:
         assert len(decompress(codec, payload, 64 * MiB)) == len(bomb_section(64 * MiB))
+
+
+def _with_headers(per_record: list[int]) -> bytes:
+    return bytes(encode_records([Record(i, 0, None, b"v", [("h", b"x")] * n)
+                                 for i, n in enumerate(per_record)]))
+
+
+@pytest.mark.parametrize("per_record", [[5], [2, 3], [0, 5, 0], [1, 1, 1, 1, 1]])
+def test_headers_over_the_limit_are_refused_by_both_checks(per_record: list[int]) -> None:
+    """All records' headers together count (5 here): at the limit the section passes, one
+    under it is BatchTooLarge naming limits.max_batch_headers, natively and in the reference."""
+    plain = _with_headers(per_record)
+    count = len(per_record)
+    assert NATIVE_CHECK
+    for check in (check_section, check_section_python):
+        check(plain, count, 0, 5)
+        with pytest.raises(BatchTooLarge, match="max_batch_headers"):
+            check(plain, count, 0, 4)
+    data = raw(batch(0, plain, count))
+    for whole in (check_batch, check_batch_python):
+        whole(data.data, 5)
+        with pytest.raises(BatchTooLarge, match="max_batch_headers"):
+            whole(data.data, 4)
+
+
+def test_a_corrupt_section_stays_corrupt_under_the_header_limit() -> None:
+    """A header count the bytes cannot hold, below the limit: corrupt, not too large."""
+    plain = bytearray(_with_headers([3]))
+    plain[-1:] = b""  # the last header value cut short
+    for check in (check_section, check_section_python):
+        with pytest.raises(CorruptBatch) as err:
+            check(bytes(plain), 1, 0, 100)
+        assert not isinstance(err.value, BatchTooLarge)

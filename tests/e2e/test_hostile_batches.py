@@ -299,3 +299,45 @@ def test_an_answer_lists_at_most_100_record_errors(
     assert [e.batch_index for e in part.record_errors] == list(range(100))
     assert "and 1999 more record errors" in (part.error_message or "")
     assert len(body) < 20_000, f"a {len(body)}-byte answer"
+
+
+def _varint(n: int) -> bytes:
+    zigzag, out = (n << 1) ^ (n >> 63), bytearray()
+    while True:
+        low, zigzag = zigzag & 0x7F, zigzag >> 7
+        out.append(low | (0x80 if zigzag else 0))
+        if not zigzag:
+            return bytes(out)
+
+
+def header_bomb(headers: int) -> bytes:
+    """One record (null key and value) carrying `headers` empty headers (2 bytes each): a few
+    hundred bytes of zstd that the decoding path would turn into millions of Python objects."""
+    body = b"\x00" + _varint(0) + _varint(0) + _varint(-1) + _varint(-1) + _varint(headers)
+    body += b"\x00\x01" * headers
+    return batch(4, _varint(len(body)) + body, 1)
+
+
+def test_a_header_bomb_costs_one_partition_error(
+    own_broker: TansuBroker, proxy: SluiceProxy
+) -> None:
+    """One declared record with 3 million headers (638 bytes on the wire, 6 MB inflated,
+    within max_batch_records and max_batch_bytes): before limits.max_batch_headers it cost
+    the proxy +280 MiB of memory on produce (a header object each on the decoding path)."""
+    topic = fresh_topic(own_broker, "headers")
+    warm_up(proxy, topic)
+    with watched(proxy) as figures:
+        body, _ = exchange_one(proxy.port, produce_records_frame(99, topic, header_bomb(3_000_000)),
+                               timeout=60)
+    part = first_partition(ApiKey.PRODUCE, 9, body)
+    assert part.error_code == ErrorCode.MESSAGE_TOO_LARGE, part
+    assert "max_batch_headers" in (part.error_message or "")
+    assert_bounded(figures)
+    stored = fresh_topic(own_broker, "headers-stored")
+    store(own_broker, stored, header_bomb(3_000_000))
+    frame = fetch_frame(7, stored, max_wait_ms=100, partition_max_bytes=64 * MiB)
+    with watched(proxy) as figures:
+        body, _ = exchange_one(proxy.port, frame, timeout=60)
+    part = first_partition(ApiKey.FETCH, 12, body)
+    assert (part.error_code, part.records) == (ErrorCode.CORRUPT_MESSAGE, None), part
+    assert_bounded(figures)

@@ -27,6 +27,7 @@ from sluice.codec.messages import ApiKey, decode_response
 from sluice.codec.records import BatchHeader, Record, build_batch
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.ops.config_load import load_config_file
+from sluice.proxy.paths.topics import is_null_id
 from tests.e2e.clients import QUIET, confluent_consume, confluent_produce, create_topic, unique
 from tests.harness import raw_kafka as rk
 from tests.harness.broker import TansuBroker
@@ -469,6 +470,35 @@ def test_produce_by_topic_id_to_the_fleet_topic_is_refused(guarded: Any,
     assert stored[-1][1] is not None and b"b@example.com" not in stored[-1][1]
     masked = produce_and_read(broker, guarded["proxy"], data, "by-id")
     assert b"@example.com" not in masked and MASKED.search(masked), masked
+
+
+def test_metadata_by_topic_id_and_listing_cursors_do_not_offer_internal_topics(
+        guarded: Any, broker: TansuBroker) -> None:
+    """Metadata v12 naming the fleet topic by id only (and DeleteTopics v6), and
+    DescribeTopicPartitions listing every topic from a cursor set on the fleet topic: neither
+    answer describes it, and a refusal gives away neither the name of an id nor the id of a
+    name, as Kafka's own refusals do not."""
+    fleet, telemetry, dead, port = (guarded["fleet"], guarded["telemetry"], guarded["dead"],
+                                    guarded["port"])
+    K = ApiKey
+    direct = metadata(int(broker.bootstrap.rsplit(":", 1)[1]), [fleet])
+    answer = call(port, K.METADATA, 12, allow_auto_topic_creation=False, topics=(
+        item(K.METADATA, 12, ("topics",), name=None, topic_id=direct[fleet].topic_id),))
+    # As Kafka answers an id the client may not describe: the error, the id, no name.
+    described = [(t.name, t.topic_id, int(t.error_code), len(t.partitions))
+                 for t in answer.topics]
+    assert described == [(None, direct[fleet].topic_id, DENIED, 0)], described
+    # Named by name, the answer does not give its id away (Kafka answers the null id).
+    named = metadata(port, [fleet])
+    assert int(named[fleet].error_code) == DENIED and is_null_id(named[fleet].topic_id)
+    answer = call(port, K.DELETE_TOPICS, 6, timeout=datetime.timedelta(seconds=5), topics=(
+        item(K.DELETE_TOPICS, 6, ("topics",), name=None, topic_id=direct[fleet].topic_id),))
+    assert [(r.name, int(r.error_code)) for r in answer.responses] == [(None, DENIED)]
+    answer = call(port, K.DESCRIBE_TOPIC_PARTITIONS, 0, response_partition_limit=1000,
+                  topics=(), cursor=item(K.DESCRIBE_TOPIC_PARTITIONS, 0, ("cursor",),
+                                         topic_name=fleet, partition_index=0))
+    listed = {str(t.name) for t in answer.topics}
+    assert not {fleet, telemetry, dead} & listed, listed
 
 
 def test_mixed_delete_topics_deletes_only_the_client_topic(guarded: Any, broker: TansuBroker

@@ -72,6 +72,8 @@ def answered(sock: socket.socket) -> bool:
         ("limits:\n  max_batch_records: 0\n",
          "sluice.yaml:2: limits.max_batch_records: must be an integer >= 1, got 0"),
         ("limits:\n\n\n  max_batch_records: many\n", "sluice.yaml:4: limits.max_batch_records"),
+        ("limits:\n  max_batch_headers: -1\n",
+         "sluice.yaml:2: limits.max_batch_headers: must be an integer >= 0, got -1"),
     ],
 )
 def test_limits_config_errors_name_file_line_field(tmp_path: Path, text: str, message: str) -> None:
@@ -89,9 +91,11 @@ def test_limits_config_values(tmp_path: Path) -> None:
 
 
 def test_batch_limits_config_values(tmp_path: Path) -> None:
-    text = "limits:\n  max_batch_bytes: 1048576\n  max_batch_records: 500\n"
+    text = ("limits:\n  max_batch_bytes: 1048576\n  max_batch_records: 500\n"
+            "  max_batch_headers: 7\n")
     config = build_config(("127.0.0.1", 9092), [("127.0.0.1", 9093)], config_file(tmp_path, text))
-    assert config.batch_limits == BatchLimits(max_bytes=1 << 20, max_records=500)
+    assert config.batch_limits == BatchLimits(max_bytes=1 << 20, max_records=500, max_headers=7)
+    assert BatchLimits().max_headers == 200_000
 
 
 # ------------------------------------------------------------------ idle reaper (unit)
