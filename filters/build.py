@@ -509,10 +509,17 @@ def build_filter(source_dir: Path, output: Path) -> Path:
             steps = [(go_cmd, go_dir)]
         elif entry.suffix == ".py":
             py_cmd, py_dir = _py_command(entry, Path(tmp), tmp_out)
-            # Only the app directory goes in: no virtualenv or site-packages lookup.
-            for var in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+            # Only the app directory goes in. componentize-py appends a site-packages to the
+            # guest's path: $VIRTUAL_ENV's, else the one of whatever `python3` is on $PATH (it
+            # walks that whole tree and mounts it into the guest, so the module depended on
+            # the builder's machine). An empty one of our own keeps both out.
+            for var in ("PYTHONPATH", "PYTHONHOME"):
                 env.pop(var, None)
-            env["PYTHONHASHSEED"] = "0"
+            no_site = Path(tmp) / "no-venv"
+            (no_site / "lib" / "site-packages").mkdir(parents=True)
+            env["VIRTUAL_ENV"] = str(no_site)
+            # For the builder's own Python only: componentize-py gives the interpreter it
+            # pre-initialises a fixed environment of its own (PYTHONHASHSEED does not reach it).
             env["PYTHONDONTWRITEBYTECODE"] = "1"
             steps = [(py_cmd, py_dir)]
         elif entry.name == "Cargo.toml":
@@ -650,8 +657,10 @@ def _sha256(path: Path) -> str:
 def py_sources_digest(source_dir: Path) -> str:
     """sha256 over what a Python filter is built from: filter.py, the SDK, the world and the
     componentize-py version. componentize-py's output is not byte-identical across rebuilds
-    (the order of its adapter modules and the pre-initialised heap vary), so --check compares
-    this digest, recorded beside the committed module, instead of the module's bytes."""
+    (the order of its WASI stub adapters comes from a randomly seeded HashMap; the
+    pre-initialised heap holds the host's inode numbers, which wasmtime reads with direct
+    system calls: docs/WRITING_FILTERS.md), so --check compares this digest, recorded beside
+    the committed module, instead of the module's bytes."""
     h = hashlib.sha256(f"componentize-py {COMPONENTIZE_PY_VERSION}\n".encode())
     files = [source_dir / "filter.py", SDK_DIR / "python" / "sluice_app.py",
              *sorted((SDK_DIR / "python" / "sluice_filter").glob("*.py")),
