@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -614,6 +615,11 @@ def quickjs_objects(env: dict[str, str]) -> list[Path]:
     return objects
 
 
+# A call of the SDK's onAdmin in filter.js (a mention in a comment or string counts too: the
+# module then exports sluice_admin, whose calls fail with "does not handle admin requests").
+_JS_ON_ADMIN = re.compile(r"\bonAdmin\s*\(")
+
+
 def _c_array(name: str, data: bytes) -> str:
     body = ",".join(str(b) for b in data)
     return (f"const unsigned char {name}[] = {{{body}{',' if data else ''}0}};\n"
@@ -629,7 +635,10 @@ def _js_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path,
     embedded.write_text(_c_array("sluice_js_sdk", (SDK_DIR / "js" / "sluice.js").read_bytes())
                         + _c_array("sluice_js_filter", entry.read_bytes()))
     sdk = os.path.relpath(SDK_DIR, source_dir)
-    return [*_zig(), "cc", *JS_FLAGS, "-I", str(quickjs_dir()), "-I", sdk,
+    # sluice_admin only for a filter that registers an admin function: a record filter's
+    # module stays without it (and cannot be bound to admin).
+    admin = ["-DSLUICE_JS_ADMIN=1"] if _JS_ON_ADMIN.search(entry.read_text()) else []
+    return [*_zig(), "cc", *JS_FLAGS, *admin, "-I", str(quickjs_dir()), "-I", sdk,
             os.path.join(sdk, "js", "sluice_js.c"), str(embedded), *map(str, objects),
             "-o", str(tmp_out)]
 
