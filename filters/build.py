@@ -421,6 +421,10 @@ def _go_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
 
 COMPONENTIZE_PY_VERSION = "0.25.1"
 PY_WORLD = "sluice-filter"
+# The world with the admin export, for a filter.py that registers an admin function (a mention
+# in a comment counts too: its admin calls then fail with "does not handle admin requests").
+PY_ADMIN_WORLD = "sluice-filter-admin"
+_PY_ON_ADMIN = re.compile(r"\bon_admin\b")
 
 
 def find_componentize_py() -> str:
@@ -453,7 +457,8 @@ def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
     shutil.copytree(SDK_DIR / "python" / "sluice_filter", app / "sluice_filter",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(SDK_DIR / "python" / "wit", app / "wit")
-    return [find_componentize_py(), "-q", "-d", "wit", "-w", PY_WORLD, "componentize",
+    world = PY_ADMIN_WORLD if _PY_ON_ADMIN.search(entry.read_text()) else PY_WORLD
+    return [find_componentize_py(), "-q", "-d", "wit", "-w", world, "componentize",
             "--stub-wasi", "-p", ".", "sluice_app", "-o", str(tmp_out)], app
 
 
