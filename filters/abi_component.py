@@ -51,13 +51,16 @@ RECORD_BUDGET_US: Final = 100
 MAX_CORE_INSTANCES: Final = 64
 
 _REQUIRED: Final = ("abi-version", "init", "filter", "filter-records")
+#: The world sluice-filter-admin's extra export: a component with it can be bound to admin.
+_ADMIN: Final = "admin"
 
 _vp = ctypes.c_void_p
 _set_deadline = ctypes.CFUNCTYPE(None, _vp, ctypes.c_uint64)(
     ("wasmtime_context_set_epoch_deadline", _b.dll))
 
 
-def _check_component(component: wc.Component, engine: FilterEngine, who: str) -> None:
+def _check_component(component: wc.Component, engine: FilterEngine, who: str) -> bool:
+    """Refuses a component Sluice cannot run; whether it exports admin."""
     ty = component.type
     imports = ty.imports(engine.engine)
     if imports:
@@ -70,6 +73,7 @@ def _check_component(component: wc.Component, engine: FilterEngine, who: str) ->
     for name in _REQUIRED:
         if name not in exports:
             raise FilterLoadError(f"{who}: component lacks export {name!r} (world {WORLD})")
+    return _ADMIN in exports
 
 
 def _bytes_arg(data: Buffer) -> str:
@@ -104,6 +108,9 @@ class ComponentInstance:
             if func is None:
                 raise GuestFailure("trap", f"instance lacks export {name!r}")
             self.funcs[name] = func
+        admin = self.instance.get_func(self.store, _ADMIN)
+        if admin is not None:
+            self.funcs[_ADMIN] = admin
 
     def _enter(self, run: Callable[[], Any], extra_ticks: int, what: str) -> Any:
         if self.dead:
@@ -175,8 +182,6 @@ class ComponentAbi:
     """The AbiRunner surface LoadedFilter uses, for a Sluice filter component."""
 
     abi: Final = "sluice-v1-component"
-    capabilities: frozenset[str] = frozenset({"init", "last_error", "records"})
-    supports_admin: Final = False
     has_native: Final = True
 
     def __init__(self, engine: FilterEngine, component: wc.Component, spec: FilterSpec,
@@ -185,7 +190,9 @@ class ComponentAbi:
         self.component = component
         self.spec = spec
         self.who = who
-        _check_component(component, engine, who)
+        self.supports_admin = _check_component(component, engine, who)
+        self.capabilities = frozenset({"init", "last_error", "records"}
+                                      | ({"admin"} if self.supports_admin else set()))
         self.linker = wc.Linker(engine.engine)
         self.config_json = spec.config_json
         self._guest: ComponentInstance | None = None
@@ -237,7 +244,13 @@ class ComponentAbi:
             raise GuestFailure("invalid-output", str(exc)) from None
 
     def admin(self, request: bytes) -> bytes:
-        raise GuestFailure("error", f"world {WORLD} has no admin entry point")
+        """One admin resource: JSON (UTF-8) in and out, through the world's ``admin``."""
+        if not self.supports_admin:
+            raise GuestFailure("error", f"world {WORLD} has no admin entry point")
+        text = _unwrap(self.guest().call(_ADMIN, request.decode("utf-8")), _ADMIN)
+        if text is None:
+            raise GuestFailure("invalid-output", "admin returned nothing")
+        return text.encode("utf-8")
 
     def discard(self) -> None:
         self._guest = None

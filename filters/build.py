@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -420,6 +421,10 @@ def _go_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
 
 COMPONENTIZE_PY_VERSION = "0.25.1"
 PY_WORLD = "sluice-filter"
+# The world with the admin export, for a filter.py that registers an admin function (a mention
+# in a comment counts too: its admin calls then fail with "does not handle admin requests").
+PY_ADMIN_WORLD = "sluice-filter-admin"
+_PY_ON_ADMIN = re.compile(r"\bon_admin\b")
 
 
 def find_componentize_py() -> str:
@@ -452,7 +457,8 @@ def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
     shutil.copytree(SDK_DIR / "python" / "sluice_filter", app / "sluice_filter",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(SDK_DIR / "python" / "wit", app / "wit")
-    return [find_componentize_py(), "-q", "-d", "wit", "-w", PY_WORLD, "componentize",
+    world = PY_ADMIN_WORLD if _PY_ON_ADMIN.search(entry.read_text()) else PY_WORLD
+    return [find_componentize_py(), "-q", "-d", "wit", "-w", world, "componentize",
             "--stub-wasi", "-p", ".", "sluice_app", "-o", str(tmp_out)], app
 
 
@@ -509,10 +515,17 @@ def build_filter(source_dir: Path, output: Path) -> Path:
             steps = [(go_cmd, go_dir)]
         elif entry.suffix == ".py":
             py_cmd, py_dir = _py_command(entry, Path(tmp), tmp_out)
-            # Only the app directory goes in: no virtualenv or site-packages lookup.
-            for var in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+            # Only the app directory goes in. componentize-py appends a site-packages to the
+            # guest's path: $VIRTUAL_ENV's, else the one of whatever `python3` is on $PATH (it
+            # walks that whole tree and mounts it into the guest, so the module depended on
+            # the builder's machine). An empty one of our own keeps both out.
+            for var in ("PYTHONPATH", "PYTHONHOME"):
                 env.pop(var, None)
-            env["PYTHONHASHSEED"] = "0"
+            no_site = Path(tmp) / "no-venv"
+            (no_site / "lib" / "site-packages").mkdir(parents=True)
+            env["VIRTUAL_ENV"] = str(no_site)
+            # For the builder's own Python only: componentize-py gives the interpreter it
+            # pre-initialises a fixed environment of its own (PYTHONHASHSEED does not reach it).
             env["PYTHONDONTWRITEBYTECODE"] = "1"
             steps = [(py_cmd, py_dir)]
         elif entry.name == "Cargo.toml":
@@ -607,6 +620,11 @@ def quickjs_objects(env: dict[str, str]) -> list[Path]:
     return objects
 
 
+# A call of the SDK's onAdmin in filter.js (a mention in a comment or string counts too: the
+# module then exports sluice_admin, whose calls fail with "does not handle admin requests").
+_JS_ON_ADMIN = re.compile(r"\bonAdmin\s*\(")
+
+
 def _c_array(name: str, data: bytes) -> str:
     body = ",".join(str(b) for b in data)
     return (f"const unsigned char {name}[] = {{{body}{',' if data else ''}0}};\n"
@@ -622,7 +640,10 @@ def _js_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path,
     embedded.write_text(_c_array("sluice_js_sdk", (SDK_DIR / "js" / "sluice.js").read_bytes())
                         + _c_array("sluice_js_filter", entry.read_bytes()))
     sdk = os.path.relpath(SDK_DIR, source_dir)
-    return [*_zig(), "cc", *JS_FLAGS, "-I", str(quickjs_dir()), "-I", sdk,
+    # sluice_admin only for a filter that registers an admin function: a record filter's
+    # module stays without it (and cannot be bound to admin).
+    admin = ["-DSLUICE_JS_ADMIN=1"] if _JS_ON_ADMIN.search(entry.read_text()) else []
+    return [*_zig(), "cc", *JS_FLAGS, *admin, "-I", str(quickjs_dir()), "-I", sdk,
             os.path.join(sdk, "js", "sluice_js.c"), str(embedded), *map(str, objects),
             "-o", str(tmp_out)]
 
@@ -650,8 +671,10 @@ def _sha256(path: Path) -> str:
 def py_sources_digest(source_dir: Path) -> str:
     """sha256 over what a Python filter is built from: filter.py, the SDK, the world and the
     componentize-py version. componentize-py's output is not byte-identical across rebuilds
-    (the order of its adapter modules and the pre-initialised heap vary), so --check compares
-    this digest, recorded beside the committed module, instead of the module's bytes."""
+    (the order of its WASI stub adapters comes from a randomly seeded HashMap; the
+    pre-initialised heap holds the host's inode numbers, which wasmtime reads with direct
+    system calls: docs/WRITING_FILTERS.md), so --check compares this digest, recorded beside
+    the committed module, instead of the module's bytes."""
     h = hashlib.sha256(f"componentize-py {COMPONENTIZE_PY_VERSION}\n".encode())
     files = [source_dir / "filter.py", SDK_DIR / "python" / "sluice_app.py",
              *sorted((SDK_DIR / "python" / "sluice_filter").glob("*.py")),

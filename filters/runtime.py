@@ -127,9 +127,9 @@ def load_filter(spec: FilterSpec, *, cache: ModuleCache | None = None,
         first = str(exc).splitlines()[0] if str(exc) else "invalid module"
         raise FilterLoadError(f"{who}: {path} is not a valid Wasm module: {first}") from None
     runner = _select_abi(compiled.module, spec, who, eng)
-    if "admin" in spec.apply_to and isinstance(runner, ComponentAbi):
-        raise FilterLoadError(f"{who}: filter components cannot act on admin requests "
-                              "(remove admin from apply_to)")
+    if "admin" in spec.apply_to and isinstance(runner, ComponentAbi) and not runner.supports_admin:
+        raise FilterLoadError(f"{who}: bound to admin but the component does not export admin "
+                              "(a Python filter registers @sluice_filter.on_admin)")
     if "admin" in spec.apply_to and not runner.supports_admin:
         if runner.abi.startswith("sluice-v1"):
             raise FilterLoadError(f"{who}: bound to admin but the module does not export "

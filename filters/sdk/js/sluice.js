@@ -1,7 +1,9 @@
 // The JavaScript SDK for Sluice filters: the module "sluice" that a filter imports.
 //
 // A filter registers one function: onRecord(fn), called once per record, or
-// engine.processRecord(fn) (seed 002's batch-in-batch-out shape), called once per batch. The
+// engine.processRecord(fn) (seed 002's batch-in-batch-out shape), called once per batch; an
+// admin filter registers onAdmin(fn), called once per admin resource (with or without a
+// record function). The
 // C shim (sluice_js.c) hands each batch to run() below and reads back one normalised result
 // per record: undefined = keep, null = drop, a string = reject with that reason, an object =
 // the record's new key, value and headers (absent members: as they were). The shim compares
@@ -67,6 +69,7 @@ export function config() {
 
 let recordHandler = null;
 let batchHandler = null;
+let adminHandler = null;
 
 function register(kind, fn) {
   if (typeof fn !== "function") throw new TypeError(`${kind} needs a function`);
@@ -89,6 +92,45 @@ export const engine = {
     register("processRecord", fn);
   },
 };
+
+class AdminAnswer {
+  constructor(decision, message) {
+    this.decision = decision;
+    this.message = String(message ?? "");
+  }
+}
+
+/** Register the admin function (FILTER_ABI.md section 5): fn(request) once per admin resource
+ * (a created topic, its partitions or its configs), returning allow(), deny(message),
+ * {decision: "rewrite", partitions, configs, message} or nothing (allow); it may be async.
+ * `sluice filter build` exports sluice_admin only for a filter.js that calls onAdmin. */
+export function onAdmin(fn) {
+  if (typeof fn !== "function") throw new TypeError("onAdmin needs a function");
+  if (adminHandler !== null) throw new Error("a filter registers one onAdmin function");
+  adminHandler = fn;
+}
+
+/** Admin: let the request through unchanged. */
+export function allow(message) {
+  return new AdminAnswer("allow", message);
+}
+
+/** Admin: refuse the resource; the client gets POLICY_VIOLATION with this message. */
+export function deny(message) {
+  return new AdminAnswer("deny", message);
+}
+
+const ADMIN_DECISIONS = ["allow", "deny", "rewrite"];
+
+function adminAnswer(result) {
+  if (result === undefined) return '{"decision":"allow"}';
+  if (result === null || typeof result !== "object" || Array.isArray(result) ||
+      !ADMIN_DECISIONS.includes(result.decision)) {
+    throw new TypeError("an admin function returns allow(), deny(message), " +
+                        "{decision: \"rewrite\", ...} or nothing");
+  }
+  return JSON.stringify(result);
+}
 
 function isThenable(v) {
   return v !== null && typeof v === "object" && typeof v.then === "function";
@@ -201,14 +243,24 @@ function runBatch(ctx, records) {
 // Called by the shim: once with the config, then once per batch.
 globalThis.__sluice_driver = {
   ready() {
-    if (recordHandler === null && batchHandler === null) {
-      throw new Error("the filter registers no handler: call onRecord(fn) or " +
-                      "engine.processRecord(fn)");
+    if (recordHandler === null && batchHandler === null && adminHandler === null) {
+      throw new Error("the filter registers no handler: call onRecord(fn), " +
+                      "engine.processRecord(fn) or onAdmin(fn)");
     }
   },
   // ctx is also the records' prototype: topic, partition, direction, clientId, principal.
+  // A filter with only an admin function keeps every record.
   run(ctx, records) {
-    return recordHandler !== null ? runRecords(records) : runBatch(ctx, records);
+    if (recordHandler !== null) return runRecords(records);
+    if (batchHandler !== null) return runBatch(ctx, records);
+    return new Array(records.length);
+  },
+  // One admin resource: the request's JSON text in, the answer's JSON text out (or a
+  // promise of it).
+  admin(text) {
+    if (adminHandler === null) throw new Error("this filter does not handle admin requests");
+    const result = adminHandler(JSON.parse(text));
+    return isThenable(result) ? result.then(adminAnswer) : adminAnswer(result);
   },
   recordPrototype: {
     /** The value of the last header called `name` (a RecordData or null), or undefined. */

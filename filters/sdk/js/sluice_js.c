@@ -5,7 +5,8 @@
  * wasi-libc), the SDK module "sluice" (sluice.js) and the user's filter.js, both embedded as
  * source by `sluice filter build` (embedded.c, generated). The shim implements every export
  * of the ABI (FILTER_ABI.md): both batch entry points, sluice_filter (the decoding path) and
- * sluice_filter_records (Kafka's record encoding), plus init, alloc and last_error. Each batch
+ * sluice_filter_records (Kafka's record encoding), plus init, alloc and last_error, and
+ * sluice_admin for a filter that calls onAdmin (the build defines SLUICE_JS_ADMIN). Each batch
  * becomes one array of record objects and one call into the SDK's driver (one crossing per
  * batch, as in every SDK); the driver answers one normalised result per record, which the
  * shim turns into decisions and encodes with the C SDK's helpers (sluice_filter.h, included
@@ -1044,3 +1045,38 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
     write_counters(&w);
     return sl__pack(out, (uint32_t)(w - out));
 }
+
+#ifdef SLUICE_JS_ADMIN
+/* Exported only when filter.js registers an admin function (the build defines SLUICE_JS_ADMIN
+ * then), so that a record filter cannot be bound to admin. One crossing into JavaScript per
+ * admin resource: the request's JSON text to the driver, the answer's JSON text back. */
+__attribute__((export_name("sluice_admin"))) int64_t sluice_admin(int32_t in_ptr, int32_t in_len) {
+    begin_call();
+    if (!engine_ready(sluice_bytes_of("", 0))) return -1;
+    JSValue fn = JS_GetPropertyStr(ctx, driver_obj, "admin");
+    JSValue arg = JS_NewStringLen(ctx, (const char *)(uintptr_t)(uint32_t)in_ptr,
+                                  (size_t)(in_len > 0 ? in_len : 0));
+    JSValue res = JS_Call(ctx, fn, driver_obj, 1, (JSValueConst *)&arg);
+    JS_FreeValue(ctx, fn);
+    JS_FreeValue(ctx, arg);
+    res = settle(res, "the admin function's promise never settled (a filter cannot wait for "
+                      "timers or I/O)");
+    if (JS_IsException(res)) return -1;
+    size_t n = 0;
+    const char *text = JS_ToCStringLen(ctx, &n, res);
+    JS_FreeValue(ctx, res);
+    if (text == NULL) {
+        error_from_exception(NULL);
+        return -1;
+    }
+    uint8_t *out = (uint8_t *)arena_alloc(n ? n : 1);
+    if (out == NULL) {
+        JS_FreeCString(ctx, text);
+        set_error("out of memory");
+        return -1;
+    }
+    memcpy(out, text, n);
+    JS_FreeCString(ctx, text);
+    return sl__pack(out, (uint32_t)n);
+}
+#endif

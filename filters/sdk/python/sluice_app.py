@@ -40,6 +40,14 @@ class WitWorld(wit_world.WitWorld):
         except Exception as exc:
             raise _error(exc) from None
 
+    # Exported only by the world sluice-filter-admin (a filter.py that uses on_admin): under
+    # the plain world, componentize-py ignores this method.
+    def admin(self, request: str) -> str:
+        try:
+            return sluice_filter.admin(request)
+        except Exception as exc:
+            raise _error(exc) from None
+
     def filter_records(self, batch: str) -> str:
         try:
             return sluice_filter.filter_records(batch.encode("latin-1")).decode("latin-1")

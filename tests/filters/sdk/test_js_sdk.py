@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from sluice.filters.admin import AdminResource
 from sluice.filters.build import build_filter
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
@@ -187,3 +188,60 @@ def test_deep_recursion_fails_the_batch_not_the_host(js: Callable[..., LoadedFil
     # QuickJS's own stack check (a RangeError) or the host's Wasm stack limit (a trap)
     assert "RangeError" in res.failure or res.failure.startswith("trap"), res.failure
     assert run(f, b"fine").failure is None
+
+
+ADMIN_POLICY = """
+import { onAdmin, onRecord, allow, deny, config } from "sluice";
+const max = config().max_partitions ?? 4;
+onRecord((r) => undefined);
+onAdmin(async (req) => {
+  if (req.op !== "create_topics") return allow();
+  const retention = req.configs["retention.ms"];
+  if (retention == null || Number(retention) < 3600000) {
+    return deny(`retention.ms ${retention} is below the minimum 3600000 for ${req.name}`);
+  }
+  if (req.name === "explode") throw new Error("asked to fail");
+  if (req.partitions > max) {
+    return { decision: "rewrite", message: "capped", partitions: max };
+  }
+});
+"""
+
+
+def test_an_admin_function_answers_each_resource(js: Callable[..., LoadedFilter]) -> None:
+    f = js(ADMIN_POLICY, apply_to=frozenset({"produce", "admin"}))
+    assert "admin" in f.capabilities and f.supports_admin
+
+    def ask(name: str, partitions: int, configs: dict[str, str | None]) -> Any:
+        return f.run_admin(AdminResource("create_topics", name, partitions=partitions,
+                                         replication_factor=1, configs=configs))
+
+    short = ask("t.short", 1, {"retention.ms": "1000"})
+    assert (short.decision, short.message) == (
+        "deny", "retention.ms 1000 is below the minimum 3600000 for t.short")
+    assert ask("t.none", 1, {}).decision == "deny"
+    ok = ask("t.ok", 2, {"retention.ms": "7200000"})
+    assert (ok.decision, ok.partitions) == ("allow", None)
+    capped = ask("t.big", 50, {"retention.ms": "7200000"})
+    assert (capped.decision, capped.partitions, capped.message) == ("rewrite", 4, "capped")
+    failed = ask("explode", 1, {"retention.ms": "7200000"})
+    assert failed.decision == "deny" and failed.failure is not None
+    assert "Error: asked to fail at filter.js:11" in failed.failure
+    assert ask("t.after", 1, {"retention.ms": "7200000"}).decision == "allow"
+    assert run(f, b"x").decisions[0].action == Action.KEEP  # records pass as before
+
+
+def test_admin_answers_are_checked_and_only_admin_filters_export_it(
+        js: Callable[..., LoadedFilter]) -> None:
+    f = js('import { onAdmin } from "sluice";\nonAdmin((req) => req.name);\n',
+           apply_to=frozenset({"admin"}))
+    v = f.run_admin(AdminResource("create_topics", "t", partitions=1))
+    assert v.decision == "deny" and v.failure is not None
+    assert "TypeError: an admin function returns allow(), deny(message)" in v.failure
+    # a filter with only an admin function keeps every record
+    assert run(f, b"x").decisions[0].action == Action.KEEP
+    # the build exports sluice_admin only for a filter that calls onAdmin
+    source = 'import { onRecord } from "sluice";\nonRecord((r) => undefined);\n'
+    assert "admin" not in js(source).capabilities
+    with pytest.raises(FilterLoadError, match="does not export"):
+        js(source, apply_to=frozenset({"admin"}))

@@ -16,7 +16,9 @@ The callback returns `keep()`, `drop()`, `reject(reason)` or a rewrite (`rec.wit
 `config()` is the filter's ``config:`` mapping (a dict; ``{}`` when absent); `on_init`
 registers a function that checks it once per instance (raise ValueError to refuse the load).
 `count(name, n)` adds to a detector counter. An exception in the callback fails the batch
-(the filter's ``on_error`` decides), with its type and message as the error.
+(the filter's ``on_error`` decides), with its type and message as the error. An admin filter
+registers `on_admin` (one admin resource as a dict in; `allow()`, `deny(message)`, a rewrite
+dict or None out).
 
 Both entry points of the world call the same callback: ``filter`` (the host's decoded batch)
 and ``filter-records`` (Kafka's own record encoding, the fast path: kept records are copied
@@ -117,6 +119,7 @@ class Record:
 
 _on_record: Callable[[Record], Decision | None] | None = None
 _on_init: Callable[[dict[str, Any]], None] | None = None
+_on_admin: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None
 _config: dict[str, Any] = {}
 _counts: dict[str, int] = {}
 
@@ -135,6 +138,27 @@ def on_init(fn: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], 
     return fn
 
 
+def on_admin(fn: Callable[[dict[str, Any]], dict[str, Any] | None]
+             ) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """Register the admin function (decorator; docs/FILTER_ABI.md section 5): called once per
+    admin resource with the request as a dict, it returns `allow()`, `deny(message)`, a dict
+    ``{"decision": "rewrite", ...}`` or None (allow). `sluice filter build` gives only a
+    filter.py that uses ``on_admin`` the world's admin export."""
+    global _on_admin
+    _on_admin = fn
+    return fn
+
+
+def allow(message: str = "") -> dict[str, Any]:
+    """Admin: let the resource through unchanged."""
+    return {"decision": "allow", "message": message}
+
+
+def deny(message: str) -> dict[str, Any]:
+    """Admin: refuse the resource; the client gets POLICY_VIOLATION with this message."""
+    return {"decision": "deny", "message": str(message)}
+
+
 def config() -> dict[str, Any]:
     """The filter's ``config:`` mapping."""
     return _config
@@ -151,8 +175,9 @@ def init(config_json: str) -> None:
     global _config
     parsed = json.loads(config_json) if config_json else {}
     _config = parsed if isinstance(parsed, dict) else {}
-    if _on_record is None:
-        raise ValueError("filter.py registers no @sluice_filter.on_record function")
+    if _on_record is None and _on_admin is None:
+        raise ValueError("filter.py registers no @sluice_filter.on_record (or on_admin) "
+                         "function")
     if _on_init is not None:
         _on_init(_config)
 
@@ -207,8 +232,23 @@ def _context(r: _Reader) -> tuple[str, str, int, str, str]:
     return direction, topic, partition, r.text(), r.text()
 
 
+def admin(request_json: str) -> str:
+    """One admin resource: the request's JSON in, the answer's JSON out."""
+    if _on_admin is None:
+        raise ValueError("this filter does not handle admin requests")
+    answer = _on_admin(json.loads(request_json))
+    if answer is None:
+        return '{"decision":"allow"}'
+    if not isinstance(answer, dict) or answer.get("decision") not in ("allow", "deny",
+                                                                      "rewrite"):
+        raise TypeError("an admin function returns allow(), deny(message), "
+                        '{"decision": "rewrite", ...} or None')
+    return json.dumps(answer, separators=(",", ":"))
+
+
 def _call(rec: Record) -> Decision:
-    assert _on_record is not None
+    if _on_record is None:  # a filter with only an admin function keeps every record
+        return _KEEP_DECISION
     d = _on_record(rec)
     if d is None:
         return _KEEP_DECISION

@@ -1,0 +1,109 @@
+"""What `sluice filter build` makes of a Python filter: a component holding the filter, the SDK
+and CPython's standard library, nothing of the machine that builds it; with the admin export
+(world sluice-filter-admin) only for a filter.py that registers `on_admin`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sluice.filters.abi_base import FilterLoadError
+from sluice.filters.admin import AdminResource, AdminVerdict
+from sluice.filters.build import BuildError, build_filter
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import FilterRecord, RecordContext
+from sluice.filters.decisions import Action
+from sluice.filters.runtime import load_filter
+
+MARKER = "sluice_builder_only_marker"
+EXAMPLES = Path(__file__).resolve().parents[3] / "filters" / "examples"
+
+
+def test_the_builders_site_packages_are_not_bundled(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """componentize-py appends a site-packages to the guest's path: $VIRTUAL_ENV's, else the
+    one that `python3` on $PATH names. A package that only the builder's python3 has must not
+    end up in the module (it used to: the build walked and mounted that whole directory)."""
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / f"{MARKER}.py").write_text("VALUE = 1\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"
+    # What `python3 -c 'import site; ...'` prints for componentize-py: the site directories.
+    fake.write_text(f"#!/bin/sh\necho '{site}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+
+    src = tmp_path / "filt"
+    src.mkdir()
+    (src / "filter.py").write_text(
+        f"import {MARKER}  # noqa: F401\n"
+        "import sluice_filter as sluice\n\n\n"
+        "@sluice.on_record\n"
+        "def f(rec):\n"
+        "    return sluice.keep()\n")
+    with pytest.raises(BuildError, match=f"No module named '{MARKER}'"):
+        build_filter(src, tmp_path / "out.wasm")
+
+
+POLICY = """
+import sluice_filter as sluice
+
+
+@sluice.on_record
+def upper(rec):
+    return rec.with_value(rec.value.upper()) if rec.value else None
+
+
+@sluice.on_admin
+def policy(req):
+    if req["op"] != "create_topics":
+        return sluice.allow()
+    retention = (req["configs"] or {}).get("retention.ms")
+    if retention is None or int(retention) < 3600000:
+        return sluice.deny(f"retention.ms must be at least 3600000, not {retention}")
+    if req["name"] == "explode":
+        raise ValueError("asked to fail")
+    if req["partitions"] > 12:
+        return {"decision": "rewrite", "message": "capped", "partitions": 12}
+    return None
+"""
+
+
+def test_a_python_admin_function_answers_each_resource(tmp_path: Path) -> None:
+    src = tmp_path / "policy"
+    src.mkdir()
+    (src / "filter.py").write_text(POLICY)
+    module = build_filter(src, tmp_path / "policy.wasm")
+    f = load_filter(FilterSpec(name="p", module=str(module),
+                               apply_to=frozenset({"produce", "admin"})),
+                    cache_dir=tmp_path / "cache")
+    assert "admin" in f.capabilities and f.supports_admin
+
+    def ask(name: str, partitions: int, configs: dict[str, str | None]) -> AdminVerdict:
+        return f.run_admin(AdminResource("create_topics", name, partitions=partitions,
+                                         replication_factor=1, configs=configs))
+
+    short = ask("t.short", 1, {"retention.ms": "1000"})
+    assert (short.decision, short.message) == (
+        "deny", "retention.ms must be at least 3600000, not 1000")
+    assert ask("t.ok", 2, {"retention.ms": "7200000"}).decision == "allow"
+    capped = ask("t.big", 50, {"retention.ms": "7200000"})
+    assert (capped.decision, capped.partitions) == ("rewrite", 12)
+    failed = ask("explode", 1, {"retention.ms": "7200000"})
+    assert failed.decision == "deny"
+    assert "ValueError: asked to fail" in (failed.failure or "")
+    ctx = RecordContext(topic="t", partition=0, direction="produce", client_id="c")
+    res = f.run_batch(ctx, [FilterRecord(0, 0, None, b"abc", [])])
+    assert res.decisions[0].action == Action.REWRITE and res.decisions[0].value == b"ABC"
+
+
+def test_a_python_record_filter_has_no_admin_export() -> None:
+    module = EXAMPLES / "upper-py" / "upper-py.wasm"
+    assert "admin" not in load_filter(FilterSpec(name="u", module=str(module))).capabilities
+    with pytest.raises(FilterLoadError, match="does not export admin"):
+        load_filter(FilterSpec(name="u", module=str(module), apply_to=frozenset({"admin"})))
