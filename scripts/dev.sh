@@ -16,7 +16,8 @@
 # libssl-dev for the native batch sealer of builtin:encrypt, Rust with the
 # wasm32 standard library and Node.js for the Rust and AssemblyScript filter SDKs) when
 # missing, the pinned Go toolchain for the Go SDK (from an installed Go), a virtualenv in .venv with the project and every Python dependency from
-# constraints.txt, the AssemblyScript compiler from its package-lock.json in .venv/node, and
+# constraints.txt (and py-spy for bench/profile_proxy.py, hash-checked against
+# scripts/profiling/requirements.txt), the AssemblyScript compiler from its package-lock.json in .venv/node, and
 # the Spark driver's class archive in .venv/share/sluice, and Apache Kafka's jars (Maven
 # Central, checked against scripts/kafka/jars.sha256) in .venv/share/kafka/libs, Kafka 3.9's
 # broker (scripts/kafka39) in .venv/share/kafka39/libs, Spark's Kafka source and sink
@@ -72,7 +73,8 @@ install_python() {
     echo "Sluice needs Python 3.11 (found $("$PY" --version))" >&2; exit 2; }
   local stamp="$VENV/.sluice-installed"
   local want
-  want="$(cat pyproject.toml constraints.txt scripts/python-filters/requirements.txt | sha256sum | cut -d' ' -f1)"
+  want="$(cat pyproject.toml constraints.txt scripts/python-filters/requirements.txt \
+    scripts/profiling/requirements.txt | sha256sum | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     return 0
   fi
@@ -83,6 +85,9 @@ install_python() {
   # Python filters' builder (a binary wheel with CPython for WASI inside), sha256-checked.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --require-hashes \
     -r scripts/python-filters/requirements.txt
+  # py-spy for bench/profile_proxy.py: a binary wheel only (its sdist needs a Rust build).
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --require-hashes \
+    --only-binary=:all: -r scripts/profiling/requirements.txt
   echo "$want" > "$stamp"
 }
 
