@@ -184,12 +184,15 @@ class ProducePath:
             if not expect:
                 return NoReply()
             return Answer(local_response(header, result.local))
-        body = frame[header.header_size :]
-        new_body = splice_produce_records(body, layout, result.replaced, result.drop)
+        view = memoryview(frame)
+        new_frame = splice_produce_records(
+            view[header.header_size :], layout, result.replaced, result.drop,
+            prefix=view[: header.header_size],
+        )
         if not expect:
             _emit(exchange, state, None)
         return Forward(
-            frame=bytes(frame[: header.header_size]) + new_body,
+            frame=new_frame,
             expect_response=expect,
             state=state,
             pin=self if expect else None,
