@@ -125,6 +125,8 @@ class EncryptRunner(HostRunner):
     implementation_version = ENCRYPT_IMPLEMENTATION_VERSION
     nests = True
     reserved_header_prefix = RESERVED_PREFIX
+    # Its only waits are the KMS and the data keys' lock, both behind filters/blocking.py.
+    never_waits = True
 
     def __init__(self, spec: FilterSpec, who: str) -> None:
         super().__init__(spec, who)
@@ -213,6 +215,11 @@ class EncryptRunner(HostRunner):
     # ------------------------------------------------------------------ native path
     @property
     def has_native(self) -> bool:
+        return self.use_native
+
+    @property
+    def cost_follows_size(self) -> bool:  # type: ignore[override]
+        # The native calls are one linear pass (parse, AES-GCM; fields: one JSON scan).
         return self.use_native
 
     @property

@@ -49,6 +49,7 @@ from sluice.proxy.paths.base import (
     Refused,
     RequestOutcome,
     Respond,
+    cost_follows_size,
     inline_key,
     job_size,
     with_topic_ids,
@@ -157,6 +158,7 @@ class ProducePath:
                 finish=lambda result: self._forward(ctx, exchange, frame, layout, result),
                 what="produce filters",
                 inline_key=inline_key(chain, "produce", names, client.principal),
+                scales=cost_follows_size(chain, "produce", names, client.principal),
                 size=job_size(len(frame), filtered),
             )
         )
