@@ -48,6 +48,10 @@ of the per-slice figures; one slice is too short for psutil's 10 ms ticks). CPU 
 (workload 3): its CPU in the latency window per record (one Produce request and response
 each), median over slices.
 
+`--baseline DIR` runs each Sluice variant a second time from another source tree (an earlier
+commit), as `VARIANT@base` in the same slices, and prints the ratios between the two: before
+and after figures from one interleaved run (bench/baseline.py).
+
 `--workers N` and `--proxy-arg ARG` (repeatable) are passed to every `sluice serve`;
 `--proxy-yaml TEXT` is appended to every Sluice variant's config file (for thread-pool and
 similar settings), so scaling can be measured with the same command.
@@ -60,13 +64,15 @@ import contextlib
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from bench import kroxylicious, latency, pairs, targets, workload
+from bench import baseline, kroxylicious, latency, pairs, targets, workload
 from sluice.kafka_broker import KafkaCluster
 from sluice.local_broker import TansuBroker, free_port
 
@@ -132,6 +138,8 @@ COMPARISONS = [
 ENCRYPT_FIELDS = ENCRYPT.replace('decrypt_for: ["User:ANONYMOUS"]',
                                  'decrypt_for: ["User:ANONYMOUS"], fields: [card]')
 OPTIONAL = ["encrypt-fields"]
+#: Suffix of a Sluice variant run from the --baseline source tree.
+BASE = "@base"
 SLUICE_CONFIGS: dict[str, str | None] = {
     "sluice": None,
     "mask-produce": MASK_PRODUCE,
@@ -236,7 +244,11 @@ def broker(kind: str, advertised_port: int | None = None) -> Iterator[str]:
 
 @contextlib.contextmanager
 def rig(
-    names: Sequence[str], proxy_args: Sequence[str], proxy_yaml: str, broker_kind: str = "tansu"
+    names: Sequence[str],
+    proxy_args: Sequence[str],
+    proxy_yaml: str,
+    broker_kind: str = "tansu",
+    source: baseline.Source | None = None,
 ) -> Iterator[dict[str, Point]]:
     """Start everything the variants need, once, for the whole run."""
     with contextlib.ExitStack() as stack:
@@ -256,15 +268,17 @@ def rig(
                 )
                 points[name] = Point(target, main)
             else:
-                config = SLUICE_CONFIGS[name]
-                if name in ("encrypt", "encrypt-fields"):
+                own = name.removesuffix(BASE)
+                config = SLUICE_CONFIGS[own]
+                if own in ("encrypt", "encrypt-fields"):
                     keys = stack.enter_context(
                         tempfile.TemporaryDirectory(prefix="sluice-bench-keys-")
                     )
-                    config = SLUICE_CONFIGS[name].format(  # type: ignore[union-attr]
+                    config = SLUICE_CONFIGS[own].format(  # type: ignore[union-attr]
                         path=json.dumps(f"{keys}/keys.json"))
                 text = "\n".join(t for t in (config, proxy_yaml) if t) or None
-                target = stack.enter_context(targets.sluice(main, text, list(proxy_args)))
+                target = stack.enter_context(targets.sluice(
+                    main, text, list(proxy_args), source if name.endswith(BASE) else None))
                 points[name] = Point(target, main)
         yield points
 
@@ -409,7 +423,8 @@ def _throughput_report(result: Result) -> str:
                 "WARNING: direct consume is slower than direct produce: the consuming client, "
                 "not the path, may be what the consume column measures."
             )
-    for top, bottom in COMPARISONS:
+    against_base = [(n, n + BASE) for n in rows if n + BASE in rows]
+    for top, bottom in [*COMPARISONS, *against_base]:
         if top not in rows or bottom not in rows:
             continue
         a, b = rows[top], rows[bottom]
@@ -494,6 +509,14 @@ def main(argv: list[str] | None = None) -> int:
         "--proxy-yaml", default="", help="YAML appended to every Sluice variant's config file"
     )
     ap.add_argument(
+        "--baseline",
+        default="",
+        metavar="DIR",
+        help="another Sluice source tree (a git worktree of an earlier commit): each Sluice "
+        "variant also runs from it as VARIANT@base, interleaved, and is compared with it "
+        "(bench/baseline.py)",
+    )
+    ap.add_argument(
         "--quick",
         action="store_true",
         help="tiny run that checks the harness (2 slices, 3 000 records, 1 s windows at 200/s)",
@@ -535,8 +558,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.slices, args.records, args.rate, args.seconds = 2, 3000, 200, 1.0
         args.warmup = min(args.warmup, 1000)
+    source = None
+    if args.baseline:
+        try:
+            source = baseline.prepare(Path(args.baseline))
+        except (ValueError, OSError, subprocess.CalledProcessError) as e:
+            ap.error(f"--baseline {args.baseline}: {e}")
+        names = [m for n in names for m in ((n, n + BASE) if n in SLUICE_CONFIGS else (n,))]
     proxy_args = [*(["--workers", str(args.workers)] if args.workers > 1 else []), *args.proxy_arg]
-    with rig(names, proxy_args, args.proxy_yaml, args.broker) as points:
+    with rig(names, proxy_args, args.proxy_yaml, args.broker, source) as points:
         if cpus_proxy is not None:
             for point in points.values():
                 if point.target.pid is not None:
