@@ -320,3 +320,26 @@ def test_a_lent_section_read_by_a_second_sealer_is_not_overwritten(
         opened = first.run_native(FETCH, peeled.records, 50, 0, 0)
         assert opened is not None and opened.records is not None
         assert bytes(opened.records) == section
+
+
+def test_a_produced_section_is_parsed_once_for_the_screen_and_the_seal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain screens a produced section for forged sluice.enc headers just before the
+    sealer counts its values: one pass over the records serves both."""
+    c = chain(tmp_path)
+    calls: list[int] = []
+    real = batch_seal.scan
+
+    def counted(section: Any, count: int, reserved: str = "") -> batch_seal.Scan:
+        calls.append(count)
+        return real(section, count, reserved)
+    monkeypatch.setattr(batch_seal, "scan", counted)
+    data = batch([*values(20), None])
+    stored = filter_produce(c, PRODUCE, data)
+    assert stored.error_code == 0 and stored.changed
+    assert calls == [21]
+    assert c.filters[0].native_fallbacks == 0
+    # And the seal is what it was: the records open back to the produced ones.
+    back = filter_fetch(c, FETCH, stored.records or b"")
+    assert [(r.key, r.value, r.headers) for r in records_of(bytes(back.records))] == [
+        (r.key, r.value, r.headers) for r in records_of(data)]
