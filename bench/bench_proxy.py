@@ -53,6 +53,10 @@ included) per record over each whole produce or consume call, the client's set-u
 included (median of slices): a client that costs more per record hides more of a proxy's cost
 on a machine whose cores they share (bench.chunked's long-lived producer costs less).
 
+`--baseline DIR` runs each Sluice variant a second time from another source tree (an earlier
+commit), as `VARIANT@base` in the same slices, and prints the ratios between the two: before
+and after figures from one interleaved run (bench/baseline.py).
+
 `--workers N` and `--proxy-arg ARG` (repeatable) are passed to every `sluice serve`;
 `--proxy-yaml TEXT` is appended to every Sluice variant's config file (for thread-pool and
 similar settings), so scaling can be measured with the same command.
@@ -63,12 +67,14 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from bench import latency, pairs, targets, workload
-from bench.rig import Point, add_rig_arguments, rig, variant_names
+from bench import baseline, latency, pairs, targets, workload
+from bench.rig import BASE, SLUICE_CONFIGS, Point, add_rig_arguments, rig, variant_names
 
 # Per-slice ratios printed under the throughput table: (numerator, denominator).
 COMPARISONS = [
@@ -299,7 +305,8 @@ def _throughput_report(result: Result) -> str:
                 "WARNING: direct consume is slower than direct produce: the consuming client, "
                 "not the path, may be what the consume column measures."
             )
-    for top, bottom in COMPARISONS:
+    against_base = [(n, n + BASE) for n in rows if n + BASE in rows]
+    for top, bottom in [*COMPARISONS, *against_base]:
         if top not in rows or bottom not in rows:
             continue
         a, b = rows[top], rows[bottom]
@@ -340,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--workload", default="1,2,3", help="comma-separated: 1, 2, 3")
     add_rig_arguments(ap)
+    ap.add_argument(
+        "--baseline",
+        default="",
+        metavar="DIR",
+        help="another Sluice source tree (a git worktree of an earlier commit): each Sluice "
+        "variant also runs from it as VARIANT@base, interleaved, and is compared with it "
+        "(bench/baseline.py)",
+    )
     ap.add_argument("--slices", type=int, default=7, help="interleaved slices per workload")
     ap.add_argument(
         "--records", type=int, default=500_000, help="records per variant and slice (1 and 2)"
@@ -396,8 +411,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.slices, args.records, args.rate, args.seconds = 2, 3000, 200, 1.0
         args.warmup = min(args.warmup, 1000)
+    source = None
+    if args.baseline:
+        try:
+            source = baseline.prepare(Path(args.baseline))
+        except (ValueError, OSError, subprocess.CalledProcessError) as e:
+            ap.error(f"--baseline {args.baseline}: {e}")
+        names = [m for n in names for m in ((n, n + BASE) if n in SLUICE_CONFIGS else (n,))]
     proxy_args = [*(["--workers", str(args.workers)] if args.workers > 1 else []), *args.proxy_arg]
-    with rig(names, proxy_args, args.proxy_yaml, args.broker) as points:
+    with rig(names, proxy_args, args.proxy_yaml, args.broker, source) as points:
         if cpus_proxy is not None:
             for point in points.values():
                 if point.target.pid is not None:

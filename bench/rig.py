@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from bench import kroxylicious, targets
+from bench import baseline, kroxylicious, targets
 from sluice.kafka_broker import KafkaCluster
 from sluice.local_broker import TansuBroker, free_port
 
@@ -75,6 +75,8 @@ KAFKA_CONFIG = {"message.max.bytes": str(8 << 20)}
 ENCRYPT_FIELDS = ENCRYPT.replace('decrypt_for: ["User:ANONYMOUS"]',
                                  'decrypt_for: ["User:ANONYMOUS"], fields: [card]')
 OPTIONAL = ["encrypt-fields"]
+#: Suffix of a Sluice variant run from the --baseline source tree.
+BASE = "@base"
 SLUICE_CONFIGS: dict[str, str | None] = {
     "sluice": None,
     "mask-produce": MASK_PRODUCE,
@@ -116,7 +118,11 @@ def broker(kind: str, advertised_port: int | None = None) -> Iterator[str]:
 
 @contextlib.contextmanager
 def rig(
-    names: Sequence[str], proxy_args: Sequence[str], proxy_yaml: str, broker_kind: str = "tansu"
+    names: Sequence[str],
+    proxy_args: Sequence[str],
+    proxy_yaml: str,
+    broker_kind: str = "tansu",
+    source: baseline.Source | None = None,
 ) -> Iterator[dict[str, Point]]:
     """Start everything the variants need, once, for the whole run."""
     with contextlib.ExitStack() as stack:
@@ -136,15 +142,17 @@ def rig(
                 )
                 points[name] = Point(target, main)
             else:
-                config = SLUICE_CONFIGS[name]
-                if name in ("encrypt", "encrypt-fields"):
+                own = name.removesuffix(BASE)
+                config = SLUICE_CONFIGS[own]
+                if own in ("encrypt", "encrypt-fields"):
                     keys = stack.enter_context(
                         tempfile.TemporaryDirectory(prefix="sluice-bench-keys-")
                     )
-                    config = SLUICE_CONFIGS[name].format(  # type: ignore[union-attr]
+                    config = SLUICE_CONFIGS[own].format(  # type: ignore[union-attr]
                         path=json.dumps(f"{keys}/keys.json"))
                 text = "\n".join(t for t in (config, proxy_yaml) if t) or None
-                target = stack.enter_context(targets.sluice(main, text, list(proxy_args)))
+                target = stack.enter_context(targets.sluice(
+                    main, text, list(proxy_args), source if name.endswith(BASE) else None))
                 points[name] = Point(target, main)
         yield points
 

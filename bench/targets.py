@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from bench import baseline
 from sluice.local_broker import wait_for_port
 from tests.harness.proxy import SluiceProxy
 
@@ -42,15 +43,21 @@ def direct(broker_bootstrap: str) -> Iterator[Target]:
 
 @contextlib.contextmanager
 def sluice(
-    broker_bootstrap: str, config_text: str | None = None, args: list[str] | None = None
+    broker_bootstrap: str,
+    config_text: str | None = None,
+    args: list[str] | None = None,
+    source: baseline.Source | None = None,
 ) -> Iterator[Target]:
+    """`sluice serve` from this checkout, or from `source` (another source tree)."""
     cfg_path: Path | None = None
     if config_text is not None:
         fd, name = tempfile.mkstemp(prefix="sluice-bench-", suffix=".yaml")
         os.write(fd, config_text.encode())
         os.close(fd)
         cfg_path = Path(name)
-    proxy = SluiceProxy(upstream=broker_bootstrap, config=cfg_path, extra_args=list(args or []))
+    proxy = SluiceProxy(upstream=broker_bootstrap, config=cfg_path, extra_args=list(args or []),
+                        env=dict(source.env) if source else {},
+                        cwd=source.cwd if source else None)
     proxy.start()
     try:
         assert proxy.process is not None

@@ -359,8 +359,10 @@ def splice_produce_records(
     layout: ProduceRequestLayout,
     records: Mapping[tuple[int, int], Buffer | None],
     drop: Collection[tuple[int, int]] = (),
+    prefix: Buffer = b"",
 ) -> bytes:
-    """`body` (scanned into `layout`) with new records for some partitions and others removed.
+    """`body` (scanned into `layout`) with new records for some partitions and others removed,
+    after `prefix` (the request header: the frame is written in one copy, not two).
 
     `records` maps a partition's position ``(topic i, partition j)`` to its new records bytes
     (None writes a null records field); `drop` lists positions to leave out (a position in
@@ -375,7 +377,7 @@ def splice_produce_records(
     flexible = layout.flexible
     dropped = set(drop)
     changed_topics = {i for i, _ in records} | {i for i, _ in dropped}
-    pieces: list[Buffer] = []
+    pieces: list[Buffer] = [prefix]
     kept_topics = len(layout.topics)
     topic_pieces: list[Buffer] = []
     for i, topic in enumerate(layout.topics):

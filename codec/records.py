@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
 
-import google_crc32c
+import crc32c as _crc32c_buffers
 from aiokafka.record._crecords.default_records import (
     DefaultRecordBatch as _CyBatch,
 )
@@ -100,8 +99,10 @@ Buffer = bytes | bytearray | memoryview
 
 
 def crc32c(data: Buffer) -> int:
-    """CRC-32C (Castagnoli) of `data`."""
-    return int(google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data))
+    """CRC-32C (Castagnoli) of `data`, read in place: the crc32c module (SSE 4.2) takes any
+    buffer, where google_crc32c took only bytes and a view of a frame was copied first (a
+    megabyte per batch on the filtered paths)."""
+    return int(_crc32c_buffers.crc32c(data))
 
 
 @dataclass(slots=True)
@@ -247,8 +248,7 @@ def verify_crc(batch: Buffer) -> bool:
     if length < _MIN_BATCH_LENGTH or end > len(batch):
         return False
     (stored,) = struct.unpack_from(">I", batch, _CRC_OFFSET)
-    view = memoryview(batch)[_ATTRIBUTES_OFFSET:end]
-    return int(google_crc32c.value(bytes(view))) == stored
+    return crc32c(memoryview(batch)[_ATTRIBUTES_OFFSET:end]) == stored
 
 
 def records_section(batch: RawBatch, limits: BatchLimits = DEFAULT_BATCH_LIMITS) -> Buffer:
@@ -551,7 +551,7 @@ def _assemble(header: BatchHeader, attributes: int, payload: Buffer, count: int)
             header.base_sequence,
             count,
         )
-        crc = google_crc32c.extend(google_crc32c.value(after_crc), _as_bytes(payload))
+        crc = _crc32c_buffers.crc32c(payload, _crc32c_buffers.crc32c(after_crc))
         before_crc = _BEFORE_CRC.pack(
             header.base_offset,
             _MIN_BATCH_LENGTH + len(payload),
@@ -562,8 +562,3 @@ def _assemble(header: BatchHeader, attributes: int, payload: Buffer, count: int)
     except struct.error as exc:
         raise EncodeError(f"batch header field out of range: {exc}") from exc
     return b"".join((before_crc, after_crc, payload))
-
-
-def _as_bytes(data: Any) -> Any:
-    # google_crc32c's C functions accept bytes; memoryviews must be converted.
-    return data if isinstance(data, bytes) else bytes(data)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sluice.crypto.envelope import NONCE_SIZE, TAG_SIZE, Header
+from sluice.filters.native_io import may_lend
 
 try:
     from sluice.crypto._batch_seal import ffi as _ffi  # type: ignore[import-not-found, unused-ignore]
@@ -45,7 +46,8 @@ def _space(slot: str, size: int) -> bytearray:
     the next call: the native calls' scratch and output space. A fresh `bytearray` would be
     zero-filled (and its pages faulted in) on every batch, megabytes per 1 000-record batch
     in fields mode, only for the C code to overwrite what it uses. The C code writes every
-    byte it reads; results leave as a copy of the bytes written, never as a view of this."""
+    byte it reads; results leave as a copy of the bytes written, or as a view of the output
+    buffer only where the caller said it consumes it before the next call (`_result`)."""
     buf: bytearray | None = getattr(_local, slot, None)
     if buf is not None and len(buf) >= size:
         return buf
@@ -53,6 +55,23 @@ def _space(slot: str, size: int) -> bytearray:
     if size <= _KEEP_BYTES:
         setattr(_local, slot, buf)
     return buf
+
+
+def _output(section: Any, size: int) -> bytearray:
+    """The output buffer of a call over `section`: never the buffer `section` is a view of
+    (the section a first filter lent, read by a second one), so two slots take turns."""
+    buf = _space("out", size)
+    if isinstance(section, memoryview) and section.obj is buf:
+        return _space("out2", size)
+    return buf
+
+
+def _result(out: bytearray, n: int) -> bytes | memoryview:
+    """The `n` bytes written to `out`: a view where the caller lends (native_io.lending:
+    it consumes them before this thread's next call), else a copy."""
+    if may_lend():
+        return memoryview(out)[:n]
+    return bytes(memoryview(out)[:n])
 
 
 class NativeSealError(RuntimeError):
@@ -183,7 +202,7 @@ def scan(section: Any, count: int, reserved: str = "") -> Scan:
 
 
 def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
-                 ours: Sequence[Header]) -> tuple[bytes, bytes, int]:
+                 ours: Sequence[Header]) -> tuple[bytes | memoryview, bytes, int]:
     """(new section, fate byte per record: 0 kept (a tombstone), 1 sealed, records sealed).
     `nonces` holds 12 bytes per record with a value, used in order; `prefix` is the batch's
     AAD prefix (`aad_prefix_v2`, layout 3), `ours` the proxy's headers appended to each
@@ -192,24 +211,24 @@ def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: by
     src = ffi.from_buffer(section)
     group = encode_headers(ours)
     cap = len(src) + count * (len(group) + _GROWTH)
-    out = _space("out", cap)
+    out = _output(section, cap)
     fates = bytearray(count)
     scratch = _space("scratch", len(prefix) + 64 + len(src) + TAG_SIZE)
     sealed = ffi.new("uint32_t *")
     n = _check(lib.sb_seal_values(src, len(src), count, key, nonces, prefix, len(prefix), group,
                                   len(group), len(ours), ffi.from_buffer(scratch), len(scratch),
                                   ffi.from_buffer(out), cap, ffi.from_buffer(fates), sealed))
-    return bytes(memoryview(out)[:n]), bytes(fates), int(sealed[0])
+    return _result(out, n), bytes(fates), int(sealed[0])
 
 
 def open_section(section: Any, count: int, key: bytes, prefix: bytes, group: bytes,
-                 group_count: int) -> tuple[bytes, bytes]:
+                 group_count: int) -> tuple[bytes | memoryview, bytes]:
     """(new section, fate byte per record: 0 kept (not encrypted), 1 opened). Every encrypted
     record must carry exactly `group` (else `Slow`); `Tampered` names the first record that
     fails authentication."""
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
-    out = _space("out", len(src))
+    out = _output(section, len(src))
     fates = bytearray(count)
     scratch = _space("scratch", len(prefix) + 64 + len(src))
     where = ffi.new("uint32_t *")
@@ -219,7 +238,7 @@ def open_section(section: Any, count: int, key: bytes, prefix: bytes, group: byt
     if n == _TAMPERED:
         raise Tampered(int(where[0]))
     n = _check(n)
-    return bytes(memoryview(out)[:n]), bytes(fates)
+    return _result(out, n), bytes(fates)
 
 
 def pack_paths(paths: Sequence[str]) -> bytes:
@@ -264,7 +283,7 @@ def plan_fields(section: Any, count: int, packed: bytes, npaths: int, max_seals:
 
 def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
                 packed: bytes, npaths: int, ours: Sequence[Header], max_seals: int,
-                plan: FieldPlan | None = None) -> tuple[bytes, bytes, int, int]:
+                plan: FieldPlan | None = None) -> tuple[bytes | memoryview, bytes, int, int]:
     """Fields mode: (new section, fate per record, records sealed, fields sealed). `ours` are
     the proxy's headers but ``sluice.enc.fields``, which each sealed record also gets. `plan`
     is `plan_fields`'s answer for this very section (without it each value is scanned)."""
@@ -272,7 +291,7 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: byt
     src = ffi.from_buffer(section)
     group = encode_headers(ours)
     cap = 2 * len(src) + count * (len(group) + len(packed) + 128) + 64 * len(nonces) + 4096
-    out = _space("out", cap)
+    out = _output(section, cap)
     fates = bytearray(count)
     scratch = _space("scratch", len(prefix) + 4 * len(src) + 64 * 256 + 4096)
     records = ffi.new("uint32_t *")
@@ -284,11 +303,11 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: byt
                                   len(ours), max_seals, ffi.from_buffer(scratch), len(scratch),
                                   ffi.from_buffer(out), cap, ffi.from_buffer(fates), records,
                                   seals, spans, 0 if plan is None else len(plan.spans) // 4))
-    return bytes(memoryview(out)[:n]), bytes(fates), int(records[0]), int(seals[0])
+    return _result(out, n), bytes(fates), int(records[0]), int(seals[0])
 
 
 def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: Sequence[Header]
-                ) -> tuple[bytes, bytes, int]:
+                ) -> tuple[bytes | memoryview, bytes, int]:
     """Fields mode: (new section, fate per record, records opened). Every encrypted record's
     group must be exactly `group3` (the proxy's headers before ``sluice.enc.fields``: one in
     layout 3, three in layout 2, else `Slow`) and a ``sluice.enc.fields`` header; `Tampered`
@@ -296,7 +315,7 @@ def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: Seq
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
     group = encode_headers(group3)
-    out = _space("out", len(src))
+    out = _output(section, len(src))
     fates = bytearray(count)
     scratch = _space("scratch", len(prefix) + 2 * len(src) + 4096)
     where = ffi.new("uint32_t *")
@@ -307,4 +326,4 @@ def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: Seq
     if n == _TAMPERED:
         raise Tampered(int(where[0]))
     n = _check(n)
-    return bytes(memoryview(out)[:n]), bytes(fates), int(opened[0])
+    return _result(out, n), bytes(fates), int(opened[0])

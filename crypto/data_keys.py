@@ -28,6 +28,7 @@ from typing import Final
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sluice.crypto.kms import Kms
+from sluice.filters import blocking
 
 DEFAULT_MAX_RECORDS: Final = 1 << 24
 DEFAULT_MAX_AGE_SECONDS: Final = 3600.0
@@ -77,12 +78,16 @@ class DataKeys:
         if seals > self.max_records:
             raise ValueError(f"{seals} seals exceed data_key_max_records ({self.max_records}); "
                              "split the batch")
-        with self._lock:
+        # On the event loop (a job run inline) neither the lock nor the KMS may be waited
+        # for: filters/blocking.py gives the job back to the thread pool instead.
+        blocking.acquire(self._lock)
+        try:
             now = self.clock()
             key = self._active.get(name)
             max_age = min(self.max_age_seconds, self.cache_seconds)
             if key is None or key.used + seals > self.max_records or (
                     now - key.created >= max_age):
+                blocking.check()
                 fresh = self.kms.generate_data_key(name)
                 key = ActiveKey(name, fresh.key_version, fresh.wrapped, AESGCM(fresh.plaintext),
                                 now, raw=bytes(fresh.plaintext))
@@ -90,6 +95,8 @@ class DataKeys:
                 self.generated += 1
             key.used += seals
             return key
+        finally:
+            self._lock.release()
 
     def for_decrypt(self, name: str, version: str, wrapped: bytes) -> AESGCM:
         """The cipher for a wrapped data key (one KMS call per key per `cache_seconds`)."""
@@ -99,15 +106,19 @@ class DataKeys:
         """`for_decrypt`'s cipher with the plaintext key (for the native batch sealer)."""
         cache_key = (name, version, wrapped)
         now = self.clock()
-        with self._lock:
+        blocking.acquire(self._lock)
+        try:
             hit = self._unwrapped.get(cache_key)
             if hit is not None and now - hit[0] < self.cache_seconds:
                 self._unwrapped.move_to_end(cache_key)
                 return hit[1], hit[2]
             active = self._active.get(name)
+        finally:
+            self._lock.release()
         if active is not None and active.wrapped == wrapped and (
                 now - active.created < self.cache_seconds):
             return active.aead, active.raw
+        blocking.check()
         raw = bytes(self.kms.decrypt_data_key(name, version, wrapped))
         aead = AESGCM(raw)
         with self._lock:

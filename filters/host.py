@@ -47,6 +47,12 @@ class HostRunner:
     #: Header-name prefix only this filter writes; the chain refuses produced records that
     #: carry one (None: no such prefix).
     reserved_header_prefix: ClassVar[str | None] = None
+    #: Never waits on a thread inside `blocking.forbidden()` (raises `WouldBlock` where it
+    #: would), so its jobs may run inline on the event loop (proxy/net/job_placement.py).
+    never_waits: ClassVar[bool] = False
+    #: Its cost per batch follows the batch's size and nothing else (the proxy's own native
+    #: code, no guest), so the proxy may estimate it from the declared size.
+    cost_follows_size: bool = False
 
     def __init__(self, spec: FilterSpec, who: str) -> None:
         self.spec = spec
@@ -103,6 +109,7 @@ class BlockRunner(HostRunner):
     """
 
     kind = "block"
+    never_waits = True
 
     def __init__(self, spec: FilterSpec, who: str) -> None:
         super().__init__(spec, who)

@@ -87,6 +87,7 @@ from sluice.filters.chain import (
 )
 from sluice.filters.context import RecordContext
 from sluice.filters.decisions import PartitionError
+from sluice.filters.native_io import lending
 
 NONE: Final = ErrorCode.NONE
 CORRUPT_MESSAGE: Final = ErrorCode.CORRUPT_MESSAGE
@@ -244,21 +245,31 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
     without drops or rejects) is built here first and checked where its records sit, which
     saves `check_section`'s copy of the records behind a neutral header. A section only the
     proxy's own native code wrote (`NativeChainResult.trusted`, e.g. the encrypt filter's
-    sealer over the checked input) is not checked again: the check guards against guests."""
+    sealer over the checked input) is not checked again: the check guards against guests;
+    such a section may be lent (`native_io.lending`, a view of the sealer's buffer), so its
+    batch is built here, whatever the codec, before anything else runs on this thread."""
     header = batch.header
     built: bytes | None = None
     try:
-        result = chain.run_native(ctx, plain, header.record_count, offset_base=offset_base,
-                                  timestamp_base=header.base_timestamp)
-        if result is None or not result.changed:
-            return None if result is None else (result, None)
-        as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
-        if header.compression == CODEC_NONE and result.count and as_built:
-            built = build_batch_from_section(header, result.records, result.count)
-            if not result.trusted:
-                check_batch(built)
-        elif not result.trusted:
-            check_section(result.records, result.count, header.attributes)
+        with lending():
+            result = chain.run_native(ctx, plain, header.record_count,
+                                      offset_base=offset_base,
+                                      timestamp_base=header.base_timestamp)
+            if result is None or not result.changed:
+                return None if result is None else (result, None)
+            as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
+            if result.trusted and result.count and as_built:
+                built = build_batch_from_section(header, result.records, result.count)
+            elif header.compression == CODEC_NONE and result.count and as_built:
+                built = build_batch_from_section(header, result.records, result.count)
+                if not result.trusted:
+                    check_batch(built)
+            elif not result.trusted:
+                check_section(result.records, result.count, header.attributes)
+            if built is None and isinstance(result.records, memoryview):
+                # Possibly lent: the caller builds from it after this thread's next native
+                # call. (With `built`, the callers never read `records` again.)
+                result.records = bytes(result.records)
     except CodecError:
         return None
     return result, built
@@ -519,7 +530,9 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
     if not changed:
         return out
     out.changed = True
-    parts.append(tail)
+    if len(tail):
+        parts.append(tail)
+    # One batch: the rebuilt batch itself (joining one bytes object copies nothing).
     out.records = b"".join(parts)
     return out
 

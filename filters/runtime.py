@@ -28,7 +28,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import structlog
@@ -36,6 +37,7 @@ import wasmtime
 from wasmtime import component as wc
 
 from sluice.codec.records import Buffer
+from sluice.filters import blocking
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
 from sluice.filters.abi_component import ComponentAbi
 from sluice.filters.abi_connect import ConnectAbi, connect_function
@@ -171,6 +173,16 @@ class LoadedFilter:
         #: The counters above and the metrics still see every one.
         self.repeats = RepeatLimiter()
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The filter's lock; on the event loop (a job inline) only if it is free now, else
+        `blocking.WouldBlock`: another thread's run (a KMS call) must not stall the loop."""
+        blocking.acquire(self._lock)
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     @property
     def supports_admin(self) -> bool:
         return self._runner.supports_admin
@@ -180,6 +192,21 @@ class LoadedFilter:
         """Whether the filter seals what earlier filters produced, so fetch must run it
         before them (host filters that say so: ``builtin:encrypt``)."""
         return bool(getattr(self._runner, "nests", False))
+
+    @property
+    def never_waits(self) -> bool:
+        """Whether a run never waits on a thread inside `blocking.forbidden()` (it raises
+        `blocking.WouldBlock` there instead), so it may run inline on the event loop: a Wasm
+        guest (bounded by its own deadline) or a host filter that says so."""
+        runner = self._runner
+        return not isinstance(runner, HostRunner) or runner.never_waits
+
+    @property
+    def cost_follows_size(self) -> bool:
+        """Whether a run's cost follows the records' size alone (the proxy's own native code;
+        a guest's never does: records can be crafted to make it slow)."""
+        runner = self._runner
+        return isinstance(runner, HostRunner) and runner.cost_follows_size
 
     @property
     def reserved_header_prefix(self) -> str | None:
@@ -225,7 +252,7 @@ class LoadedFilter:
                                          timestamp_base)
         if not isinstance(runner, (SluiceAbi, ComponentAbi)) or not runner.has_native:
             return None
-        with self._lock:
+        with self._locked():
             try:
                 return runner.run_native(ctx, records, count, offset_base, timestamp_base)
             except Exception as exc:
@@ -246,7 +273,7 @@ class LoadedFilter:
         its own rules)."""
         if not runner.has_native:
             return None
-        with self._lock:
+        with self._locked():
             try:
                 return runner.run_native(ctx, records, count, offset_base, timestamp_base)
             except PartitionError as exc:
@@ -308,7 +335,7 @@ class LoadedFilter:
         failure: str | None = None
         remembered = getattr(self._native_failure, "last", None)
         self._native_failure.last = None
-        with self._lock:
+        with self._locked():
             try:
                 if remembered is not None and remembered[0] == (
                     id(ctx), offset_base, timestamp_base, len(records)

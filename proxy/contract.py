@@ -12,8 +12,9 @@ What both sides (and telemetry) must name lives here, with no dependency of its 
   for look-ups (`net/upstream_client.py` implements it).
 - `QuotaGate`: the byte-rate quotas as the connection asks them (`ops/quotas.py` implements
   it), so that the sans-IO core does not import the configuration room.
-- `INLINE_MAX_BYTES`: the largest job that may run inline on the loop (`net/job_placement.py`),
-  which the paths' `job_size` is measured against.
+- `INLINE_MAX_BYTES`, `INLINE_SCALED_MAX_BYTES`: the largest job that may run inline on the
+  loop, and the largest whose cost follows its size (`net/job_placement.py`), which the paths'
+  `job_size` is measured against.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ if TYPE_CHECKING:
 _ids = itertools.count(1)
 
 #: A job larger than this (its frame, with filtered records counted at their declared size)
-#: always goes to the filter thread pool.
+#: always goes to the filter thread pool...
 INLINE_MAX_BYTES = 16 * 1024
+#: ...unless its cost follows its size (the proxy's own native code), up to this size.
+INLINE_SCALED_MAX_BYTES = 1 << 20
 
 
 @dataclass(slots=True)

@@ -23,6 +23,18 @@ records crafted to make a filter slow must not stall the loop every `learn` batc
 a kind is found out, the loop stalls at most once per `learn * max_backoff` of its jobs, each
 stall bounded by a Wasm filter's `timeout_ms`.
 
+Jobs whose cost follows their size (`scales`: only the proxy's own native code runs, e.g. the
+encrypt filter's sealer, never a guest) may also run inline above `max_bytes`, up to
+`scaled_max_bytes`, when their kind has proved fast (as above, a run over `max_bytes` counting
+as fast when within `scaled_max_seconds`) and its cost estimated from the size is within
+`scaled_max_seconds`: the kind's CPU seconds per byte, learnt from its jobs over
+`max_bytes` (a costlier run raises the rate at once, cheaper ones lower it slowly). The budget is
+about what the hand-off itself costs under load (two thread wake-ups: 1-2 ms of wall time on a
+busy 2-core machine), so the loop stalls no longer than the connection would have waited. The
+size is the declared one (`paths/base.job_size`): a compressed batch whose codec declares no
+binding size is never estimated, it goes to the pool. A scaled job inline that takes more than
+twice the budget backs its kind off as a slow run does.
+
 Thread safety: `record` is called from pool threads. Each update is a few list item
 assignments; a lost update between two threads only delays or hastens a placement change by
 one job, which the rule tolerates, so no lock is taken on the data path.
@@ -32,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sluice.proxy.contract import INLINE_MAX_BYTES
+from sluice.proxy.contract import INLINE_MAX_BYTES, INLINE_SCALED_MAX_BYTES
 
 #: Defaults: a job must stay well under the thread hop it saves to be worth inlining, and a
 #: stall of the loop this long is below the latency noise of a loaded machine.
@@ -42,6 +54,8 @@ LEARN = 8
 BACKOFF = 4
 MAX_BACKOFF = 4096
 MAX_KEYS = 4096
+SCALED_MAX_SECONDS = 0.001
+SCALED_MAX_BYTES = INLINE_SCALED_MAX_BYTES
 
 
 @dataclass
@@ -52,23 +66,43 @@ class JobPlacement:
     backoff: int = BACKOFF
     max_backoff: int = MAX_BACKOFF
     max_keys: int = MAX_KEYS
+    scaled_max_seconds: float = SCALED_MAX_SECONDS
+    scaled_max_bytes: int = SCALED_MAX_BYTES
     # key -> [fast runs in a row, fast runs needed to run inline]
     _kinds: dict[str, list[int]] = field(default_factory=dict)
+    # key -> CPU seconds per byte of its scaled jobs over max_bytes
+    _rates: dict[str, float] = field(default_factory=dict)
     inline_runs: int = 0
     pool_runs: int = 0
 
-    def inline(self, key: str | None, size: int) -> bool:
-        """Whether a job of kind `key` and `size` bytes may run inline on the loop."""
-        if key is not None and size <= self.max_bytes:
+    def inline(self, key: str | None, size: int, scales: bool = False) -> bool:
+        """Whether a job of kind `key` and `size` bytes may run inline on the loop (`scales`:
+        its cost follows its size, see the module docstring)."""
+        if key is not None:
             kind = self._kinds.get(key)
-            if kind is not None and kind[0] >= kind[1]:
+            if kind is not None and kind[0] >= kind[1] and (
+                size <= self.max_bytes
+                or (
+                    scales
+                    and size <= self.scaled_max_bytes
+                    and size * self._rates.get(key, 1.0) <= self.scaled_max_seconds
+                )
+            ):
                 self.inline_runs += 1
                 return True
         self.pool_runs += 1
         return False
 
-    def record(self, key: str | None, seconds: float) -> None:
-        """How long a job of kind `key` took (CPU seconds of the thread that ran it)."""
+    def gave_back(self) -> None:
+        """A job `inline` placed on the loop would have waited there and went to the pool:
+        counted where it ran."""
+        self.inline_runs -= 1
+        self.pool_runs += 1
+
+    def record(self, key: str | None, seconds: float, size: int = 0,
+               scales: bool = False, ran_inline: bool = False) -> None:
+        """How long a job of kind `key` and `size` bytes took (CPU seconds of the thread that
+        ran it), and whether it ran inline."""
         if key is None:
             return
         kind = self._kinds.get(key)
@@ -76,7 +110,22 @@ class JobPlacement:
             if len(self._kinds) >= self.max_keys:
                 # Bounded: a forgotten kind learns again in the pool (losing its back-off).
                 self._kinds.clear()
+                self._rates.clear()
             kind = self._kinds[key] = [0, self.learn]
+        if scales and size > self.max_bytes:
+            # Not a small job: it teaches the rate; within the budget it counts as a fast
+            # run, and as a slow one only when it ran inline and took well over the budget
+            # (in the pool a large job is expected to take long).
+            rate = seconds / size
+            old = self._rates.get(key)
+            self._rates[key] = rate if old is None or rate > old else old + (rate - old) / 8
+            if seconds <= self.scaled_max_seconds:
+                if kind[0] < kind[1]:
+                    kind[0] += 1
+            elif ran_inline and seconds > 2 * self.scaled_max_seconds:
+                kind[1] = min(kind[1] * self.backoff, self.learn * self.max_backoff)
+                kind[0] = 0
+            return
         if seconds <= self.max_seconds:
             if kind[0] < kind[1]:
                 kind[0] += 1

@@ -39,6 +39,7 @@ from sluice.proxy.net.connection import (
     Wake,
 )
 from sluice.proxy.net.job_placement import JobPlacement
+from sluice.proxy.paths.base import IN_POOL, try_inline
 from sluice.proxy.telemetry.logs import log, repeats
 
 if TYPE_CHECKING:
@@ -318,18 +319,23 @@ class Session(asyncio.Protocol):
         key = job.inline_key
         record = placement.record if placement is not None and key is not None else None
 
-        def run() -> Any:
+        def run(inline: bool = False) -> Any:
             with structlog.contextvars.bound_contextvars(**context):
+                work = (lambda: try_inline(job.run)) if inline else job.run
                 if record is None:
-                    return job.run()
+                    return work()
                 # CPU time of this thread, not wall time: in the pool, wall time counts the
-                # wait for the GIL under load, and a job eligible to run inline cannot block
-                # (no host filter), so its CPU time is what it would stall the loop for.
+                # wait for the GIL under load, and a job eligible to run inline does not wait
+                # (inline, it is given back where it would: try_inline), so its CPU time is
+                # what it would stall the loop for.
                 started = time.thread_time()
+                result = IN_POOL
                 try:
-                    return job.run()
+                    result = work()
+                    return result
                 finally:
-                    record(key, time.thread_time() - started)
+                    if result is not IN_POOL:
+                        record(key, time.thread_time() - started, job.size, job.scales, inline)
 
         future: asyncio.Future[Any]
         if not job.in_thread:
@@ -339,32 +345,54 @@ class Session(asyncio.Protocol):
                     return await job.run()
 
             future = asyncio.ensure_future(run_async())
-        elif self._executor is None or (
-            placement is not None and placement.inline(key, job.size)
-        ):
-            # No filter threads configured, or a small job of a kind that has proved fast
-            # (job_placement.py): run on the loop, but in a callback of its own, never from
-            # inside `_do`: the actions after this StartJob (the forwarding of requests that
-            # came before the deferred one) must be performed before the job's own.
-            def run_inline() -> None:
-                try:
-                    result = run()
-                except Exception as exc:
-                    self._job_done(action.job_id, None, exc)
-                else:
-                    self._job_done(action.job_id, result, None)
+        elif self._executor is None:
+            # No filter threads configured: everything runs on the loop (and may wait there).
+            self._run_on_loop(action.job_id, run)
+            return
+        elif placement is not None and placement.inline(key, job.size, job.scales):
+            # A small or cheap job of a kind that has proved fast (job_placement.py): on the
+            # loop, unless it would wait there (then in the pool after all).
+            executor, inline_at = self._executor, placement
 
-            loop.call_soon(run_inline)
+            def inline_or_pool() -> Any:
+                result = run(inline=True)
+                if result is IN_POOL:
+                    inline_at.gave_back()
+                    self._in_pool(action.job_id, loop.run_in_executor(executor, run))
+                    return IN_POOL
+                return result
+
+            self._run_on_loop(action.job_id, inline_or_pool)
             return
         else:
             future = loop.run_in_executor(self._executor, run)
+        self._in_pool(action.job_id, future)
+
+    def _run_on_loop(self, job_id: int, run: Callable[[], Any]) -> None:
+        """`run` on the loop, but in a callback of its own, never from inside `_do`: the
+        actions after this StartJob (the forwarding of requests that came before the deferred
+        one) must be performed before the job's own. `IN_POOL`: it went to the pool."""
+
+        def run_inline() -> None:
+            try:
+                result = run()
+            except Exception as exc:
+                self._job_done(job_id, None, exc)
+            else:
+                if result is not IN_POOL:
+                    self._job_done(job_id, result, None)
+
+        asyncio.get_running_loop().call_soon(run_inline)
+
+    def _in_pool(self, job_id: int, future: asyncio.Future[Any]) -> None:
+        """Hands the outcome of a job running off the loop to the connection."""
 
         def done(fut: asyncio.Future[Any]) -> None:
             if fut.cancelled():
-                self._job_done(action.job_id, None, asyncio.CancelledError())
+                self._job_done(job_id, None, asyncio.CancelledError())
                 return
             error = fut.exception()
-            self._job_done(action.job_id, None if error else fut.result(), error)
+            self._job_done(job_id, None if error else fut.result(), error)
 
         future.add_done_callback(done)
 

@@ -16,6 +16,7 @@ from sluice.proxy import telemetry
 from sluice.proxy.net.kafka_settings import cluster_settings
 from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops import warmup
+from sluice.proxy.ops.allocator import keep_batch_buffers
 from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
 from sluice.proxy.ops.gc_pauses import GcPauses, freeze_startup_heap
 from sluice.proxy.ops.readiness import notify_ready
@@ -33,6 +34,8 @@ def load_chain(config: ProxyConfig) -> FilterChain | None:
 
 
 async def serve(config: ProxyConfig, ready_fd: int | None = None) -> int:
+    # Before the first batch: filtered batches reuse heap memory (allocator.py).
+    keep_batch_buffers()
     chain = load_chain(config)
     server = ProxyServer(config)
     metrics_server = None

@@ -61,8 +61,8 @@ from sluice.codec.produce_splice import (
     produce_topics,
     scan_produce_request,
 )
-from sluice.filters.config import HOST_BUILTINS
-from sluice.proxy.contract import INLINE_MAX_BYTES, ClientInfo, Upstream
+from sluice.filters import blocking
+from sluice.proxy.contract import INLINE_SCALED_MAX_BYTES, ClientInfo, Upstream
 
 if TYPE_CHECKING:
     from sluice.filters.chain import DeadLetter, FilterChain
@@ -233,8 +233,11 @@ class Job:
     A thread job with an `inline_key` (the kind of work: path and topics) and a small `size`
     (bytes) may run inline on the loop instead, once jobs of that kind have proved fast
     (net/job_placement.py): for a one-record batch the hop to a thread costs more than the
-    filter. A path leaves `inline_key` unset when `run` may block (a host filter that calls a
-    KMS).
+    filter. Inline, `run` goes through `try_inline`: where it would wait (a host filter's KMS
+    call, a filter lock another thread holds) it is given back and runs in the pool. A path
+    leaves `inline_key` unset when `run` may wait otherwise. `scales`: the job's cost follows
+    its `size` alone (only the proxy's own native code runs), so a larger one may run inline
+    when its estimated cost is small.
     """
 
     run: Callable[[], Any]
@@ -243,22 +246,60 @@ class Job:
     what: str = "job"
     inline_key: str | None = None
     size: int = 0
+    scales: bool = False
+
+
+class _InPool:
+    def __repr__(self) -> str:
+        return "IN_POOL"
+
+
+#: What `try_inline` answers for a job that would have waited on the loop.
+IN_POOL: Any = _InPool()
+
+
+def try_inline(run: Callable[[], Any]) -> Any:
+    """`run()` on a thread that may not wait (the event loop), or `IN_POOL` when it would
+    have waited: the caller then runs it again in the filter thread pool, from its start
+    (filters/blocking.py says why that is safe)."""
+    with blocking.forbidden():
+        try:
+            return run()
+        except blocking.WouldBlock:
+            return IN_POOL
 
 
 def inline_key(
     chain: FilterChain, direction: str, topics: Sequence[str | None], principal: str | None
 ) -> str | None:
     """The `Job.inline_key` of filtering `topics`: None (never inline) when a topic is not
-    named yet or a host filter applies (it may block on a KMS)."""
+    named yet or a host filter applies that may wait otherwise than through
+    filters/blocking.py."""
     parts = [direction]
     for topic in topics:
         if topic is None:
             return None
         for f in chain.filters_for(topic, direction, principal):
-            if f.spec.module.removeprefix("builtin:") in HOST_BUILTINS:
+            if not f.never_waits:
                 return None
         parts.append(topic)
     return "\x00".join(parts)
+
+
+def cost_follows_size(
+    chain: FilterChain, direction: str, topics: Sequence[str | None], principal: str | None
+) -> bool:
+    """The `Job.scales` of filtering `topics`: every filter that applies is the proxy's own
+    code whose cost follows the records' size (no guest: a crafted record can slow one)."""
+    found = False
+    for topic in topics:
+        if topic is None:
+            return False
+        for f in chain.filters_for(topic, direction, principal):
+            if not f.cost_follows_size:
+                return False
+            found = True
+    return found
 
 
 def job_size(frame_size: int, records: Iterable[bytes | memoryview | None]) -> int:
@@ -268,8 +309,9 @@ def job_size(frame_size: int, records: Iterable[bytes | memoryview | None]) -> i
     A blob whose codec declares no binding size (gzip, lz4, zstd) makes the job unbounded:
     a few hundred bytes of zstd can hold 10 MiB of records, so only the decompressor can
     tell, and that is work the event loop must not do (a small compressed batch goes to the
-    pool). Frames already too large to run inline are not looked into."""
-    if frame_size > INLINE_MAX_BYTES:
+    pool). Frames already too large to run inline, even as a job whose cost follows its size,
+    are not looked into."""
+    if frame_size > INLINE_SCALED_MAX_BYTES:
         return frame_size
     size = frame_size
     for blob in records:

@@ -46,6 +46,7 @@ from sluice.proxy.paths.base import (
     Respond,
     ResponseOutcome,
     TelemetryCall,
+    cost_follows_size,
     inline_key,
     job_size,
     with_topic_ids,
@@ -127,6 +128,7 @@ class FetchPath:
                 finish=lambda result: self._respond_spliced(ctx, exchange, result),
                 what="fetch filters",
                 inline_key=inline_key(chain, "fetch", names, principal),
+                scales=cost_follows_size(chain, "fetch", names, principal),
                 size=job_size(len(frame), filtered),
             )
         )
@@ -185,6 +187,9 @@ class FetchPath:
                 finish=lambda result: self._respond(ctx, exchange, frame, size, response, result),
                 what="fetch filters",
                 inline_key=inline_key(chain, "fetch", list(names.values()), client.principal),
+                scales=cost_follows_size(
+                    chain, "fetch", list(names.values()), client.principal
+                ),
                 size=job_size(len(frame), filtered),
             )
         )

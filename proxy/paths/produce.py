@@ -49,6 +49,7 @@ from sluice.proxy.paths.base import (
     Refused,
     RequestOutcome,
     Respond,
+    cost_follows_size,
     inline_key,
     job_size,
     with_topic_ids,
@@ -157,6 +158,7 @@ class ProducePath:
                 finish=lambda result: self._forward(ctx, exchange, frame, layout, result),
                 what="produce filters",
                 inline_key=inline_key(chain, "produce", names, client.principal),
+                scales=cost_follows_size(chain, "produce", names, client.principal),
                 size=job_size(len(frame), filtered),
             )
         )
@@ -184,12 +186,15 @@ class ProducePath:
             if not expect:
                 return NoReply()
             return Answer(local_response(header, result.local))
-        body = frame[header.header_size :]
-        new_body = splice_produce_records(body, layout, result.replaced, result.drop)
+        view = memoryview(frame)
+        new_frame = splice_produce_records(
+            view[header.header_size :], layout, result.replaced, result.drop,
+            prefix=view[: header.header_size],
+        )
         if not expect:
             _emit(exchange, state, None)
         return Forward(
-            frame=bytes(frame[: header.header_size]) + new_body,
+            frame=new_frame,
             expect_response=expect,
             state=state,
             pin=self if expect else None,

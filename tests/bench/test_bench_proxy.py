@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
 
-from bench import bench_proxy, pairs, rig, targets
+from bench import baseline, bench_proxy, pairs, rig, targets
 from tests.harness.broker import TansuBroker
 
 
@@ -43,6 +45,33 @@ def test_bad_arguments_are_refused_with_a_usage_error(capsys: pytest.CaptureFixt
             bench_proxy.main(argv)
         assert exc.value.code == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_baseline_that_is_not_a_source_tree_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_proxy.main(["--workload", "1", "--variants", "sluice", "--baseline",
+                          str(tmp_path)])
+    assert exc.value.code == 2
+    assert "not a Sluice source tree" in capsys.readouterr().err
+
+
+def test_a_baseline_tree_is_what_its_processes_import(tmp_path: Path) -> None:
+    """bench/baseline.py: a process started with the Source imports the given tree, not this
+    checkout's editable install (a copy of this checkout's Python here, without native
+    modules: prepare builds them into the copy)."""
+    root = Path(__file__).resolve().parents[2]
+    tree = tmp_path / "tree"
+    for entry in ("sluice", *baseline.ROOMS):
+        shutil.copytree(root / entry, tree / entry,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    source = baseline.prepare(tree)
+    assert list((tree / "crypto").glob("_batch_seal*.so")), "the tree's sealer was built"
+    out = subprocess.run(
+        [sys.executable, "-c", "import sluice.crypto.batch_seal as m; print(m.__file__)"],
+        cwd=source.cwd, env=dict(os.environ, **source.env), capture_output=True, text=True,
+        check=True)
+    assert Path(out.stdout.strip()).resolve().is_relative_to(tree.resolve())
 
 
 @pytest.mark.skipif(not targets.haproxy_available(), reason="haproxy not installed")

@@ -233,3 +233,16 @@ def test_the_head_read_agrees_with_the_full_read(request: tuple[int, Any]) -> No
         assert head == full
     else:
         assert head is None  # several topics (or none): the caller reads them all
+
+
+def test_prefix_is_written_before_the_body_in_one_frame() -> None:
+    # The produce path passes the request header as the prefix: the frame is built in one copy.
+    entity = build(9, None, -1, [("t", [(0, b"abc"), (1, b"def")])])
+    body = encode_request(entity)
+    layout = scan_produce_request(9, body)
+    header = b"\x00\x00\x00\x09HEADER"
+    view = memoryview(header + body)
+    out = splice_produce_records(view[len(header):], layout, {(0, 1): b"XYZW"},
+                                 prefix=view[: len(header)])
+    assert out == header + splice_produce_records(body, layout, {(0, 1): b"XYZW"})
+    assert isinstance(out, bytes)

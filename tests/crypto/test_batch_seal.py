@@ -5,6 +5,7 @@ either path sealed, tampering refused, and the produce/fetch pipeline taking the
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable
 from pathlib import Path
@@ -275,3 +276,70 @@ def test_fields_native_open_declines_tampering(fields_runner: EncryptRunner) -> 
     with pytest.raises(PartitionError) as err:
         fields_runner.run(FETCH, stored, 50, 0)
     assert err.value.code == CORRUPT_MESSAGE and "offset 51" in err.value.message
+
+
+def test_a_lent_section_read_by_a_second_sealer_is_not_overwritten(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Under native_io.lending the sealer hands back a view of its per-thread output buffer;
+    a second encrypt filter of the chain reads that view while it writes its own output, so
+    it must write elsewhere: two filters nested under lending give the bytes they give with
+    copies (the same nonces), and opening both layers gives the input back."""
+    from sluice.filters.native_io import lending
+
+    path = tmp_path_factory.mktemp("kms2") / "keys.json"
+    kms = KmsSettings("local", path=str(path))
+    first = EncryptRunner(spec(kms), "enc")
+    second = EncryptRunner(FilterSpec(
+        name="outer", module="builtin:encrypt", topics=("payments.*",),
+        apply_to=frozenset({"produce", "fetch"}),
+        config={"key": "outer", "decrypt_for": ["User:billing-*"]}, kms=kms), "outer")
+    records = [Record(i, i, b"k%d" % i, b"value %d " % i * 20, [("h", b"x")], 0)
+               for i in range(50)]
+    section = bytes(encode_records(records))
+
+    big = [Record(i, i, None, b"w" * 1000, [], 0) for i in range(200)]
+
+    def both(lend: bool) -> tuple[bytes, bytes]:
+        # A larger batch first: the thread's output buffer is then large enough for both
+        # calls below, so only the alternation keeps them apart.
+        assert first.run_native(PRODUCE, bytes(encode_records(big)), 200, 0, 0) is not None
+        first.nonces, second.nonces = counting_nonces(), counting_nonces()
+        with lending() if lend else contextlib.nullcontext():
+            inner = first.run_native(PRODUCE, section, 50, 0, 0)
+            assert inner is not None and inner.records is not None
+            assert isinstance(inner.records, memoryview) == lend
+            outer = second.run_native(PRODUCE, inner.records, 50, 0, 0)
+            assert outer is not None and outer.records is not None
+            return bytes(inner.records), bytes(outer.records)
+
+    assert both(lend=True) == both(lend=False)
+    _inner, outer = both(lend=False)
+    with lending():
+        peeled = second.run_native(FETCH, outer, 50, 0, 0)
+        assert peeled is not None and peeled.records is not None
+        opened = first.run_native(FETCH, peeled.records, 50, 0, 0)
+        assert opened is not None and opened.records is not None
+        assert bytes(opened.records) == section
+
+
+def test_a_produced_section_is_parsed_once_for_the_screen_and_the_seal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain screens a produced section for forged sluice.enc headers just before the
+    sealer counts its values: one pass over the records serves both."""
+    c = chain(tmp_path)
+    calls: list[int] = []
+    real = batch_seal.scan
+
+    def counted(section: Any, count: int, reserved: str = "") -> batch_seal.Scan:
+        calls.append(count)
+        return real(section, count, reserved)
+    monkeypatch.setattr(batch_seal, "scan", counted)
+    data = batch([*values(20), None])
+    stored = filter_produce(c, PRODUCE, data)
+    assert stored.error_code == 0 and stored.changed
+    assert calls == [21]
+    assert c.filters[0].native_fallbacks == 0
+    # And the seal is what it was: the records open back to the produced ones.
+    back = filter_fetch(c, FETCH, stored.records or b"")
+    assert [(r.key, r.value, r.headers) for r in records_of(bytes(back.records))] == [
+        (r.key, r.value, r.headers) for r in records_of(data)]

@@ -20,6 +20,10 @@ class SluiceProxy:
     config: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     port: int = 0
+    #: Extra environment and working directory of the process (bench/baseline.py runs
+    #: another source tree this way).
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
     process: subprocess.Popen[str] | None = None
     output: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
@@ -44,9 +48,10 @@ class SluiceProxy:
         ]
         if self.config is not None:
             cmd += ["--config", str(self.config)]
-        env = dict(os.environ, SLUICE_LOG_FORMAT="json")
+        env = dict(os.environ, SLUICE_LOG_FORMAT="json", **self.env)
         self.process = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            cwd=self.cwd,
         )
         ready: queue.Queue[bool] = queue.Queue()
 

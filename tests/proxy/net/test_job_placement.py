@@ -117,3 +117,55 @@ def test_a_small_compressed_bomb_is_never_small_enough_to_run_inline() -> None:
     plain = make_batch(0, records_of([b"x" * 1000]), 1)
     assert job_size(len(plain) + 100, [plain, None]) == len(plain) + 100
     assert p.inline("k", job_size(len(plain) + 100, [plain]))
+
+
+# ------------------------------------------------------------------ jobs whose cost follows size
+
+
+def test_a_scaled_job_runs_inline_while_its_estimated_cost_is_within_the_budget() -> None:
+    """The proxy's own native code (the encrypt filter's sealer) costs what its bytes cost: a
+    kind that proved fast may run a larger job inline when the size times the kind's learnt
+    CPU per byte is within the budget, and never one estimated over it."""
+    p = JobPlacement(learn=2, max_bytes=1000, scaled_max_seconds=0.001,
+                     scaled_max_bytes=1 << 20)
+    for _ in range(2):  # 100 000 bytes in 0.2 ms: 2 ns per byte, within the budget
+        assert not p.inline("k", 100_000, scales=True)
+        p.record("k", 0.0002, 100_000, scales=True)
+    assert p.inline("k", 400_000, scales=True), "0.8 ms estimated"
+    assert not p.inline("k", 600_000, scales=True), "1.2 ms estimated"
+    assert not p.inline("k", 400_000), "a job whose cost does not follow its size"
+    assert not p.inline("k", 2 << 20, scales=True), "over scaled_max_bytes"
+
+
+def test_a_costlier_run_raises_the_rate_at_once_and_cheaper_ones_lower_it_slowly() -> None:
+    p = JobPlacement(learn=1, max_bytes=1000, scaled_max_seconds=0.001)
+    p.record("k", 0.0001, 100_000, scales=True)  # 1 ns per byte
+    assert p.inline("k", 900_000, scales=True)
+    p.record("k", 0.0004, 100_000, scales=True)  # 4 ns per byte: 900 kB is 3.6 ms now
+    assert not p.inline("k", 900_000, scales=True)
+    assert p.inline("k", 200_000, scales=True)
+    p.record("k", 0.0001, 100_000, scales=True)
+    assert not p.inline("k", 300_000, scales=True), "one cheap run does not undo it"
+
+
+def test_a_scaled_job_far_over_the_budget_inline_backs_the_kind_off() -> None:
+    p = JobPlacement(learn=1, max_bytes=1000, scaled_max_seconds=0.001, backoff=4)
+    p.record("k", 0.0001, 100_000, scales=True)
+    assert p.inline("k", 100_000, scales=True)
+    p.record("k", 0.01, 100_000, scales=True)  # in the pool: expected, no back-off
+    assert p.inline("k", 1000, scales=True)
+    p.record("k", 0.01, 100_000, scales=True, ran_inline=True)  # inline: found out
+    assert not p.inline("k", 1000, scales=True)
+    for _ in range(3):
+        p.record("k", FAST, 500, scales=True)
+    assert not p.inline("k", 1000, scales=True), "needs four times as many fast runs"
+    p.record("k", FAST, 500, scales=True)
+    assert p.inline("k", 1000, scales=True)
+
+
+def test_a_compressed_batch_is_never_estimated() -> None:
+    """The estimate uses the declared size: a zstd bomb declares none, so it is unbounded."""
+    p = JobPlacement(learn=1, max_bytes=1000)
+    p.record("k", 0.00001, 100_000, scales=True)
+    data = bomb(3, 10 * MiB)
+    assert not p.inline("k", job_size(len(data) + 100, [data]), scales=True)
