@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c as _crc32c_buffers
 from aiokafka.record._crecords.default_records import (
