@@ -9,12 +9,14 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from confluent_kafka import KafkaError
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
+    NewTopic,
     ResourcePatternType,
     ResourceType,
     ScramCredentialInfo,
@@ -108,3 +110,19 @@ def wait_until(check: Any, timeout: float = 20.0, what: str = "condition") -> An
             last = exc
         time.sleep(0.2)
     raise AssertionError(f"{what} not reached in {timeout} s (last error: {last})")
+
+
+def create_topics(bootstrap: str, topics: list[NewTopic]) -> dict[str, str | None]:
+    """CreateTopics through `bootstrap`: each topic's outcome, None when created, else
+    "ERROR_NAME: message" as the broker (or a policy in front of it) answered."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **_QUIET})
+    out: dict[str, str | None] = {}
+    for name, fut in admin.create_topics(topics, request_timeout=20).items():
+        try:
+            fut.result(30)
+            out[name] = None
+        except Exception as exc:
+            err = exc.args[0] if exc.args else None
+            out[name] = (f"{err.name()}: {err.str()}" if isinstance(err, KafkaError)
+                         else str(exc))
+    return out

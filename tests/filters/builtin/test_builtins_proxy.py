@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from tests.harness.broker import TansuBroker
+from tests.harness.kafka_admin import create_topics
 from tests.harness.proxy import SluiceProxy
 
 QUIET = {"log_level": 3}
@@ -66,18 +67,6 @@ def consume(bootstrap: str, topic: str, want: int) -> list[bytes]:
     return got
 
 
-def create(bootstrap: str, topics: list[NewTopic]) -> dict[str, str | None]:
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
-    out: dict[str, str | None] = {}
-    for name, fut in admin.create_topics(topics, request_timeout=20).items():
-        try:
-            fut.result(30)
-            out[name] = None
-        except Exception as exc:
-            err = exc.args[0] if exc.args else None
-            out[name] = (f"{err.name()}: {err.str()}" if isinstance(err, KafkaError)
-                         else str(exc))
-    return out
 
 
 def test_pii_mask_on_produce_stores_masked(tmp_path: Path, broker: TansuBroker,
@@ -88,7 +77,7 @@ def test_pii_mask_on_produce_stores_masked(tmp_path: Path, broker: TansuBroker,
                                    "config": {"fields": ["user.name"],
                                               "detectors": {"card": {"keep_last": 4}}}}])
     proxy = start_proxy(config=cfg)
-    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    assert create_topics(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
     doc = {"user": {"name": "Ann Lee", "email": "ann@example.com"},
            "card": "4111 1111 1111 1111", "amount": 12.5}
     assert produce(proxy.bootstrap, topic, [json.dumps(doc).encode(), b"no pii"]) == [None, None]
@@ -109,7 +98,7 @@ def test_rules_mutate_and_drop_on_produce(tmp_path: Path, broker: TansuBroker,
                                    "topics": ["signups-*"], "apply_to": ["produce"],
                                    "config": {"rules": rules}}])
     proxy = start_proxy(config=cfg)
-    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    assert create_topics(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
     docs = [{"email": "ann@example.com", "password": "hunter2", "bio": "long story"},
             {"env": "test", "email": "x@y.z"}, {"env": "prod"}]
     errors = produce(proxy.bootstrap, topic, [json.dumps(d).encode() for d in docs])
@@ -126,7 +115,7 @@ def test_json_validate_rejects_with_reason(tmp_path: Path, broker: TansuBroker,
                                    "topics": ["events-*"], "apply_to": ["produce"],
                                    "config": {"required_fields": ["user_id"]}}])
     proxy = start_proxy(config=cfg)
-    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    assert create_topics(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
     errors = produce(proxy.bootstrap, topic, [b'{"user_id": 1}', b'{"event": "x"}', b"{bad"])
     assert errors[0] is None
     assert errors[1] is not None and errors[1].startswith("INVALID_RECORD")
@@ -149,7 +138,7 @@ def policy_proxy(tmp_path: Path, start_proxy: Callable[..., SluiceProxy]) -> Slu
 def test_topic_policy_denies_per_item(policy_proxy: SluiceProxy, broker: TansuBroker) -> None:
     good, bad = unique("good.topic"), unique("Bad_Topic")
     short = unique("short")
-    result = create(policy_proxy.bootstrap, [
+    result = create_topics(policy_proxy.bootstrap, [
         NewTopic(good, 2, 1, config={"retention.ms": "7200000"}),
         NewTopic(bad, 1, 1),
         NewTopic(short, 1, 1, config={"retention.ms": "1000"}),
@@ -165,7 +154,7 @@ def test_topic_policy_denies_per_item(policy_proxy: SluiceProxy, broker: TansuBr
 
 def test_topic_policy_rewrites(policy_proxy: SluiceProxy, broker: TansuBroker) -> None:
     name = unique("capped")
-    assert create(policy_proxy.bootstrap, [NewTopic(name, 50, 1)]) == {name: None}
+    assert create_topics(policy_proxy.bootstrap, [NewTopic(name, 50, 1)]) == {name: None}
     admin = AdminClient({"bootstrap.servers": broker.bootstrap, **QUIET})
     md = admin.list_topics(timeout=10)
     assert len(md.topics[name].partitions) == 4  # capped by the policy
@@ -200,7 +189,7 @@ def test_pii_mask_defaults_mask_key_value_and_headers(
                                    "topics": ["people-*"], "apply_to": ["produce"],
                                    "config": config}])
     proxy = start_proxy(config=cfg)
-    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    assert create_topics(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
     p = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 0, "retries": 0, **QUIET})
     errors: list[Any] = []
     p.produce(topic, key=b"ann@example.com", value=b'{"card": "4111_1111_1111_1111"}',
@@ -229,7 +218,7 @@ def test_pii_mask_defaults_mask_underscore_and_full_width_cards_everywhere(
     cfg = write_config(tmp_path, [{"name": "mask", "module": "builtin:pii-mask",
                                    "topics": ["people-*"], "apply_to": ["produce"]}])
     proxy = start_proxy(config=cfg)
-    assert create(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
+    assert create_topics(broker.bootstrap, [NewTopic(topic, 1, 1)]) == {topic: None}
     card = _wide("4111 1111 1111 1111").encode()
     value = json.dumps({"a": "5500_0000_0000_0004", "b": _wide("4111-1111-1111-1111")},
                        ensure_ascii=False).encode()

@@ -12,29 +12,17 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from sluice.filters.build import build_filter
 from tests.harness.broker import TansuBroker
+from tests.harness.kafka_admin import create_topics
 from tests.harness.proxy import SluiceProxy
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "WRITING_FILTERS.md"
 QUIET = {"log_level": 3}
 
 
-def create(bootstrap: str, topics: list[NewTopic]) -> dict[str, str | None]:
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
-    out: dict[str, str | None] = {}
-    for name, fut in admin.create_topics(topics, request_timeout=20).items():
-        try:
-            fut.result(30)
-            out[name] = None
-        except Exception as exc:
-            err = exc.args[0] if exc.args else None
-            out[name] = (f"{err.name()}: {err.str()}" if isinstance(err, KafkaError)
-                         else str(exc))
-    return out
 
 
 def test_the_guides_javascript_topic_policy_in_a_proxy(
@@ -52,7 +40,7 @@ def test_the_guides_javascript_topic_policy_in_a_proxy(
 
     tag = uuid.uuid4().hex[:8]
     good, short, unset, big = (f"good-{tag}", f"short-{tag}", f"unset-{tag}", f"big-{tag}")
-    result = create(proxy.bootstrap, [
+    result = create_topics(proxy.bootstrap, [
         NewTopic(good, 2, 1, config={"retention.ms": "7200000"}),
         NewTopic(short, 1, 1, config={"retention.ms": "1000"}),
         NewTopic(unset, 1, 1),
