@@ -468,13 +468,13 @@ UNSHARE_MISSING = (
 _sandbox_ok: bool = False
 
 
-def check_py_sandbox() -> None:
-    """Fail with a clear message unless `unshare --user --map-root-user --mount` works here and
-    mounts a tmpfs (what a Python build needs)."""
+def check_py_sandbox() -> str:
+    """The unshare command; fails with a clear message unless `unshare --user --map-root-user
+    --mount` works here and mounts a tmpfs (what a Python build needs)."""
     global _sandbox_ok
-    if _sandbox_ok:
-        return
     unshare = shutil.which("unshare")
+    if unshare and _sandbox_ok:
+        return unshare
     if not unshare:
         raise BuildError(UNSHARE_MISSING.format(why="`unshare` is not on PATH"))
     with tempfile.TemporaryDirectory(prefix="sluice-probe-") as d:
@@ -491,6 +491,7 @@ def check_py_sandbox() -> None:
         raise BuildError(UNSHARE_MISSING.format(
             why=f"`unshare --user --map-root-user --mount` with a tmpfs failed here ({why})"))
     _sandbox_ok = True
+    return unshare
 
 
 def _shim_compiler() -> list[str]:
@@ -568,7 +569,7 @@ def _py_sandbox_script(tmp: Path, entry: Path, tool: str, shim: Path, seed: str)
 def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]:
     """componentize-py, in a private mount namespace over a tmpfs holding only the filter, the
     SDK and the world (nothing of the builder's virtualenv or site-packages is bundled)."""
-    check_py_sandbox()
+    unshare = check_py_sandbox()
     tool = str(Path(find_componentize_py()).resolve())
     shim = py_shim()
     for needed in (tool, str(shim)):
@@ -581,7 +582,7 @@ def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
     script = tmp / "sandbox.sh"
     script.write_text(_py_sandbox_script(tmp, entry, tool, shim,
                                          py_sources_digest(entry.parent)))
-    return ["unshare", "--user", "--map-root-user", "--mount", "sh", str(script)], tmp
+    return [unshare, "--user", "--map-root-user", "--mount", "sh", str(script)], tmp
 
 
 def _compile_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path) -> list[list[str]]:
