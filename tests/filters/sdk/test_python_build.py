@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from sluice.filters import build as build_module
 from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.admin import AdminResource, AdminVerdict
-from sluice.filters import build as build_module
 from sluice.filters.build import BuildError, build_filter
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import FilterRecord, RecordContext
@@ -104,8 +104,8 @@ def test_a_refused_namespace_fails_the_build_with_the_reason(
                     "exit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    with pytest.raises(BuildError, match="unshare failed: Operation not permitted.*"
-                                         "user namespaces"):
+    with pytest.raises(BuildError, match=r"unshare failed: Operation not permitted.*"
+                                         r"user namespaces"):
         build_filter(EXAMPLES / "upper-py", tmp_path / "out.wasm")
 
 
