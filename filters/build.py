@@ -19,7 +19,9 @@ A filter directory holds one entry source and builds to one stripped Wasm module
 - ``filter.py`` (Python, with the ``sluice_filter`` package, ``sdk/python/``): the pinned
   ``componentize-py`` that ``scripts/dev.sh install`` puts in the virtualenv bundles CPython
   and the filter into a WebAssembly component (world ``sdk/python/wit``) with every WASI
-  import replaced by a trapping stub (``--stub-wasi``);
+  import replaced by a trapping stub (``--stub-wasi``); it runs in a private mount namespace
+  (``unshare``) on a fresh tmpfs with ``sdk/python/reproducible_shim.c`` preloaded, so that
+  the pre-initialised snapshot holds no host randomness, clock, file time or inode number;
 - ``Cargo.toml`` (a Rust crate with a committed ``Cargo.lock``, crates from crates.io): the
   locked crates vendored by a cargo that reads the sparse index, then Debian's ``cargo`` and
   ``rustc`` build ``--release --target wasm32-unknown-unknown`` offline.
