@@ -19,7 +19,9 @@ A filter directory holds one entry source and builds to one stripped Wasm module
 - ``filter.py`` (Python, with the ``sluice_filter`` package, ``sdk/python/``): the pinned
   ``componentize-py`` that ``scripts/dev.sh install`` puts in the virtualenv bundles CPython
   and the filter into a WebAssembly component (world ``sdk/python/wit``) with every WASI
-  import replaced by a trapping stub (``--stub-wasi``);
+  import replaced by a trapping stub (``--stub-wasi``); it runs in a private mount namespace
+  (``unshare``) on a fresh tmpfs with ``sdk/python/reproducible_shim.c`` preloaded, so that
+  the pre-initialised snapshot holds no host randomness, clock, file time or inode number;
 - ``Cargo.toml`` (a Rust crate with a committed ``Cargo.lock``, crates from crates.io): the
   locked crates vendored by a cargo that reads the sparse index, then Debian's ``cargo`` and
   ``rustc`` build ``--release --target wasm32-unknown-unknown`` offline.
@@ -47,6 +49,7 @@ import argparse
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -447,19 +450,141 @@ def componentize_py_version(tool: str) -> str:
     return out.stdout.strip().removeprefix("componentize-py").strip()
 
 
-def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]:
-    """componentize-py over a directory holding only the filter, the SDK and the world glue:
-    nothing of the builder's environment (virtualenv, site-packages) is bundled."""
-    app = tmp / "app"
-    app.mkdir()
-    shutil.copyfile(entry, app / "filter.py")
-    shutil.copyfile(SDK_DIR / "python" / "sluice_app.py", app / "sluice_app.py")
-    shutil.copytree(SDK_DIR / "python" / "sluice_filter", app / "sluice_filter",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(SDK_DIR / "python" / "wit", app / "wit")
+# Python builds are made reproducible (componentize-py snapshots a running CPython, so
+# whatever the host hands it while it starts ends up in the module): componentize-py runs in a
+# private mount namespace, on a fresh tmpfs that holds everything the guest sees, created in a
+# fixed order (tmpfs numbers inodes per superblock, from 2, since Linux 5.9; wasmtime reads
+# them with direct system calls, and they land in the heap), with every file time clamped to
+# PY_SOURCE_DATE_EPOCH, and with sdk/python/reproducible_shim.c preloaded, which replaces the
+# host's randomness and clocks by values derived from the sha256 of the build's inputs.
+PY_SOURCE_DATE_EPOCH = 315532800  # 1980-01-01T00:00:00Z
+PY_SANDBOX_ROOT = "/tmp"  # where the tmpfs is bound inside the namespace: fixed guest paths
+PY_SHIM_SOURCE = SDK_DIR / "python" / "reproducible_shim.c"
+PY_SHIM_FLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra")
+UNSHARE_MISSING = (
+    "Python filters are built in a private mount namespace with a fresh tmpfs, and {why}: "
+    "install util-linux's `unshare` (`apt-get install util-linux`) and allow unprivileged "
+    "user namespaces (sysctl kernel.unprivileged_userns_clone=1, or "
+    "user.max_user_namespaces > 0), or build as root"
+)
+_sandbox_ok: bool = False
+
+
+def check_py_sandbox() -> str:
+    """The unshare command; fails with a clear message unless `unshare --user --map-root-user
+    --mount` works here and mounts a tmpfs (what a Python build needs)."""
+    global _sandbox_ok
+    unshare = shutil.which("unshare")
+    if unshare and _sandbox_ok:
+        return unshare
+    if not unshare:
+        raise BuildError(UNSHARE_MISSING.format(why="`unshare` is not on PATH"))
+    with tempfile.TemporaryDirectory(prefix="sluice-probe-") as d:
+        try:
+            proc = subprocess.run(
+                [unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+                 'mount -t tmpfs sluice-probe "$1" && touch "$1/a" && stat -c %i "$1/a"',
+                 "sh", d], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BuildError(UNSHARE_MISSING.format(why=f"running unshare failed: {exc}")) from exc
+    if proc.returncode != 0 or proc.stdout.strip() != "2":
+        why = (proc.stderr.strip() or proc.stdout.strip()
+               or f"exit status {proc.returncode}")
+        raise BuildError(UNSHARE_MISSING.format(
+            why=f"`unshare --user --map-root-user --mount` with a tmpfs failed here ({why})"))
+    _sandbox_ok = True
+    return unshare
+
+
+def _shim_compiler() -> list[str]:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc:
+        return [cc]
+    return [*_zig(), "cc"]  # glibc target of this machine: what componentize-py links to
+
+
+def py_shim() -> Path:
+    """sdk/python/reproducible_shim.c compiled to a shared object for LD_PRELOAD, cached per
+    machine, keyed by the source, the compiler and the flags."""
+    cc = _shim_compiler()
+    try:
+        ver = subprocess.run([*cc, "--version"], capture_output=True, text=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise BuildError(f"no C compiler for {PY_SHIM_SOURCE.name} (cc, or the ziglang "
+                         f"wheel): apt-get install gcc, or bash scripts/dev.sh install") from exc
+    key = hashlib.sha256("\0".join([*cc, ver, *PY_SHIM_FLAGS]).encode()
+                         + PY_SHIM_SOURCE.read_bytes()).hexdigest()[:24]
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    out = Path(base) / "sluice" / "python-shim" / key / "reproducible_shim.so"
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.with_name(f".build-{os.getpid()}.so")
+    proc = subprocess.run([*cc, *PY_SHIM_FLAGS, str(PY_SHIM_SOURCE), "-o", str(staging)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        staging.unlink(missing_ok=True)
+        raise BuildError(f"{PY_SHIM_SOURCE}: compilation failed\n{proc.stderr.strip()}")
+    staging.replace(out)
+    return out
+
+
+def _py_inputs(entry: Path) -> list[tuple[str, Path]]:
+    """What goes into the guest's app directory: (path in it, source), sorted by path."""
+    sdk = SDK_DIR / "python"
+    files = [("filter.py", entry), ("sluice_app.py", sdk / "sluice_app.py")]
+    files += [(f"sluice_filter/{p.name}", p) for p in (sdk / "sluice_filter").glob("*.py")]
+    files += [(f"wit/{p.name}", p) for p in (sdk / "wit").glob("*.wit")]
+    return sorted(files)
+
+
+def _py_sandbox_script(tmp: Path, entry: Path, tool: str, shim: Path, seed: str) -> str:
+    """The shell script run in the private mount namespace: tmpfs, copies in a fixed order,
+    clamped times, then componentize-py with the shim preloaded."""
+    q = shlex.quote
+    box, root = tmp / "box", PY_SANDBOX_ROOT
     world = PY_ADMIN_WORLD if _PY_ON_ADMIN.search(entry.read_text()) else PY_WORLD
-    return [find_componentize_py(), "-q", "-d", "wit", "-w", world, "componentize",
-            "--stub-wasi", "-p", ".", "sluice_app", "-o", str(tmp_out)], app
+    lines = ["set -eu", f"mount -t tmpfs -o mode=0755 sluice-build {q(str(box))}",
+             f"cd {q(str(box))}"]
+    dirs = ["app", "app/sluice_filter", "app/wit", "home", "no-venv", "no-venv/lib",
+            "no-venv/lib/site-packages", "out", "tmp"]
+    lines += [f"mkdir {d}" for d in dirs]
+    lines += [f"cp {q(str(src))} app/{rel}" for rel, src in _py_inputs(entry)]
+    lines += [f"find . -exec touch -h -d @{PY_SOURCE_DATE_EPOCH} {{}} +",
+              f"mount --bind {q(str(box))} {root}", f"cd {root}/app"]
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": f"{root}/home", "TMPDIR": f"{root}/tmp", "VIRTUAL_ENV": f"{root}/no-venv",
+        "PYTHONDONTWRITEBYTECODE": "1", "TZ": "UTC", "LC_ALL": "C",
+        "SOURCE_DATE_EPOCH": str(PY_SOURCE_DATE_EPOCH), "SLUICE_REPRO_SEED": seed,
+        "LD_PRELOAD": str(shim), "SLUICE_REPRO_ROOT": root,
+    }
+    cmd = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), tool, "-q", "-d", "wit",
+           "-w", world, "componentize", "--stub-wasi", "-p", ".", "sluice_app",
+           "-o", f"{root}/out/out.wasm"]
+    lines += [" ".join(q(c) for c in cmd) + " >&2", "cd /", f"umount {root}",
+              f"cp {q(str(box / 'out' / 'out.wasm'))} {q(str(tmp / 'out.wasm'))}"]
+    return "\n".join(lines) + "\n"
+
+
+def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]:
+    """componentize-py, in a private mount namespace over a tmpfs holding only the filter, the
+    SDK and the world (nothing of the builder's virtualenv or site-packages is bundled)."""
+    unshare = check_py_sandbox()
+    tool = str(Path(find_componentize_py()).resolve())
+    shim = py_shim()
+    for needed in (tool, str(shim)):
+        if Path(needed).is_relative_to(PY_SANDBOX_ROOT):
+            raise BuildError(f"{needed} is under {PY_SANDBOX_ROOT}, which the Python build "
+                             "hides behind its own tmpfs: install it elsewhere")
+    if tmp_out != tmp / "out.wasm":
+        raise BuildError("internal: the Python build writes tmp/out.wasm")
+    (tmp / "box").mkdir()
+    script = tmp / "sandbox.sh"
+    script.write_text(_py_sandbox_script(tmp, entry, tool, shim,
+                                         py_sources_digest(entry.parent)))
+    return [unshare, "--user", "--map-root-user", "--mount", "sh", str(script)], tmp
 
 
 def _compile_command(entry: Path, source_dir: Path, tmp: Path, tmp_out: Path) -> list[list[str]]:
@@ -515,18 +640,6 @@ def build_filter(source_dir: Path, output: Path) -> Path:
             steps = [(go_cmd, go_dir)]
         elif entry.suffix == ".py":
             py_cmd, py_dir = _py_command(entry, Path(tmp), tmp_out)
-            # Only the app directory goes in. componentize-py appends a site-packages to the
-            # guest's path: $VIRTUAL_ENV's, else the one of whatever `python3` is on $PATH (it
-            # walks that whole tree and mounts it into the guest, so the module depended on
-            # the builder's machine). An empty one of our own keeps both out.
-            for var in ("PYTHONPATH", "PYTHONHOME"):
-                env.pop(var, None)
-            no_site = Path(tmp) / "no-venv"
-            (no_site / "lib" / "site-packages").mkdir(parents=True)
-            env["VIRTUAL_ENV"] = str(no_site)
-            # For the builder's own Python only: componentize-py gives the interpreter it
-            # pre-initialises a fixed environment of its own (PYTHONHASHSEED does not reach it).
-            env["PYTHONDONTWRITEBYTECODE"] = "1"
             steps = [(py_cmd, py_dir)]
         elif entry.name == "Cargo.toml":
             steps, cargo_env = _cargo_steps(source_dir, Path(tmp), tmp_out)
@@ -669,30 +782,21 @@ def _sha256(path: Path) -> str:
 
 
 def py_sources_digest(source_dir: Path) -> str:
-    """sha256 over what a Python filter is built from: filter.py, the SDK, the world and the
-    componentize-py version. componentize-py's output is not byte-identical across rebuilds
-    (the order of its WASI stub adapters comes from a randomly seeded HashMap; the
-    pre-initialised heap holds the host's inode numbers, which wasmtime reads with direct
-    system calls: docs/WRITING_FILTERS.md), so --check compares this digest, recorded beside
-    the committed module, instead of the module's bytes."""
+    """sha256 over what a Python filter is built from: filter.py, the SDK, the world, the
+    build's shim and the componentize-py version. It keys the build's fake randomness (sdk/python/
+    reproducible_shim.c), so CPython's hash secret in the module follows from the sources."""
     h = hashlib.sha256(f"componentize-py {COMPONENTIZE_PY_VERSION}\n".encode())
     files = [source_dir / "filter.py", SDK_DIR / "python" / "sluice_app.py",
              *sorted((SDK_DIR / "python" / "sluice_filter").glob("*.py")),
-             *sorted((SDK_DIR / "python" / "wit").glob("*.wit"))]
+             *sorted((SDK_DIR / "python" / "wit").glob("*.wit")), PY_SHIM_SOURCE]
     for f in files:
         h.update(f"{f.name}\n".encode() + hashlib.sha256(f.read_bytes()).digest())
     return h.hexdigest()
 
 
-def _digest_path(t: Target) -> Path:
-    return t.output.with_name(t.output.name + ".sources.sha256")
-
-
 def build_all() -> int:
     for t in targets():
         build_filter(t.source_dir, t.output)
-        if entry_source(t.source_dir).suffix == ".py":
-            _digest_path(t).write_text(py_sources_digest(t.source_dir) + "\n")
         print(f"built {t.output.relative_to(FILTERS_DIR.parent)}  sha256={_sha256(t.output)}")
     return 0
 
@@ -731,17 +835,6 @@ def check_all() -> int:
     with tempfile.TemporaryDirectory(prefix="sluice-check-") as tmp:
         for t in targets():
             rel = t.output.relative_to(FILTERS_DIR.parent)
-            if entry_source(t.source_dir).suffix == ".py":
-                recorded = (_digest_path(t).read_text().strip()
-                            if _digest_path(t).is_file() else "")
-                if t.output.is_file() and recorded == py_sources_digest(t.source_dir):
-                    print(f"ok      {rel}  built from the current sources (componentize-py "
-                          "output is not byte-identical: sources digest compared)")
-                else:
-                    print(f"DIFFERS {rel}: its sources changed since it was built "
-                          "(python filters/build.py)")
-                    failures += 1
-                continue
             fresh = build_filter(t.source_dir, Path(tmp) / f"{t.name}.wasm")
             if not t.output.is_file():
                 print(f"MISSING {rel} (run python filters/build.py)")

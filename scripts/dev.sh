@@ -48,6 +48,8 @@ install_debian_packages() {
   command -v javac >/dev/null 2>&1 || missing+=(openjdk-17-jdk-headless)
   # Maven fetches Apache Kafka's jars (the real broker for the tests) from Maven Central.
   command -v mvn >/dev/null 2>&1 || missing+=(maven)
+  # Python filters are built in a private mount namespace (filters/build.py, unshare).
+  command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
   # Filter SDKs: Debian's rustc (and cargo) with the wasm32-unknown-unknown std (a rustup
   # rustc on PATH usually lacks it), and Node.js + npm for the AssemblyScript compiler.
   local pkg
@@ -368,9 +370,20 @@ install_kroxylicious() {
     "Kroxylicious's jars (benchmark peer)" kroxylicious-lock
 }
 
+# Python filters build reproducibly only in a private mount namespace on a fresh tmpfs
+# (filters/build.py): say now, not at the first build, if this machine refuses one.
+check_python_sandbox() {
+  "$VENV/bin/python" -c 'import sys; sys.path.insert(0, "filters"); import build
+try:
+    build.check_py_sandbox()
+except build.BuildError as exc:
+    sys.exit(f"error: {exc}")'
+}
+
 install_all() {
   install_debian_packages
   install_python
+  check_python_sandbox
   build_batch_seal
   build_record_check
   install_node_tools

@@ -24,18 +24,3 @@ def test_committed_modules_match_their_sources() -> None:
                           capture_output=True, text=True, cwd="/")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") == len(targets())
-
-
-def test_python_modules_are_checked_by_the_digest_of_their_sources(tmp_path: Path) -> None:
-    """componentize-py's output differs between rebuilds, so --check compares what a Python
-    module was built from: the digest recorded beside it must be the current sources'."""
-    from sluice.filters.build import py_sources_digest
-
-    examples = ROOT / "filters" / "examples"
-    for name in ("upper-py", "enrich-py"):
-        recorded = (examples / name / f"{name}.wasm.sources.sha256").read_text().strip()
-        assert recorded == py_sources_digest(examples / name)
-    (tmp_path / "filter.py").write_text((examples / "upper-py" / "filter.py").read_text())
-    before = py_sources_digest(tmp_path)
-    (tmp_path / "filter.py").write_text("# edited\n" + (tmp_path / "filter.py").read_text())
-    assert py_sources_digest(tmp_path) != before

@@ -4,11 +4,15 @@ and CPython's standard library, nothing of the machine that builds it; with the 
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from sluice.filters import build as build_module
 from sluice.filters.abi_base import FilterLoadError
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.build import BuildError, build_filter
@@ -48,6 +52,61 @@ def test_the_builders_site_packages_are_not_bundled(tmp_path: Path,
         "    return sluice.keep()\n")
     with pytest.raises(BuildError, match=f"No module named '{MARKER}'"):
         build_filter(src, tmp_path / "out.wasm")
+
+
+def _build_in_new_process(source: Path, out: Path) -> str:
+    code = ("import sys; from pathlib import Path; from sluice.filters.build import build_filter;"
+            " build_filter(Path(sys.argv[1]), Path(sys.argv[2]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(source), str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+def test_a_python_filter_rebuilds_byte_identically(tmp_path: Path) -> None:
+    """componentize-py snapshots a running CPython: host randomness, clocks, file times and
+    inode numbers used to land in the module. Two builds in separate processes, from different
+    directories, give the committed module's bytes."""
+    copy = tmp_path / "elsewhere" / "upper-py"
+    copy.mkdir(parents=True)
+    (copy / "filter.py").write_bytes((EXAMPLES / "upper-py" / "filter.py").read_bytes())
+    first = _build_in_new_process(EXAMPLES / "upper-py", tmp_path / "a.wasm")
+    second = _build_in_new_process(copy, tmp_path / "b.wasm")
+    committed = hashlib.sha256((EXAMPLES / "upper-py" / "upper-py.wasm").read_bytes()).hexdigest()
+    assert first == second == committed
+
+
+def test_the_random_stream_of_a_build_follows_its_sources(tmp_path: Path) -> None:
+    """The build's fake randomness (CPython's hash secret) is keyed by the sources' digest."""
+    (tmp_path / "filter.py").write_text((EXAMPLES / "upper-py" / "filter.py").read_text())
+    before = build_module.py_sources_digest(tmp_path)
+    assert before == build_module.py_sources_digest(EXAMPLES / "upper-py")
+    (tmp_path / "filter.py").write_text("# edited\n" + (tmp_path / "filter.py").read_text())
+    assert build_module.py_sources_digest(tmp_path) != before
+
+
+def test_without_unshare_a_python_build_says_what_is_missing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build_module, "_sandbox_ok", False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    with pytest.raises(BuildError, match=r"`unshare` is not on PATH.*util-linux"):
+        build_filter(EXAMPLES / "upper-py", tmp_path / "out.wasm")
+
+
+def test_a_refused_namespace_fails_the_build_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build_module, "_sandbox_ok", False)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "unshare"
+    # What util-linux prints where user namespaces are switched off.
+    fake.write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(BuildError, match=r"unshare failed: Operation not permitted.*"
+                                         r"user namespaces"):
+        build_filter(EXAMPLES / "upper-py", tmp_path / "out.wasm")
 
 
 POLICY = """
