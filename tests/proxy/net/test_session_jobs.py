@@ -12,7 +12,6 @@ from typing import Any
 import structlog.contextvars
 
 from sluice.codec.messages import ApiKey
-from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import Close, Connection
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.session import Session, SideEffects
