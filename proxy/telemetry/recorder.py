@@ -32,6 +32,9 @@ class TelemetryRecorder:
         return f"{self.proxy.instance_id}-{client.id}"
 
     def _emit(self, build: Any, **fields: Any) -> None:
+        if type(self.sink) is NullSink:
+            self.sink.discard()  # telemetry off: nobody reads the event, so none is built
+            return
         try:
             self.sink.emit(build(self.proxy, **fields))
         except Exception as exc:  # telemetry must never break client traffic
@@ -60,6 +63,11 @@ class TelemetryRecorder:
     ) -> None:
         """One topic-partition of a Produce request or Fetch response that filters saw."""
         self.metrics.filter_stats(list(stats))
+        if type(self.sink) is NullSink:
+            # Telemetry off: the metrics above are all that is kept. Building the event costs
+            # ~10 µs, a tenth of the proxy's CPU for a one-record filtered Produce (issue 29).
+            self.sink.discard()
+            return
         self._emit(
             events.record_batch_event,
             connection_id=self.connection_id(client),

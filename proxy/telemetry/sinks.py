@@ -110,6 +110,10 @@ class NullSink:
         self._lock = threading.Lock()
 
     def emit(self, event: dict[str, Any]) -> None:
+        self.discard()
+
+    def discard(self) -> None:
+        """Count an event that was never built (the recorder skips building for this sink)."""
         with self._lock:
             self._emitted += 1
 

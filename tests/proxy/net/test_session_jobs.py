@@ -1,0 +1,137 @@
+"""Session: filter jobs, in the pool or inline on the loop, log on their connection's behalf,
+and what one job binds does not leak into the next (issue 29: the context is bound once per
+connection and each job runs in a copy of it)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import structlog.contextvars
+
+from sluice.codec.messages import ApiKey
+from sluice.proxy.net.connection import Close, Connection
+from sluice.proxy.net.job_placement import JobPlacement
+from sluice.proxy.net.session import Session, SideEffects
+from sluice.proxy.paths.base import Defer, Exchange, Forward, Frame, Job, PathContext
+from sluice.proxy.paths.registry import Routes, VersionTable
+from sluice.proxy.paths.topics import TopicRegistry
+from sluice.proxy.telemetry.events import proxy_info
+from sluice.proxy.telemetry.metrics import Metrics
+from sluice.proxy.telemetry.recorder import TelemetryRecorder
+from tests.proxy.net.test_connection import frame, request
+
+DESCRIBE_GROUPS = int(ApiKey.DESCRIBE_GROUPS)
+
+
+class LoggingPath:
+    """Defers each DescribeGroups to an inline-eligible job that notes its log context."""
+
+    name = "logging"
+    api_keys = frozenset({DESCRIBE_GROUPS})
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, Any]] = []
+
+    def wants_request(self, ctx: PathContext, api_key: int) -> bool:
+        return True
+
+    def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
+        return False
+
+    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+        cid = exchange.header.correlation_id
+
+        def run() -> int:
+            self.seen.append(dict(structlog.contextvars.get_contextvars()))
+            structlog.contextvars.bind_contextvars(leaked=cid)  # must end with the job
+            return cid
+
+        return Defer(Job(run=run, finish=lambda _: Forward(), inline_key="k", size=10))
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+        raise AssertionError("responses are relayed")
+
+
+class Hooks:
+    def admit(self, session: Session) -> bool:
+        return True
+
+    def session_opened(self, session: Session) -> None:
+        pass
+
+    def session_closed(self, session: Session, close: Close) -> None:
+        pass
+
+
+async def _broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    # Answers each request with a frame carrying its correlation id.
+    while True:
+        try:
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            body = await reader.readexactly(size)
+        except asyncio.IncompleteReadError:
+            break
+        writer.write(frame(body[4:8] + b"answer"))
+        await writer.drain()
+    writer.close()
+
+
+async def _scenario(jobs: int) -> tuple[LoggingPath, JobPlacement, Session, dict[str, Any]]:
+    loop = asyncio.get_running_loop()
+    broker = await asyncio.start_server(_broker, "127.0.0.1", 0)
+    broker_port = broker.sockets[0].getsockname()[1]
+    path = LoggingPath()
+    topics = TopicRegistry()
+    metrics = Metrics()
+
+    def context(generation: int) -> PathContext:
+        return PathContext(
+            chain=None, generation=generation, directions=frozenset(), topics=topics,
+            metrics=metrics, node_address=lambda n, h, p: (h, p),
+            open_upstream=None,  # type: ignore[arg-type]
+        )
+
+    routes = Routes([path], context, VersionTable())
+    # One pool thread: a binding leaking from one pool job would reach the next.
+    executor = ThreadPoolExecutor(1)
+    placement = JobPlacement(learn=3)
+    effects = SideEffects(
+        TelemetryRecorder(proxy_info("t"), metrics),
+        None,  # type: ignore[arg-type]  # no dead letters here
+        lambda *node: None,
+    )
+    session = Session(
+        lambda client: Connection(client, routes, metrics), ("127.0.0.1", broker_port), {}, 7,
+        Hooks(), executor, effects, None, placement,
+    )
+    listener = await loop.create_server(lambda: session, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for i in range(jobs):
+        writer.write(frame(request(DESCRIBE_GROUPS, i, 0)))
+        size = struct.unpack(">i", await reader.readexactly(4))[0]
+        answer = await reader.readexactly(size)
+        assert struct.unpack(">i", answer[:4])[0] == i
+    loop_context = dict(structlog.contextvars.get_contextvars())
+    writer.close()
+    listener.close()
+    broker.close()
+    executor.shutdown()
+    return path, placement, session, loop_context
+
+
+def test_jobs_log_as_their_connection_in_the_pool_and_inline_and_bindings_end_with_them(
+) -> None:
+    path, placement, session, loop_context = asyncio.run(_scenario(12))
+    # Three fast runs in the pool, then inline (an outlier, a GC pause, only delays that).
+    assert placement.pool_runs >= 3 and placement.inline_runs >= 1, "both places were tried"
+    assert len(path.seen) == 12
+    for seen in path.seen:
+        assert seen["conn"] == session.client.id
+        assert seen["client"].startswith("127.0.0.1:")
+        assert seen["node"] == 7
+        assert "leaked" not in seen, "a job's binding outlived it"
+    assert "conn" not in loop_context and "leaked" not in loop_context

@@ -1,0 +1,63 @@
+"""The telemetry recorder: what it builds for each sink (issue 29: no event is built for the
+null sink, whose events nobody reads, while the metrics still count every batch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sluice.filters.chain import FilterStats
+from sluice.proxy.contract import ClientInfo
+from sluice.proxy.telemetry import events
+from sluice.proxy.telemetry.metrics import Metrics
+from sluice.proxy.telemetry.recorder import TelemetryRecorder
+from sluice.proxy.telemetry.sinks import NullSink
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+
+def record(recorder: TelemetryRecorder) -> None:
+    recorder.record_batch(
+        ClientInfo("1.2.3.4:5", ("b", 9092)), api="produce", topic="t", partition=0,
+        offset_first=7, offset_last=7, records_in=1, records_out=1, bytes_in=80, bytes_out=80,
+        stats=[FilterStats("pii", "ab" * 32, rewritten=1, time_ns=500)],
+    )
+
+
+def test_the_null_sink_counts_record_batches_that_are_never_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def must_not_build(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("a record_batch event was built for the null sink")
+
+    monkeypatch.setattr(events, "record_batch_event", must_not_build)
+    metrics = Metrics()
+    recorder = TelemetryRecorder(events.proxy_info("test"), metrics)
+    assert isinstance(recorder.sink, NullSink)
+    record(recorder)
+    record(recorder)
+    assert recorder.failed == 0
+    assert recorder.sink.stats()["emitted"] == 2
+    # Metrics keep counting what the filters did, telemetry or not.
+    assert metrics.filters["pii"].batches == 2
+    assert metrics.filters["pii"].rewritten == 2
+
+
+def test_a_real_sink_gets_the_whole_record_batch_event() -> None:
+    metrics = Metrics()
+    recorder = TelemetryRecorder(events.proxy_info("test"), metrics)
+    sink = ListSink()
+    recorder.sink = sink  # type: ignore[assignment]
+    record(recorder)
+    assert recorder.failed == 0
+    [event] = sink.events
+    assert (event["topic"], event["partition"], event["records_in"]) == ("t", 0, 1)
+    assert event["filters"][0]["name"] == "pii"
+    assert metrics.filters["pii"].batches == 1
