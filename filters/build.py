@@ -539,7 +539,26 @@ def _py_inputs(entry: Path) -> list[tuple[str, Path]]:
     return sorted(files)
 
 
-def _py_sandbox_script(tmp: Path, entry: Path, tool: str, shim: Path, seed: str) -> str:
+def _tool_venv(tool: str) -> tuple[Path, str] | None:
+    """The virtualenv of a componentize-py entry-point script and its interpreter's name
+    (from the script's ``#!`` line), or None when the tool is not a virtualenv's script."""
+    try:
+        with open(tool, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    interp = Path(first[2:].decode(errors="replace").strip().split(" ")[0])
+    venv = interp.parent.parent
+    if interp.parent.name != "bin" or not (venv / "pyvenv.cfg").is_file():
+        return None
+    return venv, interp.name
+
+
+def _py_sandbox_script(
+    tmp: Path, entry: Path, tool: str, shim: Path, seed: str, venv: tuple[Path, str] | None
+) -> str:
     """The shell script run in the private mount namespace: tmpfs, copies in a fixed order,
     clamped times, then componentize-py with the shim preloaded."""
     q = shlex.quote
@@ -548,22 +567,31 @@ def _py_sandbox_script(tmp: Path, entry: Path, tool: str, shim: Path, seed: str)
     lines = ["set -eu", f"mount -t tmpfs -o mode=0755 sluice-build {q(str(box))}",
              f"cd {q(str(box))}"]
     dirs = ["app", "app/sluice_filter", "app/wit", "home", "no-venv", "no-venv/lib",
-            "no-venv/lib/site-packages", "out", "tmp"]
+            "no-venv/lib/site-packages", "out", "tmp", "tool"]
     lines += [f"mkdir {d}" for d in dirs]
     lines += [f"cp {q(str(src))} app/{rel}" for rel, src in _py_inputs(entry)]
-    lines += [f"find . -exec touch -h -d @{PY_SOURCE_DATE_EPOCH} {{}} +",
-              f"mount --bind {q(str(box))} {root}", f"cd {root}/app"]
+    lines += [f"cp {q(str(shim))} shim.so"]
+    lines += [f"find . -exec touch -h -d @{PY_SOURCE_DATE_EPOCH} {{}} +"]
+    if venv is not None:
+        # The builder's virtualenv (componentize-py's Python package), read-only at a fixed
+        # place inside the box: a clone under /tmp would otherwise be hidden by the tmpfs.
+        lines += [f"mount --bind {q(str(venv[0]))} tool",
+                  "mount -o remount,bind,ro tool"]
+        run = [f"{root}/tool/bin/{venv[1]}", f"{root}/tool/bin/{Path(tool).name}"]
+    else:
+        run = [tool]
+    lines += [f"mount --rbind {q(str(box))} {root}", f"cd {root}/app"]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": f"{root}/home", "TMPDIR": f"{root}/tmp", "VIRTUAL_ENV": f"{root}/no-venv",
         "PYTHONDONTWRITEBYTECODE": "1", "TZ": "UTC", "LC_ALL": "C",
         "SOURCE_DATE_EPOCH": str(PY_SOURCE_DATE_EPOCH), "SLUICE_REPRO_SEED": seed,
-        "LD_PRELOAD": str(shim), "SLUICE_REPRO_ROOT": root,
+        "LD_PRELOAD": f"{root}/shim.so", "SLUICE_REPRO_ROOT": root,
     }
-    cmd = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), tool, "-q", "-d", "wit",
+    cmd = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *run, "-q", "-d", "wit",
            "-w", world, "componentize", "--stub-wasi", "-p", ".", "sluice_app",
            "-o", f"{root}/out/out.wasm"]
-    lines += [" ".join(q(c) for c in cmd) + " >&2", "cd /", f"umount {root}",
+    lines += [" ".join(q(c) for c in cmd) + " >&2", "cd /", f"umount -R {root}",
               f"cp {q(str(box / 'out' / 'out.wasm'))} {q(str(tmp / 'out.wasm'))}"]
     return "\n".join(lines) + "\n"
 
@@ -574,16 +602,17 @@ def _py_command(entry: Path, tmp: Path, tmp_out: Path) -> tuple[list[str], Path]
     unshare = check_py_sandbox()
     tool = str(Path(find_componentize_py()).resolve())
     shim = py_shim()
-    for needed in (tool, str(shim)):
-        if Path(needed).is_relative_to(PY_SANDBOX_ROOT):
-            raise BuildError(f"{needed} is under {PY_SANDBOX_ROOT}, which the Python build "
-                             "hides behind its own tmpfs: install it elsewhere")
+    venv = _tool_venv(tool)
+    if venv is None and Path(tool).is_relative_to(PY_SANDBOX_ROOT):
+        raise BuildError(f"{tool} is under {PY_SANDBOX_ROOT}, which the Python build hides "
+                         "behind its own tmpfs, and is not a virtualenv's script: install "
+                         "it elsewhere")
     if tmp_out != tmp / "out.wasm":
         raise BuildError("internal: the Python build writes tmp/out.wasm")
     (tmp / "box").mkdir()
     script = tmp / "sandbox.sh"
     script.write_text(_py_sandbox_script(tmp, entry, tool, shim,
-                                         py_sources_digest(entry.parent)))
+                                         py_sources_digest(entry.parent), venv))
     return [unshare, "--user", "--map-root-user", "--mount", "sh", str(script)], tmp
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -54,11 +56,11 @@ def test_the_builders_site_packages_are_not_bundled(tmp_path: Path,
         build_filter(src, tmp_path / "out.wasm")
 
 
-def _build_in_new_process(source: Path, out: Path) -> str:
+def _build_in_new_process(source: Path, out: Path, env: dict[str, str] | None = None) -> str:
     code = ("import sys; from pathlib import Path; from sluice.filters.build import build_filter;"
             " build_filter(Path(sys.argv[1]), Path(sys.argv[2]))")
     proc = subprocess.run([sys.executable, "-c", code, str(source), str(out)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     return hashlib.sha256(out.read_bytes()).hexdigest()
 
@@ -74,6 +76,29 @@ def test_a_python_filter_rebuilds_byte_identically(tmp_path: Path) -> None:
     second = _build_in_new_process(copy, tmp_path / "b.wasm")
     committed = hashlib.sha256((EXAMPLES / "upper-py" / "upper-py.wasm").read_bytes()).hexdigest()
     assert first == second == committed
+
+
+def test_a_componentize_py_under_tmp_builds_the_same_bytes(tmp_path: Path) -> None:
+    """The build covers /tmp with its own tmpfs; a checkout (and so its virtualenv) under /tmp
+    must still build, and build the committed bytes."""
+    import componentize_py
+
+    venv = Path(tempfile.mkdtemp(prefix="sluice-venv-", dir="/tmp"))
+    try:
+        base = Path(getattr(sys, "_base_executable", sys.executable))
+        subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        shutil.copytree(Path(componentize_py.__file__).parent, site / "componentize_py")
+        tool = venv / "bin" / "componentize-py"
+        tool.write_text(f"#!{venv}/bin/python\nimport sys\nfrom componentize_py import script\n"
+                        "sys.exit(script())\n")
+        tool.chmod(0o755)
+        env = {**os.environ, "SLUICE_COMPONENTIZE_PY": str(tool)}
+        got = _build_in_new_process(EXAMPLES / "upper-py", tmp_path / "a.wasm", env)
+    finally:
+        shutil.rmtree(venv)
+    committed = hashlib.sha256((EXAMPLES / "upper-py" / "upper-py.wasm").read_bytes()).hexdigest()
+    assert got == committed
 
 
 def test_the_random_stream_of_a_build_follows_its_sources(tmp_path: Path) -> None:
