@@ -39,8 +39,8 @@ from sluice.proxy.paths.base import (
     Respond,
 )
 from sluice.proxy.paths.registry import Routes, VersionTable
-from sluice.proxy.paths.topics import TopicRegistry
 from sluice.proxy.telemetry.metrics import Metrics
+from tests.proxy.net.unfiltered_routes import unfiltered_routes
 
 METADATA = int(ApiKey.METADATA)  # relayed untouched by the test paths
 LIST_OFFSETS = int(ApiKey.LIST_OFFSETS)  # answered by the test path itself
@@ -95,21 +95,8 @@ def make(
     limits: Limits | None = None, clock: Any = None
 ) -> tuple[Connection, Routes, ScriptedPath]:
     path = ScriptedPath()
-    topics = TopicRegistry()
     metrics = Metrics()
-
-    def context(generation: int) -> PathContext:
-        return PathContext(
-            chain=None,
-            generation=generation,
-            directions=frozenset(),
-            topics=topics,
-            metrics=metrics,
-            node_address=lambda n, h, p: (h, p),
-            open_upstream=None,  # type: ignore[arg-type]
-        )
-
-    routes = Routes([path], context, VersionTable())
+    routes = unfiltered_routes([path], metrics)
     conn = Connection(
         ClientInfo("1.2.3.4:5", ("b", 9092)), routes, metrics, limits,
         **({"clock": clock} if clock is not None else {}),

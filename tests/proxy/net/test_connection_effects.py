@@ -37,6 +37,7 @@ from sluice.proxy.telemetry.metrics import Metrics
 from tests.filters.test_native_path import make_batch
 from tests.harness import raw_kafka as rk
 from tests.proxy.net.test_connection import frame, request
+from tests.proxy.net.unfiltered_routes import unfiltered_routes
 from tests.proxy.paths.test_paths import fetch_response
 
 WAT_MODULES = Path(__file__).resolve().parents[2] / "filters" / "modules"
@@ -46,17 +47,8 @@ DESCRIBE_GROUPS = int(ApiKey.DESCRIBE_GROUPS)
 
 def connection(paths: list[Any], bmap: BrokerMap) -> Connection:
     metrics = Metrics()
-    topics = TopicRegistry()
-
-    def context(generation: int) -> PathContext:
-        return PathContext(
-            chain=None, generation=generation, directions=frozenset(), topics=topics,
-            metrics=metrics, node_address=bmap.known,
-            open_upstream=None,  # type: ignore[arg-type]
-        )
-
-    return Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), Routes(paths, context, VersionTable()),
-                      metrics)
+    return Connection(ClientInfo("1.2.3.4:5", ("b", 9092)),
+                      unfiltered_routes(paths, metrics, bmap.known), metrics)
 
 
 def metadata_response(correlation_id: int, brokers: dict[int, tuple[str, int]]) -> bytes:

@@ -19,10 +19,9 @@ from sluice.proxy.paths.base import (
 )
 from sluice.proxy.paths.internal_topics import InternalTopicsPath
 from sluice.proxy.paths.produce import ProducePath
-from sluice.proxy.paths.registry import Routes, VersionTable
-from sluice.proxy.paths.topics import TopicRegistry
 from sluice.proxy.telemetry.metrics import Metrics
 from tests.proxy.net.test_connection import frame, request, response
+from tests.proxy.net.unfiltered_routes import unfiltered_routes
 
 DESCRIBE_GROUPS = int(ApiKey.DESCRIBE_GROUPS)
 
@@ -53,16 +52,7 @@ class PinningPath:
 
 def _connection(path: PinningPath) -> Connection:
     metrics = Metrics()
-    topics = TopicRegistry()
-
-    def context(generation: int) -> PathContext:
-        return PathContext(
-            chain=None, generation=generation, directions=frozenset(), topics=topics,
-            metrics=metrics, node_address=lambda n, h, p: (h, p),
-            open_upstream=None,  # type: ignore[arg-type]
-        )
-
-    routes = Routes([path], context, VersionTable())
+    routes = unfiltered_routes([path], metrics)
     return Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), routes, metrics)
 
 

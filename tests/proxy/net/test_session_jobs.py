@@ -16,12 +16,11 @@ from sluice.proxy.net.connection import Close, Connection
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.session import Session, SideEffects
 from sluice.proxy.paths.base import Defer, Exchange, Forward, Frame, Job, PathContext
-from sluice.proxy.paths.registry import Routes, VersionTable
-from sluice.proxy.paths.topics import TopicRegistry
 from sluice.proxy.telemetry.events import proxy_info
 from sluice.proxy.telemetry.metrics import Metrics
 from sluice.proxy.telemetry.recorder import TelemetryRecorder
 from tests.proxy.net.test_connection import frame, request
+from tests.proxy.net.unfiltered_routes import unfiltered_routes
 
 DESCRIBE_GROUPS = int(ApiKey.DESCRIBE_GROUPS)
 
@@ -84,17 +83,8 @@ async def _scenario(jobs: int) -> tuple[LoggingPath, JobPlacement, Session, dict
     broker = await asyncio.start_server(_broker, "127.0.0.1", 0)
     broker_port = broker.sockets[0].getsockname()[1]
     path = LoggingPath()
-    topics = TopicRegistry()
     metrics = Metrics()
-
-    def context(generation: int) -> PathContext:
-        return PathContext(
-            chain=None, generation=generation, directions=frozenset(), topics=topics,
-            metrics=metrics, node_address=lambda n, h, p: (h, p),
-            open_upstream=None,  # type: ignore[arg-type]
-        )
-
-    routes = Routes([path], context, VersionTable())
+    routes = unfiltered_routes([path], metrics)
     # One pool thread: a binding leaking from one pool job would reach the next.
     executor = ThreadPoolExecutor(1)
     placement = JobPlacement(learn=3)
