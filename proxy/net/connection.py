@@ -753,6 +753,8 @@ class Connection:
 
     def _flush(self, out: list[Action]) -> None:
         slots = self._slots
+        if not slots or slots[0].response is None:
+            return  # nothing ready (after every request read): no lists made
         data: list[bytes | memoryview] = []
         sent: list[Action] = []  # telemetry of what was sent, after the bytes
         current = self._routes.current.generation
