@@ -542,7 +542,8 @@ class Connection:
         except (CodecError, Refused, UnknownNodes) as exc:
             self._close(out, str(exc), violation=True)
             return
-        self._effects(exchange, out)
+        if exchange.effects:  # tested here: almost no request asks for any
+            self._effects(exchange, out)
         self._apply_request((exchange, frame), outcome, router.ctx, out, to_broker)
 
     def _apply_request(
@@ -715,7 +716,8 @@ class Connection:
                 out,
             )
             return
-        self._response_effects(slot, out)
+        if slot.exchange.effects:
+            self._response_effects(slot, out)
         self._apply_response(slot, outcome, router.ctx, out, router.generation)
 
     def _apply_response(
@@ -726,7 +728,7 @@ class Connection:
             slot.on_sent = outcome.on_sent
             slot.waiting_job = False
             slot.generation = ctx.generation if generation == -2 else generation
-            self._hold(slot)
+            self._account(slot)  # what `_hold` does, one call less
         elif type(outcome) is Refuse:
             self._close(out, outcome.reason, violation=True)
         elif type(outcome) is Defer:
