@@ -4,11 +4,12 @@
 proxy's hot path for every request and response, so it avoids copies: frames that lie wholly
 inside one fed chunk come back as zero-copy `memoryview` slices of that chunk. A frame that
 spans chunks (a large Fetch response or Produce request arrives in many reads) is kept as a
-list of its pieces, views of the chunks themselves, and joined once when its last byte
-arrives: each byte is copied once, into a buffer of exactly the frame's size. Growing one
-buffer chunk by chunk instead copied the frame again at each reallocation (with the proxy's
-malloc settings, ops/allocator.py, the heap cannot remap a large block in place), which cost
-more CPU per byte than the rest of the pass-through path (issue 29).
+list of its pieces, views of the chunks themselves, and joined once when its last byte arrives:
+each byte is copied once, into a buffer of exactly the frame's size, handed out as a read-only
+view (slicing a view copies nothing). Growing one buffer chunk by chunk instead copied the
+frame again at each reallocation (with the proxy's malloc settings, ops/allocator.py, the heap
+cannot remap a large block in place): about as much CPU per byte again as the copy itself
+(issue 29).
 """
 
 from __future__ import annotations
@@ -116,7 +117,9 @@ class FrameBuffer:
             parts = self._parts
             if parts:
                 parts.append(view[pos : pos + missing])
-                out.append(b"".join(parts))
+                # A view, like every other frame: paths slice frames (`frame[header_size:]`),
+                # and a slice of bytes would copy the whole frame again.
+                out.append(memoryview(b"".join(parts)))
                 self._parts = []
             else:
                 # Only its prefix came before: the body is a view of this chunk.
