@@ -58,6 +58,11 @@ class VersionTable:
         if ranges != self._broker:
             self._broker = dict(ranges)
 
+    @property
+    def ranges(self) -> dict[int, tuple[int, int]]:
+        """The broker's ranges as learnt; a new dict whenever they change (never mutated)."""
+        return self._broker
+
     def broker_supports(self, api_key: int, version: int) -> bool:
         """Whether the broker serves this version, as far as the proxy knows.
 
@@ -93,7 +98,16 @@ def pick_response_path(
 class Router:
     """Which path handles a request or a response, for one installed chain."""
 
-    __slots__ = ("_inspected", "_requests", "_response_paths", "_responses", "ctx", "versions")
+    __slots__ = (
+        "_inspected",
+        "_passed",
+        "_passed_under",
+        "_requests",
+        "_response_paths",
+        "_responses",
+        "ctx",
+        "versions",
+    )
 
     def __init__(self, paths: Sequence[ApiPath], ctx: PathContext, versions: VersionTable):
         self.ctx = ctx
@@ -107,6 +121,9 @@ class Router:
                 self._response_paths.setdefault(key, []).append(path)
         # Filled lazily per (key, version); versions are bounded by `refusal`.
         self._responses: dict[int, ResponsePath | None] = {}
+        # (key << 16 | version) that `refusal` passed on the header alone, under these ranges.
+        self._passed: set[int] = set()
+        self._passed_under: dict[int, tuple[int, int]] | None = None
         self._inspected = frozenset(self._requests) | frozenset(
             key for key, found in self._response_paths.items() if self._any_response(key, found)
         )
@@ -124,6 +141,16 @@ class Router:
     def refusal(self, header: Any, frame: Frame) -> str | None:
         """None if a request with this header may be handled, else why not."""
         api_key, version = header.api_key, header.api_version
+        # A (key, version) that passed on its header alone passes again while the broker's
+        # ranges are the same (one set look-up per request instead of the checks below).
+        # `learn` replaces the ranges' dict when they change, which empties this memo.
+        ranges = self.versions.ranges
+        if ranges is self._passed_under:
+            if api_key << 16 | version in self._passed:
+                return None
+        else:
+            self._passed = set()
+            self._passed_under = ranges
         if api_key == _API_VERSIONS:
             return None if version >= 0 else "ApiVersions with a negative version"
         if not self.versions.broker_supports(api_key, version):
@@ -143,6 +170,8 @@ class Router:
                     f"request api key {api_key} v{version} must be inspected by the proxy, "
                     "which cannot decode that version"
                 )
+        if 0 <= version <= 0xFFFF:  # i16 on the wire: never negative here, but keys stay apart
+            self._passed.add(api_key << 16 | version)
         return None
 
     @property

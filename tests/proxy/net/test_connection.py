@@ -310,6 +310,37 @@ def test_response_inspected_key_outside_the_codec_range_is_refused() -> None:
     assert "must be inspected" in close.reason
 
 
+def test_a_version_that_passed_is_refused_once_the_broker_no_longer_serves_it() -> None:
+    """The gate remembers what passed (one look-up per request), but only under the broker
+    ranges it was decided with: an ApiVersions answer that drops the version refuses it."""
+    conn, routes, _ = make()
+    routes.versions.learn({METADATA: (0, 12)})
+    out = conn.client_data(frame(request(METADATA, 1, version=12)))
+    assert frames_of(sent(out, SendToBroker)) == [request(METADATA, 1, version=12)]
+    conn.broker_data(frame(response(1)))
+    routes.versions.learn({METADATA: (0, 11)})
+    out = conn.client_data(frame(request(METADATA, 2, version=12)))
+    (close,) = [a for a in out if isinstance(a, Close)]
+    assert close.violation and "not supported by the broker" in close.reason
+    assert sent(out, SendToBroker) == b""
+
+
+def test_the_gate_remembers_passes_not_refusals() -> None:
+    """What passed is remembered per (key, version); a refusal is never remembered, and a
+    negative version never lands on another version's entry."""
+    _, routes, _ = make()
+    routes.versions.learn({METADATA: (0, 12)})
+    router = routes.current
+    header = types.SimpleNamespace(api_key=METADATA, api_version=12, header_size=0)
+    assert router.refusal(header, b"") is None
+    assert router._passed == {METADATA << 16 | 12}
+    for version in (-1, 13):
+        refused = types.SimpleNamespace(api_key=METADATA, api_version=version, header_size=0)
+        assert router.refusal(refused, b"") is not None
+        assert router.refusal(refused, b"") is not None  # asked again, refused again
+    assert router._passed == {METADATA << 16 | 12}
+
+
 @given(api_key=st.integers(0, 200), version=st.integers(-5, 2000))
 @settings(max_examples=300, deadline=None)
 def test_every_accepted_version_is_bounded(api_key: int, version: int) -> None:
