@@ -39,14 +39,14 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import NamedTuple
 
 from .errors import DecodeError, UnsupportedVersion
 from .guard import read_uvarint, skip_tags
 from .schemas import known_versions
-from .splice_fields import records_prefix
+from .splice_fields import records_prefix, records_size_prefix
 
 __all__ = [
     "FetchPartitionSlot",
@@ -262,13 +262,15 @@ def scan_fetch_response(version: int, buf: Buffer, start: int = 0) -> FetchRespo
 def splice_fetch_records(
     buf: Buffer,
     layout: FetchResponseLayout,
-    records: Mapping[tuple[int, int], Buffer | None],
+    records: Mapping[tuple[int, int], Buffer | Sequence[Buffer] | None],
     errors: Mapping[tuple[int, int], int] | None = None,
 ) -> bytes:
     """`buf` (scanned into `layout`) with new records and error codes for some partitions.
 
-    `records` maps a partition's position ``(topic i, partition j)`` to its new records bytes
-    (None writes a null records field); `errors` maps positions to a new error code. Every
+    `records` maps a partition's position ``(topic i, partition j)`` to its new records bytes,
+    or to a list or tuple of buffers whose concatenation they are (each batch as the filters
+    left it: copied into the result once, never joined first), or to None (a null records
+    field); `errors` maps positions to a new error code. Every
     other byte is copied from `buf`, including what comes before the scanned body (the
     response header): the body is what kio writes for the changed entity. Raises ValueError
     for a position the response does not have."""
@@ -293,9 +295,13 @@ def splice_fetch_records(
         if key in records:
             new = records[key]
             pieces.append(view[pos : part.records_at])
-            pieces.append(records_prefix(new, flexible))
-            if new is not None:
-                pieces.append(new)
+            if isinstance(new, (list, tuple)):
+                pieces.append(records_size_prefix(sum(len(p) for p in new), flexible))
+                pieces.extend(new)
+            else:
+                pieces.append(records_prefix(new, flexible))
+                if new is not None:
+                    pieces.append(new)
             pos = part.records_end
     pieces.append(view[pos:])
     return b"".join(pieces)

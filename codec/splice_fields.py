@@ -31,3 +31,8 @@ def records_prefix(records: Buffer | None, flexible: bool) -> bytes:
         return b"\x00" if records is None else uvarint_bytes(len(records) + 1)
     return _pack_i32(-1 if records is None else len(records))
 
+
+def records_size_prefix(size: int, flexible: bool) -> bytes:
+    """The length prefix of a records field of `size` bytes."""
+    return uvarint_bytes(size + 1) if flexible else _pack_i32(size)
+

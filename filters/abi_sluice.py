@@ -208,7 +208,8 @@ class SluiceAbi(AbiRunner):
             raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
         out_ptr, out_len = unpack(result)
         try:
-            return decode_native_output(guest.read(out_ptr, out_len), count)
+            # Read in place: only the new records section is copied out, once.
+            return decode_native_output(guest.view(out_ptr, out_len), count)
         except AbiError as exc:
             raise GuestFailure("invalid-output", str(exc)) from None
 

@@ -164,6 +164,18 @@ class GuestInstance:
                                f"guest buffer {ptr}+{n} is outside linear memory")
         return ctypes.string_at(self._base() + ptr, n) if n else b""
 
+    def view(self, ptr: int, n: int) -> memoryview:
+        """A view of `n` bytes of guest memory at `ptr`, without a copy (GuestFailure if out
+        of bounds). Valid only until the next call into the guest or the next growth of its
+        memory: the caller reads it under the filter's lock, at once, and keeps nothing of it
+        (`native_io.decode_native_output` copies what it keeps)."""
+        if ptr < 0 or n < 0 or ptr + n > self.memory_size():
+            raise GuestFailure("invalid-output",
+                               f"guest buffer {ptr}+{n} is outside linear memory")
+        if not n:
+            return memoryview(b"")
+        return memoryview((ctypes.c_ubyte * n).from_address(self._base() + ptr)).cast("B")
+
     def grow(self, pages: int) -> int:
         """Grow the memory by `pages`; return the old size in bytes (GuestFailure on cap)."""
         if self.memory is None:

@@ -122,25 +122,29 @@ class NativeOutput:
         return self.fates.count(fate)
 
 
-def _u32(buf: bytes, pos: int, what: str) -> int:
+def _u32(buf: bytes | memoryview, pos: int, what: str) -> int:
     if pos + 4 > len(buf):
         raise AbiError(f"output truncated reading {what} at byte {pos}")
     return int(_U32.unpack_from(buf, pos)[0])
 
 
-def _text(buf: bytes, pos: int, what: str) -> tuple[str, int]:
+def _text(buf: bytes | memoryview, pos: int, what: str) -> tuple[str, int]:
     n = _u32(buf, pos, what)
     pos += 4
     if pos + n > len(buf):
         raise AbiError(f"output truncated reading {what} at byte {pos}")
     try:
-        return buf[pos:pos + n].decode("utf-8"), pos + n
+        return str(buf[pos:pos + n], "utf-8"), pos + n
     except UnicodeDecodeError:
         raise AbiError(f"{what} is not valid UTF-8") from None
 
 
-def decode_native_output(buf: bytes, expected_records: int) -> NativeOutput:
-    """Parse a ``sluice_filter_records`` output (AbiError when it breaks the layout)."""
+def decode_native_output(buf: bytes | memoryview, expected_records: int) -> NativeOutput:
+    """Parse a ``sluice_filter_records`` output (AbiError when it breaks the layout).
+
+    `buf` may be a view of guest memory (`GuestInstance.view`): the result holds copies of
+    what it keeps (the fates, the new records section, the texts), nothing of `buf`, so the
+    records section is copied out of the guest once rather than twice."""
     size = len(buf)
     count = _u32(buf, 0, "record_count")
     if count != expected_records:
@@ -148,7 +152,7 @@ def decode_native_output(buf: bytes, expected_records: int) -> NativeOutput:
     pos = 4 + count
     if pos + 4 > size:
         raise AbiError(f"output truncated reading fates and records_len at byte {pos}")
-    fates = buf[4:pos]
+    fates = bytes(buf[4:pos])
     # translate() deletes the known fates in one C pass (max() walked the bytes as ints: ~30 µs
     # per 1 000 records, more than the rest of this function)
     unknown = fates.translate(None, _KNOWN_FATES)
@@ -167,7 +171,7 @@ def decode_native_output(buf: bytes, expected_records: int) -> NativeOutput:
         if pos + records_len > size:
             raise AbiError(f"output truncated reading {records_len} bytes of records")
         # A guest that keeps everything yet returns a section: the input stands.
-        records = None if all_kept else buf[pos:pos + records_len]
+        records = None if all_kept else bytes(buf[pos:pos + records_len])
         pos += records_len
     nrej = _u32(buf, pos, "reject_count")
     pos += 4
@@ -195,7 +199,7 @@ def decode_native_output(buf: bytes, expected_records: int) -> NativeOutput:
         if end + 4 > size:
             raise AbiError(f"output truncated reading a detector at byte {pos}")
         try:
-            name = buf[pos + 4:end].decode("utf-8")
+            name = str(buf[pos + 4:end], "utf-8")
         except UnicodeDecodeError:
             raise AbiError("detector name is not valid UTF-8") from None
         detectors[name] = detectors.get(name, 0) + _U32.unpack_from(buf, end)[0]

@@ -124,24 +124,63 @@ class ProduceOutcome:
     records_out: int = -1
 
 
-@dataclass(slots=True)
 class FetchOutcome:
     """What to hand the client for one partition of a Fetch response.
 
     `records`: the filtered bytes (the input object itself when unchanged; b"" with an error).
+    `pieces`: the same bytes as the consecutive pieces the pipeline built them from (each
+    batch as it was or as rebuilt, the truncated tail): a caller that copies them anyway (the
+    splice into the response frame) takes them without `records` joining them first, which
+    would copy every byte once more. `records` joins them on first read.
     """
 
-    records: Buffer
-    error_code: int = NONE
-    error_message: str | None = None
-    record_errors: list[tuple[int, str]] = field(default_factory=list)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
-    stats: list[FilterStats] = field(default_factory=list)
-    changed: bool = False
-    # The input's record count and (first, last) offsets, from the pipeline's split of its
-    # batches (-1 / None: not split, e.g. refused before; telemetry counts them itself).
-    records_in: int = -1
-    offsets: tuple[int | None, int | None] | None = None
+    __slots__ = ("_pieces", "_records", "changed", "dead_letters", "error_code",
+                 "error_message", "offsets", "record_errors", "records_in", "records_out",
+                 "stats")
+
+    def __init__(self, records: Buffer, error_code: int = NONE,
+                 error_message: str | None = None, *, changed: bool = False,
+                 records_in: int = -1,
+                 offsets: tuple[int | None, int | None] | None = None) -> None:
+        self._records: Buffer | None = records
+        self._pieces: tuple[Buffer, ...] = (records,)
+        self.error_code = error_code
+        self.error_message = error_message
+        self.record_errors: list[tuple[int, str]] = []
+        self.dead_letters: list[DeadLetter] = []
+        self.stats: list[FilterStats] = []
+        self.changed = changed
+        # The input's record count and (first, last) offsets, from the pipeline's split of
+        # its batches (-1 / None: not split, e.g. refused before; telemetry counts them
+        # itself); the output's record count likewise (-1: not counted).
+        self.records_in = records_in
+        self.records_out = -1
+        self.offsets = offsets
+
+    @property
+    def records(self) -> Buffer:
+        if self._records is None:
+            self._records = b"".join(self._pieces)
+        return self._records
+
+    @records.setter
+    def records(self, value: Buffer) -> None:
+        self._records = value
+        self._pieces = (value,)
+
+    @property
+    def pieces(self) -> tuple[Buffer, ...]:
+        return self._pieces
+
+    def set_pieces(self, pieces: Sequence[Buffer]) -> None:
+        """The output as consecutive pieces (`records` joins them when read)."""
+        self._pieces = tuple(pieces)
+        self._records = self._pieces[0] if len(self._pieces) == 1 else None
+
+    @property
+    def size(self) -> int:
+        """len(records), without joining the pieces."""
+        return sum(len(p) for p in self._pieces)
 
 
 def _merge(into: list[FilterStats], more: Sequence[FilterStats]) -> None:
@@ -471,11 +510,13 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                        if batches else (None, None))
     parts: list[Buffer] = []
     changed = False
+    records_out = 0
     native = chain.native_for(ctx.topic, "fetch", ctx.principal)
     for batch in batches:
         header = batch.header
         if header.is_control or (header.record_count == 0 and len(batch.data) == HEADER_SIZE):
             parts.append(batch.data)  # nothing in it a filter could see
+            records_out += header.record_count
             continue
         if header.record_count > header.last_offset_delta + 1:
             # More records than offsets: no broker writes that (compaction leaves fewer).
@@ -505,8 +546,10 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
             if nat.changed:
                 changed = True
                 parts.append(built or build_batch_from_section(header, nat.records, nat.count))
+                records_out += nat.count
             else:
                 parts.append(batch.data)
+                records_out += header.record_count
             continue
         decoded, code, message = _decode(batch, plain)
         if decoded is None:
@@ -522,18 +565,21 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         out.dead_letters.extend(result.dead_letters)
         if not result.changed:
             parts.append(batch.data)
+            records_out += header.record_count
             continue
         changed = True
         kept = cast(list[Record], [r for r, fate in zip(result.records, result.fates, strict=True)
                                    if fate not in (DROP, REJECT) and r is not None])
         parts.append(build_batch(header, kept))
+        records_out += len(kept)
+    out.records_out = records_out
     if not changed:
         return out
     out.changed = True
     if len(tail):
         parts.append(tail)
-    # One batch: the rebuilt batch itself (joining one bytes object copies nothing).
-    out.records = b"".join(parts)
+    # Joined only if someone reads `records` (the splice copies the pieces into the frame).
+    out.set_pieces(parts)
     return out
 
 

@@ -33,7 +33,7 @@ from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey
 from sluice.filters.chain import DeadLetter, FilterChain
 from sluice.filters.context import RecordContext
-from sluice.filters.pipeline import filter_fetch
+from sluice.filters.pipeline import FetchOutcome, filter_fetch
 from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
@@ -224,20 +224,29 @@ def _sent(client: ClientInfo, batches: list[dict[str, Any]]) -> TelemetryCall | 
     return sent
 
 
-def _batch_fields(name: str, part: int, records: Any, outcome: Any, out: Any) -> dict[str, Any]:
-    """The record_batch telemetry of one filtered partition (`out`: its records as sent):
-    counts and offsets from the pipeline's split of the batches when it made one."""
+def _batch_fields(name: str, part: int, records: Any, outcome: FetchOutcome,
+                  out: Any) -> dict[str, Any]:
+    """The record_batch telemetry of one filtered partition (`out`: its records as sent, None
+    for a null field, else `outcome`'s): counts and offsets from the pipeline's split of the
+    batches when it made one."""
     first, last = outcome.offsets if outcome.offsets is not None else offset_range(records)
     records_in = outcome.records_in if outcome.records_in >= 0 else count_records(records)
+    if not outcome.changed:
+        records_out = records_in
+    elif out is None:
+        records_out = 0
+    else:
+        records_out = (outcome.records_out if outcome.records_out >= 0
+                       else count_records(outcome.records))
     return {
         "topic": name,
         "partition": part,
         "offset_first": first,
         "offset_last": last,
         "records_in": records_in,
-        "records_out": count_records(out) if outcome.changed else records_in,
+        "records_out": records_out,
         "bytes_in": len(records),
-        "bytes_out": len(out or b""),
+        "bytes_out": 0 if out is None else outcome.size,
         "stats": outcome.stats,
         "error_code": outcome.error_code,
         "error_message": outcome.error_message,
@@ -285,7 +294,8 @@ def _filter_scanned(
                 out = records[(i, j)] = None
                 errors[(i, j)] = outcome.error_code
             elif outcome.changed:
-                out = records[(i, j)] = outcome.records
+                # The pieces as built: the splice copies them into the frame once.
+                out = records[(i, j)] = outcome.pieces
             batches.append(_batch_fields(name, part.partition, blob, outcome, out))
     if not records and not errors:
         return _Spliced(frame, batches, dead)
@@ -346,7 +356,8 @@ def _filter_response(
                 changed = True
                 part = dataclasses.replace(part, records=bytes(outcome.records))
             batches.append(
-                _batch_fields(name, int(part.partition_index), records, outcome, part.records)
+                _batch_fields(name, int(part.partition_index), records, outcome,
+                              None if outcome.error_code else records)
             )
             parts.append(part)
         topics.append(dataclasses.replace(topic, partitions=tuple(parts)))

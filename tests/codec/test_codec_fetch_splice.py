@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import uuid
 from dataclasses import fields
 from typing import Any
@@ -143,6 +144,34 @@ def test_splice_writes_what_kio_writes_for_the_same_change(
     assert decode_response(1, version, out) == decode_response(
         1, version, expected(entity, records, errors)
     )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), response=responses())
+def test_records_given_as_pieces_splice_as_their_concatenation(
+    data: st.DataObject, response: tuple[int, Any]
+) -> None:
+    # The fetch path hands each partition's batches over as built (a list), unjoined: the
+    # result is what kio writes for the joined bytes.
+    version, entity = response
+    body = encode_response(entity)
+    layout = scan_fetch_response(version, body)
+    records, errors = data.draw(changes(entity))
+    pieces: dict[tuple[int, int], Any] = {}
+    for pos, new in records.items():
+        if new is None:
+            pieces[pos] = None
+            continue
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(new)), max_size=4)))
+        bounds = [0, *cuts, len(new)]
+        split = [new[a:b] for a, b in itertools.pairwise(bounds)]
+        kind = data.draw(st.sampled_from([list, tuple, "views"]))
+        if kind == "views":
+            pieces[pos] = [memoryview(x) for x in split]
+        else:
+            pieces[pos] = kind(split)  # type: ignore[operator]
+    out = splice_fetch_records(memoryview(body), layout, pieces, errors)
+    assert out == expected(entity, records, errors)
 
 
 @settings(max_examples=200, deadline=None)

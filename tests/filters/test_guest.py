@@ -86,6 +86,19 @@ def test_memory_bounds_and_growth_cap() -> None:
     assert info.value.kind == "memory"
 
 
+def test_view_reads_guest_memory_in_place_within_bounds() -> None:
+    g = guest()
+    g.write(100, b"hello")
+    view = g.view(100, 5)
+    assert bytes(view) == b"hello"
+    g.write(100, b"HELLO")  # a view, not a copy: it sees what the guest writes next
+    assert bytes(view) == b"HELLO"
+    assert bytes(g.view(0, 0)) == b""
+    for ptr, n in ((65535, 2), (-1, 1), (0, -1), (0, 65537)):
+        with pytest.raises(GuestFailure, match="outside linear memory"):
+            g.view(ptr, n)
+
+
 def test_initial_memory_above_the_cap_fails_instantiation() -> None:
     engine = default_engine()
     module = wasmtime.Module(engine.engine, '(module (memory (export "memory") 10))')

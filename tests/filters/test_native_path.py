@@ -211,6 +211,15 @@ def test_native_and_decoding_paths_agree(chains: Any, values: list[bytes | None]
             assert out.records_in == len(values)
             if out.records is not None:
                 assert out.records_out == count_records(out.records)
+    else:
+        # Fetch telemetry likewise, and the splice takes the output as the pieces it was
+        # built from: together they are the records, byte for byte.
+        for fetched in (native, slow):
+            assert isinstance(fetched, FetchOutcome)
+            assert b"".join(fetched.pieces) == bytes(fetched.records)
+            assert fetched.size == len(fetched.records)
+            if not fetched.error_code:
+                assert fetched.records_out == count_records(fetched.records)
     if b"fail" not in values:
         # No filter is asked to fail: the native answer itself was used, not the fallback
         # (a section the codec refuses would be redone silently and still agree).
@@ -561,7 +570,8 @@ def test_native_output_layout_errors(buf: bytes, problem: str | None) -> None:
         decode_native_output(buf, 1)
 
 
-def test_native_output_fields() -> None:
+@pytest.mark.parametrize("as_view", [False, True])
+def test_native_output_fields(as_view: bool) -> None:
     reason = b"too big"
     buf = (b"\x03\x00\x00\x00" + bytes([0, 3, 1]) + (4).to_bytes(4, "little") + b"abcd"
            + (1).to_bytes(4, "little") + (1).to_bytes(4, "little")
@@ -569,9 +579,14 @@ def test_native_output_fields() -> None:
            + (2).to_bytes(4, "little")
            + (1).to_bytes(4, "little") + b"x" + (5).to_bytes(4, "little")
            + (1).to_bytes(4, "little") + b"x" + (2).to_bytes(4, "little"))
-    out = decode_native_output(buf, 3)
+    # The host reads a guest's output in place (a view of its memory, which the guest's next
+    # call overwrites): what the result keeps must be copies, not views of it.
+    scratch = bytearray(buf)
+    out = decode_native_output(memoryview(scratch) if as_view else buf, 3)
+    scratch[:] = bytes(len(scratch))
     assert (out.fates, out.records, out.rejects, out.detector_counts) == (
         bytes([0, 3, 1]), b"abcd", {1: "too big"}, {"x": 7})
+    assert type(out.fates) is bytes and type(out.records) is bytes
 
 
 @settings(max_examples=300, deadline=None)
