@@ -14,6 +14,8 @@
 #include <string.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
+#include <openssl/err.h>
+#include <openssl/opensslv.h>
 
 #define SB_MALFORMED (-1)  /* the section is not `count` well-formed records */
 #define SB_SLOW (-2)       /* a record this code does not handle: use the reference path */
@@ -207,17 +209,191 @@ static size_t record_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
     return build_aad(aad, prefix, prefix_len, r, n ? digest : no_headers);
 }
 
-/* An AES-256-GCM context keyed with `key`, to seal (`seal` 1) or open; NULL on failure. */
-static EVP_CIPHER_CTX *gcm_new(int seal, const uint8_t *key) {
-    EVP_CIPHER_CTX *ctx = EVP_CIPHER_CTX_new();
-    if (!ctx) return NULL;
-    int ok = seal ? EVP_EncryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL)
-                  : EVP_DecryptInit_ex(ctx, EVP_aes_256_gcm(), NULL, key, NULL);
+/* ------------------------------------------------------------------ AES-256-GCM
+ *
+ * One EVP context per call (one data key), one message per record or field. OpenSSL 3.0
+ * spends as long setting each message up as sealing a short one: EVP_CipherInit_ex with a
+ * new IV forgets the context's IV length and asks the provider for it again through its
+ * parameter look-up (a strcmp per parameter name it knows), and the tag goes through
+ * EVP_CIPHER_CTX_ctrl, which builds a parameter list per call. Here the tag is read or
+ * set through a parameter list made once per context, and the IV is handed to the provider
+ * as its "TLS fixed IV" parameter with the length -1, which OpenSSL's GCM implementations
+ * (the 3.x providers, the legacy EVP code before them) define as "restore the whole IV" and
+ * which then works as EVP_CipherInit_ex's IV does (applied before the next message, the
+ * message counter restarted). The nonce of a message must be exactly the one given: this
+ * shortcut is taken only after a known-answer check against EVP_CipherInit_ex on the
+ * libcrypto the process loaded (`gcm_fast_iv`), else every message goes through the init. */
+#if OPENSSL_VERSION_MAJOR >= 3
+#include <openssl/core_names.h>
+#include <openssl/params.h>
+#define GCM_PARAMS 1
+#else
+#define GCM_PARAMS 0
+#endif
+
+typedef struct {
+    EVP_CIPHER_CTX *ctx;
+    int fast_iv;             /* the IV goes through the parameter (see above) */
+#if GCM_PARAMS
+    OSSL_PARAM iv_tag[3];    /* open: the IV (fast_iv) then the tag; seal: the IV */
+    OSSL_PARAM tag[2];       /* the tag alone (seal: read; open without fast_iv: set) */
+#endif
+} gcm_t;
+
+static int gcm_init(gcm_t *g, int seal, const uint8_t *key, int fast_iv) {
+    g->fast_iv = fast_iv;
+    g->ctx = EVP_CIPHER_CTX_new();
+    if (!g->ctx) return -1;
+    int ok = seal ? EVP_EncryptInit_ex(g->ctx, EVP_aes_256_gcm(), NULL, key, NULL)
+                  : EVP_DecryptInit_ex(g->ctx, EVP_aes_256_gcm(), NULL, key, NULL);
     if (ok != 1) {
-        EVP_CIPHER_CTX_free(ctx);
-        return NULL;
+        EVP_CIPHER_CTX_free(g->ctx);
+        g->ctx = NULL;
+        return -1;
     }
-    return ctx;
+#if GCM_PARAMS
+    /* data pointers are set per message */
+    g->iv_tag[0] = OSSL_PARAM_construct_octet_string(OSSL_CIPHER_PARAM_AEAD_TLS1_IV_FIXED,
+                                                     NULL, (size_t)-1);
+    g->iv_tag[1] = OSSL_PARAM_construct_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG, NULL, TAG);
+    g->iv_tag[2] = OSSL_PARAM_construct_end();
+    if (seal) g->iv_tag[1] = OSSL_PARAM_construct_end();
+    g->tag[0] = OSSL_PARAM_construct_octet_string(OSSL_CIPHER_PARAM_AEAD_TAG, NULL, TAG);
+    g->tag[1] = OSSL_PARAM_construct_end();
+#endif
+    return 0;
+}
+
+static void gcm_free(gcm_t *g) {
+    if (g->ctx) EVP_CIPHER_CTX_free(g->ctx);
+    g->ctx = NULL;
+}
+
+/* Seals `pt` under `nonce` and `aad`: the ciphertext (as long as `pt`) at `ct`, then the
+ * tag. 0, or -1 when OpenSSL fails. */
+static int gcm_seal(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
+                    const uint8_t *pt, size_t pt_len, uint8_t *ct) {
+    int n1 = 0, n2 = 0;
+#if GCM_PARAMS
+    if (g->fast_iv) {
+        g->iv_tag[0].data = (void *)nonce;
+        if (EVP_CIPHER_CTX_set_params(g->ctx, g->iv_tag) != 1) return -1;
+    } else
+#endif
+    if (EVP_EncryptInit_ex(g->ctx, NULL, NULL, NULL, nonce) != 1) {
+        return -1;
+    }
+    if (EVP_EncryptUpdate(g->ctx, NULL, &n1, aad, (int)aad_len) != 1 ||
+        EVP_EncryptUpdate(g->ctx, ct, &n1, pt, (int)pt_len) != 1 ||
+        EVP_EncryptFinal_ex(g->ctx, ct + n1, &n2) != 1 || (size_t)(n1 + n2) != pt_len)
+        return -1;
+#if GCM_PARAMS
+    g->tag[0].data = ct + pt_len;
+    if (EVP_CIPHER_CTX_get_params(g->ctx, g->tag) != 1) return -1;
+#else
+    if (EVP_CIPHER_CTX_ctrl(g->ctx, EVP_CTRL_GCM_GET_TAG, TAG, ct + pt_len) != 1) return -1;
+#endif
+    return 0;
+}
+
+/* Opens `ct` (then its tag) under `nonce` and `aad` into `pt`: 0, 1 when it fails
+ * authentication (what was written to `pt` is then not to be used), -1 when OpenSSL fails. */
+static int gcm_open(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
+                    const uint8_t *ct, size_t ct_len, uint8_t *pt) {
+    int n1 = 0, n2 = 0;
+    const uint8_t *tag = ct + ct_len;
+#if GCM_PARAMS
+    if (g->fast_iv) {
+        g->iv_tag[0].data = (void *)nonce;
+        g->iv_tag[1].data = (void *)tag;
+        if (EVP_CIPHER_CTX_set_params(g->ctx, g->iv_tag) != 1) return -1;
+    } else {
+        g->tag[0].data = (void *)tag;
+        if (EVP_DecryptInit_ex(g->ctx, NULL, NULL, NULL, nonce) != 1 ||
+            EVP_CIPHER_CTX_set_params(g->ctx, g->tag) != 1)
+            return -1;
+    }
+#else
+    if (EVP_DecryptInit_ex(g->ctx, NULL, NULL, NULL, nonce) != 1 ||
+        EVP_CIPHER_CTX_ctrl(g->ctx, EVP_CTRL_GCM_SET_TAG, TAG, (void *)tag) != 1)
+        return -1;
+#endif
+    if (EVP_DecryptUpdate(g->ctx, NULL, &n1, aad, (int)aad_len) != 1 ||
+        EVP_DecryptUpdate(g->ctx, pt, &n1, ct, (int)ct_len) != 1)
+        return -1;
+    if (EVP_DecryptFinal_ex(g->ctx, pt + n1, &n2) != 1) return 1;
+    return (size_t)(n1 + n2) == ct_len ? 0 : -1;
+}
+
+/* Whether the IV shortcut gives exactly EVP_CipherInit_ex's messages on this libcrypto:
+ * three messages under three nonces through one context each way, every ciphertext and tag
+ * compared with those of a context initialised with the nonce, a wrong tag refused. Run
+ * once per process (the answer depends only on the library loaded). */
+static int gcm_fast_iv_check(void) {
+#if GCM_PARAMS
+    static const uint8_t key[32] = {7, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144};
+    uint8_t aad[40], pt[37], want[3][37 + TAG], got[37 + TAG], back[37];
+    uint8_t nonces[3][NONCE];
+    for (size_t i = 0; i < sizeof aad; i++) aad[i] = (uint8_t)(i * 7 + 1);
+    for (size_t i = 0; i < sizeof pt; i++) pt[i] = (uint8_t)(i * 13 + 5);
+    for (int m = 0; m < 3; m++)
+        for (int i = 0; i < NONCE; i++) nonces[m][i] = (uint8_t)(m * 31 + i * 3 + 1);
+    gcm_t slow, fast, open_fast;
+    int ok = 1;
+    if (gcm_init(&slow, 1, key, 0) || gcm_init(&fast, 1, key, 1) ||
+        gcm_init(&open_fast, 0, key, 1))
+        ok = 0;
+    for (int m = 0; ok && m < 3; m++) {
+        if (gcm_seal(&slow, nonces[m], aad, sizeof aad, pt, sizeof pt, want[m]) ||
+            gcm_seal(&fast, nonces[m], aad, sizeof aad, pt, sizeof pt, got) ||
+            memcmp(want[m], got, sizeof got) != 0)
+            ok = 0;
+    }
+    /* a nonce that made no difference would mean the reference itself is wrong */
+    if (ok && (!memcmp(want[0], want[1], sizeof got) || !memcmp(want[1], want[2], sizeof got)))
+        ok = 0;
+    for (int m = 0; ok && m < 3; m++) {
+        if (gcm_open(&open_fast, nonces[m], aad, sizeof aad, want[m], sizeof pt, back) != 0 ||
+            memcmp(back, pt, sizeof pt) != 0)
+            ok = 0;
+    }
+    if (ok) {
+        memcpy(got, want[2], sizeof got);
+        got[sizeof got - 1] ^= 1;
+        if (gcm_open(&open_fast, nonces[2], aad, sizeof aad, got, sizeof pt, back) != 1) ok = 0;
+        /* and the context still opens after a refusal */
+        if (gcm_open(&open_fast, nonces[1], aad, sizeof aad, want[1], sizeof pt, back) != 0)
+            ok = 0;
+    }
+    gcm_free(&slow);
+    gcm_free(&fast);
+    gcm_free(&open_fast);
+    ERR_clear_error();
+    return ok;
+#else
+    return 0;
+#endif
+}
+
+static int gcm_fast_iv(void) {
+    /* -1 unknown, else the check's answer; threads racing here compute the same answer */
+    static int known = -1;
+    int v = __atomic_load_n(&known, __ATOMIC_ACQUIRE);
+    if (v < 0) {
+        v = gcm_fast_iv_check();
+        __atomic_store_n(&known, v, __ATOMIC_RELEASE);
+    }
+    return v;
+}
+
+/* 1 when messages get their IV through the shortcut (gcm_fast_iv), else 0. */
+int sb_fast_iv(void) {
+    return gcm_fast_iv();
+}
+
+/* A context keyed with `key`, to seal (`seal` 1) or open: 0, or -1 on failure. */
+static int gcm_new(gcm_t *g, int seal, const uint8_t *key) {
+    return gcm_init(g, seal, key, gcm_fast_iv());
 }
 
 /* Writes one record: the body from `r->start` to the key (as is), `value`, then the first
@@ -263,8 +439,8 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     uint8_t no_headers[32];
     r.header_count = 0;
     headers_digest(&r, 0, no_headers);
-    EVP_CIPHER_CTX *ctx = gcm_new(1, key);
-    if (!ctx) {
+    gcm_t g = {0};
+    if (gcm_new(&g, 1, key)) {
         rc = SB_CRYPTO;
         goto done;
     }
@@ -290,17 +466,12 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
         size_t aad_len = record_aad(scratch, prefix, prefix_len, &r, r.header_count, no_headers);
         uint8_t *ct = scratch + aad_len;
         const uint8_t *nonce = nonces + (size_t)(*sealed) * NONCE;
-        int n1 = 0, n2 = 0;
-        if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1 ||
-            EVP_EncryptUpdate(ctx, NULL, &n1, scratch, (int)aad_len) != 1 ||
-            EVP_EncryptUpdate(ctx, ct, &n1, r.value, (int)r.value_len) != 1 ||
-            EVP_EncryptFinal_ex(ctx, ct + n1, &n2) != 1 ||
-            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG, ct + n1 + n2) != 1) {
+        if (gcm_seal(&g, nonce, scratch, aad_len, r.value, (size_t)r.value_len, ct)) {
             rc = SB_CRYPTO;
             goto done;
         }
         o = emit(o, &r, (const uint8_t *)"\x01", 1, nonce, NONCE, ct,
-                 (size_t)(n1 + n2) + TAG, r.header_count, ours, ours_len, ours_count);
+                 (size_t)r.value_len + TAG, r.header_count, ours, ours_len, ours_count);
         fates[i] = 1;
         (*sealed)++;
     }
@@ -310,7 +481,7 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     rc = (long)(o - out);
 done:
-    EVP_CIPHER_CTX_free(ctx);
+    gcm_free(&g);
     return rc;
 }
 
@@ -330,8 +501,8 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     uint8_t no_headers[32];
     r.header_count = 0;
     headers_digest(&r, 0, no_headers);
-    EVP_CIPHER_CTX *ctx = gcm_new(0, key);
-    if (!ctx) {
+    gcm_t g = {0};
+    if (gcm_new(&g, 0, key)) {
         rc = SB_CRYPTO;
         goto done;
     }
@@ -367,19 +538,12 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
         uint8_t *pt = scratch + aad_len;
         const uint8_t *nonce = r.value + 1;
         const uint8_t *ct = nonce + NONCE;
-        int n1 = 0, n2 = 0;
-        if (EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1 ||
-            EVP_DecryptUpdate(ctx, NULL, &n1, scratch, (int)aad_len) != 1 ||
-            EVP_DecryptUpdate(ctx, pt, &n1, ct, (int)ct_len) != 1 ||
-            EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG, (void *)(ct + ct_len)) != 1) {
-            rc = SB_CRYPTO;
+        int opened = gcm_open(&g, nonce, scratch, aad_len, ct, ct_len, pt);
+        if (opened) {
+            rc = opened > 0 ? SB_TAMPERED : SB_CRYPTO;
             goto done;
         }
-        if (EVP_DecryptFinal_ex(ctx, pt + n1, &n2) != 1) {
-            rc = SB_TAMPERED;
-            goto done;
-        }
-        o = emit(o, &r, pt, (size_t)(n1 + n2), NULL, 0, NULL, 0, start, NULL, 0, 0);
+        o = emit(o, &r, pt, ct_len, NULL, 0, NULL, 0, start, NULL, 0, 0);
         fates[i] = 1;
     }
     if (c.p != c.end) {
@@ -388,7 +552,7 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     rc = (long)(o - out);
 done:
-    EVP_CIPHER_CTX_free(ctx);
+    gcm_free(&g);
     return rc;
 }
 
@@ -878,13 +1042,12 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     uint8_t *limit = out + out_cap;
     long rc = 0;
     uint8_t digest[32];
-    EVP_CIPHER_CTX *ctx = NULL;
+    gcm_t g = {0};
     *records = 0;
     *seals = 0;
     if (parse_paths(packed_paths, packed_len, npaths, paths)) return SB_SLOW;
     if (out) {
-        ctx = gcm_new(1, key);
-        if (!ctx) {
+        if (gcm_new(&g, 1, key)) {
             rc = SB_CRYPTO;
             goto done;
         }
@@ -955,20 +1118,14 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
             size_t alen = field_aad(aad, prefix, prefix_len, &r, digest, pp);
             uint8_t *sealed = aad + alen;
             memcpy(sealed, nonce, NONCE);
-            int n1 = 0, n2 = 0;
             size_t plen = spans[a].end - spans[a].start;
-            if (EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, nonce) != 1 ||
-                EVP_EncryptUpdate(ctx, NULL, &n1, aad, (int)alen) != 1 ||
-                EVP_EncryptUpdate(ctx, sealed + NONCE, &n1, r.value + spans[a].start,
-                                  (int)plen) != 1 ||
-                EVP_EncryptFinal_ex(ctx, sealed + NONCE + n1, &n2) != 1 ||
-                EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, TAG,
-                                    sealed + NONCE + n1 + n2) != 1) {
+            if (gcm_seal(&g, nonce, aad, alen, r.value + spans[a].start, plen,
+                         sealed + NONCE)) {
                 rc = SB_CRYPTO;
                 goto done;
             }
             memcpy(vo, "\"sluice:enc:1:", 14);
-            vo = b64url(vo + 14, sealed, NONCE + (size_t)(n1 + n2) + TAG);
+            vo = b64url(vo + 14, sealed, NONCE + plen + TAG);
             *vo++ = '"';
             pos = spans[a].end;
             (*seals)++;
@@ -1015,7 +1172,7 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
     rc = out ? (long)(o - out) : (long)plan_at;
 done:
-    if (ctx) EVP_CIPHER_CTX_free(ctx);
+    gcm_free(&g);
     return rc;
 }
 
@@ -1134,8 +1291,8 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     int64_t last_fields_len = 0;
     int npaths = 0;
     *opened = 0;
-    EVP_CIPHER_CTX *ctx = gcm_new(0, key);
-    if (!ctx) {
+    gcm_t g = {0};
+    if (gcm_new(&g, 0, key)) {
         rc = SB_CRYPTO;
         goto done;
     }
@@ -1211,18 +1368,10 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
             long slen = unb64url(lit + 14, lit_len - 15, sealed);
             if (slen < NONCE + TAG) { rc = SB_SLOW; goto done; }
             size_t ct_len = (size_t)slen - NONCE - TAG;
-            int n1 = 0, n2 = 0;
-            if (EVP_DecryptInit_ex(ctx, NULL, NULL, NULL, sealed) != 1 ||
-                EVP_DecryptUpdate(ctx, NULL, &n1, aad, (int)alen) != 1 ||
-                EVP_DecryptUpdate(ctx, vo, &n1, sealed + NONCE, (int)ct_len) != 1 ||
-                EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, TAG,
-                                    sealed + NONCE + ct_len) != 1) {
-                rc = SB_CRYPTO;
-                goto done;
-            }
-            if (EVP_DecryptFinal_ex(ctx, vo + n1, &n2) != 1) { rc = SB_TAMPERED; goto done; }
-            if (!utf8_ok(vo, (size_t)(n1 + n2))) { rc = SB_SLOW; goto done; }
-            vo += n1 + n2;
+            int bad = gcm_open(&g, sealed, aad, alen, sealed + NONCE, ct_len, vo);
+            if (bad) { rc = bad > 0 ? SB_TAMPERED : SB_CRYPTO; goto done; }
+            if (!utf8_ok(vo, ct_len)) { rc = SB_SLOW; goto done; }
+            vo += ct_len;
             pos = spans[a].end;
         }
         memcpy(vo, r.value + pos, (size_t)r.value_len - pos);
@@ -1235,6 +1384,6 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
     rc = (long)(o - out);
 done:
-    EVP_CIPHER_CTX_free(ctx);
+    gcm_free(&g);
     return rc;
 }
