@@ -241,6 +241,13 @@ def open_section(section: Any, count: int, key: bytes, prefix: bytes, group: byt
     return _result(out, n), bytes(fates)
 
 
+def fast_iv() -> bool:
+    """Whether the native calls hand each message's nonce to OpenSSL without
+    EVP_CipherInit_ex (a known-answer check decides once per process; crypto/batch_seal.c,
+    `gcm_fast_iv`)."""
+    return bool(_lib.sb_fast_iv())
+
+
 def pack_paths(paths: Sequence[str]) -> bytes:
     """Fields-mode paths for `plan_fields` / `seal_fields`: each as u32 LE length + UTF-8, then
     u32 LE length + the path as a JSON string (as ``sluice.enc.fields`` lists it)."""
