@@ -1556,19 +1556,25 @@ static int member_is_phone(void) {
 }
 
 /* Whether find_phone can match in p[0..n) (a string numeric_possible let through): each of its
- * ways to a match needs one of these. '+' (E.164); a '0' starting a run of digits (00 for '+',
- * a trunk prefix 0); a run of exactly three digits (North American groups); '(' (an area code
- * in parentheses); or a phone label, which is a phone word in the member's name or in the
- * string (letters or UTF-8, before the number). A card number printed in groups of four ("4111
- * 1111 1111 1230") has none of them, so the phone detector does not run on it. Strings over 64
- * bytes (or not loadable in whole 16-byte steps) are let through unchecked. */
+ * ways to a match needs one of these. '+' (E.164); a '0' starting a run of digits that
+ * find_phone tries as a start (00 for '+', a trunk prefix 0); a run of exactly three digits
+ * (North American groups); '(' (an area code in parentheses); or a phone label, which is a
+ * phone word in the member's name or in the string (letters or UTF-8, before the number). A
+ * card number printed in groups of four ("4111 1111 1111 1230", "4111 1111 1111 0123") has
+ * none of them, so the phone detector does not run on it. Strings over 64 bytes (or not
+ * loadable in whole 16-byte steps) are let through unchecked. */
 SIMD static int phone_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
     if (n > 64 || readable - p < (int32_t)((n + 15) & ~15u)) return 1;
-    uint64_t digits = 0, zero = 0, other = 0;
+    uint64_t digits = 0, zero = 0, other = 0, sep = 0, sep3 = 0, one = 0;
     for (uint32_t i = 0; i < n; i += 16) {
         v128_t v = wasm_v128_load(p + i);
         if (n - i < 16) v = first_lanes(v, n - i);
         v128_t d = in_range(v, '0', 10);
+        v128_t s3 = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))));
+        v128_t s = wasm_v128_or(s3, wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(',')), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('/')), wasm_i8x16_eq(v, wasm_i8x16_splat(':')))));
+        sep |= (uint64_t)wasm_i8x16_bitmask(s) << i;
+        sep3 |= (uint64_t)wasm_i8x16_bitmask(s3) << i;
+        one |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('1'))) << i;
         /* '+', '(', letters and bytes >= 0x80 (signed: below zero) */
         v128_t o = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')), wasm_i8x16_eq(v, wasm_i8x16_splat('('))),
                                 wasm_v128_or(in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26), wasm_i8x16_lt(v, wasm_i8x16_splat(0))));
@@ -1578,7 +1584,13 @@ SIMD static int phone_possible(const uint8_t *p, uint32_t n, const uint8_t *read
     }
     uint64_t starts = digits & ~(digits << 1);
     uint64_t run3 = starts & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
-    if (other || (zero & starts) || run3) return 1;
+    /* The 0s find_phone tries: both its branches pass over a start after one of ' ' . , - / :
+     * that follows a digit (num_boundary_before and the space rule: the tail of a longer
+     * number), except a 0 after a NANP country code "1-", "1 " or "1." whose 1 starts a run
+     * (the digit branch steps over the code and tries the 0 as a trunk prefix). */
+    uint64_t zero_starts = zero & starts & ~((sep << 1) & (digits << 2));
+    uint64_t after_code = zero & (sep3 << 1) & (one << 2) & ~(digits << 3);
+    if (other || zero_starts || after_code || run3) return 1;
     return member_is_phone();
 }
 
