@@ -63,6 +63,9 @@ typedef struct {
 static mask_rule rules[D_COUNT];
 static uint32_t enabled_detectors; /* bit d set: rules[d].enabled (d < D_FIELD) */
 static int masks_plain; /* no rule's mask or replacement holds a byte a JSON string escapes */
+/* bit d set: rules[d] masks byte for byte (a one-byte mask, no replacement, no keep_last), so an
+ * ASCII match is masked in place (spans_mask_in_place) */
+static uint32_t in_place_rules;
 
 enum { MODE_AUTO, MODE_JSON, MODE_TEXT };
 static int mode = MODE_AUTO;
@@ -303,7 +306,9 @@ int sluice_on_config(const sluice_json *cfg) {
         if (rules[d].enabled) enabled_detectors |= 1u << d;
     }
     masks_plain = 1;
+    in_place_rules = 0;
     for (int d = 0; d < D_COUNT; d++) {
+        if (sluice_is_null(rules[d].replacement) && rules[d].mask.len == 1 && rules[d].keep_last == 0) in_place_rules |= 1u << d;
         const sluice_bytes units[2] = {rules[d].mask, rules[d].replacement};
         for (int u = 0; u < 2; u++) {
             for (int32_t i = 0; i < units[u].len; i++) {
@@ -2136,15 +2141,20 @@ static void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const u
 
 /* Whether the matches of s that put_spans_masked would mask (the first of overlapping ones)
  * are ASCII and masked one mask byte per byte (no replacement, no keep_last, a one-byte mask):
- * then the masked text is the text with those bytes overwritten, as long as the text. */
-SIMD static int spans_mask_in_place(const uint8_t *text, const spans *s) {
-    const uint8_t *readable = mem_readable();
+ * then the masked text is the text with those bytes overwritten, as long as the text. With
+ * `ascii` the whole text is known to be ASCII (a plain JSON string or number) and only the
+ * rules are looked at. */
+SIMD static int spans_mask_in_place(const uint8_t *text, const spans *s, int ascii) {
+    const uint8_t *readable = ascii ? text : mem_readable();
     uint32_t pos = 0;
     for (uint32_t i = 0; i < s->n; i++) {
         const span *x = &s->v[i];
         if (x->start < pos) continue;
-        const mask_rule *r = &rules[x->det];
-        if (!sluice_is_null(r->replacement) || r->mask.len != 1 || r->keep_last != 0) return 0;
+        if (!(in_place_rules >> x->det & 1u)) return 0;
+        if (ascii) {
+            pos = x->end;
+            continue;
+        }
         for (uint32_t k = x->start; k < x->end; k += 16) {
             uint32_t high;
             if (readable - (text + k) >= 16) {
@@ -2192,9 +2202,9 @@ SIMD static uint32_t mask_spans_in_place(uint8_t *w, const spans *s) {
 /* Replace the literal [from, c->p) by text[0..n) with the matches in s masked, as a JSON
  * string. The masked text goes straight into the output and is escaped afterwards only when it
  * must be (a quote, backslash or control character kept from the text). */
-static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain) {
+static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain, int ascii) {
     sluice_buf *out = jreplace(c, from, c->p);
-    if (plain && masks_plain && spans_mask_in_place(text, s)) {
+    if (plain && masks_plain && spans_mask_in_place(text, s, ascii)) {
         /* the usual case: the literal copied whole, its matches overwritten */
         if (!sluice_buf_reserve(out, n + 18u)) {
             c->failed = 1;
@@ -2274,7 +2284,8 @@ SIMD static int jstring_value(jctx *c) {
         c->failed = 1;
         return 0;
     }
-    if (found.n) jreplace_masked(c, lit, text, n, &found, !escaped); /* a raw body escapes nothing */
+    /* a raw body escapes nothing; one jstring_classify passed whole (scanned 2) is ASCII */
+    if (found.n) jreplace_masked(c, lit, text, n, &found, !escaped, scanned == 2);
     return 1;
 }
 
@@ -2302,7 +2313,7 @@ static int jnumber_value(jctx *c) {
         c->failed = 1;
         return 0;
     }
-    if (found.n) jreplace_masked(c, s, s, n, &found, 1);
+    if (found.n) jreplace_masked(c, s, s, n, &found, 1, 1); /* a number is ASCII */
     return 1;
 }
 
