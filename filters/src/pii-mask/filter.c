@@ -1474,40 +1474,70 @@ static int numeric_byte(uint8_t c) {
         }                                                                 \
     } while (0)
 
-SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
-    if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
-        /* bit i of each mask: p[i] is in the class (bits from n on clear) */
-        uint64_t digits = 0, plus_or_zero = 0, numeric = 0;
-        for (uint32_t i = 0; i < n; i += 16) {
-            v128_t v = wasm_v128_load(p + i);
-            if (n - i < 16) v = first_lanes(v, n - i);
-            v128_t d = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
-            v128_t z = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('0')), wasm_i8x16_eq(v, wasm_i8x16_splat('+')));
-            /* ' ' ( ) + - . are 0x20 0x28 0x29 0x2B 0x2D 0x2E; '_' is 0x5F */
-            v128_t sep = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_i8x16_eq(v, wasm_i8x16_splat('_'))),
-                                      wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('(')), wasm_i8x16_eq(v, wasm_i8x16_splat(')'))),
-                                                   wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')),
-                                                                wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))))));
-            digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
-            plus_or_zero |= (uint64_t)wasm_i8x16_bitmask(z) << i;
-            numeric |= (uint64_t)wasm_i8x16_bitmask(wasm_v128_or(d, sep)) << i;
-        }
-        /* a run of exactly three: starts, has its next two digits and not a third */
-        uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
-        uint32_t best = 0;
-        int phone_run = 0;
-        while (numeric) {
-            uint32_t s = (uint32_t)__builtin_ctzll(numeric);
-            uint64_t after = ~(numeric >> s);
-            uint32_t len = after ? (uint32_t)__builtin_ctzll(after) : 64 - s;
-            uint64_t run = (len >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1) << s;
-            uint32_t d = (uint32_t)__builtin_popcountll(digits & run);
-            if (d > best) best = d;
-            phone_run |= d >= 8 && d <= 15;
-            numeric &= ~run;
-        }
-        return numeric_verdict(best, run3 != 0, plus_or_zero != 0, phone_run);
+/* The classes of a string of at most 64 bytes that may be loaded in whole 16-byte steps, as
+ * bit masks (bit i for p[i], bits from n on clear), for numeric_possible's and
+ * phone_possible's checks: one pass over the bytes serves both. */
+typedef struct {
+    uint64_t digits, zero, plus, numeric; /* numeric: digits and ' ' _ ( ) + - . */
+    uint64_t sep, sep3, one, other;       /* sep: ' ' - . , / :  sep3: ' ' - .  other: + ( letters >= 0x80 */
+} num_masks;
+
+SIMD static void num_masks_of(const uint8_t *p, uint32_t n, num_masks *m) {
+    uint64_t digits = 0, zero = 0, plus = 0, numeric = 0, sep = 0, sep3 = 0, one = 0, other = 0;
+    for (uint32_t i = 0; i < n; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        if (n - i < 16) v = first_lanes(v, n - i);
+        v128_t d = in_range(v, '0', 10);
+        v128_t pl = wasm_i8x16_eq(v, wasm_i8x16_splat('+'));
+        v128_t paren = wasm_i8x16_eq(v, wasm_i8x16_splat('('));
+        v128_t s3 = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))));
+        v128_t sp = wasm_v128_or(s3, wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(',')), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('/')), wasm_i8x16_eq(v, wasm_i8x16_splat(':')))));
+        /* ' ' ( ) + - . are 0x20 0x28 0x29 0x2B 0x2D 0x2E; '_' is 0x5F */
+        v128_t num = wasm_v128_or(wasm_v128_or(d, s3), wasm_v128_or(wasm_v128_or(pl, paren), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(')')), wasm_i8x16_eq(v, wasm_i8x16_splat('_')))));
+        /* '+', '(', letters and bytes >= 0x80 (signed: below zero) */
+        v128_t o = wasm_v128_or(wasm_v128_or(pl, paren), wasm_v128_or(in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26), wasm_i8x16_lt(v, wasm_i8x16_splat(0))));
+        digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
+        zero |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('0'))) << i;
+        plus |= (uint64_t)wasm_i8x16_bitmask(pl) << i;
+        numeric |= (uint64_t)wasm_i8x16_bitmask(num) << i;
+        sep |= (uint64_t)wasm_i8x16_bitmask(sp) << i;
+        sep3 |= (uint64_t)wasm_i8x16_bitmask(s3) << i;
+        one |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('1'))) << i;
+        other |= (uint64_t)wasm_i8x16_bitmask(o) << i;
     }
+    m->digits = digits;
+    m->zero = zero;
+    m->plus = plus;
+    m->numeric = numeric;
+    m->sep = sep;
+    m->sep3 = sep3;
+    m->one = one;
+    m->other = other;
+}
+
+/* numeric_possible of a short string, from its masks */
+static uint32_t numeric_verdict_masks(const num_masks *m) {
+    uint64_t digits = m->digits, numeric = m->numeric;
+    /* a run of exactly three: starts, has its next two digits and not a third */
+    uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
+    uint32_t best = 0;
+    int phone_run = 0;
+    while (numeric) {
+        uint32_t s = (uint32_t)__builtin_ctzll(numeric);
+        uint64_t after = ~(numeric >> s);
+        uint32_t len = after ? (uint32_t)__builtin_ctzll(after) : 64 - s;
+        uint64_t run = (len >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1) << s;
+        uint32_t d = (uint32_t)__builtin_popcountll(digits & run);
+        if (d > best) best = d;
+        phone_run |= d >= 8 && d <= 15;
+        numeric &= ~run;
+    }
+    return numeric_verdict(best, run3 != 0, (m->zero | m->plus) != 0, phone_run);
+}
+
+/* Whether a string may hold a card, phone or ssn (see numeric_verdict); strings of at most 64
+ * bytes that may be loaded whole are classified by num_masks_of instead. */
+SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n) {
     uint32_t run = 0, run3 = 0, plus_or_zero = 0, in_numeric = 0, best = 0;
     int phone_run = 0;
     uint32_t i = 0;
@@ -1560,42 +1590,25 @@ static int member_is_phone(void) {
     return r;
 }
 
-/* Whether find_phone can match in p[0..n) (a string numeric_possible let through): each of its
- * ways to a match needs one of these. '+' (E.164); a '0' starting a run of digits that
- * find_phone tries as a start (00 for '+', a trunk prefix 0); a run of exactly three digits
- * (North American groups); '(' (an area code in parentheses); or a phone label, which is a
- * phone word in the member's name or in the string (letters or UTF-8, before the number). A
- * card number printed in groups of four ("4111 1111 1111 1230", "4111 1111 1111 0123") has
- * none of them, so the phone detector does not run on it. Strings over 64 bytes (or not
- * loadable in whole 16-byte steps) are let through unchecked. */
-SIMD static int phone_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
-    if (n > 64 || readable - p < (int32_t)((n + 15) & ~15u)) return 1;
-    uint64_t digits = 0, zero = 0, other = 0, sep = 0, sep3 = 0, one = 0;
-    for (uint32_t i = 0; i < n; i += 16) {
-        v128_t v = wasm_v128_load(p + i);
-        if (n - i < 16) v = first_lanes(v, n - i);
-        v128_t d = in_range(v, '0', 10);
-        v128_t s3 = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))));
-        v128_t s = wasm_v128_or(s3, wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(',')), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('/')), wasm_i8x16_eq(v, wasm_i8x16_splat(':')))));
-        sep |= (uint64_t)wasm_i8x16_bitmask(s) << i;
-        sep3 |= (uint64_t)wasm_i8x16_bitmask(s3) << i;
-        one |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('1'))) << i;
-        /* '+', '(', letters and bytes >= 0x80 (signed: below zero) */
-        v128_t o = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')), wasm_i8x16_eq(v, wasm_i8x16_splat('('))),
-                                wasm_v128_or(in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26), wasm_i8x16_lt(v, wasm_i8x16_splat(0))));
-        digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
-        zero |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('0'))) << i;
-        other |= (uint64_t)wasm_i8x16_bitmask(o) << i;
-    }
+/* Whether find_phone can match in a short string (num_masks_of) that numeric_possible let
+ * through: each of its ways to a match needs one of these. '+' (E.164); a '0' starting a run of
+ * digits that find_phone tries as a start (00 for '+', a trunk prefix 0); a run of exactly
+ * three digits (North American groups); '(' (an area code in parentheses); or a phone label,
+ * which is a phone word in the member's name or in the string (letters or UTF-8, before the
+ * number). A card number printed in groups of four ("4111 1111 1111 1230", "4111 1111 1111
+ * 0123") has none of them, so the phone detector does not run on it. Strings over 64 bytes (or
+ * not loadable in whole 16-byte steps) are not checked: the phone detector runs on them. */
+static int phone_possible(const num_masks *m) {
+    uint64_t digits = m->digits, zero = m->zero;
     uint64_t starts = digits & ~(digits << 1);
     uint64_t run3 = starts & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
     /* The 0s find_phone tries: both its branches pass over a start after one of ' ' . , - / :
      * that follows a digit (num_boundary_before and the space rule: the tail of a longer
      * number), except a 0 after a NANP country code "1-", "1 " or "1." whose 1 starts a run
      * (the digit branch steps over the code and tries the 0 as a trunk prefix). */
-    uint64_t zero_starts = zero & starts & ~((sep << 1) & (digits << 2));
-    uint64_t after_code = zero & (sep3 << 1) & (one << 2) & ~(digits << 3);
-    if (other || zero_starts || after_code || run3) return 1;
+    uint64_t zero_starts = zero & starts & ~((m->sep << 1) & (digits << 2));
+    uint64_t after_code = zero & (m->sep3 << 1) & (m->one << 2) & ~(digits << 3);
+    if (m->other || zero_starts || after_code || run3) return 1;
     return member_is_phone();
 }
 
@@ -1619,8 +1632,16 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
     if (t.classes & K_B) c |= 1u << D_BEARER;
     c &= enabled_detectors;
     const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
-    if (c & cps) c &= ~cps | numeric_possible(p, n, readable);
-    if ((c & (1u << D_PHONE)) && !phone_possible(p, n, readable)) c &= ~(1u << D_PHONE);
+    if (c & cps) {
+        if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
+            num_masks m;
+            num_masks_of(p, n, &m);
+            c &= ~cps | numeric_verdict_masks(&m);
+            if ((c & (1u << D_PHONE)) && !phone_possible(&m)) c &= ~(1u << D_PHONE);
+        } else {
+            c &= ~cps | numeric_possible(p, n);
+        }
+    }
     return c;
 }
 
