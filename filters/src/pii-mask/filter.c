@@ -448,6 +448,12 @@ SIMD static inline v128_t in_range(v128_t v, uint8_t lo, uint8_t count) {
     return wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat((int8_t)lo)), wasm_i8x16_splat((int8_t)count));
 }
 
+/* v with lanes n.. cleared (n < 16) */
+SIMD static v128_t first_lanes(v128_t v, uint32_t n) {
+    v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return wasm_v128_and(v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)n)));
+}
+
 SIMD static inline uint32_t skip_to_digit(const uint8_t *p, uint32_t i, uint32_t end) {
     SKIP_BLOCKS(in_range(v, '0', 10), (uint32_t)(p[i] - '0') < 10u);
 }
@@ -700,9 +706,26 @@ static int card_issuer_ok(uint32_t p4, uint32_t n) {
 }
 
 SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out, const uint8_t *readable) {
+    /* A string of at most 64 bytes that may be loaded whole (nearly every card number): where
+     * its digits are, as a bit mask (bits from n on clear), so that runs of digits are found
+     * with bit scans rather than a vector step per run. */
+    int short_text = n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u);
+    uint64_t digit_bits = 0;
+    if (short_text) {
+        for (uint32_t t = 0; t < n; t += 16) {
+            v128_t v = wasm_v128_load(p + t);
+            if (n - t < 16) v = first_lanes(v, n - t);
+            digit_bits |= (uint64_t)wasm_i8x16_bitmask(in_range(v, '0', 10)) << t;
+        }
+    }
     uint32_t i = 0;
     while (i < n) {
-        i = skip_to_digit(p, i, n);
+        if (short_text) {
+            uint64_t rest = digit_bits & bits_from(i);
+            i = rest ? (uint32_t)__builtin_ctzll(rest) : n;
+        } else {
+            i = skip_to_digit(p, i, n);
+        }
         if (i >= n) break;
         if (!is_digit(p[i]) || !num_boundary_before(p, i) || after_iban_prefix(p, i)) {
             i++;
@@ -714,7 +737,13 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out, const uint8
         uint8_t sep = 0;
         for (;;) {
             uint32_t s = k;
-            k = digit_end(p, k, n, readable);
+            if (short_text) {
+                uint64_t rest = ~digit_bits & bits_from(k);
+                k = rest ? (uint32_t)__builtin_ctzll(rest) : 64;
+                if (k > n) k = n;
+            } else {
+                k = digit_end(p, k, n, readable);
+            }
             if (g < MAX_GROUPS) {
                 gs[g] = s;
                 ge[g] = k;
@@ -1372,12 +1401,6 @@ SIMD static void tacc_add(tacc *x, v128_t v) {
     v128_t cls = wasm_v128_and(lo, hi);
     x->acc = wasm_v128_or(x->acc, cls);
     x->digits += (uint32_t)__builtin_popcount(wasm_i8x16_bitmask(wasm_i8x16_shl(cls, 7))); /* K_DIGIT to the sign bit */
-}
-
-/* v with lanes n.. cleared (n < 16) */
-SIMD static v128_t first_lanes(v128_t v, uint32_t n) {
-    v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return wasm_v128_and(v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)n)));
 }
 
 /* The triggers collected: the lanes of acc OR-ed together (as two 64-bit halves, folded). */
