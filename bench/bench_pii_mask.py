@@ -31,6 +31,9 @@ Prints µs/record (median of the rounds, thread CPU time) per variant and path, 
 call alone (``sluice_filter_records`` on the records section, without the host's checks), also
 as ns per byte of record value. ``--module`` runs another build of pii-mask (a .wasm path) in
 place of the builtin, to compare two builds with one command.
+``--against OLD.wasm`` instead times the guest call of two builds in one process, their rounds
+alternating (on a loaded machine, runs of the command one after the other differ by more than
+a guest change does), and prints both with their ratio.
 ``--profile`` instead runs cProfile over the native path of pii-mask/pii and prints where the
 time goes (the guest call against the host's checks), per record.
 """
@@ -147,9 +150,9 @@ def measure_native(chain: FilterChain, values: list[bytes], batch: int, rounds: 
                       rounds)
 
 
-def measure_guest(f: LoadedFilter, values: list[bytes], batch: int, rounds: int,
-                  keyed: bool = False) -> float:
-    """The guest call of the native path alone, on each batch's records section."""
+def guest_sections(values: list[bytes], batch: int,
+                   keyed: bool = False) -> list[tuple[memoryview, int]]:
+    """Each batch's records section (what the guest call takes) and its record count."""
     sections = []
     for i in range(0, len(values), batch):
         records = []
@@ -159,8 +162,32 @@ def measure_guest(f: LoadedFilter, values: list[bytes], batch: int, rounds: int,
         n = len(records)
         data = build_batch(BatchHeader(0, 0, -1, 2, 0, 0, n - 1, 0, 0, -1, -1, -1, n), records)
         sections.append((memoryview(data)[HEADER_SIZE:], n))
+    return sections
+
+
+def measure_guest(f: LoadedFilter, values: list[bytes], batch: int, rounds: int,
+                  keyed: bool = False) -> float:
+    """The guest call of the native path alone, on each batch's records section."""
+    sections = guest_sections(values, batch, keyed)
     return _median_us([lambda s=s, n=n: f.run_native(CTX, s, n) for s, n in sections],
                       len(values), rounds)
+
+
+def measure_guest_pair(a: LoadedFilter, b: LoadedFilter, values: list[bytes], batch: int,
+                       rounds: int, keyed: bool = False) -> tuple[float, float]:
+    """measure_guest for two builds, their rounds alternating: the medians (µs/record)."""
+    sections = guest_sections(values, batch, keyed)
+    for f in (a, b):  # warm-up
+        for s, n in sections[:10]:
+            f.run_native(CTX, s, n)
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for f, out in ((a, times[0]), (b, times[1])):
+            start = time.thread_time()
+            for s, n in sections:
+                f.run_native(CTX, s, n)
+            out.append((time.thread_time() - start) / len(values) * 1e6)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def profile_native(values: list[bytes], batch: int, rounds: int) -> None:
@@ -206,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="profile pii-mask's native path instead of timing variants")
     parser.add_argument("--module", default="builtin:pii-mask",
                         help="the pii-mask build to measure (a .wasm path; default the builtin)")
+    parser.add_argument("--against", default="",
+                        help="another pii-mask build (a .wasm path): time the guest call of "
+                        "both, rounds alternating, and print their ratio")
     parser.add_argument("--variants", default="",
                         help="comma-separated variant names (default: all)")
     args = parser.parse_args(argv)
@@ -236,6 +266,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.variants:
         chosen = set(args.variants.split(","))
         variants = [v for v in variants if v[0] in chosen or v[0].split("/")[-1] in chosen]
+    if args.against:
+        compare(variants, args.against, args.batch, args.rounds)
+        return
     print(f"{'variant':22} {'decoding us/rec':>16} {'native us/rec':>14} {'fetch us/rec':>13} "
           f"{'guest us/rec':>13} {'guest ns/byte':>14}")
     for name, module, config, values, keyed in variants:
@@ -250,6 +283,30 @@ def main(argv: list[str] | None = None) -> None:
         per_byte = guest * 1000 * len(values) / sum(len(v) for v in values)
         print(f"{name:22} {decoding:16.2f} {native:14.2f} {fetch:13.2f} {guest:13.2f} "
               f"{per_byte:14.2f}")
+
+
+def compare(variants: list[tuple[str, str, dict[str, Any], list[bytes], bool]], against: str,
+            batch: int, rounds: int) -> None:
+    """The guest call of each pii-mask variant under --module and under `against`."""
+    print(f"guest call, rounds alternating: A = --module, B = {against}")
+    print(f"{'variant':22} {'A us/rec':>9} {'A ns/byte':>10} {'B us/rec':>9} {'B ns/byte':>10} "
+          f"{'A / B':>6}")
+    for name, module, config, values, keyed in variants:
+        if not name.startswith("pii-mask/"):
+            continue
+        chains = [
+            FilterChain.from_specs([FilterSpec(
+                name=name.replace("/", "-"), module=m, config=config, topics=("bench",),
+                apply_to=frozenset({"produce", "fetch"}))])
+            for m in (module, against)
+        ]
+        a, b = measure_guest_pair(chains[0].filters[0], chains[1].filters[0], values, batch,
+                                  rounds, keyed)
+        for chain in chains:
+            chain.close()
+        per_byte = 1000 * len(values) / sum(len(v) for v in values)
+        print(f"{name:22} {a:9.3f} {a * per_byte:10.2f} {b:9.3f} {b * per_byte:10.2f} "
+              f"{a / b:6.2f}")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@ typedef struct {
 static mask_rule rules[D_COUNT];
 static uint32_t enabled_detectors; /* bit d set: rules[d].enabled (d < D_FIELD) */
 static int masks_plain; /* no rule's mask or replacement holds a byte a JSON string escapes */
+/* bit d set: rules[d] masks byte for byte (a one-byte mask, no replacement, no keep_last), so an
+ * ASCII match is masked in place (spans_mask_in_place) */
+static uint32_t in_place_rules;
 
 enum { MODE_AUTO, MODE_JSON, MODE_TEXT };
 static int mode = MODE_AUTO;
@@ -303,7 +306,9 @@ int sluice_on_config(const sluice_json *cfg) {
         if (rules[d].enabled) enabled_detectors |= 1u << d;
     }
     masks_plain = 1;
+    in_place_rules = 0;
     for (int d = 0; d < D_COUNT; d++) {
+        if (sluice_is_null(rules[d].replacement) && rules[d].mask.len == 1 && rules[d].keep_last == 0) in_place_rules |= 1u << d;
         const sluice_bytes units[2] = {rules[d].mask, rules[d].replacement};
         for (int u = 0; u < 2; u++) {
             for (int32_t i = 0; i < units[u].len; i++) {
@@ -441,6 +446,12 @@ SIMD static inline uint32_t skip_to_byte2(const uint8_t *p, uint32_t i, uint32_t
 
 SIMD static inline v128_t in_range(v128_t v, uint8_t lo, uint8_t count) {
     return wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat((int8_t)lo)), wasm_i8x16_splat((int8_t)count));
+}
+
+/* v with lanes n.. cleared (n < 16) */
+SIMD static v128_t first_lanes(v128_t v, uint32_t n) {
+    v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return wasm_v128_and(v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)n)));
 }
 
 SIMD static inline uint32_t skip_to_digit(const uint8_t *p, uint32_t i, uint32_t end) {
@@ -695,9 +706,26 @@ static int card_issuer_ok(uint32_t p4, uint32_t n) {
 }
 
 SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out, const uint8_t *readable) {
+    /* A string of at most 64 bytes that may be loaded whole (nearly every card number): where
+     * its digits are, as a bit mask (bits from n on clear), so that runs of digits are found
+     * with bit scans rather than a vector step per run. */
+    int short_text = n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u);
+    uint64_t digit_bits = 0;
+    if (short_text) {
+        for (uint32_t t = 0; t < n; t += 16) {
+            v128_t v = wasm_v128_load(p + t);
+            if (n - t < 16) v = first_lanes(v, n - t);
+            digit_bits |= (uint64_t)wasm_i8x16_bitmask(in_range(v, '0', 10)) << t;
+        }
+    }
     uint32_t i = 0;
     while (i < n) {
-        i = skip_to_digit(p, i, n);
+        if (short_text) {
+            uint64_t rest = digit_bits & bits_from(i);
+            i = rest ? (uint32_t)__builtin_ctzll(rest) : n;
+        } else {
+            i = skip_to_digit(p, i, n);
+        }
         if (i >= n) break;
         if (!is_digit(p[i]) || !num_boundary_before(p, i) || after_iban_prefix(p, i)) {
             i++;
@@ -709,7 +737,13 @@ SIMD static void find_card(const uint8_t *p, uint32_t n, spans *out, const uint8
         uint8_t sep = 0;
         for (;;) {
             uint32_t s = k;
-            k = digit_end(p, k, n, readable);
+            if (short_text) {
+                uint64_t rest = ~digit_bits & bits_from(k);
+                k = rest ? (uint32_t)__builtin_ctzll(rest) : 64;
+                if (k > n) k = n;
+            } else {
+                k = digit_end(p, k, n, readable);
+            }
             if (g < MAX_GROUPS) {
                 gs[g] = s;
                 ge[g] = k;
@@ -1369,12 +1403,6 @@ SIMD static void tacc_add(tacc *x, v128_t v) {
     x->digits += (uint32_t)__builtin_popcount(wasm_i8x16_bitmask(wasm_i8x16_shl(cls, 7))); /* K_DIGIT to the sign bit */
 }
 
-/* v with lanes n.. cleared (n < 16) */
-SIMD static v128_t first_lanes(v128_t v, uint32_t n) {
-    v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return wasm_v128_and(v, wasm_u8x16_lt(lane, wasm_i8x16_splat((int8_t)n)));
-}
-
 /* The triggers collected: the lanes of acc OR-ed together (as two 64-bit halves, folded). */
 SIMD static triggers tacc_done(const tacc *x) {
     uint64_t a = wasm_i64x2_extract_lane(x->acc, 0) | wasm_i64x2_extract_lane(x->acc, 1);
@@ -1469,40 +1497,70 @@ static int numeric_byte(uint8_t c) {
         }                                                                 \
     } while (0)
 
-SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
-    if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
-        /* bit i of each mask: p[i] is in the class (bits from n on clear) */
-        uint64_t digits = 0, plus_or_zero = 0, numeric = 0;
-        for (uint32_t i = 0; i < n; i += 16) {
-            v128_t v = wasm_v128_load(p + i);
-            if (n - i < 16) v = first_lanes(v, n - i);
-            v128_t d = wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10));
-            v128_t z = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('0')), wasm_i8x16_eq(v, wasm_i8x16_splat('+')));
-            /* ' ' ( ) + - . are 0x20 0x28 0x29 0x2B 0x2D 0x2E; '_' is 0x5F */
-            v128_t sep = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_i8x16_eq(v, wasm_i8x16_splat('_'))),
-                                      wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('(')), wasm_i8x16_eq(v, wasm_i8x16_splat(')'))),
-                                                   wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')),
-                                                                wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))))));
-            digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
-            plus_or_zero |= (uint64_t)wasm_i8x16_bitmask(z) << i;
-            numeric |= (uint64_t)wasm_i8x16_bitmask(wasm_v128_or(d, sep)) << i;
-        }
-        /* a run of exactly three: starts, has its next two digits and not a third */
-        uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
-        uint32_t best = 0;
-        int phone_run = 0;
-        while (numeric) {
-            uint32_t s = (uint32_t)__builtin_ctzll(numeric);
-            uint64_t after = ~(numeric >> s);
-            uint32_t len = after ? (uint32_t)__builtin_ctzll(after) : 64 - s;
-            uint64_t run = (len >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1) << s;
-            uint32_t d = (uint32_t)__builtin_popcountll(digits & run);
-            if (d > best) best = d;
-            phone_run |= d >= 8 && d <= 15;
-            numeric &= ~run;
-        }
-        return numeric_verdict(best, run3 != 0, plus_or_zero != 0, phone_run);
+/* The classes of a string of at most 64 bytes that may be loaded in whole 16-byte steps, as
+ * bit masks (bit i for p[i], bits from n on clear), for numeric_possible's and
+ * phone_possible's checks: one pass over the bytes serves both. */
+typedef struct {
+    uint64_t digits, zero, plus, numeric; /* numeric: digits and ' ' _ ( ) + - . */
+    uint64_t sep, sep3, one, other;       /* sep: ' ' - . , / :  sep3: ' ' - .  other: + ( letters >= 0x80 */
+} num_masks;
+
+SIMD static void num_masks_of(const uint8_t *p, uint32_t n, num_masks *m) {
+    uint64_t digits = 0, zero = 0, plus = 0, numeric = 0, sep = 0, sep3 = 0, one = 0, other = 0;
+    for (uint32_t i = 0; i < n; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        if (n - i < 16) v = first_lanes(v, n - i);
+        v128_t d = in_range(v, '0', 10);
+        v128_t pl = wasm_i8x16_eq(v, wasm_i8x16_splat('+'));
+        v128_t paren = wasm_i8x16_eq(v, wasm_i8x16_splat('('));
+        v128_t s3 = wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(' ')), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('.'))));
+        v128_t sp = wasm_v128_or(s3, wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(',')), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('/')), wasm_i8x16_eq(v, wasm_i8x16_splat(':')))));
+        /* ' ' ( ) + - . are 0x20 0x28 0x29 0x2B 0x2D 0x2E; '_' is 0x5F */
+        v128_t num = wasm_v128_or(wasm_v128_or(d, s3), wasm_v128_or(wasm_v128_or(pl, paren), wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(')')), wasm_i8x16_eq(v, wasm_i8x16_splat('_')))));
+        /* '+', '(', letters and bytes >= 0x80 (signed: below zero) */
+        v128_t o = wasm_v128_or(wasm_v128_or(pl, paren), wasm_v128_or(in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26), wasm_i8x16_lt(v, wasm_i8x16_splat(0))));
+        digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
+        zero |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('0'))) << i;
+        plus |= (uint64_t)wasm_i8x16_bitmask(pl) << i;
+        numeric |= (uint64_t)wasm_i8x16_bitmask(num) << i;
+        sep |= (uint64_t)wasm_i8x16_bitmask(sp) << i;
+        sep3 |= (uint64_t)wasm_i8x16_bitmask(s3) << i;
+        one |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('1'))) << i;
+        other |= (uint64_t)wasm_i8x16_bitmask(o) << i;
     }
+    m->digits = digits;
+    m->zero = zero;
+    m->plus = plus;
+    m->numeric = numeric;
+    m->sep = sep;
+    m->sep3 = sep3;
+    m->one = one;
+    m->other = other;
+}
+
+/* numeric_possible of a short string, from its masks */
+static uint32_t numeric_verdict_masks(const num_masks *m) {
+    uint64_t digits = m->digits, numeric = m->numeric;
+    /* a run of exactly three: starts, has its next two digits and not a third */
+    uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
+    uint32_t best = 0;
+    int phone_run = 0;
+    while (numeric) {
+        uint32_t s = (uint32_t)__builtin_ctzll(numeric);
+        uint64_t after = ~(numeric >> s);
+        uint32_t len = after ? (uint32_t)__builtin_ctzll(after) : 64 - s;
+        uint64_t run = (len >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << len) - 1) << s;
+        uint32_t d = (uint32_t)__builtin_popcountll(digits & run);
+        if (d > best) best = d;
+        phone_run |= d >= 8 && d <= 15;
+        numeric &= ~run;
+    }
+    return numeric_verdict(best, run3 != 0, (m->zero | m->plus) != 0, phone_run);
+}
+
+/* Whether a string may hold a card, phone or ssn (see numeric_verdict); strings of at most 64
+ * bytes that may be loaded whole are classified by num_masks_of instead. */
+SIMD static uint32_t numeric_possible(const uint8_t *p, uint32_t n) {
     uint32_t run = 0, run3 = 0, plus_or_zero = 0, in_numeric = 0, best = 0;
     int phone_run = 0;
     uint32_t i = 0;
@@ -1555,30 +1613,25 @@ static int member_is_phone(void) {
     return r;
 }
 
-/* Whether find_phone can match in p[0..n) (a string numeric_possible let through): each of its
- * ways to a match needs one of these. '+' (E.164); a '0' starting a run of digits (00 for '+',
- * a trunk prefix 0); a run of exactly three digits (North American groups); '(' (an area code
- * in parentheses); or a phone label, which is a phone word in the member's name or in the
- * string (letters or UTF-8, before the number). A card number printed in groups of four ("4111
- * 1111 1111 1230") has none of them, so the phone detector does not run on it. Strings over 64
- * bytes (or not loadable in whole 16-byte steps) are let through unchecked. */
-SIMD static int phone_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
-    if (n > 64 || readable - p < (int32_t)((n + 15) & ~15u)) return 1;
-    uint64_t digits = 0, zero = 0, other = 0;
-    for (uint32_t i = 0; i < n; i += 16) {
-        v128_t v = wasm_v128_load(p + i);
-        if (n - i < 16) v = first_lanes(v, n - i);
-        v128_t d = in_range(v, '0', 10);
-        /* '+', '(', letters and bytes >= 0x80 (signed: below zero) */
-        v128_t o = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('+')), wasm_i8x16_eq(v, wasm_i8x16_splat('('))),
-                                wasm_v128_or(in_range(wasm_v128_or(v, wasm_i8x16_splat(0x20)), 'a', 26), wasm_i8x16_lt(v, wasm_i8x16_splat(0))));
-        digits |= (uint64_t)wasm_i8x16_bitmask(d) << i;
-        zero |= (uint64_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('0'))) << i;
-        other |= (uint64_t)wasm_i8x16_bitmask(o) << i;
-    }
+/* Whether find_phone can match in a short string (num_masks_of) that numeric_possible let
+ * through: each of its ways to a match needs one of these. '+' (E.164); a '0' starting a run of
+ * digits that find_phone tries as a start (00 for '+', a trunk prefix 0); a run of exactly
+ * three digits (North American groups); '(' (an area code in parentheses); or a phone label,
+ * which is a phone word in the member's name or in the string (letters or UTF-8, before the
+ * number). A card number printed in groups of four ("4111 1111 1111 1230", "4111 1111 1111
+ * 0123") has none of them, so the phone detector does not run on it. Strings over 64 bytes (or
+ * not loadable in whole 16-byte steps) are not checked: the phone detector runs on them. */
+static int phone_possible(const num_masks *m) {
+    uint64_t digits = m->digits, zero = m->zero;
     uint64_t starts = digits & ~(digits << 1);
     uint64_t run3 = starts & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
-    if (other || (zero & starts) || run3) return 1;
+    /* The 0s find_phone tries: both its branches pass over a start after one of ' ' . , - / :
+     * that follows a digit (num_boundary_before and the space rule: the tail of a longer
+     * number), except a 0 after a NANP country code "1-", "1 " or "1." whose 1 starts a run
+     * (the digit branch steps over the code and tries the 0 as a trunk prefix). */
+    uint64_t zero_starts = zero & starts & ~((m->sep << 1) & (digits << 2));
+    uint64_t after_code = zero & (m->sep3 << 1) & (m->one << 2) & ~(digits << 3);
+    if (m->other || zero_starts || after_code || run3) return 1;
     return member_is_phone();
 }
 
@@ -1602,8 +1655,16 @@ static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8
     if (t.classes & K_B) c |= 1u << D_BEARER;
     c &= enabled_detectors;
     const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
-    if (c & cps) c &= ~cps | numeric_possible(p, n, readable);
-    if ((c & (1u << D_PHONE)) && !phone_possible(p, n, readable)) c &= ~(1u << D_PHONE);
+    if (c & cps) {
+        if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
+            num_masks m;
+            num_masks_of(p, n, &m);
+            c &= ~cps | numeric_verdict_masks(&m);
+            if ((c & (1u << D_PHONE)) && !phone_possible(&m)) c &= ~(1u << D_PHONE);
+        } else {
+            c &= ~cps | numeric_possible(p, n);
+        }
+    }
     return c;
 }
 
@@ -2124,15 +2185,20 @@ static void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const u
 
 /* Whether the matches of s that put_spans_masked would mask (the first of overlapping ones)
  * are ASCII and masked one mask byte per byte (no replacement, no keep_last, a one-byte mask):
- * then the masked text is the text with those bytes overwritten, as long as the text. */
-SIMD static int spans_mask_in_place(const uint8_t *text, const spans *s) {
-    const uint8_t *readable = mem_readable();
+ * then the masked text is the text with those bytes overwritten, as long as the text. With
+ * `ascii` the whole text is known to be ASCII (a plain JSON string or number) and only the
+ * rules are looked at. */
+SIMD static int spans_mask_in_place(const uint8_t *text, const spans *s, int ascii) {
+    const uint8_t *readable = ascii ? text : mem_readable();
     uint32_t pos = 0;
     for (uint32_t i = 0; i < s->n; i++) {
         const span *x = &s->v[i];
         if (x->start < pos) continue;
-        const mask_rule *r = &rules[x->det];
-        if (!sluice_is_null(r->replacement) || r->mask.len != 1 || r->keep_last != 0) return 0;
+        if (!(in_place_rules >> x->det & 1u)) return 0;
+        if (ascii) {
+            pos = x->end;
+            continue;
+        }
         for (uint32_t k = x->start; k < x->end; k += 16) {
             uint32_t high;
             if (readable - (text + k) >= 16) {
@@ -2180,9 +2246,9 @@ SIMD static uint32_t mask_spans_in_place(uint8_t *w, const spans *s) {
 /* Replace the literal [from, c->p) by text[0..n) with the matches in s masked, as a JSON
  * string. The masked text goes straight into the output and is escaped afterwards only when it
  * must be (a quote, backslash or control character kept from the text). */
-static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain) {
+static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain, int ascii) {
     sluice_buf *out = jreplace(c, from, c->p);
-    if (plain && masks_plain && spans_mask_in_place(text, s)) {
+    if (plain && masks_plain && spans_mask_in_place(text, s, ascii)) {
         /* the usual case: the literal copied whole, its matches overwritten */
         if (!sluice_buf_reserve(out, n + 18u)) {
             c->failed = 1;
@@ -2262,7 +2328,8 @@ SIMD static int jstring_value(jctx *c) {
         c->failed = 1;
         return 0;
     }
-    if (found.n) jreplace_masked(c, lit, text, n, &found, !escaped); /* a raw body escapes nothing */
+    /* a raw body escapes nothing; one jstring_classify passed whole (scanned 2) is ASCII */
+    if (found.n) jreplace_masked(c, lit, text, n, &found, !escaped, scanned == 2);
     return 1;
 }
 
@@ -2290,7 +2357,7 @@ static int jnumber_value(jctx *c) {
         c->failed = 1;
         return 0;
     }
-    if (found.n) jreplace_masked(c, s, s, n, &found, 1);
+    if (found.n) jreplace_masked(c, s, s, n, &found, 1, 1); /* a number is ASCII */
     return 1;
 }
 

@@ -65,6 +65,15 @@ def test_phone_runs_only_where_one_of_its_ways_to_a_match_is_open() -> None:
         # a card number with zeros inside its groups, at the end of the record
         (json.dumps({"card": "5500 0000 0000 0004"}),
          json.dumps({"card": masked("5500 0000 0000 0004")}), {"card": 1}),
+        # a 0 after a digit and a separator ends a longer number: no trunk prefix, no phone;
+        # after a NANP country code ("1 ", "1-", "1.") it is one
+        (json.dumps({"v": "4111 1111 1111 0123"}), json.dumps({"v": "4111 1111 1111 0123"}), {}),
+        (json.dumps({"v": "1 0201 7946 0958"}), json.dumps({"v": masked("1 0201 7946 0958")}),
+         {"phone": 1}),
+        (json.dumps({"v": "x 1.0201 7946 0958"}),
+         json.dumps({"v": "x " + masked("1.0201 7946 0958")}), {"phone": 1}),
+        (json.dumps({"v": "# 0201 7946 0958"}),
+         json.dumps({"v": "# " + masked("0201 7946 0958")}), {"phone": 1}),
     ]
     for value, expected, counts in cases:
         out, got = run(g, [value.encode()])
