@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import cache
 from typing import NamedTuple
 
@@ -262,7 +262,7 @@ def scan_fetch_response(version: int, buf: Buffer, start: int = 0) -> FetchRespo
 def splice_fetch_records(
     buf: Buffer,
     layout: FetchResponseLayout,
-    records: Mapping[tuple[int, int], Buffer | Sequence[Buffer] | None],
+    records: Mapping[tuple[int, int], Buffer | list[Buffer] | tuple[Buffer, ...] | None],
     errors: Mapping[tuple[int, int], int] | None = None,
 ) -> bytes:
     """`buf` (scanned into `layout`) with new records and error codes for some partitions.
