@@ -2,14 +2,8 @@
 
 `FrameBuffer` turns arbitrary chunks read from a socket into whole frame bodies. It is on the
 proxy's hot path for every request and response, so it avoids copies: frames that lie wholly
-inside one fed chunk come back as zero-copy `memoryview` slices of that chunk. A frame that
-spans chunks (a large Fetch response or Produce request arrives in many reads) is kept as a
-list of its pieces, views of the chunks themselves, and joined once when its last byte arrives:
-each byte is copied once, into a buffer of exactly the frame's size, handed out as a read-only
-view (slicing a view copies nothing). Growing one buffer chunk by chunk instead copied the
-frame again at each reallocation (with the proxy's malloc settings, ops/allocator.py, the heap
-cannot remap a large block in place): about as much CPU per byte again as the copy itself
-(issue 29).
+inside one fed chunk come back as zero-copy `memoryview` slices of that chunk; only the
+incomplete tail of a chunk is buffered (and copied) until the rest arrives.
 """
 
 from __future__ import annotations
@@ -26,15 +20,6 @@ _SIZE = struct.Struct(">i")
 _unpack_size = _SIZE.unpack_from
 _pack_size = _SIZE.pack
 
-#: A piece of a frame at least this long is kept as it came (the chunk, or a view of it);
-#: shorter ones are copied into a buffer of their own, gathered up to `_COALESCE_MAX` bytes.
-#: A peer that sends a frame a few bytes per read would otherwise make the proxy hold one
-#: object (~40-200 bytes) per few bytes of frame: this bounds what a frame in assembly holds
-#: to a few percent over its own size, plus at most the rest of the one chunk its first piece
-#: came from.
-_KEEP_MIN = 1024
-_COALESCE_MAX = 64 * 1024
-
 
 def frame(body: bytes | bytearray | memoryview) -> bytes:
     """Return `body` with its 4-byte size prefix."""
@@ -50,96 +35,67 @@ class FrameBuffer:
     in an undefined state and the connection should be closed.
     """
 
-    __slots__ = ("_have", "_head", "_need", "_parts", "max_frame_size")
+    __slots__ = ("_buf", "_need", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 0:
             raise ValueError("max_frame_size must be >= 0")
         self.max_frame_size = max_frame_size
-        # Bytes of a size prefix split across chunks (fewer than 4).
-        self._head = b""
-        # Body size of the frame being assembled, or -1 while no frame is started.
-        self._need = -1
-        # The pieces of that frame's body received so far, and their total length.
-        self._parts: list[bytes | memoryview | bytearray] = []
-        self._have = 0
+        self._buf = bytearray()
+        # Total bytes (prefix + body) of the frame being assembled in _buf, or 0 if the
+        # prefix itself is not complete yet.
+        self._need = 0
 
     @property
     def pending(self) -> int:
         """Bytes buffered that do not yet form a whole frame."""
-        return len(self._head) + self._have + (4 if self._need >= 0 else 0)
+        return len(self._buf)
 
     def _check(self, size: int) -> None:
         if size < 0 or size > self.max_frame_size:
             raise FrameTooLarge(f"declared frame size {size} outside 0..{self.max_frame_size}")
 
-    def _keep(self, piece: bytes | memoryview) -> None:
-        parts = self._parts
-        if len(piece) >= _KEEP_MIN:
-            parts.append(piece)
-        elif parts and type(parts[-1]) is bytearray and len(parts[-1]) < _COALESCE_MAX:
-            parts[-1] += piece  # type: ignore[operator]
-        else:
-            parts.append(bytearray(piece))
-        self._have += len(piece)
-
     def feed(self, data: bytes | bytearray | memoryview) -> list[memoryview | bytes]:
         """Add a chunk; return the bodies of every frame it completes, in order."""
         if type(data) is not bytes:
-            # Returned views (and kept pieces) must not alias a buffer the caller may reuse.
+            # Returned views must not alias a buffer the caller may reuse.
             data = bytes(data)
         out: list[memoryview | bytes] = []
+        buf = self._buf
         pos = 0
         n = len(data)
-        view = memoryview(data)
-        if self._head:
-            # Finish a size prefix started by earlier chunks.
-            take = 4 - len(self._head)
-            head = self._head + data[:take]
-            if len(head) < 4:
-                self._head = head
-                return out
-            self._head = b""
-            pos = take
-            size = _unpack_size(head, 0)[0]
-            self._check(size)
-            self._need = size
-        if self._need >= 0:
+        if buf:
             # Finish the frame started by earlier chunks.
-            missing = self._need - self._have
+            if not self._need:
+                take = 4 - len(buf)
+                buf += data[:take]
+                pos = min(take, n)
+                if len(buf) < 4:
+                    return out
+                size = _unpack_size(buf, 0)[0]
+                self._check(size)
+                self._need = size + 4
+            missing = self._need - len(buf)
             if n - pos < missing:
-                if pos == 0 and n >= _KEEP_MIN:
-                    self._parts.append(data)  # the common case, inline: a whole chunk
-                    self._have += n
-                else:
-                    self._keep(view[pos:])
+                buf += data[pos:]
                 return out
-            parts = self._parts
-            if parts:
-                parts.append(view[pos : pos + missing])
-                # A view, like every other frame: paths slice frames (`frame[header_size:]`),
-                # and a slice of bytes would copy the whole frame again.
-                out.append(memoryview(b"".join(parts)))
-                self._parts = []
-            else:
-                # Only its prefix came before: the body is a view of this chunk.
-                out.append(view[pos : pos + missing])
+            buf += data[pos : pos + missing]
             pos += missing
-            self._need = -1
-            self._have = 0
+            # Hand the filled bytearray itself to the caller (no copy) and start a fresh one.
+            out.append(memoryview(buf)[4:])
+            self._buf = buf = bytearray()
+            self._need = 0
+        view = memoryview(data)
         while n - pos >= 4:
             size = _unpack_size(data, pos)[0]
             if size < 0 or size > self.max_frame_size:
                 self._check(size)
             end = pos + 4 + size
             if end > n:
-                self._need = size
-                pos += 4
-                if pos < n:
-                    self._keep(view[pos:])
-                return out
+                self._need = size + 4
+                break
             out.append(view[pos + 4 : end])
             pos = end
         if pos < n:
-            self._head = data[pos:]
+            buf += data[pos:]
         return out

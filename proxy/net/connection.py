@@ -308,6 +308,8 @@ class Connection:
             frames = self._client_frames.feed(data)
         except FrameTooLarge as exc:
             return self._close(out, f"request frame too large: {exc}", violation=True)
+        if not frames:
+            return out  # a read inside a large request: as in `broker_data`
         to_broker: list[bytes | memoryview] = []
         limit = self.limits.max_inflight
         for frame in frames:
@@ -335,6 +337,11 @@ class Connection:
             frames = self._broker_frames.feed(data)
         except FrameTooLarge as exc:
             return self._close(out, f"response frame too large: {exc}", violation=True)
+        if not frames:
+            # A read inside a large response: nothing changed that `_finish` looks at (bytes
+            # in assembly are not held responses), so nothing to decide (issue 29: a 1 MB
+            # Fetch response is ~16 reads).
+            return out
         for frame in frames:
             self._on_response(frame, out)
             if self._phase is _CLOSED:
