@@ -29,6 +29,7 @@ from sluice.proxy.net.session import Session, SideEffects
 from sluice.proxy.net.tls import peer_principal
 from sluice.proxy.net.upstream_client import UpstreamConnection, UpstreamDialer
 from sluice.proxy.ops.config import ProxyConfig
+from sluice.proxy.ops.gc_pauses import thread_gc_time
 from sluice.proxy.ops.limits import IdleReaper
 from sluice.proxy.ops.quotas import Quotas
 from sluice.proxy.ops.security import own_topics
@@ -99,6 +100,8 @@ class ProxyServer:
         # Small filter jobs of kinds that proved fast run inline (net/job_placement.py).
         self.placement = JobPlacement() if self.executor is not None else None
         if self.placement is not None:
+            # Jobs are charged their CPU time less the collections inside them.
+            thread_gc_time.install()
             placement = self.placement
             self.metrics.job_placement = lambda: (placement.inline_runs, placement.pool_runs)
         self.limits = Limits(max_frame_size=config.max_frame_size, job_deadline=config.job_deadline)

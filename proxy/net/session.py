@@ -40,6 +40,7 @@ from sluice.proxy.net.connection import (
     Wake,
 )
 from sluice.proxy.net.job_placement import JobPlacement
+from sluice.proxy.ops.gc_pauses import thread_gc_time
 from sluice.proxy.paths.base import IN_POOL, try_inline
 from sluice.proxy.telemetry.logs import log, repeats
 
@@ -338,7 +339,9 @@ class Session(asyncio.Protocol):
             # CPU time of this thread, not wall time: in the pool, wall time counts the
             # wait for the GIL under load, and a job eligible to run inline does not wait
             # (inline, it is given back where it would: try_inline), so its CPU time is
-            # what it would stall the loop for.
+            # what it would stall the loop for. Less any collection that ran meanwhile: it
+            # holds the GIL wherever the job runs, and says nothing about the filter.
+            gc_before = thread_gc_time.seconds()
             started = time.thread_time()
             result = IN_POOL
             try:
@@ -346,7 +349,9 @@ class Session(asyncio.Protocol):
                 return result
             finally:
                 if result is not IN_POOL:
-                    record(key, time.thread_time() - started, job.size, job.scales, inline)
+                    spent = time.thread_time() - started
+                    spent -= thread_gc_time.seconds() - gc_before
+                    record(key, max(0.0, spent), job.size, job.scales, inline)
 
         def run(inline: bool = False) -> Any:
             assert bound is not None

@@ -11,11 +11,17 @@ affected (they only walk new objects).
 `GcPauses` times every collection through ``gc.callbacks`` (two clock reads per collection);
 the proxy logs the summary when it stops, so a benchmark can see whether the collector paused
 the loop and for how long.
+
+`thread_gc_time` counts the CPU time collections took on each thread, so that a filter job
+is not charged for a collection that happened to start inside it (net/job_placement.py: a
+young collection took ~1 ms on the loaded benchmark machine, twice the budget of a job that
+runs inline, and moved a fast filter to the thread pool).
 """
 
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -74,3 +80,37 @@ class GcPauses:
                 "max_ms": round(gen.longest * 1000, 3),
             }
         return out
+
+
+class ThreadGcTime:
+    """CPU seconds the cyclic GC has spent on the calling thread since `install` (a
+    collection runs on the thread whose allocation triggered it)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def uninstall(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        local = self._local
+        if phase == "start":
+            local.started = time.thread_time()
+            return
+        started = getattr(local, "started", None)
+        if started is not None:
+            local.total = getattr(local, "total", 0.0) + time.thread_time() - started
+            local.started = None
+
+    def seconds(self) -> float:
+        total: float = getattr(self._local, "total", 0.0)
+        return total
+
+
+#: The process's meter: installed by the proxy's server, read by the sessions around each job.
+thread_gc_time = ThreadGcTime()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from sluice.proxy.ops.gc_pauses import GcPauses, freeze_startup_heap
+from sluice.proxy.ops.gc_pauses import GcPauses, ThreadGcTime, freeze_startup_heap
 from tests.harness.proxy import SluiceProxy
 
 
@@ -69,3 +70,30 @@ def test_proxy_freezes_its_heap_and_reports_pauses_when_it_stops(
     assert report["warmed_schemas"] > 13
     for gen in ("gen0", "gen1", "gen2"):
         assert set(report[gen]) == {"collections", "total_ms", "max_ms"}
+
+
+def test_collections_are_charged_to_the_thread_that_ran_them() -> None:
+    keep = [[i] for i in range(100_000)]  # something for a full collection to walk
+    meter = ThreadGcTime()
+    meter.install()
+    seen: dict[str, float] = {}
+
+    def other() -> None:
+        before = meter.seconds()
+        gc.collect()
+        seen["other"] = meter.seconds() - before
+
+    try:
+        here = meter.seconds()
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert meter.seconds() == here, "another thread's collection is not this thread's"
+        gc.collect()
+        assert meter.seconds() > here
+    finally:
+        meter.uninstall()
+    del keep
+    assert seen["other"] > 0
+    gc.collect()
+    assert meter._callback not in gc.callbacks
