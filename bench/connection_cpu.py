@@ -1,0 +1,160 @@
+"""Micro-benchmark of the pass-through core per request: one-record Produce requests and their
+responses through the real `ProxyServer`'s `Session` and `Connection` (framing, header, version
+gate, the internal-topics and Produce paths, slots, the KIP-951 scan of the response, metrics,
+the actions), with no socket, no broker and no filter; the transports only count writes.
+
+    python -m bench.connection_cpu [--rounds 5] [--requests 20000] [--baseline DIR]
+
+Prints µs of CPU (process time) per request and its response, best of the rounds. With
+`--baseline DIR` (another Sluice source tree, as for `bench_proxy --baseline`), the same
+measurement runs in alternating processes of this checkout and of that tree, and the median
+of the per-pair ratios is printed. End to end (`bench.request_cpu`), sockets and the scheduler
+are most of the CPU per request and the machine's load moves it by more than the core's own
+share; this isolates the core's share, warm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import baseline
+from bench.path_cpu import produce_frame
+from sluice.codec import entities, schemas
+from sluice.codec.headers import response_header_bytes
+from sluice.codec.messages import ApiKey, encode_response
+from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.ops.config import ProxyConfig
+
+VERSION = 9  # what librdkafka sends to Apache Kafka 4
+
+
+class _Transport:
+    """What the session writes to: counts, keeps nothing."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+
+    def writelines(self, data: Any) -> None:
+        self.writes += 1
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, key: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 1) if key == "peername" else default
+
+    def set_write_buffer_limits(self, high: int | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _frames(count: int) -> list[tuple[bytes, bytes]]:
+    """(request, response) wire frames, size prefixes included, correlation ids 1..count."""
+    request = bytearray(produce_frame("cpu-topic", b'{"n": 1, "name": "x"}' * 8, VERSION))
+    cls = schemas.response_schema(ApiKey.PRODUCE, VERSION)
+    tcls = entities.element_class(cls, "responses")
+    pcls = entities.element_class(tcls, "partition_responses")
+    body = encode_response(entities.build(cls, throttle_time_ms=0, responses=(
+        entities.build(tcls, name="cpu-topic", partition_responses=(
+            entities.build(pcls, index=0, error_code=0, base_offset=5, log_append_time_ms=-1,
+                           log_start_offset=0),)),)))
+    out = []
+    for cid in range(1, count + 1):
+        struct.pack_into(">i", request, 4, cid)
+        response = response_header_bytes(cid, ApiKey.PRODUCE, VERSION) + body
+        out.append((struct.pack(">i", len(request)) + bytes(request),
+                    struct.pack(">i", len(response)) + response))
+    return out
+
+
+async def _measure(rounds: int, requests: int) -> float:
+    server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+    session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
+    client, broker = _Transport(), _Transport()
+    session._client = client
+    server.admit(session)
+    session._set_up(client)
+    session._connecting.cancel()  # no broker to dial: the fake transport stands in
+    session.broker_connected(broker)
+    session._live = True
+    frames = _frames(requests)
+    for request, response in frames[:1000]:  # warm-up
+        session.data_received(request)
+        session.broker_data(response)
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.process_time()
+        for request, response in frames:
+            session.data_received(request)
+            session.broker_data(response)
+        best = min(best, (time.process_time() - started) / requests * 1e6)
+    # One write each way per request (each read holds one frame): anything else means frames
+    # were held, dropped or refused.
+    expected = min(1000, requests) + rounds * requests
+    if session._ended or broker.writes != expected or client.writes != expected:
+        raise RuntimeError("the connection closed or dropped frames: the figure would be wrong")
+    return best
+
+
+def _run_in(env: dict[str, str], cwd: Path | None, rounds: int, requests: int) -> float:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.connection_cpu", "--rounds", str(rounds),
+         "--requests", str(requests), "--bare"],
+        env=env, cwd=cwd, check=True, capture_output=True, text=True,
+    )
+    return float(result.stdout.split()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--baseline", default="", metavar="DIR",
+                        help="another Sluice source tree, measured in alternation with this one")
+    parser.add_argument("--pairs", type=int, default=4, help="alternations with --baseline")
+    parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.bare:
+        print(f"{asyncio.run(_measure(args.rounds, args.requests)):.3f}")
+        return 0
+    if not args.baseline:
+        micros = asyncio.run(_measure(args.rounds, args.requests))
+        print(f"{micros:.2f} µs CPU per one-record Produce request and its response")
+        return 0
+    source = baseline.prepare(Path(args.baseline))
+    here = Path(__file__).resolve().parent.parent
+    # The baseline process imports that tree's `sluice` and this checkout's `bench`.
+    base_env = dict(os.environ, PYTHONPATH=f"{source.env['PYTHONPATH']}{os.pathsep}{here}")
+    this_env = dict(os.environ)
+    ratios = []
+    for k in range(args.pairs):
+        order = [("this", this_env, None), ("base", base_env, source.cwd)]
+        got = {}
+        for name, env, cwd in order if k % 2 == 0 else reversed(order):
+            got[name] = _run_in(env, cwd, args.rounds, args.requests)
+        ratios.append(got["this"] / got["base"])
+        print(f"pair {k}: this {got['this']:.2f} µs, base {got['base']:.2f} µs")
+    print(f"this/base, median of per-pair ratios: {statistics.median(ratios):.3f} "
+          f"(range {min(ratios):.3f}..{max(ratios):.3f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
