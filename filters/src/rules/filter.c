@@ -496,38 +496,14 @@ static void put_minified(sluice_buf *b, sluice_bytes s) {
 static const uint8_t *src_lo, *src_hi;
 static int writing_output; /* put_json is writing the record's new value (not a hash's input) */
 
-static void put_json(sluice_buf *b, const sluice_json *n) {
+static void put_container(sluice_buf *b, const sluice_json *n);
+
+/* A node's compact JSON: scalars written here (inlined where members are written), objects and
+ * arrays by put_container. */
+static inline __attribute__((always_inline)) void put_node(sluice_buf *b, const sluice_json *n) {
     switch (n->type) {
     case SLUICE_JSON_OBJECT:
-    case SLUICE_JSON_ARRAY: {
-        int object = n->type == SLUICE_JSON_OBJECT;
-        if (!room(b, 1)) return;
-        b->ptr[b->len++] = object ? '{' : '[';
-        for (const sluice_json *c = n->child; c; c = c->next) {
-            if (c != n->child) {
-                if (!room(b, 1)) return;
-                b->ptr[b->len++] = ',';
-            }
-            if (object) {
-                sluice_bytes k = c->key;
-                if (k.ptr >= src_lo && k.ptr + k.len <= src_hi) { /* read from the value unescaped */
-                    if (!room(b, (uint32_t)k.len + 3u)) return;
-                    b->ptr[b->len++] = '"';
-                    copy_bytes(b->ptr + b->len, k.ptr, k.len);
-                    b->len += (uint32_t)k.len;
-                    b->ptr[b->len++] = '"';
-                    b->ptr[b->len++] = ':';
-                } else {
-                    put_string(b, k);
-                    sluice_buf_putc(b, ':');
-                }
-            }
-            put_json(b, c);
-        }
-        if (!room(b, 1)) return;
-        b->ptr[b->len++] = object ? '}' : ']';
-        break;
-    }
+    case SLUICE_JSON_ARRAY: put_container(b, n); break;
     case SLUICE_JSON_STRING:
         if (n->count != 1) {
             put_string(b, n->str);
@@ -554,6 +530,37 @@ static void put_json(sluice_buf *b, const sluice_json *n) {
     case SLUICE_JSON_FALSE: sluice_buf_puts(b, "false"); break;
     default: sluice_buf_puts(b, "null"); break;
     }
+}
+
+static void put_json(sluice_buf *b, const sluice_json *n) { put_node(b, n); }
+
+static void put_container(sluice_buf *b, const sluice_json *n) {
+    int object = n->type == SLUICE_JSON_OBJECT;
+    if (!room(b, 1)) return;
+    b->ptr[b->len++] = object ? '{' : '[';
+    for (const sluice_json *c = n->child; c; c = c->next) {
+        if (c != n->child) {
+            if (!room(b, 1)) return;
+            b->ptr[b->len++] = ',';
+        }
+        if (object) {
+            sluice_bytes k = c->key;
+            if (k.ptr >= src_lo && k.ptr + k.len <= src_hi) { /* read from the value unescaped */
+                if (!room(b, (uint32_t)k.len + 3u)) return;
+                b->ptr[b->len++] = '"';
+                copy_bytes(b->ptr + b->len, k.ptr, k.len);
+                b->len += (uint32_t)k.len;
+                b->ptr[b->len++] = '"';
+                b->ptr[b->len++] = ':';
+            } else {
+                put_string(b, k);
+                sluice_buf_putc(b, ':');
+            }
+        }
+        put_node(b, c);
+    }
+    if (!room(b, 1)) return;
+    b->ptr[b->len++] = object ? '}' : ']';
 }
 
 /* ---------------------------------------------------------------- parsing only what rules touch */
@@ -777,42 +784,65 @@ __attribute__((always_inline)) static sluice_json *new_node(uint8_t type) {
     return n;
 }
 
-/* The value at j->p (whitespace skipped) as a node: objects and the scalars a rule may test
- * are built when `build`, everything else is one J_RAW node. NULL when invalid or out of
- * memory (j->error says which). */
-static sluice_json *parse_value(sl__jp *j, int build) {
+static sluice_json *parse_object(sl__jp *j);
+
+/* A node for the source text start..j->p: J_RAW_COMPACT when it is compact JSON, else J_RAW. */
+static inline __attribute__((always_inline)) sluice_json *raw_node(sl__jp *j, const uint8_t *start,
+                                                                   int compact) {
+    sluice_json *n = new_node(compact ? J_RAW_COMPACT : J_RAW);
+    if (n == NULL) j->error = "out of memory";
+    else n->str = sluice_bytes_of(start, (size_t)(j->p - start));
+    return n;
+}
+
+/* The value at j->p (whitespace skipped, not at the end) as a node: objects and the scalars a
+ * rule may test are built when `build`, everything else is one J_RAW node. NULL when invalid
+ * or out of memory (j->error says which). Inlined into the member loop: scalars, most of a
+ * record's members, cost no call. */
+static inline __attribute__((always_inline)) sluice_json *parse_value(sl__jp *j, int build) {
     uint8_t c = *j->p;
-    if (!build || c == '[' || (c != '{' && c != '"')) {
-        const uint8_t *start = j->p;
-        int compact = 1;
-        if (!skip_value(j, &compact)) return NULL;
-        if (!build || c == '[') {
-            sluice_json *n = new_node(compact ? J_RAW_COMPACT : J_RAW);
-            if (n == NULL) j->error = "out of memory";
-            else n->str = sluice_bytes_of(start, (size_t)(j->p - start));
-            return n;
-        }
-        /* a number or a literal a rule may compare */
-        uint8_t type = c == 't' ? SLUICE_JSON_TRUE : c == 'f' ? SLUICE_JSON_FALSE
-                     : c == 'n' ? SLUICE_JSON_NULL : SLUICE_JSON_NUMBER;
-        sluice_json *n = new_node(type);
-        if (n == NULL) j->error = "out of memory";
-        else if (type == SLUICE_JSON_NUMBER) n->str = sluice_bytes_of(start, (size_t)(j->p - start));
-        return n;
-    }
+    const uint8_t *start = j->p;
     if (c == '"') {
+        int plain;
+        if (!scan_string(j, &plain)) return NULL;
+        if (!build) return raw_node(j, start, plain);
         sluice_json *n = new_node(SLUICE_JSON_STRING);
         if (n == NULL) {
             j->error = "out of memory";
             return NULL;
         }
-        const uint8_t *start = j->p;
-        if (!read_string(j, &n->str)) return NULL;
-        /* count 1: the text came from the source unescaped, so it needs no escaping */
-        n->count = n->str.ptr == start + 1;
+        if (plain) {
+            n->str = sluice_bytes_of(start + 1, (size_t)(j->p - start - 2));
+            n->count = 1; /* the text came from the source unescaped: it needs no escaping */
+            return n;
+        }
+        j->p = start;
+        if (!read_string(j, &n->str)) return NULL; /* decoded: count stays 0 */
         return n;
     }
-    /* an object */
+    if (c == '{' && build) return parse_object(j);
+    uint8_t type;
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        if (!sl__jnumber(j)) return NULL;
+        type = SLUICE_JSON_NUMBER;
+    } else if (c == 't' || c == 'f' || c == 'n') {
+        if (!sl__jlit(j, c == 't' ? "true" : c == 'f' ? "false" : "null")) return NULL;
+        type = c == 't' ? SLUICE_JSON_TRUE : c == 'f' ? SLUICE_JSON_FALSE : SLUICE_JSON_NULL;
+    } else { /* an array, an object no rule looks into, or not JSON */
+        int compact = 1;
+        if (!skip_value(j, &compact)) return NULL;
+        return raw_node(j, start, compact);
+    }
+    if (!build) return raw_node(j, start, 1);
+    /* a number or a literal a rule may compare */
+    sluice_json *n = new_node(type);
+    if (n == NULL) j->error = "out of memory";
+    else if (type == SLUICE_JSON_NUMBER) n->str = sluice_bytes_of(start, (size_t)(j->p - start));
+    return n;
+}
+
+/* The object at j->p, its members built where a rule can look (see parse_value). */
+static sluice_json *parse_object(sl__jp *j) {
     if (++j->depth > SLUICE_JSON_MAX_DEPTH) {
         j->error = "nesting too deep";
         return NULL;
@@ -990,7 +1020,7 @@ __attribute__((always_inline)) static int matches(const rule *r, const sluice_js
 }
 
 /* Applies `r` to `doc`: 1 changed, 0 unchanged, -1 drop, -2 out of memory. */
-static int apply(const rule *r, sluice_json *doc) {
+static inline __attribute__((always_inline)) int apply(const rule *r, sluice_json *doc) {
     sluice_bytes last = r->seg[r->nseg - 1];
     sluice_json *parent, *when_parent;
     sluice_json *m = find_path(doc, r->seg, r->nseg, r->k0, &parent);
