@@ -1127,20 +1127,33 @@ static int mentions(sluice_bytes v, sluice_bytes name) {
 
 /* A value that no rule can change: names in JSON appear as they are unless escaped, so with
  * no backslash in the text, a name it does not contain in quotes is not a member of it. One
- * pass: a name without a quote in it can only sit between two consecutive quotes. */
+ * pass: a name without a quote in it can only sit between two consecutive quotes. The quotes
+ * and backslashes are found 16 bytes at a time (a byte loop cost ~1 ns a byte, as much as
+ * parsing the value). */
 static int unmentioned(sluice_bytes v) {
     if (!skip_unmentioned) return 0;
-    const uint8_t *p = v.ptr, *e = v.ptr + v.len, *open = NULL;
-    for (; p < e; p++) {
-        uint8_t c = *p;
-        if (c != '"') {
-            if (c == '\\') return 0;
-            continue;
+    const uint8_t *base = v.ptr, *open = NULL;
+    int32_t n = v.len;
+    for (int32_t i = 0; i < n; i += 16) {
+        uint32_t quotes = 0, escapes = 0;
+        if (n - i >= 16) {
+            v128_t x = wasm_v128_load(base + i);
+            quotes = (uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(x, wasm_i8x16_splat('"')));
+            escapes = (uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(x, wasm_i8x16_splat('\\')));
+        } else {
+            for (int32_t k = i; k < n; k++) {
+                quotes |= (uint32_t)(base[k] == '"') << (k - i);
+                escapes |= (uint32_t)(base[k] == '\\') << (k - i);
+            }
         }
-        if (open != NULL) {
-            if (find_in(tested_tab, tested, ntested, open + 1, (int32_t)(p - open - 1)) >= 0) return 0;
+        if (escapes) return 0;
+        for (; quotes; quotes &= quotes - 1) {
+            const uint8_t *p = base + i + __builtin_ctz(quotes);
+            if (open != NULL &&
+                find_in(tested_tab, tested, ntested, open + 1, (int32_t)(p - open - 1)) >= 0)
+                return 0;
+            open = p;
         }
-        open = p;
     }
     if (tested_quote)
         for (int t = 0; t < ntested; t++)
