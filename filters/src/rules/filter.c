@@ -338,7 +338,8 @@ SIMD static void sha4(pending_hash *const e[4]) {
         copy_bytes(bb + s->tail_len, e[l]->in.ptr, n);
         bb[fill] = 0x80; /* the template's zeros follow */
         uint64_t bits = (s->done + (uint64_t)fill) * 8u;
-        for (int i = 0; i < 8; i++) bb[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
+        uint64_t be_bits = __builtin_bswap64(bits); /* big-endian, one store */
+        __builtin_memcpy(bb + 56, &be_bits, 8);
         for (int q = 0; q < 4; q++) w[4 * q + l] = BSWAP32X4(wasm_v128_load(bb + 16 * q));
     }
     for (int q = 0; q < 4; q++) transpose4(&w[4 * q], &w[4 * q + 1], &w[4 * q + 2], &w[4 * q + 3]);
@@ -784,6 +785,25 @@ __attribute__((always_inline)) static sluice_json *new_node(uint8_t type) {
     return n;
 }
 
+/* A number as sl__jnumber reads it (same grammar, same verdict), inlined where values are read:
+ * a call per number cost more than reading one. */
+static inline __attribute__((always_inline)) int read_number(sl__jp *j) {
+    const uint8_t *p = j->p, *e = j->end;
+    if (p < e && *p == '-') p++;
+    if (p >= e) return sl__jnumber(j);
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (p < e && *p >= '0' && *p <= '9') p++;
+    else return sl__jnumber(j); /* not a number: the SDK's error */
+    if (p < e && *p == '.') {
+        p++;
+        if (p >= e || *p < '0' || *p > '9') return sl__jnumber(j);
+        while (p < e && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < e && (*p == 'e' || *p == 'E')) return sl__jnumber(j); /* exponents: the SDK reads them */
+    j->p = p;
+    return 1;
+}
+
 static sluice_json *parse_object(sl__jp *j);
 
 /* A node for the source text start..j->p: J_RAW_COMPACT when it is compact JSON, else J_RAW. */
@@ -823,7 +843,7 @@ static inline __attribute__((always_inline)) sluice_json *parse_value(sl__jp *j,
     if (c == '{' && build) return parse_object(j);
     uint8_t type;
     if (c == '-' || (c >= '0' && c <= '9')) {
-        if (!sl__jnumber(j)) return NULL;
+        if (!read_number(j)) return NULL;
         type = SLUICE_JSON_NUMBER;
     } else if (c == 't' || c == 'f' || c == 'n') {
         if (!sl__jlit(j, c == 't' ? "true" : c == 'f' ? "false" : "null")) return NULL;
