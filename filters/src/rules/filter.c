@@ -26,8 +26,9 @@
  * The proxy validates the config when it loads (file:line:field errors, filters/rules_config.py);
  * sluice_on_config checks it again for configs that come from elsewhere (code, the fleet).
  */
-#define SLUICE_BATCH_BEGIN forget_pending /* the SDK calls these around each batch call */
-#define SLUICE_BATCH_END hash_pending
+#define SLUICE_BATCH_BEGIN begin_batch /* the SDK calls these around each batch call */
+#define SLUICE_BATCH_END end_batch
+#pragma clang attribute push(__attribute__((target("simd128"))), apply_to = function)
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
 
@@ -120,7 +121,7 @@ static void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
 }
 
 /* Whether a[0..n) == b[0..n). */
-static inline int same_bytes(const uint8_t *a, const uint8_t *b, int32_t n) {
+__attribute__((always_inline)) static inline int same_bytes(const uint8_t *a, const uint8_t *b, int32_t n) {
     if (n >= 8) {
         if (ld64(a + n - 8) != ld64(b + n - 8)) return 0;
         for (; n > 8; a += 8, b += 8, n -= 8)
@@ -131,16 +132,16 @@ static inline int same_bytes(const uint8_t *a, const uint8_t *b, int32_t n) {
     return n <= 0 || (a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1]);
 }
 
-static inline int eq(sluice_bytes a, sluice_bytes b) {
+__attribute__((always_inline)) static inline int eq(sluice_bytes a, sluice_bytes b) {
     return a.len == b.len && (a.len <= 0 || same_bytes(a.ptr, b.ptr, a.len));
 }
 
 /* Room for n more bytes: the check inline, growing out of line. */
-static inline int room(sluice_buf *b, uint32_t n) {
+__attribute__((always_inline)) static inline int room(sluice_buf *b, uint32_t n) {
     return (!b->failed && b->cap - b->len >= n) || sluice_buf_reserve(b, n);
 }
 
-static void put_bytes(sluice_buf *b, const uint8_t *p, int32_t n) {
+__attribute__((always_inline)) static void put_bytes(sluice_buf *b, const uint8_t *p, int32_t n) {
     if (n <= 0 || !room(b, (uint32_t)n)) return;
     copy_bytes(b->ptr + b->len, p, n);
     b->len += (uint32_t)n;
@@ -257,14 +258,14 @@ typedef struct {
 static pending_hash *pending; /* this call's queue (arena memory) */
 static uint32_t npending, cap_pending;
 
-/* SLUICE_BATCH_BEGIN: a new call; a queue a failed call left went with its arena. */
+/* A new call (begin_batch): a queue a failed call left went with its arena. */
 static void forget_pending(void) {
     pending = NULL;
     npending = cap_pending = 0;
 }
 
 /* Queue salt + in; the index, or -1 out of memory. */
-static int32_t queue_hash(const salt_state *salt, sluice_bytes in) {
+__attribute__((always_inline)) static int32_t queue_hash(const salt_state *salt, sluice_bytes in) {
     if (npending == cap_pending) {
         uint32_t cap = cap_pending ? cap_pending * 2u : 128u;
         pending_hash *grown = (pending_hash *)sl__realloc(pending, sizeof(pending_hash) * cap_pending,
@@ -284,7 +285,7 @@ static int32_t queue_hash(const salt_state *salt, sluice_bytes in) {
 static int settle_now(sluice_json *n);
 
 /* A queued hash computed now: the member becomes its digest. 0 when out of memory. */
-static inline int settle(sluice_json *n) {
+__attribute__((always_inline)) static inline int settle(sluice_json *n) {
     return n == NULL || n->type != J_HASH || settle_now(n);
 }
 
@@ -337,7 +338,8 @@ SIMD static void sha4(pending_hash *const e[4]) {
         copy_bytes(bb + s->tail_len, e[l]->in.ptr, n);
         bb[fill] = 0x80; /* the template's zeros follow */
         uint64_t bits = (s->done + (uint64_t)fill) * 8u;
-        for (int i = 0; i < 8; i++) bb[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
+        uint64_t be_bits = __builtin_bswap64(bits); /* big-endian, one store */
+        __builtin_memcpy(bb + 56, &be_bits, 8);
         for (int q = 0; q < 4; q++) w[4 * q + l] = BSWAP32X4(wasm_v128_load(bb + 16 * q));
     }
     for (int q = 0; q < 4; q++) transpose4(&w[4 * q], &w[4 * q + 1], &w[4 * q + 2], &w[4 * q + 3]);
@@ -352,6 +354,7 @@ SIMD static void sha4(pending_hash *const e[4]) {
         st[i] = wasm_i32x4_make((int32_t)e[0]->salt->h[i], (int32_t)e[1]->salt->h[i],
                                 (int32_t)e[2]->salt->h[i], (int32_t)e[3]->salt->h[i]);
     v128_t a = st[0], b = st[1], c = st[2], d = st[3], f4 = st[4], f = st[5], g = st[6], h = st[7];
+    v128_t bc = VXOR(b, c); /* Maj(a, b, c) = b ^ ((a ^ b) & (b ^ c)): one op fewer a round */
     /* unrolled: a loop back-edge's epoch check spills the eight state vectors every round */
 #pragma clang loop unroll(full)
     for (int i = 0; i < 64; i++) {
@@ -359,8 +362,9 @@ SIMD static void sha4(pending_hash *const e[4]) {
         v128_t ch = VXOR(g, wasm_v128_and(f4, VXOR(f, g)));
         v128_t t1 = VADD(VADD(h, bs1), VADD(ch, VADD(wasm_i32x4_splat((int32_t)K[i]), w[i])));
         v128_t bs0 = VXOR(VXOR(VROR(a, 2), VROR(a, 13)), VROR(a, 22));
-        v128_t maj = wasm_v128_or(wasm_v128_and(a, b), wasm_v128_and(c, wasm_v128_or(a, b)));
+        v128_t ab = VXOR(a, b), maj = VXOR(b, wasm_v128_and(ab, bc)); /* bc: b ^ c */
         h = g; g = f; f = f4; f4 = VADD(d, t1); d = c; c = b; b = a; a = VADD(t1, VADD(bs0, maj));
+        bc = ab; /* the next round's b ^ c */
     }
     v128_t r[8] = {VADD(st[0], a), VADD(st[1], b), VADD(st[2], c), VADD(st[3], d),
                    VADD(st[4], f4), VADD(st[5], f), VADD(st[6], g), VADD(st[7], h)};
@@ -372,7 +376,7 @@ SIMD static void sha4(pending_hash *const e[4]) {
     }
 }
 
-/* SLUICE_BATCH_END: the queued digests whose placeholders made it into an output. */
+/* At the batch's end (end_batch): the queued digests whose placeholders made it into an output. */
 static void hash_pending(void) {
     pending_hash *lanes[4];
     int n = 0;
@@ -389,6 +393,44 @@ static void hash_pending(void) {
         sha4(lanes);
     }
     npending = 0;
+}
+
+/* ---------------------------------------------------------------- counters */
+
+/* The counters add up in plain statics and reach the SDK once per batch (flush_counts), in the
+ * order each was first counted, as counting through sluice_count record by record reported
+ * them: its look-up by name cost as much as a rule. */
+enum { C_SET, C_REMOVED, C_RENAMED, C_HASHED, C_TRUNCATED, C_NOT_JSON_OBJECT, C_DROPPED, NCOUNTERS };
+static const char *const counter_names[NCOUNTERS] = {"set", "removed", "renamed", "hashed",
+                                                     "truncated", "not_json_object", "dropped"};
+static uint32_t counts[NCOUNTERS];
+static uint8_t count_order[NCOUNTERS];
+static uint32_t ncounted;
+
+static inline __attribute__((always_inline)) void count(int c) {
+    if (counts[c]++ == 0) count_order[ncounted++] = (uint8_t)c;
+}
+
+static void flush_counts(void) {
+    for (uint32_t i = 0; i < ncounted; i++) {
+        int c = count_order[i];
+        sluice_count(counter_names[c], counts[c]);
+        counts[c] = 0;
+    }
+    ncounted = 0;
+}
+
+/* SLUICE_BATCH_BEGIN: a new call; what a failed call left (queue, counts) is forgotten. */
+static void begin_batch(void) {
+    forget_pending();
+    for (int c = 0; c < NCOUNTERS; c++) counts[c] = 0;
+    ncounted = 0;
+}
+
+/* SLUICE_BATCH_END: the deferred hashes, then the batch's counters. */
+static void end_batch(void) {
+    hash_pending();
+    flush_counts();
 }
 
 /* ---------------------------------------------------------------- JSON tree helpers */
@@ -455,38 +497,14 @@ static void put_minified(sluice_buf *b, sluice_bytes s) {
 static const uint8_t *src_lo, *src_hi;
 static int writing_output; /* put_json is writing the record's new value (not a hash's input) */
 
-static void put_json(sluice_buf *b, const sluice_json *n) {
+static void put_container(sluice_buf *b, const sluice_json *n);
+
+/* A node's compact JSON: scalars written here (inlined where members are written), objects and
+ * arrays by put_container. */
+static inline __attribute__((always_inline)) void put_node(sluice_buf *b, const sluice_json *n) {
     switch (n->type) {
     case SLUICE_JSON_OBJECT:
-    case SLUICE_JSON_ARRAY: {
-        int object = n->type == SLUICE_JSON_OBJECT;
-        if (!room(b, 1)) return;
-        b->ptr[b->len++] = object ? '{' : '[';
-        for (const sluice_json *c = n->child; c; c = c->next) {
-            if (c != n->child) {
-                if (!room(b, 1)) return;
-                b->ptr[b->len++] = ',';
-            }
-            if (object) {
-                sluice_bytes k = c->key;
-                if (k.ptr >= src_lo && k.ptr + k.len <= src_hi) { /* read from the value unescaped */
-                    if (!room(b, (uint32_t)k.len + 3u)) return;
-                    b->ptr[b->len++] = '"';
-                    copy_bytes(b->ptr + b->len, k.ptr, k.len);
-                    b->len += (uint32_t)k.len;
-                    b->ptr[b->len++] = '"';
-                    b->ptr[b->len++] = ':';
-                } else {
-                    put_string(b, k);
-                    sluice_buf_putc(b, ':');
-                }
-            }
-            put_json(b, c);
-        }
-        if (!room(b, 1)) return;
-        b->ptr[b->len++] = object ? '}' : ']';
-        break;
-    }
+    case SLUICE_JSON_ARRAY: put_container(b, n); break;
     case SLUICE_JSON_STRING:
         if (n->count != 1) {
             put_string(b, n->str);
@@ -513,6 +531,37 @@ static void put_json(sluice_buf *b, const sluice_json *n) {
     case SLUICE_JSON_FALSE: sluice_buf_puts(b, "false"); break;
     default: sluice_buf_puts(b, "null"); break;
     }
+}
+
+static void put_json(sluice_buf *b, const sluice_json *n) { put_node(b, n); }
+
+static void put_container(sluice_buf *b, const sluice_json *n) {
+    int object = n->type == SLUICE_JSON_OBJECT;
+    if (!room(b, 1)) return;
+    b->ptr[b->len++] = object ? '{' : '[';
+    for (const sluice_json *c = n->child; c; c = c->next) {
+        if (c != n->child) {
+            if (!room(b, 1)) return;
+            b->ptr[b->len++] = ',';
+        }
+        if (object) {
+            sluice_bytes k = c->key;
+            if (k.ptr >= src_lo && k.ptr + k.len <= src_hi) { /* read from the value unescaped */
+                if (!room(b, (uint32_t)k.len + 3u)) return;
+                b->ptr[b->len++] = '"';
+                copy_bytes(b->ptr + b->len, k.ptr, k.len);
+                b->len += (uint32_t)k.len;
+                b->ptr[b->len++] = '"';
+                b->ptr[b->len++] = ':';
+            } else {
+                put_string(b, k);
+                sluice_buf_putc(b, ':');
+            }
+        }
+        put_node(b, c);
+    }
+    if (!room(b, 1)) return;
+    b->ptr[b->len++] = object ? '}' : ']';
 }
 
 /* ---------------------------------------------------------------- parsing only what rules touch */
@@ -560,7 +609,7 @@ static void tab_add(uint8_t tab[64], sluice_bytes name, int index) {
 }
 
 /* The index of p[0..len) in list[0..n) (tab: their slots), or -1. */
-static inline int find_in(const uint8_t tab[64], const sluice_bytes *list, int n, const uint8_t *p,
+__attribute__((always_inline)) static inline int find_in(const uint8_t tab[64], const sluice_bytes *list, int n, const uint8_t *p,
                           int32_t len) {
     uint8_t t = tab[name_slot(p, len)];
     if (t == 0) return -1;
@@ -570,7 +619,7 @@ static inline int find_in(const uint8_t tab[64], const sluice_bytes *list, int n
     return -1;
 }
 
-static inline int find_name(sluice_bytes key) { return find_in(name_tab, names, nnames, key.ptr, key.len); }
+__attribute__((always_inline)) static inline int find_name(sluice_bytes key) { return find_in(name_tab, names, nnames, key.ptr, key.len); }
 
 /* The record's top-level members by name index (the last of duplicates, as lookups find),
  * valid while top_gen[k] == gen: a rule's first path step is one load instead of a walk over
@@ -590,7 +639,7 @@ static inline void top_set(int k, sluice_json *n) {
 /* The string at j->p (its opening quote), checked as the SDK's parser checks it. Returns 1 and
  * sets *plain when it holds no escape (its text is the bytes between the quotes); an escape or
  * anything unusual goes to the SDK's own string parser, so the verdict is always the same. */
-SIMD static int scan_string(sl__jp *j, int *plain) {
+__attribute__((always_inline)) SIMD static int scan_string(sl__jp *j, int *plain) {
     const uint8_t *p = j->p + 1, *e = j->end;
     for (;;) {
         /* 16 bytes at a time to the first quote, backslash, control or non-ASCII byte (the
@@ -624,7 +673,7 @@ SIMD static int scan_string(sl__jp *j, int *plain) {
 }
 
 /* The text of the string at j->p: the source bytes when there is no escape, else decoded. */
-static int read_string(sl__jp *j, sluice_bytes *out) {
+__attribute__((always_inline)) static int read_string(sl__jp *j, sluice_bytes *out) {
     const uint8_t *start = j->p;
     int plain;
     if (!scan_string(j, &plain)) return 0;
@@ -724,7 +773,7 @@ static int skip_value(sl__jp *j, int *compact) {
     return 0;
 }
 
-static sluice_json *new_node(uint8_t type) {
+__attribute__((always_inline)) static sluice_json *new_node(uint8_t type) {
     sluice_json *n = (sluice_json *)sluice_malloc(sizeof(sluice_json));
     if (n == NULL) return NULL;
     n->type = type;
@@ -736,42 +785,84 @@ static sluice_json *new_node(uint8_t type) {
     return n;
 }
 
-/* The value at j->p (whitespace skipped) as a node: objects and the scalars a rule may test
- * are built when `build`, everything else is one J_RAW node. NULL when invalid or out of
- * memory (j->error says which). */
-static sluice_json *parse_value(sl__jp *j, int build) {
-    uint8_t c = *j->p;
-    if (!build || c == '[' || (c != '{' && c != '"')) {
-        const uint8_t *start = j->p;
-        int compact = 1;
-        if (!skip_value(j, &compact)) return NULL;
-        if (!build || c == '[') {
-            sluice_json *n = new_node(compact ? J_RAW_COMPACT : J_RAW);
-            if (n == NULL) j->error = "out of memory";
-            else n->str = sluice_bytes_of(start, (size_t)(j->p - start));
-            return n;
-        }
-        /* a number or a literal a rule may compare */
-        uint8_t type = c == 't' ? SLUICE_JSON_TRUE : c == 'f' ? SLUICE_JSON_FALSE
-                     : c == 'n' ? SLUICE_JSON_NULL : SLUICE_JSON_NUMBER;
-        sluice_json *n = new_node(type);
-        if (n == NULL) j->error = "out of memory";
-        else if (type == SLUICE_JSON_NUMBER) n->str = sluice_bytes_of(start, (size_t)(j->p - start));
-        return n;
+/* A number as sl__jnumber reads it (same grammar, same verdict), inlined where values are read:
+ * a call per number cost more than reading one. */
+static inline __attribute__((always_inline)) int read_number(sl__jp *j) {
+    const uint8_t *p = j->p, *e = j->end;
+    if (p < e && *p == '-') p++;
+    if (p >= e) return sl__jnumber(j);
+    if (*p == '0') p++;
+    else if (*p >= '1' && *p <= '9') while (p < e && *p >= '0' && *p <= '9') p++;
+    else return sl__jnumber(j); /* not a number: the SDK's error */
+    if (p < e && *p == '.') {
+        p++;
+        if (p >= e || *p < '0' || *p > '9') return sl__jnumber(j);
+        while (p < e && *p >= '0' && *p <= '9') p++;
     }
+    if (p < e && (*p == 'e' || *p == 'E')) return sl__jnumber(j); /* exponents: the SDK reads them */
+    j->p = p;
+    return 1;
+}
+
+static sluice_json *parse_object(sl__jp *j);
+
+/* A node for the source text start..j->p: J_RAW_COMPACT when it is compact JSON, else J_RAW. */
+static inline __attribute__((always_inline)) sluice_json *raw_node(sl__jp *j, const uint8_t *start,
+                                                                   int compact) {
+    sluice_json *n = new_node(compact ? J_RAW_COMPACT : J_RAW);
+    if (n == NULL) j->error = "out of memory";
+    else n->str = sluice_bytes_of(start, (size_t)(j->p - start));
+    return n;
+}
+
+/* The value at j->p (whitespace skipped, not at the end) as a node: objects and the scalars a
+ * rule may test are built when `build`, everything else is one J_RAW node. NULL when invalid
+ * or out of memory (j->error says which). Inlined into the member loop: scalars, most of a
+ * record's members, cost no call. */
+static inline __attribute__((always_inline)) sluice_json *parse_value(sl__jp *j, int build) {
+    uint8_t c = *j->p;
+    const uint8_t *start = j->p;
     if (c == '"') {
+        int plain;
+        if (!scan_string(j, &plain)) return NULL;
+        if (!build) return raw_node(j, start, plain);
         sluice_json *n = new_node(SLUICE_JSON_STRING);
         if (n == NULL) {
             j->error = "out of memory";
             return NULL;
         }
-        const uint8_t *start = j->p;
-        if (!read_string(j, &n->str)) return NULL;
-        /* count 1: the text came from the source unescaped, so it needs no escaping */
-        n->count = n->str.ptr == start + 1;
+        if (plain) {
+            n->str = sluice_bytes_of(start + 1, (size_t)(j->p - start - 2));
+            n->count = 1; /* the text came from the source unescaped: it needs no escaping */
+            return n;
+        }
+        j->p = start;
+        if (!read_string(j, &n->str)) return NULL; /* decoded: count stays 0 */
         return n;
     }
-    /* an object */
+    if (c == '{' && build) return parse_object(j);
+    uint8_t type;
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        if (!read_number(j)) return NULL;
+        type = SLUICE_JSON_NUMBER;
+    } else if (c == 't' || c == 'f' || c == 'n') {
+        if (!sl__jlit(j, c == 't' ? "true" : c == 'f' ? "false" : "null")) return NULL;
+        type = c == 't' ? SLUICE_JSON_TRUE : c == 'f' ? SLUICE_JSON_FALSE : SLUICE_JSON_NULL;
+    } else { /* an array, an object no rule looks into, or not JSON */
+        int compact = 1;
+        if (!skip_value(j, &compact)) return NULL;
+        return raw_node(j, start, compact);
+    }
+    if (!build) return raw_node(j, start, 1);
+    /* a number or a literal a rule may compare */
+    sluice_json *n = new_node(type);
+    if (n == NULL) j->error = "out of memory";
+    else if (type == SLUICE_JSON_NUMBER) n->str = sluice_bytes_of(start, (size_t)(j->p - start));
+    return n;
+}
+
+/* The object at j->p, its members built where a rule can look (see parse_value). */
+static sluice_json *parse_object(sl__jp *j) {
     if (++j->depth > SLUICE_JSON_MAX_DEPTH) {
         j->error = "nesting too deep";
         return NULL;
@@ -852,7 +943,7 @@ static sluice_json *parse_doc(sluice_bytes data) {
     return j.p == j.end ? root : NULL;
 }
 
-static sluice_json *member(sluice_json *parent, sluice_bytes name) {
+__attribute__((always_inline)) static sluice_json *member(sluice_json *parent, sluice_bytes name) {
     sluice_json *found = NULL;
     if (parent == NULL) return NULL;
     for (sluice_json *c = parent->child; c; c = c->next)
@@ -863,7 +954,7 @@ static sluice_json *member(sluice_json *parent, sluice_bytes name) {
 /* The member at the path seg[0..n) (walking objects only; NULL when missing) and in *parent the
  * object that holds it or would (NULL when a step is missing or not an object). The first
  * step comes from the top-level slots when k0 (seg[0]'s name index) >= 0. */
-static sluice_json *find_path(sluice_json *doc, const sluice_bytes *seg, int n, int k0,
+__attribute__((always_inline)) static sluice_json *find_path(sluice_json *doc, const sluice_bytes *seg, int n, int k0,
                               sluice_json **parent) {
     sluice_json *node = doc;
     for (int i = 0; i + 1 < n; i++) {
@@ -895,7 +986,7 @@ static const sluice_bytes *split_path(sluice_bytes path, int *n) {
 }
 
 /* Unlink every member called `name` from `parent`. */
-static void unlink_all(sluice_json *parent, sluice_bytes name) {
+__attribute__((always_inline)) static void unlink_all(sluice_json *parent, sluice_bytes name) {
     sluice_json **link = &parent->child;
     while (*link) {
         if (eq((*link)->key, name)) {
@@ -922,7 +1013,7 @@ static sluice_json *copy_tree(const sluice_json *n) {
     return c;
 }
 
-static int same_scalar(const sluice_json *a, const sluice_json *b) {
+__attribute__((always_inline)) static int same_scalar(const sluice_json *a, const sluice_json *b) {
     if (a->type != b->type) return 0;
     if (a->type == SLUICE_JSON_STRING || a->type == SLUICE_JSON_NUMBER) return eq(a->str, b->str);
     return a->type != SLUICE_JSON_OBJECT && a->type != SLUICE_JSON_ARRAY;
@@ -935,7 +1026,7 @@ static int contains(sluice_bytes hay, sluice_bytes needle) {
 }
 
 /* Whether the rule's condition holds; n is the member it tests (NULL: missing). */
-static int matches(const rule *r, const sluice_json *n) {
+__attribute__((always_inline)) static int matches(const rule *r, const sluice_json *n) {
     switch (r->when) {
     case W_DEFAULT: return r->action == A_SET || n != NULL;
     case W_EXISTS: return n != NULL;
@@ -949,7 +1040,7 @@ static int matches(const rule *r, const sluice_json *n) {
 }
 
 /* Applies `r` to `doc`: 1 changed, 0 unchanged, -1 drop, -2 out of memory. */
-static int apply(const rule *r, sluice_json *doc) {
+static inline __attribute__((always_inline)) int apply(const rule *r, sluice_json *doc) {
     sluice_bytes last = r->seg[r->nseg - 1];
     sluice_json *parent, *when_parent;
     sluice_json *m = find_path(doc, r->seg, r->nseg, r->k0, &parent);
@@ -978,13 +1069,13 @@ static int apply(const rule *r, sluice_json *doc) {
         m->str = v->str;
         m->count = v->count;
         m->child = v->child;
-        sluice_count("set", 1);
+        count(C_SET);
         return 1;
     case A_REMOVE:
         if (m == NULL) return 0;
         unlink_all(parent, last);
         if (r->nseg == 1 && r->k0 >= 0) top_set(r->k0, NULL);
-        sluice_count("removed", 1);
+        count(C_REMOVED);
         return 1;
     case A_RENAME:
         if (m == NULL) return 0;
@@ -996,7 +1087,7 @@ static int apply(const rule *r, sluice_json *doc) {
             top_set(r->to_k, m);
             top_set(r->k0, member(doc, last));
         }
-        sluice_count("renamed", 1);
+        count(C_RENAMED);
         return 1;
     case A_HASH: {
         if (m == NULL) return 0;
@@ -1007,7 +1098,7 @@ static int apply(const rule *r, sluice_json *doc) {
             m->type = J_HASH;
             m->count = (uint32_t)at;
             m->child = NULL;
-            sluice_count("hashed", 1);
+            count(C_HASHED);
             return 1;
         }
         uint8_t *hex = (uint8_t *)sluice_malloc(64);
@@ -1025,7 +1116,7 @@ static int apply(const rule *r, sluice_json *doc) {
         m->str = sluice_bytes_of(hex, 64);
         m->child = NULL;
         m->count = 1; /* lowercase hex: nothing to escape */
-        sluice_count("hashed", 1);
+        count(C_HASHED);
         return 1;
     }
     default: { /* A_TRUNCATE */
@@ -1034,7 +1125,7 @@ static int apply(const rule *r, sluice_json *doc) {
         int32_t n = (int32_t)r->length;
         while (n > 0 && (m->str.ptr[n] & 0xc0) == 0x80) n--; /* never split a character */
         m->str.len = n;
-        sluice_count("truncated", 1);
+        count(C_TRUNCATED);
         return 1;
     }
     }
@@ -1056,20 +1147,33 @@ static int mentions(sluice_bytes v, sluice_bytes name) {
 
 /* A value that no rule can change: names in JSON appear as they are unless escaped, so with
  * no backslash in the text, a name it does not contain in quotes is not a member of it. One
- * pass: a name without a quote in it can only sit between two consecutive quotes. */
+ * pass: a name without a quote in it can only sit between two consecutive quotes. The quotes
+ * and backslashes are found 16 bytes at a time (a byte loop cost ~1 ns a byte, as much as
+ * parsing the value). */
 static int unmentioned(sluice_bytes v) {
     if (!skip_unmentioned) return 0;
-    const uint8_t *p = v.ptr, *e = v.ptr + v.len, *open = NULL;
-    for (; p < e; p++) {
-        uint8_t c = *p;
-        if (c != '"') {
-            if (c == '\\') return 0;
-            continue;
+    const uint8_t *base = v.ptr, *open = NULL;
+    int32_t n = v.len;
+    for (int32_t i = 0; i < n; i += 16) {
+        uint32_t quotes = 0, escapes = 0;
+        if (n - i >= 16) {
+            v128_t x = wasm_v128_load(base + i);
+            quotes = (uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(x, wasm_i8x16_splat('"')));
+            escapes = (uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(x, wasm_i8x16_splat('\\')));
+        } else {
+            for (int32_t k = i; k < n; k++) {
+                quotes |= (uint32_t)(base[k] == '"') << (k - i);
+                escapes |= (uint32_t)(base[k] == '\\') << (k - i);
+            }
         }
-        if (open != NULL) {
-            if (find_in(tested_tab, tested, ntested, open + 1, (int32_t)(p - open - 1)) >= 0) return 0;
+        if (escapes) return 0;
+        for (; quotes; quotes &= quotes - 1) {
+            const uint8_t *p = base + i + __builtin_ctz(quotes);
+            if (open != NULL &&
+                find_in(tested_tab, tested, ntested, open + 1, (int32_t)(p - open - 1)) >= 0)
+                return 0;
+            open = p;
         }
-        open = p;
     }
     if (tested_quote)
         for (int t = 0; t < ntested; t++)
@@ -1084,7 +1188,7 @@ sluice_decision sluice_on_record(const sluice_record *rec) {
     src_lo = rec->value.ptr;
     src_hi = rec->value.ptr + rec->value.len;
     if (doc == NULL || doc->type != SLUICE_JSON_OBJECT) {
-        sluice_count("not_json_object", 1);
+        count(C_NOT_JSON_OBJECT);
         return sluice_keep();
     }
     int changed = 0;
@@ -1092,7 +1196,7 @@ sluice_decision sluice_on_record(const sluice_record *rec) {
     for (int i = 0; i < nrules; i++) {
         int rc = apply(&rules[i], doc);
         if (rc == -1) {
-            sluice_count("dropped", 1);
+            count(C_DROPPED);
             return sluice_drop();
         }
         if (rc == -2) return sluice_error("rules: out of memory");
@@ -1305,3 +1409,4 @@ int sluice_on_config(const sluice_json *config) {
         if (rules[r].action == A_SET || rules[r].when == W_MISSING) skip_unmentioned = 0;
     return 0;
 }
+#pragma clang attribute pop
