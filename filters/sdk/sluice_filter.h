@@ -1298,6 +1298,7 @@ typedef struct {
     uint8_t attributes;
     int64_t timestamp_delta;
     int32_t offset_delta;
+    uint32_t body_size;  /* a rewrite's new body size (counted once, written once) */
     sluice_decision d;
 } sl__native;
 
@@ -1517,8 +1518,22 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
             if (sl__error_len == 0) sluice_set_error("filter error");
             return -1;
         }
-        if (!sl__count_decision(&n->d, n->raw_len, n->timestamp_delta, n->offset_delta,
-                                &records_size, &rejects_size, &changed, &rejects)) {
+        uint8_t kind = n->d.kind;
+        if (kind == SLUICE_KEEP) {
+            records_size += n->raw_len;
+        } else if (kind == SLUICE_REWRITE) {
+            uint64_t b = sl__rewrite_size(n->timestamp_delta, n->offset_delta, &n->d);
+            /* a body over 2 GB fails the batch below ("output too large") */
+            n->body_size = b > 0x7fffffffu ? 0x7fffffffu : (uint32_t)b;
+            records_size += sl__vsize((int64_t)b) + b;
+            changed++;
+        } else if (kind == SLUICE_DROP) {
+            changed++;
+        } else if (kind == SLUICE_REJECT) {
+            rejects_size += 4u + sl__blen(n->d.reason);
+            changed++;
+            rejects++;
+        } else {
             sluice_set_error("filter returned an unknown decision");
             return -1;
         }
@@ -1563,9 +1578,21 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
                 w += run_len;
                 run_len = 0;
             }
-            if (n->d.kind == SLUICE_REWRITE)
-                sl__write_record(&w, n->raw, n->raw_len, n->attributes, n->timestamp_delta,
-                                 n->offset_delta, &n->d);
+            if (n->d.kind != SLUICE_REWRITE) continue;
+            /* sl__write_record's bytes, with the body size counted above */
+            const sluice_decision *d = &n->d;
+            sl__wvar(&w, (int64_t)n->body_size);
+            *w++ = n->attributes;
+            sl__wvar(&w, n->timestamp_delta);
+            sl__wvar(&w, n->offset_delta);
+            sl__wvbytes(&w, d->key);
+            sl__wvbytes(&w, d->value);
+            sl__wvar(&w, d->header_count);
+            for (uint32_t h = 0; h < d->header_count; h++) {
+                sluice_bytes hk = d->headers[h].key;
+                sl__wvbytes(&w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
+                sl__wvbytes(&w, d->headers[h].value);
+            }
         }
         if (run_len) {
             memcpy(w, run, run_len);
