@@ -1298,6 +1298,7 @@ typedef struct {
     uint8_t attributes;
     int64_t timestamp_delta;
     int32_t offset_delta;
+    uint32_t body_size;  /* a rewrite's new body size (counted once, written once) */
     sluice_decision d;
 } sl__native;
 
@@ -1402,6 +1403,78 @@ static void sl__write_record(uint8_t **w, const uint8_t *raw, uint32_t raw_len,
 }
 
 #ifndef SLUICE_SDK_LIBRARY
+/* This SDK's own sluice_filter_records reads records with the helpers below: sl__read_record's
+ * reading, checks and errors, with the varints of one and two bytes (every field of a record
+ * under 8 KB but its timestamp delta) read in line rather than by a call into the loop. */
+static inline __attribute__((always_inline)) int64_t sl__varlong_fast(sl__rd *r) {
+    const uint8_t *p = r->p;
+    if (p < r->end && p[0] < 0x80) {
+        r->p = p + 1;
+        return (int64_t)(((uint64_t)p[0] >> 1) ^ (~((uint64_t)p[0] & 1) + 1));
+    }
+    if (r->end - p >= 2 && p[1] < 0x80) {
+        uint64_t v = (uint64_t)(p[0] & 0x7f) | ((uint64_t)p[1] << 7);
+        r->p = p + 2;
+        return (int64_t)((v >> 1) ^ (~(v & 1) + 1));
+    }
+    return sl__varlong(r);
+}
+
+/* A value of one or two varint bytes is well inside 32 bits. */
+static inline __attribute__((always_inline)) int32_t sl__varint_fast(sl__rd *r) {
+    const uint8_t *p = r->p;
+    if (p < r->end && p[0] < 0x80) {
+        r->p = p + 1;
+        return (int32_t)(((uint32_t)p[0] >> 1) ^ (~((uint32_t)p[0] & 1) + 1));
+    }
+    if (r->end - p >= 2 && p[1] < 0x80) {
+        uint32_t v = (uint32_t)(p[0] & 0x7f) | ((uint32_t)p[1] << 7);
+        r->p = p + 2;
+        return (int32_t)((v >> 1) ^ (~(v & 1) + 1));
+    }
+    return sl__varint(r);
+}
+
+static inline __attribute__((always_inline)) sluice_bytes sl__vbytes_fast(sl__rd *r, int nullable) {
+    int32_t n = sl__varint_fast(r);
+    return sl__take(r, n, nullable);
+}
+
+static inline __attribute__((always_inline)) const char *sl__read_native(sl__rd *r, sl__native *n,
+                                                                       sluice_record *rec) {
+    const uint8_t *raw = r->p;
+    int32_t len = sl__varint_fast(r);
+    if (!r->ok || len < 0 || r->end - r->p < len) return "malformed record";
+    sl__rd body = {r->p, r->p + len, 1};
+    r->p += len;
+    n->raw = raw;
+    n->raw_len = (uint32_t)(r->p - raw);
+    if (body.end - body.p < 1) body.ok = 0;
+    else n->attributes = *body.p++;
+    n->timestamp_delta = sl__varlong_fast(&body);
+    n->offset_delta = sl__varint_fast(&body);
+    rec->key = sl__vbytes_fast(&body, 1);
+    rec->value = sl__vbytes_fast(&body, 1);
+    int32_t hc = sl__varint_fast(&body);
+    if (!body.ok || hc < 0 || (uint32_t)hc > (uint32_t)(body.end - body.p) / 2u)
+        return "malformed record";
+    rec->header_count = (uint32_t)hc;
+    rec->headers = NULL;
+    if (hc) {
+        sluice_header *hs = (sluice_header *)sluice_malloc(sizeof(sluice_header) * (uint32_t)hc);
+        if (hs == NULL) return "out of memory";
+        for (int32_t h = 0; h < hc; h++) {
+            hs[h].key = sl__vbytes_fast(&body, 0);
+            hs[h].value = sl__vbytes_fast(&body, 1);
+        }
+        rec->headers = hs;
+    }
+    if (!body.ok || body.p != body.end) return "malformed record";
+    return NULL;
+}
+#endif
+
+#ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_records(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
 #ifdef SLUICE_BATCH_BEGIN
@@ -1426,30 +1499,41 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
     }
     uint32_t changed = 0, rejects = 0;
     uint64_t records_size = 0, rejects_size = 0;
+    /* One record for the whole batch: the context's fields stay, the others are set for each
+     * record (copying the context into a fresh struct per record costs a memory.copy). */
+    sluice_record rec = ctx;
     for (uint32_t i = 0; i < count; i++) {
         sl__native *n = &recs[i];
-        sluice_record rec = ctx;
         rec.index = i;
-        sluice_header *hs = NULL;
-        const char *bad = sl__read_record(&r, &n->raw, &n->raw_len, &n->attributes,
-                                          &n->timestamp_delta, &n->offset_delta, &rec.key,
-                                          &rec.value, &rec.header_count, &hs, sluice_malloc);
+        const char *bad = sl__read_native(&r, n, &rec);
         if (bad) {
             sluice_set_error(bad);
             return -1;
         }
         rec.offset = offset_base + n->offset_delta;
         rec.timestamp_ms = timestamp_base + n->timestamp_delta;
-        rec.headers = hs;
-        sluice_decision d = sluice_on_record ? sluice_on_record(&rec) : sluice_keep();
-        if (d.kind == SLUICE_ERROR) {
-            sluice_set_error_bytes(d.reason);
+        n->d = sluice_on_record ? sluice_on_record(&rec) : sluice_keep();
+        if (n->d.kind == SLUICE_ERROR) {
+            sluice_set_error_bytes(n->d.reason);
             if (sl__error_len == 0) sluice_set_error("filter error");
             return -1;
         }
-        n->d = d;
-        if (!sl__count_decision(&n->d, n->raw_len, n->timestamp_delta, n->offset_delta,
-                                &records_size, &rejects_size, &changed, &rejects)) {
+        uint8_t kind = n->d.kind;
+        if (kind == SLUICE_KEEP) {
+            records_size += n->raw_len;
+        } else if (kind == SLUICE_REWRITE) {
+            uint64_t b = sl__rewrite_size(n->timestamp_delta, n->offset_delta, &n->d);
+            /* a body over 2 GB fails the batch below ("output too large") */
+            n->body_size = b > 0x7fffffffu ? 0x7fffffffu : (uint32_t)b;
+            records_size += sl__vsize((int64_t)b) + b;
+            changed++;
+        } else if (kind == SLUICE_DROP) {
+            changed++;
+        } else if (kind == SLUICE_REJECT) {
+            rejects_size += 4u + sl__blen(n->d.reason);
+            changed++;
+            rejects++;
+        } else {
             sluice_set_error("filter returned an unknown decision");
             return -1;
         }
@@ -1479,10 +1563,40 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
         sl__w32(&w, 0xFFFFFFFFu); /* -1: the records section is unchanged */
     } else {
         sl__w32(&w, (uint32_t)records_size);
+        /* Kept records lie back to back in the input: each run of them is one copy. */
+        const uint8_t *run = NULL;
+        uint32_t run_len = 0;
         for (uint32_t i = 0; i < count; i++) {
             const sl__native *n = &recs[i];
-            sl__write_record(&w, n->raw, n->raw_len, n->attributes, n->timestamp_delta,
-                             n->offset_delta, &n->d);
+            if (n->d.kind == SLUICE_KEEP) {
+                if (run_len == 0) run = n->raw;
+                run_len += n->raw_len;
+                continue;
+            }
+            if (run_len) {
+                memcpy(w, run, run_len);
+                w += run_len;
+                run_len = 0;
+            }
+            if (n->d.kind != SLUICE_REWRITE) continue;
+            /* sl__write_record's bytes, with the body size counted above */
+            const sluice_decision *d = &n->d;
+            sl__wvar(&w, (int64_t)n->body_size);
+            *w++ = n->attributes;
+            sl__wvar(&w, n->timestamp_delta);
+            sl__wvar(&w, n->offset_delta);
+            sl__wvbytes(&w, d->key);
+            sl__wvbytes(&w, d->value);
+            sl__wvar(&w, d->header_count);
+            for (uint32_t h = 0; h < d->header_count; h++) {
+                sluice_bytes hk = d->headers[h].key;
+                sl__wvbytes(&w, hk.len < 0 ? sluice_bytes_of("", 0) : hk);
+                sl__wvbytes(&w, d->headers[h].value);
+            }
+        }
+        if (run_len) {
+            memcpy(w, run, run_len);
+            w += run_len;
         }
     }
     sl__w32(&w, rejects);
