@@ -46,7 +46,10 @@ so `--workers N` counts every worker) during produce and consume, over the paylo
 carried both ways, over all slices (every slice carries the same bytes, so this is the mean
 of the per-slice figures; one slice is too short for psutil's 10 ms ticks). CPU µs/request
 (workload 3): its CPU in the latency window per record (one Produce request and response
-each), median over slices.
+each), median over slices. Filter jobs inline / pool (workload 3): every Sluice variant
+serves its `/metrics` on a free 127.0.0.1 port (unless `--proxy-yaml` has its own `metrics:`),
+scraped before and after each window; the table sums `sluice_filter_jobs_total` over the
+windows and gives the pool's share (bench/filter_jobs.py).
 
 Client CPU µs/rec: the CPU of this process (the confluent-kafka client, its librdkafka threads
 included) per record over each whole produce or consume call, the client's set-up and close
@@ -73,7 +76,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import baseline, latency, pairs, targets, workload
+from bench import baseline, filter_jobs, latency, pairs, targets, workload
 from bench.rig import BASE, SLUICE_CONFIGS, Point, add_rig_arguments, rig, variant_names
 
 # Per-slice ratios printed under the throughput table: (numerator, denominator).
@@ -138,6 +141,15 @@ class Latency:
     ref_p99: list[float] = field(default_factory=list)
     late: list[float] = field(default_factory=list)  # share of sends > 1 ms late
     cpu_per_request: list[float | None] = field(default_factory=list)  # µs
+    #: Filter jobs run inline / in the pool in each window (None: the proxy does not count
+    #: them, or is not Sluice).
+    jobs: list[filter_jobs.Jobs | None] = field(default_factory=list)
+
+    def jobs_total(self) -> filter_jobs.Jobs | None:
+        """The filter jobs of every slice summed; None unless every slice counted them."""
+        if not self.jobs or any(j is None for j in self.jobs):
+            return None
+        return sum((j for j in self.jobs if j is not None), filter_jobs.Jobs(0, 0))
 
 
 @dataclass
@@ -181,14 +193,19 @@ def throughput_slice(
 
 def latency_slice(
     point: Point, via_topic: str, reference: tuple[str, str], rate: int, seconds: float
-) -> tuple[latency.Paired, float | None]:
+) -> tuple[latency.Paired, float | None, filter_jobs.Jobs | None]:
     """One paired window: the variant's probe and a probe straight to `reference` (a broker
-    address and topic) at once; with the CPU µs per request of the process in the middle."""
+    address and topic) at once; with the CPU µs per request of the process in the middle and,
+    for Sluice, the filter jobs it ran inline and in its pool in the window (its `/metrics`
+    scraped before and after, outside the CPU measurement)."""
+    jobs0 = filter_jobs.scrape(point.metrics) if point.metrics else None
     cpu0 = targets.cpu_seconds(point.target.pid)
     pair = latency.paired(reference, (point.target.bootstrap, via_topic), rate, seconds)
     cpu = targets.cpu_seconds(point.target.pid) - cpu0
+    jobs1 = filter_jobs.scrape(point.metrics) if point.metrics else None
     per_request = 1e6 * cpu / len(pair.via.latency) if point.target.pid is not None else None
-    return pair, per_request
+    jobs = jobs1 - jobs0 if jobs0 is not None and jobs1 is not None else None
+    return pair, per_request, jobs
 
 
 def measure(
@@ -236,7 +253,9 @@ def measure(
             line = f"  slice {s + 1}/{slices} {name:20s}"
             if w.latency:
                 via_topic, reference = latency_topics[name]
-                pair, per_request = latency_slice(point, via_topic, reference, rate, seconds)
+                pair, per_request, jobs = latency_slice(
+                    point, via_topic, reference, rate, seconds
+                )
                 row = result.latency.setdefault(name, Latency())
                 row.p50.append(1000 * pair.via.quantile(0.5))
                 row.p99.append(1000 * pair.via.quantile(0.99))
@@ -244,6 +263,7 @@ def measure(
                 row.ref_p99.append(1000 * pair.direct.quantile(0.99))
                 row.late.append(max(pair.via.late(), pair.direct.late()))
                 row.cpu_per_request.append(per_request)
+                row.jobs.append(jobs)
                 line += (
                     f" p50 {row.p50[-1]:6.2f} p99 {row.p99[-1]:7.2f} ms | direct p50 "
                     f"{row.ref_p50[-1]:6.2f} p99 {row.ref_p99[-1]:7.2f} ms | late "
@@ -251,6 +271,8 @@ def measure(
                 )
                 if per_request is not None:
                     line += f" | {per_request:.0f} µs CPU/request"
+                if jobs is not None:
+                    line += f" | filter jobs inline / pool {jobs.text()}"
             else:
                 p, c, per_gb, client_p, client_c = throughput_slice(point, w, values, payload)
                 trow = result.throughput.setdefault(name, Throughput())
@@ -324,20 +346,27 @@ def _throughput_report(result: Result) -> str:
 def _latency_report(result: Result) -> str:
     lines = [
         "| variant | p50 ms | p99 ms | direct p50 ms | direct p99 ms | added p50 ms (range) "
-        "| added p99 ms (range) | CPU µs/request | late sends % |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| added p99 ms (range) | CPU µs/request | late sends % "
+        "| filter jobs inline / pool (pool share) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in result.latency.items():
         a50 = pairs.summarise(pairs.differences(row.p50, row.ref_p50))
         a99 = pairs.summarise(pairs.differences(row.p99, row.ref_p99))
         cpu = pairs.median(row.cpu_per_request)
+        jobs = row.jobs_total()
         lines.append(
             f"| {name} | {pairs.median(row.p50):.2f} | {pairs.median(row.p99):.2f} "
             f"| {pairs.median(row.ref_p50):.2f} | {pairs.median(row.ref_p99):.2f} "
             f"| {a50.added_text()} | {a99.added_text()} "
             f"| {'-' if math.isnan(cpu) else f'{cpu:.0f}'} "
-            f"| {100 * max(row.late):.1f} |"
+            f"| {100 * max(row.late):.1f} | {'-' if jobs is None else jobs.text()} |"
         )
+    lines.append("")
+    lines.append(
+        "Filter jobs: sluice_filter_jobs_total from each Sluice variant's /metrics, the "
+        "difference over each window, summed over slices (-: not counted, e.g. no thread pool)."
+    )
     return "\n".join(lines)
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from bench import baseline, kroxylicious, targets
 from sluice.kafka_broker import KafkaCluster
-from sluice.local_broker import TansuBroker, free_port
+from sluice.local_broker import TansuBroker, free_port, free_port_block
 
 MASK_PRODUCE = """
 filters:
@@ -94,6 +95,9 @@ class Point:
 
     target: targets.Target
     broker: str
+    #: A Sluice variant's `/metrics` ports on 127.0.0.1, one per worker (bench.filter_jobs);
+    #: empty for the other variants, or when `--proxy-yaml` brings its own `metrics:`.
+    metrics: tuple[int, ...] = ()
 
 
 @contextlib.contextmanager
@@ -150,11 +154,34 @@ def rig(
                     )
                     config = SLUICE_CONFIGS[own].format(  # type: ignore[union-attr]
                         path=json.dumps(f"{keys}/keys.json"))
-                text = "\n".join(t for t in (config, proxy_yaml) if t) or None
+                metrics: tuple[int, ...] = ()
+                metrics_yaml = None
+                if not _OWN_METRICS.search(proxy_yaml):
+                    # Scraped only between slices (bench.filter_jobs): nothing on the data path.
+                    workers = _workers(proxy_args)
+                    port = free_port_block(workers)
+                    metrics = tuple(range(port, port + workers))
+                    metrics_yaml = f"metrics:\n  listen: 127.0.0.1:{port}\n"
+                text = "\n".join(t for t in (config, proxy_yaml, metrics_yaml) if t) or None
                 target = stack.enter_context(targets.sluice(
                     main, text, list(proxy_args), source if name.endswith(BASE) else None))
-                points[name] = Point(target, main)
+                points[name] = Point(target, main, metrics)
         yield points
+
+
+_OWN_METRICS = re.compile(r"^metrics\s*:", re.MULTILINE)
+
+
+def _workers(proxy_args: Sequence[str]) -> int:
+    """The N of `--workers N` / `--workers=N` among the proxy's arguments (1 without it);
+    worker k serves its metrics on the configured port + k."""
+    n = 1
+    for i, arg in enumerate(proxy_args):
+        if arg == "--workers" and i + 1 < len(proxy_args):
+            n = int(proxy_args[i + 1])
+        elif arg.startswith("--workers="):
+            n = int(arg.split("=", 1)[1])
+    return max(n, 1)
 
 
 def add_rig_arguments(ap: argparse.ArgumentParser) -> None:
