@@ -43,13 +43,11 @@ class GenerationPauses:
     longest: float = 0.0
 
 
-class GcPauses:
-    """Count, total and longest pause of the collections of each generation (seconds)."""
+class _GcCallback:
+    """A `gc.callbacks` entry that can be installed and removed (idempotently)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._clock = clock
-        self._started = 0.0
-        self.generations = [GenerationPauses() for _ in range(3)]
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        raise NotImplementedError
 
     def install(self) -> None:
         if self._callback not in gc.callbacks:
@@ -58,6 +56,15 @@ class GcPauses:
     def uninstall(self) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
+
+
+class GcPauses(_GcCallback):
+    """Count, total and longest pause of the collections of each generation (seconds)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._started = 0.0
+        self.generations = [GenerationPauses() for _ in range(3)]
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
@@ -82,20 +89,12 @@ class GcPauses:
         return out
 
 
-class ThreadGcTime:
+class ThreadGcTime(_GcCallback):
     """CPU seconds the cyclic GC has spent on the calling thread since `install` (a
     collection runs on the thread whose allocation triggered it)."""
 
     def __init__(self) -> None:
         self._local = threading.local()
-
-    def install(self) -> None:
-        if self._callback not in gc.callbacks:
-            gc.callbacks.append(self._callback)
-
-    def uninstall(self) -> None:
-        if self._callback in gc.callbacks:
-            gc.callbacks.remove(self._callback)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         local = self._local
