@@ -179,15 +179,14 @@ def scan(section: Any, count: int, reserved: str = "") -> Scan:
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
     res = reserved.encode()
-    first = ffi.new("uint32_t *")
-    goff = ffi.new("size_t *")
-    glen = ffi.new("size_t *")
-    gcount = ffi.new("uint32_t *")
-    encrypted = ffi.new("uint32_t *")
-    values = ffi.new("uint32_t *")
-    at = ffi.new("int64_t *")
-    noff = ffi.new("size_t *")
-    nlen = ffi.new("size_t *")
+    outs = getattr(_local, "scan_outs", None)
+    if outs is None:
+        # The call's out-parameters, kept per thread: read right after each call, so one set
+        # serves every scan on this thread (nine allocations fewer per batch).
+        outs = _local.scan_outs = tuple(ffi.new(t) for t in (
+            "uint32_t *", "size_t *", "size_t *", "uint32_t *", "uint32_t *", "uint32_t *",
+            "int64_t *", "size_t *", "size_t *"))
+    first, goff, glen, gcount, encrypted, values, at, noff, nlen = outs
     rc = _check(lib.sb_scan(src, len(src), count, res, len(res), first, goff, glen, gcount,
                             encrypted, values, at, noff, nlen))
     group = b""
@@ -202,22 +201,26 @@ def scan(section: Any, count: int, reserved: str = "") -> Scan:
 
 
 def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
-                 ours: Sequence[Header]) -> tuple[bytes | memoryview, bytes, int]:
+                 ours: Sequence[Header] = (), *, group: bytes | None = None,
+                 group_count: int = 0) -> tuple[bytes | memoryview, bytes, int]:
     """(new section, fate byte per record: 0 kept (a tombstone), 1 sealed, records sealed).
     `nonces` holds 12 bytes per record with a value, used in order; `prefix` is the batch's
     AAD prefix (`aad_prefix_v2`, layout 3), `ours` the proxy's headers appended to each
-    sealed record."""
+    sealed record, or `group` the same already encoded (`encode_headers`) with
+    `group_count` headers."""
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
-    group = encode_headers(ours)
+    if group is None:
+        group, group_count = encode_headers(ours), len(ours)
     cap = len(src) + count * (len(group) + _GROWTH)
     out = _output(section, cap)
     fates = bytearray(count)
     scratch = _space("scratch", len(prefix) + 64 + len(src) + TAG_SIZE)
     sealed = ffi.new("uint32_t *")
     n = _check(lib.sb_seal_values(src, len(src), count, key, nonces, prefix, len(prefix), group,
-                                  len(group), len(ours), ffi.from_buffer(scratch), len(scratch),
-                                  ffi.from_buffer(out), cap, ffi.from_buffer(fates), sealed))
+                                  len(group), group_count, ffi.from_buffer(scratch),
+                                  len(scratch), ffi.from_buffer(out), cap,
+                                  ffi.from_buffer(fates), sealed))
     return _result(out, n), bytes(fates), int(sealed[0])
 
 

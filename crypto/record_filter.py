@@ -116,6 +116,8 @@ CONFIG_KEYS: Final = ("key", "decrypt_for", "fields", "accept_legacy", "data_key
 _FOREIGN: Final = "foreign"
 _LEGACY: Final = "legacy"
 _SHREDDED: Final = "unreadable"
+#: Entries of `EncryptRunner._sealings` (data key x topic) kept before it starts over.
+_SEALINGS_KEPT: Final = 256
 _KEY_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 
 
@@ -186,6 +188,8 @@ class EncryptRunner(HostRunner):
         self.use_native = batch_seal.AVAILABLE
         self._packed_paths = batch_seal.pack_paths(fields or ())
         self._scans = threading.local()
+        # (KEK name, version, wrapped data key, topic) -> `_sealing`'s answer.
+        self._sealings: dict[tuple[str, str, bytes, str], tuple[bytes, bytes, int, str]] = {}
 
     # ------------------------------------------------------------------ entry point
     def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
@@ -270,14 +274,32 @@ class EncryptRunner(HostRunner):
         key = self._data_key(found.values)
         if not key.raw:
             return None
-        env = self._envelope(key, MODE_VALUE)
-        prefix = aad_prefix_v2(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek,
-                               self.spec.name, ctx.topic)
+        prefix, group, group_count, counter = self._sealing(key, ctx.topic)
         section, fates, sealed = batch_seal.seal_section(
             records, count, key.raw, self.nonces(NONCE_SIZE * found.values), prefix,
-            headers_for(env))
-        return NativeOutput(fates, section, {}, {
-            "encrypted": sealed, f"kek:{env.key_name}:{env.key_version}": sealed}, trusted=True)
+            group=group, group_count=group_count)
+        return NativeOutput(fates, section, {}, {"encrypted": sealed, counter: sealed},
+                            trusted=True)
+
+    def _sealing(self, key: ActiveKey, topic: str) -> tuple[bytes, bytes, int, str]:
+        """Whole-value mode: (AAD prefix, the proxy's header group in Kafka's encoding, its
+        header count, the ``kek:`` counter's name) for batches sealed under `key` on `topic`.
+        Derived from nothing but the data key's identity (KEK name, version, wrapped key),
+        this filter's name and the topic, so it is kept per (data key, topic) and not built
+        again for every batch (a few microseconds each, per partition of every request)."""
+        ident = (key.key_name, key.key_version, key.wrapped, topic)
+        hit = self._sealings.get(ident)
+        if hit is None:
+            env = self._envelope(key, MODE_VALUE)
+            ours = headers_for(env)
+            hit = (aad_prefix_v2(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek,
+                                 self.spec.name, topic),
+                   batch_seal.encode_headers(ours), len(ours),
+                   f"kek:{env.key_name}:{env.key_version}")
+            if len(self._sealings) >= _SEALINGS_KEPT:
+                self._sealings.clear()  # bounded: rotated keys and many topics start over
+            self._sealings[ident] = hit
+        return hit
 
     def _seal_fields_native(self, ctx: RecordContext, records: Buffer, count: int
                             ) -> NativeOutput | None:

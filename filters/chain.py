@@ -167,6 +167,7 @@ class FilterChain:
         self.filters: tuple[LoadedFilter, ...] = tuple(filters)
         self._cache: dict[tuple[str, str, str], tuple[LoadedFilter, ...]] = {}
         self._reserved: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._screen_cache: dict[str, tuple[LoadedFilter, ...]] = {}
 
     @classmethod
     def from_specs(cls, specs: Sequence[FilterSpec], cache_dir: str | Path | None = None, *,
@@ -302,9 +303,16 @@ class FilterChain:
         return ChainResult(current, fates, reasons, by, dead, stats)
 
     def _screens(self, topic: str) -> tuple[LoadedFilter, ...]:
-        """The filters whose reserved prefix `reserved_for(topic)` lists, in that order."""
-        names = {name for _prefix, name in self.reserved_for(topic)}
-        return tuple(f for f in self.filters if f.name in names)
+        """The filters whose reserved prefix `reserved_for(topic)` lists, in that order
+        (cached: asked twice per produced batch on the native path)."""
+        hit = self._screen_cache.get(topic)
+        if hit is None:
+            names = {name for _prefix, name in self.reserved_for(topic)}
+            hit = tuple(f for f in self.filters if f.name in names)
+            if len(self._screen_cache) >= _CACHE_LIMIT:
+                self._screen_cache.clear()
+            self._screen_cache[topic] = hit
+        return hit
 
     def native_for(self, topic: str, direction: str, principal: str | None = None) -> bool:
         """Whether every filter bound here offers the native entry point (`run_native`)
