@@ -291,8 +291,15 @@ def test_any_edit_of_a_fields_record_is_an_error_or_harmless(name: str, amount: 
     out = fetch(chain, "t", edited_batch, "User:r")
     if out.error_code == 0:
         assert bytes(out.records) in (rebuild(records_of(produced)), edited_batch)
+        return
+    assert out.records == b""
+    if out.error_code == KAFKA_STORAGE_ERROR:
+        # An edit of the KEK's version in `sluice.enc` names a version the keyring does not
+        # hold: "version not found" is retriable by design (docs/ENCRYPTION.md), as a key
+        # not yet synced is. Any other edit is CORRUPT_MESSAGE.
+        assert where == "header value" and rec.headers[h][0] == "sluice.enc"
     else:
-        assert out.error_code == CORRUPT_MESSAGE and out.records == b""
+        assert out.error_code == CORRUPT_MESSAGE
 
 
 def test_value_mode_authenticates_the_producers_headers(kms: KmsSettings) -> None:
