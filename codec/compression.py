@@ -210,11 +210,14 @@ def _frame_content_size(codec: int, payload: Buffer) -> int | None:
 
 #: LZ4 frame descriptor's block maximum size codes (BD bits 4-6).
 _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}
+#: The most an LZ4 block can expand, per byte it holds (rounded up).
+_LZ4_MAX_RATIO = 256
 
 
 def _lz4_output_bound(payload: Buffer) -> int | None:
     """What the LZ4 frame `payload` decompresses to at most, from its block headers (a stored
-    block yields its own length, a compressed one at most the frame's block size), or None
+    block yields its own length, a compressed one at most the frame's block size and 256
+    times its own length), or None
     when `payload` is not one frame this walk reads to its end. Only a first guess for the
     output buffer: without it the guess is 8 times the payload, and a batch of sealed
     (incompressible) records had ~2 MB zeroed per 250 KB decompressed."""
@@ -235,7 +238,10 @@ def _lz4_output_bound(payload: Buffer) -> int | None:
         if size == 0:  # end mark, then the optional content checksum
             return bound if pos + (4 if flags & 0x04 else 0) == end else None
         stored = size & 0x7FFFFFFF
-        bound += stored if size & 0x80000000 else block_max
+        # A compressed block yields at most the block size, and at most ~255 bytes per byte
+        # it holds (a match length grows by 255 per byte): without the second cap a 1 KB frame
+        # of tiny blocks would claim hundreds of MiB and have the whole limit zeroed up front.
+        bound += stored if size & 0x80000000 else min(block_max, stored * _LZ4_MAX_RATIO)
         pos += stored + checksum
     return None
 

@@ -11,6 +11,7 @@ import pytest
 
 from sluice.codec.compression import (
     XERIAL_MAGIC,
+    _lz4_output_bound,
     compress,
     decompress,
     is_xerial,
@@ -63,6 +64,18 @@ def test_lz4_output_buffer_is_sized_from_the_frame_blocks() -> None:
     other = cramjam.lz4.Compressor(content_checksum=True)
     other.compress(DATA)
     assert bytes(decompress(3, bytes(other.finish()))) == DATA
+
+
+def test_lz4_first_buffer_of_tiny_blocks_is_not_the_whole_limit() -> None:
+    """A hostile 1 KB frame of 200 one-byte compressed blocks, each in a frame of 4 MiB
+    blocks, must not size the first buffer at 200 x 4 MiB (then clipped to the limit, all of
+    it zeroed before decompressing a byte): a block yields at most ~255 bytes a byte."""
+    flags, descriptor = 0x60, 0x70  # version 1, independent blocks; 4 MiB blocks
+    blocks = b"".join((1).to_bytes(4, "little") + b"\x00" for _ in range(200))
+    frame = b"\x04\x22\x4d\x18" + bytes([flags, descriptor, 0]) + blocks + bytes(4)
+    assert len(frame) < 1100
+    bound = _lz4_output_bound(frame)
+    assert bound is not None and bound <= 200 * 256
 
 
 def test_gzip_reads_other_writers_and_multiple_members() -> None:
