@@ -230,11 +230,12 @@ class Job:
     returns an awaitable the loop awaits. `finish(result)` then runs on the loop and says what
     to do, possibly with another Job. An exception from `run` closes the connection.
 
-    A thread job with an `inline_key` (the kind of work: path and topics) and a small `size`
-    (bytes) may run inline on the loop instead, once jobs of that kind have proved fast
-    (net/job_placement.py): for a one-record batch the hop to a thread costs more than the
-    filter. Inline, `run` goes through `try_inline`: where it would wait (a host filter's KMS
-    call, a filter lock another thread holds) it is given back and runs in the pool. A path
+    A thread job with an `inline_key` (the kind of work: direction and the filters that
+    run) and a small `size` (bytes) may run inline on the loop instead, once jobs of that
+    kind have proved fast (net/job_placement.py): for a one-record batch the hop to a thread
+    costs more than the filter. Inline, `run` goes through `try_inline`: where it would wait
+    (a host filter's KMS call, a filter lock another thread holds) it is given back and runs
+    in the pool. A path
     leaves `inline_key` unset when `run` may wait otherwise. `scales`: the job's cost follows
     its `size` alone (only the proxy's own native code runs), so a larger one may run inline
     when its estimated cost is small.
@@ -274,16 +275,27 @@ def inline_key(
 ) -> str | None:
     """The `Job.inline_key` of filtering `topics`: None (never inline) when a topic is not
     named yet or a host filter applies that may wait otherwise than through
-    filters/blocking.py."""
-    parts = [direction]
+    filters/blocking.py.
+
+    The kind is the filters that run (each topic's sequence, once per distinct sequence), not
+    the topics' names: names are the client's to choose (a pattern binding matches endless
+    names; a topic no filter applies to costs the job nothing), and a key per name let a
+    client mint fresh kinds, each inline after `learn` fast runs and allowed one slow run on
+    the loop: a stall every ~9 jobs instead of once per the longest back-off."""
+    runs: list[str] = []
     for topic in topics:
         if topic is None:
             return None
-        for f in chain.filters_for(topic, direction, principal):
+        bound = chain.filters_for(topic, direction, principal)
+        for f in bound:
             if not f.never_waits:
                 return None
-        parts.append(topic)
-    return "\x00".join(parts)
+        if bound:
+            run = "\x01".join(f.name for f in bound)
+            if run not in runs:
+                runs.append(run)
+    runs.sort()
+    return "\x00".join([direction, *runs])
 
 
 def cost_follows_size(

@@ -121,7 +121,7 @@ def assert_bounded(figures: dict[str, Any]) -> None:
 
 
 def warm_up(proxy: SluiceProxy, topic: str) -> None:
-    """One-record batches until the placement runs this kind (produce, topic) inline: the
+    """One-record batches until the placement runs this kind (produce, its filters) inline: the
     bomb that follows is small on the wire, so before the limits it ran on the event loop."""
     with connect(proxy.port) as sock:
         for n in range(1, 13):
