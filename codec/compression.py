@@ -49,6 +49,10 @@ MAX_DECOMPRESSED_SIZE = 256 * 1024 * 1024
 
 _FIRST_GUESS_RATIO = 8
 _MIN_FIRST_GUESS = 64 * 1024
+#: LZ4 writes at most 255 bytes per input byte (a length extension byte adds up to 255), so
+#: a first guess from what a frame claims (its content size, its block headers) is held to
+#: this many times the payload: a few dozen bytes must not make the proxy zero the limit.
+_LZ4_MAX_RATIO = 255
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
@@ -263,6 +267,8 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
                 raise _too_large(limit)
             if codec == CODEC_LZ4:
                 guess = declared if declared is not None else _lz4_output_bound(payload)
+                if guess is not None:  # a claim, not yet checked: no more than LZ4 can make
+                    guess = min(guess, _MIN_FIRST_GUESS + len(payload) * _LZ4_MAX_RATIO)
                 return _bounded_into(cramjam.lz4.decompress_into, payload, limit, guess)
             return _bounded_into(cramjam.zstd.decompress_into, payload, limit)
     except CorruptBatch:
