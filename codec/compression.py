@@ -11,7 +11,8 @@ Any failure to decompress is a `CorruptBatch`. Output beyond the caller's limit 
 KiB of zstd can claim gigabytes, so decompression stops at the limit instead of producing it
 all (gzip through zlib's `max_length`, snappy from the length its framing declares, lz4 and
 zstd from the content size their frame header declares when it does, else into a buffer that
-grows up to the limit; lz4's first buffer is sized from its block headers).
+grows up to the limit; lz4's first buffer is sized from its block headers, held to what
+LZ4 can make of the payload).
 """
 
 from __future__ import annotations
