@@ -11,7 +11,8 @@ Any failure to decompress is a `CorruptBatch`. Output beyond the caller's limit 
 KiB of zstd can claim gigabytes, so decompression stops at the limit instead of producing it
 all (gzip through zlib's `max_length`, snappy from the length its framing declares, lz4 and
 zstd from the content size their frame header declares when it does, else into a buffer that
-grows up to the limit; lz4's first buffer is sized from its block headers).
+grows up to the limit; lz4's first buffer is sized from its block headers, held to what
+LZ4 can make of the payload).
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ MAX_DECOMPRESSED_SIZE = 256 * 1024 * 1024
 
 _FIRST_GUESS_RATIO = 8
 _MIN_FIRST_GUESS = 64 * 1024
+#: LZ4 writes at most 255 bytes per input byte (a length extension byte adds up to 255), so
+#: a first guess from what a frame claims (its content size, its block headers) is held to
+#: this many times the payload: a few dozen bytes must not make the proxy zero the limit.
+_LZ4_MAX_RATIO = 255
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
@@ -210,14 +215,12 @@ def _frame_content_size(codec: int, payload: Buffer) -> int | None:
 
 #: LZ4 frame descriptor's block maximum size codes (BD bits 4-6).
 _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}
-#: The most an LZ4 block can expand, per byte it holds (rounded up).
-_LZ4_MAX_RATIO = 256
 
 
 def _lz4_output_bound(payload: Buffer) -> int | None:
     """What the LZ4 frame `payload` decompresses to at most, from its block headers (a stored
-    block yields its own length, a compressed one at most the frame's block size and 256
-    times its own length), or None
+    block yields its own length, a compressed one at most the frame's block size and
+    `_LZ4_MAX_RATIO` times its own length), or None
     when `payload` is not one frame this walk reads to its end. Only a first guess for the
     output buffer: without it the guess is 8 times the payload, and a batch of sealed
     (incompressible) records had ~2 MB zeroed per 250 KB decompressed."""
@@ -269,6 +272,8 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
                 raise _too_large(limit)
             if codec == CODEC_LZ4:
                 guess = declared if declared is not None else _lz4_output_bound(payload)
+                if guess is not None:  # a claim, not yet checked: no more than LZ4 can make
+                    guess = min(guess, _MIN_FIRST_GUESS + len(payload) * _LZ4_MAX_RATIO)
                 return _bounded_into(cramjam.lz4.decompress_into, payload, limit, guess)
             return _bounded_into(cramjam.zstd.decompress_into, payload, limit)
     except CorruptBatch:

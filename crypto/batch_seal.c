@@ -427,7 +427,8 @@ static uint8_t *emit(uint8_t *o, const record *r, const uint8_t *v1, size_t v1_l
 #define SLACK(extra_len, prefix_len) ((extra_len) + 1 + NONCE + TAG + 30)
 
 long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
-                    const uint8_t *nonces, const uint8_t *prefix, size_t prefix_len,
+                    const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
+                    size_t prefix_len,
                     const uint8_t *ours, size_t ours_len, uint32_t ours_count,
                     uint8_t *scratch, size_t scratch_len, uint8_t *out, size_t out_cap,
                     uint8_t *fates, uint32_t *sealed) {
@@ -465,6 +466,9 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
         }
         size_t aad_len = record_aad(scratch, prefix, prefix_len, &r, r.header_count, no_headers);
         uint8_t *ct = scratch + aad_len;
+        /* never past the nonces given: reading on would seal with bytes that are not a
+         * fresh nonce (and maybe the same ones for two records) */
+        if ((size_t)(*sealed + 1) * NONCE > nonces_len) { rc = SB_SPACE; goto done; }
         const uint8_t *nonce = nonces + (size_t)(*sealed) * NONCE;
         if (gcm_seal(&g, nonce, scratch, aad_len, r.value, (size_t)r.value_len, ct)) {
             rc = SB_CRYPTO;

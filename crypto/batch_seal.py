@@ -217,10 +217,10 @@ def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: by
     fates = bytearray(count)
     scratch = _space("scratch", len(prefix) + 64 + len(src) + TAG_SIZE)
     sealed = ffi.new("uint32_t *")
-    n = _check(lib.sb_seal_values(src, len(src), count, key, nonces, prefix, len(prefix), group,
-                                  len(group), group_count, ffi.from_buffer(scratch),
-                                  len(scratch), ffi.from_buffer(out), cap,
-                                  ffi.from_buffer(fates), sealed))
+    n = _check(lib.sb_seal_values(src, len(src), count, key, nonces, len(nonces), prefix,
+                                  len(prefix), group, len(group), group_count,
+                                  ffi.from_buffer(scratch), len(scratch), ffi.from_buffer(out),
+                                  cap, ffi.from_buffer(fates), sealed))
     return _result(out, n), bytes(fates), int(sealed[0])
 
 

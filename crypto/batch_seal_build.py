@@ -21,7 +21,8 @@ HERE = Path(__file__).resolve().parent
 CDEF = """
 int sb_fast_iv(void);
 long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
-                    const uint8_t *nonces, const uint8_t *prefix, size_t prefix_len,
+                    const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
+                    size_t prefix_len,
                     const uint8_t *ours, size_t ours_len, uint32_t ours_count,
                     uint8_t *scratch, size_t scratch_len, uint8_t *out, size_t out_cap,
                     uint8_t *fates, uint32_t *sealed);

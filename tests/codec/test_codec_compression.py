@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import tracemalloc
 
 import cramjam
 import pytest
@@ -76,6 +77,36 @@ def test_lz4_first_buffer_of_tiny_blocks_is_not_the_whole_limit() -> None:
     assert len(frame) < 1100
     bound = _lz4_output_bound(frame)
     assert bound is not None and bound <= 200 * 256
+
+
+def _peak_while_decompressing(payload: bytes, limit: int) -> int:
+    tracemalloc.start()
+    try:
+        try:
+            decompress(3, payload, limit=limit)
+        except CorruptBatch:
+            pass
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("claim", ["content_size", "block_headers"])
+def test_lz4_first_buffer_is_not_sized_from_an_unchecked_claim(claim: str) -> None:
+    """A few dozen bytes of LZ4 frame that claim a large output (a content size field, or
+    compressed blocks of one byte each in a frame of 4 MiB blocks) must not make the proxy
+    allocate and zero the whole limit before decompression finds the frame wrong: LZ4
+    makes at most 255 bytes per input byte."""
+    limit = 32 * 1024 * 1024
+    magic = b"\x04\x22\x4d\x18"
+    if claim == "content_size":  # FLG: version 1, independent blocks, content size; 4 MiB
+        frame = magic + bytes([0x68, 0x70]) + limit.to_bytes(8, "little") + b"\x00"
+        frame += (5 | 0x80000000).to_bytes(4, "little") + b"hello" + bytes(4)
+    else:  # eight compressed blocks of one byte, each "up to 4 MiB"
+        frame = magic + bytes([0x60, 0x70, 0x00])
+        frame += ((1).to_bytes(4, "little") + b"\x00") * 8 + bytes(4)
+    assert len(frame) < 64
+    assert _peak_while_decompressing(frame, limit) < 1024 * 1024
 
 
 def test_gzip_reads_other_writers_and_multiple_members() -> None:

@@ -111,6 +111,20 @@ def test_each_nonce_is_set_without_a_cipher_init_on_openssl_3() -> None:
     assert batch_seal.fast_iv() is (ssl.OPENSSL_VERSION_INFO[0] >= 3)
 
 
+def test_the_value_sealer_never_reads_past_the_nonces_it_was_given() -> None:
+    """Whole-value sealing takes 12 bytes of `nonces` per record with a value: given fewer
+    (a caller's count gone wrong), it refuses instead of sealing the last records with
+    whatever bytes follow in memory, which are no fresh nonce and may repeat."""
+    records = [Record(i, i, b"k", b"value %d" % i, [], 0) for i in range(3)]
+    section = bytes(encode_records(records))
+    key, prefix = bytes(range(32)), b"prefix"
+    nonces = counting_nonces()(12 * 3)
+    sealed, fates, n = batch_seal.seal_section(section, 3, key, nonces, prefix)
+    assert n == 3 and fates == b"\x01\x01\x01" and b"value" not in bytes(sealed)
+    with pytest.raises(batch_seal.NativeSealError):
+        batch_seal.seal_section(section, 3, key, nonces[:24], prefix)
+
+
 def records_of_section(section: bytes, count: int) -> list[Record]:
     from sluice.codec.records import decode_section
     return decode_section(section, count)
