@@ -129,15 +129,21 @@ def expected(entity: Any, records: dict[Any, bytes | None], errors: dict[Any, in
     return encode_response(dataclasses.replace(entity, responses=tuple(topics)))
 
 
+def _a_change(data: st.DataObject, response: tuple[int, Any]) -> tuple[
+        int, Any, bytes, Any, dict[tuple[int, int], Any], dict[tuple[int, int], int]]:
+    """A response's version, entity, encoded body and scanned layout, with a drawn change."""
+    version, entity = response
+    body = encode_response(entity)
+    records, errors = data.draw(changes(entity))
+    return version, entity, body, scan_fetch_response(version, body), records, errors
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), response=responses())
 def test_splice_writes_what_kio_writes_for_the_same_change(
     data: st.DataObject, response: tuple[int, Any]
 ) -> None:
-    version, entity = response
-    body = encode_response(entity)
-    layout = scan_fetch_response(version, body)
-    records, errors = data.draw(changes(entity))
+    version, entity, body, layout, records, errors = _a_change(data, response)
     out = splice_fetch_records(body, layout, records, errors)
     assert out == expected(entity, records, errors)
     # And kio reads the spliced body back as the changed entity (semantic equality).
@@ -153,10 +159,7 @@ def test_records_given_as_pieces_splice_as_their_concatenation(
 ) -> None:
     # The fetch path hands each partition's batches over as built (a list), unjoined: the
     # result is what kio writes for the joined bytes.
-    version, entity = response
-    body = encode_response(entity)
-    layout = scan_fetch_response(version, body)
-    records, errors = data.draw(changes(entity))
+    _, entity, body, layout, records, errors = _a_change(data, response)
     pieces: dict[tuple[int, int], Any] = {}
     for pos, new in records.items():
         if new is None:
