@@ -162,12 +162,24 @@ class Result:
     seconds: float = 0.0
 
 
-def throughput_slice(
-    point: Point, w: Workload, values: list[bytes], payload: int
-) -> tuple[float, float, float | None, float, float]:
-    """One produce + consume phase through `point`: (produce rec/s, consume rec/s, CPU s/GB,
-    and the client's own CPU µs per record producing and consuming: this process's CPU, its
-    librdkafka threads included, over each whole call, the client's set-up and close too)."""
+@dataclass(frozen=True)
+class Phases:
+    """One produce + consume phase through a point: wall seconds of each, the CPU seconds the
+    process in the middle spent in each (0.0 without one), and this process's own (the
+    client's) CPU seconds over each whole call."""
+
+    records: int
+    produce_seconds: float
+    consume_records: int
+    consume_seconds: float
+    middle_produce_cpu: float
+    middle_consume_cpu: float
+    client_produce_cpu: float
+    client_consume_cpu: float
+
+
+def phases(point: Point, w: Workload, values: list[bytes]) -> Phases:
+    """Produce `values` through `point` to a fresh topic, read them back, drop the topic."""
     bootstrap = point.target.bootstrap
     topic = workload.make_topic(bootstrap, partitions=w.partitions)
     try:
@@ -175,19 +187,32 @@ def throughput_slice(
         client0 = time.process_time()
         p = workload.produce(bootstrap, topic, values, w.compression)
         client1 = time.process_time()
+        cpu1 = targets.cpu_seconds(point.target.pid)
         c = workload.consume(bootstrap, topic, len(values))
         client2 = time.process_time()
-        cpu = targets.cpu_seconds(point.target.pid) - cpu0
+        cpu2 = targets.cpu_seconds(point.target.pid)
     finally:
         workload.delete_topic(point.broker, topic)
+    return Phases(len(values), p, c.records, c.seconds, cpu1 - cpu0, cpu2 - cpu1,
+                  client1 - client0, client2 - client1)
+
+
+def throughput_slice(
+    point: Point, w: Workload, values: list[bytes], payload: int
+) -> tuple[float, float, float | None, float, float]:
+    """One produce + consume phase through `point`: (produce rec/s, consume rec/s, CPU s/GB,
+    and the client's own CPU µs per record producing and consuming: this process's CPU, its
+    librdkafka threads included, over each whole call, the client's set-up and close too)."""
+    ph = phases(point, w, values)
+    cpu = ph.middle_produce_cpu + ph.middle_consume_cpu
     per_gb = cpu / (2 * payload / 1e9) if point.target.pid is not None else None
     per_record = 1e6 / len(values)
     return (
-        len(values) / p,
-        c.records / c.seconds,
+        len(values) / ph.produce_seconds,
+        ph.consume_records / ph.consume_seconds,
         per_gb,
-        (client1 - client0) * per_record,
-        (client2 - client1) * per_record,
+        ph.client_produce_cpu * per_record,
+        ph.client_consume_cpu * per_record,
     )
 
 

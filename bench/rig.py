@@ -146,27 +146,39 @@ def rig(
                 )
                 points[name] = Point(target, main)
             else:
-                own = name.removesuffix(BASE)
-                config = SLUICE_CONFIGS[own]
-                if own in ("encrypt", "encrypt-fields"):
-                    keys = stack.enter_context(
-                        tempfile.TemporaryDirectory(prefix="sluice-bench-keys-")
-                    )
-                    config = SLUICE_CONFIGS[own].format(  # type: ignore[union-attr]
-                        path=json.dumps(f"{keys}/keys.json"))
-                metrics: tuple[int, ...] = ()
-                metrics_yaml = None
-                if not _OWN_METRICS.search(proxy_yaml):
-                    # Scraped only between slices (bench.filter_jobs): nothing on the data path.
-                    workers = _workers(proxy_args)
-                    port = free_port_block(workers)
-                    metrics = tuple(range(port, port + workers))
-                    metrics_yaml = f"metrics:\n  listen: 127.0.0.1:{port}\n"
-                text = "\n".join(t for t in (config, proxy_yaml, metrics_yaml) if t) or None
-                target = stack.enter_context(targets.sluice(
-                    main, text, list(proxy_args), source if name.endswith(BASE) else None))
-                points[name] = Point(target, main, metrics)
+                points[name] = sluice_point(stack, name, main, proxy_args, proxy_yaml, source)
         yield points
+
+
+def sluice_point(
+    stack: contextlib.ExitStack,
+    name: str,
+    main: str,
+    proxy_args: Sequence[str],
+    proxy_yaml: str,
+    source: baseline.Source | None = None,
+) -> Point:
+    """Start the Sluice variant `name` (a key of SLUICE_CONFIGS, or one with the BASE suffix,
+    run from `source`) in front of the broker `main`, stopped when `stack` closes. Other
+    harnesses (bench.scaling) start several of one variant, each with its own arguments."""
+    own = name.removesuffix(BASE)
+    config = SLUICE_CONFIGS[own]
+    if own in ("encrypt", "encrypt-fields"):
+        keys = stack.enter_context(tempfile.TemporaryDirectory(prefix="sluice-bench-keys-"))
+        config = SLUICE_CONFIGS[own].format(  # type: ignore[union-attr]
+            path=json.dumps(f"{keys}/keys.json"))
+    metrics: tuple[int, ...] = ()
+    metrics_yaml = None
+    if not _OWN_METRICS.search(proxy_yaml):
+        # Scraped only between slices (bench.filter_jobs): nothing on the data path.
+        workers = _workers(proxy_args)
+        port = free_port_block(workers)
+        metrics = tuple(range(port, port + workers))
+        metrics_yaml = f"metrics:\n  listen: 127.0.0.1:{port}\n"
+    text = "\n".join(t for t in (config, proxy_yaml, metrics_yaml) if t) or None
+    target = stack.enter_context(targets.sluice(
+        main, text, list(proxy_args), source if name.endswith(BASE) else None))
+    return Point(target, main, metrics)
 
 
 _OWN_METRICS = re.compile(r"^metrics\s*:", re.MULTILINE)
