@@ -41,6 +41,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
@@ -66,6 +67,8 @@ class Run:
     payload_bytes: int
     phases: dict[str, list[Phases]] = field(default_factory=dict)
     seconds: float = 0.0
+    #: Share of the measured span each CPU was busy, every process on the machine counted.
+    cpu_busy: list[float] = field(default_factory=list)
 
     def rates(self, name: str, phase: str) -> list[float | None]:
         out: list[float | None] = []
@@ -108,6 +111,7 @@ def measure(w: Workload, points: dict[str, Point], slices: int, records: int,
             print(f"  warm-up {name:22s} {len(few)} records, {time.monotonic() - began:.1f} s",
                   file=sys.stderr, flush=True)
     started = time.monotonic()
+    machine0 = psutil.cpu_times(percpu=True)
     for s in range(slices):
         for name in pairs.rotation(names, s):
             ph = bench_proxy.phases(points[name], w, values)
@@ -120,7 +124,19 @@ def measure(w: Workload, points: dict[str, Point], slices: int, records: int,
                 file=sys.stderr, flush=True,
             )
     run.seconds = time.monotonic() - started
+    run.cpu_busy = [busy_share(a, b) for a, b in zip(machine0, psutil.cpu_times(percpu=True),
+                                                      strict=True)]
     return run
+
+
+def busy_share(before: Any, after: Any) -> float:
+    """The share of the time between two psutil.cpu_times samples of one CPU it was not idle."""
+    idle = (after.idle + getattr(after, "iowait", 0.0)) - (
+        before.idle + getattr(before, "iowait", 0.0))
+    # Linux counts guest time inside user time already.
+    total = sum(v for k, v in after._asdict().items() if not k.startswith("guest")) - sum(
+        v for k, v in before._asdict().items() if not k.startswith("guest"))
+    return 1 - idle / total if total > 0 else math.nan
 
 
 def stray_threads(pid: int, cpus: frozenset[int]) -> tuple[int, list[int]]:
@@ -236,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus-rest", default="", metavar="CPUS",
                     help="CPUs of the clients and the broker (taskset's list; default the "
                     "lowest CPU this process may use)")
-    ap.add_argument("--slices", type=int, default=3, help="interleaved slices")
-    ap.add_argument("--records", type=int, default=300_000, help="records per point and slice")
+    ap.add_argument("--slices", type=int, default=5, help="interleaved slices")
+    ap.add_argument("--records", type=int, default=500_000, help="records per point and slice")
     ap.add_argument("--warmup", type=int, default=100_000,
                     help="records of one unmeasured phase per point first (0: none)")
     ap.add_argument("--quick", action="store_true",
@@ -295,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     print(w.describe(args.records, 0, 0))
     print(f"broker: {args.broker}; {args.slices} interleaved slices; {run.seconds:.0f} s")
     print(machine_note(cpus, layouts, (load0, load1)))
+    print("CPUs busy over the measured slices, every process on the machine counted: "
+          + ", ".join(f"CPU {i} {b:.0%}" for i, b in enumerate(run.cpu_busy))
+          + " (a CPU busier than this run's own processes keep it is shared with other work)")
     print(f"After the run every proxy thread ({checked}, workers and filter threads included) "
           "was still pinned to its layout's CPUs.")
     print()

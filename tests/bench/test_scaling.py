@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,8 @@ def test_quick_run_measures_and_pins_every_point(capsys: pytest.CaptureFixture[s
     assert os.sched_getaffinity(0) == own  # the test process gets its CPUs back
     out = capsys.readouterr().out
     assert "every proxy thread" in out and "load average" in out
+    busy = re.search(r"CPU 0 (\d+)%, CPU 1 (\d+)%", out)
+    assert busy is not None and all(0 <= int(b) <= 100 for b in busy.groups())
     rows = {
         line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
         for line in out.splitlines()
