@@ -23,9 +23,10 @@ All of it starts once and stays up; every slice produces `--records` workload-1 
 through each point and reads them back, in an order rotated by one each slice, with `direct`
 (clients to the broker) in every slice. For every point and phase it reports the median
 records/s, its per-slice ratio to direct and to the same variant's `1cpu` layout, the cores the
-proxy kept busy (its CPU, every worker and thread, over the phase's wall time) and its CPU s/GB
-(its CPU over the payload carried in that phase, summed over slices). The sizing table takes
-the `1cpu` layout's CPU s/GB per kind of traffic (bench/sizing.py): cores per GB/s.
+proxy kept busy (its CPU, every worker and thread, over the phase's wall time; the consume
+phase's CPU includes the consumer's metadata request before its clock starts, a few ms) and its
+CPU s/GB (its CPU over the payload carried in that phase, summed over slices). The sizing
+table takes the `1cpu` layout's CPU s/GB per kind of traffic (bench/sizing.py): cores per GB/s.
 
 Every process is started by this command and stopped by it (by PID, through the rig's context
 managers), also on an error or Ctrl-C.
