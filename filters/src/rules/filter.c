@@ -791,8 +791,17 @@ static int skip_value(sl__jp *j, int *compact) {
     return 0;
 }
 
+/* A record's parsed nodes live only while its rules run and its value is written (the hash
+ * queue keeps the bytes to hash, never a node), so they come from a static pool that every
+ * record reuses: taking one is an index bump, not an arena allocation with its alignment and
+ * memory checks. A value with more nodes than the pool holds takes the rest from the arena. */
+#define NODE_POOL 1024
+static sluice_json node_pool[NODE_POOL];
+static uint32_t nodes_used;
+
 __attribute__((always_inline)) static sluice_json *new_node(uint8_t type) {
-    sluice_json *n = (sluice_json *)sluice_malloc(sizeof(sluice_json));
+    sluice_json *n = nodes_used < NODE_POOL ? &node_pool[nodes_used++]
+                                            : (sluice_json *)sluice_malloc(sizeof(sluice_json));
     if (n == NULL) return NULL;
     n->type = type;
     n->key = sluice_null();
@@ -879,6 +888,12 @@ static inline __attribute__((always_inline)) sluice_json *parse_value(sl__jp *j,
     return n;
 }
 
+/* Whitespace: most JSON has none or one space between tokens, so the loop is entered only
+ * when the next byte can be whitespace (every whitespace byte is <= ' '). */
+static inline __attribute__((always_inline)) void ws(sl__jp *j) {
+    if (j->p < j->end && *j->p <= ' ') sl__ws(j);
+}
+
 /* The object at j->p, its members built where a rule can look (see parse_value). */
 static sluice_json *parse_object(sl__jp *j) {
     if (++j->depth > SLUICE_JSON_MAX_DEPTH) {
@@ -891,7 +906,7 @@ static sluice_json *parse_object(sl__jp *j) {
         return NULL;
     }
     j->p++;
-    sl__ws(j);
+    ws(j);
     if (j->p < j->end && *j->p == '}') {
         j->p++;
         j->depth--;
@@ -899,20 +914,20 @@ static sluice_json *parse_object(sl__jp *j) {
     }
     sluice_json **link = &node->child;
     for (;;) {
-        sl__ws(j);
+        ws(j);
         sluice_bytes key;
         if (j->p >= j->end || *j->p != '"') {
             j->error = "expected member name";
             return NULL;
         }
         if (!read_string(j, &key)) return NULL;
-        sl__ws(j);
+        ws(j);
         if (j->p >= j->end || *j->p != ':') {
             j->error = "expected ':'";
             return NULL;
         }
         j->p++;
-        sl__ws(j);
+        ws(j);
         if (j->p >= j->end) {
             j->error = "unexpected end of input";
             return NULL;
@@ -925,7 +940,7 @@ static sluice_json *parse_object(sl__jp *j) {
         *link = child;
         link = &child->next;
         node->count++;
-        sl__ws(j);
+        ws(j);
         if (j->p >= j->end) {
             j->error = "unexpected end of input";
             return NULL;
@@ -952,6 +967,7 @@ static sluice_json *parse_doc(sluice_bytes data) {
         for (int k = 0; k < MAX_NAMES; k++) top_gen[k] = 0;
         gen = 1;
     }
+    nodes_used = 0; /* the previous record's nodes are done with */
     sl__jp j = {data.ptr, data.ptr + data.len, NULL, 0};
     sl__ws(&j);
     if (j.p >= j.end) return NULL;
