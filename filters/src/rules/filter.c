@@ -348,13 +348,6 @@ __attribute__((always_inline)) SIMD static inline void sha4_body(pending_hash *c
     for (int q = 0; q < 4; q++) transpose4(&w[4 * q], &w[4 * q + 1], &w[4 * q + 2], &w[4 * q + 3]);
     if (short_msg) /* the same values, known to the compiler */
         for (int i = 7; i < 15; i++) w[i] = wasm_i32x4_splat(0);
-#pragma clang loop unroll(full)
-    for (int i = 16; i < 64; i++) {
-        v128_t x = w[i - 15], y = w[i - 2];
-        v128_t s0 = VXOR(VXOR(VROR(x, 7), VROR(x, 18)), wasm_u32x4_shr(x, 3));
-        v128_t s1 = VXOR(VXOR(VROR(y, 17), VROR(y, 19)), wasm_u32x4_shr(y, 10));
-        w[i] = VADD(VADD(w[i - 16], s0), VADD(w[i - 7], s1));
-    }
     for (int i = 0; i < 8; i++)
         st[i] = wasm_i32x4_make((int32_t)e[0]->salt->h[i], (int32_t)e[1]->salt->h[i],
                                 (int32_t)e[2]->salt->h[i], (int32_t)e[3]->salt->h[i]);
@@ -363,6 +356,12 @@ __attribute__((always_inline)) SIMD static inline void sha4_body(pending_hash *c
     /* unrolled: a loop back-edge's epoch check spills the eight state vectors every round */
 #pragma clang loop unroll(full)
     for (int i = 0; i < 64; i++) {
+        if (i >= 16) { /* the schedule word this round needs, computed as it is needed */
+            v128_t x = w[i - 15], y = w[i - 2];
+            v128_t s0 = VXOR(VXOR(VROR(x, 7), VROR(x, 18)), wasm_u32x4_shr(x, 3));
+            v128_t s1 = VXOR(VXOR(VROR(y, 17), VROR(y, 19)), wasm_u32x4_shr(y, 10));
+            w[i] = VADD(VADD(w[i - 16], s0), VADD(w[i - 7], s1));
+        }
         v128_t bs1 = VXOR(VXOR(VROR(f4, 6), VROR(f4, 11)), VROR(f4, 25));
         v128_t ch = VXOR(g, wasm_v128_and(f4, VXOR(f, g)));
         v128_t t1 = VADD(VADD(h, bs1), VADD(ch, VADD(wasm_i32x4_splat((int32_t)K[i]), w[i])));
