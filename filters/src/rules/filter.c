@@ -348,13 +348,6 @@ __attribute__((always_inline)) SIMD static inline void sha4_body(pending_hash *c
     for (int q = 0; q < 4; q++) transpose4(&w[4 * q], &w[4 * q + 1], &w[4 * q + 2], &w[4 * q + 3]);
     if (short_msg) /* the same values, known to the compiler */
         for (int i = 7; i < 15; i++) w[i] = wasm_i32x4_splat(0);
-#pragma clang loop unroll(full)
-    for (int i = 16; i < 64; i++) {
-        v128_t x = w[i - 15], y = w[i - 2];
-        v128_t s0 = VXOR(VXOR(VROR(x, 7), VROR(x, 18)), wasm_u32x4_shr(x, 3));
-        v128_t s1 = VXOR(VXOR(VROR(y, 17), VROR(y, 19)), wasm_u32x4_shr(y, 10));
-        w[i] = VADD(VADD(w[i - 16], s0), VADD(w[i - 7], s1));
-    }
     for (int i = 0; i < 8; i++)
         st[i] = wasm_i32x4_make((int32_t)e[0]->salt->h[i], (int32_t)e[1]->salt->h[i],
                                 (int32_t)e[2]->salt->h[i], (int32_t)e[3]->salt->h[i]);
@@ -363,6 +356,12 @@ __attribute__((always_inline)) SIMD static inline void sha4_body(pending_hash *c
     /* unrolled: a loop back-edge's epoch check spills the eight state vectors every round */
 #pragma clang loop unroll(full)
     for (int i = 0; i < 64; i++) {
+        if (i >= 16) { /* the schedule word this round needs, computed as it is needed */
+            v128_t x = w[i - 15], y = w[i - 2];
+            v128_t s0 = VXOR(VXOR(VROR(x, 7), VROR(x, 18)), wasm_u32x4_shr(x, 3));
+            v128_t s1 = VXOR(VXOR(VROR(y, 17), VROR(y, 19)), wasm_u32x4_shr(y, 10));
+            w[i] = VADD(VADD(w[i - 16], s0), VADD(w[i - 7], s1));
+        }
         v128_t bs1 = VXOR(VXOR(VROR(f4, 6), VROR(f4, 11)), VROR(f4, 25));
         v128_t ch = VXOR(g, wasm_v128_and(f4, VXOR(f, g)));
         v128_t t1 = VADD(VADD(h, bs1), VADD(ch, VADD(wasm_i32x4_splat((int32_t)K[i]), w[i])));
@@ -791,8 +790,17 @@ static int skip_value(sl__jp *j, int *compact) {
     return 0;
 }
 
+/* A record's parsed nodes live only while its rules run and its value is written (the hash
+ * queue keeps the bytes to hash, never a node), so they come from a static pool that every
+ * record reuses: taking one is an index bump, not an arena allocation with its alignment and
+ * memory checks. A value with more nodes than the pool holds takes the rest from the arena. */
+#define NODE_POOL 1024
+static sluice_json node_pool[NODE_POOL];
+static uint32_t nodes_used;
+
 __attribute__((always_inline)) static sluice_json *new_node(uint8_t type) {
-    sluice_json *n = (sluice_json *)sluice_malloc(sizeof(sluice_json));
+    sluice_json *n = nodes_used < NODE_POOL ? &node_pool[nodes_used++]
+                                            : (sluice_json *)sluice_malloc(sizeof(sluice_json));
     if (n == NULL) return NULL;
     n->type = type;
     n->key = sluice_null();
@@ -879,6 +887,12 @@ static inline __attribute__((always_inline)) sluice_json *parse_value(sl__jp *j,
     return n;
 }
 
+/* Whitespace: most JSON has none or one space between tokens, so the loop is entered only
+ * when the next byte can be whitespace (every whitespace byte is <= ' '). */
+static inline __attribute__((always_inline)) void ws(sl__jp *j) {
+    if (j->p < j->end && *j->p <= ' ') sl__ws(j);
+}
+
 /* The object at j->p, its members built where a rule can look (see parse_value). */
 static sluice_json *parse_object(sl__jp *j) {
     if (++j->depth > SLUICE_JSON_MAX_DEPTH) {
@@ -891,7 +905,7 @@ static sluice_json *parse_object(sl__jp *j) {
         return NULL;
     }
     j->p++;
-    sl__ws(j);
+    ws(j);
     if (j->p < j->end && *j->p == '}') {
         j->p++;
         j->depth--;
@@ -899,20 +913,20 @@ static sluice_json *parse_object(sl__jp *j) {
     }
     sluice_json **link = &node->child;
     for (;;) {
-        sl__ws(j);
+        ws(j);
         sluice_bytes key;
         if (j->p >= j->end || *j->p != '"') {
             j->error = "expected member name";
             return NULL;
         }
         if (!read_string(j, &key)) return NULL;
-        sl__ws(j);
+        ws(j);
         if (j->p >= j->end || *j->p != ':') {
             j->error = "expected ':'";
             return NULL;
         }
         j->p++;
-        sl__ws(j);
+        ws(j);
         if (j->p >= j->end) {
             j->error = "unexpected end of input";
             return NULL;
@@ -925,7 +939,7 @@ static sluice_json *parse_object(sl__jp *j) {
         *link = child;
         link = &child->next;
         node->count++;
-        sl__ws(j);
+        ws(j);
         if (j->p >= j->end) {
             j->error = "unexpected end of input";
             return NULL;
@@ -952,6 +966,7 @@ static sluice_json *parse_doc(sluice_bytes data) {
         for (int k = 0; k < MAX_NAMES; k++) top_gen[k] = 0;
         gen = 1;
     }
+    nodes_used = 0; /* the previous record's nodes are done with */
     sl__jp j = {data.ptr, data.ptr + data.len, NULL, 0};
     sl__ws(&j);
     if (j.p >= j.end) return NULL;

@@ -130,3 +130,34 @@ def test_rules_answer_as_the_full_tree_module_did(rules: list[dict[str, Any]],
     finally:
         new.close()
         old.close()
+
+
+@pytest.mark.skipif(not REFERENCE.is_file(), reason="reference module missing")
+@pytest.mark.parametrize("rules", [
+    [{"field": "a", "action": "hash", "salt": "s"}, {"field": "a.b", "action": "truncate",
+                                                     "length": 1}],
+    [{"field": "a.b", "action": "remove", "when": {"field": "a.c", "equals": 7}},
+     {"field": "c", "action": "set", "value": {"x": [1]}}],
+    [{"field": "a", "action": "rename", "to": "b"}, {"field": "b.c", "action": "hash"}],
+])
+def test_values_with_more_nodes_than_the_pool_answer_as_the_full_tree_module_did(
+        rules: list[dict[str, Any]]) -> None:
+    """The module keeps a record's nodes in a pool of 1024 and takes more from the arena: values
+    of ~3,000 built members (duplicates, nested objects) on both sides of that boundary."""
+    inner = ", ".join(f'"b": "v{i}", "c": {i % 9}' for i in range(700))
+    outer = ", ".join(f'"a": {{"b": "w{i}", "c": 7}}' for i in range(600))
+    values: list[bytes | None] = [
+        ("{" + outer + ', "a": {' + inner + "}}").encode(),
+        ('{"a": {' + inner + '}, "c": 1}').encode(),
+        ("{" + outer + "}").encode(),
+        b'{"a": {"b": "short", "c": 7}}',  # after the big ones: the pool starts over
+    ]
+    config = {"rules": rules}
+    new = load_filter(FilterSpec(name="rules", module="builtin:rules", config=config))
+    old = load_filter(FilterSpec(name="old", module=str(REFERENCE), config=config))
+    try:
+        assert _answer(new, values) == _answer(old, values)
+        assert _native_answer(new, values) == _native_answer(old, values)
+    finally:
+        new.close()
+        old.close()
