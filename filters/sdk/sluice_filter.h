@@ -282,7 +282,7 @@ static void sluice_buf_init(sluice_buf *b, uint32_t cap) {
     }
 }
 
-static int sluice_buf_reserve(sluice_buf *b, uint32_t extra) {
+static inline __attribute__((always_inline)) int sluice_buf_reserve(sluice_buf *b, uint32_t extra) {
     if (b->failed) return 0;
     if ((uint64_t)b->len + extra <= b->cap) return 1;
     uint64_t want = (uint64_t)b->cap * 2u;
@@ -301,7 +301,7 @@ static int sluice_buf_reserve(sluice_buf *b, uint32_t extra) {
     return 1;
 }
 
-static void sluice_buf_put(sluice_buf *b, const void *src, uint32_t n) {
+static inline __attribute__((always_inline)) void sluice_buf_put(sluice_buf *b, const void *src, uint32_t n) {
     if (n == 0 || !sluice_buf_reserve(b, n)) return;
     memcpy(b->ptr + b->len, src, n);
     b->len += n;

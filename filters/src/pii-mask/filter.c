@@ -24,9 +24,13 @@
 /* The scans over every byte of a record (classifying strings, finding where a JSON string
  * ends, skipping to where a detector can start, masking a match) use Wasm SIMD, 16 bytes per
  * step: a compiled byte loop costs several instructions per byte, and these loops were most of
- * the filter's time. SIMD is enabled for these functions only (target attribute), not for the
- * rest of the module or other filters. */
-#define SIMD __attribute__((target("simd128")))
+ * the filter's time. SIMD is enabled for every function of this file (not for the SDK's or
+ * other filters'): a function may only be inlined into one with the same target features, and
+ * a call costs the guest about 5 ns (wasmtime's prologue: stack limit check, callee-saved
+ * registers), a tenth of a record's time when the small steps of a match (classify, check,
+ * mask, splice) were each a call. The hot ones are always_inline. */
+#pragma clang attribute push(__attribute__((target("simd128"))), apply_to = function)
+#define SIMD
 
 /* ------------------------------------------------------------------------------------------ */
 /* Configuration                                                                              */
@@ -382,14 +386,14 @@ typedef struct {
     span first[SPANS_INLINE]; /* a string rarely has more matches: no allocation for those */
 } spans;
 
-static void spans_init(spans *s) {
+static inline __attribute__((always_inline)) void spans_init(spans *s) {
     s->v = s->first;
     s->n = 0;
     s->cap = SPANS_INLINE;
     s->failed = 0;
 }
 
-static void add_span(spans *s, uint32_t start, uint32_t end, int det) {
+static inline __attribute__((always_inline)) void add_span(spans *s, uint32_t start, uint32_t end, int det) {
     if (s->n == s->cap) {
         uint32_t cap = s->cap * 2;
         span *v = (span *)sluice_malloc(sizeof(span) * cap);
@@ -677,7 +681,7 @@ static int num_boundary_after(const uint8_t *p, uint32_t n, uint32_t e) {
  * are an account number, not a card (even when the IBAN's checksum is wrong and the iban
  * detector passed on it). Walks back over the groups of four before i to a country code and
  * check digits that start a word. */
-static int after_iban_prefix(const uint8_t *p, uint32_t i) {
+static inline __attribute__((always_inline)) int after_iban_prefix(const uint8_t *p, uint32_t i) {
     for (uint32_t groups = 0; groups < 8; groups++) {
         if (i < 5 || p[i - 1] != ' ') return 0;
         const uint8_t *t = p + i - 5;
@@ -1505,7 +1509,7 @@ typedef struct {
     uint64_t sep, sep3, one, other;       /* sep: ' ' - . , / :  sep3: ' ' - .  other: + ( letters >= 0x80 */
 } num_masks;
 
-SIMD static void num_masks_of(const uint8_t *p, uint32_t n, num_masks *m) {
+SIMD static inline __attribute__((always_inline)) void num_masks_of(const uint8_t *p, uint32_t n, num_masks *m) {
     uint64_t digits = 0, zero = 0, plus = 0, numeric = 0, sep = 0, sep3 = 0, one = 0, other = 0;
     for (uint32_t i = 0; i < n; i += 16) {
         v128_t v = wasm_v128_load(p + i);
@@ -1539,7 +1543,7 @@ SIMD static void num_masks_of(const uint8_t *p, uint32_t n, num_masks *m) {
 }
 
 /* numeric_possible of a short string, from its masks */
-static uint32_t numeric_verdict_masks(const num_masks *m) {
+static inline __attribute__((always_inline)) uint32_t numeric_verdict_masks(const num_masks *m) {
     uint64_t digits = m->digits, numeric = m->numeric;
     /* a run of exactly three: starts, has its next two digits and not a third */
     uint64_t run3 = digits & ~(digits << 1) & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
@@ -1621,7 +1625,7 @@ static int member_is_phone(void) {
  * number). A card number printed in groups of four ("4111 1111 1111 1230", "4111 1111 1111
  * 0123") has none of them, so the phone detector does not run on it. Strings over 64 bytes (or
  * not loadable in whole 16-byte steps) are not checked: the phone detector runs on them. */
-static int phone_possible(const num_masks *m) {
+static inline __attribute__((always_inline)) int phone_possible(const num_masks *m) {
     uint64_t digits = m->digits, zero = m->zero;
     uint64_t starts = digits & ~(digits << 1);
     uint64_t run3 = starts & (digits >> 1) & (digits >> 2) & ~(digits >> 3);
@@ -1641,7 +1645,7 @@ static int phone_possible(const num_masks *m) {
  * SSN 9; an IBAN an upper-case country code and 2 check digits; an IPv4 address 4 digits, 3 dots
  * and 7 bytes; an AWS key id starts with 'A'; a secret needs '=' or ':'; a JWT "eyJ" and dots;
  * a bearer token "bearer". */
-static uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8_t *readable) {
+static inline __attribute__((always_inline)) uint32_t candidates(triggers t, const uint8_t *p, uint32_t n, const uint8_t *readable) {
     uint32_t c = 0;
     if (t.classes & K_AT) c |= 1u << D_EMAIL;
     if (t.digits >= 12) c |= 1u << D_CARD;
@@ -1855,7 +1859,7 @@ static void put_json_string(sluice_buf *b, const uint8_t *s, uint32_t n) {
     b->len = (uint32_t)(w - b->ptr);
 }
 
-static void sort_spans(spans *s) {
+static inline __attribute__((always_inline)) void sort_spans(spans *s) {
     for (uint32_t i = 1; i < s->n; i++) {
         span x = s->v[i];
         uint32_t j = i;
@@ -1872,7 +1876,7 @@ static void sort_spans(spans *s) {
 
 /* The matches of the detectors in the set c (see candidates) in p[0..n), sorted into s;
  * returns 0 when memory ran out. */
-static int collect_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
+static inline __attribute__((always_inline)) int collect_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
     spans_init(s);
     if (n == 0 || c == 0) return 1;
     find_spans(p, n, c, s, readable);
@@ -2005,7 +2009,7 @@ typedef struct {
 } jctx;
 
 /* The literal at [from, to) is replaced by what the caller appends to the returned buffer. */
-static sluice_buf *jreplace(jctx *c, const uint8_t *from, const uint8_t *to) {
+static inline __attribute__((always_inline)) sluice_buf *jreplace(jctx *c, const uint8_t *from, const uint8_t *to) {
     if (!c->started) {
         sluice_buf_init(&c->out, c->out_cap);
         c->started = 1;
@@ -2188,7 +2192,7 @@ static void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const u
  * then the masked text is the text with those bytes overwritten, as long as the text. With
  * `ascii` the whole text is known to be ASCII (a plain JSON string or number) and only the
  * rules are looked at. */
-SIMD static int spans_mask_in_place(const uint8_t *text, const spans *s, int ascii) {
+SIMD static inline __attribute__((always_inline)) int spans_mask_in_place(const uint8_t *text, const spans *s, int ascii) {
     const uint8_t *readable = ascii ? text : mem_readable();
     uint32_t pos = 0;
     for (uint32_t i = 0; i < s->n; i++) {
@@ -2218,7 +2222,7 @@ SIMD static int spans_mask_in_place(const uint8_t *text, const spans *s, int asc
 /* put_spans_masked for spans_mask_in_place's case, on w[0..n), a copy of the text followed
  * by 16 bytes of room: each match's letters and digits (every byte without preserve_format)
  * become its mask byte, as put_masked writes them. Counts and returns the matches masked. */
-SIMD static uint32_t mask_spans_in_place(uint8_t *w, const spans *s) {
+SIMD static inline __attribute__((always_inline)) uint32_t mask_spans_in_place(uint8_t *w, const spans *s) {
     const v128_t lane = wasm_u8x16_make(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     uint32_t pos = 0, matches = 0;
     for (uint32_t i = 0; i < s->n; i++) {
@@ -2246,7 +2250,7 @@ SIMD static uint32_t mask_spans_in_place(uint8_t *w, const spans *s) {
 /* Replace the literal [from, c->p) by text[0..n) with the matches in s masked, as a JSON
  * string. The masked text goes straight into the output and is escaped afterwards only when it
  * must be (a quote, backslash or control character kept from the text). */
-static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain, int ascii) {
+static inline __attribute__((always_inline)) void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain, int ascii) {
     sluice_buf *out = jreplace(c, from, c->p);
     if (plain && masks_plain && spans_mask_in_place(text, s, ascii)) {
         /* the usual case: the literal copied whole, its matches overwritten */
@@ -2286,7 +2290,7 @@ static void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, u
 
 static int jvalue(jctx *c);
 
-SIMD static int jstring_value(jctx *c) {
+SIMD static inline __attribute__((always_inline)) int jstring_value(jctx *c) {
     const uint8_t *lit = c->p, *s, *e;
     int escaped;
     triggers t;
@@ -2333,7 +2337,7 @@ SIMD static int jstring_value(jctx *c) {
     return 1;
 }
 
-static int jnumber_value(jctx *c) {
+static inline __attribute__((always_inline)) int jnumber_value(jctx *c) {
     sl__jp j = {c->p, c->end, NULL, 0};
     if (!sl__jnumber(&j)) return 0;
     const uint8_t *s = c->p;
@@ -2635,3 +2639,5 @@ sluice_decision sluice_on_record(const sluice_record *rec) {
     if (!changed) return sluice_keep();
     return sluice_rewrite(key, value, headers, rec->header_count);
 }
+
+#pragma clang attribute pop
