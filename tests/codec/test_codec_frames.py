@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.codec.errors import CodecError
-from sluice.codec.frames import DEFAULT_MAX_FRAME_SIZE, FrameBuffer, FrameTooLarge, frame
+from sluice.codec.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    DIRECT_READ,
+    PREALLOCATE,
+    FrameBuffer,
+    FrameTooLarge,
+    frame,
+)
 
 
 def test_frame_adds_big_endian_size_prefix() -> None:
@@ -141,3 +148,108 @@ def test_a_frame_fed_byte_by_byte_holds_about_its_own_size() -> None:
     assert held < 1.3 * len(data)
     (out,) = fb.feed(data[-1:])
     assert bytes(out) == data[4:]
+
+
+# ------------------------------------------------------------ buffered reads (get_buffer)
+
+
+def _read_into(fb: FrameBuffer, stream: bytes, sizes: list[int]) -> list[bytes]:
+    """What a buffered-protocol transport does: ask for a buffer, write at most its length
+    (and at most the next read size) from the stream, report it."""
+    got: list[bytes] = []
+    pos, k = 0, 0
+    while pos < len(stream):
+        buf = fb.get_buffer()
+        want = sizes[k % len(sizes)] if sizes else len(stream)
+        k += 1
+        n = min(len(buf), max(1, want), len(stream) - pos)
+        buf[:n] = stream[pos : pos + n]
+        del buf  # a transport releases the buffer before the next read
+        pos += n
+        got.extend(bytes(f) for f in fb.buffer_updated(n))
+    return got
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    bodies=st.lists(
+        st.one_of(st.binary(max_size=300), st.integers(0, 300_000).map(lambda n: b"q" * n)),
+        max_size=8,
+    ),
+    sizes=st.lists(st.integers(min_value=1, max_value=400_000), max_size=12),
+)
+def test_buffered_reads_yield_the_same_frames(bodies: list[bytes], sizes: list[int]) -> None:
+    stream = b"".join(frame(b) for b in bodies)
+    fb = FrameBuffer()
+    assert _read_into(fb, stream, sizes) == bodies
+    assert fb.pending == 0
+
+
+def test_buffered_reads_split_at_every_byte() -> None:
+    bodies = [b"", b"a", b"bc" * 50, bytes(range(256)) * 400]  # the last one is read directly
+    stream = b"".join(frame(b) for b in bodies)
+    for cut in range(len(stream) + 1):
+        fb = FrameBuffer()
+        got = _read_into(fb, stream[:cut], [])
+        got += _read_into(fb, stream[cut:], [])
+        assert got == bodies, cut
+        assert fb.pending == 0
+
+
+def test_a_large_frame_is_read_into_its_own_buffer() -> None:
+    body = bytes(range(256)) * 20_000  # ~5 MB: grows past PREALLOCATE while read into
+    data = frame(body)
+    fb = FrameBuffer()
+    first = fb.get_buffer()
+    first[:1000] = data[:1000]
+    del first
+    assert fb.buffer_updated(1000) == []
+    pos, direct = 1000, 0
+    out: list[memoryview | bytes] = []
+    while pos < len(data):
+        buf = fb.get_buffer()
+        n = min(len(buf), 300_000, len(data) - pos)
+        direct += n >= DIRECT_READ
+        buf[:n] = data[pos : pos + n]
+        del buf
+        pos += n
+        out += fb.buffer_updated(n)
+    assert [bytes(f) for f in out] == [body]
+    assert direct >= 10  # most of it went straight into the frame's buffer
+    assert fb.pending == 0
+
+
+def test_a_declared_large_frame_reserves_little_until_its_bytes_come() -> None:
+    fb = FrameBuffer(max_frame_size=DEFAULT_MAX_FRAME_SIZE)
+    tracemalloc.start()
+    try:
+        fb.feed(struct.pack(">i", DEFAULT_MAX_FRAME_SIZE) + b"x" * 10)
+        held, _peak = tracemalloc.get_traced_memory()
+        buf = fb.get_buffer()
+        assert len(buf) <= PREALLOCATE
+        del buf
+    finally:
+        tracemalloc.stop()
+    assert held <= PREALLOCATE + 64 * 1024
+
+
+def test_oversize_frame_rejected_on_a_buffered_read() -> None:
+    fb = FrameBuffer(max_frame_size=1024)
+    buf = fb.get_buffer()
+    buf[:4] = struct.pack(">i", 4096)
+    del buf
+    with pytest.raises(FrameTooLarge):
+        fb.buffer_updated(4)
+
+
+def test_frames_from_the_scratch_buffer_survive_later_reads() -> None:
+    fb = FrameBuffer()
+    buf = fb.get_buffer()
+    buf[:7] = frame(b"one")
+    del buf
+    (first,) = fb.buffer_updated(7)
+    buf = fb.get_buffer()
+    buf[:7] = frame(b"two")
+    del buf
+    (second,) = fb.buffer_updated(7)
+    assert (bytes(first), bytes(second)) == (b"one", b"two")
