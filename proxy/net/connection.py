@@ -310,29 +310,6 @@ class Connection:
             return self._close(out, f"request frame too large: {exc}", violation=True)
         if not frames:
             return out  # a read inside a large request: as in `broker_data`
-        return self._requests_in(frames, out)
-
-    def client_buffer(self) -> memoryview:
-        """Where the next read from the client should put its bytes (a buffered protocol's
-        `get_buffer`); then call `client_filled`. A large request in assembly is read straight
-        into its own buffer (`FrameBuffer.get_buffer`)."""
-        return self._client_frames.get_buffer()
-
-    def client_filled(self, nbytes: int) -> list[Action]:
-        """`nbytes` from the client were written into the last `client_buffer`."""
-        out: list[Action] = []
-        if self._phase is _CLOSED:
-            return out
-        self.client.stats.bytes_in += nbytes
-        try:
-            frames = self._client_frames.buffer_updated(nbytes)
-        except FrameTooLarge as exc:
-            return self._close(out, f"request frame too large: {exc}", violation=True)
-        if not frames:
-            return out
-        return self._requests_in(frames, out)
-
-    def _requests_in(self, frames: list[memoryview | bytes], out: list[Action]) -> list[Action]:
         to_broker: list[bytes | memoryview] = []
         limit = self.limits.max_inflight
         for frame in frames:
@@ -365,27 +342,6 @@ class Connection:
             # in assembly are not held responses), so nothing to decide (issue 29: a 1 MB
             # Fetch response is ~16 reads).
             return out
-        return self._responses_in(frames, out)
-
-    def broker_buffer(self) -> memoryview:
-        """Where the next read from the broker should put its bytes; then `broker_filled`. A
-        large response in assembly (a Fetch) is read straight into its own buffer."""
-        return self._broker_frames.get_buffer()
-
-    def broker_filled(self, nbytes: int) -> list[Action]:
-        """`nbytes` from the broker were written into the last `broker_buffer`."""
-        out: list[Action] = []
-        if self._phase is _CLOSED:
-            return out
-        try:
-            frames = self._broker_frames.buffer_updated(nbytes)
-        except FrameTooLarge as exc:
-            return self._close(out, f"response frame too large: {exc}", violation=True)
-        if not frames:
-            return out  # a read inside a large response, as in `broker_data`
-        return self._responses_in(frames, out)
-
-    def _responses_in(self, frames: list[memoryview | bytes], out: list[Action]) -> list[Action]:
         for frame in frames:
             self._on_response(frame, out)
             if self._phase is _CLOSED:

@@ -1,11 +1,6 @@
 """Thin asyncio glue around one `Connection`: two protocols (client side, broker side) that
 feed it bytes and perform the actions it returns.
 
-Both are buffered protocols: the transport reads into the buffer the connection hands out
-(`Connection.client_buffer` / `broker_buffer`), so a large frame (a Fetch response, a big
-Produce) is read straight into the buffer that keeps it, and sent from there as a view, with
-no copy of its bytes in between (`codec/frames.py`).
-
 Nothing here decides anything about Kafka: correlation, order, back-pressure and refusals are
 the sans-IO `Connection`'s (`connection.py`). This module owns the sockets, the filter
 thread pool hand-off and the side effects the connection asks for (telemetry, dead letters,
@@ -55,8 +50,6 @@ if TYPE_CHECKING:
 
 #: Bytes a socket's send buffer may hold before the connection stops reading the other side.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
-#: Where bytes read while no connection takes them go (before the broker connection is up).
-_SPARE_SIZE = 64 * 1024
 _CONNECT_TIMEOUT = 10.0
 
 
@@ -84,7 +77,7 @@ class SessionHooks(Protocol):
     def session_closed(self, session: Session, close: Close) -> None: ...
 
 
-class Session(asyncio.BufferedProtocol):
+class Session(asyncio.Protocol):
     """The client side of one proxied connection (asyncio calls it), and the owner of the
     broker side."""
 
@@ -113,8 +106,6 @@ class Session(asyncio.BufferedProtocol):
         self._broker: asyncio.Transport | None = None
         self._early: list[bytes] = []  # client bytes before the broker connection is up
         self._early_eof = False
-        self._spare: memoryview | None = None  # read into while no connection takes bytes
-        self._to_spare = False  # the last `get_buffer` handed out `_spare`
         self._live = False  # the broker connection is up and the early bytes replayed
         self.conn: Connection | None = None
         self.client = ClientInfo("?", upstream, node_id)
@@ -220,28 +211,6 @@ class Session(asyncio.BufferedProtocol):
             except OSError:
                 pass
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        conn = self.conn
-        if conn is None or self._ended or not self._live:
-            # Early bytes (kept as `data_received` keeps them) or bytes nobody takes.
-            self._to_spare = True
-            return self._spare_buffer()
-        self._to_spare = False
-        return conn.client_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        if self._to_spare:
-            self.data_received(self._spare_buffer()[:nbytes].tobytes())
-            return
-        conn = self.conn
-        if conn is not None and not self._ended:
-            self._do(conn.client_filled(nbytes))
-
-    def _spare_buffer(self) -> memoryview:
-        if self._spare is None:
-            self._spare = memoryview(bytearray(_SPARE_SIZE))
-        return self._spare
-
     def data_received(self, data: bytes) -> None:
         conn = self.conn
         if conn is None or self._ended:
@@ -282,23 +251,6 @@ class Session(asyncio.BufferedProtocol):
     def broker_data(self, data: bytes) -> None:
         if self.conn is not None and not self._ended:
             self._do(self.conn.broker_data(data))
-
-    def broker_buffer(self) -> memoryview:
-        conn = self.conn
-        if conn is None or self._ended:
-            return self._spare_buffer()
-        return conn.broker_buffer()
-
-    @property
-    def spare(self) -> memoryview | None:
-        """The buffer bytes nobody takes are read into (see `get_buffer`)."""
-        return self._spare
-
-    def broker_filled(self, spare: bool, nbytes: int) -> None:
-        if spare:
-            return  # read after the session ended: dropped, as `broker_data` drops it
-        if self.conn is not None and not self._ended:
-            self._do(self.conn.broker_filled(nbytes))
 
     def broker_eof(self) -> None:
         if self.conn is not None and not self._ended:
@@ -493,22 +445,12 @@ class Session(asyncio.BufferedProtocol):
         return self._opened
 
 
-class _BrokerSide(asyncio.BufferedProtocol):
+class _BrokerSide(asyncio.Protocol):
     def __init__(self, session: Session) -> None:
         self._session = session
-        self._buffer: memoryview | None = None  # handed to the transport by `get_buffer`
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._session.broker_connected(cast(asyncio.Transport, transport))
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        self._buffer = buffer = self._session.broker_buffer()
-        return buffer
-
-    def buffer_updated(self, nbytes: int) -> None:
-        spare = self._buffer is self._session.spare
-        self._buffer = None  # no export of a frame's buffer outlives the read
-        self._session.broker_filled(spare, nbytes)
 
     def data_received(self, data: bytes) -> None:
         self._session.broker_data(data)
