@@ -32,7 +32,7 @@ def test_workload_2_requests_all_go_through(capsys: pytest.CaptureFixture[str]) 
 
 def test_workload_2_requests_have_its_shape() -> None:
     ((request, response),) = connection_cpu._frames(1, "w2")
-    assert 50_000 < len(request) < 200_000  # lz4 batches of 2 × 1 500 JSON records
+    assert 50_000 < len(request) < 200_000  # lz4 batches of two partitions of 1 500 JSON records
     assert len(response) < 200
 
 
