@@ -4,8 +4,16 @@ gate, the internal-topics and Produce paths, slots, the KIP-951 scan of the resp
 the actions), with no socket, no broker and no filter; the transports only count writes.
 
     python -m bench.connection_cpu [--rounds 5] [--requests 20000] [--baseline DIR]
+                                   [--shape one|w2] [--cold SECONDS]
 
-Prints µs of CPU (process time) per request and its response, best of the rounds. With
+Prints µs of CPU (process time) per request and its response, best of the rounds. `--shape
+w2` sends bench_proxy workload 2's Produce requests instead (two partitions of 1 500 ~200-byte
+JSON records in lz4 batches, ~100 KB, acks=all, v10 as librdkafka sends them to Apache Kafka
+4), to separate what a large frame costs from what a request costs. `--cold SECONDS` sleeps
+that long before each request and before its response and counts only the CPU of the calls
+themselves: on a loaded machine every wake-up of the proxy finds its caches cold, and this
+shows what the same code then costs (the figure end to end is nearer to it than to the warm
+one). With
 `--baseline DIR` (another Sluice source tree, as for `bench_proxy --baseline`), the same
 measurement runs in alternating processes of this checkout and of that tree, and the median
 of the per-pair ratios is printed. End to end (`bench.request_cpu`), sockets and the scheduler
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import os
 import statistics
 import struct
@@ -28,13 +37,18 @@ from typing import Any
 
 from bench import baseline
 from bench.path_cpu import produce_frame
+from bench.workload import json_records
 from sluice.codec import entities, schemas
-from sluice.codec.headers import response_header_bytes
-from sluice.codec.messages import ApiKey, encode_response
+from sluice.codec.headers import request_header_bytes, response_header_bytes
+from sluice.codec.messages import ApiKey, encode_request, encode_response
+from sluice.codec.records import BatchHeader, Record, build_batch
 from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops.config import ProxyConfig
 
 VERSION = 9  # what librdkafka sends to Apache Kafka 4
+W2_VERSION = 10  # what librdkafka sends to Apache Kafka 4.4 with workload 2
+W2_PARTITIONS, W2_RECORDS = 2, 1500  # per request: ~100 KB, as bench_proxy's w2 averages
+SHAPES = ("one", "w2")
 
 
 class _Transport:
@@ -65,26 +79,52 @@ class _Transport:
         pass
 
 
-def _frames(count: int) -> list[tuple[bytes, bytes]]:
+def _w2_request() -> bytes:
+    """A Produce request (header included) of workload 2's shape, correlation id 0."""
+    values = json_records(W2_PARTITIONS * W2_RECORDS)
+    now = int(time.time() * 1000)
+    cls = schemas.request_schema(ApiKey.PRODUCE, W2_VERSION)
+    tcls = entities.element_class(cls, "topic_data")
+    pcls = entities.element_class(tcls, "partition_data")
+    partitions = []
+    for p in range(W2_PARTITIONS):
+        mine = values[p * W2_RECORDS : (p + 1) * W2_RECORDS]
+        lz4 = BatchHeader(0, 0, -1, 2, 0, 3, len(mine) - 1, now, now, -1, -1, -1, len(mine))
+        batch = build_batch(lz4, [Record(0, i, None, v, []) for i, v in enumerate(mine)])
+        partitions.append(entities.build(pcls, index=p, records=batch))
+    request = entities.build(
+        cls, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=30),
+        topic_data=(entities.build(tcls, name="cpu-topic", partition_data=tuple(partitions)),),
+    )
+    return request_header_bytes(ApiKey.PRODUCE, W2_VERSION, 0, "rdkafka") + encode_request(
+        request)
+
+
+def _frames(count: int, shape: str = "one") -> list[tuple[bytes, bytes]]:
     """(request, response) wire frames, size prefixes included, correlation ids 1..count."""
-    request = bytearray(produce_frame("cpu-topic", b'{"n": 1, "name": "x"}' * 8, VERSION))
-    cls = schemas.response_schema(ApiKey.PRODUCE, VERSION)
+    if shape == "w2":
+        version, partitions = W2_VERSION, W2_PARTITIONS
+        request = bytearray(_w2_request())
+    else:
+        version, partitions = VERSION, 1
+        request = bytearray(produce_frame("cpu-topic", b'{"n": 1, "name": "x"}' * 8, VERSION))
+    cls = schemas.response_schema(ApiKey.PRODUCE, version)
     tcls = entities.element_class(cls, "responses")
     pcls = entities.element_class(tcls, "partition_responses")
     body = encode_response(entities.build(cls, throttle_time_ms=0, responses=(
-        entities.build(tcls, name="cpu-topic", partition_responses=(
-            entities.build(pcls, index=0, error_code=0, base_offset=5, log_append_time_ms=-1,
-                           log_start_offset=0),)),)))
+        entities.build(tcls, name="cpu-topic", partition_responses=tuple(
+            entities.build(pcls, index=p, error_code=0, base_offset=5, log_append_time_ms=-1,
+                           log_start_offset=0) for p in range(partitions))),)))
     out = []
     for cid in range(1, count + 1):
         struct.pack_into(">i", request, 4, cid)
-        response = response_header_bytes(cid, ApiKey.PRODUCE, VERSION) + body
+        response = response_header_bytes(cid, ApiKey.PRODUCE, version) + body
         out.append((struct.pack(">i", len(request)) + bytes(request),
                     struct.pack(">i", len(response)) + response))
     return out
 
 
-async def _measure(rounds: int, requests: int) -> float:
+async def _measure(rounds: int, requests: int, shape: str = "one", cold: float = 0.0) -> float:
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
     session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
     client, broker = _Transport(), _Transport()
@@ -94,17 +134,31 @@ async def _measure(rounds: int, requests: int) -> float:
     session._connecting.cancel()  # no broker to dial: the fake transport stands in
     session.broker_connected(broker)
     session._live = True
-    frames = _frames(requests)
+    frames = _frames(requests, shape)
     for request, response in frames[:1000]:  # warm-up
         session.data_received(request)
         session.broker_data(response)
     best = float("inf")
+    clock = time.process_time
     for _ in range(rounds):
-        started = time.process_time()
-        for request, response in frames:
-            session.data_received(request)
-            session.broker_data(response)
-        best = min(best, (time.process_time() - started) / requests * 1e6)
+        if cold:
+            spent = 0.0
+            for request, response in frames:
+                time.sleep(cold)  # other processes run meanwhile, as on a loaded machine
+                started = clock()
+                session.data_received(request)
+                spent += clock() - started
+                time.sleep(cold)
+                started = clock()
+                session.broker_data(response)
+                spent += clock() - started
+        else:
+            started = clock()
+            for request, response in frames:
+                session.data_received(request)
+                session.broker_data(response)
+            spent = clock() - started
+        best = min(best, spent / requests * 1e6)
     # One write each way per request (each read holds one frame): anything else means frames
     # were held, dropped or refused.
     expected = min(1000, requests) + rounds * requests
@@ -113,10 +167,12 @@ async def _measure(rounds: int, requests: int) -> float:
     return best
 
 
-def _run_in(env: dict[str, str], cwd: Path | None, rounds: int, requests: int) -> float:
+def _run_in(
+    env: dict[str, str], cwd: Path | None, rounds: int, requests: int, shape: str, cold: float
+) -> float:
     result = subprocess.run(
         [sys.executable, "-m", "bench.connection_cpu", "--rounds", str(rounds),
-         "--requests", str(requests), "--bare"],
+         "--requests", str(requests), "--shape", shape, "--cold", str(cold), "--bare"],
         env=env, cwd=cwd, check=True, capture_output=True, text=True,
     )
     return float(result.stdout.split()[-1])
@@ -129,14 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="", metavar="DIR",
                         help="another Sluice source tree, measured in alternation with this one")
     parser.add_argument("--pairs", type=int, default=4, help="alternations with --baseline")
+    parser.add_argument("--shape", choices=SHAPES, default="one",
+                        help="one-record requests, or workload 2's ~100 KB lz4 requests")
+    parser.add_argument("--cold", type=float, default=0.0, metavar="SECONDS",
+                        help="sleep before each request and response (caches go cold)")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    measure = (args.rounds, args.requests, args.shape, args.cold)
     if args.bare:
-        print(f"{asyncio.run(_measure(args.rounds, args.requests)):.3f}")
+        print(f"{asyncio.run(_measure(*measure)):.3f}")
         return 0
     if not args.baseline:
-        micros = asyncio.run(_measure(args.rounds, args.requests))
-        print(f"{micros:.2f} µs CPU per one-record Produce request and its response")
+        micros = asyncio.run(_measure(*measure))
+        what = "one-record" if args.shape == "one" else "workload-2 (~100 KB, lz4)"
+        warmth = f", {args.cold:g} s asleep before each call" if args.cold else ""
+        print(f"{micros:.2f} µs CPU per {what} Produce request and its response{warmth}")
         return 0
     source = baseline.prepare(Path(args.baseline))
     here = Path(__file__).resolve().parent.parent
@@ -148,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         order = [("this", this_env, None), ("base", base_env, source.cwd)]
         got = {}
         for name, env, cwd in order if k % 2 == 0 else reversed(order):
-            got[name] = _run_in(env, cwd, args.rounds, args.requests)
+            got[name] = _run_in(env, cwd, *measure)
         ratios.append(got["this"] / got["base"])
         print(f"pair {k}: this {got['this']:.2f} µs, base {got['base']:.2f} µs")
     print(f"this/base, median of per-pair ratios: {statistics.median(ratios):.3f} "

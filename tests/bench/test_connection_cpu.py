@@ -20,3 +20,25 @@ def test_every_request_and_response_is_relayed() -> None:
     # `_measure` refuses to report a figure when a frame was dropped or the connection
     # closed; a positive figure means every frame of every round was written onwards.
     assert asyncio.run(connection_cpu._measure(1, 1200)) > 0
+
+
+def test_workload_2_requests_all_go_through(capsys: pytest.CaptureFixture[str]) -> None:
+    # ~100 KB lz4 Produce requests of two partitions, each answered: a positive figure means
+    # every one of them was written onwards (see the test above).
+    assert connection_cpu.main(["--rounds", "1", "--requests", "60", "--shape", "w2"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert float(line.split()[0]) > 0 and "workload-2" in line
+
+
+def test_workload_2_requests_have_its_shape() -> None:
+    ((request, response),) = connection_cpu._frames(1, "w2")
+    assert 50_000 < len(request) < 200_000  # lz4 batches of two partitions of 1 500 JSON records
+    assert len(response) < 200
+
+
+def test_cold_mode_relays_every_frame_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    # Sleeps between the calls; `_measure` still checks that every frame went through.
+    argv = ["--rounds", "1", "--requests", "20", "--cold", "0.01"]
+    assert connection_cpu.main(argv) == 0
+    line = capsys.readouterr().out.strip()
+    assert 0 < float(line.split()[0]) < 5_000 and "asleep" in line
