@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
 from typing import Final
 
 __all__ = ["AVAILABLE", "Lz4Error", "Lz4Limit", "compress", "decompress"]
@@ -117,10 +118,23 @@ def compress(data: bytes) -> bytes:
     """One LZ4 frame of `data` (fast mode, independent blocks with checksums)."""
     assert _lib is not None
     bound = _lib.LZ4F_compressFrameBound(len(data), ctypes.byref(_PREFS))
-    out = ctypes.create_string_buffer(bound)
+    out = _scratch(bound)
     written = _check(_lib.LZ4F_compressFrame(out, bound, _address(data), len(data),
                                              ctypes.byref(_PREFS)))
-    return out.raw[:written]
+    return ctypes.string_at(out, written)  # the one copy: out of the scratch buffer
+
+
+_local = threading.local()
+
+
+def _scratch(size: int) -> ctypes.Array[ctypes.c_char]:
+    """This thread's compression buffer, at least `size` bytes: reused, so that a batch's
+    compression does not zero a fresh buffer of its size first (as large as the biggest
+    records section the thread compressed, a few MiB at most: `limits.max_batch_bytes`)."""
+    buf: ctypes.Array[ctypes.c_char] | None = getattr(_local, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _local.buf = ctypes.create_string_buffer(size)
+    return buf
 
 
 def decompress(payload: bytes, limit: int, guess: int) -> memoryview:
