@@ -185,6 +185,7 @@ class LoadedFilter:
         self._made: list[AbiRunner | HostRunner | ComponentAbi] = [runner]
         self._pool = threading.Condition()
         self._creating = 0
+        self._limit = MAX_INSTANCES
         self._counts = threading.Lock()  # failures and native_fallbacks, counted from any thread
         self._native_failure = threading.local()  # the last failed native call, per thread
         self.failures: Counter[str] = Counter()
@@ -222,7 +223,7 @@ class LoadedFilter:
         with self._pool:
             while not self._idle:
                 may_wait = blocking.allowed()
-                if may_wait and len(self._made) + self._creating < MAX_INSTANCES:
+                if may_wait and len(self._made) + self._creating < self._limit:
                     self._creating += 1
                     break
                 if not may_wait:
@@ -233,14 +234,19 @@ class LoadedFilter:
         made: AbiRunner | ComponentAbi | None = None
         try:
             made = more()
-        finally:
-            with self._pool:
-                self._creating -= 1
-                if made is not None:
-                    self._made.append(made)
-                else:
-                    self._pool.notify()
-        return made
+        except Exception:
+            # Not expected (the module and its spec loaded already): the instances made so
+            # far serve on, and the call waits for one of them.
+            self._log.warning("filter_instance_not_made", instances=len(self._made),
+                              exc_info=True)
+        with self._pool:
+            self._creating -= 1
+            if made is None:
+                self._limit = len(self._made)
+                self._pool.notify()
+            else:
+                self._made.append(made)
+        return made if made is not None else self._take(more)
 
     @property
     def instances(self) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -161,3 +162,32 @@ def test_stateless_key_in_the_config() -> None:
         parse_filter_specs([{"name": "m", "module": "builtin:block", "topics": ["*"],
                              "apply_to": ["fetch"], "stateless": True}], "cfg.yaml",
                            check_files=False)
+
+
+def test_an_instance_that_cannot_be_made_leaves_the_calls_to_the_ones_there(
+    load_wat: Callable[..., LoadedFilter],
+) -> None:
+    f = load_wat("builtin:pii-mask")
+    data, n = section([EMAIL])
+
+    def broken() -> Any:
+        raise RuntimeError("out of address space")
+
+    f._more = broken
+    _, release, thread = held(f)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(f.run_native, CTX, data, n)
+        with pytest.raises(TimeoutError):
+            waiting.result(0.3)  # no second instance: it waits for the first
+        release.set()
+        thread.join()
+        assert waiting.result(10) is not None
+    assert f.instances == 1
+    _, release, thread = held(f)  # and does not try again
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(f.run_native, CTX, data, n)
+        with pytest.raises(TimeoutError):
+            waiting.result(0.3)
+        release.set()
+        thread.join()
+        assert waiting.result(10) is not None
