@@ -139,7 +139,8 @@ class ProxyServer:
             protection=Protection(frozenset(own), self.config.operators),
             helpers=(
                 Helpers(self.executor.submit, self.config.filter_threads)
-                if self.executor is not None and self.config.filter_threads > 1 else None
+                if self.executor is not None and self.config.filter_threads > 1
+                and self.config.spread_fetch else None
             ),
         )
 
