@@ -419,7 +419,8 @@ class PathContext:
     # The proxy's own topics and who may still reach them (paths/internal_topics.py).
     protection: Protection | None = None
     # The filter thread pool, for a job to run independent pieces on several of its threads
-    # (filters/parallel.py); None when there is at most one thread.
+    # (filters/parallel.py); None when there is at most one thread or proxy.spread_fetch is
+    # false.
     helpers: Helpers | None = None
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
