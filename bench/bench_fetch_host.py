@@ -3,7 +3,7 @@ over every filtered partition, splice) against the guest's calls alone (no broke
 one thread).
 
     python -m bench.bench_fetch_host [--workload 1,2] [--records 36000] [--batch 4000] [--rounds 5]
-                                     [--baseline DIR]
+                                     [--threads 2] [--baseline DIR]
 
 A Fetch response (v12, what librdkafka reads) in the shape of bench_proxy's workloads holds
 `--records` ~200-byte JSON records (an e-mail address and a card number in each): workload 1
@@ -17,7 +17,11 @@ rounds, thread CPU time):
 - whole: `on_response`'s scan and the job the fetch path hands the pool (the filters over
   every partition, the splice into the frame), as `sluice serve` runs them;
 - guest: the `sluice_filter_records` calls alone (the Wasm call, on the same sections);
-- host: whole - guest.
+- host: whole - guest;
+- wall (with `--threads N`, N >= 2): the job's wall time per record on one pool thread and
+  spread over a filter pool of N threads (filters/parallel.py), alternating: what the
+  consumer waits for, not CPU. Workload 1 (one partition) is not spread; a tree without the
+  spread shows the same job twice.
 
 `--baseline DIR` measures another source tree (bench/baseline.py) too, in alternating fresh
 processes (`--rounds` of each, 3 measurements each), and prints both.
@@ -95,6 +99,7 @@ class _Ctx:
         self.chain = chain
         self.topics = TopicRegistry()
         self.batch_limits = DEFAULT_BATCH_LIMITS
+        self.helpers: Any = None  # the filter pool to spread over (a tree without: ignored)
 
     def filters_on(self, direction: str) -> bool:
         return True
@@ -148,7 +153,39 @@ def guest_calls(chain: FilterChain, frame: bytes) -> list[Any]:
     return [make(d, n) for d, n in calls]
 
 
-def measure(workload: int, records: int, batch: int, rounds: int) -> tuple[float, float]:
+def _helpers(pool: Any, threads: int) -> Any:
+    try:
+        from sluice.filters.parallel import Helpers
+    except ImportError:  # a tree without it filters on one thread
+        return None
+    return Helpers(pool.submit, threads)
+
+
+def wall(path: Any, ctx: Any, frame: bytes, threads: int, rounds: int,
+         n: int) -> tuple[float, float]:
+    """Median wall µs per record of the job on one pool thread alone and spread over a pool
+    of `threads` (the job's own thread is one of them, as in `sluice serve`), alternating."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spread = {False: [], True: []}  # type: dict[bool, list[float]]
+    with ThreadPoolExecutor(threads) as pool:
+        helpers = _helpers(pool, threads)
+        try:
+            ctx.helpers = helpers
+            pool.submit(whole, path, ctx, frame).result()  # warm: every instance made
+            for _ in range(rounds):
+                for on in (False, True):
+                    ctx.helpers = helpers if on else None
+                    start = time.perf_counter_ns()
+                    pool.submit(whole, path, ctx, frame).result()
+                    spread[on].append((time.perf_counter_ns() - start) / n / 1000)
+        finally:
+            ctx.helpers = None
+    return statistics.median(spread[False]), statistics.median(spread[True])
+
+
+def measure(workload: int, records: int, batch: int, rounds: int,
+            threads: int = 1) -> tuple[float, float, tuple[float, float] | None]:
     codec, partitions = WORKLOADS[workload]
     values = json_records(records)
     per = len(values) // partitions
@@ -170,14 +207,16 @@ def measure(workload: int, records: int, batch: int, rounds: int) -> tuple[float
             whole(path, ctx, frame)
             wholes.append((time.thread_time_ns() - start) / n / 1000)
             guests.append(sum(c() for c in calls) / n / 1000)
-        return statistics.median(wholes), statistics.median(guests)
+        walled = wall(path, ctx, frame, threads, rounds, n) if threads > 1 else None
+        return statistics.median(wholes), statistics.median(guests), walled
     finally:
         chain.close()
 
 
-def _run_tree(tree: Path | None, source: Any, argv: list[str]) -> tuple[float, float]:
+def _run_tree(tree: Path | None, source: Any, argv: list[str]
+              ) -> tuple[float, float, tuple[float, float] | None]:
     """One measurement in a fresh process of this checkout (`tree` None) or of the
-    baseline's prepared `source`: (whole, guest) µs per record."""
+    baseline's prepared `source`: (whole, guest, wall) µs per record."""
     cmd = [sys.executable, "-m", "bench.bench_fetch_host", *argv, "--json"]
     if tree is None:
         done = subprocess.run(cmd, check=True, capture_output=True, text=True,
@@ -188,7 +227,8 @@ def _run_tree(tree: Path | None, source: Any, argv: list[str]) -> tuple[float, f
         done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=source.cwd,
                               env=env)
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    return got["whole"], got["guest"]
+    walls = got.get("wall")
+    return got["whole"], got["guest"], None if walls is None else (walls[0], walls[1])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--records", type=int, default=36_000)
     ap.add_argument("--batch", type=int, default=4000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="also time the job's wall clock with a filter pool of this many "
+                         "threads (2: proxy.filter_threads' default)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another Sluice source tree (bench/baseline.py): measured in "
                          "alternating processes with this one, --rounds times each")
@@ -215,24 +258,32 @@ def main(argv: list[str] | None = None) -> None:
         source = baseline.prepare(args.baseline)
         for w in numbers:
             one = ["--workload", str(w), "--records", str(args.records), "--batch",
-                   str(args.batch), "--rounds", "3"]
-            got: dict[str, list[tuple[float, float]]] = {"this": [], "base": []}
+                   str(args.batch), "--rounds", "3", "--threads", str(args.threads)]
+            got: dict[str, list[tuple[float, float, tuple[float, float] | None]]] = {
+                "this": [], "base": []}
             for _ in range(args.rounds):
                 got["base"].append(_run_tree(args.baseline, source, one))
                 got["this"].append(_run_tree(None, None, one))
             for name in ("base", "this"):
-                whole_us = statistics.median(x for x, _ in got[name])
-                guest_us = statistics.median(g for _, g in got[name])
+                whole_us = statistics.median(x for x, _, _ in got[name])
+                guest_us = statistics.median(g for _, g, _ in got[name])
+                walls = [v for _, _, v in got[name] if v is not None]
+                shown = (f", wall on 1 / {args.threads} threads "
+                         f"{statistics.median(a for a, _ in walls):.3f} / "
+                         f"{statistics.median(b for _, b in walls):.3f}" if walls else "")
                 print(f"workload {w} {name}: whole {whole_us:.3f} µs/record, guest "
-                      f"{guest_us:.3f}, host {whole_us - guest_us:.3f}")
+                      f"{guest_us:.3f}, host {whole_us - guest_us:.3f}{shown}")
         return
     for w in numbers:
-        all_us, guest_us = measure(w, args.records, args.batch, args.rounds)
+        all_us, guest_us, wall_us = measure(w, args.records, args.batch, args.rounds,
+                                            args.threads)
         if args.json:
-            print(json.dumps({"whole": all_us, "guest": guest_us}))
+            print(json.dumps({"whole": all_us, "guest": guest_us, "wall": wall_us}))
         else:
+            shown = ("" if wall_us is None else
+                     f", wall on 1 / {args.threads} threads {wall_us[0]:.3f} / {wall_us[1]:.3f}")
             print(f"workload {w}: whole {all_us:.3f} µs/record, guest {guest_us:.3f}, "
-                  f"host {all_us - guest_us:.3f}")
+                  f"host {all_us - guest_us:.3f}{shown}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """Record-batch compression codecs (attributes bits 0-2): none, gzip, snappy, lz4, zstd.
 
-All through `cramjam` (Rust, releases the GIL). Choices that follow what Kafka clients write:
+Through `cramjam` (Rust), except lz4 where the system's liblz4 loads (`lz4_frame`, ctypes):
+cramjam holds the GIL for the whole call (a Python thread makes no progress while another
+compresses), so filter threads working side by side would take turns; a ctypes call gives the
+GIL up, and the frames are the same bytes. Choices that follow what Kafka clients write:
 - snappy: Java producers use xerial's framed stream ("\\x82SNAPPY\\x00" header, then
   length-prefixed raw blocks of 32 KiB input); librdkafka writes raw snappy. Both are read;
   `compress` writes whichever the caller asks for.
@@ -22,6 +25,7 @@ import zlib
 
 import cramjam
 
+from . import lz4_frame
 from .errors import BatchTooLarge, CorruptBatch, UnsupportedCompression
 
 __all__ = [
@@ -249,6 +253,18 @@ def _lz4_output_bound(payload: Buffer) -> int | None:
     return None
 
 
+def _lz4_decompress(payload: Buffer, limit: int, guess: int | None) -> memoryview:
+    """liblz4 through `lz4_frame` (it gives up the GIL while it works), sized as
+    `_bounded_into` sizes cramjam's output."""
+    if guess is None:
+        guess = max(_MIN_FIRST_GUESS, len(payload) * _FIRST_GUESS_RATIO)
+    try:
+        return lz4_frame.decompress(payload if isinstance(payload, bytes) else bytes(payload),
+                                    limit, guess)
+    except lz4_frame.Lz4Limit:
+        raise _too_large(limit) from None
+
+
 def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
     """Decompress a batch's records section (returns `payload` itself for codec none).
 
@@ -274,6 +290,8 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
                 guess = declared if declared is not None else _lz4_output_bound(payload)
                 if guess is not None:  # a claim, not yet checked: no more than LZ4 can make
                     guess = min(guess, _MIN_FIRST_GUESS + len(payload) * _LZ4_MAX_RATIO)
+                if lz4_frame.AVAILABLE:
+                    return _lz4_decompress(payload, limit, guess)
                 return _bounded_into(cramjam.lz4.decompress_into, payload, limit, guess)
             return _bounded_into(cramjam.zstd.decompress_into, payload, limit)
     except CorruptBatch:
@@ -296,6 +314,8 @@ def compress(codec: int, data: Buffer, xerial: bool = True) -> Buffer:
     if codec == CODEC_LZ4:
         # Level 0 is LZ4's fast mode, which librdkafka producers use by default; cramjam's
         # default (4) is the high-compression mode, ~6x slower for ~25% smaller batches.
+        if lz4_frame.AVAILABLE:  # the same frame, made without holding the GIL
+            return lz4_frame.compress(data if isinstance(data, bytes) else bytes(data))
         compressor = cramjam.lz4.Compressor(level=0, content_checksum=False,
                                             block_linked=False)
         compressor.compress(data if isinstance(data, bytes) else bytes(data))

@@ -2,8 +2,9 @@
 
 Public contract (key names users and scripts rely on): ``name``, ``module``, ``topics``,
 ``apply_to``, ``on_error``, ``dead_letter_topic``, ``config``, ``function``, ``principals``.
-Added by Sluice: ``timeout_ms`` (CPU deadline per call) and ``max_memory_mb`` (linear memory
-cap per instance).
+Added by Sluice: ``timeout_ms`` (CPU deadline per call), ``max_memory_mb`` (linear memory
+cap per instance) and ``stateless`` (the module keeps nothing from one call to the next, so
+the host may run it on several instances at once: `FilterSpec.poolable`).
 
 Errors are `ConfigError`s naming file, line and field, e.g.
 ``sluice.yaml:12: filters[1].apply_to: unknown value 'prodcue' (expected produce, fetch, admin)``.
@@ -53,10 +54,14 @@ BUILTIN_PREFIX: Final = "builtin:"
 BUILTIN_DIR: Final = Path(__file__).resolve().parent / "builtin"
 #: ``builtin:NAME`` values served by host code (filters/host.py) rather than a packaged .wasm.
 HOST_BUILTINS: Final = ("encrypt", "block")
+#: Packaged modules whose output depends on their config and the call's input alone (no state
+#: kept from one call to the next), so they may run on several instances at once; any other
+#: module gets one instance unless its entry says ``stateless: true``.
+STATELESS_BUILTINS: Final = ("pii-mask",)
 
 _KNOWN_KEYS: Final = (
     "name", "module", "topics", "apply_to", "on_error", "dead_letter_topic", "config",
-    "function", "principals", "timeout_ms", "max_memory_mb",
+    "function", "principals", "timeout_ms", "max_memory_mb", "stateless",
 )
 _BUILTIN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _FUNCTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.$-]*$")
@@ -94,6 +99,8 @@ class FilterSpec:
     #: Id of the key that signed the fleet record this filter came from (None: the config
     #: file, or an unsigned fleet); telemetry names it beside the module's sha256.
     signer: str | None = None
+    #: ``stateless`` as written (None: not written; the module's default, `poolable`, holds).
+    stateless: bool | None = None
 
     def __post_init__(self) -> None:
         # Guard programmatic construction with the same rules as the YAML path.
@@ -113,6 +120,18 @@ class FilterSpec:
             if name in HOST_BUILTINS:
                 return name
         return None
+
+    @property
+    def poolable(self) -> bool:
+        """Whether the host may run this filter on more than one instance at once: the entry
+        says ``stateless: true``, or it names a packaged module known to keep no state
+        (STATELESS_BUILTINS) and does not say ``stateless: false``. Host filters never."""
+        if self.host_builtin is not None:
+            return False
+        if self.stateless is not None:
+            return self.stateless
+        return self.module.startswith(BUILTIN_PREFIX) and \
+            self.module[len(BUILTIN_PREFIX):] in STATELESS_BUILTINS
 
     @property
     def module_path(self) -> Path:
@@ -251,11 +270,17 @@ class _EntryParser:
         principals = self.string_list("principals", required=False)
         timeout_ms = self.positive_int("timeout_ms", DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS)
         max_memory_mb = self.positive_int("max_memory_mb", DEFAULT_MAX_MEMORY_MB, MAX_MEMORY_MB)
+        stateless = self.raw.get("stateless")
+        if stateless is not None and not isinstance(stateless, bool):
+            raise self.fail("stateless", f"must be true or false, got {_kind(stateless)}")
+        if stateless and module.removeprefix(BUILTIN_PREFIX) in HOST_BUILTINS:
+            raise self.fail("stateless", f"{module} is a host filter and runs on one instance")
         return FilterSpec(
             name=name, module=module, topics=topics, apply_to=frozenset(apply_raw),
             on_error=on_error, dead_letter_topic=dead_letter_topic, config=config,
             function=function, principals=principals, timeout_ms=timeout_ms,
-            max_memory_mb=max_memory_mb, base_dir=self.base_dir, source=self.lines.source,
+            max_memory_mb=max_memory_mb, stateless=stateless, base_dir=self.base_dir,
+            source=self.lines.source,
             line=self.lines.line(self.path), kms=self.kms,
             config_lines={k: line for k in config
                           if (line := self.lines.line((*self.path, "config", k))) is not None},

@@ -20,7 +20,13 @@ A trap, timeout, memory exhaustion, invalid output or guest-reported error never
 the filter's ``on_error`` policy: ``reject`` -> REJECT, ``pass`` -> KEEP, ``dead-letter`` ->
 REJECT with ``dead_letter=True``. A host filter's `PartitionError` is the exception: it is
 counted and logged, then passes to the pipeline, which fails that partition with its code.
-Calls on one LoadedFilter are serialised by a lock (a wasmtime store is single-threaded).
+A wasmtime store is single-threaded, so each call holds one instance. A filter gets one instance
+and its calls are serialised, unless its spec is `poolable` (it keeps no state between calls:
+builtin pii-mask, or ``stateless: true``): then a call that finds every instance busy makes
+another, up to one per thread calling at once and at most `MAX_INSTANCES`, so the filter thread
+pool's threads run it side by side (issue 29: a Fetch response's partitions on two cores). An
+instance is made only where the thread may wait (never inline on the event loop) and kept until
+the filter is closed; each costs its module's linear memory (up to ``max_memory_mb``).
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Final
 
 import structlog
 import wasmtime
@@ -55,7 +62,10 @@ from sluice.filters.module_cache import ModuleCache
 from sluice.filters.native_io import NativeOutput
 from sluice.filters.records_io import AbiError
 
-__all__ = ["FilterLoadError", "LoadedFilter", "load_filter", "shared_cache"]
+__all__ = ["MAX_INSTANCES", "FilterLoadError", "LoadedFilter", "load_filter", "shared_cache"]
+
+#: Instances of one poolable filter at most (in the proxy the filter threads bound them first).
+MAX_INSTANCES: Final = 8
 
 log = structlog.get_logger("sluice.filters")
 
@@ -142,8 +152,12 @@ def load_filter(spec: FilterSpec, *, cache: ModuleCache | None = None,
         runner.guest()
     except GuestFailure as exc:
         raise FilterLoadError(f"{who}: instantiation failed: {exc}") from None
+    module = compiled.module
+    # Further instances of a stateless filter, made on demand (their first call instantiates
+    # them; a failure there is a failed call, under the filter's on_error policy).
+    more = (lambda: _select_abi(module, spec, who, eng)) if spec.poolable else None
     return LoadedFilter(spec, compiled.sha256, runner, compiled.origin,
-                        compiled.load_seconds)
+                        compiled.load_seconds, more=more)
 
 
 class LoadedFilter:
@@ -152,7 +166,8 @@ class LoadedFilter:
     def __init__(self, spec: FilterSpec, sha256: str,
                  runner: AbiRunner | HostRunner | ComponentAbi,
                  origin: str,
-                 load_seconds: float) -> None:
+                 load_seconds: float,
+                 more: Callable[[], AbiRunner | ComponentAbi] | None = None) -> None:
         self.spec = spec
         self.name = spec.name
         self.sha256 = sha256
@@ -162,7 +177,16 @@ class LoadedFilter:
         self.origin = origin
         self.load_seconds = load_seconds
         self._runner = runner
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the instance, when the filter has only one
+        #: Poolable filters: a factory of further instances, the idle ones (last used on top:
+        #: its memory is warm), and every one made.
+        self._more = more
+        self._idle: list[AbiRunner | HostRunner | ComponentAbi] = [runner]
+        self._made: list[AbiRunner | HostRunner | ComponentAbi] = [runner]
+        self._pool = threading.Condition()
+        self._creating = 0
+        self._limit = MAX_INSTANCES
+        self._counts = threading.Lock()  # failures and native_fallbacks, counted from any thread
         self._native_failure = threading.local()  # the last failed native call, per thread
         self.failures: Counter[str] = Counter()
         #: Fast-path calls that failed and were redone through run_batch.
@@ -174,14 +198,66 @@ class LoadedFilter:
         self.repeats = RepeatLimiter()
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        """The filter's lock; on the event loop (a job inline) only if it is free now, else
-        `blocking.WouldBlock`: another thread's run (a KMS call) must not stall the loop."""
-        blocking.acquire(self._lock)
+    def _instance(self) -> Iterator[AbiRunner | HostRunner | ComponentAbi]:
+        """An instance for this thread alone until the block ends: the filter's one instance
+        under its lock or, poolable, an idle one or a new one. On the event loop (a job
+        inline) only one free now, else `blocking.WouldBlock`: another thread's run (a KMS
+        call) must not stall the loop, nor may an instantiation."""
+        if self._more is None:
+            blocking.acquire(self._lock)
+            try:
+                yield self._runner
+            finally:
+                self._lock.release()
+            return
+        runner = self._take(self._more)
         try:
-            yield
+            yield runner
         finally:
-            self._lock.release()
+            with self._pool:
+                self._idle.append(runner)
+                self._pool.notify()
+
+    def _take(self, more: Callable[[], AbiRunner | ComponentAbi]
+              ) -> AbiRunner | HostRunner | ComponentAbi:
+        with self._pool:
+            while not self._idle:
+                may_wait = blocking.allowed()
+                if may_wait and len(self._made) + self._creating < self._limit:
+                    self._creating += 1
+                    break
+                if not may_wait:
+                    raise blocking.WouldBlock()
+                self._pool.wait()
+            else:
+                return self._idle.pop()
+        made: AbiRunner | ComponentAbi | None = None
+        try:
+            made = more()
+        except Exception:
+            # Not expected (the module and its spec loaded already): the instances made so
+            # far serve on, and the call waits for one of them.
+            self._log.warning("filter_instance_not_made", instances=len(self._made),
+                              exc_info=True)
+        with self._pool:
+            self._creating -= 1
+            if made is None:
+                self._limit = len(self._made)
+                self._pool.notify()
+            else:
+                self._made.append(made)
+        return made if made is not None else self._take(more)
+
+    @property
+    def instances(self) -> int:
+        """Instances made so far (1 unless the filter is poolable and ran on several threads
+        at once)."""
+        return len(self._made)
+
+    @property
+    def poolable(self) -> bool:
+        """Whether calls may run on several instances at once (`FilterSpec.poolable`)."""
+        return self._more is not None
 
     @property
     def supports_admin(self) -> bool:
@@ -252,13 +328,15 @@ class LoadedFilter:
                                          timestamp_base)
         if not isinstance(runner, (SluiceAbi, ComponentAbi)) or not runner.has_native:
             return None
-        with self._locked():
+        with self._instance() as instance:
+            assert isinstance(instance, (SluiceAbi, ComponentAbi))
             try:
-                return runner.run_native(ctx, records, count, offset_base, timestamp_base)
+                return instance.run_native(ctx, records, count, offset_base, timestamp_base)
             except Exception as exc:
                 if not isinstance(exc, GuestFailure):
-                    runner.discard()
-                self.native_fallbacks += 1
+                    instance.discard()
+                with self._counts:
+                    self.native_fallbacks += 1
                 if isinstance(exc, GuestFailure) and exc.kind == "timeout":
                     # A deadline is spent: do not spend it a second time on the same batch.
                     self._native_failure.last = (
@@ -273,24 +351,27 @@ class LoadedFilter:
         its own rules)."""
         if not runner.has_native:
             return None
-        with self._locked():
+        with self._instance():
             try:
                 return runner.run_native(ctx, records, count, offset_base, timestamp_base)
             except PartitionError as exc:
-                self.failures["partition"] += 1
+                with self._counts:
+                    self.failures["partition"] += 1
                 self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
                                      "filter_partition_error", code=exc.code,
                                      reason=exc.message[:200], topic=ctx.topic,
                                      partition=ctx.partition, records=count)
                 raise
             except Exception:
-                self.native_fallbacks += 1
+                with self._counts:
+                    self.native_fallbacks += 1
                 return None
 
     @property
     def instantiations(self) -> int:
-        """How many instances were created (1 + re-instantiations after failures)."""
-        return self._runner.instantiations
+        """How many instances were created (1 + re-instantiations after failures, + the
+        pool's further instances)."""
+        return sum(r.instantiations for r in list(self._made))
 
     def _policy(self, failure: str) -> Decision:
         on_error = self.spec.on_error
@@ -310,7 +391,8 @@ class LoadedFilter:
             kind, message = "init", str(exc)
         else:
             kind, message = "internal", f"{type(exc).__name__}: {exc}"
-        self.failures[kind] += 1
+        with self._counts:
+            self.failures[kind] += 1
         topic = ctx.topic if ctx else None
         self.repeats.warning(self._log, ("filter_failure", what, kind, topic), "filter_failure",
                              call=what, kind=kind, reason=message[:200],
@@ -335,16 +417,16 @@ class LoadedFilter:
         failure: str | None = None
         remembered = getattr(self._native_failure, "last", None)
         self._native_failure.last = None
-        with self._locked():
+        with self._instance() as instance:
             try:
                 if remembered is not None and remembered[0] == (
                     id(ctx), offset_base, timestamp_base, len(records)
                 ):
                     raise remembered[1]  # the native call on this batch already failed
-                decisions, detectors = self._runner.run(ctx, records, offset_base,
-                                                        timestamp_base)
+                decisions, detectors = instance.run(ctx, records, offset_base, timestamp_base)
             except PartitionError as exc:
-                self.failures["partition"] += 1
+                with self._counts:
+                    self.failures["partition"] += 1
                 self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
                                      "filter_partition_error", code=exc.code,
                                      reason=exc.message[:200], topic=ctx.topic,
@@ -354,7 +436,7 @@ class LoadedFilter:
                 # GuestFailure, a failed re-initialisation, or a bug of ours: a trapped
                 # instance is already marked dead; anything unexpected drops it too.
                 if not isinstance(exc, GuestFailure):
-                    self._runner.discard()
+                    instance.discard()
                 failure = self._failed(exc, "filter", ctx, len(records))
                 decisions = [Decision(Action.REJECT, reason=failure, failure=failure)] * len(
                     records)
@@ -366,7 +448,8 @@ class LoadedFilter:
             failed += 1
             if failure is None:
                 # A per-record failure (in-place and Connect ABIs): count and log it here.
-                self.failures["record"] += 1
+                with self._counts:
+                    self.failures["record"] += 1
                 self.repeats.warning(self._log, ("filter_failure", "record", ctx.topic),
                                      "filter_failure", call="record", reason=d.failure[:200],
                                      policy=self.spec.on_error, topic=ctx.topic,
@@ -379,12 +462,12 @@ class LoadedFilter:
     def run_admin(self, resource: AdminResource) -> AdminVerdict:
         """Offer one admin resource to the filter; failures follow ``on_error`` (``pass``
         allows unchanged; ``reject`` and ``dead-letter`` deny)."""
-        with self._lock:
+        with self._instance() as instance:
             try:
-                verdict = decode_admin_output(self._runner.admin(resource.to_json()))
+                verdict = decode_admin_output(instance.admin(resource.to_json()))
             except Exception as exc:
                 if not isinstance(exc, GuestFailure):
-                    self._runner.discard()
+                    instance.discard()
                 failure = self._failed(exc, "admin", None, 1)
                 if self.spec.on_error == "pass":
                     return AdminVerdict("allow", filter=self.name, failure=failure)
@@ -394,8 +477,9 @@ class LoadedFilter:
                             verdict.configs, filter=self.name)
 
     def close(self) -> None:
-        with self._lock:
-            self._runner.close()
+        with self._lock, self._pool:
+            for runner in self._made:
+                runner.close()
 
     def __repr__(self) -> str:
         return (f"LoadedFilter(name={self.name!r}, abi={self.abi!r}, "

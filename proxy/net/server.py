@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from sluice.filters.parallel import Helpers
 from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import Close, Connection, Limits
 from sluice.proxy.net.job_placement import JobPlacement
@@ -136,6 +137,11 @@ class ProxyServer:
             policies=self.policies,
             batch_limits=self.config.batch_limits,
             protection=Protection(frozenset(own), self.config.operators),
+            helpers=(
+                Helpers(self.executor.submit, self.config.filter_threads)
+                if self.executor is not None and self.config.filter_threads > 1
+                and self.config.spread_fetch else None
+            ),
         )
 
     def _brokers_seen(self, node_ids: list[int]) -> None:

@@ -59,6 +59,9 @@ class ProxyConfig:
     workers: int = 1  # `--workers N`: processes sharing the ports (SO_REUSEPORT)
     # proxy.filter_threads: threads that run filters off the event loop (0 = on the loop)
     filter_threads: int = 2
+    # proxy.spread_fetch: a large Fetch response's partitions on several filter threads at once
+    # (stateless filters only; filters/parallel.py)
+    spread_fetch: bool = True
     node_port_table: str | None = None  # the workers' shared node -> port file (net/node_ports.py)
     worker_index: int = 0  # which of them this process is
     # policy_admins: principal globs allowed to set x-data-policy (None: nobody)

@@ -45,7 +45,7 @@ KNOWN_SECTIONS = (
     "security",
 )
 #: Keys of the ``proxy:`` section.
-PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads")
+PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads", "spread_fetch")
 #: Keys of the ``dead_letters:`` section.
 DEAD_LETTER_KEYS = ("max_queued_bytes", "shutdown_timeout_seconds")
 #: Sections whose value must be a mapping (the others: a list, a path).
@@ -145,6 +145,13 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                     ("proxy", "filter_threads"), f"must be an integer 0..64, got {threads!r}"
                 )
             config.filter_threads = threads
+        if "spread_fetch" in proxy:
+            spread = proxy["spread_fetch"]
+            if not isinstance(spread, bool):
+                raise lines.error(
+                    ("proxy", "spread_fetch"), f"must be true or false, got {spread!r}"
+                )
+            config.spread_fetch = spread
         limits = parse_limits(data.get("limits"), lines, config.max_frame_size)
         config.max_frame_size = limits.max_frame_size
         config.max_connections = limits.max_connections

@@ -62,6 +62,7 @@ from sluice.codec.produce_splice import (
     scan_produce_request,
 )
 from sluice.filters import blocking
+from sluice.filters.parallel import Helpers
 from sluice.proxy.contract import INLINE_SCALED_MAX_BYTES, ClientInfo, Upstream
 
 if TYPE_CHECKING:
@@ -417,6 +418,10 @@ class PathContext:
     batch_limits: BatchLimits = DEFAULT_BATCH_LIMITS
     # The proxy's own topics and who may still reach them (paths/internal_topics.py).
     protection: Protection | None = None
+    # The filter thread pool, for a job to run independent pieces on several of its threads
+    # (filters/parallel.py); None when there is at most one thread or proxy.spread_fetch is
+    # false.
+    helpers: Helpers | None = None
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
 

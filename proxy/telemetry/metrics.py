@@ -108,6 +108,8 @@ class Metrics:
     fleet_refused: dict[str, int] = field(default_factory=dict)
     #: Times the fleet topic vanished, was recreated or truncated under this proxy.
     fleet_lost: int = 0
+    #: Filtered Fetch responses whose partitions ran on several filter threads at once.
+    fetch_spread: int = 0
     ready: bool = False
     worker: str = "0"
 
@@ -302,6 +304,11 @@ class _Collector:
             jobs.add_metric(["inline"], inline)
             jobs.add_metric(["pool"], pool)
             yield jobs
+        yield CounterMetricFamily(
+            "sluice_fetch_spread_responses",
+            "Filtered Fetch responses whose partitions ran on several filter threads at once",
+            value=m.fetch_spread,
+        )
         yield from _quota_families(m.quota_stats)
 
 

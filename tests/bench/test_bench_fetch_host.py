@@ -27,5 +27,11 @@ def test_the_job_it_times_masks_the_response() -> None:
 
 def test_both_workloads_are_measured() -> None:
     for workload in (1, 2):
-        whole, guest = bench_fetch_host.measure(workload, 600, 100, 1)
+        whole, guest, walls = bench_fetch_host.measure(workload, 600, 100, 1)
         assert whole > guest > 0
+        assert walls is None
+
+
+def test_threads_time_the_job_alone_and_spread() -> None:
+    _, _, walls = bench_fetch_host.measure(2, 6000, 500, 1, threads=2)
+    assert walls is not None and walls[0] > 0 and walls[1] > 0

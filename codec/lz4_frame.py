@@ -1,0 +1,178 @@
+"""LZ4 frames through the system's liblz4 (ctypes), which gives up the GIL while it works.
+
+cramjam's lz4 holds the GIL for the whole call (measured: a Python thread makes no progress
+while another compresses a 1 MB records section), so when two filter threads mask a Fetch
+response's partitions side by side (`filters/parallel.py`) their decompression and
+recompression ran one at a time. A ctypes call releases the GIL, so the same work here runs
+on both cores. Used by `codec/compression.py` for lz4 when ``liblz4.so.1`` loads (`AVAILABLE`);
+without it compression keeps to cramjam, with the same frames and the same verdicts
+(tests/codec/test_lz4_frame.py holds the two to that).
+
+Compression makes the frame `compression.compress` made with cramjam: LZ4's fast mode (level 0,
+what librdkafka producers use), independent 64 KiB blocks with a checksum each, no content
+checksum or size.
+Decompression writes into a buffer the caller sizes and grows it only up to the caller's limit,
+so a small frame claiming gigabytes costs no more than the limit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+from typing import Final
+
+__all__ = ["AVAILABLE", "Lz4Error", "Lz4Limit", "compress", "decompress"]
+
+_LZ4F_VERSION: Final = 100
+_BLOCK_INDEPENDENT: Final = 1
+
+
+class Lz4Error(ValueError):
+    """A frame liblz4 refuses (the message is liblz4's own) or that ends early."""
+
+
+class Lz4Limit(Lz4Error):
+    """The frame holds more than the caller's limit."""
+
+
+class _FrameInfo(ctypes.Structure):
+    _fields_ = [
+        ("blockSizeID", ctypes.c_int),
+        ("blockMode", ctypes.c_int),
+        ("contentChecksumFlag", ctypes.c_int),
+        ("frameType", ctypes.c_int),
+        ("contentSize", ctypes.c_ulonglong),
+        ("dictID", ctypes.c_uint),
+        ("blockChecksumFlag", ctypes.c_int),
+    ]
+
+
+class _Preferences(ctypes.Structure):
+    _fields_ = [
+        ("frameInfo", _FrameInfo),
+        ("compressionLevel", ctypes.c_int),
+        ("autoFlush", ctypes.c_uint),
+        ("favorDecSpeed", ctypes.c_uint),
+        ("reserved", ctypes.c_uint * 3),
+    ]
+
+
+def _load() -> ctypes.CDLL | None:
+    for name in ("liblz4.so.1", ctypes.util.find_library("lz4")):
+        if not name:
+            continue
+        try:
+            lib = ctypes.CDLL(name)  # CDLL, not PyDLL: every call releases the GIL
+        except OSError:
+            continue
+        try:
+            if lib.LZ4F_getVersion() < _LZ4F_VERSION:
+                continue
+        except AttributeError:
+            continue
+        return lib
+    return None
+
+
+_lib = _load()
+AVAILABLE: Final = _lib is not None
+
+_size = ctypes.c_size_t
+_vp = ctypes.c_void_p
+if _lib is not None:
+    _lib.LZ4F_compressFrameBound.argtypes = [_size, ctypes.POINTER(_Preferences)]
+    _lib.LZ4F_compressFrameBound.restype = _size
+    _lib.LZ4F_compressFrame.argtypes = [_vp, _size, _vp, _size, ctypes.POINTER(_Preferences)]
+    _lib.LZ4F_compressFrame.restype = _size
+    _lib.LZ4F_isError.argtypes = [_size]
+    _lib.LZ4F_isError.restype = ctypes.c_uint
+    _lib.LZ4F_getErrorName.argtypes = [_size]
+    _lib.LZ4F_getErrorName.restype = ctypes.c_char_p
+    _lib.LZ4F_createDecompressionContext.argtypes = [ctypes.POINTER(_vp), ctypes.c_uint]
+    _lib.LZ4F_createDecompressionContext.restype = _size
+    _lib.LZ4F_freeDecompressionContext.argtypes = [_vp]
+    _lib.LZ4F_freeDecompressionContext.restype = _size
+    _lib.LZ4F_decompress.argtypes = [_vp, _vp, ctypes.POINTER(_size), _vp,
+                                     ctypes.POINTER(_size), _vp]
+    _lib.LZ4F_decompress.restype = _size
+
+_PREFS = _Preferences()
+_PREFS.frameInfo.blockMode = _BLOCK_INDEPENDENT
+_PREFS.frameInfo.blockChecksumFlag = 1  # as cramjam's frames have always had
+_PREFS.compressionLevel = 0
+
+
+def _check(code: int) -> int:
+    assert _lib is not None
+    if _lib.LZ4F_isError(code):
+        raise Lz4Error(_lib.LZ4F_getErrorName(code).decode("ascii", "replace"))
+    return code
+
+
+def _address(data: bytes) -> int:
+    return ctypes.cast(ctypes.c_char_p(data), _vp).value or 0
+
+
+def compress(data: bytes) -> bytes:
+    """One LZ4 frame of `data` (fast mode, independent blocks with checksums)."""
+    assert _lib is not None
+    bound = _lib.LZ4F_compressFrameBound(len(data), ctypes.byref(_PREFS))
+    out = _scratch(bound)
+    written = _check(_lib.LZ4F_compressFrame(out, bound, _address(data), len(data),
+                                             ctypes.byref(_PREFS)))
+    return ctypes.string_at(out, written)  # the one copy: out of the scratch buffer
+
+
+_local = threading.local()
+
+
+def _scratch(size: int) -> ctypes.Array[ctypes.c_char]:
+    """This thread's compression buffer, at least `size` bytes: reused, so that a batch's
+    compression does not zero a fresh buffer of its size first (as large as the biggest
+    records section the thread compressed, a few MiB at most: `limits.max_batch_bytes`)."""
+    buf: ctypes.Array[ctypes.c_char] | None = getattr(_local, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _local.buf = ctypes.create_string_buffer(size)
+    return buf
+
+
+def decompress(payload: bytes, limit: int, guess: int) -> memoryview:
+    """The content of the LZ4 frame(s) in `payload`, written into a buffer of `guess` bytes
+    that grows up to `limit` (`Lz4Error` beyond it, or on a frame liblz4 refuses or that ends
+    early)."""
+    assert _lib is not None
+    ctx = _vp()
+    _check(_lib.LZ4F_createDecompressionContext(ctypes.byref(ctx), _LZ4F_VERSION))
+    try:
+        src = _address(payload)
+        end = len(payload)
+        out = bytearray(min(limit, max(guess, 64)))
+        pos_in = pos_out = 0
+        dst_size, src_size = _size(), _size()
+        hint = 1
+        # Until the input is used up, and then while output may wait in the context (the
+        # last call filled the buffer mid-frame).
+        while pos_in < end or (hint != 0 and pos_out == len(out)):
+            if pos_out == len(out):
+                if len(out) >= limit:
+                    raise Lz4Limit(f"decompresses to more than {limit} bytes")
+                out.extend(bytes(min(limit, 2 * len(out)) - len(out)))
+            window = (ctypes.c_char * (len(out) - pos_out)).from_buffer(out, pos_out)
+            dst_size.value = len(out) - pos_out
+            src_size.value = end - pos_in
+            try:
+                hint = _check(_lib.LZ4F_decompress(ctx, ctypes.addressof(window),
+                                                   ctypes.byref(dst_size), src + pos_in,
+                                                   ctypes.byref(src_size), None))
+            finally:
+                del window  # the bytearray may not grow while ctypes holds it
+            if dst_size.value == 0 and src_size.value == 0 and pos_out < len(out):
+                raise Lz4Error("no progress")
+            pos_in += src_size.value
+            pos_out += dst_size.value
+        if hint != 0:
+            raise Lz4Error("frame ends early")
+        return memoryview(out)[:pos_out]
+    finally:
+        _lib.LZ4F_freeDecompressionContext(ctx)

@@ -1,0 +1,97 @@
+"""lz4 through the system's liblz4 (codec/lz4_frame.py): the same frames as cramjam made, the
+same verdicts on bad input, output bounded by the limit, and the GIL given up while it works."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import cramjam
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.codec import compression, lz4_frame
+from sluice.codec.compression import CODEC_LZ4
+from sluice.codec.errors import BatchTooLarge, CorruptBatch
+
+pytestmark = pytest.mark.skipif(not lz4_frame.AVAILABLE, reason="no liblz4.so.1 on this host")
+
+
+def cramjam_frame(data: bytes) -> bytes:
+    """The frame `compression.compress` made before lz4_frame (cramjam, level 0)."""
+    compressor = cramjam.lz4.Compressor(level=0, content_checksum=False, block_linked=False)
+    compressor.compress(data)
+    return bytes(compressor.finish())
+
+
+records = st.one_of(
+    st.binary(max_size=3000),
+    st.builds(lambda chunk, n: chunk * n, st.binary(min_size=1, max_size=300),
+              st.integers(1, 2000)),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=records)
+def test_frames_are_cramjams_bytes_and_read_back(data: bytes) -> None:
+    frame = compression.compress(CODEC_LZ4, data)
+    assert frame == cramjam_frame(data)
+    assert bytes(compression.decompress(CODEC_LZ4, frame)) == data
+    assert bytes(cramjam.lz4.decompress(frame)) == data
+
+
+def test_large_sections_grow_the_buffer_and_keep_to_the_limit() -> None:
+    data = b'{"user": "ann@example.com", "note": "' + b"x" * 150 + b'"}'
+    data *= 20_000  # 3.8 MB, blocks of 64 KiB: the first guess is far too small
+    frame = lz4_frame.compress(data)
+    assert bytes(lz4_frame.decompress(frame, len(data), 64)) == data
+    with pytest.raises(BatchTooLarge):
+        compression.decompress(CODEC_LZ4, frame, limit=len(data) - 1)
+
+
+def test_truncated_and_corrupt_frames_are_corrupt_batches() -> None:
+    frame = lz4_frame.compress(os.urandom(1000) * 300)
+    for cut in (3, 7, 20, len(frame) // 2, len(frame) - 1):
+        with pytest.raises(CorruptBatch, match="lz4 decompression failed"):
+            compression.decompress(CODEC_LZ4, frame[:cut])
+    bad = bytearray(frame)
+    bad[40] ^= 0xFF  # inside the first block: its checksum no longer matches
+    with pytest.raises(CorruptBatch, match="lz4 decompression failed"):
+        compression.decompress(CODEC_LZ4, bytes(bad))
+    with pytest.raises(CorruptBatch):
+        compression.decompress(CODEC_LZ4, b"not an lz4 frame at all")
+
+
+@pytest.mark.serial
+def test_a_python_thread_runs_while_another_compresses() -> None:
+    """With Python's switch interval longer than the calls, a thread counting in Python can run
+    during a call only if the call gave the GIL up (cramjam's lz4 Compressor does not: the
+    counter stays still through each of its calls)."""
+    # Calls of tens of ms (a thread wake-up on a loaded machine can take ~10 ms).
+    data = b"".join(b'{"user": "u%d@example.com", "n": %d}' % (i, i * 7) for i in range(800_000))
+    frame = lz4_frame.compress(data)
+    count = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.5)
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        progress = []
+        for call in (lambda: lz4_frame.compress(data),
+                     lambda: lz4_frame.decompress(frame, len(data), len(data))) * 6:
+            before = count[0]
+            call()
+            progress.append(count[0] - before)
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(interval)
+    assert max(progress[0::2]) > 0 and max(progress[1::2]) > 0, progress
