@@ -1,9 +1,14 @@
 """Micro-benchmark of the pass-through core per request: one-record Produce requests and their
 responses through the real `ProxyServer`'s `Session` and `Connection` (framing, header, version
 gate, the internal-topics and Produce paths, slots, the KIP-951 scan of the response, metrics,
-the actions), with no socket, no broker and no filter; the transports only count writes.
+the actions), with no socket and no broker; the transports only count writes. With `--mask`,
+builtin:pii-mask filters produce (the mask-produce variant of `bench_proxy`): each request
+holds one ~200-byte JSON record of the benchmark workload (an e-mail and a card number to
+mask), and its filter job runs as the proxy runs it (in the pool while its kind learns, then
+inline on the loop, `net/job_placement.py`), so the figure is the whole in-process cost of a
+one-record masked Produce: path, job placement, chain, guest call, splice, telemetry.
 
-    python -m bench.connection_cpu [--rounds 5] [--requests 20000] [--baseline DIR]
+    python -m bench.connection_cpu [--rounds 5] [--requests 20000] [--mask] [--baseline DIR]
 
 Prints µs of CPU (process time) per request and its response, best of the rounds. With
 `--baseline DIR` (another Sluice source tree, as for `bench_proxy --baseline`), the same
@@ -28,11 +33,15 @@ from typing import Any
 
 from bench import baseline
 from bench.path_cpu import produce_frame
+from bench.workload import json_records
 from sluice.codec import entities, schemas
 from sluice.codec.headers import response_header_bytes
 from sluice.codec.messages import ApiKey, encode_response
+from sluice.filters.config import parse_filter_specs
+from sluice.filters.yaml_lines import load_yaml_text_with_lines
 from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops.config import ProxyConfig
+from sluice.proxy.ops.reload import build_chain
 
 VERSION = 9  # what librdkafka sends to Apache Kafka 4
 
@@ -65,9 +74,19 @@ class _Transport:
         pass
 
 
-def _frames(count: int) -> list[tuple[bytes, bytes]]:
+MASK_CONFIG = """\
+filters:
+  - name: mask-pii
+    module: builtin:pii-mask
+    topics: ["cpu-*"]
+    apply_to: [produce]
+"""
+
+
+def _frames(count: int, mask: bool = False) -> list[tuple[bytes, bytes]]:
     """(request, response) wire frames, size prefixes included, correlation ids 1..count."""
-    request = bytearray(produce_frame("cpu-topic", b'{"n": 1, "name": "x"}' * 8, VERSION))
+    value = json_records(1)[0] if mask else b'{"n": 1, "name": "x"}' * 8
+    request = bytearray(produce_frame("cpu-topic", value, VERSION))
     cls = schemas.response_schema(ApiKey.PRODUCE, VERSION)
     tcls = entities.element_class(cls, "responses")
     pcls = entities.element_class(tcls, "partition_responses")
@@ -84,8 +103,17 @@ def _frames(count: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
-async def _measure(rounds: int, requests: int) -> float:
+def _mask_chain() -> Any:
+    """The mask-produce variant's chain, loaded as `sluice serve` loads it."""
+    data, lines = load_yaml_text_with_lines(MASK_CONFIG, "<mask-produce>")
+    specs = parse_filter_specs(data["filters"], "<mask-produce>", lines)
+    return build_chain(specs)
+
+
+async def _measure(rounds: int, requests: int, mask: bool = False) -> float:
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+    if mask:
+        server.install_chain(_mask_chain())
     session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
     client, broker = _Transport(), _Transport()
     session._client = client
@@ -94,17 +122,31 @@ async def _measure(rounds: int, requests: int) -> float:
     session._connecting.cancel()  # no broker to dial: the fake transport stands in
     session.broker_connected(broker)
     session._live = True
-    frames = _frames(requests)
-    for request, response in frames[:1000]:  # warm-up
+    frames = _frames(requests, mask)
+
+    async def one(request: bytes, response: bytes) -> None:
+        sent = broker.writes
         session.data_received(request)
+        # A filtered request is forwarded once its job is done: inline, in a callback of
+        # the loop's next turn; in the pool (while its kind learns), a few turns later.
+        while broker.writes == sent and not session._ended:
+            await asyncio.sleep(0)
         session.broker_data(response)
+
+    for request, response in frames[:1000]:  # warm-up
+        await one(request, response)
     best = float("inf")
     for _ in range(rounds):
         started = time.process_time()
-        for request, response in frames:
-            session.data_received(request)
-            session.broker_data(response)
+        if mask:
+            for request, response in frames:
+                await one(request, response)
+        else:
+            for request, response in frames:
+                session.data_received(request)
+                session.broker_data(response)
         best = min(best, (time.process_time() - started) / requests * 1e6)
+    server.install_chain(None)
     # One write each way per request (each read holds one frame): anything else means frames
     # were held, dropped or refused.
     expected = min(1000, requests) + rounds * requests
@@ -113,10 +155,11 @@ async def _measure(rounds: int, requests: int) -> float:
     return best
 
 
-def _run_in(env: dict[str, str], cwd: Path | None, rounds: int, requests: int) -> float:
+def _run_in(env: dict[str, str], cwd: Path | None, rounds: int, requests: int,
+            mask: bool) -> float:
     result = subprocess.run(
         [sys.executable, "-m", "bench.connection_cpu", "--rounds", str(rounds),
-         "--requests", str(requests), "--bare"],
+         "--requests", str(requests), "--bare", *(["--mask"] if mask else [])],
         env=env, cwd=cwd, check=True, capture_output=True, text=True,
     )
     return float(result.stdout.split()[-1])
@@ -129,14 +172,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="", metavar="DIR",
                         help="another Sluice source tree, measured in alternation with this one")
     parser.add_argument("--pairs", type=int, default=4, help="alternations with --baseline")
+    parser.add_argument("--mask", action="store_true",
+                        help="builtin:pii-mask on produce (the mask-produce variant)")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bare:
-        print(f"{asyncio.run(_measure(args.rounds, args.requests)):.3f}")
+        print(f"{asyncio.run(_measure(args.rounds, args.requests, args.mask)):.3f}")
         return 0
     if not args.baseline:
-        micros = asyncio.run(_measure(args.rounds, args.requests))
-        print(f"{micros:.2f} µs CPU per one-record Produce request and its response")
+        micros = asyncio.run(_measure(args.rounds, args.requests, args.mask))
+        what = "masked " if args.mask else ""
+        print(f"{micros:.2f} µs CPU per one-record {what}Produce request and its response")
         return 0
     source = baseline.prepare(Path(args.baseline))
     here = Path(__file__).resolve().parent.parent
@@ -148,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         order = [("this", this_env, None), ("base", base_env, source.cwd)]
         got = {}
         for name, env, cwd in order if k % 2 == 0 else reversed(order):
-            got[name] = _run_in(env, cwd, args.rounds, args.requests)
+            got[name] = _run_in(env, cwd, args.rounds, args.requests, args.mask)
         ratios.append(got["this"] / got["base"])
         print(f"pair {k}: this {got['this']:.2f} µs, base {got['base']:.2f} µs")
     print(f"this/base, median of per-pair ratios: {statistics.median(ratios):.3f} "
