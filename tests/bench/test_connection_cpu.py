@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import pytest
 
@@ -20,3 +21,24 @@ def test_every_request_and_response_is_relayed() -> None:
     # `_measure` refuses to report a figure when a frame was dropped or the connection
     # closed; a positive figure means every frame of every round was written onwards.
     assert asyncio.run(connection_cpu._measure(1, 1200)) > 0
+
+
+
+def test_masked_requests_are_filtered_and_relayed() -> None:
+    # With --mask the record of every request reaches the broker with its e-mail address
+    # masked, and every request and response still goes through (`_measure` checks that).
+    sent: list[bytes] = []
+    original = connection_cpu._Transport.writelines
+
+    def keep(self: connection_cpu._Transport, data: Iterable[bytes]) -> None:
+        sent.append(b"".join(data))
+        original(self, data)
+
+    connection_cpu._Transport.writelines = keep  # type: ignore[method-assign]
+    try:
+        assert asyncio.run(connection_cpu._measure(1, 1100, mask=True)) > 0
+    finally:
+        connection_cpu._Transport.writelines = original  # type: ignore[method-assign]
+    produced = [frame for frame in sent if b'"email": "' in frame]
+    assert len(produced) == 2100
+    assert all(b'"email": "*****@*******.***"' in frame for frame in produced)
