@@ -359,33 +359,46 @@ def _emit(
     base: dict[tuple[str, int], tuple[int, int]] | None,
 ) -> None:
     """One record_batch event per filtered partition, with the broker's base offsets
-    (`base`: (topic, partition) -> (base offset, error code); None when no response came)."""
+    (`base`: (topic, partition) -> (base offset, error code); None when no response came).
+
+    What the event needs is taken now; the event itself is built when the I/O layer performs
+    the call, and only if telemetry is on (with it off, a one-record masked Produce spent
+    ~10 µs building an event nobody read, issue 29)."""
     base = base or {}
     client = exchange.client
     for info in state.filtered:
         offset, code = base.get((info.topic, info.index), (-1, info.error_code))
-        first, last = produce_offsets(offset if info.forwarded else None, info.records_out)
-        fields: dict[str, Any] = {
-            "api": "produce",
-            "topic": info.topic,
-            "partition": info.index,
-            "offset_first": first,
-            "offset_last": last,
-            "records_in": info.records_in,
-            "records_out": info.records_out if info.forwarded else 0,
-            "bytes_in": info.bytes_in,
-            "bytes_out": info.bytes_out,
-            "stats": info.stats,
-            "error_code": info.error_code or code,
-            "error_message": info.error_message,
-            "record_errors": info.record_errors,
-            "dead_letters": info.dead_letters,
-        }
-        exchange.emit(functools.partial(_record_batch, client=client, fields=fields))
+        exchange.emit(functools.partial(
+            _record_batch, client, info, offset if info.forwarded else None,
+            info.records_out if info.forwarded else 0, info.error_code or code,
+            info.error_message,
+        ))
 
 
-def _record_batch(recorder: TelemetryRecorder, client: ClientInfo, fields: dict[str, Any]) -> None:
-    recorder.record_batch(client, **fields)
+def _record_batch(client: ClientInfo, info: FilteredPartition, offset: int | None,
+                  records_out: int, error_code: int, error_message: str | None,
+                  recorder: TelemetryRecorder) -> None:
+    """The event `_emit` asked for (the I/O layer passes `recorder` last)."""
+    if recorder.stats_only(info.stats):
+        return
+    first, last = produce_offsets(offset, info.records_out)
+    recorder.record_batch(
+        client,
+        api="produce",
+        topic=info.topic,
+        partition=info.index,
+        offset_first=first,
+        offset_last=last,
+        records_in=info.records_in,
+        records_out=records_out,
+        bytes_in=info.bytes_in,
+        bytes_out=info.bytes_out,
+        stats=info.stats,
+        error_code=error_code,
+        error_message=error_message,
+        record_errors=info.record_errors,
+        dead_letters=info.dead_letters,
+    )
 
 
 def _partition_response(pcls: type[Any], answer: LocalAnswer) -> Any:
