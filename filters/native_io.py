@@ -88,12 +88,25 @@ def lending() -> Iterator[None]:
     stays valid only until its next call on this thread, so the caller must copy or consume
     it before then (the pipeline builds the batch from it at once). Saves a fresh megabyte,
     its page faults and a copy per batch."""
-    before = getattr(_lending, "on", False)
-    _lending.on = True
+    before = lend()
     try:
         yield
     finally:
-        _lending.on = before
+        end_lending(before)
+
+
+def lend() -> bool:
+    """`lending()` without the context manager, for the per-batch path (a generator-based one
+    costs a few µs per batch): returns what `end_lending` puts back; call it in a
+    ``finally``."""
+    before: bool = getattr(_lending, "on", False)
+    _lending.on = True
+    return before
+
+
+def end_lending(before: bool) -> None:
+    """Undo `lend()` with the value it returned."""
+    _lending.on = before
 
 
 def may_lend() -> bool:
