@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -141,9 +142,8 @@ class ProducePath:
         assert chain is not None
         client = exchange.client
         names = [t.name or ctx.topics.name(t.topic_id) for t in layout.topics]
-        # Whether a filter applies, asked once per topic (the thread and the pipeline reuse it).
-        applied = [n is not None and chain.applies(n, "produce", client.principal) for n in names]
-        if all(n is not None for n in names) and not any(applied):
+        applied, key, scales = _kind(chain, names, client.principal)
+        if not any(applied) and all(n is not None for n in names):
             return Forward(expect_response=layout.acks != 0)
         limits = ctx.batch_limits
         filtered = (
@@ -157,8 +157,8 @@ class ProducePath:
                 ),
                 finish=lambda result: self._forward(ctx, exchange, frame, layout, result),
                 what="produce filters",
-                inline_key=inline_key(chain, "produce", names, client.principal),
-                scales=cost_follows_size(chain, "produce", names, client.principal),
+                inline_key=key,
+                scales=scales,
                 size=job_size(len(frame), filtered),
             )
         )
@@ -241,6 +241,34 @@ class ProducePath:
         _emit(exchange, state, None)
 
 
+#: Requests' topic lists remembered per chain (`_kind`): a client names few, but names are
+#: the client's to choose, so the table is bounded.
+_KINDS_LIMIT = 4096
+
+
+def _kind(
+    chain: FilterChain, names: list[str | None], principal: str | None
+) -> tuple[tuple[bool, ...], str | None, bool]:
+    """For a request naming `names` (None: a topic id not known): whether a filter applies to
+    each topic (the thread and the pipeline reuse it), and the job's `inline_key` and
+    `scales`. Derived from the chain's bindings alone, so remembered with the chain."""
+    kinds = chain.memo.get("produce")
+    if kinds is None:
+        kinds = chain.memo["produce"] = {}
+    key = (tuple(names), principal)
+    hit: tuple[tuple[bool, ...], str | None, bool] | None = kinds.get(key)
+    if hit is None:
+        hit = (
+            tuple(n is not None and chain.applies(n, "produce", principal) for n in names),
+            inline_key(chain, "produce", names, principal),
+            cost_follows_size(chain, "produce", names, principal),
+        )
+        if len(kinds) >= _KINDS_LIMIT:
+            kinds.clear()
+        kinds[key] = hit
+    return hit
+
+
 @dataclass(slots=True)
 class _FilteredRequest:
     """What the filter thread found for one Produce request (applied on the loop).
@@ -259,7 +287,7 @@ def _filter_request(
     chain: FilterChain,
     layout: ProduceRequestLayout,
     names: list[str | None],
-    applied: list[bool],
+    applied: Sequence[bool],
     client_id: str | None,
     principal: str | None,
     limits: BatchLimits = DEFAULT_BATCH_LIMITS,
