@@ -368,7 +368,8 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                                     "exactly one record batch per partition")
 
     out = ProduceOutcome(records)
-    out.records_in = sum(b.header.record_count for b in batches)
+    out.records_in = (batches[0].header.record_count if len(batches) == 1
+                      else sum(b.header.record_count for b in batches))
     records_out = 0
     rebuilt: list[bytes | memoryview] = []
     changed = False
@@ -400,7 +401,7 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)
-            errors: list[tuple[int, str]] = sorted(nat.rejected.items())
+            errors: list[tuple[int, str]] = sorted(nat.rejected.items()) if nat.rejected else []
             if header.has_producer_id and nat.dropped:
                 errors += [(i, _idempotent_drop(name)) for i, name in nat.dropped.items()]
                 errors.sort()
