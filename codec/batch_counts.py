@@ -44,15 +44,15 @@ def expanded_size(records: bytes | bytearray | memoryview | None) -> int | None:
     `compression.declared_size`) or the batches do not parse."""
     if not records:
         return 0
-    size = len(records)
-    if size >= HEADER_SIZE:
+    whole = len(records)
+    if whole >= HEADER_SIZE:
         # One uncompressed batch filling the blob (a producer's usual partition): its size,
         # read from the header without building the batch list (`split_batches` below gives
         # the same answer for it).
         _base, length, magic, _crc, attributes = _HEAD.unpack_from(records, 0)
-        if (length + 12 == size and length >= HEADER_SIZE - 12 and magic == 2
+        if (length + 12 == whole and length >= HEADER_SIZE - 12 and magic == 2
                 and attributes & _COMPRESSION_MASK == CODEC_NONE):
-            return size
+            return whole
     try:
         batches, tail = split_batches(records)
     except CodecError:
