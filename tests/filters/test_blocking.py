@@ -71,24 +71,3 @@ def test_data_keys_ask_the_kms_only_where_they_may_wait(tmp_path) -> None:  # ty
     assert other.unwrap("k", key.key_version, key.wrapped)[1] == key.raw
     with blocking.forbidden():
         assert other.unwrap("k", key.key_version, key.wrapped)[1] == key.raw
-
-
-def test_try_inline_restores_what_was_in_force_whatever_the_job_does() -> None:
-    # try_inline forbids waits with forbid/restore (no context manager on the per-job path):
-    # after a job that returned, gave up (WouldBlock) or raised, the thread is as before, and
-    # a job run inline inside another forbidden block leaves that block forbidden.
-    def gives_up() -> None:
-        blocking.check()
-
-    def fails() -> None:
-        raise ValueError("filter bug")
-
-    assert try_inline(lambda: blocking.allowed()) is False
-    assert try_inline(gives_up) is IN_POOL
-    with pytest.raises(ValueError):
-        try_inline(fails)
-    assert blocking.allowed()
-    with blocking.forbidden():
-        assert try_inline(lambda: 7) == 7
-        assert not blocking.allowed()
-    assert blocking.allowed()
