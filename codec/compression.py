@@ -13,6 +13,11 @@ all (gzip through zlib's `max_length`, snappy from the length its framing declar
 zstd from the content size their frame header declares when it does, else into a buffer that
 grows up to the limit; lz4's first buffer is sized from its block headers, held to what
 LZ4 can make of the payload).
+
+`compress(..., incompressible=True)` is for sections the caller knows will not compress
+(records whose values are ciphertext): lz4 and zstd then write their frame format's stored
+blocks (LZ4's uncompressed blocks, zstd's raw blocks), a copy instead of a search that finds
+little, and the batch keeps its codec; gzip and snappy compress as usual.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ __all__ = [
     "declared_size",
     "decompress",
     "is_xerial",
+    "lz4_stored_frame",
+    "zstd_raw_frame",
 ]
 
 CODEC_NONE = 0
@@ -283,10 +290,77 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
     raise UnsupportedCompression(f"compression codec id {codec}")
 
 
-def compress(codec: int, data: Buffer, xerial: bool = True) -> Buffer:
-    """Compress a records section with `codec` (snappy: xerial framing unless xerial=False)."""
+#: The frame descriptor of `lz4_stored_frame`, as Kafka's own Java LZ4 writer sets it: FLG
+#: 0x60 (version 01, independent blocks, no checksums, no content size), BD 0x40 (blocks of
+#: at most 64 KiB), and the header checksum 0x82 (second byte of xxHash32 of FLG and BD).
+_LZ4_STORED_HEADER = _LZ4_MAGIC + b"\x60\x40\x82"
+_LZ4_STORED_BLOCK = 64 * 1024
+#: LZ4 frame block size's high bit: the block holds its bytes as they are.
+_LZ4_UNCOMPRESSED = 0x80000000
+#: zstd raw blocks hold at most Block_Maximum_Size (128 KiB) each.
+_ZSTD_RAW_BLOCK = 128 * 1024
+#: zstd Frame_Header_Descriptor: a 4-byte Frame_Content_Size, Single_Segment (the window is
+#: the content, no Window_Descriptor), no checksum, no dictionary.
+_ZSTD_RAW_FHD = 0xA0
+_u32le = struct.Struct("<I")
+
+
+def lz4_stored_frame(data: Buffer) -> bytearray:
+    """`data` as one LZ4 frame of stored blocks (each at most 64 KiB, the block size's high
+    bit set), the descriptor Kafka's Java producer writes, and the end mark: every LZ4 frame
+    reader (liblz4, Kafka's `KafkaLZ4BlockInputStream`) copies such blocks out as they are.
+    Costs a copy; holds `data` plus 7 + 4 bytes per 64 KiB + 4."""
+    view = memoryview(data).cast("B")
+    size = len(view)
+    blocks = -(-size // _LZ4_STORED_BLOCK)
+    out = bytearray(7 + size + 4 * blocks + 4)
+    out[:7] = _LZ4_STORED_HEADER
+    pos = 7
+    for start in range(0, size, _LZ4_STORED_BLOCK):
+        block = view[start:start + _LZ4_STORED_BLOCK]
+        _u32le.pack_into(out, pos, len(block) | _LZ4_UNCOMPRESSED)
+        pos += 4
+        out[pos:pos + len(block)] = block
+        pos += len(block)
+    return out  # the end mark (four zero bytes) is already there
+
+
+def zstd_raw_frame(data: Buffer) -> bytearray:
+    """`data` as one zstd frame of raw blocks (each at most 128 KiB), declaring its content
+    size in a single-segment header: what zstd writes for input it cannot compress. Costs a
+    copy; holds `data` plus 9 + 3 bytes per 128 KiB (at least one block)."""
+    view = memoryview(data).cast("B")
+    size = len(view)
+    if size >= 1 << 32:
+        raise ValueError("zstd_raw_frame: content over 4 GiB")
+    blocks = max(1, -(-size // _ZSTD_RAW_BLOCK))
+    out = bytearray(9 + size + 3 * blocks)
+    out[:4] = _ZSTD_MAGIC
+    out[4] = _ZSTD_RAW_FHD
+    _u32le.pack_into(out, 5, size)
+    pos = 9
+    for i in range(blocks):
+        block = view[i * _ZSTD_RAW_BLOCK:(i + 1) * _ZSTD_RAW_BLOCK]
+        # Block_Header: Last_Block (bit 0), Block_Type 0 = Raw (bits 1-2), Block_Size.
+        header = (len(block) << 3) | (1 if i == blocks - 1 else 0)
+        out[pos:pos + 3] = header.to_bytes(3, "little")
+        pos += 3
+        out[pos:pos + len(block)] = block
+        pos += len(block)
+    return out
+
+
+def compress(codec: int, data: Buffer, xerial: bool = True,
+             incompressible: bool = False) -> Buffer:
+    """Compress a records section with `codec` (snappy: xerial framing unless xerial=False).
+    `incompressible`: the caller knows the section will not compress (ciphertext), so lz4
+    and zstd write stored blocks (`lz4_stored_frame`, `zstd_raw_frame`)."""
     if codec == CODEC_NONE:
         return data
+    if incompressible and codec == CODEC_LZ4:
+        return lz4_stored_frame(data)
+    if incompressible and codec == CODEC_ZSTD:
+        return zstd_raw_frame(data)
     if codec == CODEC_GZIP:
         return bytes(cramjam.gzip.compress(data, level=6))
     if codec == CODEC_SNAPPY:

@@ -110,6 +110,8 @@ class NativeOutput:
     only by the proxy's own native code (a host filter's sealer): its section, written from a
     section that was already checked, needs no second check (a guest's output always does).
     Under `lending`, a trusted `records` may be a view of the sealer's per-thread buffer.
+    `incompressible`: the filter knows its section will not compress (whole values sealed),
+    so the batch is written with its codec's stored blocks (`compression.compress`).
     """
 
     fates: bytes
@@ -117,6 +119,7 @@ class NativeOutput:
     rejects: dict[int, str] = field(default_factory=dict)
     detector_counts: dict[str, int] = field(default_factory=dict)
     trusted: bool = False
+    incompressible: bool = False
 
     def count(self, fate: int) -> int:
         return self.fates.count(fate)

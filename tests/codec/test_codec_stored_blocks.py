@@ -1,0 +1,219 @@
+"""Stored-block frames (`compression.lz4_stored_frame`, `compression.zstd_raw_frame`): golden
+bytes, decoding by cramjam, by the reference command-line tools of liblz4 and libzstd and by
+the proxy's own decompressor, and their use for batches of sealed records (whole values keep
+the producer's codec, written as stored blocks; fields mode still compresses)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import cramjam
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sluice.codec.compression import (
+    CODEC_LZ4,
+    CODEC_ZSTD,
+    compress,
+    decompress,
+    lz4_stored_frame,
+    zstd_raw_frame,
+)
+from sluice.codec.records import (
+    BatchHeader,
+    Record,
+    build_batch,
+    build_batch_from_section,
+    encode_records,
+    records_section,
+    split_batches,
+)
+from sluice.crypto.kms import KmsSettings
+from sluice.filters.chain import FilterChain
+from sluice.filters.config import FilterSpec
+from sluice.filters.context import RecordContext
+from sluice.filters.pipeline import filter_fetch, filter_produce
+
+KIB = 1024
+
+
+def _xxh32(data: bytes, seed: int = 0) -> int:
+    """xxHash32 of fewer than 16 bytes (the LZ4 frame descriptor's checksum), from its
+    specification: independent of the constant the writer holds."""
+    p1, p2, p3, p4, p5, mask = 2654435761, 2246822519, 3266489917, 668265263, 374761393, 2**32 - 1
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (32 - r))) & mask
+
+    assert len(data) < 16
+    h = (seed + p5 + len(data)) & mask
+    i = 0
+    while i + 4 <= len(data):
+        h = rotl((h + int.from_bytes(data[i:i + 4], "little") * p3) & mask, 17) * p4 & mask
+        i += 4
+    for byte in data[i:]:
+        h = rotl((h + byte * p5) & mask, 11) * p1 & mask
+    h ^= h >> 15
+    h = h * p2 & mask
+    h ^= h >> 13
+    h = h * p3 & mask
+    return h ^ (h >> 16)
+
+
+def lz4_blocks(frame: bytes) -> list[tuple[bool, int]]:
+    """(stored, size) of every block of an LZ4 frame without a content size or dictionary."""
+    pos, out = 7, []
+    checksum = 4 if frame[4] & 0x10 else 0
+    while True:
+        word = int.from_bytes(frame[pos:pos + 4], "little")
+        pos += 4
+        if word == 0:
+            assert pos == len(frame)
+            return out
+        size = word & 0x7FFFFFFF
+        out.append((bool(word & 0x80000000), size))
+        pos += size + checksum
+
+
+def test_golden_lz4_stored_frame() -> None:
+    assert bytes(lz4_stored_frame(b"abc")).hex() == (
+        "04224d18" "6040" "82"  # magic, FLG, BD (64 KiB blocks), header checksum
+        "03000080" "616263"  # a stored block of 3 bytes
+        "00000000")  # end mark
+    assert (_xxh32(b"\x60\x40") >> 8) & 0xFF == 0x82
+    # The descriptor Kafka's Java producer (KafkaLZ4BlockOutputStream) writes.
+    assert bytes(lz4_stored_frame(b"x"))[4:7] == bytes.fromhex("604082")
+
+
+def test_golden_zstd_raw_frame() -> None:
+    assert bytes(zstd_raw_frame(b"abc")).hex() == (
+        "28b52ffd" "a0" "03000000"  # magic, single segment with a 4-byte content size
+        "190000" "616263")  # last raw block of 3 bytes
+    assert bytes(zstd_raw_frame(b"")).hex() == "28b52ffda000000000010000"
+
+
+SIZES = st.one_of(
+    st.integers(0, 300),
+    st.sampled_from([64 * KIB - 1, 64 * KIB, 64 * KIB + 1, 128 * KIB, 128 * KIB + 1,
+                     200 * KIB + 17]))
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"the {name} command (liblz4 / libzstd reference tool) is not installed")
+    return path
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=SIZES, seed=st.binary(min_size=1, max_size=8))
+def test_stored_frames_decode_everywhere(size: int, seed: bytes) -> None:
+    data = (seed * (size // len(seed) + 1))[:size]  # compressible on purpose: still stored
+    lz4, zstd = bytes(lz4_stored_frame(data)), bytes(zstd_raw_frame(data))
+    blocks = lz4_blocks(lz4)
+    assert all(stored and 0 < n <= 64 * KIB for stored, n in blocks)
+    assert sum(n for _, n in blocks) == size
+    assert len(lz4) == size + 7 + 4 * len(blocks) + 4
+    assert bytes(cramjam.lz4.decompress(lz4)) == data
+    assert bytes(cramjam.zstd.decompress(zstd)) == data
+    assert bytes(decompress(CODEC_LZ4, lz4)) == data
+    assert bytes(decompress(CODEC_ZSTD, zstd)) == data
+    assert len(zstd) == size + 9 + 3 * max(1, -(-size // (128 * KIB)))
+
+
+@pytest.mark.parametrize("size", [1, 64 * KIB + 5, 300 * KIB])
+def test_reference_tools_decode_stored_frames(size: int) -> None:
+    """liblz4's and libzstd's own command-line decoders read the frames (checking the LZ4
+    header checksum and the zstd block and content sizes)."""
+    data = os.urandom(size)
+    for tool, frame in ((_tool("lz4"), lz4_stored_frame(data)),
+                        (_tool("zstd"), zstd_raw_frame(data))):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "frame"
+            path.write_bytes(bytes(frame))
+            out = subprocess.run([tool, "-d", "-c", str(path)], capture_output=True,
+                                 check=True, timeout=30)
+        assert out.stdout == data, tool
+
+
+def test_incompressible_keeps_gzip_and_snappy_compressing() -> None:
+    data = b"abc" * 10_000
+    for codec in (1, 2):
+        assert compress(codec, data, incompressible=True) == compress(codec, data)
+    assert compress(0, data, incompressible=True) is data
+
+
+def _header(codec: int, count: int) -> BatchHeader:
+    return BatchHeader(0, 0, 0, 2, 0, codec, count - 1, 1_700_000_000_000,
+                       1_700_000_000_000 + count - 1, 1000, 0, 0, count)
+
+
+@pytest.mark.parametrize("codec", [CODEC_LZ4, CODEC_ZSTD])
+def test_batch_from_section_keeps_its_codec(codec: int) -> None:
+    recs = [Record(i, i, b"k%d" % i, os.urandom(200), [], 0) for i in range(50)]
+    section = encode_records(recs)
+    batch = build_batch_from_section(_header(codec, 50), section, 50, incompressible=True)
+    (raw,), _ = split_batches(batch)
+    assert raw.header.compression == codec
+    payload = batch[61:]
+    expected = lz4_stored_frame(section) if codec == CODEC_LZ4 else zstd_raw_frame(section)
+    assert payload == bytes(expected)
+    assert bytes(records_section(raw)) == bytes(section)
+
+
+def _chain(tmp: str, **extra: object) -> FilterChain:
+    spec = FilterSpec(name="enc", module="builtin:encrypt", topics=("payments",),
+                      apply_to=frozenset({"produce", "fetch"}),
+                      kms=KmsSettings("local", path=str(Path(tmp) / "keys.json")),
+                      config={"key": "payments", "decrypt_for": ["User:billing"], **extra})
+    return FilterChain.from_specs([spec])
+
+
+@pytest.mark.parametrize("codec", [CODEC_LZ4, CODEC_ZSTD])
+def test_sealed_whole_values_are_stored_blocks_of_the_producers_codec(codec: int) -> None:
+    recs = [Record(i, i, b"k%d" % i, b'{"card": "4111 %05d", "n": "x"}' % i, [], 0)
+            for i in range(300)]
+    produced = build_batch(_header(codec, 300), recs)
+    with tempfile.TemporaryDirectory() as tmp:
+        chain = _chain(tmp)
+        try:
+            out = filter_produce(chain, RecordContext("payments", 0, "produce", principal="User:app"),
+                                 produced)
+            stored = bytes(out.records or b"")
+            (raw,), _ = split_batches(stored)
+            assert raw.header.compression == codec
+            section = bytes(records_section(raw))
+            payload = stored[61:]
+            if codec == CODEC_LZ4:
+                assert payload == bytes(lz4_stored_frame(section))
+                assert all(s for s, _ in lz4_blocks(payload))
+            else:
+                assert payload == bytes(zstd_raw_frame(section))
+            assert b"4111" not in payload
+            back = filter_fetch(chain, RecordContext("payments", 0, "fetch", principal="User:billing"),
+                                stored)
+            assert back.error_code == 0 and bytes(back.records) == produced
+        finally:
+            chain.close()
+
+
+def test_fields_mode_still_compresses() -> None:
+    recs = [Record(i, i, b"k%d" % i, b'{"card": "4111 %05d", "name": "Holder"}' % i, [], 0)
+            for i in range(300)]
+    produced = build_batch(_header(CODEC_LZ4, 300), recs)
+    with tempfile.TemporaryDirectory() as tmp:
+        chain = _chain(tmp, fields=["card"])
+        try:
+            out = filter_produce(chain, RecordContext("payments", 0, "produce", principal="User:app"),
+                                 produced)
+        finally:
+            chain.close()
+    stored = bytes(out.records or b"")
+    (raw,), _ = split_batches(stored)
+    assert not any(s for s, _ in lz4_blocks(stored[61:]))
+    assert len(stored) - 61 < len(bytes(records_section(raw))) // 2
