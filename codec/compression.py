@@ -11,8 +11,8 @@ Any failure to decompress is a `CorruptBatch`. Output beyond the caller's limit 
 KiB of zstd can claim gigabytes, so decompression stops at the limit instead of producing it
 all (gzip through zlib's `max_length`, snappy from the length its framing declares, lz4 and
 zstd from the content size their frame header declares when it does, else into a buffer that
-grows up to the limit; lz4's first buffer is sized from its block headers, held to what
-LZ4 can make of the payload).
+grows up to the limit; an lz4 frame is held to what its block headers allow, at most what
+LZ4 can make of the payload, which `declared_size` gives the inline decision).
 
 `compress(..., incompressible=True)` is for sections the caller knows will not compress
 (records whose values are ciphertext): lz4 and zstd then write their frame format's stored
@@ -163,12 +163,18 @@ def _xerial_compress(data: Buffer) -> bytes:
 def declared_size(codec: int, payload: Buffer) -> int | None:
     """The decompressed size of `payload` as its framing declares it, read without
     decompressing, when the decompressor holds the stream to it: the payload's own length
-    (no compression) or snappy's declared lengths (raw, or the sum of xerial's blocks; snappy
-    refuses a block that decodes to another length). None for gzip, lz4 and zstd, whose
-    output is known only by producing it (their optional size fields are not binding on
-    every stream the codec reads), and for a payload whose framing does not parse."""
+    (no compression), snappy's declared lengths (raw, or the sum of xerial's blocks; snappy
+    refuses a block that decodes to another length), or for lz4 a bound from the frame's
+    block headers (`_lz4_output_bound`: at least the real size; `decompress` refuses a frame
+    that yields more, so the bound binds). None for gzip and zstd, whose output is known
+    only by producing it (zstd's optional size field is not binding on every stream the
+    codec reads), for an lz4 payload that is not one frame of at most
+    `_LZ4_DECLARED_MAX_BLOCKS` blocks (the walk runs on the event loop), and for a payload
+    whose framing does not parse."""
     if codec == CODEC_NONE:
         return len(payload)
+    if codec == CODEC_LZ4:
+        return _lz4_output_bound(payload, _LZ4_DECLARED_MAX_BLOCKS)
     if codec != CODEC_SNAPPY:
         return None
     try:
@@ -222,15 +228,20 @@ def _frame_content_size(codec: int, payload: Buffer) -> int | None:
 
 #: LZ4 frame descriptor's block maximum size codes (BD bits 4-6).
 _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}
+#: `declared_size` walks at most this many LZ4 blocks (it runs on the event loop, for the
+#: inline decision): a 1 MiB batch in Kafka's 64 KiB blocks has 16, and a frame of many
+#: tiny blocks is simply not given a size (its job goes to the pool).
+_LZ4_DECLARED_MAX_BLOCKS = 256
 
 
-def _lz4_output_bound(payload: Buffer) -> int | None:
+def _lz4_output_bound(payload: Buffer, max_blocks: int | None = None) -> int | None:
     """What the LZ4 frame `payload` decompresses to at most, from its block headers (a stored
     block yields its own length, a compressed one at most the frame's block size and
-    `_LZ4_MAX_RATIO` times its own length), or None
-    when `payload` is not one frame this walk reads to its end. Only a first guess for the
-    output buffer: without it the guess is 8 times the payload, and a batch of sealed
-    (incompressible) records had ~2 MB zeroed per 250 KB decompressed."""
+    `_LZ4_MAX_RATIO` times its own length), or None when `payload` is not one frame this
+    walk reads to its end (or has more than `max_blocks` blocks). Sizes the output buffer
+    (without it the guess is 8 times the payload, and a batch of sealed records had ~2 MB
+    zeroed per 250 KB decompressed), and `decompress` holds the frame to it, so it is also
+    the binding size `declared_size` gives."""
     view = memoryview(payload)
     end = len(view)
     if end < 11 or bytes(view[:4]) != _LZ4_MAGIC:
@@ -242,9 +253,13 @@ def _lz4_output_bound(payload: Buffer) -> int | None:
     pos = 7 + (8 if flags & 0x08 else 0) + (4 if flags & 0x01 else 0)
     checksum = 4 if flags & 0x10 else 0
     bound = 0
+    blocks = 0
     while pos + 4 <= end:
         size = int.from_bytes(view[pos:pos + 4], "little")
         pos += 4
+        blocks += 1
+        if max_blocks is not None and blocks > max_blocks + 1:  # + 1: the end mark
+            return None
         if size == 0:  # end mark, then the optional content checksum
             return bound if pos + (4 if flags & 0x04 else 0) == end else None
         stored = size & 0x7FFFFFFF
@@ -278,7 +293,17 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
             if declared is not None and declared > limit:
                 raise _too_large(limit)
             if codec == CODEC_LZ4:
-                guess = declared if declared is not None else _lz4_output_bound(payload)
+                bound = _lz4_output_bound(payload)
+                if bound is not None and bound <= limit:
+                    # What its blocks can yield binds the frame (`declared_size` says it to
+                    # the inline decision): a buffer of exactly that, and more is corrupt.
+                    try:
+                        return _bounded_into(cramjam.lz4.decompress_into, payload, bound,
+                                             bound)
+                    except BatchTooLarge:
+                        raise CorruptBatch("lz4 frame yields more than its block headers "
+                                           "allow") from None
+                guess = declared if declared is not None else bound
                 if guess is not None:  # a claim, not yet checked: no more than LZ4 can make
                     guess = min(guess, _MIN_FIRST_GUESS + len(payload) * _LZ4_MAX_RATIO)
                 return _bounded_into(cramjam.lz4.decompress_into, payload, limit, guess)
