@@ -40,6 +40,8 @@ from sluice.filters.context import RecordContext
 from sluice.filters.pipeline import filter_fetch, filter_produce
 
 KIB = 1024
+PRODUCE = RecordContext("payments", 0, "produce", principal="User:app")
+FETCH = RecordContext("payments", 0, "fetch", principal="User:billing")
 
 
 def _xxh32(data: bytes, seed: int = 0) -> int:
@@ -182,7 +184,7 @@ def test_sealed_whole_values_are_stored_blocks_of_the_producers_codec(codec: int
     with tempfile.TemporaryDirectory() as tmp:
         chain = _chain(tmp)
         try:
-            out = filter_produce(chain, RecordContext("payments", 0, "produce", principal="User:app"),
+            out = filter_produce(chain, PRODUCE,
                                  produced)
             stored = bytes(out.records or b"")
             (raw,), _ = split_batches(stored)
@@ -195,7 +197,7 @@ def test_sealed_whole_values_are_stored_blocks_of_the_producers_codec(codec: int
             else:
                 assert payload == bytes(zstd_raw_frame(section))
             assert b"4111" not in payload
-            back = filter_fetch(chain, RecordContext("payments", 0, "fetch", principal="User:billing"),
+            back = filter_fetch(chain, FETCH,
                                 stored)
             assert back.error_code == 0 and bytes(back.records) == produced
         finally:
@@ -209,7 +211,7 @@ def test_fields_mode_still_compresses() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         chain = _chain(tmp, fields=["card"])
         try:
-            out = filter_produce(chain, RecordContext("payments", 0, "produce", principal="User:app"),
+            out = filter_produce(chain, PRODUCE,
                                  produced)
         finally:
             chain.close()

@@ -2,16 +2,15 @@
 producer's codec (lz4, zstd) and are written as that codec's stored blocks (docs/ENCRYPTION.md,
 *Stored blocks*). Apache Kafka's broker accepts them (its LogValidator decompresses every
 compressed batch a producer sends), and every client reads them straight from the broker:
-librdkafka (confluent-kafka), kafka-python (python-lz4; lz4 only), aiokafka (cramjam) and
-the Java client (lz4); through the proxy the allowed reader gets the produced values. The stored batches are
-read raw from the broker to check their codec and their frames.
+librdkafka (confluent-kafka), kafka-python (python-lz4; lz4 only), aiokafka (cramjam)
+and the Java client (lz4); through the proxy the allowed reader gets the produced values.
+The stored batches are read raw from the broker to check their codec and their frames.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
