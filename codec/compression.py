@@ -29,6 +29,19 @@ import cramjam
 
 from .errors import BatchTooLarge, CorruptBatch, UnsupportedCompression
 
+try:  # the LZ4 writer for sealed sections (codec/lz4_sealed.c), built at install
+    from sluice.codec._record_check import (  # type: ignore[import-not-found, unused-ignore]
+        ffi as _ls_ffi,
+    )
+    from sluice.codec._record_check import (  # type: ignore[import-not-found, unused-ignore]
+        lib as _ls_lib,
+    )
+
+    LZ4_SEALED_NATIVE = hasattr(_ls_lib, "lz4_sealed_frame")
+except ImportError:  # not built: stored blocks only (`lz4_stored_frame`)
+    _ls_ffi = _ls_lib = None
+    LZ4_SEALED_NATIVE = False
+
 __all__ = [
     "CODEC_GZIP",
     "CODEC_LZ4",
@@ -41,6 +54,7 @@ __all__ = [
     "declared_size",
     "decompress",
     "is_xerial",
+    "lz4_sealed_frame",
     "lz4_stored_frame",
     "zstd_raw_frame",
 ]
@@ -350,6 +364,24 @@ def lz4_stored_frame(data: Buffer) -> bytearray:
     return out  # the end mark (four zero bytes) is already there
 
 
+def lz4_sealed_frame(data: Buffer, tail: bytes) -> Buffer:
+    """`data`, a records section whose values do not compress but whose records end with the
+    same `tail` (the proxy's header group), as one LZ4 frame in which each record's `tail`
+    is a match of the previous record's and the rest literals (codec/lz4_sealed.c): the
+    compression LZ4 finds in such a section at the cost of a copy. Stored blocks
+    (`lz4_stored_frame`) when the native module is not built or `tail` is too short."""
+    if not LZ4_SEALED_NATIVE or len(tail) < 4:
+        return lz4_stored_frame(data)
+    src = _ls_ffi.from_buffer(data)
+    cap = int(_ls_lib.lz4_sealed_bound(len(src)))
+    out = bytearray(cap)
+    written = int(_ls_lib.lz4_sealed_frame(src, len(src), tail, len(tail),
+                                           _ls_ffi.from_buffer(out), cap))
+    if written < 0:
+        raise RuntimeError("lz4_sealed_frame: output bound too small")
+    return memoryview(out)[:written]
+
+
 def zstd_raw_frame(data: Buffer) -> bytearray:
     """`data` as one zstd frame of raw blocks (each at most 128 KiB), declaring its content
     size in a single-segment header: what zstd writes for input it cannot compress. Costs a
@@ -376,14 +408,15 @@ def zstd_raw_frame(data: Buffer) -> bytearray:
 
 
 def compress(codec: int, data: Buffer, xerial: bool = True,
-             incompressible: bool = False) -> Buffer:
+             incompressible: bool = False, tail: bytes = b"") -> Buffer:
     """Compress a records section with `codec` (snappy: xerial framing unless xerial=False).
     `incompressible`: the caller knows the section will not compress (ciphertext), so lz4
-    and zstd write stored blocks (`lz4_stored_frame`, `zstd_raw_frame`)."""
+    and zstd write stored blocks (`lz4_stored_frame`, `zstd_raw_frame`); with the `tail`
+    its records end with, lz4 writes that tail as matches (`lz4_sealed_frame`)."""
     if codec == CODEC_NONE:
         return data
     if incompressible and codec == CODEC_LZ4:
-        return lz4_stored_frame(data)
+        return lz4_sealed_frame(data, tail) if tail else lz4_stored_frame(data)
     if incompressible and codec == CODEC_ZSTD:
         return zstd_raw_frame(data)
     if codec == CODEC_GZIP:

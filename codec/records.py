@@ -520,13 +520,14 @@ def build_batch(header: BatchHeader, records: list[Record]) -> bytes:
 
 
 def build_batch_from_section(header: BatchHeader, plain: Buffer, count: int,
-                             incompressible: bool = False) -> bytes:
+                             incompressible: bool = False, tail: bytes = b"") -> bytes:
     """Encode a whole v2 batch around an uncompressed records section of `count` records.
 
     The header is kept as `build_batch` keeps it; the section is compressed with its codec
     (an empty section makes an empty batch without compression bits, as Kafka writes them);
     `incompressible`: with its codec's stored blocks where it has them (lz4, zstd; see
-    `compression.compress`).
+    `compression.compress`), lz4 writing `tail`, the bytes every record ends with, as
+    matches.
     """
     codec = header.compression
     if codec > _MAX_CODEC:
@@ -539,7 +540,8 @@ def build_batch_from_section(header: BatchHeader, plain: Buffer, count: int,
     elif codec == CODEC_NONE:
         payload = plain
     else:
-        payload = compress(codec, plain, header.snappy_xerial is not False, incompressible)
+        payload = compress(codec, plain, header.snappy_xerial is not False, incompressible,
+                           tail)
     return _assemble(header, attributes, payload, count)
 
 

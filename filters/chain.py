@@ -131,8 +131,8 @@ class NativeChainResult:
     reason`` and `dropped` maps an input index to the filter that dropped it. `trusted`: every
     filter that changed the section is the proxy's own code (`NativeOutput.trusted`), so the
     section is as well-formed as the checked input and needs no second check.
-    `incompressible`: the last filter that changed the section says it will not compress
-    (`NativeOutput.incompressible`).
+    `incompressible`, `tail`: the last filter that changed the section says it will not
+    compress, and what its records end with (`NativeOutput.incompressible`).
     """
 
     records: Buffer
@@ -143,6 +143,7 @@ class NativeChainResult:
     stats: list[FilterStats]
     trusted: bool = False
     incompressible: bool = False
+    tail: bytes = b""
 
 
 class _Bound:
@@ -357,6 +358,7 @@ class FilterChain:
         changed = False
         trusted = True  # until a filter not of the proxy's own code rewrites the section
         incompressible = False
+        tail = b""
         alive: list[int] | None = None  # input index of each current record (None: identity)
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
@@ -386,6 +388,7 @@ class FilterChain:
             changed = True
             trusted = trusted and out.trusted
             incompressible = out.incompressible
+            tail = out.tail
             current = out.records
             if st.dropped or st.rejected:
                 index = alive if alive is not None else range(n)
@@ -399,7 +402,7 @@ class FilterChain:
                 alive = [index[j] for j, fate in enumerate(fates) if fate <= REWRITE]
                 n = len(alive)
         return NativeChainResult(current, n, changed, rejected, dropped, stats,
-                                 changed and trusted, changed and incompressible)
+                                 changed and trusted, changed and incompressible, tail)
 
     def run_admin(self, resource: AdminResource) -> AdminVerdict:
         """Offer one admin resource to the ``admin`` filters bound to its name."""

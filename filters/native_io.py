@@ -111,7 +111,9 @@ class NativeOutput:
     section that was already checked, needs no second check (a guest's output always does).
     Under `lending`, a trusted `records` may be a view of the sealer's per-thread buffer.
     `incompressible`: the filter knows its section will not compress (whole values sealed),
-    so the batch is written with its codec's stored blocks (`compression.compress`).
+    so the batch is written with its codec's stored blocks (`compression.compress`);
+    `tail`: the bytes every rewritten record ends with (the proxy's header group), which
+    LZ4 then writes as matches.
     """
 
     fates: bytes
@@ -120,6 +122,7 @@ class NativeOutput:
     detector_counts: dict[str, int] = field(default_factory=dict)
     trusted: bool = False
     incompressible: bool = False
+    tail: bytes = b""
 
     def count(self, fate: int) -> int:
         return self.fates.count(fate)

@@ -299,7 +299,7 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
             as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
             if result.trusted and result.count and as_built:
                 built = build_batch_from_section(header, result.records, result.count,
-                                                 result.incompressible)
+                                                 result.incompressible, result.tail)
             elif header.compression == CODEC_NONE and result.count and as_built:
                 built = build_batch_from_section(header, result.records, result.count)
                 if not result.trusted:
