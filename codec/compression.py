@@ -23,6 +23,7 @@ little, and the batch keeps its codec; gzip and snappy compress as usual.
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 
 import cramjam
@@ -344,7 +345,7 @@ _ZSTD_RAW_FHD = 0xA0
 _u32le = struct.Struct("<I")
 
 
-def lz4_stored_frame(data: Buffer) -> bytearray:
+def lz4_stored_frame(data: Buffer) -> bytes:
     """`data` as one LZ4 frame of stored blocks (each at most 64 KiB, the block size's high
     bit set), the descriptor Kafka's Java producer writes, and the end mark: every LZ4 frame
     reader (liblz4, Kafka's `KafkaLZ4BlockInputStream`) copies such blocks out as they are.
@@ -352,7 +353,8 @@ def lz4_stored_frame(data: Buffer) -> bytearray:
     view = memoryview(data).cast("B")
     size = len(view)
     blocks = -(-size // _LZ4_STORED_BLOCK)
-    out = bytearray(7 + size + 4 * blocks + 4)
+    total = 7 + size + 4 * blocks + 4
+    out = _frame_buffer(total)
     out[:7] = _LZ4_STORED_HEADER
     pos = 7
     for start in range(0, size, _LZ4_STORED_BLOCK):
@@ -361,7 +363,26 @@ def lz4_stored_frame(data: Buffer) -> bytearray:
         pos += 4
         out[pos:pos + len(block)] = block
         pos += len(block)
-    return out  # the end mark (four zero bytes) is already there
+    _u32le.pack_into(out, pos, 0)  # the end mark
+    return bytes(memoryview(out)[:total])
+
+
+_scratch = threading.local()
+#: Largest frame buffer kept per thread.
+_SCRATCH_KEPT = 16 << 20
+
+
+def _frame_buffer(size: int) -> bytearray:
+    """A buffer of at least `size` bytes, contents undefined, kept per thread for the frame
+    writers, which copy out what they wrote: a fresh batch-sized bytearray per call is
+    zeroed, and above glibc's mmap threshold it is a new mapping whose pages fault in each
+    time (and it moves that threshold for the decompression buffers of later fetches)."""
+    out: bytearray | None = getattr(_scratch, "frame", None)
+    if out is None or len(out) < size:
+        out = bytearray(size)
+        if size <= _SCRATCH_KEPT:
+            _scratch.frame = out
+    return out
 
 
 def lz4_sealed_frame(data: Buffer, tail: bytes) -> Buffer:
@@ -374,15 +395,15 @@ def lz4_sealed_frame(data: Buffer, tail: bytes) -> Buffer:
         return lz4_stored_frame(data)
     src = _ls_ffi.from_buffer(data)
     cap = int(_ls_lib.lz4_sealed_bound(len(src)))
-    out = bytearray(cap)
+    out = _frame_buffer(cap)
     written = int(_ls_lib.lz4_sealed_frame(src, len(src), tail, len(tail),
                                            _ls_ffi.from_buffer(out), cap))
     if written < 0:
         raise RuntimeError("lz4_sealed_frame: output bound too small")
-    return memoryview(out)[:written]
+    return bytes(memoryview(out)[:written])
 
 
-def zstd_raw_frame(data: Buffer) -> bytearray:
+def zstd_raw_frame(data: Buffer) -> bytes:
     """`data` as one zstd frame of raw blocks (each at most 128 KiB), declaring its content
     size in a single-segment header: what zstd writes for input it cannot compress. Costs a
     copy; holds `data` plus 9 + 3 bytes per 128 KiB (at least one block)."""
@@ -391,7 +412,8 @@ def zstd_raw_frame(data: Buffer) -> bytearray:
     if size >= 1 << 32:
         raise ValueError("zstd_raw_frame: content over 4 GiB")
     blocks = max(1, -(-size // _ZSTD_RAW_BLOCK))
-    out = bytearray(9 + size + 3 * blocks)
+    total = 9 + size + 3 * blocks
+    out = _frame_buffer(total)
     out[:4] = _ZSTD_MAGIC
     out[4] = _ZSTD_RAW_FHD
     _u32le.pack_into(out, 5, size)
@@ -404,7 +426,7 @@ def zstd_raw_frame(data: Buffer) -> bytearray:
         pos += 3
         out[pos:pos + len(block)] = block
         pos += len(block)
-    return out
+    return bytes(memoryview(out)[:total])
 
 
 def compress(codec: int, data: Buffer, xerial: bool = True,
