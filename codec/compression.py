@@ -14,19 +14,38 @@ Any failure to decompress is a `CorruptBatch`. Output beyond the caller's limit 
 KiB of zstd can claim gigabytes, so decompression stops at the limit instead of producing it
 all (gzip through zlib's `max_length`, snappy from the length its framing declares, lz4 and
 zstd from the content size their frame header declares when it does, else into a buffer that
-grows up to the limit; lz4's first buffer is sized from its block headers, held to what
-LZ4 can make of the payload).
+grows up to the limit; an lz4 frame is held to what its block headers allow, at most what
+LZ4 can make of the payload, which `declared_size` gives the inline decision).
+
+`compress(..., incompressible=True)` is for sections the caller knows will not compress
+(records whose values are ciphertext): lz4 and zstd then write their frame format's stored
+blocks (LZ4's uncompressed blocks, zstd's raw blocks), a copy instead of a search that finds
+little, and the batch keeps its codec; gzip and snappy compress as usual.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 
 import cramjam
 
 from . import lz4_frame
 from .errors import BatchTooLarge, CorruptBatch, UnsupportedCompression
+
+try:  # the LZ4 writer for sealed sections (codec/lz4_sealed.c), built at install
+    from sluice.codec._record_check import (  # type: ignore[import-not-found, unused-ignore]
+        ffi as _ls_ffi,
+    )
+    from sluice.codec._record_check import (  # type: ignore[import-not-found, unused-ignore]
+        lib as _ls_lib,
+    )
+
+    LZ4_SEALED_NATIVE = hasattr(_ls_lib, "lz4_sealed_frame")
+except ImportError:  # not built: stored blocks only (`lz4_stored_frame`)
+    _ls_ffi = _ls_lib = None
+    LZ4_SEALED_NATIVE = False
 
 __all__ = [
     "CODEC_GZIP",
@@ -40,6 +59,9 @@ __all__ = [
     "declared_size",
     "decompress",
     "is_xerial",
+    "lz4_sealed_frame",
+    "lz4_stored_frame",
+    "zstd_raw_frame",
 ]
 
 CODEC_NONE = 0
@@ -160,12 +182,18 @@ def _xerial_compress(data: Buffer) -> bytes:
 def declared_size(codec: int, payload: Buffer) -> int | None:
     """The decompressed size of `payload` as its framing declares it, read without
     decompressing, when the decompressor holds the stream to it: the payload's own length
-    (no compression) or snappy's declared lengths (raw, or the sum of xerial's blocks; snappy
-    refuses a block that decodes to another length). None for gzip, lz4 and zstd, whose
-    output is known only by producing it (their optional size fields are not binding on
-    every stream the codec reads), and for a payload whose framing does not parse."""
+    (no compression), snappy's declared lengths (raw, or the sum of xerial's blocks; snappy
+    refuses a block that decodes to another length), or for lz4 a bound from the frame's
+    block headers (`_lz4_output_bound`: at least the real size; `decompress` refuses a frame
+    that yields more, so the bound binds). None for gzip and zstd, whose output is known
+    only by producing it (zstd's optional size field is not binding on every stream the
+    codec reads), for an lz4 payload that is not one frame of at most
+    `_LZ4_DECLARED_MAX_BLOCKS` blocks (the walk runs on the event loop), and for a payload
+    whose framing does not parse."""
     if codec == CODEC_NONE:
         return len(payload)
+    if codec == CODEC_LZ4:
+        return _lz4_output_bound(payload, _LZ4_DECLARED_MAX_BLOCKS)
     if codec != CODEC_SNAPPY:
         return None
     try:
@@ -219,15 +247,20 @@ def _frame_content_size(codec: int, payload: Buffer) -> int | None:
 
 #: LZ4 frame descriptor's block maximum size codes (BD bits 4-6).
 _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}
+#: `declared_size` walks at most this many LZ4 blocks (it runs on the event loop, for the
+#: inline decision): a 1 MiB batch in Kafka's 64 KiB blocks has 16, and a frame of many
+#: tiny blocks is simply not given a size (its job goes to the pool).
+_LZ4_DECLARED_MAX_BLOCKS = 256
 
 
-def _lz4_output_bound(payload: Buffer) -> int | None:
+def _lz4_output_bound(payload: Buffer, max_blocks: int | None = None) -> int | None:
     """What the LZ4 frame `payload` decompresses to at most, from its block headers (a stored
     block yields its own length, a compressed one at most the frame's block size and
-    `_LZ4_MAX_RATIO` times its own length), or None
-    when `payload` is not one frame this walk reads to its end. Only a first guess for the
-    output buffer: without it the guess is 8 times the payload, and a batch of sealed
-    (incompressible) records had ~2 MB zeroed per 250 KB decompressed."""
+    `_LZ4_MAX_RATIO` times its own length), or None when `payload` is not one frame this
+    walk reads to its end (or has more than `max_blocks` blocks). Sizes the output buffer
+    (without it the guess is 8 times the payload, and a batch of sealed records had ~2 MB
+    zeroed per 250 KB decompressed), and `decompress` holds the frame to it, so it is also
+    the binding size `declared_size` gives."""
     view = memoryview(payload)
     end = len(view)
     if end < 11 or bytes(view[:4]) != _LZ4_MAGIC:
@@ -239,9 +272,13 @@ def _lz4_output_bound(payload: Buffer) -> int | None:
     pos = 7 + (8 if flags & 0x08 else 0) + (4 if flags & 0x01 else 0)
     checksum = 4 if flags & 0x10 else 0
     bound = 0
+    blocks = 0
     while pos + 4 <= end:
         size = int.from_bytes(view[pos:pos + 4], "little")
         pos += 4
+        blocks += 1
+        if max_blocks is not None and blocks > max_blocks + 1:  # + 1: the end mark
+            return None
         if size == 0:  # end mark, then the optional content checksum
             return bound if pos + (4 if flags & 0x04 else 0) == end else None
         stored = size & 0x7FFFFFFF
@@ -287,7 +324,19 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
             if declared is not None and declared > limit:
                 raise _too_large(limit)
             if codec == CODEC_LZ4:
-                guess = declared if declared is not None else _lz4_output_bound(payload)
+                bound = _lz4_output_bound(payload)
+                if bound is not None and bound <= limit:
+                    # What its blocks can yield binds the frame (`declared_size` says it to
+                    # the inline decision): a buffer of exactly that, and more is corrupt.
+                    try:
+                        if lz4_frame.AVAILABLE:  # gives up the GIL while it works
+                            return _lz4_decompress(payload, bound, bound)
+                        return _bounded_into(cramjam.lz4.decompress_into, payload, bound,
+                                             bound)
+                    except BatchTooLarge:
+                        raise CorruptBatch("lz4 frame yields more than its block headers "
+                                           "allow") from None
+                guess = declared if declared is not None else bound
                 if guess is not None:  # a claim, not yet checked: no more than LZ4 can make
                     guess = min(guess, _MIN_FIRST_GUESS + len(payload) * _LZ4_MAX_RATIO)
                 if lz4_frame.AVAILABLE:
@@ -301,10 +350,117 @@ def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:
     raise UnsupportedCompression(f"compression codec id {codec}")
 
 
-def compress(codec: int, data: Buffer, xerial: bool = True) -> Buffer:
-    """Compress a records section with `codec` (snappy: xerial framing unless xerial=False)."""
+#: The frame descriptor of `lz4_stored_frame`, as Kafka's own Java LZ4 writer sets it: FLG
+#: 0x60 (version 01, independent blocks, no checksums, no content size), BD 0x40 (blocks of
+#: at most 64 KiB), and the header checksum 0x82 (second byte of xxHash32 of FLG and BD).
+_LZ4_STORED_HEADER = _LZ4_MAGIC + b"\x60\x40\x82"
+_LZ4_STORED_BLOCK = 64 * 1024
+#: LZ4 frame block size's high bit: the block holds its bytes as they are.
+_LZ4_UNCOMPRESSED = 0x80000000
+#: zstd raw blocks hold at most Block_Maximum_Size (128 KiB) each.
+_ZSTD_RAW_BLOCK = 128 * 1024
+#: zstd Frame_Header_Descriptor: a 4-byte Frame_Content_Size, Single_Segment (the window is
+#: the content, no Window_Descriptor), no checksum, no dictionary.
+_ZSTD_RAW_FHD = 0xA0
+_u32le = struct.Struct("<I")
+
+
+def lz4_stored_frame(data: Buffer) -> bytes:
+    """`data` as one LZ4 frame of stored blocks (each at most 64 KiB, the block size's high
+    bit set), the descriptor Kafka's Java producer writes, and the end mark: every LZ4 frame
+    reader (liblz4, Kafka's `KafkaLZ4BlockInputStream`) copies such blocks out as they are.
+    Costs a copy; holds `data` plus 7 + 4 bytes per 64 KiB + 4."""
+    view = memoryview(data).cast("B")
+    size = len(view)
+    blocks = -(-size // _LZ4_STORED_BLOCK)
+    total = 7 + size + 4 * blocks + 4
+    out = _frame_buffer(total)
+    out[:7] = _LZ4_STORED_HEADER
+    pos = 7
+    for start in range(0, size, _LZ4_STORED_BLOCK):
+        block = view[start:start + _LZ4_STORED_BLOCK]
+        _u32le.pack_into(out, pos, len(block) | _LZ4_UNCOMPRESSED)
+        pos += 4
+        out[pos:pos + len(block)] = block
+        pos += len(block)
+    _u32le.pack_into(out, pos, 0)  # the end mark
+    return bytes(memoryview(out)[:total])
+
+
+_scratch = threading.local()
+#: Largest frame buffer kept per thread.
+_SCRATCH_KEPT = 16 << 20
+
+
+def _frame_buffer(size: int) -> bytearray:
+    """A buffer of at least `size` bytes, contents undefined, kept per thread for the frame
+    writers, which copy out what they wrote: a fresh batch-sized bytearray per call is
+    zeroed, and above glibc's mmap threshold it is a new mapping whose pages fault in each
+    time (and it moves that threshold for the decompression buffers of later fetches)."""
+    out: bytearray | None = getattr(_scratch, "frame", None)
+    if out is None or len(out) < size:
+        out = bytearray(size)
+        if size <= _SCRATCH_KEPT:
+            _scratch.frame = out
+    return out
+
+
+def lz4_sealed_frame(data: Buffer, tail: bytes) -> Buffer:
+    """`data`, a records section whose values do not compress but whose records end with the
+    same `tail` (the proxy's header group), as one LZ4 frame in which each record's `tail`
+    is a match of the previous record's and the rest literals (codec/lz4_sealed.c): the
+    compression LZ4 finds in such a section at the cost of a copy. Stored blocks
+    (`lz4_stored_frame`) when the native module is not built or `tail` is too short."""
+    if not LZ4_SEALED_NATIVE or len(tail) < 4:
+        return lz4_stored_frame(data)
+    src = _ls_ffi.from_buffer(data)
+    cap = int(_ls_lib.lz4_sealed_bound(len(src)))
+    out = _frame_buffer(cap)
+    written = int(_ls_lib.lz4_sealed_frame(src, len(src), tail, len(tail),
+                                           _ls_ffi.from_buffer(out), cap))
+    if written < 0:
+        raise RuntimeError("lz4_sealed_frame: output bound too small")
+    return bytes(memoryview(out)[:written])
+
+
+def zstd_raw_frame(data: Buffer) -> bytes:
+    """`data` as one zstd frame of raw blocks (each at most 128 KiB), declaring its content
+    size in a single-segment header: what zstd writes for input it cannot compress. Costs a
+    copy; holds `data` plus 9 + 3 bytes per 128 KiB (at least one block)."""
+    view = memoryview(data).cast("B")
+    size = len(view)
+    if size >= 1 << 32:
+        raise ValueError("zstd_raw_frame: content over 4 GiB")
+    blocks = max(1, -(-size // _ZSTD_RAW_BLOCK))
+    total = 9 + size + 3 * blocks
+    out = _frame_buffer(total)
+    out[:4] = _ZSTD_MAGIC
+    out[4] = _ZSTD_RAW_FHD
+    _u32le.pack_into(out, 5, size)
+    pos = 9
+    for i in range(blocks):
+        block = view[i * _ZSTD_RAW_BLOCK:(i + 1) * _ZSTD_RAW_BLOCK]
+        # Block_Header: Last_Block (bit 0), Block_Type 0 = Raw (bits 1-2), Block_Size.
+        header = (len(block) << 3) | (1 if i == blocks - 1 else 0)
+        out[pos:pos + 3] = header.to_bytes(3, "little")
+        pos += 3
+        out[pos:pos + len(block)] = block
+        pos += len(block)
+    return bytes(memoryview(out)[:total])
+
+
+def compress(codec: int, data: Buffer, xerial: bool = True,
+             incompressible: bool = False, tail: bytes = b"") -> Buffer:
+    """Compress a records section with `codec` (snappy: xerial framing unless xerial=False).
+    `incompressible`: the caller knows the section will not compress (ciphertext), so lz4
+    and zstd write stored blocks (`lz4_stored_frame`, `zstd_raw_frame`); with the `tail`
+    its records end with, lz4 writes that tail as matches (`lz4_sealed_frame`)."""
     if codec == CODEC_NONE:
         return data
+    if incompressible and codec == CODEC_LZ4:
+        return lz4_sealed_frame(data, tail) if tail else lz4_stored_frame(data)
+    if incompressible and codec == CODEC_ZSTD:
+        return zstd_raw_frame(data)
     if codec == CODEC_GZIP:
         return bytes(cramjam.gzip.compress(data, level=6))
     if codec == CODEC_SNAPPY:

@@ -1,5 +1,6 @@
-"""Builds `sluice.codec._record_check`, the native record check (codec/record_check.c), with
-cffi in API mode (plain C, no library). Run by ``scripts/dev.sh install``; by hand::
+"""Builds `sluice.codec._record_check`, the native record check (codec/record_check.c) and the
+LZ4 writer for sealed sections (codec/lz4_sealed.c), with cffi in API mode (plain C, no
+library). Run by ``scripts/dev.sh install``; by hand::
 
     .venv/bin/python -m sluice.codec.record_check_build
 
@@ -20,14 +21,17 @@ HERE = Path(__file__).resolve().parent
 CDEF = """
 long rc_check_section(const uint8_t *buf, size_t len, int64_t count, int64_t max_headers,
                       int64_t *where);
+size_t lz4_sealed_bound(size_t len);
+long lz4_sealed_frame(const uint8_t *src, size_t len, const uint8_t *pat, size_t m,
+                      uint8_t *out, size_t cap);
 """
 
 
 def builder() -> FFI:
     ffi = FFI()
     ffi.cdef(CDEF)
-    ffi.set_source("sluice.codec._record_check", (HERE / "record_check.c").read_text(),
-                   extra_compile_args=["-O2"])
+    source = "\n".join((HERE / name).read_text() for name in ("record_check.c", "lz4_sealed.c"))
+    ffi.set_source("sluice.codec._record_check", source, extra_compile_args=["-O2"])
     return ffi
 
 

@@ -519,11 +519,15 @@ def build_batch(header: BatchHeader, records: list[Record]) -> bytes:
     return build_batch_from_section(header, plain, len(records))
 
 
-def build_batch_from_section(header: BatchHeader, plain: Buffer, count: int) -> bytes:
+def build_batch_from_section(header: BatchHeader, plain: Buffer, count: int,
+                             incompressible: bool = False, tail: bytes = b"") -> bytes:
     """Encode a whole v2 batch around an uncompressed records section of `count` records.
 
     The header is kept as `build_batch` keeps it; the section is compressed with its codec
-    (an empty section makes an empty batch without compression bits, as Kafka writes them).
+    (an empty section makes an empty batch without compression bits, as Kafka writes them);
+    `incompressible`: with its codec's stored blocks where it has them (lz4, zstd; see
+    `compression.compress`), lz4 writing `tail`, the bytes every record ends with, as
+    matches.
     """
     codec = header.compression
     if codec > _MAX_CODEC:
@@ -536,7 +540,8 @@ def build_batch_from_section(header: BatchHeader, plain: Buffer, count: int) -> 
     elif codec == CODEC_NONE:
         payload = plain
     else:
-        payload = compress(codec, plain, header.snappy_xerial is not False)
+        payload = compress(codec, plain, header.snappy_xerial is not False, incompressible,
+                           tail)
     return _assemble(header, attributes, payload, count)
 
 

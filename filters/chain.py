@@ -131,6 +131,8 @@ class NativeChainResult:
     reason`` and `dropped` maps an input index to the filter that dropped it. `trusted`: every
     filter that changed the section is the proxy's own code (`NativeOutput.trusted`), so the
     section is as well-formed as the checked input and needs no second check.
+    `incompressible`, `tail`: the last filter that changed the section says it will not
+    compress, and what its records end with (`NativeOutput.incompressible`).
     """
 
     records: Buffer
@@ -140,6 +142,8 @@ class NativeChainResult:
     dropped: dict[int, str]
     stats: list[FilterStats]
     trusted: bool = False
+    incompressible: bool = False
+    tail: bytes = b""
 
 
 class _Bound:
@@ -357,6 +361,8 @@ class FilterChain:
         n = count
         changed = False
         trusted = True  # until a filter not of the proxy's own code rewrites the section
+        incompressible = False
+        tail = b""
         alive: list[int] | None = None  # input index of each current record (None: identity)
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
@@ -385,6 +391,8 @@ class FilterChain:
             st.kept = n - st.rewritten - st.dropped - st.rejected
             changed = True
             trusted = trusted and out.trusted
+            incompressible = out.incompressible
+            tail = out.tail
             current = out.records
             if st.dropped or st.rejected:
                 index = alive if alive is not None else range(n)
@@ -398,7 +406,7 @@ class FilterChain:
                 alive = [index[j] for j, fate in enumerate(fates) if fate <= REWRITE]
                 n = len(alive)
         return NativeChainResult(current, n, changed, rejected, dropped, stats,
-                                 changed and trusted)
+                                 changed and trusted, changed and incompressible, tail)
 
     def run_admin(self, resource: AdminResource) -> AdminVerdict:
         """Offer one admin resource to the ``admin`` filters bound to its name."""

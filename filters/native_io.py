@@ -123,6 +123,10 @@ class NativeOutput:
     only by the proxy's own native code (a host filter's sealer): its section, written from a
     section that was already checked, needs no second check (a guest's output always does).
     Under `lending`, a trusted `records` may be a view of the sealer's per-thread buffer.
+    `incompressible`: the filter knows its section will not compress (whole values sealed),
+    so the batch is written with its codec's stored blocks (`compression.compress`);
+    `tail`: the bytes every rewritten record ends with (the proxy's header group), which
+    LZ4 then writes as matches.
     """
 
     fates: bytes
@@ -130,6 +134,8 @@ class NativeOutput:
     rejects: dict[int, str] = field(default_factory=dict)
     detector_counts: dict[str, int] = field(default_factory=dict)
     trusted: bool = False
+    incompressible: bool = False
+    tail: bytes = b""
 
     def count(self, fate: int) -> int:
         return self.fates.count(fate)

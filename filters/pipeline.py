@@ -306,7 +306,8 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
             return None if result is None else (result, None)
         as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
         if result.trusted and result.count and as_built:
-            built = build_batch_from_section(header, result.records, result.count)
+            built = build_batch_from_section(header, result.records, result.count,
+                                             result.incompressible, result.tail)
         elif header.compression == CODEC_NONE and result.count and as_built:
             built = build_batch_from_section(header, result.records, result.count)
             if not result.trusted:

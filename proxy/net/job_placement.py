@@ -50,8 +50,9 @@ as fast when within `scaled_max_seconds`) and its cost estimated from the size i
 about what the hand-off itself costs under load (two thread wake-ups: 1-2 ms of wall time on a
 busy 2-core machine), so the loop stalls no longer than the connection would have waited. The
 size is the declared one (`paths/base.job_size`): a compressed batch whose codec declares no
-binding size is never estimated, it goes to the pool. A scaled job inline that takes more than
-twice the budget backs its kind off as a slow run does.
+binding size (gzip, zstd) is never estimated, it goes to the pool; an LZ4 batch counts as the
+bound its block headers give (the decompressor holds the frame to it). A scaled job inline
+that takes more than twice the budget backs its kind off as a slow run does.
 
 Thread safety: `record` is called from pool threads. Each update is a few list item
 assignments; a lost update between two threads only delays or hastens a placement change by

@@ -321,11 +321,12 @@ def job_size(frame_size: int, records: Iterable[bytes | memoryview | None]) -> i
     """The `Job.size` of filtering the `records` blobs of a frame of `frame_size` bytes: the
     frame with each blob counted at the size its batches declare they decompress to.
 
-    A blob whose codec declares no binding size (gzip, lz4, zstd) makes the job unbounded:
-    a few hundred bytes of zstd can hold 10 MiB of records, so only the decompressor can
-    tell, and that is work the event loop must not do (a small compressed batch goes to the
-    pool). Frames already too large to run inline, even as a job whose cost follows its size,
-    are not looked into."""
+    A blob whose codec declares no binding size (gzip, zstd) makes the job unbounded: a few
+    hundred bytes of zstd can hold 10 MiB of records, so only the decompressor can tell, and
+    that is work the event loop must not do (such a batch goes to the pool). An LZ4 frame
+    counts as what its block headers allow, which the decompressor holds it to. Frames
+    already too large to run inline, even as a job whose cost follows its size, are not
+    looked into."""
     if frame_size > INLINE_SCALED_MAX_BYTES:
         return frame_size
     size = frame_size

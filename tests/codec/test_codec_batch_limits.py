@@ -143,23 +143,61 @@ def test_a_declared_count_that_does_not_match_the_records_is_corrupt(
 
 @settings(max_examples=100, deadline=None)
 @given(data=st.binary(max_size=100_000), codec=st.sampled_from([0, *CODECS]),
-       xerial=st.booleans())
+       xerial=st.booleans(), stored=st.booleans())
 def test_declared_sizes_are_exact_where_the_codec_holds_the_stream_to_them(
-    data: bytes, codec: int, xerial: bool
+    data: bytes, codec: int, xerial: bool, stored: bool
 ) -> None:
-    payload = compress(codec, data, xerial)
+    payload = compress(codec, data, xerial, incompressible=stored)
     size = declared_size(codec, payload)
     if codec in (0, 2):
         assert size == len(data) == len(decompress(codec, payload))
+    elif codec == 3:
+        # A bound from the block headers, which decompress holds the frame to: exact for
+        # stored blocks, at most a block (64 KiB) over for compressed ones.
+        assert size is not None and len(data) <= size <= len(data) + 64 * 1024
+        assert size == len(data) or not stored
+        assert len(decompress(codec, payload)) == len(data)
     else:
         assert size is None
 
 
-@pytest.mark.parametrize("codec", [1, 3, 4])
+@pytest.mark.parametrize("codec", [1, 4])
 def test_small_bombs_of_codecs_without_a_binding_size_have_no_expanded_size(codec: int) -> None:
     """What the inline decision reads (paths/base.job_size): a 1 KB zstd bomb is not small."""
     data = bomb(codec, 10 * MiB)
     assert expanded_size(data) is None
+
+
+def test_an_lz4_bomb_declares_what_it_holds() -> None:
+    """An LZ4 bomb's expanded size is bounded from its block headers: never less than what it
+    decompresses to, so it is never small (paths/base.job_size)."""
+    data = bomb(3, 10 * MiB)
+    size = expanded_size(data)
+    assert size is not None and size >= HEADER_SIZE + len(bomb_section(10 * MiB))
+
+
+def test_an_lz4_frame_is_held_to_its_block_headers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decompress refuses a frame yielding more than its bound (the size `declared_size`
+    gives the inline decision): with the bound lowered by one byte, the honest frame is
+    corrupt; a frame of more blocks than `declared_size` walks gets no size at all."""
+    from sluice.codec import compression
+
+    section = bomb_section(300_000)
+    payload = compress(3, section, incompressible=True)
+    assert declared_size(3, payload) == len(section)
+    walk = compression._lz4_output_bound
+    monkeypatch.setattr(compression, "_lz4_output_bound",
+                        lambda p, m=None: (walk(p, m) or 1) - 1)
+    with pytest.raises(CorruptBatch, match="more than its block headers allow"):
+        decompress(3, payload)
+    monkeypatch.undo()
+    assert bytes(decompress(3, payload)) == section
+    many = compression.lz4_stored_frame(b"x" * 300)
+    # 300 stored blocks of one byte each: a frame the event loop does not walk.
+    tiny = many[:7] + b"".join(b"\x01\x00\x00\x80x" for _ in range(300)) + bytes(4)
+    assert bytes(decompress(3, tiny)) == b"x" * 300
+    assert declared_size(3, tiny) is None
+    assert declared_size(3, tiny[:7] + b"\x01\x00\x00\x80x" * 200 + bytes(4)) == 200
 
 
 def test_expanded_size_of_uncompressed_and_snappy_batches() -> None:

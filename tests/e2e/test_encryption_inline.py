@@ -32,9 +32,12 @@ def jobs_where(metrics_port: int, where: str) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
+@pytest.mark.parametrize("codec", [0, 3], ids=["none", "lz4"])
 def test_small_encrypt_jobs_run_inline_and_a_kms_call_goes_to_the_pool(
-    broker: Any, tmp_path: Path
+    broker: Any, tmp_path: Path, codec: int
 ) -> None:
+    """Uncompressed batches, and LZ4 ones (the frame is held to what its block headers allow,
+    so the job's size is known without decompressing it)."""
     topic = unique("inline-enc")
     create_topic(broker.bootstrap, topic)
     metrics = free_port()
@@ -54,7 +57,7 @@ def test_small_encrypt_jobs_run_inline_and_a_kms_call_goes_to_the_pool(
 
         def produce(n: int) -> None:
             value = b'{"n": %d}' % n
-            sock.sendall(produce_frame(n, topic, [value]))
+            sock.sendall(produce_frame(n, topic, [value], codec=codec))
             answer = recv_frame(sock)
             assert answer is not None
             assert first_partition(ApiKey.PRODUCE, 9, answer).error_code == 0

@@ -94,24 +94,25 @@ def fetch_frame(
     )
 
 
-def records_batch(values: list[bytes]) -> bytes:
-    """One uncompressed, non-idempotent magic-2 batch holding `values`."""
+def records_batch(values: list[bytes], codec: int = 0) -> bytes:
+    """One non-idempotent magic-2 batch holding `values`, compressed with `codec`."""
     now = int(time.time() * 1000)
     n = len(values)
     return build_batch(
-        BatchHeader(0, 0, -1, 2, 0, 0, n - 1, now, now, -1, -1, -1, n),
+        BatchHeader(0, 0, -1, 2, 0, codec, n - 1, now, now, -1, -1, -1, n),
         [Record(0, i, None, v, []) for i, v in enumerate(values)],
     )
 
 
 def produce_frame(
-    correlation_id: int, topic: str, values: list[bytes], acks: int = -1, version: int = 9
+    correlation_id: int, topic: str, values: list[bytes], acks: int = -1, version: int = 9,
+    codec: int = 0,
 ) -> bytes:
-    """Produce `values` as one batch to partition 0 of `topic`."""
+    """Produce `values` as one batch (compressed with `codec`) to partition 0 of `topic`."""
     cls = schemas.request_schema(ApiKey.PRODUCE, version)
     tcls = entities.element_class(cls, "topic_data")
     pcls = entities.element_class(tcls, "partition_data")
-    part = entities.build(pcls, index=0, records=records_batch(values))
+    part = entities.build(pcls, index=0, records=records_batch(values, codec))
     return request_frame(
         ApiKey.PRODUCE,
         version,
