@@ -147,7 +147,10 @@ def decompress(payload: bytes, limit: int, guess: int) -> memoryview:
     try:
         src = _address(payload)
         end = len(payload)
-        out = bytearray(min(limit, max(guess, 64)))
+        # One byte past the limit: a frame whose content ends exactly at the limit still
+        # finds room to be read to its end mark, and output reaching that byte is too much.
+        cap = limit + 1
+        out = bytearray(min(cap, max(guess, 64)))
         pos_in = pos_out = 0
         dst_size, src_size = _size(), _size()
         hint = 1
@@ -155,9 +158,9 @@ def decompress(payload: bytes, limit: int, guess: int) -> memoryview:
         # last call filled the buffer mid-frame).
         while pos_in < end or (hint != 0 and pos_out == len(out)):
             if pos_out == len(out):
-                if len(out) >= limit:
+                if len(out) >= cap:
                     raise Lz4Limit(f"decompresses to more than {limit} bytes")
-                out.extend(bytes(min(limit, 2 * len(out)) - len(out)))
+                out.extend(bytes(min(cap, 2 * len(out)) - len(out)))
             window = (ctypes.c_char * (len(out) - pos_out)).from_buffer(out, pos_out)
             dst_size.value = len(out) - pos_out
             src_size.value = end - pos_in
@@ -171,6 +174,8 @@ def decompress(payload: bytes, limit: int, guess: int) -> memoryview:
                 raise Lz4Error("no progress")
             pos_in += src_size.value
             pos_out += dst_size.value
+        if pos_out > limit:
+            raise Lz4Limit(f"decompresses to more than {limit} bytes")
         if hint != 0:
             raise Lz4Error("frame ends early")
         return memoryview(out)[:pos_out]

@@ -51,6 +51,18 @@ def test_large_sections_grow_the_buffer_and_keep_to_the_limit() -> None:
         compression.decompress(CODEC_LZ4, frame, limit=len(data) - 1)
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=records)
+def test_content_of_exactly_the_limit_is_read_to_its_end_mark(data: bytes) -> None:
+    # The buffer is as large as the limit: the end mark still has to be read after the last
+    # byte fills it (an lz4 batch is decompressed into its block-header bound exactly).
+    frame = cramjam_frame(data)
+    assert bytes(lz4_frame.decompress(frame, len(data), len(data))) == data
+    if data:
+        with pytest.raises(lz4_frame.Lz4Limit):
+            lz4_frame.decompress(frame, len(data) - 1, len(data) - 1)
+
+
 def test_truncated_and_corrupt_frames_are_corrupt_batches() -> None:
     frame = lz4_frame.compress(os.urandom(1000) * 300)
     for cut in (3, 7, 20, len(frame) // 2, len(frame) - 1):
