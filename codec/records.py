@@ -525,9 +525,8 @@ def build_batch_from_section(header: BatchHeader, plain: Buffer, count: int,
 
     The header is kept as `build_batch` keeps it; the section is compressed with its codec
     (an empty section makes an empty batch without compression bits, as Kafka writes them);
-    `incompressible`: with its codec's stored blocks where it has them (lz4, zstd; see
-    `compression.compress`), lz4 writing `tail`, the bytes every record ends with, as
-    matches.
+    `incompressible`: lz4 without a search (see `compression.compress`), writing `tail`,
+    the bytes every record ends with, as matches.
     """
     codec = header.compression
     if codec > _MAX_CODEC:
