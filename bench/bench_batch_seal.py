@@ -44,7 +44,7 @@ PRODUCE = RecordContext(TOPIC, 0, "produce", principal="User:app")
 FETCH = RecordContext(TOPIC, 0, "fetch", principal="User:billing")
 
 
-def per_record_us(run: Callable[[], None], records: int, rounds: int) -> float:
+def per_record_us(run: Callable[[], object], records: int, rounds: int) -> float:
     """Median CPU µs per record of `run` (one batch of `records`)."""
     started = time.thread_time()
     n = 0
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
             for k, nonce, ct, own in opened:
                 aead.decrypt(nonce, ct, aad_for(prefix, k, "", record_digest(own)))
 
-        rows = [("aesgcm loop", loop_seal, loop_open)]
+        rows: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
+            ("aesgcm loop", loop_seal, loop_open)]
         rows.append(("reference",
                      lambda: runner.run(PRODUCE, records, 0, 0) and None,
                      lambda: runner.run(FETCH, stored, 0, 0) and None))

@@ -31,6 +31,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -157,10 +158,10 @@ def request_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
         assert kio_path() == splice_path()
         rows += [
             (f"Produce request, {label}: kio decode", per_call_us(
-                lambda body=body: decode_request(0, VERSION, body), rounds)),
+                partial(decode_request, 0, VERSION, body), rounds)),
             (f"Produce request, {label}: kio decode + re-encode", per_call_us(kio_path, rounds)),
             (f"Produce request, {label}: scan", per_call_us(
-                lambda body=body: scan_produce_request(VERSION, body), rounds)),
+                partial(scan_produce_request, VERSION, body), rounds)),
             (f"Produce request, {label}: scan + splice", per_call_us(splice_path, rounds)),
         ]  # fmt: skip
     response = produce_response()
@@ -236,9 +237,9 @@ def fetch_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
                 (f"{label}: kio decode + re-encode", per_call_us(kio_path, rounds)),
                 (f"{label}: scan + splice", per_call_us(splice_path, rounds)),
                 (f"{label}: kio path with pii-mask",
-                 per_call_us(lambda f=kio_path: f(mask=True), rounds)),
+                 per_call_us(partial(kio_path, mask=True), rounds)),
                 (f"{label}: splice path with pii-mask",
-                 per_call_us(lambda f=splice_path: f(mask=True), rounds)),
+                 per_call_us(partial(splice_path, mask=True), rounds)),
             ]  # fmt: skip
     finally:
         chain.close()
@@ -263,17 +264,17 @@ def batch_rows(values: list[bytes], rounds: int) -> list[tuple[str, float]]:
             plain = records_section(b)
             view = memoryview(raw)
             steps: list[tuple[str, Callable[[], Any]]] = [
-                ("split_batches", lambda raw=raw: split_batches(raw)),
-                ("verify_crc", lambda view=view: verify_crc(view)),
-                ("records_section", lambda b=b: records_section(b)),
-                ("check_section", lambda plain=plain: check_section(plain, n)),
-                ("check_batch (in place)", lambda raw=raw: check_batch(raw)),
+                ("split_batches", partial(split_batches, raw)),
+                ("verify_crc", partial(verify_crc, view)),
+                ("records_section", partial(records_section, b)),
+                ("check_section", partial(check_section, plain, n)),
+                ("check_batch (in place)", partial(check_batch, raw)),
                 ("build_batch_from_section",
-                 lambda b=b, plain=plain: build_batch_from_section(b.header, plain, n)),
+                 partial(build_batch_from_section, b.header, plain, n)),
                 ("filter_produce pii-mask",
-                 lambda view=view: filter_produce(chains["produce"], produce_ctx, view)),
+                 partial(filter_produce, chains["produce"], produce_ctx, view)),
                 ("filter_fetch pii-mask",
-                 lambda view=view: filter_fetch(chains["fetch"], fetch_ctx, view)),
+                 partial(filter_fetch, chains["fetch"], fetch_ctx, view)),
             ]  # fmt: skip
             if codec:
                 steps = [s for s in steps if not s[0].startswith("check_batch")]

@@ -131,7 +131,7 @@ def guest_calls(chain: FilterChain, frame: bytes) -> list[Any]:
     layout = scan_fetch_response(VERSION, frame, 5)
     calls = []
     for part in layout.topics[0].partitions:
-        for raw in split_batches(part.records)[0]:
+        for raw in split_batches(part.records or b"")[0]:
             plain = bytes(records_section(raw))
             ctx = RecordContext(TOPIC, part.partition, "fetch", "bench", None)
             data = native_input_head(ctx, raw.header.record_count, raw.header.base_offset,

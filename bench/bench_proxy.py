@@ -360,10 +360,10 @@ def _throughput_report(result: Result) -> str:
         pr = pairs.summarise(pairs.ratios(a.produce, b.produce))
         cr = pairs.summarise(pairs.ratios(a.consume, b.consume))
         cpu_a, cpu_b = a.cpu_per_gb_overall(), b.cpu_per_gb_overall()
-        cpu = f"; CPU s/GB {cpu_a / cpu_b:.2f}x" if cpu_b > 0 else ""
+        cpu_text = f"; CPU s/GB {cpu_a / cpu_b:.2f}x" if cpu_b > 0 else ""
         lines.append(
             f"{top} / {bottom} (median of per-slice ratios): produce {pr.ratio_text()}, "
-            f"consume {cr.ratio_text()}{cpu}."
+            f"consume {cr.ratio_text()}{cpu_text}."
         )
     return "\n".join(lines)
 

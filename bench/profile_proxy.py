@@ -80,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     with TansuBroker() as broker, targets.sluice(broker.bootstrap, configs[args.variant]) as t:
         w = bench_proxy.WORKLOADS.get(args.workload or 0)
         topic = workload.make_topic(t.bootstrap, **({"partitions": w.partitions} if w else {}))
-        compression = {"compression": w.compression} if w else {}
+        compression = w.compression if w else "lz4"  # workload.produce's default
         if fetching:
             # Encrypted records must be sealed by the proxy; masked ones are stored plain.
             source = t.bootstrap if args.variant.startswith("encrypt-") else broker.bootstrap
-            workload.produce(source, topic, values, **compression)
+            workload.produce(source, topic, values, compression)
         spy = subprocess.Popen(
             [
                 py_spy,
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             elif fetching:
                 workload.consume(t.bootstrap, topic, args.records)
             else:
-                workload.produce(t.bootstrap, topic, values, **compression)
+                workload.produce(t.bootstrap, topic, values, compression)
         finally:
             spy.send_signal(subprocess.signal.SIGINT)  # type: ignore[attr-defined]
             spy.wait(30)
