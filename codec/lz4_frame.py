@@ -125,15 +125,21 @@ def compress(data: bytes) -> bytes:
 
 
 _local = threading.local()
+#: Largest compression buffer a thread keeps between calls. A client can make a section as
+#: large as `limits.max_batch_bytes` (32 MiB by default, a few hundred KB of lz4 on the wire);
+#: kept, every filter thread would hold the largest it ever compressed for good.
+_SCRATCH_KEPT: Final = 4 << 20
 
 
 def _scratch(size: int) -> ctypes.Array[ctypes.c_char]:
     """This thread's compression buffer, at least `size` bytes: reused, so that a batch's
-    compression does not zero a fresh buffer of its size first (as large as the biggest
-    records section the thread compressed, a few MiB at most: `limits.max_batch_bytes`)."""
+    compression does not zero a fresh buffer of its size first. A buffer over `_SCRATCH_KEPT`
+    serves its one call and is freed with it."""
     buf: ctypes.Array[ctypes.c_char] | None = getattr(_local, "buf", None)
     if buf is None or len(buf) < size:
-        buf = _local.buf = ctypes.create_string_buffer(size)
+        buf = ctypes.create_string_buffer(size)
+        if size <= _SCRATCH_KEPT:
+            _local.buf = buf
     return buf
 
 

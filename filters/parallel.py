@@ -83,14 +83,21 @@ def map_ordered(fn: Callable[[T], R], items: Sequence[T],
     results: list[R | None] = [None] * n
     errors: list[BaseException | None] = [None] * n
     queue = _Queue(n)
+    # What a helper works with, emptied once every item is done: a helper still queued then
+    # (the pool's other threads busy) must not keep the job's items and results, views of a
+    # response frame, alive after the response went out and left the connection's count.
+    job = [(fn, items, results, errors)]
 
     def work() -> None:
         while (i := queue.take()) is not None:
+            # Taken, so the job is not emptied until this item is finished.
+            run, todo, out, failed = job[0]
             try:
-                results[i] = fn(items[i])
+                out[i] = run(todo[i])
             except BaseException as exc:  # handed to the caller, in order
-                errors[i] = exc
+                failed[i] = exc
             finally:
+                del run, todo, out, failed
                 queue.finished()
 
     assert helpers is not None
@@ -104,6 +111,7 @@ def map_ordered(fn: Callable[[T], R], items: Sequence[T],
             break  # the pool is shutting down: the caller does the rest
     work()
     queue.wait_running()
+    job.clear()
     for exc in errors:
         if exc is not None:
             raise exc

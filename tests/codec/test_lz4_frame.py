@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import tracemalloc
 
 import cramjam
 import pytest
@@ -107,3 +108,32 @@ def test_a_python_thread_runs_while_another_compresses() -> None:
         spinner.join()
         sys.setswitchinterval(interval)
     assert max(progress[0::2]) > 0 and max(progress[1::2]) > 0, progress
+
+
+def _memory_kept_by_a_thread_after(size: int) -> int:
+    """Bytes still allocated in a fresh thread after it compressed `size` bytes and dropped
+    the frame (what the thread keeps for its next call)."""
+    kept: list[int] = []
+
+    def run() -> None:
+        data = bytes(size)
+        tracemalloc.start()
+        try:
+            frame = lz4_frame.compress(data)
+            del frame
+            kept.append(tracemalloc.get_traced_memory()[0])
+        finally:
+            tracemalloc.stop()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return kept[0]
+
+
+def test_a_large_section_leaves_no_large_buffer_behind() -> None:
+    """A client can make a section as large as max_batch_bytes (32 MiB of zeros is ~130 KB of
+    lz4): a filter thread that compressed one must not hold a buffer of its size for good."""
+    assert _memory_kept_by_a_thread_after(24 << 20) < 6 << 20
+    # Batch-sized sections keep theirs: their next compression does not zero a fresh one.
+    assert _memory_kept_by_a_thread_after(1 << 20) > 1 << 20

@@ -3,8 +3,10 @@ deadlock when every pool thread is itself a caller waiting on helpers queued beh
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -71,3 +73,29 @@ def test_a_shut_down_pool_leaves_the_work_to_the_caller() -> None:
     pool = ThreadPoolExecutor(1)
     pool.shutdown()
     assert map_ordered(str, [1, 2, 3], Helpers(pool.submit, 2)) == ["1", "2", "3"]
+
+
+class _Piece:
+    """An item or a result that can be watched for being freed (a Fetch response's partition
+    and its filtered records hold views of the whole response frame)."""
+
+
+def test_a_helper_still_queued_keeps_nothing_of_a_finished_job_alive() -> None:
+    """When every other pool thread is busy, the caller runs all the items itself and returns,
+    while its helper stays queued behind other jobs. The job's response is then sent and no
+    longer counted against the connection (`max_held_response_bytes`); the queued helper must
+    not keep its items, results or function alive until the pool reaches it."""
+    busy = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(busy.wait, 10)  # the pool's one thread is taken
+        items = [_Piece() for _ in range(4)]
+        def fn(item: _Piece) -> _Piece:
+            return _Piece()
+
+        out = map_ordered(fn, items, Helpers(pool.submit, 2))
+        watched = [weakref.ref(x) for x in (*items, *out)] + [weakref.ref(fn)]
+        del items, out, fn
+        gc.collect()
+        alive = sum(ref() is not None for ref in watched)
+        busy.set()
+    assert alive == 0
