@@ -188,12 +188,14 @@ def declared_size(codec: int, payload: Buffer) -> int | None:
     that yields more, so the bound binds). None for gzip and zstd, whose output is known
     only by producing it (zstd's optional size field is not binding on every stream the
     codec reads), for an lz4 payload that is not one frame of at most
-    `_LZ4_DECLARED_MAX_BLOCKS` blocks (the walk runs on the event loop), and for a payload
+    `_LZ4_DECLARED_MAX_BLOCKS` blocks and one block per `_LZ4_DECLARED_BLOCK_BYTES` of its
+    length (the walk runs on the event loop), and for a payload
     whose framing does not parse."""
     if codec == CODEC_NONE:
         return len(payload)
     if codec == CODEC_LZ4:
-        return _lz4_output_bound(payload, _LZ4_DECLARED_MAX_BLOCKS)
+        return _lz4_output_bound(payload, min(_LZ4_DECLARED_MAX_BLOCKS,
+                                              1 + len(payload) // _LZ4_DECLARED_BLOCK_BYTES))
     if codec != CODEC_SNAPPY:
         return None
     try:
@@ -251,6 +253,11 @@ _LZ4_BLOCK_MAX = {4: 64 << 10, 5: 256 << 10, 6: 1 << 20, 7: 4 << 20}
 #: inline decision): a 1 MiB batch in Kafka's 64 KiB blocks has 16, and a frame of many
 #: tiny blocks is simply not given a size (its job goes to the pool).
 _LZ4_DECLARED_MAX_BLOCKS = 256
+#: ... and at most one block per this many bytes of the frame: the cap above is per batch, and
+#: a Produce frame of 1 MiB holds ~900 batches of 256 empty stored blocks (4 bytes each), a
+#: walk of 230 000 block headers on the loop (~85 ms). Kafka's blocks hold 64 KiB of records,
+#: well over 1 KiB on the wire unless they compress over 64:1 (those go to the pool).
+_LZ4_DECLARED_BLOCK_BYTES = 1024
 
 
 def _lz4_output_bound(payload: Buffer, max_blocks: int | None = None) -> int | None:

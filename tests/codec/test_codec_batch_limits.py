@@ -22,6 +22,7 @@ from sluice.codec.records import (
     check_batch_python,
     check_section,
     check_section_python,
+    crc32c,
     decode_records,
     encode_records,
     records_section,
@@ -170,10 +171,14 @@ def test_small_bombs_of_codecs_without_a_binding_size_have_no_expanded_size(code
 
 def test_an_lz4_bomb_declares_what_it_holds() -> None:
     """An LZ4 bomb's expanded size is bounded from its block headers: never less than what it
-    decompresses to, so it is never small (paths/base.job_size)."""
+    decompresses to, so it is never small (paths/base.job_size). Its blocks compress over
+    64:1, more than one a KiB of payload: it gets no size at all (unbounded, the pool)."""
     data = bomb(3, 10 * MiB)
     size = expanded_size(data)
-    assert size is not None and size >= HEADER_SIZE + len(bomb_section(10 * MiB))
+    assert size is None or size >= HEADER_SIZE + len(bomb_section(10 * MiB))
+    section = bomb_section(300_000)
+    size = expanded_size(batch(3, section, len(section) // len(TINY_RECORD)))
+    assert size is None or size >= HEADER_SIZE + len(section)
 
 
 def test_an_lz4_frame_is_held_to_its_block_headers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,7 +202,10 @@ def test_an_lz4_frame_is_held_to_its_block_headers(monkeypatch: pytest.MonkeyPat
     tiny = many[:7] + b"".join(b"\x01\x00\x00\x80x" for _ in range(300)) + bytes(4)
     assert bytes(decompress(3, tiny)) == b"x" * 300
     assert declared_size(3, tiny) is None
-    assert declared_size(3, tiny[:7] + b"\x01\x00\x00\x80x" * 200 + bytes(4)) == 200
+    # 200 stored blocks of one byte: fewer than the cap, but more than one a KiB of payload.
+    assert declared_size(3, tiny[:7] + b"\x01\x00\x00\x80x" * 200 + bytes(4)) is None
+    kib_blocks = b"\x00\x04\x00\x80" + b"x" * 1024
+    assert declared_size(3, tiny[:7] + kib_blocks * 200 + bytes(4)) == 200 * 1024
 
 
 def test_expanded_size_of_uncompressed_and_snappy_batches() -> None:
@@ -301,3 +309,30 @@ def test_expanded_size_agrees_with_the_batch_list(
         blob[at] = value
     data = bytes(blob[: len(blob) + cut] if cut else blob) + extra
     assert expanded_size(data) == _expanded_by_split(data)
+
+
+def _lz4_batch(frame: bytes) -> bytes:
+    """A one-record batch whose payload is the LZ4 frame `frame` as given."""
+    out = bytearray(batch(0, frame, 1))
+    out[21:23] = (3).to_bytes(2, "big")
+    out[17:21] = crc32c(bytes(out[21:])).to_bytes(4, "big")
+    return bytes(out)
+
+
+def test_lz4_block_walks_for_the_inline_decision_are_bounded_by_the_bytes() -> None:
+    """`expanded_size` runs on the event loop for every filtered Produce frame up to 1 MiB
+    (paths/base.job_size). An empty stored block is 4 bytes, so 900 batches of 256 of them
+    fit in 1 MiB and had the loop walk 230 000 block headers in Python (~60 ms a request on
+    a loaded 2-core machine). A frame is now walked for at most one block per KiB of its
+    payload; past that it gets no size and its job goes to the pool."""
+    empty_block = (0x80000000).to_bytes(4, "little")
+    frame = b"\x04\x22\x4d\x18\x60\x40\x82" + empty_block * 256 + bytes(4)
+    assert bytes(decompress(3, frame)) == b""
+    blob = _lz4_batch(frame) * 900
+    assert len(blob) < MiB
+    assert expanded_size(blob) is None
+    # What producers write keeps its size: 64 KiB of records per block.
+    section = records_of([b'{"n": %d, "user": "u%d@example.com"}' % (i, i)
+                          for i in range(10_000)])
+    size = expanded_size(batch(3, section, 10_000))
+    assert size is not None and size >= HEADER_SIZE + len(section)
