@@ -1,10 +1,15 @@
 """Micro-benchmark of the pass-through core per request: one-record Produce requests and their
 responses through the real `ProxyServer`'s `Session` and `Connection` (framing, header, version
 gate, the internal-topics and Produce paths, slots, the KIP-951 scan of the response, metrics,
-the actions), with no socket, no broker and no filter; the transports only count writes.
+the actions), with no socket and no broker; the transports only count writes. With `--mask`,
+builtin:pii-mask filters produce (the mask-produce variant of `bench_proxy`): each one-record
+request holds a ~200-byte JSON record of the benchmark workload (an e-mail and a card number to
+mask), and its filter job runs as the proxy runs it (in the pool while its kind learns, then
+inline on the loop, `net/job_placement.py`), so the figure is the whole in-process cost of a
+one-record masked Produce: path, job placement, chain, guest call, splice, telemetry.
 
     python -m bench.connection_cpu [--rounds 5] [--requests 20000] [--baseline DIR]
-                                   [--shape one|w2] [--cold SECONDS]
+                                   [--shape one|w2] [--cold SECONDS] [--mask]
 
 Prints µs of CPU (process time) per request and its response, best of the rounds. `--shape
 w2` sends bench_proxy workload 2's Produce requests instead (two partitions of 1 500 ~200-byte
@@ -42,13 +47,23 @@ from sluice.codec import entities, schemas
 from sluice.codec.headers import request_header_bytes, response_header_bytes
 from sluice.codec.messages import ApiKey, encode_request, encode_response
 from sluice.codec.records import BatchHeader, Record, build_batch
+from sluice.filters.config import parse_filter_specs
+from sluice.filters.yaml_lines import load_yaml_text_with_lines
 from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops.config import ProxyConfig
+from sluice.proxy.ops.reload import build_chain
 
 VERSION = 9  # what librdkafka sends to Apache Kafka 4
 W2_VERSION = 10  # what librdkafka sends to Apache Kafka 4.4 with workload 2
 W2_PARTITIONS, W2_RECORDS = 2, 1500  # per request: ~100 KB, as bench_proxy's w2 averages
 SHAPES = ("one", "w2")
+MASK_CONFIG = """\
+filters:
+  - name: mask-pii
+    module: builtin:pii-mask
+    topics: ["cpu-*"]
+    apply_to: [produce]
+"""
 
 
 class _Transport:
@@ -100,14 +115,15 @@ def _w2_request() -> bytes:
         request)
 
 
-def _frames(count: int, shape: str = "one") -> list[tuple[bytes, bytes]]:
+def _frames(count: int, shape: str = "one", mask: bool = False) -> list[tuple[bytes, bytes]]:
     """(request, response) wire frames, size prefixes included, correlation ids 1..count."""
     if shape == "w2":
         version, partitions = W2_VERSION, W2_PARTITIONS
         request = bytearray(_w2_request())
     else:
         version, partitions = VERSION, 1
-        request = bytearray(produce_frame("cpu-topic", b'{"n": 1, "name": "x"}' * 8, VERSION))
+        value = json_records(1)[0] if mask else b'{"n": 1, "name": "x"}' * 8
+        request = bytearray(produce_frame("cpu-topic", value, VERSION))
     cls = schemas.response_schema(ApiKey.PRODUCE, version)
     tcls = entities.element_class(cls, "responses")
     pcls = entities.element_class(tcls, "partition_responses")
@@ -124,8 +140,18 @@ def _frames(count: int, shape: str = "one") -> list[tuple[bytes, bytes]]:
     return out
 
 
-async def _measure(rounds: int, requests: int, shape: str = "one", cold: float = 0.0) -> float:
+def _mask_chain() -> Any:
+    """The mask-produce variant's chain, loaded as `sluice serve` loads it."""
+    data, lines = load_yaml_text_with_lines(MASK_CONFIG, "<mask-produce>")
+    specs = parse_filter_specs(data["filters"], "<mask-produce>", lines)
+    return build_chain(specs)
+
+
+async def _measure(rounds: int, requests: int, shape: str = "one", cold: float = 0.0,
+                   mask: bool = False) -> float:
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+    if mask:
+        server.install_chain(_mask_chain())
     session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
     client, broker = _Transport(), _Transport()
     session._client = client
@@ -134,14 +160,28 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
     session._connecting.cancel()  # no broker to dial: the fake transport stands in
     session.broker_connected(broker)
     session._live = True
-    frames = _frames(requests, shape)
-    for request, response in frames[:1000]:  # warm-up
+    frames = _frames(requests, shape, mask)
+
+    async def one(request: bytes, response: bytes) -> None:
+        sent = broker.writes
         session.data_received(request)
+        # A filtered request is forwarded once its job is done: inline, in a callback of
+        # the loop's next turn; in the pool (while its kind learns), a few turns later.
+        while broker.writes == sent and not session._ended:
+            await asyncio.sleep(0)
         session.broker_data(response)
+
+    for request, response in frames[:1000]:  # warm-up
+        await one(request, response)
     best = float("inf")
     clock = time.process_time
     for _ in range(rounds):
-        if cold:
+        if mask:
+            started = clock()
+            for request, response in frames:
+                await one(request, response)
+            spent = clock() - started
+        elif cold:
             spent = 0.0
             for request, response in frames:
                 time.sleep(cold)  # other processes run meanwhile, as on a loaded machine
@@ -159,6 +199,7 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
                 session.broker_data(response)
             spent = clock() - started
         best = min(best, spent / requests * 1e6)
+    server.install_chain(None)
     # One write each way per request (each read holds one frame): anything else means frames
     # were held, dropped or refused.
     expected = min(1000, requests) + rounds * requests
@@ -168,11 +209,13 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
 
 
 def _run_in(
-    env: dict[str, str], cwd: Path | None, rounds: int, requests: int, shape: str, cold: float
+    env: dict[str, str], cwd: Path | None, rounds: int, requests: int, shape: str, cold: float,
+    mask: bool,
 ) -> float:
     result = subprocess.run(
         [sys.executable, "-m", "bench.connection_cpu", "--rounds", str(rounds),
-         "--requests", str(requests), "--shape", shape, "--cold", str(cold), "--bare"],
+         "--requests", str(requests), "--shape", shape, "--cold", str(cold), "--bare",
+         *(["--mask"] if mask else [])],
         env=env, cwd=cwd, check=True, capture_output=True, text=True,
     )
     return float(result.stdout.split()[-1])
@@ -189,15 +232,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="one-record requests, or workload 2's ~100 KB lz4 requests")
     parser.add_argument("--cold", type=float, default=0.0, metavar="SECONDS",
                         help="sleep before each request and response (caches go cold)")
+    parser.add_argument("--mask", action="store_true",
+                        help="builtin:pii-mask on produce (the mask-produce variant)")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    measure = (args.rounds, args.requests, args.shape, args.cold)
+    if args.mask and (args.cold or args.shape != "one"):
+        parser.error("--mask measures one-record requests, warm: leave out --shape and --cold")
+    measure = (args.rounds, args.requests, args.shape, args.cold, args.mask)
     if args.bare:
         print(f"{asyncio.run(_measure(*measure)):.3f}")
         return 0
     if not args.baseline:
         micros = asyncio.run(_measure(*measure))
         what = "one-record" if args.shape == "one" else "workload-2 (~100 KB, lz4)"
+        what += " masked" if args.mask else ""
         warmth = f", {args.cold:g} s asleep before each call" if args.cold else ""
         print(f"{micros:.2f} µs CPU per {what} Produce request and its response{warmth}")
         return 0

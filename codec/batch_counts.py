@@ -3,9 +3,15 @@ the codecs' framing alone (no decompression)."""
 
 from __future__ import annotations
 
-from sluice.codec.compression import declared_size
+import struct
+
+from sluice.codec.compression import CODEC_NONE, declared_size
 from sluice.codec.errors import CodecError
 from sluice.codec.records import HEADER_SIZE, split_batches
+
+# base offset, batch length, partition leader epoch (skipped), magic, CRC, attributes
+_HEAD = struct.Struct(">qi4xbIh")
+_COMPRESSION_MASK = 0x07
 
 
 def count_records(records: bytes | bytearray | memoryview | None) -> int:
@@ -38,6 +44,15 @@ def expanded_size(records: bytes | bytearray | memoryview | None) -> int | None:
     `compression.declared_size`) or the batches do not parse."""
     if not records:
         return 0
+    whole = len(records)
+    if whole >= HEADER_SIZE:
+        # One uncompressed batch filling the blob (a producer's usual partition): its size,
+        # read from the header without building the batch list (`split_batches` below gives
+        # the same answer for it).
+        _base, length, magic, _crc, attributes = _HEAD.unpack_from(records, 0)
+        if (length + 12 == whole and length >= HEADER_SIZE - 12 and magic == 2
+                and attributes & _COMPRESSION_MASK == CODEC_NONE):
+            return whole
     try:
         batches, tail = split_batches(records)
     except CodecError:

@@ -354,6 +354,10 @@ def _count_bytes(n: int, flexible: bool) -> bytes:
     return uvarint_bytes(n + 1) if flexible else _pack_i32(n)
 
 
+def _records_at(spot: tuple[PartitionSlot, Buffer | None]) -> int:
+    return spot[0].records_at
+
+
 def splice_produce_records(
     body: Buffer,
     layout: ProduceRequestLayout,
@@ -375,9 +379,26 @@ def splice_produce_records(
             raise ValueError(f"Produce request has no partition entry at position {(i, j)}")
     view = body if isinstance(body, memoryview) else memoryview(body)
     flexible = layout.flexible
+    if not drop:
+        # Nothing removed (a filter rewrote records, nearly every filtered Produce): every
+        # count and every entry stays, so the body is copied with each replaced records
+        # field (its length prefix and bytes) written in its place, in body order.
+        spots = [(layout.topics[i].partitions[j], new) for (i, j), new in records.items()]
+        if len(spots) > 1:
+            spots.sort(key=_records_at)
+        pieces: list[Buffer] = [prefix]
+        pos = 0
+        for part, new in spots:
+            pieces.append(view[pos : part.records_at])
+            pieces.append(records_prefix(new, flexible))
+            if new is not None:
+                pieces.append(new)
+            pos = part.records_end
+        pieces.append(view[pos:])
+        return b"".join(pieces)
     dropped = set(drop)
     changed_topics = {i for i, _ in records} | {i for i, _ in dropped}
-    pieces: list[Buffer] = [prefix]
+    pieces = [prefix]
     kept_topics = len(layout.topics)
     topic_pieces: list[Buffer] = []
     for i, topic in enumerate(layout.topics):

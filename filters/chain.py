@@ -168,6 +168,10 @@ class FilterChain:
         self._cache: dict[tuple[str, str, str], tuple[LoadedFilter, ...]] = {}
         self._reserved: dict[str, tuple[tuple[str, str], ...]] = {}
         self._screen_cache: dict[str, tuple[LoadedFilter, ...]] = {}
+        #: What callers derive from the bindings alone (the proxy's paths: which topics of a
+        #: request are filtered, the job's kind), kept as long as the chain: the bindings
+        #: never change. Each caller keeps its own bounded table under a key of its own.
+        self.memo: dict[str, dict[Any, Any]] = {}
 
     @classmethod
     def from_specs(cls, specs: Sequence[FilterSpec], cache_dir: str | Path | None = None, *,

@@ -88,12 +88,25 @@ def lending() -> Iterator[None]:
     stays valid only until its next call on this thread, so the caller must copy or consume
     it before then (the pipeline builds the batch from it at once). Saves a fresh megabyte,
     its page faults and a copy per batch."""
-    before = getattr(_lending, "on", False)
-    _lending.on = True
+    before = lend()
     try:
         yield
     finally:
-        _lending.on = before
+        end_lending(before)
+
+
+def lend() -> bool:
+    """`lending()` without the context manager, for the per-batch path (a generator-based one
+    costs a few µs per batch): returns what `end_lending` puts back; call it in a
+    ``finally``."""
+    before: bool = getattr(_lending, "on", False)
+    _lending.on = True
+    return before
+
+
+def end_lending(before: bool) -> None:
+    """Undo `lend()` with the value it returned."""
+    _lending.on = before
 
 
 def may_lend() -> bool:
@@ -146,7 +159,9 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int) -> Nati
     what it keeps (the fates, the new records section, the texts), nothing of `buf`, so the
     records section is copied out of the guest once rather than twice."""
     size = len(buf)
-    count = _u32(buf, 0, "record_count")
+    if size < 4:
+        raise AbiError("output truncated reading record_count at byte 0")
+    count = _U32.unpack_from(buf, 0)[0]
     if count != expected_records:
         raise AbiError(f"output has {count} fates for {expected_records} records")
     pos = 4 + count
@@ -173,7 +188,9 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int) -> Nati
         # A guest that keeps everything yet returns a section: the input stands.
         records = None if all_kept else bytes(buf[pos:pos + records_len])
         pos += records_len
-    nrej = _u32(buf, pos, "reject_count")
+    if pos + 4 > size:
+        raise AbiError(f"output truncated reading reject_count at byte {pos}")
+    nrej = _U32.unpack_from(buf, pos)[0]
     pos += 4
     rejects: dict[int, str] = {}
     if nrej or not all_kept:
@@ -189,7 +206,9 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int) -> Nati
                 reason = reason[:MAX_REASON_CHARS] + "..."
             rejects[index] = reason or "rejected by filter"
     detectors: dict[str, int] = {}
-    nd = _u32(buf, pos, "detector_count")
+    if pos + 4 > size:
+        raise AbiError(f"output truncated reading detector_count at byte {pos}")
+    nd = _U32.unpack_from(buf, pos)[0]
     pos += 4
     if nd * 8 > size - pos:
         raise AbiError(f"detector count {nd} exceeds the output size")

@@ -87,7 +87,7 @@ from sluice.filters.chain import (
 )
 from sluice.filters.context import RecordContext
 from sluice.filters.decisions import PartitionError
-from sluice.filters.native_io import lending
+from sluice.filters.native_io import end_lending, lend
 
 NONE: Final = ErrorCode.NONE
 CORRUPT_MESSAGE: Final = ErrorCode.CORRUPT_MESSAGE
@@ -184,6 +184,14 @@ class FetchOutcome:
 
 
 def _merge(into: list[FilterStats], more: Sequence[FilterStats]) -> None:
+    if not into and len(more) == 1:
+        # The first batch through one filter (nearly every Produce): the chain made its
+        # stats for this call alone, so they are taken rather than copied; only the detector
+        # counts, which later batches add to, are copied (a filter's may be shared).
+        first = more[0]
+        first.detector_counts = dict(first.detector_counts)
+        into.append(first)
+        return
     by_name = {s.name: s for s in into}
     for st in more:
         acc = by_name.get(st.name)
@@ -289,28 +297,30 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
     batch is built here, whatever the codec, before anything else runs on this thread."""
     header = batch.header
     built: bytes | None = None
+    lent = lend()
     try:
-        with lending():
-            result = chain.run_native(ctx, plain, header.record_count,
-                                      offset_base=offset_base,
-                                      timestamp_base=header.base_timestamp)
-            if result is None or not result.changed:
-                return None if result is None else (result, None)
-            as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
-            if result.trusted and result.count and as_built:
-                built = build_batch_from_section(header, result.records, result.count)
-            elif header.compression == CODEC_NONE and result.count and as_built:
-                built = build_batch_from_section(header, result.records, result.count)
-                if not result.trusted:
-                    check_batch(built)
-            elif not result.trusted:
-                check_section(result.records, result.count, header.attributes)
-            if built is None and isinstance(result.records, memoryview):
-                # Possibly lent: the caller builds from it after this thread's next native
-                # call. (With `built`, the callers never read `records` again.)
-                result.records = bytes(result.records)
+        result = chain.run_native(ctx, plain, header.record_count,
+                                  offset_base=offset_base,
+                                  timestamp_base=header.base_timestamp)
+        if result is None or not result.changed:
+            return None if result is None else (result, None)
+        as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
+        if result.trusted and result.count and as_built:
+            built = build_batch_from_section(header, result.records, result.count)
+        elif header.compression == CODEC_NONE and result.count and as_built:
+            built = build_batch_from_section(header, result.records, result.count)
+            if not result.trusted:
+                check_batch(built)
+        elif not result.trusted:
+            check_section(result.records, result.count, header.attributes)
+        if built is None and isinstance(result.records, memoryview):
+            # Possibly lent: the caller builds from it after this thread's next native
+            # call. (With `built`, the callers never read `records` again.)
+            result.records = bytes(result.records)
     except CodecError:
         return None
+    finally:
+        end_lending(lent)
     return result, built
 
 
@@ -358,7 +368,8 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                                     "exactly one record batch per partition")
 
     out = ProduceOutcome(records)
-    out.records_in = sum(b.header.record_count for b in batches)
+    out.records_in = (batches[0].header.record_count if len(batches) == 1
+                      else sum(b.header.record_count for b in batches))
     records_out = 0
     rebuilt: list[bytes | memoryview] = []
     changed = False
@@ -390,7 +401,7 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)
-            errors: list[tuple[int, str]] = sorted(nat.rejected.items())
+            errors: list[tuple[int, str]] = sorted(nat.rejected.items()) if nat.rejected else []
             if header.has_producer_id and nat.dropped:
                 errors += [(i, _idempotent_drop(name)) for i, name in nat.dropped.items()]
                 errors.sort()

@@ -203,20 +203,26 @@ class LoadedFilter:
         under its lock or, poolable, an idle one or a new one. On the event loop (a job
         inline) only one free now, else `blocking.WouldBlock`: another thread's run (a KMS
         call) must not stall the loop, nor may an instantiation."""
-        if self._more is None:
-            blocking.acquire(self._lock)
-            try:
-                yield self._runner
-            finally:
-                self._lock.release()
-            return
-        runner = self._take(self._more)
+        runner = self._acquire()
         try:
             yield runner
         finally:
-            with self._pool:
-                self._idle.append(runner)
-                self._pool.notify()
+            self._release(runner)
+
+    def _acquire(self) -> AbiRunner | HostRunner | ComponentAbi:
+        """Take an instance as `_instance` does; the caller must `_release` it."""
+        if self._more is None:
+            blocking.acquire(self._lock)
+            return self._runner
+        return self._take(self._more)
+
+    def _release(self, runner: AbiRunner | HostRunner | ComponentAbi) -> None:
+        if self._more is None:
+            self._lock.release()
+            return
+        with self._pool:
+            self._idle.append(runner)
+            self._pool.notify()
 
     def _take(self, more: Callable[[], AbiRunner | ComponentAbi]
               ) -> AbiRunner | HostRunner | ComponentAbi:
@@ -328,20 +334,24 @@ class LoadedFilter:
                                          timestamp_base)
         if not isinstance(runner, (SluiceAbi, ComponentAbi)) or not runner.has_native:
             return None
-        with self._instance() as instance:
+        # `_instance()` spelt out: this is the per-batch path, and a generator-based context
+        # manager costs a few µs of a one-record batch.
+        instance = self._acquire()
+        try:
             assert isinstance(instance, (SluiceAbi, ComponentAbi))
-            try:
-                return instance.run_native(ctx, records, count, offset_base, timestamp_base)
-            except Exception as exc:
-                if not isinstance(exc, GuestFailure):
-                    instance.discard()
-                with self._counts:
-                    self.native_fallbacks += 1
-                if isinstance(exc, GuestFailure) and exc.kind == "timeout":
-                    # A deadline is spent: do not spend it a second time on the same batch.
-                    self._native_failure.last = (
-                        (id(ctx), offset_base, timestamp_base, count), exc)
-                return None
+            return instance.run_native(ctx, records, count, offset_base, timestamp_base)
+        except Exception as exc:
+            if not isinstance(exc, GuestFailure):
+                instance.discard()
+            with self._counts:
+                self.native_fallbacks += 1
+            if isinstance(exc, GuestFailure) and exc.kind == "timeout":
+                # A deadline is spent: do not spend it a second time on the same batch.
+                self._native_failure.last = (
+                    (id(ctx), offset_base, timestamp_base, count), exc)
+            return None
+        finally:
+            self._release(instance)
 
     def _run_host_native(self, runner: HostRunner, ctx: RecordContext, records: Buffer,
                          count: int, offset_base: int, timestamp_base: int

@@ -316,9 +316,6 @@ class Session(asyncio.Protocol):
     def _start(self, action: StartJob) -> None:
         job = action.job
         loop = asyncio.get_running_loop()
-        client = self.client
-        # What logs on this connection's behalf (filters, look-ups) says which connection.
-        context = {"conn": client.id, "client": client.client_address, "node": self.node_id}
 
         placement = self._placement
         key = job.inline_key
@@ -330,7 +327,7 @@ class Session(asyncio.Protocol):
             # in a copy: a job's own bindings end with it, and pool jobs of one connection
             # may run at the same time (a Context is entered by one thread at a time).
             bound = self._job_context = contextvars.Context()
-            bound.run(structlog.contextvars.bind_contextvars, **context)
+            bound.run(structlog.contextvars.bind_contextvars, **self._log_context())
 
         def work_of(inline: bool) -> Any:
             work = (lambda: try_inline(job.run)) if inline else job.run
@@ -361,7 +358,7 @@ class Session(asyncio.Protocol):
         if not job.in_thread:
 
             async def run_async() -> Any:
-                with structlog.contextvars.bound_contextvars(**context):
+                with structlog.contextvars.bound_contextvars(**self._log_context()):
                     return await job.run()
 
             future = asyncio.ensure_future(run_async())
@@ -387,6 +384,11 @@ class Session(asyncio.Protocol):
         else:
             future = loop.run_in_executor(self._executor, run)
         self._in_pool(action.job_id, future)
+
+    def _log_context(self) -> dict[str, Any]:
+        """What logs on this connection's behalf (filters, look-ups) say: which connection."""
+        client = self.client
+        return {"conn": client.id, "client": client.client_address, "node": self.node_id}
 
     def _run_on_loop(self, job_id: int, run: Callable[[], Any]) -> None:
         """`run` on the loop, but in a callback of its own, never from inside `_do`: the

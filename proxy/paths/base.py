@@ -264,11 +264,13 @@ def try_inline(run: Callable[[], Any]) -> Any:
     """`run()` on a thread that may not wait (the event loop), or `IN_POOL` when it would
     have waited: the caller then runs it again in the filter thread pool, from its start
     (filters/blocking.py says why that is safe)."""
-    with blocking.forbidden():
-        try:
-            return run()
-        except blocking.WouldBlock:
-            return IN_POOL
+    before = blocking.forbid()
+    try:
+        return run()
+    except blocking.WouldBlock:
+        return IN_POOL
+    finally:
+        blocking.restore(before)
 
 
 def inline_key(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,7 +134,7 @@ class Metrics:
         hist.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         hist.sum += seconds
 
-    def filter_stats(self, stats: list[FilterStats]) -> None:
+    def filter_stats(self, stats: Iterable[FilterStats]) -> None:
         for st in stats:
             c = self.filters.get(st.name)
             if c is None:

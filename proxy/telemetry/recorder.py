@@ -42,6 +42,17 @@ class TelemetryRecorder:
             log.error("telemetry_event_failed", error=repr(exc))
 
     # ------------------------------------------------------------------ record batches
+    def stats_only(self, stats: Sequence[FilterStats]) -> bool:
+        """With telemetry off, count one filtered partition's `stats` in the metrics, as
+        `record_batch` does, and return True: the caller then builds no event. False when
+        telemetry is on (the caller calls `record_batch`)."""
+        sink = self.sink
+        if type(sink) is not NullSink:
+            return False
+        self.metrics.filter_stats(stats)
+        sink.discard()
+        return True
+
     def record_batch(
         self,
         client: ClientInfo,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 
 import pytest
 
@@ -42,3 +43,23 @@ def test_cold_mode_relays_every_frame_and_says_so(capsys: pytest.CaptureFixture[
     assert connection_cpu.main(argv) == 0
     line = capsys.readouterr().out.strip()
     assert 0 < float(line.split()[0]) < 5_000 and "asleep" in line
+
+
+def test_masked_requests_are_filtered_and_relayed() -> None:
+    # With --mask the record of every request reaches the broker with its e-mail address
+    # masked, and every request and response still goes through (`_measure` checks that).
+    sent: list[bytes] = []
+    original = connection_cpu._Transport.writelines
+
+    def keep(self: connection_cpu._Transport, data: Iterable[bytes]) -> None:
+        sent.append(b"".join(data))
+        original(self, data)
+
+    connection_cpu._Transport.writelines = keep  # type: ignore[method-assign]
+    try:
+        assert asyncio.run(connection_cpu._measure(1, 1100, mask=True)) > 0
+    finally:
+        connection_cpu._Transport.writelines = original  # type: ignore[method-assign]
+    produced = [frame for frame in sent if b'"email": "' in frame]
+    assert len(produced) == 2100
+    assert all(b'"email": "*****@*******.***"' in frame for frame in produced)

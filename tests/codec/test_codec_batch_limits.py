@@ -229,3 +229,37 @@ def test_a_corrupt_section_stays_corrupt_under_the_header_limit() -> None:
         with pytest.raises(CorruptBatch) as err:
             check(bytes(plain), 1, 0, 100)
         assert not isinstance(err.value, BatchTooLarge)
+
+
+def _expanded_by_split(records: bytes) -> int | None:
+    """expanded_size as the batch list gives it (what its short way for one uncompressed
+    batch must agree with)."""
+    try:
+        batches, tail = split_batches(records)
+    except CorruptBatch:
+        return None
+    total = len(tail)
+    for b in batches:
+        size = declared_size(b.header.compression, b.data[HEADER_SIZE:])
+        if size is None:
+            return None
+        total += HEADER_SIZE + size
+    return total
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    patches=st.lists(st.tuples(st.integers(0, 22), st.integers(0, 255)), max_size=4),
+    cut=st.integers(-80, 0),
+    extra=st.binary(max_size=70),
+)
+def test_expanded_size_agrees_with_the_batch_list(
+    patches: list[tuple[int, int]], cut: int, extra: bytes
+) -> None:
+    # Header bytes (length, magic, attributes) changed, the blob cut short or followed by
+    # more bytes: the short way for one uncompressed batch answers as the batch list does.
+    blob = bytearray(raw(bomb(0, 300)).data)
+    for at, value in patches:
+        blob[at] = value
+    data = bytes(blob[: len(blob) + cut] if cut else blob) + extra
+    assert expanded_size(data) == _expanded_by_split(data)

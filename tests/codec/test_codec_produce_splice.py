@@ -246,3 +246,22 @@ def test_prefix_is_written_before_the_body_in_one_frame() -> None:
                                  prefix=view[: len(header)])
     assert out == header + splice_produce_records(body, layout, {(0, 1): b"XYZW"})
     assert isinstance(out, bytes)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), request=requests())
+def test_splice_without_drops_writes_what_kio_writes(
+    data: st.DataObject, request: tuple[int, Any]
+) -> None:
+    # Only replacements (the splice's short way: every count and entry stays), in any number
+    # and order of positions, after a header prefix.
+    version, entity = request
+    body = encode_request(entity)
+    layout = scan_produce_request(version, body)
+    positions = [
+        (i, j) for i, t in enumerate(entity.topic_data) for j in range(len(t.partition_data))
+    ]
+    chosen = data.draw(st.lists(st.sampled_from(positions), unique=True)) if positions else []
+    records = {pos: data.draw(records_st) for pos in chosen}
+    spliced = splice_produce_records(body, layout, records, (), prefix=b"head")
+    assert spliced == b"head" + expected(entity, records, set())

@@ -193,6 +193,40 @@ def test_a_late_ticker_does_not_charge_the_gap_to_guests() -> None:
         engine.close()
 
 
+
+@pytest.mark.serial
+def test_the_ticker_asks_whether_calls_are_in_flight_only_now_and_then() -> None:
+    # Every tick still advances the epoch, but walking the instances (to park when idle) is
+    # done every IDLE_CHECK_S, not 500 times a second.
+    engine = FilterEngine(tick_ms=2)
+    ticks: list[int] = []
+    engine._increment = lambda: ticks.append(1)
+    asked: list[int] = []
+    busy = engine.busy
+
+    def counted() -> bool:
+        asked.append(1)
+        return busy()
+
+    engine.busy = counted  # type: ignore[method-assign]
+
+    class InFlight:
+        depth = 1  # keeps the ticker awake
+
+    held = InFlight()
+    engine.register(held)
+    engine.wake()
+    try:
+        time.sleep(0.05)
+        ticks.clear()
+        asked.clear()
+        time.sleep(0.4)
+        assert len(ticks) >= 50, "the epoch advances every tick"
+        assert 1 <= len(asked) <= len(ticks) // 3
+    finally:
+        engine.close()
+
+
 REACTOR_WAT = """
 (module
   (import "wasi_snapshot_preview1" "poll_oneoff" (func $poll (param i32 i32 i32 i32) (result i32)))

@@ -61,3 +61,19 @@ def test_a_real_sink_gets_the_whole_record_batch_event() -> None:
     assert (event["topic"], event["partition"], event["records_in"]) == ("t", 0, 1)
     assert event["filters"][0]["name"] == "pii"
     assert metrics.filters["pii"].batches == 1
+
+
+def test_stats_only_counts_the_batch_when_telemetry_is_off() -> None:
+    # The produce path asks first, and builds the event's fields only when it must.
+    metrics = Metrics()
+    recorder = TelemetryRecorder(events.proxy_info("test"), metrics)
+    stats = [FilterStats("pii", "ab" * 32, kept=2, rewritten=1, time_ns=500)]
+    assert recorder.stats_only(stats) is True
+    assert recorder.sink.stats()["emitted"] == 1
+    assert metrics.filters["pii"].batches == 1
+    assert metrics.filters["pii"].rewritten == 1 and metrics.filters["pii"].kept == 2
+    sink = ListSink()
+    recorder.sink = sink  # type: ignore[assignment]
+    assert recorder.stats_only(stats) is False
+    assert metrics.filters["pii"].batches == 1, "record_batch counts it when telemetry is on"
+    assert sink.events == []

@@ -62,3 +62,30 @@ def test_minted_names_get_no_stalls_past_the_back_off(chain: FilterChain) -> Non
         else:
             placement.record(key, slow, 100)
     assert stalls == 0, f"{stalls} slow jobs ran on the loop in {200 * 9} jobs"
+
+
+def test_the_produce_path_remembers_a_requests_kind_with_its_chain(
+    chain: FilterChain, tmp_path: Path
+) -> None:
+    """`produce._kind` answers from the chain's memo what `inline_key`, `cost_follows_size`
+    and `applies` would answer; another chain (a reload) answers from its own bindings; the
+    table stays bounded whatever names clients send."""
+    from sluice.proxy.paths import produce
+
+    names: list[str | None] = ["pii.users", "junk"]
+    expected = ((True, False), inline_key(chain, "produce", names, None), False)
+    assert produce._kind(chain, names, None) == expected
+    assert produce._kind(chain, names, None) == expected  # from the memo
+    assert produce._kind(chain, ["junk"], None) == ((False,), inline_key(chain, "produce",
+                                                                         ["junk"], None), False)
+    other = FilterChain.from_specs(
+        [FilterSpec(name="pii", module="builtin:pii-mask", topics=("junk",),
+                    apply_to=frozenset({"produce"}))],
+        cache_dir=tmp_path / "cache",
+    )
+    assert produce._kind(other, names, None)[0] == (False, True)
+    assert produce._kind(chain, names, None) == expected
+    assert produce._kind(chain, ["pii.users", None], None)[1] is None
+    for n in range(produce._KINDS_LIMIT + 10):
+        produce._kind(chain, [f"pii.{n}"], None)
+    assert len(chain.memo["produce"]) <= produce._KINDS_LIMIT
