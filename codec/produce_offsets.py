@@ -21,7 +21,7 @@ from dataclasses import fields
 from functools import cache
 from typing import Any, NamedTuple
 
-from kio.serial._introspect import classify_field
+from kio.serial._introspect import classify_field, get_field_tag
 
 from . import guard
 from .errors import DecodeError, UnsupportedVersion
@@ -31,6 +31,7 @@ from .schemas import known_versions, response_schema
 
 __all__ = [
     "ProduceOffset",
+    "produce_response_tagged",
     "produce_responses_end",
     "scan_produce_offsets",
     "scan_produce_response",
@@ -100,6 +101,88 @@ def scan_produce_response(version: int, body: Buffer) -> tuple[list[ProduceOffse
     rest = len(body) - end - 4  # after throttle_time_ms
     plain = rest == (1 if flexible else 0) and (not flexible or body[-1] == 0)
     return out, not plain
+
+
+# A flexible partition entry without an error message, record errors or tagged fields (such
+# as KIP-951's current_leader): index, error_code, base_offset, log_append_time_ms,
+# log_start_offset (30 bytes), then an empty record_errors array, a null error_message and an
+# empty tag section. Every error-free partition a broker sends looks like this.
+_PLAIN_PART = 30
+_PLAIN_TAIL = b"\x01\x00\x00"
+_PLAIN_FIELDS = ["index", "error_code", "base_offset", "log_append_time", "log_start_offset",
+                 "record_errors", "error_message"]
+
+
+@cache
+def _plain_shape(version: int) -> tuple[bool, Callable[[Any, int, int], int]] | None:
+    """(topics by id, skipper of one partition entry) for a flexible version whose partition
+    entry is `_PLAIN_FIELDS` (plus tags); None for any other (the generic walk decides)."""
+    flexible, by_id, skip_partition = _shape(version)
+    if not flexible:
+        return None
+    part_cls = _element(_element(response_schema(0, version), "responses"), "partition_responses")
+    names = [f.name for f in fields(part_cls) if get_field_tag(f) is None]
+    if names != _PLAIN_FIELDS:  # pragma: no cover - a later kio version adds a field
+        return None
+    return by_id, skip_partition
+
+
+def produce_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
+    """Whether the Produce response body at `start` of `body` may carry top-level tagged
+    fields (where KIP-951 node endpoints sit): False only when the walk proves the body ends
+    in `throttle_time_ms` and an empty tag section. A truncated or malformed body is True
+    (the full decode reports it).
+
+    Answers as the schema walk (codec/guard.py `fields_end`) does, for less: each
+    error-free partition (`_PLAIN_TAIL`) is stepped over by one comparison, names are skipped
+    by their length without being decoded; any other partition is skipped by the generic
+    scanner. Versions before v9 carry no tagged fields: False when the body ends where the
+    schema says."""
+    end = len(body)
+    try:
+        plain = _plain_shape(version)
+        if plain is None:
+            flexible = _shape(version)[0]
+            pos = _scan(version, memoryview(body)[start:], None) + start
+            return not (pos + 4 == end - flexible and (not flexible or body[end - 1] == 0))
+    except (DecodeError, UnsupportedVersion):
+        return True
+    by_id, skip_partition = plain
+    pos = start
+    try:
+        n_topics = body[pos] - 1
+        pos += 1
+        if n_topics >= 0x7F:
+            n_topics, pos = read_uvarint(body, pos - 1, end)
+            n_topics -= 1
+        if n_topics * 2 > end - pos:
+            return True
+        for _ in range(n_topics):
+            if by_id:
+                pos += 16
+            else:
+                n = body[pos]
+                pos += 1
+                if n >= 0x80:
+                    n, pos = read_uvarint(body, pos - 1, end)
+                pos += max(n - 1, 0)
+            n_parts = body[pos] - 1
+            pos += 1
+            if n_parts >= 0x7F:
+                n_parts, pos = read_uvarint(body, pos - 1, end)
+                n_parts -= 1
+            if n_parts * 14 > end - pos:
+                return True
+            for _ in range(n_parts):
+                after = pos + _PLAIN_PART
+                if body[after : after + 3] == _PLAIN_TAIL:
+                    pos = after + 3
+                else:
+                    pos = skip_partition(body, pos, end)
+            pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
+    except (DecodeError, struct.error, IndexError):
+        return True
+    return not (pos + 5 == end and body[end - 1] == 0)
 
 
 def produce_responses_end(version: int, body: Buffer) -> int:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import struct
 import uuid
 from collections.abc import Collection, Mapping
-from functools import cache
+from functools import cache, partial
 from typing import NamedTuple
 
 from .errors import DecodeError, UnsupportedVersion
@@ -254,6 +254,9 @@ class ProduceTopics(NamedTuple):
     keys: list[str | uuid.UUID]  # names (v3-v12) or ids (v13+), in request order
 
 
+_topics = partial(tuple.__new__, ProduceTopics)  # NamedTuple's __new__ is Python
+
+
 def produce_head(version: int, body: Buffer) -> ProduceTopics | None:
     """The acks and the one topic of a Produce request body that names exactly one topic (the
     common case), read from its head only: the partitions and records after the name are not
@@ -261,31 +264,40 @@ def produce_head(version: int, body: Buffer) -> ProduceTopics | None:
     for any other count: `produce_topics` reads them all. DecodeError if the head is short."""
     flexible, by_id = _shape(version)
     end = len(body)
+    # Read on every Produce (the internal-topics check): one-byte lengths and the name are
+    # read inline, the rest through the general readers.
     try:
         if flexible:
             n = body[0]
-            pos = 1
             if n >= 0x80:
                 n, pos = read_uvarint(body, 0, end)
-            pos += max(n - 1, 0)
+                pos += max(n - 1, 0)
+            else:
+                pos = n if n else 1  # after the transactional id (0: null, n: n - 1 bytes)
+            acks = _i16(body, pos)[0]
+            name_at = pos + 7
+            if body[pos + 6] != 2:  # a compact count of one topic
+                return None
+            size = body[name_at]
+            if not by_id and 1 < size < 0x80:
+                if name_at + size > end:
+                    raise DecodeError("Produce message truncated in a topic name")
+                key: str | uuid.UUID | None = str(body[name_at + 1 : name_at + size], "utf-8")
+            else:
+                key, _pos = read_topic_key(body, name_at, end, flexible, by_id)
         else:
             pos = 2 + max(_i16(body, 0)[0], 0)
-        acks = _ih(body, pos)[0]
-        pos += 6
-        if flexible:
-            count, name_at = body[pos] - 1, pos + 1  # a count of one is one byte
-        else:
-            count, name_at = _i32(body, pos)[0], pos + 4
-        if count != 1:
-            return None
-        key, _pos = read_topic_key(body, name_at, end, flexible, by_id)
+            acks = _i16(body, pos)[0]
+            if _i32(body, pos + 6)[0] != 1:
+                return None
+            key, _pos = read_topic_key(body, pos + 10, end, flexible, by_id)
     except (struct.error, IndexError):
         raise DecodeError("Produce request truncated") from None
     except UnicodeDecodeError as exc:
         raise DecodeError(f"Produce request: a string is not UTF-8 ({exc.reason})") from None
     if key is None:
         raise DecodeError("null topic name in a Produce request")
-    return ProduceTopics(int(acks), [key])
+    return _topics((acks, [key]))
 
 
 def produce_topics(version: int, body: Buffer) -> ProduceTopics:
