@@ -131,29 +131,66 @@ static int parse_record(cursor *c, record *r) {
     return 0;
 }
 
+/* SHA-256 fed through a buffer: a digest's input is many small pieces (4-byte lengths, short
+ * names, the document's clear pieces), and each SHA256_Update costs more than copying a few
+ * bytes, so pieces are gathered here and hashed in few calls (a whole fields-mode digest of a
+ * small record in one). Pieces longer than half the buffer go to SHA-256 directly. */
+#define HB_ROOM 1024
+typedef struct {
+    SHA256_CTX h;
+    size_t n;
+    uint8_t buf[HB_ROOM];
+} hbuf;
+
+static void hb_init(hbuf *b) {
+    SHA256_Init(&b->h);
+    b->n = 0;
+}
+
+static void hb_put(hbuf *b, const void *p, size_t n) {
+    if (n > HB_ROOM - b->n) {
+        if (b->n) SHA256_Update(&b->h, b->buf, b->n);
+        b->n = 0;
+        if (n > HB_ROOM / 2) {
+            SHA256_Update(&b->h, p, n);
+            return;
+        }
+    }
+    memcpy(b->buf + b->n, p, n);
+    b->n += n;
+}
+
+static void hb_len(hbuf *b, size_t n) {
+    uint8_t l[4];
+    be32(l, (uint32_t)n);
+    hb_put(b, l, 4);
+}
+
+static void hb_final(hbuf *b, uint8_t *out) {
+    if (b->n) SHA256_Update(&b->h, b->buf, b->n);
+    SHA256_Final(out, &b->h);
+}
+
 /* The first `n` headers of `r` as crypto/envelope.py's digests hash them: their count, then
  * per header its name's length and bytes, and 0 (null value) or 1, the value's length and
  * bytes. Both modes' digests start so. */
-static void hash_headers(SHA256_CTX *h, const record *r, int64_t n) {
-    uint8_t len4[4];
-    be32(len4, (uint32_t)n);
-    SHA256_Update(h, len4, 4);
+static void hash_headers(hbuf *h, const record *r, int64_t n) {
+    hb_len(h, (size_t)n);
     for (int64_t i = 0; i < n; i++) {
         cursor c = {r->headers + r->hoff[i], r->headers + r->hoff[i + 1]};
         const uint8_t *name, *val;
         int64_t nlen, vlen;
         rd_blob(&c, &name, &nlen);
         rd_blob(&c, &val, &vlen);
-        be32(len4, (uint32_t)nlen);
-        SHA256_Update(h, len4, 4);
-        SHA256_Update(h, name, (size_t)nlen);
+        hb_len(h, (size_t)nlen);
+        hb_put(h, name, (size_t)nlen);
         if (vlen < 0) {
-            SHA256_Update(h, "\x00", 1);
+            hb_put(h, "\x00", 1);
         } else {
             uint8_t tag5[5] = {1};
             be32(tag5 + 1, (uint32_t)vlen);
-            SHA256_Update(h, tag5, 5);
-            if (vlen) SHA256_Update(h, val, (size_t)vlen);
+            hb_put(h, tag5, 5);
+            if (vlen) hb_put(h, val, (size_t)vlen);
         }
     }
 }
@@ -170,10 +207,10 @@ static long next_record(cursor *c, record *r, const uint8_t **start, size_t *raw
 
 /* record_digest of crypto/envelope.py over the first `n` headers of `r`. */
 static void headers_digest(const record *r, int64_t n, uint8_t *out) {
-    SHA256_CTX h;
-    SHA256_Init(&h);
+    hbuf h;
+    hb_init(&h);
     hash_headers(&h, r, n);
-    SHA256_Final(out, &h);
+    hb_final(&h, out);
 }
 
 /* aad_for(prefix, key, "", digest): written into `aad` (room for prefix + key + 48). */
@@ -931,12 +968,6 @@ static uint8_t *b64url(uint8_t *o, const uint8_t *d, size_t n) {
     return o;
 }
 
-static void sha_len(SHA256_CTX *h, size_t n) {
-    uint8_t l[4];
-    be32(l, (uint32_t)n);
-    SHA256_Update(h, l, 4);
-}
-
 /* The sealed paths of `spans` in order of first appearance: their indexes into `paths`. */
 static int sealed_paths(const span_t *spans, int nspans, int *order) {
     int n = 0;
@@ -954,25 +985,25 @@ static int sealed_paths(const span_t *spans, int nspans, int *order) {
 static void fields_digest(const record *r, int64_t nheaders, const path_t *paths,
                           const int *order, int npaths, const span_t *spans, int nspans,
                           uint8_t *out) {
-    SHA256_CTX h;
-    SHA256_Init(&h);
+    hbuf h;
+    hb_init(&h);
     hash_headers(&h, r, nheaders);
-    SHA256_Update(&h, "F", 1);
-    sha_len(&h, (size_t)npaths);
+    hb_put(&h, "F", 1);
+    hb_len(&h, (size_t)npaths);
     for (int a = 0; a < npaths; a++) {
         const path_t *pp = &paths[order ? order[a] : a];
-        sha_len(&h, pp->full_len);
-        SHA256_Update(&h, pp->full, pp->full_len);
+        hb_len(&h, pp->full_len);
+        hb_put(&h, pp->full, pp->full_len);
     }
-    sha_len(&h, (size_t)nspans + 1);
+    hb_len(&h, (size_t)nspans + 1);
     size_t pos = 0;
     for (int a = 0; a <= nspans; a++) {
         size_t end = a < nspans ? spans[a].start : (size_t)r->value_len;
-        sha_len(&h, end - pos);
-        if (end > pos) SHA256_Update(&h, r->value + pos, end - pos);
+        hb_len(&h, end - pos);
+        if (end > pos) hb_put(&h, r->value + pos, end - pos);
         if (a < nspans) pos = spans[a].end;
     }
-    SHA256_Final(out, &h);
+    hb_final(&h, out);
 }
 
 /* The AAD of one field: build_aad's, its empty last part replaced by the field's path. */
