@@ -271,6 +271,30 @@ def test_fields_native_declines_what_it_does_not_read_like_the_reference(
     _compare_fields(fields_runner, records)  # equal bytes whenever the native path answers
 
 
+# String bytes of every kind the scanner's 16- and 8-byte steps tell apart (plain, control,
+# quote, backslash and escapes, multi-byte and broken UTF-8), in strings long enough for
+# several steps, at every alignment.
+_string_bytes = st.lists(st.sampled_from([b"a", b"7", b" ", b"~", b"\x7f", b"\x1f", b"\x00",
+                                          b'"', b"\\", b'\\"', b"\\n", b"\\u00e9",
+                                          "\u00e9".encode(), "\u20ac".encode(), b"\xc3",
+                                          b"\xff", b"\x80"]), max_size=60).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=17), _string_bytes, _string_bytes),
+                min_size=1, max_size=4))
+def test_fields_native_reads_long_strings_like_the_reference(
+        fields_runner: EncryptRunner, shapes: list[tuple[int, bytes, bytes]]) -> None:
+    records = [Record(i, i, b"k", b'{"pad": "%s", "card": "%s", "note": "%s", "a": {"b": 1}}'
+                      % (b"p" * pad, card, note), [], 0)
+               for i, (pad, card, note) in enumerate(shapes)]
+    native = _compare_fields(fields_runner, records)  # equal bytes whenever it answers
+    if native is not None and native.records is not None:
+        section = bytes(encode_records(records))
+        opened = fields_runner.run_native(FETCH, bytes(native.records), len(records), 0, 0)
+        assert opened is not None and opened.records == section
+
+
 @pytest.mark.parametrize("doc", [
     b'{"card": NaN}', b'{"ca\\u0072d": 1}', b'{"card": 1} x', b'[1]', b'{"card": "\x01"}',
     b'{"card": ' + b"1" * 4400 + b"}", b'{"card":' + b"[" * 200 + b"]" * 200 + b"}",
