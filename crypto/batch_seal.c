@@ -654,6 +654,27 @@ long sb_scan(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *re
     return rc;
 }
 
+/* sb_scan's group of the first record carrying a "sluice.enc" header, for a reader who opens
+ * the batch: the parse stops there (the opener reads every record anyway, and checks what
+ * follows), where sb_scan reads to the end to count them. Returns 0, 1 when no record has
+ * one, or SB_MALFORMED / SB_SLOW. */
+long sb_first_group(const uint8_t *in, size_t in_len, uint32_t count, uint32_t *first,
+                    size_t *group_off, size_t *group_len, uint32_t *group_count) {
+    cursor c = {in, in + in_len};
+    static __thread record r;
+    for (uint32_t i = 0; i < count; i++) {
+        int p = parse_record(&c, &r);
+        if (p) return p == -2 ? SB_SLOW : SB_MALFORMED;
+        if (r.last_enc < 0) continue;
+        *first = i;
+        *group_off = (size_t)(r.headers + r.hoff[r.last_enc] - in);
+        *group_len = r.hoff[r.header_count] - r.hoff[r.last_enc];
+        *group_count = (uint32_t)(r.header_count - r.last_enc);
+        return 0;
+    }
+    return c.p == c.end ? 1 : SB_MALFORMED;
+}
+
 /* ------------------------------------------------------------------ fields mode (produce)
  *
  * The JSON scanner accepts a strict subset of what the reference (Python's json module,

@@ -200,6 +200,23 @@ def scan(section: Any, count: int, reserved: str = "") -> Scan:
                 int(gcount[0]) if rc == 0 else 0, found)
 
 
+def first_group(section: Any, count: int) -> Scan:
+    """`scan` for a reader who opens the section: the first record with a ``sluice.enc``
+    header and its group, the parse stopping there (`encrypted` is 1 when one was found, else
+    0; `values` and `reserved` are not looked for). The opener reads every record anyway."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    outs = getattr(_local, "first_outs", None)
+    if outs is None:
+        outs = _local.first_outs = tuple(ffi.new(t) for t in (
+            "uint32_t *", "size_t *", "size_t *", "uint32_t *"))
+    first, goff, glen, gcount = outs
+    if _check(lib.sb_first_group(src, len(src), count, first, goff, glen, gcount)):
+        return Scan(0, 0, -1, b"", 0, None)
+    group = bytes(ffi.buffer(src)[goff[0]:goff[0] + glen[0]])
+    return Scan(0, 1, int(first[0]), group, int(gcount[0]), None)
+
+
 def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
                  ours: Sequence[Header] = (), *, group: bytes | None = None,
                  group_count: int = 0) -> tuple[bytes | memoryview, bytes, int]:

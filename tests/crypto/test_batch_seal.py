@@ -475,3 +475,30 @@ def test_digests_of_long_headers_and_documents_match_the_reference(
     whole = runner.run_native(PRODUCE, section, 3, 0, 0)
     assert whole is not None
     assert whole.records == bytes(encode_records(applied(records, decisions)))
+
+
+_maybe_enc = st.sampled_from(["sluice.enc", "sluice.enc.fields", "sluice.encx", "h"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(_maybe_enc, st.none() | st.binary(max_size=8)), max_size=3),
+                min_size=1, max_size=8), st.integers(min_value=0, max_value=3))
+def test_first_group_agrees_with_the_full_scan(headers: list[list[tuple[str, bytes | None]]],
+                                               cut: int) -> None:
+    """The allowed reader's scan stops at the first encrypted record: same record, group and
+    header count as the full scan, and a section that ends early is still refused."""
+    records = [Record(i, i, b"k", b"v", list(h), 0) for i, h in enumerate(headers)]
+    section = bytes(encode_records(records))
+    if cut:
+        section = section[:-cut]
+        with pytest.raises(batch_seal.Malformed):
+            batch_seal.scan(section, len(records))
+        if not any(name == "sluice.enc" for h in headers[:-1] for name, _v in h):
+            with pytest.raises(batch_seal.Malformed):
+                batch_seal.first_group(section, len(records))
+        return
+    full, first = batch_seal.scan(section, len(records)), batch_seal.first_group(section,
+                                                                                 len(records))
+    assert first.encrypted == min(1, full.encrypted)
+    assert (first.first, first.group, first.group_count) == (
+        full.first, full.group, full.group_count)
