@@ -457,7 +457,7 @@ def test_digests_of_long_headers_and_documents_match_the_reference(
     directly: headers and clear pieces around and above that size (in both modes) give the
     reference's bytes, and open back."""
     headers: list[tuple[str, bytes | None]] = [
-        ("h%d" % i, bytes([i]) * header_size) for i in range(3)] + [("n", None)]
+        (f"h{i}", bytes([i]) * header_size) for i in range(3)] + [("n", None)]
     note = "x" * note_size
     records = [Record(i, i, b"k%d" % i,
                       b'{"a": {"b": "%s"}, "note": "%s", "card": "4111", "z": 1}'
