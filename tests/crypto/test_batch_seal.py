@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from sluice.codec.records import Record, encode_records
 from sluice.crypto import batch_seal
 from sluice.crypto.kms import KmsSettings
+from sluice.crypto.kms_local import LocalKeyring
 from sluice.crypto.record_filter import EncryptRunner
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
@@ -502,3 +503,29 @@ def test_first_group_agrees_with_the_full_scan(headers: list[list[tuple[str, byt
     assert first.encrypted == min(1, full.encrypted)
     assert (first.first, first.group, first.group_count) == (
         full.first, full.group, full.group_count)
+
+
+@pytest.mark.parametrize("fields", [None, ["card"]], ids=["value", "fields"])
+def test_a_reader_that_parsed_a_group_still_asks_for_its_key_every_batch(
+        tmp_path: Path, fields: list[str] | None) -> None:
+    """The native opener keeps a header group's parse for the next batch carrying it, never
+    its data key: a KEK deleted after a first read (data keys cached 0 s) makes the next
+    batch under the same group read as shredded, and the group read on another topic fails
+    authentication there."""
+    kms = KmsSettings("local", path=str(tmp_path / "keys.json"))
+    config = {"key": "payments", "decrypt_for": ["User:billing-*"], "data_key_cache_seconds": 0,
+              **({"fields": fields} if fields else {})}
+    chain = FilterChain.from_specs([FilterSpec(
+        name="enc", module="builtin:encrypt", topics=("payments.*",),
+        apply_to=frozenset({"produce", "fetch"}), config=config, kms=kms)])
+    plain = batch(values(3))
+    stored = bytes(filter_produce(chain, PRODUCE, plain).records or b"")
+    assert bytes(filter_fetch(chain, FETCH, stored).records) == plain
+    assert bytes(filter_fetch(chain, FETCH, stored).records) == plain  # the kept parse
+    elsewhere = filter_fetch(chain, RecordContext("payments.us", 0, "fetch",
+                                                  principal="User:billing-1"), stored)
+    assert elsewhere.error_code == CORRUPT_MESSAGE
+    LocalKeyring(tmp_path / "keys.json").delete_key("payments")
+    out = filter_fetch(chain, FETCH, stored)
+    assert out.error_code == 0 and bytes(out.records) == stored
+    assert {k: v for s in out.stats for k, v in s.detector_counts.items()} == {"unreadable": 3}
