@@ -16,6 +16,9 @@
 #include <openssl/sha.h>
 #include <openssl/err.h>
 #include <openssl/opensslv.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define SB_MALFORMED (-1)  /* the section is not `count` well-formed records */
 #define SB_SLOW (-2)       /* a record this code does not handle: use the reference path */
@@ -31,7 +34,14 @@ typedef struct {
     const uint8_t *end;
 } cursor;
 
-static int rd_varint(cursor *c, int64_t *out) {
+/* Inlined, with a first test for the one-byte varint (lengths and counts under 64, most of
+ * them): the record parse reads several per record and was a tenth of a fields-mode fetch. */
+static inline __attribute__((always_inline)) int rd_varint(cursor *c, int64_t *out) {
+    if (c->p < c->end && *c->p < 0x80) {
+        uint64_t b = *c->p++;
+        *out = (int64_t)((b >> 1) ^ (~(b & 1) + 1));
+        return 0;
+    }
     uint64_t v = 0;
     int shift = 0;
     while (c->p < c->end && shift < 64) {
@@ -74,7 +84,7 @@ static void be32(uint8_t *o, uint32_t v) {
 }
 
 /* Reads a length-prefixed blob (-1: null). */
-static int rd_blob(cursor *c, const uint8_t **data, int64_t *len) {
+static inline __attribute__((always_inline)) int rd_blob(cursor *c, const uint8_t **data, int64_t *len) {
     if (rd_varint(c, len)) return -1;
     if (*len < -1 || *len > c->end - c->p) return -1;
     *data = *len < 0 ? NULL : c->p;
@@ -131,29 +141,66 @@ static int parse_record(cursor *c, record *r) {
     return 0;
 }
 
+/* SHA-256 fed through a buffer: a digest's input is many small pieces (4-byte lengths, short
+ * names, the document's clear pieces), and each SHA256_Update costs more than copying a few
+ * bytes, so pieces are gathered here and hashed in few calls (a whole fields-mode digest of a
+ * small record in one). Pieces longer than half the buffer go to SHA-256 directly. */
+#define HB_ROOM 1024
+typedef struct {
+    SHA256_CTX h;
+    size_t n;
+    uint8_t buf[HB_ROOM];
+} hbuf;
+
+static void hb_init(hbuf *b) {
+    SHA256_Init(&b->h);
+    b->n = 0;
+}
+
+static void hb_put(hbuf *b, const void *p, size_t n) {
+    if (n > HB_ROOM - b->n) {
+        if (b->n) SHA256_Update(&b->h, b->buf, b->n);
+        b->n = 0;
+        if (n > HB_ROOM / 2) {
+            SHA256_Update(&b->h, p, n);
+            return;
+        }
+    }
+    memcpy(b->buf + b->n, p, n);
+    b->n += n;
+}
+
+static void hb_len(hbuf *b, size_t n) {
+    uint8_t l[4];
+    be32(l, (uint32_t)n);
+    hb_put(b, l, 4);
+}
+
+static void hb_final(hbuf *b, uint8_t *out) {
+    if (b->n) SHA256_Update(&b->h, b->buf, b->n);
+    SHA256_Final(out, &b->h);
+}
+
 /* The first `n` headers of `r` as crypto/envelope.py's digests hash them: their count, then
  * per header its name's length and bytes, and 0 (null value) or 1, the value's length and
  * bytes. Both modes' digests start so. */
-static void hash_headers(SHA256_CTX *h, const record *r, int64_t n) {
-    uint8_t len4[4];
-    be32(len4, (uint32_t)n);
-    SHA256_Update(h, len4, 4);
+static void hash_headers(hbuf *h, const record *r, int64_t n) {
+    hb_len(h, (size_t)n);
     for (int64_t i = 0; i < n; i++) {
         cursor c = {r->headers + r->hoff[i], r->headers + r->hoff[i + 1]};
-        const uint8_t *name, *val;
-        int64_t nlen, vlen;
+        const uint8_t *name = NULL, *val = NULL;
+        int64_t nlen = 0, vlen = -1;  /* parsed before: these reads succeed */
         rd_blob(&c, &name, &nlen);
         rd_blob(&c, &val, &vlen);
-        be32(len4, (uint32_t)nlen);
-        SHA256_Update(h, len4, 4);
-        SHA256_Update(h, name, (size_t)nlen);
+        hb_len(h, (size_t)nlen);
+        hb_put(h, name, (size_t)nlen);
         if (vlen < 0) {
-            SHA256_Update(h, "\x00", 1);
+            hb_put(h, "\x00", 1);
         } else {
             uint8_t tag5[5] = {1};
             be32(tag5 + 1, (uint32_t)vlen);
-            SHA256_Update(h, tag5, 5);
-            if (vlen) SHA256_Update(h, val, (size_t)vlen);
+            hb_put(h, tag5, 5);
+            if (vlen) hb_put(h, val, (size_t)vlen);
         }
     }
 }
@@ -170,10 +217,10 @@ static long next_record(cursor *c, record *r, const uint8_t **start, size_t *raw
 
 /* record_digest of crypto/envelope.py over the first `n` headers of `r`. */
 static void headers_digest(const record *r, int64_t n, uint8_t *out) {
-    SHA256_CTX h;
-    SHA256_Init(&h);
+    hbuf h;
+    hb_init(&h);
     hash_headers(&h, r, n);
-    SHA256_Final(out, &h);
+    hb_final(&h, out);
 }
 
 /* aad_for(prefix, key, "", digest): written into `aad` (room for prefix + key + 48). */
@@ -412,9 +459,9 @@ static uint8_t *emit(uint8_t *o, const record *r, const uint8_t *v1, size_t v1_l
     o = wr_varint(o, (int64_t)vlen);
     memcpy(o, v1, v1_len);
     o += v1_len;
-    memcpy(o, v2, v2_len);
+    if (v2_len) memcpy(o, v2, v2_len); /* v2, v3 may be NULL when empty */
     o += v2_len;
-    memcpy(o, v3, v3_len);
+    if (v3_len) memcpy(o, v3, v3_len);
     o += v3_len;
     o = wr_varint(o, keep + extra_count);
     memcpy(o, r->headers, hbytes);
@@ -582,8 +629,8 @@ long sb_scan(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *re
         if (*reserved_at < 0 && reserved_len) {
             for (int64_t h = 0; h < r.header_count; h++) {
                 cursor hc = {r.headers + r.hoff[h], r.headers + r.hoff[h + 1]};
-                const uint8_t *name;
-                int64_t nlen;
+                const uint8_t *name = NULL;
+                int64_t nlen = 0;
                 rd_blob(&hc, &name, &nlen);
                 if ((size_t)nlen >= reserved_len && memcmp(name, reserved, reserved_len) == 0) {
                     *reserved_at = i;
@@ -605,6 +652,27 @@ long sb_scan(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *re
     }
     if (c.p != c.end) return SB_MALFORMED;
     return rc;
+}
+
+/* sb_scan's group of the first record carrying a "sluice.enc" header, for a reader who opens
+ * the batch: the parse stops there (the opener reads every record anyway, and checks what
+ * follows), where sb_scan reads to the end to count them. Returns 0, 1 when no record has
+ * one, or SB_MALFORMED / SB_SLOW. */
+long sb_first_group(const uint8_t *in, size_t in_len, uint32_t count, uint32_t *first,
+                    size_t *group_off, size_t *group_len, uint32_t *group_count) {
+    cursor c = {in, in + in_len};
+    static __thread record r;
+    for (uint32_t i = 0; i < count; i++) {
+        int p = parse_record(&c, &r);
+        if (p) return p == -2 ? SB_SLOW : SB_MALFORMED;
+        if (r.last_enc < 0) continue;
+        *first = i;
+        *group_off = (size_t)(r.headers + r.hoff[r.last_enc] - in);
+        *group_len = r.hoff[r.header_count] - r.hoff[r.last_enc];
+        *group_count = (uint32_t)(r.header_count - r.last_enc);
+        return 0;
+    }
+    return c.p == c.end ? 1 : SB_MALFORMED;
 }
 
 /* ------------------------------------------------------------------ fields mode (produce)
@@ -694,9 +762,23 @@ static inline uint64_t special8(uint64_t w) {
 }
 
 /* The index of the first byte at or after `i` that is not a plain string byte (see
- * special8), or `n`: eight bytes a step, then one by one. Most of a document is string
+ * special8), or `n`: sixteen bytes a step with SSE2 (a signed compare below 0x20 also catches
+ * every byte of 0x80 and above), else eight, then one by one. Most of a document is string
  * bytes (the ciphertexts of fetched fields, above all). */
 static size_t plain_run(const uint8_t *s, size_t n, size_t i) {
+#ifdef __SSE2__
+    const __m128i space = _mm_set1_epi8(0x20), quote = _mm_set1_epi8('"'),
+                  slash = _mm_set1_epi8('\\');
+    while (n - i >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i bad = _mm_or_si128(_mm_cmplt_epi8(v, space),
+                                   _mm_or_si128(_mm_cmpeq_epi8(v, quote),
+                                                _mm_cmpeq_epi8(v, slash)));
+        unsigned m = (unsigned)_mm_movemask_epi8(bad);
+        if (m) return i + (size_t)__builtin_ctz(m);
+        i += 16;
+    }
+#endif
     while (n - i >= 8) {
         uint64_t w;
         memcpy(&w, s + i, 8);
@@ -931,12 +1013,6 @@ static uint8_t *b64url(uint8_t *o, const uint8_t *d, size_t n) {
     return o;
 }
 
-static void sha_len(SHA256_CTX *h, size_t n) {
-    uint8_t l[4];
-    be32(l, (uint32_t)n);
-    SHA256_Update(h, l, 4);
-}
-
 /* The sealed paths of `spans` in order of first appearance: their indexes into `paths`. */
 static int sealed_paths(const span_t *spans, int nspans, int *order) {
     int n = 0;
@@ -954,25 +1030,25 @@ static int sealed_paths(const span_t *spans, int nspans, int *order) {
 static void fields_digest(const record *r, int64_t nheaders, const path_t *paths,
                           const int *order, int npaths, const span_t *spans, int nspans,
                           uint8_t *out) {
-    SHA256_CTX h;
-    SHA256_Init(&h);
+    hbuf h;
+    hb_init(&h);
     hash_headers(&h, r, nheaders);
-    SHA256_Update(&h, "F", 1);
-    sha_len(&h, (size_t)npaths);
+    hb_put(&h, "F", 1);
+    hb_len(&h, (size_t)npaths);
     for (int a = 0; a < npaths; a++) {
         const path_t *pp = &paths[order ? order[a] : a];
-        sha_len(&h, pp->full_len);
-        SHA256_Update(&h, pp->full, pp->full_len);
+        hb_len(&h, pp->full_len);
+        hb_put(&h, pp->full, pp->full_len);
     }
-    sha_len(&h, (size_t)nspans + 1);
+    hb_len(&h, (size_t)nspans + 1);
     size_t pos = 0;
     for (int a = 0; a <= nspans; a++) {
         size_t end = a < nspans ? spans[a].start : (size_t)r->value_len;
-        sha_len(&h, end - pos);
-        if (end > pos) SHA256_Update(&h, r->value + pos, end - pos);
+        hb_len(&h, end - pos);
+        if (end > pos) hb_put(&h, r->value + pos, end - pos);
         if (a < nspans) pos = spans[a].end;
     }
-    SHA256_Final(out, &h);
+    hb_final(&h, out);
 }
 
 /* The AAD of one field: build_aad's, its empty last part replaced by the field's path. */
@@ -1043,7 +1119,7 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     int order[MAX_SPANS];
     cursor c = {in, in + in_len};
     uint8_t *o = out;
-    uint8_t *limit = out + out_cap;
+    uint8_t *limit = out ? out + out_cap : NULL; /* the planning call has no output */
     long rc = 0;
     uint8_t digest[32];
     gcm_t g = {0};
@@ -1321,8 +1397,8 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
             rc = SB_SLOW;
             goto done;
         }
-        const uint8_t *fname, *fval;
-        int64_t fnlen, fvlen;
+        const uint8_t *fname = NULL, *fval = NULL;
+        int64_t fnlen = 0, fvlen = -1;
         cursor hc = {r.headers + r.hoff[start + nc], r.headers + r.hoff[start + nc + 1]};
         rd_blob(&hc, &fname, &fnlen);
         rd_blob(&hc, &fval, &fvlen);

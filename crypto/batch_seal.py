@@ -200,6 +200,23 @@ def scan(section: Any, count: int, reserved: str = "") -> Scan:
                 int(gcount[0]) if rc == 0 else 0, found)
 
 
+def first_group(section: Any, count: int) -> Scan:
+    """`scan` for a reader who opens the section: the first record with a ``sluice.enc``
+    header and its group, the parse stopping there (`encrypted` is 1 when one was found, else
+    0; `values` and `reserved` are not looked for). The opener reads every record anyway."""
+    ffi, lib = _ffi, _lib
+    src = ffi.from_buffer(section)
+    outs = getattr(_local, "first_outs", None)
+    if outs is None:
+        outs = _local.first_outs = tuple(ffi.new(t) for t in (
+            "uint32_t *", "size_t *", "size_t *", "uint32_t *"))
+    first, goff, glen, gcount = outs
+    if _check(lib.sb_first_group(src, len(src), count, first, goff, glen, gcount)):
+        return Scan(0, 0, -1, b"", 0, None)
+    group = bytes(ffi.buffer(src)[goff[0]:goff[0] + glen[0]])
+    return Scan(0, 1, int(first[0]), group, int(gcount[0]), None)
+
+
 def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
                  ours: Sequence[Header] = (), *, group: bytes | None = None,
                  group_count: int = 0) -> tuple[bytes | memoryview, bytes, int]:
@@ -316,22 +333,22 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: byt
     return _result(out, n), bytes(fates), int(records[0]), int(seals[0])
 
 
-def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: Sequence[Header]
-                ) -> tuple[bytes | memoryview, bytes, int]:
+def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: bytes,
+                group3_count: int) -> tuple[bytes | memoryview, bytes, int]:
     """Fields mode: (new section, fate per record, records opened). Every encrypted record's
-    group must be exactly `group3` (the proxy's headers before ``sluice.enc.fields``: one in
-    layout 3, three in layout 2, else `Slow`) and a ``sluice.enc.fields`` header; `Tampered`
-    names the first record that fails authentication."""
+    group must be exactly `group3` (the proxy's headers before ``sluice.enc.fields``,
+    encoded as `encode_headers` does, `group3_count` of them: one in layout 3, three in
+    layout 2, else `Slow`) and a ``sluice.enc.fields`` header; `Tampered` names the first
+    record that fails authentication."""
     ffi, lib = _ffi, _lib
     src = ffi.from_buffer(section)
-    group = encode_headers(group3)
     out = _output(section, len(src))
     fates = bytearray(count)
     scratch = _space("scratch", len(prefix) + 2 * len(src) + 4096)
     where = ffi.new("uint32_t *")
     opened = ffi.new("uint32_t *")
-    n = lib.sb_open_fields(src, len(src), count, key, prefix, len(prefix), group, len(group),
-                           len(group3), ffi.from_buffer(scratch), len(scratch),
+    n = lib.sb_open_fields(src, len(src), count, key, prefix, len(prefix), group3, len(group3),
+                           group3_count, ffi.from_buffer(scratch), len(scratch),
                            ffi.from_buffer(out), len(out), ffi.from_buffer(fates), where, opened)
     if n == _TAMPERED:
         raise Tampered(int(where[0]))

@@ -31,6 +31,8 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
                     size_t group_len, uint32_t group_count, uint8_t *scratch,
                     size_t scratch_len, uint8_t *out, size_t out_cap, uint8_t *fates,
                     uint32_t *where);
+long sb_first_group(const uint8_t *in, size_t in_len, uint32_t count, uint32_t *first,
+                    size_t *group_off, size_t *group_len, uint32_t *group_count);
 long sb_scan(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *reserved,
              size_t reserved_len, uint32_t *first, size_t *group_off, size_t *group_len,
              uint32_t *group_count, uint32_t *encrypted, uint32_t *values,

@@ -60,6 +60,7 @@ import os
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from fnmatch import translate
 from typing import Any, Final
 
@@ -118,6 +119,17 @@ _LEGACY: Final = "legacy"
 _SHREDDED: Final = "unreadable"
 #: Entries of `EncryptRunner._sealings` (data key x topic) kept before it starts over.
 _SEALINGS_KEPT: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _Opening:
+    """A header group's parse for the native opener: its envelope, the AAD prefix on the
+    topic, and (fields mode) the group's headers before ``sluice.enc.fields``, encoded."""
+
+    env: Envelope
+    prefix: bytes
+    group3: bytes
+    group3_count: int
 _KEY_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 
 
@@ -190,6 +202,8 @@ class EncryptRunner(HostRunner):
         self._scans = threading.local()
         # (KEK name, version, wrapped data key, topic) -> `_sealing`'s answer.
         self._sealings: dict[tuple[str, str, bytes, str], tuple[bytes, bytes, int, str]] = {}
+        # (a header group as stored, topic) -> `_opening`'s answer (native fetch).
+        self._openings: dict[tuple[bytes, str], _Opening] = {}
 
     # ------------------------------------------------------------------ entry point
     def run(self, ctx: RecordContext, records: Sequence[RecordLike], offset_base: int,
@@ -329,34 +343,67 @@ class EncryptRunner(HostRunner):
 
     def _open_native(self, ctx: RecordContext, records: Buffer, count: int, offset_base: int
                      ) -> NativeOutput | None:
-        found = batch_seal.scan(records, count)
+        allowed = self.allowed(ctx.principal)
+        # An allowed reader needs only the first group (the opener counts what it opens); a
+        # withheld one, how many records are encrypted.
+        found = (batch_seal.first_group(records, count) if allowed
+                 else batch_seal.scan(records, count))
         if not found.encrypted:
             return NativeOutput(bytes(count), None)
-        if not self.allowed(ctx.principal):
+        if not allowed:
             return NativeOutput(bytes(count), None, {}, {"withheld": found.encrypted})
-        headers = batch_seal.decode_headers(found.group, found.group_count)
+        offset = offset_base + found.first
+        opening = self._openings.get((found.group, ctx.topic))
         try:
-            known = self._open_group(ctx, headers, offset_base + found.first)
+            if opening is None:
+                known = self._open_group(ctx, batch_seal.decode_headers(
+                    found.group, found.group_count), offset)
+                if isinstance(known, str):
+                    return None
+                env, _aead, prefix, raw = known
+                if env.layout == LEGACY_LAYOUT:
+                    return None
+                opening = self._opening(found.group, found.group_count, ctx.topic, env, prefix)
+            else:
+                # The group was parsed before (layout, filter, KEK checked): only the data key
+                # is looked up again (its cache decides, as for any batch: deletion, expiry).
+                unwrapped = self._unwrap(ctx, opening.env, offset)
+                if isinstance(unwrapped, str):
+                    return None
+                raw = unwrapped[1]
         except PartitionError as exc:
             if exc.code == CORRUPT_MESSAGE:
                 return None  # `run` reports it with the record's offset
             raise
-        if isinstance(known, str):
-            return None
-        env, _aead, prefix, raw = known
-        if env.layout == LEGACY_LAYOUT or not raw:
+        if not raw:
             return None
         try:
-            if env.mode == MODE_VALUE:
-                section, fates = batch_seal.open_section(records, count, raw, prefix,
+            if opening.env.mode == MODE_VALUE:
+                section, fates = batch_seal.open_section(records, count, raw, opening.prefix,
                                                          found.group, found.group_count)
             else:
-                section, fates, _n = batch_seal.open_fields(records, count, raw, prefix,
-                                                            headers[:-1])
+                section, fates, _n = batch_seal.open_fields(
+                    records, count, raw, opening.prefix, opening.group3, opening.group3_count)
         except batch_seal.Tampered:
             return None
         # Written by the native opener over the checked section: the pipeline skips its check.
         return NativeOutput(fates, section, {}, {"decrypted": fates.count(1)}, trusted=True)
+
+    def _opening(self, group: bytes, group_count: int, topic: str, env: Envelope,
+                 prefix: bytes) -> _Opening:
+        """What the native opener needs of a header group on `topic`, kept for the next batch
+        that carries the same group bytes (every batch under one data key): parsing the group,
+        building the AAD prefix and the fields-mode group again cost more per batch than a
+        small batch's records."""
+        group3 = b""
+        if env.mode == MODE_FIELDS:  # the group without sluice.enc.fields
+            group3 = batch_seal.encode_headers(batch_seal.decode_headers(
+                group, group_count)[:-1])
+        opening = _Opening(env, prefix, group3, group_count - 1)
+        if len(self._openings) >= _SEALINGS_KEPT:
+            self._openings.clear()  # bounded: rotated keys and many topics start over
+        self._openings[(group, topic)] = opening
+        return opening
 
     # ------------------------------------------------------------------ produce
     def _data_key(self, seals: int) -> ActiveKey:
@@ -509,8 +556,17 @@ class EncryptRunner(HostRunner):
                 return _LEGACY
         elif env.filter_name != self.spec.name or env.key_name != self.key_name:
             return _FOREIGN
+        unwrapped = self._unwrap(ctx, env, offset)
+        if isinstance(unwrapped, str):
+            return unwrapped
+        aead, raw = unwrapped
+        return env, aead, prefix_for(env, ctx.topic), raw
+
+    def _unwrap(self, ctx: RecordContext, env: Envelope, offset: int) -> tuple[Any, bytes] | str:
+        """(cipher, plaintext key) of `env`'s data key, or `_SHREDDED`; PartitionError when
+        the KMS fails (56) or the wrapped key is forged (2)."""
         try:
-            aead, raw = self.keys.unwrap(env.key_name, env.key_version, env.wrapped_dek)
+            return self.keys.unwrap(env.key_name, env.key_version, env.wrapped_dek)
         except KeyDestroyed:
             return _SHREDDED
         except UnwrapFailed as exc:
@@ -520,7 +576,6 @@ class EncryptRunner(HostRunner):
                 KAFKA_STORAGE_ERROR, f"filter {self.spec.name}: cannot unwrap the data key "
                 f"of {env.key_name!r} version {env.key_version} ({type(exc).__name__}: "
                 f"{exc})", self.spec.name) from None
-        return env, aead, prefix_for(env, ctx.topic), raw
 
     def _tampered(self, ctx: RecordContext, offset: int, exc: Exception) -> PartitionError:
         return PartitionError(

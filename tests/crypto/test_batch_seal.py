@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from sluice.codec.records import Record, encode_records
 from sluice.crypto import batch_seal
 from sluice.crypto.kms import KmsSettings
+from sluice.crypto.kms_local import LocalKeyring
 from sluice.crypto.record_filter import EncryptRunner
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
@@ -271,6 +272,30 @@ def test_fields_native_declines_what_it_does_not_read_like_the_reference(
     _compare_fields(fields_runner, records)  # equal bytes whenever the native path answers
 
 
+# String bytes of every kind the scanner's 16- and 8-byte steps tell apart (plain, control,
+# quote, backslash and escapes, multi-byte and broken UTF-8), in strings long enough for
+# several steps, at every alignment.
+_string_bytes = st.lists(st.sampled_from([b"a", b"7", b" ", b"~", b"\x7f", b"\x1f", b"\x00",
+                                          b'"', b"\\", b'\\"', b"\\n", b"\\u00e9",
+                                          "\u00e9".encode(), "\u20ac".encode(), b"\xc3",
+                                          b"\xff", b"\x80"]), max_size=60).map(b"".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(min_value=0, max_value=17), _string_bytes, _string_bytes),
+                min_size=1, max_size=4))
+def test_fields_native_reads_long_strings_like_the_reference(
+        fields_runner: EncryptRunner, shapes: list[tuple[int, bytes, bytes]]) -> None:
+    records = [Record(i, i, b"k", b'{"pad": "%s", "card": "%s", "note": "%s", "a": {"b": 1}}'
+                      % (b"p" * pad, card, note), [], 0)
+               for i, (pad, card, note) in enumerate(shapes)]
+    native = _compare_fields(fields_runner, records)  # equal bytes whenever it answers
+    if native is not None and native.records is not None:
+        section = bytes(encode_records(records))
+        opened = fields_runner.run_native(FETCH, bytes(native.records), len(records), 0, 0)
+        assert opened is not None and opened.records == section
+
+
 @pytest.mark.parametrize("doc", [
     b'{"card": NaN}', b'{"ca\\u0072d": 1}', b'{"card": 1} x', b'[1]', b'{"card": "\x01"}',
     b'{"card": ' + b"1" * 4400 + b"}", b'{"card":' + b"[" * 200 + b"]" * 200 + b"}",
@@ -422,3 +447,85 @@ def test_a_produced_section_is_parsed_once_for_the_screen_and_the_seal(
     back = filter_fetch(c, FETCH, stored.records or b"")
     assert [(r.key, r.value, r.headers) for r in records_of(bytes(back.records))] == [
         (r.key, r.value, r.headers) for r in records_of(data)]
+
+
+@pytest.mark.parametrize("header_size,note_size", [(0, 5000), (700, 300), (3000, 0),
+                                                   (1020, 1020)])
+def test_digests_of_long_headers_and_documents_match_the_reference(
+        runner: EncryptRunner, fields_runner: EncryptRunner, header_size: int,
+        note_size: int) -> None:
+    """The native record digest gathers its input in a 1 KiB buffer and hashes longer pieces
+    directly: headers and clear pieces around and above that size (in both modes) give the
+    reference's bytes, and open back."""
+    headers: list[tuple[str, bytes | None]] = [
+        (f"h{i}", bytes([i]) * header_size) for i in range(3)] + [("n", None)]
+    note = "x" * note_size
+    records = [Record(i, i, b"k%d" % i,
+                      b'{"a": {"b": "%s"}, "note": "%s", "card": "4111", "z": 1}'
+                      % (note.encode(), note.encode()), list(headers), 0)
+               for i in range(3)]
+    section = bytes(encode_records(records))
+    _compare_fields(fields_runner, records)
+    sealed = fields_runner.run_native(PRODUCE, section, 3, 0, 0)
+    assert sealed is not None and sealed.records is not None
+    opened = fields_runner.run_native(FETCH, bytes(sealed.records), 3, 0, 0)
+    assert opened is not None and opened.records == section
+    runner.nonces = counting_nonces()
+    decisions, _counts = runner.run(PRODUCE, records, 0, 0)
+    runner.nonces = counting_nonces()
+    whole = runner.run_native(PRODUCE, section, 3, 0, 0)
+    assert whole is not None
+    assert whole.records == bytes(encode_records(applied(records, decisions)))
+
+
+_maybe_enc = st.sampled_from(["sluice.enc", "sluice.enc.fields", "sluice.encx", "h"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(_maybe_enc, st.none() | st.binary(max_size=8)), max_size=3),
+                min_size=1, max_size=8), st.integers(min_value=0, max_value=3))
+def test_first_group_agrees_with_the_full_scan(headers: list[list[tuple[str, bytes | None]]],
+                                               cut: int) -> None:
+    """The allowed reader's scan stops at the first encrypted record: same record, group and
+    header count as the full scan, and a section that ends early is still refused."""
+    records = [Record(i, i, b"k", b"v", list(h), 0) for i, h in enumerate(headers)]
+    section = bytes(encode_records(records))
+    if cut:
+        section = section[:-cut]
+        with pytest.raises(batch_seal.Malformed):
+            batch_seal.scan(section, len(records))
+        if not any(name == "sluice.enc" for h in headers[:-1] for name, _v in h):
+            with pytest.raises(batch_seal.Malformed):
+                batch_seal.first_group(section, len(records))
+        return
+    full, first = batch_seal.scan(section, len(records)), batch_seal.first_group(section,
+                                                                                 len(records))
+    assert first.encrypted == min(1, full.encrypted)
+    assert (first.first, first.group, first.group_count) == (
+        full.first, full.group, full.group_count)
+
+
+@pytest.mark.parametrize("fields", [None, ["card"]], ids=["value", "fields"])
+def test_a_reader_that_parsed_a_group_still_asks_for_its_key_every_batch(
+        tmp_path: Path, fields: list[str] | None) -> None:
+    """The native opener keeps a header group's parse for the next batch carrying it, never
+    its data key: a KEK deleted after a first read (data keys cached 0 s) makes the next
+    batch under the same group read as shredded, and the group read on another topic fails
+    authentication there."""
+    kms = KmsSettings("local", path=str(tmp_path / "keys.json"))
+    config = {"key": "payments", "decrypt_for": ["User:billing-*"], "data_key_cache_seconds": 0,
+              **({"fields": fields} if fields else {})}
+    chain = FilterChain.from_specs([FilterSpec(
+        name="enc", module="builtin:encrypt", topics=("payments.*",),
+        apply_to=frozenset({"produce", "fetch"}), config=config, kms=kms)])
+    plain = batch(values(3))
+    stored = bytes(filter_produce(chain, PRODUCE, plain).records or b"")
+    assert bytes(filter_fetch(chain, FETCH, stored).records) == plain
+    assert bytes(filter_fetch(chain, FETCH, stored).records) == plain  # the kept parse
+    elsewhere = filter_fetch(chain, RecordContext("payments.us", 0, "fetch",
+                                                  principal="User:billing-1"), stored)
+    assert elsewhere.error_code == CORRUPT_MESSAGE
+    LocalKeyring(tmp_path / "keys.json").delete_key("payments")
+    out = filter_fetch(chain, FETCH, stored)
+    assert out.error_code == 0 and bytes(out.records) == stored
+    assert {k: v for s in out.stats for k, v in s.detector_counts.items()} == {"unreadable": 3}
