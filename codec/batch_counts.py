@@ -53,6 +53,12 @@ def expanded_size(records: bytes | bytearray | memoryview | None) -> int | None:
         if (length + 12 == whole and length >= HEADER_SIZE - 12 and magic == 2
                 and attributes & _COMPRESSION_MASK == CODEC_NONE):
             return whole
+    return expanded_size_of_batches(records)
+
+
+def expanded_size_of_batches(records: bytes | bytearray | memoryview) -> int | None:
+    """`expanded_size` from the batch list alone, without its short way for one uncompressed
+    batch (which must give the same answer)."""
     try:
         batches, tail = split_batches(records)
     except CodecError:
