@@ -31,8 +31,8 @@ from sluice.crypto.record_filter import EncryptRunner
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext
-from sluice.filters.pipeline import filter_produce
 from sluice.filters.parallel import Helpers
+from sluice.filters.pipeline import filter_produce
 from sluice.proxy.paths import fetch as fetch_path
 from tests.filters.test_native_path import make_batch
 
