@@ -142,6 +142,12 @@ class EncryptRunner(HostRunner):
     reserved_header_prefix = RESERVED_PREFIX
     # Its only waits are the KMS and the data keys' lock, both behind filters/blocking.py.
     never_waits = True
+    # Opening may run on several threads at once (a Fetch response's partitions spread over
+    # the filter pool): the data keys and KMS clients lock what they share, the native
+    # opener's scratch and output buffers are per thread (crypto/batch_seal.py), `_openings`
+    # is a cache whose entries are immutable (a lost insert or a clear costs one re-parse),
+    # and nothing else outlives a call. Produce stays serialised.
+    concurrent = frozenset({"fetch"})
 
     def __init__(self, spec: FilterSpec, who: str) -> None:
         super().__init__(spec, who)

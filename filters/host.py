@@ -50,6 +50,12 @@ class HostRunner:
     #: Never waits on a thread inside `blocking.forbidden()` (raises `WouldBlock` where it
     #: would), so its jobs may run inline on the event loop (proxy/net/job_placement.py).
     never_waits: ClassVar[bool] = False
+    #: Directions in which several threads may call this one runner at once (on different
+    #: partitions): the filter keeps no per-call state outside the call's own thread, and what
+    #: it shares (caches, its KMS client, counters) is thread-safe. `LoadedFilter` then takes
+    #: no lock for such calls, and a Fetch response's partitions may be filtered on several
+    #: threads at once (filters/parallel.py). Empty: every call is serialised.
+    concurrent: ClassVar[frozenset[str]] = frozenset()
     #: Its cost per batch follows the batch's size and nothing else (the proxy's own native
     #: code, no guest), so the proxy may estimate it from the declared size.
     cost_follows_size: bool = False
@@ -110,6 +116,8 @@ class BlockRunner(HostRunner):
 
     kind = "block"
     never_waits = True
+    # Keeps nothing at all: it only raises.
+    concurrent = frozenset({"produce", "fetch"})
 
     def __init__(self, spec: FilterSpec, who: str) -> None:
         super().__init__(spec, who)

@@ -161,7 +161,8 @@ def load_filter(spec: FilterSpec, *, cache: ModuleCache | None = None,
 
 
 class LoadedFilter:
-    """A filter ready to run. Thread-safe (calls are serialised)."""
+    """A filter ready to run. Thread-safe (calls are serialised, unless the filter is poolable
+    or a host filter whose runner may be shared: `concurrent`)."""
 
     def __init__(self, spec: FilterSpec, sha256: str,
                  runner: AbiRunner | HostRunner | ComponentAbi,
@@ -181,6 +182,10 @@ class LoadedFilter:
         #: Poolable filters: a factory of further instances, the idle ones (last used on top:
         #: its memory is warm), and every one made.
         self._more = more
+        #: Host filters: the directions whose calls share the one runner without its lock
+        #: (`HostRunner.concurrent`).
+        self._concurrent: frozenset[str] = (
+            runner.concurrent if isinstance(runner, HostRunner) else frozenset())
         self._idle: list[AbiRunner | HostRunner | ComponentAbi] = [runner]
         self._made: list[AbiRunner | HostRunner | ComponentAbi] = [runner]
         self._pool = threading.Condition()
@@ -198,11 +203,16 @@ class LoadedFilter:
         self.repeats = RepeatLimiter()
 
     @contextmanager
-    def _instance(self) -> Iterator[AbiRunner | HostRunner | ComponentAbi]:
+    def _instance(self, direction: str | None = None
+                  ) -> Iterator[AbiRunner | HostRunner | ComponentAbi]:
         """An instance for this thread alone until the block ends: the filter's one instance
         under its lock or, poolable, an idle one or a new one. On the event loop (a job
         inline) only one free now, else `blocking.WouldBlock`: another thread's run (a KMS
-        call) must not stall the loop, nor may an instantiation."""
+        call) must not stall the loop, nor may an instantiation. A host runner that may be
+        called concurrently in `direction` is shared without the lock."""
+        if direction is not None and direction in self._concurrent:
+            yield self._runner
+            return
         runner = self._acquire()
         try:
             yield runner
@@ -264,6 +274,12 @@ class LoadedFilter:
     def poolable(self) -> bool:
         """Whether calls may run on several instances at once (`FilterSpec.poolable`)."""
         return self._more is not None
+
+    def concurrent(self, direction: str) -> bool:
+        """Whether calls in `direction` may run on several threads at once: a poolable
+        filter (an instance each), or a host filter that says its runner may be shared
+        (`HostRunner.concurrent`)."""
+        return self._more is not None or direction in self._concurrent
 
     @property
     def supports_admin(self) -> bool:
@@ -361,7 +377,7 @@ class LoadedFilter:
         its own rules)."""
         if not runner.has_native:
             return None
-        with self._instance():
+        with self._instance(ctx.direction):
             try:
                 return runner.run_native(ctx, records, count, offset_base, timestamp_base)
             except PartitionError as exc:
@@ -427,7 +443,7 @@ class LoadedFilter:
         failure: str | None = None
         remembered = getattr(self._native_failure, "last", None)
         self._native_failure.last = None
-        with self._instance() as instance:
+        with self._instance(ctx.direction) as instance:
             try:
                 if remembered is not None and remembered[0] == (
                     id(ctx), offset_base, timestamp_base, len(records)

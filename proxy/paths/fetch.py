@@ -296,7 +296,7 @@ def _filter_scanned(
     the filtered topics and splices their new records and error codes into the frame.
 
     With `helpers`, partitions run on several pool threads at once when every filter they meet
-    may (`LoadedFilter.poolable`) and there is enough to share; the results are taken in the
+    may (`LoadedFilter.concurrent`) and there is enough to share; the results are taken in the
     partitions' order either way, so frame, telemetry and dead letters are the serial pass's."""
     records: dict[tuple[int, int], Any] = {}
     errors: dict[tuple[int, int], int] = {}
@@ -345,13 +345,15 @@ def _may_spread(chain: FilterChain, parts: list[_Part], principal: str | None) -
     """Whether `parts` may be filtered on several threads at once: two or more, enough bytes
     to be worth a thread's wake-up, on a thread that may wait (never inline on the event
     loop), and only filters that keep no state between calls (a stateful one would see the
-    partitions in an order that changes from run to run)."""
+    partitions in an order that changes from run to run): stateless Wasm filters, and host
+    filters whose runner may be called from several threads at once on fetch
+    (`HostRunner.concurrent`: builtin:encrypt, builtin:block)."""
     if len(parts) < 2 or not blocking.allowed():
         return False
     if sum(len(p.blob) for p in parts) < SPREAD_MIN_BYTES:
         return False
     return all(
-        f.poolable for name in {p.name for p in parts}
+        f.concurrent("fetch") for name in {p.name for p in parts}
         for f in chain.filters_for(name, "fetch", principal)
     )
 

@@ -26,10 +26,12 @@ def spread_responses(metrics_port: int) -> float:
     return float(line.rsplit(" ", 1)[1])
 
 
-def consume_all(bootstrap: str, topic: str, count: int) -> dict[int, list[dict[str, Any]]]:
+def consume_all(bootstrap: str, topic: str, count: int, *, decode: bool = True
+                ) -> dict[int, list[Any]]:
+    """Every partition's values in order (decoded as JSON, or the raw bytes)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("spread"),
                          "enable.auto.commit": False, **QUIET})
-    got: dict[int, list[dict[str, Any]]] = {p: [] for p in range(PARTITIONS)}
+    got: dict[int, list[Any]] = {p: [] for p in range(PARTITIONS)}
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
         n = 0
@@ -39,7 +41,8 @@ def consume_all(bootstrap: str, topic: str, count: int) -> dict[int, list[dict[s
             idle = 0 if batch else idle + 1
             for msg in batch:
                 assert msg.error() is None, msg.error()
-                got[msg.partition()].append(json.loads(msg.value()))
+                value = msg.value()
+                got[msg.partition()].append(json.loads(value) if decode else value)
                 n += 1
     finally:
         consumer.close()

@@ -1,13 +1,15 @@
 """A Fetch response's partitions filtered on several pool threads give the serial pass's bytes.
 
 Real chains (the shipped pii-mask build, a hand-written test module declared stateless that
-traps or rejects on marked records, and one left stateful), real frames built by the codec,
-a real ThreadPoolExecutor; no sockets."""
+traps or rejects on marked records, one left stateful, and builtin:encrypt over a local
+keyring, whole value and fields), real frames built by the codec, a real ThreadPoolExecutor;
+no sockets."""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,9 +25,14 @@ from sluice.codec.compression import CODEC_LZ4, CODEC_NONE
 from sluice.codec.fetch_splice import scan_fetch_response
 from sluice.codec.headers import response_header_bytes
 from sluice.codec.messages import ApiKey, encode_response
+from sluice.crypto.kms import KmsSettings
+from sluice.crypto.kms_local import LocalKeyring
+from sluice.crypto.record_filter import EncryptRunner
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
+from sluice.filters.context import RecordContext
 from sluice.filters.parallel import Helpers
+from sluice.filters.pipeline import filter_produce
 from sluice.proxy.paths import fetch as fetch_path
 from tests.filters.test_native_path import make_batch
 
@@ -93,14 +100,15 @@ def fetch_frame(parts: dict[str, list[bytes]]) -> bytes:
     return response_header_bytes(3, ApiKey.FETCH, VERSION) + encode_response(response)
 
 
-def run_scanned(chain: FilterChain, frame: bytes, helpers: Helpers | None) -> Any:
+def run_scanned(chain: FilterChain, frame: bytes, helpers: Helpers | None,
+                principal: str | None = None) -> Any:
     size = len(response_header_bytes(3, ApiKey.FETCH, VERSION))
     layout = scan_fetch_response(VERSION, frame, size)
     assert layout is not None
     names: list[str | None] = [t.name for t in layout.topics]
-    applied = [n is not None and chain.applies(n, "fetch", None) for n in names]
-    return fetch_path._filter_scanned(chain, frame, layout, names, applied, "consumer", None,
-                                      helpers=helpers)
+    applied = [n is not None and chain.applies(n, "fetch", principal) for n in names]
+    return fetch_path._filter_scanned(chain, frame, layout, names, applied, "consumer",
+                                      principal, helpers=helpers)
 
 
 def telemetry(batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -236,3 +244,166 @@ def test_proxy_spread_fetch_and_filter_threads_decide_whether_jobs_get_helpers(
     with pytest.raises(ConfigFileError,
                        match=r"sluice\.yaml:2: proxy\.spread_fetch: must be true or false"):
         helpers_of("proxy:\n  spread_fetch: 'no'\n")
+
+
+# ------------------------------------------------------------------ builtin:encrypt
+# encv.*: whole values under KEK "vkey"; encf.*: the JSON fields user and card under "fkey".
+# Readers matching User:reader-* get plaintext, others the stored records (withheld).
+ENC_TOPICS = ("encv.a", "encv.b", "encf.a", "plain")
+READER = "User:reader-1"
+
+
+def enc_specs(keyring: Path) -> list[FilterSpec]:
+    kms = KmsSettings("local", path=str(keyring))
+    return [
+        FilterSpec(name="encv", module="builtin:encrypt", topics=("encv.*",),
+                   apply_to=frozenset({"produce", "fetch"}), kms=kms,
+                   config={"key": "vkey", "decrypt_for": ["User:reader-*"]}),
+        FilterSpec(name="encf", module="builtin:encrypt", topics=("encf.*",),
+                   apply_to=frozenset({"produce", "fetch"}), kms=kms,
+                   config={"key": "fkey", "decrypt_for": ["User:reader-*"],
+                           "fields": ["user", "card"]}),
+    ]
+
+
+@dataclasses.dataclass
+class EncSetup:
+    reader: FilterChain  # the proxy that fetches (keyring A)
+    sealer: FilterChain  # another proxy on keyring A: its data keys come from A's KMS
+    stale: FilterChain  # a proxy on keyring B, whose KEKs are at version 2: unknown to A
+
+
+@pytest.fixture(scope="module")
+def enc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EncSetup]:
+    tmp = tmp_path_factory.mktemp("spread-enc")
+    sealer = FilterChain.from_specs(enc_specs(tmp / "a.json"), cache_dir=tmp / "cache")
+    # The reader is a second chain over the same keyring file (its own KMS client: a path
+    # spelt differently), so it unwraps the sealer's data keys through the KMS.
+    (tmp / "a").mkdir()
+    reader = FilterChain.from_specs(enc_specs(tmp / "a" / ".." / "a.json"),
+                                    cache_dir=tmp / "cache")
+    other = LocalKeyring(tmp / "b.json")
+    for name in ("vkey", "fkey"):
+        other.create_key(name)
+        other.rotate_key(name)
+    stale = FilterChain.from_specs(enc_specs(tmp / "b.json"), cache_dir=tmp / "cache")
+    yield EncSetup(reader, sealer, stale)
+    for c in (reader, sealer, stale):
+        c.close()
+
+
+def sealed(chain: FilterChain, topic: str, partition: int, n: int, codec: int, batches: int,
+           seed: int) -> bytes:
+    """`batches` batches of `n` JSON values as `chain` stores them on produce."""
+    out = []
+    for b in range(batches):
+        blob = make_batch([EMAIL % (seed + b * n + i) for i in range(n)], codec=codec,
+                          base_offset=b * n)
+        if topic == "plain":
+            out.append(blob)
+            continue
+        stored = filter_produce(chain, RecordContext(topic, partition, "produce",
+                                                     principal="User:app"), blob)
+        assert stored.error_code == 0 and stored.records is not None
+        out.append(bytes(stored.records))
+    return b"".join(out)
+
+
+enc_partition_st = st.tuples(st.integers(1, 30), st.sampled_from([CODEC_NONE, CODEC_LZ4]),
+                             st.integers(1, 3), st.booleans())
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(layout=st.dictionaries(st.sampled_from(ENC_TOPICS),
+                              st.lists(enc_partition_st, min_size=1, max_size=4), min_size=1),
+       principal=st.sampled_from([READER, "User:other", None]), seed=st.integers(0, 9))
+def test_spread_encrypt_gives_the_serial_pass_bytes_telemetry_and_counters(
+    enc: EncSetup, pool: ThreadPoolExecutor, layout: dict[str, list[Any]],
+    principal: str | None, seed: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whole value and fields, allowed and withheld readers, and partitions sealed under a
+    KEK version the reader's KMS does not know (the KMS fails them: 56 for allowed readers)."""
+    monkeypatch.setattr(fetch_path, "SPREAD_MIN_BYTES", 0)
+    parts = {
+        topic: [sealed(enc.stale if stale else enc.sealer, topic, p, n, codec, batches, seed)
+                for p, (n, codec, batches, stale) in enumerate(partitions)]
+        for topic, partitions in layout.items()
+    }
+    frame = fetch_frame(parts)
+    chain = enc.reader
+    before = failures(chain)
+    serial = run_scanned(chain, frame, None, principal)
+    middle = failures(chain)
+    spawned: list[object] = []
+
+    def spawn(fn: Any) -> object:
+        spawned.append(fn)
+        return pool.submit(fn)
+
+    spread = run_scanned(chain, frame, Helpers(spawn, 2), principal)
+    after = failures(chain)
+    assert bytes(spread.frame) == bytes(serial.frame)
+    assert telemetry(spread.batches) == telemetry(serial.batches)
+    assert spread.dead_letters == serial.dead_letters
+    assert {n: {k: after[n].get(k, 0) - middle[n].get(k, 0) for k in after[n]}
+            for n in after} == {n: {k: middle[n].get(k, 0) - before[n].get(k, 0)
+                                    for k in after[n]} for n in after}
+    n_filtered = sum(len(v) for t, v in parts.items() if t != "plain")
+    assert bool(spawned) == (n_filtered >= 2)
+    if principal == READER:
+        # The partitions sealed under the unknown KEK version failed retriably (56, the KMS
+        # does not know it), every other one opened.
+        failed = {(b["topic"], b["partition"]): b["error_code"] for b in serial.batches
+                  if b["error_code"]}
+        assert failed == {(t, p): 56 for t, ps in layout.items() if t != "plain"
+                          for p, x in enumerate(ps) if x[3]}
+
+
+class _MeetingKms:
+    """The reader's real keyring, whose unwraps wait until `parties` of them are under way
+    at once: shows that two partitions are opened on two threads at the same time."""
+
+    def __init__(self, inner: Any, parties: int) -> None:
+        self.inner = inner
+        self.barrier = threading.Barrier(parties, timeout=10)
+        self.threads: set[int] = set()
+
+    def decrypt_data_key(self, name: str, version: str, wrapped: bytes) -> bytes:
+        self.threads.add(threading.get_ident())
+        self.barrier.wait()
+        return bytes(self.inner.decrypt_data_key(name, version, wrapped))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_two_encrypted_partitions_are_opened_on_two_threads_at_once(
+    tmp_path: Path, pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fetch_path, "SPREAD_MIN_BYTES", 0)
+    specs = enc_specs(tmp_path / "k.json")
+    # Two sealers (two proxies): two data keys, each unwrapped once by the reader.
+    sealers = [FilterChain.from_specs(specs, cache_dir=tmp_path / "c") for _ in range(2)]
+    (tmp_path / "r").mkdir()
+    reader = FilterChain.from_specs(enc_specs(tmp_path / "r" / ".." / "k.json"),
+                                    cache_dir=tmp_path / "c")
+    try:
+        for topic in ("encv.a", "encf.a"):
+            (flt,) = [f for f in reader.filters if f.name == topic.split(".")[0]]
+            runner = flt._runner
+            assert isinstance(runner, EncryptRunner) and flt.concurrent("fetch")
+            meeting = _MeetingKms(runner.keys.kms, 2)
+            monkeypatch.setattr(runner.keys, "kms", meeting)
+            blobs = [sealed(s, topic, p, 50, CODEC_LZ4, 1, 0) for p, s in enumerate(sealers)]
+            frame = fetch_frame({topic: blobs})
+            out = pool.submit(run_scanned, reader, frame, Helpers(pool.submit, 2),
+                              READER).result()
+            assert len(meeting.threads) == 2
+            assert out.spread
+            assert [b.get("error_code", 0) for b in out.batches] == [0, 0]
+            assert b"ann@example.com" in bytes(out.frame)
+            assert bytes(out.frame).count(b"sluice.enc") == 0
+    finally:
+        for c in (*sealers, reader):
+            c.close()
