@@ -105,9 +105,11 @@ class DataKeys:
     def unwrap(self, name: str, version: str, wrapped: bytes) -> tuple[AESGCM, bytes]:
         """`for_decrypt`'s cipher with the plaintext key (for the native batch sealer)."""
         cache_key = (name, version, wrapped)
-        now = self.clock()
         blocking.acquire(self._lock)
         try:
+            # Read once the lock is held: a produce may hold it through a KMS call, and a time
+            # read before that wait would serve a destroyed KEK's key past cache_seconds.
+            now = self.clock()
             hit = self._unwrapped.get(cache_key)
             if hit is not None and now - hit[0] < self.cache_seconds:
                 self._unwrapped.move_to_end(cache_key)
