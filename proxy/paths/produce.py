@@ -242,8 +242,12 @@ class ProducePath:
 
 
 #: Requests' topic lists remembered per chain (`_kind`): a client names few, but names are
-#: the client's to choose, so the table is bounded.
+#: the client's to choose, so the table is bounded, and so is what one entry keeps: a request
+#: naming more topics, or longer names, is worked out again each time (its cost follows its
+#: size anyway) rather than pinning a frame's worth of names for the chain's life.
 _KINDS_LIMIT = 4096
+_KINDS_MAX_TOPICS = 16
+_KINDS_MAX_CHARS = 1024
 
 
 def _kind(
@@ -263,9 +267,11 @@ def _kind(
             inline_key(chain, "produce", names, principal),
             cost_follows_size(chain, "produce", names, principal),
         )
-        if len(kinds) >= _KINDS_LIMIT:
-            kinds.clear()
-        kinds[key] = hit
+        if len(names) <= _KINDS_MAX_TOPICS and sum(
+                len(n) for n in names if n is not None) <= _KINDS_MAX_CHARS:
+            if len(kinds) >= _KINDS_LIMIT:
+                kinds.clear()
+            kinds[key] = hit
     return hit
 
 

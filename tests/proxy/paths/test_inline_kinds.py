@@ -89,3 +89,20 @@ def test_the_produce_path_remembers_a_requests_kind_with_its_chain(
     for n in range(produce._KINDS_LIMIT + 10):
         produce._kind(chain, [f"pii.{n}"], None)
     assert len(chain.memo["produce"]) <= produce._KINDS_LIMIT
+
+
+def test_the_produce_memo_keeps_no_large_topic_lists(chain: FilterChain) -> None:
+    """The memo's keys are the request's topic names, which the client chooses: bounded in
+    entries alone, 4 096 requests of a 100 MB frame's worth of names each stayed in memory for
+    the chain's life. Only small requests are remembered; large ones are worked out again."""
+    from sluice.proxy.paths import produce
+
+    for n in range(64):
+        names: list[str | None] = [f"pii.{n}.{i}.{'x' * 200}" for i in range(2000)]
+        applied, key, _scales = produce._kind(chain, names, None)
+        assert all(applied) and key == inline_key(chain, "produce", ["pii.users"], None)
+    kept = sum(len(name or "") for names, _principal in chain.memo.get("produce", {})
+               for name in names)
+    assert kept <= 1 << 20, f"{kept} characters of topic names kept"
+    assert produce._kind(chain, ["pii.users"], None) == produce._kind(chain, ["pii.users"], None)
+    assert (("pii.users",), None) in chain.memo["produce"]  # small requests still are
