@@ -43,6 +43,10 @@ from sluice.filters.principal import ANONYMOUS
 from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
 
 _CACHE_LIMIT: Final = 10_000
+#: Longest topic name the per-topic caches keep: Kafka's own limit (249). Names are the
+#: client's to choose and the protocol allows 32 767 bytes, so 10 000 cached entries of
+#: invalid long names could hold hundreds of MB; such a name is answered uncached.
+_CACHED_NAME_MAX: Final = 249
 INVALID_RECORD: Final = 87
 
 
@@ -205,6 +209,8 @@ class FilterChain:
             hit = tuple(b.filter for b in self._bound if b.matches(*key))
             if direction == "fetch":
                 hit = _nested_reversed(hit)
+            if len(topic) > _CACHED_NAME_MAX:
+                return hit
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
             self._cache[key] = hit
@@ -228,6 +234,8 @@ class FilterChain:
                         "produce" in b.directions or "fetch" in b.directions):
                     found.append((prefix, b.filter.name))
             hit = tuple(found)
+            if len(topic) > _CACHED_NAME_MAX:
+                return hit
             if len(self._reserved) >= _CACHE_LIMIT:
                 self._reserved.clear()
             self._reserved[topic] = hit
@@ -317,6 +325,8 @@ class FilterChain:
         if hit is None:
             names = {name for _prefix, name in self.reserved_for(topic)}
             hit = tuple(f for f in self.filters if f.name in names)
+            if len(topic) > _CACHED_NAME_MAX:
+                return hit
             if len(self._screen_cache) >= _CACHE_LIMIT:
                 self._screen_cache.clear()
             self._screen_cache[topic] = hit

@@ -54,6 +54,23 @@ def test_applies_by_topic_direction_and_principal(make_spec: MakeSpec, chain_of)
     assert chain.filters_for("users", "produce") is chain.filters_for("users", "produce")
 
 
+def test_topic_names_longer_than_kafka_allows_are_answered_but_not_cached(
+        make_spec: MakeSpec, chain_of) -> None:
+    # Topic names are the client's: the protocol allows 32 767 bytes, Kafka 249. The per-topic
+    # caches keep up to 10 000 entries, so long invalid names must not be kept.
+    chain = chain_of(make_spec("sluice_upper", name="all", topics=("*",),
+                               apply_to=frozenset({"produce", "fetch"})))
+    for i in range(50):
+        long_name = f"{i:05d}" + "x" * 30_000
+        assert [f.name for f in chain.filters_for(long_name, "produce")] == ["all"]
+        assert chain.applies(long_name, "fetch")
+        chain.reserved_for(long_name)
+        chain._screens(long_name)
+    assert chain.applies("x" * 249, "produce")
+    kept = [*(k[0] for k in chain._cache), *chain._reserved, *chain._screen_cache]
+    assert kept and max(len(name) for name in kept) <= 249
+
+
 def test_anonymous_principal_matches_user_glob(make_spec: MakeSpec, chain_of) -> None:
     chain = chain_of(make_spec("sluice_upper", principals=("User:*",)))
     assert chain.applies("t", "produce", None)
