@@ -123,6 +123,32 @@ def failures(chain: FilterChain) -> dict[str, dict[str, int]]:
     return {f.name: dict(f.failures) for f in chain.filters}
 
 
+def serial_and_spread_agree(chain: FilterChain, frame: bytes, pool: ThreadPoolExecutor,
+                            principal: str | None = None) -> tuple[Any, list[object]]:
+    """Run `frame` serially, then spread over `pool`; assert both passes give the same bytes,
+    telemetry, dead letters and failure-counter moves. Returns the serial pass and the
+    helpers the spread pass spawned."""
+    before = failures(chain)
+    serial = run_scanned(chain, frame, None, principal)
+    middle = failures(chain)
+    spawned: list[object] = []
+
+    def spawn(fn: Any) -> object:
+        spawned.append(fn)
+        return pool.submit(fn)
+
+    spread = run_scanned(chain, frame, Helpers(spawn, 2), principal)
+    after = failures(chain)
+    assert bytes(spread.frame) == bytes(serial.frame)
+    assert telemetry(spread.batches) == telemetry(serial.batches)
+    assert spread.dead_letters == serial.dead_letters
+    # The filters' failure counters moved by the same amounts in both passes.
+    assert {n: {k: after[n].get(k, 0) - middle[n].get(k, 0) for k in after[n]}
+            for n in after} == {n: {k: middle[n].get(k, 0) - before[n].get(k, 0)
+                                    for k in after[n]} for n in after}
+    return serial, spawned
+
+
 partition_st = st.tuples(st.integers(1, 40), st.lists(st.integers(0, 39), max_size=3),
                          st.sampled_from([CODEC_NONE, CODEC_LZ4]), st.integers(1, 3))
 
@@ -150,24 +176,7 @@ def test_spread_pass_gives_the_serial_pass_bytes_telemetry_and_dead_letters(
             blobs.append(blob)
         parts[topic] = blobs
     frame = fetch_frame(parts)
-    before = failures(chain)
-    serial = run_scanned(chain, frame, None)
-    middle = failures(chain)
-    spawned: list[object] = []
-
-    def spawn(fn: Any) -> object:
-        spawned.append(fn)
-        return pool.submit(fn)
-
-    spread = run_scanned(chain, frame, Helpers(spawn, 2))
-    after = failures(chain)
-    assert bytes(spread.frame) == bytes(serial.frame)
-    assert telemetry(spread.batches) == telemetry(serial.batches)
-    assert spread.dead_letters == serial.dead_letters
-    # The filters' failure counters moved by the same amounts in both passes.
-    assert {n: {k: after[n].get(k, 0) - middle[n].get(k, 0) for k in after[n]}
-            for n in after} == {n: {k: middle[n].get(k, 0) - before[n].get(k, 0)
-                                    for k in after[n]} for n in after}
+    _serial, spawned = serial_and_spread_agree(chain, frame, pool)
     filtered = [t for t in parts if not t.startswith(("plain", "keep."))]
     n_filtered = sum(len(parts[t]) for t in filtered)
     stateful = "keep.d" in parts
@@ -331,24 +340,7 @@ def test_spread_encrypt_gives_the_serial_pass_bytes_telemetry_and_counters(
         for topic, partitions in layout.items()
     }
     frame = fetch_frame(parts)
-    chain = enc.reader
-    before = failures(chain)
-    serial = run_scanned(chain, frame, None, principal)
-    middle = failures(chain)
-    spawned: list[object] = []
-
-    def spawn(fn: Any) -> object:
-        spawned.append(fn)
-        return pool.submit(fn)
-
-    spread = run_scanned(chain, frame, Helpers(spawn, 2), principal)
-    after = failures(chain)
-    assert bytes(spread.frame) == bytes(serial.frame)
-    assert telemetry(spread.batches) == telemetry(serial.batches)
-    assert spread.dead_letters == serial.dead_letters
-    assert {n: {k: after[n].get(k, 0) - middle[n].get(k, 0) for k in after[n]}
-            for n in after} == {n: {k: middle[n].get(k, 0) - before[n].get(k, 0)
-                                    for k in after[n]} for n in after}
+    serial, spawned = serial_and_spread_agree(enc.reader, frame, pool, principal)
     n_filtered = sum(len(v) for t, v in parts.items() if t != "plain")
     assert bool(spawned) == (n_filtered >= 2)
     if principal == READER:
