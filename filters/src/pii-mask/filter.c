@@ -1672,6 +1672,61 @@ static inline __attribute__((always_inline)) uint32_t candidates(triggers t, con
     return c;
 }
 
+/* Luhn's check of 16 digits (d: their values, the first in lane 0): from the right every second
+ * digit doubled (its digit sum), i.e. lanes 0, 2, .. 14; one vector step, as luhn_groups sums
+ * a group. */
+SIMD static inline __attribute__((always_inline)) int luhn16(v128_t d) {
+    const v128_t table = wasm_u8x16_make(0, 2, 4, 6, 8, 1, 3, 5, 7, 9, 0, 0, 0, 0, 0, 0);
+    const v128_t even_lanes = wasm_u8x16_make(255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0, 255, 0);
+    v128_t vals = wasm_v128_bitselect(wasm_i8x16_swizzle(table, d), d, even_lanes);
+    v128_t s32 = wasm_u32x4_extadd_pairwise_u16x8(wasm_u16x8_extadd_pairwise_u8x16(vals));
+    uint32_t sum = (uint32_t)(wasm_i32x4_extract_lane(s32, 0) + wasm_i32x4_extract_lane(s32, 1) + wasm_i32x4_extract_lane(s32, 2) + wasm_i32x4_extract_lane(s32, 3));
+    return sum % 10 == 0;
+}
+
+/* The commonest card strings, 16 digits alone or in four groups of four joined by one space,
+ * dash or underscore ("4111 1111 1111 1111"), decided before candidates and find_card. A string
+ * of that exact shape (t: 16 digits, no other trigger class) can hold no match but a card's or a
+ * phone's. The phone detector would not run on it (candidates, phone_possible) unless it holds a
+ * '0' and a 0 starts a group that no separator of phone_possible's precedes, or the member is a
+ * phone's. find_card tries the whole string first (groups 0 to 3) and, only with spaces, the
+ * 12-digit windows of groups 0-2 and 1-3, which need a Maestro prefix (card_issuer_ok). So
+ * without those, the string's one possible match is the whole string, when it passes the
+ * issuer and Luhn checks. Returns 1 with s holding what find_spans would find (nothing or
+ * [0, n)), 0 to take the general path (which decides every other case). */
+SIMD static inline __attribute__((always_inline)) int card_shape(const uint8_t *p, uint32_t n, spans *s, const uint8_t *readable) {
+    if (!(enabled_detectors >> D_CARD & 1u) || readable - p < 32) return 0;
+    v128_t v = wasm_v128_load(p), digits = v;
+    uint8_t sep = 0;
+    if (n == 19) {
+        sep = p[4];
+        if ((sep != ' ' && sep != '-' && sep != '_') || p[9] != sep || p[14] != sep) return 0;
+        /* 16 digits in 19 bytes with the separators placed: every other byte is a digit;
+         * gathered from p[0..16) and p[3..19) (lanes 12-15 of the second are p[15..19)) */
+        const v128_t from_v = wasm_i8x16_make(0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13, -1, -1, -1, -1);
+        const v128_t from_w = wasm_i8x16_make(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 12, 13, 14, 15);
+        digits = wasm_v128_or(wasm_i8x16_swizzle(v, from_v), wasm_i8x16_swizzle(wasm_v128_load(p + 3), from_w));
+    } else if (n != 16) {
+        return 0;
+    }
+    digits = wasm_i8x16_sub(digits, wasm_i8x16_splat('0'));
+    if ((enabled_detectors >> D_PHONE & 1u) && wasm_v128_any_true(wasm_i8x16_eq(digits, wasm_i8x16_splat(0)))) {
+        /* '_' is not among phone_possible's separators: a group's 0 after it starts a run */
+        if (p[0] == '0' || (sep == '_' && (p[5] == '0' || p[10] == '0' || p[15] == '0')) || member_is_phone()) return 0;
+    }
+    uint32_t p4 = (uint32_t)(p[0] - '0') * 1000u + (uint32_t)(p[1] - '0') * 100u + (uint32_t)(p[2] - '0') * 10u + (uint32_t)(p[3] - '0');
+    spans_init(s);
+    if (p[0] < '7' && card_issuer_ok(p4, 16) && luhn16(digits)) {
+        add_span(s, 0, n, D_CARD);
+        return 1;
+    }
+    if (sep == ' ') {
+        uint32_t q4 = (uint32_t)(p[5] - '0') * 1000u + (uint32_t)(p[6] - '0') * 100u + (uint32_t)(p[7] - '0') * 10u + (uint32_t)(p[8] - '0');
+        if (card_issuer_ok(p4, 12) || card_issuer_ok(q4, 12)) return 0;
+    }
+    return 1;
+}
+
 /* Run the detectors in the set c on p[0..n). */
 SIMD static void find_spans(const uint8_t *p, uint32_t n, uint32_t c, spans *s, const uint8_t *readable) {
     if (c & (1u << D_EMAIL)) {
@@ -2322,7 +2377,12 @@ SIMD static inline __attribute__((always_inline)) int jstring_value(jctx *c) {
     if (!t.wide) {
         /* most strings hold no trigger at all (see candidates) */
         if (!(t.classes & (K_AT | K_UPPER | K_ASSIGN | K_B)) && t.digits < 8 && !(t.digits >= 4 && (t.classes & K_DOT))) return 1;
-        uint32_t todo = candidates(t, text, n, readable);
+        uint32_t todo;
+        if (t.classes == K_DIGIT && t.digits == 16 && scanned == 2 && card_shape(text, n, &found, readable)) {
+            if (found.n == 0) return 1;
+            goto masked;
+        }
+        todo = candidates(t, text, n, readable);
         if (todo == 0) return 1; /* the common case: the literal stays */
         if (!collect_spans(text, n, todo, &found, readable)) {
             c->failed = 1;
@@ -2332,6 +2392,7 @@ SIMD static inline __attribute__((always_inline)) int jstring_value(jctx *c) {
         c->failed = 1;
         return 0;
     }
+masked:
     /* a raw body escapes nothing; one jstring_classify passed whole (scanned 2) is ASCII */
     if (found.n) jreplace_masked(c, lit, text, n, &found, !escaped, scanned == 2);
     return 1;

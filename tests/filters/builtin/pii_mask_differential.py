@@ -7,9 +7,10 @@ NEW defaults to the committed filters/builtin/pii-mask.wasm; OLD is any other bu
 filter faster without changing what it masks must print 0 differing records. Records: the two
 labelled corpora (pii_corpus, pii_locale_corpus with two seeds), random texts and JSON records
 glued from their labelled values and bytes that start or end matches, generated groups of
-digits (card, phone and SSN shapes, Luhn-valid or not), and long texts of digits and
-separators (the numeric prefilter of strings over 64 bytes); each set under several
-configurations. Prints the first few differences.
+digits (card, phone and SSN shapes, Luhn-valid or not), long texts of digits and separators
+(the numeric prefilter of strings over 64 bytes), and JSON records of card-shaped strings (the
+early card decision, card_shape); each set under several configurations. Prints the first few
+differences.
 """
 
 from __future__ import annotations
@@ -86,6 +87,26 @@ def digit_group_texts(n: int, rng: random.Random) -> Iterator[str]:
                + rng.choice(["", " ok", "0", ".5", "-x", " 12"]))
 
 
+def card_shape_records(n: int, rng: random.Random) -> Iterator[str]:
+    """JSON records whose string values have the card shapes the guest decides early: 16 digits
+    alone or in four groups of four joined by one space, dash or underscore (issuer and Maestro
+    prefixes, zeros starting groups, Luhn-valid or not), in card, phone and other members."""
+    prefixes = ["4111", "5018", "5600", "5893", "6304", "6761", "0604", "0123", "1800", "2131",
+                "3714", "6011", "7000", "9999", "2000", "6999"]
+    for _ in range(n):
+        def group() -> str:
+            if rng.random() < 0.2:
+                return rng.choice(prefixes)
+            return "".join(rng.choice("0123456789000") for _ in range(4))
+        groups = [rng.choice(prefixes) if rng.random() < 0.8 else group()] + [
+            group() for _ in range(3)]
+        text = rng.choice([" ", "-", "_", ""]).join(groups)
+        if rng.random() < 0.5:
+            text = luhn_fix(text)
+        member = rng.choice(["card", "phone", "x", "mobile_no", "telefon", "cardNumber"])
+        yield json.dumps({member: text, "n": 1})
+
+
 def long_numeric_texts(n: int, rng: random.Random) -> Iterator[str]:
     alphabet = list("0123456789 -_.()+xaZ/:")
     shapes = ["+49 151 2345 6789", "123-45-6789", "(0131) 496 0163", "0049 30 1234567",
@@ -137,6 +158,8 @@ def main() -> int:
         ("digit groups", list(digit_group_texts(3 * args.random, rng)), [{}, CONFIGS[6]]),
         ("long numeric texts", list(long_numeric_texts(2 * args.random, rng)),
          [{}, CONFIGS[7]]),
+        ("card shapes in JSON", list(card_shape_records(args.random, rng)),
+         [{}, CONFIGS[3], CONFIGS[6], CONFIGS[7], {"detectors": ["card"]}]),
     ]
     total = 0
     for name, texts, configs in sets:
