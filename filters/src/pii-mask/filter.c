@@ -2593,6 +2593,89 @@ member:
     goto value;
 }
 
+/* Whether c could be the last character of a secret key name (secret_name_match's first test). */
+static inline __attribute__((always_inline)) int secret_last_byte(uint8_t c) {
+    uint8_t last = sluice_lower(c);
+    return secret_key_last[last >> 5] >> (last & 31) & 1u;
+}
+
+/* Whether p[0..n) provably holds nothing to mask, read as JSON or as text, in one pass of
+ * 16-byte steps that stops at the first byte that might start a match; then mask_bytes neither
+ * walks nor classifies it. Every detector needs one of: '@' (email), an upper-case letter (iban,
+ * aws_access_key, jwt), "bearer" (bearer), '=' or a ':' after a name that can end a secret key
+ * name (aws_secret_key, and a JSON member named as a secret, whose name ends before its ':'),
+ * a run of numeric bytes (digits and ' ' - _ . ( ) +) holding 8 digits (card, phone, ssn:
+ * numeric_verdict), or 4 digits and 3 dots (ipv4). A JSON string or number lies inside the
+ * record, so its runs are no longer than the record's; a backslash (an escape may stand for any
+ * of these) or a byte >= 0x80 (UTF-8, full-width forms) sends the record the long way. Field
+ * paths are not decided here. */
+SIMD static int record_clean(const uint8_t *p, uint32_t n) {
+    const uint8_t *readable = mem_readable();
+    if ((uint64_t)(readable - p) < (((uint64_t)n + 15u) & ~(uint64_t)15u)) return 0;
+    /* first the bytes that rule the record out by themselves, a light pass that stops at the
+     * first (a record with personal data usually has one early), then the rest */
+    for (uint32_t i = 0; i < n; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        uint32_t live = n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u;
+        v128_t bad = wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('@')), in_range(v, 'A', 26)),
+                                  wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('=')), wasm_i8x16_eq(v, wasm_i8x16_splat('\\'))),
+                                               wasm_i8x16_lt(v, wasm_i8x16_splat(0))));
+        if ((uint32_t)wasm_i8x16_bitmask(bad) & live) return 0;
+    }
+    uint32_t run = 0, digits = 0, dots = 0; /* run: digits since the last non-numeric byte */
+    for (uint32_t i = 0; i < n; i += 16) {
+        v128_t v = wasm_v128_load(p + i);
+        uint32_t live = n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u;
+        v128_t d = in_range(v, '0', 10);
+        v128_t num = wasm_v128_or(wasm_v128_or(d, wasm_i8x16_eq(v, wasm_i8x16_splat(' '))),
+                                  wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('-')), wasm_i8x16_eq(v, wasm_i8x16_splat('_'))),
+                                               wasm_v128_or(wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat('.')), wasm_i8x16_eq(v, wasm_i8x16_splat('('))),
+                                                            wasm_v128_or(wasm_i8x16_eq(v, wasm_i8x16_splat(')')), wasm_i8x16_eq(v, wasm_i8x16_splat('+'))))));
+        uint32_t dm = (uint32_t)wasm_i8x16_bitmask(d) & live;
+        uint32_t stops = ~(uint32_t)wasm_i8x16_bitmask(num) & live;
+        uint32_t colons = (uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat(':'))) & live;
+        uint32_t bs = (uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('b'))) & live;
+        dots += (uint32_t)__builtin_popcount((uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(v, wasm_i8x16_splat('.'))) & live);
+        uint32_t nd = (uint32_t)__builtin_popcount(dm);
+        digits += nd;
+        if (run + nd >= 8) {
+            /* the runs of this chunk one by one: each ends at a stop */
+            uint32_t from = 0;
+            while (stops) {
+                uint32_t k = (uint32_t)__builtin_ctz(stops);
+                if (run + (uint32_t)__builtin_popcount(dm & ((1u << k) - 1u) & ~((1u << from) - 1u)) >= 8) return 0;
+                run = 0;
+                from = k + 1;
+                stops &= stops - 1u;
+            }
+            run += (uint32_t)__builtin_popcount(dm & ~((1u << from) - 1u));
+            if (run >= 8) return 0;
+        } else if (stops) {
+            run = (uint32_t)__builtin_popcount(dm >> (31u - (uint32_t)__builtin_clz(stops)));
+        } else {
+            run += nd;
+        }
+        while (bs) { /* find_bearer starts at "bearer" (either case; 'B' is upper-case) */
+            uint32_t k = i + (uint32_t)__builtin_ctz(bs);
+            bs &= bs - 1u;
+            if (n - k >= 6 && sluice_lower(p[k + 1]) == 'e' && sluice_lower(p[k + 2]) == 'a' && sluice_lower(p[k + 3]) == 'r' &&
+                sluice_lower(p[k + 4]) == 'e' && sluice_lower(p[k + 5]) == 'r')
+                return 0;
+        }
+        while (colons) { /* the bytes a name before this ':' may end with: quotes and spaces, then the next */
+            uint32_t k = i + (uint32_t)__builtin_ctz(colons);
+            colons &= colons - 1u;
+            for (;;) {
+                if (k == 0) return 0;
+                uint8_t ch = p[--k];
+                if (secret_last_byte(ch)) return 0;
+                if (ch != ' ' && ch != '"' && ch != '\'' && ch != '\t' && ch != '\n' && ch != '\r') break;
+            }
+        }
+    }
+    return !(digits >= 4 && dots >= 3);
+}
+
 static int looks_like_json(sluice_bytes b) {
     for (int32_t i = 0; i < b.len; i++) {
         uint8_t ch = b.ptr[i];
@@ -2608,6 +2691,7 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
     member_name = NULL; /* set by the JSON walk for a member's value only */
     if (in.len <= 0) return 0;
     uint32_t n = (uint32_t)in.len;
+    if (path_n == 0 && record_clean(in.ptr, n)) return 0;
     if (mode == MODE_JSON || (mode == MODE_AUTO && looks_like_json(in))) {
         jctx c;
         c.begin = in.ptr;

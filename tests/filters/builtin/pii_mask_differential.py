@@ -8,9 +8,9 @@ filter faster without changing what it masks must print 0 differing records. Rec
 labelled corpora (pii_corpus, pii_locale_corpus with two seeds), random texts and JSON records
 glued from their labelled values and bytes that start or end matches, generated groups of
 digits (card, phone and SSN shapes, Luhn-valid or not), long texts of digits and separators
-(the numeric prefilter of strings over 64 bytes), and JSON records of card-shaped strings (the
-early card decision, card_shape); each set under several configurations. Prints the first few
-differences.
+(the numeric prefilter of strings over 64 bytes), JSON records of card-shaped strings (the
+early card decision, card_shape), and texts and JSON records near the record-level reject
+(record_clean); each set under several configurations. Prints the first few differences.
 """
 
 from __future__ import annotations
@@ -107,6 +107,35 @@ def card_shape_records(n: int, rng: random.Random) -> Iterator[str]:
         yield json.dumps({member: text, "n": 1})
 
 
+def near_clean_texts(n: int, rng: random.Random) -> Iterator[str]:
+    """Texts and JSON records of lower-case words, digits, separators, dots and colons, most
+    without a trigger byte (the record-level reject) and many one byte from one: names before a
+    ':' or '=' that end secret key names, "bearer", runs of 7 to 9 digits, dotted quads."""
+    names = ["key", "token", "user_id", "note", "b", "abc", "x", "session_token", "secret_key",
+             "aws.secret-key", "n", "y", "id", "bearer", "amount"]
+    plain = "abcdefghijklmnopqrstuvwxyz0123456789 -_.()+:,/"
+    for _ in range(n):
+        alphabet = plain + "\"'\t\n" if rng.random() < 0.3 else plain
+        parts: list[str] = []
+        for _ in range(rng.randint(1, 10)):
+            r = rng.random()
+            if r < 0.3:
+                parts.append(rng.choice(names) + rng.choice([":", ": ", " : ", "\":", "': ", "=",
+                                                             "", " ", "\t:"]))
+            elif r < 0.6:
+                parts.append("".join(rng.choice("0123456789") for _ in range(rng.randint(1, 9)))
+                             + rng.choice([" ", "-", ".", "", "x", "(", ")", "+", "_"]))
+            elif r < 0.65:
+                parts.append(rng.choice(["10.0.0.1", "1.2.3", "256.1.1.1", "bearer abcdefgh12"]))
+            else:
+                parts.append("".join(rng.choice(alphabet) for _ in range(rng.randint(1, 12))))
+        text = "".join(parts)
+        yield text
+        yield json.dumps({rng.choice(names): text, "n": rng.choice([12, 1234567, 12345678, 1.5]),
+                          rng.choice(names): [text[:10], "x"],
+                          "id": rng.randrange(10 ** rng.randint(1, 9))})
+
+
 def long_numeric_texts(n: int, rng: random.Random) -> Iterator[str]:
     alphabet = list("0123456789 -_.()+xaZ/:")
     shapes = ["+49 151 2345 6789", "123-45-6789", "(0131) 496 0163", "0049 30 1234567",
@@ -160,6 +189,8 @@ def main() -> int:
          [{}, CONFIGS[7]]),
         ("card shapes in JSON", list(card_shape_records(args.random, rng)),
          [{}, CONFIGS[3], CONFIGS[6], CONFIGS[7], {"detectors": ["card"]}]),
+        ("near-clean texts and JSON", list(near_clean_texts(args.random, rng)),
+         [{}, CONFIGS[1], CONFIGS[2], CONFIGS[7], {"secret_keys": ["user_id", "abc", "x"]}]),
     ]
     total = 0
     for name, texts, configs in sets:
