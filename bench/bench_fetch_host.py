@@ -20,8 +20,9 @@ rounds, thread CPU time):
 - host: whole - guest;
 - wall (with `--threads N`, N >= 2): the job's wall time per record on one pool thread and
   spread over a filter pool of N threads (filters/parallel.py), alternating: what the
-  consumer waits for, not CPU. Workload 1 (one partition) is not spread; a tree without the
-  spread shows the same job twice.
+  consumer waits for, not CPU. Workload 1 (one partition) is spread as runs of its batches
+  (`pipeline.plan_fetch`); a tree without that (or without the spread) shows the same job
+  twice.
 
 `--baseline DIR` measures another source tree (bench/baseline.py) too, in alternating fresh
 processes (`--rounds` of each, 3 measurements each), and prints both.

@@ -54,8 +54,10 @@ Fetch (broker -> client):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Final, cast
 
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
@@ -87,6 +89,7 @@ from sluice.filters.chain import (
 )
 from sluice.filters.context import RecordContext
 from sluice.filters.decisions import PartitionError
+from sluice.filters.effects import Effect, commit, deferred
 from sluice.filters.native_io import end_lending, lend
 
 NONE: Final = ErrorCode.NONE
@@ -499,32 +502,155 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                  checked: bool = False) -> FetchOutcome:
     """Filter one partition of a Fetch response (see the module docstring); `limits` bounds
     what each batch may expand into; `checked`: the caller knows a filter applies."""
+    plan = plan_fetch(chain, ctx, records, checked=checked)
+    if plan.outcome is not None:
+        return plan.outcome
+    return finish_fetch(plan, [run_fetch(chain, plan, 0, limits)])
+
+
+#: No run of a split partition is cut below this many bytes (see `plan_fetch`).
+RUN_MIN_BYTES: Final = 64 * 1024
+
+
+class FetchPlan:
+    """One partition of a Fetch response, split into its batches and cut into runs of
+    consecutive batches (`runs` of them) that `run_fetch` may filter on different threads at
+    once; `finish_fetch` joins the runs' results into what a serial pass gives. `outcome` is
+    set instead when the partition needs no filtering or is refused before any batch is
+    looked at (then there are no runs)."""
+
+    __slots__ = ("batches", "ctx", "cuts", "native", "outcome", "records", "stop", "tail")
+
+    def __init__(self, ctx: RecordContext, records: Buffer, batches: list[RawBatch],
+                 tail: Buffer, cuts: list[int], native: bool,
+                 outcome: FetchOutcome | None = None) -> None:
+        self.ctx = ctx
+        self.records = records
+        self.batches = batches
+        self.tail = tail
+        #: Run i is batches[cuts[i]:cuts[i + 1]].
+        self.cuts = cuts
+        self.native = native
+        self.outcome = outcome
+        #: The first batch known to end the pass (it fails the partition): runs after it stop
+        #: early, since their work is thrown away. Only ever lowered; a stale read costs work,
+        #: never a different result (`finish_fetch` stops at the first failure by order).
+        self.stop = len(batches)
+
+    @property
+    def runs(self) -> int:
+        return len(self.cuts) - 1
+
+    def stopped_at(self, index: int) -> None:
+        if index < self.stop:
+            self.stop = index
+
+
+@dataclass(slots=True)
+class FetchRun:
+    """What `run_fetch` made of one run of batches: the pieces (each batch as it was or as
+    rebuilt), whether any changed, the records kept, the filters' stats and dead letters, and
+    the failure that ended it (error code, message, and the stats entry of a host filter's
+    `PartitionError`). `effects`: the runtime's held counts and warnings (split runs only)."""
+
+    parts: list[Buffer] = field(default_factory=list)
+    changed: bool = False
+    records_out: int = 0
+    stats: list[FilterStats] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    failure: tuple[int, str, FilterStats | None] | None = None
+    abandoned: bool = False  # stopped because an earlier run failed the partition
+    effects: list[Effect] | None = None
+
+
+def plan_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
+               checked: bool = False, runs: int = 1) -> FetchPlan:
+    """Split `records` into its batches and cut them into at most `runs` runs of consecutive
+    batches of about equal bytes, none under `RUN_MIN_BYTES` (the runs go to other threads:
+    each costs a thread's wake-up, and filtering 64 KiB takes some hundred µs even for the
+    fastest filters, well above that). A run never splits a batch: a batch is what a filter
+    sees in one call."""
     if ctx.direction != "fetch":
         raise ValueError("filter_fetch needs a fetch RecordContext")
     if not (checked or chain.applies(ctx.topic, "fetch", ctx.principal)) or not len(records):
-        return FetchOutcome(records)
-
-    def fail(code: int, message: str) -> FetchOutcome:
-        return FetchOutcome(b"", code, _truncate(message), changed=True)
-
+        return FetchPlan(ctx, records, [], b"", [0], False, FetchOutcome(records))
     magic = _legacy_magic(records)
     if magic is not None:
-        return fail(CORRUPT_MESSAGE, f"record batches with magic {magic} (legacy message "
-                                     "format) cannot be filtered")
+        return FetchPlan(ctx, records, [], b"", [0], False, _failed(
+            CORRUPT_MESSAGE, f"record batches with magic {magic} (legacy message format) "
+                             "cannot be filtered"))
     try:
         batches, tail = split_batches(records)
     except CorruptBatch as exc:
-        return fail(CORRUPT_MESSAGE, f"corrupt record batch: {exc}")
-
-    # Counted here once, for telemetry (paths/fetch.py), from the split the filters need.
-    out = FetchOutcome(records, records_in=sum(b.header.record_count for b in batches),
-                       offsets=(batches[0].header.base_offset, batches[-1].header.last_offset)
-                       if batches else (None, None))
-    parts: list[Buffer] = []
-    changed = False
-    records_out = 0
+        return FetchPlan(ctx, records, [], b"", [0], False,
+                         _failed(CORRUPT_MESSAGE, f"corrupt record batch: {exc}"))
     native = chain.native_for(ctx.topic, "fetch", ctx.principal)
-    for batch in batches:
+    return FetchPlan(ctx, records, batches, tail, _cuts(batches, runs), native)
+
+
+def _cuts(batches: list[RawBatch], runs: int) -> list[int]:
+    """Where runs of `batches` start (and the end): up to `runs` runs of about equal bytes,
+    each cut at the batch boundary nearest its share, none under RUN_MIN_BYTES unless it is
+    the only one."""
+    total = sum(len(b.data) for b in batches)
+    runs = min(runs, len(batches), total // max(1, RUN_MIN_BYTES))
+    if runs <= 1:
+        return [0, len(batches)]
+    # before[i]: the bytes of batches[:i], for the boundaries i = 1 .. len - 1.
+    before = list(accumulate((len(b.data) for b in batches[:-1]), initial=0))
+    cuts = [0]
+    for j in range(1, runs):
+        target = total * j // runs
+        i = bisect_left(before, target, lo=cuts[-1] + 1)
+        if i >= len(before) or (i - 1 > cuts[-1]
+                                and target - before[i - 1] <= before[i] - target):
+            i -= 1  # the boundary just before the share is nearer (or the only one left)
+        if i <= cuts[-1]:
+            break
+        if before[i] - before[cuts[-1]] >= RUN_MIN_BYTES and total - before[i] >= RUN_MIN_BYTES:
+            cuts.append(i)
+    cuts.append(len(batches))
+    return cuts
+
+
+def _failed(code: int, message: str) -> FetchOutcome:
+    return FetchOutcome(b"", code, _truncate(message), changed=True)
+
+
+def run_fetch(chain: FilterChain, plan: FetchPlan, index: int,
+              limits: BatchLimits = DEFAULT_BATCH_LIMITS, *,
+              defer: bool = False) -> FetchRun:
+    """Filter run `index` of `plan` (each batch within `limits`). With `defer`, the filter
+    runtime's counts and warnings are held in the result (`filters/effects.py`) for
+    `finish_fetch` to apply if a serial pass would have filtered these batches."""
+    if not defer:
+        return _run_fetch(chain, plan, index, limits)
+    with deferred() as held:
+        run = _run_fetch(chain, plan, index, limits)
+    run.effects = held
+    return run
+
+
+def _run_fetch(chain: FilterChain, plan: FetchPlan, index: int,
+               limits: BatchLimits) -> FetchRun:
+    ctx = plan.ctx
+    native = plan.native
+    run = FetchRun()
+    parts = run.parts
+    records_out = 0
+
+    def fail(at: int, code: int, message: str,
+             refused: FilterStats | None = None) -> FetchRun:
+        run.failure = (code, message, refused)
+        run.records_out = records_out
+        plan.stopped_at(at)
+        return run
+
+    for at in range(plan.cuts[index], plan.cuts[index + 1]):
+        if at > plan.stop:
+            run.abandoned = True
+            return run
+        batch = plan.batches[at]
         header = batch.header
         if header.is_control or (header.record_count == 0 and len(batch.data) == HEADER_SIZE):
             parts.append(batch.data)  # nothing in it a filter could see
@@ -532,31 +658,29 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
             continue
         if header.record_count > header.last_offset_delta + 1:
             # More records than offsets: no broker writes that (compaction leaves fewer).
-            return fail(CORRUPT_MESSAGE, f"corrupt record batch: it declares "
-                                         f"{header.record_count} records with last offset "
-                                         f"delta {header.last_offset_delta}")
+            return fail(at, CORRUPT_MESSAGE, f"corrupt record batch: it declares "
+                                             f"{header.record_count} records with last offset "
+                                             f"delta {header.last_offset_delta}")
         plain, code, message = _open(batch, limits, CORRUPT_MESSAGE)
         if plain is None:
-            return fail(code, message)
+            return fail(at, code, message)
         if header.record_count == 0:
             parts.append(batch.data)  # a compressed empty section (_open refuses anything else)
             continue
         problem = _input_problem(batch, plain, limits, CORRUPT_MESSAGE)
         if problem is not None:
-            return fail(*problem)
+            return fail(at, *problem)
         ran = None
         if native:
             try:
                 ran = _run_native(chain, ctx, batch, plain, header.base_offset)
             except PartitionError as exc:
-                refused_fetch = fail(exc.code, exc.message)
-                refused_fetch.stats = [*out.stats, _refused(exc, chain, ctx)]
-                return refused_fetch
+                return fail(at, exc.code, exc.message, _refused(exc, chain, ctx))
         if ran is not None:
             nat, built = ran
-            _merge(out.stats, nat.stats)
+            _merge(run.stats, nat.stats)
             if nat.changed:
-                changed = True
+                run.changed = True
                 parts.append(built or build_batch_from_section(header, nat.records, nat.count))
                 records_out += nat.count
             else:
@@ -565,31 +689,70 @@ def filter_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
             continue
         decoded, code, message = _decode(batch, plain)
         if decoded is None:
-            return fail(code, message)
+            return fail(at, code, message)
         try:
             result = chain.run_records(ctx, decoded, offset_base=header.base_offset,
                                        timestamp_base=header.base_timestamp)
         except PartitionError as exc:
-            refused_fetch = fail(exc.code, exc.message)
-            refused_fetch.stats = [*out.stats, _refused(exc, chain, ctx)]
-            return refused_fetch
-        _merge(out.stats, result.stats)
-        out.dead_letters.extend(result.dead_letters)
+            return fail(at, exc.code, exc.message, _refused(exc, chain, ctx))
+        _merge(run.stats, result.stats)
+        run.dead_letters.extend(result.dead_letters)
         if not result.changed:
             parts.append(batch.data)
             records_out += header.record_count
             continue
-        changed = True
+        run.changed = True
         kept = cast(list[Record], [r for r, fate in zip(result.records, result.fates, strict=True)
                                    if fate not in (DROP, REJECT) and r is not None])
         parts.append(build_batch(header, kept))
         records_out += len(kept)
+    run.records_out = records_out
+    return run
+
+
+def finish_fetch(plan: FetchPlan, runs: Sequence[FetchRun]) -> FetchOutcome:
+    """The partition's outcome from its runs' results, in order: what one pass over every
+    batch gives. The first failure by order decides (with the stats of the batches before it,
+    as a serial pass, which stops there); the runs after it are dropped with their held
+    effects, and the held effects of the others are applied in order."""
+    if plan.outcome is not None:
+        return plan.outcome
+    batches = plan.batches
+    # Counted here once, for telemetry (paths/fetch.py), from the split the filters need.
+    out = FetchOutcome(plan.records, records_in=sum(b.header.record_count for b in batches),
+                       offsets=(batches[0].header.base_offset, batches[-1].header.last_offset)
+                       if batches else (None, None))
+    parts: list[Buffer] = []
+    changed = False
+    records_out = 0
+    for run in runs:
+        if run.abandoned:
+            # Only a run after a failed one stops early, and the failure returned first.
+            raise AssertionError("a run was abandoned though no earlier run failed")
+        if run.effects:
+            commit(run.effects)
+        if len(runs) == 1:
+            out.stats = run.stats  # merged batch by batch already
+        else:
+            _merge(out.stats, run.stats)
+        out.dead_letters.extend(run.dead_letters)
+        if run.failure is not None:
+            code, message, refused = run.failure
+            # As a serial pass: no records, no dead letters; the stats only when a filter
+            # refused the partition (counted against it).
+            refused_fetch = _failed(code, message)
+            if refused is not None:
+                refused_fetch.stats = [*out.stats, refused]
+            return refused_fetch
+        parts.extend(run.parts)
+        changed = changed or run.changed
+        records_out += run.records_out
     out.records_out = records_out
     if not changed:
         return out
     out.changed = True
-    if len(tail):
-        parts.append(tail)
+    if len(plan.tail):
+        parts.append(plan.tail)
     # Joined only if someone reads `records` (the splice copies the pieces into the frame).
     out.set_pieces(parts)
     return out
@@ -599,9 +762,15 @@ __all__ = [
     "CORRUPT_MESSAGE",
     "INVALID_RECORD",
     "NONE",
+    "RUN_MIN_BYTES",
     "UNSUPPORTED_COMPRESSION_TYPE",
     "FetchOutcome",
+    "FetchPlan",
+    "FetchRun",
     "ProduceOutcome",
     "filter_fetch",
     "filter_produce",
+    "finish_fetch",
+    "plan_fetch",
+    "run_fetch",
 ]

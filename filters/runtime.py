@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Final
 
@@ -54,6 +55,7 @@ from sluice.filters.admin import AdminResource, AdminVerdict, decode_admin_outpu
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Action, BatchResult, Decision, PartitionError
+from sluice.filters.effects import effect
 from sluice.filters.engine import FilterEngine, default_engine
 from sluice.filters.guest import GuestFailure
 from sluice.filters.host import BlockRunner, HostRunner
@@ -359,8 +361,7 @@ class LoadedFilter:
         except Exception as exc:
             if not isinstance(exc, GuestFailure):
                 instance.discard()
-            with self._counts:
-                self.native_fallbacks += 1
+            effect(self._count_fallback)
             if isinstance(exc, GuestFailure) and exc.kind == "timeout":
                 # A deadline is spent: do not spend it a second time on the same batch.
                 self._native_failure.last = (
@@ -381,17 +382,36 @@ class LoadedFilter:
             try:
                 return runner.run_native(ctx, records, count, offset_base, timestamp_base)
             except PartitionError as exc:
-                with self._counts:
-                    self.failures["partition"] += 1
-                self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
-                                     "filter_partition_error", code=exc.code,
-                                     reason=exc.message[:200], topic=ctx.topic,
-                                     partition=ctx.partition, records=count)
+                self._partition_error(exc, ctx, count)
                 raise
             except Exception:
-                with self._counts:
-                    self.native_fallbacks += 1
+                effect(self._count_fallback)
                 return None
+
+    # Failure counts and warnings go through `effects.effect`: a Fetch partition filtered in
+    # runs on several threads applies them only for the batches a serial pass would reach.
+    def _count_fallback(self) -> None:
+        with self._counts:
+            self.native_fallbacks += 1
+
+    def _partition_error(self, exc: PartitionError, ctx: RecordContext, records: int) -> None:
+        def counted() -> None:
+            with self._counts:
+                self.failures["partition"] += 1
+            self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
+                                 "filter_partition_error", code=exc.code,
+                                 reason=exc.message[:200], topic=ctx.topic,
+                                 partition=ctx.partition, records=records)
+
+        effect(counted)
+
+    def _record_failure(self, ctx: RecordContext, reason: str, index: int) -> None:
+        with self._counts:
+            self.failures["record"] += 1
+        self.repeats.warning(self._log, ("filter_failure", "record", ctx.topic),
+                             "filter_failure", call="record", reason=reason[:200],
+                             policy=self.spec.on_error, topic=ctx.topic,
+                             partition=ctx.partition, record_index=index)
 
     @property
     def instantiations(self) -> int:
@@ -417,14 +437,21 @@ class LoadedFilter:
             kind, message = "init", str(exc)
         else:
             kind, message = "internal", f"{type(exc).__name__}: {exc}"
-        with self._counts:
-            self.failures[kind] += 1
         topic = ctx.topic if ctx else None
-        self.repeats.warning(self._log, ("filter_failure", what, kind, topic), "filter_failure",
-                             call=what, kind=kind, reason=message[:200],
-                             policy=self.spec.on_error, records=records, topic=topic,
-                             partition=ctx.partition if ctx else None,
-                             exc_info=kind == "internal")
+        partition = ctx.partition if ctx else None
+        # The exception itself for a bug of ours: the warning may be applied after this
+        # handler is left (filters/effects.py), where exc_info=True would find nothing.
+        exc_info: BaseException | bool = exc if kind == "internal" else False
+
+        def counted() -> None:
+            with self._counts:
+                self.failures[kind] += 1
+            self.repeats.warning(self._log, ("filter_failure", what, kind, topic),
+                                 "filter_failure", call=what, kind=kind, reason=message[:200],
+                                 policy=self.spec.on_error, records=records, topic=topic,
+                                 partition=partition, exc_info=exc_info)
+
+        effect(counted)
         return f"{kind}: {message}"
 
     def run_batch(self, ctx: RecordContext, records: Sequence[RecordLike], *,
@@ -451,12 +478,7 @@ class LoadedFilter:
                     raise remembered[1]  # the native call on this batch already failed
                 decisions, detectors = instance.run(ctx, records, offset_base, timestamp_base)
             except PartitionError as exc:
-                with self._counts:
-                    self.failures["partition"] += 1
-                self.repeats.warning(self._log, ("filter_partition_error", exc.code, ctx.topic),
-                                     "filter_partition_error", code=exc.code,
-                                     reason=exc.message[:200], topic=ctx.topic,
-                                     partition=ctx.partition, records=len(records))
+                self._partition_error(exc, ctx, len(records))
                 raise
             except Exception as exc:
                 # GuestFailure, a failed re-initialisation, or a bug of ours: a trapped
@@ -474,12 +496,7 @@ class LoadedFilter:
             failed += 1
             if failure is None:
                 # A per-record failure (in-place and Connect ABIs): count and log it here.
-                with self._counts:
-                    self.failures["record"] += 1
-                self.repeats.warning(self._log, ("filter_failure", "record", ctx.topic),
-                                     "filter_failure", call="record", reason=d.failure[:200],
-                                     policy=self.spec.on_error, topic=ctx.topic,
-                                     partition=ctx.partition, record_index=i)
+                effect(partial(self._record_failure, ctx, d.failure, i))
             if apply_policy:
                 decisions[i] = self._policy(d.failure)
         return BatchResult(decisions, detectors, failure, failed,

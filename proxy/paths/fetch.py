@@ -8,10 +8,10 @@ Only partitions of topics with fetch filters are touched; batch boundaries, base
 offset deltas, control batches and a truncated trailing batch survive (sluice.filters.pipeline).
 A filter failure is reported on that partition, never as a top-level error (consumers treat a
 top-level error like an empty topic and loop quietly). Filters run in the filter thread pool;
-telemetry is emitted when the response is sent. A large response's partitions may be filtered
-on several of the pool's threads at once when their filters keep no state between calls
-(`filters/parallel.py`); their results are spliced in the partitions' order, as a serial pass
-would.
+telemetry is emitted when the response is sent. A large response's partitions, and runs of
+consecutive batches of one large partition, may be filtered on several of the pool's threads at
+once when their filters keep no state between calls (`filters/parallel.py`,
+`pipeline.plan_fetch`); their results are joined and spliced in order, as a serial pass would.
 
 The response is scanned, not decoded (`sluice.codec.fetch_splice`): the filters get the records
 of the filtered topics' partitions as views of the broker's frame, and their output is spliced
@@ -38,7 +38,13 @@ from sluice.filters import blocking
 from sluice.filters.chain import DeadLetter, FilterChain
 from sluice.filters.context import RecordContext
 from sluice.filters.parallel import Helpers, map_ordered
-from sluice.filters.pipeline import FetchOutcome, filter_fetch
+from sluice.filters.pipeline import (
+    FetchOutcome,
+    filter_fetch,
+    finish_fetch,
+    plan_fetch,
+    run_fetch,
+)
 from sluice.proxy.contract import ClientInfo
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
@@ -268,6 +274,11 @@ def _batch_fields(name: str, part: int, records: Any, outcome: FetchOutcome,
 #: Below this many bytes of filtered records a response is filtered on one thread: handing
 #: partitions to another thread costs a wake-up and ~30 µs of CPU.
 SPREAD_MIN_BYTES = 64 * 1024
+#: Runs of batches (`pipeline.plan_fetch`) per filter thread that a spread response is cut
+#: into: more than one, so that a thread that starts late or runs slow (a loaded machine)
+#: leaves its share to the others; taking a run costs a lock, not a wake-up (the helpers
+#: stay on the queue until it is empty).
+RUNS_PER_THREAD = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,9 +306,10 @@ def _filter_scanned(
     """Runs in the filter thread pool (each batch within `limits`): filters the partitions of
     the filtered topics and splices their new records and error codes into the frame.
 
-    With `helpers`, partitions run on several pool threads at once when every filter they meet
-    may (`LoadedFilter.concurrent`) and there is enough to share; the results are taken in the
-    partitions' order either way, so frame, telemetry and dead letters are the serial pass's."""
+    With `helpers`, partitions (and runs of one partition's batches) run on several pool
+    threads at once when every filter they meet may (`LoadedFilter.concurrent`) and there is
+    enough to share; the results are taken in order either way, so frame, telemetry, dead
+    letters and failure counts are the serial pass's."""
     records: dict[tuple[int, int], Any] = {}
     errors: dict[tuple[int, int], int] = {}
     batches: list[dict[str, Any]] = []
@@ -318,12 +330,18 @@ def _filter_scanned(
             for j, part in enumerate(topic.partitions) if part.records
         )
 
-    def run(p: _Part) -> FetchOutcome:
-        ctx = RecordContext(p.name, p.partition, "fetch", client_id, principal)
-        return filter_fetch(chain, ctx, p.blob, limits=limits, checked=True)
-
     spread = helpers if _may_spread(chain, parts, principal) else None
-    for p, outcome in zip(parts, map_ordered(run, parts, spread), strict=True):
+    if spread is None:
+        outcomes = [
+            filter_fetch(chain, RecordContext(p.name, p.partition, "fetch", client_id,
+                                              principal), p.blob, limits=limits, checked=True)
+            for p in parts
+        ]
+        spread_out = False
+    else:
+        outcomes, spread_out = _filter_spread(chain, parts, client_id, principal, limits,
+                                              spread)
+    for p, outcome in zip(parts, outcomes, strict=True):
         if outcome.dead_letters:
             dead.append(outcome.dead_letters)
         out: Any = p.blob
@@ -334,21 +352,49 @@ def _filter_scanned(
             # The pieces as built: the splice copies them into the frame once.
             out = records[(p.topic, p.index)] = outcome.pieces
         batches.append(_batch_fields(p.name, p.partition, p.blob, outcome, out))
-    spread_out = spread is not None and spread.threads > 1
     if not records and not errors:
         return _Spliced(frame, batches, dead, spread_out)
     return _Spliced(splice_fetch_records(frame, layout, records, errors), batches, dead,
                     spread_out)
 
 
+def _filter_spread(chain: FilterChain, parts: list[_Part], client_id: str | None,
+                   principal: str | None, limits: BatchLimits,
+                   helpers: Helpers) -> tuple[list[FetchOutcome], bool]:
+    """The partitions' outcomes, filtered on several pool threads at once, and whether they
+    were. The work is shared out in runs of consecutive batches (`pipeline.plan_fetch`): a
+    partition gets runs in proportion to its share of the bytes, about `RUNS_PER_THREAD` per
+    thread in all, so that one large partition (the benchmark's workload 1) is shared too.
+    Each partition's runs are joined in order (`pipeline.finish_fetch`), which gives what a
+    serial pass gives: pieces, counts, stats, dead letters, the first failure by offset, and
+    the filters' failure counts and warnings (held per run and applied only for the batches a
+    serial pass reaches)."""
+    total = sum(len(p.blob) for p in parts)
+    want = helpers.threads * RUNS_PER_THREAD
+    plans = [
+        plan_fetch(chain, RecordContext(p.name, p.partition, "fetch", client_id, principal),
+                   p.blob, checked=True, runs=max(1, want * len(p.blob) // max(1, total)))
+        for p in parts
+    ]
+    pieces = [(plan, i) for plan in plans for i in range(plan.runs)]
+    spread = len(pieces) > 1 and helpers.threads > 1
+    results = iter(map_ordered(
+        lambda piece: run_fetch(chain, piece[0], piece[1], limits, defer=spread),
+        pieces, helpers if spread else None,
+    ))
+    return [finish_fetch(plan, [next(results) for _ in range(plan.runs)])
+            for plan in plans], spread
+
+
 def _may_spread(chain: FilterChain, parts: list[_Part], principal: str | None) -> bool:
-    """Whether `parts` may be filtered on several threads at once: two or more, enough bytes
-    to be worth a thread's wake-up, on a thread that may wait (never inline on the event
-    loop), and only filters that keep no state between calls (a stateful one would see the
-    partitions in an order that changes from run to run): stateless Wasm filters, and host
-    filters whose runner may be called from several threads at once on fetch
-    (`HostRunner.concurrent`: builtin:encrypt, builtin:block)."""
-    if len(parts) < 2 or not blocking.allowed():
+    """Whether `parts` may be filtered on several threads at once: enough bytes to be worth a
+    thread's wake-up, on a thread that may wait (never inline on the event loop), and only
+    filters that keep no state between calls (a stateful one would see the partitions, or
+    one partition's batches, in an order that changes from run to run): stateless Wasm
+    filters, and host filters whose runner may be called from several threads at once on
+    fetch (`HostRunner.concurrent`: builtin:encrypt, builtin:block). Whether there is more
+    than one piece of work to share is `_filter_spread`'s to find out."""
+    if not parts or not blocking.allowed():
         return False
     if sum(len(p.blob) for p in parts) < SPREAD_MIN_BYTES:
         return False

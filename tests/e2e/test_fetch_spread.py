@@ -1,7 +1,7 @@
-"""A consumer reading a masked topic of several partitions through a real `sluice serve` in
-front of Apache Kafka: the Fetch responses' partitions are masked on two filter threads at
-once (builtin pii-mask keeps no state between calls), and the consumer gets every record,
-masked, in each partition's order."""
+"""A consumer reading a masked topic through a real `sluice serve` in front of Apache Kafka: the
+Fetch responses' partitions, or runs of the batches of a topic's one partition, are masked on
+two filter threads at once (builtin pii-mask keeps no state between calls), and the consumer
+gets every record, masked, in each partition's order."""
 
 from __future__ import annotations
 
@@ -84,3 +84,58 @@ def test_masked_partitions_are_filtered_side_by_side_and_arrive_in_order(
             assert "@example.com" not in v["user"], "an e-mail address reached the consumer"
             assert v["note"] == "x" * 120
     assert spread >= 1, "no Fetch response was filtered on two threads"
+
+
+def test_one_large_partition_is_masked_in_runs_and_arrives_in_order(
+    broker: Any, tmp_path: Path
+) -> None:
+    """The benchmark's workload 1 in small: one uncompressed partition, read with fetch sizes
+    that bring several MiB in one response. With one partition there is nothing else to
+    share, so any response filtered on two threads was cut into runs of batches."""
+    topic = unique("split-pii")
+    create_topic(broker.bootstrap, topic, partitions=1)
+    count = 30_000
+    records = [
+        (None, json.dumps({
+            "seq": i, "user": f"user{i}@example.com", "note": "y" * 130,
+        }).encode())
+        for i in range(count)
+    ]
+    # Batches of ~128 KiB, so that a response holds dozens of them.
+    placed = confluent_produce(broker.bootstrap, topic, records,
+                               **{"batch.size": 131072, "linger.ms": 20})
+    assert [offset for _partition, offset in placed] == list(range(count))
+    metrics = free_port()
+    config = {
+        "metrics": {"listen": f"127.0.0.1:{metrics}"},
+        "proxy": {"filter_threads": 2},
+        "filters": [{"name": "mask", "module": "builtin:pii-mask", "topics": [topic],
+                     "apply_to": ["fetch"]}],
+    }
+    path = tmp_path / "sluice.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    with SluiceProxy(upstream=broker.bootstrap, config=path) as proxy:
+        consumer = Consumer({
+            "bootstrap.servers": proxy.bootstrap, "group.id": unique("split"),
+            "enable.auto.commit": False, "max.partition.fetch.bytes": 8 << 20,
+            "fetch.max.bytes": 16 << 20, **QUIET,
+        })
+        got: list[tuple[int, Any]] = []
+        try:
+            consumer.assign([TopicPartition(topic, 0, 0)])
+            idle = 0
+            while len(got) < count and idle < 60:
+                batch = consumer.consume(10_000, 0.5)
+                idle = 0 if batch else idle + 1
+                for msg in batch:
+                    assert msg.error() is None, msg.error()
+                    got.append((msg.offset(), json.loads(msg.value())))
+        finally:
+            consumer.close()
+        spread = spread_responses(metrics)
+    assert [offset for offset, _v in got] == list(range(count)), "offsets out of order"
+    assert [v["seq"] for _o, v in got] == list(range(count)), "records out of order"
+    for _offset, v in got:
+        assert "@example.com" not in v["user"], "an e-mail address reached the consumer"
+        assert v["note"] == "y" * 130
+    assert spread >= 1, "no Fetch response of the one partition was filtered in runs"

@@ -1,4 +1,5 @@
-"""A Fetch response's partitions filtered on several pool threads give the serial pass's bytes.
+"""A Fetch response's partitions, and runs of one partition's batches, filtered on several pool
+threads give the serial pass's bytes.
 
 Real chains (the shipped pii-mask build, a hand-written test module declared stateless that
 traps or rejects on marked records, one left stateful, and builtin:encrypt over a local
@@ -28,6 +29,7 @@ from sluice.codec.messages import ApiKey, encode_response
 from sluice.crypto.kms import KmsSettings
 from sluice.crypto.kms_local import LocalKeyring
 from sluice.crypto.record_filter import EncryptRunner
+from sluice.filters import pipeline
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext
@@ -182,6 +184,151 @@ def test_spread_pass_gives_the_serial_pass_bytes_telemetry_and_dead_letters(
     stateful = "keep.d" in parts
     # Spread only with two or more partitions of stateless filters and none stateful.
     assert bool(spawned) == (n_filtered + len(parts.get("keep.d", ())) >= 2 and not stateful)
+
+
+# One partition's batches cut into runs (pipeline.plan_fetch): up to 6 batches, optionally one
+# with a bad CRC (the serial pass stops there: what the runs after it did must leave no trace,
+# e.g. the traps of up.* batches behind it in the filters' failure counters).
+split_partition_st = st.tuples(st.integers(1, 40), st.lists(st.integers(0, 39), max_size=3),
+                               st.sampled_from([CODEC_NONE, CODEC_LZ4]), st.integers(1, 6),
+                               st.one_of(st.none(), st.integers(0, 5)))
+CRC_AT = 17  # base offset 8, length 4, leader epoch 4, magic 1
+
+
+def corrupted(batch: bytes) -> bytes:
+    return batch[:CRC_AT] + bytes([batch[CRC_AT] ^ 0xFF]) + batch[CRC_AT + 1:]
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(layout=st.dictionaries(st.sampled_from(TOPICS),
+                              st.lists(split_partition_st, min_size=1, max_size=2), min_size=1),
+       seed=st.integers(0, 9), runs_per_thread=st.integers(1, 4))
+def test_split_partitions_give_the_serial_pass_bytes_telemetry_and_counters(
+    chain: FilterChain, pool: ThreadPoolExecutor, layout: dict[str, list[Any]], seed: int,
+    runs_per_thread: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fetch_path, "SPREAD_MIN_BYTES", 0)
+    monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 0)
+    monkeypatch.setattr(fetch_path, "RUNS_PER_THREAD", runs_per_thread)
+    parts: dict[str, list[bytes]] = {}
+    for topic, partitions in layout.items():
+        parts[topic] = [
+            b"".join(
+                (corrupted if b == bad else bytes)(
+                    make_batch(values_for(topic, n, marks, seed + b), codec=codec,
+                               base_offset=b * n))
+                for b in range(batches)
+            )
+            for n, marks, codec, batches, bad in partitions
+        ]
+    frame = fetch_frame(parts)
+    serial, spawned = serial_and_spread_agree(chain, frame, pool)
+    if "keep.d" in parts:
+        assert spawned == [], "a stateful filter's partition was shared out"
+    elif sum(len(parts[t]) for t in parts if t != "plain") == 1:
+        # One filtered partition: shared out only as runs of its batches.
+        (batches,) = [p[3] for t, ps in layout.items() if t != "plain" for p in ps]
+        assert not spawned or batches >= 2
+    for b in serial.batches:
+        bad = layout[b["topic"]][b["partition"]][4]
+        if bad is not None and bad < layout[b["topic"]][b["partition"]][3]:
+            assert b["error_code"] == 2  # CORRUPT_MESSAGE, from the batch with the bad CRC
+
+
+def outcome_fields(outcome: Any) -> tuple[Any, ...]:
+    """What a partition's FetchOutcome hands on (its stats' run times zeroed)."""
+    return (bytes(outcome.records), outcome.error_code, outcome.error_message, outcome.changed,
+            outcome.records_in, outcome.records_out, outcome.offsets, outcome.dead_letters,
+            [dataclasses.replace(s, time_ns=0) for s in outcome.stats])
+
+
+def runs_in_order(chain: FilterChain, ctx: RecordContext, blob: bytes, runs: int,
+                  order: list[int]) -> Any:
+    """The partition cut into `runs` runs, filtered one after another in `order` (as threads
+    may finish them), with their effects held, then joined."""
+    plan = pipeline.plan_fetch(chain, ctx, blob, checked=True, runs=runs)
+    done: dict[int, Any] = {}
+    for i in order:
+        if i < plan.runs:
+            done[i] = pipeline.run_fetch(chain, plan, i, defer=True)
+    return pipeline.finish_fetch(plan, [done[i] for i in range(plan.runs)])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(topic=st.sampled_from(["pii.a", "up.c"]), n=st.integers(1, 20),
+       marks=st.lists(st.integers(0, 19), max_size=3), batches=st.integers(2, 6),
+       bad=st.one_of(st.none(), st.integers(0, 5)), codec=st.sampled_from([CODEC_NONE, CODEC_LZ4]),
+       order=st.permutations(range(6)), seed=st.integers(0, 9))
+def test_runs_finished_in_any_order_give_the_serial_pass(
+    chain: FilterChain, topic: str, n: int, marks: list[int], batches: int, bad: int | None,
+    codec: int, order: list[int], seed: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run behind a failing batch (bad CRC) that finished first, trapping the upper filter
+    on its marked records: a serial pass stops at the failing batch, so those traps must not
+    be counted (the run's held effects are dropped), and the outcome is the serial one."""
+    monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 0)
+    blob = b"".join(
+        (corrupted if b == bad else bytes)(
+            make_batch(values_for(topic, n, marks, seed + b), codec=codec, base_offset=b * n))
+        for b in range(batches)
+    )
+    ctx = RecordContext(topic, 0, "fetch", "consumer")
+    before = failures(chain)
+    serial = pipeline.filter_fetch(chain, ctx, blob, checked=True)
+    middle = failures(chain)
+    split = runs_in_order(chain, ctx, blob, batches, order)
+    after = failures(chain)
+    assert outcome_fields(split) == outcome_fields(serial)
+    assert {k: after["upper"].get(k, 0) - middle["upper"].get(k, 0) for k in after["upper"]} == {
+        k: middle["upper"].get(k, 0) - before["upper"].get(k, 0) for k in after["upper"]}
+
+
+def test_one_large_partition_is_filtered_in_runs_on_two_instances(
+    chain: FilterChain, pool: ThreadPoolExecutor,
+) -> None:
+    """Workload 1's shape: one uncompressed partition of 200-byte JSON values in batches of a
+    few thousand records. Its runs of batches go to the job's thread and a pool helper, each
+    on a pii-mask instance of its own, and the frame is the serial pass's."""
+    blob = b"".join(make_batch([EMAIL % (b * 2000 + i) for i in range(2000)],
+                               base_offset=b * 2000) for b in range(8))
+    frame = fetch_frame({"pii.a": [blob]})
+    assert len(blob) >= 2 * pipeline.RUN_MIN_BYTES
+    (pii,) = [f for f in chain.filters if f.name == "pii"]
+    instances = pii.instances
+    serial = run_scanned(chain, frame, None)
+    assert not serial.spread
+    for _ in range(20):  # the two threads overlap on some run (they race on a busy machine)
+        spawned: list[object] = []
+
+        def spawn(fn: Any, spawned: list[object] = spawned) -> object:
+            spawned.append(fn)
+            return pool.submit(fn)
+
+        out = pool.submit(run_scanned, chain, frame, Helpers(spawn, 2)).result()
+        assert spawned and out.spread
+        assert bytes(out.frame) == bytes(serial.frame)
+        assert telemetry(out.batches) == telemetry(serial.batches)
+        if pii.instances >= max(2, instances):
+            break
+    assert pii.instances >= 2
+    (fields,) = out.batches
+    assert (fields["offset_first"], fields["offset_last"], fields["records_in"]) == (
+        0, 8 * 2000 - 1, 8 * 2000)
+
+
+def test_a_stateful_filter_never_splits_a_partition(
+    chain: FilterChain, pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fetch_path, "SPREAD_MIN_BYTES", 0)
+    monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 0)
+    blob = b"".join(make_batch([b"abc %d" % i] * 50, base_offset=i * 50) for i in range(8))
+    spawned: list[object] = []
+    out = run_scanned(chain, fetch_frame({"keep.d": [blob]}),
+                      Helpers(lambda fn: spawned.append(fn) or pool.submit(fn), 2))
+    assert spawned == [] and not out.spread
+    assert b"ABC 7" in bytes(out.frame)
 
 
 def test_a_stateful_filter_keeps_the_response_on_one_thread(
@@ -350,6 +497,76 @@ def test_spread_encrypt_gives_the_serial_pass_bytes_telemetry_and_counters(
                   if b["error_code"]}
         assert failed == {(t, p): 56 for t, ps in layout.items() if t != "plain"
                           for p, x in enumerate(ps) if x[3]}
+
+
+enc_split_st = st.tuples(st.integers(1, 30), st.sampled_from([CODEC_NONE, CODEC_LZ4]),
+                         st.integers(2, 5), st.one_of(st.none(), st.integers(0, 4)))
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(topic=st.sampled_from(["encv.a", "encf.a"]), partition=enc_split_st,
+       principal=st.sampled_from([READER, "User:other"]), seed=st.integers(0, 9))
+def test_one_encrypted_partition_split_in_runs_gives_the_serial_pass(
+    enc: EncSetup, pool: ThreadPoolExecutor, topic: str, partition: Any, principal: str,
+    seed: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One partition, its batches opened in runs on two threads; from batch `stale_from` on
+    they were sealed under a KEK version the reader's KMS does not know, so the serial pass
+    fails the partition there (56) and counts one failure: the runs behind it, which fail too,
+    must not count theirs."""
+    monkeypatch.setattr(fetch_path, "SPREAD_MIN_BYTES", 0)
+    monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 0)
+    n, codec, batches, stale_from = partition
+    # Each batch at its own offsets (sealed() numbers every call's from 0).
+    blob = b"".join(
+        _at_offset(sealed(enc.stale if stale_from is not None and b >= stale_from
+                          else enc.sealer, topic, 0, n, codec, 1, seed + b * n), b * n)
+        for b in range(batches)
+    )
+    frame = fetch_frame({topic: [blob]})
+    serial, spawned = serial_and_spread_agree(enc.reader, frame, pool, principal)
+    assert spawned
+    (fields,) = serial.batches
+    failing = principal == READER and stale_from is not None and stale_from < batches
+    assert fields["error_code"] == (56 if failing else 0)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(topic=st.sampled_from(["encv.a", "encf.a"]), partition=enc_split_st,
+       order=st.permutations(range(5)), seed=st.integers(0, 9))
+def test_encrypted_runs_finished_in_any_order_count_one_refusal(
+    enc: EncSetup, topic: str, partition: Any, order: list[int], seed: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runs behind the first batch the reader's KMS cannot open also fail (56); when they
+    finish first, their refusals are held and dropped: one failure counted, as serially."""
+    monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 0)
+    n, codec, batches, stale_from = partition
+    blob = b"".join(
+        _at_offset(sealed(enc.stale if stale_from is not None and b >= stale_from
+                          else enc.sealer, topic, 0, n, codec, 1, seed + b * n), b * n)
+        for b in range(batches)
+    )
+    ctx = RecordContext(topic, 0, "fetch", "consumer", READER)
+    before = failures(enc.reader)
+    serial = pipeline.filter_fetch(enc.reader, ctx, blob, checked=True)
+    middle = failures(enc.reader)
+    split = runs_in_order(enc.reader, ctx, blob, batches, order)
+    after = failures(enc.reader)
+    assert outcome_fields(split) == outcome_fields(serial)
+    moved = {f: {k: after[f].get(k, 0) - middle[f].get(k, 0) for k in after[f]} for f in after}
+    assert moved == {f: {k: middle[f].get(k, 0) - before[f].get(k, 0) for k in after[f]}
+                     for f in after}
+    failing = stale_from is not None and stale_from < batches
+    assert serial.error_code == (56 if failing else 0)
+    assert sum(moved[topic[:4]].values()) == (1 if failing else 0)
+
+
+def _at_offset(batch: bytes, base_offset: int) -> bytes:
+    """`batch` moved to `base_offset` (the base offset is outside the CRC)."""
+    return base_offset.to_bytes(8, "big") + batch[8:]
 
 
 class _MeetingKms:
