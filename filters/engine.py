@@ -59,7 +59,7 @@ MAX_CATCH_UP_TICKS: Final = 2
 #: How often the ticker asks whether a guest call is in flight (to park after idle_after_s).
 IDLE_CHECK_S: Final = 0.01
 #: How often the native ticker's watcher (a Python thread, so it takes the GIL) asks the same.
-WATCH_S: Final = 0.025
+WATCH_S: Final = 0.05
 # Settings that affect compiled code; part of the cache key. Change both together.
 _ENGINE_SETTINGS: Final = (
     ("epoch_interruption", True),
