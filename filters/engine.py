@@ -101,13 +101,15 @@ class _NativeTicker:
             raise RuntimeError("could not start the native epoch ticker")
 
     def park(self) -> None:
-        _et_lib.et_park(self._t)
+        if self._t is not None:
+            _et_lib.et_park(self._t)
 
     def resume(self) -> None:
-        _et_lib.et_resume(self._t)
+        if self._t is not None:
+            _et_lib.et_resume(self._t)
 
     def ticks(self) -> int:
-        return int(_et_lib.et_ticks(self._t))
+        return int(_et_lib.et_ticks(self._t)) if self._t is not None else 0
 
     def stop(self) -> None:
         # After a fork the thread does not exist in this process: leave the memory alone.
@@ -280,7 +282,9 @@ class FilterEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=1.0)
-        if self._native is not None:
+        # The watcher calls into the native ticker: free it only once the watcher is gone (a
+        # watcher still alive leaves the C thread running on its own engine clone, harmless).
+        if self._native is not None and not self._thread.is_alive():
             self._native.stop()
 
     @property
