@@ -8,7 +8,8 @@ The tree is used as it is on disk (its own Python, C and YAML; the same virtuale
 packages as this checkout). `prepare` makes a directory holding a `sluice` package whose
 rooms are that tree's folders (the layout `pyproject.toml` maps at install), and a
 `sitecustomize` that takes the editable install of this checkout off the import path, builds
-the tree's native modules (crypto/batch_seal.c, codec/record_check.c) in place, and returns
+the tree's native modules (crypto/batch_seal.c, codec/record_check.c, filters/epoch_ticker.c
+where the tree has it) in place, and returns
 how to start a process that imports the tree: `sluice serve` runs with that directory on
 PYTHONPATH and as its working directory.
 """
@@ -26,7 +27,8 @@ from pathlib import Path
 #: holds the package's own modules).
 ROOMS = ("codec", "crypto", "filters", "proxy", "spark_audit", "telemetry_schema", "transforms")
 #: Native modules built at install, by their build scripts' module names.
-BUILDS = ("sluice.crypto.batch_seal_build", "sluice.codec.record_check_build")
+BUILDS = ("sluice.crypto.batch_seal_build", "sluice.codec.record_check_build",
+          "sluice.filters.epoch_ticker_build")
 _SITECUSTOMIZE = '''"""bench/baseline.py: `sluice` from this directory, not the editable install."""
 import sys
 
@@ -61,6 +63,9 @@ def prepare(tree: Path) -> Source:
     (shim / "sitecustomize.py").write_text(_SITECUSTOMIZE, encoding="utf-8")
     source = Source(tree, {"PYTHONPATH": str(shim)}, shim)
     for module in BUILDS:
+        # An older tree may lack a later native module (it then runs without it).
+        if not (tree / Path(*module.split(".")[1:])).with_suffix(".py").is_file():
+            continue
         # The build scripts write next to their own (resolved) file: into the tree.
         subprocess.run([sys.executable, "-m", module], check=True, cwd=shim,
                        env=dict(os.environ, **source.env), stdout=subprocess.DEVNULL)

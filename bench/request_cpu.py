@@ -12,7 +12,9 @@ Variants run in interleaved slices on one broker, so machine drift hits them ali
 
     .venv/bin/python -m bench.request_cpu --seconds 5 --slices 5 [--mask] [--other /path/to/python]
 
-Prints one line per slice and a summary (median CPU µs per request per variant).
+Prints one line per slice (with the split between the event loop's thread and the others:
+the filter pool, the Wasm epoch ticker; and how often per request the loop's thread was
+preempted) and a summary (median CPU µs per request per variant).
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ class Proxy:
         t = self.ps.cpu_times()
         return float(t.user + t.system)
 
+    def split(self) -> tuple[float, int]:
+        """CPU seconds of the event loop's thread (the main one) and its involuntary context
+        switches so far (from /proc: the loop preempted, e.g. waiting for the GIL or a core)."""
+        pid = self.process.pid
+        loop = next((t for t in self.ps.threads() if t.id == pid), None)
+        seconds = float(loop.user_time + loop.system_time) if loop is not None else 0.0
+        switches = 0
+        with open(f"/proc/{pid}/task/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("nonvoluntary_ctxt_switches:"):
+                    switches = int(line.split()[1])
+        return seconds, switches
+
     def stop(self) -> None:
         self.process.terminate()
         try:
@@ -130,10 +145,16 @@ def main(argv: list[str] | None = None) -> int:
             for k in range(args.slices):
                 for name in order if k % 2 == 0 else reversed(order):
                     before = proxies[name].cpu()
+                    loop_before, switches_before = proxies[name].split()
                     sent = one_slice(producers[name], f"cpu-{name}", values, args.rate)
                     micros = (proxies[name].cpu() - before) / sent * 1e6
+                    loop_after, switches_after = proxies[name].split()
+                    loop_us = (loop_after - loop_before) / sent * 1e6
                     results[name].append(micros)
-                    print(f"slice {k} {name}: {micros:.1f} CPU µs per request ({sent} requests)")
+                    print(f"slice {k} {name}: {micros:.1f} CPU µs per request ({sent} requests;"
+                          f" loop thread {loop_us:.1f}, other threads {micros - loop_us:.1f};"
+                          f" loop preempted {(switches_after - switches_before) / sent:.2f}"
+                          " times per request)")
             print(f"one-record produce requests at {args.rate}/s"
                   f"{' with pii-mask' if args.mask else ''}, {args.slices} slices of "
                   f"{args.seconds:g} s; proxy CPU µs per request and response:")

@@ -232,6 +232,22 @@ build_record_check() {
     exit 2; }
 }
 
+# The native epoch ticker of filters/engine.py, filters/_epoch_ticker*.so (cffi API mode, plain
+# C and pthreads): advances wasmtime's epoch without taking the GIL; rebuilt when missing or older
+# than its sources. Without it the engine runs its Python ticker (same deadlines, 500 GIL
+# wake-ups a second while guests are busy).
+build_epoch_ticker() {
+  local so
+  so="$(ls filters/_epoch_ticker*.so 2>/dev/null | head -1 || true)"
+  if [ -n "$so" ] && [ "$so" -nt filters/epoch_ticker.c ] && [ "$so" -nt filters/epoch_ticker_build.py ]; then
+    return 0
+  fi
+  say "building the native epoch ticker (filters/epoch_ticker.c)"
+  "$VENV/bin/python" -m sluice.filters.epoch_ticker_build || {
+    echo "could not build filters/epoch_ticker.c: it needs gcc and Python's headers" >&2
+    exit 2; }
+}
+
 compile_project() {
   "$VENV/bin/python" -m compileall -q -j 0 sluice codec crypto filters proxy spark_audit \
     telemetry_schema transforms
@@ -386,6 +402,7 @@ install_all() {
   check_python_sandbox
   build_batch_seal
   build_record_check
+  build_epoch_ticker
   install_node_tools
   install_kafka
   install_spark_kafka

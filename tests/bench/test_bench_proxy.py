@@ -67,6 +67,13 @@ def test_a_baseline_tree_is_what_its_processes_import(tmp_path: Path) -> None:
                         ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     source = baseline.prepare(tree)
     assert list((tree / "crypto").glob("_batch_seal*.so")), "the tree's sealer was built"
+    assert list((tree / "filters").glob("_epoch_ticker*.so")), "and its epoch ticker"
+    # A tree from before a native module existed is prepared without it.
+    older = tmp_path / "older"
+    shutil.copytree(tree, older, ignore=shutil.ignore_patterns("_epoch_ticker*.so"))
+    (older / "filters" / "epoch_ticker_build.py").unlink()
+    baseline.prepare(older)
+    assert not list((older / "filters").glob("_epoch_ticker*.so"))
     out = subprocess.run(
         [sys.executable, "-c", "import sluice.crypto.batch_seal as m; print(m.__file__)"],
         cwd=source.cwd, env=dict(os.environ, **source.env), capture_output=True, text=True,

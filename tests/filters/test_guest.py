@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -9,7 +10,13 @@ import pytest
 import wasmtime
 
 from sluice.filters.context import FilterRecord, RecordContext
-from sluice.filters.engine import MAX_CATCH_UP_TICKS, FilterEngine, default_engine
+from sluice.filters.engine import (
+    MAX_CATCH_UP_TICKS,
+    WATCH_S,
+    FilterEngine,
+    default_engine,
+    native_ticker_available,
+)
 from sluice.filters.guest import GuestFailure, GuestInstance
 from sluice.filters.runtime import LoadedFilter
 
@@ -154,7 +161,9 @@ def test_start_function_loop_is_stopped_even_when_the_ticker_is_parked() -> None
     engine = FilterEngine(tick_ms=2)
     engine.idle_after_s = 0.01
     try:
-        time.sleep(0.1)
+        deadline = time.monotonic() + 2
+        while not engine.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert engine.idle
         module = wasmtime.Module(engine.engine,
                                  '(module (func $s (loop $l (br $l))) (start $s))')
@@ -197,8 +206,8 @@ def test_a_late_ticker_does_not_charge_the_gap_to_guests() -> None:
 @pytest.mark.serial
 def test_the_ticker_asks_whether_calls_are_in_flight_only_now_and_then() -> None:
     # Every tick still advances the epoch, but walking the instances (to park when idle) is
-    # done every IDLE_CHECK_S, not 500 times a second.
-    engine = FilterEngine(tick_ms=2)
+    # done every IDLE_CHECK_S, not 500 times a second (the Python ticker, the fallback).
+    engine = FilterEngine(tick_ms=2, native=False)
     ticks: list[int] = []
     engine._increment = lambda: ticks.append(1)
     asked: list[int] = []
@@ -223,6 +232,103 @@ def test_the_ticker_asks_whether_calls_are_in_flight_only_now_and_then() -> None
         time.sleep(0.4)
         assert len(ticks) >= 50, "the epoch advances every tick"
         assert 1 <= len(asked) <= len(ticks) // 3
+    finally:
+        engine.close()
+
+
+needs_native = pytest.mark.skipif(not native_ticker_available(),
+                                  reason="filters/_epoch_ticker not built (scripts/dev.sh install)")
+
+
+@needs_native
+@pytest.mark.serial
+def test_the_native_ticker_advances_the_epoch_while_python_holds_the_gil() -> None:
+    # Issue 29: the Python ticker had to win the GIL 500 times a second from the event loop.
+    # The native one never asks for it: with switches held off, a busy Python loop on this
+    # thread stops the Python ticker dead and does not slow the native one.
+    native = FilterEngine(tick_ms=2)
+    python = FilterEngine(tick_ms=2, native=False)
+    assert native.native and not python.native
+
+    class InFlight:
+        depth = 1  # a guest call in progress keeps both awake
+
+    held = InFlight()
+    for engine in (native, python):
+        engine.register(held)
+        engine.wake()
+    switch = sys.getswitchinterval()
+    try:
+        time.sleep(0.1)
+        sys.setswitchinterval(30.0)
+        before = (native.ticks_added(), python.ticks_added())
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:  # holds the GIL: no call here releases it
+            pass
+        after = (native.ticks_added(), python.ticks_added())
+    finally:
+        sys.setswitchinterval(switch)
+        native.close()
+        python.close()
+    assert after[0] - before[0] >= 30, "the native ticker kept advancing the epoch"
+    assert after[1] - before[1] <= MAX_CATCH_UP_TICKS + 1, "the Python one waited for the GIL"
+    assert not native.running
+
+
+@needs_native
+@pytest.mark.serial
+def test_the_native_tickers_watcher_asks_about_calls_only_now_and_then() -> None:
+    engine = FilterEngine(tick_ms=2)
+    asked: list[int] = []
+    busy = engine.busy
+
+    def counted() -> bool:
+        asked.append(1)
+        return busy()
+
+    engine.busy = counted  # type: ignore[method-assign]
+
+    class InFlight:
+        depth = 1  # keeps the ticker awake
+
+    held = InFlight()
+    engine.register(held)
+    engine.wake()
+    try:
+        time.sleep(0.05)
+        asked.clear()
+        ticks = engine.ticks_added()
+        time.sleep(0.4)
+        ticks = engine.ticks_added() - ticks
+        assert ticks >= 50, "the epoch advances every tick"
+        assert 1 <= len(asked) <= 0.4 / WATCH_S + 2
+        assert not engine.idle
+    finally:
+        engine.close()
+
+
+@needs_native
+def test_the_native_ticker_parks_and_a_call_wakes_it() -> None:
+    engine = FilterEngine(tick_ms=2)
+    engine.idle_after_s = 0.02
+    try:
+        deadline = time.monotonic() + 2
+        while not engine.idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.idle
+        parked = engine.ticks_added()
+        time.sleep(0.1)
+        assert engine.ticks_added() - parked <= 1, "a parked ticker does not tick"
+        module = wasmtime.Module(engine.engine, '(module (func (export "spin") (loop $l (br $l))))')
+        g = GuestInstance(engine, module, wasmtime.Linker(engine.engine), memory_bytes=65536,
+                          timeout_ms=40)
+        spin = g.func("spin")
+        assert spin is not None
+        started = time.perf_counter()
+        with pytest.raises(GuestFailure) as info:
+            spin()
+        assert info.value.kind == "timeout"
+        assert 0.03 <= time.perf_counter() - started < 1.0
     finally:
         engine.close()
 
