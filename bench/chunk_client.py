@@ -12,7 +12,8 @@ stdout (``{"error": ...}`` when a step failed; the child then exits):
 - ``{"op": "prepare", "topic": T}``: learn T's metadata and deliver one record to it, untimed,
   so the chunk that follows starts with the leader's connection and the topic's metadata known.
 - ``{"op": "produce", "topic": T, "records": N}``: produce N of the ~200-byte JSON values
-  (bench.workload.json_records) and flush; timed from the first produce() to flush()'s return.
+  (bench.workload.json_records) and flush; timed from the first produce() to flush()'s return,
+  and the part of it after the last produce() (``tail``: only the requests in flight then).
 - ``{"op": "consume", "topic": T, "records": N}``: a fresh batch-API consumer reads N records
   from offset 0 of every partition of T; timed from the moment its first record is returned
   (a first consume() for one record) to its last record, over the records after the first
@@ -64,6 +65,10 @@ class Timed:
     thread_cpu: float
     requests: int = 0  # with --shapes: Produce or Fetch requests in the span
     rtt_us: float = 0.0  # with --shapes: their mean round trip
+    #: produce only: seconds from the last produce() call's return to flush()'s (the tail,
+    #: when only requests already built are in flight; the rest of `seconds` is the loop
+    #: that hands records to librdkafka, which never blocks: its queue holds a chunk)
+    tail: float = 0.0
 
     @property
     def records_per_request(self) -> float:
@@ -178,9 +183,11 @@ class _Side:
         cpu0, thread0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
         for v in values:
             produce(topic, value=v)
+        looped = time.perf_counter()
         self._flush()
         t1, thread1, cpu1 = time.perf_counter(), time.thread_time(), time.process_time()
         answer = _answer(records, t1 - t0, cpu1 - cpu0, thread1 - thread0)
+        answer["tail"] = t1 - looped
         if self.shapes:
             after = self.produce_shapes.fresh(self.producer.poll)
             answer.update(self.produce_shapes.since(before, after))

@@ -75,6 +75,10 @@ class Row:
     consume_client: list[Timed] = field(default_factory=list)
     middle_cpu: float = 0.0  # seconds, over the whole run
     middle_bytes: int = 0
+    # CPU seconds per produce chunk (in produce_client's order) of the process in the middle
+    # and of the broker behind it: with the client's own, what one record costs in all
+    produce_middle: list[float] = field(default_factory=list)
+    produce_broker: list[float] = field(default_factory=list)
 
     def cpu_per_gb(self) -> float | None:
         return self.middle_cpu / (self.middle_bytes / 1e9) if self.middle_bytes else None
@@ -105,6 +109,8 @@ class Harness:
         self.points = points
         self.clients = clients
         self.chunk = chunk
+        # The broker's process, for its CPU per record (None: not found, counted as 0).
+        self.brokers = {name: targets.listener_pid(p.broker) for name, p in points.items()}
 
     def _topics(self, names: Sequence[str]) -> dict[str, str]:
         topics = {}
@@ -122,13 +128,19 @@ class Harness:
     def _timed(self, name: str, run: Run | None, op: str, topic: str, records: int) -> Timed:
         """One chunk of `op` by `name`'s client, with the middle process's CPU around it."""
         pid = self.points[name].target.pid
-        cpu0 = targets.cpu_seconds(pid)
+        broker = self.brokers.get(name)
+        cpu0, broker0 = targets.cpu_seconds(pid), targets.cpu_seconds(broker)
         client = self.clients[name]
         t = client.produce(topic, records) if op == "produce" else client.consume(topic, records)
-        if run is not None and pid is not None:
+        middle = targets.cpu_seconds(pid) - cpu0
+        if run is not None:
             row = run.rows.setdefault(name, Row())
-            row.middle_cpu += targets.cpu_seconds(pid) - cpu0
-            row.middle_bytes += int(records * run.record_bytes)
+            if op == "produce":
+                row.produce_middle.append(middle)
+                row.produce_broker.append(targets.cpu_seconds(broker) - broker0)
+            if pid is not None:
+                row.middle_cpu += middle
+                row.middle_bytes += int(records * run.record_bytes)
         return t
 
     def warm(self, name: str, records: int) -> None:
@@ -282,17 +294,40 @@ def report(run: Run) -> str:
 
 
 def _shapes_report(run: Run) -> list[str]:
-    """Records per request and round trips (librdkafka's statistics), medians over chunks."""
+    """Records per request and round trips (librdkafka's statistics); where a produce chunk's
+    time went (the loop handing records to librdkafka, then flush()'s tail), medians over
+    chunks; and the CPU one produced record cost the client, the broker and the middle, over
+    the run."""
     lines = [
-        "| variant | records / Produce | Produce round trip ms | records / Fetch "
-        "| Fetch round trip ms |",
-        "|---|---:|---:|---:|---:|",
+        "| variant | records / Produce | Produce round trip ms | produce loop ms "
+        "| flush tail ms | records / Fetch | Fetch round trip ms "
+        "| produce CPU µs/rec client / broker / middle | all three | direct's all three / this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    direct_total = None
     for name, row in run.rows.items():
-        cells = []
-        for chunks in (row.produce_client, row.consume_client):
-            cells.append(f"{pairs.median([t.records_per_request for t in chunks]):.0f}")
-            cells.append(f"{pairs.median([t.rtt_us / 1000 for t in chunks]):.2f}")
+        p, c = row.produce_client, row.consume_client
+        # Sums over the run, not medians per chunk: psutil counts other processes' CPU in
+        # 10 ms ticks, coarse against one chunk's tens of ms.
+        records = sum(t.records for t in p)
+        per_rec = [
+            1e6 * sum(cpus) / records if records else 0.0
+            for cpus in ([t.cpu for t in p], row.produce_broker, row.produce_middle)
+        ]
+        total = sum(per_rec)
+        if name == "direct":
+            direct_total = total
+        cells = [
+            f"{pairs.median([t.records_per_request for t in p]):.0f}",
+            f"{pairs.median([t.rtt_us / 1000 for t in p]):.2f}",
+            f"{pairs.median([1000 * (t.seconds - t.tail) for t in p]):.1f}",
+            f"{pairs.median([1000 * t.tail for t in p]):.1f}",
+            f"{pairs.median([t.records_per_request for t in c]):.0f}",
+            f"{pairs.median([t.rtt_us / 1000 for t in c]):.2f}",
+            " / ".join(f"{x:.2f}" for x in per_rec),
+            f"{total:.2f}",
+            f"{direct_total / total:.2f}" if direct_total and total else "-",
+        ]
         lines.append(f"| {name} | {' | '.join(cells)} |")
     return lines
 

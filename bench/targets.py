@@ -91,6 +91,16 @@ def cpu_seconds(pid: int | None) -> float:
     return total
 
 
+def listener_pid(address: str) -> int | None:
+    """The pid of the process listening on `address` ("host:port", this machine), None if
+    none is found: lets a harness count the broker's CPU as it counts the middle's."""
+    port = int(address.rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            return conn.pid
+    return None
+
+
 def pin(pid: int, cpus: set[int]) -> int:
     """Restrict a process, every thread it has, and its children's, to `cpus` (what `taskset
     -a -p` does): Linux applies an affinity per thread, and a thread started later inherits

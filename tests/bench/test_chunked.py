@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench import chunked, workload
+from bench import chunked, targets, workload
 from bench.chunk_client import ChunkClient, Timed
 from tests.harness.broker import TansuBroker
+from tests.harness.ports import free_port
 
 
 def test_pairs_alternate_which_side_goes_first() -> None:
@@ -27,6 +28,34 @@ def test_a_busy_direct_client_is_reported_as_the_possible_cap() -> None:
     assert "direct's produce client kept its Python thread busy 95 %" in text
     assert "consume client" not in text
     assert "| direct | 10 | - | 10 | - | - | 150000.00 / 20000.00 | 95 / 10 |" in text
+
+
+def test_shapes_split_a_chunk_and_add_up_what_a_record_cost_every_process() -> None:
+    run = chunked.Run(chunked.WORKLOADS[1], 1000, 200.0)
+    # direct: 1.0 + 0.5 µs a record; the middle adds 0.25 and slows the tail.
+    direct = Timed(records=1000, seconds=0.010, cpu=0.001, thread_cpu=0.001, requests=4,
+                   rtt_us=2000.0, tail=0.002)
+    middle = Timed(records=1000, seconds=0.012, cpu=0.001, thread_cpu=0.001, requests=4,
+                   rtt_us=3000.0, tail=0.004)
+    run.rows["direct"] = chunked.Row(produce=[1e5], consume=[1e5], produce_client=[direct],
+                                     consume_client=[direct], produce_middle=[0.0],
+                                     produce_broker=[0.0005])
+    run.rows["sluice"] = chunked.Row(produce=[8e4], consume=[1e5], produce_ratio=[0.8],
+                                     consume_ratio=[1.0], produce_client=[middle],
+                                     consume_client=[middle], produce_middle=[0.00025],
+                                     produce_broker=[0.0005])
+    text = chunked.report(run)
+    # records/Produce, round trip, loop, tail, records/Fetch, round trip, CPU, sum, ratio
+    assert ("| direct | 250 | 2.00 | 8.0 | 2.0 | 250 | 2.00 "
+            "| 1.00 / 0.50 / 0.00 | 1.50 | 1.00 |") in text
+    assert ("| sluice | 250 | 3.00 | 8.0 | 4.0 | 250 | 3.00 "
+            "| 1.00 / 0.50 / 0.25 | 1.75 | 0.86 |") in text
+
+
+def test_the_broker_is_found_by_the_port_it_listens_on(broker: TansuBroker) -> None:
+    assert broker.process is not None
+    assert targets.listener_pid(broker.bootstrap) == broker.process.pid
+    assert targets.listener_pid(f"127.0.0.1:{free_port()}") is None
 
 
 def test_bad_arguments_are_refused_with_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,6 +80,8 @@ def test_one_client_process_produces_chunks_and_times_consumers_from_their_first
             assert t.records == 3000 and t.seconds > 0 and t.cpu > 0
             # --shapes: librdkafka's statistics counted the chunk's Produce requests.
             assert 1 <= t.requests <= 3000 and t.rtt_us > 0
+            # flush()'s tail is part of the chunk's span, after the produce() loop.
+            assert 0 < t.tail < t.seconds
         assert read.requests >= 1 and read.rtt_us > 0
         # The clock starts when the first record is there: it counts the 6 000 after it.
         assert read.records == 6000 and read.seconds > 0
