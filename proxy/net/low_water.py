@@ -1,13 +1,15 @@
 """One wake-up per large frame instead of one per TCP segment: the receive low-water mark.
 
-A ~93 KB Produce request (benchmark workload 2) reaches the proxy over loopback in several
-segments, and a 1 MB Fetch response in ~16, and the event loop used to wake for each: an
+A large Produce request (benchmark workload 2: ~93 KB on average, up to ~1 MB) or Fetch
+response reaches the proxy over loopback in pieces, and the event loop used to wake for each
+piece that had arrived (`strace`: reads of 38, 46 and 207 KB for one request): an
 `epoll_pwait`, a `read`, and the Python that hands the chunk to the frame buffer, although
 nothing can be done with a frame until it is whole. While a frame of which at least
 `MIN_MARK` bytes are still missing is in assembly, the session sets the socket's
-`SO_RCVLOWAT` to the bytes missing (at most `MAX_MARK`), so the kernel wakes the loop once
-they are there; the mark goes back to 1 as soon as no such frame is in assembly, before the
-loop waits again, so a small frame after a large one is read at once.
+`SO_RCVLOWAT` to the bytes missing (at most `MAX_MARK`; lowered only when fewer are missing
+than the mark), so the kernel wakes the loop once they are there; the mark goes back to 1 as
+soon as no such frame is in assembly, before the loop waits again, so a small frame after a
+large one is read at once.
 
 Why this cannot stall a connection: Linux reports end of stream and errors as readable
 whatever the mark; it caps the mark at half the largest receive buffer the socket may have and
@@ -26,9 +28,11 @@ from typing import Any
 #: Below this many missing bytes a frame is finished by the next segment or two anyway: two
 #: `setsockopt` calls would cost more than the wake-ups they save.
 MIN_MARK = 8 * 1024
-#: Marks are capped: past this the loop reads what is there (uvloop reads 256 KiB at a time),
-#: and the kernel never grows a receive buffer to more than about twice the mark for it.
-MAX_MARK = 1024 * 1024
+#: Marks are capped at what uvloop reads in one call (256 000 bytes): a larger mark would
+#: not save a read, and a mark at most this large stays valid while a large frame is read in
+#: such chunks, so it is set about three times per frame (at its start, for its last chunk,
+#: back to 1), not after every read. The kernel grows a receive buffer to about twice the mark.
+MAX_MARK = 256_000
 
 
 class LowWater:
@@ -52,8 +56,14 @@ class LowWater:
 
     def wait_for(self, missing: int) -> None:
         """A frame in assembly lacks `missing` bytes (0: none in assembly)."""
-        mark = 1 if missing < MIN_MARK else min(missing, MAX_MARK)
-        if mark == self._mark or self._sock is None:
+        current = self._mark
+        if missing < MIN_MARK:
+            mark = 1
+        elif 1 < current <= missing:
+            return  # still no more than what must come: wakes the loop no later than due
+        else:
+            mark = min(missing, MAX_MARK)
+        if mark == current or self._sock is None:
             return
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)

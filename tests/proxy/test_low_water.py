@@ -171,7 +171,14 @@ def test_no_mark_for_small_remainders() -> None:
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 1
             mark.wait_for(50_000)
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 50_000
+            mark.wait_for(60_000)  # more missing than the mark (cannot happen in a frame): kept
+            assert mark.mark == 50_000
+            mark.wait_for(40_000)  # fewer missing than the mark: lowered
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 40_000
+            mark.wait_for(0)
             mark.wait_for(10 * low_water.MAX_MARK)
+            assert mark.mark == low_water.MAX_MARK
+            mark.wait_for(5 * low_water.MAX_MARK)  # still no more than what must come: kept
             assert mark.mark == low_water.MAX_MARK
             mark.wait_for(0)
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 1
