@@ -35,6 +35,13 @@ MIN_MARK = 8 * 1024
 MAX_MARK = 256_000
 
 
+def low_water(transport: Any) -> LowWater | None:
+    """The mark of the transport's socket; None where none can be set (TLS, not TCP): the
+    session then makes no call per read."""
+    mark = LowWater(transport)
+    return mark if mark.settable else None
+
+
 class LowWater:
     """The receive low-water mark of one socket, set only when it changes."""
 
@@ -49,6 +56,10 @@ class LowWater:
         if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
             return  # not TCP (a test's socketpair)
         self._sock = sock
+
+    @property
+    def settable(self) -> bool:
+        return self._sock is not None
 
     @property
     def mark(self) -> int:

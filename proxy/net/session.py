@@ -40,7 +40,7 @@ from sluice.proxy.net.connection import (
     Wake,
 )
 from sluice.proxy.net.job_placement import JobPlacement
-from sluice.proxy.net.low_water import LowWater
+from sluice.proxy.net.low_water import LowWater, low_water
 from sluice.proxy.ops.gc_pauses import thread_gc_time
 from sluice.proxy.paths.base import IN_POOL, try_inline
 from sluice.proxy.telemetry.logs import log, repeats
@@ -163,7 +163,7 @@ class Session(asyncio.Protocol):
             except OSError:
                 pass  # not TCP (a test's socketpair) or already gone
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self._client_mark = LowWater(transport)
+        self._client_mark = low_water(transport)
         if self._principal_of is not None:
             # A verified client certificate names the principal (SASL, if any, overrides).
             self.client.principal = self._principal_of(transport.get_extra_info("peercert"))
@@ -211,7 +211,7 @@ class Session(asyncio.Protocol):
     def broker_connected(self, transport: asyncio.Transport) -> None:
         self._broker = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self._broker_mark = LowWater(transport)
+        self._broker_mark = low_water(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
