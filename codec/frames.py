@@ -51,6 +51,13 @@ class FrameBuffer:
         """Bytes buffered that do not yet form a whole frame."""
         return len(self._buf)
 
+    @property
+    def missing(self) -> int:
+        """Bytes still to come before the frame in assembly is whole (0 when no frame's size
+        prefix has been read yet: nothing is known to be coming)."""
+        need = self._need
+        return need - len(self._buf) if need else 0
+
     def _check(self, size: int) -> None:
         if size < 0 or size > self.max_frame_size:
             raise FrameTooLarge(f"declared frame size {size} outside 0..{self.max_frame_size}")

@@ -477,6 +477,17 @@ class Connection:
         return self._client_side.paused
 
     @property
+    def request_missing(self) -> int:
+        """Bytes of the client's frame in assembly not read yet (0: none in assembly). The I/O
+        layer may wait for that many before its next read (`net/low_water.py`)."""
+        return self._client_frames.missing
+
+    @property
+    def response_missing(self) -> int:
+        """Likewise for the broker's frame in assembly."""
+        return self._broker_frames.missing
+
+    @property
     def closed(self) -> Close | None:
         """Why the connection closed; None while it is open."""
         return self._closed

@@ -40,6 +40,7 @@ from sluice.proxy.net.connection import (
     Wake,
 )
 from sluice.proxy.net.job_placement import JobPlacement
+from sluice.proxy.net.low_water import LowWater, low_water
 from sluice.proxy.ops.gc_pauses import thread_gc_time
 from sluice.proxy.paths.base import IN_POOL, try_inline
 from sluice.proxy.telemetry.logs import log, repeats
@@ -104,6 +105,9 @@ class Session(asyncio.Protocol):
         self._placement = placement
         self._client: asyncio.Transport | None = None
         self._broker: asyncio.Transport | None = None
+        # Each socket's receive low-water mark (one wake-up per large frame, low_water.py).
+        self._client_mark: LowWater | None = None
+        self._broker_mark: LowWater | None = None
         self._early: list[bytes] = []  # client bytes before the broker connection is up
         self._early_eof = False
         self._live = False  # the broker connection is up and the early bytes replayed
@@ -159,6 +163,7 @@ class Session(asyncio.Protocol):
             except OSError:
                 pass  # not TCP (a test's socketpair) or already gone
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self._client_mark = low_water(transport)
         if self._principal_of is not None:
             # A verified client certificate names the principal (SASL, if any, overrides).
             self.client.principal = self._principal_of(transport.get_extra_info("peercert"))
@@ -195,6 +200,8 @@ class Session(asyncio.Protocol):
         self._live = True
         while self._early and not self._ended:
             self._do(self.conn.client_data(self._early.pop(0)))
+        if self._client_mark is not None and not self._ended:
+            self._client_mark.wait_for(self.conn.request_missing)
         if self._early_eof and not self._ended:
             self._do(self.conn.client_eof())
         assert self._client is not None
@@ -204,6 +211,7 @@ class Session(asyncio.Protocol):
     def broker_connected(self, transport: asyncio.Transport) -> None:
         self._broker = transport
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self._broker_mark = low_water(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -224,6 +232,9 @@ class Session(asyncio.Protocol):
                 self._client.pause_reading()
             return
         self._do(conn.client_data(data))
+        mark = self._client_mark
+        if mark is not None and not self._ended:
+            mark.wait_for(conn.request_missing)
 
     def eof_received(self) -> bool:
         if not self._live:
@@ -249,8 +260,12 @@ class Session(asyncio.Protocol):
 
     # ------------------------------------------------------------ broker side (from _BrokerSide)
     def broker_data(self, data: bytes) -> None:
-        if self.conn is not None and not self._ended:
-            self._do(self.conn.broker_data(data))
+        conn = self.conn
+        if conn is not None and not self._ended:
+            self._do(conn.broker_data(data))
+            mark = self._broker_mark
+            if mark is not None and not self._ended:
+                mark.wait_for(conn.response_missing)
 
     def broker_eof(self) -> None:
         if self.conn is not None and not self._ended:

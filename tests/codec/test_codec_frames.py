@@ -141,3 +141,27 @@ def test_a_frame_fed_byte_by_byte_holds_about_its_own_size() -> None:
     assert held < 1.3 * len(data)
     (out,) = fb.feed(data[-1:])
     assert bytes(out) == data[4:]
+
+
+@given(
+    bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=2000), max_size=12),
+)
+def test_missing_is_what_the_frame_in_assembly_still_lacks(
+    bodies: list[bytes], cuts: list[int]
+) -> None:
+    """After any chunk: 0 if no size prefix is pending whole, else the bytes from the stream's
+    position to the end of the frame that prefix announced."""
+    stream = b"".join(frame(b) for b in bodies)
+    ends, at = [], 0
+    for body in bodies:
+        ends.append((at + 4, at + 4 + len(body)))  # (prefix read, frame whole)
+        at += 4 + len(body)
+    fb = FrameBuffer()
+    points = sorted({min(c, len(stream)) for c in cuts} | {len(stream)})
+    start = 0
+    for point in points:
+        fb.feed(stream[start:point])
+        start = point
+        expected = next((end - point for head, end in ends if head <= point < end), 0)
+        assert fb.missing == expected

@@ -1,0 +1,188 @@
+"""A large frame wakes the proxy once, not once per segment; a small frame after it is read at
+once; TLS sockets keep the default mark (proxy/net/low_water.py).
+
+On the proxy's real event loop (uvloop, the real `ProxyServer` and `Session`) against a fake
+broker: the client sends a 400 KB request in 20 pieces with pauses between them, the broker
+answers it the same way, and the test counts the reads the session was handed on each side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvloop
+
+from sluice.codec.headers import request_header_bytes
+from sluice.codec.messages import ApiKey
+from sluice.proxy.net import low_water
+from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.net.session import Session
+from sluice.proxy.net.tls import ServerTLS
+from sluice.proxy.ops.config import ProxyConfig
+from tests.harness.ports import free_port_block
+from tests.proxy.tls_certs import make_pki
+
+LARGE = 400_000
+PIECES = 20
+VERSION = 4  # Heartbeat: no path inspects it, so it is relayed as its bytes
+
+
+def _request(correlation_id: int, extra: int) -> bytes:
+    body = request_header_bytes(ApiKey.HEARTBEAT, VERSION, correlation_id, "t") + bytes(extra)
+    return struct.pack(">i", len(body)) + body
+
+
+def _response(correlation_id: int, extra: int) -> bytes:
+    body = struct.pack(">i", correlation_id) + bytes(range(256)) * (extra // 256)
+    return struct.pack(">i", len(body)) + body
+
+
+async def _in_pieces(write: Any, drain: Any, data: bytes) -> None:
+    step = len(data) // PIECES + 1
+    for at in range(0, len(data), step):
+        write(data[at : at + step])
+        await drain()
+        await asyncio.sleep(0.01)
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    size = struct.unpack(">i", await reader.readexactly(4))[0]
+    return await reader.readexactly(size)
+
+
+async def _exchange(tls_dir: Path | None, counts: dict[str, int]) -> dict[str, Any]:
+    config = ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
+    client_ssl: ssl.SSLContext | None = None
+    if tls_dir is not None:
+        pki = make_pki(tls_dir)
+        config.tls = ServerTLS(cert=pki.server_cert, key=pki.server_key)
+        client_ssl = ssl.create_default_context(cafile=str(pki.ca))
+    seen: dict[str, Any] = {}
+
+    async def broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        large = await _read_frame(reader)
+        seen["large request"] = len(large)
+        await _in_pieces(writer.write, writer.drain, _response(1, LARGE))
+        small = await _read_frame(reader)
+        seen["small request"] = len(small)
+        writer.write(_response(2, 0))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    fake = await asyncio.start_server(broker, "127.0.0.1", 0)
+    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
+    server = ProxyServer(config)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection(*config.listen, ssl=client_ssl)
+        request = _request(1, LARGE)
+        # The first piece alone, then the session's mark while the rest is missing.
+        writer.write(request[:20_000])
+        await writer.drain()
+        for _ in range(500):
+            if server.sessions and counts["client"]:
+                break
+            await asyncio.sleep(0.01)
+        (session,) = server.sessions
+        assert isinstance(session, Session)
+        client_mark = session._client_mark
+        seen["mark"] = 1 if client_mark is None else client_mark.mark
+        sock: Any = session._client.get_extra_info("socket")  # type: ignore[union-attr]
+        seen["socket mark"] = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+        before = dict(counts)
+        await _in_pieces(writer.write, writer.drain, request[20_000:])
+        large = await asyncio.wait_for(_read_frame(reader), 20)
+        seen["client reads"] = counts["client"] - before["client"]
+        seen["broker reads"] = counts["broker"] - before["broker"]
+        seen["large response"] = large == _response(1, LARGE)[4:]
+        # A small request right after: read at once (the mark went back to 1).
+        writer.write(_request(2, 0))
+        await writer.drain()
+        small = await asyncio.wait_for(_read_frame(reader), 5)
+        seen["small response"] = small == _response(2, 0)[4:]
+        seen["mark after"] = 1 if client_mark is None else client_mark.mark
+        seen["has mark"] = client_mark is not None
+        writer.close()
+        return seen
+    finally:
+        await server.close()
+        fake.close()
+
+
+def _run(tls_dir: Path | None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    counts = {"client": 0, "broker": 0}
+    client_read, broker_read = Session.data_received, Session.broker_data
+
+    def count_client(self: Session, data: bytes) -> None:
+        counts["client"] += 1
+        client_read(self, data)
+
+    def count_broker(self: Session, data: bytes) -> None:
+        counts["broker"] += 1
+        broker_read(self, data)
+
+    monkeypatch.setattr(Session, "data_received", count_client)
+    monkeypatch.setattr(Session, "broker_data", count_broker)
+    return uvloop.run(_exchange(tls_dir, counts))
+
+
+@pytest.mark.serial
+def test_a_large_frame_wakes_the_proxy_once_per_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _run(None, monkeypatch)
+    header = len(request_header_bytes(ApiKey.HEARTBEAT, VERSION, 1, "t"))
+    assert seen["large request"] == header + LARGE
+    assert seen["large response"] and seen["small response"]
+    missing = header + LARGE - (20_000 - 4)
+    assert seen["mark"] == seen["socket mark"] == min(missing, low_water.MAX_MARK)
+    # 19 more pieces sent 10 ms apart: without the mark, about one read each. With it, the
+    # pieces that came before the mark was set, then what uvloop reads at once (256 KB a read).
+    assert seen["client reads"] <= 5, seen
+    assert seen["broker reads"] <= 5, seen
+    assert seen["mark after"] == 1 and seen["has mark"]
+
+
+def test_tls_sockets_keep_the_default_mark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _run(tmp_path, monkeypatch)
+    assert seen["large response"] and seen["small response"]
+    assert seen["mark"] == seen["socket mark"] == 1
+    assert not seen["has mark"]  # no call per read at all
+
+
+def test_no_mark_for_small_remainders() -> None:
+    class _Transport:
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+
+        def get_extra_info(self, key: str) -> Any:
+            return self.sock if key == "socket" else None
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        with socket.create_connection(listener.getsockname()) as sock:
+            mark = low_water.LowWater(_Transport(sock))
+            mark.wait_for(low_water.MIN_MARK - 1)
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 1
+            mark.wait_for(50_000)
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 50_000
+            mark.wait_for(60_000)  # more missing than the mark (cannot happen in a frame): kept
+            assert mark.mark == 50_000
+            mark.wait_for(40_000)  # fewer missing than the mark: lowered
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 40_000
+            mark.wait_for(0)
+            mark.wait_for(10 * low_water.MAX_MARK)
+            assert mark.mark == low_water.MAX_MARK
+            mark.wait_for(5 * low_water.MAX_MARK)  # still no more than what must come: kept
+            assert mark.mark == low_water.MAX_MARK
+            mark.wait_for(0)
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 1
+    finally:
+        listener.close()
