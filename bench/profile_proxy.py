@@ -31,9 +31,11 @@ from bench import bench_proxy, latency, rig, targets, workload
 from tests.harness.broker import TansuBroker
 
 #: Where a thread that does nothing is found (py-spy --idle): the pool's wait for work, a
-#: condition or lock wait, the event loop's poll.
+#: condition or lock wait, the event loop's poll (uvloop polls in C: the innermost Python
+#: frame is `Runner.run`), the epoch ticker's sleep.
 _IDLE_FRAMES = ("_worker (concurrent/futures/thread.py", "wait (threading.py",
-                "get (queue.py", "select (selectors.py", "run_forever")
+                "get (queue.py", "select (selectors.py", "run_forever", "Runner.run (",
+                "FilterEngine._tick (")
 
 
 def summarise(collapsed: Path, top: int) -> str:
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         "--latency", action="store_true", help="profile the fixed-rate latency workload instead"
     )
     ap.add_argument("--native", action="store_true", help="include native (C) frames")
+    ap.add_argument("--proxy-yaml", default="",
+                    help="appended to the variant's config (e.g. 'proxy: {spread_produce: false}')")
     ap.add_argument("--threads", action="store_true",
                     help="sample idle threads too and split the samples per thread")
     ap.add_argument("--workload", type=int, choices=(1, 2), default=None,
@@ -103,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                     else rig.ENCRYPT)
         configs[args.variant] = template.format(path=json.dumps(str(out.parent / "keys.json")))
     fetching = args.variant in ("mask-fetch", "encrypt-fetch", "encrypt-fields-fetch")
-    with TansuBroker() as broker, targets.sluice(broker.bootstrap, configs[args.variant]) as t:
+    config = configs[args.variant]
+    if args.proxy_yaml:
+        config = (config or "") + "\n" + args.proxy_yaml + "\n"
+    with TansuBroker() as broker, targets.sluice(broker.bootstrap, config) as t:
         w = bench_proxy.WORKLOADS.get(args.workload or 0)
         topic = workload.make_topic(t.bootstrap, **({"partitions": w.partitions} if w else {}))
         compression = w.compression if w else "lz4"  # workload.produce's default

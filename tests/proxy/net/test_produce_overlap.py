@@ -321,3 +321,70 @@ def test_proxy_spread_produce_and_filter_threads_decide_whether_produce_jobs_ove
     with pytest.raises(ConfigFileError,
                        match=r"sluice\.yaml:2: proxy\.spread_produce: must be true or false"):
         overlap_of("proxy:\n  spread_produce: 'no'\n")
+
+
+def test_other_requests_wait_behind_overlapping_jobs_and_keep_their_place(
+    chain: FilterChain, pool: ThreadPoolExecutor,
+) -> None:
+    """Only Produce requests go ahead: a Metadata request (no path here: its bytes pass) read
+    between two masked Produce requests waits, and so does everything behind it."""
+    metadata = request_frame(ApiKey.METADATA, 12, 2, topics=None, allow_auto_topic_creation=False)
+    first = build([("pii.a", 5, -1, [])])[0]
+    second = produce_frame(3, "pii.a", [value("pii.a", i, None) for i in range(5)], -1, 5)
+    conn = Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), routes(chain, True), Metrics())
+    actions = conn.client_data(first + metadata + second)
+    jobs = [a for a in actions if isinstance(a, StartJob)]
+    assert len(jobs) == 1 and not [a for a in actions if isinstance(a, SendToBroker)]
+    out = conn.job_done(jobs[0].job_id, jobs[0].job.run())
+    (send,) = [a for a in out if isinstance(a, SendToBroker)]
+    forwarded = frames_of(send.data)
+    assert len(forwarded) == 2 and forwarded[1] == metadata[4:]
+    (job,) = [a for a in out if isinstance(a, StartJob)]
+    (send,) = [a for a in conn.job_done(job.job_id, job.job.run()) if isinstance(a, SendToBroker)]
+    assert parse_request_header(frames_of(send.data)[0]).correlation_id == 3
+
+
+def test_a_request_ahead_is_filtered_again_under_a_chain_installed_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """Two masked requests in jobs side by side; the chain is replaced by one that filters
+    nothing on their topic before either is forwarded: both go out as the client sent them,
+    as a serial pass that gave them to their path after the reload would have sent them."""
+    # A chain of its own: the reload closes it once its jobs are done.
+    chain = FilterChain.from_specs(
+        [FilterSpec(name="pii", module="builtin:pii-mask", topics=("pii.*",),
+                    apply_to=frozenset({"produce"}))],
+        cache_dir=tmp_path / "cache",
+    )
+    other = FilterChain.from_specs(
+        [FilterSpec(name="pii", module="builtin:pii-mask", topics=("elsewhere",),
+                    apply_to=frozenset({"produce"}))],
+        cache_dir=tmp_path / "cache",
+    )
+    chains = [chain]
+    topics = TopicRegistry()
+    metrics = Metrics()
+
+    def context(generation: int) -> PathContext:
+        return PathContext(
+            chain=chains[-1], generation=generation, directions=frozenset({"produce"}),
+            topics=topics, metrics=metrics, node_address=lambda n, h, p: (h, p),
+            open_upstream=None,  # type: ignore[arg-type]
+            overlap_produce=True,
+        )
+
+    table = Routes([ProducePath()], context, VersionTable())
+    frames = build([("pii.a", 5, -1, []), ("pii.a", 5, -1, [])])
+    conn = Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), table, metrics)
+    jobs = [a for a in conn.client_data(b"".join(frames)) if isinstance(a, StartJob)]
+    assert len(jobs) == 2
+    results = [job.job.run() for job in jobs]  # filtered (masked) under the first chain
+    chains.append(other)
+    table.install()
+    sent: list[bytes] = []
+    for job, result in zip(reversed(jobs), reversed(results), strict=True):
+        for a in conn.job_done(job.job_id, result):
+            if isinstance(a, SendToBroker):
+                sent += frames_of(a.data)
+    assert sent == [f[4:] for f in frames]  # unmasked: the chain in force decided
+    other.close()
