@@ -16,6 +16,11 @@ What lives here, and only here:
   response; a broker that answers anyway is tolerated and its answer dropped).
 - **Request order towards the broker.** While a request is deferred (a filter job, a config
   look-up), later requests wait behind it, so the broker sees them in the client's order.
+  Except behind a job that may overlap others (`Job.overlap`: filters that keep no state):
+  later Produce requests, up to `Limits.overlap_jobs` requests at a time, go to their path
+  at once and their jobs run beside it; what each leads to (bytes to the broker, a slot, an
+  answer, telemetry, dead letters) waits in `_ahead` and is applied in the client's order,
+  so the broker, the client and the side effects see what a serial pass would give.
 - **Back-pressure.** Reading from the client pauses while any request it sent waits in the
   queue (behind a deferred one, past the in-flight limit, or during a quota wait), too many
   requests are in flight, too many response bytes are held (from arrival until sent: being
@@ -26,7 +31,8 @@ What lives here, and only here:
 - **State, named.** Each socket is a `_Side` (writable, paused, ended) whose reading is
   paused and resumed only by `_Side.steer`, the one place Pause/Resume actions are made; the
   request stream is in one `_Phase`: flowing, deferred (one request in a job, later ones
-  queued behind it) or closed (`closed` holds the reason).
+  queued behind it), ahead (overlapping jobs, outcomes applied in order) or closed (`closed`
+  holds the reason).
 - **Chain changes in flight.** A response is sent only if it was processed by the router in
   force at send time, or its request pinned the path that handles it (`Forward.pin`);
   otherwise it is processed again from the broker's bytes (a Fetch that waited across a
@@ -106,6 +112,9 @@ class Limits:
     max_unanswered_acks0: int = 1024  # correlation ids of acks=0 requests remembered
     #: seconds a job (a filter run, a config look-up) may take before the connection closes
     job_deadline: float = 20.0
+    #: requests given to their path while an earlier one's overlapping job runs, the first
+    #: included (`Job.overlap`; the server sets proxy.filter_threads; below 2: never)
+    overlap_jobs: int = 2
 
 
 # ------------------------------------------------------------------ actions
@@ -207,6 +216,10 @@ class _Phase(enum.Enum):
     #: one request is in a job (a filter run, a config look-up); every later one waits in
     #: the queue behind it, so the broker sees them in the client's order
     DEFERRED = "deferred"
+    #: requests whose jobs overlap (`Job.overlap`) are in `_ahead`: later Produce requests
+    #: still go to their path (up to `Limits.overlap_jobs`, never past a serial one), anything
+    #: else waits in the queue; outcomes are applied in the client's order
+    AHEAD = "ahead"
     #: the connection is closed (`Connection.closed` says why); inputs are ignored
     CLOSED = "closed"
 
@@ -214,6 +227,7 @@ class _Phase(enum.Enum):
 # Module constants: compared by identity on the hot path.
 _FLOWING = _Phase.FLOWING
 _DEFERRED = _Phase.DEFERRED
+_AHEAD = _Phase.AHEAD
 _CLOSED = _Phase.CLOSED
 
 
@@ -254,6 +268,29 @@ class _Slot:
         self.started = time.monotonic()
 
 
+class _Ahead:
+    """A request given to its path while requests before it still had jobs running: what it
+    leads to waits here until every earlier one is applied (`Connection._advance`)."""
+
+    __slots__ = ("ctx", "effects", "generation", "outcome", "serial", "target")
+
+    def __init__(self, target: tuple[Exchange, bytes | memoryview], ctx: Any) -> None:
+        self.target = target
+        self.ctx = ctx
+        self.generation: int = ctx.generation  # the chain its path call ran under
+        #: the outcome to apply; None while its job runs
+        self.outcome: Any = None
+        #: a job that must not overlap later ones (a stateful filter, a look-up), or a
+        #: refusal: no later request goes to its path before this one is applied
+        self.serial = False
+        #: what its path asked for (telemetry, dead letters), handed out when it is applied
+        self.effects: list[Telemetry | DeadLetters] | None = None
+
+
+def _is_produce(frame: bytes | memoryview) -> bool:
+    return len(frame) >= 2 and frame[0] == 0 and frame[1] == _PRODUCE
+
+
 class Connection:
     """The sans-IO state of one client connection (see the module docstring)."""
 
@@ -285,6 +322,8 @@ class Connection:
         self._queued: deque[bytes | memoryview] = deque()
         self._held_bytes = 0  # response bytes held (see `_account`)
         self._phase = _FLOWING
+        # Requests given to their path behind overlapping jobs, in client order (phase AHEAD).
+        self._ahead: deque[_Ahead] = deque()
         # job id -> (kind, what it is for, its finish, the context it runs with)
         self._jobs: dict[int, tuple[str, Any, Callable[[Any], Any], Any]] = {}
         # job id -> (its deadline on the clock, Job.what), in start order
@@ -318,6 +357,7 @@ class Connection:
                 or self._queued
                 or len(self._slots) >= limit
                 or (self._mute_until and self._held_back())
+                or (self._phase is _AHEAD and not self._may_go_ahead(frame))
             ):
                 # One read can hold thousands of small requests: those past the in-flight
                 # limit (or behind a deferred one, or read while the client is held back by
@@ -369,6 +409,16 @@ class Connection:
             self._effects(exchange, out)
             self._phase = _FLOWING
             self._apply_request(subject, outcome, ctx, out, to_broker)
+            self._drain_queue(out, to_broker)
+        elif kind == "ahead":
+            entry: _Ahead = subject
+            try:
+                outcome = finish(result)
+            except (CodecError, Refused, UnknownNodes) as exc:
+                return self._close(out, str(exc), violation=True)
+            self._keep_effects(entry, entry.target[0])
+            self._settle(entry, outcome, out)
+            self._advance(out, to_broker)
             self._drain_queue(out, to_broker)
         else:
             self._finish_response(subject, finish, result, ctx, out, frozenset())
@@ -469,6 +519,7 @@ class Connection:
         return (
             bool(self._slots)
             or self._phase is _DEFERRED
+            or self._phase is _AHEAD
             or (self._mute_until > 0 and self._mute_until > self._clock())
         )
 
@@ -501,7 +552,10 @@ class Connection:
         limits = self.limits
         while (
             self._queued
-            and self._phase is _FLOWING
+            and (
+                self._phase is _FLOWING
+                or (self._phase is _AHEAD and self._may_go_ahead(self._queued[0]))
+            )
             and len(self._slots) < limits.max_inflight
             # Answers go out as soon as they are made: not while the client does not read.
             and self._client_side.writable
@@ -548,6 +602,9 @@ class Connection:
             # answered this one: requests after it wait until the client is within quota.
             self._mute(until)
         path = router.request_path(api_key)
+        if path is None and self._ahead:
+            self._go_ahead((exchange, frame), Forward(), router.ctx, out)
+            return
         if path is None:
             slot = _Slot(exchange, None)
             self._slots.append(slot)
@@ -559,6 +616,10 @@ class Connection:
             outcome = path.on_request(router.ctx, exchange, frame)
         except (CodecError, Refused, UnknownNodes) as exc:
             self._close(out, str(exc), violation=True)
+            return
+        if self._ahead:
+            # Behind overlapping jobs: applied once every earlier request is.
+            self._go_ahead((exchange, frame), outcome, router.ctx, out)
             return
         if exchange.effects:  # tested here: almost no request asks for any
             self._effects(exchange, out)
@@ -595,6 +656,10 @@ class Connection:
         elif type(outcome) is Refuse:
             self._close(out, outcome.reason, violation=True)
         elif type(outcome) is Defer:
+            if outcome.job.overlap and self.limits.overlap_jobs > 1:
+                # Later Produce requests may go to their path while this job runs.
+                self._go_ahead(target, outcome, ctx, out)
+                return
             # Later requests wait: the broker must see them in the client's order.
             self._phase = _DEFERRED
             self._start_job("request", target, outcome.job, ctx, out)
@@ -602,6 +667,91 @@ class Connection:
             return
         else:
             raise TypeError(f"unknown request outcome {outcome!r}")
+
+    # ------------------------------------------------------------ overlapping jobs
+
+    def _may_go_ahead(self, frame: bytes | memoryview) -> bool:
+        """Whether `frame` may go to its path now, in phase AHEAD: a Produce request, fewer
+        than `overlap_jobs` requests ahead, none of them serial."""
+        ahead = self._ahead
+        if len(ahead) >= self.limits.overlap_jobs or not _is_produce(frame):
+            return False
+        return not any(entry.serial for entry in ahead)
+
+    def _go_ahead(
+        self,
+        target: tuple[Exchange, bytes | memoryview],
+        outcome: Any,
+        ctx: Any,
+        out: list[Action],
+    ) -> None:
+        """Queue what a request's path call gave in `_ahead` (starting its job, if any)."""
+        entry = _Ahead(target, ctx)
+        self._keep_effects(entry, target[0])
+        self._ahead.append(entry)
+        self._phase = _AHEAD
+        self._settle(entry, outcome, out)
+
+    @staticmethod
+    def _keep_effects(entry: _Ahead, exchange: Exchange) -> None:
+        effects = exchange.effects
+        if effects:
+            exchange.effects = None
+            if entry.effects is None:
+                entry.effects = effects
+            else:
+                entry.effects.extend(effects)
+
+    def _settle(self, entry: _Ahead, outcome: Any, out: list[Action]) -> None:
+        if type(outcome) is Defer:
+            entry.outcome = None
+            entry.serial = not outcome.job.overlap
+            if self._ahead[0] is not entry:
+                self._metrics.produce_overlapped += 1  # an earlier request is still in its job
+            self._start_job("ahead", entry, outcome.job, entry.ctx, out)
+        else:
+            entry.outcome = outcome
+            entry.serial = type(outcome) is Refuse
+
+    def _advance(self, out: list[Action], to_broker: list[bytes | memoryview]) -> None:
+        """Apply the outcomes at the head of `_ahead` that are known, in client order."""
+        ahead = self._ahead
+        while ahead and self._phase is not _CLOSED:
+            entry = ahead[0]
+            outcome = entry.outcome
+            if outcome is None:
+                return  # its job still runs: everything behind it waits
+            router = self._routes.current
+            if entry.generation != router.generation:
+                # The chain changed since its path call: a serial pass would have made that
+                # call under the chain in force now, so it is made again (what the first one
+                # asked for is dropped; a filter job runs again under the new chain).
+                self._reroute(entry, router, out)
+                continue
+            ahead.popleft()
+            if entry.effects:
+                out.extend(entry.effects)
+            self._apply_request(entry.target, outcome, entry.ctx, out, to_broker)
+        if not ahead and self._phase is _AHEAD:
+            self._phase = _FLOWING
+
+    def _reroute(self, entry: _Ahead, router: Any, out: list[Action]) -> None:
+        exchange, frame = entry.target
+        exchange.effects = None
+        entry.effects = None
+        entry.ctx = router.ctx
+        entry.generation = router.generation
+        path = router.request_path(exchange.header.api_key)
+        if path is None:
+            self._settle(entry, Forward(), out)
+            return
+        try:
+            outcome = path.on_request(router.ctx, exchange, frame)
+        except (CodecError, Refused, UnknownNodes) as exc:
+            self._close(out, str(exc), violation=True)
+            return
+        self._keep_effects(entry, exchange)
+        self._settle(entry, outcome, out)
 
     def _start_job(self, kind: str, subject: Any, job: Job, ctx: Any, out: list[Action]) -> None:
         job_id = self._next_job
@@ -912,6 +1062,7 @@ class Connection:
                 self._flush(out)
             self._closed = closed = Close(reason, violation)
             self._phase = _CLOSED
+            self._ahead.clear()  # their jobs' late results are dropped
             # Told before the close, so that the I/O layer performs them.
             self._lost(reason, out)
             out.append(closed)

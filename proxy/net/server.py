@@ -105,7 +105,12 @@ class ProxyServer:
             thread_gc_time.install()
             placement = self.placement
             self.metrics.job_placement = lambda: (placement.inline_runs, placement.pool_runs)
-        self.limits = Limits(max_frame_size=config.max_frame_size, job_deadline=config.job_deadline)
+        self.limits = Limits(
+            max_frame_size=config.max_frame_size,
+            job_deadline=config.job_deadline,
+            # A connection's overlapping Produce jobs: one per filter thread.
+            overlap_jobs=config.filter_threads,
+        )
         # The proxy's own topics (paths/internal_topics.py); the chain adds its dead letters.
         self.own_topics = own_topics(config.raw, config.internal_topics)
         self.versions = VersionTable()
@@ -141,6 +146,10 @@ class ProxyServer:
                 Helpers(self.executor.submit, self.config.filter_threads)
                 if self.executor is not None and self.config.filter_threads > 1
                 and self.config.spread_fetch else None
+            ),
+            overlap_produce=(
+                self.executor is not None and self.config.filter_threads > 1
+                and self.config.spread_produce
             ),
         )
 

@@ -62,6 +62,9 @@ class ProxyConfig:
     # proxy.spread_fetch: a large Fetch response's partitions on several filter threads at once
     # (stateless filters only; filters/parallel.py)
     spread_fetch: bool = True
+    # proxy.spread_produce: a connection's pipelined Produce requests filtered on several filter
+    # threads at once, forwarded in order (stateless filters only; net/connection.py)
+    spread_produce: bool = True
     node_port_table: str | None = None  # the workers' shared node -> port file (net/node_ports.py)
     worker_index: int = 0  # which of them this process is
     # policy_admins: principal globs allowed to set x-data-policy (None: nobody)

@@ -45,7 +45,8 @@ KNOWN_SECTIONS = (
     "security",
 )
 #: Keys of the ``proxy:`` section.
-PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads", "spread_fetch")
+PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads", "spread_fetch",
+              "spread_produce")
 #: Keys of the ``dead_letters:`` section.
 DEAD_LETTER_KEYS = ("max_queued_bytes", "shutdown_timeout_seconds")
 #: Sections whose value must be a mapping (the others: a list, a path).
@@ -152,6 +153,13 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                     ("proxy", "spread_fetch"), f"must be true or false, got {spread!r}"
                 )
             config.spread_fetch = spread
+        if "spread_produce" in proxy:
+            spread = proxy["spread_produce"]
+            if not isinstance(spread, bool):
+                raise lines.error(
+                    ("proxy", "spread_produce"), f"must be true or false, got {spread!r}"
+                )
+            config.spread_produce = spread
         limits = parse_limits(data.get("limits"), lines, config.max_frame_size)
         config.max_frame_size = limits.max_frame_size
         config.max_connections = limits.max_connections

@@ -240,6 +240,11 @@ class Job:
     leaves `inline_key` unset when `run` may wait otherwise. `scales`: the job's cost follows
     its `size` alone (only the proxy's own native code runs), so a larger one may run inline
     when its estimated cost is small.
+
+    `overlap`: later requests' jobs may run while this one runs (every filter it calls keeps
+    no state between calls, `LoadedFilter.concurrent`). The connection then gives the next
+    Produce requests to their path at once instead of queueing them behind it, and still
+    applies every outcome (forwarding, answers, effects) in client order (net/connection.py).
     """
 
     run: Callable[[], Any]
@@ -249,6 +254,7 @@ class Job:
     inline_key: str | None = None
     size: int = 0
     scales: bool = False
+    overlap: bool = False
 
 
 class _InPool:
@@ -425,6 +431,10 @@ class PathContext:
     # (filters/parallel.py); None when there is at most one thread or proxy.spread_fetch is
     # false.
     helpers: Helpers | None = None
+    # Whether a Produce request's filter job may overlap the jobs of the connection's later
+    # Produce requests (`Job.overlap`): proxy.filter_threads of 2 or more and
+    # proxy.spread_produce.
+    overlap_produce: bool = False
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
 

@@ -7,7 +7,12 @@ answered by the proxy, and the two are merged into one response in the client's 
 A Produce the proxy cannot decode never reaches the broker: the connection is closed.
 
 Filters run in the filter thread pool (`Job`); the request is forwarded when they are done, and
-later requests of the connection wait behind it, so the broker sees them in order. Topic ids
+later requests of the connection wait behind it, so the broker sees them in order. When every
+filter the request meets keeps no state between calls (`LoadedFilter.concurrent`), its job
+may overlap those of the connection's next Produce requests (`Job.overlap`,
+`proxy.spread_produce`): librdkafka keeps up to five in flight, and with one partition each is
+one job, so pipelined requests are filtered on the pool's threads side by side, each on a
+filter instance of its own, while the connection still forwards them in order. Topic ids
 the proxy has not seen yet (Produce v13+) are looked up first (`topics.py`).
 """
 
@@ -142,7 +147,7 @@ class ProducePath:
         assert chain is not None
         client = exchange.client
         names = [t.name or ctx.topics.name(t.topic_id) for t in layout.topics]
-        applied, key, scales = _kind(chain, names, client.principal)
+        applied, key, scales, concurrent = _kind(chain, names, client.principal)
         if not any(applied) and all(n is not None for n in names):
             return Forward(expect_response=layout.acks != 0)
         limits = ctx.batch_limits
@@ -160,6 +165,7 @@ class ProducePath:
                 inline_key=key,
                 scales=scales,
                 size=job_size(len(frame), filtered),
+                overlap=concurrent and ctx.overlap_produce,
             )
         )
 
@@ -252,20 +258,26 @@ _KINDS_MAX_CHARS = 1024
 
 def _kind(
     chain: FilterChain, names: list[str | None], principal: str | None
-) -> tuple[tuple[bool, ...], str | None, bool]:
+) -> tuple[tuple[bool, ...], str | None, bool, bool]:
     """For a request naming `names` (None: a topic id not known): whether a filter applies to
-    each topic (the thread and the pipeline reuse it), and the job's `inline_key` and
-    `scales`. Derived from the chain's bindings alone, so remembered with the chain."""
+    each topic (the thread and the pipeline reuse it), the job's `inline_key` and `scales`,
+    and whether every filter it meets may run on several threads at once (its job may then
+    overlap others: `Job.overlap`). Derived from the chain's bindings alone, so remembered
+    with the chain."""
     kinds = chain.memo.get("produce")
     if kinds is None:
         kinds = chain.memo["produce"] = {}
     key = (tuple(names), principal)
-    hit: tuple[tuple[bool, ...], str | None, bool] | None = kinds.get(key)
+    hit: tuple[tuple[bool, ...], str | None, bool, bool] | None = kinds.get(key)
     if hit is None:
         hit = (
             tuple(n is not None and chain.applies(n, "produce", principal) for n in names),
             inline_key(chain, "produce", names, principal),
             cost_follows_size(chain, "produce", names, principal),
+            all(
+                f.concurrent("produce") for n in names if n is not None
+                for f in chain.filters_for(n, "produce", principal)
+            ),
         )
         if len(names) <= _KINDS_MAX_TOPICS and sum(
                 len(n) for n in names if n is not None) <= _KINDS_MAX_CHARS:

@@ -110,6 +110,9 @@ class Metrics:
     fleet_lost: int = 0
     #: Filtered Fetch responses whose partitions ran on several filter threads at once.
     fetch_spread: int = 0
+    #: Filter jobs of Produce requests started while an earlier request of the same connection
+    #: was still in its job (`Job.overlap`, proxy.spread_produce).
+    produce_overlapped: int = 0
     ready: bool = False
     worker: str = "0"
 
@@ -308,6 +311,12 @@ class _Collector:
             "sluice_fetch_spread_responses",
             "Filtered Fetch responses whose partitions ran on several filter threads at once",
             value=m.fetch_spread,
+        )
+        yield CounterMetricFamily(
+            "sluice_produce_overlapped_jobs",
+            "Produce filter jobs started while an earlier request of the connection was in its "
+            "job",
+            value=m.produce_overlapped,
         )
         yield from _quota_families(m.quota_stats)
 

@@ -1,19 +1,25 @@
 """The connection's explicit state under any sequence of inputs (a hypothesis state machine):
 each side's `paused` is what the last Pause/Resume action for it said, the request stream is
-deferred exactly while a request job is out and nothing reaches the broker meanwhile, and a
-closed connection stays closed and says nothing more."""
+deferred exactly while a request job is out and nothing reaches the broker meanwhile, Produce
+requests whose jobs overlap (`Job.overlap`) still reach the broker in the client's order and
+never more than `Limits.overlap_jobs` are ahead, and a closed connection stays closed and says
+nothing more."""
 
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from sluice.codec.messages import ApiKey
+from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import (
     Close,
+    Connection,
     Limits,
     PauseBroker,
     PauseClient,
@@ -23,17 +29,43 @@ from sluice.proxy.net.connection import (
     StartJob,
     _Phase,
 )
+from sluice.proxy.paths.base import Defer, Exchange, Forward, Frame, Job, PathContext
+from sluice.proxy.telemetry.metrics import Metrics
 from tests.proxy.net.test_connection import (
     DESCRIBE_GROUPS,
     FETCH,
     LIST_OFFSETS,
     METADATA,
+    ScriptedPath,
     frame,
     frames_of,
-    make,
     request,
     response,
 )
+from tests.proxy.net.unfiltered_routes import unfiltered_routes
+
+PRODUCE = int(ApiKey.PRODUCE)
+
+
+@dataclass
+class OverlappingPath(ScriptedPath):
+    """ScriptedPath, and Produce: every third request forwarded at once (an unfiltered topic),
+    the others deferred to a job that may overlap the next ones (`Job.overlap`)."""
+
+    api_keys: frozenset[int] = frozenset({LIST_OFFSETS, FETCH, DESCRIBE_GROUPS, PRODUCE})
+
+    def wants_request(self, ctx: PathContext, api_key: int) -> bool:
+        return api_key == PRODUCE or super().wants_request(ctx, api_key)
+
+    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+        cid = exchange.header.correlation_id
+        if exchange.header.api_key != PRODUCE:
+            return super().on_request(ctx, exchange, frame)
+        self.seen.append(cid)
+        if cid % 3 == 0:
+            return Forward()
+        return Defer(Job(run=lambda: cid, finish=lambda r: Forward(state=r), what="overlap",
+                         overlap=True))
 
 # Small limits, so that short sequences reach every back-pressure reason.
 LIMITS = Limits(max_inflight=3, max_held_response_bytes=200, job_deadline=1e9)
@@ -42,8 +74,11 @@ LIMITS = Limits(max_inflight=3, max_held_response_bytes=200, job_deadline=1e9)
 class ConnectionState(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.conn, _, _ = make(LIMITS)
+        metrics = Metrics()
+        self.conn = Connection(ClientInfo("1.2.3.4:5", ("b", 9092)),
+                               unfiltered_routes([OverlappingPath()], metrics), metrics, LIMITS)
         self.next_cid = 0
+        self.sent: list[int] = []  # every correlation id sent to the broker, in order
         self.jobs: list[StartJob] = []  # started and not yet done, in start order
         self.forwarded: list[int] = []  # correlation ids sent to the broker, not yet answered
         self.client_paused = False  # what the last PauseClient/ResumeClient said
@@ -70,13 +105,15 @@ class ConnectionState(RuleBasedStateMachine):
                 self.jobs.append(action)
             elif isinstance(action, SendToBroker):
                 data = b"".join(bytes(b) for b in action.data)
-                self.forwarded += [struct.unpack_from(">i", f, 4)[0] for f in frames_of(data)]
+                cids = [struct.unpack_from(">i", f, 4)[0] for f in frames_of(data)]
+                self.forwarded += cids
+                self.sent += cids
             elif isinstance(action, Close):
                 assert i == len(out) - 1, "Close is the last action"
                 self.closed = True
 
     @rule(
-        kind=st.sampled_from([METADATA, LIST_OFFSETS, DESCRIBE_GROUPS, FETCH]),
+        kind=st.sampled_from([METADATA, LIST_OFFSETS, DESCRIBE_GROUPS, FETCH, PRODUCE, PRODUCE]),
         n=st.integers(1, 4),
     )
     def client_sends(self, kind: int, n: int) -> None:
@@ -147,6 +184,20 @@ class ConnectionState(RuleBasedStateMachine):
             deferred = request_jobs[0]
             later = [c for c in self.forwarded if c > deferred.job.run()]
             assert later == [], f"sent to the broker past a deferred request: {later}"
+
+    @invariant()
+    def overlapping_jobs_keep_the_client_order(self) -> None:
+        conn = self.conn
+        assert self.sent == sorted(self.sent), f"sent out of the client's order: {self.sent}"
+        if self.closed:
+            return
+        assert (conn._phase is _Phase.AHEAD) is bool(conn._ahead)
+        assert len(conn._ahead) <= LIMITS.overlap_jobs
+        if conn._ahead:
+            assert conn.busy
+            first = conn._ahead[0].target[0].header.correlation_id
+            later = [c for c in self.forwarded if c >= first]
+            assert later == [], f"sent to the broker past a request still ahead: {later}"
 
 
 TestConnectionState = ConnectionState.TestCase

@@ -73,11 +73,13 @@ def test_the_produce_path_remembers_a_requests_kind_with_its_chain(
     from sluice.proxy.paths import produce
 
     names: list[str | None] = ["pii.users", "junk"]
-    expected = ((True, False), inline_key(chain, "produce", names, None), False)
+    # pii-mask keeps no state: the request's job may overlap the connection's next ones.
+    expected = ((True, False), inline_key(chain, "produce", names, None), False, True)
     assert produce._kind(chain, names, None) == expected
     assert produce._kind(chain, names, None) == expected  # from the memo
     assert produce._kind(chain, ["junk"], None) == ((False,), inline_key(chain, "produce",
-                                                                         ["junk"], None), False)
+                                                                         ["junk"], None), False,
+                                                    True)
     other = FilterChain.from_specs(
         [FilterSpec(name="pii", module="builtin:pii-mask", topics=("junk",),
                     apply_to=frozenset({"produce"}))],
@@ -99,7 +101,7 @@ def test_the_produce_memo_keeps_no_large_topic_lists(chain: FilterChain) -> None
 
     for n in range(64):
         names: list[str | None] = [f"pii.{n}.{i}.{'x' * 200}" for i in range(2000)]
-        applied, key, _scales = produce._kind(chain, names, None)
+        applied, key, _scales, _overlap = produce._kind(chain, names, None)
         assert all(applied) and key == inline_key(chain, "produce", ["pii.users"], None)
     kept = sum(len(name or "") for names, _principal in chain.memo.get("produce", {})
                for name in names)
