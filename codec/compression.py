@@ -303,8 +303,13 @@ def _lz4_decompress(payload: Buffer, limit: int, guess: int | None) -> memoryvie
     if guess is None:
         guess = max(_MIN_FIRST_GUESS, len(payload) * _FIRST_GUESS_RATIO)
     try:
-        return lz4_frame.decompress(payload if isinstance(payload, bytes) else bytes(payload),
-                                    limit, guess)
+        if LZ4_SEALED_NATIVE and not isinstance(payload, bytes):
+            # A view of a fetched frame is read where it lies: bytes(payload) copied every
+            # batch before decompressing it. `src` keeps the buffer exported for the call.
+            src = _ls_ffi.from_buffer(payload)
+            return lz4_frame.decompress(payload, limit, guess,
+                                        int(_ls_ffi.cast("uintptr_t", src)))
+        return lz4_frame.decompress(payload, limit, guess)
     except lz4_frame.Lz4Limit:
         raise _too_large(limit) from None
 
@@ -445,7 +450,7 @@ def compress(codec: int, data: Buffer, xerial: bool = True,
         # Level 0 is LZ4's fast mode, which librdkafka producers use by default; cramjam's
         # default (4) is the high-compression mode, ~6x slower for ~25% smaller batches.
         if lz4_frame.AVAILABLE:  # the same frame, made without holding the GIL
-            return lz4_frame.compress(data if isinstance(data, bytes) else bytes(data))
+            return lz4_frame.compress(data)
         compressor = cramjam.lz4.Compressor(level=0, content_checksum=False,
                                             block_linked=False)
         compressor.compress(data if isinstance(data, bytes) else bytes(data))

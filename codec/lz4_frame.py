@@ -22,6 +22,8 @@ import ctypes.util
 import threading
 from typing import Final
 
+Buffer = bytes | bytearray | memoryview
+
 __all__ = ["AVAILABLE", "Lz4Error", "Lz4Limit", "compress", "decompress"]
 
 _LZ4F_VERSION: Final = 100
@@ -67,7 +69,7 @@ def _load() -> ctypes.CDLL | None:
         except OSError:
             continue
         try:
-            if lib.LZ4F_getVersion() < _LZ4F_VERSION:
+            if lib.LZ4F_getVersion() < _LZ4F_VERSION or not lib.LZ4F_resetDecompressionContext:
                 continue
         except AttributeError:
             continue
@@ -96,6 +98,8 @@ if _lib is not None:
     _lib.LZ4F_decompress.argtypes = [_vp, _vp, ctypes.POINTER(_size), _vp,
                                      ctypes.POINTER(_size), _vp]
     _lib.LZ4F_decompress.restype = _size
+    _lib.LZ4F_resetDecompressionContext.argtypes = [_vp]
+    _lib.LZ4F_resetDecompressionContext.restype = None
 
 _PREFS = _Preferences()
 _PREFS.frameInfo.blockMode = _BLOCK_INDEPENDENT
@@ -103,25 +107,51 @@ _PREFS.frameInfo.blockChecksumFlag = 1  # as cramjam's frames have always had
 _PREFS.compressionLevel = 0
 
 
+#: liblz4 returns its errors as sizes just under 2**64 (`LZ4F_isError`): a result below this
+#: is a size or hint without asking, a foreign call of ~1 µs saved per call.
+_SURELY_NOT_ERROR: Final = 1 << 63
+
+
 def _check(code: int) -> int:
     assert _lib is not None
-    if _lib.LZ4F_isError(code):
+    if code >= _SURELY_NOT_ERROR and _lib.LZ4F_isError(code):
         raise Lz4Error(_lib.LZ4F_getErrorName(code).decode("ascii", "replace"))
     return code
 
 
 def _address(data: bytes) -> int:
-    return ctypes.cast(ctypes.c_char_p(data), _vp).value or 0
+    # the pointer a c_char_p holds, read as a c_void_p (ctypes.cast costs twice as much)
+    return _vp.from_buffer(ctypes.c_char_p(data)).value or 0
 
 
-def compress(data: bytes) -> bytes:
+def compress(data: Buffer) -> bytes:
     """One LZ4 frame of `data` (fast mode, independent blocks with checksums)."""
     assert _lib is not None
-    bound = _lib.LZ4F_compressFrameBound(len(data), ctypes.byref(_PREFS))
+    size = memoryview(data).nbytes
+    bound = _lib.LZ4F_compressFrameBound(size, ctypes.byref(_PREFS))
     out = _scratch(bound)
-    written = _check(_lib.LZ4F_compressFrame(out, bound, _address(data), len(data),
-                                             ctypes.byref(_PREFS)))
+    if isinstance(data, bytes):
+        written = _compress_at(out, bound, _address(data), size)
+    else:
+        # A writable buffer (the opened section an encrypt filter lends, a view of its
+        # output buffer) is read where it lies: bytes(data) was a copy of the whole section.
+        view = memoryview(data)
+        if view.readonly or not view.c_contiguous or not size:
+            copy = bytes(view)  # held until the call returns
+            written = _compress_at(out, bound, _address(copy), size)
+        else:
+            # one c_char over its first byte gives the address (see `decompress`)
+            first = ctypes.c_char.from_buffer(view)
+            try:
+                written = _compress_at(out, bound, ctypes.addressof(first), size)
+            finally:
+                del first  # releases the export of `data`'s buffer
     return ctypes.string_at(out, written)  # the one copy: out of the scratch buffer
+
+
+def _compress_at(out: ctypes.Array[ctypes.c_char], bound: int, src: int, size: int) -> int:
+    assert _lib is not None
+    return _check(_lib.LZ4F_compressFrame(out, bound, src, size, ctypes.byref(_PREFS)))
 
 
 _local = threading.local()
@@ -143,15 +173,44 @@ def _scratch(size: int) -> ctypes.Array[ctypes.c_char]:
     return buf
 
 
-def decompress(payload: bytes, limit: int, guess: int) -> memoryview:
+def _dctx() -> ctypes.c_void_p:
+    """This thread's decompression context, made once: a new one per call also allocated
+    liblz4's block buffers (and freed them) for every fetched batch."""
+    ctx: ctypes.c_void_p | None = getattr(_local, "dctx", None)
+    if ctx is None:
+        assert _lib is not None
+        ctx = _vp()
+        _check(_lib.LZ4F_createDecompressionContext(ctypes.byref(ctx), _LZ4F_VERSION))
+        _local.dctx = ctx
+        # freed with the thread's other locals
+        _local.dctx_owner = _DctxOwner(ctx)
+    return ctx
+
+
+class _DctxOwner:
+    """Frees a thread's decompression context when the thread's locals go."""
+
+    def __init__(self, ctx: ctypes.c_void_p) -> None:
+        self.ctx = ctx
+
+    def __del__(self) -> None:
+        if _lib is not None:
+            _lib.LZ4F_freeDecompressionContext(self.ctx)
+
+
+def decompress(payload: Buffer, limit: int, guess: int, address: int | None = None
+               ) -> memoryview:
     """The content of the LZ4 frame(s) in `payload`, written into a buffer of `guess` bytes
     that grows up to `limit` (`Lz4Error` beyond it, or on a frame liblz4 refuses or that ends
-    early)."""
+    early). `address`: where `payload`'s bytes lie, which the caller keeps valid for the
+    call (a view read in place; without it a `payload` that is not bytes is copied)."""
     assert _lib is not None
-    ctx = _vp()
-    _check(_lib.LZ4F_createDecompressionContext(ctypes.byref(ctx), _LZ4F_VERSION))
+    if address is None and not isinstance(payload, bytes):
+        payload = bytes(payload)
+    ctx = _dctx()
+    done = False
     try:
-        src = _address(payload)
+        src = _address(payload) if address is None else address  # type: ignore[arg-type]
         end = len(payload)
         # One byte past the limit: a frame whose content ends exactly at the limit still
         # finds room to be read to its end mark, and output reaching that byte is too much.
@@ -167,15 +226,18 @@ def decompress(payload: bytes, limit: int, guess: int) -> memoryview:
                 if len(out) >= cap:
                     raise Lz4Limit(f"decompresses to more than {limit} bytes")
                 out.extend(bytes(min(cap, 2 * len(out)) - len(out)))
-            window = (ctypes.c_char * (len(out) - pos_out)).from_buffer(out, pos_out)
+            # The address of out[pos_out] through one c_char over it: `(c_char * n)` made
+            # a new ctypes array type for every length n (about 45 µs each, and ctypes
+            # caches every such type for good), once per fetched lz4 batch.
+            first = ctypes.c_char.from_buffer(out, pos_out)
             dst_size.value = len(out) - pos_out
             src_size.value = end - pos_in
             try:
-                hint = _check(_lib.LZ4F_decompress(ctx, ctypes.addressof(window),
+                hint = _check(_lib.LZ4F_decompress(ctx, ctypes.addressof(first),
                                                    ctypes.byref(dst_size), src + pos_in,
                                                    ctypes.byref(src_size), None))
             finally:
-                del window  # the bytearray may not grow while ctypes holds it
+                del first  # the bytearray may not grow while ctypes holds it
             if dst_size.value == 0 and src_size.value == 0 and pos_out < len(out):
                 raise Lz4Error("no progress")
             pos_in += src_size.value
@@ -184,6 +246,8 @@ def decompress(payload: bytes, limit: int, guess: int) -> memoryview:
             raise Lz4Limit(f"decompresses to more than {limit} bytes")
         if hint != 0:
             raise Lz4Error("frame ends early")
+        done = True
         return memoryview(out)[:pos_out]
     finally:
-        _lib.LZ4F_freeDecompressionContext(ctx)
+        if not done:  # mid-frame or after an error: the next frame starts afresh
+            _lib.LZ4F_resetDecompressionContext(ctx)

@@ -12,6 +12,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <pthread.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <openssl/err.h>
@@ -316,6 +317,12 @@ static void gcm_free(gcm_t *g) {
     g->ctx = NULL;
 }
 
+/* `g` keyed with `key` again, keeping its cipher and provider context (no fetch). */
+static int gcm_rekey(gcm_t *g, int seal, const uint8_t *key) {
+    return (seal ? EVP_EncryptInit_ex(g->ctx, NULL, NULL, key, NULL)
+                 : EVP_DecryptInit_ex(g->ctx, NULL, NULL, key, NULL)) == 1 ? 0 : -1;
+}
+
 /* Seals `pt` under `nonce` and `aad`: the ciphertext (as long as `pt`) at `ct`, then the
  * tag. 0, or -1 when OpenSSL fails. */
 static int gcm_seal(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
@@ -412,6 +419,20 @@ static int gcm_fast_iv_check(void) {
         if (gcm_open(&open_fast, nonces[1], aad, sizeof aad, want[1], sizeof pt, back) != 0)
             ok = 0;
     }
+    /* a context re-keyed as gcm_new re-keys a kept one: the messages of a new context */
+    static const uint8_t key2[32] = {9, 4, 6, 1, 0, 2, 8, 3, 3, 9, 7, 5, 1};
+    gcm_t slow2 = {0};
+    if (ok && (gcm_init(&slow2, 1, key2, 0) || gcm_rekey(&fast, 1, key2) ||
+               gcm_rekey(&open_fast, 0, key2)))
+        ok = 0;
+    uint8_t want2[37 + TAG];
+    if (ok && (gcm_seal(&slow2, nonces[0], aad, sizeof aad, pt, sizeof pt, want2) ||
+               gcm_seal(&fast, nonces[0], aad, sizeof aad, pt, sizeof pt, got) ||
+               memcmp(want2, got, sizeof got) != 0 || !memcmp(want2, want[0], sizeof got) ||
+               gcm_open(&open_fast, nonces[0], aad, sizeof aad, want2, sizeof pt, back) != 0 ||
+               memcmp(back, pt, sizeof pt) != 0))
+        ok = 0;
+    gcm_free(&slow2);
     gcm_free(&slow);
     gcm_free(&fast);
     gcm_free(&open_fast);
@@ -438,9 +459,52 @@ int sb_fast_iv(void) {
     return gcm_fast_iv();
 }
 
-/* A context keyed with `key`, to seal (`seal` 1) or open: 0, or -1 on failure. */
+/* Each thread keeps one context per direction for its next call: making one per call
+ * (EVP_CIPHER_CTX_new, OpenSSL 3's implicit fetch of the cipher by name, the provider's
+ * context, then freeing it all) cost about as much as opening ten small records. A kept
+ * context gets the call's key through EVP_CipherInit_ex with no cipher, which runs only the
+ * key schedule and leaves the context as a new one would be (no IV yet; the fast-IV check
+ * covers a re-keyed context too). It holds the last call's key schedule until the next call
+ * or the thread's end: the data key itself stays in the process's data-key cache anyway,
+ * and the proxy's memory is outside the threat model (docs/ENCRYPTION.md). */
+typedef struct {
+    gcm_t dir[2];            /* [0] open, [1] seal */
+} gcm_kept_t;
+static __thread gcm_kept_t gcm_kept;
+static pthread_key_t gcm_kept_key;
+static pthread_once_t gcm_kept_once = PTHREAD_ONCE_INIT;
+
+static void gcm_kept_free(void *p) {
+    gcm_kept_t *k = p;
+    gcm_free(&k->dir[0]);
+    gcm_free(&k->dir[1]);
+}
+
+static void gcm_kept_key_make(void) {
+    (void)pthread_key_create(&gcm_kept_key, gcm_kept_free);
+}
+
+/* A context keyed with `key`, to seal (`seal` 1) or open, in *g (this thread's kept one):
+ * 0, or -1 on failure. Give it back with gcm_done. */
 static int gcm_new(gcm_t *g, int seal, const uint8_t *key) {
-    return gcm_init(g, seal, key, gcm_fast_iv());
+    gcm_t *k = &gcm_kept.dir[seal ? 1 : 0];
+    if (k->ctx && gcm_rekey(k, seal, key) != 0) gcm_free(k);
+    if (!k->ctx) {
+        if (gcm_init(k, seal, key, gcm_fast_iv())) return -1;
+        (void)pthread_once(&gcm_kept_once, gcm_kept_key_make);
+        (void)pthread_setspecific(gcm_kept_key, &gcm_kept); /* frees it at the thread's end */
+    }
+    *g = *k;
+    return 0;
+}
+
+/* The end of a call with the context gcm_new gave: kept for the next call, unless OpenSSL
+ * failed in it (rc SB_CRYPTO), which may leave it in a state not worth trusting. */
+static void gcm_done(gcm_t *g, long rc) {
+    if (!g->ctx || rc != SB_CRYPTO) return;
+    for (int d = 0; d < 2; d++)
+        if (gcm_kept.dir[d].ctx == g->ctx) gcm_free(&gcm_kept.dir[d]);
+    g->ctx = NULL;
 }
 
 /* Writes one record: the body from `r->start` to the key (as is), `value`, then the first
@@ -532,7 +596,7 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     rc = (long)(o - out);
 done:
-    gcm_free(&g);
+    gcm_done(&g, rc);
     return rc;
 }
 
@@ -603,7 +667,7 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     rc = (long)(o - out);
 done:
-    gcm_free(&g);
+    gcm_done(&g, rc);
     return rc;
 }
 
@@ -1252,7 +1316,7 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
     rc = out ? (long)(o - out) : (long)plan_at;
 done:
-    gcm_free(&g);
+    gcm_done(&g, rc);
     return rc;
 }
 
@@ -1464,6 +1528,6 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
     rc = (long)(o - out);
 done:
-    gcm_free(&g);
+    gcm_done(&g, rc);
     return rc;
 }

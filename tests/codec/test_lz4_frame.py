@@ -3,6 +3,8 @@ same verdicts on bad input, output bounded by the limit, and the GIL given up wh
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import sys
 import threading
@@ -137,3 +139,28 @@ def test_a_large_section_leaves_no_large_buffer_behind() -> None:
     assert _memory_kept_by_a_thread_after(24 << 20) < 6 << 20
     # Batch-sized sections keep theirs: their next compression does not zero a fresh one.
     assert _memory_kept_by_a_thread_after(1 << 20) > 1 << 20
+
+
+def _ctypes_array_types() -> int:
+    return sum(1 for t in gc.get_objects()
+               if isinstance(t, type) and issubclass(t, ctypes.Array))
+
+
+def test_sections_of_new_sizes_make_no_ctypes_types_and_views_read_in_place() -> None:
+    """Each fetched lz4 batch has its own size: decompression and compression over views of
+    it (a fetched frame, an opened section lent as a view of a bytearray) must not make a
+    ctypes array type per size, which ctypes keeps for the life of the process (~45 µs
+    each); the frames stay those of bytes input, and a bad frame leaves the thread's
+    decompression context fit for the next one."""
+    base = b'{"user_id": "u1", "card": "4111 1111 1111 0000", "note": "xxxxxxxx"}'
+    sections = [bytearray(base * (3 + i) + bytes([i])) for i in range(40)]
+    frames = [lz4_frame.compress(bytes(s)) for s in sections]
+    before = _ctypes_array_types()
+    for i, (section, frame) in enumerate(zip(sections, frames, strict=True)):
+        assert lz4_frame.compress(memoryview(section)[:]) == frame
+        wrapped = bytearray(b"\0" * 7 + frame)
+        assert bytes(compression.decompress(CODEC_LZ4, memoryview(wrapped)[7:])) == section
+        if i % 10 == 0:
+            with pytest.raises(CorruptBatch):
+                compression.decompress(CODEC_LZ4, frame[:-6] + b"\xff" * 6)
+    assert _ctypes_array_types() - before < 5
