@@ -233,9 +233,46 @@ async def _trickle_past_idle_timeout() -> dict[str, Any]:
         fake.close()
 
 
+
+
+async def _stall_under_the_mark() -> int:
+    """A client starts a large request, sends a little more (held under the mark), then stops:
+    the idle timeout still closes it. Returns the idle closes counted."""
+    config = ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
+    config.idle_timeout = 0.5
+
+    async def broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    fake = await asyncio.start_server(broker, "127.0.0.1", 0)
+    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
+    server = ProxyServer(config)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection(*config.listen)
+        request = _request(1, LARGE)
+        writer.write(request[:20_000])
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(request[20_000:30_000])  # waits in the kernel: below the mark
+        await writer.drain()
+        try:  # closed with unread bytes: a reset, not an orderly end
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        except ConnectionResetError:
+            pass
+        writer.close()
+        return server.metrics.connections_idle_closed
+    finally:
+        await server.close()
+        fake.close()
+
+
 @pytest.mark.serial
-def test_a_client_sending_slowly_under_the_mark_is_not_idle() -> None:
+def test_idle_timeout_counts_the_bytes_held_under_the_mark() -> None:
     """limits.idle_timeout_seconds closes a connection that moved no byte: bytes the client
-    sent that wait in the kernel under the mark are bytes moved."""
+    sent that wait in the kernel under the mark are bytes moved, so a slow but steady sender
+    of a large frame stays; one that stops is still closed."""
     seen = uvloop.run(_trickle_past_idle_timeout())
     assert seen["idle closed"] == 0 and seen["response"], seen
+    assert uvloop.run(_stall_under_the_mark()) == 1
