@@ -15,6 +15,9 @@ Why this cannot stall a connection: Linux reports end of stream and errors as re
 whatever the mark; it caps the mark at half the largest receive buffer the socket may have and
 grows the buffer to hold the mark, and reports the socket readable under memory pressure; the
 mark is never more than the bytes the peer must still send to finish a frame it started.
+While a mark is set the proxy makes no read, so `limits.idle_timeout_seconds` (which watches
+the bytes read) would take a client sending a large frame slowly for an idle one: `waiting()`
+reports the bytes the kernel holds for the next read, which the idle check counts as moved.
 Not on TLS sockets: ciphertext already taken into the TLS layer but not yet decrypted is
 not on the socket any more, so the socket may never hold as many bytes as the plaintext
 missing. Nor where the option cannot be set (the mark then stays 1, as before).
@@ -22,7 +25,9 @@ missing. Nor where the option cannot be set (the mark then stays 1, as before).
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import termios
 from typing import Any
 
 #: Below this many missing bytes a frame is finished by the next segment or two anyway: two
@@ -84,3 +89,14 @@ class LowWater:
             self._sock = None
             return
         self._mark = mark
+
+    def waiting(self) -> int:
+        """Bytes received on the socket and not read yet, while a mark above 1 holds them back
+        (0 otherwise: without a mark every arrival is read at once)."""
+        if self._mark <= 1 or self._sock is None:
+            return 0
+        try:
+            buf = fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except (OSError, ValueError):
+            return 0  # closed under us: nothing waits any more
+        return int.from_bytes(buf, "little", signed=True)

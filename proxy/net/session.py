@@ -130,6 +130,13 @@ class Session(asyncio.Protocol):
     def busy(self) -> bool:
         return self.conn is not None and self.conn.busy
 
+    @property
+    def bytes_waiting(self) -> int:
+        """Client bytes held in the kernel by the receive low-water mark, not read yet: they
+        moved, though no read counted them (the idle check adds them)."""
+        mark = self._client_mark
+        return 0 if mark is None else mark.waiting()
+
     def close(self, reason: str, **fields: Any) -> None:
         """Close from the proxy's side (a limit, shutdown)."""
         log.info("connection_closed_by_proxy", conn=self.client.id, reason=reason, **fields)

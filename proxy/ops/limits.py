@@ -122,7 +122,8 @@ class IdleReaper:
         closed: list[Session] = []
         seen: dict[Session, tuple[int, int, float]] = {}
         for session in list(self._sessions()):
-            counters = (session.stats.bytes_in, session.stats.bytes_out)
+            # Bytes a receive low-water mark holds in the kernel moved too (net/low_water.py).
+            counters = (session.stats.bytes_in + session.bytes_waiting, session.stats.bytes_out)
             previous = self._seen.get(session)
             if previous is None or previous[:2] != counters or session.busy:
                 seen[session] = (*counters, now)

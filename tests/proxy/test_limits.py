@@ -111,6 +111,7 @@ class _Stats:
 class _FakeSession:
     stats: _Stats = field(default_factory=_Stats)
     busy: bool = False
+    bytes_waiting: int = 0
     closed: list[str] = field(default_factory=list)
 
     def close(self, reason: str, **fields: Any) -> None:

@@ -186,3 +186,93 @@ def test_no_mark_for_small_remainders() -> None:
             assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == mark.mark == 1
     finally:
         listener.close()
+
+
+async def _trickle_past_idle_timeout() -> dict[str, Any]:
+    """A client sends a large request steadily but slowly: fewer bytes per idle timeout than
+    the mark, so the proxy makes no read for longer than the timeout."""
+    config = ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
+    config.idle_timeout = 1.0
+    seen: dict[str, Any] = {}
+
+    async def broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen["large request"] = len(await _read_frame(reader))
+        writer.write(_response(1, 0))
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    fake = await asyncio.start_server(broker, "127.0.0.1", 0)
+    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
+    server = ProxyServer(config)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection(*config.listen)
+        request = _request(1, LARGE)
+        writer.write(request[:20_000])
+        await writer.drain()
+        # 3 s of 4 KB every 0.1 s (120 KB, below the mark): bytes move all the time
+        at = 20_000
+        try:
+            for _ in range(30):
+                writer.write(request[at : at + 4_000])
+                await writer.drain()
+                at += 4_000
+                await asyncio.sleep(0.1)
+            writer.write(request[at:])
+            await writer.drain()
+            response = await asyncio.wait_for(_read_frame(reader), 5)
+            seen["response"] = response == _response(1, 0)[4:]
+        except (asyncio.IncompleteReadError, ConnectionError, RuntimeError):
+            seen["response"] = False  # closed under the client (uvloop: RuntimeError)
+        seen["idle closed"] = server.metrics.connections_idle_closed
+        writer.close()
+        return seen
+    finally:
+        await server.close()
+        fake.close()
+
+
+
+
+async def _stall_under_the_mark() -> int:
+    """A client starts a large request, sends a little more (held under the mark), then stops:
+    the idle timeout still closes it. Returns the idle closes counted."""
+    config = ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
+    config.idle_timeout = 0.5
+
+    async def broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    fake = await asyncio.start_server(broker, "127.0.0.1", 0)
+    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
+    server = ProxyServer(config)
+    await server.start()
+    try:
+        reader, writer = await asyncio.open_connection(*config.listen)
+        request = _request(1, LARGE)
+        writer.write(request[:20_000])
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(request[20_000:30_000])  # waits in the kernel: below the mark
+        await writer.drain()
+        try:  # closed with unread bytes: a reset, not an orderly end
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        except ConnectionResetError:
+            pass
+        writer.close()
+        return server.metrics.connections_idle_closed
+    finally:
+        await server.close()
+        fake.close()
+
+
+@pytest.mark.serial
+def test_idle_timeout_counts_the_bytes_held_under_the_mark() -> None:
+    """limits.idle_timeout_seconds closes a connection that moved no byte: bytes the client
+    sent that wait in the kernel under the mark are bytes moved, so a slow but steady sender
+    of a large frame stays; one that stops is still closed."""
+    seen = uvloop.run(_trickle_past_idle_timeout())
+    assert seen["idle closed"] == 0 and seen["response"], seen
+    assert uvloop.run(_stall_under_the_mark()) == 1
