@@ -272,7 +272,7 @@ class _Ahead:
     """A request given to its path while requests before it still had jobs running: what it
     leads to waits here until every earlier one is applied (`Connection._advance`)."""
 
-    __slots__ = ("ctx", "effects", "generation", "outcome", "serial", "target")
+    __slots__ = ("ctx", "effects", "generation", "outcome", "serial", "target", "waiting")
 
     def __init__(self, target: tuple[Exchange, bytes | memoryview], ctx: Any) -> None:
         self.target = target
@@ -285,6 +285,9 @@ class _Ahead:
         self.serial = False
         #: what its path asked for (telemetry, dead letters), handed out when it is applied
         self.effects: list[Telemetry | DeadLetters] | None = None
+        #: a serial job not started yet: it starts once this request is at the head (every
+        #: earlier one applied), as in a serial pass
+        self.waiting: Job | None = None
 
 
 def _is_produce(frame: bytes | memoryview) -> bool:
@@ -707,6 +710,13 @@ class Connection:
             entry.outcome = None
             entry.serial = not outcome.job.overlap
             if self._ahead[0] is not entry:
+                if entry.serial:
+                    # A stateful filter (or a look-up) must see the connection's requests one
+                    # at a time in client order: an earlier request still ahead may yet meet
+                    # the same filter (filtered again under a chain installed meanwhile), so
+                    # the job starts once every earlier request is applied (`_advance`).
+                    entry.waiting = outcome.job
+                    return
                 self._metrics.produce_overlapped += 1  # an earlier request is still in its job
             self._start_job("ahead", entry, outcome.job, entry.ctx, out)
         else:
@@ -719,9 +729,16 @@ class Connection:
         while ahead and self._phase is not _CLOSED:
             entry = ahead[0]
             outcome = entry.outcome
-            if outcome is None:
-                return  # its job still runs: everything behind it waits
             router = self._routes.current
+            if outcome is None:
+                job = entry.waiting
+                if job is not None:  # a serial job, now first: started (or made again)
+                    entry.waiting = None
+                    if entry.generation != router.generation:
+                        self._reroute(entry, router, out)
+                    else:
+                        self._start_job("ahead", entry, job, entry.ctx, out)
+                return  # its job still runs: everything behind it waits
             if entry.generation != router.generation:
                 # The chain changed since its path call: a serial pass would have made that
                 # call under the chain in force now, so it is made again (what the first one

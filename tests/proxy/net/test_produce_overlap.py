@@ -388,3 +388,67 @@ def test_a_request_ahead_is_filtered_again_under_a_chain_installed_meanwhile(
                 sent += frames_of(a.data)
     assert sent == [f[4:] for f in frames]  # unmasked: the chain in force decided
     other.close()
+
+
+def test_a_stateful_filter_installed_meanwhile_sees_the_requests_in_client_order(
+    tmp_path: Path,
+) -> None:
+    """A masked request is in its job (stateless: it overlaps); the chain is replaced by one
+    whose stateful filter covers both its topic and the next request's. The next request is
+    given to its path under the new chain: its stateful job must not start while the first
+    request, which the new chain's stateful filter will also see (filtered again), is not yet
+    applied, or the filter sees the connection's requests out of order (and two of them at
+    once). Found in review: the serial job started at once, before the first one's."""
+    upper = tmp_path / "sluice_upper.wasm"
+    upper.write_bytes(wasmtime.wat2wasm((MODULES / "sluice_upper.wat").read_text()))
+    produce = frozenset({"produce"})
+    first_chain = FilterChain.from_specs(
+        [FilterSpec(name="pii", module="builtin:pii-mask", topics=("pii.*",),
+                    apply_to=produce)],
+        cache_dir=tmp_path / "cache",
+    )
+    stateful_chain = FilterChain.from_specs(
+        [FilterSpec(name="stateful", module=str(upper), topics=("pii.*", "keep.*"),
+                    apply_to=produce)],
+        cache_dir=tmp_path / "cache",
+    )
+    chains = [first_chain]
+    topics = TopicRegistry()
+    metrics = Metrics()
+
+    def context(generation: int) -> PathContext:
+        return PathContext(
+            chain=chains[-1], generation=generation, directions=produce,
+            topics=topics, metrics=metrics, node_address=lambda n, h, p: (h, p),
+            open_upstream=None,  # type: ignore[arg-type]
+            overlap_produce=True,
+        )
+
+    table = Routes([ProducePath()], context, VersionTable())
+    first, second = build([("pii.a", 3, -1, []), ("keep.c", 3, -1, [])])
+    conn = Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), table, metrics)
+    (job_a,) = [a for a in conn.client_data(first) if isinstance(a, StartJob)]
+    chains.append(stateful_chain)
+    table.install()
+    started = [a for a in conn.client_data(second) if isinstance(a, StartJob)]
+    assert started == [], "a stateful job started before an earlier request was applied"
+    # The first request's result (masked under the old chain) arrives: it is filtered again
+    # under the stateful chain first, and the second one's job starts only once it is applied.
+    pending = [a for a in conn.job_done(job_a.job_id, job_a.job.run())
+               if isinstance(a, StartJob)]
+    sent: list[bytes] = []
+    order: list[int] = []
+    while pending:
+        job = pending.pop(0)
+        assert not pending, "two stateful jobs of one connection at once"
+        for a in conn.job_done(job.job_id, job.job.run()):
+            if isinstance(a, StartJob):
+                pending.append(a)
+            elif isinstance(a, SendToBroker):
+                for body in frames_of(a.data):
+                    sent.append(body)
+                    order.append(parse_request_header(body).correlation_id)
+    assert order == [1, 2]
+    # both upper-cased by the new chain's filter
+    assert b'"USER"' in sent[0] and b"LOWER CASE" in sent[1]
+    stateful_chain.close()
