@@ -473,6 +473,7 @@ typedef struct {
 static __thread gcm_kept_t gcm_kept;
 static pthread_key_t gcm_kept_key;
 static pthread_once_t gcm_kept_once = PTHREAD_ONCE_INIT;
+static int gcm_kept_key_ok; /* 0 if pthread_key_create failed (every key slot in use) */
 
 static void gcm_kept_free(void *p) {
     gcm_kept_t *k = p;
@@ -481,7 +482,7 @@ static void gcm_kept_free(void *p) {
 }
 
 static void gcm_kept_key_make(void) {
-    (void)pthread_key_create(&gcm_kept_key, gcm_kept_free);
+    gcm_kept_key_ok = pthread_key_create(&gcm_kept_key, gcm_kept_free) == 0;
 }
 
 /* A context keyed with `key`, to seal (`seal` 1) or open, in *g (this thread's kept one):
@@ -492,7 +493,10 @@ static int gcm_new(gcm_t *g, int seal, const uint8_t *key) {
     if (!k->ctx) {
         if (gcm_init(k, seal, key, gcm_fast_iv())) return -1;
         (void)pthread_once(&gcm_kept_once, gcm_kept_key_make);
-        (void)pthread_setspecific(gcm_kept_key, &gcm_kept); /* frees it at the thread's end */
+        /* Frees it at the thread's end. Without a key (the process used up its key slots)
+         * the contexts stay correct but are not freed when a thread ends: filter threads
+         * live as long as the proxy, so that costs at most two contexts per thread. */
+        if (gcm_kept_key_ok) (void)pthread_setspecific(gcm_kept_key, &gcm_kept);
     }
     *g = *k;
     return 0;
