@@ -137,3 +137,16 @@ def test_a_large_section_leaves_no_large_buffer_behind() -> None:
     assert _memory_kept_by_a_thread_after(24 << 20) < 6 << 20
     # Batch-sized sections keep theirs: their next compression does not zero a fresh one.
     assert _memory_kept_by_a_thread_after(1 << 20) > 1 << 20
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=records)
+def test_fast_frames_are_the_same_format_and_read_back(data: bytes) -> None:
+    # The fetch path's recompression (a higher acceleration): the frame descriptor of the
+    # level-0 frame (independent 64 KiB blocks with checksums, no content size or checksum),
+    # read back by liblz4 and by cramjam's independent decoder.
+    fast = compression.compress(CODEC_LZ4, data, fast=True)
+    assert fast[:7] == cramjam_frame(data)[:7]
+    assert bytes(compression.decompress(CODEC_LZ4, fast)) == data
+    assert bytes(cramjam.lz4.decompress(fast)) == data
+    assert bytes(lz4_frame.decompress(fast, len(data), len(data))) == data
