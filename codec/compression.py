@@ -431,11 +431,13 @@ def lz4_sealed_frame(data: Buffer, tail: bytes) -> Buffer:
 
 
 def compress(codec: int, data: Buffer, xerial: bool = True,
-             incompressible: bool = False, tail: bytes = b"") -> Buffer:
+             incompressible: bool = False, tail: bytes = b"", fast: bool = False) -> Buffer:
     """Compress a records section with `codec` (snappy: xerial framing unless xerial=False).
     `incompressible`: the caller knows the section will not compress (ciphertext), so lz4
     writes stored blocks (`lz4_stored_frame`) or, with the `tail` its records end with,
-    that tail as matches (`lz4_sealed_frame`); the other codecs compress as usual."""
+    that tail as matches (`lz4_sealed_frame`); the other codecs compress as usual.
+    `fast`: lz4 through liblz4 searches at a higher acceleration (`lz4_frame.FAST_LEVEL`):
+    the same frame format, for sections rebuilt on the way to a consumer."""
     if codec == CODEC_NONE:
         return data
     if incompressible and codec == CODEC_LZ4:
@@ -450,7 +452,7 @@ def compress(codec: int, data: Buffer, xerial: bool = True,
         # Level 0 is LZ4's fast mode, which librdkafka producers use by default; cramjam's
         # default (4) is the high-compression mode, ~6x slower for ~25% smaller batches.
         if lz4_frame.AVAILABLE:  # the same frame, made without holding the GIL
-            return lz4_frame.compress(data)
+            return lz4_frame.compress(data, fast)
         compressor = cramjam.lz4.Compressor(level=0, content_checksum=False,
                                             block_linked=False)
         compressor.compress(data if isinstance(data, bytes) else bytes(data))

@@ -10,7 +10,8 @@ without it compression keeps to cramjam, with the same frames and the same verdi
 
 Compression makes the frame `compression.compress` made with cramjam: LZ4's fast mode (level 0,
 what librdkafka producers use), independent 64 KiB blocks with a checksum each, no content
-checksum or size.
+checksum or size. `compress(fast=True)` makes the same kind of frame with a faster, coarser
+match search (the fetch path's recompression of a filter's output).
 Decompression writes into a buffer the caller sizes and grows it only up to the caller's limit,
 so a small frame claiming gigabytes costs no more than the limit.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import threading
-from typing import Final
+from typing import Any, Final
 
 Buffer = bytes | bytearray | memoryview
 
@@ -101,10 +102,23 @@ if _lib is not None:
     _lib.LZ4F_resetDecompressionContext.argtypes = [_vp]
     _lib.LZ4F_resetDecompressionContext.restype = None
 
-_PREFS = _Preferences()
-_PREFS.frameInfo.blockMode = _BLOCK_INDEPENDENT
-_PREFS.frameInfo.blockChecksumFlag = 1  # as cramjam's frames have always had
-_PREFS.compressionLevel = 0
+#: LZ4's acceleration for `compress(fast=True)`: liblz4's frame API takes a negative level
+#: -L as acceleration L + 1. The frame format is the same as at level 0 (every LZ4 reader
+#: reads it); only the match search skips more. On bench_proxy's masked JSON records: ~15 %
+#: less time than level 0, and no larger (docs/PERFORMANCE.md, "pii-mask on fetch").
+FAST_LEVEL: Final = -2
+
+
+def _preferences(level: int) -> _Preferences:
+    prefs = _Preferences()
+    prefs.frameInfo.blockMode = _BLOCK_INDEPENDENT
+    prefs.frameInfo.blockChecksumFlag = 1  # as cramjam's frames have always had
+    prefs.compressionLevel = level
+    return prefs
+
+
+_PREFS = _preferences(0)
+_FAST_PREFS = _preferences(FAST_LEVEL)
 
 
 #: liblz4 returns its errors as sizes just under 2**64 (`LZ4F_isError`): a result below this
@@ -124,34 +138,38 @@ def _address(data: bytes) -> int:
     return _vp.from_buffer(ctypes.c_char_p(data)).value or 0
 
 
-def compress(data: Buffer) -> bytes:
-    """One LZ4 frame of `data` (fast mode, independent blocks with checksums)."""
+def compress(data: Buffer, fast: bool = False) -> bytes:
+    """One LZ4 frame of `data` (fast mode, independent blocks with checksums); `fast`: at
+    acceleration `1 - FAST_LEVEL` rather than 1 (the same format, a coarser search)."""
     assert _lib is not None
+    prefs = ctypes.byref(_FAST_PREFS if fast else _PREFS)
     size = memoryview(data).nbytes
-    bound = _lib.LZ4F_compressFrameBound(size, ctypes.byref(_PREFS))
+    bound = _lib.LZ4F_compressFrameBound(size, prefs)
     out = _scratch(bound)
     if isinstance(data, bytes):
-        written = _compress_at(out, bound, _address(data), size)
+        written = _compress_at(out, bound, _address(data), size, prefs)
     else:
         # A writable buffer (the opened section an encrypt filter lends, a view of its
         # output buffer) is read where it lies: bytes(data) was a copy of the whole section.
         view = memoryview(data)
         if view.readonly or not view.c_contiguous or not size:
             copy = bytes(view)  # held until the call returns
-            written = _compress_at(out, bound, _address(copy), size)
+            written = _compress_at(out, bound, _address(copy), size, prefs)
         else:
             # one c_char over its first byte gives the address (see `decompress`)
             first = ctypes.c_char.from_buffer(view)
             try:
-                written = _compress_at(out, bound, ctypes.addressof(first), size)
+                written = _compress_at(out, bound, ctypes.addressof(first), size, prefs)
             finally:
                 del first  # releases the export of `data`'s buffer
     return ctypes.string_at(out, written)  # the one copy: out of the scratch buffer
 
 
-def _compress_at(out: ctypes.Array[ctypes.c_char], bound: int, src: int, size: int) -> int:
+def _compress_at(
+    out: ctypes.Array[ctypes.c_char], bound: int, src: int, size: int, prefs: Any
+) -> int:
     assert _lib is not None
-    return _check(_lib.LZ4F_compressFrame(out, bound, src, size, ctypes.byref(_PREFS)))
+    return _check(_lib.LZ4F_compressFrame(out, bound, src, size, prefs))
 
 
 _local = threading.local()

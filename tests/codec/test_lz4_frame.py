@@ -164,3 +164,15 @@ def test_sections_of_new_sizes_make_no_ctypes_types_and_views_read_in_place() ->
             with pytest.raises(CorruptBatch):
                 compression.decompress(CODEC_LZ4, frame[:-6] + b"\xff" * 6)
     assert _ctypes_array_types() - before < 5
+
+@settings(max_examples=80, deadline=None)
+@given(data=records)
+def test_fast_frames_are_the_same_format_and_read_back(data: bytes) -> None:
+    # The fetch path's recompression (a higher acceleration): the frame descriptor of the
+    # level-0 frame (independent 64 KiB blocks with checksums, no content size or checksum),
+    # read back by liblz4 and by cramjam's independent decoder.
+    fast = compression.compress(CODEC_LZ4, data, fast=True)
+    assert fast[:7] == cramjam_frame(data)[:7]
+    assert bytes(compression.decompress(CODEC_LZ4, fast)) == data
+    assert bytes(cramjam.lz4.decompress(fast)) == data
+    assert bytes(lz4_frame.decompress(fast, len(data), len(data))) == data
