@@ -304,6 +304,9 @@ def test_the_native_ticker_parks_and_a_call_wakes_it() -> None:
     try:
         _wait_until_parked(engine)
         assert engine.idle
+        # `idle` is published as the ticker is told to park; a tick already under way may
+        # still land (seen once in a full parallel run: 2 ticks), so count from a moment on.
+        time.sleep(0.02)
         parked = engine.ticks_added()
         time.sleep(0.1)
         assert engine.ticks_added() - parked <= 1, "a parked ticker does not tick"
