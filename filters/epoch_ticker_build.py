@@ -12,10 +12,11 @@ while guests are busy.
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 from cffi import FFI
+
+from sluice.native_build import build_beside
 
 HERE = Path(__file__).resolve().parent
 CDEF = """
@@ -38,12 +39,7 @@ def builder() -> FFI:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        built = Path(builder().compile(tmpdir=tmp, verbose=False))
-        target = HERE / built.name
-        target.write_bytes(built.read_bytes())
-    print(f"built {target.name}")
-    return 0
+    return build_beside(builder(), HERE)
 
 
 if __name__ == "__main__":

@@ -190,20 +190,33 @@ install_class_archive() {
     echo "warning: no class archive for the Spark driver (see the error above); the audit job runs without it" >&2
 }
 
-# Bytecode for the project's own modules, as pip writes it for every package it installs: an
-# editable install gets none until an import writes it, and where PYTHONDONTWRITEBYTECODE is
-# set (this project's CI machines set it) never, so every process, each Spark Python worker
-# included, compiled them from source again (importing the audit job's task code: 0.20 s
-# instead of 0.12 s). Only stale files are compiled.
+# A cffi module $1/_$2*.so (built by $1/$2_build.py from $1/$2.c): true when it exists and is
+# newer than its sources, $1/$2.c, its build script and any further sources named after them.
+native_is_current() {
+  local dir="$1" stem="$2" so src
+  shift 2
+  so="$(ls "$dir"/_"$stem"*.so 2>/dev/null | head -1 || true)"
+  [ -n "$so" ] || return 1
+  for src in "$dir/$stem.c" "$dir/${stem}_build.py" "$@"; do
+    [ "$so" -nt "$src" ] || return 1
+  done
+}
+
+# Builds the cffi module $1/_$2*.so with `python -m sluice.$1.$2_build`; $3 says what it is,
+# $4 what the build needs (in the error that stops the set-up).
+build_native() {
+  local dir="$1" stem="$2" what="$3" needs="$4"
+  say "building $what ($dir/$stem.c)"
+  "$VENV/bin/python" -m "sluice.$dir.${stem}_build" || {
+    echo "could not build $dir/$stem.c: it needs $needs" >&2
+    exit 2; }
+}
+
 # builtin:encrypt's native batch sealer, crypto/_batch_seal*.so (cffi API mode against
 # libcrypto), rebuilt when missing or older than its sources. Without it the filter would run
 # its per-record Python path, several times slower: the set-up fails instead.
 build_batch_seal() {
-  local so
-  so="$(ls crypto/_batch_seal*.so 2>/dev/null | head -1 || true)"
-  if [ -n "$so" ] && [ "$so" -nt crypto/batch_seal.c ] && [ "$so" -nt crypto/batch_seal_build.py ]; then
-    return 0
-  fi
+  native_is_current crypto batch_seal && return 0
   local inc
   inc="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
   if [ ! -f "$inc/Python.h" ]; then
@@ -211,25 +224,16 @@ build_batch_seal() {
     as_root apt-get update -qq
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11-dev >/dev/null
   fi
-  say "building the native batch sealer of builtin:encrypt (crypto/batch_seal.c)"
-  "$VENV/bin/python" -m sluice.crypto.batch_seal_build || {
-    echo "could not build crypto/batch_seal.c: it needs gcc, libssl-dev and Python's headers" >&2
-    exit 2; }
+  build_native crypto batch_seal "the native batch sealer of builtin:encrypt" \
+    "gcc, libssl-dev and Python's headers"
 }
 
 # The native record check of codec/records.py, codec/_record_check*.so (cffi API mode, plain
 # C): one call per batch vets every record on the filter path; rebuilt when missing or older
 # than its sources. Without it the check runs aiokafka's reader (same verdicts, slower).
 build_record_check() {
-  local so
-  so="$(ls codec/_record_check*.so 2>/dev/null | head -1 || true)"
-  if [ -n "$so" ] && [ "$so" -nt codec/record_check.c ] && [ "$so" -nt codec/record_check_build.py ]; then
-    return 0
-  fi
-  say "building the native record check (codec/record_check.c)"
-  "$VENV/bin/python" -m sluice.codec.record_check_build || {
-    echo "could not build codec/record_check.c: it needs gcc and Python's headers" >&2
-    exit 2; }
+  native_is_current codec record_check codec/lz4_sealed.c && return 0
+  build_native codec record_check "the native record check" "gcc and Python's headers"
 }
 
 # The native epoch ticker of filters/engine.py, filters/_epoch_ticker*.so (cffi API mode, plain
@@ -237,17 +241,15 @@ build_record_check() {
 # than its sources. Without it the engine runs its Python ticker (same deadlines, 500 GIL
 # wake-ups a second while guests are busy).
 build_epoch_ticker() {
-  local so
-  so="$(ls filters/_epoch_ticker*.so 2>/dev/null | head -1 || true)"
-  if [ -n "$so" ] && [ "$so" -nt filters/epoch_ticker.c ] && [ "$so" -nt filters/epoch_ticker_build.py ]; then
-    return 0
-  fi
-  say "building the native epoch ticker (filters/epoch_ticker.c)"
-  "$VENV/bin/python" -m sluice.filters.epoch_ticker_build || {
-    echo "could not build filters/epoch_ticker.c: it needs gcc and Python's headers" >&2
-    exit 2; }
+  native_is_current filters epoch_ticker && return 0
+  build_native filters epoch_ticker "the native epoch ticker" "gcc and Python's headers"
 }
 
+# Bytecode for the project's own modules, as pip writes it for every package it installs: an
+# editable install gets none until an import writes it, and where PYTHONDONTWRITEBYTECODE is
+# set (this project's CI machines set it) never, so every process, each Spark Python worker
+# included, compiled them from source again (importing the audit job's task code: 0.20 s
+# instead of 0.12 s). Only stale files are compiled.
 compile_project() {
   "$VENV/bin/python" -m compileall -q -j 0 sluice codec crypto filters proxy spark_audit \
     telemetry_schema transforms

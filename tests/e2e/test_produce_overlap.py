@@ -11,14 +11,13 @@ several partitions are what puts several of its requests in flight on one connec
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from tests.e2e.clients import QUIET, create_topic, unique
+from tests.e2e.filter_threads import consume_partitions, json_values, two_thread_config
 from tests.harness.ports import free_port
 from tests.harness.proxy import SluiceProxy
 from tests.harness.raw_kafka import sample_value, scrape
@@ -57,44 +56,16 @@ def produce_idempotent(bootstrap: str, topic: str, values: list[bytes]) -> list[
     return [p for p in placed if p is not None]
 
 
-def stored(bootstrap: str, topic: str, count: int) -> dict[int, list[dict[str, Any]]]:
-    """Every partition's records as the broker keeps them, in offset order."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("overlap"),
-                         "enable.auto.commit": False, **QUIET})
-    got: dict[int, list[dict[str, Any]]] = {p: [] for p in range(PARTITIONS)}
-    try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-        n = idle = 0
-        while n < count and idle < 60:
-            batch = consumer.consume(1000, 0.5)
-            idle = 0 if batch else idle + 1
-            for msg in batch:
-                assert msg.error() is None, msg.error()
-                got[msg.partition()].append(json.loads(msg.value()))
-                n += 1
-    finally:
-        consumer.close()
-    return got
-
-
 def test_an_idempotent_producer_keeps_its_order_through_overlapping_masked_produce(
     broker: Any, tmp_path: Path
 ) -> None:
     topic = unique("overlap-pii")
     create_topic(broker.bootstrap, topic, partitions=PARTITIONS)
-    values = [
-        json.dumps({"seq": i, "user": f"user{i}@example.com", "note": "x" * 120}).encode()
-        for i in range(RECORDS)
-    ]
+    values = json_values(RECORDS, "x" * 120)
     metrics = free_port()
-    config = {
-        "metrics": {"listen": f"127.0.0.1:{metrics}"},
-        "proxy": {"filter_threads": 2},
-        "filters": [{"name": "mask", "module": "builtin:pii-mask", "topics": [topic],
-                     "apply_to": ["produce"]}],
-    }
-    path = tmp_path / "sluice.yaml"
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    path = two_thread_config(tmp_path, metrics, {
+        "name": "mask", "module": "builtin:pii-mask", "topics": [topic], "apply_to": ["produce"],
+    })
     with SluiceProxy(upstream=broker.bootstrap, config=path) as proxy:
         placed = produce_idempotent(proxy.bootstrap, topic, values)
         overlapped = sample_value(scrape(metrics), "sluice_produce_overlapped_jobs_total")
@@ -104,7 +75,7 @@ def test_an_idempotent_producer_keeps_its_order_through_overlapping_masked_produ
     for i, (partition, offset) in enumerate(placed):
         assert offset == len(sent[partition]), f"record {i}: offset {offset} out of order"
         sent[partition].append(i)
-    got = stored(broker.bootstrap, topic, RECORDS)
+    got = consume_partitions(broker.bootstrap, topic, PARTITIONS, RECORDS, group="overlap")
     for partition, seqs in sent.items():
         docs = got[partition]
         assert [d["seq"] for d in docs] == seqs, f"partition {partition} stored out of order"

@@ -9,9 +9,11 @@ answers it the same way, and the test counts the reads the session was handed on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import struct
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +58,39 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(size)
 
 
+def _config() -> ProxyConfig:
+    return ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
+
+
+@contextlib.asynccontextmanager
+async def _proxy_before(broker: Any, config: ProxyConfig) -> AsyncIterator[ProxyServer]:
+    """The real `ProxyServer` of `config` started in front of a fake broker served by
+    `broker`; both closed on the way out."""
+    fake = await asyncio.start_server(broker, "127.0.0.1", 0)
+    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
+    server = ProxyServer(config)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+        fake.close()
+
+
+async def _start_large_request(
+    config: ProxyConfig, client_ssl: ssl.SSLContext | None = None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+    """A client of the proxy that has sent the first 20 000 bytes of a large request: its
+    reader, writer and the whole request."""
+    reader, writer = await asyncio.open_connection(*config.listen, ssl=client_ssl)
+    request = _request(1, LARGE)
+    writer.write(request[:20_000])
+    await writer.drain()
+    return reader, writer, request
+
+
 async def _exchange(tls_dir: Path | None, counts: dict[str, int]) -> dict[str, Any]:
-    config = ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
+    config = _config()
     client_ssl: ssl.SSLContext | None = None
     if tls_dir is not None:
         pki = make_pki(tls_dir)
@@ -76,16 +109,9 @@ async def _exchange(tls_dir: Path | None, counts: dict[str, int]) -> dict[str, A
         await reader.read()
         writer.close()
 
-    fake = await asyncio.start_server(broker, "127.0.0.1", 0)
-    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
-    server = ProxyServer(config)
-    await server.start()
-    try:
-        reader, writer = await asyncio.open_connection(*config.listen, ssl=client_ssl)
-        request = _request(1, LARGE)
+    async with _proxy_before(broker, config) as server:
         # The first piece alone, then the session's mark while the rest is missing.
-        writer.write(request[:20_000])
-        await writer.drain()
+        reader, writer, request = await _start_large_request(config, client_ssl)
         for _ in range(500):
             if server.sessions and counts["client"]:
                 break
@@ -111,9 +137,6 @@ async def _exchange(tls_dir: Path | None, counts: dict[str, int]) -> dict[str, A
         seen["has mark"] = client_mark is not None
         writer.close()
         return seen
-    finally:
-        await server.close()
-        fake.close()
 
 
 def _run(tls_dir: Path | None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -191,7 +214,7 @@ def test_no_mark_for_small_remainders() -> None:
 async def _trickle_past_idle_timeout() -> dict[str, Any]:
     """A client sends a large request steadily but slowly: fewer bytes per idle timeout than
     the mark, so the proxy makes no read for longer than the timeout."""
-    config = ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
+    config = _config()
     config.idle_timeout = 1.0
     seen: dict[str, Any] = {}
 
@@ -202,15 +225,8 @@ async def _trickle_past_idle_timeout() -> dict[str, Any]:
         await reader.read()
         writer.close()
 
-    fake = await asyncio.start_server(broker, "127.0.0.1", 0)
-    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
-    server = ProxyServer(config)
-    await server.start()
-    try:
-        reader, writer = await asyncio.open_connection(*config.listen)
-        request = _request(1, LARGE)
-        writer.write(request[:20_000])
-        await writer.drain()
+    async with _proxy_before(broker, config) as server:
+        reader, writer, request = await _start_large_request(config)
         # 3 s of 4 KB every 0.1 s (120 KB, below the mark): bytes move all the time
         at = 20_000
         try:
@@ -228,32 +244,20 @@ async def _trickle_past_idle_timeout() -> dict[str, Any]:
         seen["idle closed"] = server.metrics.connections_idle_closed
         writer.close()
         return seen
-    finally:
-        await server.close()
-        fake.close()
-
-
 
 
 async def _stall_under_the_mark() -> int:
     """A client starts a large request, sends a little more (held under the mark), then stops:
     the idle timeout still closes it. Returns the idle closes counted."""
-    config = ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
+    config = _config()
     config.idle_timeout = 0.5
 
     async def broker(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()
         writer.close()
 
-    fake = await asyncio.start_server(broker, "127.0.0.1", 0)
-    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
-    server = ProxyServer(config)
-    await server.start()
-    try:
-        reader, writer = await asyncio.open_connection(*config.listen)
-        request = _request(1, LARGE)
-        writer.write(request[:20_000])
-        await writer.drain()
+    async with _proxy_before(broker, config) as server:
+        reader, writer, request = await _start_large_request(config)
         await asyncio.sleep(0.2)
         writer.write(request[20_000:30_000])  # waits in the kernel: below the mark
         await writer.drain()
@@ -263,9 +267,6 @@ async def _stall_under_the_mark() -> int:
             pass
         writer.close()
         return server.metrics.connections_idle_closed
-    finally:
-        await server.close()
-        fake.close()
 
 
 @pytest.mark.serial

@@ -503,6 +503,18 @@ enc_split_st = st.tuples(st.integers(1, 30), st.sampled_from([CODEC_NONE, CODEC_
                          st.integers(2, 5), st.one_of(st.none(), st.integers(0, 4)))
 
 
+def _split_blob(enc: EncSetup, topic: str, partition: Any, seed: int) -> bytes:
+    """One partition of `enc_split_st`: its batches sealed one by one, from batch `stale_from`
+    on under the KEK version the reader's KMS does not know; each batch at its own offsets
+    (sealed() numbers every call's from 0)."""
+    n, codec, batches, stale_from = partition
+    return b"".join(
+        _at_offset(sealed(enc.stale if stale_from is not None and b >= stale_from
+                          else enc.sealer, topic, 0, n, codec, 1, seed + b * n), b * n)
+        for b in range(batches)
+    )
+
+
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(topic=st.sampled_from(["encv.a", "encf.a"]), partition=enc_split_st,
@@ -517,13 +529,8 @@ def test_one_encrypted_partition_split_in_runs_gives_the_serial_pass(
     must not count theirs."""
     monkeypatch.setattr(fetch_path, "SPREAD_MIN_BYTES", 0)
     monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 0)
-    n, codec, batches, stale_from = partition
-    # Each batch at its own offsets (sealed() numbers every call's from 0).
-    blob = b"".join(
-        _at_offset(sealed(enc.stale if stale_from is not None and b >= stale_from
-                          else enc.sealer, topic, 0, n, codec, 1, seed + b * n), b * n)
-        for b in range(batches)
-    )
+    _n, _codec, batches, stale_from = partition
+    blob = _split_blob(enc, topic, partition, seed)
     frame = fetch_frame({topic: [blob]})
     serial, spawned = serial_and_spread_agree(enc.reader, frame, pool, principal)
     assert spawned
@@ -543,12 +550,8 @@ def test_encrypted_runs_finished_in_any_order_count_one_refusal(
     """The runs behind the first batch the reader's KMS cannot open also fail (56); when they
     finish first, their refusals are held and dropped: one failure counted, as serially."""
     monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 0)
-    n, codec, batches, stale_from = partition
-    blob = b"".join(
-        _at_offset(sealed(enc.stale if stale_from is not None and b >= stale_from
-                          else enc.sealer, topic, 0, n, codec, 1, seed + b * n), b * n)
-        for b in range(batches)
-    )
+    _n, _codec, batches, stale_from = partition
+    blob = _split_blob(enc, topic, partition, seed)
     ctx = RecordContext(topic, 0, "fetch", "consumer", READER)
     before = failures(enc.reader)
     serial = pipeline.filter_fetch(enc.reader, ctx, blob, checked=True)

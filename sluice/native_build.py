@@ -1,0 +1,26 @@
+"""What the cffi build scripts of the native modules share (codec/record_check_build.py,
+filters/epoch_ticker_build.py): compile a builder's module in a scratch folder and put the
+result next to its sources, where the package imports it from (it is not committed)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from cffi import FFI
+
+
+def build_beside(ffi: FFI, folder: Path) -> int:
+    """Compiles `ffi` (set up with cdef and set_source) and installs the module in `folder`;
+    the exit status for the build script's `main`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        built = Path(ffi.compile(tmpdir=tmp, verbose=False))
+        target = folder / built.name
+        # A new file renamed over the old one: a running proxy keeps its mapping of the old
+        # module intact (writing into a mapped library in place can crash it).
+        fresh = target.with_name(target.name + ".new")
+        fresh.write_bytes(built.read_bytes())
+        os.replace(fresh, target)
+    print(f"built {target.name}")
+    return 0
