@@ -10,12 +10,12 @@ runs its per-record Python path (crypto/record_filter.py), which gives the same 
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from cffi import FFI
+
+from sluice.native_build import build_beside
 
 HERE = Path(__file__).resolve().parent
 CDEF = """
@@ -62,16 +62,7 @@ def builder() -> FFI:
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        built = Path(builder().compile(tmpdir=tmp, verbose=False))
-        target = HERE / built.name
-        # A new file renamed over the old one: a running proxy keeps its mapping of the old
-        # module intact (writing into a mapped library in place can crash it).
-        fresh = target.with_name(target.name + ".new")
-        fresh.write_bytes(built.read_bytes())
-        os.replace(fresh, target)
-    print(f"built {target.name}")
-    return 0
+    return build_beside(builder(), HERE)
 
 
 if __name__ == "__main__":

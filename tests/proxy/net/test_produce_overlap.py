@@ -22,6 +22,7 @@ import wasmtime
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.produce_overlap import routes
 from sluice.codec import entities, schemas
 from sluice.codec.batch_counts import count_records
 from sluice.codec.headers import parse_request_header, response_header_bytes
@@ -80,21 +81,6 @@ def pool() -> Iterator[ThreadPoolExecutor]:
     executor = ThreadPoolExecutor(2, thread_name_prefix="overlap-test")
     yield executor
     executor.shutdown(wait=True)
-
-
-def routes(chain: FilterChain, overlap: bool) -> Routes:
-    topics = TopicRegistry()
-    metrics = Metrics()
-
-    def context(generation: int) -> PathContext:
-        return PathContext(
-            chain=chain, generation=generation, directions=frozenset({"produce"}),
-            topics=topics, metrics=metrics, node_address=lambda n, h, p: (h, p),
-            open_upstream=None,  # type: ignore[arg-type]
-            overlap_produce=overlap,
-        )
-
-    return Routes([ProducePath()], context, VersionTable())
 
 
 def value(topic: str, i: int, mark: str | None) -> bytes:
