@@ -83,11 +83,13 @@ from sluice.proxy.paths.base import (
     Defer,
     Exchange,
     Forward,
+    Frame,
     Job,
     NoReply,
     Pin,
     Refuse,
     Refused,
+    RequestOutcome,
     Respond,
     Telemetry,
     TelemetryCall,
@@ -615,10 +617,8 @@ class Connection:
             to_broker.append(_pack_size(len(frame)))
             to_broker.append(frame)
             return
-        try:
-            outcome = path.on_request(router.ctx, exchange, frame)
-        except (CodecError, Refused, UnknownNodes) as exc:
-            self._close(out, str(exc), violation=True)
+        outcome = self._path_request(path, router.ctx, exchange, frame, out)
+        if outcome is None:
             return
         if self._ahead:
             # Behind overlapping jobs: applied once every earlier request is.
@@ -752,6 +752,16 @@ class Connection:
         if not ahead and self._phase is _AHEAD:
             self._phase = _FLOWING
 
+    def _path_request(self, path: Any, ctx: Any, exchange: Exchange, frame: Frame,
+                      out: list[Action]) -> RequestOutcome | None:
+        """The path's outcome for a request, or None once a request it cannot take has
+        closed the connection."""
+        try:
+            return path.on_request(ctx, exchange, frame)
+        except (CodecError, Refused, UnknownNodes) as exc:
+            self._close(out, str(exc), violation=True)
+            return None
+
     def _reroute(self, entry: _Ahead, router: Any, out: list[Action]) -> None:
         exchange, frame = entry.target
         exchange.effects = None
@@ -762,10 +772,8 @@ class Connection:
         if path is None:
             self._settle(entry, Forward(), out)
             return
-        try:
-            outcome = path.on_request(router.ctx, exchange, frame)
-        except (CodecError, Refused, UnknownNodes) as exc:
-            self._close(out, str(exc), violation=True)
+        outcome = self._path_request(path, router.ctx, exchange, frame, out)
+        if outcome is None:
             return
         self._keep_effects(entry, exchange)
         self._settle(entry, outcome, out)
