@@ -83,6 +83,21 @@ def pool() -> Iterator[ThreadPoolExecutor]:
     executor.shutdown(wait=True)
 
 
+def reloadable_routes(chains: list[FilterChain], metrics: Metrics) -> Routes:
+    """Routes whose paths always see the last chain of `chains`: a test appends one to reload."""
+    topics = TopicRegistry()
+
+    def context(generation: int) -> PathContext:
+        return PathContext(
+            chain=chains[-1], generation=generation, directions=frozenset({"produce"}),
+            topics=topics, metrics=metrics, node_address=lambda n, h, p: (h, p),
+            open_upstream=None,  # type: ignore[arg-type]
+            overlap_produce=True,
+        )
+
+    return Routes([ProducePath()], context, VersionTable())
+
+
 def value(topic: str, i: int, mark: str | None) -> bytes:
     if mark is not None:
         return f"{mark} record {i}".encode()
@@ -348,18 +363,8 @@ def test_a_request_ahead_is_filtered_again_under_a_chain_installed_meanwhile(
         cache_dir=tmp_path / "cache",
     )
     chains = [chain]
-    topics = TopicRegistry()
     metrics = Metrics()
-
-    def context(generation: int) -> PathContext:
-        return PathContext(
-            chain=chains[-1], generation=generation, directions=frozenset({"produce"}),
-            topics=topics, metrics=metrics, node_address=lambda n, h, p: (h, p),
-            open_upstream=None,  # type: ignore[arg-type]
-            overlap_produce=True,
-        )
-
-    table = Routes([ProducePath()], context, VersionTable())
+    table = reloadable_routes(chains, metrics)
     frames = build([("pii.a", 5, -1, []), ("pii.a", 5, -1, [])])
     conn = Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), table, metrics)
     jobs = [a for a in conn.client_data(b"".join(frames)) if isinstance(a, StartJob)]
@@ -399,18 +404,8 @@ def test_a_stateful_filter_installed_meanwhile_sees_the_requests_in_client_order
         cache_dir=tmp_path / "cache",
     )
     chains = [first_chain]
-    topics = TopicRegistry()
     metrics = Metrics()
-
-    def context(generation: int) -> PathContext:
-        return PathContext(
-            chain=chains[-1], generation=generation, directions=produce,
-            topics=topics, metrics=metrics, node_address=lambda n, h, p: (h, p),
-            open_upstream=None,  # type: ignore[arg-type]
-            overlap_produce=True,
-        )
-
-    table = Routes([ProducePath()], context, VersionTable())
+    table = reloadable_routes(chains, metrics)
     first, second = build([("pii.a", 3, -1, []), ("keep.c", 3, -1, [])])
     conn = Connection(ClientInfo("1.2.3.4:5", ("b", 9092)), table, metrics)
     (job_a,) = [a for a in conn.client_data(first) if isinstance(a, StartJob)]
