@@ -12,6 +12,7 @@ table and checks that it says what `RULES` says, so the doc and the check cannot
 from __future__ import annotations
 
 import ast
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,9 +173,14 @@ def _cycles(graph: dict[Path, set[Path]]) -> list[list[Path]]:
 
 
 def project_files() -> list[Path]:
-    return [
-        p for p in ROOT.rglob("*.py") if not any(part in SKIP for part in p.relative_to(ROOT).parts)
-    ]
+    # os.walk, pruning as it goes: rglob also entered hidden folders such as .hypothesis/tmp,
+    # which a test on another worker may delete mid-walk (FileNotFoundError in CI). os.walk
+    # skips a folder that vanished, and hidden folders hold no project module.
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP and not d.startswith("."))
+        found.extend(Path(folder) / f for f in sorted(files) if f.endswith(".py"))
+    return found
 
 
 def room_of(path: Path) -> str | None:
