@@ -23,13 +23,15 @@ from typing import Final
 import wasmtime
 
 from sluice.codec.records import Buffer
+from sluice.filters import host_sha256
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
-from sluice.filters import host_sha256
 from sluice.filters.decisions import Decision
 from sluice.filters.engine import FilterEngine
 from sluice.filters.guest import (
+    MEMORY_DATA_FN,
+    MEMORY_SIZE_FN,
     GuestFailure,
     GuestInstance,
     RawFunc,
@@ -233,9 +235,10 @@ class SluiceAbi(AbiRunner):
             raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
         out_ptr, out_len = unpack(result)
         if self._hash_slot:  # host_sha256: the digests the guest asked for, into its output
-            assert host_sha256.hs_run is not None
-            done = host_sha256.hs_run(guest._base(), guest.memory_size(), self._hash_slot,
-                                      out_ptr, out_len, count)
+            assert host_sha256.hs_run_wasm is not None
+            done = host_sha256.hs_run_wasm(MEMORY_DATA_FN, MEMORY_SIZE_FN, guest.store_context,
+                                           guest.memory_handle, self._hash_slot, out_ptr,
+                                           out_len, count)
             if done < 0:
                 raise GuestFailure("invalid-output", host_sha256.error_text(done))
         try:

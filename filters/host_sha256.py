@@ -38,11 +38,14 @@ _ERRORS: Final = {
 
 
 #: ``hs_run(mem_addr, mem_size, slot, out_ptr, out_len, records)``: the number of digests
-#: written, or a negative code (`error_text`) with nothing written. Called straight from the
-#: batch path (a wrapper function cost a third of the pass on a 100-record batch). None when
-#: not built.
+#: written, or a negative code (`error_text`) with nothing written. None when not built.
 hs_run: Callable[[int, int, int, int, int, int], int] | None = (
     _lib.hs_run if AVAILABLE else None)
+#: ``hs_run_wasm(memory_data_fn, memory_size_fn, store_context, memory, slot, out_ptr,
+#: out_len, records)``: `hs_run` on a wasmtime memory, whose address and size the C code asks
+#: wasmtime for (`GuestInstance.hash_requests`). None when not built.
+hs_run_wasm: Callable[[int, int, int, int, int, int, int, int], int] | None = (
+    _lib.hs_run_wasm if AVAILABLE else None)
 
 
 def error_text(code: int) -> str:

@@ -474,18 +474,24 @@ static int request_hashes(void) {
 
 /* SLUICE_VALUE_WRITTEN: a rewritten value, `len` bytes at `src`, now lies at `dst` in the output;
  * the requests for its placeholders (queued in record order, as the values are written). */
-static void value_written(const uint8_t *src, uint8_t *dst, int32_t len) {
+__attribute__((always_inline)) static inline void value_written(const uint8_t *src, uint8_t *dst, int32_t len) {
     if (requests == NULL) return;
     for (; next_request < npending; next_request++) {
         const pending_hash *h = &pending[next_request];
         if (h->out == NULL) continue;
         if (h->out < src || h->out + 64 > src + len) return; /* a later record's */
-        hash_request *r = &requests[hash_slot[1]++];
-        r->prefix_ptr = (uint32_t)(uintptr_t)h->salt->salt.ptr;
-        r->prefix_len = (uint32_t)h->salt->salt.len;
-        r->data_ptr = (uint32_t)(uintptr_t)h->in.ptr;
-        r->data_len = (uint32_t)h->in.len;
-        r->out_ptr = (uint32_t)(uintptr_t)(dst + (h->out - src));
+        hash_request q = {(uint32_t)(uintptr_t)h->salt->salt.ptr, (uint32_t)h->salt->salt.len,
+                          (uint32_t)(uintptr_t)h->in.ptr, (uint32_t)h->in.len,
+                          (uint32_t)(uintptr_t)(dst + (h->out - src))};
+        /* The host takes requests in output order; a record's come in rule order (the first
+         * hash rule may name a later member), so each goes in before any of its record's
+         * requests that land after it. */
+        uint32_t at = hash_slot[1]++;
+        while (at > 0 && requests[at - 1].out_ptr > q.out_ptr) {
+            requests[at] = requests[at - 1];
+            at--;
+        }
+        requests[at] = q;
     }
 }
 
