@@ -6,8 +6,10 @@ The ABI is one required core and a list of optional capabilities, one export eac
 ``sluice_filter(i32, i32) -> i64``. Capabilities: ``init`` (``sluice_init(i32, i32) -> i32``),
 ``admin`` (``sluice_admin(i32, i32) -> i64``), ``last_error`` (``sluice_last_error() -> i64``),
 ``records`` (``sluice_filter_records(i32, i32) -> i64``: the same filter over Kafka's record
-encoding, the host's fast path: native_io). A new capability is a new optional export, never a
-new meaning of an old one, so the version stays 1. Results pack
+encoding, the host's fast path: native_io), ``host_sha256`` (``sluice_host_sha256() -> i32``:
+the host hashes the SHA-256 requests a records call lists, once per batch: host_sha256). A new
+capability is a new optional export, never a new meaning of an old one, so the version stays 1.
+Results pack
 ``(ptr << 32) | len``; a negative result is an error whose text ``sluice_last_error`` may give.
 Byte layouts: records_io. The guest may reset an arena on each ``sluice_alloc``: the host calls
 it exactly once per guest call, right before it.
@@ -21,12 +23,15 @@ from typing import Final
 import wasmtime
 
 from sluice.codec.records import Buffer
+from sluice.filters import host_sha256
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Decision
 from sluice.filters.engine import FilterEngine
 from sluice.filters.guest import (
+    MEMORY_DATA_FN,
+    MEMORY_SIZE_FN,
     GuestFailure,
     GuestInstance,
     RawFunc,
@@ -55,6 +60,7 @@ _OPTIONAL: Final = {
     "sluice_admin": (("i32", "i32"), ("i64",)),
     "sluice_last_error": ((), ("i64",)),
     "sluice_filter_records": (("i32", "i32"), ("i64",)),
+    "sluice_host_sha256": ((), ("i32",)),
 }
 #: The optional capabilities of ABI v1, by name, and the export that declares each.
 CAPABILITIES: Final = {
@@ -62,6 +68,7 @@ CAPABILITIES: Final = {
     "admin": "sluice_admin",
     "last_error": "sluice_last_error",
     "records": "sluice_filter_records",
+    "host_sha256": "sluice_host_sha256",
 }
 
 
@@ -101,6 +108,9 @@ class SluiceAbi(AbiRunner):
         self.has_admin = "sluice_admin" in sigs
         self.has_last_error = "sluice_last_error" in sigs
         self.has_native = "sluice_filter_records" in sigs
+        # Offered only where the native pass is built and the records path exists.
+        self.has_host_sha256 = (host_sha256.AVAILABLE and self.has_native
+                                and "sluice_host_sha256" in sigs)
         self.capabilities = frozenset(c for c, export in CAPABILITIES.items() if export in sigs)
         self.config_json = spec.config_json
         self.prepare()
@@ -109,6 +119,8 @@ class SluiceAbi(AbiRunner):
         self._admin: RawFunc | None = None
         self._last_error: RawFunc | None = None
         self._native: RawFunc | None = None
+        #: The guest's hash request slot (host_sha256), 0 when the capability is not in use.
+        self._hash_slot = 0
 
     @property
     def supports_admin(self) -> bool:
@@ -126,6 +138,7 @@ class SluiceAbi(AbiRunner):
         self._admin = guest.func("sluice_admin") if self.has_admin else None
         self._last_error = guest.func("sluice_last_error") if self.has_last_error else None
         self._native = guest.func("sluice_filter_records") if self.has_native else None
+        self._hash_slot = 0
         if self.has_init:
             init = guest.func("sluice_init")
             assert init is not None
@@ -134,6 +147,20 @@ class SluiceAbi(AbiRunner):
             if rc != 0:
                 raise FilterLoadError(f"{self.who}: sluice_init rejected the config (code "
                                       f"{rc}): {self.last_error(guest) or 'no message'}")
+        if self.has_host_sha256:
+            self._offer_host_sha256(guest)
+
+    def _offer_host_sha256(self, guest: GuestInstance) -> None:
+        """The host_sha256 handshake, once per instance after sluice_init: calling the export
+        is the host's promise to run the hash requests of every successful records call; the
+        guest answers with the address of its request slot (0: it declines)."""
+        offer = guest.func("sluice_host_sha256")
+        assert offer is not None
+        slot = offer() & 0xFFFFFFFF
+        if slot and (slot % 4 or slot + 8 > guest.memory_size()):
+            raise FilterLoadError(f"{self.who}: sluice_host_sha256 returned slot {slot}, not "
+                                  "8 bytes of linear memory at a 4-byte boundary")
+        self._hash_slot = slot
 
     def _write_input(self, guest: GuestInstance, data: bytes) -> int:
         assert self._alloc is not None
@@ -207,6 +234,13 @@ class SluiceAbi(AbiRunner):
         if result < 0:
             raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
         out_ptr, out_len = unpack(result)
+        if self._hash_slot:  # host_sha256: the digests the guest asked for, into its output
+            assert host_sha256.hs_run_wasm is not None
+            done = host_sha256.hs_run_wasm(MEMORY_DATA_FN, MEMORY_SIZE_FN, guest.store_context,
+                                           guest.memory_handle, self._hash_slot, out_ptr,
+                                           out_len, count)
+            if done < 0:
+                raise GuestFailure("invalid-output", host_sha256.error_text(done))
         try:
             # Read in place: only the new records section is copied out, once.
             return decode_native_output(guest.view(out_ptr, out_len), count)

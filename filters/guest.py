@@ -40,6 +40,10 @@ _set_deadline = ctypes.CFUNCTYPE(None, _vp, ctypes.c_uint64)(
     ("wasmtime_context_set_epoch_deadline", _b.dll))
 _memory_data = ctypes.CFUNCTYPE(_vp, _vp, _vp)(("wasmtime_memory_data", _b.dll))
 _memory_size = ctypes.CFUNCTYPE(ctypes.c_size_t, _vp, _vp)(("wasmtime_memory_data_size", _b.dll))
+#: The addresses of wasmtime_memory_data and wasmtime_memory_data_size, for native code that
+#: reads a guest's memory without a trip through Python (filters/host_sha256.c).
+MEMORY_DATA_FN: Final = int(ctypes.cast(_memory_data, _vp).value or 0)
+MEMORY_SIZE_FN: Final = int(ctypes.cast(_memory_size, _vp).value or 0)
 
 _I32 = "i32"
 _I64 = "i64"
@@ -121,6 +125,9 @@ class GuestInstance:
         mem = self.exports.get("memory")
         self.memory: wasmtime.Memory | None = mem if isinstance(mem, wasmtime.Memory) else None
         self._mem_addr = ctypes.addressof(self.memory._memory) if self.memory is not None else 0
+        #: The two handles wasmtime's C API takes for this memory (MEMORY_DATA_FN's arguments).
+        self.store_context: int = self._ctx or 0
+        self.memory_handle: int = self._mem_addr
 
     def _initialize_reactor(self) -> None:
         """Run a WASI reactor's `_initialize` (Go's runtime and package initialisers, wasi-libc's

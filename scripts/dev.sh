@@ -245,6 +245,16 @@ build_epoch_ticker() {
   build_native filters epoch_ticker "the native epoch ticker" "gcc and Python's headers"
 }
 
+# The host's SHA-256 pass for guests with the host_sha256 capability (builtin:rules' hash
+# rule), filters/_host_sha256*.so (cffi API mode against libcrypto, SHA-NI where the CPU has
+# it); rebuilt when missing or older than its sources. Without it the host does not offer the
+# capability and such guests hash in Wasm (same bytes, slower).
+build_host_sha256() {
+  native_is_current filters host_sha256 && return 0
+  build_native filters host_sha256 "the host's SHA-256 pass" \
+    "gcc, libssl-dev and Python's headers"
+}
+
 # Bytecode for the project's own modules, as pip writes it for every package it installs: an
 # editable install gets none until an import writes it, and where PYTHONDONTWRITEBYTECODE is
 # set (this project's CI machines set it) never, so every process, each Spark Python worker
@@ -405,6 +415,7 @@ install_all() {
   build_batch_seal
   build_record_check
   build_epoch_ticker
+  build_host_sha256
   install_node_tools
   install_kafka
   install_spark_kafka

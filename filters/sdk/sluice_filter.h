@@ -134,6 +134,17 @@ int sluice_on_admin(const sluice_json *request, sluice_buf *out) __attribute__((
 #ifdef SLUICE_BATCH_END
 static void SLUICE_BATCH_END(void);
 #endif
+/* A filter that hands work to the host after a sluice_filter_records call (builtin:rules'
+ * host_sha256 requests point into the output's records section): `#define
+ * SLUICE_VALUE_WRITTEN name` and define `static void name(const uint8_t *src, uint8_t *dst,
+ * int32_t len)`; sluice_filter_records calls it for each rewritten record whose value is not
+ * null, once the value's `len` bytes at `src` (its decision's value) are copied to `dst` in the
+ * output, in record order. `sl__records_call` then says which entry point is running (1:
+ * sluice_filter_records, 0: sluice_filter). Filters that define neither compile as before. */
+#ifdef SLUICE_VALUE_WRITTEN
+static void SLUICE_VALUE_WRITTEN(const uint8_t *src, uint8_t *dst, int32_t len);
+static int sl__records_call;
+#endif
 #ifdef SLUICE_BATCH_BEGIN
 static void SLUICE_BATCH_BEGIN(void);
 #endif
@@ -1159,6 +1170,9 @@ static void sl__write_decided(uint8_t **w, const sluice_decision *d) {
 #ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter"))) int64_t sluice_filter(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
+#ifdef SLUICE_VALUE_WRITTEN
+    sl__records_call = 0;
+#endif
 #ifdef SLUICE_BATCH_BEGIN
     SLUICE_BATCH_BEGIN();
 #endif
@@ -1477,6 +1491,9 @@ static inline __attribute__((always_inline)) const char *sl__read_native(sl__rd 
 #ifndef SLUICE_SDK_LIBRARY
 __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_records(int32_t in_ptr, int32_t in_len) {
     sl__begin_call(in_ptr, in_len);
+#ifdef SLUICE_VALUE_WRITTEN
+    sl__records_call = 1;
+#endif
 #ifdef SLUICE_BATCH_BEGIN
     SLUICE_BATCH_BEGIN();
 #endif
@@ -1587,6 +1604,9 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
             sl__wvar(&w, n->offset_delta);
             sl__wvbytes(&w, d->key);
             sl__wvbytes(&w, d->value);
+#ifdef SLUICE_VALUE_WRITTEN
+            if (d->value.len > 0) SLUICE_VALUE_WRITTEN(d->value.ptr, w - d->value.len, d->value.len);
+#endif
             sl__wvar(&w, d->header_count);
             for (uint32_t h = 0; h < d->header_count; h++) {
                 sluice_bytes hk = d->headers[h].key;

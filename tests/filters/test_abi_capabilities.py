@@ -81,6 +81,6 @@ def test_a_capability_with_the_wrong_signature_refuses_the_load(
 def test_the_doc_lists_the_hosts_capabilities() -> None:
     text = DOC.read_text(encoding="utf-8")
     table = text.split("Capabilities (each optional):\n\n", 1)[1].split("\n\n", 1)[0]
-    rows = re.findall(r"^\| `([a-z_]+)` \| `([a-z_]+)` \|", table, flags=re.M)
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| `([a-z0-9_]+)` \|", table, flags=re.M)
     assert dict(rows) == CAPABILITIES
     assert set(CAPABILITIES.values()) == set(_OPTIONAL)

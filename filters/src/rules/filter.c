@@ -28,6 +28,7 @@
  */
 #define SLUICE_BATCH_BEGIN begin_batch /* the SDK calls these around each batch call */
 #define SLUICE_BATCH_END end_batch
+#define SLUICE_VALUE_WRITTEN value_written /* host_sha256: where each digest lands */
 #pragma clang attribute push(__attribute__((target("simd128"))), apply_to = function)
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
@@ -53,6 +54,7 @@ typedef struct {
     uint64_t done;      /* bytes those blocks held */
     uint8_t tail[64];   /* the salt's remaining bytes, then zeros */
     int32_t tail_len;
+    sluice_bytes salt;  /* the whole salt (the config's bytes), for the host's hash requests */
 } salt_state;
 
 typedef struct {
@@ -197,6 +199,7 @@ static void salt_init(salt_state *s, sluice_bytes salt) {
     s->done = (uint64_t)at;
     s->tail_len = n - at;
     for (int i = 0; i < 64; i++) s->tail[i] = i < s->tail_len ? salt.ptr[at + i] : 0;
+    s->salt = sluice_bytes_of(salt.ptr, (size_t)n);
 }
 
 /* "0".."ff" as two bytes each, for writing the digest a byte at a time. */
@@ -393,12 +396,17 @@ static void sha4(pending_hash *const e[4]) {
     else sha4_long(e);
 }
 
-/* At the batch's end (end_batch): the queued digests whose placeholders made it into an output. */
+/* At the batch's end (end_batch): the queued digests whose placeholders made it into an output.
+ * Fields queued for the host that do not fit one block (see queue_limit) are hashed alone. */
 static void hash_pending(void) {
     pending_hash *lanes[4];
     int n = 0;
     for (uint32_t i = 0; i < npending; i++) {
         if (pending[i].out == NULL) continue; /* removed, replaced, dropped or settled */
+        if (pending[i].salt->tail_len + pending[i].in.len > 55) {
+            sha_hex(pending[i].salt, pending[i].in.ptr, pending[i].in.len, pending[i].out);
+            continue;
+        }
         lanes[n++] = &pending[i];
         if (n == 4) {
             sha4(lanes);
@@ -410,6 +418,81 @@ static void hash_pending(void) {
         sha4(lanes);
     }
     npending = 0;
+}
+
+/* ---------------------------------------------------------------- hashes the host computes */
+
+/* The host_sha256 capability (docs/FILTER_ABI.md): a host that calls sluice_host_sha256 once
+ * after init promises to hash, after every successful sluice_filter_records call, the
+ * requests this module lists in `hash_slot`, with the CPU's SHA instructions: in Wasm even
+ * four lanes at a time a digest cost more than the rest of the record. Each request asks for
+ * the hex SHA-256 of salt || field written over the field's placeholder (64 '0' bytes) in the
+ * output's records section; where each placeholder lands is known only once the SDK copies the
+ * record's value there (value_written). sluice_filter calls, and an old host that never calls
+ * sluice_host_sha256, get the digests computed here, as before. */
+#define HOST_MAX_ENTRIES (1u << 20) /* the host's limits (filters/host_sha256.c) */
+#define HOST_MAX_BYTES (4u << 20)
+
+typedef struct {
+    uint32_t prefix_ptr, prefix_len, data_ptr, data_len, out_ptr;
+} hash_request;
+
+static int host_hashes;               /* the host called sluice_host_sha256 */
+static uint32_t hash_slot[2];         /* this call's table and its entry count, for the host */
+static hash_request *requests;        /* the table (arena memory); NULL: none this call */
+static uint32_t next_request;         /* value_written's place in `pending` */
+
+__attribute__((export_name("sluice_host_sha256"))) int32_t sluice_host_sha256(void) {
+    host_hashes = 1;
+    return (int32_t)(uintptr_t)hash_slot;
+}
+
+static void forget_requests(void) {
+    requests = NULL;
+    hash_slot[0] = hash_slot[1] = 0;
+    next_request = 0;
+}
+
+/* end_batch of a records call on a host that hashes: room for a request per queued digest that
+ * reached an output; value_written fills it in. 0 (hash here instead) on any other call, over
+ * the host's limits or out of memory. */
+static int request_hashes(void) {
+    if (!host_hashes || !sl__records_call) return 0;
+    uint32_t live = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < npending; i++) {
+        if (pending[i].out == NULL) continue;
+        live++;
+        bytes += (uint64_t)pending[i].salt->salt.len + (uint64_t)pending[i].in.len;
+    }
+    if (live == 0 || live > HOST_MAX_ENTRIES || bytes > HOST_MAX_BYTES) return 0;
+    requests = (hash_request *)sluice_malloc(sizeof(hash_request) * live);
+    if (requests == NULL) return 0;
+    hash_slot[0] = (uint32_t)(uintptr_t)requests;
+    return 1;
+}
+
+/* SLUICE_VALUE_WRITTEN: a rewritten value, `len` bytes at `src`, now lies at `dst` in the output;
+ * the requests for its placeholders (queued in record order, as the values are written). */
+__attribute__((always_inline)) static inline void value_written(const uint8_t *src, uint8_t *dst, int32_t len) {
+    if (requests == NULL) return;
+    for (; next_request < npending; next_request++) {
+        const pending_hash *h = &pending[next_request];
+        if (h->out == NULL) continue;
+        if (h->out < src || h->out + 64 > src + len) return; /* a later record's */
+        hash_request q = {(uint32_t)(uintptr_t)h->salt->salt.ptr, (uint32_t)h->salt->salt.len,
+                          (uint32_t)(uintptr_t)h->in.ptr, (uint32_t)h->in.len,
+                          (uint32_t)(uintptr_t)(dst + (h->out - src))};
+        /* The host takes requests in output order; a record's come in rule order (the first
+         * hash rule may name a later member), so each goes in before any of its record's
+         * requests that land after it. */
+        uint32_t at = hash_slot[1]++;
+        while (at > 0 && requests[at - 1].out_ptr > q.out_ptr) {
+            requests[at] = requests[at - 1];
+            at--;
+        }
+        requests[at] = q;
+    }
 }
 
 /* ---------------------------------------------------------------- counters */
@@ -437,16 +520,19 @@ static void flush_counts(void) {
     ncounted = 0;
 }
 
-/* SLUICE_BATCH_BEGIN: a new call; what a failed call left (queue, counts) is forgotten. */
+/* SLUICE_BATCH_BEGIN: a new call; what a failed call left (queue, requests, counts) is
+ * forgotten. */
 static void begin_batch(void) {
     forget_pending();
+    forget_requests();
     for (int c = 0; c < NCOUNTERS; c++) counts[c] = 0;
     ncounted = 0;
 }
 
-/* SLUICE_BATCH_END: the deferred hashes, then the batch's counters. */
+/* SLUICE_BATCH_END: the deferred hashes (or their requests to the host), then the batch's
+ * counters. */
 static void end_batch(void) {
-    hash_pending();
+    if (!request_hashes()) hash_pending();
     flush_counts();
 }
 
@@ -536,8 +622,13 @@ static inline __attribute__((always_inline)) void put_node(sluice_buf *b, const 
     case J_HASH: /* a placeholder in the record's output; the digest itself anywhere else */
         if (room(b, 66)) {
             b->ptr[b->len++] = '"';
-            if (writing_output) pending[n->count].off = (int32_t)b->len;
-            else sha_hex(pending[n->count].salt, n->str.ptr, n->str.len, b->ptr + b->len);
+            if (writing_output) { /* '0's: the placeholder a host_sha256 request replaces */
+                pending[n->count].off = (int32_t)b->len;
+                const v128_t zeros = wasm_i8x16_splat('0');
+                for (int k = 0; k < 64; k += 16) wasm_v128_store(b->ptr + b->len + k, zeros);
+            } else {
+                sha_hex(pending[n->count].salt, n->str.ptr, n->str.len, b->ptr + b->len);
+            }
             b->len += 64;
             b->ptr[b->len++] = '"';
         }
@@ -1125,7 +1216,8 @@ static inline __attribute__((always_inline)) int apply(const rule *r, sluice_jso
     case A_HASH: {
         if (m == NULL) return 0;
         if (!settle(m)) return -2;
-        if (m->type == SLUICE_JSON_STRING && r->hash.tail_len + m->str.len <= 55) {
+        if (m->type == SLUICE_JSON_STRING &&
+            (r->hash.tail_len + m->str.len <= 55 || (host_hashes && sl__records_call))) {
             int32_t at = queue_hash(&r->hash, m->str);
             if (at < 0) return -2;
             m->type = J_HASH;
