@@ -16,6 +16,7 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <openssl/err.h>
+#include <openssl/rand.h>
 #include <openssl/opensslv.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -224,12 +225,9 @@ static void headers_digest(const record *r, int64_t n, uint8_t *out) {
     hb_final(&h, out);
 }
 
-/* aad_for(prefix, key, "", digest): written into `aad` (room for prefix + key + 48). */
-static size_t build_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
-                        const record *r, const uint8_t *digest) {
-    uint8_t *o = aad;
-    memcpy(o, prefix, prefix_len);
-    o += prefix_len;
+/* What follows the prefix in aad_for(prefix, key, "", digest), written at `o`: returns the
+ * end of what it wrote (room for the key + 45 bytes). */
+static uint8_t *aad_tail(uint8_t *o, const record *r, const uint8_t *digest) {
     if (r->key_len < 0) {
         be32(o, 1);
         o[4] = 0;
@@ -244,8 +242,14 @@ static size_t build_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
     memcpy(o + 4, digest, 32);
     o += 36;
     be32(o, 0);
-    o += 4;
-    return (size_t)(o - aad);
+    return o + 4;
+}
+
+/* aad_for(prefix, key, "", digest): written into `aad` (room for prefix + key + 48). */
+static size_t build_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
+                        const record *r, const uint8_t *digest) {
+    memcpy(aad, prefix, prefix_len);
+    return (size_t)(aad_tail(aad + prefix_len, r, digest) - aad);
 }
 
 /* The AAD of a whole-value record (build_aad) with the digest of its first `n` headers:
@@ -541,6 +545,27 @@ static uint8_t *emit(uint8_t *o, const record *r, const uint8_t *v1, size_t v1_l
 /* Upper bound of the bytes written for one record beyond its input bytes. */
 #define SLACK(extra_len, prefix_len) ((extra_len) + 1 + NONCE + TAG + 30)
 
+/* Fills `out` with `n` bytes from OpenSSL's CSPRNG (RAND_bytes: its CTR-DRBG, seeded from the
+ * operating system and reseeded after a fork): a batch's nonces in one call, where a system
+ * call per batch (os.urandom) cost the kernel's ChaCha20 over the same bytes. 0, or SB_CRYPTO
+ * when the generator fails (the batch is then refused, nothing is sealed). */
+long sb_nonces(uint8_t *out, size_t n) {
+    while (n) {
+        int step = n > (1u << 30) ? (1 << 30) : (int)n;
+        if (RAND_bytes(out, step) != 1) {
+            ERR_clear_error();
+            return SB_CRYPTO;
+        }
+        out += step;
+        n -= (size_t)step;
+    }
+    return 0;
+}
+
+/* Seals every record's value. The AAD prefix is written to `scratch` once per call and each
+ * record's own part (key, record digest) after it; the ciphertext goes straight to its place
+ * in `out` (the record's length is known before sealing: the value grows by 1 + NONCE + TAG),
+ * so no record's value is copied twice. */
 long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
                     size_t prefix_len,
@@ -556,11 +581,16 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     r.header_count = 0;
     headers_digest(&r, 0, no_headers);
     gcm_t g = {0};
+    *sealed = 0;
+    if (scratch_len < prefix_len + 48) {
+        rc = SB_SPACE;
+        goto done;
+    }
     if (gcm_new(&g, 1, key)) {
         rc = SB_CRYPTO;
         goto done;
     }
-    *sealed = 0;
+    memcpy(scratch, prefix, prefix_len);
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *rec_start;
         size_t raw;
@@ -573,24 +603,47 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
             continue;
         }
         if ((size_t)(limit - o) < raw + SLACK(ours_len, prefix_len) ||
-            scratch_len < prefix_len + (size_t)(r.key_len > 0 ? r.key_len : 0) + 48 ||
-            scratch_len - prefix_len - 48 - (size_t)(r.key_len > 0 ? r.key_len : 0)
-                < (size_t)r.value_len + TAG) {
+            scratch_len - prefix_len - 48 < (size_t)(r.key_len > 0 ? r.key_len : 0)) {
             rc = SB_SPACE;
             goto done;
         }
-        size_t aad_len = record_aad(scratch, prefix, prefix_len, &r, r.header_count, no_headers);
-        uint8_t *ct = scratch + aad_len;
+        /* build_aad, the prefix already in place */
+        uint8_t digest[32];
+        const uint8_t *dg = no_headers;
+        if (r.header_count) {
+            headers_digest(&r, r.header_count, digest);
+            dg = digest;
+        }
+        uint8_t *a = aad_tail(scratch + prefix_len, &r, dg);
+        size_t aad_len = (size_t)(a - scratch);
         /* never past the nonces given: reading on would seal with bytes that are not a
          * fresh nonce (and maybe the same ones for two records) */
         if ((size_t)(*sealed + 1) * NONCE > nonces_len) { rc = SB_SPACE; goto done; }
         const uint8_t *nonce = nonces + (size_t)(*sealed) * NONCE;
-        if (gcm_seal(&g, nonce, scratch, aad_len, r.value, (size_t)r.value_len, ct)) {
+        /* emit()'s layout, the sealed value written in place */
+        size_t head = (size_t)(r.key_end - r.start);
+        size_t vlen = 1 + NONCE + (size_t)r.value_len + TAG;
+        int64_t nheaders = r.header_count + ours_count;
+        size_t hbytes = r.hoff[r.header_count];
+        size_t body = head + varint_len((int64_t)vlen) + vlen + varint_len(nheaders) + hbytes
+                      + ours_len;
+        o = wr_varint(o, (int64_t)body);
+        memcpy(o, r.start, head);
+        o += head;
+        o = wr_varint(o, (int64_t)vlen);
+        *o++ = 1;
+        memcpy(o, nonce, NONCE);
+        o += NONCE;
+        if (gcm_seal(&g, nonce, scratch, aad_len, r.value, (size_t)r.value_len, o)) {
             rc = SB_CRYPTO;
             goto done;
         }
-        o = emit(o, &r, (const uint8_t *)"\x01", 1, nonce, NONCE, ct,
-                 (size_t)r.value_len + TAG, r.header_count, ours, ours_len, ours_count);
+        o += (size_t)r.value_len + TAG;
+        o = wr_varint(o, nheaders);
+        memcpy(o, r.headers, hbytes);
+        o += hbytes;
+        if (ours_len) memcpy(o, ours, ours_len);
+        o += ours_len;
         fates[i] = 1;
         (*sealed)++;
     }

@@ -217,11 +217,12 @@ def first_group(section: Any, count: int) -> Scan:
     return Scan(0, 1, int(first[0]), group, int(gcount[0]), None)
 
 
-def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
+def seal_section(section: Any, count: int, key: bytes, nonces: Any, prefix: bytes,
                  ours: Sequence[Header] = (), *, group: bytes | None = None,
                  group_count: int = 0) -> tuple[bytes | memoryview, bytes, int]:
     """(new section, fate byte per record: 0 kept (a tombstone), 1 sealed, records sealed).
-    `nonces` holds 12 bytes per record with a value, used in order; `prefix` is the batch's
+    `nonces` (any buffer, e.g. `fresh_nonces`) holds 12 bytes per record with a value, used
+    in order; `prefix` is the batch's
     AAD prefix (`aad_prefix_v2`, layout 3), `ours` the proxy's headers appended to each
     sealed record, or `group` the same already encoded (`encode_headers`) with
     `group_count` headers."""
@@ -234,8 +235,9 @@ def seal_section(section: Any, count: int, key: bytes, nonces: bytes, prefix: by
     fates = bytearray(count)
     scratch = _space("scratch", len(prefix) + 64 + len(src) + TAG_SIZE)
     sealed = ffi.new("uint32_t *")
-    n = _check(lib.sb_seal_values(src, len(src), count, key, nonces, len(nonces), prefix,
-                                  len(prefix), group, len(group), group_count,
+    n = _check(lib.sb_seal_values(src, len(src), count, key, ffi.from_buffer(nonces),
+                                  len(nonces), prefix, len(prefix), group, len(group),
+                                  group_count,
                                   ffi.from_buffer(scratch), len(scratch), ffi.from_buffer(out),
                                   cap, ffi.from_buffer(fates), sealed))
     return _result(out, n), bytes(fates), int(sealed[0])
@@ -266,6 +268,16 @@ def fast_iv() -> bool:
     EVP_CipherInit_ex (a known-answer check decides once per process; crypto/batch_seal.c,
     `gcm_fast_iv`)."""
     return bool(_lib.sb_fast_iv())
+
+
+def fresh_nonces(n: int) -> memoryview:
+    """`n` bytes from OpenSSL's CSPRNG (`sb_nonces`: RAND_bytes, one call for a batch's
+    nonces), in this thread's nonce buffer: valid until this thread's next call here, so
+    the caller hands them to a seal call at once. Fresh bytes on every call; the buffer is
+    reused only to spare an allocation per batch. NativeSealError if the generator fails."""
+    buf = _space("nonces", n)
+    _check(_lib.sb_nonces(_ffi.from_buffer(buf), n))
+    return memoryview(buf)[:n]
 
 
 def pack_paths(paths: Sequence[str]) -> bytes:
@@ -308,7 +320,7 @@ def plan_fields(section: Any, count: int, packed: bytes, npaths: int, max_seals:
     return FieldPlan(int(seals[0]), bytes(memoryview(plan)[:4 * used]))
 
 
-def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: bytes,
+def seal_fields(section: Any, count: int, key: bytes, nonces: Any, prefix: bytes,
                 packed: bytes, npaths: int, ours: Sequence[Header], max_seals: int,
                 plan: FieldPlan | None = None) -> tuple[bytes | memoryview, bytes, int, int]:
     """Fields mode: (new section, fate per record, records sealed, fields sealed). `ours` are
@@ -325,8 +337,9 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: bytes, prefix: byt
     seals = ffi.new("uint32_t *")
     spans = (ffi.NULL if plan is None
              else ffi.cast("uint32_t *", ffi.from_buffer(plan.spans)))
-    n = _check(lib.sb_seal_fields(src, len(src), count, key, nonces, len(nonces), prefix,
-                                  len(prefix), packed, len(packed), npaths, group, len(group),
+    n = _check(lib.sb_seal_fields(src, len(src), count, key, ffi.from_buffer(nonces),
+                                  len(nonces), prefix, len(prefix), packed, len(packed),
+                                  npaths, group, len(group),
                                   len(ours), max_seals, ffi.from_buffer(scratch), len(scratch),
                                   ffi.from_buffer(out), cap, ffi.from_buffer(fates), records,
                                   seals, spans, 0 if plan is None else len(plan.spans) // 4))

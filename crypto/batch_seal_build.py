@@ -20,6 +20,7 @@ from sluice.native_build import build_beside
 HERE = Path(__file__).resolve().parent
 CDEF = """
 int sb_fast_iv(void);
+long sb_nonces(uint8_t *out, size_t n);
 long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
                     size_t prefix_len,

@@ -200,8 +200,10 @@ class EncryptRunner(HostRunner):
         self.keys = DataKeys(open_kms(spec.kms), max_records=self.max_records,
                              max_age_seconds=max_age, cache_seconds=cache_s)
         #: Where nonces come from (n bytes per call); tests inject a deterministic source to
-        #: compare the native and reference paths byte for byte.
-        self.nonces: Callable[[int], bytes] = os.urandom
+        #: compare the native and reference paths byte for byte. None: a CSPRNG, drawn once
+        #: per batch (native calls: OpenSSL's RAND_bytes, `batch_seal.fresh_nonces`; the
+        #: per-record path: os.urandom).
+        self.nonces: Callable[[int], bytes] | None = None
         #: Whether the native batch sealer serves whole-value batches (crypto/batch_seal.py).
         self.use_native = batch_seal.AVAILABLE
         self._packed_paths = batch_seal.pack_paths(fields or ())
@@ -296,13 +298,17 @@ class EncryptRunner(HostRunner):
             return None
         prefix, group, group_count, counter = self._sealing(key, ctx.topic)
         section, fates, sealed = batch_seal.seal_section(
-            records, count, key.raw, self.nonces(NONCE_SIZE * found.values), prefix,
+            records, count, key.raw, self._native_nonces(NONCE_SIZE * found.values), prefix,
             group=group, group_count=group_count)
         # Whole values sealed: ciphertext does not compress, so the batch takes its codec's
         # stored blocks; what compression found was the header group that ends every
         # sealed record (~30 %), which LZ4 writes as matches (codec/lz4_sealed.c).
         return NativeOutput(fates, section, {}, {"encrypted": sealed, counter: sealed},
                             trusted=True, incompressible=True, tail=group)
+
+    def _native_nonces(self, n: int) -> Any:
+        """`n` bytes of nonces for one native seal call, used at once (see `nonces`)."""
+        return batch_seal.fresh_nonces(n) if self.nonces is None else self.nonces(n)
 
     def _sealing(self, key: ActiveKey, topic: str) -> tuple[bytes, bytes, int, str]:
         """Whole-value mode: (AAD prefix, the proxy's header group in Kafka's encoding, its
@@ -341,7 +347,8 @@ class EncryptRunner(HostRunner):
         prefix = aad_prefix_v2(MODE_FIELDS, env.key_name, env.key_version, env.wrapped_dek,
                                self.spec.name, ctx.topic)
         section, fates, sealed, fields = batch_seal.seal_fields(
-            records, count, key.raw, self.nonces(NONCE_SIZE * seals), prefix, packed, npaths,
+            records, count, key.raw, self._native_nonces(NONCE_SIZE * seals), prefix, packed,
+            npaths,
             headers_for(env)[:-1], self.max_records, plan)
         return NativeOutput(fates, section, {}, {
             "encrypted": sealed, "fields_encrypted": fields,
@@ -438,7 +445,7 @@ class EncryptRunner(HostRunner):
             ours = headers_for(env)
             prefix = aad_prefix_v2(MODE_VALUE, env.key_name, env.key_version, env.wrapped_dek,
                                    self.spec.name, ctx.topic)
-            nonces = self.nonces(NONCE_SIZE * len(chunk))  # one system call per chunk
+            nonces = (self.nonces or os.urandom)(NONCE_SIZE * len(chunk))  # one call per chunk
             aead = key.aead
             for n, i in enumerate(chunk):
                 rec = records[i]
@@ -481,7 +488,7 @@ class EncryptRunner(HostRunner):
                 seals += len(planned[end][2])
                 end += 1
             key = self._data_key(seals)
-            nonces = self.nonces(NONCE_SIZE * seals)  # one system call per data key
+            nonces = (self.nonces or os.urandom)(NONCE_SIZE * seals)  # one call per data key
             used = 0
             for i, text, spans in planned[at:end]:
                 rec = records[i]

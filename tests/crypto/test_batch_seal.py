@@ -126,6 +126,30 @@ def test_the_value_sealer_never_reads_past_the_nonces_it_was_given() -> None:
         batch_seal.seal_section(section, 3, key, nonces[:24], prefix)
 
 
+def test_native_sealing_draws_each_batchs_nonces_from_openssl(runner: EncryptRunner) -> None:
+    """Without an injected source the native sealer takes a batch's nonces from OpenSSL's
+    CSPRNG in one call (`fresh_nonces`, RAND_bytes): 96 random bits per value, none repeated
+    within a batch or across batches, and every record opens again."""
+    first = batch_seal.fresh_nonces(12 * 64)
+    assert len(first) == 12 * 64 and bytes(first) != bytes(batch_seal.fresh_nonces(12 * 64))
+    saved, runner.nonces = runner.nonces, None
+    try:
+        records = [Record(i, i, None, b"same value", [], 0) for i in range(200)]
+        section = bytes(encode_records(records))
+        seen: set[bytes] = set()
+        for _ in range(2):
+            out = runner.run_native(PRODUCE, section, len(records), 0, 0)
+            assert out is not None and out.records is not None
+            sealed = records_of_section(bytes(out.records), len(records))
+            # whole value: 0x01 | nonce (12) | ciphertext | tag
+            seen.update(bytes(r.value or b"")[1:13] for r in sealed)
+            opened = runner.run_native(FETCH, bytes(out.records), len(records), 0, 0)
+            assert opened is not None and opened.records == section
+        assert len(seen) == 2 * len(records)
+    finally:
+        runner.nonces = saved
+
+
 def records_of_section(section: bytes, count: int) -> list[Record]:
     from sluice.codec.records import decode_section
     return decode_section(section, count)
