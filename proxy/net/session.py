@@ -368,10 +368,13 @@ class Session(asyncio.Protocol):
             # Inline, the thread's CPU time is at most the wall time it took (the loop's
             # thread runs nothing else meanwhile), so a job whose wall time is within the
             # fast bound is charged that, without a second read of the thread's CPU clock
-            # (a system call, ~1.4 µs; a one-record job is ~40 µs).
+            # (a system call, ~1.4 µs; a one-record job is ~40 µs). Either way the run
+            # counts as fast, so placement is unchanged. Not for a job whose cost follows
+            # its size: its CPU time per byte is learnt, and must stay that.
             gc_before = thread_gc_time.seconds()
             started = time.thread_time()
-            wall = perf_counter() if inline else 0.0
+            by_wall = inline and not job.scales
+            wall = perf_counter() if by_wall else 0.0
             result = IN_POOL
             try:
                 result = work()
@@ -379,7 +382,7 @@ class Session(asyncio.Protocol):
             finally:
                 if result is not IN_POOL:
                     spent = -1.0
-                    if inline:
+                    if by_wall:
                         spent = perf_counter() - wall
                         if spent > fast:
                             spent = -1.0
