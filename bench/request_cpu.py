@@ -7,10 +7,12 @@ system, from psutil) is divided by the records sent.
 Variants run in interleaved slices on one broker, so machine drift hits them alike:
 
 - `this`: `sluice serve` of this checkout;
-- `other`: `sluice serve` run by another installation's Python (`--other PYTHON`), for a
-  before/after comparison of two builds in the same run.
+- `other`: `sluice serve` run by another installation's Python (`--other PYTHON`), or of
+  another source tree of Sluice with this checkout's Python and packages (`--baseline DIR`,
+  bench/baseline.py), for a before/after comparison of two builds in the same run.
 
-    .venv/bin/python -m bench.request_cpu --seconds 5 --slices 5 [--mask] [--other /path/to/python]
+    .venv/bin/python -m bench.request_cpu --seconds 5 --slices 5 [--mask]
+        [--other PYTHON | --baseline DIR]
 
 Prints one line per slice (with the split between the event loop's thread and the others:
 the filter pool, the Wasm epoch ticker; and how often per request the loop's thread was
@@ -27,11 +29,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
 from confluent_kafka import Producer
 
+from bench import baseline
 from bench.workload import QUIET, json_records
 from sluice.local_broker import TansuBroker
 
@@ -52,16 +56,18 @@ filters:
 
 
 class Proxy:
-    def __init__(self, python: str, upstream: str, config: str | None = None) -> None:
+    def __init__(self, python: str, upstream: str, config: str | None = None,
+                 source: baseline.Source | None = None) -> None:
         self.port = _free_port()
         self.process = subprocess.Popen(
             [python, "-m", "sluice", "serve", "--listen", f"127.0.0.1:{self.port}",
              "--upstream", upstream, *(["--config", config] if config else [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONWARNINGS": "ignore"},
-            # Not the checkout: its `sluice/` folder would shadow another installation's.
-            cwd=tempfile.gettempdir(),
+            env={**os.environ, "PYTHONWARNINGS": "ignore", **(source.env if source else {})},
+            # Not the checkout: its `sluice/` folder would shadow another installation's
+            # (a baseline tree's shim directory is where its `sluice` package is found).
+            cwd=source.cwd if source else tempfile.gettempdir(),
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -119,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slices", type=int, default=5)
     parser.add_argument("--rate", type=int, default=2000, help="requests per second")
     parser.add_argument("--other", help="another installation's python, run side by side")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="another Sluice source tree, run side by side (bench/baseline.py)")
     parser.add_argument("--mask", action="store_true", help="builtin:pii-mask on produce")
     args = parser.parse_args(argv)
+    if args.other and args.baseline:
+        parser.error("--other and --baseline both name the other side: give one")
+    source = baseline.prepare(Path(args.baseline)) if args.baseline else None
     n = int(args.seconds * args.rate)
     values = json_records(n)
     with TansuBroker() as broker, tempfile.TemporaryDirectory() as tmp:
@@ -130,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             with open(config, "w", encoding="utf-8") as f:
                 f.write(MASK_CONFIG)
         proxies: dict[str, Proxy] = {"this": Proxy(sys.executable, broker.bootstrap, config)}
-        if args.other:
-            proxies["other"] = Proxy(args.other, broker.bootstrap, config)
+        if args.other or source is not None:
+            proxies["other"] = Proxy(args.other or sys.executable, broker.bootstrap, config,
+                                     source)
         producers: dict[str, Producer] = {}
         try:
             for name, proxy in proxies.items():

@@ -13,6 +13,9 @@ its kind has earned it:
   of CPU time `learn` times, net of outliers (below), wherever they ran. The session measures
   the running thread's CPU time: a job that may run inline cannot block, so that is how long
   it would hold the loop (wall time in the pool would count the wait for the GIL under load).
+  Inline, a job over within `max_seconds` of wall time is charged that wall time, an upper
+  bound of its CPU time on the loop's thread, which saves a read of the CPU clock (a system
+  call) per job; one that took longer is charged its CPU time, as in the pool.
 
 A kind that is learning (in the pool) loses two of its fast runs for each run over
 `max_seconds`: outliers (a busy core) only delay it, a slow kind never gets there.

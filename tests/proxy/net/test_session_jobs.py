@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import struct
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
 import structlog.contextvars
 
 from sluice.codec.messages import ApiKey
@@ -175,3 +178,37 @@ def test_the_server_installs_the_meter_when_it_has_filter_threads() -> None:
         assert thread_gc_time._callback in gc.callbacks
     finally:
         thread_gc_time.uninstall()
+
+
+@pytest.mark.serial
+def test_an_inline_job_costs_no_system_call_it_can_do_without(monkeypatch: Any) -> None:
+    """Issue 29 (a one-record masked Produce costs ~40 µs of job on the loop): asking asyncio
+    for the running loop makes a getpid system call each time, and so does each read of the
+    thread's CPU clock. The session asks for its loop once, not twice per job, and an inline
+    job that is over within the fast bound of wall time reads the CPU clock once (its CPU
+    time is at most that wall time), not twice."""
+    loop_asks: list[int] = []
+    clock_reads: dict[int, int] = {}
+    real_loop, real_clock = asyncio.get_running_loop, time.thread_time
+
+    def get_running_loop() -> asyncio.AbstractEventLoop:
+        loop_asks.append(1)
+        return real_loop()
+
+    def thread_time() -> float:
+        me = threading.get_ident()
+        clock_reads[me] = clock_reads.get(me, 0) + 1
+        return real_clock()
+
+    monkeypatch.setattr(asyncio, "get_running_loop", get_running_loop)
+    monkeypatch.setattr(time, "thread_time", thread_time)
+    loop_thread = threading.get_ident()
+    _path, placement, _session, _ = asyncio.run(_scenario(40))
+    assert placement.pool_runs == 3 and placement.inline_runs == 37
+    assert max(placement.charged) < placement.max_seconds, placement.charged
+    # A job preempted past the bound reads the clock a second time: a few may, on a busy
+    # machine; before, every inline job read it twice (74).
+    assert clock_reads[loop_thread] <= 37 + 5, "one read per inline job"
+    pool_reads = sum(n for ident, n in clock_reads.items() if ident != loop_thread)
+    assert pool_reads == 6, "two reads per job in the pool (wall time counts GIL waits there)"
+    assert len(loop_asks) <= 3, f"asyncio asked for the loop {len(loop_asks)} times for 40 jobs"
