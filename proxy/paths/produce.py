@@ -296,7 +296,7 @@ class _FilteredRequest:
 
     local: list[LocalAnswer]
     filtered: list[FilteredPartition]
-    replaced: dict[tuple[int, int], bytes]
+    replaced: dict[tuple[int, int], bytes | bytearray]
     drop: set[tuple[int, int]]
     dead_letters: list[list[DeadLetter]]
 
@@ -378,7 +378,9 @@ def _filter_request(
             else:
                 info.records_out = count_records(outcome.records)
             if outcome.changed:
-                result.replaced[(i, j)] = bytes(outcome.records)
+                new = outcome.records
+                # A view may be of a buffer the thread reuses; a batch built here is ours.
+                result.replaced[(i, j)] = new if isinstance(new, bytes | bytearray) else bytes(new)
     return result
 
 
