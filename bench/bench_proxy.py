@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import baseline, filter_jobs, latency, pairs, targets, workload
-from bench.rig import BASE, SLUICE_CONFIGS, Point, add_rig_arguments, rig, variant_names
+from bench.rig import BASE, Point, add_rig_arguments, rig, variant_names, with_baseline
 
 # Per-slice ratios printed under the throughput table: (numerator, denominator).
 COMPARISONS = [
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             source = baseline.prepare(Path(args.baseline))
         except (ValueError, OSError, subprocess.CalledProcessError) as e:
             ap.error(f"--baseline {args.baseline}: {e}")
-        names = [m for n in names for m in ((n, n + BASE) if n in SLUICE_CONFIGS else (n,))]
+        names = with_baseline(names)
     proxy_args = [*(["--workers", str(args.workers)] if args.workers > 1 else []), *args.proxy_arg]
     with rig(names, proxy_args, args.proxy_yaml, args.broker, source) as points:
         if cpus_proxy is not None:

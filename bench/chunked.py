@@ -49,15 +49,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from bench import pairs, targets, workload
+from bench import baseline, pairs, targets, workload
 from bench.bench_proxy import WORKLOADS, Workload
 from bench.chunk_client import ChunkClient, Timed
-from bench.rig import Point, add_rig_arguments, rig, variant_names
+from bench.rig import Point, add_rig_arguments, rig, variant_names, with_baseline
 
 #: The Python thread of a client busier than this for a median chunk set the pace itself.
 CLIENT_BOUND = 0.9
@@ -358,6 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick", action="store_true", help="a seconds-long run (2 pairs of 2 000-record chunks)"
     )
+    ap.add_argument(
+        "--baseline",
+        default="",
+        metavar="DIR",
+        help="another Sluice source tree (bench/baseline.py): each Sluice variant also runs "
+        "from it, as VARIANT@base, in the same rounds",
+    )
     args = ap.parse_args(argv)
     names = variant_names(ap, args.variants)
     if args.quick:
@@ -365,7 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.pairs < 1 or args.chunk < 1 or args.warmup < 0:
         ap.error("--pairs and --chunk must be at least 1, --warmup at least 0")
     w = WORKLOADS[args.workload]
-    with rig(names, args.proxy_arg, args.proxy_yaml, args.broker) as points:
+    source = None
+    if args.baseline:
+        try:
+            source = baseline.prepare(Path(args.baseline))
+        except (ValueError, OSError, subprocess.CalledProcessError) as e:
+            ap.error(f"--baseline {args.baseline}: {e}")
+        names = with_baseline(names)
+    with rig(names, args.proxy_arg, args.proxy_yaml, args.broker, source) as points:
         run = measure(w, points, args.chunk, args.pairs, args.warmup, args.shapes,
                       args.delivery_reports)
     print(

@@ -218,6 +218,11 @@ def add_rig_arguments(ap: argparse.ArgumentParser) -> None:
     )
 
 
+def with_baseline(names: list[str]) -> list[str]:
+    """`names` with each Sluice variant followed by its run from the --baseline tree."""
+    return [m for n in names for m in ((n, n + BASE) if n in SLUICE_CONFIGS else (n,))]
+
+
 def variant_names(ap: argparse.ArgumentParser, text: str) -> list[str]:
     """The comma-separated variants of `text`, `direct` first (added if missing); a usage
     error (exit 2) for an unknown name or a variant whose tool is not installed."""

@@ -46,6 +46,7 @@ __all__ = [
     "produce_topics",
     "read_topic_key",
     "scan_produce_request",
+    "splice_produce_pieces",
     "splice_produce_records",
 ]
 
@@ -377,8 +378,22 @@ def splice_produce_records(
     drop: Collection[tuple[int, int]] = (),
     prefix: Buffer = b"",
 ) -> bytes:
+    """`splice_produce_pieces` joined into one buffer."""
+    return b"".join(splice_produce_pieces(body, layout, records, drop, prefix))
+
+
+def splice_produce_pieces(
+    body: Buffer,
+    layout: ProduceRequestLayout,
+    records: Mapping[tuple[int, int], Buffer | None],
+    drop: Collection[tuple[int, int]] = (),
+    prefix: Buffer = b"",
+) -> list[Buffer]:
     """`body` (scanned into `layout`) with new records for some partitions and others removed,
-    after `prefix` (the request header: the frame is written in one copy, not two).
+    after `prefix` (the request header), as consecutive pieces: views of `body` and `prefix`,
+    the new length fields and the new records objects themselves, never copied. A caller
+    that writes them with one `writev` (the connection, `Forward.frame`) copies no byte of
+    the request; `splice_produce_records` joins them.
 
     `records` maps a partition's position ``(topic i, partition j)`` to its new records bytes
     (None writes a null records field); `drop` lists positions to leave out (a position in
@@ -407,7 +422,7 @@ def splice_produce_records(
                 pieces.append(new)
             pos = part.records_end
         pieces.append(view[pos:])
-        return b"".join(pieces)
+        return pieces
     dropped = set(drop)
     changed_topics = {i for i, _ in records} | {i for i, _ in dropped}
     pieces = [prefix]
@@ -447,4 +462,4 @@ def splice_produce_records(
         pieces.append(_count_bytes(kept_topics, flexible))
     pieces.extend(topic_pieces)
     pieces.append(view[layout.topics_end :])
-    return b"".join(pieces)
+    return pieces

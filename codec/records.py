@@ -60,6 +60,7 @@ __all__ = [
     "RawBatch",
     "Record",
     "RecordList",
+    "batch_around",
     "build_batch",
     "build_batch_from_section",
     "check_batch",
@@ -544,6 +545,47 @@ def build_batch_from_section(header: BatchHeader, plain: Buffer, count: int,
         payload = compress(codec, plain, header.snappy_xerial is not False, incompressible,
                            tail, fast)
     return _assemble(header, attributes, payload, count)
+
+
+def batch_around(header: BatchHeader, framed: bytearray, count: int) -> bytearray:
+    """`build_batch_from_section(header, framed[HEADER_SIZE:], count)` for an uncompressed
+    batch, written in place: `framed` holds the records section behind HEADER_SIZE spare
+    bytes (a filter's output copied out once, `native_io.NativeOutput.framed`), the header is
+    packed into those bytes and the CRC computed where the records sit, so the section is not
+    copied into a new buffer. Returns `framed`, now the whole batch. ValueError for a
+    compressed header or a buffer shorter than a header."""
+    if header.compression != CODEC_NONE:
+        raise ValueError("batch_around writes uncompressed batches only")
+    size = len(framed) - HEADER_SIZE
+    if size < 0:
+        raise ValueError(f"batch_around needs {HEADER_SIZE} spare bytes, got {len(framed)}")
+    attributes = header.attributes if count else header.attributes & ~_COMPRESSION_MASK
+    try:
+        _AFTER_CRC.pack_into(
+            framed,
+            _ATTRIBUTES_OFFSET,
+            attributes,
+            header.last_offset_delta,
+            header.base_timestamp,
+            header.max_timestamp,
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            count,
+        )
+        crc = _crc32c_buffers.crc32c(memoryview(framed)[_ATTRIBUTES_OFFSET:])
+        _BEFORE_CRC.pack_into(
+            framed,
+            0,
+            header.base_offset,
+            _MIN_BATCH_LENGTH + size,
+            header.partition_leader_epoch,
+            2,
+            crc,
+        )
+    except struct.error as exc:
+        raise EncodeError(f"batch header field out of range: {exc}") from exc
+    return framed
 
 
 def _assemble(header: BatchHeader, attributes: int, payload: Buffer, count: int) -> bytes:

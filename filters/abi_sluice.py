@@ -39,7 +39,7 @@ from sluice.filters.guest import (
     exports_memory,
     format_signature,
 )
-from sluice.filters.native_io import NativeOutput, decode_native_output, native_input_head
+from sluice.filters.native_io import ROOM, NativeOutput, decode_native_output, native_input_head
 from sluice.filters.records_io import AbiError, decode_filter_output, encode_filter_input
 
 ABI_VERSION: Final = 1
@@ -242,8 +242,9 @@ class SluiceAbi(AbiRunner):
             if done < 0:
                 raise GuestFailure("invalid-output", host_sha256.error_text(done))
         try:
-            # Read in place: only the new records section is copied out, once.
-            return decode_native_output(guest.view(out_ptr, out_len), count)
+            # Read in place: only the new records section is copied out, once, behind room
+            # for the batch header that the pipeline writes around it.
+            return decode_native_output(guest.view(out_ptr, out_len), count, ROOM)
         except AbiError as exc:
             raise GuestFailure("invalid-output", str(exc)) from None
 

@@ -137,6 +137,8 @@ class NativeChainResult:
     section is as well-formed as the checked input and needs no second check.
     `incompressible`, `tail`: the last filter that changed the section says it will not
     compress, and what its records end with (`NativeOutput.incompressible`).
+    `framed`: `records` is the tail of this buffer, behind room for a batch header
+    (`NativeOutput.framed`), or None.
     """
 
     records: Buffer
@@ -148,6 +150,7 @@ class NativeChainResult:
     trusted: bool = False
     incompressible: bool = False
     tail: bytes = b""
+    framed: bytearray | None = None
 
 
 class _Bound:
@@ -373,6 +376,7 @@ class FilterChain:
         trusted = True  # until a filter not of the proxy's own code rewrites the section
         incompressible = False
         tail = b""
+        framed: bytearray | None = None
         alive: list[int] | None = None  # input index of each current record (None: identity)
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
@@ -403,6 +407,7 @@ class FilterChain:
             trusted = trusted and out.trusted
             incompressible = out.incompressible
             tail = out.tail
+            framed = out.framed
             current = out.records
             if st.dropped or st.rejected:
                 index = alive if alive is not None else range(n)
@@ -416,7 +421,7 @@ class FilterChain:
                 alive = [index[j] for j, fate in enumerate(fates) if fate <= REWRITE]
                 n = len(alive)
         return NativeChainResult(current, n, changed, rejected, dropped, stats,
-                                 changed and trusted, changed and incompressible, tail)
+                                 changed and trusted, changed and incompressible, tail, framed)
 
     def run_admin(self, resource: AdminResource) -> AdminVerdict:
         """Offer one admin resource to the ``admin`` filters bound to its name."""

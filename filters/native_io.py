@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Final
 
+from sluice.codec.records import HEADER_SIZE
 from sluice.filters.context import DIRECTION_CODE, RecordContext
 from sluice.filters.decisions import Action
 from sluice.filters.records_io import (
@@ -53,6 +54,10 @@ FATE_REJECT: Final = int(Action.REJECT)
 _KNOWN_FATES: Final = bytes((FATE_KEEP, FATE_REWRITE, FATE_DROP, FATE_REJECT))
 
 _TAIL = struct.Struct("<qqI")
+
+#: Spare bytes a guest's new section is copied behind (`NativeOutput.framed`): a v2 record
+#: batch header.
+ROOM: Final = HEADER_SIZE
 
 
 _context_heads: dict[RecordContext, bytes] = {}
@@ -127,6 +132,10 @@ class NativeOutput:
     so the batch is written with its codec's stored blocks (`compression.compress`);
     `tail`: the bytes every rewritten record ends with (the proxy's header group), which
     LZ4 then writes as matches.
+    `framed`: when set, `records` is a view of its tail and it holds `ROOM` spare bytes in
+    front: the section was copied out of the guest once, behind room for a batch header,
+    so an uncompressed batch is written around it in place (`records.batch_around`) rather
+    than copied a second time into a new one.
     """
 
     fates: bytes
@@ -136,6 +145,7 @@ class NativeOutput:
     trusted: bool = False
     incompressible: bool = False
     tail: bytes = b""
+    framed: bytearray | None = None
 
     def count(self, fate: int) -> int:
         return self.fates.count(fate)
@@ -158,12 +168,14 @@ def _text(buf: bytes | memoryview, pos: int, what: str) -> tuple[str, int]:
         raise AbiError(f"{what} is not valid UTF-8") from None
 
 
-def decode_native_output(buf: bytes | memoryview, expected_records: int) -> NativeOutput:
+def decode_native_output(buf: bytes | memoryview, expected_records: int,
+                         room: int = 0) -> NativeOutput:
     """Parse a ``sluice_filter_records`` output (AbiError when it breaks the layout).
 
     `buf` may be a view of guest memory (`GuestInstance.view`): the result holds copies of
     what it keeps (the fates, the new records section, the texts), nothing of `buf`, so the
-    records section is copied out of the guest once rather than twice."""
+    records section is copied out of the guest once rather than twice. With `room`, a new
+    section is copied behind that many spare bytes (`NativeOutput.framed`)."""
     size = len(buf)
     if size < 4:
         raise AbiError("output truncated reading record_count at byte 0")
@@ -182,7 +194,8 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int) -> Nati
     records_len = _I32.unpack_from(buf, pos)[0]
     pos += 4
     all_kept = fates.count(FATE_KEEP) == count
-    records: bytes | None = None
+    records: bytes | memoryview | None = None
+    framed: bytearray | None = None
     if records_len == -1:
         if not all_kept:
             raise AbiError("records_len -1 (unchanged) with records not kept")
@@ -192,7 +205,15 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int) -> Nati
         if pos + records_len > size:
             raise AbiError(f"output truncated reading {records_len} bytes of records")
         # A guest that keeps everything yet returns a section: the input stands.
-        records = None if all_kept else bytes(buf[pos:pos + records_len])
+        if all_kept:
+            records = None
+        elif room:
+            # One copy, behind room for the batch header (bytearray's += copies the view once).
+            framed = bytearray(room)
+            framed += buf[pos:pos + records_len]
+            records = memoryview(framed)[room:]
+        else:
+            records = bytes(buf[pos:pos + records_len])
         pos += records_len
     if pos + 4 > size:
         raise AbiError(f"output truncated reading reject_count at byte {pos}")
@@ -231,4 +252,4 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int) -> Nati
         pos = end + 4
     if pos != size:
         raise AbiError(f"{size - pos} unexpected bytes after the output")
-    return NativeOutput(fates, records, rejects, detectors)
+    return NativeOutput(fates, records, rejects, detectors, framed=framed)

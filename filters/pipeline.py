@@ -70,6 +70,7 @@ from sluice.codec.records import (
     BatchHeader,
     RawBatch,
     Record,
+    batch_around,
     build_batch,
     build_batch_from_section,
     check_batch,
@@ -285,7 +286,7 @@ def _input_problem(batch: RawBatch, plain: Buffer, limits: BatchLimits,
 
 
 def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: Buffer,
-                offset_base: int) -> tuple[NativeChainResult, bytes | None] | None:
+                offset_base: int) -> tuple[NativeChainResult, Buffer | None] | None:
     """The chain over the batch's records section `plain` (checked by `_check_input`) without
     decoding it in Python, with the new batch when it was built here, or None when the batch
     needs the decoding path: a filter failed (that path applies the failure policy), or the
@@ -300,7 +301,7 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
     such a section may be lent (`native_io.lending`, a view of the sealer's buffer), so its
     batch is built here, whatever the codec, before anything else runs on this thread."""
     header = batch.header
-    built: bytes | None = None
+    built: Buffer | None = None
     lent = lend()
     try:
         result = chain.run_native(ctx, plain, header.record_count,
@@ -313,14 +314,19 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
             built = build_batch_from_section(header, result.records, result.count,
                                              result.incompressible, result.tail)
         elif header.compression == CODEC_NONE and result.count and as_built:
-            built = build_batch_from_section(header, result.records, result.count)
+            # A guest's section copied out behind room for the header: the batch is written
+            # around it (no second copy of the records); else copied into a new batch.
+            built = (batch_around(header, result.framed, result.count)
+                     if result.framed is not None
+                     else build_batch_from_section(header, result.records, result.count))
             if not result.trusted:
                 check_batch(built)
         elif not result.trusted:
             check_section(result.records, result.count, header.attributes)
-        if built is None and isinstance(result.records, memoryview):
+        if built is None and result.framed is None and isinstance(result.records, memoryview):
             # Possibly lent: the caller builds from it after this thread's next native
-            # call. (With `built`, the callers never read `records` again.)
+            # call. (With `built`, the callers never read `records` again; a framed view
+            # is of a buffer the section was copied into, never lent.)
             result.records = bytes(result.records)
     except CodecError:
         return None
@@ -376,7 +382,7 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
     out.records_in = (batches[0].header.record_count if len(batches) == 1
                       else sum(b.header.record_count for b in batches))
     records_out = 0
-    rebuilt: list[bytes | memoryview] = []
+    rebuilt: list[Buffer] = []
     changed = False
     native = chain.native_for(ctx.topic, "produce", ctx.principal)
     for batch in batches:

@@ -122,9 +122,13 @@ class Limits:
 # ------------------------------------------------------------------ actions
 
 
+#: What a call hands the broker's socket: size prefixes and frames (or their pieces), in order.
+_Outgoing = list[bytes | bytearray | memoryview]
+
+
 @dataclass(slots=True)
 class SendToBroker:
-    data: list[bytes | memoryview]  # size prefixes and frame bodies, in order
+    data: list[bytes | bytearray | memoryview]  # size prefixes and frame bodies, in order
 
 
 @dataclass(slots=True)
@@ -354,7 +358,7 @@ class Connection:
             return self._close(out, f"request frame too large: {exc}", violation=True)
         if not frames:
             return out  # a read inside a large request: as in `broker_data`
-        to_broker: list[bytes | memoryview] = []
+        to_broker: _Outgoing = []
         limit = self.limits.max_inflight
         for frame in frames:
             if (
@@ -404,7 +408,7 @@ class Connection:
             return out
         if error is not None:
             return self._close(out, f"{kind} job failed: {type(error).__name__}: {error}")
-        to_broker: list[bytes | memoryview] = []
+        to_broker: _Outgoing = []
         if kind == "request":
             exchange = subject[0]
             try:
@@ -553,7 +557,7 @@ class Connection:
 
     # ================================================================ requests
 
-    def _drain_queue(self, out: list[Action], to_broker: list[bytes | memoryview]) -> None:
+    def _drain_queue(self, out: list[Action], to_broker: _Outgoing) -> None:
         limits = self.limits
         while (
             self._queued
@@ -572,7 +576,7 @@ class Connection:
             self._on_request(frame, out, to_broker)
 
     def _on_request(
-        self, frame: bytes | memoryview, out: list[Action], to_broker: list[bytes | memoryview]
+        self, frame: bytes | memoryview, out: list[Action], to_broker: _Outgoing
     ) -> None:
         if type(frame) is memoryview and not frame.readonly:
             # Frames reassembled across reads are views of a bytearray; kio's native decoder
@@ -634,7 +638,7 @@ class Connection:
         outcome: Any,
         ctx: Any,
         out: list[Action],
-        to_broker: list[bytes | memoryview],
+        to_broker: _Outgoing,
     ) -> None:
         exchange, frame = target
         header = exchange.header
@@ -647,8 +651,12 @@ class Connection:
                 self._awaiting.append(slot)
             else:
                 self._unanswered.append(header.correlation_id)
-            to_broker.append(_pack_size(len(sent)))
-            to_broker.append(sent)
+            if isinstance(sent, tuple):  # Pieces: written in order, not joined (one writev)
+                to_broker.append(_pack_size(sum(map(len, sent))))
+                to_broker.extend(sent)
+            else:
+                to_broker.append(_pack_size(len(sent)))
+                to_broker.append(sent)
         elif type(outcome) is Answer:
             slot = _Slot(exchange, None)
             slot.response = outcome.response
@@ -723,7 +731,7 @@ class Connection:
             entry.outcome = outcome
             entry.serial = type(outcome) is Refuse
 
-    def _advance(self, out: list[Action], to_broker: list[bytes | memoryview]) -> None:
+    def _advance(self, out: list[Action], to_broker: _Outgoing) -> None:
         """Apply the outcomes at the head of `_ahead` that are known, in client order."""
         ahead = self._ahead
         while ahead and self._phase is not _CLOSED:
@@ -1034,7 +1042,7 @@ class Connection:
             self._pending_wake = max(0.0, when - now)
 
     def _finish(
-        self, out: list[Action], to_broker: list[bytes | memoryview] | None
+        self, out: list[Action], to_broker: _Outgoing | None
     ) -> list[Action]:
         if self._phase is _CLOSED:
             return out

@@ -74,6 +74,9 @@ if TYPE_CHECKING:
     from sluice.proxy.telemetry.recorder import TelemetryRecorder
 
 Frame = bytes | memoryview
+#: A frame as consecutive pieces (views of the client's frame and new bytes between them),
+#: written to the broker with one `writev` and never joined (`Forward.frame`).
+Pieces = tuple[bytes | bytearray | memoryview, ...]
 
 
 class Refused(Exception):
@@ -186,9 +189,11 @@ class UnknownNodes(Exception):
 
 @dataclass(slots=True)
 class Forward:
-    """Send the request to the broker: its original bytes, or `frame` instead."""
+    """Send the request to the broker: its original bytes, or `frame` instead (one buffer, or
+    `Pieces` the connection writes one after the other behind one size prefix: a spliced
+    Produce is never joined into one buffer, which would copy every byte of it)."""
 
-    frame: Frame | None = None
+    frame: Frame | Pieces | None = None
     expect_response: bool = True
     state: Any = None
     pin: Pin | None = None  # this path handles the response, whatever the router

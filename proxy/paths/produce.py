@@ -35,7 +35,7 @@ from sluice.codec.messages import ApiKey, encode_response
 from sluice.codec.produce_offsets import scan_produce_response
 from sluice.codec.produce_splice import (
     ProduceRequestLayout,
-    splice_produce_records,
+    splice_produce_pieces,
 )
 from sluice.filters.chain import DeadLetter, FilterChain, FilterStats
 from sluice.filters.context import RecordContext
@@ -193,10 +193,11 @@ class ProducePath:
                 return NoReply()
             return Answer(local_response(header, result.local))
         view = memoryview(frame)
-        new_frame = splice_produce_records(
+        # Pieces, written with one writev: the new batches are not copied into a new frame.
+        new_frame = tuple(splice_produce_pieces(
             view[header.header_size :], layout, result.replaced, result.drop,
             prefix=view[: header.header_size],
-        )
+        ))
         if not expect:
             _emit(exchange, state, None)
         return Forward(
@@ -296,7 +297,7 @@ class _FilteredRequest:
 
     local: list[LocalAnswer]
     filtered: list[FilteredPartition]
-    replaced: dict[tuple[int, int], bytes]
+    replaced: dict[tuple[int, int], bytes | bytearray]
     drop: set[tuple[int, int]]
     dead_letters: list[list[DeadLetter]]
 
@@ -378,7 +379,9 @@ def _filter_request(
             else:
                 info.records_out = count_records(outcome.records)
             if outcome.changed:
-                result.replaced[(i, j)] = bytes(outcome.records)
+                new = outcome.records
+                # A view may be of a buffer the thread reuses; a batch built here is ours.
+                result.replaced[(i, j)] = new if isinstance(new, bytes | bytearray) else bytes(new)
     return result
 
 

@@ -108,3 +108,12 @@ def test_quick_run_measures_every_variant_in_every_pair(
         produce_cpu, consume_cpu = (float(x) for x in cells[6].split(" / "))
         assert produce_cpu > 0 and consume_cpu > 0
     assert "Direct (median of its 6 pair sides)" in out.out
+
+
+def test_a_baseline_tree_adds_a_run_of_each_sluice_variant() -> None:
+    # --baseline DIR (chunked and bench_proxy): each Sluice variant also runs from DIR, as
+    # VARIANT@base, next to its own; the other middles and direct run once.
+    from bench.rig import with_baseline
+
+    assert with_baseline(["direct", "relay", "mask-produce", "sluice"]) == [
+        "direct", "relay", "mask-produce", "mask-produce@base", "sluice", "sluice@base"]

@@ -301,3 +301,29 @@ def test_the_head_read_never_names_another_topic_than_the_full_read(
         assert head == full
     else:
         assert head is None
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), request=requests())
+def test_splice_pieces_are_what_kio_writes_and_hold_the_new_records_uncopied(
+    data: st.DataObject, request: tuple[int, Any]
+) -> None:
+    # The produce path hands the connection the splice's pieces (one writev): joined, they
+    # are kio's bytes for the same change, after the prefix; every new records object is one
+    # of the pieces itself, and the rest are views of the body and prefix, not copies.
+    from sluice.codec.produce_splice import splice_produce_pieces
+
+    version, entity = request
+    body = encode_request(entity)
+    layout = scan_produce_request(version, body)
+    records, drop = data.draw(changes(entity))
+    records = {pos: None if new is None else bytes(bytearray(new)) for pos, new in records.items()}
+    prefix = b"head"
+    pieces = splice_produce_pieces(memoryview(body), layout, records, drop, prefix=prefix)
+    assert b"".join(pieces) == prefix + expected(entity, records, drop)
+    kept = [new for pos, new in records.items() if new is not None and pos not in drop]
+    for new in kept:
+        assert any(p is new for p in pieces)
+    for p in pieces:
+        assert isinstance(p, memoryview) or p is prefix or any(p is new for new in kept) or (
+            len(p) <= 5)  # the length and count fields the splice writes

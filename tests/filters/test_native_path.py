@@ -628,3 +628,42 @@ def test_a_guest_section_is_checked_even_when_the_sealer_comes_after_it(
     assert b'{"a": 2}' not in stored
     back = filter_fetch(make_chain(enc), FETCH, stored)
     assert back.error_code == 0 and bytes(back.records) == data
+
+
+def test_native_output_with_room_copies_the_section_once_behind_it() -> None:
+    # The section is copied out of the guest's memory once, behind room for a batch header,
+    # and the result still keeps nothing of the guest's memory.
+    buf = (b"\x02\x00\x00\x00" + bytes([1, 0]) + (4).to_bytes(4, "little") + b"abcd"
+           + bytes(4) + bytes(4))
+    scratch = bytearray(buf)
+    out = decode_native_output(memoryview(scratch), 2, 61)
+    scratch[:] = bytes(len(scratch))
+    assert out.framed is not None and len(out.framed) == 61 + 4
+    assert isinstance(out.records, memoryview) and out.records.obj is out.framed
+    assert bytes(out.records) == b"abcd" and bytes(out.framed[61:]) == b"abcd"
+    # Every record kept: nothing copied, nothing framed.
+    kept = decode_native_output(b"\x01\x00\x00\x00\x00" + (4).to_bytes(4, "little") + b"abcd"
+                                + bytes(8), 1, 61)
+    assert kept.records is None and kept.framed is None
+
+
+@pytest.mark.parametrize("fetch", [False, True])
+def test_a_guest_section_becomes_the_uncompressed_batch_in_place(mask_chains: Any,
+                                                                 fetch: bool) -> None:
+    # pii-mask rewrites every record of an uncompressed batch: the batch forwarded is the
+    # buffer the guest's section was copied into (the header written in front of it), not a
+    # second copy, and it is what the decoding path builds.
+    values = [b'{"email": "ann%d@example.com", "card": "4111 1111 1111 1111"}' % i
+              for i in range(50)]
+    data = make_batch(values, base_offset=900 if fetch else 0)
+    chain = mask_chains["defaults"]
+    with native_answers() as answers:
+        native, slow = both_paths(chain, filter_fetch if fetch else filter_produce,
+                                  FETCH if fetch else PRODUCE, data)
+    assert len(answers) == 1 and answers[0] is not None
+    nat, built_here = answers[0]
+    assert nat.framed is not None and built_here is nat.framed
+    assert summary(native) == summary(slow)
+    built = native.pieces[0] if fetch else native.records
+    assert built is nat.framed
+    assert b"ann0@example.com" not in built

@@ -483,3 +483,31 @@ def test_any_chunking_and_mix_gives_responses_in_request_order(
         i for i, k in enumerate(kinds) if k != LIST_OFFSETS
     ]
     assert conn.closed is None and not conn.busy
+
+
+def test_a_frame_forwarded_as_pieces_goes_out_as_one_frame_unjoined() -> None:
+    # A spliced Produce reaches the connection as its pieces (views of the client's frame
+    # and the new batches): one size prefix for all of them, each piece handed to the
+    # socket as it is (one writev), in order, and the frame after it unharmed.
+    conn, _, _ = make()
+    new_batch = bytearray(b"NEW-BATCH")
+    seen: list[bytes] = []
+
+    class PiecesPath(ScriptedPath):
+        def wants_request(self, ctx: PathContext, api_key: int) -> bool:
+            return api_key == LIST_OFFSETS
+
+        def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+            view = memoryview(frame)
+            seen.append(bytes(frame))
+            return Forward(frame=(view[:4], view[4:], new_batch))
+
+    routes = Routes([PiecesPath()], conn._routes._make_context, VersionTable())
+    conn = Connection(ClientInfo("c", ("b", 1)), routes, Metrics())
+    req = request(LIST_OFFSETS, 5)
+    out = conn.client_data(frame(req) + frame(request(METADATA, 6)))
+    (send,) = [a for a in out if isinstance(a, SendToBroker)]
+    assert any(piece is new_batch for piece in send.data)
+    assert frames_of(sent(out, SendToBroker)) == [seen[0] + b"NEW-BATCH", request(METADATA, 6)]
+    back = conn.broker_data(frame(response(5)) + frame(response(6)))
+    assert frames_of(sent(back, SendToClient)) == [response(5), response(6)]

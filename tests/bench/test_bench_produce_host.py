@@ -1,0 +1,36 @@
+"""The produce host-share micro-benchmark runs the produce path's real job and splice on a
+masked request and times the guest's call apart from it (no timing asserted beyond its
+sign)."""
+
+from __future__ import annotations
+
+from bench import bench_produce_host
+from bench.workload import json_records
+from sluice.codec.headers import parse_request_header
+from sluice.codec.messages import ApiKey, decode_request
+from sluice.filters.chain import FilterChain
+from sluice.filters.config import FilterSpec
+
+
+def test_the_job_it_times_masks_the_request() -> None:
+    values = json_records(50)
+    frame, _ = bench_produce_host.produce_frame(values)
+    assert frame.count(b"@example.com") == 50
+    spec = FilterSpec(name="mask-pii", module="builtin:pii-mask", config={},
+                      topics=("bench-*",), apply_to=frozenset({"produce"}))
+    chain = FilterChain.from_specs([spec])
+    try:
+        done = bench_produce_host.whole(chain, frame)
+    finally:
+        chain.close()
+    sent = b"".join(done)  # the pieces the connection writes
+    assert b"@example.com" not in sent
+    header = parse_request_header(sent)
+    request = decode_request(ApiKey.PRODUCE, bench_produce_host.VERSION,
+                             sent[header.header_size:])
+    assert request.topic_data[0].name == bench_produce_host.TOPIC
+
+
+def test_the_job_and_the_guest_are_both_measured() -> None:
+    whole, guest = bench_produce_host.measure(400, 1)
+    assert whole > guest > 0
