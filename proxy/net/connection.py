@@ -872,7 +872,8 @@ class Connection:
             return
         awaiting.popleft()
         slot.raw = frame
-        self._account(slot)  # counted from now on, while routed, in a job or ready
+        # Counted from now on, while routed, parked, in a job or ready: by the outcome's
+        # branch in `_route_response`/`_apply_response` (one call per response, not two).
         hdr = slot.exchange.header
         quotas = self._quotas
         if hdr.api_key == _FETCH and quotas is not None and quotas.active:
@@ -903,6 +904,7 @@ class Connection:
             self._close(out, str(exc), violation=True)
             return
         except UnknownNodes as exc:
+            self._account(slot)  # held while its nodes are learnt
             self._park(
                 slot.exchange,
                 exc,
@@ -926,6 +928,7 @@ class Connection:
             self._close(out, outcome.reason, violation=True)
         elif type(outcome) is Defer:
             slot.waiting_job = True
+            self._account(slot)  # the broker's frame, held while the job runs
             self._start_job("response", slot, outcome.job, ctx, out)
         else:
             raise TypeError(f"unknown response outcome {outcome!r}")
@@ -1040,7 +1043,9 @@ class Connection:
             return out
         if to_broker is None:
             to_broker = []
-        self._flush(out)
+        slots = self._slots
+        if slots and slots[0].response is not None:  # tested here: no call when none is ready
+            self._flush(out)
         if self._queued and self._phase is not _CLOSED:
             self._drain_queue(out, to_broker)
             self._flush(out)

@@ -439,8 +439,10 @@ class InternalTopicsPath:
         except CodecError as exc:
             return Refuse(f"cannot decode Produce v{header.api_version}: {exc}")
         if not admin and len(keys) == 1 and type(keys[0]) is str and keys[0] not in internal:
-            # The common case, kept short: one topic, by name, not the proxy's own.
-            return self._pass(ctx, exchange, frame)
+            # The common case, kept short: one topic, by name, not the proxy's own (`_pass`
+            # written out: one call less on every Produce).
+            inner = self._inner_request(ctx, _PRODUCE)
+            return Forward() if inner is None else inner.on_request(ctx, exchange, frame)
         names = [k if isinstance(k, str) else ctx.topics.name(k) for k in keys]
         if not looked_up and any(n is None for n in names):
             return Defer(Job(
