@@ -19,7 +19,6 @@ from sluice.codec.produce_offsets import produce_response_tagged
 from sluice.codec.schemas import response_schema
 from sluice.proxy.paths.base import EndpointMapper, Frame, Refused
 
-
 #: What `may_carry_endpoints` does per (api_key << 16 | version), worked out once per key
 #: and version (both bounded by the router's version gate).
 _NONE, _DECODE, _PRODUCE_SCAN, _FIELDS_SCAN = range(4)
