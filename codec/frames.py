@@ -35,7 +35,7 @@ class FrameBuffer:
     in an undefined state and the connection should be closed.
     """
 
-    __slots__ = ("_buf", "_need", "max_frame_size")
+    __slots__ = ("_buf", "_need", "max_frame_size", "missing")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 0:
@@ -45,18 +45,15 @@ class FrameBuffer:
         # Total bytes (prefix + body) of the frame being assembled in _buf, or 0 if the
         # prefix itself is not complete yet.
         self._need = 0
+        #: Bytes still to come before the frame in assembly is whole (0 when no frame's size
+        #: prefix has been read yet: nothing is known to be coming). An attribute, set by
+        #: `feed`, not a property: the proxy reads it after every read of a socket.
+        self.missing = 0
 
     @property
     def pending(self) -> int:
         """Bytes buffered that do not yet form a whole frame."""
         return len(self._buf)
-
-    @property
-    def missing(self) -> int:
-        """Bytes still to come before the frame in assembly is whole (0 when no frame's size
-        prefix has been read yet: nothing is known to be coming)."""
-        need = self._need
-        return need - len(self._buf) if need else 0
 
     def _check(self, size: int) -> None:
         if size < 0 or size > self.max_frame_size:
@@ -78,13 +75,14 @@ class FrameBuffer:
                 buf += data[:take]
                 pos = min(take, n)
                 if len(buf) < 4:
-                    return out
+                    return out  # `missing` is still 0: no size known
                 size = _unpack_size(buf, 0)[0]
                 self._check(size)
                 self._need = size + 4
             missing = self._need - len(buf)
             if n - pos < missing:
                 buf += data[pos:]
+                self.missing = missing - (n - pos)
                 return out
             buf += data[pos : pos + missing]
             pos += missing
@@ -92,6 +90,7 @@ class FrameBuffer:
             out.append(memoryview(buf)[4:])
             self._buf = buf = bytearray()
             self._need = 0
+            self.missing = 0
         view = memoryview(data)
         while n - pos >= 4:
             size = _unpack_size(data, pos)[0]
@@ -100,6 +99,7 @@ class FrameBuffer:
             end = pos + 4 + size
             if end > n:
                 self._need = size + 4
+                self.missing = end - n
                 break
             out.append(view[pos + 4 : end])
             pos = end

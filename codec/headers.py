@@ -102,6 +102,11 @@ def _read_uvarint(buf: Buffer, pos: int) -> tuple[int, int]:
             raise DecodeError("varint longer than 5 bytes")
 
 
+#: Whether a request header is flexible, by api_key << 16 | version: one look-up per request
+#: (no call into the schemas; every request's header is parsed).
+_request_flexible: dict[int, bool] = {}
+
+
 def parse_request_header(frame: Buffer) -> RequestHeader:
     """Parse the header at the start of a request frame body (without size prefix)."""
     try:
@@ -125,10 +130,15 @@ def parse_request_header(frame: Buffer) -> RequestHeader:
         pos = end
     if api_key < 0:
         raise DecodeError(f"invalid api_key {api_key}")
-    try:
-        flexible = schema_flexible(api_key, api_version, True)
-    except UnsupportedVersion:
-        flexible = False
+    key = api_key << 16 | (api_version & 0xFFFF)
+    flexible = _request_flexible.get(key)
+    if flexible is None:
+        try:
+            flexible = schema_flexible(api_key, api_version, True)
+        except UnsupportedVersion:
+            flexible = False
+        if len(_request_flexible) < 65_536:  # bounded whatever keys a peer sends
+            _request_flexible[key] = flexible
     if flexible:
         if pos < len(frame) and frame[pos] == 0:
             pos += 1  # no tagged field: what every client sends

@@ -321,8 +321,9 @@ class Connection:
         self._pending_wake: float | None = None  # delay of a `Wake` to hand out
         self._routes = routes
         self._metrics = metrics
-        self._client_frames = FrameBuffer(self.limits.max_frame_size)
-        self._broker_frames = FrameBuffer(self.limits.max_frame_size)
+        # Read by the I/O layer only for their `missing` bytes (the receive low-water mark).
+        self.client_frames = FrameBuffer(self.limits.max_frame_size)
+        self.broker_frames = FrameBuffer(self.limits.max_frame_size)
         self._slots: deque[_Slot] = deque()  # awaiting the client, in request order
         self._awaiting: deque[_Slot] = deque()  # forwarded, awaiting the broker, in order
         self._unanswered: deque[int] = deque(maxlen=self.limits.max_unanswered_acks0)
@@ -353,7 +354,7 @@ class Connection:
             return out
         self.client.stats.bytes_in += len(data)
         try:
-            frames = self._client_frames.feed(data)
+            frames = self.client_frames.feed(data)
         except FrameTooLarge as exc:
             return self._close(out, f"request frame too large: {exc}", violation=True)
         if not frames:
@@ -383,7 +384,7 @@ class Connection:
         if self._phase is _CLOSED:
             return out
         try:
-            frames = self._broker_frames.feed(data)
+            frames = self.broker_frames.feed(data)
         except FrameTooLarge as exc:
             return self._close(out, f"response frame too large: {exc}", violation=True)
         if not frames:
@@ -539,13 +540,14 @@ class Connection:
     @property
     def request_missing(self) -> int:
         """Bytes of the client's frame in assembly not read yet (0: none in assembly). The I/O
-        layer may wait for that many before its next read (`net/low_water.py`)."""
-        return self._client_frames.missing
+        layer may wait for that many before its next read (`net/low_water.py`); it reads
+        the frame buffer's attribute (`client_frames.missing`) on its hot path."""
+        return self.client_frames.missing
 
     @property
     def response_missing(self) -> int:
-        """Likewise for the broker's frame in assembly."""
-        return self._broker_frames.missing
+        """Likewise for the broker's frame in assembly (`broker_frames.missing`)."""
+        return self.broker_frames.missing
 
     @property
     def closed(self) -> Close | None:
@@ -878,7 +880,8 @@ class Connection:
             return
         awaiting.popleft()
         slot.raw = frame
-        self._account(slot)  # counted from now on, while routed, in a job or ready
+        # Counted from now on, while routed, parked, in a job or ready: by the outcome's
+        # branch in `_route_response`/`_apply_response` (one call per response, not two).
         hdr = slot.exchange.header
         quotas = self._quotas
         if hdr.api_key == _FETCH and quotas is not None and quotas.active:
@@ -901,7 +904,7 @@ class Connection:
         raw = slot.raw
         assert raw is not None
         if path is None:
-            self._apply_response(slot, Respond(raw), router.ctx, out, router.generation)
+            self._apply_response(slot, Respond(raw), router.ctx, out)
             return
         try:
             outcome = path.on_response(router.ctx, slot.exchange, raw)
@@ -909,6 +912,7 @@ class Connection:
             self._close(out, str(exc), violation=True)
             return
         except UnknownNodes as exc:
+            self._account(slot)  # held while its nodes are learnt
             self._park(
                 slot.exchange,
                 exc,
@@ -919,21 +923,20 @@ class Connection:
             return
         if slot.exchange.effects:
             self._response_effects(slot, out)
-        self._apply_response(slot, outcome, router.ctx, out, router.generation)
+        self._apply_response(slot, outcome, router.ctx, out)
 
-    def _apply_response(
-        self, slot: _Slot, outcome: Any, ctx: Any, out: list[Action], generation: int = -2
-    ) -> None:
+    def _apply_response(self, slot: _Slot, outcome: Any, ctx: Any, out: list[Action]) -> None:
         if type(outcome) is Respond:
             slot.response = outcome.frame
             slot.on_sent = outcome.on_sent
             slot.waiting_job = False
-            slot.generation = ctx.generation if generation == -2 else generation
+            slot.generation = ctx.generation
             self._account(slot)  # what `_hold` does, one call less
         elif type(outcome) is Refuse:
             self._close(out, outcome.reason, violation=True)
         elif type(outcome) is Defer:
             slot.waiting_job = True
+            self._account(slot)  # the broker's frame, held while the job runs
             self._start_job("response", slot, outcome.job, ctx, out)
         else:
             raise TypeError(f"unknown response outcome {outcome!r}")
@@ -960,7 +963,7 @@ class Connection:
             return  # nothing ready (after every request read): no lists made
         data: list[bytes | memoryview] = []
         sent: list[Action] = []  # telemetry of what was sent, after the bytes
-        current = self._routes.current.generation
+        current = self._routes.current.ctx.generation  # the attribute: no property call
         while slots:
             slot = slots[0]
             response = slot.response
@@ -1048,7 +1051,9 @@ class Connection:
             return out
         if to_broker is None:
             to_broker = []
-        self._flush(out)
+        slots = self._slots
+        if slots and slots[0].response is not None:  # tested here: no call when none is ready
+            self._flush(out)
         if self._queued and self._phase is not _CLOSED:
             self._drain_queue(out, to_broker)
             self._flush(out)

@@ -50,10 +50,11 @@ def low_water(transport: Any) -> LowWater | None:
 class LowWater:
     """The receive low-water mark of one socket, set only when it changes."""
 
-    __slots__ = ("_mark", "_sock")
+    __slots__ = ("_sock", "mark")
 
     def __init__(self, transport: Any) -> None:
-        self._mark = 1
+        #: The mark set now (1: none). An attribute: the session reads it after every read.
+        self.mark = 1
         self._sock: Any = None
         if transport.get_extra_info("sslcontext") is not None:
             return  # TLS: see the module docstring
@@ -66,13 +67,9 @@ class LowWater:
     def settable(self) -> bool:
         return self._sock is not None
 
-    @property
-    def mark(self) -> int:
-        return self._mark
-
     def wait_for(self, missing: int) -> None:
         """A frame in assembly lacks `missing` bytes (0: none in assembly)."""
-        current = self._mark
+        current = self.mark
         if missing < MIN_MARK:
             mark = 1
         elif 1 < current <= missing:
@@ -88,12 +85,12 @@ class LowWater:
             # loop wakes on every segment, as it did before the mark existed.
             self._sock = None
             return
-        self._mark = mark
+        self.mark = mark
 
     def waiting(self) -> int:
         """Bytes received on the socket and not read yet, while a mark above 1 holds them back
         (0 otherwise: without a mark every arrival is read at once)."""
-        if self._mark <= 1 or self._sock is None:
+        if self.mark <= 1 or self._sock is None:
             return 0
         try:
             buf = fcntl.ioctl(self._sock.fileno(), termios.FIONREAD, b"\0\0\0\0")

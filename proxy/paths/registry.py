@@ -52,16 +52,14 @@ class VersionTable:
 
     def __init__(self) -> None:
         self._broker: dict[int, tuple[int, int]] = {}
+        #: The broker's ranges as learnt; a new dict whenever they change (never mutated).
+        #: An attribute: `Router.refusal` reads it on every request.
+        self.ranges = self._broker
 
     def learn(self, ranges: dict[int, tuple[int, int]]) -> None:
         """The broker's ranges from an ApiVersions response (the full list of its keys)."""
         if ranges != self._broker:
-            self._broker = dict(ranges)
-
-    @property
-    def ranges(self) -> dict[int, tuple[int, int]]:
-        """The broker's ranges as learnt; a new dict whenever they change (never mutated)."""
-        return self._broker
+            self._broker = self.ranges = dict(ranges)
 
     def broker_supports(self, api_key: int, version: int) -> bool:
         """Whether the broker serves this version, as far as the proxy knows.

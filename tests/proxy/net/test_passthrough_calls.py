@@ -1,0 +1,125 @@
+"""Python calls per pass-through Produce request and response (issue 29, workload 2).
+
+On the two shared cores the benchmark runs on, the proxy's caches are cold at almost every
+wake-up, and what a pass-through Produce costs follows the number of Python calls it makes
+(in process, warm: ~12 µs a request and its response; with the caches cold: ~120 µs, the
+same code). These tests hold the calls the real session and connection make for one
+workload-2 Produce request (one read, one frame) and its response to a budget, counted with
+`sys.setprofile` (deterministic, unlike a timing): framing, header, version gate, the
+internal-topics and Produce paths, slots, the KIP-951 scan of the response, metrics, the
+receive low-water mark (a real TCP socket) and the writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from bench.connection_cpu import _frames
+from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.ops.config import ProxyConfig
+
+#: Python calls (functions, methods, properties, dataclass constructors) for one request and
+#: for one response; 33 and 33 before this cut (issue 29).
+REQUEST_CALLS = 23
+RESPONSE_CALLS = 18
+
+
+class _Transport:
+    """A transport whose writes are counted, over a real TCP socket (so that the session
+    keeps a receive low-water mark for it, as for a client's or the broker's socket)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.writes: list[list[Any]] = []
+
+    def writelines(self, data: Any) -> None:
+        self.writes.append(list(data))
+
+    def get_extra_info(self, key: str, default: Any = None) -> Any:
+        if key == "socket":
+            return self.sock
+        return ("127.0.0.1", 1) if key == "peername" else default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, high: int | None = None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def tcp_sockets() -> Iterator[tuple[socket.socket, socket.socket]]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(listener.getsockname())
+    b, _ = listener.accept()
+    listener.close()
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+def _calls(call: Any, *args: Any) -> list[str]:
+    """The Python functions `call(*args)` ran (this module's own excepted)."""
+    seen: list[str] = []
+
+    def profile(frame: FrameType, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename != __file__:
+            code = frame.f_code
+            seen.append(f"{code.co_name} ({code.co_filename.rsplit('/', 1)[-1]})")
+
+    sys.setprofile(profile)
+    try:
+        call(*args)
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_pass_through_produce_and_its_response_stay_within_their_calls(
+    tcp_sockets: tuple[socket.socket, socket.socket],
+) -> None:
+    asyncio.run(_one_exchange(tcp_sockets))
+
+
+async def _one_exchange(tcp_sockets: tuple[socket.socket, socket.socket]) -> None:
+    server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+    session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
+    client, broker = _Transport(tcp_sockets[0]), _Transport(tcp_sockets[1])
+    session._client = client
+    server.admit(session)
+    session._set_up(client)
+    session._connecting.cancel()  # no broker to dial: the transport stands in
+    session.broker_connected(broker)
+    session._live = True
+    assert session._client_mark is not None and session._broker_mark is not None
+    frames = _frames(12, "w2")
+    for request, response in frames[:10]:  # warm: memos filled, versions learnt
+        session.data_received(request)
+        session.broker_data(response)
+    request, response = frames[10]
+    on_request = _calls(session.data_received, request)
+    on_response = _calls(session.broker_data, response)
+    # The frames went through whole, as the broker's and the client's bytes.
+    assert b"".join(bytes(b) for b in broker.writes[-1]) == request
+    assert b"".join(bytes(b) for b in client.writes[-1]) == response
+    assert not session._ended
+    assert len(on_response) <= RESPONSE_CALLS, on_response
+    assert len(on_request) <= REQUEST_CALLS, on_request
