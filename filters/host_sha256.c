@@ -21,7 +21,7 @@
 
 #define HS_SLOT (-1)        /* the request slot lies outside guest memory */
 #define HS_TABLE (-2)       /* the table lies outside guest memory */
-#define HS_COUNT (-3)       /* more entries than HS_MAX_ENTRIES */
+#define HS_COUNT (-3)       /* more entries than HS_MAX_ENTRIES or HS_PER_RECORD a record */
 #define HS_OUTPUT (-4)      /* the output has no records section to write into */
 #define HS_OVERLAP (-5)     /* the table overlaps the records section */
 #define HS_SPAN (-6)        /* a span lies outside guest memory or inside the records section */
@@ -30,6 +30,12 @@
 #define HS_BUDGET (-9)      /* the spans add up to more than HS_MAX_BYTES */
 
 #define HS_MAX_ENTRIES (1u << 20)
+/* Entries per record of the batch: the pass runs outside the guest's deadline, which grows by
+ * RECORD_BUDGET_US (100 us) a record (abi_sluice.py); one entry costs one compression (~60 ns
+ * with its checks) whatever its length, so without this a one-record batch could ask for 1M of
+ * them (~60 ms outside a 100 ms deadline). builtin:rules asks at most one per hash rule
+ * (MAX_RULES: 64) per record. */
+#define HS_PER_RECORD 64u
 #define HS_MAX_BYTES (4u << 20)
 #define HS_ENTRY 20 /* u32 prefix_ptr, prefix_len, data_ptr, data_len, out_ptr */
 
@@ -214,7 +220,7 @@ long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_p
     if (!inside(slot, 8, mem_size)) return HS_SLOT;
     uint32_t table = rd32(mem + slot), count = rd32(mem + slot + 4);
     if (count == 0) return 0;
-    if (count > HS_MAX_ENTRIES) return HS_COUNT;
+    if (count > HS_MAX_ENTRIES || count > (uint64_t)records * HS_PER_RECORD) return HS_COUNT;
     uint64_t table_len = (uint64_t)count * HS_ENTRY;
     if (!inside(table, table_len, mem_size)) return HS_TABLE;
     /* The records section: after u32 record_count, the fates and i32 records_len. */

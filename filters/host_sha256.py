@@ -21,13 +21,15 @@ except ImportError:  # not built: the capability is not offered
 #: Limits the host enforces on one call's table (see host_sha256.c).
 MAX_ENTRIES: Final = 1 << 20
 MAX_BYTES: Final = 4 << 20
+#: Entries per record of the batch (the guest's deadline grows per record, the pass does not).
+MAX_PER_RECORD: Final = 64
 #: Bytes of one table entry: u32 prefix_ptr, prefix_len, data_ptr, data_len, out_ptr.
 ENTRY_SIZE: Final = 20
 
 _ERRORS: Final = {
     -1: "its hash request slot lies outside linear memory",
     -2: "its hash request table lies outside linear memory",
-    -3: f"more than {MAX_ENTRIES} hash requests",
+    -3: f"more than {MAX_ENTRIES} hash requests, or {MAX_PER_RECORD} per record",
     -4: "hash requests for an output without a records section",
     -5: "its hash request table overlaps the output's records section",
     -6: "a hash request's span lies outside linear memory or inside the records section",

@@ -49,12 +49,15 @@ class Image:
     """A guest memory laid out as a records call leaves it: the slot, a table, the spans, and an
     output of one record whose records section holds `digests` placeholders."""
 
-    def __init__(self, pairs: list[tuple[bytes, bytes]]) -> None:
+    def __init__(self, pairs: list[tuple[bytes, bytes]], records: int = 1) -> None:
         self.mem = bytearray(MEM)
-        self.section = OUT + 4 + 1 + 4
+        self.records = records
+        self.section = OUT + 4 + records + 4
         sec_len = 2 + 66 * len(pairs)
-        struct.pack_into("<IBi", self.mem, OUT, 1, 1, sec_len)
-        self.out_len = 4 + 1 + 4 + sec_len + 8
+        struct.pack_into("<I", self.mem, OUT, records)
+        self.mem[OUT + 4:OUT + 4 + records] = b"\x01" * records
+        struct.pack_into("<i", self.mem, OUT + 4 + records, sec_len)
+        self.out_len = 4 + records + 4 + sec_len + 8
         self.sec_len = sec_len
         table = b""
         at = SPANS
@@ -71,7 +74,8 @@ class Image:
     def run(self, mem_size: int = MEM) -> tuple[int, bytes]:
         buf = (ctypes.c_ubyte * MEM).from_buffer(self.mem)
         assert host_sha256.hs_run is not None
-        done = host_sha256.hs_run(ctypes.addressof(buf), mem_size, SLOT, OUT, self.out_len, 1)
+        done = host_sha256.hs_run(ctypes.addressof(buf), mem_size, SLOT, OUT, self.out_len,
+                                  self.records)
         del buf
         return done, bytes(self.mem)
 
@@ -180,9 +184,24 @@ def test_a_digest_that_does_not_replace_a_placeholder_is_refused() -> None:
     _refused(image, -8)
 
 
+def test_more_requests_than_the_records_allow_are_refused() -> None:
+    """Found in review: the pass runs outside the guest's deadline, which grows per record, and
+    each request costs a compression however short its spans; a one-record batch could ask for
+    1M of them (~60 ms). At most `MAX_PER_RECORD` per record of the batch."""
+    per = host_sha256.MAX_PER_RECORD
+    image = Image([(b"s", b"v")] * (per + 1))
+    _refused(image, -3)
+    image = Image([(b"s", b"v")] * (2 * per + 1), records=2)
+    _refused(image, -3)
+    image = Image([(b"s", bytes([i])) for i in range(2 * per)], records=2)
+    done, _ = image.run()
+    assert done == 2 * per
+    assert image.digest_at(2 * per - 1) == _hex(b"s", bytes([2 * per - 1]))
+
+
 def test_requests_over_the_byte_budget_are_refused() -> None:
     """130 requests each hashing 32 KiB (spans may overlap, but not the records section)."""
-    image = Image([(b"", b"x")] * 130)
+    image = Image([(b"", b"x")] * 130, records=3)
     for i in range(130):
         _set_entry(image, i, 0, 0)
         _set_entry(image, i, 1, 32768)
