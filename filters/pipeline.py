@@ -62,7 +62,7 @@ from itertools import accumulate
 from typing import Final, cast
 
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
-from sluice.codec.compression import CODEC_NONE
+from sluice.codec.compression import CODEC_LZ4, CODEC_NONE
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import BatchTooLarge, CodecError, CorruptBatch, UnsupportedCompression
 from sluice.codec.lz4_section import AVAILABLE as PENDING_AVAILABLE
@@ -228,8 +228,8 @@ def _truncate(message: str) -> str:
     return message if len(message) <= _MAX_ERROR_CHARS else message[:_MAX_ERROR_CHARS] + "..."
 
 
-def _open(batch: RawBatch, limits: BatchLimits,
-          too_large: int) -> tuple[Buffer | None, int, str]:
+def _open(batch: RawBatch, limits: BatchLimits, too_large: int,
+          vetted: bool = False) -> tuple[Buffer | None, int, str]:
     """The batch's records section, decompressed, or (None, error code, message) when it
     cannot be filtered: an unknown codec, a bad CRC, a declared count or a decompressed size
     over `limits` (`too_large` is the code for that), a section too short for its count.
@@ -237,8 +237,9 @@ def _open(batch: RawBatch, limits: BatchLimits,
     Checked in that order, each before the work it saves: nothing is decompressed for a
     batch declaring more than `limits.max_records` records, and decompression stops at
     `limits.max_bytes`. Whether the section holds exactly its records is checked next, by
-    the native path's check or by the decoding path's parse."""
-    refused = _unopenable(batch)
+    the native path's check or by the decoding path's parse. `vetted`: the codec id and
+    the CRC were checked already (`_unopenable`)."""
+    refused = None if vetted else _unopenable(batch)
     if refused is not None:
         return None, *refused
     try:
@@ -687,12 +688,14 @@ def _run_fetch(chain: FilterChain, plan: FetchPlan, index: int,
                                              f"{header.record_count} records with last offset "
                                              f"delta {header.last_offset_delta}")
         pending = None
-        if plan.pending:
+        vetted = False  # codec id and CRC checked already
+        if plan.pending and header.compression == CODEC_LZ4 and header.record_count > 0:
             # Decompressed into the guest's memory and checked there (codec/lz4_section.py):
             # no buffer of its own, no copy into the guest.
             refused = _unopenable(batch)
             if refused is not None:
                 return fail(at, *refused)
+            vetted = True
             try:
                 pending = pending_section(batch, limits)
             except CodecError as exc:
@@ -706,7 +709,7 @@ def _run_fetch(chain: FilterChain, plan: FetchPlan, index: int,
             except PartitionError as exc:
                 return fail(at, exc.code, exc.message, _refused(exc, chain, ctx))
         if ran is None:  # not pending, or the decoding path (which opens the batch itself)
-            plain, code, message = _open(batch, limits, CORRUPT_MESSAGE)
+            plain, code, message = _open(batch, limits, CORRUPT_MESSAGE, vetted)
             if plain is None:
                 return fail(at, code, message)
             if header.record_count == 0:
