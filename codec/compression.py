@@ -60,6 +60,7 @@ __all__ = [
     "declared_size",
     "decompress",
     "is_xerial",
+    "lz4_output_bound",
     "lz4_sealed_frame",
     "lz4_stored_frame",
 ]
@@ -312,6 +313,17 @@ def _lz4_decompress(payload: Buffer, limit: int, guess: int | None) -> memoryvie
         return lz4_frame.decompress(payload, limit, guess)
     except lz4_frame.Lz4Limit:
         raise _too_large(limit) from None
+
+
+def lz4_output_bound(payload: Buffer, limit: int) -> int | None:
+    """The bound `decompress` holds the lz4 `payload` to and sizes its buffer by (the frame's
+    block headers, `_lz4_output_bound`), when it does: None when the frame declares a content
+    size over `limit` (refused as too large), has no such bound, or one over `limit`."""
+    declared = _frame_content_size(CODEC_LZ4, payload)
+    if declared is not None and declared > limit:
+        return None
+    bound = _lz4_output_bound(payload)
+    return bound if bound is not None and bound <= limit else None
 
 
 def decompress(codec: int, payload: Buffer, limit: int | None = None) -> Buffer:

@@ -25,7 +25,7 @@ from typing import Any, Final
 
 Buffer = bytes | bytearray | memoryview
 
-__all__ = ["AVAILABLE", "Lz4Error", "Lz4Limit", "compress", "decompress"]
+__all__ = ["AVAILABLE", "Lz4Error", "Lz4Limit", "compress", "decompress", "decompress_into"]
 
 _LZ4F_VERSION: Final = 100
 _BLOCK_INDEPENDENT: Final = 1
@@ -266,6 +266,44 @@ def decompress(payload: Buffer, limit: int, guess: int, address: int | None = No
             raise Lz4Error("frame ends early")
         done = True
         return memoryview(out)[:pos_out]
+    finally:
+        if not done:  # mid-frame or after an error: the next frame starts afresh
+            _lib.LZ4F_resetDecompressionContext(ctx)
+
+
+def decompress_into(src: int, size: int, dst: int, cap: int) -> int:
+    """The content of the LZ4 frame(s) of `size` bytes at address `src`, written to the `cap`
+    bytes at address `dst` (both kept valid by the caller for the call): how many bytes it
+    wrote. `Lz4Limit` when the content does not fit in `cap - 1` bytes (a caller sizes `cap`
+    one byte past what it allows, as `decompress` does, so that content ending exactly at the
+    limit is read to its end mark), `Lz4Error` on a frame liblz4 refuses or that ends early.
+    For a caller that has the output's home already (guest memory: the fetch path's
+    records section goes there without a buffer of its own in between)."""
+    assert _lib is not None
+    ctx = _dctx()
+    done = False
+    try:
+        pos_in = pos_out = 0
+        dst_size, src_size = _size(), _size()
+        hint = 1
+        # `decompress`'s loop with a buffer that cannot grow: the same verdicts.
+        while pos_in < size or (hint != 0 and pos_out == cap):
+            if pos_out == cap:
+                raise Lz4Limit(f"decompresses to more than {cap - 1} bytes")
+            dst_size.value = cap - pos_out
+            src_size.value = size - pos_in
+            hint = _check(_lib.LZ4F_decompress(ctx, dst + pos_out, ctypes.byref(dst_size),
+                                               src + pos_in, ctypes.byref(src_size), None))
+            if dst_size.value == 0 and src_size.value == 0:
+                raise Lz4Error("no progress")
+            pos_in += src_size.value
+            pos_out += dst_size.value
+        if pos_out >= cap:
+            raise Lz4Limit(f"decompresses to more than {cap - 1} bytes")
+        if hint != 0:
+            raise Lz4Error("frame ends early")
+        done = True
+        return pos_out
     finally:
         if not done:  # mid-frame or after an error: the next frame starts afresh
             _lib.LZ4F_resetDecompressionContext(ctx)

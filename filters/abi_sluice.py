@@ -22,6 +22,7 @@ from typing import Final
 
 import wasmtime
 
+from sluice.codec.lz4_section import PendingSection
 from sluice.codec.records import Buffer
 from sluice.filters import host_sha256
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
@@ -209,17 +210,26 @@ class SluiceAbi(AbiRunner):
         except AbiError as exc:
             raise GuestFailure("invalid-output", str(exc)) from None
 
-    def run_native(self, ctx: RecordContext, records: Buffer, count: int, offset_base: int,
-                   timestamp_base: int) -> NativeOutput:
-        """``sluice_filter_records`` over one records section (GuestFailure on any failure)."""
+    def run_native(self, ctx: RecordContext, records: Buffer | PendingSection, count: int,
+                   offset_base: int, timestamp_base: int) -> NativeOutput:
+        """``sluice_filter_records`` over one records section (GuestFailure on any failure);
+        a `PendingSection` is decompressed into the input where the guest reads it
+        (SectionRefused when the codec refuses it: the guest is not called)."""
         head = native_input_head(ctx, count, offset_base, timestamp_base)
         guest = self.guest()
         assert self._alloc is not None
-        size = len(head) + len(records)
+        size = len(head) + (records.room if isinstance(records, PendingSection)
+                            else len(records))
         ptr = self._alloc(size) & 0xFFFFFFFF
         if ptr == 0:
             raise GuestFailure("memory", f"sluice_alloc({size}) returned 0")
-        if len(records) <= _JOIN_LIMIT:
+        if isinstance(records, PendingSection):
+            # Decompressed and checked where the guest reads it (codec/lz4_section.py):
+            # SectionRefused, before the call, when the batch is refused.
+            guest.write(ptr, head)
+            size = len(head) + records.write_into(
+                guest.address(ptr + len(head), records.room))
+        elif len(records) <= _JOIN_LIMIT:
             guest.write(ptr, head + records)  # one crossing for small batches
         else:
             guest.write(ptr, head)

@@ -32,6 +32,7 @@ from fnmatch import translate
 from pathlib import Path
 from typing import Any, Final, cast
 
+from sluice.codec.lz4_section import PendingSection
 from sluice.codec.records import Buffer
 from sluice.filters.admin import AdminResource, AdminVerdict
 from sluice.filters.config import FilterSpec
@@ -131,8 +132,9 @@ class NativeChainResult:
     """The chain over one records section in Kafka's encoding (`FilterChain.run_native`).
 
     `records` is the section after the last filter (the input object itself when nothing
-    changed) holding `count` records; `rejected` maps an input index to ``filter NAME:
-    reason`` and `dropped` maps an input index to the filter that dropped it. `trusted`: every
+    changed; b"" for an unchanged `PendingSection`, which the caller has as its batch)
+    holding `count` records; `rejected` maps an input index to ``filter NAME: reason`` and
+    `dropped` maps an input index to the filter that dropped it. `trusted`: every
     filter that changed the section is the proxy's own code (`NativeOutput.trusted`), so the
     section is as well-formed as the checked input and needs no second check.
     `incompressible`, `tail`: the last filter that changed the section says it will not
@@ -360,7 +362,13 @@ class FilterChain:
                     "by the proxy (a forged one could block or mislead readers)", f.name)
         return True
 
-    def run_native(self, ctx: RecordContext, records: Buffer, count: int, *,
+    def takes_pending(self, topic: str, direction: str, principal: str | None = None) -> bool:
+        """Whether `run_native` may be given a `PendingSection` here: every filter bound is a
+        Sluice ABI module with the native entry point (`LoadedFilter.takes_pending`)."""
+        filters = self.filters_for(topic, direction, principal)
+        return bool(filters) and all(f.takes_pending for f in filters)
+
+    def run_native(self, ctx: RecordContext, records: Buffer | PendingSection, count: int, *,
                    offset_base: int = 0, timestamp_base: int = 0) -> NativeChainResult | None:
         """Run a records section (Kafka's encoding, uncompressed) through the filters bound to
         ctx's topic/direction, every one over its native entry point.
@@ -369,6 +377,8 @@ class FilterChain:
         when a filter call failed or a host filter declined the batch: the caller then runs
         it through `run_records`, where the filter's failure policy applies. A host filter's
         PartitionError (and the reserved-header screen's, on produce) propagates as there.
+        A `PendingSection` (fetch, only where `takes_pending`) is opened by each filter that
+        reads it into its own memory; SectionRefused propagates (the batch is refused).
         """
         current = records
         n = count
@@ -381,7 +391,8 @@ class FilterChain:
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
         stats: list[FilterStats] = []
-        if ctx.direction == "produce" and not self._screen_native(ctx.topic, records, count):
+        if ctx.direction == "produce" and (isinstance(records, PendingSection) or
+                                           not self._screen_native(ctx.topic, records, count)):
             return None
         for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
             st = FilterStats(f.name, f.sha256, signer=f.spec.signer)
@@ -420,6 +431,8 @@ class FilterChain:
                         rejected[index[j]] = reason if own else f"filter {f.name}: {reason}"
                 alive = [index[j] for j, fate in enumerate(fates) if fate <= REWRITE]
                 n = len(alive)
+        if isinstance(current, PendingSection):
+            current = b""  # nothing changed: the caller forwards the batch as it came
         return NativeChainResult(current, n, changed, rejected, dropped, stats,
                                  changed and trusted, changed and incompressible, tail, framed)
 

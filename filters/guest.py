@@ -183,6 +183,15 @@ class GuestInstance:
             return memoryview(b"")
         return memoryview((ctypes.c_ubyte * n).from_address(self._base() + ptr)).cast("B")
 
+    def address(self, ptr: int, n: int) -> int:
+        """Where the `n` bytes of guest memory at `ptr` lie in this process (GuestFailure if
+        out of bounds), for native code that writes them in place (`lz4_section`). Valid
+        only until the next call into the guest or the next growth of its memory."""
+        if ptr < 0 or n < 0 or ptr + n > self.memory_size():
+            raise GuestFailure("invalid-output",
+                               f"guest buffer {ptr}+{n} is outside linear memory")
+        return self._base() + ptr
+
     def grow(self, pages: int) -> int:
         """Grow the memory by `pages`; return the old size in bytes (GuestFailure on cap)."""
         if self.memory is None:

@@ -62,9 +62,11 @@ from itertools import accumulate
 from typing import Final, cast
 
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
-from sluice.codec.compression import CODEC_NONE
+from sluice.codec.compression import CODEC_LZ4, CODEC_NONE
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import BatchTooLarge, CodecError, CorruptBatch, UnsupportedCompression
+from sluice.codec.lz4_section import AVAILABLE as PENDING_AVAILABLE
+from sluice.codec.lz4_section import PendingSection, SectionRefused, pending_section
 from sluice.codec.records import (
     HEADER_SIZE,
     BatchHeader,
@@ -227,8 +229,8 @@ def _truncate(message: str) -> str:
     return message if len(message) <= _MAX_ERROR_CHARS else message[:_MAX_ERROR_CHARS] + "..."
 
 
-def _open(batch: RawBatch, limits: BatchLimits,
-          too_large: int) -> tuple[Buffer | None, int, str]:
+def _open(batch: RawBatch, limits: BatchLimits, too_large: int,
+          vetted: bool = False) -> tuple[Buffer | None, int, str]:
     """The batch's records section, decompressed, or (None, error code, message) when it
     cannot be filtered: an unknown codec, a bad CRC, a declared count or a decompressed size
     over `limits` (`too_large` is the code for that), a section too short for its count.
@@ -236,20 +238,35 @@ def _open(batch: RawBatch, limits: BatchLimits,
     Checked in that order, each before the work it saves: nothing is decompressed for a
     batch declaring more than `limits.max_records` records, and decompression stops at
     `limits.max_bytes`. Whether the section holds exactly its records is checked next, by
-    the native path's check or by the decoding path's parse."""
-    if batch.header.compression > 4:
-        return None, UNSUPPORTED_COMPRESSION_TYPE, (
-            f"unsupported compression codec id {batch.header.compression}")
-    if not verify_crc(batch.data):
-        return None, CORRUPT_MESSAGE, "record batch CRC mismatch"
+    the native path's check or by the decoding path's parse. `vetted`: the codec id and
+    the CRC were checked already (`_unopenable`)."""
+    refused = None if vetted else _unopenable(batch)
+    if refused is not None:
+        return None, *refused
     try:
         return records_section(batch, limits), NONE, ""
-    except BatchTooLarge as exc:
-        return None, too_large, f"record batch too large: {exc}"
-    except UnsupportedCompression as exc:
-        return None, UNSUPPORTED_COMPRESSION_TYPE, str(exc)
     except CodecError as exc:
-        return None, CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
+        return None, *_refusal(exc, too_large)
+
+
+def _unopenable(batch: RawBatch) -> tuple[int, str] | None:
+    """What `_open` checks before the records: an unknown codec, a bad CRC."""
+    if batch.header.compression > 4:
+        return UNSUPPORTED_COMPRESSION_TYPE, (
+            f"unsupported compression codec id {batch.header.compression}")
+    if not verify_crc(batch.data):
+        return CORRUPT_MESSAGE, "record batch CRC mismatch"
+    return None
+
+
+def _refusal(exc: CodecError, too_large: int) -> tuple[int, str]:
+    """The partition's error code and message for a batch the codec refused to open or
+    check (`too_large`: the code for a batch over the limits)."""
+    if isinstance(exc, BatchTooLarge):
+        return too_large, f"record batch too large: {exc}"
+    if isinstance(exc, UnsupportedCompression):
+        return UNSUPPORTED_COMPRESSION_TYPE, str(exc)
+    return CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
 
 
 def _decode(batch: RawBatch, plain: Buffer) -> tuple[list[Record] | None, int, str]:
@@ -278,14 +295,13 @@ def _input_problem(batch: RawBatch, plain: Buffer, limits: BatchLimits,
     """`_check_input` as (error code, message), or None when the section is fine."""
     try:
         _check_input(batch, plain, limits)
-    except BatchTooLarge as exc:
-        return too_large, f"record batch too large: {exc}"
     except CodecError as exc:
-        return CORRUPT_MESSAGE, f"corrupt record batch: {exc}"
+        return _refusal(exc, too_large)
     return None
 
 
-def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: Buffer,
+def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
+                plain: Buffer | PendingSection,
                 offset_base: int) -> tuple[NativeChainResult, Buffer | None] | None:
     """The chain over the batch's records section `plain` (checked by `_check_input`) without
     decoding it in Python, with the new batch when it was built here, or None when the batch
@@ -299,7 +315,9 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch, plain: 
     proxy's own native code wrote (`NativeChainResult.trusted`, e.g. the encrypt filter's
     sealer over the checked input) is not checked again: the check guards against guests;
     such a section may be lent (`native_io.lending`, a view of the sealer's buffer), so its
-    batch is built here, whatever the codec, before anything else runs on this thread."""
+    batch is built here, whatever the codec, before anything else runs on this thread.
+    A `PendingSection` (fetch) is opened and checked by the filter that reads it:
+    SectionRefused propagates (the caller fails the partition as `_open` would)."""
     header = batch.header
     built: Buffer | None = None
     lent = lend()
@@ -526,11 +544,12 @@ class FetchPlan:
     set instead when the partition needs no filtering or is refused before any batch is
     looked at (then there are no runs)."""
 
-    __slots__ = ("batches", "ctx", "cuts", "native", "outcome", "records", "stop", "tail")
+    __slots__ = ("batches", "ctx", "cuts", "native", "outcome", "pending", "records", "stop",
+                 "tail")
 
     def __init__(self, ctx: RecordContext, records: Buffer, batches: list[RawBatch],
                  tail: Buffer, cuts: list[int], native: bool,
-                 outcome: FetchOutcome | None = None) -> None:
+                 outcome: FetchOutcome | None = None, pending: bool = False) -> None:
         self.ctx = ctx
         self.records = records
         self.batches = batches
@@ -538,6 +557,9 @@ class FetchPlan:
         #: Run i is batches[cuts[i]:cuts[i + 1]].
         self.cuts = cuts
         self.native = native
+        #: lz4 batches go to the filters as `PendingSection`s (every filter a Sluice ABI
+        #: module with the native entry point: decompressed into its memory).
+        self.pending = pending
         self.outcome = outcome
         #: The first batch known to end the pass (it fails the partition): runs after it stop
         #: early, since their work is thrown away. Only ever lowered; a stale read costs work,
@@ -592,7 +614,10 @@ def plan_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         return FetchPlan(ctx, records, [], b"", [0], False,
                          _failed(CORRUPT_MESSAGE, f"corrupt record batch: {exc}"))
     native = chain.native_for(ctx.topic, "fetch", ctx.principal)
-    return FetchPlan(ctx, records, batches, tail, _cuts(batches, runs), native)
+    pending = native and PENDING_AVAILABLE and chain.takes_pending(ctx.topic, "fetch",
+                                                                   ctx.principal)
+    return FetchPlan(ctx, records, batches, tail, _cuts(batches, runs), native,
+                     pending=pending)
 
 
 def _cuts(batches: list[RawBatch], runs: int) -> list[int]:
@@ -668,21 +693,42 @@ def _run_fetch(chain: FilterChain, plan: FetchPlan, index: int,
             return fail(at, CORRUPT_MESSAGE, f"corrupt record batch: it declares "
                                              f"{header.record_count} records with last offset "
                                              f"delta {header.last_offset_delta}")
-        plain, code, message = _open(batch, limits, CORRUPT_MESSAGE)
-        if plain is None:
-            return fail(at, code, message)
-        if header.record_count == 0:
-            parts.append(batch.data)  # a compressed empty section (_open refuses anything else)
-            continue
-        problem = _input_problem(batch, plain, limits, CORRUPT_MESSAGE)
-        if problem is not None:
-            return fail(at, *problem)
-        ran = None
-        if native:
+        pending = None
+        vetted = False  # codec id and CRC checked already
+        if plan.pending and header.compression == CODEC_LZ4 and header.record_count > 0:
+            # Decompressed into the guest's memory and checked there (codec/lz4_section.py):
+            # no buffer of its own, no copy into the guest.
+            refused = _unopenable(batch)
+            if refused is not None:
+                return fail(at, *refused)
+            vetted = True
             try:
-                ran = _run_native(chain, ctx, batch, plain, header.base_offset)
+                pending = pending_section(batch, limits)
+            except CodecError as exc:
+                return fail(at, *_refusal(exc, CORRUPT_MESSAGE))
+        ran = None
+        if pending is not None:
+            try:
+                ran = _run_native(chain, ctx, batch, pending, header.base_offset)
+            except SectionRefused as exc:
+                return fail(at, *_refusal(exc.error, CORRUPT_MESSAGE))
             except PartitionError as exc:
                 return fail(at, exc.code, exc.message, _refused(exc, chain, ctx))
+        if ran is None:  # not pending, or the decoding path (which opens the batch itself)
+            plain, code, message = _open(batch, limits, CORRUPT_MESSAGE, vetted)
+            if plain is None:
+                return fail(at, code, message)
+            if header.record_count == 0:
+                parts.append(batch.data)  # a compressed empty section (_open refuses the rest)
+                continue
+            problem = _input_problem(batch, plain, limits, CORRUPT_MESSAGE)
+            if problem is not None:
+                return fail(at, *problem)
+            if native and pending is None:
+                try:
+                    ran = _run_native(chain, ctx, batch, plain, header.base_offset)
+                except PartitionError as exc:
+                    return fail(at, exc.code, exc.message, _refused(exc, chain, ctx))
         if ran is not None:
             nat, built = ran
             _merge(run.stats, nat.stats)
@@ -698,6 +744,8 @@ def _run_fetch(chain: FilterChain, plan: FetchPlan, index: int,
                 parts.append(batch.data)
                 records_out += header.record_count
             continue
+        if plain is None:  # _open returned it (`fail` otherwise)
+            raise AssertionError("a batch reached the decoding path unopened")
         decoded, code, message = _decode(batch, plain)
         if decoded is None:
             return fail(at, code, message)

@@ -44,6 +44,7 @@ import structlog
 import wasmtime
 from wasmtime import component as wc
 
+from sluice.codec.lz4_section import PendingSection, SectionRefused
 from sluice.codec.records import Buffer
 from sluice.filters import blocking
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
@@ -323,6 +324,13 @@ class LoadedFilter:
         return isinstance(runner, (SluiceAbi, ComponentAbi)) and runner.has_native
 
     @property
+    def takes_pending(self) -> bool:
+        """Whether `run_native` takes a `PendingSection` (a Sluice ABI module with the native
+        entry point: the section is decompressed into its memory)."""
+        runner = self._runner
+        return isinstance(runner, SluiceAbi) and runner.has_native
+
+    @property
     def can_screen(self) -> bool:
         """Whether `screen_native` can check a records section for the reserved prefix."""
         runner = self._runner
@@ -336,9 +344,11 @@ class LoadedFilter:
             raise TypeError(f"filter {self.name} reserves no header prefix")
         return runner.screen_native(records, count)
 
-    def run_native(self, ctx: RecordContext, records: Buffer, count: int, *,
+    def run_native(self, ctx: RecordContext, records: Buffer | PendingSection, count: int, *,
                    offset_base: int = 0, timestamp_base: int = 0) -> NativeOutput | None:
-        """Run the filter over a records section in Kafka's encoding (see native_io).
+        """Run the filter over a records section in Kafka's encoding (see native_io); a
+        `PendingSection` only where `takes_pending` (SectionRefused when the codec refuses
+        it, the filter not called).
 
         Returns None when the call failed in any way, without counting or logging it: the
         caller then runs the batch through `run_batch`, which applies, counts and logs the
@@ -348,6 +358,8 @@ class LoadedFilter:
         """
         runner = self._runner
         if isinstance(runner, HostRunner):
+            if isinstance(records, PendingSection):
+                raise TypeError("a host filter takes no pending records section")
             return self._run_host_native(runner, ctx, records, count, offset_base,
                                          timestamp_base)
         if not isinstance(runner, (SluiceAbi, ComponentAbi)) or not runner.has_native:
@@ -357,7 +369,17 @@ class LoadedFilter:
         instance = self._acquire()
         try:
             assert isinstance(instance, (SluiceAbi, ComponentAbi))
+            if isinstance(records, PendingSection):
+                if not isinstance(instance, SluiceAbi):
+                    raise TypeError("a pending records section needs a Sluice ABI module")
+                return instance.run_native(ctx, records, count, offset_base, timestamp_base)
             return instance.run_native(ctx, records, count, offset_base, timestamp_base)
+        except SectionRefused:
+            # The batch, not the filter, failed; the guest's sluice_alloc was not followed by
+            # its call (docs/FILTER_ABI.md: exactly one alloc per call), so the instance is
+            # made afresh. A broker sends such a batch rarely if ever.
+            instance.discard()
+            raise
         except Exception as exc:
             if not isinstance(exc, GuestFailure):
                 instance.discard()
