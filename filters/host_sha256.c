@@ -70,6 +70,7 @@ typedef struct {
     const uint8_t *ptr;
     uint32_t len;
     uint32_t tail_len;
+    uint8_t tmpl[64]; /* the tail, then zeros: the start of every one-block message */
 } prefix_state;
 
 static void prefix_init(prefix_state *s, const uint8_t *p, uint32_t n) {
@@ -79,6 +80,8 @@ static void prefix_init(prefix_state *s, const uint8_t *p, uint32_t n) {
     s->ptr = p;
     s->len = n;
     s->tail_len = n - at;
+    memset(s->tmpl, 0, 64);
+    memcpy(s->tmpl, p + at, s->tail_len);
 }
 
 /* The hex SHA-256 of prefix || data[0..n) into out[0..64). */
@@ -192,23 +195,50 @@ SHANI static void final_blocks(uint32_t h[LANES][8], uint8_t blk[LANES][64], uin
 }
 #endif
 
-/* Whether prefix tail || data || padding fits one block; if so, that block into blk. */
-static inline int one_block(const prefix_state *s, const uint8_t *data, uint32_t n, uint8_t blk[64]) {
+/* Whether prefix tail || data || padding fits one block; if so, that block into blk. `room`:
+ * whether the 64 bytes from data - s->tail_len lie inside guest memory. The variable-length
+ * copies and the memset were three libc calls an entry; with room, the block is made in
+ * registers from the prefix's template (tail, then zeros: s->tmpl) and those 64 bytes, each
+ * byte chosen by comparing its index with the tail's and the message's ends. */
+static inline int one_block(const prefix_state *s, const uint8_t *data, uint32_t n, int room,
+                            uint8_t blk[64]) {
     uint32_t fill = s->tail_len + n;
     if (fill > 55) return 0;
-    memset(blk, 0, 64);
-    memcpy(blk, s->ptr + (s->len - s->tail_len), s->tail_len);
-    memcpy(blk + s->tail_len, data, n);
+#ifdef HS_SHANI
+    if (room) {
+        const uint8_t *src = data - s->tail_len; /* block byte i is src[i] for tail_len <= i < fill */
+        const __m128i hi = _mm_set1_epi8((char)fill), lo = _mm_set1_epi8((char)(s->tail_len - 1));
+        for (int q = 0; q < 4; q++) {
+            __m128i idx = _mm_add_epi8(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                       _mm_set1_epi8((char)(16 * q)));
+            /* tail_len <= idx < fill (every value below 64: signed compares are fine) */
+            __m128i take = _mm_and_si128(_mm_cmpgt_epi8(hi, idx), _mm_cmpgt_epi8(idx, lo));
+            __m128i v = _mm_or_si128(_mm_loadu_si128((const __m128i *)(s->tmpl + 16 * q)),
+                                     _mm_and_si128(_mm_loadu_si128((const __m128i *)(src + 16 * q)), take));
+            _mm_storeu_si128((__m128i *)(blk + 16 * q), v);
+        }
+    } else
+#endif
+    {
+        memset(blk, 0, 64);
+        memcpy(blk, s->ptr + (s->len - s->tail_len), s->tail_len);
+        memcpy(blk + s->tail_len, data, n);
+    }
     blk[fill] = 0x80;
-    uint64_t bits = ((uint64_t)s->len + n) * 8u;
-    for (int i = 0; i < 8; i++) blk[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
+    uint64_t bits = __builtin_bswap64(((uint64_t)s->len + n) * 8u); /* big-endian */
+    memcpy(blk + 56, &bits, 8);
     return 1;
 }
 
-/* The placeholder a digest replaces: 64 '0' bytes. */
-static int is_placeholder(const uint8_t *p) {
-    static const uint8_t zeros[64] = "0000000000000000000000000000000000000000000000000000000000000000";
-    return memcmp(p, zeros, 64) == 0;
+/* The placeholder a digest replaces: 64 '0' bytes (compared inline: memcmp was a call). */
+static inline int is_placeholder(const uint8_t *p) {
+    uint64_t diff = 0;
+    for (int i = 0; i < 64; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        diff |= w ^ 0x3030303030303030ull;
+    }
+    return diff == 0;
 }
 
 /* Runs the requests the slot at `slot` names; `out_ptr`/`out_len`: the call's output (its
@@ -261,7 +291,8 @@ long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_p
             have = 1;
         }
 #ifdef HS_SHANI
-        if (fast && one_block(&ps, mem + dp, dn, blocks[waiting])) {
+        if (fast && one_block(&ps, mem + dp, dn, dp >= ps.tail_len && inside(dp - ps.tail_len, 64, mem_size),
+                              blocks[waiting])) {
             memcpy(states[waiting], ps.c.h, 32);
             dst[waiting] = mem + op;
             if (++waiting == LANES) {

@@ -100,6 +100,35 @@ def test_digests_are_sha256_of_salt_and_field(pairs: list[tuple[bytes, bytes]]) 
     assert [image.digest_at(i) for i in range(len(pairs))] == [_hex(s, d) for s, d in pairs]
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([b"", b"pepper", b"s" * 40, b"q" * 64 + b"tail"]),
+                          st.binary(min_size=1, max_size=14)), min_size=1, max_size=9),
+       st.sampled_from([0x00, 0x80, 0xFF]))
+def test_fields_among_other_bytes_and_at_the_ends_of_memory(
+        pairs: list[tuple[bytes, bytes]], fill: int) -> None:
+    """The one-block message takes only the field's bytes from memory, whatever lies around
+    them (the pass reads the 64 bytes from field - salt tail at once and masks the rest), and
+    a field too close to either end of memory for that read is still hashed (the copies)."""
+    image = Image(pairs)
+    spans = SPANS + 2048
+    image.mem[spans:OUT] = bytes([fill]) * (OUT - spans)
+    image.mem[MEM - 64:] = bytes([fill]) * 64
+    at = spans + 1
+    for i, (_, data) in enumerate(pairs):
+        if i == 0:
+            where = MEM - len(data)  # the last bytes of memory
+        elif i == 1:
+            where = 1  # fewer bytes before it than a salt tail (ends before the slot)
+        else:
+            where = at
+            at += len(data) + 7
+        image.mem[where:where + len(data)] = data
+        _set_entry(image, i, 2, where)
+    done, _ = image.run()
+    assert done == len(pairs)
+    assert [image.digest_at(i) for i in range(len(pairs))] == [_hex(s, d) for s, d in pairs]
+
+
 def test_an_empty_slot_writes_nothing() -> None:
     image = Image([(b"s", b"v")])
     struct.pack_into("<I", image.mem, SLOT + 4, 0)
