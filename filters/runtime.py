@@ -375,10 +375,8 @@ class LoadedFilter:
                 return instance.run_native(ctx, records, count, offset_base, timestamp_base)
             return instance.run_native(ctx, records, count, offset_base, timestamp_base)
         except SectionRefused:
-            # The batch, not the filter, failed; the guest's sluice_alloc was not followed by
-            # its call (docs/FILTER_ABI.md: exactly one alloc per call), so the instance is
-            # made afresh. A broker sends such a batch rarely if ever.
-            instance.discard()
+            # The batch, not the filter, failed (no fallback counted); the instance is kept
+            # unless the inputs allocated for refused batches add up (SluiceAbi._unpaired).
             raise
         except Exception as exc:
             if not isinstance(exc, GuestFailure):
