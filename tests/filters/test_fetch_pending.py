@@ -207,8 +207,8 @@ def _literal_block(chunk: bytes) -> bytes:
 
 def test_a_frame_claiming_more_than_the_guest_holds_stays_on_the_native_path() -> None:
     """Review (round 38): the guest allocates a pending section's bound, and a valid frame
-    may claim 255 times what it holds. 120 KB of records in 4 MiB-block frames of literal
-    runs claim 30 MiB: a guest capped at 16 MiB could not allocate it, and the batch went to
+    may claim 255 times what it holds. 134 KB of records in 4 MiB blocks of literal
+    runs claim 28 MiB: a guest capped at 16 MiB could not allocate it, and the batch went to
     the decoding path (~14 times the CPU per record). Such a batch is opened in Python and
     takes the native path with its real size."""
     spec = FilterSpec(name="mask", module="builtin:pii-mask", config={}, topics=("orders",),
