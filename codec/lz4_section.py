@@ -11,8 +11,9 @@ no filter runtime mistakes them for a failure of its guest.
 
 Only batches whose frame binds its own size are pending (`pending_section`: one LZ4 frame
 whose block headers give the bound, within `limits.max_bytes`; the same condition under
-which `compression.decompress` uses a buffer of exactly that bound); any other batch is
-opened as before.
+which `compression.decompress` uses a buffer of exactly that bound), and only within the
+room the guests may allocate (`most_room`: half their memory cap, since a frame may claim
+255 times what it holds); any other batch is opened as before.
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ class PendingSection:
         return n
 
 
-def pending_section(batch: RawBatch, limits: BatchLimits) -> PendingSection | None:
+def pending_section(batch: RawBatch, limits: BatchLimits, most_room: int | None = None
+                    ) -> PendingSection | None:
     """`batch`'s records section as a `PendingSection`, or None when it is opened the usual
-    way (not lz4, no records, no binding bound, the module not built). The caller has
+    way (not lz4, no records, no binding bound, a `room` over `most_room`, the module not
+    built). The caller has
     checked the codec id and the CRC; the declared count is checked here (BatchTooLarge, as
     `records_section` does first)."""
     header = batch.header
@@ -101,6 +104,6 @@ def pending_section(batch: RawBatch, limits: BatchLimits) -> PendingSection | No
         return None
     check_count(header.record_count, limits)
     bound = lz4_output_bound(batch.data[HEADER_SIZE:], limits.max_bytes)
-    if bound is None:
+    if bound is None or (most_room is not None and bound + 1 > most_room):
         return None
     return PendingSection(batch, bound, limits.max_headers)

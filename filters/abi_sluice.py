@@ -22,7 +22,7 @@ from typing import Final
 
 import wasmtime
 
-from sluice.codec.lz4_section import PendingSection
+from sluice.codec.lz4_section import PendingSection, SectionRefused
 from sluice.codec.records import Buffer
 from sluice.filters import host_sha256
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
@@ -122,6 +122,10 @@ class SluiceAbi(AbiRunner):
         self._native: RawFunc | None = None
         #: The guest's hash request slot (host_sha256), 0 when the capability is not in use.
         self._hash_slot = 0
+        #: Input bytes `sluice_alloc` handed out for pending sections the codec refused (the
+        #: call never made): a guest that frees its input in the call keeps them, so past a
+        #: quarter of the memory cap the instance is made afresh (`_unpaired_input`).
+        self._unpaired = 0
 
     @property
     def supports_admin(self) -> bool:
@@ -140,6 +144,7 @@ class SluiceAbi(AbiRunner):
         self._last_error = guest.func("sluice_last_error") if self.has_last_error else None
         self._native = guest.func("sluice_filter_records") if self.has_native else None
         self._hash_slot = 0
+        self._unpaired = 0
         if self.has_init:
             init = guest.func("sluice_init")
             assert init is not None
@@ -170,6 +175,17 @@ class SluiceAbi(AbiRunner):
             raise GuestFailure("memory", f"sluice_alloc({len(data)}) returned 0")
         guest.write(ptr & 0xFFFFFFFF, data)
         return ptr & 0xFFFFFFFF
+
+    def _unpaired_input(self, size: int) -> None:
+        """Count an input of `size` bytes allocated for a call that was not made (its batch
+        refused). Not made afresh each time: a stored batch the codec refuses comes back on
+        every fetch of its offset, and an instantiation (~0.6 ms, on the event loop for an
+        inline job) cost ~20 times the refusal. docs/FILTER_ABI.md lets a guest reset its
+        arena in `sluice_alloc`; one that frees its input in the call would keep these, so
+        past a quarter of its memory cap the instance goes (its next call makes it anew)."""
+        self._unpaired += size
+        if self._unpaired > self.spec.max_memory_mb * 1024 * 1024 // 4:
+            self.discard()
 
     def last_error(self, guest: GuestInstance) -> str | None:
         """The guest's own description of its last error (None if it offers none)."""
@@ -227,8 +243,12 @@ class SluiceAbi(AbiRunner):
             # Decompressed and checked where the guest reads it (codec/lz4_section.py):
             # SectionRefused, before the call, when the batch is refused.
             guest.write(ptr, head)
-            size = len(head) + records.write_into(
-                guest.address(ptr + len(head), records.room))
+            try:
+                size = len(head) + records.write_into(
+                    guest.address(ptr + len(head), records.room))
+            except SectionRefused:
+                self._unpaired_input(size)
+                raise
         elif len(records) <= _JOIN_LIMIT:
             guest.write(ptr, head + records)  # one crossing for small batches
         else:

@@ -362,11 +362,12 @@ class FilterChain:
                     "by the proxy (a forged one could block or mislead readers)", f.name)
         return True
 
-    def takes_pending(self, topic: str, direction: str, principal: str | None = None) -> bool:
-        """Whether `run_native` may be given a `PendingSection` here: every filter bound is a
-        Sluice ABI module with the native entry point (`LoadedFilter.takes_pending`)."""
+    def pending_room(self, topic: str, direction: str, principal: str | None = None) -> int:
+        """The largest `PendingSection.room` `run_native` may be given here, 0 when none:
+        every filter bound must be a Sluice ABI module with the native entry point, and each
+        allocates the room in its memory (`LoadedFilter.pending_room`)."""
         filters = self.filters_for(topic, direction, principal)
-        return bool(filters) and all(f.takes_pending for f in filters)
+        return min((f.pending_room for f in filters), default=0)
 
     def run_native(self, ctx: RecordContext, records: Buffer | PendingSection, count: int, *,
                    offset_base: int = 0, timestamp_base: int = 0) -> NativeChainResult | None:
@@ -377,7 +378,7 @@ class FilterChain:
         when a filter call failed or a host filter declined the batch: the caller then runs
         it through `run_records`, where the filter's failure policy applies. A host filter's
         PartitionError (and the reserved-header screen's, on produce) propagates as there.
-        A `PendingSection` (fetch, only where `takes_pending`) is opened by each filter that
+        A `PendingSection` (fetch, only within `pending_room`) is opened by each filter that
         reads it into its own memory; SectionRefused propagates (the batch is refused).
         """
         current = records

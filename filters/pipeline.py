@@ -549,7 +549,7 @@ class FetchPlan:
 
     def __init__(self, ctx: RecordContext, records: Buffer, batches: list[RawBatch],
                  tail: Buffer, cuts: list[int], native: bool,
-                 outcome: FetchOutcome | None = None, pending: bool = False) -> None:
+                 outcome: FetchOutcome | None = None, pending: int = 0) -> None:
         self.ctx = ctx
         self.records = records
         self.batches = batches
@@ -557,8 +557,9 @@ class FetchPlan:
         #: Run i is batches[cuts[i]:cuts[i + 1]].
         self.cuts = cuts
         self.native = native
-        #: lz4 batches go to the filters as `PendingSection`s (every filter a Sluice ABI
-        #: module with the native entry point: decompressed into its memory).
+        #: lz4 batches go to the filters as `PendingSection`s of at most this room (every
+        #: filter a Sluice ABI module with the native entry point: decompressed into its
+        #: memory; `FilterChain.pending_room`), 0: none.
         self.pending = pending
         self.outcome = outcome
         #: The first batch known to end the pass (it fails the partition): runs after it stop
@@ -614,8 +615,8 @@ def plan_fetch(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         return FetchPlan(ctx, records, [], b"", [0], False,
                          _failed(CORRUPT_MESSAGE, f"corrupt record batch: {exc}"))
     native = chain.native_for(ctx.topic, "fetch", ctx.principal)
-    pending = native and PENDING_AVAILABLE and chain.takes_pending(ctx.topic, "fetch",
-                                                                   ctx.principal)
+    pending = (chain.pending_room(ctx.topic, "fetch", ctx.principal)
+               if native and PENDING_AVAILABLE else 0)
     return FetchPlan(ctx, records, batches, tail, _cuts(batches, runs), native,
                      pending=pending)
 
@@ -703,7 +704,7 @@ def _run_fetch(chain: FilterChain, plan: FetchPlan, index: int,
                 return fail(at, *refused)
             vetted = True
             try:
-                pending = pending_section(batch, limits)
+                pending = pending_section(batch, limits, plan.pending)
             except CodecError as exc:
                 return fail(at, *_refusal(exc, CORRUPT_MESSAGE))
         ran = None

@@ -331,6 +331,14 @@ class LoadedFilter:
         return isinstance(runner, SluiceAbi) and runner.has_native
 
     @property
+    def pending_room(self) -> int:
+        """The largest `PendingSection.room` given to `run_native` (0 when it takes none):
+        the guest allocates the room, which a frame's block headers may claim at 255 times
+        what it holds, so at most half the memory cap (the rest for the guest's own data and
+        output); a batch claiming more is opened in Python and passed at its real size."""
+        return self.spec.max_memory_mb * 1024 * 1024 // 2 if self.takes_pending else 0
+
+    @property
     def can_screen(self) -> bool:
         """Whether `screen_native` can check a records section for the reserved prefix."""
         runner = self._runner
@@ -375,10 +383,8 @@ class LoadedFilter:
                 return instance.run_native(ctx, records, count, offset_base, timestamp_base)
             return instance.run_native(ctx, records, count, offset_base, timestamp_base)
         except SectionRefused:
-            # The batch, not the filter, failed; the guest's sluice_alloc was not followed by
-            # its call (docs/FILTER_ABI.md: exactly one alloc per call), so the instance is
-            # made afresh. A broker sends such a batch rarely if ever.
-            instance.discard()
+            # The batch, not the filter, failed (no fallback counted); the instance is kept
+            # unless the inputs allocated for refused batches add up (SluiceAbi._unpaired).
             raise
         except Exception as exc:
             if not isinstance(exc, GuestFailure):
