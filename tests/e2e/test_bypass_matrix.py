@@ -623,11 +623,16 @@ def test_node_endpoints_are_rewritten_and_absent_ones_cost_no_decode(
     base = free_port_block(9)
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", base), upstream=[("127.0.0.1", 1)]))
     router = server.routes.current
-    # The internal-topics path sees every Produce and Fetch response first and hands it to
-    # the address path; the fast path below must hold through both.
+    # The internal-topics path sees every Fetch response first and hands it to the address
+    # path; an unpinned Produce response goes to the address path directly (Produce is not a
+    # listing). The fast path below must hold on both routes.
     path = router.response_path(api_key, version)
-    assert isinstance(path, InternalTopicsPath)
-    assert isinstance(path._inner_response(router.ctx, api_key, version), addresses.AddressPath)
+    if api_key == 0:
+        assert isinstance(path, addresses.AddressPath)
+    else:
+        assert isinstance(path, InternalTopicsPath)
+        assert isinstance(path._inner_response(router.ctx, api_key, version),
+                          addresses.AddressPath)
     exchange = Exchange(
         RequestHeader(api_key, version, 42, "c", 0, True), ClientInfo("c", ("b", 1))
     )
