@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cffi import FFI
 
-from sluice.native_build import build_beside
+from sluice.native_build import build_beside, libcrypto_ffi
 
 HERE = Path(__file__).resolve().parent
 CDEF = """
@@ -54,12 +54,7 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
 
 
 def builder() -> FFI:
-    ffi = FFI()
-    ffi.cdef(CDEF)
-    ffi.set_source("sluice.crypto._batch_seal", (HERE / "batch_seal.c").read_text(),
-                   libraries=["crypto"],
-                   extra_compile_args=["-O2", "-Wno-deprecated-declarations"])
-    return ffi
+    return libcrypto_ffi("sluice.crypto._batch_seal", HERE / "batch_seal.c", CDEF)
 
 
 def main() -> int:

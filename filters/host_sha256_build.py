@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cffi import FFI
 
-from sluice.native_build import build_beside
+from sluice.native_build import build_beside, libcrypto_ffi
 
 HERE = Path(__file__).resolve().parent
 CDEF = """
@@ -28,12 +28,7 @@ long hs_run_wasm(uintptr_t data_fn, uintptr_t size_fn, uintptr_t store, uintptr_
 
 
 def builder() -> FFI:
-    ffi = FFI()
-    ffi.cdef(CDEF)
-    ffi.set_source("sluice.filters._host_sha256", (HERE / "host_sha256.c").read_text(),
-                   libraries=["crypto"],
-                   extra_compile_args=["-O2", "-Wno-deprecated-declarations"])
-    return ffi
+    return libcrypto_ffi("sluice.filters._host_sha256", HERE / "host_sha256.c", CDEF)
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """What the cffi build scripts of the native modules share (codec/record_check_build.py,
-filters/epoch_ticker_build.py, crypto/batch_seal_build.py): compile a builder's module in a
-scratch folder and put the result next to its sources, where the package imports it from (it
-is not committed)."""
+filters/epoch_ticker_build.py, filters/host_sha256_build.py, crypto/batch_seal_build.py):
+compile a builder's module in a scratch folder and put the result next to its sources, where
+the package imports it from (it is not committed)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,14 @@ def build_beside(ffi: FFI, folder: Path) -> int:
         os.replace(fresh, target)
     print(f"built {target.name}")
     return 0
+
+
+def libcrypto_ffi(module: str, source: Path, cdef: str) -> FFI:
+    """An FFI for `source` (a C file) as the importable `module`, linked against OpenSSL's
+    libcrypto. Deprecation warnings are off: OpenSSL 3 still ships the low-level interfaces
+    it deprecates, and host_sha256.c's fallback uses its SHA-256 block function."""
+    ffi = FFI()
+    ffi.cdef(cdef)
+    ffi.set_source(module, source.read_text(), libraries=["crypto"],
+                   extra_compile_args=["-O2", "-Wno-deprecated-declarations"])
+    return ffi
