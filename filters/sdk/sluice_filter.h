@@ -145,6 +145,10 @@ static void SLUICE_BATCH_END(void);
 static void SLUICE_VALUE_WRITTEN(const uint8_t *src, uint8_t *dst, int32_t len);
 static int sl__records_call;
 #endif
+/* A filter that may change a record's key, value or header values where they lie in the input
+ * (byte for byte, keeping every length) and return them as its rewrite defines
+ * SLUICE_REWRITE_IN_PLACE: sluice_filter_records then copies such a record as it is now, with
+ * the kept records around it, instead of writing it field by field. */
 #ifdef SLUICE_BATCH_BEGIN
 static void SLUICE_BATCH_BEGIN(void);
 #endif
@@ -1544,6 +1548,18 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
             n->body_size = b > 0x7fffffffu ? 0x7fffffffu : (uint32_t)b;
             records_size += sl__vsize((int64_t)b) + b;
             changed++;
+#if defined(SLUICE_REWRITE_IN_PLACE) && !defined(SLUICE_VALUE_WRITTEN)
+            /* A rewrite that names the record's own key, value and headers, changed where they
+             * lie (a mask that keeps every byte's place), is the record's bytes as they are now
+             * when they come to the same size (Kafka's varints as written are then minimal):
+             * it is copied with the kept records around it. Body size 0 marks it. */
+            if (n->d.value.ptr == rec.value.ptr && n->d.value.len == rec.value.len &&
+                n->d.key.ptr == rec.key.ptr && n->d.key.len == rec.key.len &&
+                n->d.header_count == rec.header_count &&
+                (rec.header_count == 0 || n->d.headers == rec.headers) &&
+                sl__vsize((int64_t)b) + b == n->raw_len)
+                n->body_size = 0;
+#endif
         } else if (kind == SLUICE_DROP) {
             changed++;
         } else if (kind == SLUICE_REJECT) {
@@ -1585,7 +1601,11 @@ __attribute__((export_name("sluice_filter_records"))) int64_t sluice_filter_reco
         uint32_t run_len = 0;
         for (uint32_t i = 0; i < count; i++) {
             const sl__native *n = &recs[i];
+#if defined(SLUICE_REWRITE_IN_PLACE) && !defined(SLUICE_VALUE_WRITTEN)
+            if (n->d.kind == SLUICE_KEEP || (n->d.kind == SLUICE_REWRITE && n->body_size == 0)) {
+#else
             if (n->d.kind == SLUICE_KEEP) {
+#endif
                 if (run_len == 0) run = n->raw;
                 run_len += n->raw_len;
                 continue;

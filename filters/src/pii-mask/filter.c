@@ -18,6 +18,8 @@
  *   secret_keys: ["AWS_SECRET_ACCESS_KEY", ...]  (names whose KEY=value values are masked;
  *                case and _ . - ignored, matching the end of a longer name at a word)
  */
+/* literals masked where they lie in the input are returned as the record's own (jreplace_masked) */
+#define SLUICE_REWRITE_IN_PLACE 1
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
 
@@ -2049,6 +2051,7 @@ typedef struct {
     const uint8_t *begin, *p, *end;
     const uint8_t *copied; /* input before this is in out already (or still unchanged) */
     sluice_buf out;        /* the masked record, allocated at the first replacement */
+    sluice_buf undo;       /* literals masked in place in the input: offset, length, old bytes */
     uint32_t out_cap;
     int started; /* out is allocated */
     int failed;  /* memory ran out: the caller fails the batch rather than leak data */
@@ -2306,6 +2309,25 @@ SIMD static inline __attribute__((always_inline)) uint32_t mask_spans_in_place(u
  * string. The masked text goes straight into the output and is escaped afterwards only when it
  * must be (a quote, backslash or control character kept from the text). */
 static inline __attribute__((always_inline)) void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain, int ascii) {
+    if (plain && masks_plain && text == from + 1 && c->p == text + n + 1 && spans_mask_in_place(text, s, ascii) &&
+        (uint64_t)(mem_readable() - text) >= (uint64_t)n + 16u) {
+        /* the mask keeps every byte's place: mask the literal where it lies in the input, so
+         * a record whose every change is of this kind is not copied at all here (the SDK copies
+         * it once, as it came, into its output); its bytes are saved first so that a value that
+         * turns out not to be JSON can be put back for the text scan */
+        if (!sluice_buf_reserve(&c->undo, n + 8u)) {
+            c->failed = 1;
+            return;
+        }
+        uint8_t *u = c->undo.ptr + c->undo.len;
+        uint32_t at = (uint32_t)(text - c->begin);
+        memcpy(u, &at, 4);
+        memcpy(u + 4, &n, 4);
+        memcpy(u + 8, text, n);
+        c->undo.len += n + 8u;
+        c->changes += mask_spans_in_place((uint8_t *)(uintptr_t)text, s);
+        return;
+    }
     sluice_buf *out = jreplace(c, from, c->p);
     if (plain && masks_plain && spans_mask_in_place(text, s, ascii)) {
         /* the usual case: the literal copied whole, its matches overwritten */
@@ -2705,6 +2727,10 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         c.depth = 0;
         c.field_depth = -1;
         c.secret = 0;
+        c.undo.ptr = NULL;
+        c.undo.len = 0;
+        c.undo.cap = 0;
+        c.undo.failed = 0;
         /* counters are only kept if the JSON pass succeeds: snapshot them */
         uint32_t saved_n = sl__counter_n;
         uint32_t saved[SLUICE_MAX_COUNTERS];
@@ -2718,6 +2744,10 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         if (c.failed || (c.started && c.out.failed)) return -1;
         if (ok) {
             if (c.changes == 0) return 0;
+            if (!c.started) { /* every change was made in place: the value is the input's */
+                *res = in;
+                return 1;
+            }
             sluice_buf_put(&c.out, c.copied, (uint32_t)(c.end - c.copied));
             if (c.out.failed) return -1;
             *res = sluice_buf_bytes(&c.out);
@@ -2725,6 +2755,13 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
         }
         sl__counter_n = saved_n;
         for (uint32_t i = 0; i < saved_n; i++) sl__counters[i].count = saved[i];
+        for (uint32_t k = 0; k < c.undo.len;) { /* put back what was masked in place */
+            uint32_t at, len;
+            memcpy(&at, c.undo.ptr + k, 4);
+            memcpy(&len, c.undo.ptr + k + 4, 4);
+            memcpy((uint8_t *)(uintptr_t)in.ptr + at, c.undo.ptr + k + 8, len);
+            k += len + 8u;
+        }
         /* not JSON after all: fall through to text */
     }
     spans found;
