@@ -14,7 +14,9 @@ one-record masked Produce: path, job placement, chain, guest call, splice, telem
 Prints µs of CPU (process time) per request and its response, best of the rounds. `--shape
 w2` sends bench_proxy workload 2's Produce requests instead (two partitions of 1 500 ~200-byte
 JSON records in lz4 batches, ~100 KB, acks=all, v10 as librdkafka sends them to Apache Kafka
-4), to separate what a large frame costs from what a request costs. `--cold SECONDS` sleeps
+4), to separate what a large frame costs from what a request costs; `--shape w2-fetch` sends
+workload 2's Fetch requests (v16, one topic by id, six partitions) and their responses (500
+records an lz4 batch per partition) on an unfiltered topic. `--cold SECONDS` sleeps
 that long before each request and before its response and counts only the CPU of the calls
 themselves: on a loaded machine every wake-up of the proxy finds its caches cold, and this
 shows what the same code then costs (the figure end to end is nearer to it than to the warm
@@ -37,6 +39,7 @@ import struct
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +59,10 @@ from sluice.proxy.ops.reload import build_chain
 VERSION = 9  # what librdkafka sends to Apache Kafka 4
 W2_VERSION = 10  # what librdkafka sends to Apache Kafka 4.4 with workload 2
 W2_PARTITIONS, W2_RECORDS = 2, 1500  # per request: ~100 KB, as bench_proxy's w2 averages
-SHAPES = ("one", "w2")
+W2_FETCH_VERSION = 16  # what librdkafka sends to Apache Kafka 4
+W2_FETCH_TOPIC_ID = uuid.UUID(int=0x5E1CE)
+W2_FETCH_PARTITIONS, W2_FETCH_RECORDS = 6, 500  # a consumer's Fetch of workload 2's topic
+SHAPES = ("one", "w2", "w2-fetch")
 MASK_CONFIG = """\
 filters:
   - name: mask-pii
@@ -115,8 +121,68 @@ def _w2_request() -> bytes:
         request)
 
 
+def _fetch_frames(count: int) -> list[tuple[bytes, bytes]]:
+    """Workload-2 Fetch (request, response) frames, size prefixes included: one topic (by id)
+    of six partitions, each answered with an lz4 batch of ~200-byte JSON records."""
+    topic_id = W2_FETCH_TOPIC_ID
+    rcls = schemas.request_schema(ApiKey.FETCH, W2_FETCH_VERSION)
+    rtcls = entities.element_class(rcls, "topics")
+    rpcls = entities.element_class(rtcls, "partitions")
+    request = entities.build(
+        rcls, max_wait=datetime.timedelta(milliseconds=500), min_bytes=1, max_bytes=52428800,
+        isolation_level=0, session_id=0, session_epoch=-1, rack_id="",
+        topics=(entities.build(rtcls, topic_id=topic_id, partitions=tuple(
+            entities.build(rpcls, partition=p, current_leader_epoch=0, fetch_offset=100,
+                           last_fetched_epoch=-1, log_start_offset=-1,
+                           partition_max_bytes=1048576)
+            for p in range(W2_FETCH_PARTITIONS))),),
+        forgotten_topics_data=(),
+    )
+    values = json_records(W2_FETCH_PARTITIONS * W2_FETCH_RECORDS)
+    now = int(time.time() * 1000)
+    cls = schemas.response_schema(ApiKey.FETCH, W2_FETCH_VERSION)
+    tcls = entities.element_class(cls, "responses")
+    pcls = entities.element_class(tcls, "partitions")
+    partitions = []
+    for p in range(W2_FETCH_PARTITIONS):
+        mine = values[p * W2_FETCH_RECORDS : (p + 1) * W2_FETCH_RECORDS]
+        lz4 = BatchHeader(100, 0, 0, 2, 0, 3, len(mine) - 1, now, now, -1, -1, -1, len(mine))
+        batch = build_batch(lz4, [Record(0, i, None, v, []) for i, v in enumerate(mine)])
+        partitions.append(entities.build(
+            pcls, partition_index=p, error_code=0, high_watermark=100 + len(mine),
+            last_stable_offset=100 + len(mine), log_start_offset=0, aborted_transactions=None,
+            preferred_read_replica=-1, records=batch))
+    body = encode_response(entities.build(
+        cls, throttle_time=datetime.timedelta(0), error_code=0, session_id=0,
+        responses=(entities.build(tcls, topic_id=topic_id, partitions=tuple(partitions)),),
+    ))
+    head = bytearray(request_header_bytes(ApiKey.FETCH, W2_FETCH_VERSION, 0, "rdkafka")
+                     + encode_request(request))
+    out = []
+    for cid in range(1, count + 1):
+        struct.pack_into(">i", head, 4, cid)
+        response = response_header_bytes(cid, ApiKey.FETCH, W2_FETCH_VERSION) + body
+        out.append((struct.pack(">i", len(head)) + bytes(head),
+                    struct.pack(">i", len(response)) + response))
+    return out
+
+
+def learn_fetch_ids(session: Any) -> None:
+    """What a consumer's Metadata teaches the session before it fetches: the id of the
+    `w2-fetch` topic and those of the proxy's internal topics (made up here)."""
+    ctx = session.conn._routes.current.ctx
+    names = sorted(ctx.protection.names) if ctx.protection is not None else []
+    for n, name in enumerate(names, 1):
+        ctx.topics.names[uuid.UUID(int=n)] = name
+        ctx.topics.ids[name] = uuid.UUID(int=n)
+    ctx.topics.names[W2_FETCH_TOPIC_ID] = "cpu-topic"
+    ctx.topics.ids["cpu-topic"] = W2_FETCH_TOPIC_ID
+
+
 def _frames(count: int, shape: str = "one", mask: bool = False) -> list[tuple[bytes, bytes]]:
     """(request, response) wire frames, size prefixes included, correlation ids 1..count."""
+    if shape == "w2-fetch":
+        return _fetch_frames(count)
     if shape == "w2":
         version, partitions = W2_VERSION, W2_PARTITIONS
         request = bytearray(_w2_request())
@@ -161,6 +227,8 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
     session.broker_connected(broker)
     session._live = True
     frames = _frames(requests, shape, mask)
+    if shape == "w2-fetch":
+        learn_fetch_ids(session)
 
     async def one(request: bytes, response: bytes) -> None:
         sent = broker.writes
@@ -229,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="another Sluice source tree, measured in alternation with this one")
     parser.add_argument("--pairs", type=int, default=4, help="alternations with --baseline")
     parser.add_argument("--shape", choices=SHAPES, default="one",
-                        help="one-record requests, or workload 2's ~100 KB lz4 requests")
+                        help="one-record requests, workload 2's ~100 KB lz4 requests, or "
+                        "workload 2's Fetch requests and their six-partition responses")
     parser.add_argument("--cold", type=float, default=0.0, metavar="SECONDS",
                         help="sleep before each request and response (caches go cold)")
     parser.add_argument("--mask", action="store_true",
@@ -244,10 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.baseline:
         micros = asyncio.run(_measure(*measure))
-        what = "one-record" if args.shape == "one" else "workload-2 (~100 KB, lz4)"
+        what = {"one": "one-record", "w2": "workload-2 (~100 KB, lz4)"}.get(
+            args.shape, "workload-2 (6 partitions, ~300 KB lz4)")
         what += " masked" if args.mask else ""
         warmth = f", {args.cold:g} s asleep before each call" if args.cold else ""
-        print(f"{micros:.2f} µs CPU per {what} Produce request and its response{warmth}")
+        kind = "Fetch" if args.shape == "w2-fetch" else "Produce"
+        print(f"{micros:.2f} µs CPU per {what} {kind} request and its response{warmth}")
         return 0
     source = baseline.prepare(Path(args.baseline))
     here = Path(__file__).resolve().parent.parent

@@ -52,6 +52,7 @@ __all__ = [
     "FetchPartitionSlot",
     "FetchResponseLayout",
     "FetchTopicSlot",
+    "fetch_response_tagged",
     "scan_fetch_response",
     "splice_fetch_records",
 ]
@@ -305,3 +306,88 @@ def splice_fetch_records(
             pos = part.records_end
     pieces.append(view[pos:])
     return b"".join(pieces)
+
+
+def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
+    """Whether the Fetch response body at `start` of `body` may carry top-level tagged fields
+    (where KIP-951 node endpoints sit): False only when the walk proves the body ends in an
+    empty tag section. A truncated or malformed body, or a version without tagged fields, is
+    True (the full decode decides).
+
+    Answers as the schema walk (codec/guard.py `fields_end`) does, in one Python call: every
+    pass-through Fetch response v16+ is asked this, and the generic walk made two calls per
+    partition (each costs several µs on the cold caches of a loaded machine, issue 29). Counts,
+    record sizes and empty tag sections are read inline; only rare shapes (a count or name
+    over 127, non-empty partition tags) call the generic readers."""
+    end = len(body)
+    try:
+        shape = _shape(version)
+        if not shape.flexible:
+            return True
+        by_id = shape.by_id
+        fixed = 6 + shape.fixed
+        replica = shape.replica
+        pos = start + shape.top_fixed
+        n_topics = body[pos] - 1
+        pos += 1
+        if n_topics >= 0x7F:
+            n_topics, pos = read_uvarint(body, pos - 1, end)
+            n_topics -= 1
+        # A topic entry is at least its id (or a one-byte empty name), a count and its tags.
+        if n_topics * (18 if by_id else 3) > end - pos:
+            return True
+        for _ in range(n_topics):
+            if by_id:
+                pos += 16
+            else:
+                n = body[pos]
+                pos += 1
+                if n >= 0x80:
+                    n, pos = read_uvarint(body, pos - 1, end)
+                pos += max(n - 1, 0)
+            n_parts = body[pos] - 1
+            pos += 1
+            if n_parts >= 0x7F:
+                n_parts, pos = read_uvarint(body, pos - 1, end)
+                n_parts -= 1
+            if n_parts * (fixed + replica + 3) > end - pos:
+                return True
+            for _ in range(n_parts):
+                pos += fixed
+                n_aborted = body[pos] - 1
+                pos += 1
+                if n_aborted >= 0x7F:
+                    n_aborted, pos = read_uvarint(body, pos - 1, end)
+                    n_aborted -= 1
+                if n_aborted > 0:
+                    if n_aborted * 17 > end - pos:
+                        return True
+                    for _ in range(n_aborted):
+                        pos += 16
+                        pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
+                pos += replica
+                # The records' compact length: up to 5 bytes, read inline (a large batch
+                # takes three).
+                size = body[pos]
+                pos += 1
+                if size >= 0x80:
+                    size &= 0x7F
+                    shift = 7
+                    while True:
+                        b = body[pos]
+                        pos += 1
+                        size |= (b & 0x7F) << shift
+                        if b < 0x80:
+                            break
+                        shift += 7
+                        if shift > 28:
+                            return True
+                if size > 1:
+                    pos += size - 1
+                    if pos > end:
+                        return True
+                pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
+            pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
+    except (DecodeError, UnsupportedVersion, IndexError):
+        return True
+    return not (pos + 1 == end and body[pos] == 0)

@@ -301,7 +301,9 @@ class InternalTopicsPath:
         return found
 
     def _inner_response(self, ctx: PathContext, api_key: int, version: int) -> ResponsePath | None:
-        self._memo(ctx)
+        # Asked on every response but Produce's: `_memo` is called only when the chain changed.
+        if ctx.generation != self._generation:
+            self._memo(ctx)
         key = api_key << 16 | (version & 0xFFFF)
         try:
             return self._responses[key]
@@ -343,7 +345,9 @@ class InternalTopicsPath:
         pattern, ids_known = protection.pattern(ctx.topics)
         by_id = _by_id(key, header.api_version)
         if (pattern is None or pattern.search(body) is None) and (ids_known or not by_id):
-            return self._pass(ctx, exchange, frame)
+            # What `_pass` does, inline: every Fetch of a pass-through connection gets here.
+            inner = self._inner_request(ctx, key)
+            return Forward() if inner is None else inner.on_request(ctx, exchange, frame)
         try:
             request = decode_request(key, header.api_version, body)
         except CodecError as exc:

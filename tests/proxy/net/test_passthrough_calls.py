@@ -1,4 +1,4 @@
-"""Python calls per pass-through Produce request and response (issue 29, workload 2).
+"""Python calls per pass-through Produce and Fetch request and response (issue 29, workload 2).
 
 On the two shared cores the benchmark runs on, the proxy's caches are cold at almost every
 wake-up, and what a pass-through Produce costs follows the number of Python calls it makes
@@ -7,7 +7,9 @@ same code). These tests hold the calls the real session and connection make for 
 workload-2 Produce request (one read, one frame) and its response to a budget, counted with
 `sys.setprofile` (deterministic, unlike a timing): framing, header, version gate, the
 internal-topics and Produce paths, slots, the KIP-951 scan of the response, metrics, the
-receive low-water mark (a real TCP socket) and the writes.
+receive low-water mark (a real TCP socket) and the writes. The same for one workload-2 Fetch
+(six partitions of one topic named by id, lz4 batches) and its response: the internal-topics
+scan of the request, the KIP-951 check of the response.
 """
 
 from __future__ import annotations
@@ -21,14 +23,19 @@ from typing import Any
 
 import pytest
 
-from bench.connection_cpu import _frames
+from bench.connection_cpu import _frames, learn_fetch_ids
 from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops.config import ProxyConfig
 
 #: Python calls (functions, methods, properties, dataclass constructors) for one request and
-#: for one response; 33 and 33 before this cut (issue 29).
-REQUEST_CALLS = 23
+#: for one response; 33 and 33 before the first cut, 23 and 18 before the second (issue 29).
+REQUEST_CALLS = 22
 RESPONSE_CALLS = 18
+#: The same for one workload-2 Fetch request and its response (an unfiltered topic, by id);
+#: 26 and 42 before this cut (the response's KIP-951 check walked the schema, two calls per
+#: partition).
+FETCH_REQUEST_CALLS = 19
+FETCH_RESPONSE_CALLS = 20
 
 
 class _Transport:
@@ -99,7 +106,9 @@ def test_a_pass_through_produce_and_its_response_stay_within_their_calls(
     asyncio.run(_one_exchange(tcp_sockets))
 
 
-async def _one_exchange(tcp_sockets: tuple[socket.socket, socket.socket]) -> None:
+async def _one_exchange(
+    tcp_sockets: tuple[socket.socket, socket.socket], fetch: bool = False,
+) -> None:
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
     session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
     client, broker = _Transport(tcp_sockets[0]), _Transport(tcp_sockets[1])
@@ -110,7 +119,10 @@ async def _one_exchange(tcp_sockets: tuple[socket.socket, socket.socket]) -> Non
     session.broker_connected(broker)
     session._live = True
     assert session._client_mark is not None and session._broker_mark is not None
-    frames = _frames(12, "w2")
+    frames = _frames(12, "w2-fetch" if fetch else "w2")
+    if fetch:
+        assert session.conn._routes.current.ctx.protection is not None  # its scan is counted
+        learn_fetch_ids(session)
     for request, response in frames[:10]:  # warm: memos filled, versions learnt
         session.data_received(request)
         session.broker_data(response)
@@ -121,5 +133,13 @@ async def _one_exchange(tcp_sockets: tuple[socket.socket, socket.socket]) -> Non
     assert b"".join(bytes(b) for b in broker.writes[-1]) == request
     assert b"".join(bytes(b) for b in client.writes[-1]) == response
     assert not session._ended
-    assert len(on_response) <= RESPONSE_CALLS, on_response
-    assert len(on_request) <= REQUEST_CALLS, on_request
+    budgets = (FETCH_REQUEST_CALLS, FETCH_RESPONSE_CALLS) if fetch else (
+        REQUEST_CALLS, RESPONSE_CALLS)
+    assert len(on_response) <= budgets[1], on_response
+    assert len(on_request) <= budgets[0], on_request
+
+
+def test_a_pass_through_fetch_and_its_response_stay_within_their_calls(
+    tcp_sockets: tuple[socket.socket, socket.socket],
+) -> None:
+    asyncio.run(_one_exchange(tcp_sockets, fetch=True))
