@@ -98,7 +98,9 @@ static inline uint32_t ld32(const uint8_t *p) {
     return v;
 }
 
-static void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
+/* Inlined: a call per member name and value cost ~2.5 % of the bench once the one-pass loop
+ * had a function of its own. */
+static inline __attribute__((always_inline)) void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
     if (n >= 256) {
         memcpy(d, s, (size_t)n);
         return;
