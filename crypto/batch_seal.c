@@ -307,10 +307,12 @@ static size_t record_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
 #include <openssl/crypto.h>
 
 #define OG_TGT __attribute__((target("aes,pclmul,ssse3,sse4.1")))
+#define OG_POWERS 16             /* blocks per GHASH reduction in og_message */
 
 typedef struct {
     __m128i rk[15];          /* AES-256 round keys */
-    __m128i hp[8];           /* H^1..H^8 (POLYVAL representation, H times x) */
+    __m128i hp[OG_POWERS];   /* H^1..H^16 (POLYVAL representation, H times x) */
+    __m128i hk[OG_POWERS];   /* each power's two halves XORed (Karatsuba's middle factor) */
 } og_key;
 
 /* A GHASH in progress: the state, the bytes of a partial block, how many bytes went in. */
@@ -392,7 +394,9 @@ OG_TGT static void og_init(og_key *k, const uint8_t *key) {
     h = _mm_xor_si128(sh, _mm_and_si128(top, _mm_set_epi64x((long long)0xc200000000000000ULL,
                                                             1)));
     k->hp[0] = h;
-    for (int i = 1; i < 8; i++) k->hp[i] = og_mul(k->hp[i - 1], h);
+    for (int i = 1; i < OG_POWERS; i++) k->hp[i] = og_mul(k->hp[i - 1], h);
+    for (int i = 0; i < OG_POWERS; i++)
+        k->hk[i] = _mm_xor_si128(k->hp[i], _mm_shuffle_epi32(k->hp[i], 0x4e));
 }
 
 /* `n` whole blocks at `p` into the state `x`: eight, then four per reduction. */
@@ -448,14 +452,6 @@ OG_TGT static inline void og_update(const og_key *k, og_hash *s, const uint8_t *
     s->n = len;
 }
 
-/* Ends the associated data or the ciphertext: the partial block padded with zeros. */
-OG_TGT static inline void og_pad(const og_key *k, og_hash *s) {
-    if (!s->n) return;
-    memset(s->buf + s->n, 0, 16 - s->n);
-    s->x = og_blocks(k, s->x, s->buf, 1);
-    s->n = 0;
-}
-
 /* The keystream of `nonce` from counter 1: the first block (E(K, J0), the tag's mask) in
  * *mask, the following ones XORed over `len` bytes of `in` into `out`. */
 OG_TGT static inline void og_ctr(const og_key *k, const uint8_t *nonce, const uint8_t *in,
@@ -504,27 +500,91 @@ OG_TGT static inline void og_ctr(const og_key *k, const uint8_t *nonce, const ui
 #undef OG_CB
 }
 
-/* The tag of a message whose associated data (`aad_len` bytes) and ciphertext went into
- * `s`, masked with E(K, J0). */
-OG_TGT static inline void og_tag(const og_key *k, og_hash *s, size_t aad_len, size_t ct_len,
-                                 __m128i mask, uint8_t *tag) {
-    og_pad(k, s);
-    uint8_t lens[16];
-    uint64_t a = (uint64_t)aad_len * 8, c = (uint64_t)ct_len * 8;
-    for (int i = 0; i < 8; i++) {
-        lens[i] = (uint8_t)(a >> (56 - 8 * i));
-        lens[8 + i] = (uint8_t)(c >> (56 - 8 * i));
-    }
-    s->x = og_blocks(k, s->x, lens, 1);
-    _mm_storeu_si128((__m128i *)tag, _mm_xor_si128(og_rev(s->x), mask));
-}
-
 /* The state after `len` bytes of associated data that start every message of a call. */
 OG_TGT static void og_prefix(const og_key *k, og_hash *s, const uint8_t *prefix, size_t len) {
     s->x = _mm_setzero_si128();
     s->n = 0;
     s->total = 0;
     og_update(k, s, prefix, len);
+}
+
+/* The lengths block of a message (bits of associated data, bits of ciphertext). */
+static void og_lens(uint8_t *lens, size_t aad_len, size_t ct_len) {
+    uint64_t a = (uint64_t)aad_len * 8, c = (uint64_t)ct_len * 8;
+    for (int i = 0; i < 8; i++) {
+        lens[i] = (uint8_t)(a >> (56 - 8 * i));
+        lens[8 + i] = (uint8_t)(c >> (56 - 8 * i));
+    }
+}
+
+/* Whole blocks to hash: `n` of them at `p`. */
+typedef struct {
+    const uint8_t *p;
+    size_t n;
+} og_seg;
+
+/* The GHASH of one message from the state `pre` (its prefix hashed, maybe a partial block
+ * left): the rest of the associated data, the ciphertext and the lengths block, each padded,
+ * taken as one run of blocks with one reduction per OG_POWERS blocks (a message of a short
+ * value in one or two), where hashing each part on its own reduced after every part. */
+OG_TGT static __m128i og_message(const og_key *k, const og_hash *pre, const uint8_t *rest,
+                                 size_t rest_len, const uint8_t *ct, size_t ct_len) {
+    uint8_t head[16], rest_pad[16], ct_pad[16], lens[16];
+    og_seg seg[6];
+    int nseg = 0;
+    size_t total = 0;
+    og_lens(lens, pre->total + rest_len, ct_len);
+    if (pre->n) { /* the prefix's partial block, completed by the rest */
+        size_t t = 16 - pre->n < rest_len ? 16 - pre->n : rest_len;
+        memcpy(head, pre->buf, pre->n);
+        memcpy(head + pre->n, rest, t);
+        memset(head + pre->n + t, 0, 16 - pre->n - t);
+        rest += t;
+        rest_len -= t;
+        seg[nseg++] = (og_seg){head, 1};
+    }
+    if (rest_len >= 16) seg[nseg++] = (og_seg){rest, rest_len / 16};
+    if (rest_len % 16) {
+        memcpy(rest_pad, rest + rest_len / 16 * 16, rest_len % 16);
+        memset(rest_pad + rest_len % 16, 0, 16 - rest_len % 16);
+        seg[nseg++] = (og_seg){rest_pad, 1};
+    }
+    if (ct_len >= 16) seg[nseg++] = (og_seg){ct, ct_len / 16};
+    if (ct_len % 16) {
+        memcpy(ct_pad, ct + ct_len / 16 * 16, ct_len % 16);
+        memset(ct_pad + ct_len % 16, 0, 16 - ct_len % 16);
+        seg[nseg++] = (og_seg){ct_pad, 1};
+    }
+    seg[nseg++] = (og_seg){lens, 1};
+    for (int i = 0; i < nseg; i++) total += seg[i].n;
+    __m128i x = pre->x;
+    int si = 0;
+    size_t bi = 0;
+    while (total) {
+        size_t m = total < OG_POWERS ? total : OG_POWERS;
+        /* Karatsuba: per block the products of the low halves, of the high halves and of
+         * the halves' sums, added up over the run and combined once */
+        __m128i lo = _mm_setzero_si128(), hi = lo, mid = lo;
+        for (size_t j = 0; j < m; j++) {
+            while (bi == seg[si].n) {
+                si++;
+                bi = 0;
+            }
+            __m128i b = og_rev(_mm_loadu_si128((const __m128i *)(seg[si].p + 16 * bi)));
+            bi++;
+            if (j == 0) b = _mm_xor_si128(b, x);
+            size_t pw = m - 1 - j;
+            lo = _mm_xor_si128(lo, _mm_clmulepi64_si128(b, k->hp[pw], 0x00));
+            hi = _mm_xor_si128(hi, _mm_clmulepi64_si128(b, k->hp[pw], 0x11));
+            mid = _mm_xor_si128(mid, _mm_clmulepi64_si128(
+                _mm_xor_si128(b, _mm_shuffle_epi32(b, 0x4e)), k->hk[pw], 0x00));
+        }
+        mid = _mm_xor_si128(mid, _mm_xor_si128(lo, hi));
+        x = og_reduce(_mm_xor_si128(lo, _mm_slli_si128(mid, 8)),
+                      _mm_xor_si128(hi, _mm_srli_si128(mid, 8)));
+        total -= m;
+    }
+    return x;
 }
 
 /* Seals `len` bytes of `pt` into `ct`, then the tag; the associated data is the prefix of
@@ -534,12 +594,8 @@ OG_TGT static void og_seal(const og_key *k, const og_hash *pre, const uint8_t *n
                            uint8_t *ct) {
     __m128i mask;
     og_ctr(k, nonce, pt, ct, len, &mask);
-    og_hash s = *pre;
-    og_update(k, &s, rest, rest_len);
-    size_t aad_len = s.total;
-    og_pad(k, &s);
-    og_update(k, &s, ct, len);
-    og_tag(k, &s, aad_len, len, mask, ct + len);
+    __m128i x = og_message(k, pre, rest, rest_len, ct, len);
+    _mm_storeu_si128((__m128i *)(ct + len), _mm_xor_si128(og_rev(x), mask));
 }
 
 /* Opens `len` bytes of `ct` (its tag after it) into `pt`: 0, or 1 when the tag is wrong
@@ -549,13 +605,9 @@ OG_TGT static int og_open(const og_key *k, const og_hash *pre, const uint8_t *no
                           uint8_t *pt) {
     __m128i mask;
     uint8_t tag[TAG];
-    og_hash s = *pre;
-    og_update(k, &s, rest, rest_len);
-    size_t aad_len = s.total;
-    og_pad(k, &s);
-    og_update(k, &s, ct, len);
+    __m128i x = og_message(k, pre, rest, rest_len, ct, len);
     og_ctr(k, nonce, ct, pt, len, &mask);
-    og_tag(k, &s, aad_len, len, mask, tag);
+    _mm_storeu_si128((__m128i *)tag, _mm_xor_si128(og_rev(x), mask));
     return CRYPTO_memcmp(tag, ct + len, TAG) != 0;
 }
 
