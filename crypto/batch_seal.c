@@ -252,15 +252,6 @@ static size_t build_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
     return (size_t)(aad_tail(aad + prefix_len, r, digest) - aad);
 }
 
-/* The AAD of a whole-value record (build_aad) with the digest of its first `n` headers:
- * `no_headers` is the digest of none, hashed once per batch (the common case). */
-static size_t record_aad(uint8_t *aad, const uint8_t *prefix, size_t prefix_len,
-                         const record *r, int64_t n, const uint8_t *no_headers) {
-    uint8_t digest[32];
-    if (n) headers_digest(r, n, digest);
-    return build_aad(aad, prefix, prefix_len, r, n ? digest : no_headers);
-}
-
 /* ------------------------------------------------------------------ AES-256-GCM
  *
  * One EVP context per call (one data key), one message per record or field. OpenSSL 3.0
@@ -1180,11 +1171,16 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     r.header_count = 0;
     headers_digest(&r, 0, no_headers);
     gcm_t g = {0};
+    if (scratch_len < prefix_len + 48) {
+        rc = SB_SPACE;
+        goto done;
+    }
     if (gcm_new(&g, 0, key)) {
         rc = SB_CRYPTO;
         goto done;
     }
     gcm_prefix(&g, prefix, prefix_len);
+    memcpy(scratch, prefix, prefix_len);
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *rec_start;
         size_t raw;
@@ -1209,20 +1205,39 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
             goto done;
         }
         size_t ct_len = (size_t)r.value_len - 1 - NONCE - TAG;
-        if (scratch_len < prefix_len + (size_t)(r.key_len > 0 ? r.key_len : 0) + 48 + ct_len) {
+        if (scratch_len < prefix_len + (size_t)(r.key_len > 0 ? r.key_len : 0) + 48) {
             rc = SB_SPACE;
             goto done;
         }
-        size_t aad_len = record_aad(scratch, prefix, prefix_len, &r, start, no_headers);
-        uint8_t *pt = scratch + aad_len;
+        /* the AAD (build_aad) with the digest of the headers before the group, the prefix
+         * already in place */
+        uint8_t digest[32];
+        const uint8_t *dg = no_headers;
+        if (start) {
+            headers_digest(&r, start, digest);
+            dg = digest;
+        }
+        size_t aad_len = (size_t)(aad_tail(scratch + prefix_len, &r, dg) - scratch);
         const uint8_t *nonce = r.value + 1;
         const uint8_t *ct = nonce + NONCE;
-        int opened = gcm_open(&g, nonce, scratch, aad_len, ct, ct_len, pt);
+        /* emit()'s layout, the plaintext written in place: the opened record is shorter
+         * than the stored one (checked above against `raw`). A record that fails leaves
+         * unauthenticated bytes in `out`, which the caller then never reads (the call
+         * fails). */
+        size_t head = (size_t)(r.key_end - r.start);
+        size_t hbytes = r.hoff[start];
+        size_t body = head + varint_len((int64_t)ct_len) + ct_len + varint_len(start) + hbytes;
+        uint8_t *w = wr_varint(o, (int64_t)body);
+        memcpy(w, r.start, head);
+        w = wr_varint(w + head, (int64_t)ct_len);
+        int opened = gcm_open(&g, nonce, scratch, aad_len, ct, ct_len, w);
         if (opened) {
             rc = opened > 0 ? SB_TAMPERED : SB_CRYPTO;
             goto done;
         }
-        o = emit(o, &r, pt, ct_len, NULL, 0, NULL, 0, start, NULL, 0, 0);
+        w = wr_varint(w + ct_len, start);
+        memcpy(w, r.headers, hbytes);
+        o = w + hbytes;
         fates[i] = 1;
     }
     if (c.p != c.end) {
@@ -2001,11 +2016,16 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     int npaths = 0;
     *opened = 0;
     gcm_t g = {0};
+    if (scratch_len < prefix_len + 48) {
+        rc = SB_SPACE;
+        goto done;
+    }
     if (gcm_new(&g, 0, key)) {
         rc = SB_CRYPTO;
         goto done;
     }
     gcm_prefix(&g, prefix, prefix_len);
+    memcpy(scratch, prefix, prefix_len);
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *rec_start;
         size_t raw;
