@@ -533,7 +533,7 @@ static void flush_counts(void) {
 }
 
 /* A buffer the last record did not need (kept or dropped), reused by the next: the arena
- * gives memory back only when the call ends. Forgotten with the arena (here). */
+ * gives memory back only when the call ends. Forgotten with the arena (begin_batch). */
 static sluice_buf spare;
 static int have_spare;
 
