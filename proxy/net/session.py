@@ -40,6 +40,7 @@ from sluice.proxy.net.connection import (
     Telemetry,
     Wake,
 )
+from sluice.proxy.net.filter_pool import FilterPool
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.low_water import MIN_MARK, LowWater, low_water
 from sluice.proxy.ops.gc_pauses import thread_gc_time
@@ -90,7 +91,7 @@ class Session(asyncio.Protocol):
         upstream_ssl: dict[str, Any],
         node_id: int | None,
         hooks: SessionHooks,
-        executor: Executor | None,
+        executor: FilterPool | Executor | None,
         effects: SideEffects,
         principal_of: Callable[[Any], str | None] | None = None,
         placement: JobPlacement | None = None,
@@ -460,7 +461,9 @@ class Session(asyncio.Protocol):
         through `loop.run_in_executor`'s asyncio future chained to the pool's (a future
         made, its state copied across on the loop, and its done callback run on a further
         turn of the loop): on a loaded machine, where each such call finds the caches cold,
-        that chain was ~40 µs of a pool job's ~100 µs hand-off (issue 29)."""
+        that chain was ~40 µs of a pool job's ~100 µs hand-off (issue 29). The proxy's pool
+        is a `FilterPool` (no future per job); any other executor (tests) gets a future,
+        read only if the job never ran."""
         executor = self._executor
         assert executor is not None
         soon = self._running_loop().call_soon_threadsafe
@@ -473,6 +476,14 @@ class Session(asyncio.Protocol):
                 _hand_back(soon, job_done, job_id, None, exc)
             else:
                 _hand_back(soon, job_done, job_id, result, None)
+
+        if isinstance(executor, FilterPool):
+            try:
+                executor.run(work, lambda: _hand_back(soon, job_done, job_id, None,
+                                                      asyncio.CancelledError()))
+            except RuntimeError as exc:  # the pool shut down: the proxy is stopping
+                self._job_done(job_id, None, exc)
+            return
 
         def never_ran(fut: Future[None]) -> None:
             # Only a job still queued when the pool shuts down (`cancel_futures`): `work`

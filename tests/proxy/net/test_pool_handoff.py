@@ -11,12 +11,16 @@ import asyncio
 import struct
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import Any
 
+import pytest
+
 from sluice.codec.messages import ApiKey
 from sluice.proxy.net.connection import Close, Connection
+from sluice.proxy.net.filter_pool import FilterPool
 from sluice.proxy.net.session import Session, SideEffects
 from sluice.proxy.paths.base import Defer, Exchange, Forward, Frame, Job, PathContext
 from sluice.proxy.telemetry.events import proxy_info
@@ -83,7 +87,12 @@ class Hooks:
         self.closed.append(close)
 
 
-def _session(path: PoolPath, executor: ThreadPoolExecutor, port: int, hooks: Hooks) -> Session:
+Pool = FilterPool | ThreadPoolExecutor
+#: The proxy's own pool, and the standard executor (which the session still accepts).
+POOLS: list[Callable[[int], Pool]] = [FilterPool, ThreadPoolExecutor]
+
+
+def _session(path: PoolPath, executor: Pool, port: int, hooks: Hooks) -> Session:
     metrics = Metrics()
     routes = unfiltered_routes([path], metrics)
     effects = SideEffects(
@@ -95,12 +104,13 @@ def _session(path: PoolPath, executor: ThreadPoolExecutor, port: int, hooks: Hoo
                    7, hooks, executor, effects, None, None)
 
 
-async def _answered(jobs: int, path: PoolPath, chain_calls: list[str]) -> Hooks:
+async def _answered(jobs: int, path: PoolPath, chain_calls: list[str],
+                    make: Callable[[int], Pool]) -> Hooks:
     """`jobs` requests through a session whose jobs run in a 2-thread pool; each must be
     answered. `chain_calls` gets the hand-back functions of `_CHAIN` the loop's thread ran."""
     loop = asyncio.get_running_loop()
     broker = await asyncio.start_server(_broker, "127.0.0.1", 0)
-    executor = ThreadPoolExecutor(2)
+    executor = make(2)
     hooks = Hooks()
     session = _session(path, executor, broker.sockets[0].getsockname()[1], hooks)
     listener = await loop.create_server(lambda: session, "127.0.0.1", 0)
@@ -136,24 +146,30 @@ async def _answered(jobs: int, path: PoolPath, chain_calls: list[str]) -> Hooks:
     return hooks
 
 
-def test_a_pool_job_is_handed_back_without_an_asyncio_future_chain() -> None:
+@pytest.mark.parametrize("make", POOLS)
+def test_a_pool_job_is_handed_back_without_an_asyncio_future_chain(
+        make: Callable[[int], Pool]) -> None:
     path = PoolPath()
     chain_calls: list[str] = []
-    hooks = asyncio.run(_answered(6, path, chain_calls))
+    hooks = asyncio.run(_answered(6, path, chain_calls, make))
     assert len(path.threads) == 6
     assert threading.get_ident() not in path.threads, "every job ran in the pool"
     assert chain_calls == [], f"the loop ran run_in_executor's hand-back: {chain_calls}"
     assert not hooks.closed or all("failed" not in c.reason for c in hooks.closed)
 
 
-def test_a_failing_pool_job_closes_its_connection_naming_the_error() -> None:
+@pytest.mark.parametrize("make", POOLS)
+def test_a_failing_pool_job_closes_its_connection_naming_the_error(
+        make: Callable[[int], Pool]) -> None:
     path = PoolPath(fail=True)
-    hooks = asyncio.run(_answered(1, path, []))
+    hooks = asyncio.run(_answered(1, path, [], make))
     assert len(hooks.closed) == 1
     assert "ValueError" in hooks.closed[0].reason and "job 0 broke" in hooks.closed[0].reason
 
 
-def test_a_job_queued_when_the_pool_shuts_down_is_handed_back_cancelled() -> None:
+@pytest.mark.parametrize("make", POOLS)
+def test_a_job_queued_when_the_pool_shuts_down_is_handed_back_cancelled(
+        make: Callable[[int], Pool]) -> None:
     """Two connections, one pool thread: the first connection's job holds the thread, the
     second's waits in the pool's queue; the pool shuts down as the proxy's stop does
     (`cancel_futures`): the queued job never runs, and its connection is told so."""
@@ -162,7 +178,7 @@ def test_a_job_queued_when_the_pool_shuts_down_is_handed_back_cancelled() -> Non
         loop = asyncio.get_running_loop()
         broker = await asyncio.start_server(_broker, "127.0.0.1", 0)
         port = broker.sockets[0].getsockname()[1]
-        executor = ThreadPoolExecutor(1)
+        executor = make(1)
         gate = threading.Event()
         held, queued = PoolPath(gate=gate), PoolPath()
         hooks = (Hooks(), Hooks())
