@@ -1464,6 +1464,20 @@ SIMD static uint32_t count_dots(const uint8_t *p, uint32_t n, const uint8_t *rea
     return dots;
 }
 
+/* Whether p[0..n) may hold an IPv4 address: find_ipv4 needs three dots, each between two
+ * digits. A string of at most 32 bytes (an e-mail address with four digits asks this: its dots
+ * follow letters) is checked exactly so with two loads; a longer one by its number of dots. */
+SIMD static inline __attribute__((always_inline)) int ipv4_possible(const uint8_t *p, uint32_t n, const uint8_t *readable) {
+    if (n <= 32 && readable - p >= 32) {
+        v128_t a = wasm_v128_load(p), b = wasm_v128_load(p + 16), dot = wasm_i8x16_splat('.');
+        uint32_t live = n < 32 ? (1u << n) - 1u : 0xffffffffu;
+        uint32_t dots = ((uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(a, dot)) | (uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(b, dot)) << 16) & live;
+        uint32_t digits = ((uint32_t)wasm_i8x16_bitmask(in_range(a, '0', 10)) | (uint32_t)wasm_i8x16_bitmask(in_range(b, '0', 10)) << 16) & live;
+        return __builtin_popcount(dots & (digits << 1) & (digits >> 1)) >= 3;
+    }
+    return count_dots(p, n, readable) >= 3;
+}
+
 /* Card, phone and ssn matches lie inside one run of "numeric" bytes: digits and the
  * separators and punctuation these detectors accept inside a match (space - _ . ( ) +).
  * Hex ids, hashes and UUIDs hold many digits but in short runs between letters, so the most
@@ -1665,7 +1679,7 @@ static inline __attribute__((always_inline)) uint32_t candidates(triggers t, con
     if (t.digits >= 8) c |= 1u << D_PHONE;
     if (t.digits >= 9) c |= 1u << D_SSN;
     if (t.digits >= 2 && (t.classes & K_UPPER)) c |= 1u << D_IBAN;
-    if (t.digits >= 4 && (t.classes & K_DOT) && n >= 7 && (enabled_detectors >> D_IPV4 & 1u) && count_dots(p, n, readable) >= 3) c |= 1u << D_IPV4;
+    if (t.digits >= 4 && (t.classes & K_DOT) && n >= 7 && (enabled_detectors >> D_IPV4 & 1u) && ipv4_possible(p, n, readable)) c |= 1u << D_IPV4;
     if (t.classes & K_A) c |= 1u << D_AWS_KEY;
     if (t.classes & K_ASSIGN) c |= 1u << D_AWS_SECRET;
     if ((t.classes & K_UPPER4) && (t.classes & K_DOT)) c |= 1u << D_JWT;

@@ -211,7 +211,8 @@ def main() -> int:
         ("near-clean texts and JSON", list(near_clean_texts(args.random, rng)),
          [{}, CONFIGS[1], CONFIGS[2], CONFIGS[7], {"secret_keys": ["user_id", "abc", "x"]}]),
         ("JSON with many matches", list(many_match_records(args.random // 4, rng)),
-         [{}, CONFIGS[2], CONFIGS[3], {"detectors": {"card": {"mask": "#"}, "phone": {"keep_last": 2}}}]),
+         [{}, CONFIGS[2], CONFIGS[3],
+          {"detectors": {"card": {"mask": "#"}, "phone": {"keep_last": 2}}}]),
     ]
     total = 0
     for name, texts, configs in sets:
