@@ -127,7 +127,7 @@ class Session(asyncio.Protocol):
         self._loop: asyncio.AbstractEventLoop | None = None
         # Inline jobs started by the actions `_do` is performing, run once the outermost
         # `_do` is done with its list (`_run_inline_jobs`), and whether they are running.
-        self._inline_jobs: deque[Callable[[], None]] = deque()
+        self._inline_jobs: deque[tuple[int, Callable[[], Any]]] = deque()
         self._doing = 0
         self._running_inline = False
 
@@ -440,7 +440,7 @@ class Session(asyncio.Protocol):
                     return IN_POOL
                 return result
 
-            self._inline_jobs.append(self._inline_job(action.job_id, inline_or_pool))
+            self._inline_jobs.append((action.job_id, inline_or_pool))
             return
         else:
             future = loop.run_in_executor(self._executor, run)
@@ -485,8 +485,15 @@ class Session(asyncio.Protocol):
         try:
             jobs = self._inline_jobs
             while jobs:
+                job_id, run = jobs.popleft()
+                error: Exception | None = None
                 try:
-                    jobs.popleft()()
+                    result = run()
+                except Exception as exc:
+                    result, error = None, exc
+                try:
+                    if result is not IN_POOL:
+                        self._job_done(job_id, result, error)
                 except Exception:
                     # As the loop logs a callback that raised; the jobs behind it still run.
                     log.exception("inline_job_failed", conn=self.client.id)
