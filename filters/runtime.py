@@ -424,15 +424,22 @@ class LoadedFilter:
         its own rules)."""
         if not runner.has_native:
             return None
-        with self._instance(ctx.direction):
-            try:
-                return runner.run_native(ctx, records, count, offset_base, timestamp_base)
-            except PartitionError as exc:
-                self._partition_error(exc, ctx, count)
-                raise
-            except Exception:
-                effect(self._count_fallback)
-                return None
+        # `_instance()` spelt out, as in `run_native` (a generator-based context manager costs
+        # a few µs per batch): shared where the runner says so, else under the lock.
+        shared = ctx.direction in self._concurrent
+        if not shared:
+            self._acquire()
+        try:
+            return runner.run_native(ctx, records, count, offset_base, timestamp_base)
+        except PartitionError as exc:
+            self._partition_error(exc, ctx, count)
+            raise
+        except Exception:
+            effect(self._count_fallback)
+            return None
+        finally:
+            if not shared:
+                self._release(runner)
 
     # Failure counts and warnings go through `effects.effect`: a Fetch partition filtered in
     # runs on several threads applies them only for the batches a serial pass would reach.
