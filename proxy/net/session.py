@@ -345,8 +345,10 @@ class Session(asyncio.Protocol):
                 self._do(self.conn.nodes_learned())
         finally:
             self._doing -= 1
-        if self._inline_jobs and not self._doing:
-            self._run_inline_jobs()
+            # In `finally`: an action that raised must not leave a started job unrun (its
+            # request, and every later one of the connection, would wait for ever).
+            if self._inline_jobs and not self._doing:
+                self._run_inline_jobs()
 
     def _arm(self, delay: float) -> None:
         # The connection asks only for a wake-up earlier than the one it has: replace it.
