@@ -15,6 +15,7 @@ import asyncio
 import contextvars
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -125,6 +126,11 @@ class Session(asyncio.Protocol):
         # The loop this session runs on, asked of asyncio once: `get_running_loop` makes a
         # getpid system call each time (its fork check), twice per filter job otherwise.
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Inline jobs started by the actions `_do` is performing, run once the outermost
+        # `_do` is done with its list (`_run_inline_jobs`), and whether they are running.
+        self._inline_jobs: deque[tuple[int, Callable[[], Any]]] = deque()
+        self._doing = 0
+        self._running_inline = False
 
     # ------------------------------------------------------------ observed by limits
     @property
@@ -295,45 +301,55 @@ class Session(asyncio.Protocol):
 
     # ------------------------------------------------------------ actions
     def _do(self, actions: list[Action]) -> None:
-        learnt = False
-        for action in actions:
-            kind = type(action)
-            if kind is SendToBroker:
-                assert self._broker is not None
-                self._broker.writelines(action.data)  # type: ignore[union-attr]
-            elif kind is SendToClient:
-                assert self._client is not None
-                self._client.writelines(action.data)  # type: ignore[union-attr]
-            elif kind is StartJob:
-                self._start(action)  # type: ignore[arg-type]
-            elif kind is PauseClient:
-                if self._client is not None and not self._client.is_closing():
-                    self._client.pause_reading()
-            elif kind is ResumeClient:
-                if self._client is not None and not self._client.is_closing():
-                    self._client.resume_reading()
-            elif kind is PauseBroker:
-                if self._broker is not None and not self._broker.is_closing():
-                    self._broker.pause_reading()
-            elif kind is ResumeBroker:
-                if self._broker is not None and not self._broker.is_closing():
-                    self._broker.resume_reading()
-            elif kind is Wake:
-                self._arm(action.delay)  # type: ignore[union-attr]
-            elif kind is Telemetry:
-                action.call(self._effects.telemetry)  # type: ignore[union-attr]
-            elif kind is DeadLetters:
-                self._effects.dead_letters.submit(action.letters)  # type: ignore[union-attr]
-            elif kind is LearnNodes:
-                # Bound now, synchronously: the response naming these nodes goes out only
-                # after `nodes_learned`, so a client dialling a node's port finds it bound.
-                for node in action.nodes:  # type: ignore[union-attr]
-                    self._effects.learn_node(*node)
-                learnt = True
-            elif kind is Close:
-                self._end(action)  # type: ignore[arg-type]
-        if learnt and self.conn is not None and not self._ended:
-            self._do(self.conn.nodes_learned())
+        # Counted (the inline jobs it starts run once the outermost `_do` is done); the loop
+        # below is written out rather than called: this runs on every read of either side.
+        self._doing += 1
+        try:
+            learnt = False
+            for action in actions:
+                kind = type(action)
+                if kind is SendToBroker:
+                    assert self._broker is not None
+                    self._broker.writelines(action.data)  # type: ignore[union-attr]
+                elif kind is SendToClient:
+                    assert self._client is not None
+                    self._client.writelines(action.data)  # type: ignore[union-attr]
+                elif kind is StartJob:
+                    self._start(action)  # type: ignore[arg-type]
+                elif kind is PauseClient:
+                    if self._client is not None and not self._client.is_closing():
+                        self._client.pause_reading()
+                elif kind is ResumeClient:
+                    if self._client is not None and not self._client.is_closing():
+                        self._client.resume_reading()
+                elif kind is PauseBroker:
+                    if self._broker is not None and not self._broker.is_closing():
+                        self._broker.pause_reading()
+                elif kind is ResumeBroker:
+                    if self._broker is not None and not self._broker.is_closing():
+                        self._broker.resume_reading()
+                elif kind is Wake:
+                    self._arm(action.delay)  # type: ignore[union-attr]
+                elif kind is Telemetry:
+                    action.call(self._effects.telemetry)  # type: ignore[union-attr]
+                elif kind is DeadLetters:
+                    self._effects.dead_letters.submit(action.letters)  # type: ignore[union-attr]
+                elif kind is LearnNodes:
+                    # Bound now, synchronously: the response naming these nodes goes out only
+                    # after `nodes_learned`, so a client dialling a node's port finds it bound.
+                    for node in action.nodes:  # type: ignore[union-attr]
+                        self._effects.learn_node(*node)
+                    learnt = True
+                elif kind is Close:
+                    self._end(action)  # type: ignore[arg-type]
+            if learnt and self.conn is not None and not self._ended:
+                self._do(self.conn.nodes_learned())
+        finally:
+            self._doing -= 1
+            # In `finally`: an action that raised must not leave a started job unrun (its
+            # request, and every later one of the connection, would wait for ever).
+            if self._inline_jobs and not self._doing:
+                self._run_inline_jobs()
 
     def _arm(self, delay: float) -> None:
         # The connection asks only for a wake-up earlier than the one it has: replace it.
@@ -423,7 +439,8 @@ class Session(asyncio.Protocol):
                     return IN_POOL
                 return result
 
-            self._run_on_loop(action.job_id, inline_or_pool)
+            self._inline_jobs.append((action.job_id, inline_or_pool))
+            return
         else:
             self._to_pool(action.job_id, run)
 
@@ -438,10 +455,9 @@ class Session(asyncio.Protocol):
         client = self.client
         return {"conn": client.id, "client": client.client_address, "node": self.node_id}
 
-    def _run_on_loop(self, job_id: int, run: Callable[[], Any]) -> None:
-        """`run` on the loop, but in a callback of its own, never from inside `_do`: the
-        actions after this StartJob (the forwarding of requests that came before the deferred
-        one) must be performed before the job's own. `IN_POOL`: it went to the pool."""
+    def _inline_job(self, job_id: int, run: Callable[[], Any]) -> Callable[[], None]:
+        """`run` as a job inline: its outcome to the connection (`IN_POOL`: it went to the
+        pool, which hands it over)."""
 
         def run_inline() -> None:
             try:
@@ -452,7 +468,42 @@ class Session(asyncio.Protocol):
                 if result is not IN_POOL:
                     self._job_done(job_id, result, None)
 
-        self._running_loop().call_soon(run_inline)
+        return run_inline
+
+    def _run_inline_jobs(self) -> None:
+        """The inline jobs `_do` started, in order, each once the actions listed with it are
+        performed (the forwarding of the requests before it goes first). Run here rather
+        than in a callback of the loop's next turn: that turn cost a poll of the sockets, a
+        handle and a pass of the loop per one-record filtered request (issue 29). A job's
+        outcome may start the next (a request waiting behind it): the loop below runs it,
+        not a nested call, so pipelined requests do not deepen the stack."""
+        if self._running_inline:
+            return
+        self._running_inline = True
+        try:
+            jobs = self._inline_jobs
+            while jobs:
+                job_id, run = jobs.popleft()
+                error: Exception | None = None
+                try:
+                    result = run()
+                except Exception as exc:
+                    result, error = None, exc
+                try:
+                    if result is not IN_POOL:
+                        self._job_done(job_id, result, error)
+                except Exception:
+                    # As the loop logs a callback that raised; the jobs behind it still run.
+                    log.exception("inline_job_failed", conn=self.client.id)
+        finally:
+            self._running_inline = False
+
+    def _run_on_loop(self, job_id: int, run: Callable[[], Any]) -> None:
+        """`run` on the loop in a callback of its own (no filter threads: every job, which
+        may wait there), never from inside `_do`: the actions after this StartJob (the
+        forwarding of requests that came before the deferred one) must be performed before
+        the job's own."""
+        self._running_loop().call_soon(self._inline_job(job_id, run))
 
     def _to_pool(self, job_id: int, run: Callable[[], Any]) -> None:
         """`run` in the filter thread pool; its outcome handed to the connection on the loop.
