@@ -29,6 +29,12 @@ from .guard import read_uvarint, skip_tags
 from .produce_splice import read_topic_key
 from .schemas import known_versions, response_schema
 
+_native_tagged: Callable[..., int] | None
+try:  # codec/passthrough.c, built at install; the Python walk below answers alike without it
+    from ._passthrough import produce_response_tagged as _native_tagged  # type: ignore[import-not-found, no-redef, unused-ignore]
+except ImportError:
+    _native_tagged = None
+
 __all__ = [
     "ProduceOffset",
     "produce_response_tagged",
@@ -148,6 +154,12 @@ def produce_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
     except (DecodeError, UnsupportedVersion):
         return True
     by_id, skip_partition = plain
+    if _native_tagged is not None and start >= 0:
+        # One C call (codec/passthrough.c); -1: a partition that is not error-free, which
+        # the walk below steps over with the generic reader.
+        found = _native_tagged(body, start, by_id)
+        if found >= 0:
+            return bool(found)
     pos = start
     try:
         n_topics = body[pos] - 1
