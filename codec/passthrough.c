@@ -2,6 +2,8 @@
  * its frames, one call each (issue 29, workload 2: on the cold caches of a loaded machine a
  * pass-through request costs what its Python costs, bytecode by bytecode).
  *
+ *   whole_frames(data, max)    the frame bodies of a read holding whole frames only, as
+ *                              codec/frames.py's FrameBuffer hands them out
  *   request_header(frame)      the request header, as codec/headers.py's RequestHeader
  *   produce_head(frame, start, version)
  *                              acks and the one topic name of a Produce request body at
@@ -352,7 +354,58 @@ static PyObject *fetch_response_tagged(PyObject *self, PyObject *const *args, Py
     return PyBool_FromLong(r);
 }
 
+/* whole_frames(data, max_frame_size) -> [memoryview, ...] of the frame bodies of `data` (a
+ * bytes object) when it holds whole frames only, back to back; None for anything else (a
+ * frame cut at the end, a size outside 0..max_frame_size): codec/frames.py's FrameBuffer
+ * then reads it, raising what it raises. The views are slices of one view of `data`, as
+ * FrameBuffer hands them out. */
+static PyObject *whole_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "whole_frames(bytes, max_frame_size)");
+        return NULL;
+    }
+    long long max = PyLong_AsLongLong(args[1]);
+    if (max == -1 && PyErr_Occurred()) return NULL;
+    const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), pos = 0, count = 0;
+    while (n - pos >= 4) {
+        int32_t size = be32(b + pos);
+        if (size < 0 || size > max) Py_RETURN_NONE;
+        pos += 4 + (Py_ssize_t)size;
+        if (pos > n) Py_RETURN_NONE;
+        count++;
+    }
+    if (pos != n) Py_RETURN_NONE;
+    PyObject *out = PyList_New(count);
+    if (out == NULL || count == 0) return out;
+    PyObject *view = PyMemoryView_FromObject(args[0]);
+    if (view == NULL) { Py_DECREF(out); return NULL; }
+    pos = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t size = be32(b + pos);
+        PyObject *lo = PyLong_FromSsize_t(pos + 4), *hi = PyLong_FromSsize_t(pos + 4 + size);
+        if (lo == NULL || hi == NULL) { Py_XDECREF(lo); Py_XDECREF(hi); goto error; }
+        PyObject *slice = PySlice_New(lo, hi, NULL), *frame;
+        Py_DECREF(lo);
+        Py_DECREF(hi);
+        if (slice == NULL) goto error;
+        frame = PyObject_GetItem(view, slice);
+        Py_DECREF(slice);
+        if (frame == NULL) goto error;
+        PyList_SET_ITEM(out, i, frame);
+        pos += 4 + size;
+    }
+    Py_DECREF(view);
+    return out;
+error:
+    Py_DECREF(view);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"whole_frames", (PyCFunction)(void (*)(void))whole_frames, METH_FASTCALL,
+     "whole_frames(bytes, max_frame_size) -> [memoryview, ...] | None"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
      "setup(RequestHeader, ProduceTopics, flexible table, produce shapes)"},
     {"request_header", request_header, METH_O, "request_header(frame) -> RequestHeader | None"},

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.codec import fetch_splice, passthrough, produce_offsets
-from sluice.codec.errors import CodecError
+from sluice.codec import fetch_splice, frames, passthrough, produce_offsets
+from sluice.codec.errors import CodecError, FrameTooLarge
 from sluice.codec.headers import (
     parse_request_header,
     request_header_bytes,
@@ -36,6 +36,38 @@ def test_the_native_readers_are_built_and_in_use() -> None:
     assert passthrough.request_header is native.request_header
     assert produce_offsets._native_tagged is native.produce_response_tagged
     assert fetch_splice._native_tagged is native.fetch_response_tagged
+    assert frames._whole_frames is native.whole_frames
+
+
+def _feed_all(chunks: list[bytes], max_size: int, use_native: bool) -> list[Any]:
+    """What a FrameBuffer hands out for `chunks` (frames as bytes, then FrameTooLarge or
+    the bytes still missing at the end)."""
+    saved = frames._whole_frames
+    frames._whole_frames = saved if use_native else None
+    got: list[Any] = []
+    try:
+        fb = frames.FrameBuffer(max_size)
+        for chunk in chunks:
+            out = fb.feed(chunk)
+            got.append([(type(f), bytes(f)) for f in out])
+            got.append(fb.missing)
+    except FrameTooLarge:
+        got.append("too large")
+    finally:
+        frames._whole_frames = saved
+    return got
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data(), bodies=st.lists(st.binary(max_size=40), max_size=6),
+       max_size=st.integers(0, 50), extra=st.binary(max_size=6))
+def test_reads_are_split_into_frames_as_the_python_reader_splits_them(
+    data: st.DataObject, bodies: list[bytes], max_size: int, extra: bytes
+) -> None:
+    stream = b"".join(struct.pack(">i", len(b)) + b for b in bodies) + extra
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    assert _feed_all(chunks, max_size, True) == _feed_all(chunks, max_size, False)
 
 
 @st.composite
