@@ -203,10 +203,10 @@ static PyObject *produce_head(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_Clear();
         Py_RETURN_NONE;
     }
+    if (start >= v.len) goto hand_back;
     const uint8_t *b = (const uint8_t *)v.buf + start;
     Py_ssize_t end = v.len - start, name_at, size;
     int32_t acks;
-    if (end <= 0) goto hand_back;
     if (shape == 2) {
         Py_ssize_t pos = b[0];  /* compact transactional id: 0 null, n: n - 1 bytes */
         if (pos >= 0x80) goto hand_back;
