@@ -314,6 +314,25 @@ def splice_fetch_records(
     return b"".join(pieces)
 
 
+#: The native check itself (body, start, by_id, fixed, replica, top_fixed) -> bool, for a
+#: caller that looked up `native_tagged_args` once per version; None where it is not built.
+native_fetch_response_tagged = _native_tagged
+
+
+def native_tagged_args(version: int) -> tuple[bool, int, int, int] | None:
+    """The arguments after (body, start) of `native_fetch_response_tagged` for Fetch response
+    `version`; None where the native check does not apply (not built, or not flexible)."""
+    if _native_tagged is None:
+        return None
+    try:
+        shape = _shape(version)
+    except UnsupportedVersion:
+        return None
+    if not shape.flexible:
+        return None
+    return shape.by_id, 6 + shape.fixed, shape.replica, shape.top_fixed
+
+
 def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
     """Whether the Fetch response body at `start` of `body` may carry top-level tagged fields
     (where KIP-951 node endpoints sit): False only when the walk proves the body ends in an

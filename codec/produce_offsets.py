@@ -133,6 +133,24 @@ def _plain_shape(version: int) -> tuple[bool, Callable[[Any, int, int], int]] | 
     return by_id, skip_partition
 
 
+#: The native check itself (body, start, by_id) -> 1 | 0 | -1, for a caller that looked up
+#: `native_tagged_by_id` once per version; None where it is not built.
+native_produce_response_tagged = _native_tagged
+
+
+def native_tagged_by_id(version: int) -> bool | None:
+    """The `by_id` argument of `native_produce_response_tagged` for Produce response
+    `version`; None where the native check does not apply (not built, or a version whose
+    partitions the Python walk steps over otherwise)."""
+    if _native_tagged is None:
+        return None
+    try:
+        plain = _plain_shape(version)
+    except (DecodeError, UnsupportedVersion):
+        return None
+    return None if plain is None else plain[0]
+
+
 def produce_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
     """Whether the Produce response body at `start` of `body` may carry top-level tagged
     fields (where KIP-951 node endpoints sit): False only when the walk proves the body ends
