@@ -1,7 +1,7 @@
 """Record encryption throughput: records/s of builtin:encrypt over 200-byte JSON records.
 
     .venv/bin/python -m bench.bench_encryption [--records 20000] [--batch 100] [--rounds 5]
-        [--codec 0] [--clock wall|cpu] [--path native|reference]
+        [--codec 0] [--clock wall|cpu] [--path native|reference] [--gcm own|evp]
 
 Runs the real pipeline (filters.pipeline: batch decode, the host filter, rebuild with CRC and
 codec) over batches of `--batch` records, in memory with a local keyring in a temporary
@@ -15,8 +15,10 @@ directory, and prints the median records/s of:
 
 `--clock cpu` counts the process's CPU time instead of wall time (steadier on a loaded
 machine). `--path reference` turns off the native batch sealer (crypto/batch_seal.py), so
-the per-record Python path is measured. Also prints the bytes stored per record against the
-bytes produced (whole batches, uncompressed unless `--codec`).
+the per-record Python path is measured; `--gcm evp` runs the native path's AES-GCM through
+OpenSSL's EVP instead of crypto/batch_seal.c's own AES-NI code (the same bytes). Also prints
+the bytes stored per record against the bytes produced (whole batches, uncompressed unless
+`--codec`).
 
 Only indicative on a shared machine; the end-to-end comparison with direct produce/consume
 belongs to bench/bench_proxy.py.
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from bench.workload import json_records
 from sluice.codec.records import BatchHeader, Record, build_batch
+from sluice.crypto import batch_seal
 from sluice.crypto.kms import KmsSettings
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
@@ -77,7 +80,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="wall time, or this process's CPU time (time.process_time)")
     parser.add_argument("--path", choices=("native", "reference"), default="native",
                         help="reference: the per-record Python path of builtin:encrypt")
+    parser.add_argument("--gcm", choices=("own", "evp"), default="own",
+                        help="evp: the native path's AES-GCM through OpenSSL's EVP")
     args = parser.parse_args(argv)
+    if batch_seal.AVAILABLE:
+        batch_seal.allow_own_gcm(args.gcm == "own")
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     values = json_records(args.records)
@@ -87,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     refused_ctx = RecordContext(TOPIC, 0, "fetch", principal="User:bob")
     print(f"{args.records} records of ~{len(values[0])} bytes, batches of {args.batch}, "
           f"codec {args.codec}, median of {args.rounds} rounds, {args.clock} clock, "
-          f"{args.path} path")
+          f"{args.path} path, AES-GCM "
+          f"{'own' if batch_seal.AVAILABLE and batch_seal.own_gcm() else 'EVP'}")
     with tempfile.TemporaryDirectory() as tmp:
         kms = KmsSettings("local", path=str(Path(tmp) / "keys.json"))
         for mode, extra in (("value", {}), ("fields", {"fields": ["card"]})):

@@ -39,6 +39,7 @@ from sluice.codec.headers import parse_request_header, request_header_bytes
 from sluice.codec.messages import ApiKey, encode_request
 from sluice.codec.produce_splice import scan_produce_request
 from sluice.codec.records import BatchHeader, Record, build_batch
+from sluice.filters.abi_sluice import RECORD_BUDGET_US
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext
@@ -101,8 +102,13 @@ def guest_call(chain: FilterChain, batch: bytes, n: int) -> Any:
     def call() -> int:
         ptr = alloc(len(data)) & 0xFFFFFFFF
         guest.write(ptr, data)
+        # The deadline the runner gives a batch (RECORD_BUDGET_US a record), as in the job.
+        guest.extra_ticks = int(n * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)
         start = time.thread_time_ns()
-        native(ptr, len(data))
+        try:
+            native(ptr, len(data))
+        finally:
+            guest.extra_ticks = 0
         return time.thread_time_ns() - start
 
     return call

@@ -53,7 +53,9 @@ from sluice.codec.records import BatchHeader, Record, build_batch
 from sluice.filters.config import parse_filter_specs
 from sluice.filters.yaml_lines import load_yaml_text_with_lines
 from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.ops.allocator import keep_batch_buffers
 from sluice.proxy.ops.config import ProxyConfig
+from sluice.proxy.ops.gc_pauses import freeze_startup_heap
 from sluice.proxy.ops.reload import build_chain
 
 VERSION = 9  # what librdkafka sends to Apache Kafka 4
@@ -62,7 +64,10 @@ W2_PARTITIONS, W2_RECORDS = 2, 1500  # per request: ~100 KB, as bench_proxy's w2
 W2_FETCH_VERSION = 16  # what librdkafka sends to Apache Kafka 4
 W2_FETCH_TOPIC_ID = uuid.UUID(int=0x5E1CE)
 W2_FETCH_PARTITIONS, W2_FETCH_RECORDS = 6, 500  # a consumer's Fetch of workload 2's topic
-SHAPES = ("one", "w2", "w2-fetch")
+#: bench.chunked's workload-1 Produce requests: librdkafka's long-lived producer sends ~4 000
+#: ~200-byte JSON records a request (`bench.chunked --shapes`), one uncompressed batch.
+W1_RECORDS = 4000
+SHAPES = ("one", "w1", "w2", "w2-fetch")
 MASK_CONFIG = """\
 filters:
   - name: mask-pii
@@ -77,9 +82,12 @@ class _Transport:
 
     def __init__(self) -> None:
         self.writes = 0
+        self.forwarded: asyncio.Future[None] | None = None
 
     def writelines(self, data: Any) -> None:
         self.writes += 1
+        if self.forwarded is not None and not self.forwarded.done():
+            self.forwarded.set_result(None)
 
     def is_closing(self) -> bool:
         return False
@@ -100,17 +108,19 @@ class _Transport:
         pass
 
 
-def _w2_request() -> bytes:
-    """A Produce request (header included) of workload 2's shape, correlation id 0."""
-    values = json_records(W2_PARTITIONS * W2_RECORDS)
+def _w2_request(partitions_: int = W2_PARTITIONS, records: int = W2_RECORDS,
+                codec: int = 3) -> bytes:
+    """A Produce request (header included) of workload 2's shape, correlation id 0 (or,
+    with one partition of `W1_RECORDS` uncompressed, of the chunked harness's workload 1)."""
+    values = json_records(partitions_ * records)
     now = int(time.time() * 1000)
     cls = schemas.request_schema(ApiKey.PRODUCE, W2_VERSION)
     tcls = entities.element_class(cls, "topic_data")
     pcls = entities.element_class(tcls, "partition_data")
     partitions = []
-    for p in range(W2_PARTITIONS):
-        mine = values[p * W2_RECORDS : (p + 1) * W2_RECORDS]
-        lz4 = BatchHeader(0, 0, -1, 2, 0, 3, len(mine) - 1, now, now, -1, -1, -1, len(mine))
+    for p in range(partitions_):
+        mine = values[p * records : (p + 1) * records]
+        lz4 = BatchHeader(0, 0, -1, 2, 0, codec, len(mine) - 1, now, now, -1, -1, -1, len(mine))
         batch = build_batch(lz4, [Record(0, i, None, v, []) for i, v in enumerate(mine)])
         partitions.append(entities.build(pcls, index=p, records=batch))
     request = entities.build(
@@ -186,6 +196,9 @@ def _frames(count: int, shape: str = "one", mask: bool = False) -> list[tuple[by
     if shape == "w2":
         version, partitions = W2_VERSION, W2_PARTITIONS
         request = bytearray(_w2_request())
+    elif shape == "w1":
+        version, partitions = W2_VERSION, 1
+        request = bytearray(_w2_request(1, W1_RECORDS, 0))
     else:
         version, partitions = VERSION, 1
         value = json_records(1)[0] if mask else b'{"n": 1, "name": "x"}' * 8
@@ -226,9 +239,15 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
     session._connecting.cancel()  # no broker to dial: the fake transport stands in
     session.broker_connected(broker)
     session._live = True
-    frames = _frames(requests, shape, mask)
+    # A few distinct workload-1 frames, sent in turn (each is ~0.8 MB).
+    frames = _frames(min(requests, 8) if shape == "w1" else requests, shape, mask)
     if shape == "w2-fetch":
         learn_fetch_ids(session)
+    if shape == "w1":
+        # As `sluice serve` sets itself up (proxy/ops/app.py): ~0.8 MB buffers from the heap,
+        # and the start-up heap frozen, so collections do not walk the benchmark's records.
+        keep_batch_buffers()
+        freeze_startup_heap()
 
     async def one(request: bytes, response: bytes) -> None:
         sent = broker.writes
@@ -239,12 +258,36 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
             await asyncio.sleep(0)
         session.broker_data(response)
 
-    for request, response in frames[:1000]:  # warm-up
-        await one(request, response)
-    best = float("inf")
+    async def pooled(request: bytes, response: bytes) -> float:
+        """CPU of one request (its job in the pool: the loop waits in its poll, not in a
+        busy loop, so the process's CPU is the request's) and of its response."""
+        if cold:
+            time.sleep(cold)
+        started = clock()
+        forwarded = broker.forwarded = loop.create_future()
+        session.data_received(request)
+        await forwarded
+        spent = clock() - started
+        if cold:
+            time.sleep(cold)
+        started = clock()
+        session.broker_data(response)
+        return spent + clock() - started
+
+    loop = asyncio.get_running_loop()
     clock = time.process_time
+    warm = min(50 if shape == "w1" else 1000, requests)
+    for k in range(warm):
+        await one(*frames[k % len(frames)])
+    if len(frames) < requests:
+        frames = [frames[k % len(frames)] for k in range(requests)]  # the same objects again
+    best = float("inf")
     for _ in range(rounds):
-        if mask:
+        if mask and shape == "w1":
+            spent = 0.0
+            for request, response in frames:
+                spent += await pooled(request, response)
+        elif mask:
             started = clock()
             for request, response in frames:
                 await one(request, response)
@@ -270,7 +313,7 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
     server.install_chain(None)
     # One write each way per request (each read holds one frame): anything else means frames
     # were held, dropped or refused.
-    expected = min(1000, requests) + rounds * requests
+    expected = warm + rounds * requests
     if session._ended or broker.writes != expected or client.writes != expected:
         raise RuntimeError("the connection closed or dropped frames: the figure would be wrong")
     return best
@@ -297,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="another Sluice source tree, measured in alternation with this one")
     parser.add_argument("--pairs", type=int, default=4, help="alternations with --baseline")
     parser.add_argument("--shape", choices=SHAPES, default="one",
-                        help="one-record requests, workload 2's ~100 KB lz4 requests, or "
+                        help="one-record requests, the chunked harness's workload-1 requests "
+                        "(4 000 records, uncompressed), workload 2's ~100 KB lz4 requests, or "
                         "workload 2's Fetch requests and their six-partition responses")
     parser.add_argument("--cold", type=float, default=0.0, metavar="SECONDS",
                         help="sleep before each request and response (caches go cold)")
@@ -305,15 +349,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="builtin:pii-mask on produce (the mask-produce variant)")
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.mask and (args.cold or args.shape != "one"):
-        parser.error("--mask measures one-record requests, warm: leave out --shape and --cold")
+    if args.mask and args.shape not in ("one", "w1"):
+        parser.error("--mask measures one-record or workload-1 requests (--shape one|w1)")
+    if args.mask and args.cold and args.shape != "w1":
+        parser.error("--mask --cold needs --shape w1 (one-record jobs run inline, warm)")
     measure = (args.rounds, args.requests, args.shape, args.cold, args.mask)
     if args.bare:
         print(f"{asyncio.run(_measure(*measure)):.3f}")
         return 0
     if not args.baseline:
         micros = asyncio.run(_measure(*measure))
-        what = {"one": "one-record", "w2": "workload-2 (~100 KB, lz4)"}.get(
+        what = {"one": "one-record", "w2": "workload-2 (~100 KB, lz4)",
+                "w1": f"workload-1 ({W1_RECORDS} records, ~0.8 MB)"}.get(
             args.shape, "workload-2 (6 partitions, ~300 KB lz4)")
         what += " masked" if args.mask else ""
         warmth = f", {args.cold:g} s asleep before each call" if args.cold else ""

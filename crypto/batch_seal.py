@@ -270,6 +270,19 @@ def fast_iv() -> bool:
     return bool(_lib.sb_fast_iv())
 
 
+def own_gcm() -> bool:
+    """Whether the native calls run AES-256-GCM in crypto/batch_seal.c's own AES-NI and
+    PCLMULQDQ code (x86-64, after a known-answer check against OpenSSL's EVP at the first
+    call) rather than through EVP. The same bytes either way."""
+    return bool(_lib.sb_own_gcm())
+
+
+def allow_own_gcm(allow: bool) -> bool:
+    """Allows or forbids `own_gcm` for the calls that follow (tests run both); returns the
+    previous setting."""
+    return bool(_lib.sb_allow_own_gcm(1 if allow else 0))
+
+
 def fresh_nonces(n: int) -> memoryview:
     """`n` bytes from OpenSSL's CSPRNG (`sb_nonces`: RAND_bytes, one call for a batch's
     nonces), in this thread's nonce buffer: valid until this thread's next call here, so

@@ -20,6 +20,8 @@ from sluice.native_build import build_beside, libcrypto_ffi
 HERE = Path(__file__).resolve().parent
 CDEF = """
 int sb_fast_iv(void);
+int sb_own_gcm(void);
+int sb_allow_own_gcm(int allow);
 long sb_nonces(uint8_t *out, size_t n);
 long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,

@@ -263,7 +263,7 @@ class SluiceAbi(AbiRunner):
             guest.extra_ticks = 0
         if result < 0:
             raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
-        out_ptr, out_len = unpack(result)
+        out_ptr, out_len = (result >> 32) & 0xFFFFFFFF, result & 0xFFFFFFFF  # unpack()
         if self._hash_slot:  # host_sha256: the digests the guest asked for, into its output
             assert host_sha256.hs_run_wasm is not None
             done = host_sha256.hs_run_wasm(MEMORY_DATA_FN, MEMORY_SIZE_FN, guest.store_context,

@@ -181,6 +181,7 @@ class FilterChain:
         self._cache: dict[tuple[str, str, str], tuple[LoadedFilter, ...]] = {}
         self._reserved: dict[str, tuple[tuple[str, str], ...]] = {}
         self._screen_cache: dict[str, tuple[LoadedFilter, ...]] = {}
+        self._native_cache: dict[tuple[str, str, str | None], bool] = {}
         #: What callers derive from the bindings alone (the proxy's paths: which topics of a
         #: request are filtered, the job's kind), kept as long as the chain: the bindings
         #: never change. Each caller keeps its own bounded table under a key of its own.
@@ -339,11 +340,22 @@ class FilterChain:
 
     def native_for(self, topic: str, direction: str, principal: str | None = None) -> bool:
         """Whether every filter bound here offers the native entry point (`run_native`)
-        and, on produce, every reserved header prefix can be screened on the section."""
-        filters = self.filters_for(topic, direction, principal)
-        if direction == "produce" and not all(f.can_screen for f in self._screens(topic)):
-            return False  # reserved headers are screened on decoded records
-        return bool(filters) and all(f.native for f in filters)
+        and, on produce, every reserved header prefix can be screened on the section
+        (cached: asked once per partition filtered, issue 29)."""
+        key = (topic, direction, principal)
+        hit = self._native_cache.get(key)
+        if hit is None:
+            filters = self.filters_for(topic, direction, principal)
+            if direction == "produce" and not all(f.can_screen for f in self._screens(topic)):
+                hit = False  # reserved headers are screened on decoded records
+            else:
+                hit = bool(filters) and all(f.native for f in filters)
+            if len(topic) > _CACHED_NAME_MAX:
+                return hit
+            if len(self._native_cache) >= _CACHE_LIMIT:
+                self._native_cache.clear()
+            self._native_cache[key] = hit
+        return hit
 
     def _screen_native(self, topic: str, records: Buffer, count: int) -> bool:
         """`screen_produce` on a records section: PartitionError as there; False when a

@@ -60,14 +60,17 @@ _TAIL = struct.Struct("<qqI")
 ROOM: Final = HEADER_SIZE
 
 
-_context_heads: dict[RecordContext, bytes] = {}
+_context_heads: dict[tuple[str, str, int, str | None, str | None], bytes] = {}
 _CONTEXT_CACHE_LIMIT: Final = 4096
 
 
 def native_input_head(ctx: RecordContext, record_count: int, offset_base: int,
                       timestamp_base: int) -> bytes:
     """Everything of the input before the records section (the caller appends it)."""
-    fixed = _context_heads.get(ctx)
+    # Keyed by a tuple of the fields, not the context: its dataclass hash and equality are
+    # Python calls, per filtered batch (issue 29).
+    key = (ctx.direction, ctx.topic, ctx.partition, ctx.client_id, ctx.principal)
+    fixed = _context_heads.get(key)
     if fixed is None:
         # A connection sends to the same few partitions again and again: encode those once.
         fixed = b"".join((
@@ -79,7 +82,7 @@ def native_input_head(ctx: RecordContext, record_count: int, offset_base: int,
         ))
         if len(_context_heads) >= _CONTEXT_CACHE_LIMIT:
             _context_heads.clear()
-        _context_heads[ctx] = fixed
+        _context_heads[key] = fixed
     return fixed + _TAIL.pack(offset_base, timestamp_base, record_count)
 
 

@@ -290,6 +290,28 @@ def _check_input(batch: RawBatch, plain: Buffer, limits: BatchLimits) -> None:
         check_section(plain, header.record_count, header.attributes, limits.max_headers)
 
 
+def _open_checked(batch: RawBatch, limits: BatchLimits,
+                  too_large: int) -> tuple[Buffer | None, int, str]:
+    """`_open`, then `_check_input` on what it opened: the section, or (None, error code,
+    message) from the first check that refuses the batch, in their order."""
+    header = batch.header
+    compression = header.attributes & 7  # header.compression
+    if compression > 4:
+        return None, UNSUPPORTED_COMPRESSION_TYPE, (
+            f"unsupported compression codec id {compression}")
+    if not verify_crc(batch.data):
+        return None, CORRUPT_MESSAGE, "record batch CRC mismatch"
+    try:
+        plain = records_section(batch, limits)
+        if compression == CODEC_NONE:
+            check_batch(batch.data, limits.max_headers)
+        else:
+            check_section(plain, header.record_count, header.attributes, limits.max_headers)
+    except CodecError as exc:
+        return None, *_refusal(exc, too_large)
+    return plain, NONE, ""
+
+
 def _input_problem(batch: RawBatch, plain: Buffer, limits: BatchLimits,
                    too_large: int) -> tuple[int, str] | None:
     """`_check_input` as (error code, message), or None when the section is fine."""
@@ -412,13 +434,11 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
             return fail(CORRUPT_MESSAGE, f"corrupt record batch: it declares "
                                          f"{header.record_count} records with last offset "
                                          f"delta {header.last_offset_delta}")
-        plain, code, message = _open(batch, limits, MESSAGE_TOO_LARGE)
+        # Opened and checked before any filter, on either path (the decoding path builds an
+        # object per header): `_open` and `_input_problem` in one call (issue 29).
+        plain, code, message = _open_checked(batch, limits, MESSAGE_TOO_LARGE)
         if plain is None:
             return fail(code, message)
-        # Before any filter, on either path (the decoding path builds an object per header).
-        problem = _input_problem(batch, plain, limits, MESSAGE_TOO_LARGE)
-        if problem is not None:
-            return fail(*problem)
         ran = None
         if native:
             try:

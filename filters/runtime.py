@@ -193,6 +193,7 @@ class LoadedFilter:
         self._made: list[AbiRunner | HostRunner | ComponentAbi] = [runner]
         self._pool = threading.Condition()
         self._creating = 0
+        self._waiting = 0  # threads waiting in `_take` for an idle instance
         self._limit = MAX_INSTANCES
         self._counts = threading.Lock()  # failures and native_fallbacks, counted from any thread
         self._native_failure = threading.local()  # the last failed native call, per thread
@@ -227,29 +228,46 @@ class LoadedFilter:
         if self._more is None:
             blocking.acquire(self._lock)
             return self._runner
-        return self._take(self._more)
+        try:
+            # An idle instance without the condition's lock: list.pop is atomic under the
+            # GIL, and the condition (Python code: four calls a batch) is needed only to wait.
+            return self._idle.pop()
+        except IndexError:
+            return self._take(self._more)
 
     def _release(self, runner: AbiRunner | HostRunner | ComponentAbi) -> None:
         if self._more is None:
             self._lock.release()
             return
-        with self._pool:
-            self._idle.append(runner)
-            self._pool.notify()
+        self._idle.append(runner)
+        # A waiter counts itself before its last look at `_idle` (`_take`), so either it
+        # sees this instance there or this sees it counted and wakes it.
+        if self._waiting:
+            with self._pool:
+                self._pool.notify()
 
     def _take(self, more: Callable[[], AbiRunner | ComponentAbi]
               ) -> AbiRunner | HostRunner | ComponentAbi:
-        with self._pool:
-            while not self._idle:
+        while True:
+            try:
+                return self._idle.pop()
+            except IndexError:
+                pass
+            with self._pool:
+                if self._idle:
+                    continue  # released meanwhile
                 may_wait = blocking.allowed()
                 if may_wait and len(self._made) + self._creating < self._limit:
                     self._creating += 1
                     break
                 if not may_wait:
                     raise blocking.WouldBlock()
-                self._pool.wait()
-            else:
-                return self._idle.pop()
+                self._waiting += 1
+                try:
+                    if not self._idle:
+                        self._pool.wait()
+                finally:
+                    self._waiting -= 1
         made: AbiRunner | ComponentAbi | None = None
         try:
             made = more()
@@ -406,15 +424,22 @@ class LoadedFilter:
         its own rules)."""
         if not runner.has_native:
             return None
-        with self._instance(ctx.direction):
-            try:
-                return runner.run_native(ctx, records, count, offset_base, timestamp_base)
-            except PartitionError as exc:
-                self._partition_error(exc, ctx, count)
-                raise
-            except Exception:
-                effect(self._count_fallback)
-                return None
+        # `_instance()` spelt out, as in `run_native` (a generator-based context manager costs
+        # a few µs per batch): shared where the runner says so, else under the lock.
+        shared = ctx.direction in self._concurrent
+        if not shared:
+            self._acquire()
+        try:
+            return runner.run_native(ctx, records, count, offset_base, timestamp_base)
+        except PartitionError as exc:
+            self._partition_error(exc, ctx, count)
+            raise
+        except Exception:
+            effect(self._count_fallback)
+            return None
+        finally:
+            if not shared:
+                self._release(runner)
 
     # Failure counts and warnings go through `effects.effect`: a Fetch partition filtered in
     # runs on several threads applies them only for the batches a serial pass would reach.

@@ -18,12 +18,12 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from sluice.filters.parallel import Helpers
 from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import Close, Connection, Limits
+from sluice.proxy.net.filter_pool import FilterPool
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.node_ports import BrokerMap, NodeRoute, PortTable
 from sluice.proxy.net.session import Session, SideEffects
@@ -95,9 +95,7 @@ class ProxyServer:
         self._rejected_logged = 0.0
         self.idle_reaper = IdleReaper(config.idle_timeout, lambda: self.sessions, self._idle_closed)
         threads = config.filter_threads
-        self.executor = (
-            ThreadPoolExecutor(threads, thread_name_prefix="sluice-filter") if threads > 0 else None
-        )
+        self.executor = FilterPool(threads) if threads > 0 else None
         # Small filter jobs of kinds that proved fast run inline (net/job_placement.py).
         self.placement = JobPlacement() if self.executor is not None else None
         if self.placement is not None:

@@ -15,8 +15,9 @@ import asyncio
 import contextvars
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -40,6 +41,7 @@ from sluice.proxy.net.connection import (
     Telemetry,
     Wake,
 )
+from sluice.proxy.net.filter_pool import FilterPool
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.low_water import MIN_MARK, LowWater, low_water
 from sluice.proxy.ops.gc_pauses import thread_gc_time
@@ -90,7 +92,7 @@ class Session(asyncio.Protocol):
         upstream_ssl: dict[str, Any],
         node_id: int | None,
         hooks: SessionHooks,
-        executor: Executor | None,
+        executor: FilterPool | Executor | None,
         effects: SideEffects,
         principal_of: Callable[[Any], str | None] | None = None,
         placement: JobPlacement | None = None,
@@ -124,6 +126,11 @@ class Session(asyncio.Protocol):
         # The loop this session runs on, asked of asyncio once: `get_running_loop` makes a
         # getpid system call each time (its fork check), twice per filter job otherwise.
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Inline jobs started by the actions `_do` is performing, run once the outermost
+        # `_do` is done with its list (`_run_inline_jobs`), and whether they are running.
+        self._inline_jobs: deque[tuple[int, Callable[[], Any]]] = deque()
+        self._doing = 0
+        self._running_inline = False
 
     # ------------------------------------------------------------ observed by limits
     @property
@@ -294,45 +301,55 @@ class Session(asyncio.Protocol):
 
     # ------------------------------------------------------------ actions
     def _do(self, actions: list[Action]) -> None:
-        learnt = False
-        for action in actions:
-            kind = type(action)
-            if kind is SendToBroker:
-                assert self._broker is not None
-                self._broker.writelines(action.data)  # type: ignore[union-attr]
-            elif kind is SendToClient:
-                assert self._client is not None
-                self._client.writelines(action.data)  # type: ignore[union-attr]
-            elif kind is StartJob:
-                self._start(action)  # type: ignore[arg-type]
-            elif kind is PauseClient:
-                if self._client is not None and not self._client.is_closing():
-                    self._client.pause_reading()
-            elif kind is ResumeClient:
-                if self._client is not None and not self._client.is_closing():
-                    self._client.resume_reading()
-            elif kind is PauseBroker:
-                if self._broker is not None and not self._broker.is_closing():
-                    self._broker.pause_reading()
-            elif kind is ResumeBroker:
-                if self._broker is not None and not self._broker.is_closing():
-                    self._broker.resume_reading()
-            elif kind is Wake:
-                self._arm(action.delay)  # type: ignore[union-attr]
-            elif kind is Telemetry:
-                action.call(self._effects.telemetry)  # type: ignore[union-attr]
-            elif kind is DeadLetters:
-                self._effects.dead_letters.submit(action.letters)  # type: ignore[union-attr]
-            elif kind is LearnNodes:
-                # Bound now, synchronously: the response naming these nodes goes out only
-                # after `nodes_learned`, so a client dialling a node's port finds it bound.
-                for node in action.nodes:  # type: ignore[union-attr]
-                    self._effects.learn_node(*node)
-                learnt = True
-            elif kind is Close:
-                self._end(action)  # type: ignore[arg-type]
-        if learnt and self.conn is not None and not self._ended:
-            self._do(self.conn.nodes_learned())
+        # Counted (the inline jobs it starts run once the outermost `_do` is done); the loop
+        # below is written out rather than called: this runs on every read of either side.
+        self._doing += 1
+        try:
+            learnt = False
+            for action in actions:
+                kind = type(action)
+                if kind is SendToBroker:
+                    assert self._broker is not None
+                    self._broker.writelines(action.data)  # type: ignore[union-attr]
+                elif kind is SendToClient:
+                    assert self._client is not None
+                    self._client.writelines(action.data)  # type: ignore[union-attr]
+                elif kind is StartJob:
+                    self._start(action)  # type: ignore[arg-type]
+                elif kind is PauseClient:
+                    if self._client is not None and not self._client.is_closing():
+                        self._client.pause_reading()
+                elif kind is ResumeClient:
+                    if self._client is not None and not self._client.is_closing():
+                        self._client.resume_reading()
+                elif kind is PauseBroker:
+                    if self._broker is not None and not self._broker.is_closing():
+                        self._broker.pause_reading()
+                elif kind is ResumeBroker:
+                    if self._broker is not None and not self._broker.is_closing():
+                        self._broker.resume_reading()
+                elif kind is Wake:
+                    self._arm(action.delay)  # type: ignore[union-attr]
+                elif kind is Telemetry:
+                    action.call(self._effects.telemetry)  # type: ignore[union-attr]
+                elif kind is DeadLetters:
+                    self._effects.dead_letters.submit(action.letters)  # type: ignore[union-attr]
+                elif kind is LearnNodes:
+                    # Bound now, synchronously: the response naming these nodes goes out only
+                    # after `nodes_learned`, so a client dialling a node's port finds it bound.
+                    for node in action.nodes:  # type: ignore[union-attr]
+                        self._effects.learn_node(*node)
+                    learnt = True
+                elif kind is Close:
+                    self._end(action)  # type: ignore[arg-type]
+            if learnt and self.conn is not None and not self._ended:
+                self._do(self.conn.nodes_learned())
+        finally:
+            self._doing -= 1
+            # In `finally`: an action that raised must not leave a started job unrun (its
+            # request, and every later one of the connection, would wait for ever).
+            if self._inline_jobs and not self._doing:
+                self._run_inline_jobs()
 
     def _arm(self, delay: float) -> None:
         # The connection asks only for a wake-up earlier than the one it has: replace it.
@@ -347,8 +364,6 @@ class Session(asyncio.Protocol):
 
     def _start(self, action: StartJob) -> None:
         job = action.job
-        loop = self._running_loop()
-
         placement = self._placement
         key = job.inline_key
         record = placement.record if placement is not None and key is not None else None
@@ -401,36 +416,33 @@ class Session(asyncio.Protocol):
             assert bound is not None
             return bound.copy().run(work_of, inline)
 
-        future: asyncio.Future[Any]
         if not job.in_thread:
 
             async def run_async() -> Any:
                 with structlog.contextvars.bound_contextvars(**self._log_context()):
                     return await job.run()
 
-            future = asyncio.ensure_future(run_async())
+            self._in_pool(action.job_id, asyncio.ensure_future(run_async()))
         elif self._executor is None:
             # No filter threads configured: everything runs on the loop (and may wait there).
             self._run_on_loop(action.job_id, run)
-            return
         elif placement is not None and placement.inline(key, job.size, job.scales):
             # A small or cheap job of a kind that has proved fast (job_placement.py): on the
             # loop, unless it would wait there (then in the pool after all).
-            executor, inline_at = self._executor, placement
+            inline_at = placement
 
             def inline_or_pool() -> Any:
                 result = run(inline=True)
                 if result is IN_POOL:
                     inline_at.gave_back()
-                    self._in_pool(action.job_id, loop.run_in_executor(executor, run))
+                    self._to_pool(action.job_id, run)
                     return IN_POOL
                 return result
 
-            self._run_on_loop(action.job_id, inline_or_pool)
+            self._inline_jobs.append((action.job_id, inline_or_pool))
             return
         else:
-            future = loop.run_in_executor(self._executor, run)
-        self._in_pool(action.job_id, future)
+            self._to_pool(action.job_id, run)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
@@ -443,10 +455,9 @@ class Session(asyncio.Protocol):
         client = self.client
         return {"conn": client.id, "client": client.client_address, "node": self.node_id}
 
-    def _run_on_loop(self, job_id: int, run: Callable[[], Any]) -> None:
-        """`run` on the loop, but in a callback of its own, never from inside `_do`: the
-        actions after this StartJob (the forwarding of requests that came before the deferred
-        one) must be performed before the job's own. `IN_POOL`: it went to the pool."""
+    def _inline_job(self, job_id: int, run: Callable[[], Any]) -> Callable[[], None]:
+        """`run` as a job inline: its outcome to the connection (`IN_POOL`: it went to the
+        pool, which hands it over)."""
 
         def run_inline() -> None:
             try:
@@ -457,7 +468,86 @@ class Session(asyncio.Protocol):
                 if result is not IN_POOL:
                     self._job_done(job_id, result, None)
 
-        self._running_loop().call_soon(run_inline)
+        return run_inline
+
+    def _run_inline_jobs(self) -> None:
+        """The inline jobs `_do` started, in order, each once the actions listed with it are
+        performed (the forwarding of the requests before it goes first). Run here rather
+        than in a callback of the loop's next turn: that turn cost a poll of the sockets, a
+        handle and a pass of the loop per one-record filtered request (issue 29). A job's
+        outcome may start the next (a request waiting behind it): the loop below runs it,
+        not a nested call, so pipelined requests do not deepen the stack."""
+        if self._running_inline:
+            return
+        self._running_inline = True
+        try:
+            jobs = self._inline_jobs
+            while jobs:
+                job_id, run = jobs.popleft()
+                error: Exception | None = None
+                try:
+                    result = run()
+                except Exception as exc:
+                    result, error = None, exc
+                try:
+                    if result is not IN_POOL:
+                        self._job_done(job_id, result, error)
+                except Exception:
+                    # As the loop logs a callback that raised; the jobs behind it still run.
+                    log.exception("inline_job_failed", conn=self.client.id)
+        finally:
+            self._running_inline = False
+
+    def _run_on_loop(self, job_id: int, run: Callable[[], Any]) -> None:
+        """`run` on the loop in a callback of its own (no filter threads: every job, which
+        may wait there), never from inside `_do`: the actions after this StartJob (the
+        forwarding of requests that came before the deferred one) must be performed before
+        the job's own."""
+        self._running_loop().call_soon(self._inline_job(job_id, run))
+
+    def _to_pool(self, job_id: int, run: Callable[[], Any]) -> None:
+        """`run` in the filter thread pool; its outcome handed to the connection on the loop.
+
+        The pool's thread hands it back itself, with one `call_soon_threadsafe`, rather than
+        through `loop.run_in_executor`'s asyncio future chained to the pool's (a future
+        made, its state copied across on the loop, and its done callback run on a further
+        turn of the loop): on a loaded machine, where each such call finds the caches cold,
+        that chain was ~40 µs of a pool job's ~100 µs hand-off (issue 29). The proxy's pool
+        is a `FilterPool` (no future per job); any other executor (tests) gets a future,
+        read only if the job never ran."""
+        executor = self._executor
+        assert executor is not None
+        soon = self._running_loop().call_soon_threadsafe
+        job_done = self._job_done
+
+        def work() -> None:
+            try:
+                result = run()
+            except BaseException as exc:  # the connection closes, naming the error
+                _hand_back(soon, job_done, job_id, None, exc)
+            else:
+                _hand_back(soon, job_done, job_id, result, None)
+
+        if isinstance(executor, FilterPool):
+            try:
+                executor.run(work, lambda: _hand_back(soon, job_done, job_id, None,
+                                                      asyncio.CancelledError()))
+            except RuntimeError as exc:  # the pool shut down: the proxy is stopping
+                self._job_done(job_id, None, exc)
+            return
+
+        def never_ran(fut: Future[None]) -> None:
+            # Only a job still queued when the pool shuts down (`cancel_futures`): `work`
+            # hands back every job that ran.
+            if fut.cancelled():
+                _hand_back(soon, job_done, job_id, None, asyncio.CancelledError())
+
+        try:
+            future = executor.submit(work)
+        except RuntimeError as exc:  # the pool shut down: the proxy is stopping
+            self._job_done(job_id, None, exc)
+            return
+        future.add_done_callback(never_ran)
 
     def _in_pool(self, job_id: int, future: asyncio.Future[Any]) -> None:
         """Hands the outcome of a job running off the loop to the connection."""
@@ -498,6 +588,16 @@ class Session(asyncio.Protocol):
     def opened(self) -> bool:
         """The broker connection came up (telemetry has an `open` event for it)."""
         return self._opened
+
+
+def _hand_back(soon: Callable[..., Any], job_done: Callable[[int, Any, BaseException | None], None],
+               job_id: int, result: Any, error: BaseException | None) -> None:
+    """From a pool thread: `job_done(job_id, result, error)` on the loop (`soon` is its
+    `call_soon_threadsafe`); nothing once the loop has closed (the proxy stopped)."""
+    try:
+        soon(job_done, job_id, result, error)
+    except RuntimeError:  # the loop closed meanwhile
+        pass
 
 
 class _BrokerSide(asyncio.Protocol):

@@ -63,3 +63,24 @@ def test_masked_requests_are_filtered_and_relayed() -> None:
     produced = [frame for frame in sent if b'"email": "' in frame]
     assert len(produced) == 2100
     assert all(b'"email": "*****@*******.***"' in frame for frame in produced)
+
+
+def test_masked_workload_1_requests_are_filtered_in_the_pool_and_relayed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The chunked harness's shape (one uncompressed batch, above the inline size, so its job
+    # runs in the filter pool), cold: every record of every request reaches the broker
+    # masked, and `_measure` checks that every request and response went through.
+    monkeypatch.setattr(connection_cpu, "W1_RECORDS", 300)
+    sent: list[bytes] = []
+    original = connection_cpu._Transport.writelines
+
+    def keep(self: connection_cpu._Transport, data: Iterable[bytes]) -> None:
+        sent.append(b"".join(data))
+        original(self, data)
+
+    monkeypatch.setattr(connection_cpu._Transport, "writelines", keep)
+    assert asyncio.run(connection_cpu._measure(1, 12, "w1", 0.001, True)) > 0
+    produced = [frame for frame in sent if b'"email": "' in frame]
+    assert len(produced) == 12 + 12  # warm-up and measured round
+    assert all(frame.count(b'"email": "') == 300 for frame in produced)
+    assert not any(b"@example.com" in frame for frame in produced), "an address went unmasked"

@@ -10,7 +10,8 @@ glued from their labelled values and bytes that start or end matches, generated 
 digits (card, phone and SSN shapes, Luhn-valid or not), long texts of digits and separators
 (the numeric prefilter of strings over 64 bytes), JSON records of card-shaped strings (the
 early card decision, card_shape), and texts and JSON records near the record-level reject
-(record_clean); each set under several configurations. Prints the first few differences.
+(record_clean), and JSON records with many matches, some copied and some broken (the in-place
+masks); each set under several configurations. Prints the first few differences.
 """
 
 from __future__ import annotations
@@ -156,6 +157,24 @@ def long_numeric_texts(n: int, rng: random.Random) -> Iterator[str]:
         yield "".join(parts)
 
 
+def many_match_records(n: int, rng: random.Random) -> Iterator[str]:
+    """JSON records with up to 40 matching literals (more than the 16 matches that the walk
+    notes and masks in place at its end; past them, and before a literal that is copied, the
+    matches are masked at once and saved to be put back), mixed with literals that are copied
+    (non-ASCII, escaped) and, in some, a broken end (the value is then read as text)."""
+    values = ["a{}@example.com", "4111 1111 1111 1111", "x\u00e9 b{}@ex.org", "+44 20 7946 0{:03d}",
+              "caf\u00e9 c{}@mail.de", "tab\t d{}@e.io", "plain {}", "123-45-6789"]
+    for _ in range(n):
+        members = []
+        for k in range(rng.randint(1, 40)):
+            v = rng.choice(values).format(rng.randrange(1000))
+            members.append(f'"m{k}": {json.dumps(v, ensure_ascii=rng.random() < 0.5)}')
+        text = "{" + ", ".join(members) + "}"
+        if rng.random() < 0.2:
+            text = text[:-1] + rng.choice([",", " x", "]", ""])
+        yield text
+
+
 def compare(old: Path, new: Path, texts: list[str], configs: list[dict[str, Any]]) -> int:
     differing = 0
     for config in configs:
@@ -191,6 +210,9 @@ def main() -> int:
          [{}, CONFIGS[3], CONFIGS[6], CONFIGS[7], {"detectors": ["card"]}]),
         ("near-clean texts and JSON", list(near_clean_texts(args.random, rng)),
          [{}, CONFIGS[1], CONFIGS[2], CONFIGS[7], {"secret_keys": ["user_id", "abc", "x"]}]),
+        ("JSON with many matches", list(many_match_records(args.random // 4, rng)),
+         [{}, CONFIGS[2], CONFIGS[3],
+          {"detectors": {"card": {"mask": "#"}, "phone": {"keep_last": 2}}}]),
     ]
     total = 0
     for name, texts, configs in sets:
