@@ -28,7 +28,8 @@ from pathlib import Path
 ROOMS = ("codec", "crypto", "filters", "proxy", "spark_audit", "telemetry_schema", "transforms")
 #: Native modules built at install, by their build scripts' module names.
 BUILDS = ("sluice.crypto.batch_seal_build", "sluice.codec.record_check_build",
-          "sluice.filters.epoch_ticker_build", "sluice.filters.host_sha256_build")
+          "sluice.filters.epoch_ticker_build", "sluice.filters.host_sha256_build",
+          "sluice.codec.passthrough_build")
 _SITECUSTOMIZE = '''"""bench/baseline.py: `sluice` from this directory, not the editable install."""
 import sys
 

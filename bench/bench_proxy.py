@@ -41,10 +41,12 @@ slice is its speed over direct's speed in the same slice; the table gives the me
 per-slice ratios with their range. Latency differences are taken inside one window (the
 variant's probe and a direct probe run at once), and likewise summarised over slices.
 
-CPU s/GB: user+system CPU of the process in the middle (psutil on its PID and its children,
-so `--workers N` counts every worker) during produce and consume, over the payload bytes it
-carried both ways, over all slices (every slice carries the same bytes, so this is the mean
-of the per-slice figures; one slice is too short for psutil's 10 ms ticks). CPU µs/request
+CPU s/GB: user+system CPU of the process in the middle (its CPU clock, in nanoseconds, and
+its children's, so `--workers N` counts every worker: bench/cpu_clock.py) during produce and
+consume, over the payload bytes it carried both ways, over all slices (every slice carries the
+same bytes, so this is the mean of the per-slice figures). The same figure from psutil's 10 ms
+clock ticks (/proc/PID/stat), read at the same moments, is printed under the table for
+comparison: it is the same total, truncated to ticks at each reading. CPU µs/request
 (workload 3): its CPU in the latency window per record (one Produce request and response
 each), median over slices. Filter jobs inline / pool (workload 3): every Sluice variant
 serves its `/metrics` on a free 127.0.0.1 port (unless `--proxy-yaml` has its own `metrics:`),
@@ -76,7 +78,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import baseline, filter_jobs, latency, pairs, targets, workload
+from bench import baseline, cpu_clock, filter_jobs, latency, pairs, targets, workload
 from bench.rig import BASE, Point, add_rig_arguments, rig, variant_names, with_baseline
 
 # Per-slice ratios printed under the throughput table: (numerator, denominator).
@@ -121,13 +123,15 @@ class Throughput:
     produce: list[float | None] = field(default_factory=list)  # records/s
     consume: list[float | None] = field(default_factory=list)  # records/s
     cpu_per_gb: list[float | None] = field(default_factory=list)
+    #: the same from psutil's 10 ms ticks, read at the same moments (for comparison)
+    cpu_per_gb_ticks: list[float | None] = field(default_factory=list)
     client_produce: list[float | None] = field(default_factory=list)  # client CPU µs/record
     client_consume: list[float | None] = field(default_factory=list)
 
-    def cpu_per_gb_overall(self) -> float:
-        """CPU seconds over GB carried, summed over all slices: psutil counts CPU in clock
-        ticks (10 ms), coarse for one slice's few hundred MB; the sum over slices is not."""
-        present = [x for x in self.cpu_per_gb if x is not None]
+    def cpu_per_gb_overall(self, ticks: bool = False) -> float:
+        """CPU seconds over GB carried, over all slices (`ticks`: psutil's figure)."""
+        present = [x for x in (self.cpu_per_gb_ticks if ticks else self.cpu_per_gb)
+                   if x is not None]
         return sum(present) / len(present) if present else math.nan
 
 
@@ -141,6 +145,7 @@ class Latency:
     ref_p99: list[float] = field(default_factory=list)
     late: list[float] = field(default_factory=list)  # share of sends > 1 ms late
     cpu_per_request: list[float | None] = field(default_factory=list)  # µs
+    cpu_per_request_ticks: list[float | None] = field(default_factory=list)  # psutil's
     #: Filter jobs run inline / in the pool in each window (None: the proxy does not count
     #: them, or is not Sluice).
     jobs: list[filter_jobs.Jobs | None] = field(default_factory=list)
@@ -165,8 +170,9 @@ class Result:
 @dataclass(frozen=True)
 class Phases:
     """One produce + consume phase through a point: wall seconds of each, the CPU seconds the
-    process in the middle spent in each (0.0 without one), and this process's own (the
-    client's) CPU seconds over each whole call."""
+    process in the middle spent in each (0.0 without one; its CPU clocks, and psutil's ticks
+    at the same moments), and this process's own (the client's) CPU seconds over each whole
+    call."""
 
     records: int
     produce_seconds: float
@@ -176,6 +182,8 @@ class Phases:
     middle_consume_cpu: float
     client_produce_cpu: float
     client_consume_cpu: float
+    middle_produce_ticks: float = 0.0
+    middle_consume_ticks: float = 0.0
 
 
 def phases(point: Point, w: Workload, values: list[bytes]) -> Phases:
@@ -183,34 +191,45 @@ def phases(point: Point, w: Workload, values: list[bytes]) -> Phases:
     bootstrap = point.target.bootstrap
     topic = workload.make_topic(bootstrap, partitions=w.partitions)
     try:
-        cpu0 = targets.cpu_seconds(point.target.pid)
+        cpu0 = cpu_clock.cpu_times(point.target.pid)
         client0 = time.process_time()
         p = workload.produce(bootstrap, topic, values, w.compression)
         client1 = time.process_time()
-        cpu1 = targets.cpu_seconds(point.target.pid)
+        cpu1 = cpu_clock.cpu_times(point.target.pid)
         c = workload.consume(bootstrap, topic, len(values))
         client2 = time.process_time()
-        cpu2 = targets.cpu_seconds(point.target.pid)
+        cpu2 = cpu_clock.cpu_times(point.target.pid)
     finally:
         workload.delete_topic(point.broker, topic)
-    return Phases(len(values), p, c.records, c.seconds, cpu1 - cpu0, cpu2 - cpu1,
-                  client1 - client0, client2 - client1)
+    produce, consume = cpu1 - cpu0, cpu2 - cpu1
+    return Phases(len(values), p, c.records, c.seconds, produce.seconds, consume.seconds,
+                  client1 - client0, client2 - client1, produce.ticks, consume.ticks)
 
 
-def throughput_slice(
-    point: Point, w: Workload, values: list[bytes], payload: int
-) -> tuple[float, float, float | None, float, float]:
-    """One produce + consume phase through `point`: (produce rec/s, consume rec/s, CPU s/GB,
-    and the client's own CPU µs per record producing and consuming: this process's CPU, its
-    librdkafka threads included, over each whole call, the client's set-up and close too)."""
+@dataclass(frozen=True)
+class Slice:
+    """One produce + consume phase through a point, as the tables use it."""
+
+    produce: float  # records/s
+    consume: float  # records/s
+    cpu_per_gb: float | None  # the middle's CPU s/GB (None: direct)
+    cpu_per_gb_ticks: float | None  # the same from psutil's ticks
+    client_produce: float  # the client's own CPU µs per record producing (set-up, close too)
+    client_consume: float  # and consuming
+
+
+def throughput_slice(point: Point, w: Workload, values: list[bytes], payload: int) -> Slice:
+    """One produce + consume phase through `point`: the client's own CPU is this process's,
+    its librdkafka threads included, over each whole call."""
     ph = phases(point, w, values)
-    cpu = ph.middle_produce_cpu + ph.middle_consume_cpu
-    per_gb = cpu / (2 * payload / 1e9) if point.target.pid is not None else None
+    gb = 2 * payload / 1e9
+    middle = point.target.pid is not None
     per_record = 1e6 / len(values)
-    return (
+    return Slice(
         len(values) / ph.produce_seconds,
         ph.consume_records / ph.consume_seconds,
-        per_gb,
+        (ph.middle_produce_cpu + ph.middle_consume_cpu) / gb if middle else None,
+        (ph.middle_produce_ticks + ph.middle_consume_ticks) / gb if middle else None,
         ph.client_produce_cpu * per_record,
         ph.client_consume_cpu * per_record,
     )
@@ -218,17 +237,20 @@ def throughput_slice(
 
 def latency_slice(
     point: Point, via_topic: str, reference: tuple[str, str], rate: int, seconds: float
-) -> tuple[latency.Paired, float | None, filter_jobs.Jobs | None]:
+) -> tuple[latency.Paired, cpu_clock.CpuTimes | None, filter_jobs.Jobs | None]:
     """One paired window: the variant's probe and a probe straight to `reference` (a broker
-    address and topic) at once; with the CPU µs per request of the process in the middle and,
-    for Sluice, the filter jobs it ran inline and in its pool in the window (its `/metrics`
-    scraped before and after, outside the CPU measurement)."""
+    address and topic) at once; with the CPU µs per request of the process in the middle (by
+    both sources; None: direct) and, for Sluice, the filter jobs it ran inline and in its pool
+    in the window (its `/metrics` scraped before and after, outside the CPU measurement)."""
     jobs0 = filter_jobs.scrape(point.metrics) if point.metrics else None
-    cpu0 = targets.cpu_seconds(point.target.pid)
+    cpu0 = cpu_clock.cpu_times(point.target.pid)
     pair = latency.paired(reference, (point.target.bootstrap, via_topic), rate, seconds)
-    cpu = targets.cpu_seconds(point.target.pid) - cpu0
+    cpu = cpu_clock.cpu_times(point.target.pid) - cpu0
     jobs1 = filter_jobs.scrape(point.metrics) if point.metrics else None
-    per_request = 1e6 * cpu / len(pair.via.latency) if point.target.pid is not None else None
+    per_request = None
+    if point.target.pid is not None:
+        n = len(pair.via.latency)
+        per_request = cpu_clock.CpuTimes(1e6 * cpu.seconds / n, 1e6 * cpu.ticks / n)
     jobs = jobs1 - jobs0 if jobs0 is not None and jobs1 is not None else None
     return pair, per_request, jobs
 
@@ -287,7 +309,9 @@ def measure(
                 row.ref_p50.append(1000 * pair.direct.quantile(0.5))
                 row.ref_p99.append(1000 * pair.direct.quantile(0.99))
                 row.late.append(max(pair.via.late(), pair.direct.late()))
-                row.cpu_per_request.append(per_request)
+                row.cpu_per_request.append(None if per_request is None else per_request.seconds)
+                row.cpu_per_request_ticks.append(
+                    None if per_request is None else per_request.ticks)
                 row.jobs.append(jobs)
                 line += (
                     f" p50 {row.p50[-1]:6.2f} p99 {row.p99[-1]:7.2f} ms | direct p50 "
@@ -295,20 +319,22 @@ def measure(
                     f"{100 * row.late[-1]:.1f} %"
                 )
                 if per_request is not None:
-                    line += f" | {per_request:.0f} µs CPU/request"
+                    line += f" | {per_request.seconds:.0f} µs CPU/request"
                 if jobs is not None:
                     line += f" | filter jobs inline / pool {jobs.text()}"
             else:
-                p, c, per_gb, client_p, client_c = throughput_slice(point, w, values, payload)
+                sl = throughput_slice(point, w, values, payload)
                 trow = result.throughput.setdefault(name, Throughput())
-                trow.produce.append(p)
-                trow.consume.append(c)
-                trow.cpu_per_gb.append(per_gb)
-                trow.client_produce.append(client_p)
-                trow.client_consume.append(client_c)
-                line += f" produce {p:9.0f} rec/s  consume {c:9.0f} rec/s"
-                if per_gb is not None:
-                    line += f"  {per_gb:5.2f} CPU s/GB"
+                trow.produce.append(sl.produce)
+                trow.consume.append(sl.consume)
+                trow.cpu_per_gb.append(sl.cpu_per_gb)
+                trow.cpu_per_gb_ticks.append(sl.cpu_per_gb_ticks)
+                trow.client_produce.append(sl.client_produce)
+                trow.client_consume.append(sl.client_consume)
+                line += f" produce {sl.produce:9.0f} rec/s  consume {sl.consume:9.0f} rec/s"
+                if sl.cpu_per_gb is not None and sl.cpu_per_gb_ticks is not None:
+                    line += (f"  {sl.cpu_per_gb:5.3f} CPU s/GB (ticks "
+                             f"{sl.cpu_per_gb_ticks:5.2f})")
             print(line, file=sys.stderr, flush=True)
     result.seconds = time.monotonic() - started
     return result
@@ -336,10 +362,18 @@ def _throughput_report(result: Result) -> str:
         lines.append(
             f"| {name} | {pairs.median(row.produce):.0f} | {p_ratio.ratio_text()} "
             f"| {pairs.median(row.consume):.0f} | {c_ratio.ratio_text()} "
-            f"| {'-' if math.isnan(cpu) else f'{cpu:.2f}'} "
+            f"| {'-' if math.isnan(cpu) else f'{cpu:.3f}'} "
             f"| {pairs.median(row.client_produce):.2f} / {pairs.median(row.client_consume):.2f} |"
         )
     lines.append("")
+    both = [(n, r.cpu_per_gb_overall(), r.cpu_per_gb_overall(ticks=True))
+            for n, r in rows.items()]
+    both = [(n, a, b) for n, a, b in both if not math.isnan(a)]
+    if both:
+        lines.append(
+            "CPU s/GB from the CPU clocks (ns) / from psutil's 10 ms ticks, read at the same "
+            "moments: " + ", ".join(f"{n} {a:.3f} / {b:.3f}" for n, a, b in both) + "."
+        )
     if base:
         mb = result.payload_bytes / result.records / 1e6
         p, c = pairs.median(base.produce), pairs.median(base.consume)
@@ -388,6 +422,14 @@ def _latency_report(result: Result) -> str:
             f"| {100 * max(row.late):.1f} | {'-' if jobs is None else jobs.text()} |"
         )
     lines.append("")
+    both = [(n, pairs.median(r.cpu_per_request), pairs.median(r.cpu_per_request_ticks))
+            for n, r in result.latency.items()]
+    both = [(n, a, b) for n, a, b in both if not math.isnan(a)]
+    if both:
+        lines.append(
+            "CPU µs/request from the CPU clocks (ns) / from psutil's 10 ms ticks, read at the "
+            "same moments: " + ", ".join(f"{n} {a:.1f} / {b:.1f}" for n, a, b in both) + "."
+        )
     lines.append(
         "Filter jobs: sluice_filter_jobs_total from each Sluice variant's /metrics, the "
         "difference over each window, summed over slices (-: not counted, e.g. no thread pool)."

@@ -20,7 +20,8 @@ way the outside measurements of issue 29 were taken:
 - `--pairs` rounds (default 20): every round holds one pair per variant, in an order rotated
   by one each round. `aa` pairs direct with a second direct client: the A/A row, the noise;
 - the table gives the median of per-pair ratios with their spread (min..max), the middle
-  process's CPU s/GB (psutil, over the bytes it carried both ways), and the client's own CPU:
+  process's CPU s/GB (its CPU clock in ns, bench/cpu_clock.py, over the bytes it carried both
+  ways), and the client's own CPU:
   µs per record of its whole process (Python and librdkafka threads) and the share of the
   timed span its Python thread was on a CPU ("busy"). A busy share near 100 % means the client,
   not the path, set the pace: the run then says so under the table.
@@ -309,8 +310,7 @@ def _shapes_report(run: Run) -> list[str]:
     direct_total = None
     for name, row in run.rows.items():
         p, c = row.produce_client, row.consume_client
-        # Sums over the run, not medians per chunk: psutil counts other processes' CPU in
-        # 10 ms ticks, coarse against one chunk's tens of ms.
+        # Sums over the run, not medians per chunk: one chunk's CPU swings with the load.
         records = sum(t.records for t in p)
         per_rec = [
             1e6 * sum(cpus) / records if records else 0.0

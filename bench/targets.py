@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from bench import baseline
+from bench import baseline, cpu_clock
 from sluice.local_broker import wait_for_port
 from tests.harness.proxy import SluiceProxy
 
@@ -77,18 +77,9 @@ def sluice(
 
 def cpu_seconds(pid: int | None) -> float:
     """User + system CPU seconds of a process and all its children so far (a `sluice serve
-    --workers N` parent forks N workers), 0.0 for no process."""
-    if pid is None:
-        return 0.0
-    proc = psutil.Process(pid)
-    total = 0.0
-    for p in (proc, *proc.children(recursive=True)):
-        try:
-            t = p.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system
-    return total
+    --workers N` parent forks N workers), 0.0 for no process: from their CPU clocks, in
+    nanoseconds (bench/cpu_clock.py), not psutil's 10 ms ticks."""
+    return cpu_clock.cpu_seconds(pid)
 
 
 def listener_pid(address: str) -> int | None:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import NamedTuple
 
@@ -47,6 +47,12 @@ from .errors import DecodeError, UnsupportedVersion
 from .guard import read_uvarint, skip_tags
 from .schemas import known_versions
 from .splice_fields import records_prefix, records_size_prefix
+
+_native_tagged: Callable[..., int] | None
+try:  # codec/passthrough.c, built at install; the Python walk below answers alike without it
+    from ._passthrough import fetch_response_tagged as _native_tagged  # type: ignore[import-not-found, no-redef, unused-ignore]
+except ImportError:
+    _native_tagged = None
 
 __all__ = [
     "FetchPartitionSlot",
@@ -308,6 +314,25 @@ def splice_fetch_records(
     return b"".join(pieces)
 
 
+#: The native check itself (body, start, by_id, fixed, replica, top_fixed) -> bool, for a
+#: caller that looked up `native_tagged_args` once per version; None where it is not built.
+native_fetch_response_tagged = _native_tagged
+
+
+def native_tagged_args(version: int) -> tuple[bool, int, int, int] | None:
+    """The arguments after (body, start) of `native_fetch_response_tagged` for Fetch response
+    `version`; None where the native check does not apply (not built, or not flexible)."""
+    if _native_tagged is None:
+        return None
+    try:
+        shape = _shape(version)
+    except UnsupportedVersion:
+        return None
+    if not shape.flexible:
+        return None
+    return shape.by_id, 6 + shape.fixed, shape.replica, shape.top_fixed
+
+
 def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
     """Whether the Fetch response body at `start` of `body` may carry top-level tagged fields
     (where KIP-951 node endpoints sit): False only when the walk proves the body ends in an
@@ -327,6 +352,9 @@ def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
         by_id = shape.by_id
         fixed = 6 + shape.fixed
         replica = shape.replica
+        if _native_tagged is not None and start >= 0:
+            # The walk below in one C call (codec/passthrough.c), the same answers.
+            return bool(_native_tagged(body, start, by_id, fixed, replica, shape.top_fixed))
         pos = start + shape.top_fixed
         n_topics = body[pos] - 1
         pos += 1

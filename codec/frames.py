@@ -9,8 +9,15 @@ incomplete tail of a chunk is buffered (and copied) until the rest arrives.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from .errors import FrameTooLarge
+
+_whole_frames: Callable[[bytes, int], list[memoryview | bytes] | None] | None
+try:  # codec/passthrough.c, built at install: a read of whole frames in one call
+    from ._passthrough import whole_frames as _whole_frames  # type: ignore[import-not-found, no-redef, unused-ignore]
+except ImportError:
+    _whole_frames = None
 
 __all__ = ["DEFAULT_MAX_FRAME_SIZE", "FrameBuffer", "FrameTooLarge", "frame"]
 
@@ -64,8 +71,14 @@ class FrameBuffer:
         if type(data) is not bytes:
             # Returned views must not alias a buffer the caller may reuse.
             data = bytes(data)
-        out: list[memoryview | bytes] = []
         buf = self._buf
+        if not buf and _whole_frames is not None:
+            # The common read (nothing in assembly, whole frames only) in one C call; None
+            # for anything else, which the loop below reads (and refuses).
+            whole = _whole_frames(data, self.max_frame_size)
+            if whole is not None:
+                return whole
+        out: list[memoryview | bytes] = []
         pos = 0
         n = len(data)
         if buf:

@@ -29,6 +29,12 @@ from .guard import read_uvarint, skip_tags
 from .produce_splice import read_topic_key
 from .schemas import known_versions, response_schema
 
+_native_tagged: Callable[..., int] | None
+try:  # codec/passthrough.c, built at install; the Python walk below answers alike without it
+    from ._passthrough import produce_response_tagged as _native_tagged  # type: ignore[import-not-found, no-redef, unused-ignore]
+except ImportError:
+    _native_tagged = None
+
 __all__ = [
     "ProduceOffset",
     "produce_response_tagged",
@@ -127,6 +133,24 @@ def _plain_shape(version: int) -> tuple[bool, Callable[[Any, int, int], int]] | 
     return by_id, skip_partition
 
 
+#: The native check itself (body, start, by_id) -> 1 | 0 | -1, for a caller that looked up
+#: `native_tagged_by_id` once per version; None where it is not built.
+native_produce_response_tagged = _native_tagged
+
+
+def native_tagged_by_id(version: int) -> bool | None:
+    """The `by_id` argument of `native_produce_response_tagged` for Produce response
+    `version`; None where the native check does not apply (not built, or a version whose
+    partitions the Python walk steps over otherwise)."""
+    if _native_tagged is None:
+        return None
+    try:
+        plain = _plain_shape(version)
+    except (DecodeError, UnsupportedVersion):
+        return None
+    return None if plain is None else plain[0]
+
+
 def produce_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
     """Whether the Produce response body at `start` of `body` may carry top-level tagged
     fields (where KIP-951 node endpoints sit): False only when the walk proves the body ends
@@ -148,6 +172,12 @@ def produce_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
     except (DecodeError, UnsupportedVersion):
         return True
     by_id, skip_partition = plain
+    if _native_tagged is not None and start >= 0:
+        # One C call (codec/passthrough.c); -1: a partition that is not error-free, which
+        # the walk below steps over with the generic reader.
+        found = _native_tagged(body, start, by_id)
+        if found >= 0:
+            return bool(found)
     pos = start
     try:
         n_topics = body[pos] - 1

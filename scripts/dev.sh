@@ -236,6 +236,15 @@ build_record_check() {
   build_native codec record_check "the native record check" "gcc and Python's headers"
 }
 
+# The pass-through fast path's readers, codec/_passthrough*.so (a CPython extension, plain C):
+# every relayed request's header, a Produce request's topic name and the KIP-951 checks of
+# Produce and Fetch responses in one call each; rebuilt when missing or older than its
+# sources. Without it the Python readers run alone (same answers, more CPU per request).
+build_passthrough() {
+  native_is_current codec passthrough && return 0
+  build_native codec passthrough "the pass-through readers" "gcc and Python's headers"
+}
+
 # The native epoch ticker of filters/engine.py, filters/_epoch_ticker*.so (cffi API mode, plain
 # C and pthreads): advances wasmtime's epoch without taking the GIL; rebuilt when missing or older
 # than its sources. Without it the engine runs its Python ticker (same deadlines, 500 GIL
@@ -414,6 +423,7 @@ install_all() {
   check_python_sandbox
   build_batch_seal
   build_record_check
+  build_passthrough
   build_epoch_ticker
   build_host_sha256
   install_node_tools

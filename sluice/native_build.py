@@ -36,3 +36,25 @@ def libcrypto_ffi(module: str, source: Path, cdef: str) -> FFI:
     ffi.set_source(module, source.read_text(), libraries=["crypto"],
                    extra_compile_args=["-O2", "-Wno-deprecated-declarations"])
     return ffi
+
+
+def build_extension_beside(name: str, sources: list[Path], folder: Path) -> int:
+    """Compiles `sources` as the CPython extension module `name` (plain C against Python's
+    own headers, for readers that return Python objects, which cffi cannot make) and
+    installs it in `folder`, as `build_beside` does; the exit status for `main`."""
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ext = Extension(name, [str(s) for s in sources], extra_compile_args=["-O2"])
+        cmd = build_ext(Distribution({"name": name, "ext_modules": [ext]}))
+        cmd.build_lib = cmd.build_temp = tmp
+        cmd.ensure_finalized()
+        cmd.run()
+        built = Path(cmd.get_ext_fullpath(name))
+        target = folder / built.name
+        fresh = target.with_name(target.name + ".new")
+        fresh.write_bytes(built.read_bytes())
+        os.replace(fresh, target)
+    print(f"built {target.name}")
+    return 0

@@ -75,6 +75,7 @@ from sluice.codec.errors import CodecError, FrameTooLarge
 from sluice.codec.frames import FrameBuffer
 from sluice.codec.headers import parse_request_header, read_correlation_id
 from sluice.codec.messages import ApiKey
+from sluice.codec.passthrough import request_header
 from sluice.codec.throttle import sends_before_throttling, with_throttle
 from sluice.proxy.contract import ClientInfo, QuotaGate
 from sluice.proxy.paths.base import (
@@ -585,7 +586,8 @@ class Connection:
             # only takes read-only buffers (toreadonly is zero-copy).
             frame = frame.toreadonly()
         try:
-            header = parse_request_header(frame)
+            # The native reader (one C call); None for anything it leaves to the Python one.
+            header = request_header(frame) or parse_request_header(frame)
         except CodecError as exc:
             self._close(out, f"malformed request header: {exc}", violation=True)
             return

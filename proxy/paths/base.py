@@ -53,12 +53,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from sluice.codec.batch_counts import expanded_size
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.headers import RequestHeader
+from sluice.codec.passthrough import produce_head_at, read_produce_topics
 from sluice.codec.peek import produce_acks
 from sluice.codec.produce_splice import (
     ProduceRequestLayout,
     ProduceTopics,
-    produce_head,
-    produce_topics,
     scan_produce_request,
 )
 from sluice.filters import blocking
@@ -118,10 +117,11 @@ class Exchange:
                 keys = [t.name if t.name is not None else t.topic_id for t in value.topics]
                 # The scan refuses a topic with neither (a null name): no None here.
                 return ProduceTopics(value.acks, [k for k in keys if k is not None])
-        version = self.header.api_version
-        body = frame[self.header.header_size :]
-        # One topic (the common case): its name is read from the head, the rest is not walked.
-        read = produce_head(version, body) or produce_topics(version, body)
+        header = self.header
+        # One topic (the common case): its name is read from the head, the rest is not walked
+        # (natively where built: one C call; None hands anything else to the Python readers).
+        read = produce_head_at(frame, header.header_size, header.api_version) or (
+            read_produce_topics(frame, header.header_size, header.api_version))
         self.parsed = (frame, read)
         return read
 

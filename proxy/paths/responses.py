@@ -12,18 +12,29 @@ from typing import Any
 
 from sluice.codec.endpoints import carries_endpoints, endpoints_only_in_tags, rewrite_endpoints
 from sluice.codec.errors import CodecError
-from sluice.codec.fetch_splice import fetch_response_tagged
+from sluice.codec.fetch_splice import (
+    fetch_response_tagged,
+    native_fetch_response_tagged,
+    native_tagged_args,
+)
 from sluice.codec.guard import fields_end
 from sluice.codec.headers import RequestHeader, response_header_size
 from sluice.codec.messages import ApiKey, decode_response, encode_response
-from sluice.codec.produce_offsets import produce_response_tagged
+from sluice.codec.produce_offsets import (
+    native_produce_response_tagged,
+    native_tagged_by_id,
+    produce_response_tagged,
+)
 from sluice.codec.schemas import response_schema
 from sluice.proxy.paths.base import EndpointMapper, Frame, Refused
 
 #: What `may_carry_endpoints` does per (api_key << 16 | version), worked out once per key
 #: and version (both bounded by the router's version gate).
-_NONE, _DECODE, _PRODUCE_SCAN, _FIELDS_SCAN, _FETCH_SCAN = range(5)
+_NONE, _DECODE, _PRODUCE_SCAN, _FIELDS_SCAN, _FETCH_SCAN, _PRODUCE_NATIVE, _FETCH_NATIVE = range(7)
 _plans: dict[int, int] = {}
+#: The native check and its arguments after (frame, start), by the same key
+#: (codec/passthrough.c).
+_native: dict[int, tuple[Callable[..., Any], tuple[Any, ...]]] = {}
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
 
@@ -33,9 +44,22 @@ def _plan(api_key: int, version: int) -> int:
         return _NONE
     if not endpoints_only_in_tags(api_key, version):
         return _DECODE
+    key = api_key << 16 | version
     if api_key == _PRODUCE:
-        return _PRODUCE_SCAN
-    return _FETCH_SCAN if api_key == _FETCH else _FIELDS_SCAN
+        check = native_produce_response_tagged
+        by_id = native_tagged_by_id(version)
+        if check is None or by_id is None:
+            return _PRODUCE_SCAN
+        _native[key] = (check, (by_id,))
+        return _PRODUCE_NATIVE
+    if api_key != _FETCH:
+        return _FIELDS_SCAN
+    fetch_check = native_fetch_response_tagged
+    args = native_tagged_args(version)
+    if fetch_check is None or args is None:
+        return _FETCH_SCAN
+    _native[key] = (fetch_check, args)
+    return _FETCH_NATIVE
 
 
 def may_carry_endpoints(api_key: int, version: int, frame: Frame) -> bool:
@@ -55,6 +79,20 @@ def may_carry_endpoints(api_key: int, version: int, frame: Frame) -> bool:
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _plan(api_key, version)
+    if plan == _PRODUCE_NATIVE:
+        # The check's walk in C, called from here (one Python call less per response); -1:
+        # a partition with an error, which the Python walk steps over.
+        if len(frame) > 4 and frame[4] == 0:
+            check, args = _native[key]
+            found = check(frame, 5, *args)
+            if found >= 0:
+                return bool(found)
+        plan = _PRODUCE_SCAN
+    elif plan == _FETCH_NATIVE:
+        if len(frame) > 4 and frame[4] == 0:
+            check, args = _native[key]
+            return bool(check(frame, 5, *args))
+        plan = _FETCH_SCAN
     if plan == _PRODUCE_SCAN:
         # Produce v10+ (the only versions with endpoints) has the flexible response header:
         # the correlation id, then tagged fields, almost always none (one 0 byte).

@@ -21,7 +21,8 @@ from tests.proxy.paths.test_paths import produce_frame
 def parses(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Counts every parse of a Produce request body the paths make."""
     counts: Counter[str] = Counter()
-    for name in ("produce_head", "produce_topics", "scan_produce_request", "produce_acks"):
+    for name in ("produce_head_at", "read_produce_topics", "scan_produce_request",
+                 "produce_acks"):
         real = getattr(parsed, name)
 
         def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
@@ -49,7 +50,7 @@ def test_produce_to_a_protected_topic_is_scanned_once_more_only_for_its_layout(
     path.on_request(context(), exchange_for(frame), frame)
     # The name first (from the head), then the layout to answer the partitions: no parse
     # repeated.
-    assert parses == Counter(produce_head=1, scan_produce_request=1), parses
+    assert parses == Counter(produce_head_at=1, scan_produce_request=1), parses
 
 
 def test_filtered_produce_is_scanned_once(parses: Counter[str], tmp_path: Any) -> None:
