@@ -16,15 +16,19 @@ def build_beside(ffi: FFI, folder: Path) -> int:
     """Compiles `ffi` (set up with cdef and set_source) and installs the module in `folder`;
     the exit status for the build script's `main`."""
     with tempfile.TemporaryDirectory() as tmp:
-        built = Path(ffi.compile(tmpdir=tmp, verbose=False))
-        target = folder / built.name
-        # A new file renamed over the old one: a running proxy keeps its mapping of the old
-        # module intact (writing into a mapped library in place can crash it).
-        fresh = target.with_name(target.name + ".new")
-        fresh.write_bytes(built.read_bytes())
-        os.replace(fresh, target)
-    print(f"built {target.name}")
+        _install(Path(ffi.compile(tmpdir=tmp, verbose=False)), folder)
     return 0
+
+
+def _install(built: Path, folder: Path) -> None:
+    """Copies the built module `built` into `folder` under its own name."""
+    target = folder / built.name
+    # A new file renamed over the old one: a running proxy keeps its mapping of the old
+    # module intact (writing into a mapped library in place can crash it).
+    fresh = target.with_name(target.name + ".new")
+    fresh.write_bytes(built.read_bytes())
+    os.replace(fresh, target)
+    print(f"built {target.name}")
 
 
 def libcrypto_ffi(module: str, source: Path, cdef: str) -> FFI:
@@ -51,10 +55,5 @@ def build_extension_beside(name: str, sources: list[Path], folder: Path) -> int:
         cmd.build_lib = cmd.build_temp = tmp
         cmd.ensure_finalized()
         cmd.run()
-        built = Path(cmd.get_ext_fullpath(name))
-        target = folder / built.name
-        fresh = target.with_name(target.name + ".new")
-        fresh.write_bytes(built.read_bytes())
-        os.replace(fresh, target)
-    print(f"built {target.name}")
+        _install(Path(cmd.get_ext_fullpath(name)), folder)
     return 0
