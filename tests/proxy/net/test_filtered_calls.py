@@ -21,7 +21,12 @@ from typing import Any
 from bench.connection_cpu import _frames, _mask_chain
 from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops.config import ProxyConfig
-from tests.proxy.net.test_passthrough_calls import _calls, _Transport, tcp_sockets
+from tests.proxy.net.test_passthrough_calls import (
+    _calls,
+    _Transport,
+    tcp_sockets,
+    wired_session,
+)
 
 __all__ = ["tcp_sockets"]  # the fixture, shared with the pass-through counts
 
@@ -37,14 +42,7 @@ async def _masked_session(tcp_sockets: tuple[socket.socket, socket.socket],
     a few requests, as the proxy learns it), and the frames left to send."""
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
     server.install_chain(_mask_chain())
-    session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
-    client, broker = _Transport(tcp_sockets[0]), _Transport(tcp_sockets[1])
-    session._client = client
-    server.admit(session)
-    session._set_up(client)
-    session._connecting.cancel()  # no broker to dial: the transport stands in
-    session.broker_connected(broker)
-    session._live = True
+    session, client, broker = wired_session(server, tcp_sockets)
     frames = _frames(30 + requests, mask=True)
     for request, response in frames[:30]:  # the kind learns in the pool, then runs inline
         sent = len(broker.writes)

@@ -109,10 +109,10 @@ def test_a_pass_through_produce_and_its_response_stay_within_their_calls(
     asyncio.run(_one_exchange(tcp_sockets))
 
 
-async def _one_exchange(
-    tcp_sockets: tuple[socket.socket, socket.socket], fetch: bool = False,
-) -> None:
-    server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+def wired_session(server: ProxyServer, tcp_sockets: tuple[socket.socket, socket.socket],
+                  ) -> tuple[Any, _Transport, _Transport]:
+    """A live session of `server` whose client and broker are the two sockets' transports
+    (no broker dialled), with those transports."""
     session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
     client, broker = _Transport(tcp_sockets[0]), _Transport(tcp_sockets[1])
     session._client = client
@@ -121,6 +121,14 @@ async def _one_exchange(
     session._connecting.cancel()  # no broker to dial: the transport stands in
     session.broker_connected(broker)
     session._live = True
+    return session, client, broker
+
+
+async def _one_exchange(
+    tcp_sockets: tuple[socket.socket, socket.socket], fetch: bool = False,
+) -> None:
+    server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+    session, client, broker = wired_session(server, tcp_sockets)
     assert session._client_mark is not None and session._broker_mark is not None
     frames = _frames(12, "w2-fetch" if fetch else "w2")
     if fetch:
