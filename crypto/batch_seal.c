@@ -11,6 +11,7 @@
  * still bounds-checked here: a malformed section returns SB_MALFORMED, never reads past it.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <pthread.h>
 #include <openssl/evp.h>
@@ -819,22 +820,32 @@ int sb_fast_iv(void) {
 
 #if OWN_GCM
 /* Whether og_seal / og_open give exactly OpenSSL's messages on this CPU: for every split
- * of the associated data into a prefix and the rest (prefix lengths around one, nine and
- * ten blocks, rest lengths from none to beyond eight blocks) and plaintext lengths from
- * empty to past two rounds of eight blocks, under two keys, each ciphertext and tag must
- * equal EVP's (a context initialised with the nonce), open again to the plaintext, and a
- * flipped bit in the tag, the ciphertext or the associated data must be refused. Run once
- * per process. */
+ * of the associated data into a prefix and the rest (prefix lengths around one block and
+ * ones that take each branch of og_blocks: 8 blocks then 1 or 2 (144, 150, 160), 4 then 3
+ * (112), 8 then 4 (200); rest lengths from none to beyond eight blocks) and plaintext lengths
+ * from empty to past two rounds of eight blocks, past the fourth round of og_ctr (600) and
+ * past 4 096 bytes (a length block with bit 15 set, 17 rounds of counters, 16-block GHASH
+ * runs), under two keys, each ciphertext and tag must equal EVP's (a context initialised
+ * with the nonce), open again to the plaintext, and a flipped bit in the tag's first, a
+ * middle and its last byte, the ciphertext or the associated data must be refused.
+ * tests/crypto/test_own_gcm_check.py breaks each branch in a copy of this file and expects
+ * this check to fail. Run once per process. */
 static int own_gcm_check(void) {
     if (!og_cpu()) return 0;
     static const uint8_t keys[2][32] = {{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3},
                                         {2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5, 255}};
-    static const size_t prefixes[] = {0, 1, 15, 16, 17, 144, 150, 160};
+    static const size_t prefixes[] = {0, 1, 15, 16, 17, 112, 144, 150, 160, 200};
     static const size_t rests[] = {0, 5, 16, 45, 130};
-    static const size_t lens[] = {0, 1, 15, 16, 17, 100, 128, 129, 200, 255, 300};
-    uint8_t aad[300], pt[300], want[300 + TAG], got[300 + TAG], back[300], nonce[NONCE];
-    for (size_t i = 0; i < sizeof aad; i++) aad[i] = (uint8_t)(i * 29 + 7);
-    for (size_t i = 0; i < sizeof pt; i++) pt[i] = (uint8_t)(i * 13 + 5);
+    static const size_t lens[] = {0, 1, 15, 16, 17, 100, 128, 129, 200, 255, 300, 600, 4100};
+#define OG_KAT_AAD 336   /* the longest prefix and rest */
+#define OG_KAT_PT 4100   /* the longest plaintext */
+    /* on the heap: filter threads may run on small stacks */
+    uint8_t *mem = malloc(OG_KAT_AAD + 4 * (OG_KAT_PT + TAG));
+    if (!mem) return 0;
+    uint8_t *aad = mem, *pt = aad + OG_KAT_AAD, *want = pt + OG_KAT_PT + TAG,
+            *got = want + OG_KAT_PT + TAG, *back = got + OG_KAT_PT + TAG, nonce[NONCE];
+    for (size_t i = 0; i < OG_KAT_AAD; i++) aad[i] = (uint8_t)(i * 29 + 7);
+    for (size_t i = 0; i < OG_KAT_PT; i++) pt[i] = (uint8_t)(i * 13 + 5 + (i >> 8));
     int ok = 1;
     for (int kk = 0; ok && kk < 2; kk++) {
         gcm_t evp = {0}, own = {0};
@@ -862,9 +873,15 @@ static int own_gcm_check(void) {
                         ok = 0;
                         break;
                     }
-                    got[n + TAG - 1] ^= 1; /* the tag */
+                    for (int t = 0; t < TAG; t += 7) { /* the tag: bytes 0, 7 and 14, 15 */
+                        uint8_t bit = (uint8_t)(1u << (t % 8));
+                        got[n + (size_t)t] ^= bit;
+                        if (gcm_open(&own, nonce, aad, alen, got, n, back) != 1) ok = 0;
+                        got[n + (size_t)t] ^= bit;
+                    }
+                    got[n + TAG - 1] ^= 0x80;
                     if (gcm_open(&own, nonce, aad, alen, got, n, back) != 1) ok = 0;
-                    got[n + TAG - 1] ^= 1;
+                    got[n + TAG - 1] ^= 0x80;
                     if (n) {
                         got[n / 2] ^= 0x80; /* the ciphertext */
                         if (gcm_open(&own, nonce, aad, alen, got, n, back) != 1) ok = 0;
@@ -893,8 +910,11 @@ static int own_gcm_check(void) {
         gcm_free(&evp);
         OPENSSL_cleanse(k, sizeof *k);
     }
+    free(mem);
     ERR_clear_error();
     return ok;
+#undef OG_KAT_AAD
+#undef OG_KAT_PT
 }
 #endif
 

@@ -1,0 +1,95 @@
+"""The known-answer check that admits crypto/batch_seal.c's own AES-256-GCM (`own_gcm_check`)
+must catch a fault in any branch the module later runs: a copy of the C file with one branch
+broken (a GHASH power, a counter, the length block, the tag comparison) is compiled with a
+small driver that prints the check's answer, which must be 0 (the module then runs OpenSSL's
+EVP), while the unbroken copy answers 1.
+
+Each mutation is a fault the check once let through or one of the branches it must keep
+covering: the four-block step of the prefix hash (prefixes of 4..7 blocks past a multiple
+of eight), counters past the fourth round of eight, a length block with bit 15 set (4 096
+bytes), a comparison that skipped the tag's first byte."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parents[2] / "crypto" / "batch_seal.c"
+CC = shutil.which("cc") or shutil.which("gcc")
+
+
+def _cpu_has_aes_ni() -> bool:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines()
+                  if line.startswith("flags")), [])
+    return {"aes", "pclmulqdq", "ssse3", "sse4_1"} <= set(flags)
+
+
+pytestmark = pytest.mark.skipif(
+    CC is None or platform.machine() not in ("x86_64", "AMD64") or not _cpu_has_aes_ni(),
+    reason="needs a C compiler and an x86-64 CPU with AES-NI and PCLMULQDQ")
+
+DRIVER = """
+#include "batch_seal_copy.c"
+#include <stdio.h>
+int main(void) { printf("%d\\n", own_gcm_check()); return 0; }
+"""
+
+#: name -> (text in batch_seal.c, its broken replacement)
+MUTATIONS: dict[str, tuple[str, str]] = {
+    "prefix hash, four-block step": (
+        "og_clmul(_mm_xor_si128(x, OG_LOAD(0)), k->hp[3], &lo, &hi);",
+        "og_clmul(_mm_xor_si128(x, OG_LOAD(0)), k->hp[2], &lo, &hi);"),
+    "prefix hash, eight-block step": ("OG_ADD(7, 0)", "OG_ADD(7, 1)"),
+    "prefix hash, single blocks": (
+        "x = og_mul(_mm_xor_si128(x, OG_LOAD(0)), k->hp[0]);",
+        "x = og_mul(_mm_xor_si128(x, OG_LOAD(0)), k->hp[1]);"),
+    "prefix's partial block completed by the rest": (
+        "memset(head + pre->n + t, 0, 16 - pre->n - t);",
+        "memset(head + pre->n + t, 1, 16 - pre->n - t);"),
+    "counter mode, partial last block": (
+        "out[j] = in[j] ^ t[j];", "out[j] = in[j] ^ t[j] ^ (uint8_t)(j == 14);"),
+    "counter mode, rounds past the fourth": (
+        "ctr += 8;", "ctr += 8; if (ctr > 24) ctr++;"),
+    "message hash, 16-block runs": (
+        "size_t m = total < OG_POWERS ? total : OG_POWERS;",
+        "size_t m = total < OG_POWERS ? total : OG_POWERS;"
+        " if (m == OG_POWERS) x = _mm_xor_si128(x, _mm_set_epi32(0, 0, 0, 1));"),
+    "length block, bit 15 of the text's bits": (
+        "lens[8 + i] = (uint8_t)(c >> (56 - 8 * i));",
+        "lens[8 + i] = (uint8_t)((c & ~0x8000ULL) >> (56 - 8 * i));"),
+    "tag comparison skips the first byte": (
+        "CRYPTO_memcmp(tag, ct + len, TAG)", "CRYPTO_memcmp(tag + 1, ct + len + 1, TAG - 1)"),
+    "tag comparison of the last byte only": (
+        "CRYPTO_memcmp(tag, ct + len, TAG)", "CRYPTO_memcmp(tag + 15, ct + len + 15, 1)"),
+}
+
+
+def _check_answer(tmp_path: Path, source: str) -> str:
+    (tmp_path / "batch_seal_copy.c").write_text(source)
+    (tmp_path / "driver.c").write_text(DRIVER)
+    exe = tmp_path / "driver"
+    assert CC is not None
+    subprocess.run([CC, "-O1", "-w", "-o", str(exe), str(tmp_path / "driver.c"), "-lcrypto"],
+                   check=True, capture_output=True, timeout=120)
+    return subprocess.run([str(exe)], check=True, capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+
+
+def test_the_unbroken_code_passes_its_check(tmp_path: Path) -> None:
+    assert _check_answer(tmp_path, SOURCE.read_text()) == "1"
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_a_broken_branch_fails_the_check(tmp_path: Path, name: str) -> None:
+    text = SOURCE.read_text()
+    old, new = MUTATIONS[name]
+    assert text.count(old) == 1, f"the mutation's text is no longer in batch_seal.c: {old!r}"
+    assert _check_answer(tmp_path, text.replace(old, new)) == "0"
