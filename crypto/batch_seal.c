@@ -18,6 +18,7 @@
 #include <openssl/sha.h>
 #include <openssl/err.h>
 #include <openssl/rand.h>
+#include <openssl/crypto.h>
 #include <openssl/opensslv.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -591,7 +592,7 @@ OG_TGT static void og_seal(const og_key *k, const og_hash *pre, const uint8_t *n
 }
 
 /* Opens `len` bytes of `ct` (its tag after it) into `pt`: 0, or 1 when the tag is wrong
- * (what was written to `pt` is then not to be used). */
+ * (gcm_open then zeroes what was written to `pt`). */
 OG_TGT static int og_open(const og_key *k, const og_hash *pre, const uint8_t *nonce,
                           const uint8_t *rest, size_t rest_len, const uint8_t *ct, size_t len,
                           uint8_t *pt) {
@@ -703,8 +704,10 @@ static int gcm_seal(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t a
 }
 
 /* Opens `ct` (then its tag) under `nonce` and `aad` into `pt`: 0, 1 when it fails
- * authentication (what was written to `pt` is then not to be used), -1 when OpenSSL fails. */
-static int gcm_open(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
+ * authentication, -1 when OpenSSL fails; on 1 and -1 the `ct_len` bytes at `pt` are zeroed
+ * (both implementations decrypt before the tag is known to be right: what a refused message
+ * decrypted to is never left where a caller could read it). */
+static int gcm_open_raw(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
                     const uint8_t *ct, size_t ct_len, uint8_t *pt) {
     int n1 = 0, n2 = 0;
     const uint8_t *tag = ct + ct_len;
@@ -736,6 +739,13 @@ static int gcm_open(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t a
         return -1;
     if (EVP_DecryptFinal_ex(g->ctx, pt + n1, &n2) != 1) return 1;
     return (size_t)(n1 + n2) == ct_len ? 0 : -1;
+}
+
+static int gcm_open(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
+                    const uint8_t *ct, size_t ct_len, uint8_t *pt) {
+    int rc = gcm_open_raw(g, nonce, aad, aad_len, ct, ct_len, pt);
+    if (rc && ct_len) OPENSSL_cleanse(pt, ct_len);
+    return rc;
 }
 
 /* Whether the IV shortcut gives exactly EVP_CipherInit_ex's messages on this libcrypto:
@@ -1241,9 +1251,8 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
         const uint8_t *nonce = r.value + 1;
         const uint8_t *ct = nonce + NONCE;
         /* emit()'s layout, the plaintext written in place: the opened record is shorter
-         * than the stored one (checked above against `raw`). A record that fails leaves
-         * unauthenticated bytes in `out`, which the caller then never reads (the call
-         * fails). */
+         * than the stored one (checked above against `raw`). A record that fails has its
+         * plaintext zeroed by gcm_open and the call wipes what it wrote before (`done`). */
         size_t head = (size_t)(r.key_end - r.start);
         size_t hbytes = r.hoff[start];
         size_t body = head + varint_len((int64_t)ct_len) + ct_len + varint_len(start) + hbytes;
@@ -1266,6 +1275,10 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     rc = (long)(o - out);
 done:
+    /* A declined call's output is never used, but it holds the plaintext of the records
+     * opened before the one that failed: wiped (every write stays within the input's size,
+     * an opened record being shorter than its stored one). */
+    if (rc < 0) OPENSSL_cleanse(out, out_cap < in_len ? out_cap : in_len);
     gcm_done(&g, rc);
     return rc;
 }
@@ -2034,6 +2047,7 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     const uint8_t *last_fields = NULL; /* the sluice.enc.fields value `paths` was parsed from */
     int64_t last_fields_len = 0;
     int npaths = 0;
+    size_t scratch_used = 0; /* how far the opened values in `scratch` reached */
     *opened = 0;
     gcm_t g = {0};
     if (scratch_len < prefix_len + 48) {
@@ -2096,6 +2110,8 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
         size_t aad_room = prefix_len + (size_t)(r.key_len > 0 ? r.key_len : 0) + 64 + 1024 +
                           (size_t)r.value_len;
         if (scratch_len < aad_room + (size_t)r.value_len) { rc = SB_SPACE; goto done; }
+        if (scratch_used < aad_room + (size_t)r.value_len)
+            scratch_used = aad_room + (size_t)r.value_len;
         /* digest: the producer's headers, F, the listed paths, the clear pieces */
         fields_digest(&r, start, paths, NULL, npaths, spans, nspans, digest);
         /* the new value goes after the AAD room of scratch */
@@ -2134,6 +2150,12 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
     rc = (long)(o - out);
 done:
+    /* as sb_open_values: a declined call leaves no opened field behind, in `out` (within
+     * the input's size: opened records are shorter) or in `scratch` (the new values) */
+    if (rc < 0) {
+        OPENSSL_cleanse(out, out_cap < in_len ? out_cap : in_len);
+        if (scratch_used) OPENSSL_cleanse(scratch, scratch_used);
+    }
     gcm_done(&g, rc);
     return rc;
 }
