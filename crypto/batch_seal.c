@@ -441,7 +441,7 @@ OG_TGT static inline void og_update(const og_key *k, og_hash *s, const uint8_t *
     s->x = og_blocks(k, s->x, p, whole);
     p += whole * 16;
     len -= whole * 16;
-    memcpy(s->buf, p, len);
+    if (len) memcpy(s->buf, p, len); /* gcm_new starts from an empty prefix, p NULL */
     s->n = len;
 }
 

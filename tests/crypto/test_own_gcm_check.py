@@ -93,3 +93,49 @@ def test_a_broken_branch_fails_the_check(tmp_path: Path, name: str) -> None:
     old, new = MUTATIONS[name]
     assert text.count(old) == 1, f"the mutation's text is no longer in batch_seal.c: {old!r}"
     assert _check_answer(tmp_path, text.replace(old, new)) == "0"
+
+
+SANITIZED_DRIVER = """
+#include "batch_seal_copy.c"
+#include <stdio.h>
+int main(void) {
+    static const uint8_t key[32] = {1, 2, 3};
+    uint8_t aad[300], pt[300], ct[300 + TAG], back[300], nonce[NONCE] = {9};
+    for (int i = 0; i < 300; i++) aad[i] = pt[i] = (uint8_t)i;
+    int ok = own_gcm_check();
+    for (size_t pre = 0; ok && pre < 40; pre += 13) {
+        gcm_t seal = {0}, open = {0};
+        if (gcm_new(&seal, 1, key) || gcm_new(&open, 0, key)) return 2;
+        gcm_prefix(&seal, aad, pre);
+        gcm_prefix(&open, aad, pre);
+        for (size_t n = 0; ok && n < 300; n += 37) {
+            if (gcm_seal(&seal, nonce, aad, pre + 5, pt, n, ct) ||
+                gcm_open(&open, nonce, aad, pre + 5, ct, n, back) || memcmp(back, pt, n))
+                ok = 0;
+        }
+        gcm_done(&seal, 0);
+        gcm_done(&open, 0);
+    }
+    printf("%d\\n", ok);
+    return 0;
+}
+"""
+
+
+def test_the_check_and_the_calls_are_clean_under_sanitizers(tmp_path: Path) -> None:
+    """The check and a call's set-up (gcm_new starts each call's GHASH from an empty
+    prefix), sealing and opening run under AddressSanitizer and UndefinedBehaviorSanitizer
+    with no report (a report stops the program)."""
+    (tmp_path / "batch_seal_copy.c").write_text(SOURCE.read_text())
+    (tmp_path / "driver.c").write_text(SANITIZED_DRIVER)
+    exe = tmp_path / "driver"
+    assert CC is not None
+    built = subprocess.run([CC, "-O1", "-g", "-w", "-fsanitize=address,undefined",
+                            "-fno-sanitize-recover=undefined", "-o", str(exe),
+                            str(tmp_path / "driver.c"), "-lcrypto"],
+                           capture_output=True, timeout=120)
+    if built.returncode:
+        pytest.skip("the compiler has no sanitizer runtime")
+    ran = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120,
+                         env={"ASAN_OPTIONS": "detect_leaks=0"})
+    assert (ran.returncode, ran.stdout.strip()) == (0, "1"), ran.stderr[-2000:]
