@@ -12,6 +12,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include <pthread.h>
 #include <openssl/evp.h>
@@ -669,11 +670,21 @@ static int gcm_rekey(gcm_t *g, int seal, const uint8_t *key) {
                  : EVP_DecryptInit_ex(g->ctx, NULL, NULL, key, NULL)) == 1 ? 0 : -1;
 }
 
+/* Whether a message's lengths are within what both implementations take: EVP's updates
+ * take an int, and below INT_MAX bytes the own code's 32-bit block counter (NIST SP 800-38D
+ * inc32, 2^32 - 2 blocks at most, 2^36 - 32 bytes) can never wrap back onto J0 (the tag's
+ * mask). A Kafka record never comes near; a longer message is refused (SB_CRYPTO), never
+ * sealed with a truncated length or a repeated counter. */
+static int gcm_lengths_ok(size_t aad_len, size_t text_len) {
+    return aad_len <= INT_MAX && text_len <= INT_MAX;
+}
+
 /* Seals `pt` under `nonce` and `aad`: the ciphertext (as long as `pt`) at `ct`, then the
- * tag. 0, or -1 when OpenSSL fails. */
+ * tag. 0, or -1 when OpenSSL fails or the lengths are too long (gcm_lengths_ok). */
 static int gcm_seal(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
                     const uint8_t *pt, size_t pt_len, uint8_t *ct) {
     int n1 = 0, n2 = 0;
+    if (!gcm_lengths_ok(aad_len, pt_len)) return -1;
 #if OWN_GCM
     if (g->own) {
         if (aad_len < g->pre_len) return -1;
@@ -743,6 +754,7 @@ static int gcm_open_raw(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size
 
 static int gcm_open(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
                     const uint8_t *ct, size_t ct_len, uint8_t *pt) {
+    if (!gcm_lengths_ok(aad_len, ct_len)) return -1; /* nothing read or written */
     int rc = gcm_open_raw(g, nonce, aad, aad_len, ct, ct_len, pt);
     if (rc && ct_len) OPENSSL_cleanse(pt, ct_len);
     return rc;

@@ -139,3 +139,42 @@ def test_the_check_and_the_calls_are_clean_under_sanitizers(tmp_path: Path) -> N
     ran = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120,
                          env={"ASAN_OPTIONS": "detect_leaks=0"})
     assert (ran.returncode, ran.stdout.strip()) == (0, "1"), ran.stderr[-2000:]
+
+
+LENGTH_DRIVER = """
+#include "batch_seal_copy.c"
+#include <stdio.h>
+int main(int argc, char **argv) {
+    static const uint8_t key[32] = {1, 2, 3};
+    static uint8_t buf[64], nonce[NONCE];
+    int open = argc > 1;
+    gcm_t g = {0};
+    if (gcm_new(&g, !open, key)) return 2;
+    /* 2^31 bytes: past EVP's int and within a block of the counter's reach at 2^36 */
+    size_t huge = (size_t)1 << 31, aad_huge = (size_t)1 << 31;
+    int a = open ? gcm_open(&g, nonce, buf, 1, buf, huge, buf)
+                 : gcm_seal(&g, nonce, buf, 1, buf, huge, buf);
+    int b = open ? gcm_open(&g, nonce, buf, aad_huge, buf, 1, buf)
+                 : gcm_seal(&g, nonce, buf, aad_huge, buf, 1, buf);
+    gcm_done(&g, 0);
+    printf("%d %d\\n", a, b);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("direction", ["seal", "open"])
+def test_messages_too_long_for_gcm_are_refused_before_any_byte_is_read(
+        tmp_path: Path, direction: str) -> None:
+    """A text or associated data of 2^31 bytes (buffers of 64: nothing past them may be
+    touched) is refused with -1 by both directions of the own code, never sealed with a
+    length EVP's int truncates or a counter that wraps onto the tag's mask."""
+    (tmp_path / "batch_seal_copy.c").write_text(SOURCE.read_text())
+    (tmp_path / "driver.c").write_text(LENGTH_DRIVER)
+    exe = tmp_path / "driver"
+    assert CC is not None
+    subprocess.run([CC, "-O1", "-w", "-o", str(exe), str(tmp_path / "driver.c"), "-lcrypto"],
+                   check=True, capture_output=True, timeout=120)
+    ran = subprocess.run([str(exe), *(["open"] if direction == "open" else [])],
+                         capture_output=True, text=True, timeout=60)
+    assert (ran.returncode, ran.stdout.strip()) == (0, "-1 -1")
