@@ -6,7 +6,9 @@ mix short and long values, both directions (what AESGCM sealed, the module opens
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -125,3 +127,35 @@ def test_what_aesgcm_sealed_opens_and_any_flipped_bit_is_refused(
         batch_seal.open_section(bytes(encode_records(edited)), len(records), key, prefix,
                                 GROUP, 1)
     assert refused.value.index == victim
+
+
+def test_threads_sealing_and_opening_at_once_each_get_their_own_keys(
+        implementation: str) -> None:
+    """Filter threads call the module in parallel (cffi releases the GIL): each thread's
+    batches under its own key equal AESGCM's and open again, so no key schedule, H power or
+    GHASH state is shared between calls on different threads."""
+    def work(seed: int) -> int:
+        rnd = random.Random(seed)
+        key = rnd.randbytes(32)
+        aead = AESGCM(key)
+        checked = 0
+        for _ in range(60):
+            prefix = rnd.randbytes(rnd.choice([0, 17, 144, rnd.randrange(4097)]))
+            values = [rnd.randbytes(rnd.choice([0, 5, 200, rnd.randrange(4097)]))
+                      for _ in range(rnd.randrange(1, 6))]
+            records = [Record(i, i, None, v, [], 0) for i, v in enumerate(values)]
+            section = bytes(encode_records(records))
+            nonces = rnd.randbytes(NONCE_SIZE * len(values))
+            sealed = bytes(batch_seal.seal_section(section, len(records), key, nonces, prefix,
+                                                   group=GROUP, group_count=1)[0])
+            for i, out in enumerate(decode_section(sealed, len(records))):
+                nonce = nonces[i * NONCE_SIZE:(i + 1) * NONCE_SIZE]
+                aad = aad_for(prefix, None, "", record_digest([]))
+                assert out.value == b"\x01" + nonce + aead.encrypt(nonce, values[i], aad)
+            opened = batch_seal.open_section(sealed, len(records), key, prefix, GROUP, 1)[0]
+            assert bytes(opened) == section
+            checked += len(values)
+        return checked
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        assert all(n > 0 for n in pool.map(work, range(8)))
