@@ -1,8 +1,8 @@
 """The known-answer check that admits crypto/batch_seal.c's own AES-256-GCM (`own_gcm_check`)
 must catch a fault in any branch the module later runs: a copy of the C file with one branch
 broken (a GHASH power, a counter, the length block, the tag comparison) is compiled with a
-small driver that prints the check's answer, which must be 0 (the module then runs OpenSSL's
-EVP), while the unbroken copy answers 1.
+small driver that prints the check's answer, which must be 0, and whether a call then runs on
+OpenSSL's EVP, which it must; the unbroken copy answers 1 and runs its own code.
 
 Each mutation is a fault the check once let through or one of the branches it must keep
 covering: the four-block step of the prefix hash (prefixes of 4..7 blocks past a multiple
@@ -39,7 +39,17 @@ pytestmark = pytest.mark.skipif(
 DRIVER = """
 #include "batch_seal_copy.c"
 #include <stdio.h>
-int main(void) { printf("%d\\n", own_gcm_check()); return 0; }
+int main(void) {
+    /* the check's answer, then whether a call's context then runs on EVP */
+    static const uint8_t key[32] = {5};
+    gcm_t g = {0};
+    int check = own_gcm_check();
+    if (gcm_new(&g, 1, key)) return 2;
+    int evp = g.own == NULL && g.ctx != NULL;
+    gcm_done(&g, 0);
+    printf("%d %d\\n", check, evp);
+    return 0;
+}
 """
 
 #: name -> (text in batch_seal.c, its broken replacement)
@@ -84,7 +94,7 @@ def _check_answer(tmp_path: Path, source: str) -> str:
 
 
 def test_the_unbroken_code_passes_its_check(tmp_path: Path) -> None:
-    assert _check_answer(tmp_path, SOURCE.read_text()) == "1"
+    assert _check_answer(tmp_path, SOURCE.read_text()) == "1 0"
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
@@ -92,7 +102,8 @@ def test_a_broken_branch_fails_the_check(tmp_path: Path, name: str) -> None:
     text = SOURCE.read_text()
     old, new = MUTATIONS[name]
     assert text.count(old) == 1, f"the mutation's text is no longer in batch_seal.c: {old!r}"
-    assert _check_answer(tmp_path, text.replace(old, new)) == "0"
+    # the check fails and the call's messages go through OpenSSL's EVP
+    assert _check_answer(tmp_path, text.replace(old, new)) == "0 1"
 
 
 SANITIZED_DRIVER = """
