@@ -11,12 +11,15 @@
  * still bounds-checked here: a malformed section returns SB_MALFORMED, never reads past it.
  */
 #include <stdint.h>
+#include <stdlib.h>
+#include <limits.h>
 #include <string.h>
 #include <pthread.h>
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 #include <openssl/err.h>
 #include <openssl/rand.h>
+#include <openssl/crypto.h>
 #include <openssl/opensslv.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -424,6 +427,7 @@ OG_TGT static inline __m128i og_blocks(const og_key *k, __m128i x, const uint8_t
 
 OG_TGT static inline void og_update(const og_key *k, og_hash *s, const uint8_t *p, size_t len) {
     s->total += len;
+    if (!len) return; /* gcm_new's empty prefix: `p` is NULL, no arithmetic on it */
     if (s->n) {
         size_t t = 16 - s->n;
         if (t > len) t = len;
@@ -439,7 +443,7 @@ OG_TGT static inline void og_update(const og_key *k, og_hash *s, const uint8_t *
     s->x = og_blocks(k, s->x, p, whole);
     p += whole * 16;
     len -= whole * 16;
-    memcpy(s->buf, p, len);
+    if (len) memcpy(s->buf, p, len);
     s->n = len;
 }
 
@@ -590,7 +594,7 @@ OG_TGT static void og_seal(const og_key *k, const og_hash *pre, const uint8_t *n
 }
 
 /* Opens `len` bytes of `ct` (its tag after it) into `pt`: 0, or 1 when the tag is wrong
- * (what was written to `pt` is then not to be used). */
+ * (gcm_open then zeroes what was written to `pt`). */
 OG_TGT static int og_open(const og_key *k, const og_hash *pre, const uint8_t *nonce,
                           const uint8_t *rest, size_t rest_len, const uint8_t *ct, size_t len,
                           uint8_t *pt) {
@@ -667,11 +671,21 @@ static int gcm_rekey(gcm_t *g, int seal, const uint8_t *key) {
                  : EVP_DecryptInit_ex(g->ctx, NULL, NULL, key, NULL)) == 1 ? 0 : -1;
 }
 
+/* Whether a message's lengths are within what both implementations take: EVP's updates
+ * take an int, and below INT_MAX bytes the own code's 32-bit block counter (NIST SP 800-38D
+ * inc32, 2^32 - 2 blocks at most, 2^36 - 32 bytes) can never wrap back onto J0 (the tag's
+ * mask). A Kafka record never comes near; a longer message is refused (SB_CRYPTO), never
+ * sealed with a truncated length or a repeated counter. */
+static int gcm_lengths_ok(size_t aad_len, size_t text_len) {
+    return aad_len <= INT_MAX && text_len <= INT_MAX;
+}
+
 /* Seals `pt` under `nonce` and `aad`: the ciphertext (as long as `pt`) at `ct`, then the
- * tag. 0, or -1 when OpenSSL fails. */
+ * tag. 0, or -1 when OpenSSL fails or the lengths are too long (gcm_lengths_ok). */
 static int gcm_seal(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
                     const uint8_t *pt, size_t pt_len, uint8_t *ct) {
     int n1 = 0, n2 = 0;
+    if (!gcm_lengths_ok(aad_len, pt_len)) return -1;
 #if OWN_GCM
     if (g->own) {
         if (aad_len < g->pre_len) return -1;
@@ -702,8 +716,10 @@ static int gcm_seal(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t a
 }
 
 /* Opens `ct` (then its tag) under `nonce` and `aad` into `pt`: 0, 1 when it fails
- * authentication (what was written to `pt` is then not to be used), -1 when OpenSSL fails. */
-static int gcm_open(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
+ * authentication, -1 when OpenSSL fails; on 1 and -1 the `ct_len` bytes at `pt` are zeroed
+ * (both implementations decrypt before the tag is known to be right: what a refused message
+ * decrypted to is never left where a caller could read it). */
+static int gcm_open_raw(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
                     const uint8_t *ct, size_t ct_len, uint8_t *pt) {
     int n1 = 0, n2 = 0;
     const uint8_t *tag = ct + ct_len;
@@ -735,6 +751,14 @@ static int gcm_open(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t a
         return -1;
     if (EVP_DecryptFinal_ex(g->ctx, pt + n1, &n2) != 1) return 1;
     return (size_t)(n1 + n2) == ct_len ? 0 : -1;
+}
+
+static int gcm_open(gcm_t *g, const uint8_t *nonce, const uint8_t *aad, size_t aad_len,
+                    const uint8_t *ct, size_t ct_len, uint8_t *pt) {
+    if (!gcm_lengths_ok(aad_len, ct_len)) return -1; /* nothing read or written */
+    int rc = gcm_open_raw(g, nonce, aad, aad_len, ct, ct_len, pt);
+    if (rc && ct_len) OPENSSL_cleanse(pt, ct_len);
+    return rc;
 }
 
 /* Whether the IV shortcut gives exactly EVP_CipherInit_ex's messages on this libcrypto:
@@ -819,22 +843,32 @@ int sb_fast_iv(void) {
 
 #if OWN_GCM
 /* Whether og_seal / og_open give exactly OpenSSL's messages on this CPU: for every split
- * of the associated data into a prefix and the rest (prefix lengths around one, nine and
- * ten blocks, rest lengths from none to beyond eight blocks) and plaintext lengths from
- * empty to past two rounds of eight blocks, under two keys, each ciphertext and tag must
- * equal EVP's (a context initialised with the nonce), open again to the plaintext, and a
- * flipped bit in the tag, the ciphertext or the associated data must be refused. Run once
- * per process. */
+ * of the associated data into a prefix and the rest (prefix lengths around one block and
+ * ones that take each branch of og_blocks: 8 blocks then 1 or 2 (144, 150, 160), 4 then 3
+ * (112), 8 then 4 (200), twice 8 then 2 and a partial block (300); rest lengths from none to beyond eight blocks) and plaintext lengths
+ * from empty to past two rounds of eight blocks, past the fourth round of og_ctr (600) and
+ * past 4 096 bytes (a length block with bit 15 set, 17 rounds of counters, 16-block GHASH
+ * runs), under two keys, each ciphertext and tag must equal EVP's (a context initialised
+ * with the nonce), open again to the plaintext, and a flipped bit in the tag's first, a
+ * middle and its last byte, the ciphertext or the associated data must be refused.
+ * tests/crypto/test_own_gcm_check.py breaks each branch in a copy of this file and expects
+ * this check to fail. Run once per process. */
 static int own_gcm_check(void) {
     if (!og_cpu()) return 0;
     static const uint8_t keys[2][32] = {{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3},
                                         {2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9, 0, 4, 5, 255}};
-    static const size_t prefixes[] = {0, 1, 15, 16, 17, 144, 150, 160};
+    static const size_t prefixes[] = {0, 1, 15, 16, 17, 112, 144, 150, 160, 200, 300};
     static const size_t rests[] = {0, 5, 16, 45, 130};
-    static const size_t lens[] = {0, 1, 15, 16, 17, 100, 128, 129, 200, 255, 300};
-    uint8_t aad[300], pt[300], want[300 + TAG], got[300 + TAG], back[300], nonce[NONCE];
-    for (size_t i = 0; i < sizeof aad; i++) aad[i] = (uint8_t)(i * 29 + 7);
-    for (size_t i = 0; i < sizeof pt; i++) pt[i] = (uint8_t)(i * 13 + 5);
+    static const size_t lens[] = {0, 1, 15, 16, 17, 100, 128, 129, 200, 255, 300, 600, 4100};
+#define OG_KAT_AAD 430   /* the longest prefix and rest */
+#define OG_KAT_PT 4100   /* the longest plaintext */
+    /* on the heap: filter threads may run on small stacks */
+    uint8_t *mem = malloc(OG_KAT_AAD + 4 * (OG_KAT_PT + TAG));
+    if (!mem) return 0;
+    uint8_t *aad = mem, *pt = aad + OG_KAT_AAD, *want = pt + OG_KAT_PT + TAG,
+            *got = want + OG_KAT_PT + TAG, *back = got + OG_KAT_PT + TAG, nonce[NONCE];
+    for (size_t i = 0; i < OG_KAT_AAD; i++) aad[i] = (uint8_t)(i * 29 + 7);
+    for (size_t i = 0; i < OG_KAT_PT; i++) pt[i] = (uint8_t)(i * 13 + 5 + (i >> 8));
     int ok = 1;
     for (int kk = 0; ok && kk < 2; kk++) {
         gcm_t evp = {0}, own = {0};
@@ -862,9 +896,15 @@ static int own_gcm_check(void) {
                         ok = 0;
                         break;
                     }
-                    got[n + TAG - 1] ^= 1; /* the tag */
+                    for (int t = 0; t < TAG; t += 7) { /* the tag: bytes 0, 7 and 14, 15 */
+                        uint8_t bit = (uint8_t)(1u << (t % 8));
+                        got[n + (size_t)t] ^= bit;
+                        if (gcm_open(&own, nonce, aad, alen, got, n, back) != 1) ok = 0;
+                        got[n + (size_t)t] ^= bit;
+                    }
+                    got[n + TAG - 1] ^= 0x80;
                     if (gcm_open(&own, nonce, aad, alen, got, n, back) != 1) ok = 0;
-                    got[n + TAG - 1] ^= 1;
+                    got[n + TAG - 1] ^= 0x80;
                     if (n) {
                         got[n / 2] ^= 0x80; /* the ciphertext */
                         if (gcm_open(&own, nonce, aad, alen, got, n, back) != 1) ok = 0;
@@ -893,8 +933,11 @@ static int own_gcm_check(void) {
         gcm_free(&evp);
         OPENSSL_cleanse(k, sizeof *k);
     }
+    free(mem);
     ERR_clear_error();
     return ok;
+#undef OG_KAT_AAD
+#undef OG_KAT_PT
 }
 #endif
 
@@ -1221,9 +1264,8 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
         const uint8_t *nonce = r.value + 1;
         const uint8_t *ct = nonce + NONCE;
         /* emit()'s layout, the plaintext written in place: the opened record is shorter
-         * than the stored one (checked above against `raw`). A record that fails leaves
-         * unauthenticated bytes in `out`, which the caller then never reads (the call
-         * fails). */
+         * than the stored one (checked above against `raw`). A record that fails has its
+         * plaintext zeroed by gcm_open and the call wipes what it wrote before (`done`). */
         size_t head = (size_t)(r.key_end - r.start);
         size_t hbytes = r.hoff[start];
         size_t body = head + varint_len((int64_t)ct_len) + ct_len + varint_len(start) + hbytes;
@@ -1246,6 +1288,10 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     rc = (long)(o - out);
 done:
+    /* A declined call's output is never used, but it holds the plaintext of the records
+     * opened before the one that failed: wiped (every write stays within the input's size,
+     * an opened record being shorter than its stored one). */
+    if (rc < 0) OPENSSL_cleanse(out, out_cap < in_len ? out_cap : in_len);
     gcm_done(&g, rc);
     return rc;
 }
@@ -2014,6 +2060,7 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     const uint8_t *last_fields = NULL; /* the sluice.enc.fields value `paths` was parsed from */
     int64_t last_fields_len = 0;
     int npaths = 0;
+    size_t scratch_used = 0; /* how far the opened values in `scratch` reached */
     *opened = 0;
     gcm_t g = {0};
     if (scratch_len < prefix_len + 48) {
@@ -2076,6 +2123,8 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
         size_t aad_room = prefix_len + (size_t)(r.key_len > 0 ? r.key_len : 0) + 64 + 1024 +
                           (size_t)r.value_len;
         if (scratch_len < aad_room + (size_t)r.value_len) { rc = SB_SPACE; goto done; }
+        if (scratch_used < aad_room + (size_t)r.value_len)
+            scratch_used = aad_room + (size_t)r.value_len;
         /* digest: the producer's headers, F, the listed paths, the clear pieces */
         fields_digest(&r, start, paths, NULL, npaths, spans, nspans, digest);
         /* the new value goes after the AAD room of scratch */
@@ -2114,6 +2163,12 @@ long sb_open_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
     if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
     rc = (long)(o - out);
 done:
+    /* as sb_open_values: a declined call leaves no opened field behind, in `out` (within
+     * the input's size: opened records are shorter) or in `scratch` (the new values) */
+    if (rc < 0) {
+        OPENSSL_cleanse(out, out_cap < in_len ? out_cap : in_len);
+        if (scratch_used) OPENSSL_cleanse(scratch, scratch_used);
+    }
     gcm_done(&g, rc);
     return rc;
 }

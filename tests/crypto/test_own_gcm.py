@@ -5,6 +5,7 @@ into prefix and rest, what it sealed opens, tampering refused."""
 
 from __future__ import annotations
 
+import base64
 import platform
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,3 +137,68 @@ def test_the_two_implementations_write_the_same_section() -> None:
         assert bytes(batch_seal.open_section(evp, 50, key, prefix, group, 1)[0]) == section
     finally:
         batch_seal.allow_own_gcm(before)
+
+
+def _thread_buffers() -> bytes:
+    """Every buffer the native calls of this thread write into and keep (batch_seal._space)."""
+    return b"".join(bytes(getattr(batch_seal._local, slot, b"") or b"")
+                    for slot in ("out", "out2", "scratch"))
+
+
+_SECRETS = [b"SECRET-%d-" % i + bytes([65 + i]) * (37 + 50 * i) for i in range(4)]
+
+
+def test_a_refused_batch_leaves_no_plaintext_in_the_output_buffer(implementation: str) -> None:
+    """Records 0 and 1 open, record 2's tag is wrong (its ciphertext intact, so it decrypts
+    to the real plaintext before the tag is checked): the call declines (`Tampered`) and
+    neither the refused record's plaintext nor that of the records opened before it stays
+    in the thread's kept buffers, which later calls lend out."""
+    records = [Record(i, i, b"k%d" % i, v, [], 0) for i, v in enumerate(_SECRETS)]
+    section = bytes(encode_records(records))
+    key, prefix = bytes(range(7, 39)), bytes(range(150))
+    nonces = bytes(range(12 * len(records)))
+    group = batch_seal.encode_headers([("sluice.enc", b"\x03g")])
+    sealed = bytes(batch_seal.seal_section(section, len(records), key, nonces, prefix,
+                                           group=group, group_count=1)[0])
+    stored = decode_section(sealed, len(records))
+    value = stored[2].value or b""
+    stored[2] = Record(stored[2].offset_delta, stored[2].timestamp_delta, stored[2].key,
+                       value[:-1] + bytes([value[-1] ^ 1]), stored[2].headers, 0)
+    with pytest.raises(batch_seal.Tampered) as refused:
+        batch_seal.open_section(bytes(encode_records(stored)), len(records), key, prefix,
+                                group, 1)
+    assert refused.value.index == 2
+    kept = _thread_buffers()
+    for secret in _SECRETS[:3]:
+        assert secret not in kept
+
+
+def test_a_refused_fields_batch_leaves_no_plaintext_behind(implementation: str) -> None:
+    """Fields mode: the opened values are built in the scratch buffer, then copied out; a
+    record whose field fails authentication leaves neither its field nor the fields of
+    the records opened before it in either buffer."""
+    docs = [b'{"card":"%s","n":%d}' % (s, i) for i, s in enumerate(_SECRETS)]
+    records = [Record(i, i, None, d, [], 0) for i, d in enumerate(docs)]
+    section = bytes(encode_records(records))
+    key, prefix = bytes(range(3, 35)), bytes(range(90))
+    ours = [("sluice.enc", b"\x03g")]
+    packed = batch_seal.pack_paths(["card"])
+    nonces = bytes(range(12 * len(records)))
+    sealed, _fates, n, fields = batch_seal.seal_fields(section, len(records), key, nonces,
+                                                       prefix, packed, 1, ours, 100)
+    assert (n, fields) == (len(records), len(records))
+    stored = decode_section(bytes(sealed), len(records))
+    value = stored[2].value or b""
+    start = value.index(b"sluice:enc:1:") + 13
+    end = value.index(b'"', start)
+    raw = base64.urlsafe_b64decode(value[start:end] + b"=" * (-(end - start) % 4))
+    forged = base64.urlsafe_b64encode(raw[:-1] + bytes([raw[-1] ^ 1])).rstrip(b"=")
+    stored[2] = Record(stored[2].offset_delta, stored[2].timestamp_delta, None,
+                       value[:start] + forged + value[end:], stored[2].headers, 0)
+    group3 = batch_seal.encode_headers(ours)
+    with pytest.raises(batch_seal.Tampered):
+        batch_seal.open_fields(bytes(encode_records(stored)), len(records), key, prefix,
+                               group3, len(ours))
+    kept = _thread_buffers()
+    for secret in _SECRETS[:3]:
+        assert secret not in kept
