@@ -21,7 +21,9 @@ A filter directory holds one entry source and builds to one stripped Wasm module
   and the filter into a WebAssembly component (world ``sdk/python/wit``) with every WASI
   import replaced by a trapping stub (``--stub-wasi``); it runs in a private mount namespace
   (``unshare``) on a fresh tmpfs with ``sdk/python/reproducible_shim.c`` preloaded, so that
-  the pre-initialised snapshot holds no host randomness, clock, file time or inode number;
+  the pre-initialised snapshot holds no host randomness, clock, file time, inode number or
+  device number (the kernel numbers each tmpfs by the other mounts that exist: the shim reports
+  a fixed one);
 - ``Cargo.toml`` (a Rust crate with a committed ``Cargo.lock``, crates from crates.io): the
   locked crates vendored by a cargo that reads the sparse index, then Debian's ``cargo`` and
   ``rustc`` build ``--release --target wasm32-unknown-unknown`` offline.
@@ -456,7 +458,9 @@ def componentize_py_version(tool: str) -> str:
 # fixed order (tmpfs numbers inodes per superblock, from 2, since Linux 5.9; wasmtime reads
 # them with direct system calls, and they land in the heap), with every file time clamped to
 # PY_SOURCE_DATE_EPOCH, and with sdk/python/reproducible_shim.c preloaded, which replaces the
-# host's randomness and clocks by values derived from the sha256 of the build's inputs.
+# host's randomness and clocks by values derived from the sha256 of the build's inputs, and the
+# tmpfs's device number (the lowest free one when it is mounted: it moves with the other mounts
+# on a busy machine, and wasmtime hashes it into the guest's inode numbers) by a fixed one.
 PY_SOURCE_DATE_EPOCH = 315532800  # 1980-01-01T00:00:00Z
 PY_SANDBOX_ROOT = "/tmp"  # where the tmpfs is bound inside the namespace: fixed guest paths
 PY_SHIM_SOURCE = SDK_DIR / "python" / "reproducible_shim.c"

@@ -16,8 +16,9 @@
  *  - file times: files and directories this process tree makes on the build's tmpfs
  *    (SLUICE_REPRO_ROOT) get SOURCE_DATE_EPOCH when closed or made; statx/newfstatat, which
  *    wasmtime makes directly (not through libc), are trapped with seccomp and answered with
- *    the access, change and birth times equal to that modification time; the guest's mkdirat
- *    (CPython's __pycache__, whose files would carry the real time) is refused.
+ *    the access, change and birth times equal to that modification time and the device number
+ *    equal to SANDBOX_DEV; the guest's mkdirat (CPython's __pycache__, whose files would carry
+ *    the real time) is refused.
  *
  * Inode numbers are made deterministic by build.py: a fresh tmpfs, filled in a fixed order.
  */
@@ -49,6 +50,12 @@
 
 static uint64_t seed_words[4];
 static dev_t sandbox_dev;  /* the build's tmpfs: only its files get clamped times */
+/* The device number reported for the build's tmpfs. The kernel gives each tmpfs the lowest free
+ * anonymous device number, which depends on how many other tmpfs/overlay mounts exist on the
+ * machine at that moment (other builds, containers); wasmtime hashes the device with the inode
+ * into the number the guest sees as st_ino, and it lands in the heap. The last anonymous minor
+ * (MINORMASK), which the kernel practically never hands out. */
+#define SANDBOX_DEV makedev(0, 0xfffff)
 static long long epoch_seconds;
 static int configured;
 
@@ -88,6 +95,7 @@ static long emulate_stat(int dirfd, const char *path, int flags, struct stat *st
     if (r == 0 && st->st_dev == sandbox_dev) {
         st->st_atim = st->st_mtim;
         st->st_ctim = st->st_mtim;
+        st->st_dev = SANDBOX_DEV;
     }
     return r;
 }
@@ -294,7 +302,9 @@ static void clamp_with_parent(const char *path) {
 
 static int on_sandbox(int fd) {
     struct stat st;
-    return sandbox_dev && fstat(fd, &st) == 0 && st.st_dev == sandbox_dev;
+    /* fstat(2) directly: libc's fstat is newfstatat, which the trap answers with SANDBOX_DEV. */
+    return sandbox_dev && real_syscall && real_syscall(SYS_fstat, fd, &st) == 0
+           && st.st_dev == sandbox_dev;
 }
 
 static void clamp_fd(int fd) {

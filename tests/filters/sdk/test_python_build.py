@@ -78,6 +78,67 @@ def test_a_python_filter_rebuilds_byte_identically(tmp_path: Path) -> None:
     assert first == second == committed
 
 
+_STAT_PROBE = """\
+import ctypes, os, sys
+st = os.stat(sys.argv[1])  # newfstatat
+buf = ctypes.create_string_buffer(256)
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.statx(-100, sys.argv[1].encode(), 0, 0xFFF, buf) == 0, ctypes.get_errno()
+major = int.from_bytes(buf.raw[136:140], "little")  # stx_dev_major
+minor = int.from_bytes(buf.raw[140:144], "little")  # stx_dev_minor
+print(st.st_dev, os.makedev(major, minor))
+"""
+
+
+def test_the_shim_reports_one_device_number_for_every_build_tmpfs(tmp_path: Path) -> None:
+    """The kernel gives each new tmpfs the lowest free anonymous device number, so a build's
+    tmpfs gets another one while other mounts exist (concurrent builds on a loaded machine);
+    wasmtime hashes it with the inode into the guest's inode numbers, which land in the heap.
+    Under the shim, statx and newfstatat report one fixed device for the build's tmpfs."""
+    unshare = build_module.check_py_sandbox()
+    shim = build_module.py_shim()
+    (tmp_path / "probe.py").write_text(_STAT_PROBE)
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    script = (
+        'set -eu\n'
+        'mount -t tmpfs sluice-a "$1/a"; mount -t tmpfs sluice-b "$1/b"\n'
+        'touch "$1/a/f" "$1/b/f"\n'
+        'stat -c %d "$1/a/f" "$1/b/f"\n'
+        'for d in a b; do\n'
+        '  env LD_PRELOAD="$2" SLUICE_REPRO_SEED="$3" SOURCE_DATE_EPOCH=315532800 \\\n'
+        '    SLUICE_REPRO_ROOT="$1/$d" "$4" -S "$1/probe.py" "$1/$d/f"\n'
+        'done\n')
+    proc = subprocess.run([unshare, "--user", "--map-root-user", "--mount", "sh", "-c", script,
+                           "sh", str(tmp_path), str(shim), "0" * 64, sys.executable],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    real_a, real_b, shim_a, shim_b = proc.stdout.split("\n")[:4]
+    assert real_a != real_b  # two mounts: two device numbers from the kernel
+    assert len(set(shim_a.split())) == 1  # statx and newfstatat agree
+    assert shim_a == shim_b
+    assert shim_a.split()[0] not in (real_a, real_b)
+
+
+def test_a_build_next_to_another_tmpfs_gives_the_committed_bytes(tmp_path: Path) -> None:
+    """A tmpfs held by another namespace takes the device number the build's tmpfs would get on
+    a quiet machine (what the committed module was built with); the bytes stay the same."""
+    unshare = build_module.check_py_sandbox()
+    (tmp_path / "held").mkdir()
+    holder = subprocess.Popen(
+        [unshare, "--user", "--map-root-user", "--mount", "sh", "-c",
+         'mount -t tmpfs sluice-held "$1" && echo mounted && exec sleep 600', "sh",
+         str(tmp_path / "held")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "mounted"
+        got = _build_in_new_process(EXAMPLES / "upper-py", tmp_path / "a.wasm")
+    finally:
+        holder.kill()
+        holder.wait()
+    committed = hashlib.sha256((EXAMPLES / "upper-py" / "upper-py.wasm").read_bytes()).hexdigest()
+    assert got == committed
+
+
 def test_a_componentize_py_under_tmp_builds_the_same_bytes(tmp_path: Path) -> None:
     """The build covers /tmp with its own tmpfs; a checkout (and so its virtualenv) under /tmp
     must still build, and build the committed bytes."""
