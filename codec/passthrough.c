@@ -26,6 +26,7 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <stdint.h>
 
 /* Set once by setup(): the named-tuple classes results are made of, the request header
@@ -364,8 +365,13 @@ static PyObject *whole_frames(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "whole_frames(bytes, max_frame_size)");
         return NULL;
     }
-    long long max = PyLong_AsLongLong(args[1]);
+    /* Any limit a long long cannot hold is above every int32 size (none refused), as the
+     * Python reader takes it: an OverflowError here failed every read of every connection
+     * of a proxy configured with such a limit. */
+    int overflow;
+    long long max = PyLong_AsLongLongAndOverflow(args[1], &overflow);
     if (max == -1 && PyErr_Occurred()) return NULL;
+    if (overflow) max = overflow > 0 ? LLONG_MAX : -1;
     const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(args[0]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[0]), pos = 0, count = 0;
     while (n - pos >= 4) {
