@@ -103,8 +103,8 @@ def _smuggled_endpoints(version: int) -> tuple[bytes, bytes]:
     ncls = element(cls, "node_endpoints")
     leader = lcls(leader_id=3, leader_epoch=7)
     part = pcls(partition_index=0, error_code=ErrorCode.none, high_watermark=0,
-                last_stable_offset=0, log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1,
-                records=None, current_leader=leader)
+                last_stable_offset=0, log_start_offset=0, aborted_transactions=None,
+                preferred_read_replica=-1, records=None, current_leader=leader)
     entity = cls(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=0,
                  responses=(tcls(topic_id=uuid.UUID(int=5), partitions=(part,)),))
     with_endpoints = dataclasses.replace(
