@@ -44,8 +44,8 @@ from functools import cache
 from typing import NamedTuple
 
 from .errors import DecodeError, UnsupportedVersion
-from .guard import read_uvarint, skip_tags
-from .schemas import known_versions
+from .guard import fields_end, read_uvarint, skip_tags
+from .schemas import known_versions, response_schema
 from .splice_fields import records_prefix, records_size_prefix
 
 _native_tagged: Callable[..., int] | None
@@ -333,6 +333,20 @@ def native_tagged_args(version: int) -> tuple[bool, int, int, int] | None:
     return shape.by_id, 6 + shape.fixed, shape.replica, shape.top_fixed
 
 
+def _schema_tagged(version: int, body: Buffer, start: int) -> bool:
+    """`fetch_response_tagged` by the schema walk (codec/guard.py `fields_end`), for a body
+    with a nested tag section that is not empty: a known tag (a partition's current_leader,
+    diverging_epoch, snapshot_id) is read by a client as its struct, whatever size it
+    declares. Skipped by its size, a hostile broker's struct that ends early would hide from
+    the fast walk what a client reads next (node endpoints included); the schema walk reads
+    it as the client does (review of round 39)."""
+    try:
+        end = fields_end(response_schema(1, version), memoryview(body)[start:])
+    except DecodeError:
+        return True
+    return not (start + end == len(body) - 1 and body[-1] == 0)
+
+
 def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
     """Whether the Fetch response body at `start` of `body` may carry top-level tagged fields
     (where KIP-951 node endpoints sit): False only when the walk proves the body ends in an
@@ -342,8 +356,9 @@ def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
     Answers as the schema walk (codec/guard.py `fields_end`) does, in one Python call: every
     pass-through Fetch response v16+ is asked this, and the generic walk made two calls per
     partition (each costs several µs on the cold caches of a loaded machine, issue 29). Counts,
-    record sizes and empty tag sections are read inline; only rare shapes (a count or name
-    over 127, non-empty partition tags) call the generic readers."""
+    record sizes and empty tag sections are read inline; a count or name over 127 calls the
+    generic readers, a nested tag section that is not empty hands the body to the schema walk
+    (`_schema_tagged`: a client reads a known tag as its struct, not by its size)."""
     end = len(body)
     try:
         shape = _shape(version)
@@ -353,8 +368,10 @@ def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
         fixed = 6 + shape.fixed
         replica = shape.replica
         if _native_tagged is not None and start >= 0:
-            # The walk below in one C call (codec/passthrough.c), the same answers.
-            return bool(_native_tagged(body, start, by_id, fixed, replica, shape.top_fixed))
+            # The walk below in one C call (codec/passthrough.c), the same answers; -1: a
+            # nested tag section that is not empty (the schema walk decides, as below).
+            found = _native_tagged(body, start, by_id, fixed, replica, shape.top_fixed)
+            return bool(found) if found >= 0 else _schema_tagged(version, body, start)
         pos = start + shape.top_fixed
         n_topics = body[pos] - 1
         pos += 1
@@ -392,7 +409,9 @@ def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
                         return True
                     for _ in range(n_aborted):
                         pos += 16
-                        pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
+                        if body[pos] != 0:
+                            return _schema_tagged(version, body, start)
+                        pos += 1
                 pos += replica
                 # The records' compact length: up to 5 bytes, read inline (a large batch
                 # takes three).
@@ -414,8 +433,12 @@ def fetch_response_tagged(version: int, body: Buffer, start: int = 0) -> bool:
                     pos += size - 1
                     if pos > end:
                         return True
-                pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
-            pos = pos + 1 if body[pos] == 0 else skip_tags(body, pos, end)
+                if body[pos] != 0:
+                    return _schema_tagged(version, body, start)
+                pos += 1
+            if body[pos] != 0:
+                return _schema_tagged(version, body, start)
+            pos += 1
     except (DecodeError, UnsupportedVersion, IndexError):
         return True
     return not (pos + 1 == end and body[pos] == 0)

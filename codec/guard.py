@@ -309,8 +309,12 @@ def _tag_scanner(entity_type: type[Any]) -> Callable[[Any, int, int, int], int]:
             if tag_end > end:
                 raise DecodeError("tagged field runs past the end of the body")
             inner = tagged.get(tag)
-            if inner is not None:
-                inner(buf, pos, tag_end)
+            # A known tag's value must fill its declared size: a peer reads the value by its
+            # schema, not by the size, and would take what a longer size hides for the fields
+            # after it (a broker could smuggle node endpoints past this walk that way).
+            if inner is not None and inner(buf, pos, tag_end) != tag_end:
+                raise DecodeError(f"tagged field {tag} declares {size} bytes, its value "
+                                  f"holds {inner(buf, pos, tag_end) - pos}")
             pos = tag_end
         return pos
 

@@ -91,7 +91,10 @@ def may_carry_endpoints(api_key: int, version: int, frame: Frame) -> bool:
     elif plan == _FETCH_NATIVE:
         if len(frame) > 4 and frame[4] == 0:
             check, args = _native[key]
-            return bool(check(frame, 5, *args))
+            found = check(frame, 5, *args)
+            if found >= 0:
+                return bool(found)
+            # -1: a nested tag section that is not empty, for the schema walk (below).
         plan = _FETCH_SCAN
     if plan == _PRODUCE_SCAN:
         # Produce v10+ (the only versions with endpoints) has the flexible response header:

@@ -7,11 +7,16 @@ as untagged where the schema walk would not let it."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import struct
+import uuid
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
 
+from sluice.codec import fetch_splice
 from sluice.codec.errors import CodecError
 from sluice.codec.fetch_splice import fetch_response_tagged
 from sluice.codec.guard import fields_end
@@ -19,7 +24,7 @@ from sluice.codec.headers import response_header_bytes, response_header_size
 from sluice.codec.messages import encode_response
 from sluice.codec.schemas import response_schema
 from sluice.proxy.paths.responses import may_carry_endpoints
-from tests.codec.test_codec_fetch_splice import responses
+from tests.codec.test_codec_fetch_splice import element, responses
 
 
 def schema_walk(version: int, frame: bytes) -> bool:
@@ -83,3 +88,51 @@ def test_corrupt_or_cut_bodies_never_pass_where_the_schema_walk_would_not(
 def test_versions_without_tagged_fields_are_left_to_the_decode() -> None:
     assert fetch_response_tagged(11, b"\x00" * 20)
     assert fetch_response_tagged(99, b"\x00" * 20)
+
+
+def _smuggled_endpoints(version: int) -> tuple[bytes, bytes]:
+    """(frame, what a client reads as its top-level tagged fields): a Fetch response whose one
+    partition declares a current_leader tag longer than the struct. A client reads the struct
+    (9 bytes) whatever size the tag declares, then takes the bytes after it for the rest of the
+    response: an empty topic tag section and node endpoints naming the broker itself. A walk
+    that skips the tag by its declared size sees none and clears the response unrewritten."""
+    cls = response_schema(1, version)
+    tcls = element(cls, "responses")
+    pcls = element(tcls, "partitions")
+    lcls = element(pcls, "current_leader")
+    ncls = element(cls, "node_endpoints")
+    leader = lcls(leader_id=3, leader_epoch=7)
+    part = pcls(partition_index=0, error_code=ErrorCode.none, high_watermark=0,
+                last_stable_offset=0, log_start_offset=0, aborted_transactions=None,
+                preferred_read_replica=-1, records=None, current_leader=leader)
+    entity = cls(throttle_time=datetime.timedelta(0), error_code=ErrorCode.none, session_id=0,
+                 responses=(tcls(topic_id=uuid.UUID(int=5), partitions=(part,)),))
+    with_endpoints = dataclasses.replace(
+        entity, node_endpoints=(ncls(node_id=1, host="broker-1.internal", port=9092),))
+    body, hidden = encode_response(entity), encode_response(with_endpoints)
+    # `hidden` ends in the topic's tag section and the top-level one holding the endpoints:
+    # what follows the struct in the client's reading.
+    client_tail = hidden[len(body) - 2:]
+    tag = b"\x01\x01\x09" + struct.pack(">ii", 3, 7) + b"\x00"  # one tag: current_leader
+    assert body.count(tag) == 1
+    smuggled = b"\x01\x01" + bytes([9 + len(client_tail)]) + tag[3:] + client_tail
+    return response_header_bytes(7, 1, version) + body.replace(tag, smuggled), client_tail
+
+
+def test_endpoints_smuggled_past_a_known_tags_struct_are_not_cleared() -> None:
+    # Found by the review of the native readers (round 39): the fast walks (C and Python) and
+    # the schema walk skipped a partition's current_leader by its declared size and cleared
+    # this frame, relayed as it was: a client would connect to the broker's own address.
+    for version in (16, 17):
+        frame, client_tail = _smuggled_endpoints(version)
+        assert b"broker-1.internal" in client_tail
+        size = response_header_size(frame, 1, version)
+        assert schema_walk(version, frame)
+        assert fetch_response_tagged(version, frame, size)
+        assert may_carry_endpoints(1, version, frame)
+        saved = fetch_splice._native_tagged
+        fetch_splice._native_tagged = None
+        try:
+            assert fetch_response_tagged(version, frame, size)
+        finally:
+            fetch_splice._native_tagged = saved

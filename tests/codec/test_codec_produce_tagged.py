@@ -127,3 +127,38 @@ def test_a_node_endpoint_after_error_free_partitions_is_seen() -> None:
     assert produce_response_tagged(10, frame((ok, moved), (endpoint,)), size)
     assert produce_response_tagged(10, frame((ok, ok), (endpoint,)), size)
     assert may_carry_endpoints(0, 10, frame((ok, moved), (endpoint,)))
+
+
+def test_endpoints_smuggled_past_a_partitions_current_leader_are_not_cleared() -> None:
+    # As tests/codec/test_codec_fetch_tagged.py's smuggling case: a partition's current_leader
+    # (a struct of 9 bytes) declares more, and what a client reads after the struct is an empty
+    # topic tag section, throttle_time and node endpoints naming the broker itself. Found by
+    # the review of round 39; the schema skipper of a partition took the declared size.
+    import datetime
+    import struct
+
+    for version in (10, 11):
+        cls = response_schema(0, version)
+        tcls = element(cls, "responses")
+        pcls = element(tcls, "partition_responses")
+        lcls = element(pcls, "current_leader")
+        ncls = element(cls, "node_endpoints")
+        epoch = datetime.datetime.fromtimestamp(0, datetime.UTC)
+        part = pcls(index=0, error_code=ErrorCode.none, base_offset=5, log_append_time=epoch,
+                    log_start_offset=0, record_errors=(), error_message=None,
+                    current_leader=lcls(leader_id=3, leader_epoch=7))
+        entity = cls(responses=(tcls(name="t", partition_responses=(part,)),),
+                     throttle_time=datetime.timedelta(0))
+        hidden = dataclasses.replace(
+            entity, node_endpoints=(ncls(node_id=1, host="broker-1.internal", port=9092),))
+        body, with_endpoints = encode_response(entity), encode_response(hidden)
+        client_tail = with_endpoints[len(body) - 6:]  # topic tags, throttle, top-level tags
+        assert b"broker-1.internal" in client_tail
+        tag = b"\x01\x00\x09" + struct.pack(">ii", 3, 7) + b"\x00"
+        assert body.count(tag) == 1
+        smuggled = b"\x01\x00" + bytes([9 + len(client_tail)]) + tag[3:] + client_tail
+        frame = response_header_bytes(7, 0, version) + body.replace(tag, smuggled)
+        size = response_header_size(frame, 0, version)
+        assert schema_walk(version, frame)
+        assert produce_response_tagged(version, frame, size)
+        assert may_carry_endpoints(0, version, frame)

@@ -70,6 +70,18 @@ def test_reads_are_split_into_frames_as_the_python_reader_splits_them(
     assert _feed_all(chunks, max_size, True) == _feed_all(chunks, max_size, False)
 
 
+@pytest.mark.parametrize("limit", [2**31 - 1, 2**63 - 1, 2**63, 2**70])
+def test_a_frame_size_limit_past_64_bits_is_no_limit_as_in_the_python_reader(limit: int) -> None:
+    # `limits.max_frame_size` has no upper bound: the C reader raised OverflowError on every
+    # read of a proxy configured above 2**63 (it stopped answering anyone).
+    stream = b"".join(struct.pack(">i", len(b)) + b for b in (b"abc", b"", b"x" * 9))
+    want = _feed_all([stream], limit, False)
+    assert want[0] == [(memoryview, b"abc"), (memoryview, b""), (memoryview, b"x" * 9)]
+    assert _feed_all([stream], limit, True) == want
+    assert _feed_all([stream[:5], stream[5:]], limit, True) == _feed_all(
+        [stream[:5], stream[5:]], limit, False)
+
+
 @st.composite
 def damaged(draw: st.DrawFn, frame: bytes, start: int = 0) -> bytes:
     """`frame`, maybe cut, with up to three bytes after `start` set to anything."""
