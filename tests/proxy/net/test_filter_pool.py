@@ -78,3 +78,20 @@ def test_shutdown_without_cancel_runs_what_was_queued_first() -> None:
 def test_a_pool_needs_a_thread() -> None:
     with pytest.raises(ValueError, match="at least one thread"):
         FilterPool(0)
+
+
+@pytest.mark.parametrize("error", [SystemExit(3), KeyboardInterrupt()])
+def test_a_callable_raising_a_base_exception_does_not_stop_its_thread(
+        error: BaseException) -> None:
+    """Round 39 review: the pool's threads outlive SystemExit and KeyboardInterrupt too (a
+    thread's `SystemExit` would end it silently, and the jobs queued behind would wait)."""
+    pool = FilterPool(1)
+    ran = threading.Event()
+
+    def broken() -> None:
+        raise error
+
+    pool.submit(broken)
+    pool.submit(ran.set)
+    assert ran.wait(10)
+    pool.shutdown()

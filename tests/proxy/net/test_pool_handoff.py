@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from sluice.codec.messages import ApiKey
 from sluice.proxy.net.connection import Close, Connection
@@ -213,3 +214,40 @@ def test_a_job_queued_when_the_pool_shuts_down_is_handed_back_cancelled(
     _first, second, queued = asyncio.run(scenario())
     assert queued.threads == [], "the queued job never ran"
     assert len(second.closed) == 1 and "CancelledError" in second.closed[0].reason
+
+
+def test_a_job_ending_after_the_loop_closed_leaves_its_pool_thread_working() -> None:
+    """Round 39 review: a pool job still running when the proxy's loop closes hands back to
+    a closed loop (`call_soon_threadsafe` raises RuntimeError in the pool's thread): that is
+    swallowed where it is raised, nothing is logged as a failed call, and the thread goes on
+    to run what is queued next."""
+    gate = threading.Event()
+    path = PoolPath(gate=gate)
+    pool = FilterPool(1)
+
+    async def scenario() -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        broker = await asyncio.start_server(_broker, "127.0.0.1", 0)
+        session = _session(path, pool, broker.sockets[0].getsockname()[1], Hooks())
+        listener = await loop.create_server(lambda: session, "127.0.0.1", 0)
+        _reader, writer = await asyncio.open_connection(
+            "127.0.0.1", listener.sockets[0].getsockname()[1])
+        writer.write(frame(request(DESCRIBE_GROUPS, 0, 0)))
+        for _ in range(500):  # until the job runs in the pool, held by the gate
+            await asyncio.sleep(0.01)
+            if path.threads:
+                break
+        writer.close()
+        listener.close()
+        broker.close()
+        return loop
+
+    with structlog.testing.capture_logs() as logs:
+        loop = asyncio.run(scenario())
+        assert loop.is_closed() and path.threads, "the job was running when the loop closed"
+        gate.set()
+        after = threading.Event()
+        pool.submit(after.set)
+        assert after.wait(10), "the pool's thread went on"
+    pool.shutdown()
+    assert not [e for e in logs if e.get("event") == "filter_pool_call_failed"], logs
