@@ -65,19 +65,13 @@ class TickPath:
         raise AssertionError("responses are relayed")
 
 
-async def _burst(pipelined: int) -> tuple[TickPath, JobPlacement, list[int]]:
+async def _served(path: Any, broker_port: int) -> tuple[
+        Session, JobPlacement, FilterPool, asyncio.AbstractServer, asyncio.StreamReader,
+        asyncio.StreamWriter]:
+    """A session routing through `path` to the broker at `broker_port`, one filter thread,
+    a client connected to it, and three requests answered: the path's job kind has learnt
+    to run inline."""
     loop = asyncio.get_running_loop()
-    turn = [0]
-    stop = False
-
-    async def ticker() -> None:  # another connection's work: one step per turn of the loop
-        while not stop:
-            turn[0] += 1
-            await asyncio.sleep(0)
-
-    broker = await asyncio.start_server(_broker, "127.0.0.1", 0)
-    broker_port = broker.sockets[0].getsockname()[1]
-    path = TickPath(turn)
     metrics = Metrics()
     routes = unfiltered_routes([path], metrics)
     pool = FilterPool(1)
@@ -96,6 +90,22 @@ async def _burst(pipelined: int) -> tuple[TickPath, JobPlacement, list[int]]:
         writer.write(frame(request(DESCRIBE_GROUPS, i, 0)))
         size = struct.unpack(">i", await reader.readexactly(4))[0]
         await reader.readexactly(size)
+    return session, placement, pool, listener, reader, writer
+
+
+async def _burst(pipelined: int) -> tuple[TickPath, JobPlacement, list[int]]:
+    turn = [0]
+    stop = False
+
+    async def ticker() -> None:  # another connection's work: one step per turn of the loop
+        while not stop:
+            turn[0] += 1
+            await asyncio.sleep(0)
+
+    broker = await asyncio.start_server(_broker, "127.0.0.1", 0)
+    broker_port = broker.sockets[0].getsockname()[1]
+    path = TickPath(turn)
+    _session, placement, pool, listener, reader, writer = await _served(path, broker_port)
     ticking = asyncio.ensure_future(ticker())
     writer.write(b"".join(frame(request(DESCRIBE_GROUPS, 3 + i, 0)) for i in range(pipelined)))
     ids = []
@@ -184,28 +194,10 @@ async def _paired_broker(reader: asyncio.StreamReader, writer: asyncio.StreamWri
 
 
 async def _refused_pair() -> tuple[RefusingResponses, Session, bytes]:
-    loop = asyncio.get_running_loop()
     broker = await asyncio.start_server(_paired_broker, "127.0.0.1", 0)
     broker_port = broker.sockets[0].getsockname()[1]
     path = RefusingResponses()
-    metrics = Metrics()
-    routes = unfiltered_routes([path], metrics)
-    pool = FilterPool(1)
-    placement = JobPlacement(learn=3)
-    effects = SideEffects(TelemetryRecorder(proxy_info("t"), metrics),
-                          None,  # type: ignore[arg-type]  # no dead letters here
-                          lambda *node: None)
-    session = Session(
-        lambda client: Connection(client, routes, metrics), ("127.0.0.1", broker_port), {}, 7,
-        Hooks(), pool, effects, None, placement,
-    )
-    listener = await loop.create_server(lambda: session, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    for i in range(3):  # the kind learns in the pool, then runs inline
-        writer.write(frame(request(DESCRIBE_GROUPS, i, 0)))
-        size = struct.unpack(">i", await reader.readexactly(4))[0]
-        await reader.readexactly(size)
+    session, placement, pool, listener, reader, writer = await _served(path, broker_port)
     assert placement.inline("r", 10), "the response jobs' kind runs inline now"
     writer.write(frame(request(DESCRIBE_GROUPS, 100, 0)) + frame(request(DESCRIBE_GROUPS, 101, 0)))
     rest = await asyncio.wait_for(reader.read(), 5)  # the proxy closes the connection
