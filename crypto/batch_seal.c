@@ -230,22 +230,27 @@ static void headers_digest(const record *r, int64_t n, uint8_t *out) {
 
 /* What follows the prefix in aad_for(prefix, key, "", digest), written at `o`: returns the
  * end of what it wrote (room for the key + 45 bytes). */
-static uint8_t *aad_tail(uint8_t *o, const record *r, const uint8_t *digest) {
-    if (r->key_len < 0) {
+static uint8_t *aad_tail_of(uint8_t *o, const uint8_t *key, int64_t key_len,
+                            const uint8_t *digest) {
+    if (key_len < 0) {
         be32(o, 1);
         o[4] = 0;
         o += 5;
     } else {
-        be32(o, (uint32_t)r->key_len + 1);
+        be32(o, (uint32_t)key_len + 1);
         o[4] = 1;
-        memcpy(o + 5, r->key, (size_t)r->key_len);
-        o += 5 + r->key_len;
+        memcpy(o + 5, key, (size_t)key_len);
+        o += 5 + key_len;
     }
     be32(o, 32);
     memcpy(o + 4, digest, 32);
     o += 36;
     be32(o, 0);
     return o + 4;
+}
+
+static uint8_t *aad_tail(uint8_t *o, const record *r, const uint8_t *digest) {
+    return aad_tail_of(o, r->key, r->key_len, digest);
 }
 
 /* aad_for(prefix, key, "", digest): written into `aad` (room for prefix + key + 48). */
@@ -1214,6 +1219,8 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     r.header_count = 0;
     headers_digest(&r, 0, no_headers);
     gcm_t g = {0};
+    gcm_t g0 = {0};
+    size_t aad0_len = 0;
     if (scratch_len < prefix_len + 48) {
         rc = SB_SPACE;
         goto done;
@@ -1224,6 +1231,17 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     gcm_prefix(&g, prefix, prefix_len);
     memcpy(scratch, prefix, prefix_len);
+#if OWN_GCM
+    /* A record without a key and without headers of its own has the call's one associated
+     * data for such records (the prefix, a null key, the digest of no headers): with the
+     * module's own GCM, `g0` holds its whole GHASH, taken once, and each such message then
+     * hashes only its ciphertext (og_open with no rest). EVP reads the whole AAD anyway. */
+    if (g.own) {
+        aad0_len = (size_t)(aad_tail_of(scratch + prefix_len, NULL, -1, no_headers) - scratch);
+        g0 = g;
+        gcm_prefix(&g0, scratch, aad0_len);
+    }
+#endif
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *rec_start;
         size_t raw;
@@ -1260,7 +1278,14 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
             headers_digest(&r, start, digest);
             dg = digest;
         }
-        size_t aad_len = (size_t)(aad_tail(scratch + prefix_len, &r, dg) - scratch);
+        gcm_t *gg = &g;
+        size_t aad_len;
+        if (aad0_len && r.key_len < 0 && !start) {
+            gg = &g0;
+            aad_len = aad0_len;
+        } else {
+            aad_len = (size_t)(aad_tail(scratch + prefix_len, &r, dg) - scratch);
+        }
         const uint8_t *nonce = r.value + 1;
         const uint8_t *ct = nonce + NONCE;
         /* emit()'s layout, the plaintext written in place: the opened record is shorter
@@ -1272,7 +1297,7 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
         uint8_t *w = wr_varint(o, (int64_t)body);
         memcpy(w, r.start, head);
         w = wr_varint(w + head, (int64_t)ct_len);
-        int opened = gcm_open(&g, nonce, scratch, aad_len, ct, ct_len, w);
+        int opened = gcm_open(gg, nonce, scratch, aad_len, ct, ct_len, w);
         if (opened) {
             rc = opened > 0 ? SB_TAMPERED : SB_CRYPTO;
             goto done;
@@ -1292,6 +1317,7 @@ done:
      * opened before the one that failed: wiped (every write stays within the input's size,
      * an opened record being shorter than its stored one). */
     if (rc < 0) OPENSSL_cleanse(out, out_cap < in_len ? out_cap : in_len);
+    OPENSSL_cleanse(&g0, sizeof g0);
     gcm_done(&g, rc);
     return rc;
 }

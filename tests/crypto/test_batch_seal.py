@@ -172,6 +172,34 @@ def test_tampered_section_goes_to_the_reference_path(runner: EncryptRunner) -> N
     assert err.value.code == CORRUPT_MESSAGE and "offset 103" in err.value.message
 
 
+@pytest.mark.parametrize("own", [True, False], ids=["own-gcm", "evp"])
+def test_records_without_key_or_headers_open_and_refuse_tampering(runner: EncryptRunner,
+                                                                   own: bool) -> None:
+    """Records with neither a key nor headers of their own share one associated data, whose
+    GHASH the opener takes once per call (crypto/batch_seal.c, `g0`): mixed with keyed and
+    headered records they open to the produced section, and an edited ciphertext, nonce or
+    tag among them is refused as anywhere else."""
+    records = [Record(i, i, None if i % 3 else b"k%d" % i, b"v%d" % i * 40,
+                      [] if i % 2 else [("h", b"x")], 0) for i in range(9)]
+    section = bytes(encode_records(records))
+    before = batch_seal.allow_own_gcm(own)
+    try:
+        sealed = runner.run_native(PRODUCE, section, 9, 0, 0)
+        assert sealed is not None and sealed.records is not None
+        opened = runner.run_native(FETCH, sealed.records, 9, 0, 0)
+        assert opened is not None and opened.records == section
+        assert opened.detector_counts == {"decrypted": 9}
+        recs = records_of_section(sealed.records, 9)
+        assert recs[5].key is None and not recs[5].headers[:-1]  # the shared-AAD kind
+        for at in (3, 20, len(recs[5].value or b"") - 1):  # nonce, ciphertext, tag
+            value = bytearray(recs[5].value or b"")
+            value[at] ^= 1
+            edited = [*recs[:5], Record(5, 5, None, bytes(value), recs[5].headers, 0), *recs[6:]]
+            assert runner.run_native(FETCH, bytes(encode_records(edited)), 9, 0, 0) is None
+    finally:
+        batch_seal.allow_own_gcm(before)
+
+
 def test_records_under_two_data_keys_go_to_the_reference_path(runner: EncryptRunner) -> None:
     one = runner.run_native(PRODUCE, bytes(encode_records(
         [Record(0, 0, b"a", b"x", [], 0)])), 1, 0, 0)
