@@ -1059,6 +1059,31 @@ static void gcm_prefix(gcm_t *g, const uint8_t *prefix, size_t len) {
 #endif
 }
 
+/* A record without a key and without headers of its own has the call's one associated data
+ * for such records (the prefix, a null key, the digest of no headers, written after the
+ * prefix in `scratch`). With the module's own GCM, `g0` becomes `g` with that whole AAD's
+ * GHASH taken once: each such message then hashes only its text (no rest of the AAD to
+ * hash per record). Returns that AAD's length, or 0 on the EVP path, which reads every
+ * message's AAD anyway. */
+static size_t gcm_shared_aad(const gcm_t *g, gcm_t *g0, uint8_t *scratch, size_t prefix_len,
+                             const uint8_t *no_headers) {
+#if OWN_GCM
+    if (g->own) {
+        size_t n = (size_t)(aad_tail_of(scratch + prefix_len, NULL, -1, no_headers) - scratch);
+        *g0 = *g;
+        gcm_prefix(g0, scratch, n);
+        return n;
+    }
+#else
+    (void)g;
+    (void)g0;
+    (void)scratch;
+    (void)prefix_len;
+    (void)no_headers;
+#endif
+    return 0;
+}
+
 /* Writes one record: the body from `r->start` to the key (as is), `value`, then the first
  * `keep` headers of `r` and `extra` (already encoded, `extra_count` of them). */
 static uint8_t *emit(uint8_t *o, const record *r, const uint8_t *v1, size_t v1_len,
@@ -1125,6 +1150,8 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     r.header_count = 0;
     headers_digest(&r, 0, no_headers);
     gcm_t g = {0};
+    gcm_t g0 = {0};
+    size_t aad0_len = 0;
     *sealed = 0;
     if (scratch_len < prefix_len + 48) {
         rc = SB_SPACE;
@@ -1136,6 +1163,7 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     gcm_prefix(&g, prefix, prefix_len);
     memcpy(scratch, prefix, prefix_len);
+    aad0_len = gcm_shared_aad(&g, &g0, scratch, prefix_len, no_headers);
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *rec_start;
         size_t raw;
@@ -1159,8 +1187,14 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
             headers_digest(&r, r.header_count, digest);
             dg = digest;
         }
-        uint8_t *a = aad_tail(scratch + prefix_len, &r, dg);
-        size_t aad_len = (size_t)(a - scratch);
+        gcm_t *gg = &g;
+        size_t aad_len;
+        if (aad0_len && r.key_len < 0 && !r.header_count) {
+            gg = &g0;
+            aad_len = aad0_len;
+        } else {
+            aad_len = (size_t)(aad_tail(scratch + prefix_len, &r, dg) - scratch);
+        }
         /* never past the nonces given: reading on would seal with bytes that are not a
          * fresh nonce (and maybe the same ones for two records) */
         if ((size_t)(*sealed + 1) * NONCE > nonces_len) { rc = SB_SPACE; goto done; }
@@ -1179,7 +1213,7 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
         *o++ = 1;
         memcpy(o, nonce, NONCE);
         o += NONCE;
-        if (gcm_seal(&g, nonce, scratch, aad_len, r.value, (size_t)r.value_len, o)) {
+        if (gcm_seal(gg, nonce, scratch, aad_len, r.value, (size_t)r.value_len, o)) {
             rc = SB_CRYPTO;
             goto done;
         }
@@ -1198,6 +1232,7 @@ long sb_seal_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     rc = (long)(o - out);
 done:
+    OPENSSL_cleanse(&g0, sizeof g0);
     gcm_done(&g, rc);
     return rc;
 }
@@ -1231,17 +1266,7 @@ long sb_open_values(const uint8_t *in, size_t in_len, uint32_t count, const uint
     }
     gcm_prefix(&g, prefix, prefix_len);
     memcpy(scratch, prefix, prefix_len);
-#if OWN_GCM
-    /* A record without a key and without headers of its own has the call's one associated
-     * data for such records (the prefix, a null key, the digest of no headers): with the
-     * module's own GCM, `g0` holds its whole GHASH, taken once, and each such message then
-     * hashes only its ciphertext (og_open with no rest). EVP reads the whole AAD anyway. */
-    if (g.own) {
-        aad0_len = (size_t)(aad_tail_of(scratch + prefix_len, NULL, -1, no_headers) - scratch);
-        g0 = g;
-        gcm_prefix(&g0, scratch, aad0_len);
-    }
-#endif
+    aad0_len = gcm_shared_aad(&g, &g0, scratch, prefix_len, no_headers);
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *rec_start;
         size_t raw;
