@@ -235,24 +235,60 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int,
             if len(reason) > MAX_REASON_CHARS:
                 reason = reason[:MAX_REASON_CHARS] + "..."
             rejects[index] = reason or "rejected by filter"
-    detectors: dict[str, int] = {}
     if pos + 4 > size:
         raise AbiError(f"output truncated reading detector_count at byte {pos}")
     nd = _U32.unpack_from(buf, pos)[0]
     pos += 4
     if nd * 8 > size - pos:
         raise AbiError(f"detector count {nd} exceeds the output size")
+    detectors = _detectors(buf, pos, size, nd)
+    return NativeOutput(fates, records, rejects, detectors, framed=framed)
+
+
+#: Detector sections read before, by (entry count, byte size): a Struct that reads such a
+#: section whole, and the name lengths, names and their text it had (see `_detectors`).
+_Layout = tuple[struct.Struct, tuple[int, ...], tuple[bytes, ...], tuple[str, ...]]
+_LAYOUTS: dict[tuple[int, int], _Layout] = {}
+_MAX_LAYOUTS: Final = 256
+
+
+def _detectors(buf: bytes | memoryview, pos: int, size: int, nd: int) -> dict[str, int]:
+    """The `nd` detector counts at buf[pos:size], which must end exactly at `size`.
+
+    A filter reports the same counters batch after batch, so a section whose entry count and
+    size were seen before is first read with that section's Struct (its names as bytes, its
+    counts as ints) and taken when its name lengths and names are the same: one call and two
+    tuple compares instead of ~0.5 µs of Python an entry (builtin:rules reports three
+    counters a batch, ~3 % of its native call). Otherwise it is read entry by entry, and a
+    section of distinct names becomes the layout for its count and size."""
+    layout = _LAYOUTS.get((nd, size - pos))
+    if layout is not None:
+        reader, lens, names, texts = layout
+        fields = reader.unpack_from(buf, pos)
+        if fields[0::3] == lens and fields[1::3] == names:
+            return dict(zip(texts, fields[2::3], strict=True))
+    start = pos
+    detectors: dict[str, int] = {}
+    seen: list[bytes] = []
     for _ in range(nd):
         n = _u32(buf, pos, "detector name")
         end = pos + 4 + n
         if end + 4 > size:
             raise AbiError(f"output truncated reading a detector at byte {pos}")
+        raw = bytes(buf[pos + 4:end])
         try:
-            name = str(buf[pos + 4:end], "utf-8")
+            name = str(raw, "utf-8")
         except UnicodeDecodeError:
             raise AbiError("detector name is not valid UTF-8") from None
         detectors[name] = detectors.get(name, 0) + _U32.unpack_from(buf, end)[0]
+        seen.append(raw)
         pos = end + 4
     if pos != size:
         raise AbiError(f"{size - pos} unexpected bytes after the output")
-    return NativeOutput(fates, records, rejects, detectors, framed=framed)
+    if nd and len(detectors) == nd:  # distinct names: a dict of the counts in order is exact
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        reader = struct.Struct("<" + "".join(f"I{len(raw)}sI" for raw in seen))
+        _LAYOUTS[(nd, size - start)] = (reader, tuple(len(raw) for raw in seen), tuple(seen),
+                                        tuple(detectors))
+    return detectors

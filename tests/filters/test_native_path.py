@@ -589,6 +589,53 @@ def test_native_output_fields(as_view: bool) -> None:
     assert type(out.fates) is bytes and type(out.records) is bytes
 
 
+def _all_kept_output(detectors: list[tuple[bytes, int]]) -> bytes:
+    """A one-record output that keeps it, with these detector entries."""
+    out = b"\x01\x00\x00\x00\x00" + (0xFFFFFFFF).to_bytes(4, "little") + bytes(4)
+    out += len(detectors).to_bytes(4, "little")
+    for name, n in detectors:
+        out += len(name).to_bytes(4, "little") + name + n.to_bytes(4, "little")
+    return out
+
+
+def _summed(detectors: list[tuple[bytes, int]]) -> dict[str, int] | None:
+    """What the detector section means (None: a name is not UTF-8)."""
+    counts: dict[str, int] = {}
+    for name, n in detectors:
+        try:
+            text = name.decode()
+        except UnicodeDecodeError:
+            return None
+        counts[text] = counts.get(text, 0) + n
+    return counts
+
+
+# Names of two lengths from a small alphabet (with a byte that is not UTF-8 on its own), so
+# that sections of the same entry count and size but other names or duplicates come up often.
+_NAMES = st.sampled_from([b"ab", b"cd", b"ab", b"\xff\xfe", b"xyz", b"uvw"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(sections=st.lists(st.lists(st.tuples(_NAMES, st.integers(0, 2**32 - 1)), max_size=4),
+                         min_size=1, max_size=6),
+       as_view=st.booleans())
+def test_native_output_detectors_read_as_they_are_after_other_layouts(
+        sections: list[list[tuple[bytes, int]]], as_view: bool) -> None:
+    # decode_native_output keeps the layout of a detector section it read (by entry count and
+    # size) to read the next one like it at once: one of the same size with other names, or
+    # a name twice, must still read as written.
+    for detectors in sections:
+        buf = _all_kept_output(detectors)
+        want = _summed(detectors)
+        if want is None:
+            with pytest.raises(AbiError, match="not valid UTF-8"):
+                decode_native_output(memoryview(bytearray(buf)) if as_view else buf, 1)
+            continue
+        out = decode_native_output(memoryview(bytearray(buf)) if as_view else buf, 1)
+        assert out.detector_counts == want
+        assert list(out.detector_counts) == list(want)  # first-seen order
+
+
 @settings(max_examples=300, deadline=None)
 @given(buf=st.binary(max_size=64), count=st.integers(0, 8))
 def test_native_output_decoder_raises_only_abi_errors(buf: bytes, count: int) -> None:
