@@ -36,12 +36,13 @@ have compiled their hot paths before anything is timed; Sluice finishes its own 
 before it is used (bench/targets.py).
 
 Every process stays up for the whole run. A run is `--slices` slices; in each slice every
-variant produces once to a fresh topic of its own, in an order rotated by one each slice; then
-`--reads` rounds (default 3) in which a fresh consumer of every variant reads its topic back,
-each round in the slice's order rotated by one more, so a variant's reads are spread over the
-slice as direct's are. A variant's consume speed in a slice is its records over the seconds
-of all its reads. A variant's ratio in a slice is its speed over direct's speed in the same
-slice; the table gives the median of those per-slice ratios with their range. Latency
+variant produces once to a fresh topic of its own and reads it back with a fresh consumer, in
+an order rotated by one each slice (as one read per slice always ran); then `--reads` - 1 more
+rounds (default 3 reads in all) in which a fresh consumer of every variant reads its topic
+again, each round in the slice's order rotated by one more, so a variant's reads are spread
+over the slice as direct's are. A variant's consume speed in a slice is its records over the
+seconds of all its reads. A variant's ratio in a slice is its speed over direct's speed in the
+same slice; the table gives the median of those per-slice ratios with their range. Latency
 differences are taken inside one window (the variant's probe and a direct probe run at once),
 and likewise summarised over slices.
 
@@ -264,7 +265,8 @@ def _consume(point: Point, topic: str, records: int) -> Call:
 def read_rounds(names: Sequence[str], slice_index: int, reads: int) -> list[list[str]]:
     """The consume rounds of one slice: every round reads every variant once, round r in the
     slice's order (pairs.rotation) rotated by r more, so no variant always reads at the same
-    moment of the slice or after the same neighbour."""
+    moment of the slice or after the same neighbour. Round 0 is the slice's own order: there
+    each read follows its variant's produce (throughput_slice)."""
     order = pairs.rotation(names, slice_index)
     return [pairs.rotation(order, r) for r in range(reads)]
 
@@ -300,22 +302,25 @@ def throughput_slice(
     slice_index: int = 0,
     reads: int = 1,
 ) -> dict[str, Slice]:
-    """One slice of every variant in `points`: each produces `values` to a fresh topic of its
-    own (in the slice's order), then `reads` rounds of fresh consumers read every topic back
-    (read_rounds); the topics are dropped at the end."""
+    """One slice of every variant in `points`, in the rounds of read_rounds: in the first, each
+    variant produces `values` to a fresh topic of its own and a fresh consumer reads it back
+    at once, so each produce follows a read as when a slice read once (with every produce
+    first and back to back, the A/A produce ratio spread more: docs/PERFORMANCE.md); in the
+    others, fresh consumers read every topic again. The topics are dropped at the end."""
     names = list(points)
     payload = sum(len(v) for v in values)
     topics: dict[str, str] = {}
     produced: dict[str, Call] = {}
     consumed: dict[str, list[Call]] = {name: [] for name in names}
     try:
-        for name in pairs.rotation(names, slice_index):
-            point = points[name]
-            topics[name] = workload.make_topic(point.target.bootstrap, partitions=w.partitions)
-            produced[name] = _produce(point, w, topics[name], values)
-        for order in read_rounds(names, slice_index, reads):
+        for r, order in enumerate(read_rounds(names, slice_index, reads)):
             for name in order:
-                consumed[name].append(_consume(points[name], topics[name], len(values)))
+                point = points[name]
+                if not r:
+                    topics[name] = workload.make_topic(point.target.bootstrap,
+                                                       partitions=w.partitions)
+                    produced[name] = _produce(point, w, topics[name], values)
+                consumed[name].append(_consume(point, topics[name], len(values)))
     finally:
         for name, topic in topics.items():
             workload.delete_topic(points[name].broker, topic)
