@@ -36,15 +36,26 @@ have compiled their hot paths before anything is timed; Sluice finishes its own 
 before it is used (bench/targets.py).
 
 Every process stays up for the whole run. A run is `--slices` slices; in each slice every
-variant runs its phase once, in an order rotated by one each slice. A variant's ratio in a
-slice is its speed over direct's speed in the same slice; the table gives the median of those
-per-slice ratios with their range. Latency differences are taken inside one window (the
-variant's probe and a direct probe run at once), and likewise summarised over slices.
+variant produces once to a fresh topic of its own and reads it back with a fresh consumer, in
+an order rotated by one each slice (as one read per slice always ran); then `--reads` - 1 more
+rounds (default 3 reads in all) in which a fresh consumer of every variant reads its topic
+again, each round in the slice's order rotated by one more, so a variant's reads are spread
+over the slice as direct's are. A variant's consume speed in a slice is its records over the
+seconds of all its reads. A variant's ratio in a slice is its speed over direct's speed in the
+same slice; the table gives the median of those per-slice ratios with their range. Latency
+differences are taken inside one window (the variant's probe and a direct probe run at once),
+and likewise summarised over slices.
+
+Why several interleaved reads (docs/PERFORMANCE.md, "What the consume figure measures"): in
+workload 2 one Fetch brings a read's whole backlog, and the rest of its ~0.5 s is the client
+taking 500 000 records out of librdkafka, the same work for every variant; a single read
+measured that one client stretch at one moment of the slice, and varied with it.
 
 CPU s/GB: user+system CPU of the process in the middle (its CPU clock, in nanoseconds, and
 its children's, so `--workers N` counts every worker: bench/cpu_clock.py) during produce and
 consume, over the payload bytes it carried both ways, over all slices (every slice carries the
-same bytes, so this is the mean of the per-slice figures). The same figure from psutil's 10 ms
+same bytes, so this is the mean of the per-slice figures; a slice's consume CPU is the mean of
+its reads'). The same figure from psutil's 10 ms
 clock ticks (/proc/PID/stat), read at the same moments, is printed under the table for
 comparison: it is the same total, truncated to ticks at each reading. CPU µs/request
 (workload 3): its CPU in the latency window per record (one Produce request and response
@@ -72,9 +83,11 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +109,7 @@ class Workload:
     partitions: int
     latency: bool = False
 
-    def describe(self, records: int, rate: int, seconds: float) -> str:
+    def describe(self, records: int, rate: int, seconds: float, reads: int = 1) -> str:
         if self.latency:
             return (
                 f"workload 3: one ~200-byte record per Produce request, {rate} requests/s, "
@@ -105,7 +118,8 @@ class Workload:
         return (
             f"workload {self.number}: {records} ~200-byte JSON records per slice (e-mail and card "
             f"number in each), compression={self.compression}, {self.partitions} partition(s), "
-            "acks=all, linger.ms=5, confluent-kafka; consume with consume(num_messages=10000)"
+            "acks=all, linger.ms=5, confluent-kafka; read back "
+            f"{reads} time(s) per slice, each by a fresh consumer with consume(num_messages=10000)"
         )
 
 
@@ -127,6 +141,7 @@ class Throughput:
     cpu_per_gb_ticks: list[float | None] = field(default_factory=list)
     client_produce: list[float | None] = field(default_factory=list)  # client CPU µs/record
     client_consume: list[float | None] = field(default_factory=list)
+    first: list[float | None] = field(default_factory=list)  # s to a read's first record
 
     def cpu_per_gb_overall(self, ticks: bool = False) -> float:
         """CPU seconds over GB carried, over all slices (`ticks`: psutil's figure)."""
@@ -208,31 +223,112 @@ def phases(point: Point, w: Workload, values: list[bytes]) -> Phases:
 
 @dataclass(frozen=True)
 class Slice:
-    """One produce + consume phase through a point, as the tables use it."""
+    """One variant's produce and consume reads in one slice, as the tables use them."""
 
     produce: float  # records/s
-    consume: float  # records/s
+    consume: float  # records/s over all its reads
+    first: float  # seconds from a read's assignment to its first record, median of reads
     cpu_per_gb: float | None  # the middle's CPU s/GB (None: direct)
     cpu_per_gb_ticks: float | None  # the same from psutil's ticks
     client_produce: float  # the client's own CPU µs per record producing (set-up, close too)
     client_consume: float  # and consuming
+    reads: tuple[float, ...] = ()  # seconds of each read, in the order they ran
 
 
-def throughput_slice(point: Point, w: Workload, values: list[bytes], payload: int) -> Slice:
-    """One produce + consume phase through `point`: the client's own CPU is this process's,
-    its librdkafka threads included, over each whole call."""
-    ph = phases(point, w, values)
+@dataclass(frozen=True)
+class Call:
+    """One timed client call through a point: records, wall seconds, the CPU of the process in
+    the middle (NONE without one) and of this process (the client, librdkafka's threads
+    included) over the whole call, and for a read the seconds to its first record."""
+
+    records: int
+    seconds: float
+    middle: cpu_clock.CpuTimes
+    client: float
+    first: float = 0.0
+
+
+def _produce(point: Point, w: Workload, topic: str, values: list[bytes]) -> Call:
+    cpu0, client0 = cpu_clock.cpu_times(point.target.pid), time.process_time()
+    seconds = workload.produce(point.target.bootstrap, topic, values, w.compression)
+    client, cpu = time.process_time() - client0, cpu_clock.cpu_times(point.target.pid) - cpu0
+    return Call(len(values), seconds, cpu, client)
+
+
+def _consume(point: Point, topic: str, records: int) -> Call:
+    cpu0, client0 = cpu_clock.cpu_times(point.target.pid), time.process_time()
+    c = workload.consume(point.target.bootstrap, topic, records)
+    client, cpu = time.process_time() - client0, cpu_clock.cpu_times(point.target.pid) - cpu0
+    return Call(c.records, c.seconds, cpu, client, c.first)
+
+
+def read_rounds(names: Sequence[str], slice_index: int, reads: int) -> list[list[str]]:
+    """The consume rounds of one slice: every round reads every variant once, round r in the
+    slice's order (pairs.rotation) rotated by r more, so no variant always reads at the same
+    moment of the slice or after the same neighbour. Round 0 is the slice's own order: there
+    each read follows its variant's produce (throughput_slice)."""
+    order = pairs.rotation(names, slice_index)
+    return [pairs.rotation(order, r) for r in range(reads)]
+
+
+def combine(produced: Call, reads: Sequence[Call], payload: int, middle: bool) -> Slice:
+    """One variant's slice from its produce and its reads: the consume speed over all reads;
+    the middle's CPU per GB over one produce and one (mean) read, both ways, as one read per
+    slice measured it; the client's CPU per record of each."""
+    if not reads:
+        raise ValueError("a slice needs at least one read")
     gb = 2 * payload / 1e9
-    middle = point.target.pid is not None
-    per_record = 1e6 / len(values)
+    n = len(reads)
+    cpu = produced.middle + sum((r.middle for r in reads), cpu_clock.NONE)
+    per_gb = (produced.middle.seconds + (cpu.seconds - produced.middle.seconds) / n) / gb
+    per_gb_ticks = (produced.middle.ticks + (cpu.ticks - produced.middle.ticks) / n) / gb
+    read_records = sum(r.records for r in reads)
     return Slice(
-        len(values) / ph.produce_seconds,
-        ph.consume_records / ph.consume_seconds,
-        (ph.middle_produce_cpu + ph.middle_consume_cpu) / gb if middle else None,
-        (ph.middle_produce_ticks + ph.middle_consume_ticks) / gb if middle else None,
-        ph.client_produce_cpu * per_record,
-        ph.client_consume_cpu * per_record,
+        produced.records / produced.seconds,
+        read_records / sum(r.seconds for r in reads),
+        statistics.median(r.first for r in reads),
+        per_gb if middle else None,
+        per_gb_ticks if middle else None,
+        1e6 * produced.client / produced.records,
+        1e6 * sum(r.client for r in reads) / read_records,
+        tuple(r.seconds for r in reads),
     )
+
+
+def throughput_slice(
+    points: dict[str, Point],
+    w: Workload,
+    values: list[bytes],
+    slice_index: int = 0,
+    reads: int = 1,
+) -> dict[str, Slice]:
+    """One slice of every variant in `points`, in the rounds of read_rounds: in the first, each
+    variant produces `values` to a fresh topic of its own and a fresh consumer reads it back
+    at once, so each produce follows a read as when a slice read once (with every produce
+    first and back to back, the A/A produce ratio spread more: docs/PERFORMANCE.md); in the
+    others, fresh consumers read every topic again. The topics are dropped at the end."""
+    names = list(points)
+    payload = sum(len(v) for v in values)
+    topics: dict[str, str] = {}
+    produced: dict[str, Call] = {}
+    consumed: dict[str, list[Call]] = {name: [] for name in names}
+    try:
+        for r, order in enumerate(read_rounds(names, slice_index, reads)):
+            for name in order:
+                point = points[name]
+                if not r:
+                    topics[name] = workload.make_topic(point.target.bootstrap,
+                                                       partitions=w.partitions)
+                    produced[name] = _produce(point, w, topics[name], values)
+                consumed[name].append(_consume(point, topics[name], len(values)))
+    finally:
+        for name, topic in topics.items():
+            workload.delete_topic(points[name].broker, topic)
+    return {
+        name: combine(produced[name], consumed[name], payload,
+                      points[name].target.pid is not None)
+        for name in names
+    }
 
 
 def latency_slice(
@@ -263,6 +359,7 @@ def measure(
     rate: int,
     seconds: float,
     warmup: int = 0,
+    reads: int = 1,
 ) -> Result:
     values = workload.json_records(records)
     payload = sum(len(v) for v in values)
@@ -274,7 +371,7 @@ def measure(
         few = values[:warmup]
         for name in names:
             began = time.monotonic()
-            throughput_slice(points[name], w, few, sum(len(v) for v in few))
+            throughput_slice({name: points[name]}, w, few)
             print(
                 f"  warm-up {name:20s} {len(few)} records, {time.monotonic() - began:.1f} s",
                 file=sys.stderr,
@@ -295,49 +392,62 @@ def measure(
             latency_topics[name] = (via, ref)
         time.sleep(0.5)
     for s in range(slices):
+        if not w.latency:
+            _throughput_slice(result, points, values, s, slices, reads)
+            continue
         for name in pairs.rotation(names, s):
             point = points[name]
             line = f"  slice {s + 1}/{slices} {name:20s}"
-            if w.latency:
-                via_topic, reference = latency_topics[name]
-                pair, per_request, jobs = latency_slice(
-                    point, via_topic, reference, rate, seconds
-                )
-                row = result.latency.setdefault(name, Latency())
-                row.p50.append(1000 * pair.via.quantile(0.5))
-                row.p99.append(1000 * pair.via.quantile(0.99))
-                row.ref_p50.append(1000 * pair.direct.quantile(0.5))
-                row.ref_p99.append(1000 * pair.direct.quantile(0.99))
-                row.late.append(max(pair.via.late(), pair.direct.late()))
-                row.cpu_per_request.append(None if per_request is None else per_request.seconds)
-                row.cpu_per_request_ticks.append(
-                    None if per_request is None else per_request.ticks)
-                row.jobs.append(jobs)
-                line += (
-                    f" p50 {row.p50[-1]:6.2f} p99 {row.p99[-1]:7.2f} ms | direct p50 "
-                    f"{row.ref_p50[-1]:6.2f} p99 {row.ref_p99[-1]:7.2f} ms | late "
-                    f"{100 * row.late[-1]:.1f} %"
-                )
-                if per_request is not None:
-                    line += f" | {per_request.seconds:.0f} µs CPU/request"
-                if jobs is not None:
-                    line += f" | filter jobs inline / pool {jobs.text()}"
-            else:
-                sl = throughput_slice(point, w, values, payload)
-                trow = result.throughput.setdefault(name, Throughput())
-                trow.produce.append(sl.produce)
-                trow.consume.append(sl.consume)
-                trow.cpu_per_gb.append(sl.cpu_per_gb)
-                trow.cpu_per_gb_ticks.append(sl.cpu_per_gb_ticks)
-                trow.client_produce.append(sl.client_produce)
-                trow.client_consume.append(sl.client_consume)
-                line += f" produce {sl.produce:9.0f} rec/s  consume {sl.consume:9.0f} rec/s"
-                if sl.cpu_per_gb is not None and sl.cpu_per_gb_ticks is not None:
-                    line += (f"  {sl.cpu_per_gb:5.3f} CPU s/GB (ticks "
-                             f"{sl.cpu_per_gb_ticks:5.2f})")
+            via_topic, reference = latency_topics[name]
+            pair, per_request, jobs = latency_slice(
+                point, via_topic, reference, rate, seconds
+            )
+            row = result.latency.setdefault(name, Latency())
+            row.p50.append(1000 * pair.via.quantile(0.5))
+            row.p99.append(1000 * pair.via.quantile(0.99))
+            row.ref_p50.append(1000 * pair.direct.quantile(0.5))
+            row.ref_p99.append(1000 * pair.direct.quantile(0.99))
+            row.late.append(max(pair.via.late(), pair.direct.late()))
+            row.cpu_per_request.append(None if per_request is None else per_request.seconds)
+            row.cpu_per_request_ticks.append(
+                None if per_request is None else per_request.ticks)
+            row.jobs.append(jobs)
+            line += (
+                f" p50 {row.p50[-1]:6.2f} p99 {row.p99[-1]:7.2f} ms | direct p50 "
+                f"{row.ref_p50[-1]:6.2f} p99 {row.ref_p99[-1]:7.2f} ms | late "
+                f"{100 * row.late[-1]:.1f} %"
+            )
+            if per_request is not None:
+                line += f" | {per_request.seconds:.0f} µs CPU/request"
+            if jobs is not None:
+                line += f" | filter jobs inline / pool {jobs.text()}"
             print(line, file=sys.stderr, flush=True)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _throughput_slice(
+    result: Result, points: dict[str, Point], values: list[bytes], s: int, slices: int,
+    reads: int,
+) -> None:
+    """Slice `s` of a throughput workload, added to `result` and printed."""
+    measured = throughput_slice(points, result.workload, values, s, reads)
+    for name in pairs.rotation(list(points), s):
+        sl = measured[name]
+        trow = result.throughput.setdefault(name, Throughput())
+        trow.produce.append(sl.produce)
+        trow.consume.append(sl.consume)
+        trow.first.append(sl.first)
+        trow.cpu_per_gb.append(sl.cpu_per_gb)
+        trow.cpu_per_gb_ticks.append(sl.cpu_per_gb_ticks)
+        trow.client_produce.append(sl.client_produce)
+        trow.client_consume.append(sl.client_consume)
+        line = (f"  slice {s + 1}/{slices} {name:20s} produce {sl.produce:9.0f} rec/s  "
+                f"consume {sl.consume:9.0f} rec/s (first record {1000 * sl.first:4.0f} ms, "
+                f"reads {' '.join(f'{x:.2f}' for x in sl.reads)} s)")
+        if sl.cpu_per_gb is not None and sl.cpu_per_gb_ticks is not None:
+            line += f"  {sl.cpu_per_gb:5.3f} CPU s/GB (ticks {sl.cpu_per_gb_ticks:5.2f})"
+        print(line, file=sys.stderr, flush=True)
 
 
 def report(result: Result) -> str:
@@ -374,6 +484,13 @@ def _throughput_report(result: Result) -> str:
             "CPU s/GB from the CPU clocks (ns) / from psutil's 10 ms ticks, read at the same "
             "moments: " + ", ".join(f"{n} {a:.3f} / {b:.3f}" for n, a, b in both) + "."
         )
+    firsts = [(n, pairs.median(r.first)) for n, r in rows.items()]
+    lines.append(
+        "First record after (ms from a consumer's assignment, median of slices): "
+        + ", ".join(f"{n} {1000 * f:.0f}" for n, f in firsts if not math.isnan(f))
+        + ". The path shows there and wherever later Fetches keep the client waiting; the "
+        "rest of a read is the client taking records out of librdkafka."
+    )
     if base:
         mb = result.payload_bytes / result.records / 1e6
         p, c = pairs.median(base.produce), pairs.median(base.consume)
@@ -455,6 +572,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--records", type=int, default=500_000, help="records per variant and slice (1 and 2)"
     )
+    ap.add_argument(
+        "--reads", type=int, default=3,
+        help="consume reads per variant and slice, interleaved across variants (1 and 2)"
+    )
     ap.add_argument("--rate", type=int, default=2000, help="requests/s of each probe (3)")
     ap.add_argument("--seconds", type=float, default=5.0, help="latency window per slice (3)")
     ap.add_argument("--workers", type=int, default=1, help="`sluice serve --workers N`")
@@ -481,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="tiny run that checks the harness (2 slices, 3 000 records, 1 s windows at 200/s)",
+        help="tiny run that checks the harness (2 slices, 3 000 records read twice, 1 s windows at "
+        "200/s)",
     )
     args = ap.parse_args(argv)
     try:
@@ -495,6 +617,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--workers must be at least 1")
     if args.warmup < 0:
         ap.error("--warmup must be 0 or more")
+    if args.reads < 1:
+        ap.error("--reads must be at least 1")
     try:
         cpus_proxy = targets.parse_cpus(args.cpus_proxy) if args.cpus_proxy else None
         cpus_rest = targets.parse_cpus(args.cpus_rest) if args.cpus_rest else None
@@ -506,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, cpus_rest)
     if args.quick:
         args.slices, args.records, args.rate, args.seconds = 2, 3000, 200, 1.0
+        args.reads = min(args.reads, 2)
         args.warmup = min(args.warmup, 1000)
     source = None
     if args.baseline:
@@ -524,9 +649,10 @@ def main(argv: list[str] | None = None) -> int:
             w = WORKLOADS[n]
             print(f"workload {n} ...", file=sys.stderr, flush=True)
             result = measure(
-                w, points, args.slices, args.records, args.rate, args.seconds, args.warmup
+                w, points, args.slices, args.records, args.rate, args.seconds, args.warmup,
+                args.reads,
             )
-            print(f"{w.describe(args.records, args.rate, args.seconds)}")
+            print(f"{w.describe(args.records, args.rate, args.seconds, args.reads)}")
             print(
                 f"broker: {args.broker}; "
                 f"{args.slices} interleaved slices, medians of per-slice pairs; "

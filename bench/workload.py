@@ -3,15 +3,19 @@
 The consume side reads with the batch API (``Consumer.consume(num_messages=...)``) so that a
 direct consume runs at the speed of the broker and the machine, not at the speed of a Python
 loop over single messages: a consume phase slower than the produce phase of the same records
-would measure the client, not the path.
+would measure the client, not the path. For the same reason the client's cyclic garbage
+collector is paused while a consume is timed (paused_gc).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import random
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,38 +117,64 @@ def produce(
     return elapsed
 
 
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block (as it was after it).
+
+    Why: a batch-API consume() returns 10 000 Message objects, all alive until the batch is
+    handed back, so they outlive the young generations and set off full collections of the
+    whole heap, 5-6 per 500 000 records, 25-50 % of a workload-2 consume's wall time and
+    about 0.35 µs of the Python thread's CPU a record (measured; docs/PERFORMANCE.md). Their
+    length on a shared machine is noise the path did not make. Messages hold no reference
+    cycles: reference counting frees them with the collector off."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 @dataclass(frozen=True)
 class Consumed:
-    """One consume phase: records read, and the seconds it took from assignment to the last
-    record."""
+    """One consume phase: records read, the seconds it took from assignment to the last
+    record, and the seconds from assignment to the first record (the first Fetch's way through
+    the path; the rest is the client reading what that and later Fetches brought)."""
 
     records: int
     seconds: float
+    first: float = 0.0
 
 
 def consume(bootstrap: str, topic: str, count: int, batch: int = 10_000) -> Consumed:
     """Read `count` records from the start of every partition (assigned, no group join), with
     the batch API. The clock starts at assignment (the consumer has already fetched metadata
-    through the same address) and stops at the last record."""
+    through the same address) and stops at the last record; the garbage collector is paused
+    in between (paused_gc)."""
     consumer = Consumer(consumer_config(bootstrap))
     try:
         md = consumer.list_topics(topic, timeout=10)
         parts = list(md.topics[topic].partitions)
-        start = time.perf_counter()
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        got = 0
-        deadline = start + 120
-        while got < count and time.perf_counter() < deadline:
-            # consume() waits for num_messages or the timeout: never ask for more than are
-            # left, or the last call idles for the whole timeout.
-            for m in consumer.consume(num_messages=min(batch, count - got), timeout=0.5):
-                err = m.error()
-                if err is not None:
-                    raise KafkaException(err)
-                got += 1
-        elapsed = time.perf_counter() - start
+        with paused_gc():
+            start = time.perf_counter()
+            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+            got = 0
+            first = 0.0
+            deadline = start + 120
+            while got < count and time.perf_counter() < deadline:
+                # consume() waits for num_messages or the timeout: never ask for more than
+                # are left, or the last call idles for the whole timeout.
+                for m in consumer.consume(num_messages=min(batch, count - got), timeout=0.5):
+                    err = m.error()
+                    if err is not None:
+                        raise KafkaException(err)
+                    if not got:
+                        first = time.perf_counter() - start
+                    got += 1
+            elapsed = time.perf_counter() - start
         if got < count:
             raise RuntimeError(f"consumed {got}/{count} records of {topic} in 120 s")
-        return Consumed(got, elapsed)
+        return Consumed(got, elapsed, first)
     finally:
         consumer.close()

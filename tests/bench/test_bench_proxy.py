@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench import baseline, bench_proxy, pairs, rig, targets
+from bench import baseline, bench_proxy, cpu_clock, pairs, rig, targets
 from tests.harness.broker import TansuBroker
 
 
@@ -39,8 +39,43 @@ def test_rotation_moves_every_variant_through_every_position() -> None:
         assert {o[position] for o in orders} == set(names)
 
 
+def test_every_round_of_reads_holds_every_variant_once_and_moves_each_along() -> None:
+    names = ["direct", "aa", "sluice"]
+    rounds = bench_proxy.read_rounds(names, slice_index=1, reads=3)
+    assert rounds[0] == pairs.rotation(names, 1)  # the first round reads in the slice's order
+    assert all(sorted(r) == sorted(names) for r in rounds)
+    for position in range(3):  # no variant always reads at the same moment of the slice
+        assert {r[position] for r in rounds} == set(names)
+    assert bench_proxy.read_rounds(names, 0, 1) == [names]
+
+
+def test_a_slice_takes_its_consume_speed_over_all_reads_and_its_cpu_per_one_read() -> None:
+    cpu = cpu_clock.CpuTimes
+    produced = bench_proxy.Call(1000, 0.5, cpu(0.2, 0.2), 0.001)
+    reads = [
+        bench_proxy.Call(1000, 0.25, cpu(0.1, 0.1), 0.002, first=0.05),
+        bench_proxy.Call(1000, 0.75, cpu(0.3, 0.3), 0.002, first=0.10),
+        bench_proxy.Call(1000, 0.5, cpu(0.2, 0.2), 0.002, first=0.30),
+    ]
+    payload = 100_000_000  # 0.2 GB both ways
+    sl = bench_proxy.combine(produced, reads, payload, middle=True)
+    assert sl.produce == 2000
+    assert sl.consume == 2000  # 3 000 records in 1.5 s, not the mean of the reads' speeds
+    assert sl.first == 0.10
+    # One produce (0.2 s) and the mean read (0.2 s) over 0.2 GB.
+    assert sl.cpu_per_gb == pytest.approx(2.0) and sl.cpu_per_gb_ticks == pytest.approx(2.0)
+    assert sl.client_produce == pytest.approx(1.0) and sl.client_consume == pytest.approx(2.0)
+    # One read is what a slice measured before reads were repeated: the same figure.
+    one = bench_proxy.combine(produced, reads[2:], payload, middle=True)
+    assert one.cpu_per_gb == pytest.approx(2.0) and one.consume == 2000
+    assert bench_proxy.combine(produced, reads, payload, middle=False).cpu_per_gb is None
+    with pytest.raises(ValueError):
+        bench_proxy.combine(produced, [], payload, middle=True)
+
+
 def test_bad_arguments_are_refused_with_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--variants", "direct,nope"], ["--workload", "4"], ["--workload", "x"]):
+    for argv in (["--variants", "direct,nope"], ["--workload", "4"], ["--workload", "x"],
+                 ["--reads", "0"]):
         with pytest.raises(SystemExit) as exc:
             bench_proxy.main(argv)
         assert exc.value.code == 2
