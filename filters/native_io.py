@@ -250,6 +250,11 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int,
 _Layout = tuple[struct.Struct, tuple[int, ...], tuple[bytes, ...], tuple[str, ...]]
 _LAYOUTS: dict[tuple[int, int], _Layout] = {}
 _MAX_LAYOUTS: Final = 256
+#: The largest section kept as a layout. A guest may write as many distinct names as its
+#: output holds, and a layout keeps ~20 times its section's size (the names, their text, a
+#: Struct of three codes an entry) after the batch, in up to `_MAX_LAYOUTS` sizes; filters
+#: report a few counters (builtin:rules three, pii-mask one a detector: under 200 bytes).
+_MAX_LAYOUT_BYTES: Final = 1024
 
 
 def _detectors(buf: bytes | memoryview, pos: int, size: int, nd: int) -> dict[str, int]:
@@ -260,7 +265,8 @@ def _detectors(buf: bytes | memoryview, pos: int, size: int, nd: int) -> dict[st
     counts as ints) and taken when its name lengths and names are the same: one call and two
     tuple compares instead of ~0.5 µs of Python an entry (builtin:rules reports three
     counters a batch, ~3 % of its native call). Otherwise it is read entry by entry, and a
-    section of distinct names becomes the layout for its count and size."""
+    section of distinct names, of at most `_MAX_LAYOUT_BYTES`, becomes the layout for its
+    count and size."""
     layout = _LAYOUTS.get((nd, size - pos))
     if layout is not None:
         reader, lens, names, texts = layout
@@ -285,7 +291,9 @@ def _detectors(buf: bytes | memoryview, pos: int, size: int, nd: int) -> dict[st
         pos = end + 4
     if pos != size:
         raise AbiError(f"{size - pos} unexpected bytes after the output")
-    if nd and len(detectors) == nd:  # distinct names: a dict of the counts in order is exact
+    # Distinct names: a dict of the counts in order is exact. Only small sections: see
+    # _MAX_LAYOUT_BYTES (a guest's output must not outlive its batch).
+    if nd and len(detectors) == nd and size - start <= _MAX_LAYOUT_BYTES:
         if len(_LAYOUTS) >= _MAX_LAYOUTS:
             _LAYOUTS.clear()
         reader = struct.Struct("<" + "".join(f"I{len(raw)}sI" for raw in seen))

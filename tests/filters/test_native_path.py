@@ -11,6 +11,8 @@ returns a broken native answer.
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +31,7 @@ from sluice.codec.records import (
     decode_records,
     split_batches,
 )
-from sluice.filters import pipeline
+from sluice.filters import native_io, pipeline
 from sluice.filters.build import build_filter
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
@@ -634,6 +636,76 @@ def test_native_output_detectors_read_as_they_are_after_other_layouts(
         out = decode_native_output(memoryview(bytearray(buf)) if as_view else buf, 1)
         assert out.detector_counts == want
         assert list(out.detector_counts) == list(want)  # first-seen order
+
+
+def _decoded(buf: bytes | memoryview) -> tuple[str, object]:
+    """What decode_native_output makes of a one-record output: its counters or its error."""
+    try:
+        return "ok", list(decode_native_output(buf, 1).detector_counts.items())
+    except AbiError as exc:
+        return "error", str(exc)
+
+
+@st.composite
+def _crafted_sections(draw: st.DrawFn) -> bytes:
+    """A one-record output whose detector section a hostile guest wrote: names of other
+    lengths under the same total size, length fields that lie, a wrong entry count, a cut or
+    trailing bytes."""
+    entries = draw(st.lists(st.tuples(_NAMES, st.integers(0, 2**32 - 1)), max_size=4))
+    buf = _all_kept_output(entries)
+    head = len(buf) - sum(8 + len(name) for name, _ in entries) - 4
+    section = bytearray(buf[head:])
+    pos = 4
+    for name, _ in entries:  # a length field off by a little reads the names shifted
+        section[pos:pos + 4] = max(0, len(name) + draw(st.integers(-2, 2))).to_bytes(4, "little")
+        pos += 8 + len(name)
+    if draw(st.booleans()):
+        section[0:4] = draw(st.integers(0, 6)).to_bytes(4, "little")
+    out = buf[:head] + bytes(section) + draw(st.binary(max_size=3))
+    return out[:draw(st.integers(head, len(out)))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(warm=st.lists(st.lists(st.tuples(_NAMES, st.integers(0, 2**32 - 1)), min_size=1,
+                              max_size=4), max_size=4),
+       crafted=st.lists(_crafted_sections(), min_size=1, max_size=4), as_view=st.booleans())
+def test_native_output_detectors_read_the_same_with_or_without_the_layouts_seen_before(
+        warm: list[list[tuple[bytes, int]]], crafted: list[bytes], as_view: bool) -> None:
+    # The layouts kept from earlier outputs (any filter's: they are per process) may only make
+    # a read faster: a crafted section reads, or fails, exactly as with nothing kept before,
+    # which is the entry-by-entry reader of before the layouts.
+    for detectors in warm:
+        _decoded(_all_kept_output(detectors))
+    for buf in crafted:
+        got = _decoded(memoryview(bytearray(buf)) if as_view else buf)
+        kept = native_io._LAYOUTS
+        native_io._LAYOUTS = {}
+        try:
+            assert got == _decoded(buf)
+        finally:
+            native_io._LAYOUTS = kept
+
+
+def test_native_output_keeps_nothing_the_size_of_a_guests_detector_section() -> None:
+    # A guest may report as many distinct counter names as its output holds (bounded only by
+    # its memory cap, 64 MiB by default). The layouts kept to read the next section like it
+    # must not keep such a section: at ~20 times its size for its names, their text and a
+    # Struct of three codes an entry, and up to 256 of them for as many sizes, a guest would
+    # make the proxy hold gigabytes after its batches are gone.
+    names = [bytes((i & 127, i >> 7 & 127, i >> 14 & 127)) for i in range(20_000)]
+    sizes = (20_000, 19_000)
+    outputs = [_all_kept_output([(name, 1) for name in names[:n]]) for n in sizes]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n, buf in zip(sizes, outputs, strict=True):
+            assert len(decode_native_output(buf, 1).detector_counts) == n
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < len(outputs[0]) // 4, f"{kept} bytes kept after {len(outputs[0])}-byte outputs"
 
 
 @settings(max_examples=300, deadline=None)
