@@ -41,6 +41,8 @@ from sluice.filters.records_io import (
     _I32,
     _U32,
     ABI_VERSION,
+    MAX_DETECTOR_NAME_BYTES,
+    MAX_DETECTORS,
     MAX_REASON_CHARS,
     AbiError,
     _str,
@@ -241,6 +243,8 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int,
     pos += 4
     if nd * 8 > size - pos:
         raise AbiError(f"detector count {nd} exceeds the output size")
+    if nd > MAX_DETECTORS:
+        raise AbiError(f"detector count {nd} is over the limit of {MAX_DETECTORS}")
     detectors = _detectors(buf, pos, size, nd)
     return NativeOutput(fates, records, rejects, detectors, framed=framed)
 
@@ -278,6 +282,8 @@ def _detectors(buf: bytes | memoryview, pos: int, size: int, nd: int) -> dict[st
     seen: list[bytes] = []
     for _ in range(nd):
         n = _u32(buf, pos, "detector name")
+        if n > MAX_DETECTOR_NAME_BYTES:
+            raise AbiError(f"a detector name is over the limit of {MAX_DETECTOR_NAME_BYTES} bytes")
         end = pos + 4 + n
         if end + 4 > size:
             raise AbiError(f"output truncated reading a detector at byte {pos}")

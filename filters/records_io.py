@@ -32,6 +32,11 @@ from sluice.filters.decisions import DROP, KEEP, Action, Decision
 
 ABI_VERSION: Final = 1
 MAX_REASON_CHARS: Final = 500
+#: Detector entries one output may hold, and the bytes of one detector name: the counts go
+#: into every telemetry event of the batch, so a guest must not make those events as large as
+#: its memory (filters report a few counters: pii-mask eleven, builtin:rules three).
+MAX_DETECTORS: Final = 256
+MAX_DETECTOR_NAME_BYTES: Final = 256
 
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
@@ -208,8 +213,12 @@ def decode_filter_output(buf: bytes,
     nd = r.u32("detector_count")
     if nd * 8 > r.end - r.pos:
         raise AbiError(f"detector count {nd} exceeds the output size")
+    if nd > MAX_DETECTORS:
+        raise AbiError(f"detector count {nd} is over the limit of {MAX_DETECTORS}")
     for _ in range(nd):
         name = r.text("detector name")
+        if len(name.encode()) > MAX_DETECTOR_NAME_BYTES:
+            raise AbiError(f"a detector name is over the limit of {MAX_DETECTOR_NAME_BYTES} bytes")
         detectors[name] = detectors.get(name, 0) + r.u32("detector count")
     if r.pos != r.end:
         raise AbiError(f"{r.end - r.pos} unexpected bytes after the output")

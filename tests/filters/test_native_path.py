@@ -46,7 +46,7 @@ from sluice.filters.pipeline import (
     filter_fetch,
     filter_produce,
 )
-from sluice.filters.records_io import AbiError
+from sluice.filters.records_io import MAX_DETECTOR_NAME_BYTES, MAX_DETECTORS, AbiError
 
 PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
 EXAMPLES = Path(__file__).resolve().parents[2] / "filters" / "examples"
@@ -687,13 +687,13 @@ def test_native_output_detectors_read_the_same_with_or_without_the_layouts_seen_
 
 
 def test_native_output_keeps_nothing_the_size_of_a_guests_detector_section() -> None:
-    # A guest may report as many distinct counter names as its output holds (bounded only by
-    # its memory cap, 64 MiB by default). The layouts kept to read the next section like it
-    # must not keep such a section: at ~20 times its size for its names, their text and a
-    # Struct of three codes an entry, and up to 256 of them for as many sizes, a guest would
-    # make the proxy hold gigabytes after its batches are gone.
-    names = [bytes((i & 127, i >> 7 & 127, i >> 14 & 127)) for i in range(20_000)]
-    sizes = (20_000, 19_000)
+    # A guest may report up to MAX_DETECTORS distinct counter names of up to
+    # MAX_DETECTOR_NAME_BYTES each (~66 KB a section). The layouts kept to read the next
+    # section like it must not keep such a section: at ~20 times its size for its names, their
+    # text and a Struct of three codes an entry, and up to 256 of them for as many sizes, a
+    # guest would make the proxy hold ~300 MB after its batches are gone.
+    names = [bytes((i & 127, i >> 7 & 127)) * 125 for i in range(MAX_DETECTORS)]
+    sizes = (MAX_DETECTORS, MAX_DETECTORS - 1)
     outputs = [_all_kept_output([(name, 1) for name in names[:n]]) for n in sizes]
     gc.collect()
     tracemalloc.start()
@@ -786,3 +786,22 @@ def test_a_guest_section_becomes_the_uncompressed_batch_in_place(mask_chains: An
     built = native.pieces[0] if fetch else native.records
     assert built is nat.framed
     assert b"ann0@example.com" not in built
+
+
+@pytest.mark.parametrize("entries, name_len, error", [
+    (MAX_DETECTORS, 4, None),
+    (MAX_DETECTORS + 1, 4, "detector count 257 is over the limit of 256"),
+    (1, MAX_DETECTOR_NAME_BYTES, None),
+    (1, MAX_DETECTOR_NAME_BYTES + 1, "a detector name is over the limit of 256 bytes"),
+])
+def test_native_output_bounds_its_detector_entries_and_names(
+        entries: int, name_len: int, error: str | None) -> None:
+    # The counts go into every telemetry event of the batch: a guest must not make those as
+    # large as its memory. The limits are the per-record ABI's too.
+    names = [f"{i:0{name_len}d}".encode() for i in range(entries)]
+    buf = _all_kept_output([(name, 1) for name in names])
+    if error is None:
+        assert len(decode_native_output(buf, 1).detector_counts) == entries
+    else:
+        with pytest.raises(AbiError, match=error):
+            decode_native_output(buf, 1)

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.decisions import DROP, KEEP, Action, Decision, reject, rewrite
 from sluice.filters.records_io import (
+    MAX_DETECTOR_NAME_BYTES,
+    MAX_DETECTORS,
     AbiError,
     decode_filter_output,
     encode_filter_input,
@@ -102,6 +104,22 @@ _decision = st.one_of(
     st.builds(rewrite, _bytes_or_none, _bytes_or_none, _headers),
     st.builds(reject, st.text(min_size=1, max_size=30)),
 )
+
+
+@pytest.mark.parametrize("detectors, error", [
+    ({f"d{i}": 1 for i in range(MAX_DETECTORS)}, None),
+    ({f"d{i}": 1 for i in range(MAX_DETECTORS + 1)}, "detector count 257 is over the limit"),
+    ({"é" * (MAX_DETECTOR_NAME_BYTES // 2): 1}, None),
+    ({"é" * (MAX_DETECTOR_NAME_BYTES // 2) + "x": 1}, "name is over the limit of 256 bytes"),
+])
+def test_detector_entries_and_names_are_bounded(detectors: dict[str, int],
+                                                error: str | None) -> None:
+    raw = encode_filter_output([KEEP], detectors)
+    if error is None:
+        assert decode_filter_output(raw, 1)[1] == detectors
+    else:
+        with pytest.raises(AbiError, match=error):
+            decode_filter_output(raw, 1)
 
 
 @settings(max_examples=200, deadline=None)
