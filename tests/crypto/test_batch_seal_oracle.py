@@ -92,10 +92,14 @@ def _check_batch(key: bytes, prefix: bytes, nonces: bytes, records: list[Record]
         value[at] ^= 1 << (i % 8)
         edited = [*stored[:i], Record(rec.offset_delta, rec.timestamp_delta, rec.key,
                                       bytes(value), rec.headers, rec.attributes), *stored[i + 1:]]
+        edited_section = bytes(encode_records(edited))
         with pytest.raises(batch_seal.Tampered) as err:
-            batch_seal.open_section(bytes(encode_records(edited)), count, key, prefix, group,
-                                    len(OURS))
+            batch_seal.open_section(edited_section, count, key, prefix, group, len(OURS))
         assert err.value.index == i
+        # nothing opened is left in the thread's output buffer: neither the records before
+        # it nor what the refused one decrypted to (the call wipes all it may have written)
+        out = batch_seal._local.out
+        assert bytes(out[:len(edited_section)]) == bytes(len(edited_section))
 
 
 @settings(max_examples=120, deadline=None,
