@@ -847,6 +847,20 @@ int sb_fast_iv(void) {
 }
 
 #if OWN_GCM
+static size_t gcm_shared_aad(const gcm_t *g, gcm_t *g0, uint8_t *scratch, size_t prefix_len,
+                             const uint8_t *no_headers);
+
+/* One message of own_gcm_check: `own` seals `n` bytes of `pt` under `nonce` and `aad` to
+ * exactly what `evp` seals (in `want`, the own one in `got`), and opens that to `pt` again
+ * (in `back`). 1 when it does. */
+static int og_kat_message(gcm_t *evp, gcm_t *own, const uint8_t *nonce, const uint8_t *aad,
+                          size_t alen, const uint8_t *pt, size_t n, uint8_t *want,
+                          uint8_t *got, uint8_t *back) {
+    return !gcm_seal(evp, nonce, aad, alen, pt, n, want) &&
+           !gcm_seal(own, nonce, aad, alen, pt, n, got) && !memcmp(want, got, n + TAG) &&
+           !gcm_open(own, nonce, aad, alen, want, n, back) && !memcmp(back, pt, n);
+}
+
 /* Whether og_seal / og_open give exactly OpenSSL's messages on this CPU: for every split
  * of the associated data into a prefix and the rest (prefix lengths around one block and
  * ones that take each branch of og_blocks: 8 blocks then 1 or 2 (144, 150, 160), 4 then 3
@@ -857,7 +871,10 @@ int sb_fast_iv(void) {
  * with the nonce), open again to the plaintext, and a flipped bit in the tag's first, a
  * middle and its last byte, the ciphertext or the associated data must be refused.
  * tests/crypto/test_own_gcm_check.py breaks each branch in a copy of this file and expects
- * this check to fail. Run once per process. */
+ * this check to fail. The state of a call's shared associated data (gcm_shared_aad: the
+ * prefix, a null key and a digest, hashed whole) is checked the same way after each prefix,
+ * against EVP over that whole associated data, so a fault there too leaves calls on EVP.
+ * Run once per process. */
 static int own_gcm_check(void) {
     if (!og_cpu()) return 0;
     static const uint8_t keys[2][32] = {{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3},
@@ -867,11 +884,13 @@ static int own_gcm_check(void) {
     static const size_t lens[] = {0, 1, 15, 16, 17, 100, 128, 129, 200, 255, 300, 600, 4100};
 #define OG_KAT_AAD 430   /* the longest prefix and rest */
 #define OG_KAT_PT 4100   /* the longest plaintext */
+#define OG_KAT_SHARED (300 + 48) /* the longest prefix and a shared AAD's tail */
     /* on the heap: filter threads may run on small stacks */
-    uint8_t *mem = malloc(OG_KAT_AAD + 4 * (OG_KAT_PT + TAG));
+    uint8_t *mem = malloc(OG_KAT_AAD + 4 * (OG_KAT_PT + TAG) + OG_KAT_SHARED);
     if (!mem) return 0;
     uint8_t *aad = mem, *pt = aad + OG_KAT_AAD, *want = pt + OG_KAT_PT + TAG,
-            *got = want + OG_KAT_PT + TAG, *back = got + OG_KAT_PT + TAG, nonce[NONCE];
+            *got = want + OG_KAT_PT + TAG, *back = got + OG_KAT_PT + TAG,
+            *shared = back + OG_KAT_PT + TAG, nonce[NONCE];
     for (size_t i = 0; i < OG_KAT_AAD; i++) aad[i] = (uint8_t)(i * 29 + 7);
     for (size_t i = 0; i < OG_KAT_PT; i++) pt[i] = (uint8_t)(i * 13 + 5 + (i >> 8));
     int ok = 1;
@@ -893,11 +912,8 @@ static int own_gcm_check(void) {
                     size_t n = lens[c];
                     for (int i = 0; i < NONCE; i++)
                         nonce[i] = (uint8_t)(kk * 101 + a * 37 + b * 11 + c * 5 + i);
-                    if (gcm_seal(&evp, nonce, aad, alen, pt, n, want) ||
-                        gcm_seal(&own, nonce, aad, alen, pt, n, got) ||
-                        memcmp(want, got, n + TAG) != 0 ||
-                        gcm_open(&own, nonce, aad, alen, want, n, back) != 0 ||
-                        memcmp(back, pt, n) != 0) {
+                    if (!og_kat_message(&evp, &own, nonce, aad, alen, pt, n, want, got,
+                                        back)) {
                         ok = 0;
                         break;
                     }
@@ -924,6 +940,33 @@ static int own_gcm_check(void) {
                     }
                 }
             }
+            /* the call's shared associated data after this prefix (its digest: some bytes
+             * of `pt`), every plaintext length: EVP over the whole AAD gives the same
+             * message, which opens again, and a wrong tag is refused */
+            gcm_t g0 = {0};
+            memcpy(shared, aad, prefixes[a]);
+            size_t slen = ok ? gcm_shared_aad(&own, &g0, shared, prefixes[a], pt + a) : 0;
+            /* aad_for(prefix, None, "", digest): a null key (length 1, marker 0), the
+             * digest, an empty field */
+            static const uint8_t null_key[5] = {0, 0, 0, 1, 0}, dlen[4] = {0, 0, 0, 32},
+                                 no_field[4] = {0};
+            if (slen != prefixes[a] + 45 || memcmp(shared, aad, prefixes[a]) ||
+                memcmp(shared + prefixes[a], null_key, 5) ||
+                memcmp(shared + prefixes[a] + 5, dlen, 4) ||
+                memcmp(shared + prefixes[a] + 9, pt + a, 32) ||
+                memcmp(shared + prefixes[a] + 41, no_field, 4))
+                ok = 0;
+            for (size_t c = 0; ok && c < sizeof lens / sizeof *lens; c++) {
+                size_t n = lens[c];
+                for (int i = 0; i < NONCE; i++) nonce[i] = (uint8_t)(kk * 53 + a * 19 + c + i);
+                if (!og_kat_message(&evp, &g0, nonce, shared, slen, pt, n, want, got, back)) {
+                    ok = 0;
+                    break;
+                }
+                want[n] ^= 1;
+                if (gcm_open(&g0, nonce, shared, slen, want, n, back) != 1) ok = 0;
+            }
+            OPENSSL_cleanse(&g0, sizeof g0);
         }
         /* a changed prefix (its state made again) must be refused too */
         if (ok) {
@@ -943,6 +986,7 @@ static int own_gcm_check(void) {
     return ok;
 #undef OG_KAT_AAD
 #undef OG_KAT_PT
+#undef OG_KAT_SHARED
 }
 #endif
 

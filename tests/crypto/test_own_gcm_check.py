@@ -79,6 +79,14 @@ MUTATIONS: dict[str, tuple[str, str]] = {
         "CRYPTO_memcmp(tag, ct + len, TAG)", "CRYPTO_memcmp(tag + 1, ct + len + 1, TAG - 1)"),
     "tag comparison of the last byte only": (
         "CRYPTO_memcmp(tag, ct + len, TAG)", "CRYPTO_memcmp(tag + 15, ct + len + 15, 1)"),
+    # the shared associated data of key-less, header-less records (gcm_shared_aad): its
+    # state one block short of its length, and a null key written as an empty one (a
+    # message whose AAD is not aad_for's for such a record, yet seals and opens itself)
+    "shared AAD's state one block short": (
+        "gcm_prefix(g0, scratch, n);", "gcm_prefix(g0, scratch, n - 16); g0->pre_len = n;"),
+    "shared AAD with an empty key for a null one": (
+        "aad_tail_of(scratch + prefix_len, NULL, -1, no_headers)",
+        "aad_tail_of(scratch + prefix_len, NULL, 0, no_headers)"),
 }
 
 
