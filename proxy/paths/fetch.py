@@ -275,10 +275,16 @@ def _batch_fields(name: str, part: int, records: Any, outcome: FetchOutcome,
 #: partitions to another thread costs a wake-up and ~30 µs of CPU.
 SPREAD_MIN_BYTES = 64 * 1024
 #: Runs of batches (`pipeline.plan_fetch`) per filter thread that a spread response is cut
-#: into: more than one, so that a thread that starts late or runs slow (a loaded machine)
-#: leaves its share to the others; taking a run costs a lock, not a wake-up (the helpers
-#: stay on the queue until it is empty).
+#: into at least: more than one, so that a thread that starts late or runs slow (a loaded
+#: machine) leaves its share to the others; taking a run costs a lock, not a wake-up (the
+#: helpers stay on the queue until it is empty).
 RUNS_PER_THREAD = 4
+#: A spread partition is cut into runs of about this many bytes at most (whole batches, none
+#: under `pipeline.RUN_MIN_BYTES`): the pass ends when its last run does, so a run is what one
+#: thread may still be working on while the other waits. Cut by share alone, the benchmark's
+#: lz4 responses (3-14 MB, 2-4 MB a partition, ~100 ms of filtering a partition on the loaded
+#: machine) left one thread idle for 10-80 ms at each response's end.
+RUN_TARGET_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +370,8 @@ def _filter_spread(chain: FilterChain, parts: list[_Part], client_id: str | None
     """The partitions' outcomes, filtered on several pool threads at once, and whether they
     were. The work is shared out in runs of consecutive batches (`pipeline.plan_fetch`): a
     partition gets runs in proportion to its share of the bytes, about `RUNS_PER_THREAD` per
-    thread in all, so that one large partition (the benchmark's workload 1) is shared too.
+    thread in all, so that one large partition (the benchmark's workload 1) is shared too,
+    and more where its runs would be much over `RUN_TARGET_BYTES` (`_runs`).
     Each partition's runs are joined in order (`pipeline.finish_fetch`), which gives what a
     serial pass gives: pieces, counts, stats, dead letters, the first failure by offset, and
     the filters' failure counts and warnings (held per run and applied only for the batches a
@@ -373,7 +380,7 @@ def _filter_spread(chain: FilterChain, parts: list[_Part], client_id: str | None
     want = helpers.threads * RUNS_PER_THREAD
     plans = [
         plan_fetch(chain, RecordContext(p.name, p.partition, "fetch", client_id, principal),
-                   p.blob, checked=True, runs=max(1, want * len(p.blob) // max(1, total)))
+                   p.blob, checked=True, runs=_runs(len(p.blob), total, want))
         for p in parts
     ]
     pieces = [(plan, i) for plan in plans for i in range(plan.runs)]
@@ -384,6 +391,13 @@ def _filter_spread(chain: FilterChain, parts: list[_Part], client_id: str | None
     ))
     return [finish_fetch(plan, [next(results) for _ in range(plan.runs)])
             for plan in plans], spread
+
+
+def _runs(size: int, total: int, want: int) -> int:
+    """How many runs a partition of `size` of a spread response's `total` filtered bytes asks
+    for: its share of `want`, and enough that none is much over `RUN_TARGET_BYTES`
+    (`pipeline.plan_fetch` keeps to whole batches and `RUN_MIN_BYTES`)."""
+    return max(1, want * size // max(1, total), -(-size // RUN_TARGET_BYTES))
 
 
 def _may_spread(chain: FilterChain, parts: list[_Part], principal: str | None) -> bool:
