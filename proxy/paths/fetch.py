@@ -13,6 +13,11 @@ consecutive batches of one large partition, may be filtered on several of the po
 once when their filters keep no state between calls (`filters/parallel.py`,
 `pipeline.plan_fetch`); their results are joined and spliced in order, as a serial pass would.
 
+While a fetch filter is in force, a Fetch request asking for more than
+`proxy.filtered_fetch_max_bytes` is forwarded asking for that much (`on_request`; only its
+max_bytes changes, `codec/fetch_request.py`), so that responses stay small enough to be
+filtered while the consumer still reads the one before.
+
 The response is scanned, not decoded (`sluice.codec.fetch_splice`): the filters get the records
 of the filtered topics' partitions as views of the broker's frame, and their output is spliced
 into a copy of that frame, so other topics pass as the broker's bytes and nothing is re-encoded.
@@ -31,6 +36,7 @@ from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.endpoints import rewrite_endpoints
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
+from sluice.codec.fetch_request import cap_fetch_max_bytes
 from sluice.codec.fetch_splice import FetchResponseLayout, scan_fetch_response, splice_fetch_records
 from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey
@@ -50,6 +56,7 @@ from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Defer,
     Exchange,
+    Forward,
     Frame,
     Job,
     PathContext,
@@ -87,13 +94,21 @@ class FetchPath:
     api_keys = frozenset({int(ApiKey.FETCH)})
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
-        return False
+        return ctx.fetch_max_bytes > 0 and ctx.filters_on("fetch")
 
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
         return ctx.filters_on("fetch")
 
     def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
-        raise AssertionError("the fetch path handles no request")
+        """While a fetch filter is in force, a Fetch request asks the broker for at most
+        `proxy.filtered_fetch_max_bytes` (`PathContext.fetch_max_bytes`): a consumer keeps one
+        Fetch in flight per broker and reads nothing of a response until the proxy has
+        filtered all of it, so a smaller response is filtered while the consumer still works
+        through the one before (docs/PERFORMANCE.md, *Why filtered fetch lags most*)."""
+        hdr = exchange.header
+        capped = cap_fetch_max_bytes(frame, hdr.header_size, hdr.api_version,
+                                     ctx.fetch_max_bytes)
+        return Forward() if capped is None else Forward(capped)
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
         hdr = exchange.header

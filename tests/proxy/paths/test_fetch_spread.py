@@ -426,21 +426,11 @@ def test_a_large_masked_response_runs_on_two_instances(
 def test_proxy_spread_fetch_and_filter_threads_decide_whether_jobs_get_helpers(
     tmp_path: Path,
 ) -> None:
-    from sluice.proxy.net.server import ProxyServer
-    from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
-    from sluice.proxy.ops.config_load import load_config_file
+    from sluice.proxy.ops.config import ConfigFileError
+    from tests.proxy.server_context import context_of
 
     def helpers_of(text: str) -> Helpers | None:
-        path = tmp_path / "sluice.yaml"
-        path.write_text(text, encoding="utf-8")
-        config = load_config_file(path, ProxyConfig(listen=("127.0.0.1", 0),
-                                                     upstream=[("127.0.0.1", 1)]))
-        server = ProxyServer(config)
-        try:
-            return server._context(1).helpers
-        finally:
-            if server.executor is not None:
-                server.executor.shutdown()
+        return context_of(tmp_path, text).helpers
 
     spread = helpers_of("proxy:\n  filter_threads: 3\n")
     assert spread is not None and spread.threads == 3
