@@ -448,8 +448,9 @@ def compress(codec: int, data: Buffer, xerial: bool = True,
     `incompressible`: the caller knows the section will not compress (ciphertext), so lz4
     writes stored blocks (`lz4_stored_frame`) or, with the `tail` its records end with,
     that tail as matches (`lz4_sealed_frame`); the other codecs compress as usual.
-    `fast`: lz4 through liblz4 searches at a higher acceleration (`lz4_frame.FAST_LEVEL`):
-    the same frame format, for sections rebuilt on the way to a consumer."""
+    `fast`: lz4 through liblz4 searches at a higher acceleration (`lz4_frame.FAST_LEVEL`)
+    and writes no block checksums: the same frame format, as Kafka's producers write it, for
+    sections rebuilt on the way to a consumer."""
     if codec == CODEC_NONE:
         return data
     if incompressible and codec == CODEC_LZ4:

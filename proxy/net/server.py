@@ -149,6 +149,7 @@ class ProxyServer:
                 self.executor is not None and self.config.filter_threads > 1
                 and self.config.spread_produce
             ),
+            fetch_max_bytes=self.config.filtered_fetch_max_bytes,
         )
 
     def _brokers_seen(self, node_ids: list[int]) -> None:

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 DEFAULT_DEAD_LETTER_QUEUE_BYTES = 64 * 1024 * 1024
 #: dead_letters.shutdown_timeout_seconds when the config file does not say.
 DEFAULT_DEAD_LETTER_SHUTDOWN_TIMEOUT = 5.0
+#: proxy.filtered_fetch_max_bytes when the config file does not say (docs/PERFORMANCE.md,
+#: *Why filtered fetch lags most*).
+DEFAULT_FILTERED_FETCH_MAX_BYTES = 4 * 1024 * 1024
 
 
 class ConfigFileError(ValueError):
@@ -65,6 +68,9 @@ class ProxyConfig:
     # proxy.spread_produce: a connection's pipelined Produce requests filtered on several filter
     # threads at once, forwarded in order (stateless filters only; net/connection.py)
     spread_produce: bool = True
+    # proxy.filtered_fetch_max_bytes: while a fetch filter is in force, a Fetch request asking
+    # for more (its max_bytes) asks for this much (0: as the client asks; paths/fetch.py)
+    filtered_fetch_max_bytes: int = DEFAULT_FILTERED_FETCH_MAX_BYTES
     node_port_table: str | None = None  # the workers' shared node -> port file (net/node_ports.py)
     worker_index: int = 0  # which of them this process is
     # policy_admins: principal globs allowed to set x-data-policy (None: nobody)

@@ -46,7 +46,7 @@ KNOWN_SECTIONS = (
 )
 #: Keys of the ``proxy:`` section.
 PROXY_KEYS = ("advertised_host", "node_ports", "filter_threads", "spread_fetch",
-              "spread_produce")
+              "spread_produce", "filtered_fetch_max_bytes")
 #: Keys of the ``dead_letters:`` section.
 DEAD_LETTER_KEYS = ("max_queued_bytes", "shutdown_timeout_seconds")
 #: Sections whose value must be a mapping (the others: a list, a path).
@@ -160,6 +160,14 @@ def load_config_file(path: Path, config: ProxyConfig) -> ProxyConfig:
                     ("proxy", "spread_produce"), f"must be true or false, got {spread!r}"
                 )
             config.spread_produce = spread
+        if "filtered_fetch_max_bytes" in proxy:
+            cap = proxy["filtered_fetch_max_bytes"]
+            if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap < 1 << 31:
+                raise lines.error(
+                    ("proxy", "filtered_fetch_max_bytes"),
+                    f"must be an integer 0..2147483647 (0: as the client asks), got {cap!r}",
+                )
+            config.filtered_fetch_max_bytes = cap
         limits = parse_limits(data.get("limits"), lines, config.max_frame_size)
         config.max_frame_size = limits.max_frame_size
         config.max_connections = limits.max_connections

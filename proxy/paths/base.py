@@ -440,6 +440,9 @@ class PathContext:
     # Produce requests (`Job.overlap`): proxy.filter_threads of 2 or more and
     # proxy.spread_produce.
     overlap_produce: bool = False
+    # While a fetch filter is in force, what a Fetch request may ask for at most (its
+    # max_bytes; proxy.filtered_fetch_max_bytes, 0: as the client asks; paths/fetch.py).
+    fetch_max_bytes: int = 0
     leases: int = field(default=0)  # jobs still running with this chain
     retired: bool = field(default=False)
 

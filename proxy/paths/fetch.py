@@ -13,6 +13,11 @@ consecutive batches of one large partition, may be filtered on several of the po
 once when their filters keep no state between calls (`filters/parallel.py`,
 `pipeline.plan_fetch`); their results are joined and spliced in order, as a serial pass would.
 
+While a fetch filter is in force, a Fetch request asking for more than
+`proxy.filtered_fetch_max_bytes` is forwarded asking for that much (`on_request`; only its
+max_bytes changes, `codec/fetch_request.py`), so that responses stay small enough to be
+filtered while the consumer still reads the one before.
+
 The response is scanned, not decoded (`sluice.codec.fetch_splice`): the filters get the records
 of the filtered topics' partitions as views of the broker's frame, and their output is spliced
 into a copy of that frame, so other topics pass as the broker's bytes and nothing is re-encoded.
@@ -31,6 +36,7 @@ from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.endpoints import rewrite_endpoints
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
+from sluice.codec.fetch_request import cap_fetch_max_bytes
 from sluice.codec.fetch_splice import FetchResponseLayout, scan_fetch_response, splice_fetch_records
 from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey
@@ -50,6 +56,7 @@ from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Defer,
     Exchange,
+    Forward,
     Frame,
     Job,
     PathContext,
@@ -87,13 +94,21 @@ class FetchPath:
     api_keys = frozenset({int(ApiKey.FETCH)})
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
-        return False
+        return ctx.fetch_max_bytes > 0 and ctx.filters_on("fetch")
 
     def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
         return ctx.filters_on("fetch")
 
     def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> RequestOutcome:
-        raise AssertionError("the fetch path handles no request")
+        """While a fetch filter is in force, a Fetch request asks the broker for at most
+        `proxy.filtered_fetch_max_bytes` (`PathContext.fetch_max_bytes`): a consumer keeps one
+        Fetch in flight per broker and reads nothing of a response until the proxy has
+        filtered all of it, so a smaller response is filtered while the consumer still works
+        through the one before (docs/PERFORMANCE.md, *Why filtered fetch lags most*)."""
+        hdr = exchange.header
+        capped = cap_fetch_max_bytes(frame, hdr.header_size, hdr.api_version,
+                                     ctx.fetch_max_bytes)
+        return Forward() if capped is None else Forward(capped)
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
         hdr = exchange.header
@@ -275,10 +290,16 @@ def _batch_fields(name: str, part: int, records: Any, outcome: FetchOutcome,
 #: partitions to another thread costs a wake-up and ~30 µs of CPU.
 SPREAD_MIN_BYTES = 64 * 1024
 #: Runs of batches (`pipeline.plan_fetch`) per filter thread that a spread response is cut
-#: into: more than one, so that a thread that starts late or runs slow (a loaded machine)
-#: leaves its share to the others; taking a run costs a lock, not a wake-up (the helpers
-#: stay on the queue until it is empty).
+#: into at least: more than one, so that a thread that starts late or runs slow (a loaded
+#: machine) leaves its share to the others; taking a run costs a lock, not a wake-up (the
+#: helpers stay on the queue until it is empty).
 RUNS_PER_THREAD = 4
+#: A spread partition is cut into runs of about this many bytes at most (whole batches, none
+#: under `pipeline.RUN_MIN_BYTES`): the pass ends when its last run does, so a run is what one
+#: thread may still be working on while the other waits. Cut by share alone, the benchmark's
+#: lz4 responses (3-14 MB, 2-4 MB a partition, ~100 ms of filtering a partition on the loaded
+#: machine) left one thread idle for 10-80 ms at each response's end.
+RUN_TARGET_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,7 +385,8 @@ def _filter_spread(chain: FilterChain, parts: list[_Part], client_id: str | None
     """The partitions' outcomes, filtered on several pool threads at once, and whether they
     were. The work is shared out in runs of consecutive batches (`pipeline.plan_fetch`): a
     partition gets runs in proportion to its share of the bytes, about `RUNS_PER_THREAD` per
-    thread in all, so that one large partition (the benchmark's workload 1) is shared too.
+    thread in all, so that one large partition (the benchmark's workload 1) is shared too,
+    and more where its runs would be much over `RUN_TARGET_BYTES` (`_runs`).
     Each partition's runs are joined in order (`pipeline.finish_fetch`), which gives what a
     serial pass gives: pieces, counts, stats, dead letters, the first failure by offset, and
     the filters' failure counts and warnings (held per run and applied only for the batches a
@@ -373,7 +395,7 @@ def _filter_spread(chain: FilterChain, parts: list[_Part], client_id: str | None
     want = helpers.threads * RUNS_PER_THREAD
     plans = [
         plan_fetch(chain, RecordContext(p.name, p.partition, "fetch", client_id, principal),
-                   p.blob, checked=True, runs=max(1, want * len(p.blob) // max(1, total)))
+                   p.blob, checked=True, runs=_runs(len(p.blob), total, want))
         for p in parts
     ]
     pieces = [(plan, i) for plan in plans for i in range(plan.runs)]
@@ -384,6 +406,13 @@ def _filter_spread(chain: FilterChain, parts: list[_Part], client_id: str | None
     ))
     return [finish_fetch(plan, [next(results) for _ in range(plan.runs)])
             for plan in plans], spread
+
+
+def _runs(size: int, total: int, want: int) -> int:
+    """How many runs a partition of `size` of a spread response's `total` filtered bytes asks
+    for: its share of `want`, and enough that none is much over `RUN_TARGET_BYTES`
+    (`pipeline.plan_fetch` keeps to whole batches and `RUN_MIN_BYTES`)."""
+    return max(1, want * size // max(1, total), -(-size // RUN_TARGET_BYTES))
 
 
 def _may_spread(chain: FilterChain, parts: list[_Part], principal: str | None) -> bool:

@@ -299,16 +299,11 @@ def test_a_stateful_filter_keeps_its_requests_serial(
 def test_proxy_spread_produce_and_filter_threads_decide_whether_produce_jobs_overlap(
     tmp_path: Path,
 ) -> None:
-    from sluice.proxy.net.server import ProxyServer
-    from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
-    from sluice.proxy.ops.config_load import load_config_file
+    from sluice.proxy.ops.config import ConfigFileError
+    from tests.proxy.server_context import server_of
 
     def overlap_of(text: str) -> tuple[bool, int]:
-        path = tmp_path / "sluice.yaml"
-        path.write_text(text, encoding="utf-8")
-        config = load_config_file(path, ProxyConfig(listen=("127.0.0.1", 0),
-                                                     upstream=[("127.0.0.1", 1)]))
-        server = ProxyServer(config)
+        server = server_of(tmp_path, text)
         try:
             return server._context(1).overlap_produce, server.limits.overlap_jobs
         finally:

@@ -203,14 +203,16 @@ def corrupted(batch: bytes) -> bytes:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(layout=st.dictionaries(st.sampled_from(TOPICS),
                               st.lists(split_partition_st, min_size=1, max_size=2), min_size=1),
-       seed=st.integers(0, 9), runs_per_thread=st.integers(1, 4))
+       seed=st.integers(0, 9), runs_per_thread=st.integers(1, 4),
+       run_target=st.sampled_from([1, 300, fetch_path.RUN_TARGET_BYTES]))
 def test_split_partitions_give_the_serial_pass_bytes_telemetry_and_counters(
     chain: FilterChain, pool: ThreadPoolExecutor, layout: dict[str, list[Any]], seed: int,
-    runs_per_thread: int, monkeypatch: pytest.MonkeyPatch,
+    runs_per_thread: int, run_target: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(fetch_path, "SPREAD_MIN_BYTES", 0)
     monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 0)
     monkeypatch.setattr(fetch_path, "RUNS_PER_THREAD", runs_per_thread)
+    monkeypatch.setattr(fetch_path, "RUN_TARGET_BYTES", run_target)
     parts: dict[str, list[bytes]] = {}
     for topic, partitions in layout.items():
         parts[topic] = [
@@ -318,6 +320,53 @@ def test_one_large_partition_is_filtered_in_runs_on_two_instances(
         0, 8 * 2000 - 1, 8 * 2000)
 
 
+@given(sizes=st.lists(st.integers(0, 1 << 24), min_size=1, max_size=8),
+       want=st.integers(1, 16))
+def test_a_partition_asks_for_its_share_of_runs_and_runs_of_bounded_size(
+    sizes: list[int], want: int,
+) -> None:
+    total = sum(sizes)
+    for size in sizes:
+        runs = fetch_path._runs(size, total, want)
+        assert runs >= 1
+        assert runs * fetch_path.RUN_TARGET_BYTES >= size  # none much over the target
+        assert runs >= want * size // max(1, total)  # at least its share
+        assert runs <= max(1, want * size // max(1, total),
+                           size // fetch_path.RUN_TARGET_BYTES + 1)
+
+
+def test_unequal_lz4_partitions_are_cut_into_runs_near_the_target_size(
+    chain: FilterChain, pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The benchmark's workload 2 as Apache Kafka answers it: partitions of unequal size, each
+    several runs' worth. Cut by share alone, the largest was one run, which one thread still
+    filtered while the other had nothing left; each is now cut into runs of about
+    RUN_TARGET_BYTES, and the frame is the serial pass's."""
+    monkeypatch.setattr(pipeline, "RUN_MIN_BYTES", 16 * 1024)
+    monkeypatch.setattr(fetch_path, "RUN_TARGET_BYTES", 64 * 1024)
+    parts = [b"".join(make_batch([EMAIL % (b * 1000 + i) for i in range(1000)],
+                                 codec=CODEC_LZ4, base_offset=b * 1000) for b in range(n))
+             for n in (24, 6)]
+    frame = fetch_frame({"pii.a": parts})
+    runs: list[int] = []
+    plan_fetch = pipeline.plan_fetch
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        plan = plan_fetch(*args, **kwargs)
+        runs.append(plan.runs)
+        return plan
+
+    monkeypatch.setattr(fetch_path, "plan_fetch", spy)
+    serial = run_scanned(chain, frame, None)
+    out = pool.submit(run_scanned, chain, frame, Helpers(pool.submit, 2)).result()
+    assert out.spread and bytes(out.frame) == bytes(serial.frame)
+    sizes = [len(p) for p in parts]
+    want = 2 * fetch_path.RUNS_PER_THREAD
+    # The target, not the share, decides both here.
+    assert -(-sizes[0] // fetch_path.RUN_TARGET_BYTES) > want * sizes[0] // sum(sizes)
+    assert runs == [-(-size // fetch_path.RUN_TARGET_BYTES) for size in sizes]
+
+
 def test_a_stateful_filter_never_splits_a_partition(
     chain: FilterChain, pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -377,21 +426,11 @@ def test_a_large_masked_response_runs_on_two_instances(
 def test_proxy_spread_fetch_and_filter_threads_decide_whether_jobs_get_helpers(
     tmp_path: Path,
 ) -> None:
-    from sluice.proxy.net.server import ProxyServer
-    from sluice.proxy.ops.config import ConfigFileError, ProxyConfig
-    from sluice.proxy.ops.config_load import load_config_file
+    from sluice.proxy.ops.config import ConfigFileError
+    from tests.proxy.server_context import context_of
 
     def helpers_of(text: str) -> Helpers | None:
-        path = tmp_path / "sluice.yaml"
-        path.write_text(text, encoding="utf-8")
-        config = load_config_file(path, ProxyConfig(listen=("127.0.0.1", 0),
-                                                     upstream=[("127.0.0.1", 1)]))
-        server = ProxyServer(config)
-        try:
-            return server._context(1).helpers
-        finally:
-            if server.executor is not None:
-                server.executor.shutdown()
+        return context_of(tmp_path, text).helpers
 
     spread = helpers_of("proxy:\n  filter_threads: 3\n")
     assert spread is not None and spread.threads == 3

@@ -1,0 +1,62 @@
+"""proxy.filtered_fetch_max_bytes: while a fetch filter is in force, the fetch path forwards a
+Fetch request asking for more than the setting with its max_bytes lowered to it (and only
+that changed); otherwise, and with the setting 0, the client's own bytes go on."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from sluice.codec.headers import parse_request_header
+from sluice.codec.messages import ApiKey, decode_request
+from sluice.proxy.contract import ClientInfo
+from sluice.proxy.ops.config import DEFAULT_FILTERED_FETCH_MAX_BYTES, ConfigFileError
+from sluice.proxy.paths.base import Exchange, Forward
+from sluice.proxy.paths.fetch import FetchPath
+from tests.codec.test_codec_fetch_request import build
+from tests.proxy.server_context import context_of
+
+FETCH = int(ApiKey.FETCH)
+
+
+def test_the_setting_reaches_the_paths_and_is_checked(tmp_path: Path) -> None:
+    assert context_of(tmp_path, "proxy: {}\n").fetch_max_bytes == DEFAULT_FILTERED_FETCH_MAX_BYTES
+    assert context_of(tmp_path, "proxy:\n  filtered_fetch_max_bytes: 0\n").fetch_max_bytes == 0
+    assert context_of(tmp_path, "proxy:\n  filtered_fetch_max_bytes: 65536\n").fetch_max_bytes == (
+        65536)
+    for bad in ("-1", "'4M'", "true", "2147483648"):
+        with pytest.raises(ConfigFileError,
+                           match=r"sluice\.yaml:2: proxy\.filtered_fetch_max_bytes: must be"):
+            context_of(tmp_path, f"proxy:\n  filtered_fetch_max_bytes: {bad}\n")
+
+
+def test_fetch_requests_are_looked_at_only_with_a_fetch_filter_and_a_cap(tmp_path: Path) -> None:
+    ctx = context_of(tmp_path, "proxy: {}\n")
+    path = FetchPath()
+    filtered = dataclasses.replace(ctx, directions=frozenset({"fetch"}))
+    assert path.wants_request(filtered, FETCH)
+    assert not path.wants_request(dataclasses.replace(ctx, directions=frozenset({"produce"})),
+                                  FETCH)
+    assert not path.wants_request(dataclasses.replace(filtered, fetch_max_bytes=0), FETCH)
+
+
+@pytest.mark.parametrize("version", [4, 12, 15, 18])
+@pytest.mark.parametrize("asked", [1 << 10, 4 << 20, 64 << 20])
+def test_a_request_asking_for_more_is_forwarded_asking_for_the_cap(
+    tmp_path: Path, version: int, asked: int,
+) -> None:
+    ctx = dataclasses.replace(context_of(tmp_path, "proxy: {}\n"), directions=frozenset({"fetch"}))
+    frame = build(version, asked, 1, 500, 0, [(0, 0, 8 << 20), (1, 9, 8 << 20)], "consumer")
+    header = parse_request_header(frame)
+    exchange = Exchange(header, ClientInfo("c", ("127.0.0.1", 1), client_id="consumer"))
+    outcome = FetchPath().on_request(ctx, exchange, frame)
+    assert isinstance(outcome, Forward)
+    if asked <= ctx.fetch_max_bytes:
+        assert outcome.frame is None  # the client's bytes
+        return
+    assert outcome.frame is not None
+    sent = decode_request(FETCH, version, bytes(outcome.frame)[header.header_size:])
+    before = decode_request(FETCH, version, frame[header.header_size:])
+    assert sent == dataclasses.replace(before, max_bytes=ctx.fetch_max_bytes)
