@@ -28,10 +28,15 @@ try:  # codec/passthrough.c, built at install: a read of whole frames in one cal
     from ._passthrough import whole_frames as _whole_frames  # type: ignore[import-not-found, no-redef, unused-ignore]
 except ImportError:
     _whole_frames = None
+_grow: Callable[[bytearray, int], None]
 try:  # the same module: a large frame's buffer without first writing zeros into it
+    from ._passthrough import grow as _grow  # type: ignore[import-not-found, no-redef, unused-ignore]
     from ._passthrough import unfilled as _unfilled  # type: ignore[import-not-found, no-redef, unused-ignore]
 except ImportError:
     _unfilled = bytearray
+
+    def _grow(buffer: bytearray, size: int) -> None:
+        buffer += bytes(size - len(buffer))
 
 #: Bytes of one read made while no large frame is in assembly (`FrameBuffer.get_buffer`): as
 #: much as uvloop reads at a time into its own buffer, so a read of small or medium frames
@@ -43,10 +48,13 @@ READ_SIZE = 256_000
 OWN_BUFFER = 32 * 1024
 #: At most this much is reserved at once for a frame in assembly, whatever its prefix says (up
 #: to `max_frame_size`, 100 MiB by default): a peer's 4-byte prefix must not reserve 100 MiB
-#: before it sends anything. A larger frame's buffer grows, doubling, as its bytes arrive (one
-#: copy of what arrived, per doubling). 16 MiB holds a consumer's whole Fetch response at the
-#: usual settings (1 MiB per partition; 8 MiB in bench_proxy).
-RESERVE = 16 * 1024 * 1024
+#: before it sends anything. A larger frame's buffer grows, doubling, as its bytes arrive. Not
+#: less: a workload-2 consumer in bench_proxy (8 MiB per partition, six partitions) gets ~33 MB
+#: responses, and growing a 16 MiB reserve (from the heap to a mapping of its own: copies and
+#: faults) cost more than the copies it saved (bench.consume_cpu --workload 2: 1.2x the CPU per
+#: GB of feeding chunks; reserved whole, 0.4x). Above glibc's mmap threshold (32 MiB here,
+#: proxy/ops/allocator.py) a reservation is a mapping the kernel backs only as bytes arrive.
+RESERVE = 64 * 1024 * 1024
 
 __all__ = ["DEFAULT_MAX_FRAME_SIZE", "FrameBuffer", "FrameTooLarge", "frame"]
 
@@ -110,9 +118,7 @@ class FrameBuffer:
             got = self._got
             if got == len(body):
                 # Reserved less than the frame (`RESERVE`): twice what arrived, at most.
-                grown = _unfilled(min(self._size, 2 * got))
-                grown[:got] = body
-                self._body = body = grown
+                body = self._enlarge(min(self._size, 2 * got))
             return memoryview(body)[got:]
         read = self._read
         if read is None:
@@ -159,6 +165,20 @@ class FrameBuffer:
         body[:got] = part
         self._body, self._got, self._size = body, got, size
 
+    def _enlarge(self, size: int) -> bytearray:
+        """The large frame's buffer made `size` bytes long: in place (`realloc`, which remaps
+        rather than copies a buffer above glibc's mmap threshold), or, while a view of it is
+        still alive (a caller's; an event loop lets go of its own after each read), a copy."""
+        body = self._body
+        assert body is not None
+        try:
+            _grow(body, size)
+        except BufferError:
+            grown = _unfilled(size)
+            grown[: self._got] = memoryview(body)[: self._got]
+            self._body = body = grown
+        return body
+
     def _fill(self, nbytes: int) -> list[memoryview | bytes]:
         got = self._got = self._got + nbytes
         missing = self._size - got
@@ -186,9 +206,7 @@ class FrameBuffer:
             take = min(len(data), self._size - got)
             if got + take > len(body):
                 # More than was reserved (`RESERVE`) has arrived: the buffer grows to hold it.
-                grown = _unfilled(min(self._size, max(2 * got, got + take)))
-                grown[:got] = memoryview(body)[:got]
-                self._body = body = grown
+                body = self._enlarge(min(self._size, max(2 * got, got + take)))
             body[got : got + take] = data[:take]
             done = self._fill(take)
             if take == len(data):
