@@ -6,13 +6,13 @@ inside one fed chunk come back as zero-copy `memoryview` slices of that chunk; o
 incomplete tail of a chunk is buffered (and copied) until the rest arrives.
 
 It can also be read into (`get_buffer`, `filled`: what an asyncio `BufferedProtocol` asks
-for): a read goes into a small buffer of its own, from which whole frames are taken as with
-`feed`; once a frame of `OWN_BUFFER` bytes or more is known to be in assembly, its body gets a
-buffer of its own, sized from its length prefix (at most `RESERVE` at first), and the socket
-reads the rest of it straight into that buffer. A 1 MB Fetch response is then copied by the
-kernel into the buffer it is forwarded from, and by nothing else (fed as chunks, it was copied
-once out of the event loop's read buffer into a `bytes` and once more into the frame in
-assembly).
+for): a read goes into a `READ_SIZE` buffer of its own, from which whole frames are taken as
+with `feed`; once a frame of `OWN_BUFFER` bytes or more is known to be in assembly, its body
+gets a buffer of its own, sized from its length prefix (at most `RESERVE` at first), and the
+socket reads the rest of it straight into that buffer. A large Fetch response is then copied
+in Python only for what its first read held; the rest the kernel copies into the buffer it is
+forwarded from (fed as chunks, all of it was copied once out of the event loop's read buffer
+into a `bytes` and once more into the frame in assembly).
 """
 
 from __future__ import annotations
