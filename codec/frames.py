@@ -4,6 +4,15 @@
 proxy's hot path for every request and response, so it avoids copies: frames that lie wholly
 inside one fed chunk come back as zero-copy `memoryview` slices of that chunk; only the
 incomplete tail of a chunk is buffered (and copied) until the rest arrives.
+
+It can also be read into (`get_buffer`, `filled`: what an asyncio `BufferedProtocol` asks
+for): a read goes into a `READ_SIZE` buffer of its own, from which whole frames are taken as
+with `feed`; once a frame of `OWN_BUFFER` bytes or more is known to be in assembly, its body
+gets a buffer of its own, sized from its length prefix (at most `RESERVE` at first), and the
+socket reads the rest of it straight into that buffer. A large Fetch response is then copied
+in Python only for what its first read held; the rest the kernel copies into the buffer it is
+forwarded from (fed as chunks, all of it was copied once out of the event loop's read buffer
+into a `bytes` and once more into the frame in assembly).
 """
 
 from __future__ import annotations
@@ -14,10 +23,38 @@ from collections.abc import Callable
 from .errors import FrameTooLarge
 
 _whole_frames: Callable[[bytes, int], list[memoryview | bytes] | None] | None
+_unfilled: Callable[[int], bytearray]
 try:  # codec/passthrough.c, built at install: a read of whole frames in one call
     from ._passthrough import whole_frames as _whole_frames  # type: ignore[import-not-found, no-redef, unused-ignore]
 except ImportError:
     _whole_frames = None
+_grow: Callable[[bytearray, int], None]
+try:  # the same module: a large frame's buffer without first writing zeros into it
+    from ._passthrough import grow as _grow  # type: ignore[import-not-found, no-redef, unused-ignore]
+    from ._passthrough import unfilled as _unfilled  # type: ignore[import-not-found, no-redef, unused-ignore]
+except ImportError:
+    _unfilled = bytearray
+
+    def _grow(buffer: bytearray, size: int) -> None:
+        buffer += bytes(size - len(buffer))
+
+#: Bytes of one read made while no large frame is in assembly (`FrameBuffer.get_buffer`): as
+#: much as uvloop reads at a time into its own buffer, so a read of small or medium frames
+#: costs what it did (one copy into a `bytes`, the frames views of it); a large frame's first
+#: read is copied once into its own buffer, and the rest of it is not copied.
+READ_SIZE = 256_000
+#: A frame of this many bytes or more, once its size prefix is read, is read into a buffer of
+#: its own (`get_buffer`); below it, a frame takes the copies `feed` makes, cheap at that size.
+OWN_BUFFER = 32 * 1024
+#: At most this much is reserved at once for a frame in assembly, whatever its prefix says (up
+#: to `max_frame_size`, 100 MiB by default): a peer's 4-byte prefix must not reserve 100 MiB
+#: before it sends anything. A larger frame's buffer grows, doubling, as its bytes arrive. Not
+#: less: a workload-2 consumer in bench_proxy (8 MiB per partition, six partitions) gets ~33 MB
+#: responses, and growing a 16 MiB reserve (from the heap to a mapping of its own: copies and
+#: faults) cost more than the copies it saved (bench.consume_cpu --workload 2: 1.2x the CPU per
+#: GB of feeding chunks; reserved whole, 0.4x). Above glibc's mmap threshold (32 MiB here,
+#: proxy/ops/allocator.py) a reservation is a mapping the kernel backs only as bytes arrive.
+RESERVE = 64 * 1024 * 1024
 
 __all__ = ["DEFAULT_MAX_FRAME_SIZE", "FrameBuffer", "FrameTooLarge", "frame"]
 
@@ -42,7 +79,8 @@ class FrameBuffer:
     in an undefined state and the connection should be closed.
     """
 
-    __slots__ = ("_buf", "_need", "max_frame_size", "missing")
+    __slots__ = ("_body", "_buf", "_got", "_need", "_read", "_size", "max_frame_size",
+                 "missing")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size < 0:
@@ -56,11 +94,102 @@ class FrameBuffer:
         #: prefix has been read yet: nothing is known to be coming). An attribute, set by
         #: `feed`, not a property: the proxy reads it after every read of a socket.
         self.missing = 0
+        # Read into (`get_buffer`): the buffer of the large frame in assembly (its body only),
+        # the bytes of it filled, and its size; else None, and reads go into `_read`.
+        self._body: bytearray | None = None
+        self._got = 0
+        self._size = 0
+        self._read: memoryview | None = None
 
     @property
     def pending(self) -> int:
         """Bytes buffered that do not yet form a whole frame."""
+        if self._body is not None:
+            return 4 + self._got
         return len(self._buf)
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next read from the socket goes (never empty); then call `filled` with
+        the number of bytes written into it. While a large frame is in assembly, that is the
+        rest of the frame's own buffer: the read stops at the frame's end, and the next read
+        goes into a small buffer again."""
+        body = self._body
+        if body is not None:
+            got = self._got
+            if got == len(body):
+                # Reserved less than the frame (`RESERVE`): twice what arrived, at most.
+                body = self._enlarge(min(self._size, 2 * got))
+            return memoryview(body)[got:]
+        read = self._read
+        if read is None:
+            read = self._read = memoryview(bytearray(READ_SIZE))
+        return read
+
+    def filled(self, nbytes: int) -> list[memoryview | bytes]:
+        """`nbytes` were read into the buffer `get_buffer` gave: the bodies of every frame
+        they complete, in order (as `feed`)."""
+        if self._body is not None:
+            return self._fill(nbytes)
+        read = self._read
+        assert read is not None and 0 <= nbytes <= READ_SIZE
+        buf = self._buf
+        if not buf and nbytes >= 4:
+            size = _unpack_size(read, 0)[0]
+            if size + 4 > nbytes and size >= OWN_BUFFER:
+                # The common start of a large frame (a Fetch response: one in flight per
+                # connection): the read begins with it and holds nothing else, so what it
+                # holds of the body is copied once, into the frame's own buffer.
+                self._check(size)
+                self._own_buffer(size, read[4:nbytes])
+                self.missing = size + 4 - nbytes
+                return []
+        # One copy: whole frames are views of it, a frame cut at the end is kept (`feed`).
+        data = bytes(read[:nbytes])
+        if not buf and _whole_frames is not None:
+            whole = _whole_frames(data, self.max_frame_size)  # `feed`'s common read, one call less
+            if whole is not None:
+                return whole
+        out = self.feed(data)
+        if self._need >= OWN_BUFFER:
+            self._own_buffer(self._need - 4, memoryview(self._buf)[4:])
+            self._buf = bytearray()
+            self._need = 0
+        return out
+
+    def _own_buffer(self, size: int, part: memoryview) -> None:
+        """The frame in assembly is large (`size` bytes, of which `part` has arrived): its
+        body moves to a buffer of its own, which the socket reads the rest into
+        (`get_buffer`)."""
+        got = len(part)
+        body = _unfilled(min(size, max(RESERVE, got)))
+        body[:got] = part
+        self._body, self._got, self._size = body, got, size
+
+    def _enlarge(self, size: int) -> bytearray:
+        """The large frame's buffer made `size` bytes long: in place (`realloc`, which remaps
+        rather than copies a buffer above glibc's mmap threshold), or, while a view of it is
+        still alive (a caller's; an event loop lets go of its own after each read), a copy."""
+        body = self._body
+        assert body is not None
+        try:
+            _grow(body, size)
+        except BufferError:
+            grown = _unfilled(size)
+            grown[: self._got] = memoryview(body)[: self._got]
+            self._body = body = grown
+        return body
+
+    def _fill(self, nbytes: int) -> list[memoryview | bytes]:
+        got = self._got = self._got + nbytes
+        missing = self._size - got
+        self.missing = missing
+        if missing:
+            return []
+        body = self._body
+        assert body is not None
+        self._body = None
+        self._size = self._got = 0
+        return [memoryview(body)]
 
     def _check(self, size: int) -> None:
         if size < 0 or size > self.max_frame_size:
@@ -71,6 +200,18 @@ class FrameBuffer:
         if type(data) is not bytes:
             # Returned views must not alias a buffer the caller may reuse.
             data = bytes(data)
+        if self._body is not None:
+            # A large frame is being read into its own buffer: the chunk fills it first.
+            body, got = self._body, self._got
+            take = min(len(data), self._size - got)
+            if got + take > len(body):
+                # More than was reserved (`RESERVE`) has arrived: the buffer grows to hold it.
+                body = self._enlarge(min(self._size, max(2 * got, got + take)))
+            body[got : got + take] = data[:take]
+            done = self._fill(take)
+            if take == len(data):
+                return done
+            return done + self.feed(data[take:])
         buf = self._buf
         if not buf and _whole_frames is not None:
             # The common read (nothing in assembly, whole frames only) in one C call; None

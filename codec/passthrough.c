@@ -9,6 +9,11 @@
  *                              acks and the one topic name of a Produce request body at
  *                              `start`, as codec/produce_splice.py's ProduceTopics
  *   produce_response_tagged(body, start, by_id)
+ *   unfilled(n)                a bytearray of n bytes left as malloc gives them (not zeroed): a
+ *                              large frame's body, read into by the socket before it is read
+ *                              by anything (codec/frames.py FrameBuffer.get_buffer)
+ *   grow(buffer, n)            that bytearray made n bytes long in place, not zeroed: such a
+ *                              buffer when its frame is longer than what was reserved
  *   fetch_response_tagged(body, start, by_id, fixed, replica, top_fixed)
  *                              whether a Produce / Fetch response may carry top-level tagged
  *                              fields (KIP-951 node endpoints); -1: a partition the Python
@@ -424,7 +429,42 @@ error:
     return NULL;
 }
 
+/* unfilled(n) -> bytearray of n bytes, not zeroed: bytearray(n) writes n zeros that the socket
+ * overwrites at once (for a 1 MB Fetch response a memset as long as the copy it saves). Its
+ * bytes are never read before they are written: codec/frames.py hands a frame out only once
+ * every byte of it came from the socket. */
+static PyObject *unfilled(PyObject *self, PyObject *arg) {
+    Py_ssize_t n = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "unfilled(n) needs n >= 0");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, n);
+}
+
+/* grow(buffer, n): the bytearray resized to n bytes in place (realloc: for a buffer the C
+ * library mapped on its own, the kernel remaps its pages, no copy), the new bytes not zeroed;
+ * BufferError while a view of it is alive. */
+static PyObject *grow(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyByteArray_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "grow(bytearray, n)");
+        return NULL;
+    }
+    Py_ssize_t n = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < PyByteArray_GET_SIZE(args[0])) {
+        PyErr_SetString(PyExc_ValueError, "grow(buffer, n) needs n >= len(buffer)");
+        return NULL;
+    }
+    if (PyByteArray_Resize(args[0], n) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"unfilled", unfilled, METH_O, "unfilled(n) -> bytearray of n bytes, not zeroed"},
+    {"grow", (PyCFunction)(void (*)(void))grow, METH_FASTCALL,
+     "grow(bytearray, n): resized in place to n bytes, not zeroed"},
     {"whole_frames", (PyCFunction)(void (*)(void))whole_frames, METH_FASTCALL,
      "whole_frames(bytes, max_frame_size) -> [memoryview, ...] | None"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,

@@ -380,12 +380,17 @@ class Connection:
                 break
         return self._finish(out, to_broker)
 
-    def broker_data(self, data: bytes) -> list[Action]:
+    def broker_data(self, data: bytes | int) -> list[Action]:
+        """Bytes the broker sent: a chunk read, or (an int) how many bytes its socket read into
+        `broker_frames.get_buffer()` (the I/O layer reads into the frame buffer: a large
+        response is read into the buffer it is forwarded from, `FrameBuffer.filled`)."""
         out: list[Action] = []
         if self._phase is _CLOSED:
             return out
+        frames_in = self.broker_frames
         try:
-            frames = self.broker_frames.feed(data)
+            frames = (frames_in.filled(data) if type(data) is int
+                      else frames_in.feed(data))  # type: ignore[arg-type]
         except FrameTooLarge as exc:
             return self._close(out, f"response frame too large: {exc}", violation=True)
         if not frames:
