@@ -14,11 +14,19 @@ import pytest
 
 from tests.harness.broker import TansuBroker
 from tests.harness.kafka_endpoint import KafkaEndpoint, kafka_or_tansu, mark_kafka_tests
+from tests.harness.kafka_tools import ClientProbe
 
 
 @pytest.fixture(scope="session")
 def broker(request: pytest.FixtureRequest) -> KafkaEndpoint | TansuBroker:
     return kafka_or_tansu(request)
+
+
+@pytest.fixture(scope="session")
+def probe(tmp_path_factory: pytest.TempPathFactory) -> ClientProbe:
+    """The Java client (tests/java/ClientProbe.java), compiled once per session (per xdist
+    worker) for every test that runs it."""
+    return ClientProbe(tmp_path_factory.mktemp("java-probe")).compile()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -50,11 +50,6 @@ def proxy(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slu
         yield p
 
 
-@pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> ClientProbe:
-    return ClientProbe(tmp_path_factory.mktemp("java-probe")).compile()
-
-
 def values_of(tag: str) -> list[bytes]:
     return [json.dumps({"card": f"4111-{tag}-{i:05d}", "name": f"Holder {i}"}).encode()
             for i in range(COUNT)]

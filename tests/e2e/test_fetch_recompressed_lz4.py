@@ -41,11 +41,6 @@ def proxy(broker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Slu
         yield p
 
 
-@pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> ClientProbe:
-    return ClientProbe(tmp_path_factory.mktemp("java-probe")).compile()
-
-
 def values_of(tag: str) -> list[bytes]:
     return [json.dumps({"email": f"user{i}@{tag}.example.com", "n": i}).encode()
             for i in range(COUNT)]

@@ -43,11 +43,6 @@ def secret_values(tag: str, count: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def probe(tmp_path_factory: pytest.TempPathFactory) -> ClientProbe:
-    return ClientProbe(tmp_path_factory.mktemp("java-probe")).compile()
-
-
-@pytest.fixture(scope="module")
 def proxy(kafka_broker: KafkaCluster) -> Iterator[SluiceProxy]:
     """A proxy with no filters in front of the session's Kafka node."""
     with SluiceProxy(upstream=kafka_broker.bootstrap) as p:
