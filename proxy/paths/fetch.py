@@ -15,8 +15,8 @@ once when their filters keep no state between calls (`filters/parallel.py`,
 
 While a fetch filter is in force, a Fetch request asking for more than
 `proxy.filtered_fetch_max_bytes` is forwarded asking for that much (`on_request`; only its
-max_bytes changes, `codec/fetch_request.py`), so that responses stay small enough to be
-filtered while the consumer still reads the one before.
+max_bytes changes, and a min_bytes above it, `codec/fetch_request.py`), so that responses
+stay small enough to be filtered while the consumer still reads the one before.
 
 The response is scanned, not decoded (`sluice.codec.fetch_splice`): the filters get the records
 of the filtered topics' partitions as views of the broker's frame, and their output is spliced

@@ -1,7 +1,7 @@
 """A Fetch request's max_bytes lowered in place (codec/fetch_request.py) against kio: for every
 Fetch request version the codec knows, the capped frame decodes to the request kio decodes
-from the original with only max_bytes changed; golden requests from real clients; short
-frames refused."""
+from the original with only max_bytes (and a min_bytes above it) changed; golden requests
+from real clients; short frames refused."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_a_capped_request_is_the_original_with_max_bytes_lowered(
     assert capped is not None and len(capped) == len(frame)
     assert parse_request_header(capped) == header
     after = decode_request(1, version, capped[header.header_size:])
-    assert after == dataclasses.replace(before, max_bytes=cap)
+    assert after == dataclasses.replace(before, max_bytes=cap, min_bytes=min(min_bytes, cap))
 
 
 FETCH_GOLDEN = [g for g in REQUESTS if g.api_key == 1]
@@ -88,7 +88,7 @@ def test_golden_fetch_requests_capped(g: Any) -> None:
     capped = cap_fetch_max_bytes(frame, size, g.api_version, lower)
     assert capped is not None
     assert decode_request(1, g.api_version, capped[size:]) == dataclasses.replace(
-        before, max_bytes=lower)
+        before, max_bytes=lower, min_bytes=min(before.min_bytes, lower))
 
 
 def test_fetch_golden_requests_exist() -> None:

@@ -1,6 +1,7 @@
 """proxy.filtered_fetch_max_bytes: while a fetch filter is in force, the fetch path forwards a
-Fetch request asking for more than the setting with its max_bytes lowered to it (and only
-that changed); otherwise, and with the setting 0, the client's own bytes go on."""
+Fetch request asking for more than the setting with its max_bytes lowered to it (and a
+min_bytes above it; only those changed); otherwise, and with the setting 0, the client's own
+bytes go on."""
 
 from __future__ import annotations
 
@@ -60,3 +61,22 @@ def test_a_request_asking_for_more_is_forwarded_asking_for_the_cap(
     sent = decode_request(FETCH, version, bytes(outcome.frame)[header.header_size:])
     before = decode_request(FETCH, version, frame[header.header_size:])
     assert sent == dataclasses.replace(before, max_bytes=ctx.fetch_max_bytes)
+
+
+@pytest.mark.parametrize("version", [4, 12, 15, 18])
+def test_a_min_bytes_above_the_cap_is_lowered_to_it(tmp_path: Path, version: int) -> None:
+    """A broker answers once `min_bytes` are available (counted per partition, not up to the
+    request's max_bytes): a consumer asking for 10 MB at least and 50 MB at most, capped to
+    4 MiB at most but still 10 MB at least, would wait max_wait_ms for a backlog of under
+    10 MB already at the broker, on every Fetch once the backlog falls below it."""
+    ctx = dataclasses.replace(context_of(tmp_path, "proxy: {}\n"), directions=frozenset({"fetch"}))
+    frame = build(version, 50 << 20, 10 << 20, 500, 0, [(0, 0, 8 << 20)], "consumer")
+    header = parse_request_header(frame)
+    exchange = Exchange(header, ClientInfo("c", ("127.0.0.1", 1), client_id="consumer"))
+    outcome = FetchPath().on_request(ctx, exchange, frame)
+    assert isinstance(outcome, Forward) and outcome.frame is not None
+    sent = decode_request(FETCH, version, bytes(outcome.frame)[header.header_size:])
+    assert (sent.min_bytes, sent.max_bytes) == (ctx.fetch_max_bytes, ctx.fetch_max_bytes)
+    before = decode_request(FETCH, version, frame[header.header_size:])
+    assert sent == dataclasses.replace(before, min_bytes=ctx.fetch_max_bytes,
+                                       max_bytes=ctx.fetch_max_bytes)
