@@ -115,6 +115,48 @@ def test_a_declared_size_reserves_no_more_than_the_bound() -> None:
     assert fb.pending == 40_004
 
 
+def test_connections_that_read_small_frames_hold_no_read_buffer() -> None:
+    # Found in review: each broker connection kept a `READ_SIZE` read buffer (zeroed) for its
+    # life once it had read anything: 2.5 GB for 10 000 idle connections, where the event
+    # loop's own reads held nothing per connection. Now one per thread.
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        connections = [FrameBuffer() for _ in range(100)]
+        frames = [read(fb, frame(body(20, seed))) for seed, fb in enumerate(connections)]
+        held, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert frames == [[body(20, seed)] for seed in range(100)]
+    assert held - before < READ_SIZE + 100 * 2_000  # at most the thread's one read buffer
+    assert all(fb.pending == 0 for fb in connections)
+    assert len(connections[0].get_buffer()) == READ_SIZE  # the next read gets one again
+
+
+def test_connections_reading_in_turn_through_the_shared_buffer_keep_their_own_bytes(
+    small: None,
+) -> None:
+    # Each read of one connection, then one of another (as an event loop serves them), every
+    # frame cut across reads: what one read left in assembly was copied out of the buffer.
+    streams = [b"".join(frame(body(n, seed)) for n in (3, 15, 40, 7, 100, 1)) for seed in (1, 2, 3)]
+    connections = [FrameBuffer() for _ in streams]
+    got: list[list[bytes]] = [[] for _ in streams]
+    at = [0] * len(streams)
+    step = 0
+    while any(a < len(s) for a, s in zip(at, streams, strict=True)):
+        for i, (fb, stream) in enumerate(zip(connections, streams, strict=True)):
+            if at[i] < len(stream):
+                buf = fb.get_buffer()
+                n = min(len(buf), 1 + (step + 5 * i) % 23, len(stream) - at[i])
+                buf[:n] = stream[at[i] : at[i] + n]
+                buf[n:] = b"\xee" * (len(buf) - n)  # whatever the next read leaves there
+                del buf
+                at[i] += n
+                got[i].extend(bytes(f) for f in fb.filled(n))
+        step += 1
+    assert got == [[body(n, seed) for n in (3, 15, 40, 7, 100, 1)] for seed in (1, 2, 3)]
+
+
 def test_an_oversize_prefix_is_refused_and_reads_go_on_into_a_buffer() -> None:
     fb = FrameBuffer(max_frame_size=1024)
     buf = fb.get_buffer()

@@ -3,15 +3,19 @@
 `ProxyServer` and `Session`, on uvloop and on asyncio's own loop, responses of every size
 (small ones several to a read, medium ones, ~1 MB ones read into their own buffer, one past
 the reserve that must grow) sent by a fake broker in pieces cut anywhere reach the client as
-the broker's bytes, in order; a size prefix over `max_frame_size` closes the connection.
+the broker's bytes, in order, over plain TCP and over TLS to the broker (the loop's TLS layer
+then drives the buffered protocol); a size prefix over `max_frame_size` closes the connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import ssl
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +24,12 @@ import uvloop
 from sluice.codec import frames as frames_module
 from sluice.codec.headers import request_header_bytes
 from sluice.codec.messages import ApiKey
+from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.net.tls import UpstreamTLS
 from sluice.proxy.ops.config import ProxyConfig
 from tests.harness.ports import free_port_block
 from tests.proxy.test_low_water import _proxy_before, _read_frame
+from tests.proxy.tls_certs import Pki, make_pki
 
 VERSION = 4  # Heartbeat: no path inspects it, so it is relayed as its bytes
 #: The reserve for a frame in assembly, lowered here so that a response past it stays small.
@@ -46,7 +53,25 @@ def _run(main: Callable[[], Coroutine[Any, Any, Any]], loop: str) -> Any:
     return uvloop.run(main()) if loop == "uvloop" else asyncio.run(main())
 
 
-async def _relay(seed: int) -> list[bool]:
+@contextlib.asynccontextmanager
+async def _proxy_before_tls(broker: Any, config: ProxyConfig, pki: Pki) -> AsyncIterator[None]:
+    """As `_proxy_before`, the fake broker speaking TLS and the proxy trusting its CA: the
+    event loop's TLS layer then drives the buffered protocol (get_buffer, buffer_updated)."""
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(pki.server_cert, pki.server_key)
+    fake = await asyncio.start_server(broker, "127.0.0.1", 0, ssl=server_ctx)
+    config.upstream = [("127.0.0.1", fake.sockets[0].getsockname()[1])]
+    config.upstream_tls = UpstreamTLS(ca=pki.ca)
+    server = ProxyServer(config)
+    await server.start()
+    try:
+        yield
+    finally:
+        await server.close()
+        fake.close()
+
+
+async def _relay(seed: int, pki: Pki | None = None) -> list[bool]:
     config = ProxyConfig(listen=("127.0.0.1", free_port_block(9)), upstream=[])
     responses = [_response(cid, extra) for cid, extra in enumerate(SIZES, 1)]
 
@@ -67,7 +92,8 @@ async def _relay(seed: int) -> list[bool]:
         await reader.read()
         writer.close()
 
-    async with _proxy_before(broker, config):
+    proxy = _proxy_before(broker, config) if pki is None else _proxy_before_tls(broker, config, pki)
+    async with proxy:
         reader, writer = await asyncio.open_connection(*config.listen)
         for cid in range(1, len(SIZES) + 1):
             writer.write(_request(cid))
@@ -85,6 +111,16 @@ def test_responses_cut_anywhere_reach_the_client_as_sent(
 ) -> None:
     monkeypatch.setattr(frames_module, "RESERVE", RESERVE)
     assert _run(lambda: _relay(seed), loop) == [True] * len(SIZES)
+
+
+@pytest.mark.serial
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_responses_cut_anywhere_reach_the_client_over_tls_to_the_broker(
+    loop: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(frames_module, "RESERVE", RESERVE)
+    pki = make_pki(tmp_path / "pki")
+    assert _run(lambda: _relay(1, pki), loop) == [True] * len(SIZES)
 
 
 async def _oversize() -> bytes:
