@@ -20,7 +20,7 @@ DEFAULT_DEAD_LETTER_QUEUE_BYTES = 64 * 1024 * 1024
 DEFAULT_DEAD_LETTER_SHUTDOWN_TIMEOUT = 5.0
 #: proxy.filtered_fetch_max_bytes when the config file does not say (docs/PERFORMANCE.md,
 #: *Why filtered fetch lags most*).
-DEFAULT_FILTERED_FETCH_MAX_BYTES = 4 * 1024 * 1024
+DEFAULT_FILTERED_FETCH_MAX_BYTES = 8 * 1024 * 1024
 
 
 class ConfigFileError(ValueError):
