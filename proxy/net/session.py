@@ -321,8 +321,15 @@ class Session(asyncio.Protocol):
                     assert self._broker is not None
                     self._broker.writelines(action.data)  # type: ignore[union-attr]
                 elif kind is SendToClient:
-                    assert self._client is not None
-                    self._client.writelines(action.data)  # type: ignore[union-attr]
+                    client = self._client
+                    assert client is not None
+                    if len(action.data) > 2 and client.get_write_buffer_size():  # type: ignore[union-attr]
+                        # A client that is not reading: what is written now is buffered, a
+                        # Python object a piece (a view and its prefix per response), several
+                        # times the bytes the write mark counts for small answers. One piece.
+                        client.write(b"".join(action.data))  # type: ignore[union-attr]
+                    else:
+                        client.writelines(action.data)  # type: ignore[union-attr]
                 elif kind is StartJob:
                     self._start(action)  # type: ignore[arg-type]
                 elif kind is PauseClient:

@@ -55,6 +55,12 @@ class _Transport:
     def writelines(self, data: Any) -> None:
         self.writes.append(list(data))
 
+    def write(self, data: Any) -> None:
+        self.writes.append([data])
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # the peer reads: nothing is left in the transport
+
     def get_extra_info(self, key: str, default: Any = None) -> Any:
         if key == "socket":
             return self.sock
