@@ -44,6 +44,7 @@ from sluice.proxy.net.connection import (
 from sluice.proxy.net.filter_pool import FilterPool
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.low_water import MIN_MARK, LowWater, low_water
+from sluice.proxy.net.write_queue import QueuedWrites
 from sluice.proxy.ops.gc_pauses import thread_gc_time
 from sluice.proxy.paths.base import IN_POOL, try_inline
 from sluice.proxy.telemetry.logs import log, repeats
@@ -117,6 +118,8 @@ class Session(asyncio.Protocol):
         # Each socket's receive low-water mark (one wake-up per large frame, low_water.py).
         self._client_mark: LowWater | None = None
         self._broker_mark: LowWater | None = None
+        self._client_queue: QueuedWrites | None = None
+        self._broker_queue: QueuedWrites | None = None
         self._early: list[bytes] = []  # client bytes before the broker connection is up
         self._early_eof = False
         self._live = False  # the broker connection is up and the early bytes replayed
@@ -187,7 +190,7 @@ class Session(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass  # not TCP (a test's socketpair) or already gone
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self._client_queue = QueuedWrites(transport, WRITE_HIGH_WATER)
         self._client_mark = low_water(transport)
         if self._principal_of is not None:
             # A verified client certificate names the principal (SASL, if any, overrides).
@@ -235,7 +238,7 @@ class Session(asyncio.Protocol):
 
     def broker_connected(self, transport: asyncio.Transport) -> None:
         self._broker = transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+        self._broker_queue = QueuedWrites(transport, WRITE_HIGH_WATER)
         self._broker_mark = low_water(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -284,6 +287,8 @@ class Session(asyncio.Protocol):
             self._do(self.conn.client_writable(False))
 
     def resume_writing(self) -> None:
+        if self._client_queue is not None:
+            self._client_queue.resumed()
         if self.conn is not None and not self._ended:
             self._do(self.conn.client_writable(True))
 
@@ -305,6 +310,8 @@ class Session(asyncio.Protocol):
             self._do(self.conn.broker_eof())
 
     def broker_writable(self, writable: bool) -> None:
+        if writable and self._broker_queue is not None:
+            self._broker_queue.resumed()
         if self.conn is not None and not self._ended:
             self._do(self.conn.broker_writable(writable))
 
@@ -318,18 +325,26 @@ class Session(asyncio.Protocol):
             for action in actions:
                 kind = type(action)
                 if kind is SendToBroker:
-                    assert self._broker is not None
-                    self._broker.writelines(action.data)  # type: ignore[union-attr]
+                    broker = self._broker
+                    assert broker is not None
+                    if broker.get_write_buffer_size():
+                        # Queued, not sent: one piece (each costs a write context, and a
+                        # view in it holds its whole chunk), counted (`write_queue.py`).
+                        broker.write(b"".join(action.data))  # type: ignore[union-attr]
+                        self._broker_queue.wrote()  # type: ignore[union-attr]
+                    else:
+                        broker.writelines(action.data)  # type: ignore[union-attr]
+                        self._broker_queue.pieces = 0  # type: ignore[union-attr]
                 elif kind is SendToClient:
                     client = self._client
                     assert client is not None
-                    if len(action.data) > 2 and client.get_write_buffer_size():  # type: ignore[union-attr]
-                        # A client that is not reading: what is written now is buffered, a
-                        # Python object a piece (a view and its prefix per response), several
-                        # times the bytes the write mark counts for small answers. One piece.
+                    if client.get_write_buffer_size():
+                        # A client that is not reading: as above.
                         client.write(b"".join(action.data))  # type: ignore[union-attr]
+                        self._client_queue.wrote()  # type: ignore[union-attr]
                     else:
                         client.writelines(action.data)  # type: ignore[union-attr]
+                        self._client_queue.pieces = 0  # type: ignore[union-attr]
                 elif kind is StartJob:
                     self._start(action)  # type: ignore[arg-type]
                 elif kind is PauseClient:

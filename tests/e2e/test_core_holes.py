@@ -308,7 +308,7 @@ def test_client_that_never_reads_local_answers(own_broker: TansuBroker, tmp_path
     summary = flood_summary(flooder, growth, latencies)
     # Well-formed requests: the proxy may stop reading them, never drop the connection.
     assert flooder.error is None, summary
-    assert growth < 32 * MiB, summary
+    assert growth < 16 * MiB, summary
     assert latencies and max(latencies) < SERVED_WITHIN_S, summary
 
 
@@ -318,7 +318,7 @@ def test_client_that_never_reads_broker_answers(own_broker: TansuBroker, tmp_pat
     summary = flood_summary(flooder, growth, latencies)
     # Well-formed requests: the proxy may stop reading them, never drop the connection.
     assert flooder.error is None, summary
-    assert growth < 32 * MiB, summary
+    assert growth < 16 * MiB, summary
     assert latencies and max(latencies) < SERVED_WITHIN_S, summary
 
 
