@@ -4,7 +4,7 @@ Each test drives a real `sluice serve` process in front of a real Tansu broker w
 on plain sockets (or real clients), and judges the proxy only from outside: what a client
 receives, when a connection is closed, the `/metrics` text and the process's resident memory.
 Each reproduced its hole before the core redesign (the figures are in docs/PERFORMANCE.md,
-"Issue 11 holes"); they hold the redesigned core to it.
+"Holes of the proxy core"); they hold the redesigned core to it.
 
 The bounds (memory growth, latency, series counts) are generous on purpose: the machine is
 shared, and the holes overshoot them by an order of magnitude (figures in each test).
