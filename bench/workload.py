@@ -124,7 +124,8 @@ def paused_gc() -> Iterator[None]:
     Why: a batch-API consume() returns 10 000 Message objects, all alive until the batch is
     handed back, so they outlive the young generations and set off full collections of the
     whole heap, 5-6 per 500 000 records, 25-50 % of a workload-2 consume's wall time and
-    about 0.35 µs of the Python thread's CPU a record (measured; docs/PERFORMANCE.md). Their
+    about 0.35 µs of the Python thread's CPU a record (measured when this was added; the wall
+    share is in docs/PERFORMANCE.md, *What the consume figure measures*). Their
     length on a shared machine is noise the path did not make. Messages hold no reference
     cycles: reference counting frees them with the collector off."""
     was = gc.isenabled()
