@@ -112,7 +112,7 @@ static void digest(const prefix_state *s, const uint8_t *data, uint32_t n, uint8
 
 /* Where the CPU has the SHA extensions (x86-64 SHA-NI, checked once with cpuid), the final
  * block of four requests at a time goes through them directly: the instructions' latency leaves
- * room for independent messages (one: ~45 ns a block here, four side by side: ~25 ns each), and
+ * room for independent messages (one: ~45 ns a block here, four side by side: ~20 ns each), and
  * a call into OpenSSL per block cost more than the block. Everything else (a long prefix's midstate, a data span over one block) uses OpenSSL. */
 #ifdef HS_SHANI
 static const uint32_t K256[64] = {
