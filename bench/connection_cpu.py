@@ -89,6 +89,12 @@ class _Transport:
         if self.forwarded is not None and not self.forwarded.done():
             self.forwarded.set_result(None)
 
+    def write(self, data: Any) -> None:
+        self.writelines((data,))
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # every write is taken at once
+
     def is_closing(self) -> bool:
         return False
 

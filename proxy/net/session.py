@@ -616,7 +616,14 @@ class Session(asyncio.Protocol):
             return
         if error is not None and not isinstance(error, asyncio.CancelledError):
             log.error("job_failed", conn=self.client.id, error=repr(error), exc_info=error)
-        self._do(self.conn.job_done(job_id, result, error))
+        try:
+            self._do(self.conn.job_done(job_id, result, error))
+        except Exception as exc:
+            # A fault of the proxy's own (not of the filter: that is `error`) left this
+            # outcome half performed: its request, and every later one of the connection,
+            # would wait for ever. Closed instead, so the client sees it and reconnects.
+            log.exception("job_outcome_failed", conn=self.client.id)
+            self._end(Close(f"internal error: {type(exc).__name__}"))
 
     def _end(self, close: Close) -> None:
         if self._ended:

@@ -97,3 +97,25 @@ def test_a_masked_one_record_produce_and_its_response_stay_within_their_calls(
         assert len(on_request) <= REQUEST_CALLS, on_request
 
     asyncio.run(run())
+
+
+def test_a_job_outcome_the_session_cannot_perform_closes_the_connection(
+    tcp_sockets: tuple[socket.socket, socket.socket],
+) -> None:
+    # A fault of the proxy's own while performing a job's outcome (here the broker's
+    # transport raises) must not leave the request unanswered for ever: the connection
+    # closes, so the client sees it and reconnects.
+    async def run() -> None:
+        session, client, broker, frames = await _masked_session(tcp_sockets, 1)
+        ((request, _response),) = frames
+        closed: list[str] = []
+
+        def broken(data: Any) -> None:
+            raise RuntimeError("the transport went wrong")
+
+        broker.writelines = broken  # type: ignore[method-assign]
+        client.close = lambda: closed.append("client")  # type: ignore[method-assign]
+        session.data_received(request)  # its job runs inline, within this read
+        assert session._ended and closed == ["client"]
+
+    asyncio.run(run())
