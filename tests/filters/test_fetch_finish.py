@@ -7,7 +7,7 @@ refused as before, and the filter's time without the batch's compression."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,43 +16,15 @@ from hypothesis import strategies as st
 
 from sluice.codec import lz4_frame
 from sluice.codec.compression import CODEC_GZIP, CODEC_LZ4, CODEC_NONE
-from sluice.codec.records import BatchHeader, Record, build_batch
+from sluice.codec.records import BatchHeader
 from sluice.filters import pipeline
 from sluice.filters.chain import FilterChain
-from sluice.filters.config import FilterSpec
-from sluice.filters.context import RecordContext
 from sluice.filters.native_io import Finish
 from sluice.filters.pipeline import FetchOutcome, filter_fetch
+from tests.filters.test_fetch_pending import FETCH, _batch, values_st
+from tests.filters.test_fetch_pending import chain as chain  # the module's pii-mask chain
 
 pytestmark = pytest.mark.skipif(not lz4_frame.AVAILABLE, reason="no liblz4.so.1 on this host")
-
-FETCH = RecordContext("orders", 0, "fetch", "app", None)
-
-values_st = st.lists(
-    st.one_of(
-        st.builds(lambda i, n: (b'{"email": "user%d@example.com", "card": "4111 1111 1111 1111",'
-                                b' "note": "%s"}' % (i, b"x" * n)),
-                  st.integers(0, 10**6), st.integers(0, 300)),
-        st.binary(max_size=200),
-    ),
-    min_size=1, max_size=40)
-
-
-@pytest.fixture(scope="module")
-def chain() -> Iterator[FilterChain]:
-    # A long deadline: a call that runs out of it on a loaded machine is the load's doing.
-    spec = FilterSpec(name="mask", module="builtin:pii-mask", config={}, topics=("orders",),
-                      apply_to=frozenset({"fetch"}), timeout_ms=10_000)
-    made = FilterChain.from_specs([spec])
-    yield made
-    made.close()
-
-
-def _batch(values: list[bytes], codec: int, base: int) -> bytes:
-    recs = [Record(j, j, None, v, []) for j, v in enumerate(values)]
-    n = len(recs)
-    return build_batch(BatchHeader(base, 0, 0, 2, 0, codec, n - 1, 1_700_000_000,
-                                   1_700_000_000 + n - 1, -1, -1, -1, n), recs)
 
 
 def _summary(outcome: FetchOutcome) -> tuple[Any, ...]:
