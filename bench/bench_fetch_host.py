@@ -3,7 +3,7 @@ over every filtered partition, splice) against the guest's calls alone (no broke
 one thread).
 
     python -m bench.bench_fetch_host [--workload 1,2] [--records 36000] [--batch 4000] [--rounds 5]
-                                     [--threads 2] [--baseline DIR]
+                                     [--threads 2] [--shapes K] [--baseline DIR]
 
 A Fetch response (v12, what librdkafka reads) in the shape of bench_proxy's workloads holds
 `--records` ~200-byte JSON records (an e-mail address and a card number in each): workload 1
@@ -23,6 +23,11 @@ rounds, thread CPU time):
   consumer waits for, not CPU. Workload 1 (one partition) is spread as runs of its batches
   (`pipeline.plan_fetch`); a tree without that (or without the spread) shows the same job
   twice.
+
+`--shapes K` times K responses in turn, the batches of the k-th `--batch` + 7k records (of
+values shifted by 40k records), so that batch sizes vary from batch to batch as a broker's do
+(each round then times all K; the guest row, the first): a cost that depends on a size being
+new, not seen in a response repeated as is, shows.
 
 `--baseline DIR` measures another source tree (bench/baseline.py) too, in alternating fresh
 processes (`--rounds` of each, 3 measurements each), and prints both.
@@ -60,6 +65,12 @@ from sluice.proxy.paths.base import Defer
 VERSION = 12
 TOPIC = "bench-host"
 WORKLOADS = {1: (CODEC_NONE, 1), 2: (CODEC_LZ4, 6)}
+
+
+#: `--shapes`: the k-th response's batches hold `--batch` + k * _SHAPE_STEP records, of the
+#: values from k * _SHAPE_SHIFT on.
+_SHAPE_STEP = 7
+_SHAPE_SHIFT = 40
 
 
 def batches(values: list[bytes], codec: int, size: int, base: int) -> bytes:
@@ -193,14 +204,19 @@ def wall(path: Any, ctx: Any, frame: bytes, threads: int, rounds: int,
 
 
 def measure(workload: int, records: int, batch: int, rounds: int,
-            threads: int = 1) -> tuple[float, float, tuple[float, float] | None]:
+            threads: int = 1, shapes: int = 1) -> tuple[float, float, tuple[float, float] | None]:
     codec, partitions = WORKLOADS[workload]
-    values = json_records(records)
-    per = len(values) // partitions
-    parts = [batches(values[k * per : (k + 1) * per], codec, batch, 1000 * k)
-             for k in range(partitions)]  # fmt: skip
-    frame = fetch_frame(parts)
-    n = per * partitions
+    pool = json_records(records + _SHAPE_SHIFT * (shapes - 1))
+    frames = []
+    for s in range(shapes):
+        values = pool[_SHAPE_SHIFT * s : _SHAPE_SHIFT * s + records]
+        per = len(values) // partitions
+        parts = [batches(values[k * per : (k + 1) * per], codec, batch + _SHAPE_STEP * s,
+                         1000 * k)
+                 for k in range(partitions)]  # fmt: skip
+        frames.append(fetch_frame(parts))
+    frame = frames[0]
+    n = (records // partitions) * partitions
     spec = FilterSpec(name="mask-pii", module="builtin:pii-mask", config={}, topics=("bench-*",),
                       apply_to=frozenset({"fetch"}))  # fmt: skip
     chain = FilterChain.from_specs([spec])
@@ -212,8 +228,9 @@ def measure(workload: int, records: int, batch: int, rounds: int,
         wholes, guests = [], []
         for _ in range(rounds):
             start = time.thread_time_ns()
-            whole(path, ctx, frame)
-            wholes.append((time.thread_time_ns() - start) / n / 1000)
+            for each in frames:
+                whole(path, ctx, each)
+            wholes.append((time.thread_time_ns() - start) / n / len(frames) / 1000)
             guests.append(sum(c() for c in calls) / n / 1000)
         walled = wall(path, ctx, frame, threads, rounds, n) if threads > 1 else None
         return statistics.median(wholes), statistics.median(guests), walled
@@ -248,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="also time the job's wall clock with a filter pool of this many "
                          "threads (2: proxy.filter_threads' default)")
+    ap.add_argument("--shapes", type=int, default=1,
+                    help="time this many responses in turn, of batches of different sizes")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another Sluice source tree (bench/baseline.py): measured in "
                          "alternating processes with this one, --rounds times each")
@@ -266,7 +285,8 @@ def main(argv: list[str] | None = None) -> None:
         source = baseline.prepare(args.baseline)
         for w in numbers:
             one = ["--workload", str(w), "--records", str(args.records), "--batch",
-                   str(args.batch), "--rounds", "3", "--threads", str(args.threads)]
+                   str(args.batch), "--rounds", "3", "--threads", str(args.threads),
+                   "--shapes", str(args.shapes)]
             got: dict[str, list[tuple[float, float, tuple[float, float] | None]]] = {
                 "this": [], "base": []}
             for _ in range(args.rounds):
@@ -284,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     for w in numbers:
         all_us, guest_us, wall_us = measure(w, args.records, args.batch, args.rounds,
-                                            args.threads)
+                                            args.threads, args.shapes)
         if args.json:
             print(json.dumps({"whole": all_us, "guest": guest_us, "wall": wall_us}))
         else:

@@ -18,13 +18,13 @@ room the guests may allocate (`most_room`: half their memory cap, since a frame 
 
 from __future__ import annotations
 
-import ctypes
 from typing import Final
 
 from . import lz4_frame
 from .batch_limits import BatchLimits, check_count, check_section_size
 from .compression import CODEC_LZ4, LZ4_SEALED_NATIVE, lz4_output_bound
 from .errors import CodecError, CorruptBatch
+from .raw_memory import view_at
 from .records import HEADER_SIZE, NATIVE_CHECK, RawBatch, check_section
 
 __all__ = ["PendingSection", "SectionRefused", "pending_section"]
@@ -85,7 +85,7 @@ class PendingSection:
                 del src
             check_section_size(self.count, n)
             if n:
-                plain = memoryview((ctypes.c_ubyte * n).from_address(address)).cast("B")
+                plain = view_at(address, n)
                 check_section(plain, self.count, self.attributes, self.max_headers)
         except CodecError as exc:
             raise SectionRefused(exc) from exc

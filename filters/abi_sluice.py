@@ -40,7 +40,13 @@ from sluice.filters.guest import (
     exports_memory,
     format_signature,
 )
-from sluice.filters.native_io import ROOM, NativeOutput, decode_native_output, native_input_head
+from sluice.filters.native_io import (
+    ROOM,
+    Finish,
+    NativeOutput,
+    decode_native_output,
+    native_input_head,
+)
 from sluice.filters.records_io import AbiError, decode_filter_output, encode_filter_input
 
 ABI_VERSION: Final = 1
@@ -227,10 +233,12 @@ class SluiceAbi(AbiRunner):
             raise GuestFailure("invalid-output", str(exc)) from None
 
     def run_native(self, ctx: RecordContext, records: Buffer | PendingSection, count: int,
-                   offset_base: int, timestamp_base: int) -> NativeOutput:
+                   offset_base: int, timestamp_base: int,
+                   finish: Finish | None = None) -> NativeOutput:
         """``sluice_filter_records`` over one records section (GuestFailure on any failure);
         a `PendingSection` is decompressed into the input where the guest reads it
-        (SectionRefused when the codec refuses it: the guest is not called)."""
+        (SectionRefused when the codec refuses it: the guest is not called). `finish` takes
+        a new section where it lies in guest memory (`native_io.decode_native_output`)."""
         head = native_input_head(ctx, count, offset_base, timestamp_base)
         guest = self.guest()
         assert self._alloc is not None
@@ -274,7 +282,7 @@ class SluiceAbi(AbiRunner):
         try:
             # Read in place: only the new records section is copied out, once, behind room
             # for the batch header that the pipeline writes around it.
-            return decode_native_output(guest.view(out_ptr, out_len), count, ROOM)
+            return decode_native_output(guest.view(out_ptr, out_len), count, ROOM, finish)
         except AbiError as exc:
             raise GuestFailure("invalid-output", str(exc)) from None
 

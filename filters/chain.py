@@ -40,6 +40,7 @@ from sluice.filters.context import Header, RecordContext, RecordLike
 from sluice.filters.decisions import Action, PartitionError
 from sluice.filters.engine import FilterEngine
 from sluice.filters.module_cache import ModuleCache
+from sluice.filters.native_io import Finish
 from sluice.filters.principal import ANONYMOUS
 from sluice.filters.runtime import LoadedFilter, load_filter, shared_cache
 
@@ -141,6 +142,8 @@ class NativeChainResult:
     compress, and what its records end with (`NativeOutput.incompressible`).
     `framed`: `records` is the tail of this buffer, behind room for a batch header
     (`NativeOutput.framed`), or None.
+    `finished`: `records` is what the caller's `finish` made of the last filter's section
+    (`NativeOutput.finished`: the new batch), not a section.
     """
 
     records: Buffer
@@ -153,6 +156,7 @@ class NativeChainResult:
     incompressible: bool = False
     tail: bytes = b""
     framed: bytearray | None = None
+    finished: bool = False
 
 
 class _Bound:
@@ -382,7 +386,8 @@ class FilterChain:
         return min((f.pending_room for f in filters), default=0)
 
     def run_native(self, ctx: RecordContext, records: Buffer | PendingSection, count: int, *,
-                   offset_base: int = 0, timestamp_base: int = 0) -> NativeChainResult | None:
+                   offset_base: int = 0, timestamp_base: int = 0,
+                   finish: Finish | None = None) -> NativeChainResult | None:
         """Run a records section (Kafka's encoding, uncompressed) through the filters bound to
         ctx's topic/direction, every one over its native entry point.
 
@@ -392,6 +397,8 @@ class FilterChain:
         PartitionError (and the reserved-header screen's, on produce) propagates as there.
         A `PendingSection` (fetch, only within `pending_room`) is opened by each filter that
         reads it into its own memory; SectionRefused propagates (the batch is refused).
+        `finish` is offered the last filter's new section where it lies
+        (`LoadedFilter.run_native`); `NativeChainResult.finished` when it took it.
         """
         current = records
         n = count
@@ -400,6 +407,7 @@ class FilterChain:
         incompressible = False
         tail = b""
         framed: bytearray | None = None
+        finished = False
         alive: list[int] | None = None  # input index of each current record (None: identity)
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
@@ -407,17 +415,20 @@ class FilterChain:
         if ctx.direction == "produce" and (isinstance(records, PendingSection) or
                                            not self._screen_native(ctx.topic, records, count)):
             return None
-        for f in self.filters_for(ctx.topic, ctx.direction, ctx.principal):
+        bound = self.filters_for(ctx.topic, ctx.direction, ctx.principal)
+        for i, f in enumerate(bound):
             st = FilterStats(f.name, f.sha256, signer=f.spec.signer)
             stats.append(st)
             if not n:
                 continue
             started = time.perf_counter_ns()
             out = f.run_native(ctx, current, n, offset_base=offset_base,
-                               timestamp_base=timestamp_base)
+                               timestamp_base=timestamp_base,
+                               finish=finish if i == len(bound) - 1 else None)
             if out is None:
                 return None
-            st.time_ns = time.perf_counter_ns() - started
+            # The filter's time, not the caller's `finish` (the batch's compression).
+            st.time_ns = time.perf_counter_ns() - started - out.finish_ns
             st.detector_counts = out.detector_counts
             if out.records is None:
                 st.kept = n
@@ -432,6 +443,7 @@ class FilterChain:
             incompressible = out.incompressible
             tail = out.tail
             framed = out.framed
+            finished = out.finished
             current = out.records
             if st.dropped or st.rejected:
                 index = alive if alive is not None else range(n)
@@ -447,7 +459,8 @@ class FilterChain:
         if isinstance(current, PendingSection):
             current = b""  # nothing changed: the caller forwards the batch as it came
         return NativeChainResult(current, n, changed, rejected, dropped, stats,
-                                 changed and trusted, changed and incompressible, tail, framed)
+                                 changed and trusted, changed and incompressible, tail, framed,
+                                 finished)
 
     def run_admin(self, resource: AdminResource) -> AdminVerdict:
         """Offer one admin resource to the ``admin`` filters bound to its name."""

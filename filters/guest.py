@@ -27,6 +27,7 @@ import wasmtime
 import wasmtime._func as _wt_func
 from wasmtime import _bindings as _b
 
+from sluice.codec.raw_memory import view_at
 from sluice.filters.engine import FilterEngine
 
 WASM_PAGE: Final = 65536
@@ -165,8 +166,7 @@ class GuestInstance:
             ctypes.memmove(base + ptr, data, n)
         else:
             # Views (a decompressed records section) go in without an intermediate copy.
-            dst = (ctypes.c_ubyte * n).from_address(base + ptr)
-            memoryview(dst).cast("B")[:] = memoryview(data).cast("B")
+            view_at(base + ptr, n)[:] = memoryview(data).cast("B")
 
     def read(self, ptr: int, n: int) -> bytes:
         """Copy `n` bytes out of guest memory at `ptr` (GuestFailure if out of bounds)."""
@@ -187,7 +187,7 @@ class GuestInstance:
         if not n:
             return memoryview(b"")
         base = _memory_data(self._ctx, self._mem_addr) or 0
-        return memoryview((ctypes.c_ubyte * n).from_address(base + ptr)).cast("B")
+        return view_at(base + ptr, n)
 
     def address(self, ptr: int, n: int) -> int:
         """Where the `n` bytes of guest memory at `ptr` lie in this process (GuestFailure if

@@ -94,7 +94,7 @@ from sluice.filters.chain import (
 from sluice.filters.context import RecordContext
 from sluice.filters.decisions import PartitionError
 from sluice.filters.effects import Effect, commit, deferred
-from sluice.filters.native_io import end_lending, lend
+from sluice.filters.native_io import Finish, end_lending, lend
 
 NONE: Final = ErrorCode.NONE
 CORRUPT_MESSAGE: Final = ErrorCode.CORRUPT_MESSAGE
@@ -339,16 +339,23 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
     such a section may be lent (`native_io.lending`, a view of the sealer's buffer), so its
     batch is built here, whatever the codec, before anything else runs on this thread.
     A `PendingSection` (fetch) is opened and checked by the filter that reads it:
-    SectionRefused propagates (the caller fails the partition as `_open` would)."""
+    SectionRefused propagates (the caller fails the partition as `_open` would).
+    A compressed fetched batch is built from a guest's section where it lies in guest memory
+    (`_finisher`), checked there first."""
     header = batch.header
     built: Buffer | None = None
     lent = lend()
     try:
         result = chain.run_native(ctx, plain, header.record_count,
                                   offset_base=offset_base,
-                                  timestamp_base=header.base_timestamp)
+                                  timestamp_base=header.base_timestamp,
+                                  finish=(_finisher(header)
+                                          if ctx.direction == "fetch"
+                                          and header.compression != CODEC_NONE else None))
         if result is None or not result.changed:
             return None if result is None else (result, None)
+        if result.finished:
+            return result, result.records  # checked and built where the guest left it
         as_built = ctx.direction == "fetch" or not (result.dropped or result.rejected)
         if result.trusted and result.count and as_built:
             built = build_batch_from_section(header, result.records, result.count,
@@ -373,6 +380,23 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
     finally:
         end_lending(lent)
     return result, built
+
+
+def _finisher(header: BatchHeader) -> Finish:
+    """The fetch path's `Finish` for a compressed batch: a guest's new section, checked
+    where it lies, becomes the new batch (lz4 at the fetch path's acceleration, as
+    `_run_fetch` builds it), so the section is not copied out of guest memory first (~0.02
+    µs a record of a masked lz4 fetch). A section the check refuses is declined: copied out
+    as before, it is refused by `_run_native`'s own check (the decoding path then)."""
+
+    def finish(section: memoryview, count: int) -> bytes | None:
+        try:
+            check_section(section, count, header.attributes)
+        except CodecError:
+            return None
+        return build_batch_from_section(header, section, count, fast=True)
+
+    return finish
 
 
 def _refused(exc: PartitionError, chain: FilterChain, ctx: RecordContext) -> FilterStats:

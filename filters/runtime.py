@@ -62,7 +62,7 @@ from sluice.filters.guest import GuestFailure
 from sluice.filters.host import BlockRunner, HostRunner
 from sluice.filters.log_limit import RepeatLimiter
 from sluice.filters.module_cache import ModuleCache
-from sluice.filters.native_io import NativeOutput
+from sluice.filters.native_io import Finish, NativeOutput
 from sluice.filters.records_io import AbiError
 
 __all__ = ["MAX_INSTANCES", "FilterLoadError", "LoadedFilter", "load_filter", "shared_cache"]
@@ -371,10 +371,13 @@ class LoadedFilter:
         return runner.screen_native(records, count)
 
     def run_native(self, ctx: RecordContext, records: Buffer | PendingSection, count: int, *,
-                   offset_base: int = 0, timestamp_base: int = 0) -> NativeOutput | None:
+                   offset_base: int = 0, timestamp_base: int = 0,
+                   finish: Finish | None = None) -> NativeOutput | None:
         """Run the filter over a records section in Kafka's encoding (see native_io); a
         `PendingSection` only where `takes_pending` (SectionRefused when the codec refuses
-        it, the filter not called).
+        it, the filter not called). `finish`: what a Sluice ABI guest's new section is given
+        to where it lies, while this call still holds the instance
+        (`native_io.decode_native_output`); the other runners copy the section out.
 
         Returns None when the call failed in any way, without counting or logging it: the
         caller then runs the batch through `run_batch`, which applies, counts and logs the
@@ -398,7 +401,11 @@ class LoadedFilter:
             if isinstance(records, PendingSection):
                 if not isinstance(instance, SluiceAbi):
                     raise TypeError("a pending records section needs a Sluice ABI module")
-                return instance.run_native(ctx, records, count, offset_base, timestamp_base)
+                return instance.run_native(ctx, records, count, offset_base, timestamp_base,
+                                           finish)
+            if isinstance(instance, SluiceAbi):
+                return instance.run_native(ctx, records, count, offset_base, timestamp_base,
+                                           finish)
             return instance.run_native(ctx, records, count, offset_base, timestamp_base)
         except SectionRefused:
             # The batch, not the filter, failed (no fallback counted); the instance is kept

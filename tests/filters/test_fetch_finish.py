@@ -1,0 +1,112 @@
+"""A compressed fetched batch built from the guest's new section where it lies in guest memory
+(`pipeline._finisher`, `native_io.decode_native_output`'s `finish`) against the section copied
+out first, as before: the same outcome for any partition (bytes, error code and message,
+counts, stats), the finish really taken, a section the codec's check refuses declined and
+refused as before, and the filter's time without the batch's compression."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sluice.codec import lz4_frame
+from sluice.codec.compression import CODEC_GZIP, CODEC_LZ4, CODEC_NONE
+from sluice.codec.records import BatchHeader
+from sluice.filters import pipeline
+from sluice.filters.chain import FilterChain
+from sluice.filters.native_io import Finish
+from sluice.filters.pipeline import FetchOutcome, filter_fetch
+from tests.filters.test_fetch_pending import FETCH, _batch, values_st
+from tests.filters.test_fetch_pending import chain as chain  # the module's pii-mask chain
+
+pytestmark = pytest.mark.skipif(not lz4_frame.AVAILABLE, reason="no liblz4.so.1 on this host")
+
+
+def _summary(outcome: FetchOutcome) -> tuple[Any, ...]:
+    return (bytes(outcome.records), outcome.error_code, outcome.error_message, outcome.changed,
+            outcome.records_in, outcome.records_out,
+            [(s.name, s.kept, s.rewritten, s.dropped, s.rejected, s.errors, s.detector_counts)
+             for s in outcome.stats])
+
+
+def _both(chain: FilterChain, data: bytes, monkeypatch: pytest.MonkeyPatch
+          ) -> tuple[tuple[Any, ...], tuple[Any, ...], list[bool]]:
+    """(outcome with the finish, outcome with every finish declined, whether each finish
+    offered took its section)."""
+    taken: list[bool] = []
+    real = pipeline._finisher
+
+    def spied(header: BatchHeader) -> Finish:
+        finish = real(header)
+
+        def spy(section: memoryview, count: int) -> bytes | None:
+            done = finish(section, count)
+            taken.append(done is not None)
+            return done
+
+        return spy
+
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_finisher", spied)
+        finished = _summary(filter_fetch(chain, FETCH, data))
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_finisher", lambda header: lambda section, count: None)
+        copied = _summary(filter_fetch(chain, FETCH, data))
+    return finished, copied, taken
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(values=values_st, codec=st.sampled_from([CODEC_NONE, CODEC_LZ4, CODEC_GZIP]),
+       size=st.integers(1, 15))
+def test_finished_and_copied_sections_give_the_same_outcome(
+        chain: FilterChain, values: list[bytes], codec: int, size: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    data = b"".join(_batch(values[i:i + size], codec, 100 + i)
+                    for i in range(0, len(values), size))
+    finished, copied, taken = _both(chain, data, monkeypatch)
+    assert finished == copied
+    if codec == CODEC_NONE:
+        assert not taken  # an uncompressed batch is written around its copy (batch_around)
+    else:
+        # Every section a guest changed was taken where it lay, and only those.
+        assert all(taken) and bool(taken) == finished[3]
+
+
+def test_a_section_the_check_refuses_is_declined_and_refused_as_before(
+        make_chain: Callable[..., FilterChain], monkeypatch: pytest.MonkeyPatch) -> None:
+    # native_bad's sluice_filter_records rewrites every record into three garbage bytes.
+    bad = make_chain("native_bad")
+    data = _batch([b"a", b"b", b"c"], CODEC_LZ4, 0)
+    finished, copied, taken = _both(bad, data, monkeypatch)
+    assert taken == [False]  # offered, declined: copied out, refused, the decoding path
+    assert finished == copied and finished[0] == data and not finished[3]
+
+
+def test_the_filter_time_leaves_the_finish_out(chain: FilterChain,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    real = pipeline._finisher
+    pause = 0.3
+
+    def slow(header: BatchHeader) -> Finish:
+        finish = real(header)
+
+        def late(section: memoryview, count: int) -> bytes | None:
+            time.sleep(pause)
+            return finish(section, count)
+
+        return late
+
+    data = _batch([b'{"email": "ann@example.com"}'] * 5, CODEC_LZ4, 0)
+    monkeypatch.setattr(pipeline, "_finisher", slow)
+    start = time.perf_counter_ns()
+    out = filter_fetch(chain, FETCH, data)
+    spent = time.perf_counter_ns() - start
+    assert out.changed and spent >= pause * 1e9
+    (stats,) = out.stats
+    assert stats.rewritten == 5 and stats.time_ns < spent - pause * 1e9 + 1e6
