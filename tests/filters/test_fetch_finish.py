@@ -7,7 +7,7 @@ refused as before, and the filter's time without the batch's compression."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -15,10 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.codec import lz4_frame
-from sluice.codec.compression import CODEC_GZIP, CODEC_LZ4, CODEC_NONE
+from sluice.codec.compression import CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD
 from sluice.codec.records import BatchHeader
 from sluice.filters import pipeline
 from sluice.filters.chain import FilterChain
+from sluice.filters.config import FilterSpec
 from sluice.filters.native_io import Finish
 from sluice.filters.pipeline import FetchOutcome, filter_fetch
 from tests.filters.test_fetch_pending import FETCH, _batch, values_st
@@ -110,3 +111,49 @@ def test_the_filter_time_leaves_the_finish_out(chain: FilterChain,
     assert out.changed and spent >= pause * 1e9
     (stats,) = out.stats
     assert stats.rewritten == 5 and stats.time_ns < spent - pause * 1e9 + 1e6
+
+
+CODECS = [CODEC_NONE, CODEC_GZIP, CODEC_SNAPPY, CODEC_LZ4, CODEC_ZSTD]
+
+
+@pytest.fixture(scope="module")
+def chains() -> Iterator[dict[str, FilterChain]]:
+    """pii-mask alone, after json-validate (which drops what is not JSON), and before it,
+    dropping or rejecting (the finish then takes json-validate's section, fewer records than
+    the batch holds)."""
+    def spec(name: str, module: str, config: dict[str, Any] | None = None) -> FilterSpec:
+        return FilterSpec(name=name, module=module, config=config or {}, topics=("orders",),
+                          apply_to=frozenset({"fetch"}), timeout_ms=10_000)
+
+    mask = spec("mask", "builtin:pii-mask")
+    valid = spec("valid", "builtin:json-validate", {"action": "drop"})
+    made = {"mask": FilterChain.from_specs([mask]),
+            "valid-mask": FilterChain.from_specs([valid, mask]),
+            "mask-valid": FilterChain.from_specs([mask, valid]),
+            "mask-reject": FilterChain.from_specs([mask, spec("valid", "builtin:json-validate")])}
+    yield made
+    for c in made.values():
+        c.close()
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(values=values_st, codec=st.sampled_from(CODECS), size=st.integers(1, 15),
+       which=st.sampled_from(["mask", "valid-mask", "mask-valid", "mask-reject"]))
+def test_every_codec_and_chain_gives_what_the_path_without_a_finish_gives(
+        chains: dict[str, FilterChain], values: list[bytes], codec: int, size: int, which: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The baseline is the path before the finish (no `finish` offered at all), not a finish
+    # that declines: several batches a partition, every codec, drops before and in the last
+    # filter.
+    chain = chains[which]
+    data = b"".join(_batch(values[i:i + size], codec, 100 + i)
+                    for i in range(0, len(values), size))
+    finished, _, taken = _both(chain, data, monkeypatch)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_finisher", lambda header: None)
+        before = _summary(filter_fetch(chain, FETCH, data))
+    assert finished == before
+    # A builtin's section always passes the check: every finish offered takes it.
+    assert all(taken) and (codec != CODEC_NONE or not taken)
+
