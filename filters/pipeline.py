@@ -387,14 +387,22 @@ def _finisher(header: BatchHeader) -> Finish:
     where it lies, becomes the new batch (lz4 at the fetch path's acceleration, as
     `_run_fetch` builds it), so the section is not copied out of guest memory first (~0.02
     µs a record of a masked lz4 fetch). A section the check refuses is declined: copied out
-    as before, it is refused by `_run_native`'s own check (the decoding path then)."""
+    as before, it is refused by `_run_native`'s own check (the decoding path then); so is
+    one whose compression fails (`_run_fetch` builds it again and raises as before)."""
 
     def finish(section: memoryview, count: int) -> bytes | None:
         try:
             check_section(section, count, header.attributes)
         except CodecError:
             return None
-        return build_batch_from_section(header, section, count, fast=True)
+        try:
+            return build_batch_from_section(header, section, count, fast=True)
+        except Exception:
+            # The host's compression failed, not the guest's call: raised here, it would
+            # count against the filter, drop its instance and run it again on the decoding
+            # path. Declined, the section is copied out and `_run_fetch` builds the batch as
+            # it did before the finish, raising there what it raises.
+            return None
 
     return finish
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.codec import lz4_frame
+from sluice.codec import records as records_module
 from sluice.codec.compression import CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD
 from sluice.codec.records import BatchHeader
 from sluice.filters import pipeline
@@ -157,3 +158,25 @@ def test_every_codec_and_chain_gives_what_the_path_without_a_finish_gives(
     # A builtin's section always passes the check: every finish offered takes it.
     assert all(taken) and (codec != CODEC_NONE or not taken)
 
+
+def test_a_compression_error_in_the_finish_is_not_the_filters(
+        chain: FilterChain, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host's compression fails (as liblz4 or the allocator may): that is no failure of
+    # the guest, whose call succeeded. The error surfaces as on the copy-out path, and the
+    # filter is neither counted as falling back nor its instance dropped, nor run again.
+    data = _batch([b'{"email": "ann@example.com"}'] * 5, CODEC_LZ4, 0)
+    (f,) = chain.filters
+    filter_fetch(chain, FETCH, data)  # an instance made
+    fallbacks = f.native_fallbacks
+    instantiations = sum(r.instantiations for r in f._made)
+
+    def broken(*args: Any, **kw: Any) -> bytes:
+        raise lz4_frame.Lz4Error("compression failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(records_module, "compress", broken)
+        with pytest.raises(lz4_frame.Lz4Error):
+            filter_fetch(chain, FETCH, data)
+    assert f.native_fallbacks == fallbacks
+    assert sum(r.instantiations for r in f._made) == instantiations
+    assert filter_fetch(chain, FETCH, data).changed
