@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,12 +18,13 @@ from hypothesis import strategies as st
 from sluice.codec import lz4_frame
 from sluice.codec import records as records_module
 from sluice.codec.compression import CODEC_GZIP, CODEC_LZ4, CODEC_NONE, CODEC_SNAPPY, CODEC_ZSTD
-from sluice.codec.records import BatchHeader
+from sluice.codec.records import BatchHeader, decode_records, split_batches
 from sluice.filters import pipeline
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
+from sluice.filters.context import RecordContext
 from sluice.filters.native_io import Finish
-from sluice.filters.pipeline import FetchOutcome, filter_fetch
+from sluice.filters.pipeline import FetchOutcome, filter_fetch, filter_produce
 from tests.filters.test_fetch_pending import FETCH, _batch, values_st
 from tests.filters.test_fetch_pending import chain as chain  # the module's pii-mask chain
 
@@ -180,3 +182,52 @@ def test_a_compression_error_in_the_finish_is_not_the_filters(
     assert f.native_fallbacks == fallbacks
     assert sum(r.instantiations for r in f._made) == instantiations
     assert filter_fetch(chain, FETCH, data).changed
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_decrypted_batch_masked_on_fetch_is_finished_as_without_a_finish(
+        make_chain: Callable[..., FilterChain], make_spec: Callable[..., FilterSpec],
+        tmp_path: Path, codec: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # encrypt's fetch path: its opened section (trusted, lent from the sealer's buffer) is
+    # the guest's input, and the guest's section is finished where it lies.
+    from sluice.crypto.kms import KmsSettings
+
+    kms = KmsSettings("local", path=str(tmp_path / "keys.json"))
+    enc = make_spec("builtin:encrypt", name="enc", kms=kms,
+                    config={"key": "orders", "decrypt_for": ["User:alice"]})
+    mask = make_spec("builtin:pii-mask", name="mask", apply_to=frozenset({"fetch"}))
+    produce = RecordContext("orders", 0, "produce", "app", "User:alice")
+    fetch = RecordContext("orders", 0, "fetch", "app", "User:alice")
+    values = [b'{"email": "ann%d@example.com", "n": %d}' % (i, i) for i in range(30)]
+    sealer = make_chain(enc)
+    sealed = b""
+    for i in range(0, 30, 7):  # a produce request holds one batch a partition
+        stored = filter_produce(sealer, produce, _batch(values[i:i + 7], codec, 100 + i))
+        assert stored.error_code == 0 and stored.records is not None
+        sealed += bytes(stored.records)
+    chain = make_chain(enc, mask)
+    taken: list[bool] = []
+    real = pipeline._finisher
+
+    def spied(header: BatchHeader) -> Finish:
+        finish = real(header)
+
+        def spy(section: memoryview, count: int) -> bytes | None:
+            done = finish(section, count)
+            taken.append(done is not None)
+            return done
+
+        return spy
+
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_finisher", spied)
+        finished = filter_fetch(chain, fetch, sealed)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_finisher", lambda header: None)
+        before = filter_fetch(chain, fetch, sealed)
+    assert _summary(finished) == _summary(before)
+    assert finished.error_code == 0 and finished.changed
+    assert all(taken) and len(taken) == (0 if codec == CODEC_NONE else 5)
+    batches, _ = split_batches(bytes(finished.records))
+    opened = b"".join(bytes(r.value or b"") for b in batches for r in decode_records(b))
+    assert b"ann3@example.com" not in opened and b'"n": 3' in opened
