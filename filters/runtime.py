@@ -377,7 +377,8 @@ class LoadedFilter:
         `PendingSection` only where `takes_pending` (SectionRefused when the codec refuses
         it, the filter not called). `finish`: what a Sluice ABI guest's new section is given
         to where it lies, while this call still holds the instance
-        (`native_io.decode_native_output`); the other runners copy the section out.
+        (`native_io.decode_native_output`), where the filter is poolable; the other runners,
+        and a filter whose one instance is held under its lock, copy the section out.
 
         Returns None when the call failed in any way, without counting or logging it: the
         caller then runs the batch through `run_batch`, which applies, counts and logs the
@@ -395,6 +396,11 @@ class LoadedFilter:
             return None
         # `_instance()` spelt out: this is the per-batch path, and a generator-based context
         # manager costs a few µs of a one-record batch.
+        if self._more is None:
+            # One instance under the filter's lock: a finish (the batch's compression) would
+            # hold the lock through it, and every other thread's batches behind it. The
+            # section is copied out instead, and compressed once the lock is released.
+            finish = None
         instance = self._acquire()
         try:
             assert isinstance(instance, (SluiceAbi, ComponentAbi))

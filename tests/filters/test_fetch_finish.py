@@ -85,7 +85,7 @@ def test_finished_and_copied_sections_give_the_same_outcome(
 def test_a_section_the_check_refuses_is_declined_and_refused_as_before(
         make_chain: Callable[..., FilterChain], monkeypatch: pytest.MonkeyPatch) -> None:
     # native_bad's sluice_filter_records rewrites every record into three garbage bytes.
-    bad = make_chain("native_bad")
+    bad = make_chain("native_bad", stateless=True)  # poolable: no lock held through a finish
     data = _batch([b"a", b"b", b"c"], CODEC_LZ4, 0)
     finished, copied, taken = _both(bad, data, monkeypatch)
     assert taken == [False]  # offered, declined: copied out, refused, the decoding path
@@ -231,3 +231,39 @@ def test_a_decrypted_batch_masked_on_fetch_is_finished_as_without_a_finish(
     batches, _ = split_batches(bytes(finished.records))
     opened = b"".join(bytes(r.value or b"") for b in batches for r in decode_records(b))
     assert b"ann3@example.com" not in opened and b'"n": 3' in opened
+
+
+def test_a_filter_run_under_its_lock_is_not_held_through_the_finish(
+        make_chain: Callable[..., FilterChain], make_spec: Callable[..., FilterSpec],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A filter that keeps state (not poolable: one instance, its calls serialised under its
+    # lock) must not hold that lock through the batch's compression: the other filter
+    # threads' batches would wait behind it (gzip of a large section takes milliseconds), and
+    # a job on the event loop would find the lock taken. Its section is copied out instead,
+    # and the batch compressed after the lock is released, as before the finish.
+    chain = make_chain(make_spec("builtin:pii-mask", name="mask", stateless=False,
+                                 apply_to=frozenset({"fetch"})))
+    (f,) = chain.filters
+    assert not f.poolable
+    held: list[bool] = []
+    real = pipeline._finisher
+
+    def spied(header: BatchHeader) -> Finish:
+        finish = real(header)
+
+        def spy(section: memoryview, count: int) -> bytes | None:
+            held.append(f._lock.locked())
+            return finish(section, count)
+
+        return spy
+
+    data = b"".join(_batch([b'{"email": "ann%d@example.com"}' % i] * 4, codec, 10 * i)
+                    for i, codec in enumerate([CODEC_LZ4, CODEC_GZIP, CODEC_ZSTD]))
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_finisher", spied)
+        finished = filter_fetch(chain, FETCH, data)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_finisher", lambda header: None)
+        before = filter_fetch(chain, FETCH, data)
+    assert finished.changed and _summary(finished) == _summary(before)
+    assert not any(held), "the finish ran under the filter's lock"
