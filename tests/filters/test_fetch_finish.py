@@ -38,8 +38,8 @@ def _summary(outcome: FetchOutcome) -> tuple[Any, ...]:
              for s in outcome.stats])
 
 
-def _both(chain: FilterChain, data: bytes, monkeypatch: pytest.MonkeyPatch
-          ) -> tuple[tuple[Any, ...], tuple[Any, ...], list[bool]]:
+def _both(chain: FilterChain, data: bytes, monkeypatch: pytest.MonkeyPatch,
+          ctx: RecordContext = FETCH) -> tuple[tuple[Any, ...], tuple[Any, ...], list[bool]]:
     """(outcome with the finish, outcome with every finish declined, whether each finish
     offered took its section)."""
     taken: list[bool] = []
@@ -57,11 +57,19 @@ def _both(chain: FilterChain, data: bytes, monkeypatch: pytest.MonkeyPatch
 
     with monkeypatch.context() as m:
         m.setattr(pipeline, "_finisher", spied)
-        finished = _summary(filter_fetch(chain, FETCH, data))
+        finished = _summary(filter_fetch(chain, ctx, data))
     with monkeypatch.context() as m:
         m.setattr(pipeline, "_finisher", lambda header: lambda section, count: None)
-        copied = _summary(filter_fetch(chain, FETCH, data))
+        copied = _summary(filter_fetch(chain, ctx, data))
     return finished, copied, taken
+
+
+def _without_finish(chain: FilterChain, data: bytes, monkeypatch: pytest.MonkeyPatch,
+                    ctx: RecordContext = FETCH) -> tuple[Any, ...]:
+    """The outcome of the path before the finish: none offered at all (not one declining)."""
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "_finisher", lambda header: None)
+        return _summary(filter_fetch(chain, ctx, data))
 
 
 @settings(max_examples=80, deadline=None,
@@ -153,10 +161,7 @@ def test_every_codec_and_chain_gives_what_the_path_without_a_finish_gives(
     data = b"".join(_batch(values[i:i + size], codec, 100 + i)
                     for i in range(0, len(values), size))
     finished, _, taken = _both(chain, data, monkeypatch)
-    with monkeypatch.context() as m:
-        m.setattr(pipeline, "_finisher", lambda header: None)
-        before = _summary(filter_fetch(chain, FETCH, data))
-    assert finished == before
+    assert finished == _without_finish(chain, data, monkeypatch)
     # A builtin's section always passes the check: every finish offered takes it.
     assert all(taken) and (codec != CODEC_NONE or not taken)
 
@@ -206,29 +211,11 @@ def test_a_decrypted_batch_masked_on_fetch_is_finished_as_without_a_finish(
         assert stored.error_code == 0 and stored.records is not None
         sealed += bytes(stored.records)
     chain = make_chain(enc, mask)
-    taken: list[bool] = []
-    real = pipeline._finisher
-
-    def spied(header: BatchHeader) -> Finish:
-        finish = real(header)
-
-        def spy(section: memoryview, count: int) -> bytes | None:
-            done = finish(section, count)
-            taken.append(done is not None)
-            return done
-
-        return spy
-
-    with monkeypatch.context() as m:
-        m.setattr(pipeline, "_finisher", spied)
-        finished = filter_fetch(chain, fetch, sealed)
-    with monkeypatch.context() as m:
-        m.setattr(pipeline, "_finisher", lambda header: None)
-        before = filter_fetch(chain, fetch, sealed)
-    assert _summary(finished) == _summary(before)
-    assert finished.error_code == 0 and finished.changed
+    finished, _, taken = _both(chain, sealed, monkeypatch, fetch)
+    assert finished == _without_finish(chain, sealed, monkeypatch, fetch)
+    assert finished[1] == 0 and finished[3]  # no error, changed
     assert all(taken) and len(taken) == (0 if codec == CODEC_NONE else 5)
-    batches, _ = split_batches(bytes(finished.records))
+    batches, _ = split_batches(finished[0])
     opened = b"".join(bytes(r.value or b"") for b in batches for r in decode_records(b))
     assert b"ann3@example.com" not in opened and b'"n": 3' in opened
 
@@ -261,9 +248,6 @@ def test_a_filter_run_under_its_lock_is_not_held_through_the_finish(
                     for i, codec in enumerate([CODEC_LZ4, CODEC_GZIP, CODEC_ZSTD]))
     with monkeypatch.context() as m:
         m.setattr(pipeline, "_finisher", spied)
-        finished = filter_fetch(chain, FETCH, data)
-    with monkeypatch.context() as m:
-        m.setattr(pipeline, "_finisher", lambda header: None)
-        before = filter_fetch(chain, FETCH, data)
-    assert finished.changed and _summary(finished) == _summary(before)
+        finished = _summary(filter_fetch(chain, FETCH, data))
+    assert finished[3] and finished == _without_finish(chain, data, monkeypatch)
     assert not any(held), "the finish ran under the filter's lock"
