@@ -194,7 +194,7 @@ def decode_native_output(buf: bytes | memoryview, expected_records: int,
     records section is copied out of the guest once rather than twice. With `room`, a new
     section is copied behind that many spare bytes (`NativeOutput.framed`). With `finish`
     and a view, a new section of a valid output is first handed to `finish` where it lies
-    (`Finish`; `NativeOutput.finished`): the fetch path builds the lz4 batch from guest
+    (`Finish`; `NativeOutput.finished`): the fetch path builds a compressed batch from guest
     memory, without copying the section out (~460 KB a 2 200-record batch) first."""
     size = len(buf)
     if size < 4:
