@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 from sluice.codec import entities
@@ -18,28 +17,15 @@ from sluice.proxy.net.connection import Connection, SendToClient
 from sluice.proxy.ops.quotas import QuotaRule, Quotas, QuotaSettings
 from sluice.proxy.paths.base import Exchange, Frame, PathContext, Respond
 from sluice.proxy.telemetry.metrics import Metrics
-from tests.proxy.net.test_connection import frame, frames_of, sent
+from tests.proxy.net.test_connection import ScriptedPath, frame, frames_of, sent
 from tests.proxy.net.unfiltered_routes import unfiltered_routes
 
 FETCH = int(ApiKey.FETCH)
 VERSION = 12
 
 
-@dataclass
-class PiecesPath:
+class PiecesPath(ScriptedPath):
     """Answers every Fetch response with its bytes cut into three pieces."""
-
-    name: str = "pieces"
-    api_keys: frozenset[int] = frozenset({FETCH})
-
-    def wants_request(self, ctx: PathContext, api_key: int) -> bool:
-        return False
-
-    def wants_response(self, ctx: PathContext, api_key: int, version: int) -> bool:
-        return True
-
-    def on_request(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
-        raise AssertionError("not asked")
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
         view = memoryview(frame)
