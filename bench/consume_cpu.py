@@ -2,6 +2,7 @@
 interleaved: what a Fetch response costs the proxy per byte, with nothing produced through it.
 
     python -m bench.consume_cpu --baseline DIR [--workload 1|2] [--records 1000000] [--pairs 6]
+                                [--variant sluice|mask-fetch|encrypt]
 
 One broker (`--broker kafka` by default) and two `sluice serve` in front of it, this checkout's
 and the tree at DIR's (bench/baseline.py). A topic is filled once, directly (workload 1: one
@@ -12,6 +13,8 @@ through each proxy in turn (A B, then B A in the next pair) with a fresh batch-A
 (bench/cpu_clock.py), is divided by the bytes of the records' values read. Prints each
 side's CPU s/GB and records/s per pair and the median of per-pair ratios (this / baseline),
 with the load average.
+`--variant` names the Sluice configuration both proxies run (bench/rig.py `SLUICE_CONFIGS`;
+`sluice`, no filters, by default; `mask-fetch` for builtin:pii-mask on fetch).
 Throughput on the shared machine moves with everything else running; the CPU per GB of the
 proxy's own process much less.
 """
@@ -34,12 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", type=int, choices=(1, 2), default=1)
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--pairs", type=int, default=6)
+    ap.add_argument("--variant", choices=sorted(rig.SLUICE_CONFIGS), default="sluice")
     args = ap.parse_args(argv)
     source = baseline.prepare(args.baseline)
     partitions, compression = (1, "none") if args.workload == 1 else (6, "lz4")
-    names = ["sluice", "sluice" + rig.BASE]
+    names = [args.variant, args.variant + rig.BASE]
     with rig.rig(names, [], "", args.broker, source) as points:
-        bootstrap = points["sluice"].broker
+        bootstrap = points[args.variant].broker
         topic = workload.make_topic(bootstrap, partitions)
         values = workload.json_records(args.records)
         workload.produce(bootstrap, topic, values, compression)

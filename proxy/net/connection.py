@@ -87,6 +87,7 @@ from sluice.proxy.paths.base import (
     Frame,
     Job,
     NoReply,
+    Pieces,
     Pin,
     Refuse,
     Refused,
@@ -134,7 +135,7 @@ class SendToBroker:
 
 @dataclass(slots=True)
 class SendToClient:
-    data: list[bytes | memoryview]
+    data: list[bytes | bytearray | memoryview]
 
 
 @dataclass(slots=True)
@@ -263,7 +264,8 @@ class _Slot:
         self.exchange = exchange
         self.pin = pin
         self.raw: bytes | memoryview | None = None  # the broker's response frame body
-        self.response: bytes | memoryview | None = None  # what the client gets
+        # What the client gets: one buffer, or `Pieces` written in order (a spliced Fetch).
+        self.response: bytes | memoryview | Pieces | None = None
         self.on_sent: TelemetryCall | None = None
         # What processing `response` asked for (dead letters, telemetry), handed out after
         # its bytes like `on_sent` and dropped with it if the response is processed again.
@@ -961,7 +963,8 @@ class Connection:
         raw, response = slot.raw, slot.response
         held = len(raw) if raw is not None else 0
         if response is not None and response is not raw:
-            held += len(response)
+            # Pieces: mostly views of `raw`, counted at their full size all the same.
+            held += sum(map(len, response)) if isinstance(response, tuple) else len(response)
         self._held_bytes += held - slot.held
         slot.held = held
 
@@ -971,7 +974,7 @@ class Connection:
         slots = self._slots
         if not slots or slots[0].response is None:
             return  # nothing ready (after every request read): no lists made
-        data: list[bytes | memoryview] = []
+        data: list[bytes | bytearray | memoryview] = []
         sent: list[Action] = []  # telemetry of what was sent, after the bytes
         current = self._routes.current.ctx.generation  # the attribute: no property call
         while slots:
@@ -997,9 +1000,15 @@ class Connection:
                 response = held
             slots.popleft()
             self._held_bytes -= slot.held
-            data.append(_pack_size(len(response)))
-            data.append(response)
-            self.client.stats.bytes_out += len(response) + 4
+            if isinstance(response, tuple):  # Pieces: written in order, not joined (one writev)
+                size = sum(map(len, response))
+                data.append(_pack_size(size))
+                data.extend(response)
+            else:
+                size = len(response)
+                data.append(_pack_size(size))
+                data.append(response)
+            self.client.stats.bytes_out += size + 4
             if slot.effects is not None:
                 sent.extend(slot.effects)
             if slot.on_sent is not None:
@@ -1008,7 +1017,8 @@ class Connection:
             out.append(SendToClient(data))
             out.extend(sent)
 
-    def _throttle(self, slot: _Slot, response: bytes | memoryview) -> bytes | memoryview | None:
+    def _throttle(self, slot: _Slot,
+                  response: bytes | memoryview | Pieces) -> bytes | memoryview | Pieces | None:
         """The response to send to a throttled client, with its throttle time; None while a
         pre-KIP-219 response must still be held back."""
         exchange = slot.exchange
@@ -1029,6 +1039,8 @@ class Connection:
         ms = math.ceil(wait * 1000)
         if ms <= 0:
             return response
+        if isinstance(response, tuple):  # Pieces: the throttle time is written into one buffer
+            response = b"".join(response)
         try:
             response, ms = with_throttle(hdr.api_key, hdr.api_version, response, ms)
         except CodecError:

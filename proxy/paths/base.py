@@ -73,8 +73,8 @@ if TYPE_CHECKING:
     from sluice.proxy.telemetry.recorder import TelemetryRecorder
 
 Frame = bytes | memoryview
-#: A frame as consecutive pieces (views of the client's frame and new bytes between them),
-#: written to the broker with one `writev` and never joined (`Forward.frame`).
+#: A frame as consecutive pieces (views of the original frame and new bytes between them),
+#: written with one `writev` and never joined (`Forward.frame`, `Respond.frame`).
 Pieces = tuple[bytes | bytearray | memoryview, ...]
 
 
@@ -209,9 +209,11 @@ class Answer:
 
 @dataclass(slots=True)
 class Respond:
-    """The response frame body to send to the client."""
+    """The response frame body to send to the client: one buffer, or `Pieces` the
+    connection writes one after the other behind one size prefix (a spliced Fetch response
+    is never joined into one buffer, which would copy every byte of it)."""
 
-    frame: Frame
+    frame: Frame | Pieces
     on_sent: TelemetryCall | None = None
 
 

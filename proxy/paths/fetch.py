@@ -20,7 +20,8 @@ stay small enough to be filtered while the consumer still reads the one before.
 
 The response is scanned, not decoded (`sluice.codec.fetch_splice`): the filters get the records
 of the filtered topics' partitions as views of the broker's frame, and their output is spliced
-into a copy of that frame, so other topics pass as the broker's bytes and nothing is re-encoded.
+into that frame as pieces the connection writes in order (never joined into one buffer), so
+other topics pass as the broker's bytes and nothing is re-encoded or copied.
 kio decodes the response instead (the reference path) when the scan refuses it or when it
 carries KIP-951 node endpoints (broker addresses the address rewrite must see).
 """
@@ -37,7 +38,7 @@ from sluice.codec.endpoints import rewrite_endpoints
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.errors import CodecError
 from sluice.codec.fetch_request import cap_fetch_max_bytes
-from sluice.codec.fetch_splice import FetchResponseLayout, scan_fetch_response, splice_fetch_records
+from sluice.codec.fetch_splice import FetchResponseLayout, scan_fetch_response, splice_fetch_pieces
 from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey
 from sluice.filters import blocking
@@ -60,6 +61,7 @@ from sluice.proxy.paths.base import (
     Frame,
     Job,
     PathContext,
+    Pieces,
     RequestOutcome,
     Respond,
     ResponseOutcome,
@@ -76,7 +78,9 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class _Spliced:
-    frame: Any  # the response to send (the broker's frame when nothing changed)
+    # The response to send: the broker's frame when nothing changed, else its pieces
+    # (`Pieces`, written with one writev: joined, they were a copy of the whole response).
+    frame: Frame | Pieces
     batches: list[dict[str, Any]]  # record_batch telemetry fields per filtered partition
     dead_letters: list[list[DeadLetter]]
     spread: bool = False  # partitions were filtered on several threads at once
@@ -375,7 +379,7 @@ def _filter_scanned(
         batches.append(_batch_fields(p.name, p.partition, p.blob, outcome, out))
     if not records and not errors:
         return _Spliced(frame, batches, dead, spread_out)
-    return _Spliced(splice_fetch_records(frame, layout, records, errors), batches, dead,
+    return _Spliced(splice_fetch_pieces(frame, layout, records, errors), batches, dead,
                     spread_out)
 
 

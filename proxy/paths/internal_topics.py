@@ -604,6 +604,8 @@ class InternalTopicsPath:
         header = exchange.header
         protection = ctx.protection
         frame = respond.frame
+        if isinstance(frame, tuple):  # Pieces (a spliced Fetch): read and decoded whole here
+            frame = b"".join(frame)
         if hide and protection is not None:
             pattern, _known = protection.pattern(ctx.topics)
             hide = pattern is not None and pattern.search(frame) is not None

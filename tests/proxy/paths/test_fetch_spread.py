@@ -37,6 +37,7 @@ from sluice.filters.parallel import Helpers
 from sluice.filters.pipeline import filter_produce
 from sluice.proxy.paths import fetch as fetch_path
 from tests.filters.test_native_path import make_batch
+from tests.proxy.paths.frames import joined
 
 MODULES = Path(__file__).resolve().parents[2] / "filters" / "modules"
 VERSION = 12
@@ -141,7 +142,7 @@ def serial_and_spread_agree(chain: FilterChain, frame: bytes, pool: ThreadPoolEx
 
     spread = run_scanned(chain, frame, Helpers(spawn, 2), principal)
     after = failures(chain)
-    assert bytes(spread.frame) == bytes(serial.frame)
+    assert joined(spread.frame) == joined(serial.frame)
     assert telemetry(spread.batches) == telemetry(serial.batches)
     assert spread.dead_letters == serial.dead_letters
     # The filters' failure counters moved by the same amounts in both passes.
@@ -310,7 +311,7 @@ def test_one_large_partition_is_filtered_in_runs_on_two_instances(
 
         out = pool.submit(run_scanned, chain, frame, Helpers(spawn, 2)).result()
         assert spawned and out.spread
-        assert bytes(out.frame) == bytes(serial.frame)
+        assert joined(out.frame) == joined(serial.frame)
         assert telemetry(out.batches) == telemetry(serial.batches)
         if pii.instances >= max(2, instances):
             break
@@ -359,7 +360,7 @@ def test_unequal_lz4_partitions_are_cut_into_runs_near_the_target_size(
     monkeypatch.setattr(fetch_path, "plan_fetch", spy)
     serial = run_scanned(chain, frame, None)
     out = pool.submit(run_scanned, chain, frame, Helpers(pool.submit, 2)).result()
-    assert out.spread and bytes(out.frame) == bytes(serial.frame)
+    assert out.spread and joined(out.frame) == joined(serial.frame)
     sizes = [len(p) for p in parts]
     want = 2 * fetch_path.RUNS_PER_THREAD
     # The target, not the share, decides both here.
@@ -377,7 +378,7 @@ def test_a_stateful_filter_never_splits_a_partition(
     out = run_scanned(chain, fetch_frame({"keep.d": [blob]}),
                       Helpers(lambda fn: spawned.append(fn) or pool.submit(fn), 2))
     assert spawned == [] and not out.spread
-    assert b"ABC 7" in bytes(out.frame)
+    assert b"ABC 7" in joined(out.frame)
 
 
 def test_a_stateful_filter_keeps_the_response_on_one_thread(
@@ -417,7 +418,7 @@ def test_a_large_masked_response_runs_on_two_instances(
     serial = run_scanned(chain, frame, None)
     for _ in range(20):  # the two threads overlap on some run (they race on a busy machine)
         out = pool.submit(run_scanned, chain, frame, Helpers(pool.submit, 2)).result()
-        assert bytes(out.frame) == bytes(serial.frame)
+        assert joined(out.frame) == joined(serial.frame)
         if pii.instances == 2:
             break
     assert pii.poolable and pii.instances == 2
@@ -653,8 +654,8 @@ def test_two_encrypted_partitions_are_opened_on_two_threads_at_once(
             assert len(meeting.threads) == 2
             assert out.spread
             assert [b.get("error_code", 0) for b in out.batches] == [0, 0]
-            assert b"ann@example.com" in bytes(out.frame)
-            assert bytes(out.frame).count(b"sluice.enc") == 0
+            assert b"ann@example.com" in joined(out.frame)
+            assert joined(out.frame).count(b"sluice.enc") == 0
     finally:
         for c in (*sealers, reader):
             c.close()

@@ -1,0 +1,85 @@
+"""A response a path hands back as `Pieces` (a spliced Fetch response): written to the client
+in order behind one size prefix, never joined, counted at its size while held; joined only
+when a quota's throttle time must be written into it."""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from typing import Any
+
+from sluice.codec import entities
+from sluice.codec.headers import request_header_bytes, response_header_bytes
+from sluice.codec.messages import ApiKey, encode_response
+from sluice.codec.throttle import throttle_offset
+from sluice.proxy.contract import ClientInfo
+from sluice.proxy.net.connection import Connection, SendToClient
+from sluice.proxy.ops.quotas import QuotaRule, Quotas, QuotaSettings
+from sluice.proxy.paths.base import Exchange, Frame, PathContext, Respond
+from sluice.proxy.telemetry.metrics import Metrics
+from tests.proxy.net.test_connection import ScriptedPath, frame, frames_of, sent
+from tests.proxy.net.unfiltered_routes import unfiltered_routes
+
+FETCH = int(ApiKey.FETCH)
+VERSION = 12
+
+
+class PiecesPath(ScriptedPath):
+    """Answers every Fetch response with its bytes cut into three pieces."""
+
+    def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+        view = memoryview(frame)
+        return Respond((view[:9], bytes(view[9:12]), view[12:]))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def connection(quotas: Quotas | None = None, clock: Clock | None = None) -> Connection:
+    metrics = Metrics()
+    extra: dict[str, Any] = {} if clock is None else {"clock": clock}
+    return Connection(ClientInfo("c", ("b", 1)), unfiltered_routes([PiecesPath()], metrics),
+                      metrics, quotas=quotas, **extra)
+
+
+def fetch_request(cid: int) -> bytes:
+    return request_header_bytes(FETCH, VERSION, cid, "app") + b"x" * 40
+
+
+def fetch_response(cid: int, pad: int = 0) -> bytes:
+    cls = entities.response_class(ApiKey.FETCH, VERSION)
+    body = entities.build(cls, throttle_time=datetime.timedelta(0), error_code=0,
+                          session_id=0, responses=())
+    return response_header_bytes(cid, FETCH, VERSION) + encode_response(body) + b"\0" * pad
+
+
+def test_pieces_are_written_in_order_behind_one_size_prefix_never_joined() -> None:
+    conn = connection()
+    conn.client_data(frame(fetch_request(1)))
+    raw = fetch_response(1, pad=30)
+    out = conn.broker_data(frame(raw))
+    (send,) = [a for a in out if isinstance(a, SendToClient)]
+    assert bytes(send.data[0]) == struct.pack(">i", len(raw))
+    assert [type(p) for p in send.data[1:]] == [memoryview, bytes, memoryview], "not joined"
+    assert frames_of(sent(out, SendToClient)) == [raw]
+    assert conn.client.stats.bytes_out == len(raw) + 4
+
+
+def test_a_throttled_fetch_in_pieces_is_joined_with_its_throttle_time() -> None:
+    clock = Clock()
+    quotas = Quotas(1, clock=clock)
+    quotas.update(QuotaSettings((QuotaRule("r", fetch=100.0),), burst_seconds=1.0))
+    conn = connection(quotas, clock)
+    conn.client_data(frame(fetch_request(1)))
+    raw = fetch_response(1, pad=300)  # over the 100-byte burst: throttled
+    out = conn.broker_data(frame(raw))
+    (resp,) = frames_of(sent(out, SendToClient))
+    at = throttle_offset(FETCH, VERSION, resp)
+    (ms,) = struct.unpack_from(">i", resp, at)
+    assert ms > 0 and conn.client.stats.throttle_ms == ms
+    assert resp[:at] == raw[:at] and resp[at + 4:] == raw[at + 4:]
