@@ -126,6 +126,7 @@ static const uint32_t K256[64] = {
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
 static int shani_ok = -1;
+static int level_cap = 2;
 
 /* 0: no SHA extensions; 1: SHA-NI; 2: SHA-NI, and AVX-512VL with the OS saving its registers
  * (XCR0: SSE, AVX, opmask and both ZMM halves), so final_blocks_vl may use xmm16-31. */
@@ -143,7 +144,14 @@ static int have_shani(void) {
         }
         shani_ok = ok ? 1 + vl : 0;
     }
-    return shani_ok;
+    return shani_ok < level_cap ? shani_ok : level_cap;
+}
+
+/* Caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512VL) so tests reach every path
+ * this CPU can run; returns the path then in use. */
+int hs_set_level(int cap) {
+    level_cap = cap;
+    return have_shani();
 }
 
 #define SHANI __attribute__((target("sha,sse4.1,ssse3")))

@@ -2,7 +2,8 @@
 guest lists after a ``sluice_filter_records`` call, in one native call per batch.
 
 The native pass (filters/host_sha256.c) against hashlib on generated salts and fields (the
-four-lane SHA-NI path, the OpenSSL path for longer ones, salts of whole blocks), every limit it
+four-lane SHA-NI path and its AVX-512VL build, each forced in turn, the OpenSSL path for longer
+ones, salts of whole blocks), every limit it
 enforces on a hostile table, and random tables that must never write outside the records
 section nor anything at all when refused; then through the host with hand-written modules: a
 hostile slot refuses the load, a hostile table sends the batch down the decoding path, and a
@@ -14,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,16 +90,46 @@ def _hex(salt: bytes, data: bytes) -> bytes:
     return hashlib.sha256(salt + data).hexdigest().encode()
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([b"", b"pepper", b"p" * 55, b"q" * 64, b"r" * 130]),
-                          st.binary(max_size=140)), min_size=1, max_size=11))
-def test_digests_are_sha256_of_salt_and_field(pairs: list[tuple[bytes, bytes]]) -> None:
-    """Any mix of one-block requests (four at a time, spare lanes redoing one) and longer ones,
-    a salt's midstate reused while it repeats."""
+def _hashed_as_hashlib(pairs: list[tuple[bytes, bytes]]) -> None:
     image = Image(pairs)
     done, _ = image.run()
     assert done == len(pairs)
     assert [image.digest_at(i) for i in range(len(pairs))] == [_hex(s, d) for s, d in pairs]
+
+
+_PAIRS = st.lists(st.tuples(st.sampled_from([b"", b"pepper", b"p" * 55, b"q" * 64, b"r" * 130]),
+                           st.binary(max_size=140)), min_size=1, max_size=11)
+
+
+@pytest.fixture(params=[0, 1, 2], ids=["openssl", "sha-ni", "sha-ni-avx512vl"])
+def code_path(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Each code path of the pass this CPU can run (the CPU picks the fastest by default)."""
+    assert host_sha256.hs_set_level is not None
+    level: int = request.param
+    try:
+        if host_sha256.hs_set_level(level) != level:
+            pytest.skip(f"this CPU cannot run code path {level}")
+        yield level
+    finally:
+        host_sha256.hs_set_level(2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_PAIRS)
+def test_digests_are_sha256_of_salt_and_field(pairs: list[tuple[bytes, bytes]]) -> None:
+    """Any mix of one-block requests (four at a time, spare lanes redoing one) and longer ones,
+    a salt's midstate reused while it repeats."""
+    _hashed_as_hashlib(pairs)
+
+
+def test_every_code_path_gives_the_same_digests(code_path: int) -> None:
+    """The OpenSSL path, the SHA-NI lanes and their AVX-512VL build, each forced in turn:
+    generated requests of every shape hash as hashlib does."""
+    @settings(max_examples=60, deadline=None)
+    @given(_PAIRS)
+    def check(pairs: list[tuple[bytes, bytes]]) -> None:
+        _hashed_as_hashlib(pairs)
+    check()
 
 
 @settings(max_examples=100, deadline=None)
