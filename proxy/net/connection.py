@@ -103,6 +103,9 @@ _SIZE = struct.Struct(">i")
 _pack_size = _SIZE.pack
 _unpack_size = _SIZE.unpack_from  # a response's correlation id (`_on_response`)
 _UNKNOWN: Any = object()  # not in the router's memo of response paths yet
+#: Makes an action without a Python call: a slotted dataclass's `__init__` is a Python frame,
+#: and every request and response makes one send action (issue 29, call budgets).
+_new = object.__new__
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
 
@@ -1021,7 +1024,9 @@ class Connection:
             if slot.on_sent is not None:
                 sent.append(Telemetry(slot.on_sent))
         if data:
-            out.append(SendToClient(data))
+            send = _new(SendToClient)  # `SendToClient(data)` without its __init__'s frame
+            send.data = data
+            out.append(send)
             out.extend(sent)
 
     def _throttle(self, slot: _Slot, response: bytes | memoryview) -> bytes | memoryview | None:
@@ -1084,7 +1089,9 @@ class Connection:
             self._drain_queue(out, to_broker)
             self._flush(out)
         if to_broker:
-            out.append(SendToBroker(to_broker))
+            send_on = _new(SendToBroker)  # as `_flush` makes a SendToClient
+            send_on.data = to_broker
+            out.append(send_on)
         if self._phase is _CLOSED:
             return out
         client_side, broker_side = self._client_side, self._broker_side
