@@ -57,7 +57,9 @@ consume, over the payload bytes it carried both ways, over all slices (every sli
 same bytes, so this is the mean of the per-slice figures; a slice's consume CPU is the mean of
 its reads'). The same figure from psutil's 10 ms
 clock ticks (/proc/PID/stat), read at the same moments, is printed under the table for
-comparison: it is the same total, truncated to ticks at each reading. CPU µs/request
+comparison: it is the same total, truncated to ticks at each reading. Under it too, each
+side's share: the middle's CPU s per GB carried one way in the produce and in a (mean) read,
+the mean of slices (also on each slice's line). CPU µs/request
 (workload 3): its CPU in the latency window per record (one Produce request and response
 each), median over slices. Filter jobs inline / pool (workload 3): every Sluice variant
 serves its `/metrics` on a free 127.0.0.1 port (unless `--proxy-yaml` has its own `metrics:`),
