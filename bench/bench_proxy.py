@@ -57,7 +57,9 @@ consume, over the payload bytes it carried both ways, over all slices (every sli
 same bytes, so this is the mean of the per-slice figures; a slice's consume CPU is the mean of
 its reads'). The same figure from psutil's 10 ms
 clock ticks (/proc/PID/stat), read at the same moments, is printed under the table for
-comparison: it is the same total, truncated to ticks at each reading. CPU µs/request
+comparison: it is the same total, truncated to ticks at each reading. Under it too, each
+side's share: the middle's CPU s per GB carried one way in the produce and in a (mean) read,
+the mean of slices (also on each slice's line). CPU µs/request
 (workload 3): its CPU in the latency window per record (one Produce request and response
 each), median over slices. Filter jobs inline / pool (workload 3): every Sluice variant
 serves its `/metrics` on a free 127.0.0.1 port (unless `--proxy-yaml` has its own `metrics:`),
@@ -142,6 +144,10 @@ class Throughput:
     client_produce: list[float | None] = field(default_factory=list)  # client CPU µs/record
     client_consume: list[float | None] = field(default_factory=list)
     first: list[float | None] = field(default_factory=list)  # s to a read's first record
+    #: the middle's CPU s per GB of payload carried one way, in the produce and in a (mean)
+    #: read: which side a variant's CPU s/GB comes from
+    cpu_produce: list[float | None] = field(default_factory=list)
+    cpu_read: list[float | None] = field(default_factory=list)
 
     def cpu_per_gb_overall(self, ticks: bool = False) -> float:
         """CPU seconds over GB carried, over all slices (`ticks`: psutil's figure)."""
@@ -233,6 +239,9 @@ class Slice:
     client_produce: float  # the client's own CPU µs per record producing (set-up, close too)
     client_consume: float  # and consuming
     reads: tuple[float, ...] = ()  # seconds of each read, in the order they ran
+    #: the middle's CPU s per GB one way in the produce and in the mean read (None: direct)
+    cpu_produce: float | None = None
+    cpu_read: float | None = None
 
 
 @dataclass(frozen=True)
@@ -292,6 +301,8 @@ def combine(produced: Call, reads: Sequence[Call], payload: int, middle: bool) -
         1e6 * produced.client / produced.records,
         1e6 * sum(r.client for r in reads) / read_records,
         tuple(r.seconds for r in reads),
+        produced.middle.seconds / (gb / 2) if middle else None,
+        (cpu.seconds - produced.middle.seconds) / n / (gb / 2) if middle else None,
     )
 
 
@@ -442,11 +453,15 @@ def _throughput_slice(
         trow.cpu_per_gb_ticks.append(sl.cpu_per_gb_ticks)
         trow.client_produce.append(sl.client_produce)
         trow.client_consume.append(sl.client_consume)
+        trow.cpu_produce.append(sl.cpu_produce)
+        trow.cpu_read.append(sl.cpu_read)
         line = (f"  slice {s + 1}/{slices} {name:20s} produce {sl.produce:9.0f} rec/s  "
                 f"consume {sl.consume:9.0f} rec/s (first record {1000 * sl.first:4.0f} ms, "
                 f"reads {' '.join(f'{x:.2f}' for x in sl.reads)} s)")
         if sl.cpu_per_gb is not None and sl.cpu_per_gb_ticks is not None:
             line += f"  {sl.cpu_per_gb:5.3f} CPU s/GB (ticks {sl.cpu_per_gb_ticks:5.2f})"
+        if sl.cpu_produce is not None and sl.cpu_read is not None:
+            line += f", produce / read {sl.cpu_produce:5.3f} / {sl.cpu_read:5.3f}"
         print(line, file=sys.stderr, flush=True)
 
 
@@ -484,6 +499,13 @@ def _throughput_report(result: Result) -> str:
             "CPU s/GB from the CPU clocks (ns) / from psutil's 10 ms ticks, read at the same "
             "moments: " + ", ".join(f"{n} {a:.3f} / {b:.3f}" for n, a, b in both) + "."
         )
+    split = [(n, _mean(r.cpu_produce), _mean(r.cpu_read)) for n, r in rows.items()]
+    split = [(n, a, b) for n, a, b in split if not math.isnan(a)]
+    if split:
+        lines.append(
+            "CPU s per GB carried one way, in the produce / in a read (means of slices): "
+            + ", ".join(f"{n} {a:.3f} / {b:.3f}" for n, a, b in split) + "."
+        )
     firsts = [(n, pairs.median(r.first)) for n, r in rows.items()]
     lines.append(
         "First record after (ms from a consumer's assignment, median of slices): "
@@ -517,6 +539,11 @@ def _throughput_report(result: Result) -> str:
             f"consume {cr.ratio_text()}{cpu_text}."
         )
     return "\n".join(lines)
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    present = [x for x in values if x is not None]
+    return sum(present) / len(present) if present else math.nan
 
 
 def _latency_report(result: Result) -> str:

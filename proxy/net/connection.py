@@ -73,7 +73,7 @@ from typing import Any
 
 from sluice.codec.errors import CodecError, FrameTooLarge
 from sluice.codec.frames import FrameBuffer
-from sluice.codec.headers import parse_request_header, read_correlation_id
+from sluice.codec.headers import parse_request_header
 from sluice.codec.messages import ApiKey
 from sluice.codec.passthrough import request_header
 from sluice.codec.throttle import sends_before_throttling, with_throttle
@@ -102,6 +102,11 @@ from sluice.proxy.telemetry.metrics import Metrics
 
 _SIZE = struct.Struct(">i")
 _pack_size = _SIZE.pack
+_unpack_size = _SIZE.unpack_from  # a response's correlation id (`_on_response`)
+_UNKNOWN: Any = object()  # not in the router's memo of response paths yet
+#: Makes an action without a Python call: a slotted dataclass's `__init__` is a Python frame,
+#: and every request and response makes one send action (issue 29, call budgets).
+_new = object.__new__
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
 
@@ -621,7 +626,7 @@ class Connection:
             # Like a broker, which reads a connection's next request only once it has
             # answered this one: requests after it wait until the client is within quota.
             self._mute(until)
-        path = router.request_path(api_key)
+        path = router.requests.get(api_key)  # `request_path`, one call less
         if path is None and self._ahead:
             self._go_ahead((exchange, frame), Forward(), router.ctx, out)
             return
@@ -864,9 +869,11 @@ class Connection:
         if type(frame) is memoryview and not frame.readonly:
             frame = frame.toreadonly()
         try:
-            correlation_id = read_correlation_id(frame)
-        except CodecError as exc:
-            self._close(out, f"malformed response: {exc}", violation=True)
+            # `read_correlation_id`, unpacked here: one Python call less on every response.
+            correlation_id = _unpack_size(frame, 0)[0]
+        except struct.error:
+            self._close(out, "malformed response: frame shorter than a correlation id",
+                        violation=True)
             return
         awaiting = self._awaiting
         if (
@@ -912,7 +919,12 @@ class Connection:
     ) -> None:
         router = self._routes.current
         hdr = slot.exchange.header
-        path = slot.pin or router.response_path(hdr.api_key, hdr.api_version)
+        path: Any = slot.pin
+        if path is None:
+            # `response_path`'s memo read first: one call less on every response.
+            path = router.responses.get(hdr.api_key << 16 | (hdr.api_version & 0xFFFF), _UNKNOWN)
+            if path is _UNKNOWN:
+                path = router.response_path(hdr.api_key, hdr.api_version)
         raw = slot.raw
         assert raw is not None
         if path is None:
@@ -939,11 +951,18 @@ class Connection:
 
     def _apply_response(self, slot: _Slot, outcome: Any, ctx: Any, out: list[Action]) -> None:
         if type(outcome) is Respond:
-            slot.response = outcome.frame
+            slot.response = response = outcome.frame
             slot.on_sent = outcome.on_sent
             slot.waiting_job = False
             slot.generation = ctx.generation
-            self._account(slot)  # what `_hold` does, one call less
+            # `_account`, written out (every response comes here): the broker's frame, and
+            # the client's response when it is another buffer.
+            raw = slot.raw
+            held = len(raw) if raw is not None else 0
+            if response is not raw:
+                held += len(response)
+            self._held_bytes += held - slot.held
+            slot.held = held
         elif type(outcome) is Refuse:
             self._close(out, outcome.reason, violation=True)
         elif type(outcome) is Defer:
@@ -1014,7 +1033,9 @@ class Connection:
             if slot.on_sent is not None:
                 sent.append(Telemetry(slot.on_sent))
         if data:
-            out.append(SendToClient(data))
+            send = _new(SendToClient)  # `SendToClient(data)` without its __init__'s frame
+            send.data = data
+            out.append(send)
             out.extend(sent)
 
     def _throttle(self, slot: _Slot,
@@ -1080,7 +1101,9 @@ class Connection:
             self._drain_queue(out, to_broker)
             self._flush(out)
         if to_broker:
-            out.append(SendToBroker(to_broker))
+            send_on = _new(SendToBroker)  # as `_flush` makes a SendToClient
+            send_on.data = to_broker
+            out.append(send_on)
         if self._phase is _CLOSED:
             return out
         client_side, broker_side = self._client_side, self._broker_side

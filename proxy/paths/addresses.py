@@ -24,6 +24,8 @@ from sluice.proxy.paths.base import (
     UnknownNodes,
 )
 
+_new = object.__new__  # an outcome made without its dataclass __init__ (`on_response`)
+
 
 def _keys_with_endpoints() -> frozenset[int]:
     keys = set()
@@ -54,7 +56,12 @@ class AddressPath:
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:
         hdr = exchange.header
         if not responses.may_carry_endpoints(hdr.api_key, hdr.api_version, frame):
-            return Respond(frame)
+            # `Respond(frame)` without its __init__'s Python frame: every pass-through Produce
+            # and Fetch response comes here (issue 29, call budgets).
+            respond = _new(Respond)
+            respond.frame = frame
+            respond.on_sent = None
+            return respond
         size, response = responses.decode(hdr, frame)
         if hdr.api_key == ApiKey.METADATA:
             learn_metadata(ctx, response)

@@ -100,29 +100,32 @@ class Router:
         "_inspected",
         "_passed",
         "_passed_under",
-        "_requests",
         "_response_paths",
-        "_responses",
         "ctx",
+        "requests",
+        "responses",
         "versions",
     )
 
     def __init__(self, paths: Sequence[ApiPath], ctx: PathContext, versions: VersionTable):
         self.ctx = ctx
         self.versions = versions
-        self._requests: dict[int, ApiPath] = {}
+        #: The path of each request's API key (read, never changed, by the connection: one
+        #: call less per request than `request_path`).
+        self.requests: dict[int, ApiPath] = {}
         self._response_paths: dict[int, list[ApiPath]] = {}
         for path in paths:  # earlier paths win
             for key in path.api_keys:
-                if key not in self._requests and path.wants_request(ctx, key):
-                    self._requests[key] = path
+                if key not in self.requests and path.wants_request(ctx, key):
+                    self.requests[key] = path
                 self._response_paths.setdefault(key, []).append(path)
-        # Filled lazily per (key, version); versions are bounded by `refusal`.
-        self._responses: dict[int, ResponsePath | None] = {}
+        #: `response_path`'s memo, filled lazily per (key << 16 | version); versions are
+        #: bounded by `refusal`. The connection reads it before it calls `response_path`.
+        self.responses: dict[int, ResponsePath | None] = {}
         # (key << 16 | version) that `refusal` passed on the header alone, under these ranges.
         self._passed: set[int] = set()
         self._passed_under: dict[int, tuple[int, int]] | None = None
-        self._inspected = frozenset(self._requests) | frozenset(
+        self._inspected = frozenset(self.requests) | frozenset(
             key for key, found in self._response_paths.items() if self._any_response(key, found)
         )
 
@@ -156,7 +159,7 @@ class Router:
         if api_key in self._inspected:
             ours = codec_version_range(api_key)
             if ours is None or not ours[0] <= version <= ours[1]:
-                gate = self._requests.get(api_key)
+                gate = self.requests.get(api_key)
                 if (
                     ours is not None
                     and version < ours[0]
@@ -177,23 +180,23 @@ class Router:
         return self.ctx.generation
 
     def request_path(self, api_key: int) -> ApiPath | None:
-        return self._requests.get(api_key)
+        return self.requests.get(api_key)
 
     def response_path(self, api_key: int, version: int) -> ResponsePath | None:
         key = api_key << 16 | (version & 0xFFFF)
         try:
-            return self._responses[key]
+            return self.responses[key]
         except KeyError:
             pass
         found: ResponsePath | None = None
         ours = codec_version_range(api_key)
         if ours is None or not ours[0] <= version <= ours[1]:
             # Only keys no path inspects get here in such versions (`refusal`): relayed.
-            self._responses[key] = None
+            self.responses[key] = None
             return None
         found = pick_response_path(self._response_paths.get(api_key, ()), self.ctx, api_key,
                                    version)
-        self._responses[key] = found
+        self.responses[key] = found
         return found
 
 

@@ -65,10 +65,15 @@ def test_a_slice_takes_its_consume_speed_over_all_reads_and_its_cpu_per_one_read
     # One produce (0.2 s) and the mean read (0.2 s) over 0.2 GB.
     assert sl.cpu_per_gb == pytest.approx(2.0) and sl.cpu_per_gb_ticks == pytest.approx(2.0)
     assert sl.client_produce == pytest.approx(1.0) and sl.client_consume == pytest.approx(2.0)
+    # Each side per GB one way (0.1 GB): the produce's 0.2 s and the mean read's 0.2 s.
+    assert sl.cpu_produce == pytest.approx(2.0) and sl.cpu_read == pytest.approx(2.0)
+    skewed = bench_proxy.combine(produced, reads[:1], payload, middle=True)
+    assert skewed.cpu_produce == pytest.approx(2.0) and skewed.cpu_read == pytest.approx(1.0)
     # One read is what a slice measured before reads were repeated: the same figure.
     one = bench_proxy.combine(produced, reads[2:], payload, middle=True)
     assert one.cpu_per_gb == pytest.approx(2.0) and one.consume == 2000
-    assert bench_proxy.combine(produced, reads, payload, middle=False).cpu_per_gb is None
+    unmeasured = bench_proxy.combine(produced, reads, payload, middle=False)
+    assert unmeasured.cpu_per_gb is None and unmeasured.cpu_produce is None
     with pytest.raises(ValueError):
         bench_proxy.combine(produced, [], payload, middle=True)
 

@@ -35,14 +35,19 @@ from sluice.proxy.ops.config import ProxyConfig
 #: request's topic name in one C call each, the response's KIP-951 check called in C from
 #: paths/responses.py) (issue 29). A response is read as the event loop reads the broker's
 #: socket, a buffered protocol: `get_buffer` is one call per read (17 when the loop handed
-#: over a `bytes`, 18 now; no copy in Python of a large frame, codec/frames.py).
-REQUEST_CALLS = 19
-RESPONSE_CALLS = 18
+#: over a `bytes`, 18 then; no copy in Python of a large frame, codec/frames.py). 19 and 18
+#: before the router's and the internal-topics path's memos were read inline and the
+#: response's correlation id and held bytes were read in `_on_response`/`_apply_response`,
+#: and the send actions and the address path's `Respond` made without their __init__.
+REQUEST_CALLS = 16
+RESPONSE_CALLS = 13
 #: The same for one workload-2 Fetch request and its response (an unfiltered topic, by id);
 #: 26 and 42 before the Fetch cut (the response's KIP-951 check walked the schema, two calls
-#: per partition), 19 and 20 before the native readers, 17 and 19 before the buffered reads.
-FETCH_REQUEST_CALLS = 17
-FETCH_RESPONSE_CALLS = 20
+#: per partition), 19 and 20 before the native readers, 17 and 19 before the buffered reads,
+#: 17 and 19 (a budget of 20) before the memos read inline and the outcomes made without
+#: their __init__.
+FETCH_REQUEST_CALLS = 14
+FETCH_RESPONSE_CALLS = 14
 
 
 class _Transport:
