@@ -956,11 +956,11 @@ class Connection:
             slot.waiting_job = False
             slot.generation = ctx.generation
             # `_account`, written out (every response comes here): the broker's frame, and
-            # the client's response when it is another buffer.
+            # the client's response when it is another buffer (`Pieces` at their full size).
             raw = slot.raw
             held = len(raw) if raw is not None else 0
             if response is not raw:
-                held += len(response)
+                held += sum(map(len, response)) if type(response) is tuple else len(response)
             self._held_bytes += held - slot.held
             slot.held = held
         elif type(outcome) is Refuse:

@@ -13,7 +13,14 @@ from sluice.codec.headers import request_header_bytes, response_header_bytes
 from sluice.codec.messages import ApiKey, encode_response
 from sluice.codec.throttle import throttle_offset
 from sluice.proxy.contract import ClientInfo
-from sluice.proxy.net.connection import Connection, SendToClient
+from sluice.proxy.net.connection import (
+    Connection,
+    Limits,
+    PauseBroker,
+    ResumeBroker,
+    SendToClient,
+    StartJob,
+)
 from sluice.proxy.ops.quotas import QuotaRule, Quotas, QuotaSettings
 from sluice.proxy.paths.base import Exchange, Frame, PathContext, Respond
 from sluice.proxy.telemetry.metrics import Metrics
@@ -25,9 +32,12 @@ VERSION = 12
 
 
 class PiecesPath(ScriptedPath):
-    """Answers every Fetch response with its bytes cut into three pieces."""
+    """Answers every Fetch response with its bytes cut into three pieces (one that ends in
+    ``slow`` goes to a job first, as `ScriptedPath` does)."""
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Any:
+        if bytes(frame).endswith(b"slow"):
+            return super().on_response(ctx, exchange, frame)
         view = memoryview(frame)
         return Respond((view[:9], bytes(view[9:12]), view[12:]))
 
@@ -40,11 +50,12 @@ class Clock:
         return self.now
 
 
-def connection(quotas: Quotas | None = None, clock: Clock | None = None) -> Connection:
+def connection(quotas: Quotas | None = None, clock: Clock | None = None,
+               limits: Limits | None = None) -> Connection:
     metrics = Metrics()
     extra: dict[str, Any] = {} if clock is None else {"clock": clock}
     return Connection(ClientInfo("c", ("b", 1)), unfiltered_routes([PiecesPath()], metrics),
-                      metrics, quotas=quotas, **extra)
+                      metrics, limits, quotas=quotas, **extra)
 
 
 def fetch_request(cid: int) -> bytes:
@@ -83,3 +94,25 @@ def test_a_throttled_fetch_in_pieces_is_joined_with_its_throttle_time() -> None:
     (ms,) = struct.unpack_from(">i", resp, at)
     assert ms > 0 and conn.client.stats.throttle_ms == ms
     assert resp[:at] == raw[:at] and resp[at + 4:] == raw[at + 4:]
+
+
+def test_pieces_held_behind_a_job_count_their_bytes_not_their_number() -> None:
+    """Responses in pieces waiting behind a slower one count their bytes against the held
+    bound, as one buffer would: past it the broker is not read."""
+    conn = connection(limits=Limits(max_held_response_bytes=1000))
+    conn.client_data(b"".join(frame(fetch_request(cid)) for cid in range(1, 8)))
+    out = conn.broker_data(frame(struct.pack(">i", 1) + b"slow"))
+    (job,) = [a for a in out if isinstance(a, StartJob)]
+    paused_at = None
+    for cid in range(2, 8):
+        out = conn.broker_data(frame(fetch_response(cid, pad=300 - len(fetch_response(cid)))))
+        assert sent(out, SendToClient) == b""
+        if any(isinstance(a, PauseBroker) for a in out):
+            paused_at = cid
+            break
+    # Each held response counts its frame and its pieces (views of that frame, counted at
+    # their size all the same): 600 bytes; counted by their number it would be 303.
+    assert paused_at == 3, "paused once 2 x 600 bytes (and the slow one) were held"
+    out = conn.job_done(job.job_id, job.job.run())
+    assert len(frames_of(sent(out, SendToClient))) == 3
+    assert any(isinstance(a, ResumeBroker) for a in out)
