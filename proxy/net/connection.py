@@ -349,13 +349,21 @@ class Connection:
 
     # ================================================================ inputs
 
-    def client_data(self, data: bytes) -> list[Action]:
+    def client_data(self, data: bytes | int) -> list[Action]:
+        """Bytes the client sent: a chunk read, or (an int) how many bytes its socket read
+        into `client_frames.get_buffer()` (as `broker_data`: a large Produce request is read
+        into the buffer it is forwarded from)."""
         out: list[Action] = []
         if self._phase is _CLOSED:
             return out
-        self.client.stats.bytes_in += len(data)
+        frames_in = self.client_frames
         try:
-            frames = self.client_frames.feed(data)
+            if type(data) is int:
+                self.client.stats.bytes_in += data
+                frames = frames_in.filled(data)
+            else:
+                self.client.stats.bytes_in += len(data)  # type: ignore[arg-type]
+                frames = frames_in.feed(data)  # type: ignore[arg-type]
         except FrameTooLarge as exc:
             return self._close(out, f"request frame too large: {exc}", violation=True)
         if not frames:
