@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.codec.errors import CodecError, FrameTooLarge
-from sluice.codec.frames import FrameBuffer
+from sluice.codec.frames import CLIENT_RESERVE, FrameBuffer
 from sluice.codec.headers import parse_request_header, read_correlation_id
 from sluice.codec.messages import ApiKey
 from sluice.codec.passthrough import request_header
@@ -323,7 +323,9 @@ class Connection:
         self._routes = routes
         self._metrics = metrics
         # Read by the I/O layer only for their `missing` bytes (the receive low-water mark).
-        self.client_frames = FrameBuffer(self.limits.max_frame_size)
+        # The client's socket is read into it too (net/session.py `Session.get_buffer`); a
+        # large request reserves less at once than a response (`CLIENT_RESERVE`).
+        self.client_frames = FrameBuffer(self.limits.max_frame_size, reserve=CLIENT_RESERVE)
         self.broker_frames = FrameBuffer(self.limits.max_frame_size)
         self._slots: deque[_Slot] = deque()  # awaiting the client, in request order
         self._awaiting: deque[_Slot] = deque()  # forwarded, awaiting the broker, in order

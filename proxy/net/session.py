@@ -230,6 +230,7 @@ class Session(asyncio.BufferedProtocol):
         self._hooks.session_opened(self)
         assert self.conn is not None
         self._live = True
+        self._spare = None  # reads go into the frame buffer from now on
         while self._early and not self._ended:
             self._do(self.conn.client_data(self._early.pop(0)))
         if self._client_mark is not None and not self._ended:
