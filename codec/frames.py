@@ -8,9 +8,10 @@ incomplete tail of a chunk is buffered (and copied) until the rest arrives.
 It can also be read into (`get_buffer`, `filled`: what an asyncio `BufferedProtocol` asks
 for): a read goes into a `READ_SIZE` buffer of its own, from which whole frames are taken as
 with `feed`; once a frame of `OWN_BUFFER` bytes or more is known to be in assembly, its body
-gets a buffer of its own, sized from its length prefix (at most `RESERVE` at first), and the
-socket reads the rest of it straight into that buffer. A large Fetch response is then copied
-in Python only for what its first read held; the rest the kernel copies into the buffer it is
+gets a buffer of its own, sized from its length prefix (at most `RESERVE` at first, or the
+`reserve` given: `CLIENT_RESERVE` for a client's requests), and the socket reads the rest of it
+straight into that buffer. A large Fetch response or Produce request is then copied in Python
+only for what its first read held; the rest the kernel copies into the buffer it is
 forwarded from (fed as chunks, all of it was copied once out of the event loop's read buffer
 into a `bytes` and once more into the frame in assembly).
 """
@@ -57,6 +58,11 @@ OWN_BUFFER = 32 * 1024
 #: GB of feeding chunks; reserved whole, 0.4x). Above glibc's mmap threshold (32 MiB here,
 #: proxy/ops/allocator.py) a reservation is a mapping the kernel backs only as bytes arrive.
 RESERVE = 64 * 1024 * 1024
+#: What a client's request frame reserves at once instead (`FrameBuffer(reserve=...)`): a
+#: client is less trusted than the broker, and a connection that declares a large request and
+#: sends no more of it then holds 1 MiB, not 64; a larger request's buffer doubles as it
+#: arrives. Produce requests are ~0.1-1 MB (a workload-1 producer's ~0.8 MB fits at once).
+CLIENT_RESERVE = 1024 * 1024
 
 _reads = threading.local()
 
@@ -97,13 +103,16 @@ class FrameBuffer:
     in an undefined state and the connection should be closed.
     """
 
-    __slots__ = ("_body", "_buf", "_got", "_need", "_read", "_size", "max_frame_size",
-                 "missing")
+    __slots__ = ("_body", "_buf", "_got", "_need", "_read", "_reserve", "_size",
+                 "max_frame_size", "missing")
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 reserve: int | None = None) -> None:
         if max_frame_size < 0:
             raise ValueError("max_frame_size must be >= 0")
         self.max_frame_size = max_frame_size
+        # At most this much reserved at once for a large frame (None: `RESERVE`).
+        self._reserve = reserve
         self._buf = bytearray()
         # Total bytes (prefix + body) of the frame being assembled in _buf, or 0 if the
         # prefix itself is not complete yet.
@@ -179,7 +188,8 @@ class FrameBuffer:
         body moves to a buffer of its own, which the socket reads the rest into
         (`get_buffer`)."""
         got = len(part)
-        body = _unfilled(min(size, max(RESERVE, got)))
+        reserve = RESERVE if self._reserve is None else self._reserve
+        body = _unfilled(min(size, max(reserve, got)))
         body[:got] = part
         self._body, self._got, self._size = body, got, size
 

@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.codec.errors import CodecError, FrameTooLarge
-from sluice.codec.frames import FrameBuffer
+from sluice.codec.frames import CLIENT_RESERVE, FrameBuffer
 from sluice.codec.headers import parse_request_header
 from sluice.codec.messages import ApiKey
 from sluice.codec.passthrough import request_header
@@ -330,7 +330,9 @@ class Connection:
         self._routes = routes
         self._metrics = metrics
         # Read by the I/O layer only for their `missing` bytes (the receive low-water mark).
-        self.client_frames = FrameBuffer(self.limits.max_frame_size)
+        # The client's socket is read into it too (net/session.py `Session.get_buffer`); a
+        # large request reserves less at once than a response (`CLIENT_RESERVE`).
+        self.client_frames = FrameBuffer(self.limits.max_frame_size, reserve=CLIENT_RESERVE)
         self.broker_frames = FrameBuffer(self.limits.max_frame_size)
         self._slots: deque[_Slot] = deque()  # awaiting the client, in request order
         self._awaiting: deque[_Slot] = deque()  # forwarded, awaiting the broker, in order
@@ -356,13 +358,21 @@ class Connection:
 
     # ================================================================ inputs
 
-    def client_data(self, data: bytes) -> list[Action]:
+    def client_data(self, data: bytes | int) -> list[Action]:
+        """Bytes the client sent: a chunk read, or (an int) how many bytes its socket read
+        into `client_frames.get_buffer()` (as `broker_data`: a large Produce request is read
+        into the buffer it is forwarded from)."""
         out: list[Action] = []
         if self._phase is _CLOSED:
             return out
-        self.client.stats.bytes_in += len(data)
+        frames_in = self.client_frames
         try:
-            frames = self.client_frames.feed(data)
+            if type(data) is int:
+                self.client.stats.bytes_in += data
+                frames = frames_in.filled(data)
+            else:
+                self.client.stats.bytes_in += len(data)  # type: ignore[arg-type]
+                frames = frames_in.feed(data)  # type: ignore[arg-type]
         except FrameTooLarge as exc:
             return self._close(out, f"request frame too large: {exc}", violation=True)
         if not frames:

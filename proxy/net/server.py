@@ -280,7 +280,7 @@ class ProxyServer:
 
     def _new_session(
         self, upstream: Callable[[], tuple[str, int]], node_id: int | None
-    ) -> asyncio.Protocol:
+    ) -> asyncio.BufferedProtocol:
         address = upstream()
         return Session(
             self._make_connection,

@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sluice.codec import frames as frames_module
-from sluice.codec.frames import OWN_BUFFER, READ_SIZE, RESERVE, FrameBuffer, FrameTooLarge, frame
+from sluice.codec.frames import (
+    CLIENT_RESERVE,
+    OWN_BUFFER,
+    READ_SIZE,
+    RESERVE,
+    FrameBuffer,
+    FrameTooLarge,
+    frame,
+)
 
 
 @pytest.fixture
@@ -84,6 +92,19 @@ def test_a_frame_over_the_reserve_grows_as_it_arrives(monkeypatch: pytest.Monkey
     assert len(fb.get_buffer()) == 1 << 20
     payload = body(size, 3)
     assert read(fb, payload) == [payload]
+
+
+def test_a_client_frame_reserves_its_own_bound_and_grows_past_it() -> None:
+    # A client's requests (proxy/net/connection.py): at most CLIENT_RESERVE at once.
+    fb = FrameBuffer(reserve=CLIENT_RESERVE)
+    size = CLIENT_RESERVE + 2 * READ_SIZE + 7
+    buf = fb.get_buffer()
+    buf[:4] = struct.pack(">i", size)
+    fb.filled(4)
+    assert fb.missing == size
+    assert len(fb.get_buffer()) == CLIENT_RESERVE
+    payload = body(size, 9)
+    assert read(fb, payload + frame(b"after")) == [payload, b"after"]
 
 
 def test_a_buffer_still_viewed_grows_by_a_copy(small: None) -> None:

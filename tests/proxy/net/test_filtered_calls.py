@@ -24,6 +24,7 @@ from sluice.proxy.ops.config import ProxyConfig
 from tests.proxy.net.test_passthrough_calls import (
     _calls,
     _Transport,
+    read_into,
     tcp_sockets,
     wired_session,
 )
@@ -86,7 +87,7 @@ def test_a_masked_one_record_produce_and_its_response_stay_within_their_calls(
         session, client, broker, frames = await _masked_session(tcp_sockets, 1)
         ((request, response),) = frames
         sent = len(broker.writes)
-        on_request = _calls(session.data_received, request)
+        on_request = _calls(read_into, session, request)
         assert len(broker.writes) == sent + 1, "the job did not run within the read"
         forwarded = b"".join(bytes(b) for b in broker.writes[-1])
         assert forwarded != request and len(forwarded) == len(request)  # masked in place
