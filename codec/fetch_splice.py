@@ -4,9 +4,10 @@ and a splice that writes new `records` bytes and error codes into the original f
 Why: with a fetch filter in force, decoding every Fetch response with kio and re-encoding it
 in Python costs more than the filter on a large response, and topics that no filter touches
 paid it too. The scan reads the regular fields with struct, builds no kio objects and hands
-the records out as zero-copy `memoryview` slices; the splice copies the untouched stretches
-of the frame (the response header included) around the new records and rewrites only the
-records' length prefixes and the error codes that change. A Fetch response has no size of a
+the records out as zero-copy `memoryview` slices; the splice puts views of the untouched
+stretches of the frame (the response header included) around the new records, as pieces to
+write in order (`splice_fetch_pieces`; `splice_fetch_records` joins them), with new bytes only
+for the records' length prefixes and the error codes that change. A Fetch response has no size of a
 topic or partition entry, so nothing else moves. The result is byte for byte what kio writes
 for the same change (tests/codec property-test this for every version the codec supports).
 

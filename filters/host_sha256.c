@@ -13,7 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 #include <openssl/sha.h>
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+/* HS_PORTABLE: built as on any other CPU, without the SHA-NI lanes (a test builds it so). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(HS_PORTABLE)
 #include <cpuid.h>
 #include <immintrin.h>
 #define HS_SHANI 1
@@ -147,13 +148,6 @@ static int have_shani(void) {
     return shani_ok < level_cap ? shani_ok : level_cap;
 }
 
-/* Caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512VL) so tests reach every path
- * this CPU can run; returns the path then in use. */
-int hs_set_level(int cap) {
-    level_cap = cap;
-    return have_shani();
-}
-
 #define SHANI __attribute__((target("sha,sse4.1,ssse3")))
 /* The same code where AVX-512VL is usable: its 32 vector registers hold the four lanes' states
  * and schedules that spill to the stack with 16 (~0.25 us less a 100-request pass on the bench's
@@ -228,6 +222,20 @@ SHANI_VL static void final_blocks_vl(uint32_t h[LANES][8], uint8_t blk[LANES][64
     final_blocks_body(h, blk, out);
 }
 #endif
+
+/* Caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512VL) so tests reach every path
+ * this CPU can run; returns the path then in use. Defined on every CPU (0 where the lanes are
+ * not compiled: the module declares it, so a missing one fails the build), and a cap below 0
+ * is 0 (hs_run takes any non-zero path for SHA-NI). */
+int hs_set_level(int cap) {
+#ifdef HS_SHANI
+    level_cap = cap < 0 ? 0 : cap;
+    return have_shani();
+#else
+    (void)cap;
+    return 0;
+#endif
+}
 
 /* Whether prefix tail || data || padding fits one block; if so, that block into blk. `room`:
  * whether the 64 bytes from data - s->tail_len lie inside guest memory. The variable-length

@@ -136,9 +136,10 @@ class FetchOutcome:
 
     `records`: the filtered bytes (the input object itself when unchanged; b"" with an error).
     `pieces`: the same bytes as the consecutive pieces the pipeline built them from (each
-    batch as it was or as rebuilt, the truncated tail): a caller that copies them anyway (the
-    splice into the response frame) takes them without `records` joining them first, which
-    would copy every byte once more. `records` joins them on first read.
+    batch as it was or as rebuilt, the truncated tail): a caller that writes them in order
+    (the fetch path's splice, whose pieces the connection writes with one writev) takes them
+    without `records` joining them first, which would copy every byte. `records` joins them
+    on first read.
     """
 
     __slots__ = ("_pieces", "_records", "changed", "dead_letters", "error_code",
@@ -865,7 +866,7 @@ def finish_fetch(plan: FetchPlan, runs: Sequence[FetchRun]) -> FetchOutcome:
     out.changed = True
     if len(plan.tail):
         parts.append(plan.tail)
-    # Joined only if someone reads `records` (the splice copies the pieces into the frame).
+    # Joined only if someone reads `records` (the splice hands the pieces on as they are).
     out.set_pieces(parts)
     return out
 

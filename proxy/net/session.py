@@ -44,7 +44,7 @@ from sluice.proxy.net.connection import (
 from sluice.proxy.net.filter_pool import FilterPool
 from sluice.proxy.net.job_placement import JobPlacement
 from sluice.proxy.net.low_water import MIN_MARK, LowWater, low_water
-from sluice.proxy.net.write_queue import QueuedWrites
+from sluice.proxy.net.write_queue import QueuedWrites, tls_writes
 from sluice.proxy.ops.gc_pauses import thread_gc_time
 from sluice.proxy.paths.base import IN_POOL, try_inline
 from sluice.proxy.telemetry.logs import log, repeats
@@ -123,6 +123,9 @@ class Session(asyncio.BufferedProtocol):
         self._broker_mark: LowWater | None = None
         self._client_queue: QueuedWrites | None = None
         self._broker_queue: QueuedWrites | None = None
+        # A side under TLS gets its pieces joined into record-sized writes (`tls_writes`).
+        self._client_tls = False
+        self._broker_tls = False
         self._early: list[bytes] = []  # client bytes before the broker connection is up
         self._spare: memoryview | None = None  # what `get_buffer` gives before that
         self._early_eof = False
@@ -195,6 +198,7 @@ class Session(asyncio.BufferedProtocol):
             except OSError:
                 pass  # not TCP (a test's socketpair) or already gone
         self._client_queue = QueuedWrites(transport, WRITE_HIGH_WATER)
+        self._client_tls = transport.get_extra_info("sslcontext") is not None
         self._client_mark = low_water(transport)
         if self._principal_of is not None:
             # A verified client certificate names the principal (SASL, if any, overrides).
@@ -244,6 +248,7 @@ class Session(asyncio.BufferedProtocol):
     def broker_connected(self, transport: asyncio.Transport) -> None:
         self._broker = transport
         self._broker_queue = QueuedWrites(transport, WRITE_HIGH_WATER)
+        self._broker_tls = transport.get_extra_info("sslcontext") is not None
         self._broker_mark = low_water(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -374,7 +379,9 @@ class Session(asyncio.BufferedProtocol):
                         broker.write(b"".join(action.data))  # type: ignore[union-attr]
                         self._broker_queue.wrote()  # type: ignore[union-attr]
                     else:
-                        broker.writelines(action.data)  # type: ignore[union-attr]
+                        data = action.data  # type: ignore[union-attr]
+                        # Pieces (a spliced Produce): a TLS record each unless joined.
+                        broker.writelines(tls_writes(data) if self._broker_tls else data)
                         self._broker_queue.pieces = 0  # type: ignore[union-attr]
                 elif kind is SendToClient:
                     client = self._client
@@ -384,7 +391,9 @@ class Session(asyncio.BufferedProtocol):
                         client.write(b"".join(action.data))  # type: ignore[union-attr]
                         self._client_queue.wrote()  # type: ignore[union-attr]
                     else:
-                        client.writelines(action.data)  # type: ignore[union-attr]
+                        data = action.data  # type: ignore[union-attr]
+                        # Pieces (a spliced Fetch): a TLS record each unless joined.
+                        client.writelines(tls_writes(data) if self._client_tls else data)
                         self._client_queue.pieces = 0  # type: ignore[union-attr]
                 elif kind is StartJob:
                     self._start(action)  # type: ignore[arg-type]

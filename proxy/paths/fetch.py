@@ -374,7 +374,7 @@ def _filter_scanned(
             out = records[(p.topic, p.index)] = None
             errors[(p.topic, p.index)] = outcome.error_code
         elif outcome.changed:
-            # The pieces as built: the splice copies them into the frame once.
+            # The pieces as built: pieces of the response too (`splice_fetch_pieces`).
             out = records[(p.topic, p.index)] = outcome.pieces
         batches.append(_batch_fields(p.name, p.partition, p.blob, outcome, out))
     if not records and not errors:

@@ -17,6 +17,7 @@ import hashlib
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import wasmtime
@@ -73,11 +74,11 @@ class Image:
         self.mem[TABLE:TABLE + len(table)] = table
         struct.pack_into("<II", self.mem, SLOT, TABLE, len(pairs))
 
-    def run(self, mem_size: int = MEM) -> tuple[int, bytes]:
+    def run(self, mem_size: int = MEM, hs_run: Any = None) -> tuple[int, bytes]:
         buf = (ctypes.c_ubyte * MEM).from_buffer(self.mem)
-        assert host_sha256.hs_run is not None
-        done = host_sha256.hs_run(ctypes.addressof(buf), mem_size, SLOT, OUT, self.out_len,
-                                  self.records)
+        hs_run = hs_run or host_sha256.hs_run
+        assert hs_run is not None
+        done = hs_run(ctypes.addressof(buf), mem_size, SLOT, OUT, self.out_len, self.records)
         del buf
         return done, bytes(self.mem)
 
@@ -130,6 +131,44 @@ def test_every_code_path_gives_the_same_digests(code_path: int) -> None:
     def check(pairs: list[tuple[bytes, bytes]]) -> None:
         _hashed_as_hashlib(pairs)
     check()
+
+
+def test_a_cap_below_the_openssl_path_is_the_openssl_path() -> None:
+    """No cap picks SHA-NI code the caller ruled out (or a CPU lacks: a fault)."""
+    assert host_sha256.hs_set_level is not None
+    try:
+        assert host_sha256.hs_set_level(-1) == 0
+        _hashed_as_hashlib([(b"pepper", b"ann@example.com")] * 5)
+    finally:
+        host_sha256.hs_set_level(2)
+
+
+def test_a_build_without_the_sha_ni_lanes_has_every_function(tmp_path: Path) -> None:
+    """What a CPU other than x86-64 compiles (HS_PORTABLE leaves the SHA-NI code out, as
+    there): every function the module declares links, and it hashes on the OpenSSL path."""
+    import importlib.util
+
+    from cffi import FFI
+
+    from sluice.filters import host_sha256_build
+
+    ffi = FFI()
+    ffi.cdef(host_sha256_build.CDEF)
+    ffi.set_source("_hs_portable", (host_sha256_build.HERE / "host_sha256.c").read_text(),
+                   libraries=["crypto"],
+                   extra_compile_args=["-O1", "-Wno-deprecated-declarations", "-DHS_PORTABLE"])
+    built = ffi.compile(tmpdir=str(tmp_path))
+    spec = importlib.util.spec_from_file_location("_hs_portable", built)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lib = module.lib
+    assert lib.hs_set_level(2) == 0
+    pairs = [(b"pepper", b"ann@example.com"), (b"", b"x" * 70), (b"q" * 64, b"")] * 3
+    image = Image(pairs)
+    done, _ = image.run(hs_run=lib.hs_run)
+    assert done == len(pairs)
+    assert [image.digest_at(i) for i in range(len(pairs))] == [_hex(s, d) for s, d in pairs]
 
 
 @settings(max_examples=100, deadline=None)

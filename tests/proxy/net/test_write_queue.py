@@ -2,18 +2,23 @@
 
 Small writes made one loop turn at a time, the way answers reach a client that never reads,
 must pause the writer before their bytes plus `PIECE_COST` a write pass the mark, and the mark
-must be back once the peer has read everything.
+must be back once the peer has read everything. Pieces written through TLS are joined into
+record-sized writes (`tls_writes`), by the session for a TLS side only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
+from typing import Any, cast
 
 import pytest
 import uvloop
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sluice.proxy.net.write_queue import PIECE_COST, QueuedWrites
+from sluice.proxy.net.write_queue import PIECE_COST, TLS_RECORD, QueuedWrites, tls_writes
 
 HIGH = 256 * 1024
 PIECE = b"x" * 100
@@ -101,3 +106,74 @@ def test_a_transport_that_drained_is_counted_from_zero() -> None:
     assert transport.high == 99
     queue.resumed()
     assert not queue.lowered and queue.pieces == 0 and transport.high == 10 * PIECE_COST
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3 * TLS_RECORD), max_size=40))
+def test_tls_writes_keep_the_bytes_and_join_only_small_neighbours(sizes: list[int]) -> None:
+    data = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    out = tls_writes([memoryview(d) for d in data])
+    assert b"".join(out) == b"".join(data)
+    # No two neighbours that could share a record (both under it, their sum too) stay apart;
+    # a large piece passes as it is (no copy).
+    for a, b in itertools.pairwise(out):
+        assert len(a) + len(b) > TLS_RECORD or len(a) >= TLS_RECORD or len(b) >= TLS_RECORD
+    large = [d for d in data if len(d) >= TLS_RECORD]
+    assert [bytes(p) for p in out if len(p) >= TLS_RECORD and type(p) is memoryview] == large
+
+
+class _TLSClient:
+    """A client transport as the session sees it: TLS (an `sslcontext`) or not."""
+
+    def __init__(self, tls: bool) -> None:
+        self.tls = tls
+        self.writes: list[list[Any]] = []
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return object() if name == "sslcontext" and self.tls else default
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def pause_reading(self) -> None:
+        pass
+
+    def writelines(self, data: list[Any]) -> None:
+        self.writes.append(list(data))
+
+
+@pytest.mark.parametrize("tls", [True, False])
+def test_a_response_in_pieces_reaches_a_tls_client_in_record_sized_writes(tls: bool) -> None:
+    """A spliced Fetch response (`Pieces`: a view per batch) is sealed a TLS record per
+    buffer: joined into record-sized writes for a TLS client, handed over as is otherwise."""
+    from sluice.proxy.net.connection import Connection, SendToClient
+    from sluice.proxy.net.session import Session
+    from sluice.proxy.telemetry.metrics import Metrics
+    from tests.proxy.net.unfiltered_routes import unfiltered_routes
+
+    frame = bytes(range(256)) * 400
+    view = memoryview(frame)
+    pieces = [view[i:i + 100] for i in range(0, len(frame), 100)]
+
+    async def scenario() -> _TLSClient:
+        metrics = Metrics()
+        session = Session(lambda c: Connection(c, unfiltered_routes([], metrics), metrics),
+                          ("127.0.0.1", 9), {}, None, cast(Any, None), None, cast(Any, None))
+        client = _TLSClient(tls)
+        session._client = cast(Any, client)  # as `connection_made` does
+        session._set_up(cast(Any, client))
+        assert session._connecting is not None
+        session._connecting.cancel()
+        session._do([SendToClient([b"\0\0\0\0", *pieces])])
+        return client
+
+    client = asyncio.run(scenario())
+    (written,) = client.writes
+    assert b"".join(written) == b"\0\0\0\0" + frame
+    if tls:
+        assert len(written) <= len(frame) // TLS_RECORD + 2
+    else:
+        assert len(written) == len(pieces) + 1
