@@ -304,6 +304,9 @@ class Session(asyncio.BufferedProtocol):
             buf = self.get_buffer(-1)
             n = min(len(buf), len(view))
             buf[:n] = view[:n]
+            # Let go of it, as the loop does after a read: held into the next `get_buffer`,
+            # a large request's buffer could not grow in place (a copy at each doubling).
+            del buf
             view = view[n:]
             self.buffer_updated(n)
 

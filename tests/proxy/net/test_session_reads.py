@@ -1,6 +1,7 @@
-"""A client's reads before its broker connection is up (`Session.get_buffer`'s spare buffer,
-proxy/net/session.py): what they hold per connection, and that each session keeps the bytes
-it read although the spare buffer is the thread's."""
+"""A client's reads (proxy/net/session.py `Session.get_buffer`, `buffer_updated`,
+`data_received`): before its broker connection is up, what they hold per connection and that
+each session keeps the bytes it read although the spare buffer is the thread's; a chunk
+handed to `data_received` is read as the event loop reads."""
 
 from __future__ import annotations
 
@@ -9,15 +10,25 @@ import socket
 import tracemalloc
 from typing import Any
 
-from sluice.codec.frames import frame
+import pytest
+
+from sluice.codec import frames as frames_module
+from sluice.codec.frames import CLIENT_RESERVE, frame
+from sluice.codec.headers import request_header_bytes
+from sluice.codec.messages import ApiKey
 from sluice.proxy.net.server import ProxyServer
 from sluice.proxy.ops.config import ProxyConfig
-from tests.proxy.net.test_passthrough_calls import _Transport, read_into, tcp_sockets
+from tests.proxy.net.test_passthrough_calls import (
+    _Transport,
+    read_into,
+    tcp_sockets,
+    wired_session,
+)
 
 __all__ = ["tcp_sockets"]  # the fixture, used by name
 
 #: Sessions waiting for their broker connection in the memory test.
-WAITING = 50
+WAITING = 20
 
 
 def _waiting_session(server: ProxyServer, sock: socket.socket) -> tuple[Any, _Transport]:
@@ -76,3 +87,33 @@ def test_early_reads_of_two_sessions_keep_their_own_bytes(
         two.close("test over")
 
     asyncio.run(main())
+
+
+def test_a_chunk_handed_over_grows_a_large_request_in_place(
+    tcp_sockets: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Benchmarks and tests hand `data_received` a whole request: it must read it as the loop
+    # does, letting go of each buffer before asking for the next, or every doubling of a
+    # request over CLIENT_RESERVE is a copy (`FrameBuffer._enlarge`) the loop never makes.
+    made: list[int] = []
+    unfilled = frames_module._unfilled
+
+    def counted(size: int) -> bytearray:
+        made.append(size)
+        return unfilled(size)
+
+    monkeypatch.setattr(frames_module, "_unfilled", counted)
+
+    async def main() -> None:
+        server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+        session, _client, broker = wired_session(server, tcp_sockets)
+        # Heartbeat: relayed as its bytes (no path inspects it).
+        header = request_header_bytes(ApiKey.HEARTBEAT, 4, 1, "t")
+        payload = frame(header + bytes(3 * CLIENT_RESERVE))
+        session.data_received(payload)
+        assert b"".join(bytes(b) for b in broker.writes[-1]) == payload
+        session.close("test over")
+
+    asyncio.run(main())
+    # The request's buffer reserved once, then grown in place (not made anew at 2 and 3 MiB).
+    assert [size for size in made if size >= CLIENT_RESERVE] == [CLIENT_RESERVE], made
