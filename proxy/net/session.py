@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import socket
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -59,6 +60,10 @@ _CONNECT_TIMEOUT = 10.0
 #: What one read takes before the broker connection is up (`Session.get_buffer`): the client
 #: is paused after it, so its first requests, at most, land here.
 _SPARE_SIZE = 64 * 1024
+#: That buffer, one per thread (`_spare_buffer`), not one per session: uvloop reads every new
+#: client once before the broker connection can be up, and a session's own 64 KiB was held
+#: (zeroed, resident) until it was, up to `_CONNECT_TIMEOUT` (found in review, round 43).
+_spares = threading.local()
 #: Inline jobs one call of `_run_inline_jobs` runs before the rest wait for the loop's next
 #: turn: pipelined requests start one another's jobs, so without a bound one read of a few
 #: thousand tiny filtered requests ran every job back to back while other connections waited
@@ -127,7 +132,6 @@ class Session(asyncio.BufferedProtocol):
         self._client_tls = False
         self._broker_tls = False
         self._early: list[bytes] = []  # client bytes before the broker connection is up
-        self._spare: memoryview | None = None  # what `get_buffer` gives before that
         self._early_eof = False
         self._live = False  # the broker connection is up and the early bytes replayed
         self.conn: Connection | None = None
@@ -234,7 +238,6 @@ class Session(asyncio.BufferedProtocol):
         self._hooks.session_opened(self)
         assert self.conn is not None
         self._live = True
-        self._spare = None  # reads go into the frame buffer from now on
         while self._early and not self._ended:
             self._do(self.conn.client_data(self._early.pop(0)))
         if self._client_mark is not None and not self._ended:
@@ -264,15 +267,12 @@ class Session(asyncio.BufferedProtocol):
         read was copied into a `bytes` and again onto the end of the frame in assembly, a
         `bytearray` that grew by reallocation (copied anew as it grew): about a fifth of the
         event loop's CPU under a workload-1 producer's ~0.8 MB requests (issue 29). Before
-        the broker connection is up (or after the end) a spare buffer of the session's own
-        takes the read (`buffer_updated` keeps its bytes as `data_received` does)."""
+        the broker connection is up (or after the end) the thread's spare buffer takes the
+        read (`buffer_updated` copies its bytes out at once, as `data_received` keeps them)."""
         conn = self.conn
         if self._live and conn is not None and not self._ended:
             return conn.client_frames.get_buffer(sizehint)
-        spare = self._spare
-        if spare is None:
-            spare = self._spare = memoryview(bytearray(_SPARE_SIZE))
-        return spare
+        return _spare_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         """`nbytes` were read into the buffer `get_buffer` gave (the same state decided both:
@@ -288,9 +288,7 @@ class Session(asyncio.BufferedProtocol):
                 if missing >= MIN_MARK or mark.mark != 1:
                     mark.wait_for(missing)
             return
-        spare = self._spare
-        assert spare is not None
-        self.data_received(bytes(spare[:nbytes]))
+        self.data_received(bytes(_spare_buffer()[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         conn = self.conn
@@ -311,6 +309,9 @@ class Session(asyncio.BufferedProtocol):
             buf = self.get_buffer(-1)
             n = min(len(buf), len(view))
             buf[:n] = view[:n]
+            # Let go of it, as the loop does after a read: held into the next `get_buffer`,
+            # a large request's buffer could not grow in place (a copy at each doubling).
+            del buf
             view = view[n:]
             self.buffer_updated(n)
 
@@ -695,6 +696,17 @@ class Session(asyncio.BufferedProtocol):
     def opened(self) -> bool:
         """The broker connection came up (telemetry has an `open` event for it)."""
         return self._opened
+
+
+def _spare_buffer() -> memoryview:
+    """The calling thread's spare read buffer (`_SPARE_SIZE`): shared by its sessions, as the
+    frame buffers share theirs (codec/frames.py `_read_buffer`), because a loop fills one
+    buffer and reports it (`buffer_updated`, which copies the bytes out) before it asks any
+    protocol for another."""
+    spare: memoryview | None = getattr(_spares, "buffer", None)
+    if spare is None:
+        spare = _spares.buffer = memoryview(bytearray(_SPARE_SIZE))
+    return spare
 
 
 def _hand_back(soon: Callable[..., Any], job_done: Callable[[int, Any, BaseException | None], None],

@@ -159,6 +159,7 @@ def read_into(side: asyncio.BufferedProtocol, data: bytes) -> None:
         buf = side.get_buffer(-1)
         n = min(len(buf), len(view))
         buf[:n] = view[:n]
+        del buf  # as the loop lets go of it after a read (a large frame's buffer grows in place)
         view = view[n:]
         side.buffer_updated(n)
 

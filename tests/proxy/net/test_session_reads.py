@@ -1,0 +1,119 @@
+"""A client's reads (proxy/net/session.py `Session.get_buffer`, `buffer_updated`,
+`data_received`): before its broker connection is up, what they hold per connection and that
+each session keeps the bytes it read although the spare buffer is the thread's; a chunk
+handed to `data_received` is read as the event loop reads."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import tracemalloc
+from typing import Any
+
+import pytest
+
+from sluice.codec import frames as frames_module
+from sluice.codec.frames import CLIENT_RESERVE, frame
+from sluice.codec.headers import request_header_bytes
+from sluice.codec.messages import ApiKey
+from sluice.proxy.net.server import ProxyServer
+from sluice.proxy.ops.config import ProxyConfig
+from tests.proxy.net.test_passthrough_calls import (
+    _Transport,
+    read_into,
+    tcp_sockets,
+    wired_session,
+)
+
+__all__ = ["tcp_sockets"]  # the fixture, used by name
+
+#: Sessions waiting for their broker connection in the memory test.
+WAITING = 20
+
+
+def _waiting_session(server: ProxyServer, sock: socket.socket) -> tuple[Any, _Transport]:
+    """A session of `server` whose client is `sock`'s transport and whose broker connection
+    is not up (nothing dialled)."""
+    session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
+    client = _Transport(sock)
+    session._client = client
+    server.admit(session)
+    session._set_up(client)
+    session._connecting.cancel()  # the broker stays unreachable: `_live` stays False
+    return session, client
+
+
+def test_sessions_waiting_for_the_broker_hold_only_what_they_read(
+    tcp_sockets: tuple[socket.socket, socket.socket],
+) -> None:
+    # uvloop reads a client's socket once right after `connection_made`, whatever it paused:
+    # a first request (ApiVersions, ~30 bytes) lands in the spare buffer. Kept per session,
+    # that was a zeroed 64 KiB each for as long as the broker took to answer (up to the
+    # 10 s connect timeout), where the bytes read are all a session needs to keep.
+    async def main() -> int:
+        server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+        request = frame(bytes(30))
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            sessions = [_waiting_session(server, tcp_sockets[0]) for _ in range(WAITING)]
+            for session, _client in sessions:
+                read_into(session, request)
+                assert session._early == [request]
+            held = tracemalloc.get_traced_memory()[0] - base
+        finally:
+            tracemalloc.stop()
+        for session, _client in sessions:
+            session.close("test over")
+        return held // WAITING
+
+    per_session = asyncio.run(main())
+    assert per_session < 32 * 1024, per_session
+
+
+def test_early_reads_of_two_sessions_keep_their_own_bytes(
+    tcp_sockets: tuple[socket.socket, socket.socket],
+) -> None:
+    async def main() -> None:
+        server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+        first, second = frame(b"\1" * 10), frame(b"\2" * 10)
+        # The second session's read lands where the first one's did (one spare per thread).
+        one, _ = _waiting_session(server, tcp_sockets[0])
+        two, _ = _waiting_session(server, tcp_sockets[0])
+        read_into(one, first[:7])
+        read_into(two, second)
+        assert one._early == [first[:7]] and two._early == [second]
+        one.close("test over")
+        two.close("test over")
+
+    asyncio.run(main())
+
+
+def test_a_chunk_handed_over_grows_a_large_request_in_place(
+    tcp_sockets: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Benchmarks and tests hand `data_received` a whole request: it must read it as the loop
+    # does, letting go of each buffer before asking for the next, or every doubling of a
+    # request over CLIENT_RESERVE is a copy (`FrameBuffer._enlarge`) the loop never makes.
+    made: list[int] = []
+    unfilled = frames_module._unfilled
+
+    def counted(size: int) -> bytearray:
+        made.append(size)
+        return unfilled(size)
+
+    monkeypatch.setattr(frames_module, "_unfilled", counted)
+
+    async def main() -> None:
+        server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+        session, _client, broker = wired_session(server, tcp_sockets)
+        # Heartbeat: relayed as its bytes (no path inspects it).
+        header = request_header_bytes(ApiKey.HEARTBEAT, 4, 1, "t")
+        payload = frame(header + bytes(3 * CLIENT_RESERVE))
+        session.data_received(payload)
+        assert b"".join(bytes(b) for b in broker.writes[-1]) == payload
+        session.close("test over")
+
+    asyncio.run(main())
+    # The request's buffer reserved once, then grown in place (not made anew at 2 and 3 MiB).
+    assert [size for size in made if size >= CLIENT_RESERVE] == [CLIENT_RESERVE], made
