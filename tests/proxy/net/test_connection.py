@@ -147,6 +147,17 @@ def test_deferred_request_holds_later_requests_back_in_order() -> None:
     assert path.seen == [1], "the path saw the deferred request once, and nothing else"
 
 
+def held_until_paused(conn: Connection, responses: dict[int, bytes]) -> int | None:
+    """Feeds the broker's `responses` (correlation id: frame body) while an earlier one is in
+    a job: none may reach the client; the id whose arrival paused the broker, if any."""
+    for cid, body in responses.items():
+        out = conn.broker_data(frame(body))
+        assert sent(out, SendToClient) == b""
+        if any(isinstance(a, PauseBroker) for a in out):
+            return cid
+    return None
+
+
 def test_responses_behind_a_job_count_and_pause_the_broker() -> None:
     """A response held in a job blocks the ones behind it: they count against the held-bytes
     bound from the moment they arrive, and past it the broker is not read either."""
@@ -155,13 +166,7 @@ def test_responses_behind_a_job_count_and_pause_the_broker() -> None:
         frame(request(METADATA, cid)) for cid in range(2, 12)))
     out = conn.broker_data(frame(response(1, b"slow")))
     (job,) = [a for a in out if isinstance(a, StartJob)]
-    paused_at = None
-    for cid in range(2, 12):
-        out = conn.broker_data(frame(response(cid, b"x" * 300)))
-        assert sent(out, SendToClient) == b""
-        if any(isinstance(a, PauseBroker) for a in out):
-            paused_at = cid
-            break
+    paused_at = held_until_paused(conn, {cid: response(cid, b"x" * 300) for cid in range(2, 12)})
     assert paused_at == 5, "paused once 4 x 300 bytes (and the slow one) were held"
     out = conn.job_done(job.job_id, job.job.run())
     assert len(frames_of(sent(out, SendToClient))) == 5

@@ -16,7 +16,6 @@ from sluice.proxy.contract import ClientInfo
 from sluice.proxy.net.connection import (
     Connection,
     Limits,
-    PauseBroker,
     ResumeBroker,
     SendToClient,
     StartJob,
@@ -24,7 +23,13 @@ from sluice.proxy.net.connection import (
 from sluice.proxy.ops.quotas import QuotaRule, Quotas, QuotaSettings
 from sluice.proxy.paths.base import Exchange, Frame, PathContext, Respond
 from sluice.proxy.telemetry.metrics import Metrics
-from tests.proxy.net.test_connection import ScriptedPath, frame, frames_of, sent
+from tests.proxy.net.test_connection import (
+    ScriptedPath,
+    frame,
+    frames_of,
+    held_until_paused,
+    sent,
+)
 from tests.proxy.net.unfiltered_routes import unfiltered_routes
 
 FETCH = int(ApiKey.FETCH)
@@ -103,13 +108,8 @@ def test_pieces_held_behind_a_job_count_their_bytes_not_their_number() -> None:
     conn.client_data(b"".join(frame(fetch_request(cid)) for cid in range(1, 8)))
     out = conn.broker_data(frame(struct.pack(">i", 1) + b"slow"))
     (job,) = [a for a in out if isinstance(a, StartJob)]
-    paused_at = None
-    for cid in range(2, 8):
-        out = conn.broker_data(frame(fetch_response(cid, pad=300 - len(fetch_response(cid)))))
-        assert sent(out, SendToClient) == b""
-        if any(isinstance(a, PauseBroker) for a in out):
-            paused_at = cid
-            break
+    paused_at = held_until_paused(
+        conn, {cid: fetch_response(cid, pad=300 - len(fetch_response(cid))) for cid in range(2, 8)})
     # Each held response counts its frame and its pieces (views of that frame, counted at
     # their size all the same): 600 bytes; counted by their number it would be 303.
     assert paused_at == 3, "paused once 2 x 600 bytes (and the slow one) were held"
