@@ -332,7 +332,11 @@ class Connection:
         # Read by the I/O layer only for their `missing` bytes (the receive low-water mark).
         # The client's socket is read into it too (net/session.py `Session.get_buffer`); a
         # large request reserves less at once than a response (`CLIENT_RESERVE`).
-        self.client_frames = FrameBuffer(self.limits.max_frame_size, reserve=CLIENT_RESERVE)
+        # A read of whole large requests is handed over, not copied (`hand_over`): a request
+        # is let go of once forwarded (`_apply_request`), unlike a response, which is held
+        # until sent (a 256 KB read buffer per 32 KB response, against the held-bytes limit).
+        self.client_frames = FrameBuffer(self.limits.max_frame_size, reserve=CLIENT_RESERVE,
+                                         hand_over=True)
         self.broker_frames = FrameBuffer(self.limits.max_frame_size)
         self._slots: deque[_Slot] = deque()  # awaiting the client, in request order
         self._awaiting: deque[_Slot] = deque()  # forwarded, awaiting the broker, in order
@@ -674,6 +678,10 @@ class Connection:
         if type(outcome) is Forward:
             sent = frame if outcome.frame is None else outcome.frame
             exchange.state = outcome.state
+            # What the paths parsed of it is theirs only until now: not kept with the slot,
+            # so the frame (a view of the read buffer it was read into, `FrameBuffer`'s
+            # `hand_over`) is let go of once written.
+            exchange.parsed = None
             if outcome.expect_response:
                 slot = _Slot(exchange, outcome.pin)
                 self._slots.append(slot)
