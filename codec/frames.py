@@ -32,11 +32,16 @@ try:  # codec/passthrough.c, built at install: a read of whole frames in one cal
     from ._passthrough import whole_frames as _whole_frames  # type: ignore[import-not-found, no-redef, unused-ignore]
 except ImportError:
     _whole_frames = None
-_read_frames: Callable[[bytearray, int, int], list[memoryview] | None] | None
+_read_frames: Callable[[bytearray, int, int], list[memoryview | bytes] | None]
 try:  # the same module: the frames of a read as views of the buffer it was read into
     from ._passthrough import read_frames as _read_frames  # type: ignore[import-not-found, no-redef, unused-ignore]
+    _HAND_OVER = True
 except ImportError:
-    _read_frames = None
+
+    def _read_frames(buffer: bytearray, nbytes: int, max_frame_size: int) -> None:
+        return None  # never called: without the native module no read is handed over
+
+    _HAND_OVER = False
 _grow: Callable[[bytearray, int], None]
 try:  # the same module: a large frame's buffer without first writing zeros into it
     from ._passthrough import grow as _grow  # type: ignore[import-not-found, no-redef, unused-ignore]
@@ -126,7 +131,7 @@ class FrameBuffer:
         self._reserve = reserve
         # A read of whole frames, the first of them large, is handed over with its frames
         # rather than copied (`filled`); only where frames are let go of once forwarded.
-        self._hand_over = hand_over and _read_frames is not None
+        self._hand_over = hand_over and _HAND_OVER
         self._buf = bytearray()
         # Total bytes (prefix + body) of the frame being assembled in _buf, or 0 if the
         # prefix itself is not complete yet.
