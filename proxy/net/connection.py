@@ -66,6 +66,7 @@ import enum
 import math
 import struct
 import time
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,7 +99,7 @@ from sluice.proxy.paths.base import (
     UnknownNodes,
 )
 from sluice.proxy.paths.registry import Routes, lease, release
-from sluice.proxy.telemetry.metrics import Metrics
+from sluice.proxy.telemetry.metrics import LATENCY_BUCKETS, Metrics
 
 _SIZE = struct.Struct(">i")
 _pack_size = _SIZE.pack
@@ -619,19 +620,37 @@ class Connection:
             return
         router = self._routes.current
         api_key, version = header.api_key, header.api_version
-        refusal = router.refusal(header, frame)
-        if refusal is not None:
-            # A version the broker lacks (it would close too), or one a path must inspect
-            # and the codec cannot decode. Also keeps every per-(key, version) table bounded.
-            self._close(out, refusal, violation=True)
-            return
+        key = api_key << 16 | version
+        # `refusal`'s memo read first: a (key, version) passed under the broker's ranges now
+        # passes again (one call less per request).
+        if router.passed_under is not router.versions.ranges or key not in router.passed:
+            refusal = router.refusal(header, frame)
+            if refusal is not None:
+                # A version the broker lacks (it would close too), or one a path must inspect
+                # and the codec cannot decode. Also keeps every per-(key, version) table
+                # bounded.
+                self._close(out, refusal, violation=True)
+                return
         client = self.client
         if header.client_id is not None:
             client.client_id = header.client_id
         counts = client.stats.requests
         counts[api_key] = counts.get(api_key, 0) + 1
-        self._metrics.request(api_key, version, len(frame))
-        exchange = Exchange(header, client)
+        # `Metrics.request`, written out once its (key, version) is counted (bounded by
+        # `refusal`): one call less per request.
+        counted = self._metrics.requests.get(key)
+        if counted is None:
+            self._metrics.request(api_key, version, len(frame))
+        else:
+            counted[0] += 1
+            counted[1] += len(frame)
+        # `Exchange(header, client)` without its __init__'s frame: every field set here
+        # (tests/proxy/net/test_passthrough_calls.py holds the two to the same fields).
+        exchange = _new(Exchange)
+        exchange.header = header
+        exchange.client = client
+        exchange.state = exchange.guard = exchange.parsed = exchange.effects = None
+        exchange.throttle_until = 0.0
         quotas = self._quotas
         if api_key == _PRODUCE and quotas is not None and quotas.active:
             exchange.throttle_until = until = quotas.produce(
@@ -927,9 +946,20 @@ class Connection:
                 client.principal, client.client_id, hdr, frame
             )
             self._mute(until)
-        self._metrics.response(
-            hdr.api_key, hdr.api_version, len(frame), time.monotonic() - slot.started
-        )
+        # `Metrics.response`, written out once its (key, version) is counted (bounded by
+        # `refusal`): one call less per response.
+        seconds = time.monotonic() - slot.started
+        metrics = self._metrics
+        key = hdr.api_key << 16 | hdr.api_version
+        counted = metrics.responses.get(key)
+        if counted is None:
+            metrics.response(hdr.api_key, hdr.api_version, len(frame), seconds)
+        else:
+            counted[0] += 1
+            counted[1] += len(frame)
+            hist = metrics.latency_of[key]
+            hist.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+            hist.sum += seconds
         self._route_response(slot, out)
 
     def _route_response(
