@@ -403,10 +403,23 @@ static long long frame_limit(PyObject *arg) {
     return max;
 }
 
-/* The `count` frame bodies of `view`'s first bytes (checked by count_whole) as slices of it. */
-static PyObject *frame_views(PyObject *view, const uint8_t *b, Py_ssize_t count) {
+/* The frame bodies of owner's first n bytes (at b) as slices of one view of it (read-only
+ * when `readonly`), when they are whole frames only (count_whole); None for anything else. */
+static PyObject *frames_of(PyObject *owner, const uint8_t *b, Py_ssize_t n, PyObject *max_arg,
+                           int readonly) {
+    long long max = frame_limit(max_arg);
+    if (max == -2) return NULL;
+    Py_ssize_t count = count_whole(b, n, max);
+    if (count < 0) Py_RETURN_NONE;
     PyObject *out = PyList_New(count);
-    if (out == NULL) return NULL;
+    if (out == NULL || count == 0) return out;
+    PyObject *view = PyMemoryView_FromObject(owner);
+    if (view != NULL && readonly) {
+        PyObject *writable = view;
+        view = PyObject_CallMethod(writable, "toreadonly", NULL);
+        Py_DECREF(writable);
+    }
+    if (view == NULL) goto error;
     Py_ssize_t pos = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_ssize_t size = be32(b + pos);
@@ -422,8 +435,10 @@ static PyObject *frame_views(PyObject *view, const uint8_t *b, Py_ssize_t count)
         PyList_SET_ITEM(out, i, frame);
         pos += 4 + size;
     }
+    Py_DECREF(view);
     return out;
 error:
+    Py_XDECREF(view);
     Py_DECREF(out);
     return NULL;
 }
@@ -438,17 +453,20 @@ static PyObject *whole_frames(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "whole_frames(bytes, max_frame_size)");
         return NULL;
     }
-    long long max = frame_limit(args[1]);
-    if (max == -2) return NULL;
-    const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t count = count_whole(b, PyBytes_GET_SIZE(args[0]), max);
-    if (count < 0) Py_RETURN_NONE;
-    if (count == 0) return PyList_New(0);
-    PyObject *view = PyMemoryView_FromObject(args[0]);
-    if (view == NULL) return NULL;
-    PyObject *out = frame_views(view, b, count);
-    Py_DECREF(view);
-    return out;
+    return frames_of(args[0], (const uint8_t *)PyBytes_AS_STRING(args[0]),
+                     PyBytes_GET_SIZE(args[0]), args[1], 0);
+}
+
+/* The arguments of a call that takes a bytearray and a size (`wanted` arguments in all): the
+ * size in *n; -1 with TypeError (`usage`) or OverflowError. */
+static int bytearray_and_size(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t wanted,
+                              const char *usage, Py_ssize_t *n) {
+    if (nargs != wanted || !PyByteArray_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *n = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    return *n == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
 /* read_frames(buffer, nbytes, max_frame_size) -> [memoryview, ...] of the frame bodies of
@@ -457,30 +475,15 @@ static PyObject *whole_frames(PyObject *self, PyObject *const *args, Py_ssize_t 
  * not of a copy: codec/frames.py hands the buffer over with them (a large request's read is
  * forwarded from the buffer the socket read it into) and never writes into it again. */
 static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyByteArray_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "read_frames(bytearray, nbytes, max_frame_size)");
+    Py_ssize_t n;
+    if (bytearray_and_size(args, nargs, 3, "read_frames(bytearray, nbytes, max_frame_size)",
+                           &n) < 0)
         return NULL;
-    }
-    Py_ssize_t n = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
-    if (n == -1 && PyErr_Occurred()) return NULL;
     if (n < 0 || n > PyByteArray_GET_SIZE(args[0])) {
         PyErr_SetString(PyExc_ValueError, "read_frames: nbytes outside the buffer");
         return NULL;
     }
-    long long max = frame_limit(args[2]);
-    if (max == -2) return NULL;
-    const uint8_t *b = (const uint8_t *)PyByteArray_AS_STRING(args[0]);
-    Py_ssize_t count = count_whole(b, n, max);
-    if (count < 0) Py_RETURN_NONE;
-    if (count == 0) return PyList_New(0);
-    PyObject *writable = PyMemoryView_FromObject(args[0]);
-    if (writable == NULL) return NULL;
-    PyObject *view = PyObject_CallMethod(writable, "toreadonly", NULL);
-    Py_DECREF(writable);
-    if (view == NULL) return NULL;
-    PyObject *out = frame_views(view, b, count);
-    Py_DECREF(view);
-    return out;
+    return frames_of(args[0], (const uint8_t *)PyByteArray_AS_STRING(args[0]), n, args[2], 1);
 }
 
 /* unfilled(n) -> bytearray of n bytes, not zeroed: bytearray(n) writes n zeros that the socket
@@ -501,12 +504,8 @@ static PyObject *unfilled(PyObject *self, PyObject *arg) {
  * library mapped on its own, the kernel remaps its pages, no copy), the new bytes not zeroed;
  * BufferError while a view of it is alive. */
 static PyObject *grow(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyByteArray_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "grow(bytearray, n)");
-        return NULL;
-    }
-    Py_ssize_t n = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
-    if (n == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n;
+    if (bytearray_and_size(args, nargs, 2, "grow(bytearray, n)", &n) < 0) return NULL;
     if (n < PyByteArray_GET_SIZE(args[0])) {
         PyErr_SetString(PyExc_ValueError, "grow(buffer, n) needs n >= len(buffer)");
         return NULL;
