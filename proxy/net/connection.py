@@ -995,22 +995,30 @@ class Connection:
             return
         if slot.exchange.effects:
             self._response_effects(slot, out)
-        self._apply_response(slot, outcome, router.ctx, out)
+        if type(outcome) is not Respond:
+            self._apply_response(slot, outcome, router.ctx, out)
+            return
+        # `_apply_response`'s first case written out (every pass-through response comes here:
+        # one call less), and `_account` in it: the broker's frame, and the client's response
+        # when it is another buffer (`Pieces` at their full size).
+        slot.response = response = outcome.frame
+        slot.on_sent = outcome.on_sent
+        slot.waiting_job = False
+        slot.generation = router.ctx.generation
+        raw = slot.raw
+        held = len(raw) if raw is not None else 0
+        if response is not raw:
+            held += sum(map(len, response)) if type(response) is tuple else len(response)
+        self._held_bytes += held - slot.held
+        slot.held = held
 
     def _apply_response(self, slot: _Slot, outcome: Any, ctx: Any, out: list[Action]) -> None:
         if type(outcome) is Respond:
-            slot.response = response = outcome.frame
+            slot.response = outcome.frame
             slot.on_sent = outcome.on_sent
             slot.waiting_job = False
             slot.generation = ctx.generation
-            # `_account`, written out (every response comes here): the broker's frame, and
-            # the client's response when it is another buffer (`Pieces` at their full size).
-            raw = slot.raw
-            held = len(raw) if raw is not None else 0
-            if response is not raw:
-                held += sum(map(len, response)) if type(response) is tuple else len(response)
-            self._held_bytes += held - slot.held
-            slot.held = held
+            self._account(slot)
         elif type(outcome) is Refuse:
             self._close(out, outcome.reason, violation=True)
         elif type(outcome) is Defer:

@@ -44,17 +44,18 @@ from sluice.proxy.paths.base import Exchange
 #: path's `Respond` made without their __init__ (16 and 13 then, before the buffered request).
 #: 18 and 13 before the router's refusal memo, the metrics' counters, the internal-topics
 #: path's Produce head and the `Exchange` and `Forward` (made without __init__) were written
-#: out in the callers (round 44).
+#: out in the callers, and the response's `Respond` applied in `_route_response` (round 44).
 REQUEST_CALLS = 12
-RESPONSE_CALLS = 12
+RESPONSE_CALLS = 11
 #: The same for one workload-2 Fetch request and its response (an unfiltered topic, by id);
 #: 26 and 42 before the Fetch cut (the response's KIP-951 check walked the schema, two calls
 #: per partition), 19 and 20 before the native readers, 17 and 19 before the buffered reads,
 #: 17 and 19 (a budget of 20) before the memos read inline and the outcomes made without
 #: their __init__; the request two more since it is read into the frame buffer; 16 and 14
-#: before the refusal memo, the metrics' counters and the `Exchange` were written out.
+#: before the refusal memo, the metrics' counters, the `Exchange` and the `Respond`'s
+#: application were written out.
 FETCH_REQUEST_CALLS = 13
-FETCH_RESPONSE_CALLS = 13
+FETCH_RESPONSE_CALLS = 12
 
 
 class _Transport:
