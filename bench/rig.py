@@ -75,7 +75,10 @@ KAFKA_CONFIG = {"message.max.bytes": str(8 << 20)}
 #: --variants ...,encrypt-fields).
 ENCRYPT_FIELDS = ENCRYPT.replace('decrypt_for: ["User:ANONYMOUS"]',
                                  'decrypt_for: ["User:ANONYMOUS"], fields: [card]')
-OPTIONAL = ["encrypt-fields"]
+#: Named in --variants only. sluice-own: `sluice serve` (no filters) in front of a broker of
+#: its own, as relay is, so that the two hops compare without the broker behind them differing
+#: (every other variant shares direct's broker).
+OPTIONAL = ["encrypt-fields", "sluice-own"]
 #: Suffix of a Sluice variant run from the --baseline source tree.
 BASE = "@base"
 SLUICE_CONFIGS: dict[str, str | None] = {
@@ -140,6 +143,9 @@ def rig(
                 relayed = stack.enter_context(broker(broker_kind, advertised_port=port))
                 target = stack.enter_context(targets.haproxy_relay(relayed, port))
                 points[name] = Point(target, relayed)
+            elif name == "sluice-own":
+                own = stack.enter_context(broker(broker_kind))
+                points[name] = sluice_point(stack, "sluice", own, proxy_args, proxy_yaml, source)
             elif name in KROXYLICIOUS:
                 target = stack.enter_context(
                     kroxylicious.kroxylicious(main, encrypt=KROXYLICIOUS[name])

@@ -129,15 +129,16 @@ static const uint32_t K256[64] = {
 static int shani_ok = -1;
 static int level_cap = 2;
 
-/* 0: no SHA extensions; 1: SHA-NI; 2: SHA-NI, and AVX-512VL with the OS saving its registers
- * (XCR0: SSE, AVX, opmask and both ZMM halves), so final_blocks_vl may use xmm16-31. */
+/* 0: no SHA extensions; 1: SHA-NI; 2: SHA-NI, and AVX-512 (F, BW, VL, VBMI) with the OS saving
+ * its registers (XCR0: SSE, AVX, opmask and both ZMM halves), for hash_wide. */
 static int have_shani(void) {
     if (shani_ok < 0) {
         unsigned a, b, c, d;
         int ok = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 9)) && (c & (1u << 19)); /* SSSE3, SSE4.1 */
         int osxsave = ok && (c & (1u << 27));
         ok = ok && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 29));           /* SHA */
-        int vl = ok && osxsave && (b & (1u << 16)) && (b & (1u << 31));                   /* AVX512F, VL */
+        int vl = ok && osxsave && (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31)) /* F, BW, VL */
+                 && (c & (1u << 1));                                                     /* VBMI */
         if (vl) {
             unsigned lo, hi;
             __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
@@ -149,10 +150,11 @@ static int have_shani(void) {
 }
 
 #define SHANI __attribute__((target("sha,sse4.1,ssse3")))
-/* The same code where AVX-512VL is usable: its 32 vector registers hold the four lanes' states
- * and schedules that spill to the stack with 16 (~0.25 us less a 100-request pass on the bench's
- * Zen 4; the SHA instructions themselves are the same). */
-#define SHANI_VL __attribute__((target("sha,sse4.1,ssse3,avx2,avx512f,avx512vl")))
+/* Where AVX-512 is usable (hash_wide): its 32 vector registers hold the four lanes' states and
+ * schedules that spill to the stack with 16, and its masked 64-byte loads and byte permutes
+ * build each block and write each hex digest in a few instructions (the SHA instructions are
+ * the same). */
+#define SHANI_WIDE __attribute__((target("sha,sse4.1,ssse3,avx2,avx512f,avx512vl,avx512bw,avx512vbmi")))
 
 /* Two messages' states in the instructions' order: abef = (A, B, E, F), cdgh = (C, D, G, H),
  * A in the top lane. */
@@ -178,13 +180,14 @@ SHANI static inline void hex16(__m128i bytes, uint8_t *out) {
 #define LANES 4
 #endif
 
-/* The final blocks blk[j] compressed onto the states h[j]; their hex digests to out[j]. Inlined
- * into final_blocks and final_blocks_vl, compiled for each target. */
-SHANI static inline __attribute__((always_inline)) void final_blocks_body(uint32_t h[LANES][8], uint8_t blk[LANES][64],
-                                                                         uint8_t *const out[LANES]) {
-    const __m128i be = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
-    __m128i abef[LANES], cdgh[LANES], m[LANES][4];
-    for (int j = 0; j < LANES; j++) to_lanes(h[j], &abef[j], &cdgh[j]);
+/* The 64 rounds of each lane over its block blk[j] (`swapped`: its words already in the CPU's
+ * byte order, else big-endian as the message has them), from the start states (abef, cdgh) to
+ * the states before the start is added back. Inlined into final_blocks and final_blocks_wide,
+ * compiled for each target; the block's words are loaded in the first groups' rounds (all
+ * loaded first, the AVX-512 build ran ~0.3 us a 100-request pass slower). */
+SHANI static inline __attribute__((always_inline)) void rounds(__m128i abef[LANES], __m128i cdgh[LANES],
+                                                              const uint8_t (*blk)[64], int swapped) {
+    __m128i m[LANES][4];
 #pragma GCC unroll 16
     for (int g = 0; g < 16; g++) {
         /* Unrolled too: as a loop, the lanes' states and schedules went through the stack
@@ -193,7 +196,9 @@ SHANI static inline __attribute__((always_inline)) void final_blocks_body(uint32
         for (int j = 0; j < LANES; j++) {
             __m128i *w = m[j];
             if (g < 4) {
-                w[g] = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(blk[j] + 16 * g)), be);
+                w[g] = _mm_loadu_si128((const __m128i *)(blk[j] + 16 * g));
+                if (!swapped)
+                    w[g] = _mm_shuffle_epi8(w[g], _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL));
             } else { /* W[4g..4g+3] from the four groups before it */
                 __m128i t = _mm_sha256msg1_epu32(w[g % 4], w[(g + 1) % 4]);
                 t = _mm_add_epi32(t, _mm_alignr_epi8(w[(g + 3) % 4], w[(g + 2) % 4], 4));
@@ -204,6 +209,14 @@ SHANI static inline __attribute__((always_inline)) void final_blocks_body(uint32
             abef[j] = _mm_sha256rnds2_epu32(abef[j], cdgh[j], _mm_shuffle_epi32(wk, 0x0E));
         }
     }
+}
+
+/* The final blocks blk[j] compressed onto the states h[j]; their hex digests to out[j]. */
+SHANI static void final_blocks(uint32_t h[LANES][8], uint8_t blk[LANES][64], uint8_t *const out[LANES]) {
+    const __m128i be = _mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL);
+    __m128i abef[LANES], cdgh[LANES];
+    for (int j = 0; j < LANES; j++) to_lanes(h[j], &abef[j], &cdgh[j]);
+    rounds(abef, cdgh, (const uint8_t (*)[64])blk, 0);
     for (int j = 0; j < LANES; j++) {
         __m128i abef0, cdgh0; /* the start state again: fewer registers than keeping it */
         to_lanes(h[j], &abef0, &cdgh0);
@@ -214,17 +227,42 @@ SHANI static inline __attribute__((always_inline)) void final_blocks_body(uint32
     }
 }
 
-SHANI static void final_blocks(uint32_t h[LANES][8], uint8_t blk[LANES][64], uint8_t *const out[LANES]) {
-    final_blocks_body(h, blk, out);
-}
-
-SHANI_VL static void final_blocks_vl(uint32_t h[LANES][8], uint8_t blk[LANES][64], uint8_t *const out[LANES]) {
-    final_blocks_body(h, blk, out);
+/* The same with AVX-512: the blocks come already byte-swapped (block_wide), the start states
+ * already in the lanes' order (st[j]: abef, cdgh; to_lanes once per salt, not twice a lane), and
+ * each digest is written as hex by one byte permute of the two state vectors (each byte
+ * twice, in the digest's order) and a nibble look-up. */
+SHANI_WIDE static void final_blocks_wide(const __m128i st[LANES][2], const uint8_t blk[LANES][64],
+                                         uint8_t *const out[LANES]) {
+    __m128i abef[LANES], cdgh[LANES];
+    for (int j = 0; j < LANES; j++) {
+        abef[j] = st[j][0];
+        cdgh[j] = st[j][1];
+    }
+    rounds(abef, cdgh, blk, 1);
+    /* Byte 2i and 2i+1 of the hex: digest byte i; in (abef, cdgh) as little-endian words, A at
+     * byte 12, B 8, E 4, F 0, and C, D, G, H at 28, 24, 20, 16. */
+    const __m512i pick = _mm512_set_epi8(
+        16, 16, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21, 22, 22, 23, 23,  /* H, G */
+        0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7,                  /* F, E */
+        24, 24, 25, 25, 26, 26, 27, 27, 28, 28, 29, 29, 30, 30, 31, 31,  /* D, C */
+        8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);     /* B, A */
+    const __m512i digits = _mm512_broadcast_i32x4(_mm_setr_epi8(
+        '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd', 'e', 'f'));
+    for (int j = 0; j < LANES; j++) {
+        __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_add_epi32(abef[j], st[j][0])),
+                                               _mm_add_epi32(cdgh[j], st[j][1]), 1);
+        __m512i twice = _mm512_permutexvar_epi8(pick, _mm512_castsi256_si512(both));
+        /* even bytes: the high nibble (the 16-bit shift brings it down), odd: the low one */
+        __m512i nib = _mm512_and_si512(_mm512_mask_mov_epi8(twice, 0x5555555555555555ull,
+                                                            _mm512_srli_epi16(twice, 4)),
+                                       _mm512_set1_epi8(15));
+        _mm512_storeu_si512(out[j], _mm512_shuffle_epi8(digits, nib));
+    }
 }
 #endif
 
-/* Caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512VL) so tests reach every path
- * this CPU can run; returns the path then in use. Defined on every CPU (0 where the lanes are
+/* Caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512: hash_wide) so tests reach
+ * every path this CPU can run; returns the path then in use. Defined on every CPU (0 where the lanes are
  * not compiled: the module declares it, so a missing one fails the build), and a cap below 0
  * is 0 (hs_run takes any non-zero path for SHA-NI). */
 int hs_set_level(int cap) {
@@ -295,6 +333,59 @@ static inline int is_placeholder(const uint8_t *p) {
 #endif
 }
 
+#ifdef HS_SHANI
+/* hs_run's hashing where AVX-512 is usable (every check passed). A request whose salt tail,
+ * field and padding fit one block has it built by one masked 64-byte load of the field's bytes
+ * (the masked-off bytes are neither read nor faulted on, so no bounds case), or-ed into the
+ * salt's template, its 0x80 and length set by masked broadcasts and all of it byte-swapped by
+ * one shuffle; the salt's start state is put in the lanes' order once. */
+SHANI_WIDE static void hash_wide(uint8_t *mem, const uint8_t *table, uint32_t count) {
+    const __m512i be = _mm512_broadcast_i32x4(_mm_set_epi64x(0x0c0d0e0f08090a0bLL, 0x0405060700010203LL));
+    prefix_state ps;
+    int have = 0, waiting = 0;
+    __m128i start[2] = {_mm_setzero_si128(), _mm_setzero_si128()}, st[LANES][2];
+    __m512i tmpl = _mm512_setzero_si512();
+    uint8_t blocks[LANES][64] __attribute__((aligned(64)));
+    uint8_t *dst[LANES];
+    for (uint32_t i = 0; i < count; i++) {
+        const uint8_t *e = table + (uint64_t)i * HS_ENTRY;
+        uint32_t pp = rd32(e), pn = rd32(e + 4), dp = rd32(e + 8), dn = rd32(e + 12), op = rd32(e + 16);
+        if (!have || ps.ptr != mem + pp || ps.len != pn) {
+            prefix_init(&ps, mem + pp, pn);
+            to_lanes(ps.c.h, &start[0], &start[1]);
+            tmpl = _mm512_loadu_si512(ps.tmpl);
+            have = 1;
+        }
+        uint32_t tail = ps.tail_len, fill = tail + dn;
+        if (fill > 55) {
+            digest(&ps, mem + dp, dn, mem + op);
+            continue;
+        }
+        __mmask64 take = (((__mmask64)1 << fill) - 1) & ~(((__mmask64)1 << tail) - 1);
+        __m512i v = _mm512_or_si512(tmpl, _mm512_maskz_loadu_epi8(take, (const void *)((uintptr_t)(mem + dp) - tail)));
+        v = _mm512_mask_set1_epi8(v, (__mmask64)1 << fill, (char)0x80);
+        v = _mm512_mask_set1_epi64(v, 0x80, (long long)__builtin_bswap64(((uint64_t)pn + dn) * 8u));
+        _mm512_store_si512((void *)blocks[waiting], _mm512_shuffle_epi8(v, be));
+        st[waiting][0] = start[0];
+        st[waiting][1] = start[1];
+        dst[waiting] = mem + op;
+        if (++waiting == LANES) {
+            final_blocks_wide(st, blocks, dst);
+            waiting = 0;
+        }
+    }
+    if (waiting) { /* the last few: the spare lanes redo the first */
+        for (int j = waiting; j < LANES; j++) {
+            st[j][0] = st[0][0];
+            st[j][1] = st[0][1];
+            memcpy(blocks[j], blocks[0], 64);
+            dst[j] = dst[0];
+        }
+        final_blocks_wide(st, blocks, dst);
+    }
+}
+#endif
+
 /* Runs the requests the slot at `slot` names; `out_ptr`/`out_len`: the call's output (its
  * result), `records`: the input's record count. The number of digests written, or an HS_
  * code (nothing written). */
@@ -329,10 +420,16 @@ long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_p
         next = (uint64_t)op + 64u;
     }
     /* A batch's requests share one salt or a few: a salt's midstate is kept while it repeats. */
+#ifdef HS_SHANI
+    int fast = have_shani(), waiting = 0;
+    if (fast > 1) {
+        hash_wide(mem, mem + table, count);
+        return (long)count;
+    }
+#endif
     prefix_state ps;
     int have = 0;
 #ifdef HS_SHANI
-    int fast = have_shani(), waiting = 0;
     uint8_t blocks[LANES][64];
     uint32_t states[LANES][8];
     uint8_t *dst[LANES];
@@ -350,8 +447,7 @@ long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_p
             memcpy(states[waiting], ps.c.h, 32);
             dst[waiting] = mem + op;
             if (++waiting == LANES) {
-                if (fast > 1) final_blocks_vl(states, blocks, dst);
-                else final_blocks(states, blocks, dst);
+                final_blocks(states, blocks, dst);
                 waiting = 0;
             }
             continue;
@@ -366,8 +462,7 @@ long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_p
             memcpy(blocks[j], blocks[0], 64);
             dst[j] = dst[0];
         }
-        if (fast > 1) final_blocks_vl(states, blocks, dst);
-        else final_blocks(states, blocks, dst);
+        final_blocks(states, blocks, dst);
     }
 #endif
     return (long)count;
