@@ -119,7 +119,7 @@ class FrameBuffer:
     in an undefined state and the connection should be closed.
     """
 
-    __slots__ = ("_body", "_buf", "_got", "_hand_over", "_need", "_reserve", "_size",
+    __slots__ = ("_body", "_buf", "_got", "_need", "_reserve", "_size", "hand_over",
                  "max_frame_size", "missing")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
@@ -129,9 +129,11 @@ class FrameBuffer:
         self.max_frame_size = max_frame_size
         # At most this much reserved at once for a large frame (None: `RESERVE`).
         self._reserve = reserve
-        # A read of whole frames, the first of them large, is handed over with its frames
-        # rather than copied (`filled`); only where frames are let go of once forwarded.
-        self._hand_over = hand_over and _HAND_OVER
+        #: A read of whole frames, the first of them large, is handed over with its frames
+        #: rather than copied (`filled`); only where frames are let go of once forwarded. An
+        #: attribute: the owner turns it off while its frames may be held (a frame handed
+        #: over keeps the whole read buffer, 256 000 bytes, however small it is).
+        self.hand_over = hand_over and _HAND_OVER
         self._buf = bytearray()
         # Total bytes (prefix + body) of the frame being assembled in _buf, or 0 if the
         # prefix itself is not complete yet.
@@ -190,7 +192,7 @@ class FrameBuffer:
                     self._own_buffer(size, read[4:nbytes])
                     self.missing = size + 4 - nbytes
                     return []
-                if self._hand_over:
+                if self.hand_over:
                     # A large frame whole in the read (a workload-2 Produce request, ~93 KB):
                     # the read buffer goes with its frames, not copied into a `bytes` (one
                     # memcpy of the frame less, on cold caches); the thread's next read gets
