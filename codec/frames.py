@@ -13,7 +13,9 @@ gets a buffer of its own, sized from its length prefix (at most `RESERVE` at fir
 straight into that buffer. A large Fetch response or Produce request is then copied in Python
 only for what its first read held; the rest the kernel copies into the buffer it is
 forwarded from (fed as chunks, all of it was copied once out of the event loop's read buffer
-into a `bytes` and once more into the frame in assembly).
+into a `bytes` and once more into the frame in assembly). A read holding whole frames only,
+the first of them large, is not copied at all where the buffer is made with `hand_over`
+(a client's requests): the read buffer goes with its frames (read-only views of it).
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ try:  # codec/passthrough.c, built at install: a read of whole frames in one cal
     from ._passthrough import whole_frames as _whole_frames  # type: ignore[import-not-found, no-redef, unused-ignore]
 except ImportError:
     _whole_frames = None
+_read_frames: Callable[[bytearray, int, int], list[memoryview | bytes] | None]
+try:  # the same module: the frames of a read as views of the buffer it was read into
+    from ._passthrough import read_frames as _read_frames  # type: ignore[import-not-found, no-redef, unused-ignore]
+    _HAND_OVER = True
+except ImportError:
+
+    def _read_frames(buffer: bytearray, nbytes: int, max_frame_size: int) -> None:
+        return None  # never called: without the native module no read is handed over
+
+    _HAND_OVER = False
 _grow: Callable[[bytearray, int], None]
 try:  # the same module: a large frame's buffer without first writing zeros into it
     from ._passthrough import grow as _grow  # type: ignore[import-not-found, no-redef, unused-ignore]
@@ -73,10 +85,14 @@ def _read_buffer() -> memoryview:
     in review: 10 000 connections, 2.5 GB, where the event loop's own reads held nothing per
     connection). Sharing is safe because an event loop fills one buffer and reports it
     (`filled`) before it asks any protocol for another, and `filled` copies out every byte it
-    keeps; only the bytes a read reports are ever looked at, so it is not zeroed."""
+    keeps, or hands the whole buffer over with the frames it holds (`hand_over`: the thread
+    then makes a new one; no `FrameBuffer` keeps a reference to it, so none reads into a
+    buffer handed over); only the bytes a read reports are ever looked at, so it is not
+    zeroed."""
     buffer: memoryview | None = getattr(_reads, "buffer", None)
     if buffer is None or len(buffer) != READ_SIZE:
-        buffer = _reads.buffer = memoryview(_unfilled(READ_SIZE))
+        array = _reads.array = _unfilled(READ_SIZE)
+        buffer = _reads.buffer = memoryview(array)
     return buffer
 
 
@@ -103,16 +119,21 @@ class FrameBuffer:
     in an undefined state and the connection should be closed.
     """
 
-    __slots__ = ("_body", "_buf", "_got", "_need", "_read", "_reserve", "_size",
+    __slots__ = ("_body", "_buf", "_got", "_need", "_reserve", "_size", "hand_over",
                  "max_frame_size", "missing")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-                 reserve: int | None = None) -> None:
+                 reserve: int | None = None, hand_over: bool = False) -> None:
         if max_frame_size < 0:
             raise ValueError("max_frame_size must be >= 0")
         self.max_frame_size = max_frame_size
         # At most this much reserved at once for a large frame (None: `RESERVE`).
         self._reserve = reserve
+        #: A read of whole frames, the first of them large, is handed over with its frames
+        #: rather than copied (`filled`); only where frames are let go of once forwarded. An
+        #: attribute: the owner turns it off while its frames may be held (a frame handed
+        #: over keeps the whole read buffer, 256 000 bytes, however small it is).
+        self.hand_over = hand_over and _HAND_OVER
         self._buf = bytearray()
         # Total bytes (prefix + body) of the frame being assembled in _buf, or 0 if the
         # prefix itself is not complete yet.
@@ -122,11 +143,11 @@ class FrameBuffer:
         #: `feed`, not a property: the proxy reads it after every read of a socket.
         self.missing = 0
         # Read into (`get_buffer`): the buffer of the large frame in assembly (its body only),
-        # the bytes of it filled, and its size; else None, and reads go into `_read`.
+        # the bytes of it filled, and its size; else None, and reads go into the thread's
+        # read buffer (`_read_buffer`).
         self._body: bytearray | None = None
         self._got = 0
         self._size = 0
-        self._read: memoryview | None = None
 
     @property
     def pending(self) -> int:
@@ -147,9 +168,9 @@ class FrameBuffer:
                 # Reserved less than the frame (`RESERVE`): twice what arrived, at most.
                 body = self._enlarge(min(self._size, 2 * got))
             return memoryview(body)[got:]
-        read = self._read
-        if read is None:
-            read = self._read = _read_buffer()
+        read = getattr(_reads, "buffer", None)
+        if read is None or len(read) != READ_SIZE:
+            read = _read_buffer()
         return read
 
     def filled(self, nbytes: int) -> list[memoryview | bytes]:
@@ -157,19 +178,31 @@ class FrameBuffer:
         they complete, in order (as `feed`)."""
         if self._body is not None:
             return self._fill(nbytes)
-        read = self._read
+        read = _reads.buffer
         assert read is not None and 0 <= nbytes <= len(read)
         buf = self._buf
         if not buf and nbytes >= 4:
             size = _unpack_size(read, 0)[0]
-            if size + 4 > nbytes and size >= OWN_BUFFER:
-                # The common start of a large frame (a Fetch response: one in flight per
-                # connection): the read begins with it and holds nothing else, so what it
-                # holds of the body is copied once, into the frame's own buffer.
-                self._check(size)
-                self._own_buffer(size, read[4:nbytes])
-                self.missing = size + 4 - nbytes
-                return []
+            if size >= OWN_BUFFER:
+                if size + 4 > nbytes:
+                    # The common start of a large frame (a Fetch response: one in flight per
+                    # connection): the read begins with it and holds nothing else, so what it
+                    # holds of the body is copied once, into the frame's own buffer.
+                    self._check(size)
+                    self._own_buffer(size, read[4:nbytes])
+                    self.missing = size + 4 - nbytes
+                    return []
+                if self.hand_over:
+                    # A large frame whole in the read (a workload-2 Produce request, ~93 KB):
+                    # the read buffer goes with its frames, not copied into a `bytes` (one
+                    # memcpy of the frame less, on cold caches); the thread's next read gets
+                    # a new buffer (malloc's, mostly the one just let go of), made here, not
+                    # by a call in the next `get_buffer` (issue 29: calls per request).
+                    whole = _read_frames(_reads.array, nbytes, self.max_frame_size)
+                    if whole is not None:
+                        array = _reads.array = _unfilled(READ_SIZE)
+                        _reads.buffer = memoryview(array)
+                        return whole
         # One copy: whole frames are views of it, a frame cut at the end is kept (`feed`).
         data = bytes(read[:nbytes])
         if not buf and _whole_frames is not None:

@@ -4,6 +4,9 @@
  *
  *   whole_frames(data, max)    the frame bodies of a read holding whole frames only, as
  *                              codec/frames.py's FrameBuffer hands them out
+ *   read_frames(buffer, n, max)
+ *                              the same, as read-only views of the buffer a socket read them
+ *                              into (a large read is handed over, not copied)
  *   request_header(frame)      the request header, as codec/headers.py's RequestHeader
  *   produce_head(frame, start, version)
  *                              acks and the one topic name of a Produce request body at
@@ -375,38 +378,49 @@ static PyObject *fetch_response_tagged(PyObject *self, PyObject *const *args, Py
     return PyLong_FromLong(r);
 }
 
-/* whole_frames(data, max_frame_size) -> [memoryview, ...] of the frame bodies of `data` (a
- * bytes object) when it holds whole frames only, back to back; None for anything else (a
- * frame cut at the end, a size outside 0..max_frame_size): codec/frames.py's FrameBuffer
- * then reads it, raising what it raises. The views are slices of one view of `data`, as
- * FrameBuffer hands them out. */
-static PyObject *whole_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "whole_frames(bytes, max_frame_size)");
-        return NULL;
-    }
-    /* Any limit a long long cannot hold is above every int32 size (none refused), as the
-     * Python reader takes it: an OverflowError here failed every read of every connection
-     * of a proxy configured with such a limit. */
-    int overflow;
-    long long max = PyLong_AsLongLongAndOverflow(args[1], &overflow);
-    if (max == -1 && PyErr_Occurred()) return NULL;
-    if (overflow) max = overflow > 0 ? LLONG_MAX : -1;
-    const uint8_t *b = (const uint8_t *)PyBytes_AS_STRING(args[0]);
-    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), pos = 0, count = 0;
+/* The frames of b[0:n] when it holds whole frames only, back to back, each size within
+ * 0..max: their count, or -1 (a frame cut at the end, a size outside that range). */
+static Py_ssize_t count_whole(const uint8_t *b, Py_ssize_t n, long long max) {
+    Py_ssize_t pos = 0, count = 0;
     while (n - pos >= 4) {
         int32_t size = be32(b + pos);
-        if (size < 0 || size > max) Py_RETURN_NONE;
+        if (size < 0 || size > max) return -1;
         pos += 4 + (Py_ssize_t)size;
-        if (pos > n) Py_RETURN_NONE;
+        if (pos > n) return -1;
         count++;
     }
-    if (pos != n) Py_RETURN_NONE;
+    return pos == n ? count : -1;
+}
+
+/* max_frame_size as the Python reader takes it: any limit a long long cannot hold is above
+ * every int32 size (none refused); an OverflowError here failed every read of every
+ * connection of a proxy configured with such a limit. -2 with an exception set. */
+static long long frame_limit(PyObject *arg) {
+    int overflow;
+    long long max = PyLong_AsLongLongAndOverflow(arg, &overflow);
+    if (max == -1 && PyErr_Occurred()) return -2;
+    if (overflow) max = overflow > 0 ? LLONG_MAX : -1;
+    return max;
+}
+
+/* The frame bodies of owner's first n bytes (at b) as slices of one view of it (read-only
+ * when `readonly`), when they are whole frames only (count_whole); None for anything else. */
+static PyObject *frames_of(PyObject *owner, const uint8_t *b, Py_ssize_t n, PyObject *max_arg,
+                           int readonly) {
+    long long max = frame_limit(max_arg);
+    if (max == -2) return NULL;
+    Py_ssize_t count = count_whole(b, n, max);
+    if (count < 0) Py_RETURN_NONE;
     PyObject *out = PyList_New(count);
     if (out == NULL || count == 0) return out;
-    PyObject *view = PyMemoryView_FromObject(args[0]);
-    if (view == NULL) { Py_DECREF(out); return NULL; }
-    pos = 0;
+    PyObject *view = PyMemoryView_FromObject(owner);
+    if (view != NULL && readonly) {
+        PyObject *writable = view;
+        view = PyObject_CallMethod(writable, "toreadonly", NULL);
+        Py_DECREF(writable);
+    }
+    if (view == NULL) goto error;
+    Py_ssize_t pos = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         Py_ssize_t size = be32(b + pos);
         PyObject *lo = PyLong_FromSsize_t(pos + 4), *hi = PyLong_FromSsize_t(pos + 4 + size);
@@ -424,9 +438,52 @@ static PyObject *whole_frames(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_DECREF(view);
     return out;
 error:
-    Py_DECREF(view);
+    Py_XDECREF(view);
     Py_DECREF(out);
     return NULL;
+}
+
+/* whole_frames(data, max_frame_size) -> [memoryview, ...] of the frame bodies of `data` (a
+ * bytes object) when it holds whole frames only, back to back; None for anything else (a
+ * frame cut at the end, a size outside 0..max_frame_size): codec/frames.py's FrameBuffer
+ * then reads it, raising what it raises. The views are slices of one view of `data`, as
+ * FrameBuffer hands them out. */
+static PyObject *whole_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "whole_frames(bytes, max_frame_size)");
+        return NULL;
+    }
+    return frames_of(args[0], (const uint8_t *)PyBytes_AS_STRING(args[0]),
+                     PyBytes_GET_SIZE(args[0]), args[1], 0);
+}
+
+/* The arguments of a call that takes a bytearray and a size (`wanted` arguments in all): the
+ * size in *n; -1 with TypeError (`usage`) or OverflowError. */
+static int bytearray_and_size(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t wanted,
+                              const char *usage, Py_ssize_t *n) {
+    if (nargs != wanted || !PyByteArray_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *n = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
+    return *n == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* read_frames(buffer, nbytes, max_frame_size) -> [memoryview, ...] of the frame bodies of
+ * buffer[:nbytes] (a bytearray a socket was read into) when they are whole frames only, as
+ * whole_frames; None for anything else. The views are read-only slices of the buffer itself,
+ * not of a copy: codec/frames.py hands the buffer over with them (a large request's read is
+ * forwarded from the buffer the socket read it into) and never writes into it again. */
+static PyObject *read_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t n;
+    if (bytearray_and_size(args, nargs, 3, "read_frames(bytearray, nbytes, max_frame_size)",
+                           &n) < 0)
+        return NULL;
+    if (n < 0 || n > PyByteArray_GET_SIZE(args[0])) {
+        PyErr_SetString(PyExc_ValueError, "read_frames: nbytes outside the buffer");
+        return NULL;
+    }
+    return frames_of(args[0], (const uint8_t *)PyByteArray_AS_STRING(args[0]), n, args[2], 1);
 }
 
 /* unfilled(n) -> bytearray of n bytes, not zeroed: bytearray(n) writes n zeros that the socket
@@ -447,12 +504,8 @@ static PyObject *unfilled(PyObject *self, PyObject *arg) {
  * library mapped on its own, the kernel remaps its pages, no copy), the new bytes not zeroed;
  * BufferError while a view of it is alive. */
 static PyObject *grow(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyByteArray_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "grow(bytearray, n)");
-        return NULL;
-    }
-    Py_ssize_t n = PyNumber_AsSsize_t(args[1], PyExc_OverflowError);
-    if (n == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t n;
+    if (bytearray_and_size(args, nargs, 2, "grow(bytearray, n)", &n) < 0) return NULL;
     if (n < PyByteArray_GET_SIZE(args[0])) {
         PyErr_SetString(PyExc_ValueError, "grow(buffer, n) needs n >= len(buffer)");
         return NULL;
@@ -467,6 +520,8 @@ static PyMethodDef methods[] = {
      "grow(bytearray, n): resized in place to n bytes, not zeroed"},
     {"whole_frames", (PyCFunction)(void (*)(void))whole_frames, METH_FASTCALL,
      "whole_frames(bytes, max_frame_size) -> [memoryview, ...] | None"},
+    {"read_frames", (PyCFunction)(void (*)(void))read_frames, METH_FASTCALL,
+     "read_frames(bytearray, nbytes, max_frame_size) -> [read-only memoryview, ...] | None"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
      "setup(RequestHeader, ProduceTopics, flexible table, produce shapes)"},
     {"request_header", request_header, METH_O, "request_header(frame) -> RequestHeader | None"},

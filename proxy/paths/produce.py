@@ -64,6 +64,8 @@ from sluice.proxy.telemetry.events import produce_offsets
 if TYPE_CHECKING:
     from sluice.proxy.telemetry.recorder import TelemetryRecorder
 
+_new = object.__new__  # an outcome made without its dataclass __init__ (`on_request`)
+
 #: Record errors one partition's answer lists: Kafka lists every failed record, which for a
 #: batch of 100 000 records that all fail is megabytes of answer; past these the partition's
 #: error message counts them.
@@ -126,8 +128,12 @@ class ProducePath:
             kept = exchange.parsed
             if kept is not None and kept[0] is frame:
                 # Read already (the internal-topics path): `Exchange.produce_acks`' first
-                # case, written out, as this runs on every unfiltered Produce.
-                return Forward(expect_response=kept[1].acks != 0)
+                # case, written out, as this runs on every unfiltered Produce; the `Forward`
+                # made without its __init__'s frame (every field set here).
+                forward = _new(Forward)
+                forward.frame = forward.state = forward.pin = None
+                forward.expect_response = kept[1].acks != 0
+                return forward
             try:
                 acks = exchange.produce_acks(frame)
             except CodecError as exc:

@@ -98,10 +98,10 @@ class Router:
 
     __slots__ = (
         "_inspected",
-        "_passed",
-        "_passed_under",
         "_response_paths",
         "ctx",
+        "passed",
+        "passed_under",
         "requests",
         "responses",
         "versions",
@@ -122,9 +122,11 @@ class Router:
         #: `response_path`'s memo, filled lazily per (key << 16 | version); versions are
         #: bounded by `refusal`. The connection reads it before it calls `response_path`.
         self.responses: dict[int, ResponsePath | None] = {}
-        # (key << 16 | version) that `refusal` passed on the header alone, under these ranges.
-        self._passed: set[int] = set()
-        self._passed_under: dict[int, tuple[int, int]] | None = None
+        #: (key << 16 | version) that `refusal` passed on the header alone, under the ranges
+        #: `passed_under` (the connection reads both before it calls `refusal`: one call less
+        #: per request).
+        self.passed: set[int] = set()
+        self.passed_under: dict[int, tuple[int, int]] | None = None
         self._inspected = frozenset(self.requests) | frozenset(
             key for key, found in self._response_paths.items() if self._any_response(key, found)
         )
@@ -146,12 +148,12 @@ class Router:
         # ranges are the same (one set look-up per request instead of the checks below).
         # `learn` replaces the ranges' dict when they change, which empties this memo.
         ranges = self.versions.ranges
-        if ranges is self._passed_under:
-            if api_key << 16 | version in self._passed:
+        if ranges is self.passed_under:
+            if api_key << 16 | version in self.passed:
                 return None
         else:
-            self._passed = set()
-            self._passed_under = ranges
+            self.passed = set()
+            self.passed_under = ranges
         if api_key == _API_VERSIONS:
             return None if version >= 0 else "ApiVersions with a negative version"
         if not self.versions.broker_supports(api_key, version):
@@ -172,7 +174,7 @@ class Router:
                     "which cannot decode that version"
                 )
         if 0 <= version <= 0xFFFF:  # i16 on the wire: never negative here, but keys stay apart
-            self._passed.add(api_key << 16 | version)
+            self.passed.add(api_key << 16 | version)
         return None
 
     @property

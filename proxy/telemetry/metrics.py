@@ -90,7 +90,9 @@ class Metrics:
     requests: dict[int, list[int]] = field(default_factory=dict)  # key -> [count, bytes]
     responses: dict[int, list[int]] = field(default_factory=dict)
     latency: dict[int, Histogram] = field(default_factory=dict)
-    _latency_of: dict[int, Histogram] = field(default_factory=dict, repr=False)
+    #: (key << 16 | version) -> its API key's histogram in `latency`, set with its
+    #: `responses` entry (the connection reads both: one call less per response).
+    latency_of: dict[int, Histogram] = field(default_factory=dict, repr=False)
     filters: dict[str, FilterCounters] = field(default_factory=dict)
     sasl_outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
     #: api key -> request items naming the proxy's own topics, refused (paths/internal_topics)
@@ -130,10 +132,10 @@ class Metrics:
         slot = self.responses.get(key)
         if slot is None:
             slot = self.responses[key] = [0, 0]
-            self._latency_of[key] = self.latency.setdefault(api_key, Histogram())
+            self.latency_of[key] = self.latency.setdefault(api_key, Histogram())
         slot[0] += 1
         slot[1] += size
-        hist = self._latency_of[key]
+        hist = self.latency_of[key]
         hist.counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         hist.sum += seconds
 

@@ -8,6 +8,7 @@ import itertools
 import struct
 import tracemalloc
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -154,6 +155,41 @@ def test_connections_that_read_small_frames_hold_no_read_buffer() -> None:
     assert len(connections[0].get_buffer()) == READ_SIZE  # the next read gets one again
 
 
+def test_a_read_of_whole_large_frames_is_handed_over_not_copied() -> None:
+    # A client's read holding whole frames, the first large (a workload-2 Produce request):
+    # its frames are read-only views of the buffer the socket read into, and the next read,
+    # of this or any connection of the thread, goes into another buffer (the frames handed
+    # out keep their bytes).
+    fb, other = FrameBuffer(hand_over=True), FrameBuffer()
+    big, small_one = body(OWN_BUFFER, 1), body(10, 2)
+    buf = fb.get_buffer()
+    data = frame(big) + frame(small_one)
+    buf[: len(data)] = data
+    array = buf.obj
+    del buf
+    got = fb.filled(len(data))
+    assert [bytes(f) for f in got] == [big, small_one]
+    assert all(f.readonly and f.obj is array for f in got)
+    assert read(other, frame(body(OWN_BUFFER, 3))) == [body(OWN_BUFFER, 3)]
+    assert fb.get_buffer().obj is not array
+    assert [bytes(f) for f in got] == [big, small_one]
+
+
+def test_reads_of_small_frames_or_without_hand_over_are_copied() -> None:
+    # Only a large first frame hands the buffer over (a read of small frames would hold 256 KB
+    # for a few bytes), and only where asked (a response is held until sent).
+    for fb, size in ((FrameBuffer(hand_over=True), OWN_BUFFER - 1), (FrameBuffer(), OWN_BUFFER)):
+        buf = fb.get_buffer()
+        data = frame(body(size))
+        buf[: len(data)] = data
+        array = buf.obj
+        del buf
+        got = fb.filled(len(data))
+        assert [bytes(f) for f in got] == [body(size)]
+        assert got[0].obj is not array
+        assert fb.get_buffer().obj is array  # the thread's buffer, read into again
+
+
 def test_connections_reading_in_turn_through_the_shared_buffer_keep_their_own_bytes(
     small: None,
 ) -> None:
@@ -221,20 +257,23 @@ def test_every_pair_of_split_points_gives_the_same_frames(small: None) -> None:
     sizes=st.lists(st.integers(min_value=0, max_value=300), max_size=12),
     reads=st.lists(st.integers(min_value=1, max_value=400), max_size=60),
     feeds=st.lists(st.booleans(), max_size=60),
+    hand_over=st.booleans(),
 )
 def test_any_reads_and_feeds_give_feeds_frames_and_missing(
-    sizes: list[int], reads: list[int], feeds: list[bool]
+    sizes: list[int], reads: list[int], feeds: list[bool], hand_over: bool
 ) -> None:
     """Against `feed` alone, the reference: the same frames and the same `missing` after each
-    step, whether a step is a read into `get_buffer` (at most what it offers) or a chunk fed."""
+    step, whether a step is a read into `get_buffer` (at most what it offers) or a chunk fed,
+    the reads handed over or copied (frames compared at the end: handed over, they must
+    keep their bytes while later reads go on)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(frames_module, "READ_SIZE", 64)
         patch.setattr(frames_module, "OWN_BUFFER", 16)
         patch.setattr(frames_module, "RESERVE", 32)
         bodies = [body(n, k) for k, n in enumerate(sizes)]
         stream = memoryview(b"".join(frame(b) for b in bodies))
-        fb, ref = FrameBuffer(), FrameBuffer()
-        got: list[bytes] = []
+        fb, ref = FrameBuffer(hand_over=hand_over), FrameBuffer()
+        got: list[Any] = []
         step = 0
         while stream:
             want = reads[step % len(reads)] if reads else len(stream)
@@ -248,12 +287,12 @@ def test_any_reads_and_feeds_give_feeds_frames_and_missing(
                 n = min(want, len(buf), len(stream))
                 buf[:n] = stream[:n]
                 out = fb.filled(n)
-            got.extend(bytes(f) for f in out)
+            got.extend(out)
             ref.feed(stream[:n])
             stream = stream[n:]
             assert fb.missing == ref.missing
             assert fb.pending == ref.pending
-        assert got == bodies
+        assert [bytes(f) for f in got] == bodies
 
 
 class Reads(RuleBasedStateMachine):

@@ -37,6 +37,7 @@ def test_the_native_readers_are_built_and_in_use() -> None:
     assert produce_offsets._native_tagged is native.produce_response_tagged
     assert fetch_splice._native_tagged is native.fetch_response_tagged
     assert frames._whole_frames is native.whole_frames
+    assert frames._read_frames is native.read_frames
 
 
 def _feed_all(chunks: list[bytes], max_size: int, use_native: bool) -> list[Any]:
@@ -68,6 +69,35 @@ def test_reads_are_split_into_frames_as_the_python_reader_splits_them(
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
     assert _feed_all(chunks, max_size, True) == _feed_all(chunks, max_size, False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(bodies=st.lists(st.binary(max_size=40), max_size=6), max_size=st.integers(0, 50),
+       extra=st.binary(max_size=6), spare=st.binary(max_size=8))
+def test_a_read_buffer_is_split_into_frames_as_whole_frames_splits_a_copy(
+    bodies: list[bytes], max_size: int, extra: bytes, spare: bytes
+) -> None:
+    # `read_frames` reads a buffer's first `nbytes` in place: the frames `whole_frames` finds
+    # in a copy of them (None alike), as read-only views of the buffer itself; the bytes
+    # past `nbytes` (not read by the socket) are never looked at.
+    read = b"".join(struct.pack(">i", len(b)) + b for b in bodies) + extra
+    buffer = bytearray(read + spare)
+    got = native.read_frames(buffer, len(read), max_size)
+    want = native.whole_frames(read, max_size)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None
+    assert [bytes(f) for f in got] == [bytes(f) for f in want]
+    assert all(f.readonly and f.obj is buffer for f in got)
+
+
+@pytest.mark.parametrize("nbytes", [-1, 9])
+def test_a_read_past_the_buffer_is_refused(nbytes: int) -> None:
+    with pytest.raises(ValueError):
+        native.read_frames(bytearray(8), nbytes, 100)
+    with pytest.raises(TypeError):
+        native.read_frames(b"\0" * 8, 4, 100)  # a bytes object was never read into
 
 
 @pytest.mark.parametrize("limit", [2**31 - 1, 2**63 - 1, 2**63, 2**70])
