@@ -45,6 +45,10 @@ _memory_size = ctypes.CFUNCTYPE(ctypes.c_size_t, _vp, _vp)(("wasmtime_memory_dat
 #: reads a guest's memory without a trip through Python (filters/host_sha256.c).
 MEMORY_DATA_FN: Final = int(ctypes.cast(_memory_data, _vp).value or 0)
 MEMORY_SIZE_FN: Final = int(ctypes.cast(_memory_size, _vp).value or 0)
+#: The addresses of wasmtime_func_call_unchecked and wasmtime_context_set_epoch_deadline, for
+#: native code that calls an export itself (`RawFunc.native_parts`, host_sha256.HashedCall).
+CALL_UNCHECKED_FN: Final = int(ctypes.cast(_call_unchecked, _vp).value or 0)
+SET_DEADLINE_FN: Final = int(ctypes.cast(_set_deadline, _vp).value or 0)
 
 _I32 = "i32"
 _I64 = "i64"
@@ -291,6 +295,16 @@ class RawFunc:
         self._i32_result = bool(results) and results[0] == _I32
         self._trap = ctypes.c_void_p()
         self._trap_addr = ctypes.addressof(self._trap)
+
+    def native_parts(self) -> tuple[int, int, int, int]:
+        """(func, args, nargs, trap): the addresses `wasmtime_func_call_unchecked` takes for
+        this export, for native code that makes the call itself; a trap it reports through
+        `trap` is turned into a GuestFailure by ``guest.fail_from(error, self.trap_cell)``."""
+        return self._fn_addr, self._args, self._n, self._trap_addr
+
+    @property
+    def trap_cell(self) -> ctypes.c_void_p:
+        return self._trap
 
     def __call__(self, *args: int) -> int:
         guest = self._guest

@@ -481,3 +481,48 @@ long hs_run_wasm(uintptr_t data_fn, uintptr_t size_fn, uintptr_t store, uintptr_
     size_t size = ((hs_memory_size_fn)size_fn)(st, m);
     return hs_run((uintptr_t)base, (uint64_t)size, slot, out_ptr, out_len, records);
 }
+
+/* The records call and the pass in one crossing (hs_call_run): the guest's export through
+ * wasmtime_func_call_unchecked, then, if it returned an output, hs_run_wasm on it. From Python
+ * the two were a ctypes call, a cffi call and the Python between them (~0.5 us a batch). What
+ * stays the same from call to call lives in this struct, filled once per instance
+ * (host_sha256.HashedCall); the wasmtime functions' addresses are handed in, as above. */
+typedef struct {
+    uintptr_t call_fn;     /* wasmtime_func_call_unchecked */
+    uintptr_t deadline_fn; /* wasmtime_context_set_epoch_deadline */
+    uintptr_t data_fn, size_fn;
+    uintptr_t store;   /* wasmtime_context_t * */
+    uintptr_t func;    /* the records export's wasmtime_func_t * */
+    uintptr_t args;    /* its wasmtime_val_raw_t[nargs]: (ptr, len) in, the i64 result out */
+    uint64_t nargs;
+    uintptr_t trap;    /* wasm_trap_t **: where wasmtime puts a trap */
+    uintptr_t memory;  /* the guest's wasmtime_memory_t * */
+    uint32_t slot;     /* the guest's request slot */
+    uintptr_t error;   /* out: the wasmtime_error_t * of a failed call, else 0 */
+    int64_t result;    /* out: the guest's result, when the call did not fail */
+} hs_call;
+
+#define HS_CALL_FAILED (-100) /* an error or a trap: error / *trap say which; no pass */
+
+typedef void *(*hs_call_unchecked_fn)(void *store, const void *func, void *args, size_t n,
+                                      void **trap);
+typedef void (*hs_deadline_fn)(void *store, uint64_t ticks);
+
+/* Arms the deadline at `ticks` (0: leaves it, a nested call), calls the export with (ptr, len),
+ * and runs the pass when it returned a result >= 0. HS_CALL_FAILED, or 0 with a negative result
+ * (the pass not run: the guest's error), or hs_run_wasm's answer. */
+long hs_call_run(hs_call *c, uint64_t ticks, uint32_t ptr, uint32_t len, uint32_t records) {
+    int64_t *args = (int64_t *)c->args; /* 16-byte unions, an i32 in the low half (little-endian) */
+    args[0] = ptr;
+    args[2] = len;
+    if (ticks) ((hs_deadline_fn)c->deadline_fn)((void *)c->store, ticks);
+    void *err = ((hs_call_unchecked_fn)c->call_fn)((void *)c->store, (const void *)c->func,
+                                                   args, (size_t)c->nargs, (void **)c->trap);
+    c->error = (uintptr_t)err;
+    if (err || *(void **)c->trap) return HS_CALL_FAILED;
+    int64_t result = args[0];
+    c->result = result;
+    if (result < 0) return 0;
+    return hs_run_wasm(c->data_fn, c->size_fn, c->store, c->memory, c->slot,
+                       (uint32_t)((uint64_t)result >> 32), (uint32_t)result, records);
+}

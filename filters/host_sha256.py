@@ -9,13 +9,28 @@ it): the host then never offers the capability, and guests hash in their own cod
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
+
+from sluice.filters.guest import (
+    CALL_UNCHECKED_FN,
+    MEMORY_DATA_FN,
+    MEMORY_SIZE_FN,
+    SET_DEADLINE_FN,
+    GuestFailure,
+    GuestInstance,
+    RawFunc,
+)
 
 try:
-    from sluice.filters._host_sha256 import lib as _lib  # type: ignore[import-not-found, unused-ignore]
+    from sluice.filters._host_sha256 import (  # type: ignore[import-not-found, unused-ignore]
+        ffi as _ffi,
+    )
+    from sluice.filters._host_sha256 import (  # type: ignore[import-not-found, unused-ignore]
+        lib as _lib,
+    )
     AVAILABLE: Final = True
 except ImportError:  # not built: the capability is not offered
-    _lib = None
+    _ffi = _lib = None
     AVAILABLE = False  # type: ignore[misc]
 
 #: Limits the host enforces on one call's table (see host_sha256.c).
@@ -49,9 +64,71 @@ hs_run: Callable[[int, int, int, int, int, int], int] | None = (
 hs_run_wasm: Callable[[int, int, int, int, int, int, int, int], int] | None = (
     _lib.hs_run_wasm if AVAILABLE else None)
 
+#: ``hs_call_run(call, ticks, ptr, len, records)``: `HashedCall`'s native half (the export
+#: called, then `hs_run_wasm`): the number of digests written, 0 when the export returned an
+#: error, CALL_FAILED or a negative code (`error_text`). None when not built.
+hs_call_run: Callable[[Any, int, int, int, int], int] | None = (
+    _lib.hs_call_run if AVAILABLE else None)
+
 #: ``hs_set_level(cap)``: caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512,
 #: the default 2) and returns the path then in use, for tests. None when not built.
 hs_set_level: Callable[[int], int] | None = _lib.hs_set_level if AVAILABLE else None
+
+
+#: hs_call_run's answer when the guest call failed (an error or a trap; the pass not run).
+CALL_FAILED: Final = -100
+
+
+class HashedCall:
+    """A guest's ``sluice_filter_records`` export and the pass after it in one native call
+    (`hs_call_run`): the records call through RawFunc and then `hs_run_wasm` were two
+    crossings and the Python between them. The call is armed as `RawFunc.__call__` arms it
+    (the instance's depth raised, the ticker woken, the deadline set by the outermost call)
+    and fails as it does (GuestFailure from `GuestInstance.fail_from`); a refused table is
+    GuestFailure("invalid-output"), as after `hs_run_wasm`. Only where `AVAILABLE`."""
+
+    __slots__ = ("_c", "_guest", "_run", "_trap")
+
+    def __init__(self, func: RawFunc, guest: GuestInstance, slot: int) -> None:
+        assert _ffi is not None and hs_call_run is not None
+        if func.sig != (("i32", "i32"), ("i64",)):
+            raise TypeError(f"{func.name} is not a records export")
+        c: Any = _ffi.new("hs_call *")
+        c.func, c.args, c.nargs, c.trap = func.native_parts()
+        c.call_fn, c.deadline_fn = CALL_UNCHECKED_FN, SET_DEADLINE_FN
+        c.data_fn, c.size_fn = MEMORY_DATA_FN, MEMORY_SIZE_FN
+        c.store, c.memory, c.slot = guest.store_context, guest.memory_handle, slot
+        self._c = c
+        self._guest = guest
+        self._trap = func.trap_cell
+        self._run = hs_call_run
+
+    def __call__(self, ptr: int, size: int, records: int, extra_ticks: int) -> int:
+        """The export's result for input (`ptr`, `size`) of `records` records, its hash
+        requests done when it is >= 0; `extra_ticks` on top of the instance's deadline."""
+        guest = self._guest
+        if guest.dead:
+            raise GuestFailure("trap", "instance is dead after an earlier failure")
+        if not guest.depth:
+            ticks = guest.ticks + extra_ticks
+            guest.depth = 1
+            engine = guest.engine  # `engine.wake()` written out, as in RawFunc.__call__
+            engine.calls += 1
+            if engine.idle:
+                engine._wake.set()
+        else:
+            ticks = 0  # a nested call keeps the outermost call's deadline
+            guest.depth += 1
+        c = self._c
+        try:
+            done = self._run(c, ticks, ptr, size, records)
+        finally:
+            guest.depth -= 1
+        if done < 0:
+            if done == CALL_FAILED:
+                raise guest.fail_from(c.error, self._trap)
+            raise GuestFailure("invalid-output", error_text(done))
+        return int(c.result)
 
 
 def error_text(code: int) -> str:
