@@ -251,39 +251,46 @@ class SluiceAbi(AbiRunner):
         ptr = self._alloc(size) & 0xFFFFFFFF
         if ptr == 0:
             raise GuestFailure("memory", f"sluice_alloc({size}) returned 0")
-        if isinstance(records, PendingSection):
-            # Decompressed and checked where the guest reads it (codec/lz4_section.py):
-            # SectionRefused, before the call, when the batch is refused.
-            guest.write(ptr, head)
-            try:
-                size = len(head) + records.write_into(
-                    guest.address(ptr + len(head), records.room))
-            except SectionRefused:
-                self._unpaired_input(size)
-                raise
-        elif len(records) <= _JOIN_LIMIT:
-            guest.write(ptr, head + records)  # one crossing for small batches
-        else:
-            guest.write(ptr, head)
-            guest.write(ptr + len(head), records)
         extra = int(count * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)
-        if self._hashed is not None:  # host_sha256: the call, then the digests it asked for
-            result = self._hashed(ptr, size, count, extra)
+        hashed = self._hashed
+        if hashed is not None and not isinstance(records, PendingSection):
+            # host_sha256: the input written, the call and the digests it asked for, at once.
+            result = hashed(ptr, size, count, extra, head, records)
         else:
-            call = self._native
-            assert call is not None
-            guest.extra_ticks = extra
-            try:
-                result = call(ptr, size)
-            finally:
-                guest.extra_ticks = 0
+            if isinstance(records, PendingSection):
+                # Decompressed and checked where the guest reads it (codec/lz4_section.py):
+                # SectionRefused, before the call, when the batch is refused.
+                guest.write(ptr, head)
+                try:
+                    size = len(head) + records.write_into(
+                        guest.address(ptr + len(head), records.room))
+                except SectionRefused:
+                    self._unpaired_input(size)
+                    raise
+            elif len(records) <= _JOIN_LIMIT:
+                guest.write(ptr, head + records)  # one crossing for small batches
+            else:
+                guest.write(ptr, head)
+                guest.write(ptr + len(head), records)
+            if hashed is not None:
+                result = hashed(ptr, size, count, extra)
+            else:
+                call = self._native
+                assert call is not None
+                guest.extra_ticks = extra
+                try:
+                    result = call(ptr, size)
+                finally:
+                    guest.extra_ticks = 0
         if result < 0:
             raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
         out_ptr, out_len = (result >> 32) & 0xFFFFFFFF, result & 0xFFFFFFFF  # unpack()
+        view = (guest.view(out_ptr, out_len) if hashed is None
+                else hashed.view(out_ptr, out_len))
         try:
             # Read in place: only the new records section is copied out, once, behind room
             # for the batch header that the pipeline writes around it.
-            return decode_native_output(guest.view(out_ptr, out_len), count, ROOM, finish)
+            return decode_native_output(view, count, ROOM, finish)
         except AbiError as exc:
             raise GuestFailure("invalid-output", str(exc)) from None
 

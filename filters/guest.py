@@ -93,6 +93,13 @@ def trap_text(trap: wasmtime.Trap) -> str:
     return code.name.lower() if code is not None else "trap"
 
 
+def view_in(base: int, size: int, ptr: int, n: int) -> memoryview:
+    """`GuestInstance.view` on a memory of `size` bytes at `base` in this process."""
+    if ptr < 0 or n < 0 or ptr + n > size:
+        raise GuestFailure("invalid-output", f"guest buffer {ptr}+{n} is outside linear memory")
+    return view_at(base + ptr, n) if n else memoryview(b"")
+
+
 class GuestInstance:
     """A Store + Instance of one module with the limits of one filter."""
 
@@ -184,14 +191,10 @@ class GuestInstance:
         of bounds). Valid only until the next call into the guest or the next growth of its
         memory: the caller reads it under the filter's lock, at once, and keeps nothing of it
         (`native_io.decode_native_output` copies what it keeps)."""
-        size = _memory_size(self._ctx, self._mem_addr) if self.memory is not None else 0
-        if ptr < 0 or n < 0 or ptr + n > size:
-            raise GuestFailure("invalid-output",
-                               f"guest buffer {ptr}+{n} is outside linear memory")
-        if not n:
-            return memoryview(b"")
-        base = _memory_data(self._ctx, self._mem_addr) or 0
-        return view_at(base + ptr, n)
+        if self.memory is None:
+            return view_in(0, 0, ptr, n)
+        return view_in(_memory_data(self._ctx, self._mem_addr) or 0,
+                       _memory_size(self._ctx, self._mem_addr), ptr, n)
 
     def address(self, ptr: int, n: int) -> int:
         """Where the `n` bytes of guest memory at `ptr` lie in this process (GuestFailure if

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from sluice.codec.records import Buffer
 from sluice.filters.guest import (
     CALL_UNCHECKED_FN,
     MEMORY_DATA_FN,
@@ -19,6 +20,7 @@ from sluice.filters.guest import (
     GuestFailure,
     GuestInstance,
     RawFunc,
+    view_in,
 )
 
 try:
@@ -64,10 +66,11 @@ hs_run: Callable[[int, int, int, int, int, int], int] | None = (
 hs_run_wasm: Callable[[int, int, int, int, int, int, int, int], int] | None = (
     _lib.hs_run_wasm if AVAILABLE else None)
 
-#: ``hs_call_run(call, ticks, ptr, len, records)``: `HashedCall`'s native half (the export
-#: called, then `hs_run_wasm`): the number of digests written, 0 when the export returned an
-#: error, CALL_FAILED or a negative code (`error_text`). None when not built.
-hs_call_run: Callable[[Any, int, int, int, int], int] | None = (
+#: ``hs_call_run(call, ticks, ptr, len, head, head_len, rest, rest_len, records)``:
+#: `HashedCall`'s native half (the input written, the export called, then `hs_run`): the number
+#: of digests written, 0 when the export returned an error, CALL_FAILED, CALL_INPUT or a
+#: negative code (`error_text`). None when not built.
+hs_call_run: Callable[[Any, int, int, int, Any, int, Any, int, int], int] | None = (
     _lib.hs_call_run if AVAILABLE else None)
 
 #: ``hs_set_level(cap)``: caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512,
@@ -77,15 +80,19 @@ hs_set_level: Callable[[int], int] | None = _lib.hs_set_level if AVAILABLE else 
 
 #: hs_call_run's answer when the guest call failed (an error or a trap; the pass not run).
 CALL_FAILED: Final = -100
+#: hs_call_run's answer when the input did not fit in guest memory (nothing written or run).
+CALL_INPUT: Final = -101
 
 
 class HashedCall:
     """A guest's ``sluice_filter_records`` export and the pass after it in one native call
-    (`hs_call_run`): the records call through RawFunc and then `hs_run_wasm` were two
-    crossings and the Python between them. The call is armed as `RawFunc.__call__` arms it
-    (the instance's depth raised, the ticker woken, the deadline set by the outermost call)
-    and fails as it does (GuestFailure from `GuestInstance.fail_from`); a refused table is
-    GuestFailure("invalid-output"), as after `hs_run_wasm`. Only where `AVAILABLE`."""
+    (`hs_call_run`), which also writes the input: before, the input's writes, the records
+    call through RawFunc, `hs_run_wasm` and the output's view were eight crossings and the
+    Python between them. The call is armed as `RawFunc.__call__` arms it (the instance's
+    depth raised, the ticker woken, the deadline set by the outermost call) and fails as it
+    does (GuestFailure from `GuestInstance.fail_from`); an input outside memory fails as in
+    `GuestInstance.write`, a refused table is GuestFailure("invalid-output") as after
+    `hs_run_wasm`. Only where `AVAILABLE`."""
 
     __slots__ = ("_c", "_guest", "_run", "_trap")
 
@@ -103,12 +110,18 @@ class HashedCall:
         self._trap = func.trap_cell
         self._run = hs_call_run
 
-    def __call__(self, ptr: int, size: int, records: int, extra_ticks: int) -> int:
-        """The export's result for input (`ptr`, `size`) of `records` records, its hash
-        requests done when it is >= 0; `extra_ticks` on top of the instance's deadline."""
+    def __call__(self, ptr: int, size: int, records: int, extra_ticks: int,
+                 head: bytes = b"", rest: Buffer = b"") -> int:
+        """The export's result for the `size` bytes of input at `ptr` (`records` records),
+        its hash requests done when it is >= 0; `head` and then `rest` are written at `ptr`
+        first (the caller wrote the input itself when they are empty); `extra_ticks` on top
+        of the instance's deadline."""
         guest = self._guest
         if guest.dead:
             raise GuestFailure("trap", "instance is dead after an earlier failure")
+        assert _ffi is not None
+        # cffi passes bytes as they are; other buffers (views of a request) by address.
+        data = rest if isinstance(rest, bytes) else _ffi.from_buffer(rest)
         if not guest.depth:
             ticks = guest.ticks + extra_ticks
             guest.depth = 1
@@ -121,14 +134,22 @@ class HashedCall:
             guest.depth += 1
         c = self._c
         try:
-            done = self._run(c, ticks, ptr, size, records)
+            done = self._run(c, ticks, ptr, size, head, len(head), data, len(rest), records)
         finally:
             guest.depth -= 1
         if done < 0:
             if done == CALL_FAILED:
                 raise guest.fail_from(c.error, self._trap)
+            if done == CALL_INPUT:
+                raise GuestFailure("invalid-output", f"guest buffer {ptr}+{len(head) + len(rest)}"
+                                                     " is outside linear memory")
             raise GuestFailure("invalid-output", error_text(done))
         return int(c.result)
+
+    def view(self, ptr: int, n: int) -> memoryview:
+        """`GuestInstance.view` right after a call, from the memory's place and size then."""
+        c = self._c
+        return view_in(c.base, c.size, ptr, n)
 
 
 def error_text(code: int) -> str:

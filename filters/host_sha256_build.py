@@ -32,8 +32,11 @@ typedef struct {
     uint32_t slot;
     uintptr_t error;
     int64_t result;
+    uintptr_t base;
+    uint64_t size;
 } hs_call;
-long hs_call_run(hs_call *c, uint64_t ticks, uint32_t ptr, uint32_t len, uint32_t records);
+long hs_call_run(hs_call *c, uint64_t ticks, uint32_t ptr, uint32_t len, const char *head,
+                 size_t head_len, const char *rest, size_t rest_len, uint32_t records);
 """
 
 

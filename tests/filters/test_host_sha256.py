@@ -552,3 +552,35 @@ def test_a_refused_table_fails_as_invalid_output_and_falls_back(
         assert [d.action for d in result.decisions] == [Action.KEEP]
     finally:
         f.close()
+
+
+def test_an_input_that_does_not_fit_where_alloc_put_it_is_not_written(
+        tmp_path: Path, module_cache: ModuleCache) -> None:
+    image = Image([(b"s", b"v")])
+    f = _load(tmp_path, module_cache, _wat(bytes(image.mem), SLOT, image.out_len))
+    try:
+        guest = _runner(f).guest()
+        before = guest.read(0, MEM)
+        with pytest.raises(GuestFailure, match="outside linear memory") as caught:
+            _runner(f).run_native(CTX, b"\x00" * 5000, 1, 0, 0)  # sluice_alloc answers 61440
+        assert caught.value.kind == "invalid-output"
+        assert guest.read(0, MEM) == before and guest.depth == 0
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
+def test_the_input_is_written_from_any_buffer(tmp_path: Path, module_cache: ModuleCache,
+                                              kind: type) -> None:
+    """The records section goes in as the pipeline holds it (a view of a request, too)."""
+    image = Image([(b"s", b"v")])
+    wat = _wat(bytes(image.mem), SLOT, image.out_len)
+    f = _load(tmp_path, module_cache, wat)
+    try:
+        section = bytes(range(200))
+        out = _runner(f).run_native(CTX, kind(section), 1, 0, 0)
+        assert out.records is not None and _hex(b"s", b"v") in bytes(out.records)
+        guest = _runner(f).guest()
+        assert guest.read(61440, 4096).find(section) > 0  # after the input's head
+    finally:
+        f.close()
