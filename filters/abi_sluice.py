@@ -175,8 +175,8 @@ class SluiceAbi(AbiRunner):
                                   "8 bytes of linear memory at a 4-byte boundary")
         self._hash_slot = slot
         if slot:
-            assert self._native is not None
-            self._hashed = host_sha256.HashedCall(self._native, guest, slot)
+            assert self._native is not None and self._alloc is not None
+            self._hashed = host_sha256.HashedCall(self._native, self._alloc, guest, slot)
 
     def _write_input(self, guest: GuestInstance, data: bytes) -> int:
         assert self._alloc is not None
@@ -245,43 +245,14 @@ class SluiceAbi(AbiRunner):
         a new section where it lies in guest memory (`native_io.decode_native_output`)."""
         head = native_input_head(ctx, count, offset_base, timestamp_base)
         guest = self.guest()
-        assert self._alloc is not None
-        size = len(head) + (records.room if isinstance(records, PendingSection)
-                            else len(records))
-        ptr = self._alloc(size) & 0xFFFFFFFF
-        if ptr == 0:
-            raise GuestFailure("memory", f"sluice_alloc({size}) returned 0")
         extra = int(count * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)
         hashed = self._hashed
         if hashed is not None and not isinstance(records, PendingSection):
-            # host_sha256: the input written, the call and the digests it asked for, at once.
-            result = hashed(ptr, size, count, extra, head, records)
+            # host_sha256: sluice_alloc, the input written, the call and the digests it asked
+            # for, in one native call.
+            result = hashed(0, len(head) + len(records), count, extra, head, records)
         else:
-            if isinstance(records, PendingSection):
-                # Decompressed and checked where the guest reads it (codec/lz4_section.py):
-                # SectionRefused, before the call, when the batch is refused.
-                guest.write(ptr, head)
-                try:
-                    size = len(head) + records.write_into(
-                        guest.address(ptr + len(head), records.room))
-                except SectionRefused:
-                    self._unpaired_input(size)
-                    raise
-            elif len(records) <= _JOIN_LIMIT:
-                guest.write(ptr, head + records)  # one crossing for small batches
-            else:
-                guest.write(ptr, head)
-                guest.write(ptr + len(head), records)
-            if hashed is not None:
-                result = hashed(ptr, size, count, extra)
-            else:
-                call = self._native
-                assert call is not None
-                guest.extra_ticks = extra
-                try:
-                    result = call(ptr, size)
-                finally:
-                    guest.extra_ticks = 0
+            result = self._write_and_call(guest, head, records, count, extra)
         if result < 0:
             raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
         out_ptr, out_len = (result >> 32) & 0xFFFFFFFF, result & 0xFFFFFFFF  # unpack()
@@ -293,6 +264,41 @@ class SluiceAbi(AbiRunner):
             return decode_native_output(view, count, ROOM, finish)
         except AbiError as exc:
             raise GuestFailure("invalid-output", str(exc)) from None
+
+    def _write_and_call(self, guest: GuestInstance, head: bytes,
+                        records: Buffer | PendingSection, count: int, extra: int) -> int:
+        """`run_native`'s input written and the records export called, step by step: the
+        export's result (the digests done, for a host_sha256 guest)."""
+        assert self._alloc is not None
+        size = len(head) + (records.room if isinstance(records, PendingSection)
+                            else len(records))
+        ptr = self._alloc(size) & 0xFFFFFFFF
+        if ptr == 0:
+            raise GuestFailure("memory", f"sluice_alloc({size}) returned 0")
+        if isinstance(records, PendingSection):
+            # Decompressed and checked where the guest reads it (codec/lz4_section.py):
+            # SectionRefused, before the call, when the batch is refused.
+            guest.write(ptr, head)
+            try:
+                size = len(head) + records.write_into(
+                    guest.address(ptr + len(head), records.room))
+            except SectionRefused:
+                self._unpaired_input(size)
+                raise
+        elif len(records) <= _JOIN_LIMIT:
+            guest.write(ptr, head + records)  # one crossing for small batches
+        else:
+            guest.write(ptr, head)
+            guest.write(ptr + len(head), records)
+        if self._hashed is not None:
+            return self._hashed(ptr, size, count, extra)
+        call = self._native
+        assert call is not None
+        guest.extra_ticks = extra
+        try:
+            return int(call(ptr, size))
+        finally:
+            guest.extra_ticks = 0
 
     def admin(self, request: bytes) -> bytes:
         if not self.has_admin:

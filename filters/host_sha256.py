@@ -82,29 +82,34 @@ hs_set_level: Callable[[int], int] | None = _lib.hs_set_level if AVAILABLE else 
 CALL_FAILED: Final = -100
 #: hs_call_run's answer when the input did not fit in guest memory (nothing written or run).
 CALL_INPUT: Final = -101
+#: hs_call_run's answer when sluice_alloc returned 0 (nothing written or run).
+CALL_ALLOC: Final = -102
 
 
 class HashedCall:
     """A guest's ``sluice_filter_records`` export and the pass after it in one native call
-    (`hs_call_run`), which also writes the input: before, the input's writes, the records
-    call through RawFunc, `hs_run_wasm` and the output's view were eight crossings and the
-    Python between them. The call is armed as `RawFunc.__call__` arms it (the instance's
-    depth raised, the ticker woken, the deadline set by the outermost call) and fails as it
-    does (GuestFailure from `GuestInstance.fail_from`); an input outside memory fails as in
-    `GuestInstance.write`, a refused table is GuestFailure("invalid-output") as after
-    `hs_run_wasm`. Only where `AVAILABLE`."""
+    (`hs_call_run`), which also asks sluice_alloc for the input's place and writes it there:
+    before, the alloc, the input's writes, the records call through RawFunc, `hs_run_wasm`
+    and the output's view were ten crossings and the Python between them. The calls are
+    armed as `RawFunc.__call__` arms them (the instance's depth raised, the ticker woken,
+    each deadline set by an outermost call) and fail as they did (GuestFailure from
+    `GuestInstance.fail_from`); an alloc that returns 0 and an input outside memory fail as
+    in `SluiceAbi.run_native` and `GuestInstance.write`, a refused table is
+    GuestFailure("invalid-output") as after `hs_run_wasm`. Only where `AVAILABLE`."""
 
     __slots__ = ("_c", "_guest", "_run", "_trap")
 
-    def __init__(self, func: RawFunc, guest: GuestInstance, slot: int) -> None:
+    def __init__(self, func: RawFunc, alloc: RawFunc, guest: GuestInstance, slot: int) -> None:
         assert _ffi is not None and hs_call_run is not None
-        if func.sig != (("i32", "i32"), ("i64",)):
-            raise TypeError(f"{func.name} is not a records export")
+        if func.sig != (("i32", "i32"), ("i64",)) or alloc.sig != (("i32",), ("i32",)):
+            raise TypeError(f"{func.name} and {alloc.name}: not a records export and an alloc")
         c: Any = _ffi.new("hs_call *")
         c.func, c.args, c.nargs, c.trap = func.native_parts()
         c.call_fn, c.deadline_fn = CALL_UNCHECKED_FN, SET_DEADLINE_FN
         c.data_fn, c.size_fn = MEMORY_DATA_FN, MEMORY_SIZE_FN
         c.store, c.memory, c.slot = guest.store_context, guest.memory_handle, slot
+        c.alloc, c.alloc_args, c.alloc_nargs, _ = alloc.native_parts()
+        c.alloc_ticks = guest.ticks  # as RawFunc arms sluice_alloc: no extra ticks
         self._c = c
         self._guest = guest
         self._trap = func.trap_cell
@@ -113,9 +118,10 @@ class HashedCall:
     def __call__(self, ptr: int, size: int, records: int, extra_ticks: int,
                  head: bytes = b"", rest: Buffer = b"") -> int:
         """The export's result for the `size` bytes of input at `ptr` (`records` records),
-        its hash requests done when it is >= 0; `head` and then `rest` are written at `ptr`
-        first (the caller wrote the input itself when they are empty); `extra_ticks` on top
-        of the instance's deadline."""
+        its hash requests done when it is >= 0; `ptr` 0: sluice_alloc(`size`) first, as a
+        call of its own (its deadline without `extra_ticks`). `head` and then `rest` are
+        written at `ptr` first (the caller wrote the input itself when they are empty);
+        `extra_ticks` on top of the instance's deadline."""
         guest = self._guest
         if guest.dead:
             raise GuestFailure("trap", "instance is dead after an earlier failure")
@@ -140,9 +146,11 @@ class HashedCall:
         if done < 0:
             if done == CALL_FAILED:
                 raise guest.fail_from(c.error, self._trap)
+            if done == CALL_ALLOC:
+                raise GuestFailure("memory", f"sluice_alloc({size}) returned 0")
             if done == CALL_INPUT:
-                raise GuestFailure("invalid-output", f"guest buffer {ptr}+{len(head) + len(rest)}"
-                                                     " is outside linear memory")
+                raise GuestFailure("invalid-output", f"guest buffer {ptr or c.ptr}+"
+                                   f"{len(head) + len(rest)} is outside linear memory")
             raise GuestFailure("invalid-output", error_text(done))
         return int(c.result)
 

@@ -34,6 +34,9 @@ typedef struct {
     int64_t result;
     uintptr_t base;
     uint64_t size;
+    uintptr_t alloc, alloc_args;
+    uint64_t alloc_nargs, alloc_ticks;
+    uint32_t ptr;
 } hs_call;
 long hs_call_run(hs_call *c, uint64_t ticks, uint32_t ptr, uint32_t len, const char *head,
                  size_t head_len, const char *rest, size_t rest_len, uint32_t records);

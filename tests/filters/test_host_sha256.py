@@ -33,6 +33,7 @@ from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.decisions import Action
 from sluice.filters.guest import GuestFailure
 from sluice.filters.module_cache import ModuleCache
+from sluice.filters.native_io import native_input_head
 from sluice.filters.runtime import LoadedFilter, load_filter
 
 pytestmark = pytest.mark.skipif(not host_sha256.AVAILABLE,
@@ -379,10 +380,12 @@ def test_random_tables_never_write_outside_the_records_section(
 
 # -- through the host --------------------------------------------------------------------------
 
-def _wat(memory: bytes, slot: int | None, out_len: int, records_body: str | None = None) -> str:
+def _wat(memory: bytes, slot: int | None, out_len: int, records_body: str | None = None,
+         alloc_body: str = "(i32.const 61440)") -> str:
     """A Sluice module whose records call returns the output at OUT (`out_len` bytes) of the
-    given memory image (or runs `records_body`), and whose sluice_filter keeps every record;
-    `slot`: the answer of sluice_host_sha256 (None: no such export)."""
+    given memory image (or runs `records_body`), whose sluice_alloc runs `alloc_body` and whose
+    sluice_filter keeps every record; `slot`: the answer of sluice_host_sha256 (None: no such
+    export)."""
     used = memory.rstrip(b"\x00")
     data = "".join(f"\\{b:02x}" for b in used)
     keep = "\\01\\00\\00\\00\\00\\00\\00\\00\\00"  # 1 record: keep; no detectors
@@ -394,7 +397,7 @@ def _wat(memory: bytes, slot: int | None, out_len: int, records_body: str | None
   (data (i32.const 0) "{data}")
   (data (i32.const 60000) "{keep}")
   (func (export "sluice_abi_version") (result i32) (i32.const 1))
-  (func (export "sluice_alloc") (param i32) (result i32) (i32.const 61440))
+  (func (export "sluice_alloc") (param i32) (result i32) {alloc_body})
   (func (export "sluice_filter") (param i32 i32) (result i64)
     (i64.or (i64.shl (i64.const 60000) (i64.const 32)) (i64.const 9)))
   (func (export "sluice_filter_records") (param i32 i32) (result i64)
@@ -582,5 +585,29 @@ def test_the_input_is_written_from_any_buffer(tmp_path: Path, module_cache: Modu
         assert out.records is not None and _hex(b"s", b"v") in bytes(out.records)
         guest = _runner(f).guest()
         assert guest.read(61440, 4096).find(section) > 0  # after the input's head
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize(("alloc_body", "kind", "message"), [
+    ("(i32.const 0)", "memory", f"sluice_alloc({len(native_input_head(CTX, 1, 0, 0)) + 1}) "
+                                "returned 0"),
+    ("(if (local.get 0) (then unreachable)) (i32.const 61440)", "trap", "unreachable"),
+])
+def test_an_alloc_that_fails_writes_nothing_and_calls_nothing(
+        tmp_path: Path, module_cache: ModuleCache, alloc_body: str, kind: str,
+        message: str) -> None:
+    """sluice_alloc, called by the same native call for a records section (the input's head
+    and one byte here), fails as it does when Python calls it."""
+    image = Image([(b"s", b"v")])
+    f = _load(tmp_path, module_cache, _wat(bytes(image.mem), SLOT, image.out_len,
+                                           alloc_body=alloc_body))
+    try:
+        guest = _runner(f).guest()
+        with pytest.raises(GuestFailure) as caught:
+            _runner(f).run_native(CTX, b"\x00", 1, 0, 0)
+        assert caught.value.kind == kind and message in caught.value.message
+        assert guest.dead == (kind == "trap") and guest.depth == 0
+        assert guest.read(image.section + 2, 64) == PLACEHOLDER  # no call, no pass
     finally:
         f.close()
