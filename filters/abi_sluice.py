@@ -31,8 +31,6 @@ from sluice.filters.context import RecordContext, RecordLike
 from sluice.filters.decisions import Decision
 from sluice.filters.engine import FilterEngine
 from sluice.filters.guest import (
-    MEMORY_DATA_FN,
-    MEMORY_SIZE_FN,
     GuestFailure,
     GuestInstance,
     RawFunc,
@@ -126,6 +124,8 @@ class SluiceAbi(AbiRunner):
         self._admin: RawFunc | None = None
         self._last_error: RawFunc | None = None
         self._native: RawFunc | None = None
+        #: `_native` and the host's SHA-256 pass in one call, where the guest takes the pass.
+        self._hashed: host_sha256.HashedCall | None = None
         #: The guest's hash request slot (host_sha256), 0 when the capability is not in use.
         self._hash_slot = 0
         #: Input bytes `sluice_alloc` handed out for pending sections the codec refused (the
@@ -150,6 +150,7 @@ class SluiceAbi(AbiRunner):
         self._last_error = guest.func("sluice_last_error") if self.has_last_error else None
         self._native = guest.func("sluice_filter_records") if self.has_native else None
         self._hash_slot = 0
+        self._hashed = None
         self._unpaired = 0
         if self.has_init:
             init = guest.func("sluice_init")
@@ -173,6 +174,9 @@ class SluiceAbi(AbiRunner):
             raise FilterLoadError(f"{self.who}: sluice_host_sha256 returned slot {slot}, not "
                                   "8 bytes of linear memory at a 4-byte boundary")
         self._hash_slot = slot
+        if slot:
+            assert self._native is not None and self._alloc is not None
+            self._hashed = host_sha256.HashedCall(self._native, self._alloc, guest, slot)
 
     def _write_input(self, guest: GuestInstance, data: bytes) -> int:
         assert self._alloc is not None
@@ -241,6 +245,30 @@ class SluiceAbi(AbiRunner):
         a new section where it lies in guest memory (`native_io.decode_native_output`)."""
         head = native_input_head(ctx, count, offset_base, timestamp_base)
         guest = self.guest()
+        extra = int(count * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)
+        hashed = self._hashed
+        if hashed is not None and not isinstance(records, PendingSection):
+            # host_sha256: sluice_alloc, the input written, the call and the digests it asked
+            # for, in one native call.
+            result = hashed(0, len(head) + len(records), count, extra, head, records)
+        else:
+            result = self._write_and_call(guest, head, records, count, extra)
+        if result < 0:
+            raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
+        out_ptr, out_len = (result >> 32) & 0xFFFFFFFF, result & 0xFFFFFFFF  # unpack()
+        view = (guest.view(out_ptr, out_len) if hashed is None
+                else hashed.view(out_ptr, out_len))
+        try:
+            # Read in place: only the new records section is copied out, once, behind room
+            # for the batch header that the pipeline writes around it.
+            return decode_native_output(view, count, ROOM, finish)
+        except AbiError as exc:
+            raise GuestFailure("invalid-output", str(exc)) from None
+
+    def _write_and_call(self, guest: GuestInstance, head: bytes,
+                        records: Buffer | PendingSection, count: int, extra: int) -> int:
+        """`run_native`'s input written and the records export called, step by step: the
+        export's result (the digests done, for a host_sha256 guest)."""
         assert self._alloc is not None
         size = len(head) + (records.room if isinstance(records, PendingSection)
                             else len(records))
@@ -262,29 +290,15 @@ class SluiceAbi(AbiRunner):
         else:
             guest.write(ptr, head)
             guest.write(ptr + len(head), records)
+        if self._hashed is not None:
+            return self._hashed(ptr, size, count, extra)
         call = self._native
         assert call is not None
-        guest.extra_ticks = int(count * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)
+        guest.extra_ticks = extra
         try:
-            result = call(ptr, size)
+            return int(call(ptr, size))
         finally:
             guest.extra_ticks = 0
-        if result < 0:
-            raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
-        out_ptr, out_len = (result >> 32) & 0xFFFFFFFF, result & 0xFFFFFFFF  # unpack()
-        if self._hash_slot:  # host_sha256: the digests the guest asked for, into its output
-            assert host_sha256.hs_run_wasm is not None
-            done = host_sha256.hs_run_wasm(MEMORY_DATA_FN, MEMORY_SIZE_FN, guest.store_context,
-                                           guest.memory_handle, self._hash_slot, out_ptr,
-                                           out_len, count)
-            if done < 0:
-                raise GuestFailure("invalid-output", host_sha256.error_text(done))
-        try:
-            # Read in place: only the new records section is copied out, once, behind room
-            # for the batch header that the pipeline writes around it.
-            return decode_native_output(guest.view(out_ptr, out_len), count, ROOM, finish)
-        except AbiError as exc:
-            raise GuestFailure("invalid-output", str(exc)) from None
 
     def admin(self, request: bytes) -> bytes:
         if not self.has_admin:

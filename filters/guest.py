@@ -45,6 +45,10 @@ _memory_size = ctypes.CFUNCTYPE(ctypes.c_size_t, _vp, _vp)(("wasmtime_memory_dat
 #: reads a guest's memory without a trip through Python (filters/host_sha256.c).
 MEMORY_DATA_FN: Final = int(ctypes.cast(_memory_data, _vp).value or 0)
 MEMORY_SIZE_FN: Final = int(ctypes.cast(_memory_size, _vp).value or 0)
+#: The addresses of wasmtime_func_call_unchecked and wasmtime_context_set_epoch_deadline, for
+#: native code that calls an export itself (`RawFunc.native_parts`, host_sha256.HashedCall).
+CALL_UNCHECKED_FN: Final = int(ctypes.cast(_call_unchecked, _vp).value or 0)
+SET_DEADLINE_FN: Final = int(ctypes.cast(_set_deadline, _vp).value or 0)
 
 _I32 = "i32"
 _I64 = "i64"
@@ -87,6 +91,13 @@ def trap_text(trap: wasmtime.Trap) -> str:
     if lines:
         return lines[-1]
     return code.name.lower() if code is not None else "trap"
+
+
+def view_in(base: int, size: int, ptr: int, n: int) -> memoryview:
+    """`GuestInstance.view` on a memory of `size` bytes at `base` in this process."""
+    if ptr < 0 or n < 0 or ptr + n > size:
+        raise GuestFailure("invalid-output", f"guest buffer {ptr}+{n} is outside linear memory")
+    return view_at(base + ptr, n) if n else memoryview(b"")
 
 
 class GuestInstance:
@@ -180,14 +191,10 @@ class GuestInstance:
         of bounds). Valid only until the next call into the guest or the next growth of its
         memory: the caller reads it under the filter's lock, at once, and keeps nothing of it
         (`native_io.decode_native_output` copies what it keeps)."""
-        size = _memory_size(self._ctx, self._mem_addr) if self.memory is not None else 0
-        if ptr < 0 or n < 0 or ptr + n > size:
-            raise GuestFailure("invalid-output",
-                               f"guest buffer {ptr}+{n} is outside linear memory")
-        if not n:
-            return memoryview(b"")
-        base = _memory_data(self._ctx, self._mem_addr) or 0
-        return view_at(base + ptr, n)
+        if self.memory is None:
+            return view_in(0, 0, ptr, n)
+        return view_in(_memory_data(self._ctx, self._mem_addr) or 0,
+                       _memory_size(self._ctx, self._mem_addr), ptr, n)
 
     def address(self, ptr: int, n: int) -> int:
         """Where the `n` bytes of guest memory at `ptr` lie in this process (GuestFailure if
@@ -291,6 +298,16 @@ class RawFunc:
         self._i32_result = bool(results) and results[0] == _I32
         self._trap = ctypes.c_void_p()
         self._trap_addr = ctypes.addressof(self._trap)
+
+    def native_parts(self) -> tuple[int, int, int, int]:
+        """(func, args, nargs, trap): the addresses `wasmtime_func_call_unchecked` takes for
+        this export, for native code that makes the call itself; a trap it reports through
+        `trap` is turned into a GuestFailure by ``guest.fail_from(error, self.trap_cell)``."""
+        return self._fn_addr, self._args, self._n, self._trap_addr
+
+    @property
+    def trap_cell(self) -> ctypes.c_void_p:
+        return self._trap
 
     def __call__(self, *args: int) -> int:
         guest = self._guest

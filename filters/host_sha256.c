@@ -481,3 +481,87 @@ long hs_run_wasm(uintptr_t data_fn, uintptr_t size_fn, uintptr_t store, uintptr_
     size_t size = ((hs_memory_size_fn)size_fn)(st, m);
     return hs_run((uintptr_t)base, (uint64_t)size, slot, out_ptr, out_len, records);
 }
+
+/* The records call and the pass in one crossing (hs_call_run): the input written where
+ * sluice_alloc put it, the guest's export called through wasmtime_func_call_unchecked, then, if
+ * it returned an output, hs_run on it. From Python these were four ctypes calls and a
+ * memmove for the input, a ctypes call, a cffi call, the Python between them and two ctypes
+ * calls more for the output's view. What stays the same from call to call lives in this
+ * struct, filled once per instance (host_sha256.HashedCall); the wasmtime functions'
+ * addresses are handed in, as above. */
+typedef struct {
+    uintptr_t call_fn;     /* wasmtime_func_call_unchecked */
+    uintptr_t deadline_fn; /* wasmtime_context_set_epoch_deadline */
+    uintptr_t data_fn, size_fn;
+    uintptr_t store;   /* wasmtime_context_t * */
+    uintptr_t func;    /* the records export's wasmtime_func_t * */
+    uintptr_t args;    /* its wasmtime_val_raw_t[nargs]: (ptr, len) in, the i64 result out */
+    uint64_t nargs;
+    uintptr_t trap;    /* wasm_trap_t **: where wasmtime puts a trap */
+    uintptr_t memory;  /* the guest's wasmtime_memory_t * */
+    uint32_t slot;     /* the guest's request slot */
+    uintptr_t error;   /* out: the wasmtime_error_t * of a failed call, else 0 */
+    int64_t result;    /* out: the guest's result, when the call did not fail */
+    uintptr_t base;    /* out: guest memory's address and size after the call */
+    uint64_t size;
+    uintptr_t alloc;      /* sluice_alloc's wasmtime_func_t * */
+    uintptr_t alloc_args; /* its wasmtime_val_raw_t[alloc_nargs]: the size in, the i32 out */
+    uint64_t alloc_nargs;
+    uint64_t alloc_ticks; /* its deadline (a call of its own, without the records' extra) */
+    uint32_t ptr;         /* out: where the input went */
+} hs_call;
+
+#define HS_CALL_FAILED (-100) /* an error or a trap: error / *trap say which; no pass */
+#define HS_CALL_INPUT (-101)  /* the input does not fit at ptr: nothing written, no call */
+#define HS_CALL_ALLOC (-102)  /* sluice_alloc returned 0: nothing written, no call */
+
+typedef void *(*hs_call_unchecked_fn)(void *store, const void *func, void *args, size_t n,
+                                      void **trap);
+typedef void (*hs_deadline_fn)(void *store, uint64_t ticks);
+
+/* With `ptr` 0, first asks sluice_alloc for `len` bytes (its own deadline, when `ticks`
+ * arms one) and puts the answer in c->ptr. Then writes `head` and `rest` at `ptr` in guest
+ * memory, arms the deadline at `ticks` (0: leaves it, a nested call), calls the export with
+ * (ptr, len), and runs the pass when it returned a result >= 0. HS_CALL_ALLOC, HS_CALL_INPUT,
+ * HS_CALL_FAILED, or 0 with a negative result (the pass not run: the guest's error), or
+ * hs_run's answer. */
+long hs_call_run(hs_call *c, uint64_t ticks, uint32_t ptr, uint32_t len, const char *head,
+                 size_t head_len, const char *rest, size_t rest_len, uint32_t records) {
+    const void *st = (const void *)c->store, *m = (const void *)c->memory;
+    if (!ptr) {
+        int64_t *a = (int64_t *)c->alloc_args;
+        a[0] = len;
+        if (ticks) ((hs_deadline_fn)c->deadline_fn)((void *)c->store, c->alloc_ticks);
+        void *err = ((hs_call_unchecked_fn)c->call_fn)((void *)c->store, (const void *)c->alloc,
+                                                       a, (size_t)c->alloc_nargs, (void **)c->trap);
+        c->error = (uintptr_t)err;
+        if (err || *(void **)c->trap) return HS_CALL_FAILED;
+        ptr = (uint32_t)a[0]; /* the i32 result in the low half */
+        c->ptr = ptr;
+        if (!ptr) return HS_CALL_ALLOC;
+    }
+    if (head_len + rest_len) {
+        uint8_t *base = ((hs_memory_data_fn)c->data_fn)(st, m);
+        size_t size = ((hs_memory_size_fn)c->size_fn)(st, m);
+        if (!inside(ptr, (uint64_t)head_len + rest_len, size)) return HS_CALL_INPUT;
+        memcpy(base + ptr, head, head_len);
+        memcpy(base + ptr + head_len, rest, rest_len);
+    }
+    int64_t *args = (int64_t *)c->args; /* 16-byte unions, an i32 in the low half (little-endian) */
+    args[0] = ptr;
+    args[2] = len;
+    if (ticks) ((hs_deadline_fn)c->deadline_fn)((void *)c->store, ticks);
+    void *err = ((hs_call_unchecked_fn)c->call_fn)((void *)c->store, (const void *)c->func,
+                                                   args, (size_t)c->nargs, (void **)c->trap);
+    c->error = (uintptr_t)err;
+    if (err || *(void **)c->trap) return HS_CALL_FAILED;
+    int64_t result = args[0];
+    c->result = result;
+    uint8_t *base = ((hs_memory_data_fn)c->data_fn)(st, m); /* the call may have grown it */
+    size_t size = ((hs_memory_size_fn)c->size_fn)(st, m);
+    c->base = (uintptr_t)base;
+    c->size = size;
+    if (result < 0) return 0;
+    return hs_run((uintptr_t)base, (uint64_t)size, c->slot, (uint32_t)((uint64_t)result >> 32),
+                  (uint32_t)result, records);
+}
