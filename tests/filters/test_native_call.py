@@ -7,6 +7,7 @@ test_host_sha256's."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from sluice.filters.abi_sluice import RECORD_BUDGET_US
 from sluice.filters.guest import GuestFailure
 from sluice.filters.module_cache import ModuleCache
 from sluice.filters.native_io import native_input_head
+from sluice.filters.runtime import LoadedFilter
 from tests.filters.test_host_sha256 import (
     CTX,
     PLACEHOLDER,
@@ -53,6 +55,19 @@ def _guest_wat(mode: str, image: Image, records_body: str | None = None,
     return _wat(bytes(image.mem), slot, image.out_len, records_body, alloc_body)
 
 
+@contextmanager
+def _loaded(tmp_path: Path, cache: ModuleCache, mode: str, records_body: str | None = None,
+            alloc_body: str = "(i32.const 61440)",
+            timeout_ms: int = 100) -> Iterator[tuple[LoadedFilter, Image]]:
+    """The test guest loaded as a filter over a one-request memory image, closed after."""
+    image = Image([(b"s", b"v")])
+    f = _load(tmp_path, cache, _guest_wat(mode, image, records_body, alloc_body), timeout_ms)
+    try:
+        yield f, image
+    finally:
+        f.close()
+
+
 def _digest_or_placeholder(mode: str) -> bytes:
     """What the output's digest place holds after a successful call in `mode`."""
     return _hex(b"s", b"v") if mode == "pass" else PLACEHOLDER
@@ -60,9 +75,7 @@ def _digest_or_placeholder(mode: str) -> bytes:
 
 def test_the_records_call_takes_the_mode_s_path(tmp_path: Path, module_cache: ModuleCache,
                                                 mode: str) -> None:
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _guest_wat(mode, image))
-    try:
+    with _loaded(tmp_path, module_cache, mode) as (f, image):
         runner = _runner(f)
         guest = runner.guest()
         assert ("host_sha256" in f.capabilities) == (mode != "fused")
@@ -77,15 +90,11 @@ def test_the_records_call_takes_the_mode_s_path(tmp_path: Path, module_cache: Mo
         assert bytes(out.records)[2:66] == _digest_or_placeholder(mode)
         assert guest.read(image.section + 2, 64) == _digest_or_placeholder(mode)
         assert guest.depth == 0
-    finally:
-        f.close()
 
 
 def test_a_trap_in_the_records_call_fails_as_a_trap_and_runs_no_pass(
         tmp_path: Path, module_cache: ModuleCache, mode: str) -> None:
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _guest_wat(mode, image, "unreachable"))
-    try:
+    with _loaded(tmp_path, module_cache, mode, "unreachable") as (f, image):
         guest = _runner(f).guest()
         fused = _runner(f)._fused
         failure = _failure(f)
@@ -95,58 +104,42 @@ def test_a_trap_in_the_records_call_fails_as_a_trap_and_runs_no_pass(
         if fused is not None:
             with pytest.raises(GuestFailure, match="dead after an earlier failure"):
                 fused(0, 0, 1, 0)
-    finally:
-        f.close()
 
 
 def test_a_records_call_past_its_deadline_fails_as_a_timeout(
         tmp_path: Path, module_cache: ModuleCache, mode: str) -> None:
-    image = Image([(b"s", b"v")])
     spin = "(loop $l (br $l)) (i64.const 0)"
-    f = _load(tmp_path, module_cache, _guest_wat(mode, image, spin), timeout_ms=10)
-    try:
+    with _loaded(tmp_path, module_cache, mode, spin, timeout_ms=10) as (f, _image):
         failure = _failure(f)
         assert failure.kind == "timeout" and "10 ms" in failure.message
-    finally:
-        f.close()
 
 
 def test_a_records_call_that_returns_an_error_runs_no_pass(
         tmp_path: Path, module_cache: ModuleCache, mode: str) -> None:
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _guest_wat(mode, image, "(i64.const -3)"))
-    try:
+    with _loaded(tmp_path, module_cache, mode, "(i64.const -3)") as (f, image):
         guest = _runner(f).guest()
         failure = _failure(f)
         assert failure.kind == "error" and failure.message == "returned -3"
         assert not guest.dead and guest.depth == 0
         assert guest.read(image.section + 2, 64) == PLACEHOLDER
-    finally:
-        f.close()
 
 
 def test_an_input_that_does_not_fit_where_alloc_put_it_is_not_written(
         tmp_path: Path, module_cache: ModuleCache, mode: str) -> None:
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _guest_wat(mode, image))
-    try:
+    with _loaded(tmp_path, module_cache, mode) as (f, _image):
         guest = _runner(f).guest()
         before = guest.read(0, 1 << 16)
         with pytest.raises(GuestFailure, match="outside linear memory") as caught:
             _runner(f).run_native(CTX, b"\x00" * 5000, 1, 0, 0)  # sluice_alloc answers 61440
         assert caught.value.kind == "invalid-output"
         assert guest.read(0, 1 << 16) == before and guest.depth == 0
-    finally:
-        f.close()
 
 
 @pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
 def test_the_input_is_written_from_any_buffer(tmp_path: Path, module_cache: ModuleCache,
                                               mode: str, kind: type) -> None:
     """The records section goes in as the pipeline holds it (a view of a request, too)."""
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _guest_wat(mode, image))
-    try:
+    with _loaded(tmp_path, module_cache, mode) as (f, _image):
         section = bytes(range(200))
         out = _runner(f).run_native(CTX, kind(section), 1, 0, 0)
         assert out.records is not None
@@ -154,8 +147,6 @@ def test_the_input_is_written_from_any_buffer(tmp_path: Path, module_cache: Modu
         guest = _runner(f).guest()
         head = native_input_head(CTX, 1, 0, 0)
         assert guest.read(61440, len(head) + len(section)) == head + section
-    finally:
-        f.close()
 
 
 @pytest.mark.parametrize(("alloc_body", "kind", "message"), [
@@ -168,18 +159,13 @@ def test_an_alloc_that_fails_writes_nothing_and_calls_nothing(
         message: str) -> None:
     """sluice_alloc, called by the same native call for a records section (the input's head
     and one byte here), fails as it does when Python calls it."""
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _guest_wat(mode, image, alloc_body=alloc_body))
-    try:
+    with _loaded(tmp_path, module_cache, mode, alloc_body=alloc_body) as (f, image):
         guest = _runner(f).guest()
         with pytest.raises(GuestFailure) as caught:
             _runner(f).run_native(CTX, b"\x00", 1, 0, 0)
         assert caught.value.kind == kind and message in caught.value.message
         assert guest.dead == (kind == "trap") and guest.depth == 0
         assert guest.read(image.section + 2, 64) == PLACEHOLDER  # no call, no pass
-    finally:
-        f.close()
-
 
 
 def test_the_deadline_grows_per_record_and_a_nested_call_keeps_the_outer_one(
@@ -199,9 +185,7 @@ def test_the_deadline_grows_per_record_and_a_nested_call_keeps_the_outer_one(
         return real(call, ticks, *args)
 
     monkeypatch.setattr(native_call, "nc_call_run", spy)
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _guest_wat(mode, image))
-    try:
+    with _loaded(tmp_path, module_cache, mode) as (f, image):
         runner = _runner(f)
         guest = runner.guest()
         if mode == "fused":  # run_native's extra for 1 000 records (the guest answers for 1)
@@ -220,5 +204,3 @@ def test_the_deadline_grows_per_record_and_a_nested_call_keeps_the_outer_one(
         finally:
             guest.depth = 0
         assert armed[1] == 0
-    finally:
-        f.close()
