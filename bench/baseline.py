@@ -8,8 +8,8 @@ The tree is used as it is on disk (its own Python, C and YAML; the same virtuale
 packages as this checkout). `prepare` makes a directory holding a `sluice` package whose
 rooms are that tree's folders (the layout `pyproject.toml` maps at install), and a
 `sitecustomize` that takes the editable install of this checkout off the import path, builds
-the tree's native modules (crypto/batch_seal.c, codec/record_check.c, filters/epoch_ticker.c
-and filters/host_sha256.c where the tree has them) in place, and returns
+the tree's native modules (crypto/batch_seal.c, codec/record_check.c, filters/epoch_ticker.c,
+filters/host_sha256.c and filters/native_call.c where the tree has them) in place, and returns
 how to start a process that imports the tree: `sluice serve` runs with that directory on
 PYTHONPATH and as its working directory.
 """
@@ -29,7 +29,7 @@ ROOMS = ("codec", "crypto", "filters", "proxy", "spark_audit", "telemetry_schema
 #: Native modules built at install, by their build scripts' module names.
 BUILDS = ("sluice.crypto.batch_seal_build", "sluice.codec.record_check_build",
           "sluice.filters.epoch_ticker_build", "sluice.filters.host_sha256_build",
-          "sluice.codec.passthrough_build")
+          "sluice.codec.passthrough_build", "sluice.filters.native_call_build")
 _SITECUSTOMIZE = '''"""bench/baseline.py: `sluice` from this directory, not the editable install."""
 import sys
 

@@ -6,7 +6,8 @@ The ABI is one required core and a list of optional capabilities, one export eac
 ``sluice_filter(i32, i32) -> i64``. Capabilities: ``init`` (``sluice_init(i32, i32) -> i32``),
 ``admin`` (``sluice_admin(i32, i32) -> i64``), ``last_error`` (``sluice_last_error() -> i64``),
 ``records`` (``sluice_filter_records(i32, i32) -> i64``: the same filter over Kafka's record
-encoding, the host's fast path: native_io), ``host_sha256`` (``sluice_host_sha256() -> i32``:
+encoding, the host's fast path: native_io; alloc, input and call in one native crossing where
+native_call is built), ``host_sha256`` (``sluice_host_sha256() -> i32``:
 the host hashes the SHA-256 requests a records call lists, once per batch: host_sha256). A new
 capability is a new optional export, never a new meaning of an old one, so the version stays 1.
 Results pack
@@ -24,7 +25,7 @@ import wasmtime
 
 from sluice.codec.lz4_section import PendingSection, SectionRefused
 from sluice.codec.records import Buffer
-from sluice.filters import host_sha256
+from sluice.filters import host_sha256, native_call
 from sluice.filters.abi_base import AbiRunner, FilterLoadError
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext, RecordLike
@@ -113,9 +114,10 @@ class SluiceAbi(AbiRunner):
         self.has_admin = "sluice_admin" in sigs
         self.has_last_error = "sluice_last_error" in sigs
         self.has_native = "sluice_filter_records" in sigs
-        # Offered only where the native pass is built and the records path exists.
-        self.has_host_sha256 = (host_sha256.AVAILABLE and self.has_native
-                                and "sluice_host_sha256" in sigs)
+        # Offered only where the native pass is built and the records path exists; the pass
+        # runs inside the fused records call (native_call), so that must be built too.
+        self.has_host_sha256 = (host_sha256.AVAILABLE and native_call.AVAILABLE
+                                and self.has_native and "sluice_host_sha256" in sigs)
         self.capabilities = frozenset(c for c, export in CAPABILITIES.items() if export in sigs)
         self.config_json = spec.config_json
         self.prepare()
@@ -124,8 +126,9 @@ class SluiceAbi(AbiRunner):
         self._admin: RawFunc | None = None
         self._last_error: RawFunc | None = None
         self._native: RawFunc | None = None
-        #: `_native` and the host's SHA-256 pass in one call, where the guest takes the pass.
-        self._hashed: host_sha256.HashedCall | None = None
+        #: `_native` in one native call (sluice_alloc, the input's write, the call and, where
+        #: the guest takes it, the host's SHA-256 pass), where native_call is built.
+        self._fused: native_call.NativeCall | None = None
         #: The guest's hash request slot (host_sha256), 0 when the capability is not in use.
         self._hash_slot = 0
         #: Input bytes `sluice_alloc` handed out for pending sections the codec refused (the
@@ -150,7 +153,7 @@ class SluiceAbi(AbiRunner):
         self._last_error = guest.func("sluice_last_error") if self.has_last_error else None
         self._native = guest.func("sluice_filter_records") if self.has_native else None
         self._hash_slot = 0
-        self._hashed = None
+        self._fused = None
         self._unpaired = 0
         if self.has_init:
             init = guest.func("sluice_init")
@@ -162,6 +165,10 @@ class SluiceAbi(AbiRunner):
                                       f"{rc}): {self.last_error(guest) or 'no message'}")
         if self.has_host_sha256:
             self._offer_host_sha256(guest)
+        if self._native is not None and native_call.AVAILABLE:
+            assert self._alloc is not None
+            self._fused = native_call.NativeCall(self._native, self._alloc, guest,
+                                                 self._hash_slot)
 
     def _offer_host_sha256(self, guest: GuestInstance) -> None:
         """The host_sha256 handshake, once per instance after sluice_init: calling the export
@@ -174,9 +181,6 @@ class SluiceAbi(AbiRunner):
             raise FilterLoadError(f"{self.who}: sluice_host_sha256 returned slot {slot}, not "
                                   "8 bytes of linear memory at a 4-byte boundary")
         self._hash_slot = slot
-        if slot:
-            assert self._native is not None and self._alloc is not None
-            self._hashed = host_sha256.HashedCall(self._native, self._alloc, guest, slot)
 
     def _write_input(self, guest: GuestInstance, data: bytes) -> int:
         assert self._alloc is not None
@@ -246,18 +250,18 @@ class SluiceAbi(AbiRunner):
         head = native_input_head(ctx, count, offset_base, timestamp_base)
         guest = self.guest()
         extra = int(count * RECORD_BUDGET_US / 1000 / guest.engine.tick_ms)
-        hashed = self._hashed
-        if hashed is not None and not isinstance(records, PendingSection):
-            # host_sha256: sluice_alloc, the input written, the call and the digests it asked
-            # for, in one native call.
-            result = hashed(0, len(head) + len(records), count, extra, head, records)
+        fused = self._fused
+        if fused is not None and not isinstance(records, PendingSection):
+            # sluice_alloc, the input written, the call (and the digests a host_sha256 guest
+            # asked for) in one native call.
+            result = fused(0, len(head) + len(records), count, extra, head, records)
         else:
             result = self._write_and_call(guest, head, records, count, extra)
         if result < 0:
             raise GuestFailure("error", self.last_error(guest) or f"returned {result}")
         out_ptr, out_len = (result >> 32) & 0xFFFFFFFF, result & 0xFFFFFFFF  # unpack()
-        view = (guest.view(out_ptr, out_len) if hashed is None
-                else hashed.view(out_ptr, out_len))
+        view = (guest.view(out_ptr, out_len) if fused is None
+                else fused.view(out_ptr, out_len))
         try:
             # Read in place: only the new records section is copied out, once, behind room
             # for the batch header that the pipeline writes around it.
@@ -267,8 +271,9 @@ class SluiceAbi(AbiRunner):
 
     def _write_and_call(self, guest: GuestInstance, head: bytes,
                         records: Buffer | PendingSection, count: int, extra: int) -> int:
-        """`run_native`'s input written and the records export called, step by step: the
-        export's result (the digests done, for a host_sha256 guest)."""
+        """`run_native`'s input written and the records export called, step by step (a
+        pending section, or native_call not built): the export's result (the digests done,
+        for a host_sha256 guest)."""
         assert self._alloc is not None
         size = len(head) + (records.room if isinstance(records, PendingSection)
                             else len(records))
@@ -290,8 +295,8 @@ class SluiceAbi(AbiRunner):
         else:
             guest.write(ptr, head)
             guest.write(ptr + len(head), records)
-        if self._hashed is not None:
-            return self._hashed(ptr, size, count, extra)
+        if self._fused is not None:
+            return self._fused(ptr, size, count, extra)
         call = self._native
         assert call is not None
         guest.extra_ticks = extra

@@ -46,7 +46,7 @@ _memory_size = ctypes.CFUNCTYPE(ctypes.c_size_t, _vp, _vp)(("wasmtime_memory_dat
 MEMORY_DATA_FN: Final = int(ctypes.cast(_memory_data, _vp).value or 0)
 MEMORY_SIZE_FN: Final = int(ctypes.cast(_memory_size, _vp).value or 0)
 #: The addresses of wasmtime_func_call_unchecked and wasmtime_context_set_epoch_deadline, for
-#: native code that calls an export itself (`RawFunc.native_parts`, host_sha256.HashedCall).
+#: native code that calls an export itself (`RawFunc.native_parts`, native_call.NativeCall).
 CALL_UNCHECKED_FN: Final = int(ctypes.cast(_call_unchecked, _vp).value or 0)
 SET_DEADLINE_FN: Final = int(ctypes.cast(_set_deadline, _vp).value or 0)
 

@@ -20,26 +20,10 @@ from sluice.native_build import build_beside, libcrypto_ffi
 HERE = Path(__file__).resolve().parent
 CDEF = """
 long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_ptr,
-            uint32_t out_len,
-            uint32_t records);
+            uint32_t out_len, uint32_t records);
 long hs_run_wasm(uintptr_t data_fn, uintptr_t size_fn, uintptr_t store, uintptr_t memory,
                  uint32_t slot, uint32_t out_ptr, uint32_t out_len, uint32_t records);
 int hs_set_level(int cap);
-typedef struct {
-    uintptr_t call_fn, deadline_fn, data_fn, size_fn, store, func, args;
-    uint64_t nargs;
-    uintptr_t trap, memory;
-    uint32_t slot;
-    uintptr_t error;
-    int64_t result;
-    uintptr_t base;
-    uint64_t size;
-    uintptr_t alloc, alloc_args;
-    uint64_t alloc_nargs, alloc_ticks;
-    uint32_t ptr;
-} hs_call;
-long hs_call_run(hs_call *c, uint64_t ticks, uint32_t ptr, uint32_t len, const char *head,
-                 size_t head_len, const char *rest, size_t rest_len, uint32_t records);
 """
 
 

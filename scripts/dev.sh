@@ -264,6 +264,15 @@ build_host_sha256() {
     "gcc, libssl-dev and Python's headers"
 }
 
+# A Sluice-ABI guest's records call in one native crossing (sluice_alloc, the input's write,
+# the call and, for host_sha256 guests, the pass), filters/_native_call*.so (cffi API mode,
+# plain C); rebuilt when missing or older than its sources. Without it the host makes the call
+# step by step through ctypes (same results, more CPU a batch) and does not offer host_sha256.
+build_native_call() {
+  native_is_current filters native_call && return 0
+  build_native filters native_call "the fused records call" "gcc and Python's headers"
+}
+
 # Bytecode for the project's own modules, as pip writes it for every package it installs: an
 # editable install gets none until an import writes it, and where PYTHONDONTWRITEBYTECODE is
 # set (this project's CI machines set it) never, so every process, each Spark Python worker
@@ -426,6 +435,7 @@ install_all() {
   build_passthrough
   build_epoch_ticker
   build_host_sha256
+  build_native_call
   install_node_tools
   install_kafka
   install_spark_kafka

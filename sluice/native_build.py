@@ -1,7 +1,7 @@
 """What the cffi build scripts of the native modules share (codec/record_check_build.py,
-filters/epoch_ticker_build.py, filters/host_sha256_build.py, crypto/batch_seal_build.py):
-compile a builder's module in a scratch folder and put the result next to its sources, where
-the package imports it from (it is not committed)."""
+filters/epoch_ticker_build.py, filters/host_sha256_build.py, filters/native_call_build.py,
+crypto/batch_seal_build.py): compile a builder's module in a scratch folder and put the result
+next to its sources, where the package imports it from (it is not committed)."""
 
 from __future__ import annotations
 

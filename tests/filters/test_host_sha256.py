@@ -33,7 +33,6 @@ from sluice.filters.context import FilterRecord, RecordContext
 from sluice.filters.decisions import Action
 from sluice.filters.guest import GuestFailure
 from sluice.filters.module_cache import ModuleCache
-from sluice.filters.native_io import native_input_head
 from sluice.filters.runtime import LoadedFilter, load_filter
 
 pytestmark = pytest.mark.skipif(not host_sha256.AVAILABLE,
@@ -465,7 +464,8 @@ def test_a_hostile_table_sends_the_batch_down_the_decoding_path(
         f.close()
 
 
-# -- the records call and the pass in one native call (host_sha256.HashedCall) -----------------
+# -- the pass inside the fused records call (native_call.NativeCall; its other failures, with
+# and without the pass: tests/filters/test_native_call.py) ---------------------------------
 
 def _runner(f: LoadedFilter) -> SluiceAbi:
     runner = f._runner
@@ -482,66 +482,6 @@ def _failure(f: LoadedFilter) -> GuestFailure:
     return caught.value
 
 
-def test_the_records_call_and_the_pass_are_one_native_call(
-        tmp_path: Path, module_cache: ModuleCache) -> None:
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _wat(bytes(image.mem), SLOT, image.out_len))
-    try:
-        runner = _runner(f)
-        runner.guest()
-        assert isinstance(runner._hashed, host_sha256.HashedCall)
-        assert runner._hashed(0, 0, 1, 0) == (OUT << 32) | image.out_len
-        assert runner.guest().read(image.section + 2, 64) == _hex(b"s", b"v")
-    finally:
-        f.close()
-
-
-def test_a_trap_in_the_records_call_fails_as_a_trap_and_runs_no_pass(
-        tmp_path: Path, module_cache: ModuleCache) -> None:
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _wat(bytes(image.mem), SLOT, image.out_len, "unreachable"))
-    try:
-        guest = _runner(f).guest()
-        hashed = _runner(f)._hashed
-        assert hashed is not None
-        failure = _failure(f)
-        assert failure.kind == "trap" and "unreachable" in failure.message
-        assert guest.dead and guest.depth == 0
-        assert guest.read(image.section + 2, 64) == PLACEHOLDER  # the pass did not run
-        with pytest.raises(GuestFailure, match="dead after an earlier failure"):
-            hashed(0, 0, 1, 0)
-    finally:
-        f.close()
-
-
-def test_a_records_call_past_its_deadline_fails_as_a_timeout(
-        tmp_path: Path, module_cache: ModuleCache) -> None:
-    image = Image([(b"s", b"v")])
-    spin = "(loop $l (br $l)) (i64.const 0)"
-    f = _load(tmp_path, module_cache, _wat(bytes(image.mem), SLOT, image.out_len, spin),
-              timeout_ms=10)
-    try:
-        failure = _failure(f)
-        assert failure.kind == "timeout" and "10 ms" in failure.message
-    finally:
-        f.close()
-
-
-def test_a_records_call_that_returns_an_error_runs_no_pass(
-        tmp_path: Path, module_cache: ModuleCache) -> None:
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _wat(bytes(image.mem), SLOT, image.out_len,
-                                           "(i64.const -3)"))
-    try:
-        guest = _runner(f).guest()
-        failure = _failure(f)
-        assert failure.kind == "error" and failure.message == "returned -3"
-        assert not guest.dead and guest.depth == 0
-        assert guest.read(image.section + 2, 64) == PLACEHOLDER
-    finally:
-        f.close()
-
-
 def test_a_refused_table_fails_as_invalid_output_and_falls_back(
         tmp_path: Path, module_cache: ModuleCache) -> None:
     image = Image([(b"s", b"v")])
@@ -553,61 +493,5 @@ def test_a_refused_table_fails_as_invalid_output_and_falls_back(
         assert failure.message == host_sha256.error_text(-8)
         result = f.run_batch(CTX, [FilterRecord(0, 0, b"k", b"v", [])])
         assert [d.action for d in result.decisions] == [Action.KEEP]
-    finally:
-        f.close()
-
-
-def test_an_input_that_does_not_fit_where_alloc_put_it_is_not_written(
-        tmp_path: Path, module_cache: ModuleCache) -> None:
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _wat(bytes(image.mem), SLOT, image.out_len))
-    try:
-        guest = _runner(f).guest()
-        before = guest.read(0, MEM)
-        with pytest.raises(GuestFailure, match="outside linear memory") as caught:
-            _runner(f).run_native(CTX, b"\x00" * 5000, 1, 0, 0)  # sluice_alloc answers 61440
-        assert caught.value.kind == "invalid-output"
-        assert guest.read(0, MEM) == before and guest.depth == 0
-    finally:
-        f.close()
-
-
-@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview])
-def test_the_input_is_written_from_any_buffer(tmp_path: Path, module_cache: ModuleCache,
-                                              kind: type) -> None:
-    """The records section goes in as the pipeline holds it (a view of a request, too)."""
-    image = Image([(b"s", b"v")])
-    wat = _wat(bytes(image.mem), SLOT, image.out_len)
-    f = _load(tmp_path, module_cache, wat)
-    try:
-        section = bytes(range(200))
-        out = _runner(f).run_native(CTX, kind(section), 1, 0, 0)
-        assert out.records is not None and _hex(b"s", b"v") in bytes(out.records)
-        guest = _runner(f).guest()
-        assert guest.read(61440, 4096).find(section) > 0  # after the input's head
-    finally:
-        f.close()
-
-
-@pytest.mark.parametrize(("alloc_body", "kind", "message"), [
-    ("(i32.const 0)", "memory", f"sluice_alloc({len(native_input_head(CTX, 1, 0, 0)) + 1}) "
-                                "returned 0"),
-    ("(if (local.get 0) (then unreachable)) (i32.const 61440)", "trap", "unreachable"),
-])
-def test_an_alloc_that_fails_writes_nothing_and_calls_nothing(
-        tmp_path: Path, module_cache: ModuleCache, alloc_body: str, kind: str,
-        message: str) -> None:
-    """sluice_alloc, called by the same native call for a records section (the input's head
-    and one byte here), fails as it does when Python calls it."""
-    image = Image([(b"s", b"v")])
-    f = _load(tmp_path, module_cache, _wat(bytes(image.mem), SLOT, image.out_len,
-                                           alloc_body=alloc_body))
-    try:
-        guest = _runner(f).guest()
-        with pytest.raises(GuestFailure) as caught:
-            _runner(f).run_native(CTX, b"\x00", 1, 0, 0)
-        assert caught.value.kind == kind and message in caught.value.message
-        assert guest.dead == (kind == "trap") and guest.depth == 0
-        assert guest.read(image.section + 2, 64) == PLACEHOLDER  # no call, no pass
     finally:
         f.close()
