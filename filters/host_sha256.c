@@ -467,17 +467,3 @@ long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_p
 #endif
     return (long)count;
 }
-
-/* hs_run on a wasmtime memory, found through wasmtime's C API functions (their addresses handed
- * in by the caller: nothing links against wasmtime): asking for the memory's address and size
- * from Python cost ~1.7 us a batch, half the pass. */
-typedef uint8_t *(*hs_memory_data_fn)(const void *store, const void *memory);
-typedef size_t (*hs_memory_size_fn)(const void *store, const void *memory);
-
-long hs_run_wasm(uintptr_t data_fn, uintptr_t size_fn, uintptr_t store, uintptr_t memory,
-                 uint32_t slot, uint32_t out_ptr, uint32_t out_len, uint32_t records) {
-    const void *st = (const void *)store, *m = (const void *)memory;
-    uint8_t *base = ((hs_memory_data_fn)data_fn)(st, m);
-    size_t size = ((hs_memory_size_fn)size_fn)(st, m);
-    return hs_run((uintptr_t)base, (uint64_t)size, slot, out_ptr, out_len, records);
-}

@@ -50,11 +50,6 @@ _ERRORS: Final = {
 #: written, or a negative code (`error_text`) with nothing written. None when not built.
 hs_run: Callable[[int, int, int, int, int, int], int] | None = (
     _lib.hs_run if AVAILABLE else None)
-#: ``hs_run_wasm(memory_data_fn, memory_size_fn, store_context, memory, slot, out_ptr,
-#: out_len, records)``: `hs_run` on a wasmtime memory, whose address and size the C code asks
-#: wasmtime for (`GuestInstance.hash_requests`). None when not built.
-hs_run_wasm: Callable[[int, int, int, int, int, int, int, int], int] | None = (
-    _lib.hs_run_wasm if AVAILABLE else None)
 
 #: ``hs_set_level(cap)``: caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512,
 #: the default 2) and returns the path then in use, for tests. None when not built.

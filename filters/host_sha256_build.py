@@ -21,8 +21,6 @@ HERE = Path(__file__).resolve().parent
 CDEF = """
 long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_ptr,
             uint32_t out_len, uint32_t records);
-long hs_run_wasm(uintptr_t data_fn, uintptr_t size_fn, uintptr_t store, uintptr_t memory,
-                 uint32_t slot, uint32_t out_ptr, uint32_t out_len, uint32_t records);
 int hs_set_level(int cap);
 """
 
