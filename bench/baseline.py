@@ -8,8 +8,9 @@ The tree is used as it is on disk (its own Python, C and YAML; the same virtuale
 packages as this checkout). `prepare` makes a directory holding a `sluice` package whose
 rooms are that tree's folders (the layout `pyproject.toml` maps at install), and a
 `sitecustomize` that takes the editable install of this checkout off the import path, builds
-the tree's native modules (crypto/batch_seal.c, codec/record_check.c, filters/epoch_ticker.c,
-filters/host_sha256.c and filters/native_call.c where the tree has them) in place, and returns
+the tree's native modules (crypto/batch_seal.c, codec/record_check.c, codec/passthrough.c,
+filters/epoch_ticker.c, filters/host_sha256.c and filters/native_call.c where the tree has
+them) in place, and returns
 how to start a process that imports the tree: `sluice serve` runs with that directory on
 PYTHONPATH and as its working directory.
 """
