@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -23,10 +24,31 @@ class BrokerBinaryError(RuntimeError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out to outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+# Below the kernel's ephemeral range: a port picked now and bound later (a broker that takes
+# seconds to start, a proxy's node ports bound on the first Metadata answer) is never taken
+# meanwhile by an outgoing connection of this or another process, as one picked by binding
+# port 0 can be (a proxy then closed a client's connection: "no local port").
+_LOWEST = 10000
+
+
+def free_port(size: int = 1) -> int:
+    """A port P below the ephemeral range such that P .. P+size-1 are all free now."""
+    top = _ephemeral_floor() - size
+    if top <= _LOWEST:
+        raise RuntimeError(f"no room below the ephemeral ports for {size} port(s)")
+    for _ in range(500):
+        base = random.randrange(_LOWEST, top)
+        if all(port_is_free(base + i) for i in range(size)):
+            return base
+    raise RuntimeError(f"no block of {size} free ports found on 127.0.0.1")
 
 
 def port_is_free(port: int) -> bool:
@@ -40,11 +62,7 @@ def port_is_free(port: int) -> bool:
 
 def free_port_block(size: int) -> int:
     """A port P such that P .. P+size-1 are all free now (the proxy puts nodes at P+1, ...)."""
-    for _ in range(200):
-        base = free_port()
-        if base + size < 65535 and all(port_is_free(base + i) for i in range(size)):
-            return base
-    raise RuntimeError(f"no block of {size} free ports found on 127.0.0.1")
+    return free_port(size)
 
 
 def wait_for_port(port: int, timeout: float = 10.0, host: str = "127.0.0.1") -> None:

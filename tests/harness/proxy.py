@@ -96,5 +96,8 @@ class SluiceProxy:
     def __enter__(self) -> SluiceProxy:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *_exc: object) -> None:
         self.stop()
+        if exc_type is not None:
+            # pytest shows it under the failure: why the proxy closed a connection, say.
+            print("sluice serve's last lines:\n" + "".join(self.output[-40:]))
