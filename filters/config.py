@@ -56,8 +56,10 @@ BUILTIN_DIR: Final = Path(__file__).resolve().parent / "builtin"
 HOST_BUILTINS: Final = ("encrypt", "block")
 #: Packaged modules whose output depends on their config and the call's input alone (no state
 #: kept from one call to the next), so they may run on several instances at once; any other
-#: module gets one instance unless its entry says ``stateless: true``.
-STATELESS_BUILTINS: Final = ("pii-mask",)
+#: module gets one instance unless its entry says ``stateless: true``. builtin:rules keeps its
+#: parsed rules from load and resets every per-call queue, buffer and counter when a call begins
+#: (its `begin_batch`).
+STATELESS_BUILTINS: Final = ("pii-mask", "rules")
 
 _KNOWN_KEYS: Final = (
     "name", "module", "topics", "apply_to", "on_error", "dead_letter_topic", "config",

@@ -45,24 +45,34 @@ def held(f: LoadedFilter) -> tuple[threading.Event, threading.Event, threading.T
     return taken, release, thread
 
 
-def test_pii_mask_is_stateless_and_other_modules_are_not(
+def test_pii_mask_and_rules_are_stateless_and_other_modules_are_not(
     make_spec: Callable[..., FilterSpec],
 ) -> None:
     assert make_spec("builtin:pii-mask").poolable
     assert not make_spec("builtin:pii-mask", stateless=False).poolable
-    assert not make_spec("builtin:rules").poolable
+    assert make_spec("builtin:rules").poolable
+    assert not make_spec("builtin:rules", stateless=False).poolable
+    assert not make_spec("builtin:json-validate").poolable
     assert not make_spec("sluice_upper").poolable
     assert make_spec("sluice_upper", stateless=True).poolable
     assert not FilterSpec(name="e", module="builtin:block").poolable
 
 
+# builtin:rules with a hash rule: a second instance makes its own host_sha256 handshake.
+RULES_CONFIG = {"rules": [{"field": "user", "action": "hash", "salt": "s"},
+                          {"field": "note", "action": "remove"}]}
+
+
+@pytest.mark.parametrize(("module", "config"), [("builtin:pii-mask", {}),
+                                                ("builtin:rules", RULES_CONFIG)])
 def test_a_busy_stateless_filter_gets_a_second_instance_with_the_same_output(
-    load_wat: Callable[..., LoadedFilter],
+    load_wat: Callable[..., LoadedFilter], module: str, config: dict[str, Any],
 ) -> None:
-    f = load_wat("builtin:pii-mask")
+    f = load_wat(module, config=config)
     data, n = section([EMAIL] * 3)
     first = f.run_native(CTX, data, n)
     assert first is not None and f.instances == 1
+    assert bytes(first.records) != data  # the filter changed the records
     _, release, thread = held(f)
     try:
         second = f.run_native(CTX, data, n)  # not waiting: an instance of its own
