@@ -3,12 +3,17 @@ by the proxy as a broker answers a version it lacks (KIP-511), never relayed unr
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+
+from sluice.codec import entities
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.headers import request_header_bytes
-from sluice.codec.messages import ApiKey, codec_version_range, decode_response
-from sluice.proxy.paths.apiversions import ApiVersionsPath
+from sluice.codec.messages import ApiKey, codec_version_range, decode_response, encode_response
+from sluice.proxy.paths.apiversions import ApiVersionsPath, rewrite_api_versions_response
 from sluice.proxy.paths.base import Answer, Forward
 from sluice.proxy.paths.registry import VersionTable
+from sluice.proxy.paths.share import UNFILTERED_RECORD_APIS
 from tests.proxy.paths.test_paths import Letters, ListSink, context, exchange_of
 
 
@@ -29,3 +34,41 @@ def test_api_versions_newer_than_the_codec_gets_unsupported_version() -> None:
     assert answer.error_code == ErrorCode.UNSUPPORTED_VERSION
     assert [(int(k.api_key), int(k.min_version), int(k.max_version)) for k in answer.api_keys] == [
         (int(ApiKey.API_VERSIONS), span[0], span[1])]
+
+
+def _answer(version: int, ranges: dict[int, tuple[int, int]], cid: int, epoch: int) -> bytes:
+    """A broker's ApiVersions response frame (correlation id `cid`) listing `ranges`, with
+    FinalizedFeaturesEpoch `epoch` (-1, the default, is left out of the encoding)."""
+    cls = entities.response_class(ApiKey.API_VERSIONS, version)
+    key_cls = entities.element_class(cls, "api_keys")
+    keys = tuple(entities.build(key_cls, api_key=k, min_version=lo, max_version=hi)
+                 for k, (lo, hi) in sorted(ranges.items()))
+    return cid.to_bytes(4, "big") + encode_response(entities.build(
+        cls, error_code=0, api_keys=keys, throttle_time=datetime.timedelta(0),
+        finalized_features_epoch=epoch))
+
+
+def test_api_versions_memo_answers_as_the_rewrite_and_learns_each_time() -> None:
+    """An answer seen before is answered from the path's memo: the same bytes as a fresh
+    rewrite (per hidden set, whatever FinalizedFeaturesEpoch Kafka's answer carries: its
+    metadata offset, which moves), the broker's correlation id, and the broker's ranges learnt
+    again, as another broker's answer may have replaced them in between."""
+    version = 3
+    one = {k: (0, codec_version_range(k)[1]) for k in (0, 1, 3, 18)}  # type: ignore[index]
+    other = {**one, 1: (4, 11)}
+    versions = VersionTable()
+    path = ApiVersionsPath(versions)
+    plain = context(None, ListSink(), Letters())
+    fetching = dataclasses.replace(plain, directions=frozenset({"fetch"}))
+    for cid, epoch in ((5, 28), (6, 29), (7, -1), (8, 1 << 40), (9, -1)):
+        request = request_header_bytes(ApiKey.API_VERSIONS, version, cid, "client") + bytes(3)
+        for ctx in (plain, fetching):
+            for ranges in (one, other):
+                frame = _answer(version, ranges, cid, epoch)
+                outcome = path.on_response(ctx, exchange_of(request), frame)
+                hidden = UNFILTERED_RECORD_APIS if ctx is fetching else frozenset()
+                assert outcome.frame == cid.to_bytes(4, "big") + rewrite_api_versions_response(
+                    version, frame[4:], hidden)
+                assert versions.ranges == ranges
+    # Two bodies, each with and without the hidden keys, with and without an epoch.
+    assert len(path._memo) == 8
