@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
 from sluice.codec import entities
 from sluice.codec.error_codes import ErrorCode
 from sluice.codec.headers import request_header_bytes
@@ -72,3 +75,51 @@ def test_api_versions_memo_answers_as_the_rewrite_and_learns_each_time() -> None
                 assert versions.ranges == ranges
     # Two bodies, each with and without the hidden keys, with and without an epoch.
     assert len(path._memo) == 8
+
+
+# FinalizedFeaturesEpoch whose bytes, each with its low bit flipped (how `_rewrite` finds the
+# epoch in the encoding), read -1: the flipped body leaves the tag out, so the kept body is
+# good for that one epoch only.
+_FLIPS_TO_DEFAULT = -1 ^ 0x0101010101010101
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(answers=st.lists(st.tuples(
+    st.integers(0, 4),                                    # request version
+    st.booleans(),                                        # fetch filters on
+    st.booleans(),                                        # the other broker's ranges
+    st.sampled_from([0, int(ErrorCode.UNSUPPORTED_VERSION)]),
+    st.sampled_from([0, 7]),                              # throttle_time ms
+    st.one_of(st.sampled_from([-1, 0, 127, 128, (1 << 63) - 1, -(1 << 63), _FLIPS_TO_DEFAULT,
+                               _FLIPS_TO_DEFAULT ^ 1]), st.integers(-(1 << 63), (1 << 63) - 1)),
+), min_size=1, max_size=40))
+@example(answers=[(3, False, False, 0, 0, _FLIPS_TO_DEFAULT), (3, False, False, 0, 0, 5)])
+def test_api_versions_memo_answers_as_a_fresh_rewrite(
+    answers: list[tuple[int, bool, bool, int, int, int]],
+) -> None:
+    """Whatever answers come in whatever order (versions with and without tagged fields,
+    errors, throttles, fetch filters switched on and off, any epoch), each client gets the
+    bytes a fresh rewrite gives and the ranges of every answer without error are learnt."""
+    one = {k: (0, codec_version_range(k)[1]) for k in (0, 1, 3, 18, 78)}  # type: ignore[index]
+    other = {**one, 1: (4, 11)}
+    versions = VersionTable()
+    path = ApiVersionsPath(versions)
+    plain = context(None, ListSink(), Letters())
+    fetching = dataclasses.replace(plain, directions=frozenset({"fetch"}))
+    for cid, (version, fetch, second, error, throttle, epoch) in enumerate(answers):
+        ranges = other if second else one
+        cls = entities.response_class(ApiKey.API_VERSIONS, version)
+        key_cls = entities.element_class(cls, "api_keys")
+        frame = cid.to_bytes(4, "big") + encode_response(entities.build(
+            cls, error_code=error, throttle_time=datetime.timedelta(milliseconds=throttle),
+            finalized_features_epoch=epoch, api_keys=tuple(
+                entities.build(key_cls, api_key=k, min_version=lo, max_version=hi)
+                for k, (lo, hi) in sorted(ranges.items()))))
+        request = request_header_bytes(ApiKey.API_VERSIONS, version, cid, "client") + bytes(3)
+        before = versions.ranges
+        outcome = path.on_response(fetching if fetch else plain, exchange_of(request), frame)
+        hidden = UNFILTERED_RECORD_APIS if fetch else frozenset()
+        assert outcome.frame == cid.to_bytes(4, "big") + rewrite_api_versions_response(
+            version, frame[4:], hidden)
+        assert versions.ranges == (ranges if error == 0 else before)
+    assert len(path._memo) <= 16
