@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from sluice.codec.records import decode_section, records_section, split_batches
-from sluice.filters import blocking
+from sluice.filters import blocking, host_sha256, native_call
+from sluice.filters.abi_sluice import SluiceAbi
 from sluice.filters.config import FilterSpec, parse_filter_specs
 from sluice.filters.context import RecordContext
 from sluice.filters.runtime import MAX_INSTANCES, LoadedFilter
@@ -82,6 +83,10 @@ def test_a_busy_stateless_filter_gets_a_second_instance_with_the_same_output(
     assert second is not None and f.instances == 2
     assert bytes(second.records) == bytes(first.records)
     assert f.instantiations == 2
+    if module == "builtin:rules" and host_sha256.AVAILABLE and native_call.AVAILABLE:
+        # Each instance took the capability: its digests come from the host's pass.
+        slots = [r._hash_slot for r in f._made if isinstance(r, SluiceAbi)]
+        assert len(slots) == 2 and all(slots)
 
 
 def test_a_stateful_filter_keeps_one_instance_and_callers_wait(

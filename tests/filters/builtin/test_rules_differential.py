@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sluice.codec.records import BatchHeader, Record, build_batch
@@ -163,3 +163,38 @@ def test_values_with_more_nodes_than_the_pool_answer_as_the_full_tree_module_did
     finally:
         new.close()
         old.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rules=st.lists(rule(), min_size=1, max_size=5),
+       calls=st.lists(st.tuples(st.booleans(), st.lists(record_values(), min_size=1,
+                                                        max_size=6)), min_size=2, max_size=4))
+# A call that leaves hashes to the host (host_sha256), then one that queues its own.
+@example(rules=[{"field": "a", "action": "hash", "salt": "s"}],
+         calls=[(True, [b'{"a": "x@y.z"}', b'{"a": "q"}']), (True, [b'{"a": "r"}']),
+                (False, [b'{"a": "s"}'])])
+# A call that ends on a value it parsed and kept (its buffer the next record's), then values
+# that are rewritten.
+@example(rules=[{"field": "b", "action": "remove"}],
+         calls=[(native, values) for native in (True, False) for values in (
+             [b'{"b": 1}', b'{"a": "b"}'],
+             [b'{"b": 2, "c": "keep me"}', b'{"b": 3, "d": "' + b"z" * 200 + b'"}'])])
+def test_a_used_instance_answers_each_call_as_a_new_one(
+        rules: list[dict[str, Any]], calls: list[tuple[bool, list[bytes | None]]]) -> None:
+    """builtin:rules is stateless (filters/config.py STATELESS_BUILTINS: the host runs its calls
+    on whichever instance of its pool is idle), so an instance that ran other calls first,
+    through either entry point, answers each call as a new instance does: the same decisions,
+    section and counters (hash queues, output buffers, counter runs and the node pool are the
+    module's statics)."""
+    config = {"rules": rules}
+    used = load_filter(FilterSpec(name="used", module="builtin:rules", config=config))
+    try:
+        for native, values in calls:
+            new = load_filter(FilterSpec(name="new", module="builtin:rules", config=config))
+            try:
+                answer = _native_answer if native else _answer
+                assert answer(used, values) == answer(new, values)
+            finally:
+                new.close()
+    finally:
+        used.close()
