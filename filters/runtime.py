@@ -22,9 +22,9 @@ REJECT with ``dead_letter=True``. A host filter's `PartitionError` is the except
 counted and logged, then passes to the pipeline, which fails that partition with its code.
 A wasmtime store is single-threaded, so each call holds one instance. A filter gets one instance
 and its calls are serialised, unless its spec is `poolable` (it keeps no state between calls:
-builtin pii-mask, or ``stateless: true``): then a call that finds every instance busy makes
-another, up to one per thread calling at once and at most `MAX_INSTANCES`, so the filter thread
-pool's threads run it side by side (issue 29: a Fetch response's partitions on two cores). An
+builtin pii-mask and rules, or ``stateless: true``): then a call that finds every instance busy
+makes another, up to one per thread calling at once and at most `MAX_INSTANCES`, so the filter
+thread pool's threads run it side by side (issue 29: a Fetch response's partitions on two cores). An
 instance is made only where the thread may wait (never inline on the event loop) and kept until
 the filter is closed; each costs its module's linear memory (up to ``max_memory_mb``).
 """
