@@ -39,7 +39,11 @@ def write_config(tmp_path: Path, filters: list[dict[str, Any]]) -> Path:
 
 def produce(bootstrap: str, topic: str, values: list[bytes]) -> list[str | None]:
     """Produce one record at a time; the delivery error (or None) of each."""
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 0, **QUIET})
+    # Retries on: a loaded machine can answer a first send with a retriable error (a leader
+    # not known yet); a filter's INVALID_RECORD is not retried, so each record still gets its
+    # own verdict.
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "retries": 5,
+                  "retry.backoff.ms": 200, **QUIET})
     errors: list[str | None] = []
     for v in values:
         result: list[str | None] = []
