@@ -1,8 +1,8 @@
 """An lz4 batch's records section not yet decompressed, for a reader that has a home for it.
 
-Why: on the fetch path a guest reads every batch's records section from its own memory. The
-section was decompressed into a buffer of its own (zeroed first), checked there and copied
-into the guest: two passes over ~1 MB per batch that only move bytes. A `PendingSection`
+Why: on the fetch and produce paths a guest reads every batch's records section from its own
+memory. The section was decompressed into a buffer of its own (zeroed first), checked there
+and copied into the guest: two passes over ~1 MB per batch that only move bytes. A `PendingSection`
 is decompressed straight where the guest reads it (`write_into`, called by the filter's
 runner at the address it allocated) and checked there, before any filter call. The verdicts
 are those of `records.records_section` followed by `records.check_section` (the pipeline's

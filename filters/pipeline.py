@@ -339,9 +339,9 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
     sealer over the checked input) is not checked again: the check guards against guests;
     such a section may be lent (`native_io.lending`, a view of the sealer's buffer), so its
     batch is built here, whatever the codec, before anything else runs on this thread.
-    A `PendingSection` (fetch) is opened and checked by the filter that reads it:
+    A `PendingSection` (lz4) is opened and checked by the filter that reads it:
     SectionRefused propagates (the caller fails the partition as `_open` would).
-    A compressed fetched batch is built from a guest's section where it lies in guest memory
+    A compressed batch is built from a guest's section where it lies in guest memory
     (`_finisher`), checked there first."""
     header = batch.header
     built: Buffer | None = None

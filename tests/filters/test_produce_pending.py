@@ -58,25 +58,20 @@ def _both(chain: FilterChain, data: bytes, monkeypatch: pytest.MonkeyPatch,
     written: list[int] = []
     finished: list[bool] = []
     real_write = lz4_section.PendingSection.write_into
-    real_finisher = pipeline._finisher
+    real_run = pipeline._run_native
 
     def spy(self: lz4_section.PendingSection, address: int) -> int:
         written.append(self.count)
         return real_write(self, address)
 
-    def spied(header: Any, fetch: bool = True) -> Any:
-        finish = real_finisher(header, fetch)
-
-        def taken(section: memoryview, count: int) -> bytes | None:
-            done = finish(section, count)
-            finished.append(done is not None)
-            return done
-
-        return taken
+    def ran(*args: Any) -> Any:
+        got = real_run(*args)
+        finished.append(got is not None and got[0].finished)
+        return got
 
     with monkeypatch.context() as m:
         m.setattr(lz4_section.PendingSection, "write_into", spy)
-        m.setattr(pipeline, "_finisher", spied)
+        m.setattr(pipeline, "_run_native", ran)
         pending = _summary(filter_produce(chain, PRODUCE, data, limits=limits))
     with monkeypatch.context() as m:
         m.setattr(pipeline, "PENDING_AVAILABLE", False)
