@@ -426,14 +426,19 @@ class FilterChain:
             stats.append(st)
             if not n:
                 continue
+            pending = current if isinstance(current, PendingSection) else None
+            if pending is not None:
+                pending.spent_ns = 0  # set by this filter's write of it, if any
             started = time.perf_counter_ns()
             out = f.run_native(ctx, current, n, offset_base=offset_base,
                                timestamp_base=timestamp_base,
                                finish=finish if i == len(bound) - 1 else None)
             if out is None:
                 return None
-            # The filter's time, not the caller's `finish` (the batch's compression).
-            st.time_ns = time.perf_counter_ns() - started - out.finish_ns
+            # The filter's time, not the caller's `finish` (the batch's compression) nor a
+            # pending section's decompression and check into its memory: the host's work.
+            st.time_ns = (time.perf_counter_ns() - started - out.finish_ns
+                          - (pending.spent_ns if pending is not None else 0))
             st.detector_counts = out.detector_counts
             if out.records is None:
                 st.kept = n

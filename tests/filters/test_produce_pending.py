@@ -7,6 +7,7 @@ records a filter screens for its reserved header prefix."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,9 @@ def test_the_pending_path_masks_and_refuses_as_the_opened_one(
     pending, opened, written, finished = _both(chain, good, monkeypatch, limits)
     assert pending == opened and written == 1 and finished == 1
     assert pending[0] is not None and b"someone@example.com" not in pending[0] and pending[4]
-    # One record fewer declared than the section holds: refused before the guest sees it.
+    # One record fewer declared than the section holds: refused before the guest sees it
+    # (by the header's last offset delta; with a delta to match, by the section's check:
+    # test_produce_pending_chains.py).
     short = _damaged(good, 0, good[HEADER_SIZE], 29)
     both = _both(chain, short, monkeypatch, limits)
     assert both[0] == both[1] and both[0][1] == pipeline.CORRUPT_MESSAGE
@@ -142,3 +145,25 @@ def test_a_screened_topic_takes_no_pending_section(tmp_path: Path) -> None:
         assert chain.pending_room("orders", "fetch") == 0
     finally:
         chain.close()
+
+
+def test_the_filter_time_leaves_the_decompression_out(
+        chain: FilterChain, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter's time (`sluice_filter_seconds_total`, telemetry's `filter_time_ns`) is
+    the guest's, as when the batch was opened in Python before the filter ran: not the
+    host's decompression and check of a pending section into its memory."""
+    real = lz4_section.lz4_frame.decompress_into
+    pause = 0.3
+
+    def slow(*args: Any) -> int:
+        time.sleep(pause)
+        return int(real(*args))
+
+    data = _batch([b'{"email": "ann@example.com"}'] * 5, CODEC_LZ4, 0)
+    monkeypatch.setattr(lz4_section.lz4_frame, "decompress_into", slow)
+    start = time.perf_counter_ns()
+    out = filter_produce(chain, PRODUCE, data)
+    spent = time.perf_counter_ns() - start
+    assert out.changed and spent >= pause * 1e9
+    (stats,) = out.stats
+    assert stats.rewritten == 5 and stats.time_ns < spent - pause * 1e9 + 1e6
