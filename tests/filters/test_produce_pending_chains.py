@@ -73,14 +73,18 @@ def _both(chain: FilterChain, data: bytes, monkeypatch: pytest.MonkeyPatch,
 
 
 def _builtin(name: str) -> FilterSpec:
+    """A shipped filter; "locked" is rules with one instance under its lock, which is not
+    offered the finish (the others are stateless: pooled, offered it)."""
+    drop = {"rules": [{"field": "type", "action": "drop", "when": {"equals": "debug"}}]}
     module, config = {
         "mask": ("builtin:pii-mask", {}),
-        "rules": ("builtin:rules", {"rules": [{"field": "type", "action": "drop",
-                                               "when": {"equals": "debug"}}]}),
+        "rules": ("builtin:rules", drop),
+        "locked": ("builtin:rules", drop),
         "valid": ("builtin:json-validate", {"action": "reject"}),
     }[name]
     return FilterSpec(name=name, module=module, config=config, topics=("orders", "trap"),
-                      apply_to=frozenset({"produce"}), timeout_ms=10_000)
+                      apply_to=frozenset({"produce"}), timeout_ms=10_000,
+                      stateless=name != "locked")
 
 
 VALUES = {
@@ -91,29 +95,30 @@ VALUES = {
 }
 
 
-@pytest.mark.parametrize("order", ["mask", "rules", "valid", "mask,rules", "rules,mask",
-                                   "mask,valid,rules", "bad", "mask,bad", "bad,mask",
-                                   "upper", "mask,upper"])
-@pytest.mark.parametrize("topic", ["orders", "trap"])
-@pytest.mark.parametrize("on_error", ["pass", "reject", "dead-letter"])
+CHAINS = [(order, "orders") for order in ("mask", "rules", "valid", "mask,rules", "rules,mask",
+                                         "mask,valid,rules", "locked", "mask,locked", "upper",
+                                         "mask,upper")]
+CHAINS += [(order, topic) for order in ("bad", "mask,bad", "bad,mask") for topic in ("orders",
+                                                                                 "trap")]
+
+
+@pytest.mark.parametrize(("order", "topic"), CHAINS)
 @pytest.mark.parametrize("producer_id", [-1, 7])
 @pytest.mark.parametrize("kind", sorted(VALUES))
 def test_chains_and_failing_filters_give_the_same_outcome(
         make_spec: Callable[..., FilterSpec], make_chain: Callable[..., FilterChain],
-        monkeypatch: pytest.MonkeyPatch, order: str, topic: str, on_error: str,
-        producer_id: int, kind: str) -> None:
-    """native_bad ("bad") answers every records call with a section the check refuses, and
-    traps on the topic "trap"; sluice_upper ("upper") has no records entry point, so its
-    chains take no pending section."""
+        monkeypatch: pytest.MonkeyPatch, order: str, topic: str, producer_id: int,
+        kind: str) -> None:
+    """native_bad ("bad") answers every records call with a section the check refuses (its
+    sluice_filter keeps every record), and traps on the topic "trap"; sluice_upper
+    ("upper") has no records entry point, so its chains take no pending section."""
     specs = []
     for name in order.split(","):
         if name in ("bad", "upper"):
             module = "native_bad" if name == "bad" else "sluice_upper"
             specs.append(make_spec(module, name=name, topics=("orders", "trap"),
-                                   apply_to=frozenset({"produce"}), on_error=on_error,
-                                   stateless=True, timeout_ms=10_000,
-                                   dead_letter_topic="dlq" if on_error == "dead-letter"
-                                   else None))
+                                   apply_to=frozenset({"produce"}), on_error="dead-letter",
+                                   dead_letter_topic="dlq", stateless=True, timeout_ms=10_000))
         else:
             specs.append(_builtin(name))
     chain = make_chain(*specs)
