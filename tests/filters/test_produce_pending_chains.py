@@ -1,7 +1,7 @@
 """The pending produce path (`pipeline.filter_produce` with lz4 batches decompressed into
 guest memory) against the opened path, through chains of several filters and filters that
-drop, reject, trap, time out or fail, and batches whose declared count and last offset delta
-agree with each other but not with their records."""
+drop, reject, trap or return a section the check refuses, and batches whose declared count
+and last offset delta agree with each other but not with their records."""
 
 from __future__ import annotations
 
