@@ -1,8 +1,8 @@
 """An lz4 batch's records section not yet decompressed, for a reader that has a home for it.
 
-Why: on the fetch path a guest reads every batch's records section from its own memory. The
-section was decompressed into a buffer of its own (zeroed first), checked there and copied
-into the guest: two passes over ~1 MB per batch that only move bytes. A `PendingSection`
+Why: on the fetch and produce paths a guest reads every batch's records section from its own
+memory. The section was decompressed into a buffer of its own (zeroed first), checked there
+and copied into the guest: two passes over ~1 MB per batch that only move bytes. A `PendingSection`
 is decompressed straight where the guest reads it (`write_into`, called by the filter's
 runner at the address it allocated) and checked there, before any filter call. The verdicts
 are those of `records.records_section` followed by `records.check_section` (the pipeline's
@@ -18,6 +18,7 @@ room the guests may allocate (`most_room`: half their memory cap, since a frame 
 
 from __future__ import annotations
 
+import time
 from typing import Final
 
 from . import lz4_frame
@@ -51,9 +52,11 @@ class SectionRefused(Exception):
 class PendingSection:
     """The records section of `batch` (lz4, `count` > 0 records), at most `bound` bytes once
     decompressed. `room` is what a home for it must hold (one byte past the bound: a frame
-    that fills it yields more than its headers allow)."""
+    that fills it yields more than its headers allow). `spent_ns`: the time the last
+    `write_into` took, which a caller that times the reader leaves out (the host's work, not
+    the reader's, as when the section was opened before the reader ran)."""
 
-    __slots__ = ("attributes", "batch", "bound", "count", "max_headers")
+    __slots__ = ("attributes", "batch", "bound", "count", "max_headers", "spent_ns")
 
     def __init__(self, batch: RawBatch, bound: int, max_headers: int) -> None:
         self.batch = batch
@@ -61,6 +64,7 @@ class PendingSection:
         self.count = batch.header.record_count
         self.attributes = batch.header.attributes
         self.max_headers = max_headers
+        self.spent_ns = 0
 
     @property
     def room(self) -> int:
@@ -70,6 +74,7 @@ class PendingSection:
         """Decompress the section to `address` (`room` writable bytes there, kept valid by the
         caller) and check it; its length. SectionRefused as `records_section` and
         `check_section` refuse it."""
+        started = time.perf_counter_ns()
         payload = self.batch.data[HEADER_SIZE:]
         src = _ffi.from_buffer(payload)
         try:
@@ -89,6 +94,8 @@ class PendingSection:
                 check_section(plain, self.count, self.attributes, self.max_headers)
         except CodecError as exc:
             raise SectionRefused(exc) from exc
+        finally:
+            self.spent_ns = time.perf_counter_ns() - started
         return n
 
 

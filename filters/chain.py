@@ -381,7 +381,11 @@ class FilterChain:
     def pending_room(self, topic: str, direction: str, principal: str | None = None) -> int:
         """The largest `PendingSection.room` `run_native` may be given here, 0 when none:
         every filter bound must be a Sluice ABI module with the native entry point, and each
-        allocates the room in its memory (`LoadedFilter.pending_room`)."""
+        allocates the room in its memory (`LoadedFilter.pending_room`). On produce none for a
+        topic whose records a filter screens for its reserved header prefix: the screen reads
+        the section in the host before any filter runs (`run_native`)."""
+        if direction == "produce" and self._screens(topic):
+            return 0
         filters = self.filters_for(topic, direction, principal)
         return min((f.pending_room for f in filters), default=0)
 
@@ -395,7 +399,7 @@ class FilterChain:
         when a filter call failed or a host filter declined the batch: the caller then runs
         it through `run_records`, where the filter's failure policy applies. A host filter's
         PartitionError (and the reserved-header screen's, on produce) propagates as there.
-        A `PendingSection` (fetch, only within `pending_room`) is opened by each filter that
+        A `PendingSection` (lz4, only within `pending_room`) is opened by each filter that
         reads it into its own memory; SectionRefused propagates (the batch is refused).
         `finish` is offered the last filter's new section where it lies
         (`LoadedFilter.run_native`); `NativeChainResult.finished` when it took it.
@@ -412,23 +416,29 @@ class FilterChain:
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
         stats: list[FilterStats] = []
-        if ctx.direction == "produce" and (isinstance(records, PendingSection) or
-                                           not self._screen_native(ctx.topic, records, count)):
-            return None
+        if ctx.direction == "produce" and (
+                self._screens(ctx.topic) if isinstance(records, PendingSection)
+                else not self._screen_native(ctx.topic, records, count)):
+            return None  # a pending section is never screened: `pending_room` offers none
         bound = self.filters_for(ctx.topic, ctx.direction, ctx.principal)
         for i, f in enumerate(bound):
             st = FilterStats(f.name, f.sha256, signer=f.spec.signer)
             stats.append(st)
             if not n:
                 continue
+            pending = current if isinstance(current, PendingSection) else None
+            if pending is not None:
+                pending.spent_ns = 0  # set by this filter's write of it, if any
             started = time.perf_counter_ns()
             out = f.run_native(ctx, current, n, offset_base=offset_base,
                                timestamp_base=timestamp_base,
                                finish=finish if i == len(bound) - 1 else None)
             if out is None:
                 return None
-            # The filter's time, not the caller's `finish` (the batch's compression).
-            st.time_ns = time.perf_counter_ns() - started - out.finish_ns
+            # The filter's time, not the caller's `finish` (the batch's compression) nor a
+            # pending section's decompression and check into its memory: the host's work.
+            st.time_ns = (time.perf_counter_ns() - started - out.finish_ns
+                          - (pending.spent_ns if pending is not None else 0))
             st.detector_counts = out.detector_counts
             if out.records is None:
                 st.kept = n

@@ -339,9 +339,9 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
     sealer over the checked input) is not checked again: the check guards against guests;
     such a section may be lent (`native_io.lending`, a view of the sealer's buffer), so its
     batch is built here, whatever the codec, before anything else runs on this thread.
-    A `PendingSection` (fetch) is opened and checked by the filter that reads it:
+    A `PendingSection` (lz4) is opened and checked by the filter that reads it:
     SectionRefused propagates (the caller fails the partition as `_open` would).
-    A compressed fetched batch is built from a guest's section where it lies in guest memory
+    A compressed batch is built from a guest's section where it lies in guest memory
     (`_finisher`), checked there first."""
     header = batch.header
     built: Buffer | None = None
@@ -350,9 +350,10 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
         result = chain.run_native(ctx, plain, header.record_count,
                                   offset_base=offset_base,
                                   timestamp_base=header.base_timestamp,
-                                  finish=(_finisher(header)
+                                  finish=(None if header.compression == CODEC_NONE
+                                          else _finisher(header)
                                           if ctx.direction == "fetch"
-                                          and header.compression != CODEC_NONE else None))
+                                          else _finisher(header, fetch=False)))
         if result is None or not result.changed:
             return None if result is None else (result, None)
         if result.finished:
@@ -383,21 +384,25 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
     return result, built
 
 
-def _finisher(header: BatchHeader) -> Finish:
-    """The fetch path's `Finish` for a compressed batch: a guest's new section, checked
-    where it lies, becomes the new batch (lz4 at the fetch path's acceleration, as
-    `_run_fetch` builds it), so the section is not copied out of guest memory first (~0.02
-    µs a record of a masked lz4 fetch). A section the check refuses is declined: copied out
-    as before, it is refused by `_run_native`'s own check (the decoding path then); so is
-    one whose compression fails (`_run_fetch` builds it again and raises as before)."""
+def _finisher(header: BatchHeader, fetch: bool = True) -> Finish:
+    """The `Finish` for a compressed batch: a guest's new section, checked where it lies,
+    becomes the new batch (on fetch at the fetch path's acceleration, as `_run_fetch` builds
+    it; on produce as `filter_produce` builds it), so the section is not copied out of guest
+    memory first (~0.02 µs a record of a masked lz4 batch). A section the check refuses is
+    declined: copied out as before, it is refused by `_run_native`'s own check (the decoding
+    path then); so is one whose compression fails (the caller builds it again and raises as
+    before), and on produce one that lost records (a drop renumbers the records, a reject
+    fails the partition: `filter_produce` needs the section)."""
 
     def finish(section: memoryview, count: int) -> bytes | None:
+        if not fetch and count != header.record_count:
+            return None
         try:
             check_section(section, count, header.attributes)
         except CodecError:
             return None
         try:
-            return build_batch_from_section(header, section, count, fast=True)
+            return build_batch_from_section(header, section, count, fast=fetch)
         except Exception:
             # The host's compression failed, not the guest's call: raised here, it would
             # count against the filter, drop its instance and run it again on the decoding
@@ -458,6 +463,8 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
     rebuilt: list[Buffer] = []
     changed = False
     native = chain.native_for(ctx.topic, "produce", ctx.principal)
+    pending_room = (chain.pending_room(ctx.topic, "produce", ctx.principal)
+                    if native and PENDING_AVAILABLE else 0)
     for batch in batches:
         header = batch.header
         if header.is_control:
@@ -467,19 +474,41 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
             return fail(CORRUPT_MESSAGE, f"corrupt record batch: it declares "
                                          f"{header.record_count} records with last offset "
                                          f"delta {header.last_offset_delta}")
-        # Opened and checked before any filter, on either path (the decoding path builds an
-        # object per header): `_open` and `_input_problem` in one call (issue 29).
-        plain, code, message = _open_checked(batch, limits, MESSAGE_TOO_LARGE)
-        if plain is None:
-            return fail(code, message)
         ran = None
-        if native:
+        pending = None
+        plain: Buffer | None = None
+        if pending_room and header.compression == CODEC_LZ4:
+            # Decompressed into the guest's memory and checked there, as on fetch
+            # (codec/lz4_section.py): no buffer of its own, no copy into the guest. The
+            # checks and their order are `_open_checked`'s.
+            refused_at = _unopenable(batch)
+            if refused_at is not None:
+                return fail(*refused_at)
             try:
-                ran = _run_native(chain, ctx, batch, plain, 0)
+                pending = pending_section(batch, limits, pending_room)
+                if pending is not None:
+                    ran = _run_native(chain, ctx, batch, pending, 0)
+            except CodecError as exc:
+                return fail(*_refusal(exc, MESSAGE_TOO_LARGE))
+            except SectionRefused as exc:
+                return fail(*_refusal(exc.error, MESSAGE_TOO_LARGE))
             except PartitionError as exc:
                 refused = fail(exc.code, exc.message)
                 refused.stats = [*out.stats, _refused(exc, chain, ctx)]
                 return refused
+        if ran is None:
+            # Opened and checked before any filter, on either path (the decoding path builds
+            # an object per header): `_open` and `_input_problem` in one call (issue 29).
+            plain, code, message = _open_checked(batch, limits, MESSAGE_TOO_LARGE)
+            if plain is None:
+                return fail(code, message)
+            if native and pending is None:  # (a pending batch that ran: the decoding path)
+                try:
+                    ran = _run_native(chain, ctx, batch, plain, 0)
+                except PartitionError as exc:
+                    refused = fail(exc.code, exc.message)
+                    refused.stats = [*out.stats, _refused(exc, chain, ctx)]
+                    return refused
         if ran is not None:
             nat, built = ran
             _merge(out.stats, nat.stats)
@@ -503,6 +532,8 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
                     rebuilt.append(
                         built or build_batch_from_section(header, nat.records, nat.count))
             continue
+        if plain is None:  # _open_checked returned it (`fail` otherwise)
+            raise AssertionError("a batch reached the decoding path unopened")
         decoded, code, message = _decode(batch, plain)
         if decoded is None:
             return fail(code, message)
