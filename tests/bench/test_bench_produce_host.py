@@ -6,15 +6,17 @@ from __future__ import annotations
 
 from bench import bench_produce_host
 from bench.workload import json_records
+from sluice.codec.compression import CODEC_LZ4
 from sluice.codec.headers import parse_request_header
 from sluice.codec.messages import ApiKey, decode_request
+from sluice.codec.records import decode_records, split_batches
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 
 
 def test_the_job_it_times_masks_the_request() -> None:
     values = json_records(50)
-    frame, _ = bench_produce_host.produce_frame(values)
+    frame = bench_produce_host.produce_frame([bench_produce_host.produce_batch(values)])
     assert frame.count(b"@example.com") == 50
     spec = FilterSpec(name="mask-pii", module="builtin:pii-mask", config={},
                       topics=("bench-*",), apply_to=frozenset({"produce"}))
@@ -34,3 +36,27 @@ def test_the_job_it_times_masks_the_request() -> None:
 def test_the_job_and_the_guest_are_both_measured() -> None:
     whole, guest = bench_produce_host.measure(400, 1)
     assert whole > guest > 0
+
+
+def test_a_workload_2_request_is_lz4_and_masked_too() -> None:
+    values = json_records(50)
+    frame = bench_produce_host.produce_frame(
+        [bench_produce_host.produce_batch(values, lz4=True)] * 2)
+    spec = FilterSpec(name="mask-pii", module="builtin:pii-mask", config={},
+                      topics=("bench-*",), apply_to=frozenset({"produce"}))
+    chain = FilterChain.from_specs([spec])
+    try:
+        plain = bench_produce_host.whole(chain, frame)
+    finally:
+        chain.close()
+    sent = b"".join(plain)
+    header = parse_request_header(sent)
+    request = decode_request(ApiKey.PRODUCE, bench_produce_host.VERSION,
+                             sent[header.header_size:])
+    parts = request.topic_data[0].partition_data
+    assert len(parts) == 2
+    for part in parts:
+        (batch,), _rest = split_batches(part.records)
+        assert batch.header.compression == CODEC_LZ4
+        values = [r.value for r in decode_records(batch)]
+        assert len(values) == 50 and all(b"@example.com" not in v for v in values)
