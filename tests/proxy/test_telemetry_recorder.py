@@ -31,13 +31,18 @@ def record(recorder: TelemetryRecorder) -> None:
     )
 
 
+def never_built(monkeypatch: pytest.MonkeyPatch, builder: str) -> None:
+    """Make the event builder `builder` of `events` fail the test if it is called."""
+    def must_not_build(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise AssertionError(f"{builder} was called for the null sink")
+
+    monkeypatch.setattr(events, builder, must_not_build)
+
+
 def test_the_null_sink_counts_record_batches_that_are_never_built(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def must_not_build(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        raise AssertionError("a record_batch event was built for the null sink")
-
-    monkeypatch.setattr(events, "record_batch_event", must_not_build)
+    never_built(monkeypatch, "record_batch_event")
     metrics = Metrics()
     recorder = TelemetryRecorder(events.proxy_info("test"), metrics)
     assert isinstance(recorder.sink, NullSink)
@@ -82,10 +87,7 @@ def test_stats_only_counts_the_batch_when_telemetry_is_off() -> None:
 def test_the_null_sink_counts_connection_events_that_are_never_built(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def must_not_build(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        raise AssertionError("a connection event was built for the null sink")
-
-    monkeypatch.setattr(events, "connection_event", must_not_build)
+    never_built(monkeypatch, "connection_event")
     recorder = TelemetryRecorder(events.proxy_info("test"), Metrics())
     client = ClientInfo("1.2.3.4:5", ("b", 9092))
     client.stats.requests[18] = 2
