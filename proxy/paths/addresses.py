@@ -92,7 +92,8 @@ def _splice_brokers(ctx: PathContext, version: int, frame: Frame, size: int, res
     changes; None when the list's entries carry tagged fields (the kio path takes those)."""
     mapped: list[Broker] = []
     changed = False
-    for b in response.brokers:
+    # `or ()`: kio decodes a null list (not nullable, yet sent) as None; it passes unchanged.
+    for b in response.brokers or ():
         node_id, host, port = int(b.node_id), b.host, b.port
         # As `codec.endpoints._rewrite_at`: an entry without a usable endpoint stays.
         if node_id >= 0 and host and port is not None and port >= 0:

@@ -66,13 +66,33 @@ def _by_kio(version: int, frame: bytes, mapper: Any) -> bytes:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(version=_VERSIONS, brokers=_BROKERS, topics=_TOPICS,
-       moved=st.sets(st.integers(-2, 40)), host=_HOSTS, port=st.integers(0, 65535))
+       picks=st.lists(st.booleans(), max_size=6), host=_HOSTS, port=st.integers(0, 65535))
 def test_the_spliced_answer_is_the_kio_rewrite(
     version: int, brokers: list[tuple[int, str, int, str | None]], topics: list[tuple[str, int]],
-    moved: set[int], host: str, port: int,
+    picks: list[bool], host: str, port: int,
 ) -> None:
-    """Byte for byte, for every Metadata version: the nodes in `moved` get (`host`, `port`),
-    the others keep theirs (an answer with nothing to map passes as it came)."""
+    """Byte for byte, for every Metadata version: the picked brokers' nodes get (`host`,
+    `port`), the others keep theirs (an answer with nothing to map passes as it came). The
+    nodes moved are picked among the answer's own, so that most examples splice."""
+    moved = {b[0] for b, pick in zip(brokers, picks, strict=False) if pick}
+    _check_against_kio(version, brokers, topics, moved, host, port)
+
+
+@pytest.mark.parametrize("version", range(_SPAN[0], _SPAN[1] + 1))
+def test_every_version_splices_as_kio_does(version: int) -> None:
+    """Each version once for sure (hypothesis may splice few flexible answers): a longer and
+    a shorter host, a null and a set rack, a node the mapping leaves alone."""
+    brokers = [(1, "kafka-1.internal", 9092, None), (2, "b", 9093, "rack-b"),
+               (3, "kafka-3", 9094, None)]
+    for moved, host, port in (({1, 2}, "a-much-longer-proxy-host.local", 19092), ({1}, "p", 1)):
+        frame, out = _check_against_kio(version, brokers, [("t", 2)], moved, host, port)
+        assert out != frame  # the splice ran
+
+
+def _check_against_kio(version: int, brokers: list[tuple[int, str, int, str | None]],
+                       topics: list[tuple[str, int]], moved: set[int], host: str, port: int
+                       ) -> tuple[bytes, bytes]:
+    """The answer, and what the address path made of it (asserted equal to the kio path's)."""
     if version == 0:
         brokers = [(n, h, p, None) for n, h, p, _r in brokers]  # no Rack before v1
     frame = _answer(version, 77, brokers, topics)
@@ -84,6 +104,25 @@ def test_the_spliced_answer_is_the_kio_rewrite(
     request = request_header_bytes(ApiKey.METADATA, version, 77, "client") + bytes(8)
     outcome = AddressPath().on_response(ctx, exchange_of(request), frame)
     assert bytes(outcome.frame) == _by_kio(version, frame, mapper)
+    return frame, bytes(outcome.frame)
+
+
+@pytest.mark.parametrize("version", range(_SPAN[0], _SPAN[1] + 1))
+def test_a_null_broker_list_passes_as_on_the_kio_path(version: int) -> None:
+    """Brokers is not nullable, yet kio decodes a null list (None): the kio path passed such
+    an answer as it came, and so does the splice (no TypeError out of the path)."""
+    frame = bytearray(_answer(version, 5, [], [("t", 1)]))
+    at = len(response_header_bytes(5, ApiKey.METADATA, version)) + brokers_start(version)
+    if version >= 9:
+        assert frame[at] == 1  # a compact count of zero entries
+        frame[at:at + 1] = b"\x00"
+    else:
+        assert frame[at:at + 4] == bytes(4)
+        frame[at:at + 4] = b"\xff\xff\xff\xff"
+    ctx = context(None, ListSink(), Letters())
+    request = request_header_bytes(ApiKey.METADATA, version, 5, "client") + bytes(8)
+    outcome = AddressPath().on_response(ctx, exchange_of(request), bytes(frame))
+    assert bytes(outcome.frame) == _by_kio(version, bytes(frame), ctx.node_address) == frame
 
 
 @given(version=_VERSIONS, brokers=_BROKERS, cut=st.integers(1, 64))
