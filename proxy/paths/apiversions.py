@@ -191,7 +191,9 @@ def _raw_key(hidden: frozenset[int], version: int, body: Frame
     every byte but the epoch's eight (found by a scan of the v3+ layout: ErrorCode, the
     ApiKeys entries, ThrottleTimeMs, then tagged fields, the epoch's tag 1). (None, None) when
     the scan cannot tell (an entry with tagged fields, a truncated body): the decode decides.
-    Without the epoch's field, the whole body, and the schema's default (-1; None before v3)."""
+    With the epoch's field, also whether it holds the default (written or not, kio's rewrite
+    leaves the default out). Without the field, the whole body, and the schema's default (-1;
+    None before v3)."""
     if version < _TAGGED_FROM:
         return (hidden, version, bytes(body), None), None
     end = len(body)
@@ -213,7 +215,10 @@ def _raw_key(hidden: frozenset[int], version: int, body: Frame
                 if size != 8 or pos + 8 > end:
                     return None, None
                 epoch = int.from_bytes(body[pos:pos + 8], "big", signed=True)
-                return (hidden, version, bytes(body[:pos]), bytes(body[pos + 8:])), epoch
+                # Whether it is the default, as in the memo per decoded answer: a default
+                # the broker wrote is left out of the rewrite (shorter than another epoch's).
+                return (hidden, version, bytes(body[:pos]), bytes(body[pos + 8:]),
+                        epoch == _NO_EPOCH), epoch
             if tag > _EPOCH_TAG:
                 break
             pos += size

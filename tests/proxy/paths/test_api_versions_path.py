@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -199,3 +200,21 @@ def test_api_versions_memo_by_bytes_declines_what_it_cannot_scan() -> None:
         outcome = path.on_response(context(None, ListSink(), Letters()), exchange_of(request), old)
         assert outcome.frame == old[:4] + rewrite_api_versions_response(3, old[4:])
     assert not path._raw
+
+
+@pytest.mark.parametrize("version", [3, 4])
+def test_api_versions_memo_by_bytes_tells_a_written_default_epoch(version: int) -> None:
+    """A broker may write FinalizedFeaturesEpoch's default (-1), which kio's encoding leaves
+    out: the same bytes as an answer with another epoch but for those eight, yet a fresh
+    rewrite of it is shorter. After the other answer, the client still gets the fresh bytes."""
+    frame = _featured(version, 1, 5, [("metadata.version", 1, 20)], [], False)
+    key, epoch = _raw_key(frozenset(), version, frame[4:])
+    assert key is not None and epoch == 5
+    at = 4 + len(key[2])
+    written = frame[:at] + (-1).to_bytes(8, "big", signed=True) + frame[at + 8:]
+    path = ApiVersionsPath(VersionTable())
+    request = request_header_bytes(ApiKey.API_VERSIONS, version, 1, "client") + bytes(3)
+    for answer in (frame, written):
+        outcome = path.on_response(context(None, ListSink(), Letters()), exchange_of(request),
+                                   answer)
+        assert outcome.frame == answer[:4] + rewrite_api_versions_response(version, answer[4:])
