@@ -190,7 +190,8 @@ def _raw_key(hidden: frozenset[int], version: int, body: Frame
     """The answer's key in the memo by bytes, and the FinalizedFeaturesEpoch its bytes hold:
     every byte but the epoch's eight (found by a scan of the v3+ layout: ErrorCode, the
     ApiKeys entries, ThrottleTimeMs, then tagged fields, the epoch's tag 1). (None, None) when
-    the scan cannot tell (an entry with tagged fields, a truncated body): the decode decides.
+    the scan cannot tell (an entry with tagged fields, tags out of order or repeated, a
+    truncated body): the decode decides.
     With the epoch's field, also whether it holds the default (written or not, kio's rewrite
     leaves the default out). Without the field, the whole body, and the schema's default (-1;
     None before v3)."""
@@ -208,23 +209,28 @@ def _raw_key(hidden: frozenset[int], version: int, body: Frame
             pos = stop
         pos += 4  # ThrottleTimeMs
         tags, pos = read_uvarint(body, pos, end)
+        at = None
+        last = -1
         for _ in range(tags):
             tag, pos = read_uvarint(body, pos, end)
             size, pos = read_uvarint(body, pos, end)
+            if tag <= last:
+                # Out of order or repeated: kio's decode keeps the last epoch, not the first.
+                return None, None
+            last = tag
             if tag == _EPOCH_TAG:
                 if size != 8 or pos + 8 > end:
                     return None, None
-                epoch = int.from_bytes(body[pos:pos + 8], "big", signed=True)
-                # Whether it is the default, as in the memo per decoded answer: a default
-                # the broker wrote is left out of the rewrite (shorter than another epoch's).
-                return (hidden, version, bytes(body[:pos]), bytes(body[pos + 8:]),
-                        epoch == _NO_EPOCH), epoch
-            if tag > _EPOCH_TAG:
-                break
+                at = pos
             pos += size
     except DecodeError:
         return None, None
-    return (hidden, version, bytes(body), None), _NO_EPOCH
+    if at is None:
+        return (hidden, version, bytes(body), None), _NO_EPOCH
+    epoch = int.from_bytes(body[at:at + 8], "big", signed=True)
+    # Whether it is the default, as in the memo per decoded answer: a default the broker
+    # wrote is left out of the rewrite (shorter than another epoch's).
+    return (hidden, version, bytes(body[:at]), bytes(body[at + 8:]), epoch == _NO_EPOCH), epoch
 
 
 def _rewrite(response: Any, hidden: frozenset[int], epoch: int | None

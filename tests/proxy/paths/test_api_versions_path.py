@@ -218,3 +218,26 @@ def test_api_versions_memo_by_bytes_tells_a_written_default_epoch(version: int) 
         outcome = path.on_response(context(None, ListSink(), Letters()), exchange_of(request),
                                    answer)
         assert outcome.frame == answer[:4] + rewrite_api_versions_response(version, answer[4:])
+
+
+def test_api_versions_memo_by_bytes_leaves_a_repeated_epoch_tag_to_the_decode() -> None:
+    """Tags out of order or repeated break the protocol, yet kio's decode takes the last
+    epoch written: the scan, which would read the first, gives no key, and a second answer
+    that differs in the first epoch only gets a fresh rewrite's bytes (the last epoch)."""
+    frame = _featured(3, 1, 5, [], [], False)
+    key, epoch = _raw_key(frozenset(), 3, frame[4:])
+    assert key is not None and epoch == 5
+    at = 4 + len(key[2])  # the epoch's eight; before them its tag (1), size (8), the count
+    assert frame[at - 3:at] == b"\x01\x01\x08"
+
+    def twice(first: int, last: int) -> bytes:
+        return (frame[:at - 3] + b"\x02" + b"\x01\x08" + first.to_bytes(8, "big")
+                + b"\x01\x08" + last.to_bytes(8, "big") + frame[at + 8:])
+
+    assert _raw_key(frozenset(), 3, twice(5, 5)[4:]) == (None, None)
+    path = ApiVersionsPath(VersionTable())
+    request = request_header_bytes(ApiKey.API_VERSIONS, 3, 1, "client") + bytes(3)
+    for answer in (twice(5, 5), twice(7, 5)):
+        outcome = path.on_response(context(None, ListSink(), Letters()), exchange_of(request),
+                                   answer)
+        assert outcome.frame == answer[:4] + rewrite_api_versions_response(3, answer[4:])
