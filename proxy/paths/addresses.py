@@ -9,10 +9,12 @@ top-level tagged field are scanned first and pass undecoded when they carry none
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from sluice.codec.endpoints import carries_endpoints, rewrite_endpoints
+from sluice.codec.endpoints import carries_endpoints, endpoint_paths, rewrite_endpoints
 from sluice.codec.messages import ApiKey, codec_version_range
+from sluice.codec.metadata_brokers import Broker, brokers_end, brokers_start, encode_brokers
 from sluice.proxy.paths import responses
 from sluice.proxy.paths.base import (
     Exchange,
@@ -65,10 +67,49 @@ class AddressPath:
         size, response = responses.decode(hdr, frame)
         if hdr.api_key == ApiKey.METADATA:
             learn_metadata(ctx, response)
+            if _brokers_only(hdr.api_version):
+                spliced = _splice_brokers(ctx, hdr.api_version, frame, size, response)
+                if spliced is not None:
+                    return Respond(spliced)
         rewritten = rewrite_endpoints(response, hdr.api_key, hdr.api_version, ctx.node_address)
         if rewritten is response:
             return Respond(frame)
         return Respond(responses.encode(frame, size, rewritten))
+
+
+@functools.cache
+def _brokers_only(version: int) -> bool:
+    """Whether the broker list is the only place a Metadata response of `version` carries
+    endpoints (what `_splice_brokers` rewrites); read from the schema as the kio path is."""
+    return endpoint_paths(int(ApiKey.METADATA), version) == ((("brokers", True),),)
+
+
+def _splice_brokers(ctx: PathContext, version: int, frame: Frame, size: int, response: Any
+                    ) -> Frame | None:
+    """The Metadata answer with its brokers' addresses mapped, as `rewrite_endpoints` and a
+    kio encoding make it, but written in bytes: a new broker list between the answer's own
+    bytes (its topics pass as the broker wrote them). The frame itself when no address
+    changes; None when the list's entries carry tagged fields (the kio path takes those)."""
+    mapped: list[Broker] = []
+    changed = False
+    # `or ()`: kio decodes a null list (not nullable, yet sent) as None; it passes unchanged.
+    for b in response.brokers or ():
+        node_id, host, port = int(b.node_id), b.host, b.port
+        # As `codec.endpoints._rewrite_at`: an entry without a usable endpoint stays.
+        if node_id >= 0 and host and port is not None and port >= 0:
+            new_host, new_port = ctx.node_address(node_id, host, int(port))
+            if (new_host, new_port) != (host, port):
+                changed = True
+                host, port = new_host, new_port
+        mapped.append((node_id, host, int(port), getattr(b, "rack", None)))  # Rack: v1+
+    if not changed:
+        return frame
+    body = frame[size:]
+    end = brokers_end(version, body)
+    if end is None:
+        return None
+    start = brokers_start(version)
+    return b"".join((frame[:size], body[:start], encode_brokers(version, mapped), body[end:]))
 
 
 def learn_metadata(ctx: PathContext, response: Any) -> None:

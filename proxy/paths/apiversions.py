@@ -8,10 +8,11 @@ The broker's own ranges are recorded in the process's `VersionTable`; the router
 `refusal` (registry.py) uses them to gate requests by the same rule (`advertised_range`).
 
 Every client connection starts with an ApiVersions exchange, and a broker answers each with the
-same list: the path keeps its rewrite per decoded answer (`_MEMO`), so a connection's answer
-costs a decode (~20 µs warm) instead of a decode, a rebuild of every entry and an encode
-(~380 µs). Kafka's FinalizedFeaturesEpoch, which moves every half second or so, is left out of
-the key and written into the kept bytes.
+same list: the path keeps its rewrite per answer (`_MEMO`), so a connection's answer costs
+a scan of its bytes (`_raw_key`, ~4 µs in process for Kafka's 89-key answer) instead of a
+decode, a rebuild of every entry and an encode (~380 µs), or a decode and a look-up by the
+decoded answer (~52 µs; where the scan cannot tell). Kafka's FinalizedFeaturesEpoch, which
+moves every half second or so, is left out of both keys and written into the kept bytes.
 
 An ApiVersions request newer than the codec decodes (Kafka 4.4's clients send v5) is answered
 by the proxy as a broker answers a version it lacks (KIP-511): error UNSUPPORTED_VERSION in a
@@ -27,7 +28,8 @@ from typing import Any
 
 from sluice.codec import entities
 from sluice.codec.error_codes import ErrorCode
-from sluice.codec.errors import CodecError
+from sluice.codec.errors import CodecError, DecodeError
+from sluice.codec.guard import read_uvarint
 from sluice.codec.messages import ApiKey, codec_version_range, decode_response, encode_response
 from sluice.proxy.paths.base import (
     Answer,
@@ -103,6 +105,9 @@ def rewrite_api_versions_response(
 _MEMO = 16
 #: FinalizedFeaturesEpoch's default in the schema (a tagged field: not encoded when default).
 _NO_EPOCH = -1
+#: The first ApiVersions version with tagged fields (the epoch among them), the epoch's tag.
+_TAGGED_FROM = 3
+_EPOCH_TAG = 1
 
 
 class ApiVersionsPath:
@@ -115,6 +120,10 @@ class ApiVersionsPath:
         #: FinalizedFeaturesEpoch of 0) -> `_rewrite`.
         self._memo: dict[tuple[frozenset[int], bool, Any],
                          tuple[dict[int, tuple[int, int]] | None, bytes, bytes, int | None]] = {}
+        #: The same, keyed by the answer's bytes without its epoch's (`_raw_key`): a hit
+        #: costs a scan of the answer instead of its decode.
+        self._raw: dict[tuple[Any, ...],
+                        tuple[dict[int, tuple[int, int]] | None, bytes, bytes, int | None]] = {}
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
         return True
@@ -131,9 +140,34 @@ class ApiVersionsPath:
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> Respond:
         hidden = UNFILTERED_RECORD_APIS if ctx.filters_on("fetch") else frozenset()
         version = exchange.header.api_version
+        # ApiVersions responses always use header v0: the 4-byte correlation id.
+        body = frame[4:]
+        raw_key, epoch = _raw_key(hidden, version, body)
+        known = self._raw.get(raw_key) if raw_key is not None else None
+        if known is None or (known[3] is not None and known[3] != epoch):
+            known, decoded_epoch = self._rewritten(hidden, version, body)
+            # Kept by its bytes only where the scan read the epoch the decode did: an answer
+            # in v0 to a newer request (`decode_api_versions`) is never answered from it.
+            if raw_key is not None and decoded_epoch == epoch:
+                if len(self._raw) >= _MEMO:
+                    self._raw.clear()
+                self._raw[raw_key] = known
+            epoch = decoded_epoch
+        ranges, head, tail, pinned = known
+        if ranges is not None:
+            # Learnt on every answer: another broker's may have been learnt since.
+            self.versions.learn(ranges)
+        if epoch is not None and pinned is None:
+            head += epoch.to_bytes(8, "big", signed=True) + tail
+        return Respond(bytes(frame[:4]) + head)
+
+    def _rewritten(self, hidden: frozenset[int], version: int, body: Frame
+                   ) -> tuple[tuple[dict[int, tuple[int, int]] | None, bytes, bytes, int | None],
+                              int | None]:
+        """`_rewrite` of the decoded answer, from the memo per decoded answer when it has it;
+        and the answer's FinalizedFeaturesEpoch (None: a version without one)."""
         try:
-            # ApiVersions responses always use header v0: the 4-byte correlation id.
-            response = decode_api_versions(version, frame[4:])
+            response = decode_api_versions(version, body)
         except CodecError as exc:
             raise Refused(f"cannot decode ApiVersions response: {exc}") from None
         # Kafka's FinalizedFeaturesEpoch is its metadata log's offset, which moves every
@@ -148,13 +182,55 @@ class ApiVersionsPath:
             if len(self._memo) >= _MEMO:
                 self._memo.clear()
             self._memo[key] = known
-        ranges, head, tail, pinned = known
-        if ranges is not None:
-            # Learnt on every answer: another broker's may have been learnt since.
-            self.versions.learn(ranges)
-        if epoch is not None and pinned is None:
-            head += epoch.to_bytes(8, "big", signed=True) + tail
-        return Respond(bytes(frame[:4]) + head)
+        return known, epoch
+
+
+def _raw_key(hidden: frozenset[int], version: int, body: Frame
+             ) -> tuple[tuple[Any, ...] | None, int | None]:
+    """The answer's key in the memo by bytes, and the FinalizedFeaturesEpoch its bytes hold:
+    every byte but the epoch's eight (found by a scan of the v3+ layout: ErrorCode, the
+    ApiKeys entries, ThrottleTimeMs, then tagged fields, the epoch's tag 1). (None, None) when
+    the scan cannot tell (an entry with tagged fields, tags out of order or repeated, a
+    truncated body): the decode decides.
+    With the epoch's field, also whether it holds the default (written or not, kio's rewrite
+    leaves the default out). Without the field, the whole body, and the schema's default (-1;
+    None before v3)."""
+    if version < _TAGGED_FROM:
+        return (hidden, version, bytes(body), None), None
+    end = len(body)
+    try:
+        count, pos = read_uvarint(body, 2, end)  # after ErrorCode
+        count -= 1
+        if count > 0:
+            # Each entry is 7 bytes when its tagged-field count (its last byte) is 0.
+            stop = pos + 7 * count
+            if stop > end or body[pos + 6:stop:7] != bytes(count):
+                return None, None
+            pos = stop
+        pos += 4  # ThrottleTimeMs
+        tags, pos = read_uvarint(body, pos, end)
+        at = None
+        last = -1
+        for _ in range(tags):
+            tag, pos = read_uvarint(body, pos, end)
+            size, pos = read_uvarint(body, pos, end)
+            if tag <= last:
+                # Out of order or repeated: kio's decode keeps the last epoch, not the first.
+                return None, None
+            last = tag
+            if tag == _EPOCH_TAG:
+                if size != 8 or pos + 8 > end:
+                    return None, None
+                at = pos
+            pos += size
+    except DecodeError:
+        return None, None
+    if at is None:
+        return (hidden, version, bytes(body), None), _NO_EPOCH
+    epoch = int.from_bytes(body[at:at + 8], "big", signed=True)
+    # Whether it is the default, as in the memo per decoded answer: a default the broker
+    # wrote is left out of the rewrite (shorter than another epoch's).
+    return (hidden, version, bytes(body[:at]), bytes(body[at + 8:]), epoch == _NO_EPOCH), epoch
 
 
 def _rewrite(response: Any, hidden: frozenset[int], epoch: int | None

@@ -117,6 +117,10 @@ class TelemetryRecorder:
 
     # ------------------------------------------------------------------ connections
     def connection_opened(self, client: ClientInfo) -> None:
+        if type(self.sink) is NullSink:
+            # Telemetry off: no event, nor its fields (every client connection comes here).
+            self.sink.discard()
+            return
         self._emit(
             events.connection_event,
             phase="open",
@@ -126,6 +130,11 @@ class TelemetryRecorder:
         )
 
     def connection_closed(self, client: ClientInfo) -> None:
+        if type(self.sink) is NullSink:
+            # Telemetry off: the per-API counts were named through the ApiKey enum (on
+            # every client connection's close) for an event nobody builds (issue 29).
+            self.sink.discard()
+            return
         apis = {}
         for key, count in client.stats.requests.items():
             try:

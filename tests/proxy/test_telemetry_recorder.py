@@ -31,13 +31,18 @@ def record(recorder: TelemetryRecorder) -> None:
     )
 
 
+def never_built(monkeypatch: pytest.MonkeyPatch, builder: str) -> None:
+    """Make the event builder `builder` of `events` fail the test if it is called."""
+    def must_not_build(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise AssertionError(f"{builder} was called for the null sink")
+
+    monkeypatch.setattr(events, builder, must_not_build)
+
+
 def test_the_null_sink_counts_record_batches_that_are_never_built(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def must_not_build(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        raise AssertionError("a record_batch event was built for the null sink")
-
-    monkeypatch.setattr(events, "record_batch_event", must_not_build)
+    never_built(monkeypatch, "record_batch_event")
     metrics = Metrics()
     recorder = TelemetryRecorder(events.proxy_info("test"), metrics)
     assert isinstance(recorder.sink, NullSink)
@@ -77,3 +82,28 @@ def test_stats_only_counts_the_batch_when_telemetry_is_off() -> None:
     assert recorder.stats_only(stats) is False
     assert metrics.filters["pii"].batches == 1, "record_batch counts it when telemetry is on"
     assert sink.events == []
+
+
+def test_the_null_sink_counts_connection_events_that_are_never_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    never_built(monkeypatch, "connection_event")
+    recorder = TelemetryRecorder(events.proxy_info("test"), Metrics())
+    client = ClientInfo("1.2.3.4:5", ("b", 9092))
+    client.stats.requests[18] = 2
+    recorder.connection_opened(client)
+    recorder.connection_closed(client)
+    assert recorder.failed == 0
+    assert recorder.sink.stats()["emitted"] == 2
+
+
+def test_a_sink_gets_both_connection_events_with_the_apis_named() -> None:
+    sink = ListSink()
+    recorder = TelemetryRecorder(events.proxy_info("test"), Metrics())
+    recorder.sink = sink  # type: ignore[assignment]
+    client = ClientInfo("1.2.3.4:5", ("b", 9092))
+    client.stats.requests[18] = 2
+    recorder.connection_opened(client)
+    recorder.connection_closed(client)
+    assert [e["phase"] for e in sink.events] == ["open", "close"]
+    assert sink.events[1]["apis"]["api_versions"]["requests"] == 2

@@ -219,3 +219,40 @@ def test_requests_in_filter_jobs_hold_no_read_buffer(
 
     per_connection = asyncio.run(main())
     assert per_connection < 3 * OWN_BUFFER < READ_SIZE, per_connection
+
+
+def test_a_broker_that_never_answers_the_connect_ends_the_session_at_the_timeout(
+    tcp_sockets: tuple[socket.socket, socket.socket], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dial that never completes (`_connect`'s timeout) ends the session as an
+    unreachable broker, with its client connection closed."""
+    from sluice.proxy.net import session as session_module
+
+    monkeypatch.setattr(session_module, "_CONNECT_TIMEOUT", 0.05)
+    closed: list[str] = []
+
+    async def main() -> None:
+        server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+        loop = asyncio.get_running_loop()
+
+        async def never(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(3600)
+
+        monkeypatch.setattr(loop, "create_connection", never)
+        monkeypatch.setattr(server, "session_closed",
+                            lambda session, close: closed.append(close.reason))
+        session: Any = server._new_session(lambda: ("127.0.0.1", 1), None)
+        client = _Transport(sock=tcp_sockets[0])
+        client.close = lambda: closed.append("client closed")  # type: ignore[attr-defined]
+        session._client = client
+        server.admit(session)
+        session._set_up(client)
+        started = time.monotonic()
+        # Ended from inside its own task (`_end` cancels a connect still running): waited
+        # for, not awaited.
+        await asyncio.wait({session._connecting}, timeout=5)
+        assert 0.04 <= time.monotonic() - started < 4
+        assert session._ended and not session.opened
+
+    asyncio.run(main())
+    assert closed == ["client closed", "broker unreachable"]
