@@ -56,6 +56,8 @@ class ClientInfo:
     sasl: Any = None  # the SASL path's per-connection state, once SASL starts
     opened: float = field(default_factory=time.time)
     stats: ConnectionStats = field(default_factory=ConnectionStats)
+    # Fetch requests forwarded under a fetch filter's cap so far (paths/fetch.py's ramp).
+    capped_fetches: int = 0
 
 
 class UpstreamError(Exception):

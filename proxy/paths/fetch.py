@@ -16,7 +16,9 @@ once when their filters keep no state between calls (`filters/parallel.py`,
 While a fetch filter is in force, a Fetch request asking for more than
 `proxy.filtered_fetch_max_bytes` is forwarded asking for that much (`on_request`; only its
 max_bytes changes, and a min_bytes above it, `codec/fetch_request.py`), so that responses
-stay small enough to be filtered while the consumer still reads the one before.
+stay small enough to be filtered while the consumer still reads the one before. A connection's
+first Fetch asks for at most 1 MiB, each later one for twice the one before up to the setting
+(`ramp_cap`), so that a new consumer's first records are not held for a whole large pass.
 
 The response is scanned, not decoded (`sluice.codec.fetch_splice`): the filters get the records
 of the filtered topics' partitions as views of the broker's frame, and their output is spliced
@@ -93,6 +95,22 @@ class _FilteredResponse:
     dead_letters: list[list[DeadLetter]]
 
 
+#: The cap of a connection's first Fetch under a fetch filter; each later Fetch may ask for
+#: twice the one before, up to `proxy.filtered_fetch_max_bytes`.
+RAMP_FIRST_BYTES = 1 << 20
+
+
+def ramp_cap(cap: int, sent: int) -> int:
+    """What a connection's Fetch may ask for when `sent` Fetch requests went before it on
+    that connection under a fetch filter: a new consumer with a backlog waits for the
+    filter pass of its first response before it has any record (8 MiB: ~36 000 records,
+    tens of ms), so its first responses are smaller and it reads one while the next is
+    filtered."""
+    if sent >= 8 or cap <= RAMP_FIRST_BYTES:
+        return cap
+    return min(cap, RAMP_FIRST_BYTES << sent)
+
+
 class FetchPath:
     name = "fetch"
     api_keys = frozenset({int(ApiKey.FETCH)})
@@ -110,8 +128,11 @@ class FetchPath:
         filtered all of it, so a smaller response is filtered while the consumer still works
         through the one before (docs/PERFORMANCE.md, *Why filtered fetch lags most*)."""
         hdr = exchange.header
+        client = exchange.client
+        sent = client.capped_fetches
+        client.capped_fetches = sent + 1
         capped = cap_fetch_max_bytes(frame, hdr.header_size, hdr.api_version,
-                                     ctx.fetch_max_bytes)
+                                     ramp_cap(ctx.fetch_max_bytes, sent))
         return Forward() if capped is None else Forward(capped)
 
     def on_response(self, ctx: PathContext, exchange: Exchange, frame: Frame) -> ResponseOutcome:

@@ -1,7 +1,8 @@
 """proxy.filtered_fetch_max_bytes: while a fetch filter is in force, the fetch path forwards a
 Fetch request asking for more than the setting with its max_bytes lowered to it (and a
 min_bytes above it; only those changed); otherwise, and with the setting 0, the client's own
-bytes go on."""
+bytes go on. A connection's first Fetch requests get a lower cap, doubling up to the setting
+(`ramp_cap`)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ from sluice.codec.messages import ApiKey, decode_request
 from sluice.proxy.contract import ClientInfo
 from sluice.proxy.ops.config import DEFAULT_FILTERED_FETCH_MAX_BYTES, ConfigFileError
 from sluice.proxy.paths.base import Exchange, Forward
-from sluice.proxy.paths.fetch import FetchPath
+from sluice.proxy.paths.fetch import RAMP_FIRST_BYTES, FetchPath, ramp_cap
 from tests.codec.test_codec_fetch_request import build
 from tests.proxy.server_context import context_of
 
 FETCH = int(ApiKey.FETCH)
+
+
+def _ramped_client() -> ClientInfo:
+    """A connection whose Fetch requests get the whole setting (past the ramp)."""
+    return ClientInfo("c", ("127.0.0.1", 1), client_id="consumer", capped_fetches=8)
 
 
 def test_the_setting_reaches_the_paths_and_is_checked(tmp_path: Path) -> None:
@@ -51,7 +57,7 @@ def test_a_request_asking_for_more_is_forwarded_asking_for_the_cap(
     ctx = dataclasses.replace(context_of(tmp_path, "proxy: {}\n"), directions=frozenset({"fetch"}))
     frame = build(version, asked, 1, 500, 0, [(0, 0, 8 << 20), (1, 9, 8 << 20)], "consumer")
     header = parse_request_header(frame)
-    exchange = Exchange(header, ClientInfo("c", ("127.0.0.1", 1), client_id="consumer"))
+    exchange = Exchange(header, _ramped_client())
     outcome = FetchPath().on_request(ctx, exchange, frame)
     assert isinstance(outcome, Forward)
     if asked <= ctx.fetch_max_bytes:
@@ -72,7 +78,7 @@ def test_a_min_bytes_above_the_cap_is_lowered_to_it(tmp_path: Path, version: int
     ctx = dataclasses.replace(context_of(tmp_path, "proxy: {}\n"), directions=frozenset({"fetch"}))
     frame = build(version, 50 << 20, 10 << 20, 500, 0, [(0, 0, 8 << 20)], "consumer")
     header = parse_request_header(frame)
-    exchange = Exchange(header, ClientInfo("c", ("127.0.0.1", 1), client_id="consumer"))
+    exchange = Exchange(header, _ramped_client())
     outcome = FetchPath().on_request(ctx, exchange, frame)
     assert isinstance(outcome, Forward) and outcome.frame is not None
     sent = decode_request(FETCH, version, bytes(outcome.frame)[header.header_size:])
@@ -80,3 +86,32 @@ def test_a_min_bytes_above_the_cap_is_lowered_to_it(tmp_path: Path, version: int
     before = decode_request(FETCH, version, frame[header.header_size:])
     assert sent == dataclasses.replace(before, min_bytes=ctx.fetch_max_bytes,
                                        max_bytes=ctx.fetch_max_bytes)
+
+
+def test_a_connection_s_first_fetches_ramp_up_to_the_setting(tmp_path: Path) -> None:
+    """A new consumer with a backlog gets a small first response (filtered quickly), then
+    responses twice as large each time, up to the setting; each connection ramps on its own."""
+    ctx = dataclasses.replace(context_of(tmp_path, "proxy: {}\n"), directions=frozenset({"fetch"}))
+    frame = build(12, 64 << 20, 1, 500, 0, [(0, 0, 8 << 20)], "consumer")
+    header = parse_request_header(frame)
+    client = ClientInfo("c", ("127.0.0.1", 1), client_id="consumer")
+    other = ClientInfo("d", ("127.0.0.1", 2), client_id="consumer")
+    asked = []
+    for _ in range(6):
+        outcome = FetchPath().on_request(ctx, Exchange(header, client), frame)
+        assert isinstance(outcome, Forward) and outcome.frame is not None
+        asked.append(decode_request(FETCH, 12, bytes(outcome.frame)[header.header_size:]).max_bytes)
+    assert asked == [1 << 20, 2 << 20, 4 << 20, 8 << 20, 8 << 20, 8 << 20]
+    outcome = FetchPath().on_request(ctx, Exchange(header, other), frame)
+    assert isinstance(outcome, Forward) and outcome.frame is not None
+    assert decode_request(FETCH, 12, bytes(outcome.frame)[header.header_size:]).max_bytes == (
+        RAMP_FIRST_BYTES)
+
+
+@pytest.mark.parametrize("cap", [1, 65536, RAMP_FIRST_BYTES, 3 << 20, 64 << 20, (1 << 31) - 1])
+def test_the_ramp_never_asks_for_more_than_the_setting_and_reaches_it(cap: int) -> None:
+    caps = [ramp_cap(cap, sent) for sent in range(12)]
+    assert all(c <= cap for c in caps)
+    assert caps == sorted(caps)
+    assert caps[-1] == cap
+    assert caps[0] == min(cap, RAMP_FIRST_BYTES)
