@@ -132,7 +132,7 @@ class ComponentInstance:
         cause = next((ln.split("wasm trap:", 1)[1].strip() for ln in reversed(lines)
                       if "wasm trap:" in ln), lines[-1] if lines else "trap")
         if cause == "interrupt":
-            return GuestFailure("timeout", f"exceeded the {self.timeout_ms} ms CPU deadline")
+            return GuestFailure("timeout", f"exceeded the {self.timeout_ms} ms deadline")
         if "memory" in cause and ("limit" in cause or "grow" in cause):
             return GuestFailure("memory", f"{cause} (memory cap of {self.memory_bytes} bytes)")
         return GuestFailure("trap", f"{what}: {cause}" if what == "instantiation" else cause)

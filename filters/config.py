@@ -2,9 +2,10 @@
 
 Public contract (key names users and scripts rely on): ``name``, ``module``, ``topics``,
 ``apply_to``, ``on_error``, ``dead_letter_topic``, ``config``, ``function``, ``principals``.
-Added by Sluice: ``timeout_ms`` (CPU deadline per call), ``max_memory_mb`` (linear memory
-cap per instance) and ``stateless`` (the module keeps nothing from one call to the next, so
-the host may run it on several instances at once: `FilterSpec.poolable`).
+Added by Sluice: ``timeout_ms`` (deadline per call: wall time while the guest runs, in epoch
+ticks), ``max_memory_mb`` (linear memory cap per instance) and ``stateless`` (the module keeps
+nothing from one call to the next, so the host may run it on several instances at once:
+`FilterSpec.poolable`).
 
 Errors are `ConfigError`s naming file, line and field, e.g.
 ``sluice.yaml:12: filters[1].apply_to: unknown value 'prodcue' (expected produce, fetch, admin)``.

@@ -1,4 +1,4 @@
-"""The wasmtime Engine every filter shares, and the epoch ticker that enforces CPU deadlines.
+"""The wasmtime Engine every filter shares, and the epoch ticker that enforces call deadlines.
 
 One Engine per process (per configuration): compiled modules, the on-disk cache key and the
 epoch counter all hang off it. The engine is built with epoch interruption enabled; a daemon

@@ -1,6 +1,6 @@
 """One sandboxed instance of a filter module, and the fast way to call into it.
 
-`GuestInstance` owns a wasmtime Store (memory cap via the store limiter, CPU deadline via the
+`GuestInstance` owns a wasmtime Store (memory cap via the store limiter, deadline via the
 engine's epoch), the instance, and its exported linear memory. Buffers cross the boundary with
 ``ctypes.memmove`` / ``ctypes.string_at`` on the memory's data pointer, bounds-checked against
 its current size on every access (the memory can move when it grows).
@@ -229,7 +229,7 @@ class GuestInstance:
     def _trap_failure(self, trap: wasmtime.Trap) -> GuestFailure:
         code = trap.trap_code
         if code == wasmtime.TrapCode.INTERRUPT:
-            return GuestFailure("timeout", f"exceeded the {self.timeout_ms} ms CPU deadline")
+            return GuestFailure("timeout", f"exceeded the {self.timeout_ms} ms deadline")
         host_exc = _wt_func.LAST_EXCEPTION
         if host_exc is not None:
             # A Python host function raised: wasmtime-py parks the exception in a global that

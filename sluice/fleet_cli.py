@@ -122,7 +122,9 @@ def add_subcommands(sub: Any) -> None:
     deploy.add_argument("--function", help="entry point for the in-place and Connect ABIs")
     deploy.add_argument("--principals", metavar="P1,P2",
                         help="only for these principal globs (e.g. User:alice,User:svc-*)")
-    deploy.add_argument("--timeout-ms", type=int, help="CPU deadline per call (default 100)")
+    deploy.add_argument("--timeout-ms", type=int,
+                        help="deadline per call, ms of wall time while the guest runs "
+                             "(default 100)")
     deploy.add_argument("--max-memory-mb", type=int,
                         help="linear memory cap per instance (default 64)")
     _add_signing(deploy)

@@ -169,7 +169,7 @@ def test_a_fetch_filtered_again_after_a_reload_dead_letters_once(
 
     def config(extra: bool) -> str:
         filters: list[dict[str, Any]] = [
-            # "LOOP" runs into the CPU deadline: its response takes timeout_ms to filter.
+            # "LOOP" runs into the call deadline: its response takes timeout_ms to filter.
             {"name": "slow", "module": str(module), "topics": [slow_topic],
              "apply_to": ["fetch"], "on_error": "pass", "timeout_ms": timeout_ms},
             # "TRAP" fails: the record is dead-lettered.

@@ -142,7 +142,7 @@ def test_failure_policy(
     create_topic(proxy.bootstrap, topic)
     value = f"{fault} payload {topic}".encode()
     error, seconds = produce_one(proxy.bootstrap, topic, value)
-    # The CPU deadline stops a looping filter after ~timeout_ms: the answer comes fast.
+    # The call deadline stops a looping filter after ~timeout_ms: the answer comes fast.
     assert seconds < 3, f"{fault}: the produce took {seconds:.1f}s"
     if policy == "pass":
         assert error is None

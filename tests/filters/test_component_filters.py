@@ -1,5 +1,5 @@
 """Filter components (world sluice:filter/sluice-filter@1.0.0, the Python SDK's route):
-loading, the sandbox (no imports, memory cap, CPU deadline), errors, both entry points.
+loading, the sandbox (no imports, memory cap, call deadline), errors, both entry points.
 
 Small components are written in the component text format here; the Python SDK's own
 modules are the committed examples (filters/examples/*-py).

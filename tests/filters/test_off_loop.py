@@ -66,7 +66,7 @@ def test_a_native_timeout_is_not_run_again(tmp_path: Path) -> None:
             return real_run(*args, **kwargs)
 
         def timed_out(*args: Any, **kwargs: Any) -> Any:
-            raise GuestFailure("timeout", "exceeded the 100 ms CPU deadline")
+            raise GuestFailure("timeout", "exceeded the 100 ms deadline")
 
         runner.run = counting_run
         runner.run_native = timed_out

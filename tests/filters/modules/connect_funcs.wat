@@ -11,7 +11,7 @@
 ;;   done_i64      returns a non-error i64 buffer; the host must dealloc it
 ;;   trap          unreachable
 ;;   pull_forever  calls get_value in an endless loop (the host's nested alloc calls must not
-;;                 extend the CPU deadline)
+;;                 extend the call deadline)
 (module
   (import "env" "get_value" (func $get_value (result i64)))
   (import "env" "set_value" (func $set_value (param i32 i32)))

@@ -1,4 +1,4 @@
-;; Its start function never returns: instantiation must hit the CPU deadline, not hang.
+;; Its start function never returns: instantiation must hit the call deadline, not hang.
 (module
   (memory (export "memory") 1)
   (func $spin (loop $l (br $l)))

@@ -1,6 +1,6 @@
 """The JavaScript SDK (filters/sdk/js): seed 001's uppercase example and seed 002's batch
 shape as the guide prints them, what a filter's return values mean, its errors, and the
-sandbox's limits (CPU deadline, memory cap) holding for the interpreter as for any module.
+sandbox's limits (call deadline, memory cap) holding for the interpreter as for any module.
 
 Each filter here is built from source with `sluice filter build`'s builder (the QuickJS-ng
 engine is compiled once per machine, so a build is a link of a few seconds)."""
