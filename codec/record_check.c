@@ -45,7 +45,7 @@ static inline int rc_varint(const uint8_t *buf, size_t len, size_t *pos, int64_t
         return RC_OK;
     }
     /* Two bytes (a record's length, a value's length under 8 KiB). */
-    if (len - p >= 2 && !(buf[p + 1] & 0x80)) {
+    if (p + 2 <= len && !(buf[p + 1] & 0x80)) {
         uint64_t two = (uint64_t)(buf[p] & 0x7f) | (uint64_t)buf[p + 1] << 7;
         *out = (int64_t)(two >> 1) ^ -(int64_t)(two & 1);
         *pos = p + 2;

@@ -98,6 +98,8 @@ class _FilteredResponse:
 #: The cap of a connection's first Fetch under a fetch filter; each later Fetch may ask for
 #: twice the one before, up to `proxy.filtered_fetch_max_bytes`.
 RAMP_FIRST_BYTES = 1 << 20
+#: Doublings after which the ramp is above any setting (1 MiB << 11 = 2 GiB > an int32).
+_RAMP_STEPS = 11
 
 
 def ramp_cap(cap: int, sent: int) -> int:
@@ -106,9 +108,7 @@ def ramp_cap(cap: int, sent: int) -> int:
     filter pass of its first response before it has any record (8 MiB: ~36 000 records,
     tens of ms), so its first responses are smaller and it reads one while the next is
     filtered."""
-    if sent >= 8 or cap <= RAMP_FIRST_BYTES:
-        return cap
-    return min(cap, RAMP_FIRST_BYTES << sent)
+    return min(cap, RAMP_FIRST_BYTES << min(sent, _RAMP_STEPS))
 
 
 class FetchPath:
