@@ -23,7 +23,9 @@ unauthenticated clients; a local keyring in a temporary directory), `kroxyliciou
 (Kroxylicious's RecordEncryption filter on every topic: whole values, AES-256-GCM, one KEK in
 its in-memory KMS).
 Only when named in `--variants`: `encrypt-fields` (builtin:encrypt in fields mode, sealing
-the "card" member).
+the "card" member), `sluice-own` (`sluice serve` in front of a broker of its own, as relay
+is) and `aa-own` (a direct client of a broker of its own, no middle: the control for those
+two).
 
 `--broker tansu` (the default: the bundled Tansu, memory storage) or `--broker kafka` (Apache
 Kafka 4.4 from its jars, one KRaft node, `sluice/kafka_broker.py`, with Kafka's own default

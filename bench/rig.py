@@ -77,8 +77,10 @@ ENCRYPT_FIELDS = ENCRYPT.replace('decrypt_for: ["User:ANONYMOUS"]',
                                  'decrypt_for: ["User:ANONYMOUS"], fields: [card]')
 #: Named in --variants only. sluice-own: `sluice serve` (no filters) in front of a broker of
 #: its own, as relay is, so that the two hops compare without the broker behind them differing
-#: (every other variant shares direct's broker).
-OPTIONAL = ["encrypt-fields", "sluice-own"]
+#: (every other variant shares direct's broker). aa-own: a direct client of a broker of its
+#: own, no middle: what a broker of its own alone does to a ratio (relay and sluice-own have
+#: one), read against `aa` in the same run.
+OPTIONAL = ["encrypt-fields", "sluice-own", "aa-own"]
 #: Suffix of a Sluice variant run from the --baseline source tree.
 BASE = "@base"
 SLUICE_CONFIGS: dict[str, str | None] = {
@@ -143,6 +145,9 @@ def rig(
                 relayed = stack.enter_context(broker(broker_kind, advertised_port=port))
                 target = stack.enter_context(targets.haproxy_relay(relayed, port))
                 points[name] = Point(target, relayed)
+            elif name == "aa-own":
+                own = stack.enter_context(broker(broker_kind))
+                points[name] = Point(targets.Target(own, None), own)
             elif name == "sluice-own":
                 own = stack.enter_context(broker(broker_kind))
                 points[name] = sluice_point(stack, "sluice", own, proxy_args, proxy_yaml, source)

@@ -117,3 +117,21 @@ def test_a_baseline_tree_adds_a_run_of_each_sluice_variant() -> None:
 
     assert with_baseline(["direct", "relay", "mask-produce", "sluice"]) == [
         "direct", "relay", "mask-produce", "mask-produce@base", "sluice", "sluice@base"]
+
+
+def test_own_broker_variants_each_get_a_broker_of_their_own() -> None:
+    # aa-own: a direct client of a second broker (no middle), the control for the variants
+    # whose broker is their own (relay, sluice-own); every other variant shares direct's.
+    from bench.rig import rig
+
+    with rig(["direct", "aa", "aa-own", "sluice-own"], [], "", "tansu") as points:
+        main = points["direct"].broker
+        assert points["aa"].broker == main
+        own = points["aa-own"]
+        assert own.broker != main and own.target.bootstrap == own.broker
+        assert own.target.pid is None
+        assert points["sluice-own"].broker not in (main, own.broker)
+        assert points["sluice-own"].target.pid is not None
+        for point in points.values():
+            topic = workload.make_topic(point.target.bootstrap, partitions=1)
+            workload.delete_topic(point.broker, topic)
