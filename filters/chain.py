@@ -416,9 +416,9 @@ class FilterChain:
         rejected: dict[int, str] = {}
         dropped: dict[int, str] = {}
         stats: list[FilterStats] = []
-        if ctx.direction == "produce" and (
-                self._screens(ctx.topic) if isinstance(records, PendingSection)
-                else not self._screen_native(ctx.topic, records, count)):
+        if ctx.direction == "produce" and self._screens(ctx.topic) and (
+                isinstance(records, PendingSection)
+                or not self._screen_native(ctx.topic, records, count)):
             return None  # a pending section is never screened: `pending_room` offers none
         bound = self.filters_for(ctx.topic, ctx.direction, ctx.principal)
         for i, f in enumerate(bound):

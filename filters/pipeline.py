@@ -463,8 +463,8 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
     rebuilt: list[Buffer] = []
     changed = False
     native = chain.native_for(ctx.topic, "produce", ctx.principal)
-    pending_room = (chain.pending_room(ctx.topic, "produce", ctx.principal)
-                    if native and PENDING_AVAILABLE else 0)
+    # Asked only of an lz4 batch, the one kind it serves (a few calls per batch otherwise).
+    pending_room = -1 if native and PENDING_AVAILABLE else 0
     for batch in batches:
         header = batch.header
         if header.is_control:
@@ -478,6 +478,9 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         pending = None
         plain: Buffer | None = None
         if pending_room and header.compression == CODEC_LZ4:
+            if pending_room < 0:
+                pending_room = chain.pending_room(ctx.topic, "produce", ctx.principal)
+        if pending_room > 0 and header.compression == CODEC_LZ4:
             # Decompressed into the guest's memory and checked there, as on fetch
             # (codec/lz4_section.py): no buffer of its own, no copy into the guest. The
             # checks and their order are `_open_checked`'s.

@@ -391,7 +391,7 @@ def _filter_request(
             if outcome.changed:
                 new = outcome.records
                 # A view may be of a buffer the thread reuses; a batch built here is ours.
-                result.replaced[(i, j)] = new if isinstance(new, bytes | bytearray) else bytes(new)
+                result.replaced[(i, j)] = new if isinstance(new, (bytes, bytearray)) else bytes(new)
     return result
 
 
