@@ -11,7 +11,10 @@ digits (card, phone and SSN shapes, Luhn-valid or not), long texts of digits and
 (the numeric prefilter of strings over 64 bytes), JSON records of card-shaped strings (the
 early card decision, card_shape), and texts and JSON records near the record-level reject
 (record_clean), and JSON records with many matches, some copied and some broken (the in-place
-masks); each set under several configurations. Prints the first few differences.
+masks), the benchmarks' records (bench.workload, bench.bench_pii_mask), JSON numbers of every
+length and shape (the numbers' digit runs) and records of every length up to 300 bytes with
+one byte that rules out the record-level reject; each set under several configurations. Prints
+the first few differences.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.bench_pii_mask import json_values, text_values
+from bench.workload import json_records
 from tests.filters.builtin import pii_corpus, pii_locale_corpus
 from tests.filters.builtin.conftest import BUILTIN
 from tests.filters.sdk.guest_abi import Guest, Rec
@@ -175,6 +180,42 @@ def many_match_records(n: int, rng: random.Random) -> Iterator[str]:
         yield text
 
 
+def bench_texts(n: int) -> list[str]:
+    """The records bench_pii_mask times (its workload, pii, clean and text variants)."""
+    values = json_records(n) + json_values(n, pii=True) + json_values(n, pii=False)
+    values += text_values(n // 5, pii=True) + text_values(n // 5, pii=False)
+    return [v.decode() for v in values]
+
+
+def number_texts(n: int, rng: random.Random) -> Iterator[str]:
+    """JSON numbers of 1 to 40 digits in each part, well-formed or not, inside records, alone
+    and at a record's very end."""
+    def digits(k: int) -> str:
+        return "".join(rng.choice("0123456789") for _ in range(k))
+
+    for _ in range(n):
+        num = rng.choice(["", "-"]) + rng.choice(["0", digits(rng.randint(1, 40)), "0" + digits(2)])
+        if rng.random() < 0.5:
+            num += "." + digits(rng.randint(0, 40))
+        if rng.random() < 0.3:
+            num += rng.choice("eE") + rng.choice(["", "+", "-"]) + digits(rng.randint(0, 40))
+        yield num
+        yield json.dumps({"a": "x" * rng.randint(0, 70)})[:-1] + ", \"n\": " + num + "}"
+        yield "[" + ", ".join([num] * rng.randint(1, 4)) + rng.choice(["]", "", " ]", "x]"])
+
+
+def length_texts(n: int, rng: random.Random) -> Iterator[str]:
+    """JSON records of every length up to 300 bytes, clean but for at most one byte that rules
+    out the record-level reject by itself."""
+    for _ in range(n):
+        size = rng.randint(10, 300)
+        body = "".join(rng.choice("abcdefxyz 0123,.-") for _ in range(size))
+        if rng.random() < 0.7:
+            k = rng.randrange(size)
+            body = body[:k] + rng.choice("@A=Z\\é") + body[k + 1:]
+        yield json.dumps({"v": body})
+
+
 def compare(old: Path, new: Path, texts: list[str], configs: list[dict[str, Any]]) -> int:
     differing = 0
     for config in configs:
@@ -213,6 +254,11 @@ def main() -> int:
         ("JSON with many matches", list(many_match_records(args.random // 4, rng)),
          [{}, CONFIGS[2], CONFIGS[3],
           {"detectors": {"card": {"mask": "#"}, "phone": {"keep_last": 2}}}]),
+        ("benchmark records", bench_texts(args.random // 5), [{}, CONFIGS[3], CONFIGS[5]]),
+        ("JSON numbers", list(number_texts(args.random // 2, rng)),
+         [{}, CONFIGS[2], CONFIGS[7]]),
+        ("records of every length", list(length_texts(args.random, rng)),
+         [{}, CONFIGS[1], CONFIGS[6]]),
     ]
     total = 0
     for name, texts, configs in sets:
