@@ -13,8 +13,9 @@ early card decision, card_shape), and texts and JSON records near the record-lev
 (record_clean), and JSON records with many matches, some copied and some broken (the in-place
 masks), the benchmarks' records (bench.workload, bench.bench_pii_mask), JSON numbers of every
 length and shape (the numbers' digit runs) and records of every length up to 300 bytes with
-one byte that rules out the record-level reject; each set under several configurations. Prints
-the first few differences.
+one byte that rules out the record-level reject, values after white space or a BOM, and some
+sets again as keys and header values too; each set under several configurations. Counters are
+compared in the order reported. Prints the first few differences.
 """
 
 from __future__ import annotations
@@ -216,19 +217,39 @@ def length_texts(n: int, rng: random.Random) -> Iterator[str]:
         yield json.dumps({"v": body})
 
 
-def compare(old: Path, new: Path, texts: list[str], configs: list[dict[str, Any]]) -> int:
+def padded_texts(n: int, rng: random.Random) -> Iterator[str]:
+    """Objects, arrays, numbers, strings and texts after and before white space or a BOM (mode
+    auto reads a value as JSON from its first byte that is not white space)."""
+    space = ["", " ", "\t", "\n", "\r\n", "  \n ", "\ufeff", "\u00a0", "\x0b"]
+    pieces = [s.text[a:b] for s in pii_locale_corpus.build_corpus() for (_, a, b) in s.labels]
+    for _ in range(n):
+        piece = rng.choice(pieces)
+        body = rng.choice([json.dumps({"a": piece, "n": 4111111111111111}), json.dumps([piece, 12]),
+                           json.dumps(piece), "4111111111111111", piece, "{" + piece, "[" + piece,
+                           "}" + piece, '"' + piece])
+        yield rng.choice(space) + body + rng.choice(space)
+
+
+def compare(old: Path, new: Path, texts: list[str], configs: list[dict[str, Any]],
+            fields: bool = False) -> int:
+    """Records differing between the builds, and batches whose counters differ (in the order
+    the builds report them). With fields, each record's key and headers are the texts before
+    its value."""
     differing = 0
     for config in configs:
         a, b = Guest(old, config), Guest(new, config)
         for i in range(0, len(texts), 200):
-            recs = [Rec(t.encode()) for t in texts[i:i + 200]]
+            batch = texts[i:i + 200]
+            recs = [Rec(t.encode(), batch[j - 1].encode() if fields else None,
+                        [("x-pii", batch[j - 2].encode()), ("h", t[:9].encode())] if fields else [])
+                    for j, t in enumerate(batch)]
             (da, ca), (db, cb) = a.run(recs), b.run(recs)
             for rec, x, y in zip(recs, da, db, strict=True):
                 if x != y:
                     differing += 1
                     if differing <= 5:
-                        print(f"DIFFERS under {config}: {rec.value!r}\n  old {x}\n  new {y}")
-            if ca != cb and da == db:
+                        print(f"DIFFERS under {config}: {rec!r}\n  old {x}\n  new {y}")
+            if list(ca.items()) != list(cb.items()) and da == db:
                 differing += 1
                 print(f"COUNTS differ under {config}: old {ca}, new {cb}")
     return differing
@@ -259,10 +280,16 @@ def main() -> int:
          [{}, CONFIGS[2], CONFIGS[7]]),
         ("records of every length", list(length_texts(args.random, rng)),
          [{}, CONFIGS[1], CONFIGS[6]]),
+        ("values after white space or a BOM", list(padded_texts(args.random, rng)),
+         [{}, CONFIGS[2], CONFIGS[5]]),
     ]
     total = 0
+    keyed = [{"keys": True, "headers": True}, {"keys": True, "headers": ["X-PII"], "mode": "json"},
+             {"keys": True, "headers": True, "fields": ["a", "n[*]"]}]
+    sets += [(f"{name}, as keys and headers too", texts[:args.random // 4], keyed)
+             for name, texts, _ in sets[:1] + sets[-3:]]
     for name, texts, configs in sets:
-        differing = compare(args.old, args.new, texts, configs)
+        differing = compare(args.old, args.new, texts, configs, fields=", as keys" in name)
         print(f"{name}: {len(texts)} records x {len(configs)} configurations, "
               f"{differing} differ")
         total += differing
