@@ -11,7 +11,11 @@ digits (card, phone and SSN shapes, Luhn-valid or not), long texts of digits and
 (the numeric prefilter of strings over 64 bytes), JSON records of card-shaped strings (the
 early card decision, card_shape), and texts and JSON records near the record-level reject
 (record_clean), and JSON records with many matches, some copied and some broken (the in-place
-masks); each set under several configurations. Prints the first few differences.
+masks), the benchmarks' records (bench.workload, bench.bench_pii_mask), JSON numbers of every
+length and shape (the numbers' digit runs) and records of every length up to 300 bytes with
+one byte that rules out the record-level reject, values after white space or a BOM, and some
+sets again as keys and header values too; each set under several configurations. Counters are
+compared in the order reported. Prints the first few differences.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from bench.bench_pii_mask import json_values, text_values
+from bench.workload import json_records
 from tests.filters.builtin import pii_corpus, pii_locale_corpus
 from tests.filters.builtin.conftest import BUILTIN
 from tests.filters.sdk.guest_abi import Guest, Rec
@@ -175,19 +181,75 @@ def many_match_records(n: int, rng: random.Random) -> Iterator[str]:
         yield text
 
 
-def compare(old: Path, new: Path, texts: list[str], configs: list[dict[str, Any]]) -> int:
+def bench_texts(n: int) -> list[str]:
+    """The records bench_pii_mask times (its workload, pii, clean and text variants)."""
+    values = json_records(n) + json_values(n, pii=True) + json_values(n, pii=False)
+    values += text_values(n // 5, pii=True) + text_values(n // 5, pii=False)
+    return [v.decode() for v in values]
+
+
+def number_texts(n: int, rng: random.Random) -> Iterator[str]:
+    """JSON numbers of 1 to 40 digits in each part, well-formed or not, inside records, alone
+    and at a record's very end."""
+    def digits(k: int) -> str:
+        return "".join(rng.choice("0123456789") for _ in range(k))
+
+    for _ in range(n):
+        num = rng.choice(["", "-"]) + rng.choice(["0", digits(rng.randint(1, 40)), "0" + digits(2)])
+        if rng.random() < 0.5:
+            num += "." + digits(rng.randint(0, 40))
+        if rng.random() < 0.3:
+            num += rng.choice("eE") + rng.choice(["", "+", "-"]) + digits(rng.randint(0, 40))
+        yield num
+        yield json.dumps({"a": "x" * rng.randint(0, 70)})[:-1] + ", \"n\": " + num + "}"
+        yield "[" + ", ".join([num] * rng.randint(1, 4)) + rng.choice(["]", "", " ]", "x]"])
+
+
+def length_texts(n: int, rng: random.Random) -> Iterator[str]:
+    """JSON records of every length up to 300 bytes, clean but for at most one byte that rules
+    out the record-level reject by itself."""
+    for _ in range(n):
+        size = rng.randint(10, 300)
+        body = "".join(rng.choice("abcdefxyz 0123,.-") for _ in range(size))
+        if rng.random() < 0.7:
+            k = rng.randrange(size)
+            body = body[:k] + rng.choice("@A=Z\\é") + body[k + 1:]
+        yield json.dumps({"v": body})
+
+
+def padded_texts(n: int, rng: random.Random) -> Iterator[str]:
+    """Objects, arrays, numbers, strings and texts after and before white space or a BOM (mode
+    auto reads a value as JSON from its first byte that is not white space)."""
+    space = ["", " ", "\t", "\n", "\r\n", "  \n ", "\ufeff", "\u00a0", "\x0b"]
+    pieces = [s.text[a:b] for s in pii_locale_corpus.build_corpus() for (_, a, b) in s.labels]
+    for _ in range(n):
+        piece = rng.choice(pieces)
+        body = rng.choice([json.dumps({"a": piece, "n": 4111111111111111}), json.dumps([piece, 12]),
+                           json.dumps(piece), "4111111111111111", piece, "{" + piece, "[" + piece,
+                           "}" + piece, '"' + piece])
+        yield rng.choice(space) + body + rng.choice(space)
+
+
+def compare(old: Path, new: Path, texts: list[str], configs: list[dict[str, Any]],
+            fields: bool = False) -> int:
+    """Records differing between the builds, and batches whose counters differ (in the order
+    the builds report them). With fields, each record's key and headers are the texts before
+    its value."""
     differing = 0
     for config in configs:
         a, b = Guest(old, config), Guest(new, config)
         for i in range(0, len(texts), 200):
-            recs = [Rec(t.encode()) for t in texts[i:i + 200]]
+            batch = texts[i:i + 200]
+            recs = [Rec(t.encode(), batch[j - 1].encode() if fields else None,
+                        [("x-pii", batch[j - 2].encode()), ("h", t[:9].encode())] if fields else [])
+                    for j, t in enumerate(batch)]
             (da, ca), (db, cb) = a.run(recs), b.run(recs)
             for rec, x, y in zip(recs, da, db, strict=True):
                 if x != y:
                     differing += 1
                     if differing <= 5:
-                        print(f"DIFFERS under {config}: {rec.value!r}\n  old {x}\n  new {y}")
-            if ca != cb and da == db:
+                        print(f"DIFFERS under {config}: {rec!r}\n  old {x}\n  new {y}")
+            if list(ca.items()) != list(cb.items()) and da == db:
                 differing += 1
                 print(f"COUNTS differ under {config}: old {ca}, new {cb}")
     return differing
@@ -213,10 +275,21 @@ def main() -> int:
         ("JSON with many matches", list(many_match_records(args.random // 4, rng)),
          [{}, CONFIGS[2], CONFIGS[3],
           {"detectors": {"card": {"mask": "#"}, "phone": {"keep_last": 2}}}]),
+        ("benchmark records", bench_texts(args.random // 5), [{}, CONFIGS[3], CONFIGS[5]]),
+        ("JSON numbers", list(number_texts(args.random // 2, rng)),
+         [{}, CONFIGS[2], CONFIGS[7]]),
+        ("records of every length", list(length_texts(args.random, rng)),
+         [{}, CONFIGS[1], CONFIGS[6]]),
+        ("values after white space or a BOM", list(padded_texts(args.random, rng)),
+         [{}, CONFIGS[2], CONFIGS[5]]),
     ]
     total = 0
+    keyed = [{"keys": True, "headers": True}, {"keys": True, "headers": ["X-PII"], "mode": "json"},
+             {"keys": True, "headers": True, "fields": ["a", "n[*]"]}]
+    sets += [(f"{name}, as keys and headers too", texts[:args.random // 4], keyed)
+             for name, texts, _ in sets[:1] + sets[-3:]]
     for name, texts, configs in sets:
-        differing = compare(args.old, args.new, texts, configs)
+        differing = compare(args.old, args.new, texts, configs, fields=", as keys" in name)
         print(f"{name}: {len(texts)} records x {len(configs)} configurations, "
               f"{differing} differ")
         total += differing
