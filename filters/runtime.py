@@ -423,10 +423,10 @@ class LoadedFilter:
             effect(self._count_fallback)
             if isinstance(exc, GuestFailure) and exc.kind == "timeout":
                 # A deadline is spent: do not spend it a second time on the same batch.
-                # Kept without its traceback: the frames of the failed call hold the batch's
-                # views and buffers exported from them (a cffi from_buffer of a memoryview);
-                # kept with them, they end in a reference cycle, and CPython 3.11's collector
-                # clears an exported memoryview there and then crashes freeing it (gh-77894).
+                # Kept without its traceback, whose frames hold the batch's views (and, but
+                # for native_call's release, a buffer exported from one): frames kept alive
+                # by a failure end up in reference cycles, where CPython 3.11's collector
+                # clears an exported memoryview and then crashes freeing it (gh-77894).
                 self._native_failure.last = (
                     (id(ctx), offset_base, timestamp_base, count), exc.with_traceback(None))
             return None
