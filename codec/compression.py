@@ -306,10 +306,12 @@ def _lz4_decompress(payload: Buffer, limit: int, guess: int | None) -> memoryvie
     try:
         if LZ4_SEALED_NATIVE and not isinstance(payload, bytes):
             # A view of a fetched frame is read where it lies: bytes(payload) copied every
-            # batch before decompressing it. `src` keeps the buffer exported for the call.
-            src = _ls_ffi.from_buffer(payload)
-            return lz4_frame.decompress(payload, limit, guess,
-                                        int(_ls_ffi.cast("uintptr_t", src)))
+            # batch before decompressing it. `src` keeps the buffer exported for the call,
+            # and only for it: an export left in the frame of a raised error, in a reference
+            # cycle, crashes CPython 3.11's collector (gh-77894; filters/native_call.py).
+            with _ls_ffi.from_buffer(payload) as src:
+                return lz4_frame.decompress(payload, limit, guess,
+                                            int(_ls_ffi.cast("uintptr_t", src)))
         return lz4_frame.decompress(payload, limit, guess)
     except lz4_frame.Lz4Limit:
         raise _too_large(limit) from None
@@ -432,11 +434,11 @@ def lz4_sealed_frame(data: Buffer, tail: bytes) -> Buffer:
     (`lz4_stored_frame`) when the native module is not built or `tail` is too short."""
     if not LZ4_SEALED_NATIVE or len(tail) < 4:
         return lz4_stored_frame(data)
-    src = _ls_ffi.from_buffer(data)
-    cap = int(_ls_lib.lz4_sealed_bound(len(src)))
-    out = _frame_buffer(cap)
-    written = int(_ls_lib.lz4_sealed_frame(src, len(src), tail, len(tail),
-                                           _ls_ffi.from_buffer(out), cap))
+    with _ls_ffi.from_buffer(data) as src:  # given back before anything is raised
+        cap = int(_ls_lib.lz4_sealed_bound(len(src)))
+        out = _frame_buffer(cap)
+        written = int(_ls_lib.lz4_sealed_frame(src, len(src), tail, len(tail),
+                                               _ls_ffi.from_buffer(out), cap))
     if written < 0:
         raise RuntimeError("lz4_sealed_frame: output bound too small")
     return bytes(memoryview(out)[:written])

@@ -331,9 +331,9 @@ _INT32_MAX = 2**31 - 1
 
 def _native_check(data: Buffer, start: int, count: int, max_headers: int) -> tuple[int, int]:
     # One C call walks every record from `start`: (0, count) or (RC_* code, failing record).
-    buf = _rc_ffi.from_buffer("uint8_t[]", data)
     where = _rc_ffi.new("int64_t *")
-    rc = _rc_lib.rc_check_section(buf + start, len(buf) - start, count, max_headers, where)
+    with _rc_ffi.from_buffer("uint8_t[]", data) as buf:  # given back before any error leaves
+        rc = _rc_lib.rc_check_section(buf + start, len(buf) - start, count, max_headers, where)
     return int(rc), int(where[0])
 
 

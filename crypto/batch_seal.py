@@ -177,27 +177,30 @@ def _read_varint(raw: bytes, pos: int) -> tuple[int, int]:
 def scan(section: Any, count: int, reserved: str = "") -> Scan:
     """One pass over `section` (`count` records): see `Scan`."""
     ffi, lib = _ffi, _lib
-    src = ffi.from_buffer(section)
-    res = reserved.encode()
-    outs = getattr(_local, "scan_outs", None)
-    if outs is None:
-        # The call's out-parameters, kept per thread: read right after each call, so one set
-        # serves every scan on this thread (nine allocations fewer per batch).
-        outs = _local.scan_outs = tuple(ffi.new(t) for t in (
-            "uint32_t *", "size_t *", "size_t *", "uint32_t *", "uint32_t *", "uint32_t *",
-            "int64_t *", "size_t *", "size_t *"))
-    first, goff, glen, gcount, encrypted, values, at, noff, nlen = outs
-    rc = _check(lib.sb_scan(src, len(src), count, res, len(res), first, goff, glen, gcount,
-                            encrypted, values, at, noff, nlen))
-    group = b""
-    if rc == 0:
-        group = bytes(ffi.buffer(src)[goff[0]:goff[0] + glen[0]])
-    found = None
-    if at[0] >= 0:
-        name = bytes(ffi.buffer(src)[noff[0]:noff[0] + nlen[0]]).decode("utf-8", "replace")
-        found = (int(at[0]), name)
-    return Scan(int(values[0]), int(encrypted[0]), int(first[0]) if rc == 0 else -1, group,
-                int(gcount[0]) if rc == 0 else 0, found)
+    # Each call gives `section`'s buffer back on the way out, an exception's too: a frame kept
+    # by a traceback in a reference cycle with a memoryview still exported from it crashes
+    # CPython 3.11's collector (gh-77894; filters/native_call.py).
+    with ffi.from_buffer(section) as src:
+        res = reserved.encode()
+        outs = getattr(_local, "scan_outs", None)
+        if outs is None:
+            # The call's out-parameters, kept per thread: read right after each call, so one set
+            # serves every scan on this thread (nine allocations fewer per batch).
+            outs = _local.scan_outs = tuple(ffi.new(t) for t in (
+                "uint32_t *", "size_t *", "size_t *", "uint32_t *", "uint32_t *", "uint32_t *",
+                "int64_t *", "size_t *", "size_t *"))
+        first, goff, glen, gcount, encrypted, values, at, noff, nlen = outs
+        rc = _check(lib.sb_scan(src, len(src), count, res, len(res), first, goff, glen, gcount,
+                                encrypted, values, at, noff, nlen))
+        group = b""
+        if rc == 0:
+            group = bytes(ffi.buffer(src)[goff[0]:goff[0] + glen[0]])
+        found = None
+        if at[0] >= 0:
+            name = bytes(ffi.buffer(src)[noff[0]:noff[0] + nlen[0]]).decode("utf-8", "replace")
+            found = (int(at[0]), name)
+        return Scan(int(values[0]), int(encrypted[0]), int(first[0]) if rc == 0 else -1, group,
+                    int(gcount[0]) if rc == 0 else 0, found)
 
 
 def first_group(section: Any, count: int) -> Scan:
@@ -205,16 +208,16 @@ def first_group(section: Any, count: int) -> Scan:
     header and its group, the parse stopping there (`encrypted` is 1 when one was found, else
     0; `values` and `reserved` are not looked for). The opener reads every record anyway."""
     ffi, lib = _ffi, _lib
-    src = ffi.from_buffer(section)
-    outs = getattr(_local, "first_outs", None)
-    if outs is None:
-        outs = _local.first_outs = tuple(ffi.new(t) for t in (
-            "uint32_t *", "size_t *", "size_t *", "uint32_t *"))
-    first, goff, glen, gcount = outs
-    if _check(lib.sb_first_group(src, len(src), count, first, goff, glen, gcount)):
-        return Scan(0, 0, -1, b"", 0, None)
-    group = bytes(ffi.buffer(src)[goff[0]:goff[0] + glen[0]])
-    return Scan(0, 1, int(first[0]), group, int(gcount[0]), None)
+    with ffi.from_buffer(section) as src:
+        outs = getattr(_local, "first_outs", None)
+        if outs is None:
+            outs = _local.first_outs = tuple(ffi.new(t) for t in (
+                "uint32_t *", "size_t *", "size_t *", "uint32_t *"))
+        first, goff, glen, gcount = outs
+        if _check(lib.sb_first_group(src, len(src), count, first, goff, glen, gcount)):
+            return Scan(0, 0, -1, b"", 0, None)
+        group = bytes(ffi.buffer(src)[goff[0]:goff[0] + glen[0]])
+        return Scan(0, 1, int(first[0]), group, int(gcount[0]), None)
 
 
 def seal_section(section: Any, count: int, key: bytes, nonces: Any, prefix: bytes,
@@ -227,20 +230,20 @@ def seal_section(section: Any, count: int, key: bytes, nonces: Any, prefix: byte
     sealed record, or `group` the same already encoded (`encode_headers`) with
     `group_count` headers."""
     ffi, lib = _ffi, _lib
-    src = ffi.from_buffer(section)
-    if group is None:
-        group, group_count = encode_headers(ours), len(ours)
-    cap = len(src) + count * (len(group) + _GROWTH)
-    out = _output(section, cap)
-    fates = bytearray(count)
-    scratch = _space("scratch", len(prefix) + 64 + len(src) + TAG_SIZE)
-    sealed = ffi.new("uint32_t *")
-    n = _check(lib.sb_seal_values(src, len(src), count, key, ffi.from_buffer(nonces),
-                                  len(nonces), prefix, len(prefix), group, len(group),
-                                  group_count,
-                                  ffi.from_buffer(scratch), len(scratch), ffi.from_buffer(out),
-                                  cap, ffi.from_buffer(fates), sealed))
-    return _result(out, n), bytes(fates), int(sealed[0])
+    with ffi.from_buffer(section) as src:
+        if group is None:
+            group, group_count = encode_headers(ours), len(ours)
+        cap = len(src) + count * (len(group) + _GROWTH)
+        out = _output(section, cap)
+        fates = bytearray(count)
+        scratch = _space("scratch", len(prefix) + 64 + len(src) + TAG_SIZE)
+        sealed = ffi.new("uint32_t *")
+        n = _check(lib.sb_seal_values(src, len(src), count, key, ffi.from_buffer(nonces),
+                                      len(nonces), prefix, len(prefix), group, len(group),
+                                      group_count,
+                                      ffi.from_buffer(scratch), len(scratch), ffi.from_buffer(out),
+                                      cap, ffi.from_buffer(fates), sealed))
+        return _result(out, n), bytes(fates), int(sealed[0])
 
 
 def open_section(section: Any, count: int, key: bytes, prefix: bytes, group: bytes,
@@ -249,18 +252,18 @@ def open_section(section: Any, count: int, key: bytes, prefix: bytes, group: byt
     record must carry exactly `group` (else `Slow`); `Tampered` names the first record that
     fails authentication."""
     ffi, lib = _ffi, _lib
-    src = ffi.from_buffer(section)
-    out = _output(section, len(src))
-    fates = bytearray(count)
-    scratch = _space("scratch", len(prefix) + 64 + len(src))
-    where = ffi.new("uint32_t *")
-    n = lib.sb_open_values(src, len(src), count, key, prefix, len(prefix), group, len(group),
-                           group_count, ffi.from_buffer(scratch), len(scratch),
-                           ffi.from_buffer(out), len(out), ffi.from_buffer(fates), where)
-    if n == _TAMPERED:
-        raise Tampered(int(where[0]))
-    n = _check(n)
-    return _result(out, n), bytes(fates)
+    with ffi.from_buffer(section) as src:
+        out = _output(section, len(src))
+        fates = bytearray(count)
+        scratch = _space("scratch", len(prefix) + 64 + len(src))
+        where = ffi.new("uint32_t *")
+        n = lib.sb_open_values(src, len(src), count, key, prefix, len(prefix), group, len(group),
+                               group_count, ffi.from_buffer(scratch), len(scratch),
+                               ffi.from_buffer(out), len(out), ffi.from_buffer(fates), where)
+        if n == _TAMPERED:
+            raise Tampered(int(where[0]))
+        n = _check(n)
+        return _result(out, n), bytes(fates)
 
 
 def fast_iv() -> bool:
@@ -319,18 +322,18 @@ def plan_fields(section: Any, count: int, packed: bytes, npaths: int, max_seals:
     """The fields `seal_fields` would seal in `section` (`Slow` when a value is not a JSON
     object the native scanner accepts, or a record holds more than `max_seals`)."""
     ffi, lib = _ffi, _lib
-    src = ffi.from_buffer(section)
-    records = ffi.new("uint32_t *")
-    seals = ffi.new("uint32_t *")
-    # Fields never overlap and each takes at least 4 bytes of its document ("":0): the
-    # spans fit in this many words.
-    words = 1 + count + 3 * (len(src) // 4 + count)
-    plan = _space("plan", 4 * words)
-    used = _check(lib.sb_seal_fields(src, len(src), count, b"", b"", 0, b"", 0, packed,
-                                     len(packed), npaths, b"", 0, 0, max_seals, ffi.NULL, 0,
-                                     ffi.NULL, 0, ffi.NULL, records, seals,
-                                     ffi.cast("uint32_t *", ffi.from_buffer(plan)), words))
-    return FieldPlan(int(seals[0]), bytes(memoryview(plan)[:4 * used]))
+    with ffi.from_buffer(section) as src:
+        records = ffi.new("uint32_t *")
+        seals = ffi.new("uint32_t *")
+        # Fields never overlap and each takes at least 4 bytes of its document ("":0): the
+        # spans fit in this many words.
+        words = 1 + count + 3 * (len(src) // 4 + count)
+        plan = _space("plan", 4 * words)
+        used = _check(lib.sb_seal_fields(src, len(src), count, b"", b"", 0, b"", 0, packed,
+                                         len(packed), npaths, b"", 0, 0, max_seals, ffi.NULL, 0,
+                                         ffi.NULL, 0, ffi.NULL, records, seals,
+                                         ffi.cast("uint32_t *", ffi.from_buffer(plan)), words))
+        return FieldPlan(int(seals[0]), bytes(memoryview(plan)[:4 * used]))
 
 
 def seal_fields(section: Any, count: int, key: bytes, nonces: Any, prefix: bytes,
@@ -340,23 +343,23 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: Any, prefix: bytes
     the proxy's headers but ``sluice.enc.fields``, which each sealed record also gets. `plan`
     is `plan_fields`'s answer for this very section (without it each value is scanned)."""
     ffi, lib = _ffi, _lib
-    src = ffi.from_buffer(section)
-    group = encode_headers(ours)
-    cap = 2 * len(src) + count * (len(group) + len(packed) + 128) + 64 * len(nonces) + 4096
-    out = _output(section, cap)
-    fates = bytearray(count)
-    scratch = _space("scratch", len(prefix) + 4 * len(src) + 64 * 256 + 4096)
-    records = ffi.new("uint32_t *")
-    seals = ffi.new("uint32_t *")
-    spans = (ffi.NULL if plan is None
-             else ffi.cast("uint32_t *", ffi.from_buffer(plan.spans)))
-    n = _check(lib.sb_seal_fields(src, len(src), count, key, ffi.from_buffer(nonces),
-                                  len(nonces), prefix, len(prefix), packed, len(packed),
-                                  npaths, group, len(group),
-                                  len(ours), max_seals, ffi.from_buffer(scratch), len(scratch),
-                                  ffi.from_buffer(out), cap, ffi.from_buffer(fates), records,
-                                  seals, spans, 0 if plan is None else len(plan.spans) // 4))
-    return _result(out, n), bytes(fates), int(records[0]), int(seals[0])
+    with ffi.from_buffer(section) as src:
+        group = encode_headers(ours)
+        cap = 2 * len(src) + count * (len(group) + len(packed) + 128) + 64 * len(nonces) + 4096
+        out = _output(section, cap)
+        fates = bytearray(count)
+        scratch = _space("scratch", len(prefix) + 4 * len(src) + 64 * 256 + 4096)
+        records = ffi.new("uint32_t *")
+        seals = ffi.new("uint32_t *")
+        spans = (ffi.NULL if plan is None
+                 else ffi.cast("uint32_t *", ffi.from_buffer(plan.spans)))
+        n = _check(lib.sb_seal_fields(src, len(src), count, key, ffi.from_buffer(nonces),
+                                      len(nonces), prefix, len(prefix), packed, len(packed),
+                                      npaths, group, len(group),
+                                      len(ours), max_seals, ffi.from_buffer(scratch), len(scratch),
+                                      ffi.from_buffer(out), cap, ffi.from_buffer(fates), records,
+                                      seals, spans, 0 if plan is None else len(plan.spans) // 4))
+        return _result(out, n), bytes(fates), int(records[0]), int(seals[0])
 
 
 def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: bytes,
@@ -367,16 +370,17 @@ def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: byt
     layout 2, else `Slow`) and a ``sluice.enc.fields`` header; `Tampered` names the first
     record that fails authentication."""
     ffi, lib = _ffi, _lib
-    src = ffi.from_buffer(section)
-    out = _output(section, len(src))
-    fates = bytearray(count)
-    scratch = _space("scratch", len(prefix) + 2 * len(src) + 4096)
-    where = ffi.new("uint32_t *")
-    opened = ffi.new("uint32_t *")
-    n = lib.sb_open_fields(src, len(src), count, key, prefix, len(prefix), group3, len(group3),
-                           group3_count, ffi.from_buffer(scratch), len(scratch),
-                           ffi.from_buffer(out), len(out), ffi.from_buffer(fates), where, opened)
-    if n == _TAMPERED:
-        raise Tampered(int(where[0]))
-    n = _check(n)
-    return _result(out, n), bytes(fates), int(opened[0])
+    with ffi.from_buffer(section) as src:
+        out = _output(section, len(src))
+        fates = bytearray(count)
+        scratch = _space("scratch", len(prefix) + 2 * len(src) + 4096)
+        where = ffi.new("uint32_t *")
+        opened = ffi.new("uint32_t *")
+        n = lib.sb_open_fields(src, len(src), count, key, prefix, len(prefix), group3, len(group3),
+                               group3_count, ffi.from_buffer(scratch), len(scratch),
+                               ffi.from_buffer(out), len(out), ffi.from_buffer(fates), where,
+                               opened)
+        if n == _TAMPERED:
+            raise Tampered(int(where[0]))
+        n = _check(n)
+        return _result(out, n), bytes(fates), int(opened[0])

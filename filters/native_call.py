@@ -115,6 +115,11 @@ class NativeCall:
             done = self._run(c, ticks, ptr, size, head, len(head), data, len(rest), records)
         finally:
             guest.depth -= 1
+            if data is not rest:
+                # The export of `rest` ends here, not when this frame goes: a failure's
+                # traceback keeps the frame, and an exported memoryview left in a reference
+                # cycle crashes CPython 3.11's collector (gh-77894).
+                _ffi.release(data)
         if done < 0:
             if done == CALL_FAILED:
                 raise guest.fail_from(c.error, self._trap)

@@ -423,8 +423,12 @@ class LoadedFilter:
             effect(self._count_fallback)
             if isinstance(exc, GuestFailure) and exc.kind == "timeout":
                 # A deadline is spent: do not spend it a second time on the same batch.
+                # Kept without its traceback, whose frames hold the batch's views (and, but
+                # for native_call's release, a buffer exported from one): frames kept alive
+                # by a failure end up in reference cycles, where CPython 3.11's collector
+                # clears an exported memoryview and then crashes freeing it (gh-77894).
                 self._native_failure.last = (
-                    (id(ctx), offset_base, timestamp_base, count), exc)
+                    (id(ctx), offset_base, timestamp_base, count), exc.with_traceback(None))
             return None
         finally:
             self._release(instance)
@@ -536,25 +540,31 @@ class LoadedFilter:
         failure: str | None = None
         remembered = getattr(self._native_failure, "last", None)
         self._native_failure.last = None
-        with self._instance(ctx.direction) as instance:
-            try:
-                if remembered is not None and remembered[0] == (
-                    id(ctx), offset_base, timestamp_base, len(records)
-                ):
-                    raise remembered[1]  # the native call on this batch already failed
-                decisions, detectors = instance.run(ctx, records, offset_base, timestamp_base)
-            except PartitionError as exc:
-                self._partition_error(exc, ctx, len(records))
-                raise
-            except Exception as exc:
-                # GuestFailure, a failed re-initialisation, or a bug of ours: a trapped
-                # instance is already marked dead; anything unexpected drops it too.
-                if not isinstance(exc, GuestFailure):
-                    instance.discard()
-                failure = self._failed(exc, "filter", ctx, len(records))
-                decisions = [Decision(Action.REJECT, reason=failure, failure=failure)] * len(
-                    records)
-                detectors = {}
+        decisions: list[Decision] = []
+        detectors: dict[str, int] = {}
+        if remembered is not None and remembered[0] == (
+            id(ctx), offset_base, timestamp_base, len(records)
+        ):
+            # The native call on this batch already failed: its failure, taken as is. Not
+            # raised again: a frame holding the exception it raises is a reference cycle.
+            failure = self._failed(remembered[1], "filter", ctx, len(records))
+        else:
+            with self._instance(ctx.direction) as instance:
+                try:
+                    decisions, detectors = instance.run(ctx, records, offset_base,
+                                                        timestamp_base)
+                except PartitionError as exc:
+                    self._partition_error(exc, ctx, len(records))
+                    raise
+                except Exception as exc:
+                    # GuestFailure, a failed re-initialisation, or a bug of ours: a trapped
+                    # instance is already marked dead; anything unexpected drops it too.
+                    if not isinstance(exc, GuestFailure):
+                        instance.discard()
+                    failure = self._failed(exc, "filter", ctx, len(records))
+        if failure is not None:
+            decisions = [Decision(Action.REJECT, reason=failure, failure=failure)] * len(records)
+            detectors = {}
         failed = 0
         for i, d in enumerate(decisions):
             if d.failure is None:

@@ -11,13 +11,14 @@ import cramjam
 import pytest
 
 from sluice.codec.compression import (
+    CODEC_LZ4,
     XERIAL_MAGIC,
     _lz4_output_bound,
     compress,
     decompress,
     is_xerial,
 )
-from sluice.codec.errors import CorruptBatch, UnsupportedCompression
+from sluice.codec.errors import CodecError, CorruptBatch, UnsupportedCompression
 
 DATA = b"".join(os.urandom(64) * 3 for _ in range(2000))  # ~384 KiB, several blocks
 
@@ -146,3 +147,17 @@ def test_unknown_codec_ids(codec: int) -> None:
         decompress(codec, b"abc")
     with pytest.raises(UnsupportedCompression):
         compress(codec, b"abc")
+
+
+@pytest.mark.parametrize("cut, limit", [(0, 1000), (9, 1 << 20)])
+def test_a_refused_lz4_view_is_not_left_exported_by_the_error(cut: int, limit: int) -> None:
+    """A view of an lz4 frame is read where it lies, and given back before an error leaves
+    (too large, or cut short): the error's traceback keeps the frame that read it, and a
+    memoryview still exported from a kept frame, in a reference cycle, crashes CPython 3.11's
+    collector (gh-77894)."""
+    frame = compress(CODEC_LZ4, DATA)
+    view = memoryview(bytearray(frame[:len(frame) - cut]))
+    with pytest.raises(CodecError) as caught:
+        decompress(CODEC_LZ4, view, limit)
+    assert caught.value.__traceback__ is not None
+    view.release()  # BufferError while the kept frame still exports it

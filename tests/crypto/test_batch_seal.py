@@ -126,6 +126,33 @@ def test_the_value_sealer_never_reads_past_the_nonces_it_was_given() -> None:
         batch_seal.seal_section(section, 3, key, nonces[:24], prefix)
 
 
+def test_a_refused_section_is_not_left_exported_by_the_error() -> None:
+    """Each native call gives the section's buffer back before its error leaves: the error's
+    traceback keeps the call's frame, and a memoryview still exported from a kept frame, in a
+    reference cycle, crashes CPython 3.11's collector (gh-77894). A view of a valid section
+    with too few nonces, and one of a section that does not parse, fail every call."""
+    records = [Record(i, i, b"k", b"value %d" % i, [], 0) for i in range(3)]
+    good = bytes(encode_records(records))
+    key, prefix = bytes(range(32)), b"prefix"
+    nonces = counting_nonces()(12 * 3)
+    calls: list[Callable[[memoryview], object]] = [
+        lambda s: batch_seal.seal_section(s, 3, key, nonces[:24], prefix),
+        lambda s: batch_seal.scan(s, 3),
+        lambda s: batch_seal.first_group(s, 3),
+        lambda s: batch_seal.open_section(s, 3, key, prefix, b"", 0),
+        lambda s: batch_seal.plan_fields(s, 3, batch_seal.pack_paths(["a"]), 1, 8),
+        lambda s: batch_seal.seal_fields(s, 3, key, nonces, prefix,
+                                         batch_seal.pack_paths(["a"]), 1, [], 8),
+        lambda s: batch_seal.open_fields(s, 3, key, prefix, b"", 0),
+    ]
+    for i, call in enumerate(calls):
+        section = memoryview(bytearray(good if i == 0 else b"\x7f\x01\x02"))
+        with pytest.raises(Exception) as caught:
+            call(section)
+        assert caught.value.__traceback__ is not None, i
+        section.release()  # BufferError while the kept frame still exports it
+
+
 def test_native_sealing_draws_each_batchs_nonces_from_openssl(runner: EncryptRunner) -> None:
     """Without an injected source the native sealer takes a batch's nonces from OpenSSL's
     CSPRNG in one call (`fresh_nonces`, RAND_bytes): 96 random bits per value, none repeated

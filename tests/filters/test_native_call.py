@@ -6,6 +6,8 @@ test_host_sha256's."""
 
 from __future__ import annotations
 
+import gc
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 
 from sluice.filters import host_sha256, native_call
 from sluice.filters.abi_sluice import RECORD_BUDGET_US
+from sluice.filters.context import FilterRecord
 from sluice.filters.guest import GuestFailure
 from sluice.filters.module_cache import ModuleCache
 from sluice.filters.native_io import native_input_head
@@ -112,6 +115,49 @@ def test_a_records_call_past_its_deadline_fails_as_a_timeout(
     with _loaded(tmp_path, module_cache, mode, spin, timeout_ms=10) as (f, _image):
         failure = _failure(f)
         assert failure.kind == "timeout" and "10 ms" in failure.message
+
+
+def test_a_failed_records_call_keeps_no_export_of_its_input(
+        tmp_path: Path, module_cache: ModuleCache, mode: str) -> None:
+    """The input's buffer is given back when the call ends, a failed one too: the failure's
+    traceback keeps the call's frames, and a memoryview still exported from one of them,
+    once in a reference cycle, crashes CPython 3.11's collector (gh-77894: it clears the
+    view, then frees it). That crash took pytest workers down under load."""
+    with _loaded(tmp_path, module_cache, mode, "unreachable") as (f, _image):
+        section = memoryview(bytearray(64))
+        with pytest.raises(GuestFailure) as caught:
+            _runner(f).run_native(CTX, section, 1, 0, 0)
+        assert caught.value.kind == "trap" and caught.value.__traceback__ is not None
+        section.release()  # BufferError while a kept frame still exports it
+
+
+def test_a_batch_whose_records_call_timed_out_leaves_no_frame_in_a_cycle(
+        tmp_path: Path, module_cache: ModuleCache, mode: str) -> None:
+    """run_batch on the batch whose records call ran out of time takes that call's failure
+    (not a second deadline), and neither the failure kept for it nor its replay ties the
+    frames of the calls to it in a reference cycle: the collector, which would have to
+    break such a cycle, finds none of their frames (they held the batch's buffers)."""
+    spin = "(loop $l (br $l)) (i64.const 0)"
+    with _loaded(tmp_path, module_cache, mode, spin, timeout_ms=10) as (f, _image):
+        section = memoryview(bytearray(64))
+        gc.collect()
+        gc.disable()
+        try:
+            assert f.run_native(CTX, section, 1) is None
+            section.release()  # the failure kept for run_batch exports nothing
+            made = f.instantiations
+            result = f.run_batch(CTX, [FilterRecord(0, 0, b"k", b"v", [])])
+            assert result.failure is not None and "timeout" in result.failure
+            assert f.instantiations == made  # the guest was not called again
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            ours = [o.f_code.co_name for o in gc.garbage if isinstance(o, types.FrameType)
+                    and "/filters/" in o.f_code.co_filename]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert ours == []
 
 
 def test_a_records_call_that_returns_an_error_runs_no_pass(
