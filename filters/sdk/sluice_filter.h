@@ -1277,14 +1277,13 @@ static sluice_bytes sl__vbytes(sl__rd *r, int nullable) {
     return sl__take(r, n, nullable);
 }
 
-static uint32_t sl__vsize(int64_t v) {
+/* Without a loop (a Wasm loop pays wasmtime's epoch check on every turn): from the highest set
+ * bit of the zigzag value (0 for 0), floor(bit * 9 / 64) + 1 is 1 for bits 0-6, 2 for 7-13,
+ * ..., 10 for 63, the bytes of 7 bits each. */
+static inline uint32_t sl__vsize(int64_t v) {
     uint64_t z = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
-    uint32_t n = 1;
-    while (z > 0x7f) {
-        z >>= 7;
-        n++;
-    }
-    return n;
+    uint32_t bit = 63u - (uint32_t)__builtin_clzll(z | 1u);
+    return (bit * 9u + 73u) >> 6;
 }
 
 static void sl__wvar(uint8_t **p, int64_t v) {
