@@ -23,6 +23,8 @@
 /* matches are counted per batch and reported once at its end (det_counts) */
 #define SLUICE_BATCH_BEGIN pii_batch_begin
 #define SLUICE_BATCH_END pii_batch_end
+/* sluice_on_record is below: the records entry point calls it in line */
+#define SLUICE_ON_RECORD_DEFINED 1
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
 
