@@ -34,6 +34,7 @@ _SLOW: Final = -2
 _TAMPERED: Final = -3
 _CRYPTO: Final = -4
 _SPACE: Final = -5
+_PLAN: Final = -6
 #: Per record, the most a sealed record grows besides the proxy's headers.
 _GROWTH: Final = 1 + NONCE_SIZE + TAG_SIZE + 30
 #: The fewest bytes a record takes: length, attributes, timestamp and offset deltas, key and
@@ -78,7 +79,8 @@ def _result(out: bytearray, n: int) -> bytes | memoryview:
 
 
 class NativeSealError(RuntimeError):
-    """The native call failed for a reason that is not the data's (OpenSSL, buffer size)."""
+    """The native call failed for a reason that is not the data's (OpenSSL, buffer size, a
+    field plan that is not the section's)."""
 
 
 class Malformed(ValueError):
@@ -127,6 +129,8 @@ def _check(rc: int) -> int:
         raise Malformed("malformed records section")
     if rc == _SLOW:
         raise Slow()
+    if rc == _PLAN:
+        raise NativeSealError("the field plan does not match the section")
     raise NativeSealError("OpenSSL failed" if rc == _CRYPTO else f"native error {rc}")
 
 
@@ -355,7 +359,8 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: Any, prefix: bytes
                 plan: FieldPlan | None = None) -> tuple[bytes | memoryview, bytes, int, int]:
     """Fields mode: (new section, fate per record, records sealed, fields sealed). `ours` are
     the proxy's headers but ``sluice.enc.fields``, which each sealed record also gets. `plan`
-    is `plan_fields`'s answer for this very section (without it each value is scanned)."""
+    is `plan_fields`'s answer for this very section (without it each value is scanned; the
+    C code checks each span against its record, NativeSealError if one does not fit)."""
     ffi, lib = _ffi, _lib
     with ffi.from_buffer(section) as src:
         _bound(count, len(src))

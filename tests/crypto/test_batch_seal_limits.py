@@ -1,9 +1,10 @@
 """The native batch sealer (crypto/batch_seal.py, crypto/batch_seal.c) at the edges of what it
-is given: a record count the section cannot hold is refused with an error, never allocated
-on trust."""
+is given: a record count the section cannot hold, and a field plan that does not match the
+section it is used on. Each is refused with an error, never read or allocated on trust."""
 
 from __future__ import annotations
 
+import struct
 import tracemalloc
 from collections.abc import Callable
 
@@ -49,3 +50,67 @@ def test_a_count_the_section_cannot_hold_is_refused_before_anything_is_allocated
     assert batch_seal.seal_section(smallest, 10, KEY, NONCES, PREFIX)[1] == bytes(10)
     with pytest.raises(batch_seal.Malformed):
         batch_seal.open_section(section, -1, KEY, PREFIX, b"", 0)
+
+
+def _plan_records(plan: batch_seal.FieldPlan) -> list[list[tuple[int, int, int]]]:
+    words = struct.unpack(f"<{len(plan.spans) // 4}I", plan.spans)
+    out, at = [], 0
+    while at < len(words):
+        n = words[at]
+        out.append([tuple(words[at + 1 + 3 * a:at + 4 + 3 * a]) for a in range(n)])
+        at += 1 + 3 * n
+    return out  # type: ignore[return-value]
+
+
+def _plan_of(records: list[list[tuple[int, int, int]]], seals: int) -> batch_seal.FieldPlan:
+    words: list[int] = []
+    for spans in records:
+        words.append(len(spans))
+        for span in spans:
+            words.extend(span)
+    return batch_seal.FieldPlan(seals, struct.pack(f"<{len(words)}I", *words))
+
+
+_DOCS = [b'{"a": 1, "b": "xy"}', None, b'{"b": [1, 2], "a": {"c": 3}}']
+_SECTION = bytes(encode_records([Record(i, i, b"k", v, [], 0) for i, v in enumerate(_DOCS)]))
+_PACKED = batch_seal.pack_paths(["a", "b"])
+
+
+def _seal(plan: batch_seal.FieldPlan) -> tuple[object, ...]:
+    return batch_seal.seal_fields(_SECTION, 3, KEY, NONCES, PREFIX, _PACKED, 2, [], 8, plan)
+
+
+def test_the_plan_of_the_section_is_used_as_it_is() -> None:
+    plan = batch_seal.plan_fields(_SECTION, 3, _PACKED, 2, 8)
+    assert [len(s) for s in _plan_records(plan)] == [2, 0, 2]
+    assert _seal(plan)[3] == 4
+
+
+@pytest.mark.parametrize("edit", [
+    "path index", "past the value", "end before start", "out of order", "overlapping",
+    "tombstone", "words missing", "words left over"])
+def test_a_field_plan_that_does_not_match_its_section_is_refused(edit: str) -> None:
+    """`seal_fields` reads the spans `plan_fields` found rather than scanning each document
+    again; a plan that is not this section's is refused with an error naming the plan, before
+    anything outside a record's value is read."""
+    plan = batch_seal.plan_fields(_SECTION, 3, _PACKED, 2, 8)
+    good = _plan_records(plan)
+    (s0, e0, p0), (s1, e1, p1) = good[0]
+    last = len(_DOCS[0] or b"")
+    first = {
+        "path index": [(s0, e0, 2), (s1, e1, p1)],
+        "past the value": [(s0, e0, p0), (s1, last + 1, p1)],
+        "end before start": [(e0, s0, p0), (s1, e1, p1)],
+        "out of order": [(s1, e1, p1), (s0, e0, p0)],
+        "overlapping": [(s0, s1 + 1, p0), (s1, e1, p1)],
+    }
+    if edit in first:
+        bad = _plan_of([first[edit], [], good[2]], plan.seals)
+    elif edit == "tombstone":
+        bad = _plan_of([good[0], [(0, 1, 0)], good[2]], plan.seals + 1)
+    elif edit == "words missing":
+        bad = batch_seal.FieldPlan(plan.seals, plan.spans[:-4])
+    else:
+        bad = batch_seal.FieldPlan(plan.seals, plan.spans + bytes(4))
+    with pytest.raises(batch_seal.NativeSealError, match="plan"):
+        _seal(bad)
