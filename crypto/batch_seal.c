@@ -119,7 +119,9 @@ static const char H_ENC[] = "sluice.enc";
 
 static int parse_record(cursor *c, record *r) {
     int64_t len, skip;
-    if (rd_varint(c, &len) || len < 0 || len > c->end - c->p) return -1;
+    /* Kafka's record length is an int32: past it a record is malformed, and every offset
+     * inside one (hoff, a field plan's spans) fits the 32 bits kept for it, never wraps. */
+    if (rd_varint(c, &len) || len < 0 || len > INT32_MAX || len > c->end - c->p) return -1;
     cursor b = {c->p, c->p + len};
     r->start = b.p;
     r->end = b.end;

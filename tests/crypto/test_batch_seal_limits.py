@@ -1,9 +1,11 @@
 """The native batch sealer (crypto/batch_seal.py, crypto/batch_seal.c) at the edges of what it
-is given: a record count the section cannot hold, and a field plan that does not match the
-section it is used on. Each is refused with an error, never read or allocated on trust."""
+is given: a record count the section cannot hold, a field plan that does not match the
+section it is used on, and a record too long for the 32-bit offsets the C code keeps. Each is
+refused with an error, never read or allocated on trust."""
 
 from __future__ import annotations
 
+import mmap
 import struct
 import tracemalloc
 from collections.abc import Callable
@@ -18,6 +20,16 @@ pytestmark = pytest.mark.skipif(not batch_seal.AVAILABLE,
 
 KEY, PREFIX = bytes(range(32)), b"prefix"
 NONCES = bytes(12 * 64)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    value = (value << 1) ^ (value >> 63)
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def test_a_count_the_section_cannot_hold_is_refused_before_anything_is_allocated() -> None:
@@ -114,3 +126,31 @@ def test_a_field_plan_that_does_not_match_its_section_is_refused(edit: str) -> N
         bad = batch_seal.FieldPlan(plan.seals, plan.spans + bytes(4))
     with pytest.raises(batch_seal.NativeSealError, match="plan"):
         _seal(bad)
+
+
+def test_a_record_too_long_for_32_bit_offsets_is_refused_not_wrapped() -> None:
+    """Kafka's record length is an int32; the C code keeps offsets inside a record (each
+    header's start) in 32 bits. A longer record in a longer section (here a header value of
+    4 GiB, then a ``sluice.enc`` header) is malformed: before, the second header's offset
+    wrapped and the scan returned bytes of the first header as the group. The section is an
+    anonymous mapping of which only the first page is written (the rest is never read)."""
+    big = (1 << 32) + 3
+    head = (b"\x00\x00\x00" + _varint(-1) + _varint(-1) + _varint(2)
+            + _varint(1) + b"x" + _varint(big))
+    tail = _varint(10) + b"sluice.enc" + _varint(1) + b"v"
+    body = len(head) + big + len(tail)
+    prefix = _varint(body) + head
+    size = len(prefix) + big + len(tail)
+    try:
+        section = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+                            | getattr(mmap, "MAP_NORESERVE", 0))
+    except (OSError, OverflowError, ValueError) as exc:
+        pytest.skip(f"no {size}-byte mapping here: {exc}")
+    try:
+        section[:len(prefix)] = prefix
+        section[size - len(tail):] = tail
+        for call in (batch_seal.scan, batch_seal.first_group):
+            with pytest.raises(batch_seal.Malformed):
+                call(section, 1)
+    finally:
+        section.close()
