@@ -9,7 +9,8 @@ tagged fields last; v4+ ThrottleTimeMs, then Coordinators, a compact array of (K
 Host, Port, ErrorCode, ErrorMessage, tagged fields), then tagged fields. `rewrite_coordinators`
 declines (None) anything but a plain answer that kio would read as it is: truncated or
 trailing bytes, a tagged field (none is defined; kio's encoding would drop it), a null where
-the schema has none, text that is not UTF-8. The kio path then decides, as it always did.
+the schema has none, text that is not UTF-8, an error code kio does not know (its decode
+refuses it). The kio path then decides, as it always did.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import struct
 
 from .endpoints import EndpointMapper
+from .error_codes import ErrorCode
 from .errors import DecodeError
 from .guard import read_uvarint
 from .splice_fields import Buffer, uvarint_bytes
@@ -28,6 +30,8 @@ _i16, _i32 = struct.Struct(">h"), struct.Struct(">i")
 THROTTLE_FROM = 1
 FLEXIBLE_FROM = 3
 BATCHED_FROM = 4
+#: The error codes kio decodes (`ErrorCode`, equal to kio's list): any other fails its decode.
+_KNOWN_CODES = frozenset(int(code) for code in ErrorCode)
 
 
 class _Unread(Exception):
@@ -50,6 +54,14 @@ def _string(body: Buffer, pos: int, end: int, flexible: bool, nullable: bool
     if pos + size > end:
         raise _Unread()
     return str(body[pos:pos + size], "utf-8"), pos + size
+
+
+def _error_code(body: Buffer, pos: int) -> int:
+    """The position after the ErrorCode at `pos`; _Unread for a code kio would refuse."""
+    (code,) = _i16.unpack_from(body, pos)
+    if code not in _KNOWN_CODES:
+        raise _Unread()
+    return pos + 2
 
 
 def _tags_none(body: Buffer, pos: int, end: int) -> int:
@@ -77,7 +89,7 @@ def _endpoints(version: int, body: Buffer) -> list[tuple[int, int, int, str, int
     pos = 4 if version >= THROTTLE_FROM else 0
     found = []
     if version < BATCHED_FROM:
-        pos += 2  # ErrorCode
+        pos = _error_code(body, pos)
         if version >= THROTTLE_FROM:
             _, pos = _string(body, pos, end, flexible, True)  # ErrorMessage
         entry, pos = _endpoint(body, pos, end, flexible)
@@ -90,7 +102,7 @@ def _endpoints(version: int, body: Buffer) -> list[tuple[int, int, int, str, int
             _, pos = _string(body, pos, end, True, False)  # Key
             entry, pos = _endpoint(body, pos, end, True)
             found.append(entry)
-            pos += 2  # ErrorCode
+            pos = _error_code(body, pos)
             _, pos = _string(body, pos, end, True, True)  # ErrorMessage
             pos = _tags_none(body, pos, end)
     if flexible:

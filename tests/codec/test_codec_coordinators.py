@@ -142,7 +142,11 @@ def _edits(version: int) -> dict[str, bytes]:
     """Answers that are not plain ones, each by one edit of a kio-encoded answer."""
     body = _answer(version, [("g", 1, "h", 9092, 0, None)])
     host_at = body.index(b"h")
+    # The error code's place: where the same answer with another code differs.
+    other = _answer(version, [("g", 1, "h", 9092, 15, None)])
+    code_at = next(i for i, (a, b) in enumerate(zip(body, other, strict=True)) if a != b) - 1
     edits = {
+        "error code kio does not know": body[:code_at] + b"\x27\x0f" + body[code_at + 2:],
         "truncated": body[:-1],
         "trailing byte": body + b"\x00",
         "host not UTF-8": body[:host_at] + b"\xff" + body[host_at + 1:],
@@ -161,8 +165,8 @@ def _edits(version: int) -> dict[str, bytes]:
 @pytest.mark.parametrize("version", range(_SPAN[0], _SPAN[1] + 1))
 def test_what_is_not_a_plain_answer_is_left_to_kio(version: int) -> None:
     """Truncated or trailing bytes, text that is not UTF-8, a null where the schema has none,
-    a tagged field (none defined: kio's encoding would drop it): None, so the kio path reads
-    the answer and decides (it refuses most of them)."""
+    an error code kio does not know (9999), a tagged field (none defined: kio's encoding would
+    drop it): None, so the kio path reads the answer and decides (it refuses most of them)."""
     mapper = _mover({1}, "proxy.local", 19092)
     for name, body in _edits(version).items():
         assert rewrite_coordinators(version, body, mapper) is None, name
@@ -171,3 +175,28 @@ def test_what_is_not_a_plain_answer_is_left_to_kio(version: int) -> None:
         except CodecError:
             continue
         assert name in ("tagged field", "entry tagged field", "null array"), name
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(version=_VERSIONS, entries=_ENTRIES, data=st.data())
+def test_a_mangled_answer_is_spliced_only_where_kio_reads_it(version: int,
+                                                             entries: list[Entry],
+                                                             data: st.DataObject) -> None:
+    """Any answer a few byte edits away from a real one: spliced only where kio decodes it,
+    and then exactly as kio rewrites it; else None (declined), never something kio refuses."""
+    body = bytearray(_answer(version, entries))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(body) - 1))
+        edit = data.draw(st.sampled_from(["set", "insert", "delete"]))
+        if edit == "set":
+            body[at] = data.draw(st.integers(0, 255))
+        elif edit == "insert":
+            body[at:at] = bytes([data.draw(st.integers(0, 255))])
+        else:
+            del body[at]
+    mapper = _mover({e[1] for e in entries}, "proxy.local", 19092)
+    out = rewrite_coordinators(version, bytes(body), mapper)
+    if out is None:
+        return
+    expected = _by_kio(version, bytes(body), mapper)  # CodecError: spliced what kio refuses
+    assert bytes(out) == expected
