@@ -30,7 +30,7 @@
 #define SB_TAMPERED (-3)   /* a record failed authentication (its index in *where) */
 #define SB_CRYPTO (-4)     /* OpenSSL failed */
 #define SB_SPACE (-5)      /* the output buffer is too small (a bug of the caller) */
-#define SB_PLAN (-6)       /* a field plan that is not this section's (a bug of the caller) */
+#define SB_PLAN (-6)       /* a field plan that does not fit this section (a bug of the caller) */
 
 #define NONCE 12
 #define TAG 16
@@ -1928,7 +1928,9 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
         int nspans = 0;
         if (out && plan) { /* the planning call's spans for this record */
             /* Checked, not trusted: each span inside the value, after the one before, on a
-             * path given; a plan of another section is refused before a byte is read. */
+             * path given, so no byte outside the value is read. A plan that does not fit the
+             * section is refused; one of another section whose spans happen to fit is not
+             * told apart (the caller's tie of plan to section is what keeps that out). */
             if (plan_cap - plan_at < 1) { rc = SB_PLAN; goto done; }
             uint32_t want = plan[plan_at++];
             size_t vlen = r.value_len < 0 ? 0 : (size_t)r.value_len;
