@@ -346,7 +346,11 @@ def _native_reject(rc: int, where: int) -> CorruptBatch:
 
 def _read_all(batch: Any, max_headers: int | None) -> None:
     # aiokafka's reader over every record; with `max_headers`, their headers are counted.
+    # The reader holds an export of the buffer it reads (a request's memoryview, maybe): it
+    # is let go before any error leaves, since this frame, kept by the error's traceback in a
+    # reference cycle, must export nothing (CPython 3.11's collector, gh-77894).
     budget = max_headers
+    failure: Exception | None = None
     try:
         for record in batch:
             if budget is not None:
@@ -354,7 +358,10 @@ def _read_all(batch: Any, max_headers: int | None) -> None:
                 if budget < 0:
                     break
     except Exception as exc:
-        raise CorruptBatch(f"undecodable records: {exc}") from exc
+        failure = exc
+    del batch
+    if failure is not None:
+        raise CorruptBatch(f"undecodable records: {failure}") from failure
     if budget is not None and budget < 0:
         raise headers_too_many(max_headers or 0)
 

@@ -30,6 +30,7 @@
 #define SB_TAMPERED (-3)   /* a record failed authentication (its index in *where) */
 #define SB_CRYPTO (-4)     /* OpenSSL failed */
 #define SB_SPACE (-5)      /* the output buffer is too small (a bug of the caller) */
+#define SB_PLAN (-6)       /* a field plan that does not fit this section (a bug of the caller) */
 
 #define NONCE 12
 #define TAG 16
@@ -118,7 +119,9 @@ static const char H_ENC[] = "sluice.enc";
 
 static int parse_record(cursor *c, record *r) {
     int64_t len, skip;
-    if (rd_varint(c, &len) || len < 0 || len > c->end - c->p) return -1;
+    /* Kafka's record length is an int32: past it a record is malformed, and every offset
+     * inside one (hoff, a field plan's spans) fits the 32 bits kept for it, never wraps. */
+    if (rd_varint(c, &len) || len < 0 || len > INT32_MAX || len > c->end - c->p) return -1;
     cursor b = {c->p, c->p + len};
     r->start = b.p;
     r->end = b.end;
@@ -1888,7 +1891,8 @@ static const char H_FIELDS_NAME[] = "sluice.enc.fields";
  * and with `plan` the spans found go there (per record: u32 count, then start, end, path
  * per span; at most `plan_cap` words; the words written are returned). Otherwise seals them
  * with `nonces` (12 bytes per field, in order), reading the spans from `plan` (the planning
- * call's over this very section) or, without one, scanning each value again. */
+ * call's over this very section: SB_PLAN when it does not fit it) or, without one, scanning
+ * each value again. */
 long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint8_t *key,
                     const uint8_t *nonces, size_t nonces_len, const uint8_t *prefix,
                     size_t prefix_len, const uint8_t *packed_paths, size_t packed_len,
@@ -1923,16 +1927,30 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
         if ((rc = next_record(&c, &r, &rec_start, &raw))) goto done;
         int nspans = 0;
         if (out && plan) { /* the planning call's spans for this record */
-            if (plan_cap - plan_at < 1) { rc = SB_SPACE; goto done; }
-            nspans = (int)plan[plan_at++];
-            if (nspans > MAX_SPANS || plan_cap - plan_at < 3 * (size_t)nspans) {
-                rc = SB_SPACE;
+            /* Checked, not trusted: each span inside the value, after the one before, on a
+             * path given, so no byte outside the value is read. A plan that does not fit the
+             * section is refused; one of another section whose spans happen to fit is not
+             * told apart (the caller's tie of plan to section is what keeps that out). */
+            if (plan_cap - plan_at < 1) { rc = SB_PLAN; goto done; }
+            uint32_t want = plan[plan_at++];
+            size_t vlen = r.value_len < 0 ? 0 : (size_t)r.value_len;
+            if (want > MAX_SPANS || plan_cap - plan_at < 3 * (size_t)want ||
+                (want && r.value_len < 0)) {
+                rc = SB_PLAN;
                 goto done;
             }
+            nspans = (int)want;
+            size_t prev = 0;
             for (int a = 0; a < nspans; a++, plan_at += 3) {
-                spans[a].start = plan[plan_at];
-                spans[a].end = plan[plan_at + 1];
-                spans[a].path = (int)plan[plan_at + 2];
+                uint32_t start = plan[plan_at], end = plan[plan_at + 1], path = plan[plan_at + 2];
+                if (start < prev || end < start || end > vlen || path >= npaths) {
+                    rc = SB_PLAN;
+                    goto done;
+                }
+                spans[a].start = start;
+                spans[a].end = end;
+                spans[a].path = (int)path;
+                prev = end;
             }
         } else if (r.value_len >= 0) {
             nspans = find_field_spans(r.value, (size_t)r.value_len, paths, (int)npaths, spans);
@@ -2035,6 +2053,7 @@ long sb_seal_fields(const uint8_t *in, size_t in_len, uint32_t count, const uint
         (*records)++;
     }
     if (c.p != c.end) { rc = SB_MALFORMED; goto done; }
+    if (out && plan && plan_at != plan_cap) { rc = SB_PLAN; goto done; }
     rc = out ? (long)(o - out) : (long)plan_at;
 done:
     gcm_done(&g, rc);

@@ -34,8 +34,12 @@ _SLOW: Final = -2
 _TAMPERED: Final = -3
 _CRYPTO: Final = -4
 _SPACE: Final = -5
+_PLAN: Final = -6
 #: Per record, the most a sealed record grows besides the proxy's headers.
 _GROWTH: Final = 1 + NONCE_SIZE + TAG_SIZE + 30
+#: The fewest bytes a record takes: length, attributes, timestamp and offset deltas, key and
+#: value lengths, header count (one varint byte each). Bounds the count a section can hold.
+_MIN_RECORD: Final = 7
 #: Buffers up to this size are kept per thread and reused (see `_space`).
 _KEEP_BYTES: Final = 16 << 20
 _local = threading.local()
@@ -75,7 +79,8 @@ def _result(out: bytearray, n: int) -> bytes | memoryview:
 
 
 class NativeSealError(RuntimeError):
-    """The native call failed for a reason that is not the data's (OpenSSL, buffer size)."""
+    """The native call failed for a reason that is not the data's (OpenSSL, buffer size, a
+    field plan that is not the section's)."""
 
 
 class Malformed(ValueError):
@@ -109,6 +114,14 @@ class Scan:
     reserved: tuple[int, str] | None
 
 
+def _bound(count: int, size: int) -> None:
+    """Malformed unless a section of `size` bytes can hold `count` records. The calls size
+    their fate bytes, output room and plan by `count`: checked here, where they are made,
+    rather than left to the caller's own tie of the count to the records present."""
+    if not 0 <= count <= size // _MIN_RECORD:
+        raise Malformed(f"{count} records cannot fit in {size} bytes")
+
+
 def _check(rc: int) -> int:
     if rc >= 0:
         return rc
@@ -116,6 +129,8 @@ def _check(rc: int) -> int:
         raise Malformed("malformed records section")
     if rc == _SLOW:
         raise Slow()
+    if rc == _PLAN:
+        raise NativeSealError("the field plan does not match the section")
     raise NativeSealError("OpenSSL failed" if rc == _CRYPTO else f"native error {rc}")
 
 
@@ -231,6 +246,7 @@ def seal_section(section: Any, count: int, key: bytes, nonces: Any, prefix: byte
     `group_count` headers."""
     ffi, lib = _ffi, _lib
     with ffi.from_buffer(section) as src:
+        _bound(count, len(src))
         if group is None:
             group, group_count = encode_headers(ours), len(ours)
         cap = len(src) + count * (len(group) + _GROWTH)
@@ -253,6 +269,7 @@ def open_section(section: Any, count: int, key: bytes, prefix: bytes, group: byt
     fails authentication."""
     ffi, lib = _ffi, _lib
     with ffi.from_buffer(section) as src:
+        _bound(count, len(src))
         out = _output(section, len(src))
         fates = bytearray(count)
         scratch = _space("scratch", len(prefix) + 64 + len(src))
@@ -323,6 +340,7 @@ def plan_fields(section: Any, count: int, packed: bytes, npaths: int, max_seals:
     object the native scanner accepts, or a record holds more than `max_seals`)."""
     ffi, lib = _ffi, _lib
     with ffi.from_buffer(section) as src:
+        _bound(count, len(src))
         records = ffi.new("uint32_t *")
         seals = ffi.new("uint32_t *")
         # Fields never overlap and each takes at least 4 bytes of its document ("":0): the
@@ -341,9 +359,11 @@ def seal_fields(section: Any, count: int, key: bytes, nonces: Any, prefix: bytes
                 plan: FieldPlan | None = None) -> tuple[bytes | memoryview, bytes, int, int]:
     """Fields mode: (new section, fate per record, records sealed, fields sealed). `ours` are
     the proxy's headers but ``sluice.enc.fields``, which each sealed record also gets. `plan`
-    is `plan_fields`'s answer for this very section (without it each value is scanned)."""
+    is `plan_fields`'s answer for this very section (without it each value is scanned; the
+    C code checks each span against its record, NativeSealError if one does not fit)."""
     ffi, lib = _ffi, _lib
     with ffi.from_buffer(section) as src:
+        _bound(count, len(src))
         group = encode_headers(ours)
         cap = 2 * len(src) + count * (len(group) + len(packed) + 128) + 64 * len(nonces) + 4096
         out = _output(section, cap)
@@ -371,6 +391,7 @@ def open_fields(section: Any, count: int, key: bytes, prefix: bytes, group3: byt
     record that fails authentication."""
     ffi, lib = _ffi, _lib
     with ffi.from_buffer(section) as src:
+        _bound(count, len(src))
         out = _output(section, len(src))
         fates = bytearray(count)
         scratch = _space("scratch", len(prefix) + 2 * len(src) + 4096)

@@ -1,8 +1,9 @@
 /* libFuzzer target over crypto/batch_seal.c's parsers, built with ASan and UBSan (see
  * fuzz/README.md): the fields-mode JSON scan and record digest, the fields opener (seeded with
  * sections the proxy sealed, opened with their real data key, AAD prefix and header group),
- * the planning call of the fields sealer, and both header-group scans. The first input byte
- * picks the target and the record count; every length is from the input. */
+ * the planning call of the fields sealer and its seal call handed a plan one word off, and
+ * both header-group scans. The first input byte picks the target and the record count;
+ * every length is from the input. */
 #include "../crypto/batch_seal.c"
 #include <stdlib.h>
 static const uint8_t PACKED[] = {4,0,0,0,'c','a','r','d',6,0,0,0,'"','c','a','r','d','"',
@@ -48,8 +49,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     } else {
         uint32_t count = (mode >> 2) % 8 + 1;
         uint32_t plan[4096];
-        sb_seal_fields(in, n, count, key, NULL, 0, NULL, 0, PACKED, sizeof PACKED, 2, NULL, 0, 0,
-                       256, NULL, 0, NULL, 0, fates, &records, &seals, plan, 4096);
+        long used = sb_seal_fields(in, n, count, key, NULL, 0, NULL, 0, PACKED, sizeof PACKED, 2,
+                                   NULL, 0, 0, 256, NULL, 0, NULL, 0, fates, &records, &seals,
+                                   plan, 4096);
+        if (used > 0 && n >= 4) {
+            /* the seal call handed that plan with one word moved by the input's last four
+             * bytes: a plan that is not the section's is refused (SB_PLAN), never read by */
+            static uint8_t nonces[NONCE * 4096];
+            uint32_t delta;
+            memcpy(&delta, in + n - 4, 4);
+            plan[(size_t)(mode >> 5) % (size_t)used] += delta;
+            sb_seal_fields(in, n, count, key, nonces, sizeof nonces, PREFIX, PREFIX_LEN, PACKED,
+                           sizeof PACKED, 2, GROUP, GROUP_LEN, GROUP_N, 256, scratch, cap, out,
+                           cap, fates, &records, &seals, plan, (size_t)used);
+        }
         uint32_t first = 0, gc = 0, enc = 0, vals = 0; size_t go = 0, gl = 0, no = 0, nl = 0;
         int64_t at = 0;
         sb_first_group(in, n, count, &first, &go, &gl, &gc);

@@ -4,7 +4,9 @@ Handles the responses whose schema carries broker endpoints (Metadata, FindCoord
 DescribeCluster, the KIP-951 node endpoints of Produce v10+ and Fetch v16+, ...; found by
 `sluice.codec.endpoints` from the schemas, not listed by hand). Metadata responses also teach
 the topic registry its topic ids. Produce and Fetch responses whose only endpoints sit in a
-top-level tagged field are scanned first and pass undecoded when they carry none.
+top-level tagged field are scanned first and pass undecoded when they carry none. Metadata's
+broker list and FindCoordinator's coordinators are written in bytes (kio decodes a Metadata
+answer for what it teaches, a FindCoordinator answer not at all).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from sluice.codec.coordinators import rewrite_coordinators
 from sluice.codec.endpoints import carries_endpoints, endpoint_paths, rewrite_endpoints
+from sluice.codec.errors import DecodeError
+from sluice.codec.headers import response_header_size
 from sluice.codec.messages import ApiKey, codec_version_range
 from sluice.codec.metadata_brokers import Broker, brokers_end, brokers_start, encode_brokers
 from sluice.proxy.paths import responses
@@ -64,6 +69,10 @@ class AddressPath:
             respond.frame = frame
             respond.on_sent = None
             return respond
+        if hdr.api_key == ApiKey.FIND_COORDINATOR:
+            spliced = _splice_coordinators(ctx, hdr.api_version, frame)
+            if spliced is not None:
+                return Respond(spliced)
         size, response = responses.decode(hdr, frame)
         if hdr.api_key == ApiKey.METADATA:
             learn_metadata(ctx, response)
@@ -110,6 +119,24 @@ def _splice_brokers(ctx: PathContext, version: int, frame: Frame, size: int, res
         return None
     start = brokers_start(version)
     return b"".join((frame[:size], body[:start], encode_brokers(version, mapped), body[end:]))
+
+
+def _splice_coordinators(ctx: PathContext, version: int, frame: Frame) -> Frame | None:
+    """The FindCoordinator answer with its coordinators' addresses mapped in bytes
+    (codec/coordinators.py), as `rewrite_endpoints` and a kio encoding make it; the frame
+    itself when no address changes; None for anything but a plain answer (the kio path
+    decides, and refuses what it cannot decode)."""
+    try:
+        size = response_header_size(frame, ApiKey.FIND_COORDINATOR, version)
+    except DecodeError:
+        return None
+    body = frame[size:]
+    out = rewrite_coordinators(version, body, ctx.node_address)
+    if out is None:
+        return None
+    if out is body:
+        return frame
+    return b"".join((frame[:size], out))
 
 
 def learn_metadata(ctx: PathContext, response: Any) -> None:

@@ -8,11 +8,12 @@ The broker's own ranges are recorded in the process's `VersionTable`; the router
 `refusal` (registry.py) uses them to gate requests by the same rule (`advertised_range`).
 
 Every client connection starts with an ApiVersions exchange, and a broker answers each with the
-same list: the path keeps its rewrite per answer (`_MEMO`), so a connection's answer costs
-a scan of its bytes (`_raw_key`, ~4 µs in process for Kafka's 89-key answer) instead of a
-decode, a rebuild of every entry and an encode (~380 µs), or a decode and a look-up by the
-decoded answer (~52 µs; where the scan cannot tell). Kafka's FinalizedFeaturesEpoch, which
-moves every half second or so, is left out of both keys and written into the kept bytes.
+same list: the path keeps its rewrite per answer (in one memo, `_MEMO`), so a connection's
+answer costs a scan of its bytes (`_raw_key`, ~4 µs in process for Kafka's 89-key answer)
+instead of a decode, a rebuild of every entry and an encode (~380 µs), or, where the scan
+cannot tell, a decode and a look-up by the decoded answer (~52 µs). Kafka's
+FinalizedFeaturesEpoch, which moves every half second or so, is left out of both kinds of key
+and written into the kept bytes.
 
 An ApiVersions request newer than the codec decodes (Kafka 4.4's clients send v5) is answered
 by the proxy as a broker answers a version it lacks (KIP-511): error UNSUPPORTED_VERSION in a
@@ -103,6 +104,9 @@ def rewrite_api_versions_response(
 #: Rewritten ApiVersions bodies kept per process (`ApiVersionsPath.on_response`): one per
 #: (broker, request version, fetch filters on or off) seen, so a handful; emptied when full.
 _MEMO = 16
+#: `_rewrite`'s answer: the broker's ranges, the body's bytes before and after the epoch's,
+#: the one epoch those bytes are good for (None: any).
+_Rewrite = tuple[dict[int, tuple[int, int]] | None, bytes, bytes, int | None]
 #: FinalizedFeaturesEpoch's default in the schema (a tagged field: not encoded when default).
 _NO_EPOCH = -1
 #: The first ApiVersions version with tagged fields (the epoch among them), the epoch's tag.
@@ -116,14 +120,11 @@ class ApiVersionsPath:
 
     def __init__(self, versions: VersionTable) -> None:
         self.versions = versions
-        #: (hidden keys, whether the epoch is the default, the decoded answer with a
-        #: FinalizedFeaturesEpoch of 0) -> `_rewrite`.
-        self._memo: dict[tuple[frozenset[int], bool, Any],
-                         tuple[dict[int, tuple[int, int]] | None, bytes, bytes, int | None]] = {}
-        #: The same, keyed by the answer's bytes without its epoch's (`_raw_key`): a hit
-        #: costs a scan of the answer instead of its decode.
-        self._raw: dict[tuple[Any, ...],
-                        tuple[dict[int, tuple[int, int]] | None, bytes, bytes, int | None]] = {}
+        #: `_rewrite`s, each kept under one key: the answer's bytes without its epoch's
+        #: (`_raw_key`; a hit costs a scan of the answer instead of its decode), or where
+        #: that scan cannot tell, (hidden keys, whether the epoch is the default, the decoded
+        #: answer with a FinalizedFeaturesEpoch of 0).
+        self._memo: dict[tuple[Any, ...], _Rewrite] = {}
 
     def wants_request(self, ctx: PathContext, api_key: int) -> bool:
         return True
@@ -142,17 +143,32 @@ class ApiVersionsPath:
         version = exchange.header.api_version
         # ApiVersions responses always use header v0: the 4-byte correlation id.
         body = frame[4:]
-        raw_key, epoch = _raw_key(hidden, version, body)
-        known = self._raw.get(raw_key) if raw_key is not None else None
+        key, epoch = _raw_key(hidden, version, body)
+        known = self._memo.get(key) if key is not None else None
+        # A kept rewrite answers unless it holds the one epoch it is good for, and another.
         if known is None or (known[3] is not None and known[3] != epoch):
-            known, decoded_epoch = self._rewritten(hidden, version, body)
-            # Kept by its bytes only where the scan read the epoch the decode did: an answer
-            # in v0 to a newer request (`decode_api_versions`) is never answered from it.
-            if raw_key is not None and decoded_epoch == epoch:
-                if len(self._raw) >= _MEMO:
-                    self._raw.clear()
-                self._raw[raw_key] = known
-            epoch = decoded_epoch
+            try:
+                response = decode_api_versions(version, body)
+            except CodecError as exc:
+                raise Refused(f"cannot decode ApiVersions response: {exc}") from None
+            decoded = getattr(response, "finalized_features_epoch", None)
+            if key is None or decoded != epoch:
+                # The scan could not tell, or read another epoch than the decode (an answer
+                # in v0 to a newer request, `decode_api_versions`): kept by the decoded
+                # answer, never by its bytes. Kafka's FinalizedFeaturesEpoch is its metadata
+                # log's offset, which moves every ~0.5 s (KRaft's no-op records): not in the
+                # key, written into the kept bytes; except whether it is the schema's
+                # default, which the encoding leaves out.
+                epoch = decoded
+                key = (hidden, epoch == _NO_EPOCH, response if epoch is None else
+                       dataclasses.replace(response, finalized_features_epoch=type(epoch)(0)))
+                known = self._memo.get(key)
+            if known is None or (known[3] is not None and known[3] != epoch):
+                known = _rewrite(response, hidden, epoch)
+                if len(self._memo) >= _MEMO:
+                    self._memo.clear()  # a handful in use: start over, not track age
+                self._memo[key] = known
+        assert known is not None  # for the type checker: set on every path above
         ranges, head, tail, pinned = known
         if ranges is not None:
             # Learnt on every answer: another broker's may have been learnt since.
@@ -160,29 +176,6 @@ class ApiVersionsPath:
         if epoch is not None and pinned is None:
             head += epoch.to_bytes(8, "big", signed=True) + tail
         return Respond(bytes(frame[:4]) + head)
-
-    def _rewritten(self, hidden: frozenset[int], version: int, body: Frame
-                   ) -> tuple[tuple[dict[int, tuple[int, int]] | None, bytes, bytes, int | None],
-                              int | None]:
-        """`_rewrite` of the decoded answer, from the memo per decoded answer when it has it;
-        and the answer's FinalizedFeaturesEpoch (None: a version without one)."""
-        try:
-            response = decode_api_versions(version, body)
-        except CodecError as exc:
-            raise Refused(f"cannot decode ApiVersions response: {exc}") from None
-        # Kafka's FinalizedFeaturesEpoch is its metadata log's offset, which moves every
-        # ~0.5 s (KRaft's no-op records): not in the key, written into the memo's bytes;
-        # except whether it is the schema's default, which the encoding leaves out.
-        epoch = getattr(response, "finalized_features_epoch", None)
-        key = (hidden, epoch == _NO_EPOCH, response if epoch is None else dataclasses.replace(
-            response, finalized_features_epoch=type(epoch)(0)))
-        known = self._memo.get(key)
-        if known is None or (known[3] is not None and known[3] != epoch):
-            known = _rewrite(response, hidden, epoch)
-            if len(self._memo) >= _MEMO:
-                self._memo.clear()
-            self._memo[key] = known
-        return known, epoch
 
 
 def _raw_key(hidden: frozenset[int], version: int, body: Frame
@@ -233,8 +226,7 @@ def _raw_key(hidden: frozenset[int], version: int, body: Frame
     return (hidden, version, bytes(body[:at]), bytes(body[at + 8:]), epoch == _NO_EPOCH), epoch
 
 
-def _rewrite(response: Any, hidden: frozenset[int], epoch: int | None
-             ) -> tuple[dict[int, tuple[int, int]] | None, bytes, bytes, int | None]:
+def _rewrite(response: Any, hidden: frozenset[int], epoch: int | None) -> _Rewrite:
     """The broker's ranges (None unless it lists some without error), and the body the client
     gets: all of it in the first bytes, or (with an epoch) the bytes before and after the
     epoch's eight; last, the one epoch the body is good for where the epoch's bytes were not

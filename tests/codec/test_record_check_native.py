@@ -5,10 +5,14 @@ acceptance, same error class."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.codec import records as rec
+from sluice.codec.errors import CodecError
 from sluice.codec.records import (
     HEADER_SIZE,
     BatchHeader,
@@ -177,3 +181,20 @@ def test_native_check_matches_reference_across_varint_lengths(recs: list[Record]
     assert outcome(check_section, cut, count) == outcome(check_section_python, cut, count)
     bad = data.draw(mutated(plain))
     assert outcome(check_section, bad, count) == outcome(check_section_python, bad, count)
+
+
+@pytest.mark.parametrize("check", [check_batch, check_batch_python])
+@pytest.mark.parametrize("fault", ["corrupt", "headers"])
+def test_a_refused_batch_view_is_not_left_exported_by_the_error(check: Any, fault: str) -> None:
+    """aiokafka's reader holds an export of the batch it reads; a batch refused by it (here a
+    view of one, as a request's batches are) is given back before the error leaves: the
+    error's traceback keeps the reading frame, and a memoryview still exported from a kept
+    frame, in a reference cycle, crashes CPython 3.11's collector (gh-77894)."""
+    recs = [Record(0, 0, None, b"v", [("k", None)]), Record(1, 0, None, b"w", [("k", b"x")])]
+    good = a_batch(section_of(recs), 2)
+    data = good.replace(b"k", b"\xff") if fault == "corrupt" else good
+    view = memoryview(bytearray(data))
+    with pytest.raises(CodecError) as caught:
+        check(view, 1)  # max_headers 1: the headers fault's two are one too many
+    assert caught.value.__traceback__ is not None
+    view.release()  # BufferError while the kept frame still exports it
