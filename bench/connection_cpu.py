@@ -20,7 +20,8 @@ records an lz4 batch per partition) on an unfiltered topic. `--cold SECONDS` sle
 that long before each request and before its response and counts only the CPU of the calls
 themselves: on a loaded machine every wake-up of the proxy finds its caches cold, and this
 shows what the same code then costs (the figure end to end is nearer to it than to the warm
-one). With
+one). With `--mask`, each masked request's CPU is counted from its read to its forwarding
+(its job inline within the read once the kind has learnt, as in the proxy). With
 `--baseline DIR` (another Sluice source tree, as for `bench_proxy --baseline`), the same
 measurement runs in alternating processes of this checkout and of that tree, and the median
 of the per-pair ratios is printed. End to end (`bench.request_cpu`), sockets and the scheduler
@@ -265,8 +266,9 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
         session.broker_data(response)
 
     async def pooled(request: bytes, response: bytes) -> float:
-        """CPU of one request (its job in the pool: the loop waits in its poll, not in a
-        busy loop, so the process's CPU is the request's) and of its response."""
+        """CPU of one request (its job inline within the read, or in the pool: the loop then
+        waits in its poll, not in a busy loop, so the process's CPU is the request's) and of
+        its response."""
         if cold:
             time.sleep(cold)
         started = clock()
@@ -289,7 +291,7 @@ async def _measure(rounds: int, requests: int, shape: str = "one", cold: float =
         frames = [frames[k % len(frames)] for k in range(requests)]  # the same objects again
     best = float("inf")
     for _ in range(rounds):
-        if mask and shape == "w1":
+        if mask and (shape == "w1" or cold):
             spent = 0.0
             for request, response in frames:
                 spent += await pooled(request, response)
@@ -357,8 +359,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.mask and args.shape not in ("one", "w1"):
         parser.error("--mask measures one-record or workload-1 requests (--shape one|w1)")
-    if args.mask and args.cold and args.shape != "w1":
-        parser.error("--mask --cold needs --shape w1 (one-record jobs run inline, warm)")
     measure = (args.rounds, args.requests, args.shape, args.cold, args.mask)
     if args.bare:
         print(f"{asyncio.run(_measure(*measure)):.3f}")

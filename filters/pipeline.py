@@ -344,13 +344,14 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
     A compressed batch is built from a guest's section where it lies in guest memory
     (`_finisher`), checked there first."""
     header = batch.header
+    codec = header.attributes & 7  # header.compression, without the property's call
     built: Buffer | None = None
     lent = lend()
     try:
         result = chain.run_native(ctx, plain, header.record_count,
                                   offset_base=offset_base,
                                   timestamp_base=header.base_timestamp,
-                                  finish=(None if header.compression == CODEC_NONE
+                                  finish=(None if codec == CODEC_NONE
                                           else _finisher(header)
                                           if ctx.direction == "fetch"
                                           else _finisher(header, fetch=False)))
@@ -362,7 +363,7 @@ def _run_native(chain: FilterChain, ctx: RecordContext, batch: RawBatch,
         if result.trusted and result.count and as_built:
             built = build_batch_from_section(header, result.records, result.count,
                                              result.incompressible, result.tail)
-        elif header.compression == CODEC_NONE and result.count and as_built:
+        elif codec == CODEC_NONE and result.count and as_built:
             # A guest's section copied out behind room for the header: the batch is written
             # around it (no second copy of the records); else copied into a new batch.
             built = (batch_around(header, result.framed, result.count)
@@ -477,7 +478,7 @@ def filter_produce(chain: FilterChain, ctx: RecordContext, records: Buffer, *,
         ran = None
         pending = None
         plain: Buffer | None = None
-        if pending_room and header.compression == CODEC_LZ4:
+        if pending_room and (header.attributes & 7) == CODEC_LZ4:  # header.compression
             if pending_room < 0:
                 pending_room = chain.pending_room(ctx.topic, "produce", ctx.principal)
         if pending_room > 0 and header.compression == CODEC_LZ4:

@@ -462,9 +462,8 @@ class Session(asyncio.BufferedProtocol):
             bound.run(structlog.contextvars.bind_contextvars, **self._log_context())
 
         def work_of(inline: bool) -> Any:
-            work = (lambda: try_inline(job.run)) if inline else job.run
             if record is None:
-                return work()
+                return try_inline(job.run) if inline else job.run()
             # CPU time of this thread, not wall time: in the pool, wall time counts the
             # wait for the GIL under load, and a job eligible to run inline does not wait
             # (inline, it is given back where it would: try_inline), so its CPU time is
@@ -482,7 +481,7 @@ class Session(asyncio.BufferedProtocol):
             wall = perf_counter() if by_wall else 0.0
             result = IN_POOL
             try:
-                result = work()
+                result = try_inline(job.run) if inline else job.run()
                 return result
             finally:
                 if result is not IN_POOL:
@@ -516,7 +515,8 @@ class Session(asyncio.BufferedProtocol):
             inline_at = placement
 
             def inline_or_pool() -> Any:
-                result = run(inline=True)
+                # `run(inline=True)` written out: a call fewer per inline job.
+                result = bound.copy().run(work_of, True)
                 if result is IN_POOL:
                     inline_at.gave_back()
                     self._to_pool(action.job_id, run)

@@ -77,6 +77,8 @@ Frame = bytes | memoryview
 #: written with one `writev` and never joined (`Forward.frame`, `Respond.frame`).
 Pieces = tuple[bytes | bytearray | memoryview, ...]
 
+_tuple_new = tuple.__new__  # a NamedTuple built without its __new__ (a Python call)
+
 
 class Refused(Exception):
     """Raised by a path for a frame it cannot relay safely; the connection is closed."""
@@ -114,9 +116,10 @@ class Exchange:
             if type(value) is ProduceTopics:
                 return value
             if type(value) is ProduceRequestLayout:
-                keys = [t.name if t.name is not None else t.topic_id for t in value.topics]
-                # The scan refuses a topic with neither (a null name): no None here.
-                return ProduceTopics(value.acks, [k for k in keys if k is not None])
+                # The scan refuses a topic with neither (a null name): no None here. Built
+                # with tuple.__new__ (a NamedTuple's own __new__ is a Python call).
+                keys = [t.topic_id if t.name is None else t.name for t in value.topics]
+                return _tuple_new(ProduceTopics, (value.acks, keys))
         header = self.header
         # One topic (the common case): its name is read from the head, the rest is not walked
         # (natively where built: one C call; None hands anything else to the Python readers).

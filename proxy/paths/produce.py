@@ -201,8 +201,8 @@ class ProducePath:
             if not expect:
                 _emit(exchange, state, None)
             return Forward(expect_response=expect, state=state, pin=self if expect else None)
-        total = sum(len(t.partitions) for t in layout.topics)
-        if len(result.drop) >= total:
+        # (No drop: `replaced` is not empty, so some partition stays.)
+        if result.drop and len(result.drop) >= sum(len(t.partitions) for t in layout.topics):
             _emit(exchange, state, None)
             if not expect:
                 return NoReply()
@@ -458,19 +458,22 @@ def _emit(exchange: Exchange, state: ProduceState, base: BaseOffsets) -> None:
     the call, and only if telemetry is on (with it off, a one-record masked Produce spent
     ~10 µs building an event nobody read, issue 29), and so are the base offsets."""
     client = exchange.client
-    once: _Once | dict[tuple[str, int], tuple[int, int]] = (
-        _NO_OFFSETS if base is None else base if isinstance(base, dict) else _Once(base))
-    for info in state.filtered:
+    filtered = state.filtered
+    # One partition (nearly every request): its one event works the offsets out itself.
+    once: _Once | BaseOffsets = (
+        _NO_OFFSETS if base is None else base if isinstance(base, dict) or len(filtered) == 1
+        else _Once(base))
+    for info in filtered:
         exchange.emit(functools.partial(_record_batch, client, info, once))
 
 
-def _record_batch(client: ClientInfo, info: FilteredPartition,
-                  base: _Once | dict[tuple[str, int], tuple[int, int]],
+def _record_batch(client: ClientInfo, info: FilteredPartition, base: _Once | BaseOffsets,
                   recorder: TelemetryRecorder) -> None:
     """The event `_emit` asked for (the I/O layer passes `recorder` last)."""
     if recorder.stats_only(info.stats):
         return
-    offsets = base.get() if isinstance(base, _Once) else base
+    offsets = (base.get() if isinstance(base, _Once)
+               else (base() if callable(base) else base) or _NO_OFFSETS)
     offset, code = offsets.get((info.topic, info.index), (-1, info.error_code))
     records_out = info.records_out if info.forwarded else 0
     first, last = produce_offsets(offset if info.forwarded else None, info.records_out)

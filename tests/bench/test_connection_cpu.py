@@ -10,6 +10,19 @@ import pytest
 from bench import connection_cpu
 
 
+def _keep_writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every frame the fake transports write from now on, joined."""
+    sent: list[bytes] = []
+    original = connection_cpu._Transport.writelines
+
+    def keep(self: connection_cpu._Transport, data: Iterable[bytes]) -> None:
+        sent.append(b"".join(data))
+        original(self, data)
+
+    monkeypatch.setattr(connection_cpu._Transport, "writelines", keep)
+    return sent
+
+
 def test_measures_requests_that_all_went_through(capsys: pytest.CaptureFixture[str]) -> None:
     assert connection_cpu.main(["--rounds", "1", "--requests", "1500"]) == 0
     line = capsys.readouterr().out.strip()
@@ -71,16 +84,23 @@ def test_masked_workload_1_requests_are_filtered_in_the_pool_and_relayed(
     # runs in the filter pool), cold: every record of every request reaches the broker
     # masked, and `_measure` checks that every request and response went through.
     monkeypatch.setattr(connection_cpu, "W1_RECORDS", 300)
-    sent: list[bytes] = []
-    original = connection_cpu._Transport.writelines
-
-    def keep(self: connection_cpu._Transport, data: Iterable[bytes]) -> None:
-        sent.append(b"".join(data))
-        original(self, data)
-
-    monkeypatch.setattr(connection_cpu._Transport, "writelines", keep)
+    sent = _keep_writes(monkeypatch)
     assert asyncio.run(connection_cpu._measure(1, 12, "w1", 0.001, True)) > 0
     produced = [frame for frame in sent if b'"email": "' in frame]
     assert len(produced) == 12 + 12  # warm-up and measured round
     assert all(frame.count(b'"email": "') == 300 for frame in produced)
     assert not any(b"@example.com" in frame for frame in produced), "an address went unmasked"
+
+
+def test_masked_one_record_requests_cold_are_filtered_and_relayed(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # --mask --cold on one-record requests: each one's job (inline once its kind has learnt)
+    # masks its record, and every request and response goes through (`_measure` checks).
+    sent = _keep_writes(monkeypatch)
+    argv = ["--rounds", "1", "--requests", "40", "--cold", "0.001", "--mask"]
+    assert connection_cpu.main(argv) == 0
+    line = capsys.readouterr().out.strip()
+    assert float(line.split()[0]) > 0 and "masked" in line and "asleep" in line
+    produced = [frame for frame in sent if b'"email": "' in frame]
+    assert len(produced) == 40 + 40  # warm-up and measured round
+    assert all(b'"email": "*****@*******.***"' in frame for frame in produced)
