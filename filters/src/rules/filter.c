@@ -29,6 +29,9 @@
 #define SLUICE_BATCH_BEGIN begin_batch /* the SDK calls these around each batch call */
 #define SLUICE_BATCH_END end_batch
 #define SLUICE_VALUE_WRITTEN value_written /* host_sha256: where each digest lands */
+/* sluice_on_record is below: the records entry point calls it in line (a call per record
+ * costs ~5 ns under wasmtime) */
+#define SLUICE_ON_RECORD_DEFINED 1
 #pragma clang attribute push(__attribute__((target("simd128"))), apply_to = function)
 #include "sluice_filter.h"
 #include <wasm_simd128.h>
@@ -103,6 +106,17 @@ static inline uint32_t ld32(const uint8_t *p) {
 static inline __attribute__((always_inline)) void copy_bytes(uint8_t *d, const uint8_t *s, int32_t n) {
     if (n >= 256) {
         memcpy(d, s, (size_t)n);
+        return;
+    }
+    if (n > 16 && n <= 64) { /* 16-byte loads, all before the stores, without a loop */
+        v128_t a = wasm_v128_load(s), z = wasm_v128_load(s + n - 16);
+        if (n > 32) {
+            v128_t b = wasm_v128_load(s + 16), y = wasm_v128_load(s + n - 32);
+            wasm_v128_store(d + 16, b);
+            wasm_v128_store(d + n - 32, y);
+        }
+        wasm_v128_store(d, a);
+        wasm_v128_store(d + n - 16, z);
         return;
     }
     if (n >= 8) {
@@ -478,23 +492,37 @@ static int request_hashes(void) {
  * the requests for its placeholders (queued in record order, as the values are written). */
 __attribute__((always_inline)) static inline void value_written(const uint8_t *src, uint8_t *dst, int32_t len) {
     if (requests == NULL) return;
-    for (; next_request < npending; next_request++) {
-        const pending_hash *h = &pending[next_request];
-        if (h->out == NULL) continue;
-        if (h->out < src || h->out + 64 > src + len) return; /* a later record's */
-        hash_request q = {(uint32_t)(uintptr_t)h->salt->salt.ptr, (uint32_t)h->salt->salt.len,
-                          (uint32_t)(uintptr_t)h->in.ptr, (uint32_t)h->in.len,
-                          (uint32_t)(uintptr_t)(dst + (h->out - src))};
-        /* The host takes requests in output order; a record's come in rule order (the first
-         * hash rule may name a later member), so each goes in before any of its record's
-         * requests that land after it. */
-        uint32_t at = hash_slot[1]++;
-        while (at > 0 && requests[at - 1].out_ptr > q.out_ptr) {
-            requests[at] = requests[at - 1];
-            at--;
-        }
-        requests[at] = q;
-    }
+    /* One turn: 0 when the queue is done or its next entry is a later record's. */
+#define VALUE_WRITTEN_TURN()                                                                      \
+    ({                                                                                            \
+        int more = 0;                                                                             \
+        const pending_hash *h = &pending[next_request];                                           \
+        if (h->out == NULL) {                                                                     \
+            more = 1;                                                                             \
+        } else if (h->out >= src && h->out + 64 <= src + len) {                                   \
+            hash_request q = {(uint32_t)(uintptr_t)h->salt->salt.ptr, (uint32_t)h->salt->salt.len, \
+                              (uint32_t)(uintptr_t)h->in.ptr, (uint32_t)h->in.len,                 \
+                              (uint32_t)(uintptr_t)(dst + (h->out - src))};                       \
+            /* The host takes requests in output order; a record's come in rule order (the     \
+             * first hash rule may name a later member), so each goes in before any of its      \
+             * record's requests that land after it. */                                       \
+            uint32_t at = hash_slot[1]++;                                                         \
+            while (at > 0 && requests[at - 1].out_ptr > q.out_ptr) {                              \
+                requests[at] = requests[at - 1];                                                  \
+                at--;                                                                             \
+            }                                                                                     \
+            requests[at] = q;                                                                     \
+            more = 1;                                                                             \
+        }                                                                                         \
+        more;                                                                                     \
+    })
+    /* A record's one hash and the look at the next record's are the first two turns, before
+     * the loop (whose entry costs wasmtime's epoch check). */
+    if (next_request >= npending || !VALUE_WRITTEN_TURN()) return;
+    if (++next_request >= npending || !VALUE_WRITTEN_TURN()) return;
+    for (++next_request; next_request < npending; next_request++)
+        if (!VALUE_WRITTEN_TURN()) return;
+#undef VALUE_WRITTEN_TURN
 }
 
 /* ---------------------------------------------------------------- counters */
@@ -771,10 +799,9 @@ static inline void top_set(int k, sluice_json *n) {
 #define SCAN_STRAIGHT 4 /* 1, 2 and 8 measured no better than the loop alone; 4: ~1-2 % */
 __attribute__((always_inline)) SIMD static int scan_string(sl__jp *j, int *plain) {
     const uint8_t *p = j->p + 1, *e = j->end;
-    for (;;) {
-        /* 16 bytes at a time to the first quote, backslash, control or non-ASCII byte (the
-         * signed compare catches both of the last two) */
-#define SCAN_CHUNK()                                                                              \
+    /* 16 bytes at a time to the first quote, backslash, control or non-ASCII byte (the signed
+     * compare catches both of the last two) */
+#define SCAN_CHUNK(stop)                                                                          \
     do {                                                                                          \
         v128_t v = wasm_v128_load(p);                                                             \
         uint32_t m = (uint32_t)wasm_i8x16_bitmask(                                                \
@@ -783,22 +810,31 @@ __attribute__((always_inline)) SIMD static int scan_string(sl__jp *j, int *plain
                                       wasm_i8x16_eq(v, wasm_i8x16_splat('\\')))));                \
         if (m) {                                                                                  \
             p += __builtin_ctz(m);                                                                \
-            goto stopped;                                                                         \
+            goto stop;                                                                            \
         }                                                                                         \
         p += 16;                                                                                  \
     } while (0)
-        /* The first SCAN_STRAIGHT chunks without a loop: wasmtime checks its epoch on every
-         * loop header, and around that check the loop's three constant vectors are loaded back
-         * from the stack each turn (as in pii-mask's jstring_classify). Keys and short values
-         * end in the straight part; the bench's 120-byte note takes the loop for its rest. */
+    /* The first SCAN_STRAIGHT chunks before any loop: wasmtime checks its epoch on every loop
+     * header, and around that check the loop's three constant vectors are loaded back from the
+     * stack each turn (as in pii-mask's jstring_classify). Keys and short values end in the
+     * straight part at their closing quote and return without entering any loop (the loop for
+     * escapes and non-ASCII text used to hold the straight part, so every string paid its
+     * header); the bench's 120-byte note takes the chunk loop for its rest. */
 #pragma clang loop unroll(full)
-        for (int i = 0; i < SCAN_STRAIGHT; i++) {
-            if (e - p < 16) goto stopped;
-            SCAN_CHUNK();
-        }
-        while (e - p >= 16) SCAN_CHUNK();
-#undef SCAN_CHUNK
-    stopped:
+    for (int i = 0; i < SCAN_STRAIGHT; i++) {
+        if (e - p < 16) goto slow;
+        SCAN_CHUNK(found);
+    }
+    while (e - p >= 16) SCAN_CHUNK(found);
+    goto slow;
+found:
+    if (*p == '"') {
+        j->p = p + 1;
+        *plain = 1;
+        return 1;
+    }
+slow: /* at a byte that stops the scan, or fewer than 16 bytes before the end */
+    for (;;) {
         while (p < e && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\') p++;
         if (p >= e) break;
         if (*p == '"') {
@@ -810,7 +846,10 @@ __attribute__((always_inline)) SIMD static int scan_string(sl__jp *j, int *plain
         int n = sluice_utf8_len(p, e);
         if (n == 0) break;
         p += n;
+        while (e - p >= 16) SCAN_CHUNK(next);
+    next:;
     }
+#undef SCAN_CHUNK
     *plain = 0;
     return sl__jstring(j, NULL);
 }
@@ -937,6 +976,21 @@ __attribute__((always_inline)) static sluice_json *new_node(uint8_t type) {
     return n;
 }
 
+/* The end of the run of digits at p: one 16-byte load where 16 bytes remain (most numbers end
+ * in it), the byte loop only for the rest; a loop costs wasmtime's epoch check on entry. */
+static inline __attribute__((always_inline)) const uint8_t *digits_end(const uint8_t *p, const uint8_t *e) {
+    if (e - p >= 16) {
+        v128_t v = wasm_v128_load(p);
+        uint32_t m = ~(uint32_t)wasm_i8x16_bitmask(
+                         wasm_u8x16_lt(wasm_i8x16_sub(v, wasm_i8x16_splat('0')), wasm_i8x16_splat(10))) &
+                     0xffffu;
+        if (m) return p + __builtin_ctz(m);
+        p += 16;
+    }
+    while (p < e && *p >= '0' && *p <= '9') p++;
+    return p;
+}
+
 /* A number as sl__jnumber reads it (same grammar, same verdict), inlined where values are read:
  * a call per number cost more than reading one. */
 static inline __attribute__((always_inline)) int read_number(sl__jp *j) {
@@ -944,12 +998,12 @@ static inline __attribute__((always_inline)) int read_number(sl__jp *j) {
     if (p < e && *p == '-') p++;
     if (p >= e) return sl__jnumber(j);
     if (*p == '0') p++;
-    else if (*p >= '1' && *p <= '9') while (p < e && *p >= '0' && *p <= '9') p++;
+    else if (*p >= '1' && *p <= '9') p = digits_end(p + 1, e);
     else return sl__jnumber(j); /* not a number: the SDK's error */
     if (p < e && *p == '.') {
         p++;
         if (p >= e || *p < '0' || *p > '9') return sl__jnumber(j);
-        while (p < e && *p >= '0' && *p <= '9') p++;
+        p = digits_end(p + 1, e);
     }
     if (p < e && (*p == 'e' || *p == 'E')) return sl__jnumber(j); /* exponents: the SDK reads them */
     j->p = p;
@@ -1323,10 +1377,22 @@ static int mentions(sluice_bytes v, sluice_bytes name) {
  * pass: a name without a quote in it can only sit between two consecutive quotes. The quotes
  * and backslashes are found 16 bytes at a time (a byte loop cost ~1 ns a byte, as much as
  * parsing the value). */
-static int unmentioned(sluice_bytes v) {
+__attribute__((always_inline)) static inline int unmentioned(sluice_bytes v) {
     if (!skip_unmentioned) return 0;
     const uint8_t *base = v.ptr, *open = NULL;
     int32_t n = v.len;
+    /* The common answer first, without a loop: the value's first name, in its first 16 bytes,
+     * is one the rules test (the loop below would answer the same at its first two quotes). */
+    if (n >= 16) {
+        v128_t x = wasm_v128_load(base);
+        uint32_t quotes = (uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(x, wasm_i8x16_splat('"')));
+        if (wasm_i8x16_bitmask(wasm_i8x16_eq(x, wasm_i8x16_splat('\\')))) return 0;
+        uint32_t rest = quotes & (quotes - 1);
+        if (rest) {
+            int32_t q0 = __builtin_ctz(quotes), q1 = __builtin_ctz(rest);
+            if (find_in(tested_tab, tested, ntested, base + q0 + 1, q1 - q0 - 1) >= 0) return 0;
+        }
+    }
     for (int32_t i = 0; i < n; i += 16) {
         uint32_t quotes = 0, escapes = 0;
         if (n - i >= 16) {
@@ -1370,35 +1436,48 @@ static uint8_t pipe_start[65];         /* name index k's rules: pipe_rules[pipe_
 static uint8_t missing_drop[MAX_RULES]; /* drop rules that test `exists: false` */
 static int nmissing_drop;
 
+/* Rule i on the member *mp: 0 go on with the next rule, 1 stop (a drop holds), -2 out of
+ * memory. */
+static inline __attribute__((always_inline)) int run_member_rule(int i, sluice_json **mp,
+                                                                 uint64_t *fired, int *drop_at) {
+    const rule *r = &rules[i];
+    sluice_json *m = *mp;
+    if (r->when >= W_EQUALS && !settle(m)) return -2;
+    if (!matches(r, m)) return 0;
+    int rc;
+    switch (r->action) {
+    case A_DROP:
+        if (i < *drop_at) *drop_at = i;
+        return 1; /* the record ends at this rule: later ones change nothing it keeps */
+    case A_REMOVE:
+        if (m == NULL) return 0;
+        *mp = NULL;
+        rc = 1;
+        break;
+    case A_HASH:
+        if (m == NULL) return 0;
+        rc = hash_member(r, m);
+        break;
+    default: rc = truncate_member(r, m); break;
+    }
+    if (rc < 0) return -2;
+    if (rc > 0) *fired |= 1ull << i;
+    return 0;
+}
+
 /* Runs name k's rules on the member *mp (NULL: missing): *mp becomes NULL when removed.
  * Sets bit i of *fired for each rule i that changed it and lowers *drop_at to the first drop
- * rule that holds. 0, or -2 out of memory. */
+ * rule that holds. 0, or -2 out of memory. The first rule runs before the loop: most members
+ * have one, and then the loop (and wasmtime's epoch check on entering it) is skipped. */
 static inline __attribute__((always_inline)) int run_member_rules(int k, sluice_json **mp,
                                                                   uint64_t *fired, int *drop_at) {
-    for (int at = pipe_start[k]; at < pipe_start[k + 1]; at++) {
-        int i = pipe_rules[at];
-        const rule *r = &rules[i];
-        sluice_json *m = *mp;
-        if (r->when >= W_EQUALS && !settle(m)) return -2;
-        if (!matches(r, m)) continue;
-        int rc;
-        switch (r->action) {
-        case A_DROP:
-            if (i < *drop_at) *drop_at = i;
-            return 0; /* the record ends at this rule: later ones change nothing it keeps */
-        case A_REMOVE:
-            if (m == NULL) continue;
-            *mp = NULL;
-            rc = 1;
-            break;
-        case A_HASH:
-            if (m == NULL) continue;
-            rc = hash_member(r, m);
-            break;
-        default: rc = truncate_member(r, m); break;
-        }
-        if (rc < 0) return -2;
-        if (rc > 0) *fired |= 1ull << i;
+    int at = pipe_start[k], end = pipe_start[k + 1];
+    if (at >= end) return 0;
+    int rc = run_member_rule(pipe_rules[at], mp, fired, drop_at);
+    if (rc) return rc < 0 ? -2 : 0;
+    for (at++; at < end; at++) {
+        rc = run_member_rule(pipe_rules[at], mp, fired, drop_at);
+        if (rc) return rc < 0 ? -2 : 0;
     }
     return 0;
 }
@@ -1464,6 +1543,10 @@ static inline __attribute__((always_inline)) void ws1(sl__jp *j) {
  * code kept spilling and reloading this loop's values (the memory base, the scan's constants)
  * around every step; on its own it ran ~5 % faster on the bench. */
 __attribute__((noinline)) static int stream_record(const sluice_record *rec, sluice_decision *d) {
+    if (unmentioned(rec->value)) { /* here, not in the records loop: one call a record */
+        *d = sluice_keep();
+        return STREAM_DONE;
+    }
     sl__jp j = {rec->value.ptr, rec->value.ptr + rec->value.len, NULL, 0};
     ws1(&j);
     if (j.p >= j.end || *j.p != '{') { /* not an object (valid or not): as parse_doc says */
@@ -1545,6 +1628,11 @@ __attribute__((noinline)) static int stream_record(const sluice_record *rec, slu
             goto invalid;
         }
     }
+    int32_t rest = (int32_t)(j.end - j.p);
+    if (rest > 0 && rest <= 8 && j.end - rec->value.ptr >= 8) { /* up to 8 spaces: one load */
+        uint32_t shift = 8u * (uint32_t)(8 - rest);
+        if (ld64(j.end - 8) >> shift == 0x2020202020202020ull >> shift) j.p = j.end;
+    }
     while (j.end - j.p >= 8 && ld64(j.p) == 0x2020202020202020ull) j.p += 8; /* space padding */
     ws1(&j);
     if (j.p != j.end) goto invalid;
@@ -1573,8 +1661,13 @@ __attribute__((noinline)) static int stream_record(const sluice_record *rec, slu
         *d = sluice_error("rules: out of memory");
         return STREAM_DONE;
     }
-    for (uint32_t i = first; i < npending; i++) /* the output is final: placeholders stay put */
-        if (pending[i].off >= 0) pending[i].out = out.ptr + pending[i].off;
+    /* the output is final: placeholders stay put (the first one before the loop: a record
+     * hashes one field, mostly) */
+    if (first < npending) {
+        if (pending[first].off >= 0) pending[first].out = out.ptr + pending[first].off;
+        for (uint32_t i = first + 1; i < npending; i++)
+            if (pending[i].off >= 0) pending[i].out = out.ptr + pending[i].off;
+    }
     *d = sluice_rewrite_value(rec, sluice_buf_bytes(&out));
     return STREAM_DONE;
 invalid: /* not one valid JSON text: kept and counted, no rule counted (parse_doc's verdict) */
@@ -1594,13 +1687,10 @@ tree:
     return STREAM_TREE;
 }
 
-sluice_decision sluice_on_record(const sluice_record *rec) {
-    if (sluice_is_null(rec->value) || nrules == 0) return sluice_keep();
-    if (unmentioned(rec->value)) return sluice_keep();
-    if (stream_ok) {
-        sluice_decision d;
-        if (stream_record(rec, &d) == STREAM_DONE) return d;
-    }
+/* The tree path: the value parsed into nodes where rules look, every rule applied in order,
+ * the tree written back. Out of line: sluice_on_record is inlined into the SDK's records
+ * loop, which should carry only the checks and the one-pass call. */
+__attribute__((noinline)) static sluice_decision tree_record(const sluice_record *rec) {
     sluice_json *doc = parse_doc(rec->value);
     src_lo = rec->value.ptr;
     src_hi = rec->value.ptr + rec->value.len;
@@ -1629,6 +1719,22 @@ sluice_decision sluice_on_record(const sluice_record *rec) {
     for (uint32_t i = first; i < npending; i++) /* the output is final: placeholders stay put */
         if (pending[i].off >= 0) pending[i].out = out.ptr + pending[i].off;
     return sluice_rewrite_value(rec, sluice_buf_bytes(&out));
+}
+
+/* A value no rule can change is kept unparsed (unmentioned), else the tree path decides. */
+__attribute__((noinline)) static sluice_decision checked_tree_record(const sluice_record *rec) {
+    if (unmentioned(rec->value)) return sluice_keep();
+    return tree_record(rec);
+}
+
+sluice_decision sluice_on_record(const sluice_record *rec) {
+    if (sluice_is_null(rec->value) || nrules == 0) return sluice_keep();
+    if (stream_ok) { /* stream_record asks unmentioned first */
+        sluice_decision d;
+        if (stream_record(rec, &d) == STREAM_DONE) return d;
+        return tree_record(rec);
+    }
+    return checked_tree_record(rec);
 }
 
 /* ---------------------------------------------------------------- configuration */
