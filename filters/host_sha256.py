@@ -51,8 +51,9 @@ _ERRORS: Final = {
 hs_run: Callable[[int, int, int, int, int, int], int] | None = (
     _lib.hs_run if AVAILABLE else None)
 
-#: ``hs_set_level(cap)``: caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512,
-#: the default 2) and returns the path then in use, for tests. None when not built.
+#: ``hs_set_level(cap)``: caps the code path (0 OpenSSL, 1 SHA-NI, 2 SHA-NI with AVX-512;
+#: uncapped, the CPU's own: 2 on AMD, 1 elsewhere) and returns the path then in use, for tests.
+#: None when not built.
 hs_set_level: Callable[[int], int] | None = _lib.hs_set_level if AVAILABLE else None
 
 
