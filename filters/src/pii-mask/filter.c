@@ -1708,6 +1708,21 @@ static inline __attribute__((always_inline)) int phone_possible(const num_masks 
     return member_is_phone();
 }
 
+/* candidates' set c with card, phone and ssn kept only where p[0..n) can hold them; out of
+ * line (jreplace_masked_copy says why: few strings have 8 digits or more). */
+SIMD static __attribute__((noinline)) uint32_t numeric_candidates(uint32_t c, const uint8_t *p, uint32_t n, const uint8_t *readable) {
+    const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
+    if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
+        num_masks m;
+        num_masks_of(p, n, &m);
+        c &= ~cps | numeric_verdict_masks(&m);
+        if ((c & (1u << D_PHONE)) && !phone_possible(&m)) c &= ~(1u << D_PHONE);
+    } else {
+        c &= ~cps | numeric_possible(p, n);
+    }
+    return c;
+}
+
 /* The enabled detectors that can match a string of n bytes with triggers t, as a bit set.
  * Each condition is something the detector cannot match without, so skipping the others
  * changes nothing: a card has 12-19 digits; a phone 8+ (E.164) or 9+ (national formats); an
@@ -1727,17 +1742,7 @@ static inline __attribute__((always_inline)) uint32_t candidates(triggers t, con
     if ((t.classes & K_UPPER4) && (t.classes & K_DOT)) c |= 1u << D_JWT;
     if (t.classes & K_B) c |= 1u << D_BEARER;
     c &= enabled_detectors;
-    const uint32_t cps = 1u << D_CARD | 1u << D_PHONE | 1u << D_SSN;
-    if (c & cps) {
-        if (n <= 64 && readable - p >= (int32_t)((n + 15) & ~15u)) {
-            num_masks m;
-            num_masks_of(p, n, &m);
-            c &= ~cps | numeric_verdict_masks(&m);
-            if ((c & (1u << D_PHONE)) && !phone_possible(&m)) c &= ~(1u << D_PHONE);
-        } else {
-            c &= ~cps | numeric_possible(p, n);
-        }
-    }
+    if (c & (1u << D_CARD | 1u << D_PHONE | 1u << D_SSN)) c = numeric_candidates(c, p, n, readable);
     return c;
 }
 
@@ -2374,7 +2379,7 @@ static int jdecode(const uint8_t *s, const uint8_t *e, sluice_buf *out) {
 }
 
 /* Replace the literal [from, to) by text[0..n) masked whole with rule r, as a JSON string. */
-static void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const uint8_t *text, uint32_t n, const mask_rule *r) {
+static __attribute__((noinline)) void jmask_whole(jctx *c, const uint8_t *from, const uint8_t *to, const uint8_t *text, uint32_t n, const mask_rule *r) {
     sluice_buf tmp;
     sluice_buf_init(&tmp, n + 8);
     put_masked(&tmp, text, 0, n, r);
@@ -2433,6 +2438,8 @@ SIMD static inline __attribute__((always_inline)) uint32_t mask_spans_in_place(u
 /* Replace the literal [from, c->p) by text[0..n) with the matches in s masked, as a JSON
  * string. The masked text goes straight into the output and is escaped afterwards only when it
  * must be (a quote, backslash or control character kept from the text). */
+static void jreplace_masked_copy(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain, int ascii);
+
 static inline __attribute__((always_inline)) void jreplace_masked(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain, int ascii) {
     if (plain && masks_plain && text == from + 1 && c->p == text + n + 1 && spans_mask_in_place(text, s, ascii) &&
         (uint64_t)(mem_readable() - text) >= (uint64_t)n + 16u) {
@@ -2458,6 +2465,13 @@ static inline __attribute__((always_inline)) void jreplace_masked(jctx *c, const
         }
         return;
     }
+    jreplace_masked_copy(c, from, text, n, s, plain, ascii);
+}
+
+/* jreplace_masked's other cases, the literal copied into the output: out of line, as every
+ * step off the usual path of a record (a call there is paid rarely, while its code in line
+ * makes the walk's one large function keep more of its values on the stack). */
+SIMD static __attribute__((noinline)) void jreplace_masked_copy(jctx *c, const uint8_t *from, const uint8_t *text, uint32_t n, const spans *s, int plain, int ascii) {
     sluice_buf *out = jreplace(c, from, c->p);
     if (plain && masks_plain && spans_mask_in_place(text, s, ascii)) {
         /* the usual case: the literal copied whole, its matches overwritten */
@@ -2497,12 +2511,11 @@ static inline __attribute__((always_inline)) void jreplace_masked(jctx *c, const
 
 static int jvalue(jctx *c);
 
-SIMD static inline __attribute__((always_inline)) int jstring_value(jctx *c) {
-    const uint8_t *lit = c->p, *s, *e;
-    int escaped;
-    triggers t;
-    int scanned = jstring_classify(c, &s, &e, &escaped, &t);
-    if (!scanned) return 0;
+/* jstring_value's other cases, out of line (jreplace_masked_copy says why): a literal with
+ * escapes or non-ASCII bytes (scanned 1: its text decoded or classified here), one masked whole
+ * (a field path or a secret's value), and a plain one whose candidates are not an e-mail
+ * address alone (t: its triggers). */
+SIMD static __attribute__((noinline)) int jstring_value_rare(jctx *c, const uint8_t *lit, const uint8_t *s, const uint8_t *e, int escaped, int scanned, triggers t) {
     const uint8_t *text = s, *readable = mem_readable();
     uint32_t n = (uint32_t)(e - s);
     if (escaped) {
@@ -2537,8 +2550,6 @@ SIMD static inline __attribute__((always_inline)) int jstring_value(jctx *c) {
         todo = candidates(t, text, n, readable);
         if (todo == 0) return 1; /* the common case: the literal stays */
         if (todo == 1u << D_EMAIL && n <= 64 && readable - text >= (int32_t)((n + 15) & ~15u)) {
-            /* an e-mail address alone: find_spans' first step, in line (its spans come in
-             * order, so there is nothing to sort) */
             spans_init(&found);
             find_email_short(text, n, &found);
             if (found.failed) {
@@ -2556,6 +2567,41 @@ SIMD static inline __attribute__((always_inline)) int jstring_value(jctx *c) {
 masked:
     /* a raw body escapes nothing; one jstring_classify passed whole (scanned 2) is ASCII */
     if (found.n) jreplace_masked(c, lit, text, n, &found, !escaped, scanned == 2);
+    return 1;
+}
+
+/* A string value: the usual case in line, a plain ASCII literal (scanned 2) outside a field
+ * path or secret whose triggers rule out every detector, or a card-shaped one, or whose one
+ * candidate is an e-mail address; the others in jstring_value_rare. */
+SIMD static inline __attribute__((always_inline)) int jstring_value(jctx *c) {
+    const uint8_t *lit = c->p, *s, *e;
+    int escaped;
+    triggers t;
+    int scanned = jstring_classify(c, &s, &e, &escaped, &t);
+    if (!scanned) return 0;
+    if (scanned != 2 || c->field_depth >= 0 || c->secret) return jstring_value_rare(c, lit, s, e, escaped, scanned, t);
+    /* most strings hold no trigger at all (see candidates) */
+    if (!(t.classes & (K_AT | K_UPPER | K_ASSIGN | K_B)) && t.digits < 8 && !(t.digits >= 4 && (t.classes & K_DOT))) return 1;
+    const uint8_t *readable = mem_readable();
+    uint32_t n = (uint32_t)(e - s);
+    spans found;
+    if (t.classes == K_DIGIT && t.digits == 16 && card_shape(s, n, &found, readable)) {
+        if (found.n == 0) return 1;
+    } else {
+        uint32_t todo = candidates(t, s, n, readable);
+        if (todo == 0) return 1; /* the common case: the literal stays */
+        if (todo != 1u << D_EMAIL || n > 64 || readable - s < (int32_t)((n + 15) & ~15u)) return jstring_value_rare(c, lit, s, e, 0, 2, t);
+        /* an e-mail address alone: find_spans' first step, in line (its spans come in order,
+         * so there is nothing to sort) */
+        spans_init(&found);
+        find_email_short(s, n, &found);
+        if (found.failed) {
+            c->failed = 1;
+            return 0;
+        }
+    }
+    /* a literal jstring_classify passed whole (scanned 2) is ASCII and escapes nothing */
+    if (found.n) jreplace_masked(c, lit, s, n, &found, 1, 1);
     return 1;
 }
 
@@ -2612,6 +2658,20 @@ static inline __attribute__((always_inline)) const uint8_t *jnumber_end(const ui
     return p;
 }
 
+/* The detectors on a number of 8 digits or more at s (n bytes), out of line
+ * (jreplace_masked_copy says why). */
+SIMD static __attribute__((noinline)) int jnumber_scan(jctx *c, const uint8_t *s, uint32_t n) {
+    uint32_t todo = candidates(scan_triggers(s, n, mem_readable()), s, n, mem_readable());
+    if (todo == 0) return 1;
+    spans found;
+    if (!collect_spans(s, n, todo, &found, mem_readable())) {
+        c->failed = 1;
+        return 0;
+    }
+    if (found.n) jreplace_masked(c, s, s, n, &found, 1, 1); /* a number is ASCII */
+    return 1;
+}
+
 static inline __attribute__((always_inline)) int jnumber_value(jctx *c) {
     uint32_t digits;
     const uint8_t *s = c->p, *past = jnumber_end(s, c->end, &digits);
@@ -2627,15 +2687,7 @@ static inline __attribute__((always_inline)) int jnumber_value(jctx *c) {
      * '@', 'A', 'b', '=' or ':', no two upper-case letters as an IBAN starts, no three dots as
      * in an IPv4 address, no "eyJ"), and they need 8 digits or more. */
     if (digits < 8) return 1;
-    uint32_t todo = candidates(scan_triggers(s, n, mem_readable()), s, n, mem_readable());
-    if (todo == 0) return 1;
-    spans found;
-    if (!collect_spans(s, n, todo, &found, mem_readable())) {
-        c->failed = 1;
-        return 0;
-    }
-    if (found.n) jreplace_masked(c, s, s, n, &found, 1, 1); /* a number is ASCII */
-    return 1;
+    return jnumber_scan(c, s, n);
 }
 
 static int jlit(jctx *c, const char *lit) {
@@ -2646,7 +2698,7 @@ static int jlit(jctx *c, const char *lit) {
 }
 
 /* Whether a member name names a secret (secret_name_match). */
-static int is_secret_key(sluice_bytes key) { return secret_name_match(key.ptr, (uint32_t)key.len); }
+static __attribute__((noinline)) int is_secret_key(sluice_bytes key) { return secret_name_match(key.ptr, (uint32_t)key.len); }
 
 /* A string, number, true, false or null at c->p. */
 static inline __attribute__((always_inline)) int jscalar(jctx *c) {
@@ -2903,6 +2955,33 @@ static int looks_like_json(sluice_bytes b) {
     return 0;
 }
 
+/* Put back what a walk masked in place (undo: offset, length, old bytes) in the value at p:
+ * the value was not JSON after all. */
+static __attribute__((noinline)) void undo_in_place(const sluice_buf *undo, const uint8_t *p) {
+    for (uint32_t k = 0; k < undo->len;) {
+        uint32_t at, len;
+        memcpy(&at, undo->ptr + k, 4);
+        memcpy(&len, undo->ptr + k + 4, 4);
+        memcpy((uint8_t *)(uintptr_t)p + at, undo->ptr + k + 8, len);
+        k += len + 8u;
+    }
+}
+
+/* mask_bytes for a value read as text (not JSON), out of line (jreplace_masked_copy says
+ * why). */
+SIMD static __attribute__((noinline)) int mask_text(sluice_bytes in, sluice_bytes *res) {
+    uint32_t n = (uint32_t)in.len;
+    spans found;
+    if (!find_matches(in.ptr, n, scan_triggers(in.ptr, n, mem_readable()), &found, mem_readable())) return -1;
+    if (found.n == 0) return 0;
+    sluice_buf out;
+    sluice_buf_init(&out, n + 16);
+    put_spans_masked(&out, in.ptr, n, &found, &batch_counts);
+    if (out.failed) return -1;
+    *res = sluice_buf_bytes(&out);
+    return 1;
+}
+
 /* Masks one key / value / header value. Returns 1 and sets *res when something changed, 0 when
  * nothing did, -1 when memory ran out (the caller fails the batch rather than leak data). */
 static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
@@ -2950,24 +3029,10 @@ static int mask_bytes(sluice_bytes in, sluice_bytes *res) {
             *res = sluice_buf_bytes(&c.out);
             return 1;
         }
-        for (uint32_t k = 0; k < c.undo.len;) { /* put back what was masked in place */
-            uint32_t at, len;
-            memcpy(&at, c.undo.ptr + k, 4);
-            memcpy(&len, c.undo.ptr + k + 4, 4);
-            memcpy((uint8_t *)(uintptr_t)in.ptr + at, c.undo.ptr + k + 8, len);
-            k += len + 8u;
-        }
+        if (c.undo.len) undo_in_place(&c.undo, in.ptr);
         /* not JSON after all: fall through to text */
     }
-    spans found;
-    if (!find_matches(in.ptr, n, scan_triggers(in.ptr, n, mem_readable()), &found, mem_readable())) return -1;
-    if (found.n == 0) return 0;
-    sluice_buf out;
-    sluice_buf_init(&out, n + 16);
-    put_spans_masked(&out, in.ptr, n, &found, &batch_counts);
-    if (out.failed) return -1;
-    *res = sluice_buf_bytes(&out);
-    return 1;
+    return mask_text(in, res);
 }
 
 static int header_selected(sluice_bytes name) {
