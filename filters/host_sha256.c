@@ -134,9 +134,9 @@ static int default_cap = 2;
  * its registers (XCR0: SSE, AVX, opmask and both ZMM halves), for hash_wide. By default
  * hash_wide runs on AMD CPUs only: on an Intel Xeon its 512-bit instructions made the whole
  * native call slower, not just the pass (builtin:rules on the bench batch: ~136 against ~101
- * µs a batch with the SHA-NI path, thread CPU, load ~5), as Intel cores lower their clock for
- * a while after such instructions; on Zen 4 it was the faster path. hs_set_level(2) still
- * forces it where the CPU can run it (tests). */
+ * µs a batch with the SHA-NI path, thread CPU, load ~5; why was not measured: the machine's VM
+ * exposes no performance counters); on Zen 4 it was the faster path. hs_set_level(2) still
+ * forces it where the CPU can run it (tests), hs_reset_level goes back to the default. */
 static int have_shani(void) {
     if (shani_ok < 0) {
         unsigned a, b, c, d;
@@ -281,6 +281,16 @@ int hs_set_level(int cap) {
     return have_shani();
 #else
     (void)cap;
+    return 0;
+#endif
+}
+
+/* Back to the CPU's default path (no cap: see have_shani); returns the path then in use. */
+int hs_reset_level(void) {
+#ifdef HS_SHANI
+    level_cap = -1;
+    return have_shani();
+#else
     return 0;
 #endif
 }

@@ -56,6 +56,9 @@ hs_run: Callable[[int, int, int, int, int, int], int] | None = (
 #: None when not built.
 hs_set_level: Callable[[int], int] | None = _lib.hs_set_level if AVAILABLE else None
 
+#: ``hs_reset_level()``: back to the CPU's own path, which it returns (after `hs_set_level`).
+hs_reset_level: Callable[[], int] | None = _lib.hs_reset_level if AVAILABLE else None
+
 
 #: `hs_run`'s address, for native code that runs the pass itself (filters/native_call.c,
 #: for a guest that took the capability). 0 when not built.

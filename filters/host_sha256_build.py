@@ -22,6 +22,7 @@ CDEF = """
 long hs_run(uintptr_t mem_addr, uint64_t mem_size, uint32_t slot, uint32_t out_ptr,
             uint32_t out_len, uint32_t records);
 int hs_set_level(int cap);
+int hs_reset_level(void);
 """
 
 
