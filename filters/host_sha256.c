@@ -136,9 +136,11 @@ static int default_cap = 2;
  * native call slower, not just the pass (builtin:rules on the bench batch: ~136 against ~101
  * µs a batch with the SHA-NI path, thread CPU, load ~5; why was not measured: the machine's VM
  * exposes no performance counters); on Zen 4 it was the faster path. hs_set_level(2) still
- * forces it where the CPU can run it (tests), hs_reset_level goes back to the default. */
+ * forces it where the CPU can run it (tests), hs_reset_level goes back to the default. Hygon's
+ * Zen-based CPUs (not measured) take the SHA-NI lanes by default too. */
 static int have_shani(void) {
-    if (shani_ok < 0) {
+    int have = __atomic_load_n(&shani_ok, __ATOMIC_ACQUIRE);
+    if (have < 0) {
         unsigned a, b, c, d;
         int ok = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 9)) && (c & (1u << 19)); /* SSSE3, SSE4.1 */
         int osxsave = ok && (c & (1u << 27));
@@ -150,13 +152,18 @@ static int have_shani(void) {
             __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
             vl = (lo & 0xe6u) == 0xe6u;
         }
-        shani_ok = ok ? 1 + vl : 0;
         unsigned vendor[4] = {0};
         __get_cpuid(0, &vendor[3], &vendor[0], &vendor[2], &vendor[1]); /* EBX, EDX, ECX */
-        if (memcmp(vendor, "AuthenticAMD", 12) != 0) default_cap = 1;
+        if (memcmp(vendor, "AuthenticAMD", 12) != 0) __atomic_store_n(&default_cap, 1, __ATOMIC_RELAXED);
+        /* Stored last, with release: the pass runs on several threads without the GIL, and a
+         * thread that sees shani_ok set must see default_cap as well. Two threads may both
+         * work it out the first time; they store the same values. */
+        have = ok ? 1 + vl : 0;
+        __atomic_store_n(&shani_ok, have, __ATOMIC_RELEASE);
     }
-    int cap = level_cap < 0 ? default_cap : level_cap;
-    return shani_ok < cap ? shani_ok : cap;
+    int cap = __atomic_load_n(&level_cap, __ATOMIC_RELAXED);
+    if (cap < 0) cap = __atomic_load_n(&default_cap, __ATOMIC_RELAXED);
+    return have < cap ? have : cap;
 }
 
 #define SHANI __attribute__((target("sha,sse4.1,ssse3")))
@@ -277,7 +284,7 @@ SHANI_WIDE static void final_blocks_wide(const __m128i st[LANES][2], const uint8
  * is 0 (hs_run takes any non-zero path for SHA-NI). */
 int hs_set_level(int cap) {
 #ifdef HS_SHANI
-    level_cap = cap < 0 ? 0 : cap;
+    __atomic_store_n(&level_cap, cap < 0 ? 0 : cap, __ATOMIC_RELAXED);
     return have_shani();
 #else
     (void)cap;
@@ -288,7 +295,7 @@ int hs_set_level(int cap) {
 /* Back to the CPU's default path (no cap: see have_shani); returns the path then in use. */
 int hs_reset_level(void) {
 #ifdef HS_SHANI
-    level_cap = -1;
+    __atomic_store_n(&level_cap, -1, __ATOMIC_RELAXED);
     return have_shani();
 #else
     return 0;
