@@ -1540,11 +1540,20 @@ enum { STREAM_DONE, STREAM_TREE };
  * key as written, ',' '"' name '"' ':' (one 16-byte store). Names of up to 12 bytes. */
 #define KEY_GUESSES 16
 static int8_t guess[KEY_GUESSES];
+/* The same for a member with the bytes before it: sep_pat[i] the previous record's bytes from
+ * the end of member i-1's value to the start of member i's (',', the key, ':' and whitespace,
+ * at most 16), sep_mask[i] their bits, sep_k[i] the key's name index (-1: no guess),
+ * sep_name[i] where the name starts in them. Those bytes, the same, are parsed the same way:
+ * one compare stands for the separator's and the key's checks. */
+static v128_t sep_pat[KEY_GUESSES];
+static uint32_t sep_mask[KEY_GUESSES];
+static int8_t sep_k[KEY_GUESSES];
+static uint8_t sep_len[KEY_GUESSES], sep_name[KEY_GUESSES];
 static v128_t key_pat[64], out_pat[64];
 static uint32_t key_mask[64]; /* the compared bytes' bits; 0: name k is not guessed */
 
 static void set_key_patterns(void) {
-    for (int i = 0; i < KEY_GUESSES; i++) guess[i] = -1;
+    for (int i = 0; i < KEY_GUESSES; i++) guess[i] = sep_k[i] = -1;
     for (int k = 0; k < 64; k++) {
         key_mask[k] = 0;
         if (k >= nnames || names[k].len > 12) continue;
@@ -1612,6 +1621,7 @@ __attribute__((noinline)) static int stream_record(const sluice_record *rec, slu
     if (j.p < j.end && *j.p == '}') {
         j.p++;
     } else {
+        const uint8_t *sep = NULL; /* where the bytes before member `at` began: its separator */
         for (uint32_t at = 0;; at++) {
             ws1(&j);
             if (j.p >= j.end || *j.p != '"') goto invalid;
@@ -1632,6 +1642,18 @@ __attribute__((noinline)) static int stream_record(const sluice_record *rec, slu
             }
             ws1(&j);
             if (j.p >= j.end) goto invalid;
+            if (sep != NULL && at < KEY_GUESSES) { /* the separator and key, for the next record */
+                int ok = k >= 0 && key_mask[k] && j.p - sep <= 16 && j.end - sep >= 16 &&
+                         key.ptr >= sep && key.ptr + key.len <= j.p;
+                sep_k[at] = (int8_t)(ok ? k : -1);
+                if (ok) {
+                    sep_pat[at] = wasm_v128_load(sep);
+                    sep_len[at] = (uint8_t)(j.p - sep);
+                    sep_name[at] = (uint8_t)(key.ptr - sep);
+                    sep_mask[at] = (1u << (j.p - sep)) - 1u;
+                }
+            }
+        member:
             if (k < 0) { /* no rule looks at it: its text, compact */
                 const uint8_t *start = j.p;
                 uint8_t c = *j.p;
@@ -1667,6 +1689,18 @@ __attribute__((noinline)) static int stream_record(const sluice_record *rec, slu
                     put_node(&out, m);
                     writing_output = 0;
                 }
+            }
+            sep = j.p;
+            if (at + 1 < KEY_GUESSES && sep_k[at + 1] >= 0 && j.end - j.p >= 16 &&
+                ((uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(wasm_v128_load(j.p), sep_pat[at + 1])) &
+                 sep_mask[at + 1]) == sep_mask[at + 1]) { /* the next member as guessed (sep_pat) */
+                at++;
+                k = sep_k[at];
+                key = sluice_bytes_of(j.p + sep_name[at], (size_t)names[k].len);
+                j.p += sep_len[at];
+                ws(&j);
+                if (j.p >= j.end) goto invalid;
+                goto member;
             }
             ws1(&j);
             if (j.p >= j.end) goto invalid;
