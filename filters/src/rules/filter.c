@@ -1530,6 +1530,52 @@ static inline __attribute__((always_inline)) void count_rewrite(uint64_t fired) 
 
 enum { STREAM_DONE, STREAM_TREE };
 
+/* A batch's records mostly share one layout: the member at a given place has the name the
+ * previous record had there. guess[i] is that name's index for the i-th member (-1: none, or a
+ * name no rule looks at), and key_pat[k] name k's key as compact JSON text ('"' name '"' ':',
+ * zeros after it): one 16-byte compare reads a guessed member's key and colon where the string
+ * scan, the name look-up and the colon's checks took ~50 instructions. The compared bytes hold no
+ * quote, backslash, control or non-ASCII byte before the closing quote, so the string scan would
+ * have read the same plain key and find_name answered k (names are unique). out_pat[k] is the
+ * key as written, ',' '"' name '"' ':' (one 16-byte store). Names of up to 12 bytes. */
+#define KEY_GUESSES 16
+static int8_t guess[KEY_GUESSES];
+/* The same for a member with the bytes before it: sep_pat[i] the previous record's bytes from
+ * the end of member i-1's value to the start of member i's (',', the key, ':' and whitespace,
+ * at most 16), sep_mask[i] their bits, sep_k[i] the key's name index (-1: no guess),
+ * sep_name[i] where the name starts in them. Those bytes, the same, are parsed the same way:
+ * one compare stands for the separator's and the key's checks. */
+static v128_t sep_pat[KEY_GUESSES];
+static uint32_t sep_mask[KEY_GUESSES];
+static int8_t sep_k[KEY_GUESSES];
+static uint8_t sep_len[KEY_GUESSES], sep_name[KEY_GUESSES];
+static v128_t key_pat[64], out_pat[64];
+static uint32_t key_mask[64]; /* the compared bytes' bits; 0: name k is not guessed */
+
+static void set_key_patterns(void) {
+    for (int i = 0; i < KEY_GUESSES; i++) guess[i] = sep_k[i] = -1;
+    for (int k = 0; k < 64; k++) {
+        key_mask[k] = 0;
+        if (k >= nnames || names[k].len > 12) continue;
+        uint8_t pat[16] = {0}, put[16] = {0};
+        int ok = 1;
+        for (int32_t i = 0; i < names[k].len; i++) {
+            uint8_t c = names[k].ptr[i];
+            if (c < 0x20 || c >= 0x80 || c == '"' || c == '\\') ok = 0;
+            pat[1 + i] = put[2 + i] = c;
+        }
+        if (!ok) continue;
+        pat[0] = pat[names[k].len + 1] = '"';
+        pat[names[k].len + 2] = ':';
+        put[0] = ',';
+        put[1] = put[names[k].len + 2] = '"';
+        put[names[k].len + 3] = ':';
+        key_pat[k] = wasm_v128_load(pat);
+        out_pat[k] = wasm_v128_load(put);
+        key_mask[k] = (1u << (names[k].len + 3)) - 1u;
+    }
+}
+
 /* Whitespace as ws, with the one space after a comma or colon (json.dumps' default) stepped
  * over in line: sl__ws is a call. */
 static inline __attribute__((always_inline)) void ws1(sl__jp *j) {
@@ -1575,17 +1621,39 @@ __attribute__((noinline)) static int stream_record(const sluice_record *rec, slu
     if (j.p < j.end && *j.p == '}') {
         j.p++;
     } else {
-        for (;;) {
+        const uint8_t *sep = NULL; /* where the bytes before member `at` began: its separator */
+        for (uint32_t at = 0;; at++) {
             ws1(&j);
             if (j.p >= j.end || *j.p != '"') goto invalid;
             sluice_bytes key;
-            if (!read_string(&j, &key)) goto invalid;
-            ws1(&j);
-            if (j.p >= j.end || *j.p != ':') goto invalid;
-            j.p++;
+            int k = at < KEY_GUESSES ? guess[at] : -1;
+            if (k >= 0 && j.end - j.p >= 16 &&
+                ((uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(wasm_v128_load(j.p), key_pat[k])) &
+                 key_mask[k]) == key_mask[k]) {
+                key = sluice_bytes_of(j.p + 1, (size_t)names[k].len);
+                j.p += names[k].len + 3;
+            } else {
+                if (!read_string(&j, &key)) goto invalid;
+                ws1(&j);
+                if (j.p >= j.end || *j.p != ':') goto invalid;
+                j.p++;
+                k = find_name(key);
+                if (at < KEY_GUESSES) guess[at] = (int8_t)(k >= 0 && key_mask[k] ? k : -1);
+            }
             ws1(&j);
             if (j.p >= j.end) goto invalid;
-            int k = find_name(key);
+            if (sep != NULL && at < KEY_GUESSES) { /* the separator and key, for the next record */
+                int ok = k >= 0 && key_mask[k] && j.p - sep <= 16 && j.end - sep >= 16 &&
+                         key.ptr >= sep && key.ptr + key.len <= j.p;
+                sep_k[at] = (int8_t)(ok ? k : -1);
+                if (ok) {
+                    sep_pat[at] = wasm_v128_load(sep);
+                    sep_len[at] = (uint8_t)(j.p - sep);
+                    sep_name[at] = (uint8_t)(key.ptr - sep);
+                    sep_mask[at] = (1u << (j.p - sep)) - 1u;
+                }
+            }
+        member:
             if (k < 0) { /* no rule looks at it: its text, compact */
                 const uint8_t *start = j.p;
                 uint8_t c = *j.p;
@@ -1609,11 +1677,30 @@ __attribute__((noinline)) static int stream_record(const sluice_record *rec, slu
                 if (m == NULL) goto invalid;
                 if (run_member_rules(k, &m, &fired, &drop_at) < 0) goto oom;
                 if (m != NULL) {
-                    put_name(&out, key, written++ == 0);
+                    if (key_mask[k] && room(&out, 16)) { /* the key as one store (see guess) */
+                        uint32_t first = written++ == 0; /* then the byte before is the '{' */
+                        wasm_v128_store(out.ptr + out.len - first, out_pat[k]);
+                        if (first) out.ptr[out.len - 1] = '{';
+                        out.len += (uint32_t)names[k].len + 4u - first;
+                    } else {
+                        put_name(&out, key, written++ == 0);
+                    }
                     writing_output = 1;
                     put_node(&out, m);
                     writing_output = 0;
                 }
+            }
+            sep = j.p;
+            if (at + 1 < KEY_GUESSES && sep_k[at + 1] >= 0 && j.end - j.p >= 16 &&
+                ((uint32_t)wasm_i8x16_bitmask(wasm_i8x16_eq(wasm_v128_load(j.p), sep_pat[at + 1])) &
+                 sep_mask[at + 1]) == sep_mask[at + 1]) { /* the next member as guessed (sep_pat) */
+                at++;
+                k = sep_k[at];
+                key = sluice_bytes_of(j.p + sep_name[at], (size_t)names[k].len);
+                j.p += sep_len[at];
+                ws(&j);
+                if (j.p >= j.end) goto invalid;
+                goto member;
             }
             ws1(&j);
             if (j.p >= j.end) goto invalid;
@@ -1939,6 +2026,7 @@ int sluice_on_config(const sluice_json *config) {
             stream_ok = 0;
     }
     nmissing_drop = 0;
+    set_key_patterns();
     if (stream_ok) { /* each name's rules, in rule order */
         for (int k = 0; k <= 64; k++) pipe_start[k] = 0;
         for (int i = 0; i < nrules; i++) pipe_start[rules[i].when_k0 + 1]++;
