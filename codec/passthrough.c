@@ -11,6 +11,11 @@
  *   produce_head(frame, start, version)
  *                              acks and the one topic name of a Produce request body at
  *                              `start`, as codec/produce_splice.py's ProduceTopics
+ *   scan_produce_request(version, body)
+ *                              the layout of a Produce request body, as codec/produce_splice.py's
+ *                              scan_produce_request finds it (ProduceRequestLayout, its records
+ *                              slices of the same view of `body`): what a filtered Produce is
+ *                              scanned for (proxy/paths/base.py Exchange.produce_layout)
  *   produce_response_tagged(body, start, by_id)
  *   unfilled(n)                a bytearray of n bytes left as malloc gives them (not zeroed): a
  *                              large frame's body, read into by the socket before it is read
@@ -24,8 +29,9 @@
  *
  * Each answers only the common case and hands anything else back (None, or -1 for the
  * Produce response scan) to the Python reader it stands in for, which stays the reference:
- * errors, rare encodings (a count or name length over 127, tagged fields in a request header,
- * topics by id, a partition with an error) are the Python's. So the verdicts and the errors
+ * errors, rare encodings (a count or name length over 127 in the head readers, tagged fields
+ * in a request header or a Produce request body, topics by id, a partition with an error)
+ * are the Python's. So the verdicts and the errors
  * are the Python's by construction, and tests/codec/test_passthrough_native.py holds the two
  * to the same answers on generated and mutated frames.
  *
@@ -43,6 +49,9 @@
  * Produce version its request body's shape (0: hand back, 1: classic, 2: flexible by name). */
 static PyTypeObject *request_header_type = NULL;
 static PyTypeObject *produce_topics_type = NULL;
+static PyTypeObject *layout_type = NULL;  /* ProduceRequestLayout */
+static PyTypeObject *topic_slot_type = NULL;
+static PyTypeObject *partition_slot_type = NULL;
 static PyObject *flexible_table = NULL;
 static unsigned char produce_shapes[64];
 
@@ -113,16 +122,20 @@ static PyObject *make_tuple(PyTypeObject *type, Py_ssize_t n, PyObject **items) 
 }
 
 static PyObject *setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyDict_Check(args[2])
-        || !PyBytes_Check(args[3])) {
+    if (nargs != 7 || !PyType_Check(args[0]) || !PyType_Check(args[1]) || !PyDict_Check(args[2])
+        || !PyBytes_Check(args[3]) || !PyType_Check(args[4]) || !PyType_Check(args[5])
+        || !PyType_Check(args[6])) {
         PyErr_SetString(PyExc_TypeError,
-                        "setup(RequestHeader, ProduceTopics, flexible table, produce shapes)");
+                        "setup(RequestHeader, ProduceTopics, flexible table, produce shapes, "
+                        "ProduceRequestLayout, TopicSlot, PartitionSlot)");
         return NULL;
     }
-    if (!PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)
-        || !PyType_IsSubtype((PyTypeObject *)args[1], &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "the result classes must be tuples");
-        return NULL;
+    static const int classes[] = {0, 1, 4, 5, 6};
+    for (int i = 0; i < 5; i++) {
+        if (!PyType_IsSubtype((PyTypeObject *)args[classes[i]], &PyTuple_Type)) {
+            PyErr_SetString(PyExc_TypeError, "the result classes must be tuples");
+            return NULL;
+        }
     }
     Py_ssize_t n = PyBytes_GET_SIZE(args[3]);
     if (n > (Py_ssize_t)sizeof(produce_shapes)) n = sizeof(produce_shapes);
@@ -131,6 +144,9 @@ static PyObject *setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_XSETREF(request_header_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(produce_topics_type, (PyTypeObject *)Py_NewRef(args[1]));
     Py_XSETREF(flexible_table, Py_NewRef(args[2]));
+    Py_XSETREF(layout_type, (PyTypeObject *)Py_NewRef(args[4]));
+    Py_XSETREF(topic_slot_type, (PyTypeObject *)Py_NewRef(args[5]));
+    Py_XSETREF(partition_slot_type, (PyTypeObject *)Py_NewRef(args[6]));
     Py_RETURN_NONE;
 }
 
@@ -251,6 +267,236 @@ static PyObject *produce_head(PyObject *self, PyObject *const *args, Py_ssize_t 
     return make_tuple(produce_topics_type, 2, items);
 hand_back:
     PyBuffer_Release(&v);
+    Py_RETURN_NONE;
+}
+
+/* The smallest encoded topic and partition entries of a Produce request, classic and
+ * flexible (codec/produce_splice.py _MIN_TOPIC, _MIN_PARTITION): a count that declares more
+ * entries than the bytes left could hold is refused before anything is allocated for it. */
+static const Py_ssize_t min_topic[2] = {2 + 4, 1 + 1 + 1};
+static const Py_ssize_t min_partition[2] = {4 + 4, 4 + 1 + 1};
+
+/* An array count at *pos as codec/produce_splice.py _count reads it (a negative count is an
+ * empty array): 0, or -1 where the Python reader raises. */
+static int array_count(const uint8_t *b, Py_ssize_t end, Py_ssize_t *pos, int flexible,
+                       Py_ssize_t minimum, int64_t *n) {
+    if (flexible) {
+        if (compact_count(b, end, pos, n) < 0) return -1;
+    } else {
+        if (*pos + 4 > end) return -1;
+        *n = be32(b + *pos);
+        *pos += 4;
+    }
+    if (*n < 0) *n = 0;
+    return *n * minimum > end - *pos ? -1 : 0;
+}
+
+/* A string whose length prefix is at *pos (compact when flexible): *out is the string, or
+ * None for a null one (a negative length); -1 where the Python reader raises (cut short, not
+ * UTF-8), with no exception set. */
+static int read_string(const uint8_t *b, Py_ssize_t end, Py_ssize_t *pos, int flexible,
+                       PyObject **out) {
+    int64_t n;
+    if (flexible) {
+        if (compact_count(b, end, pos, &n) < 0) return -1;  /* n: the length, -1 null */
+    } else {
+        if (*pos + 2 > end) return -1;
+        n = be16(b + *pos);
+        *pos += 2;
+    }
+    if (n < 0) {
+        *out = Py_NewRef(Py_None);
+        return 0;
+    }
+    if (*pos + n > end) return -1;
+    *out = PyUnicode_DecodeUTF8((const char *)b + *pos, (Py_ssize_t)n, NULL);
+    if (*out == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -2;
+        PyErr_Clear();
+        return -1;
+    }
+    *pos += n;
+    return 0;
+}
+
+/* Python ints for the items of a slot (NULL-checked by make_slot). */
+#define INT(x) PyLong_FromSsize_t((Py_ssize_t)(x))
+
+/* A named tuple of `type` from n new references, any of which may be NULL (a failed
+ * allocation: the others are released and NULL returned, with the error set). */
+static PyObject *make_slot(PyTypeObject *type, Py_ssize_t n, PyObject **items) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (items[i] == NULL) {
+            for (Py_ssize_t j = 0; j < n; j++) Py_XDECREF(items[j]);
+            return NULL;
+        }
+    }
+    return make_tuple(type, n, items);
+}
+
+/* The walk of scan_produce_request over b[0:end]: the layout's topics tuple in *topics and its
+ * offsets; 0, -1 to hand back (no exception set), -2 on an error of Python's own (an
+ * exception set: out of memory). `view` is the memoryview the records are slices of. */
+static int scan_topics(PyObject *view, const uint8_t *b, Py_ssize_t end, int flexible,
+                       Py_ssize_t *pos_io, PyObject **topics, Py_ssize_t offsets[3]) {
+    Py_ssize_t pos = *pos_io;
+    int64_t n_topics, n_parts;
+    int r;
+    offsets[0] = pos;
+    if (array_count(b, end, &pos, flexible, min_topic[flexible], &n_topics) < 0) return -1;
+    offsets[1] = pos;
+    PyObject *all = PyTuple_New((Py_ssize_t)n_topics);
+    if (all == NULL) return -2;
+    for (int64_t t = 0; t < n_topics; t++) {
+        Py_ssize_t t_start = pos;
+        PyObject *name = NULL;
+        if ((r = read_string(b, end, &pos, flexible, &name)) < 0) goto fail;
+        if (name == Py_None) {  /* a null topic name: the Python reader's error */
+            Py_DECREF(name);
+            r = -1;
+            goto fail;
+        }
+        Py_ssize_t count_at = pos;
+        if (array_count(b, end, &pos, flexible, min_partition[flexible], &n_parts) < 0) {
+            Py_DECREF(name);
+            r = -1;
+            goto fail;
+        }
+        Py_ssize_t count_end = pos;
+        PyObject *parts = PyTuple_New((Py_ssize_t)n_parts);
+        if (parts == NULL) {
+            Py_DECREF(name);
+            r = -2;
+            goto fail;
+        }
+        /* Set at once, so that a failure below releases the name with the tuple. */
+        PyObject *items[7] = {name, Py_NewRef(Py_None), parts, NULL, NULL, NULL, NULL};
+        for (int64_t p = 0; p < n_parts; p++) {
+            Py_ssize_t p_start = pos;
+            int64_t size;
+            r = -1;
+            if (pos + 4 > end) goto fail_topic;
+            int32_t index = be32(b + pos);
+            pos += 4;
+            Py_ssize_t records_at = pos;
+            if (flexible) {
+                if (compact_count(b, end, &pos, &size) < 0) goto fail_topic;
+            } else {
+                if (pos + 4 > end) goto fail_topic;
+                size = be32(b + pos);
+                pos += 4;
+            }
+            PyObject *records;
+            if (size >= 0) {
+                if (pos + size > end) goto fail_topic;
+                records = PySequence_GetSlice(view, pos, pos + (Py_ssize_t)size);
+                pos += (Py_ssize_t)size;
+            } else {
+                records = Py_NewRef(Py_None);
+            }
+            Py_ssize_t records_end = pos;
+            if (flexible) {
+                /* Tagged fields in a partition: the Python reader's (never sent by clients). */
+                if (pos >= end || b[pos] != 0) { Py_XDECREF(records); goto fail_topic; }
+                pos++;
+            }
+            PyObject *slot_items[6] = {PyLong_FromLong(index), records, INT(p_start),
+                                       INT(records_at), INT(records_end), INT(pos)};
+            PyObject *slot = make_slot(partition_slot_type, 6, slot_items);
+            if (slot == NULL) { r = -2; goto fail_topic; }
+            PyTuple_SET_ITEM(parts, (Py_ssize_t)p, slot);
+        }
+        if (flexible) {
+            r = -1;
+            if (pos >= end || b[pos] != 0) goto fail_topic;
+            pos++;
+        }
+        items[3] = INT(t_start);
+        items[4] = INT(count_at);
+        items[5] = INT(count_end);
+        items[6] = INT(pos);
+        PyObject *topic = make_slot(topic_slot_type, 7, items);
+        if (topic == NULL) { r = -2; goto fail; }
+        PyTuple_SET_ITEM(all, (Py_ssize_t)t, topic);
+        continue;
+    fail_topic:
+        for (int i = 0; i < 7; i++) Py_XDECREF(items[i]);
+        goto fail;
+    }
+    offsets[2] = pos;
+    *topics = all;
+    *pos_io = pos;
+    return 0;
+fail:
+    Py_DECREF(all);  /* the slots not made yet are NULL in it */
+    return r;
+}
+
+/* scan_produce_request(version, body) -> ProduceRequestLayout, what
+ * codec/produce_splice.py's scan_produce_request returns for the same arguments (the records
+ * slices of the same view of `body`: `body` itself when it is a memoryview); None for
+ * anything else: a version by topic id or unknown, tagged fields, a string not UTF-8, any
+ * error (the Python scan raises it). */
+static PyObject *scan_produce_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_produce_request(version, body)");
+        return NULL;
+    }
+    if (layout_type == NULL || !PyLong_CheckExact(args[0])) Py_RETURN_NONE;
+    int overflow;
+    long version = PyLong_AsLongAndOverflow(args[0], &overflow);
+    if (version == -1 && PyErr_Occurred()) return NULL;
+    if (overflow || version < 0 || version >= (long)sizeof(produce_shapes)) Py_RETURN_NONE;
+    int shape = produce_shapes[version];
+    if (shape == 0) Py_RETURN_NONE;
+    int flexible = shape == 2;
+    PyObject *view, *txn = NULL, *topics = NULL;
+    if (PyMemoryView_Check(args[1])) {
+        view = Py_NewRef(args[1]);
+    } else {
+        view = PyMemoryView_FromObject(args[1]);
+        if (view == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
+    }
+    /* Bytes only: a view of another item size or shape is read otherwise by the Python scan
+     * (its items are not bytes); a released view fails here, as it does there. */
+    const Py_buffer *info = PyMemoryView_GET_BUFFER(view);
+    Py_buffer v;
+    if (info->ndim != 1 || info->itemsize != 1
+        || (info->format != NULL && strcmp(info->format, "B") != 0)
+        || PyObject_GetBuffer(view, &v, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_DECREF(view);
+        Py_RETURN_NONE;
+    }
+    const uint8_t *b = v.buf;
+    Py_ssize_t end = v.len, pos = 0, offsets[3];
+    int r = read_string(b, end, &pos, flexible, &txn);
+    if (r < 0) goto done;
+    r = -1;
+    if (pos + 6 > end) goto done;
+    int32_t acks = be16(b + pos), timeout_ms = be32(b + pos + 2);
+    pos += 6;
+    r = scan_topics(view, b, end, flexible, &pos, &topics, offsets);
+    if (r < 0) goto done;
+    r = -1;
+    if (flexible) {
+        if (pos >= end || b[pos] != 0) goto done;
+        pos++;
+    }
+    if (pos != end) goto done;  /* trailing bytes */
+    PyBuffer_Release(&v);
+    Py_DECREF(view);
+    PyObject *items[9] = {Py_NewRef(args[0]), PyBool_FromLong(flexible), txn,
+                          PyLong_FromLong(acks), PyLong_FromLong(timeout_ms), topics,
+                          INT(offsets[0]), INT(offsets[1]), INT(offsets[2])};
+    return make_slot(layout_type, 9, items);
+done:
+    PyBuffer_Release(&v);
+    Py_DECREF(view);
+    Py_XDECREF(txn);
+    Py_XDECREF(topics);
+    if (r == -2) return NULL;
+    PyErr_Clear();
     Py_RETURN_NONE;
 }
 
@@ -523,10 +769,13 @@ static PyMethodDef methods[] = {
     {"read_frames", (PyCFunction)(void (*)(void))read_frames, METH_FASTCALL,
      "read_frames(bytearray, nbytes, max_frame_size) -> [read-only memoryview, ...] | None"},
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
-     "setup(RequestHeader, ProduceTopics, flexible table, produce shapes)"},
+     "setup(RequestHeader, ProduceTopics, flexible table, produce shapes, "
+     "ProduceRequestLayout, TopicSlot, PartitionSlot)"},
     {"request_header", request_header, METH_O, "request_header(frame) -> RequestHeader | None"},
     {"produce_head", (PyCFunction)(void (*)(void))produce_head, METH_FASTCALL,
      "produce_head(frame, start, version) -> ProduceTopics | None"},
+    {"scan_produce_request", (PyCFunction)(void (*)(void))scan_produce_request, METH_FASTCALL,
+     "scan_produce_request(version, body) -> ProduceRequestLayout | None"},
     {"produce_response_tagged", (PyCFunction)(void (*)(void))produce_response_tagged,
      METH_FASTCALL, "produce_response_tagged(body, start, by_id) -> 1 | 0 | -1"},
     {"fetch_response_tagged", (PyCFunction)(void (*)(void))fetch_response_tagged,

@@ -2,7 +2,8 @@
 install as `sluice.codec._passthrough`) where built, else the Python readers they stand in
 for. Every relayed request's header, and every Produce request's acks and topic name, are
 read through here (issue 29: on a loaded machine a pass-through request costs what its
-Python costs, bytecode by bytecode, and these readers were a third of it).
+Python costs, bytecode by bytecode, and these readers were a third of it); so is a filtered
+Produce request's layout (`scan_layout`: where each partition's records are).
 
 The native readers answer only the common case and hand anything else back (None) to the
 Python reader, which stays the reference for every error and rare encoding; so both give the
@@ -18,7 +19,16 @@ from types import ModuleType
 
 from .errors import UnsupportedVersion
 from .headers import RequestHeader, _request_flexible, parse_request_header
-from .produce_splice import ProduceTopics, _shape, produce_head, produce_topics
+from .produce_splice import (
+    PartitionSlot,
+    ProduceRequestLayout,
+    ProduceTopics,
+    TopicSlot,
+    _shape,
+    produce_head,
+    produce_topics,
+    scan_produce_request,
+)
 
 Buffer = bytes | bytearray | memoryview
 
@@ -43,7 +53,8 @@ def _produce_shapes() -> bytes:
 
 
 if native is not None:
-    native.setup(RequestHeader, ProduceTopics, _request_flexible, _produce_shapes())
+    native.setup(RequestHeader, ProduceTopics, _request_flexible, _produce_shapes(),
+                 ProduceRequestLayout, TopicSlot, PartitionSlot)
 
 #: The request header of a frame, or None (then `parse_request_header` reads it, raising what
 #: it raises). Without the native module it is `parse_request_header` itself (never None).
@@ -66,3 +77,11 @@ def read_produce_topics(frame: Buffer, start: int, version: int) -> ProduceTopic
     `produce_head_at` handed back), through the Python readers."""
     body = frame[start:]
     return produce_head(version, body) or produce_topics(version, body)
+
+
+#: The layout of a Produce request body (`version`, `body`: the arguments of
+#: `scan_produce_request`), or None (then `scan_produce_request` scans it, raising what it
+#: raises). The records are slices of `body` (itself when it is a memoryview), as there.
+#: Without the native module it is `scan_produce_request` itself (never None).
+scan_layout: Callable[[int, Buffer], ProduceRequestLayout | None] = (
+    native.scan_produce_request if native is not None else scan_produce_request)

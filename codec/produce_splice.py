@@ -9,6 +9,12 @@ original body around the new records and rewrites only the lengths and counts th
 The result is byte-for-byte what kio writes for the same change (tests/codec property-test
 this against kio for every version the codec supports), so the broker sees the same request.
 
+Who reads what: a filtered Produce is scanned through `passthrough.scan_layout`, the C
+reader in codec/passthrough.c where it is built: it answers the common case (versions by
+name, no tagged fields, UTF-8 names) with the very layout `scan_produce_request` returns and
+hands anything else back (None) to it, which stays the reference for every error and rare
+encoding (tests/codec/test_passthrough_native.py holds the two to the same answers).
+
 Positions, not names, address partitions: ``(i, j)`` is the j-th partition of the i-th topic
 entry, in the order of the request (as in the kio entity's ``topic_data[i].partition_data[j]``);
 a request may name one topic twice, and positions stay exact.

@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from sluice.codec.batch_counts import expanded_size
 from sluice.codec.batch_limits import DEFAULT_BATCH_LIMITS, BatchLimits
 from sluice.codec.headers import RequestHeader
-from sluice.codec.passthrough import produce_head_at, read_produce_topics
+from sluice.codec.passthrough import produce_head_at, read_produce_topics, scan_layout
 from sluice.codec.peek import produce_acks
 from sluice.codec.produce_splice import (
     ProduceRequestLayout,
@@ -133,7 +133,11 @@ class Exchange:
         kept = self.parsed
         if kept is not None and kept[0] is frame and type(kept[1]) is ProduceRequestLayout:
             return kept[1]
-        layout = scan_produce_request(self.header.api_version, frame[self.header.header_size :])
+        version = self.header.api_version
+        body = frame[self.header.header_size :]
+        # Natively where built (one C call); None hands anything else to the Python scan, which
+        # raises what it raises.
+        layout = scan_layout(version, body) or scan_produce_request(version, body)
         self.parsed = (frame, layout)
         return layout
 
