@@ -44,6 +44,11 @@ async def _masked_session(tcp_sockets: tuple[socket.socket, socket.socket],
     """A session under builtin:pii-mask on produce whose job kind runs inline (learnt over
     a few requests, as the proxy learns it), and the frames left to send."""
     server = ProxyServer(ProxyConfig(listen=("127.0.0.1", 0), upstream=[("127.0.0.1", 1)]))
+    # How a kind learns is job_placement's to test (tests/proxy/net/test_job_placement.py).
+    # Here one slow run on a loaded machine (a stall of a few ms under the parallel suite)
+    # would send the kind back to the pool between the warm-up and the requests under test.
+    assert server.placement is not None
+    server.placement.max_seconds = server.placement.tolerance = 10.0
     server.install_chain(_mask_chain())
     session, client, broker = wired_session(server, tcp_sockets)
     frames = _frames(30 + requests, mask=True)
