@@ -5,8 +5,10 @@ the total psutil reads from /proc/PID/stat in 10 ms ticks, counts threads that h
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import psutil
@@ -85,6 +87,12 @@ def test_threads_that_exited_are_counted(worker: subprocess.Popen[str]) -> None:
     spent = cpu_clock.cpu_times(worker.pid) - before
     assert spent.seconds >= 0.2
     assert spent.ticks > 0.18  # psutil has it too (within its ticks)
+    # join() returns once Python is done with the thread, a moment before the kernel reaps it:
+    # wait until only the main thread is listed (a loaded machine made that moment visible).
+    deadline = time.monotonic() + 10
+    while len(os.listdir(f"/proc/{worker.pid}/task")) > 1:
+        assert time.monotonic() < deadline, "the burning thread never exited"
+        time.sleep(0.01)
     # The live threads' schedstat files lost it: the reason it is not the source.
     assert cpu_clock.schedstat_seconds(worker.pid) - sched0 < 0.1
 
