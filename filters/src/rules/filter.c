@@ -1678,10 +1678,10 @@ __attribute__((noinline)) static int stream_record(const sluice_record *rec, slu
                 if (run_member_rules(k, &m, &fired, &drop_at) < 0) goto oom;
                 if (m != NULL) {
                     if (key_mask[k] && room(&out, 16)) { /* the key as one store (see guess) */
-                        uint32_t first = written++ == 0; /* then the byte before is the '{' */
-                        wasm_v128_store(out.ptr + out.len - first, out_pat[k]);
-                        if (first) out.ptr[out.len - 1] = '{';
-                        out.len += (uint32_t)names[k].len + 4u - first;
+                        uint32_t lead = written++ == 0; /* then the byte before is the '{' */
+                        wasm_v128_store(out.ptr + out.len - lead, out_pat[k]);
+                        if (lead) out.ptr[out.len - 1] = '{';
+                        out.len += (uint32_t)names[k].len + 4u - lead;
                     } else {
                         put_name(&out, key, written++ == 0);
                     }
