@@ -63,7 +63,10 @@ comparison: it is the same total, truncated to ticks at each reading. Under it t
 side's share: the middle's CPU s per GB carried one way in the produce and in a (mean) read,
 the mean of slices (also on each slice's line). CPU µs/request
 (workload 3): its CPU in the latency window per record (one Produce request and response
-each), median over slices. Filter jobs inline / pool (workload 3): every Sluice variant
+each), median over slices; run-queue wait µs/request (workload 3): the time its threads were
+runnable but had no core in the window (their schedstat files, bench/cpu_clock.py), per
+request, median over slices: the scheduler's share of the added latency, which CPU per
+request does not show. Filter jobs inline / pool (workload 3): every Sluice variant
 serves its `/metrics` on a free 127.0.0.1 port (unless `--proxy-yaml` has its own `metrics:`),
 scraped before and after each window; the table sums `sluice_filter_jobs_total` over the
 windows and gives the pool's share (bench/filter_jobs.py).
@@ -169,6 +172,8 @@ class Latency:
     late: list[float] = field(default_factory=list)  # share of sends > 1 ms late
     cpu_per_request: list[float | None] = field(default_factory=list)  # µs
     cpu_per_request_ticks: list[float | None] = field(default_factory=list)  # psutil's
+    #: µs the middle process's threads waited, runnable, for a core (per request of the window)
+    wait_per_request: list[float | None] = field(default_factory=list)
     #: Filter jobs run inline / in the pool in each window (None: the proxy does not count
     #: them, or is not Sluice).
     jobs: list[filter_jobs.Jobs | None] = field(default_factory=list)
@@ -344,24 +349,36 @@ def throughput_slice(
     }
 
 
+@dataclass(frozen=True)
+class MiddleCost:
+    """What one latency window cost the process in the middle, per request: CPU by both
+    sources, and the time its threads were runnable but had no core (schedstat)."""
+
+    cpu: cpu_clock.CpuTimes
+    wait_us: float
+
+
 def latency_slice(
     point: Point, via_topic: str, reference: tuple[str, str], rate: int, seconds: float
-) -> tuple[latency.Paired, cpu_clock.CpuTimes | None, filter_jobs.Jobs | None]:
+) -> tuple[latency.Paired, MiddleCost | None, filter_jobs.Jobs | None]:
     """One paired window: the variant's probe and a probe straight to `reference` (a broker
-    address and topic) at once; with the CPU µs per request of the process in the middle (by
-    both sources; None: direct) and, for Sluice, the filter jobs it ran inline and in its pool
-    in the window (its `/metrics` scraped before and after, outside the CPU measurement)."""
+    address and topic) at once; with what the window cost the process in the middle per
+    request (None: direct) and, for Sluice, the filter jobs it ran inline and in its pool in
+    the window (its `/metrics` scraped before and after, outside the CPU measurement)."""
     jobs0 = filter_jobs.scrape(point.metrics) if point.metrics else None
-    cpu0 = cpu_clock.cpu_times(point.target.pid)
+    pid = point.target.pid
+    cpu0, wait0 = cpu_clock.cpu_times(pid), cpu_clock.runqueue_wait_seconds(pid)
     pair = latency.paired(reference, (point.target.bootstrap, via_topic), rate, seconds)
-    cpu = cpu_clock.cpu_times(point.target.pid) - cpu0
+    cpu = cpu_clock.cpu_times(pid) - cpu0
+    wait = cpu_clock.runqueue_wait_seconds(pid) - wait0
     jobs1 = filter_jobs.scrape(point.metrics) if point.metrics else None
-    per_request = None
-    if point.target.pid is not None:
+    cost = None
+    if pid is not None:
         n = len(pair.via.latency)
-        per_request = cpu_clock.CpuTimes(1e6 * cpu.seconds / n, 1e6 * cpu.ticks / n)
+        cost = MiddleCost(cpu_clock.CpuTimes(1e6 * cpu.seconds / n, 1e6 * cpu.ticks / n),
+                          1e6 * wait / n)
     jobs = jobs1 - jobs0 if jobs0 is not None and jobs1 is not None else None
-    return pair, per_request, jobs
+    return pair, cost, jobs
 
 
 def measure(
@@ -412,9 +429,8 @@ def measure(
             point = points[name]
             line = f"  slice {s + 1}/{slices} {name:20s}"
             via_topic, reference = latency_topics[name]
-            pair, per_request, jobs = latency_slice(
-                point, via_topic, reference, rate, seconds
-            )
+            pair, cost, jobs = latency_slice(point, via_topic, reference, rate, seconds)
+            per_request = None if cost is None else cost.cpu
             row = result.latency.setdefault(name, Latency())
             row.p50.append(1000 * pair.via.quantile(0.5))
             row.p99.append(1000 * pair.via.quantile(0.99))
@@ -424,14 +440,16 @@ def measure(
             row.cpu_per_request.append(None if per_request is None else per_request.seconds)
             row.cpu_per_request_ticks.append(
                 None if per_request is None else per_request.ticks)
+            row.wait_per_request.append(None if cost is None else cost.wait_us)
             row.jobs.append(jobs)
             line += (
                 f" p50 {row.p50[-1]:6.2f} p99 {row.p99[-1]:7.2f} ms | direct p50 "
                 f"{row.ref_p50[-1]:6.2f} p99 {row.ref_p99[-1]:7.2f} ms | late "
                 f"{100 * row.late[-1]:.1f} %"
             )
-            if per_request is not None:
-                line += f" | {per_request.seconds:.0f} µs CPU/request"
+            if cost is not None:
+                line += (f" | {cost.cpu.seconds:.0f} µs CPU/request, {cost.wait_us:.0f} µs "
+                         f"waiting for a core")
             if jobs is not None:
                 line += f" | filter jobs inline / pool {jobs.text()}"
             print(line, file=sys.stderr, flush=True)
@@ -551,20 +569,22 @@ def _mean(values: Sequence[float | None]) -> float:
 def _latency_report(result: Result) -> str:
     lines = [
         "| variant | p50 ms | p99 ms | direct p50 ms | direct p99 ms | added p50 ms (range) "
-        "| added p99 ms (range) | CPU µs/request | late sends % "
+        "| added p99 ms (range) | CPU µs/request | run-queue wait µs/request | late sends % "
         "| filter jobs inline / pool (pool share) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in result.latency.items():
         a50 = pairs.summarise(pairs.differences(row.p50, row.ref_p50))
         a99 = pairs.summarise(pairs.differences(row.p99, row.ref_p99))
         cpu = pairs.median(row.cpu_per_request)
+        wait = pairs.median(row.wait_per_request)
         jobs = row.jobs_total()
         lines.append(
             f"| {name} | {pairs.median(row.p50):.2f} | {pairs.median(row.p99):.2f} "
             f"| {pairs.median(row.ref_p50):.2f} | {pairs.median(row.ref_p99):.2f} "
             f"| {a50.added_text()} | {a99.added_text()} "
             f"| {'-' if math.isnan(cpu) else f'{cpu:.0f}'} "
+            f"| {'-' if math.isnan(wait) else f'{wait:.0f}'} "
             f"| {100 * max(row.late):.1f} | {'-' if jobs is None else jobs.text()} |"
         )
     lines.append("")
@@ -576,6 +596,11 @@ def _latency_report(result: Result) -> str:
             "CPU µs/request from the CPU clocks (ns) / from psutil's 10 ms ticks, read at the "
             "same moments: " + ", ".join(f"{n} {a:.1f} / {b:.1f}" for n, a, b in both) + "."
         )
+    lines.append(
+        "Run-queue wait: the time the middle process's threads were runnable but had no core "
+        "(their schedstat files), per request of the window: the scheduler's share of its "
+        "latency tail."
+    )
     lines.append(
         "Filter jobs: sluice_filter_jobs_total from each Sluice variant's /metrics, the "
         "difference over each window, summed over slices (-: not counted, e.g. no thread pool)."

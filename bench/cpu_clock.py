@@ -18,6 +18,10 @@ program), so the difference of two sums can even be negative. `schedstat_seconds
 the comparison (`python -m bench.cpu_clock PID`). taskstats (netlink) gives the same run time
 per process, through a socket and a genetlink family look-up: nothing more for this use.
 
+The same files' second field, the time a thread was runnable but waiting for a core, is what
+`runqueue_wait_seconds` sums for the latency workload (over a window of long-lived threads,
+where losing exited threads does not matter).
+
     python -m bench.cpu_clock PID [--seconds 60] [--every 5]
 
 samples a running process and its children every `--every` seconds and prints the CPU
@@ -64,9 +68,9 @@ def tick_seconds(pid: int) -> float | None:
     return t.user + t.system
 
 
-def schedstat_seconds(pid: int) -> float:
-    """The run time of the threads of `pid` alive now, summed from their schedstat files
-    (threads that exited are not counted: see the module's docstring)."""
+def _schedstat_field(pid: int, index: int) -> float:
+    """Field `index` of the schedstat files of the threads of `pid` alive now, summed, in
+    seconds (0: time on a core, 1: time runnable but waiting for one)."""
     total = 0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -75,10 +79,27 @@ def schedstat_seconds(pid: int) -> float:
     for tid in tids:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
+                total += int(f.read().split()[index])
         except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
             continue  # the thread ended while we looked
     return total / 1e9
+
+
+def schedstat_seconds(pid: int) -> float:
+    """The run time of the threads of `pid` alive now, summed from their schedstat files
+    (threads that exited are not counted: see the module's docstring)."""
+    return _schedstat_field(pid, 0)
+
+
+def runqueue_wait_seconds(pid: int | None) -> float:
+    """Seconds the threads of `pid` and its children alive now have spent runnable but
+    waiting for a core (schedstat's second field), summed; 0.0 for None. Over a window of
+    long-lived threads (an event loop, a thread pool) the difference of two readings is the
+    time work was ready and the machine had no core for it: the part of a latency tail that
+    is the scheduler's, not the program's."""
+    if pid is None:
+        return 0.0
+    return sum(_schedstat_field(p, 1) for p in _family(pid))
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,9 @@ def test_quick_run_measures_every_variant_in_every_slice(
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[1]) > 0 and float(cells[2]) >= float(cells[1])
         assert (cells[7] != "-") is (name != "direct")
+        # Run-queue wait per request: measured for every process in the middle.
+        assert (cells[8] != "-") is (name != "direct")
+        assert name == "direct" or float(cells[8]) >= 0
 
 
 def test_workers_and_proxy_arguments_reach_sluice_serve_and_cpu_counts_every_worker() -> None:

@@ -132,3 +132,37 @@ def test_children_are_summed_and_a_gone_process_counts_nothing() -> None:
     assert targets.cpu_seconds(None) == 0.0
     with pytest.raises(ValueError):
         cpu_clock.process_clock(0)
+
+
+def test_run_queue_wait_counts_two_processes_sharing_one_core() -> None:
+    # A parent and its child, both held to one core, each burning 0.3 s of CPU at once: while
+    # one runs the other waits, so the two wait at least ~0.25 s between them.
+    code = (
+        "import os, subprocess, sys, time\n"
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import time\\nend = time.process_time() + 0.3\\n"
+        "while time.process_time() < end: pass\\nprint(1, flush=True)\\ntime.sleep(30)'],"
+        " stdout=subprocess.PIPE)\n"
+        "end = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\n"
+        "child.stdout.readline()\n"
+        "print('done', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    child = 0
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"done\n"
+        child = psutil.Process(proc.pid).children()[0].pid
+        both = cpu_clock.runqueue_wait_seconds(proc.pid)
+        assert both >= 0.2
+        assert both > cpu_clock.runqueue_wait_seconds(child) > 0.0
+    finally:
+        if child:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(child).kill()
+        proc.kill()
+        proc.wait()
+    assert cpu_clock.runqueue_wait_seconds(proc.pid) == 0.0
+    assert cpu_clock.runqueue_wait_seconds(None) == 0.0
