@@ -47,3 +47,21 @@ def test_builtins_baseline_runs_in_the_same_turns(capsys: pytest.CaptureFixture[
     rows = json.loads(capsys.readouterr().out)["builtins"]
     assert rows["rules-baseline"]["native_call_cpu_vs_pii_mask"] > 0
     assert rows["rules-baseline"]["native_path_records_per_s"] > 0
+
+
+def test_a_filters_warning_during_the_run_goes_to_stderr_not_into_the_report(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A call past its deadline on a loaded machine logs `filter_failure` (filters/runtime.py):
+    # stdout must still hold only the JSON report.
+    from sluice.filters import runtime
+
+    def languages(seconds: float, tmp: Path) -> dict[str, float]:
+        runtime.log.warning("filter_failure", filter="upper-c", kind="timeout")
+        return {"c": 1.0}
+
+    monkeypatch.setattr(bench, "bench_languages", languages)
+    assert bench.main(["--only", "languages", "--quick"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["languages"] == {"c": 1.0}
+    assert "filter_failure" in err
