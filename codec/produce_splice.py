@@ -416,6 +416,22 @@ def splice_produce_pieces(
     re-encoding the request from its kio entity with those partitions removed. Everything
     else is copied from `body`: the result is the bytes kio would write for the changed
     entity. Raises ValueError for a position the request does not have."""
+    if not drop and len(records) == 1:
+        # One partition rewritten, none removed (a filtered one-partition Produce, nearly
+        # every one): the general case below without its tuple of positions and list of
+        # spots, ~1 µs a request.
+        ((i, j), new), = records.items()
+        topics = layout.topics
+        if not (0 <= i < len(topics) and 0 <= j < len(topics[i].partitions)):
+            raise ValueError(f"Produce request has no partition entry at position {(i, j)}")
+        part = topics[i].partitions[j]
+        view = body if isinstance(body, memoryview) else memoryview(body)
+        pieces: list[Buffer] = [prefix, view[: part.records_at],
+                                records_prefix(new, layout.flexible)]
+        if new is not None:
+            pieces.append(new)
+        pieces.append(view[part.records_end :])
+        return pieces
     for i, j in (*records, *drop):
         if not (0 <= i < len(layout.topics) and 0 <= j < len(layout.topics[i].partitions)):
             raise ValueError(f"Produce request has no partition entry at position {(i, j)}")
@@ -428,7 +444,7 @@ def splice_produce_pieces(
         spots = [(layout.topics[i].partitions[j], new) for (i, j), new in records.items()]
         if len(spots) > 1:
             spots.sort(key=_records_at)
-        pieces: list[Buffer] = [prefix]
+        pieces = [prefix]
         pos = 0
         for part, new in spots:
             pieces.append(view[pos : part.records_at])

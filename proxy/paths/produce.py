@@ -166,9 +166,13 @@ class ProducePath:
         if not any(applied) and all(n is not None for n in names):
             return Forward(expect_response=layout.acks != 0)
         limits = ctx.batch_limits
+        topics = layout.topics
+        # `applied` has an entry per topic (`_kind`, from these names): zip without strict=,
+        # whose keyword costs ~0.5 µs a request; one topic's partitions without the zip.
         filtered = (
-            part.records for topic, on in zip(layout.topics, applied, strict=True) if on
-            for part in topic.partitions
+            (part.records for part in topics[0].partitions) if len(topics) == 1 and applied[0]
+            else (part.records for topic, on in zip(topics, applied) if on  # noqa: B905
+                  for part in topic.partitions)
         )
         return Defer(
             Job(
@@ -352,18 +356,11 @@ def _filter_request(
             records_in = outcome.records_in
             if records_in < 0:
                 records_in = count_records(records)
+            # Positional: a slots dataclass's __init__ takes keywords ~0.2 µs slower.
             info = FilteredPartition(
-                name,
-                part.partition,
-                records_in,
-                0,
-                len(records),
-                0,
-                outcome.stats,
-                error_code=outcome.error_code,
-                error_message=outcome.error_message,
-                record_errors=list(outcome.record_errors),
-                dead_letters=len(outcome.dead_letters),
+                name, part.partition, records_in, 0, len(records), 0, outcome.stats,
+                outcome.error_code, outcome.error_message, list(outcome.record_errors),
+                len(outcome.dead_letters),
             )
             result.filtered.append(info)
             if outcome.records is None:
