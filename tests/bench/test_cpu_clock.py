@@ -97,37 +97,51 @@ def test_threads_that_exited_are_counted(worker: subprocess.Popen[str]) -> None:
     assert cpu_clock.schedstat_seconds(worker.pid) - sched0 < 0.1
 
 
-def test_children_are_summed_and_a_gone_process_counts_nothing() -> None:
-    code = (
-        "import subprocess, sys, time\n"
-        "end = time.process_time() + 0.1\n"
-        "while time.process_time() < end: pass\n"
+def _spawn_child(seconds: float) -> str:
+    """Code that starts a child burning `seconds` of CPU, which then says so and sleeps."""
+    return (
         "child = subprocess.Popen([sys.executable, '-c', "
-        "'import time\\nend = time.process_time() + 0.15\\n"
+        f"'import time\\nend = time.process_time() + {seconds}\\n"
         "while time.process_time() < end: pass\\nprint(1, flush=True)\\ntime.sleep(30)'],"
         " stdout=subprocess.PIPE)\n"
-        "child.stdout.readline()\n"
-        "print('up', flush=True)\n"
-        "time.sleep(30)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+
+
+@contextlib.contextmanager
+def _parent_and_child(code: str) -> Iterator[tuple[int, int]]:
+    """Runs `code` (which starts one child, then prints a line once what is measured is
+    done) and yields the two PIDs while both still live; kills both afterwards."""
+    proc = subprocess.Popen([sys.executable, "-c", "import os, subprocess, sys, time\n" + code
+                             + "print('ready', flush=True)\ntime.sleep(30)\n"],
+                            stdout=subprocess.PIPE)
     child = 0
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         child = psutil.Process(proc.pid).children()[0].pid
-        own, theirs = cpu_clock.process_cpu_ns(proc.pid), cpu_clock.process_cpu_ns(child)
-        assert own is not None and theirs is not None and theirs >= 0.15e9
-        total = targets.cpu_seconds(proc.pid)
-        assert total >= (own + theirs) / 1e9 >= 0.25
-        assert cpu_clock.cpu_times(proc.pid).seconds >= total
+        yield proc.pid, child
     finally:
         if child:
             with contextlib.suppress(psutil.NoSuchProcess):
                 psutil.Process(child).kill()
         proc.kill()
         proc.wait()
-    assert cpu_clock.process_cpu_ns(proc.pid) is None
-    assert cpu_clock.cpu_times(proc.pid) == cpu_clock.NONE
+
+
+def test_children_are_summed_and_a_gone_process_counts_nothing() -> None:
+    code = (
+        "end = time.process_time() + 0.1\n"
+        "while time.process_time() < end: pass\n"
+        + _spawn_child(0.15)
+        + "child.stdout.readline()\n"
+    )
+    with _parent_and_child(code) as (pid, child):
+        own, theirs = cpu_clock.process_cpu_ns(pid), cpu_clock.process_cpu_ns(child)
+        assert own is not None and theirs is not None and theirs >= 0.15e9
+        total = targets.cpu_seconds(pid)
+        assert total >= (own + theirs) / 1e9 >= 0.25
+        assert cpu_clock.cpu_times(pid).seconds >= total
+    assert cpu_clock.process_cpu_ns(pid) is None
+    assert cpu_clock.cpu_times(pid) == cpu_clock.NONE
     assert cpu_clock.cpu_times(None) == cpu_clock.NONE
     assert targets.cpu_seconds(None) == 0.0
     with pytest.raises(ValueError):
@@ -138,31 +152,15 @@ def test_run_queue_wait_counts_two_processes_sharing_one_core() -> None:
     # A parent and its child, both held to one core, each burning 0.3 s of CPU at once: while
     # one runs the other waits, so the two wait at least ~0.25 s between them.
     code = (
-        "import os, subprocess, sys, time\n"
         "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
-        "child = subprocess.Popen([sys.executable, '-c', "
-        "'import time\\nend = time.process_time() + 0.3\\n"
-        "while time.process_time() < end: pass\\nprint(1, flush=True)\\ntime.sleep(30)'],"
-        " stdout=subprocess.PIPE)\n"
-        "end = time.process_time() + 0.3\n"
+        + _spawn_child(0.3)
+        + "end = time.process_time() + 0.3\n"
         "while time.process_time() < end: pass\n"
         "child.stdout.readline()\n"
-        "print('done', flush=True)\n"
-        "time.sleep(30)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
-    child = 0
-    try:
-        assert proc.stdout is not None and proc.stdout.readline() == b"done\n"
-        child = psutil.Process(proc.pid).children()[0].pid
-        both = cpu_clock.runqueue_wait_seconds(proc.pid)
+    with _parent_and_child(code) as (pid, child):
+        both = cpu_clock.runqueue_wait_seconds(pid)
         assert both >= 0.2
         assert both > cpu_clock.runqueue_wait_seconds(child) > 0.0
-    finally:
-        if child:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(child).kill()
-        proc.kill()
-        proc.wait()
-    assert cpu_clock.runqueue_wait_seconds(proc.pid) == 0.0
+    assert cpu_clock.runqueue_wait_seconds(pid) == 0.0
     assert cpu_clock.runqueue_wait_seconds(None) == 0.0
