@@ -56,6 +56,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -866,9 +867,14 @@ def check_all() -> int:
         return 1
     failures = 0
     with tempfile.TemporaryDirectory(prefix="sluice-check-") as tmp:
-        for t in targets():
+        todo = targets()
+        # Each build is a compiler process in a directory of its own, so they run side by side
+        # (one per core); the results are compared in the targets' order.
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            built = list(pool.map(
+                lambda t: build_filter(t.source_dir, Path(tmp) / f"{t.name}.wasm"), todo))
+        for t, fresh in zip(todo, built, strict=True):
             rel = t.output.relative_to(FILTERS_DIR.parent)
-            fresh = build_filter(t.source_dir, Path(tmp) / f"{t.name}.wasm")
             if not t.output.is_file():
                 print(f"MISSING {rel} (run python filters/build.py)")
                 failures += 1

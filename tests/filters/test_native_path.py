@@ -32,7 +32,6 @@ from sluice.codec.records import (
     split_batches,
 )
 from sluice.filters import native_io, pipeline
-from sluice.filters.build import build_filter
 from sluice.filters.chain import FilterChain
 from sluice.filters.config import FilterSpec
 from sluice.filters.context import RecordContext
@@ -47,6 +46,7 @@ from sluice.filters.pipeline import (
     filter_produce,
 )
 from sluice.filters.records_io import MAX_DETECTOR_NAME_BYTES, MAX_DETECTORS, AbiError
+from tests.harness.session_builds import built_once
 
 PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
 EXAMPLES = Path(__file__).resolve().parents[2] / "filters" / "examples"
@@ -66,13 +66,12 @@ COMMANDS = [b"keep", b"drop", b"ctx", b"count", b"headers", b"json", b"other", b
 
 @pytest.fixture(scope="module")
 def probe_wasm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_filter(PROBE, tmp_path_factory.mktemp("probe") / "probe.wasm")
+    return built_once(tmp_path_factory, PROBE)
 
 
 @pytest.fixture(scope="module")
 def sdk_probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {lang: build_filter(PROBE.parent / d, tmp_path_factory.mktemp(d) / "probe.wasm")
-            for lang, d in SDK_PROBES.items()}
+    return {lang: built_once(tmp_path_factory, PROBE.parent / d) for lang, d in SDK_PROBES.items()}
 
 
 @pytest.fixture(scope="module")

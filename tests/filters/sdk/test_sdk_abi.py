@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from sluice.filters.build import build_filter
 from tests.filters.sdk.guest_abi import (
     DROP,
     KEEP,
@@ -21,13 +20,14 @@ from tests.filters.sdk.guest_abi import (
     Rec,
     encode_batch,
 )
+from tests.harness.session_builds import built_once
 
 PROBES = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="module")
 def c_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_filter(PROBES / "probe_c", tmp_path_factory.mktemp("c") / "probe.wasm")
+    return built_once(tmp_path_factory, PROBES / "probe_c")
 
 
 def test_c_decisions_context_and_counters(c_module: Path) -> None:
@@ -93,7 +93,7 @@ def hook_module(request: pytest.FixtureRequest,
                 tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The probes that mirror each other command for command (Zig, Rust, AssemblyScript)."""
     name = request.param
-    return build_filter(PROBES / name, tmp_path_factory.mktemp(name) / "probe.wasm")
+    return built_once(tmp_path_factory, PROBES / name)
 
 
 def test_sdk_hooks(hook_module: Path) -> None:
