@@ -869,8 +869,9 @@ def check_all() -> int:
     with tempfile.TemporaryDirectory(prefix="sluice-check-") as tmp:
         todo = targets()
         # Each build is a compiler process in a directory of its own, so they run side by side
-        # (one per core); the results are compared in the targets' order.
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        # (one per core, at most four: a Go or componentize-py build takes hundreds of MB);
+        # the results are compared in the targets' order.
+        with ThreadPoolExecutor(max_workers=min(os.cpu_count() or 1, 4)) as pool:
             built = list(pool.map(
                 lambda t: build_filter(t.source_dir, Path(tmp) / f"{t.name}.wasm"), todo))
         for t, fresh in zip(todo, built, strict=True):
