@@ -91,7 +91,7 @@ def test_c_arena_survives_many_large_batches(c_module: Path) -> None:
 @pytest.fixture(scope="module", params=["probe_zig", "probe_rust", "probe_as", "probe_go"])
 def hook_module(request: pytest.FixtureRequest,
                 tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The probes that mirror each other command for command (Zig, Rust, AssemblyScript)."""
+    """The probes that mirror each other command for command (Zig, Rust, AssemblyScript, Go)."""
     name = request.param
     return built_once(tmp_path_factory, PROBES / name)
 
