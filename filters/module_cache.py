@@ -8,16 +8,22 @@ machine and every engine setting that changes code, so an upgrade never loads a 
 
 Deserializing trusts its input (it is native code), so each file starts with the sha256 of the
 artifact that follows; a truncated or altered file is recompiled, never loaded. Files are
-written to a temporary name and renamed, so a crash never leaves half an artifact.
+written to a temporary name and renamed, so a crash never leaves half an artifact. Processes
+sharing a directory (``sluice serve --workers N``, several proxies on one host) compile a
+module once between them: a compile holds an advisory lock on ``<artifact>.lock`` and the
+others, waiting on it, then load the artifact it wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,12 +108,38 @@ class ModuleCache:
                 return CompiledModule(hit.module, sha, "memory", 0.0)
             compiled = self._from_disk(sha)
             if compiled is None:
-                started = time.perf_counter()
-                module = _compile(self.engine, wasm)
-                compiled = CompiledModule(module, sha, "compiled", time.perf_counter() - started)
-                self._to_disk(sha, module)
+                with self._compile_lock(sha):
+                    # Another process may have compiled it while this one waited.
+                    compiled = self._from_disk(sha)
+                    if compiled is None:
+                        started = time.perf_counter()
+                        module = _compile(self.engine, wasm)
+                        compiled = CompiledModule(module, sha, "compiled",
+                                                  time.perf_counter() - started)
+                        self._to_disk(sha, module)
             self._memory[sha] = compiled
             return compiled
+
+    @contextlib.contextmanager
+    def _compile_lock(self, sha: str) -> Iterator[None]:
+        """Holds the artifact's lock file (flock: released if the holder dies) while the
+        module is compiled and written. Without a writable directory, no lock: each process
+        compiles, as it would anyway."""
+        if not self.persist:
+            yield
+            return
+        path = self.artifact_path(sha).with_suffix(".lock")
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _from_disk(self, sha: str) -> CompiledModule | None:
         if not self.persist:

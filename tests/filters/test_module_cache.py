@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import wasmtime
 
+from sluice.filters.build import BUILTIN_DIR
 from sluice.filters.config import FilterSpec
 from sluice.filters.engine import default_engine, wasmtime_version
 from sluice.filters.module_cache import _MAGIC, ModuleCache
@@ -86,3 +90,28 @@ def test_identity_is_the_module_sha256(tmp_path: Path, wasm_dir: Path) -> None:
     assert f.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     g = load_filter(FilterSpec(name="y", module=str(path)), cache_dir=tmp_path)
     assert g.origin == "memory"  # same module, compiled once
+
+
+_LOAD_AT = """\
+import sys, time
+from pathlib import Path
+from sluice.filters.engine import default_engine
+from sluice.filters.module_cache import ModuleCache
+wasm = Path(sys.argv[2]).read_bytes()
+time.sleep(max(0.0, float(sys.argv[3]) - time.time()))
+print(ModuleCache(default_engine(), sys.argv[1]).load(wasm).origin)
+"""
+
+
+def test_processes_sharing_a_directory_compile_a_module_once(tmp_path: Path) -> None:
+    """Workers of one proxy (or proxies on one host) starting together: one compiles, the
+    others wait for its artifact and load it. pii-mask takes ~0.1 s to compile, and the
+    processes start it within milliseconds of each other, so without the lock all compile."""
+    module = BUILTIN_DIR / "pii-mask.wasm"
+    start = time.time() + 3  # after each process has imported wasmtime
+    procs = [subprocess.Popen([sys.executable, "-c", _LOAD_AT, str(tmp_path / "cache"),
+                               str(module), str(start)], stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    origins = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+    assert [p.returncode for p in procs] == [0, 0, 0]
+    assert origins == ["compiled", "disk", "disk"]
