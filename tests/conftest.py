@@ -7,6 +7,7 @@ the override because pytest resolves fixtures from the test's folder."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tests.harness.broker import TansuBroker
 from tests.harness.kafka_broker import KAFKA39_VERSION, ORDINARY_USERS, PROXY_USER, KafkaCluster
 from tests.harness.kafka_endpoint import session_kafka_version
 from tests.harness.proxy import SluiceProxy
+from tests.harness.session_builds import session_module_cache
 
 # Hypothesis' per-example deadline (200 ms by default) is a timing assertion: on CI's two cores,
 # shared by parallel workers, an example that passes can still exceed it (a sealed value's
@@ -28,6 +30,20 @@ settings.load_profile("sluice")
 # Ordinary users the session's Kafka node has besides alice and bob (sluice-proxy: the user of
 # the proxy's own connections, tests/e2e/test_kafka_own_connections.py).
 E2E_USERS = ("app", "billing-eu", PROXY_USER)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _module_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Filters loaded with the default cache, here and in the proxies the tests start, use the
+    session's compiled-module cache (tests/harness/session_builds.py), not the user's
+    ~/.cache/sluice: each module is compiled once per session, on any machine."""
+    before = os.environ.get("SLUICE_MODULE_CACHE")
+    os.environ["SLUICE_MODULE_CACHE"] = str(session_module_cache(tmp_path_factory))
+    yield
+    if before is None:
+        os.environ.pop("SLUICE_MODULE_CACHE", None)
+    else:
+        os.environ["SLUICE_MODULE_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

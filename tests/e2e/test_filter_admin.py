@@ -33,6 +33,7 @@ from sluice.codec.messages import ApiKey, decode_response, encode_request
 from tests.e2e.clients import QUIET, unique, wait_for_leaders
 from tests.harness.broker import TansuBroker
 from tests.harness.proxy import SluiceProxy
+from tests.harness.session_builds import session_module_cache
 from tests.harness.validating_relay import exchange
 
 POLICY_VIOLATION = 44
@@ -62,7 +63,7 @@ def proxy(broker: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Iter
         }
 
     config = {
-        "module_cache_dir": str(tmp_path_factory.getbasetemp() / "sluice-module-cache"),
+        "module_cache_dir": str(session_module_cache(tmp_path_factory)),
         "filters": [
             policy("topic-rules", "pol-*", POLICY),
             policy("topic-shaper", "rw-*", REWRITE),

@@ -20,6 +20,7 @@ import yaml
 from sluice.codec.records import BatchHeader, Record, build_batch, crc32c
 from tests.e2e.clients import create_topic, unique
 from tests.harness.proxy import SluiceProxy
+from tests.harness.session_builds import session_module_cache
 from tests.harness.validating_relay import (
     Relayed,
     exchange,
@@ -46,7 +47,7 @@ def proxy(
     stack: Relayed, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SluiceProxy]:
     config = {
-        "module_cache_dir": str(tmp_path_factory.getbasetemp() / "sluice-module-cache"),
+        "module_cache_dir": str(session_module_cache(tmp_path_factory)),
         "filters": [
             {
                 "name": "mask",

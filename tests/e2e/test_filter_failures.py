@@ -23,6 +23,7 @@ from confluent_kafka import Producer
 from sluice.codec.records import BatchHeader, Record, build_batch
 from tests.e2e.clients import QUIET, create_topic, unique
 from tests.harness.proxy import SluiceProxy
+from tests.harness.session_builds import session_module_cache
 from tests.harness.validating_relay import (
     Relayed,
     StoredRecord,
@@ -86,7 +87,7 @@ def proxy(
             }
         )
     config = {
-        "module_cache_dir": str(tmp_path_factory.getbasetemp() / "sluice-module-cache"),
+        "module_cache_dir": str(session_module_cache(tmp_path_factory)),
         "filters": filters,
     }
     path = work / "sluice.yaml"

@@ -32,6 +32,7 @@ from tests.e2e.clients import (
     unique,
 )
 from tests.harness.proxy import SluiceProxy
+from tests.harness.session_builds import session_module_cache
 from tests.harness.validating_relay import (
     Relayed,
     RelayedKafka,
@@ -86,7 +87,7 @@ def proxy(
 
     require_user = {"required_fields": ["user_id"]}
     config = {
-        "module_cache_dir": str(tmp_path_factory.getbasetemp() / "sluice-module-cache"),
+        "module_cache_dir": str(session_module_cache(tmp_path_factory)),
         "telemetry": {"dir": str(telemetry_dir), "format": "jsonl"},
         "filters": [
             entry("mask-in", "builtin:pii-mask", "pmask-*", apply_to=["produce"]),
@@ -136,11 +137,11 @@ def proxy(
     }
     path = tmp_path_factory.mktemp("records-config") / "sluice.yaml"
     path.write_text(yaml.safe_dump(config))
-    # The session's module cache starts empty: the proxy compiles the Go and JavaScript
-    # examples (1-2 MB each, seconds apiece on a loaded machine) before it listens. The Python
-    # module (a component with CPython inside) takes tens of seconds to compile on a loaded
-    # machine: compile it into the proxy's cache first, so the proxy's start deserializes it,
-    # as a proxy restart does.
+    # The session's module cache may not hold them yet: the proxy then compiles the Go and
+    # JavaScript examples (1-2 MB each, seconds apiece on a loaded machine) before it listens.
+    # The Python module (a component with CPython inside) takes tens of seconds to compile on
+    # a loaded machine: compile it into the proxy's cache first, so the proxy's start
+    # deserializes it, as a proxy restart does.
     load_filter(FilterSpec(name="enrich-py",
                            module=str(EXAMPLES / "enrich-py" / "enrich-py.wasm")),
                 cache_dir=config["module_cache_dir"]).close()

@@ -46,7 +46,7 @@ from sluice.filters.pipeline import (
     filter_produce,
 )
 from sluice.filters.records_io import MAX_DETECTOR_NAME_BYTES, MAX_DETECTORS, AbiError
-from tests.harness.session_builds import built_once
+from tests.harness.session_builds import built_once, session_module_cache
 
 PROBE = Path(__file__).resolve().parent / "sdk" / "probe_c"
 EXAMPLES = Path(__file__).resolve().parents[2] / "filters" / "examples"
@@ -81,7 +81,7 @@ def chains(probe_wasm: Path, sdk_probes: dict[str, Path],
     zig_probe_wasm = sdk_probes["zig"]
     from sluice.filters.runtime import shared_cache
 
-    cache: ModuleCache = shared_cache(None, tmp_path_factory.mktemp("cache"))
+    cache: ModuleCache = shared_cache(None, session_module_cache(tmp_path_factory))
     both = frozenset({"produce", "fetch"})
 
     def make(*specs: FilterSpec) -> FilterChain:

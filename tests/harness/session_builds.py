@@ -1,4 +1,4 @@
-"""Wasm modules built from sources under tests/, once per pytest session.
+"""Wasm modules built from sources under tests/, and compiled modules, once per pytest session.
 
 Several test files build the same probe filters (tests/filters/sdk/probe_*), and under xdist
 their workers would each compile them (Go, Rust, AssemblyScript, QuickJS: ~40 s of CPU in
@@ -7,6 +7,12 @@ share (the parent of their base temporary directories), holding a lock file; the
 on the lock and load the same file. Builds are reproducible (filters/build.py --check holds
 the committed modules to it), so a module built by another worker has the bytes this one
 would have built.
+
+Compiling a module is the other repeated cost: wasmtime takes ~14 s of CPU for a Python
+component (filters/examples/*-py) and 2-3 s for a Go or JavaScript one. `session_module_cache`
+is one compiled-module cache directory for the whole session, which the workers share
+(filters/module_cache.py writes each artifact under a temporary name and renames it, so two
+workers writing the same one leave a whole file).
 """
 
 from __future__ import annotations
@@ -44,3 +50,11 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, source_dir: Path) -> Pa
             build_filter(source_dir, partial)
             partial.rename(out)
     return out
+
+
+def session_module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's compiled-module cache directory, shared by every worker (and, through
+    $SLUICE_MODULE_CACHE set by tests/conftest.py, by the proxies the tests start)."""
+    d = _shared_dir(tmp_path_factory) / "module-cache"
+    d.mkdir(exist_ok=True)
+    return d
