@@ -11,8 +11,8 @@ would have built.
 Compiling a module is the other repeated cost: wasmtime takes ~14 s of CPU for a Python
 component (filters/examples/*-py) and 2-3 s for a Go or JavaScript one. `session_module_cache`
 is one compiled-module cache directory for the whole session, which the workers share
-(filters/module_cache.py writes each artifact under a temporary name and renames it, so two
-workers writing the same one leave a whole file).
+(filters/module_cache.py compiles a module once between the processes sharing a directory:
+one compiles under the artifact's lock file, the others wait and load what it wrote).
 """
 
 from __future__ import annotations
